@@ -1,0 +1,243 @@
+//! What the user typed: clap derive only. Validation lives in `config`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rtprobe",
+    version,
+    about = "Measure per-packet latency across a path, through rtprobe's own XDP router",
+    long_about = "Measure per-packet latency across a path, through rtprobe's own XDP router.\n\n\
+        Without a subcommand rtprobe builds a testbed (network namespaces sender -> router -> \
+        receiver joined by veth pairs, or two existing interfaces with --tx-if/--rx-if), attaches \
+        its XDP router in the requested mode, sends timestamped UDP probes that the receiver \
+        echoes back, and writes one CSV row per probe plus a summary. Needs root.",
+    after_help = "Examples:\n  \
+        sudo rtprobe --xdp-mode native --size 64 --interval 1ms --count 2000\n  \
+        sudo rtprobe --xdp-mode off --duration 30s --out baseline.csv --json baseline.json\n  \
+        sudo rtprobe --tx-if enp1s0 --rx-if enp2s0 --xdp-mode off --tos 0xC0\n  \
+        rtprobe plot baseline.csv out.csv",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    /// More log output (-v info, -vv debug). RUST_LOG overrides it.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Draw SVG/PNG boxplots, CDFs and time series from rtprobe CSV files.
+    Plot(PlotArgs),
+}
+
+/// How the XDP router is attached on the router's interfaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpModeArg {
+    /// No XDP program: the kernel forwards (the baseline).
+    Off,
+    /// Generic XDP (XDP_FLAGS_SKB_MODE), works on any driver.
+    Skb,
+    /// Driver XDP (XDP_FLAGS_DRV_MODE); fails if the driver lacks it.
+    Native,
+    /// Let the kernel choose (native if the driver has it, else generic); the attached mode is reported.
+    Auto,
+}
+
+/// What the XDP router does with IPv4 it could forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpActionArg {
+    /// bpf_fib_lookup + MAC rewrite + XDP_REDIRECT (the router).
+    Redirect,
+    /// XDP_PASS every packet to the kernel stack (the study's "pass by default" variant).
+    Pass,
+}
+
+/// Which timestamps to ask the kernel for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimestampArg {
+    /// Hardware where the NIC has it (SIOCSHWTSTAMP), software otherwise.
+    Auto,
+    /// Hardware only: fail if the NIC cannot timestamp in hardware.
+    Hardware,
+    /// Kernel software timestamps only.
+    Software,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// XDP router attach mode on the router's interfaces.
+    #[arg(long, value_enum, default_value_t = XdpModeArg::Auto)]
+    pub xdp_mode: XdpModeArg,
+
+    /// XDP router behaviour: forward in XDP (redirect) or hand every packet to the kernel (pass).
+    #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
+    pub xdp_action: XdpActionArg,
+
+    /// UDP payload bytes per probe (the study used 64, 200 and 1472).
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+
+    /// Time between probes, e.g. 100us, 1ms, 10ms.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub interval: std::time::Duration,
+
+    /// Number of probes to send [default: 1000 unless --duration is given].
+    #[arg(long, conflicts_with = "duration")]
+    pub count: Option<u64>,
+
+    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<std::time::Duration>,
+
+    /// IP TOS byte of the probes (0xC0 = the study's DSCP CS6).
+    #[arg(long, default_value = "0", value_parser = parse_u8_maybe_hex)]
+    pub tos: u8,
+
+    /// UDP port of the probe flow.
+    #[arg(long, default_value_t = 5061)]
+    pub port: u16,
+
+    /// Timestamp source to ask for.
+    #[arg(long, value_enum, default_value_t = TimestampArg::Auto)]
+    pub timestamps: TimestampArg,
+
+    /// A probe not echoed back this long after it was sent counts as lost.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub timeout: std::time::Duration,
+
+    /// Per-probe CSV, streamed as the run goes.
+    #[arg(long, default_value = "out.csv")]
+    pub out: PathBuf,
+
+    /// Also write the summary as JSON to this path.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// Existing interface to send from (NIC-pair mode; needs --rx-if). It is moved into the
+    /// sender namespace for the run and given back afterwards.
+    #[arg(long, requires = "rx_if")]
+    pub tx_if: Option<String>,
+
+    /// Existing interface to receive on (NIC-pair mode; needs --tx-if).
+    #[arg(long, requires = "tx_if")]
+    pub rx_if: Option<String>,
+
+    /// Label stored in the CSV metadata and used as the legend by `rtprobe plot`.
+    #[arg(long)]
+    pub label: Option<String>,
+
+    /// Print no progress, only the summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlotArgs {
+    /// rtprobe CSV files; several are drawn on the same axes (first red, second blue).
+    #[arg(required = true)]
+    pub csv: Vec<PathBuf>,
+}
+
+/// Humane durations: 10us, 100us, 1ms, 1.5ms, 2s, 5min.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    // humantime does not take fractions; handle "1.5ms" style ourselves.
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.contains('.') {
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}: expected e.g. 100us, 1ms, 1.5ms, 10s"))?;
+        let scale = match unit.trim() {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" | "sec" => 1.0,
+            "m" | "min" => 60.0,
+            _ => {
+                return Err(format!(
+                    "invalid duration {s:?}: unknown unit {unit:?} (use ns, us, ms, s, min)"
+                ));
+            }
+        };
+        return Ok(std::time::Duration::from_secs_f64(v * scale));
+    }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("invalid duration {s:?}: {e} (use e.g. 100us, 1ms, 10s)"))
+}
+
+/// 192, 0xC0 or 0b11000000.
+pub fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
+    let t = s.trim();
+    let r = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u8::from_str_radix(h, 16)
+    } else if let Some(b) = t.strip_prefix("0b") {
+        u8::from_str_radix(b, 2)
+    } else {
+        t.parse::<u8>()
+    };
+    r.map_err(|_| format!("invalid TOS {s:?}: expected 0..255, e.g. 0xC0"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
+        assert_eq!(parse_duration("1ms").unwrap(), Duration::from_millis(1));
+        assert_eq!(
+            parse_duration("1.5ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("1.5parsecs").is_err());
+    }
+
+    #[test]
+    fn tos() {
+        assert_eq!(parse_u8_maybe_hex("0xC0").unwrap(), 0xc0);
+        assert_eq!(parse_u8_maybe_hex("192").unwrap(), 192);
+        assert!(parse_u8_maybe_hex("256").is_err());
+        assert!(parse_u8_maybe_hex("0xZZ").is_err());
+    }
+
+    #[test]
+    fn cli_parses_and_rejects() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from([
+            "rtprobe",
+            "--xdp-mode",
+            "native",
+            "--size",
+            "64",
+            "--interval",
+            "1ms",
+            "--count",
+            "5",
+        ])
+        .unwrap();
+        assert_eq!(c.probe.xdp_mode, XdpModeArg::Native);
+        assert!(Cli::try_parse_from(["rtprobe", "--xdp-mode", "turbo"]).is_err());
+        assert!(Cli::try_parse_from(["rtprobe", "--tx-if", "a"]).is_err());
+        assert!(Cli::try_parse_from(["rtprobe", "--count", "1", "--duration", "1s"]).is_err());
+    }
+}

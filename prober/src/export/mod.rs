@@ -1,0 +1,7 @@
+//! Everything rtprobe writes: the per-probe CSV (streamed), the JSON summary
+//! and the plots. Pure: no kernel access.
+
+pub mod csv;
+pub mod json;
+
+pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, TsSource};

@@ -1,0 +1,5 @@
+//! rtprobe: thin entry point; everything lives in the library.
+
+fn main() -> std::process::ExitCode {
+    rtprobe::main_entry()
+}

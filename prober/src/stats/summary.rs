@@ -1,0 +1,334 @@
+//! Accumulates per-probe results into a [`Summary`].
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::export::ProbeRecord;
+
+/// Latencies are recorded in ns from 1 ns to 100 s at 3 significant digits
+/// (0.1 % resolution), which keeps a histogram at a few tens of KiB whatever
+/// the probe count.
+const HIST_MAX_NS: u64 = 100_000_000_000;
+const HIST_SIGFIG: u8 = 3;
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, HIST_SIGFIG)
+        .expect("static histogram bounds are valid")
+}
+
+/// min/percentiles/max/mean of one latency-like quantity, in ns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub min: Option<u64>,
+    pub p50: Option<u64>,
+    pub p90: Option<u64>,
+    pub p99: Option<u64>,
+    pub p999: Option<u64>,
+    pub max: Option<u64>,
+    pub mean: Option<f64>,
+}
+
+impl Latency {
+    fn from_hist(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: h.len(),
+            min: Some(h.min()),
+            p50: Some(h.value_at_quantile(0.50)),
+            p90: Some(h.value_at_quantile(0.90)),
+            p99: Some(h.value_at_quantile(0.99)),
+            p999: Some(h.value_at_quantile(0.999)),
+            max: Some(h.max()),
+            mean: Some(h.mean()),
+        }
+    }
+}
+
+/// Packets and bytes for one XDP outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PacketsBytes {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// XDP router counters by outcome name (summed over CPUs).
+pub type XdpCounters = BTreeMap<String, PacketsBytes>;
+
+/// What a run measured. Field names are the `--json` keys.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Summary {
+    pub sent: u64,
+    pub received: u64,
+    pub lost: u64,
+    pub loss_pct: f64,
+    pub reordered: u64,
+    pub duplicates: u64,
+    /// Echoes that did not come back although the probe arrived (RTT missing).
+    pub echo_lost: u64,
+    /// Probes sent whose kernel TX timestamp never arrived.
+    pub tx_timestamp_missing: u64,
+    /// Extra TX timestamps for an OPT_ID already seen (kept the first).
+    pub tx_timestamp_duplicates: u64,
+    /// UDP datagrams on the probe port without this run's session id.
+    pub foreign_packets: u64,
+    /// "hardware", "software" or "mixed": where the one-way figures came from.
+    pub timestamp_source: String,
+    pub xdp_mode_requested: String,
+    pub xdp_mode_attached: String,
+    pub xdp_counters: XdpCounters,
+    pub one_way_ns: Latency,
+    pub rtt_ns: Latency,
+    /// |IPDV| between consecutive received probes (RFC 3393 on one-way delay).
+    pub ipdv_ns: Latency,
+    /// Actual send time minus scheduled send time (pacing error).
+    pub send_error_ns: Latency,
+    /// Free-form facts about the run (knobs applied, load throughput...).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Running statistics, fed one finalized record at a time in seq order,
+/// plus arrival-order events from the receiver. Memory is constant.
+pub struct RunStats {
+    one_way: Histogram<u64>,
+    rtt: Histogram<u64>,
+    ipdv: Histogram<u64>,
+    send_err: Histogram<u64>,
+    sent: u64,
+    received: u64,
+    lost: u64,
+    echo_lost: u64,
+    tx_missing: u64,
+    negative_one_way: u64,
+    /// Previous record's one-way delay if it was received, for IPDV.
+    prev_one_way: Option<(u64, i64)>,
+    /// Highest seq seen at the receiver, for reordering (arrival order).
+    max_arrived: Option<u64>,
+    reordered: u64,
+    duplicates: u64,
+    tx_ts_duplicates: u64,
+    foreign: u64,
+    sources: [u64; 3],
+}
+
+impl Default for RunStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RunStats {
+    pub fn new() -> Self {
+        Self {
+            one_way: new_hist(),
+            rtt: new_hist(),
+            ipdv: new_hist(),
+            send_err: new_hist(),
+            sent: 0,
+            received: 0,
+            lost: 0,
+            echo_lost: 0,
+            tx_missing: 0,
+            negative_one_way: 0,
+            prev_one_way: None,
+            max_arrived: None,
+            reordered: 0,
+            duplicates: 0,
+            tx_ts_duplicates: 0,
+            foreign: 0,
+            sources: [0; 3],
+        }
+    }
+
+    /// A probe arrived at the receiver (arrival order). `first` is false for
+    /// a second copy of a seq already seen.
+    pub fn on_arrival(&mut self, seq: u64, first: bool) {
+        if !first {
+            self.duplicates += 1;
+            return;
+        }
+        match self.max_arrived {
+            Some(m) if seq < m => self.reordered += 1,
+            _ => self.max_arrived = Some(seq),
+        }
+    }
+
+    pub fn on_tx_timestamp_duplicate(&mut self) {
+        self.tx_ts_duplicates += 1;
+    }
+
+    pub fn on_foreign_packet(&mut self) {
+        self.foreign += 1;
+    }
+
+    /// A finalized probe (seq order).
+    pub fn on_record(&mut self, r: &ProbeRecord) {
+        self.sent += 1;
+        let _ = self
+            .send_err
+            .record(r.send_ns.saturating_sub(r.sched_ns).max(1) as u64);
+        if r.tx_ns.is_none() {
+            self.tx_missing += 1;
+        }
+        if r.lost {
+            self.lost += 1;
+            self.prev_one_way = None;
+            return;
+        }
+        self.received += 1;
+        if r.echo_ns.is_none() {
+            self.echo_lost += 1;
+        }
+        if let Some(ow) = r.one_way_ns {
+            if ow < 0 {
+                self.negative_one_way += 1;
+            }
+            let _ = self.one_way.record(ow.max(1) as u64);
+            if let Some((prev_seq, prev_ow)) = self.prev_one_way
+                && prev_seq + 1 == r.seq
+            {
+                let _ = self.ipdv.record((ow - prev_ow).unsigned_abs().max(1));
+            }
+            self.prev_one_way = Some((r.seq, ow));
+        } else {
+            self.prev_one_way = None;
+        }
+        if let Some(rtt) = r.rtt_ns {
+            let _ = self.rtt.record(rtt.max(1) as u64);
+        }
+        if let Some(s) = r.ts_source {
+            self.sources[s as usize] += 1;
+        }
+    }
+
+    pub fn one_way_hist(&self) -> &Histogram<u64> {
+        &self.one_way
+    }
+
+    pub fn rtt_hist(&self) -> &Histogram<u64> {
+        &self.rtt
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// The overall timestamp source: one word if every probe agrees.
+    pub fn timestamp_source(&self) -> &'static str {
+        let [hw, sw, mixed] = self.sources;
+        match (hw > 0, sw > 0, mixed > 0) {
+            (false, false, false) => "none",
+            (true, false, false) => "hardware",
+            (false, true, false) => "software",
+            _ => "mixed",
+        }
+    }
+
+    pub fn summary(&self) -> Summary {
+        let mut extra = BTreeMap::new();
+        if self.negative_one_way > 0 {
+            extra.insert("negative_one_way".into(), self.negative_one_way.into());
+        }
+        Summary {
+            sent: self.sent,
+            received: self.received,
+            lost: self.lost,
+            loss_pct: if self.sent == 0 {
+                0.0
+            } else {
+                100.0 * self.lost as f64 / self.sent as f64
+            },
+            reordered: self.reordered,
+            duplicates: self.duplicates,
+            echo_lost: self.echo_lost,
+            tx_timestamp_missing: self.tx_missing,
+            tx_timestamp_duplicates: self.tx_ts_duplicates,
+            foreign_packets: self.foreign,
+            timestamp_source: self.timestamp_source().into(),
+            one_way_ns: Latency::from_hist(&self.one_way),
+            rtt_ns: Latency::from_hist(&self.rtt),
+            ipdv_ns: Latency::from_hist(&self.ipdv),
+            send_error_ns: Latency::from_hist(&self.send_err),
+            extra,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::TsSource;
+
+    fn rec(seq: u64, ow: Option<i64>, rtt: Option<i64>) -> ProbeRecord {
+        ProbeRecord {
+            seq,
+            size: 64,
+            sched_ns: 1000 * seq as i64,
+            send_ns: 1000 * seq as i64 + 5,
+            tx_ns: Some(1000 * seq as i64 + 10),
+            rx_ns: ow.map(|o| 1000 * seq as i64 + 10 + o),
+            echo_ns: rtt.map(|r| 1000 * seq as i64 + 10 + r),
+            one_way_ns: ow,
+            rtt_ns: rtt,
+            ts_source: ow.map(|_| TsSource::Software),
+            lost: ow.is_none(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn counts_loss_ipdv_and_percentiles() {
+        let mut s = RunStats::new();
+        for (i, ow) in [Some(100), Some(130), None, Some(90), Some(100)]
+            .into_iter()
+            .enumerate()
+        {
+            s.on_record(&rec(i as u64, ow, ow.map(|o| 2 * o)));
+        }
+        let sum = s.summary();
+        assert_eq!(sum.sent, 5);
+        assert_eq!(sum.received, 4);
+        assert_eq!(sum.lost, 1);
+        assert!((sum.loss_pct - 20.0).abs() < 1e-9);
+        assert_eq!(sum.one_way_ns.min, Some(90));
+        assert_eq!(sum.one_way_ns.max, Some(130));
+        assert_eq!(sum.rtt_ns.max, Some(260));
+        // IPDV only across consecutive received pairs: |130-100| and |100-90|.
+        assert_eq!(sum.ipdv_ns.count, 2);
+        assert_eq!(sum.ipdv_ns.max, Some(30));
+        assert_eq!(sum.ipdv_ns.min, Some(10));
+        assert_eq!(sum.send_error_ns.p50, Some(5));
+        assert_eq!(sum.timestamp_source, "software");
+    }
+
+    #[test]
+    fn reorder_and_duplicates_in_arrival_order() {
+        let mut s = RunStats::new();
+        s.on_arrival(0, true);
+        s.on_arrival(2, true);
+        s.on_arrival(1, true); // late: reordered
+        s.on_arrival(2, false); // second copy
+        s.on_arrival(3, true);
+        let sum = s.summary();
+        assert_eq!(sum.reordered, 1);
+        assert_eq!(sum.duplicates, 1);
+    }
+
+    #[test]
+    fn empty_run_has_no_percentiles() {
+        let s = RunStats::new().summary();
+        assert_eq!(s.sent, 0);
+        assert_eq!(s.one_way_ns.p50, None);
+        assert_eq!(s.timestamp_source, "none");
+    }
+}

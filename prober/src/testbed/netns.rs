@@ -1,0 +1,192 @@
+//! Named network namespaces, as `ip netns` makes them: a bind mount of
+//! `/proc/thread-self/ns/net` on `/run/netns/NAME`, so `ip netns exec` and
+//! `ip netns list` see them too. Code runs inside one on a dedicated thread
+//! (setns(2) only changes the calling thread). Kernel interfaces: unshare(2),
+//! setns(2), mount(2); Linux >= 3.8.
+
+use std::{
+    fs::File,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+use nix::{
+    mount::{MntFlags, MsFlags, mount, umount2},
+    sched::{CloneFlags, setns, unshare},
+};
+
+pub const NETNS_RUN_DIR: &str = "/run/netns";
+
+/// A named network namespace that this process created; deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+    path: PathBuf,
+    file: File,
+    owned: bool,
+}
+
+impl Netns {
+    /// Creates `/run/netns/NAME` holding a fresh network namespace.
+    pub fn create(name: &str) -> Result<Self> {
+        if name.is_empty() || name.contains('/') || name.len() > 200 {
+            bail!("invalid namespace name {name:?}");
+        }
+        ensure_run_dir()?;
+        let path = Path::new(NETNS_RUN_DIR).join(name);
+        if path.exists() {
+            bail!("network namespace {name} already exists: remove it with `ip netns del {name}`");
+        }
+        File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let p = path.clone();
+        // A new thread so that unshare() does not move this thread.
+        let res = std::thread::spawn(move || -> Result<()> {
+            unshare(CloneFlags::CLONE_NEWNET).context("unshare(CLONE_NEWNET)")?;
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                &p,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .with_context(|| format!("bind mount of the new namespace on {}", p.display()))?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("namespace creation thread panicked"))?;
+        if let Err(e) = res {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        let file = File::open(&path).with_context(|| format!("open {}", path.display()))?;
+        Ok(Self {
+            name: name.to_string(),
+            path,
+            file,
+            owned: true,
+        })
+    }
+
+    /// Opens an existing named namespace without taking ownership.
+    pub fn open(name: &str) -> Result<Self> {
+        let path = Path::new(NETNS_RUN_DIR).join(name);
+        let file =
+            File::open(&path).with_context(|| format!("network namespace {name} not found"))?;
+        Ok(Self {
+            name: name.to_string(),
+            path,
+            file,
+            owned: false,
+        })
+    }
+
+    /// The namespace the calling process started in (for giving interfaces back).
+    pub fn host() -> Result<File> {
+        File::open("/proc/1/ns/net")
+            .or_else(|_| File::open("/proc/self/ns/net"))
+            .context("open the host network namespace")
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace and returns
+    /// its result. Sockets and netlink connections made inside stay in the
+    /// namespace after the thread ends.
+    pub fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Result<T> + Send,
+        T: Send,
+    {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("cannot enter network namespace {}", self.name))?;
+                f()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("thread in namespace {} panicked", self.name))?
+        })
+    }
+
+    /// Enters this namespace on the calling thread. For threads that live
+    /// in one namespace for good (sender, reflector).
+    pub fn enter_current_thread(&self) -> Result<()> {
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+            .with_context(|| format!("cannot enter network namespace {}", self.name))
+    }
+
+    /// Deletes the namespace now (also done on drop).
+    pub fn delete(mut self) -> Result<()> {
+        self.remove()
+    }
+
+    fn remove(&mut self) -> Result<()> {
+        if !self.owned {
+            return Ok(());
+        }
+        self.owned = false;
+        // Lazy unmount: the namespace itself dies with its last user.
+        let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+        std::fs::remove_file(&self.path).with_context(|| format!("remove {}", self.path.display()))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(e) = self.remove() {
+            log::warn!("could not delete network namespace {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// Makes /run/netns a shared mount point, as iproute2 does, so mounts made
+/// below it propagate to other mount namespaces.
+fn ensure_run_dir() -> Result<()> {
+    std::fs::create_dir_all(NETNS_RUN_DIR).with_context(|| format!("create {NETNS_RUN_DIR}"))?;
+    let rec_shared = MsFlags::MS_SHARED | MsFlags::MS_REC;
+    if mount(
+        None::<&str>,
+        NETNS_RUN_DIR,
+        None::<&str>,
+        rec_shared,
+        None::<&str>,
+    )
+    .is_err()
+    {
+        mount(
+            Some(NETNS_RUN_DIR),
+            NETNS_RUN_DIR,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .with_context(|| format!("bind mount {NETNS_RUN_DIR} on itself"))?;
+        mount(
+            None::<&str>,
+            NETNS_RUN_DIR,
+            None::<&str>,
+            rec_shared,
+            None::<&str>,
+        )
+        .with_context(|| format!("make {NETNS_RUN_DIR} shared"))?;
+    }
+    Ok(())
+}
+
+/// Names of the namespaces in /run/netns (what `ip netns list` shows).
+pub fn list() -> Vec<String> {
+    std::fs::read_dir(NETNS_RUN_DIR)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
