@@ -1,10 +1,21 @@
 //! Command dispatch: `main()` -> `run()` -> one-line error and exit code.
 
-use std::process::ExitCode;
+use std::{
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicU8, Ordering},
+    },
+};
 
+use anyhow::{Context, Result};
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::{
+    cli::{Cli, Command, ProbeArgs},
+    config::RunOptions,
+    probe::STOP_NOW,
+};
 
 pub fn main_entry() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -20,7 +31,7 @@ pub fn main_entry() -> ExitCode {
     };
     init_logging(cli.verbose);
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("Error: {e:#}");
             ExitCode::FAILURE
@@ -39,9 +50,95 @@ fn init_logging(verbose: u8) {
         .try_init();
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
-        None => anyhow::bail!("probe is not implemented yet"),
+        None => probe_command(&cli.probe),
     }
+}
+
+/// Installs SIGINT/SIGTERM/SIGHUP handling on a tokio runtime: the first
+/// signal stops sending and lets probes in flight land, the second stops at
+/// once. Either way the run ends through its normal path, so the CSV is
+/// complete and the testbed is torn down.
+fn with_signals<T: Send + 'static>(
+    quiet: bool,
+    f: impl FnOnce(Arc<AtomicU8>) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")?;
+    let stop = Arc::new(AtomicU8::new(0));
+    rt.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sighup = signal(SignalKind::hangup())?;
+        let s = stop.clone();
+        let watcher = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = sigint.recv() => {}
+                    _ = sigterm.recv() => {}
+                    _ = sighup.recv() => {}
+                }
+                let prev = s.fetch_add(1, Ordering::SeqCst);
+                if prev == 0 {
+                    if !quiet {
+                        eprintln!("\nrtprobe: stopping; waiting for probes in flight (signal again to stop at once)");
+                    }
+                } else {
+                    s.store(STOP_NOW, Ordering::SeqCst);
+                }
+            }
+        });
+        let r = tokio::task::spawn_blocking(move || f(stop)).await.context("run thread")?;
+        watcher.abort();
+        r
+    })
+}
+
+fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
+    let opts = RunOptions::from_args(args)?;
+    crate::testbed::require_root()?;
+    let quiet = opts.quiet;
+    let outcome = with_signals(quiet, move |stop| {
+        let total = opts.probe.count;
+        let bar = if quiet {
+            indicatif::ProgressBar::hidden()
+        } else {
+            let b = match total {
+                Some(n) => indicatif::ProgressBar::new(n),
+                None => indicatif::ProgressBar::new_spinner(),
+            };
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} probes (eta {eta})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        };
+        let r = crate::runner::execute(&opts, &stop, |sent| bar.set_position(sent));
+        bar.finish_and_clear();
+        r.map(|o| (o, opts))
+    })?;
+    let (o, opts) = outcome;
+    print!(
+        "{}",
+        crate::export::text::format_summary(&o.summary, &o.meta)
+    );
+    println!("  wrote {} rows to {}", o.rows, opts.out.display());
+    if let Some(j) = &opts.json {
+        crate::export::json::write_summary(j, &o.summary)?;
+        println!("  wrote summary to {}", j.display());
+    }
+    // 130 = interrupted, as shells report SIGINT; the data is complete.
+    Ok(if o.interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

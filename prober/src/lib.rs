@@ -18,5 +18,6 @@ pub mod testbed;
 pub mod tune;
 
 mod app;
+pub mod runner;
 
 pub use app::main_entry;

@@ -1,1 +1,2 @@
-//! TODO
+mod setup;
+pub use setup::{XdpSetup, attach_for_testbed};

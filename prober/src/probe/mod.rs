@@ -1,1 +1,491 @@
-//! TODO
+//! The probe session: a paced sender, a reflector on the receiver that
+//! echoes every probe, a thread collecting TX timestamps and echoes on the
+//! sender, and the calling thread matching everything into records.
+//!
+//! ```text
+//! sender ns                          receiver ns
+//!  [pacer] --probe--> (path) --> [reflector] --Arrived--+
+//!  [rx: errqueue TX stamps, echoes] <--echo-- (path)    |
+//!        |  Sent / TxTimestamp / Echoed                  |
+//!        +------------> [collector: Matcher] <-----------+ -> CSV rows, RunStats
+//! ```
+
+pub mod clock;
+pub mod cmsg;
+pub mod matcher;
+pub mod packet;
+pub mod socket;
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU8, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    cli::TimestampArg,
+    export::CsvWriter,
+    stats::RunStats,
+    testbed::{Iface, Netns},
+};
+use matcher::{Event, Matcher};
+use packet::{FLAG_ECHO, HEADER_LEN, Probe};
+use socket::{HwTimestamping, ProbeSocket, RecvBatch, TsFlags};
+
+/// Stop levels set by the signal handler: 1 = stop sending and wait for
+/// probes in flight, 2 = finish at once.
+pub const STOP_SENDING: u8 = 1;
+pub const STOP_NOW: u8 = 2;
+
+/// Marks the warm-up datagrams that resolve neighbours before the run.
+const FLAG_WARMUP: u8 = 2;
+
+/// Validated probe options.
+#[derive(Clone)]
+pub struct ProbeConfig {
+    pub size: usize,
+    pub interval: Duration,
+    pub count: Option<u64>,
+    pub duration: Option<Duration>,
+    pub tos: u8,
+    pub port: u16,
+    pub timestamps: TimestampArg,
+    pub timeout: Duration,
+    pub flow: u8,
+    /// The pacer sleeps until this long before a send, then spins.
+    pub spin: Duration,
+    /// Called on the sender thread before it starts (real-time settings).
+    pub sender_setup: Option<Arc<dyn Fn() -> Result<()> + Send + Sync>>,
+}
+
+/// Where probes go from and to.
+pub struct Endpoints<'a> {
+    pub sender_ns: &'a Netns,
+    pub receiver_ns: &'a Netns,
+    pub sender_if: &'a Iface,
+    pub receiver_if: &'a Iface,
+}
+
+/// What the session learned besides the records.
+pub struct SessionOutcome {
+    pub stats: RunStats,
+    pub hardware_tx: bool,
+    pub hardware_rx: bool,
+    pub late_arrivals: u64,
+    pub interrupted: bool,
+}
+
+fn new_session_id() -> u64 {
+    use rand::Rng;
+    rand::rng().random::<u64>() | 1
+}
+
+/// Timestamping for one side: hardware if asked and the NIC can.
+fn side_timestamping(
+    ns: &Netns,
+    ifname: &str,
+    want: TimestampArg,
+) -> Result<Option<HwTimestamping>> {
+    if want == TimestampArg::Software {
+        return Ok(None);
+    }
+    match ns.run(|| Ok(HwTimestamping::enable(ifname)))? {
+        Ok(h) => Ok(Some(h)),
+        Err(e) if want == TimestampArg::Hardware => bail!(
+            "{ifname} cannot timestamp in hardware (SIOCSHWTSTAMP: {e}); use --timestamps software or auto"
+        ),
+        Err(e) => {
+            log::info!("{ifname}: no hardware timestamping ({e}), using software timestamps");
+            Ok(None)
+        }
+    }
+}
+
+/// Runs one probe session, streaming records to `csv`. Returns when every
+/// probe is sent and accounted for, or when `stop` says so.
+pub fn run_session(
+    ep: &Endpoints<'_>,
+    cfg: &ProbeConfig,
+    csv: &mut CsvWriter,
+    stop: &AtomicU8,
+    mut progress: impl FnMut(u64),
+) -> Result<SessionOutcome> {
+    if cfg.size < HEADER_LEN {
+        bail!(
+            "--size {} is too small: a probe needs at least {HEADER_LEN} bytes",
+            cfg.size
+        );
+    }
+    let session = new_session_id();
+    let hw_tx = side_timestamping(ep.sender_ns, &ep.sender_if.name, cfg.timestamps)?;
+    let hw_rx = side_timestamping(ep.receiver_ns, &ep.receiver_if.name, cfg.timestamps)?;
+    let (hardware_tx, hardware_rx) = (hw_tx.is_some(), hw_rx.is_some());
+
+    let any = Ipv4Addr::UNSPECIFIED;
+    let tx_sock = ep.sender_ns.run(|| {
+        ProbeSocket::bind(
+            SocketAddrV4::new(any, cfg.port),
+            cfg.tos,
+            TsFlags {
+                tx: true,
+                rx: true,
+                hardware: hardware_tx,
+            },
+        )
+    })?;
+    let rx_sock = ep.receiver_ns.run(|| {
+        ProbeSocket::bind(
+            SocketAddrV4::new(any, cfg.port),
+            cfg.tos,
+            TsFlags {
+                tx: false,
+                rx: true,
+                hardware: hardware_rx,
+            },
+        )
+    })?;
+    let dst = SocketAddrV4::new(ep.receiver_if.addr, cfg.port);
+    let done = AtomicBool::new(false);
+    let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+    let (tx_sock, rx_sock, done_ref) = (&tx_sock, &rx_sock, &done);
+
+    let result = std::thread::scope(|s| {
+        let ev = ev_tx.clone();
+        let reflector = std::thread::Builder::new()
+            .name("rtprobe-reflector".into())
+            .spawn_scoped(s, move || reflect(rx_sock, session, done_ref, &ev))
+            .context("spawn reflector thread")?;
+        let run = (|| {
+            warm_up(tx_sock, dst, session, cfg.size, stop)?;
+            let ev = ev_tx.clone();
+            let sender_rx = std::thread::Builder::new()
+                .name("rtprobe-sender-rx".into())
+                .spawn_scoped(s, move || {
+                    collect_sender_side(tx_sock, session, done_ref, &ev)
+                })
+                .context("spawn sender receive thread")?;
+            let ev = ev_tx.clone();
+            let sender = std::thread::Builder::new()
+                .name("rtprobe-sender".into())
+                .spawn_scoped(s, move || pace(tx_sock, dst, session, cfg, stop, &ev))
+                .context("spawn sender thread")?;
+            let out = collect(
+                ev_rx,
+                cfg,
+                csv,
+                stop,
+                &|| sender.is_finished(),
+                &mut progress,
+            );
+            // Stop the sender too if collecting failed.
+            if out.is_err() {
+                stop.fetch_max(STOP_NOW, Ordering::SeqCst);
+            }
+            let _ = sender.join();
+            done_ref.store(true, Ordering::SeqCst);
+            let _ = sender_rx.join();
+            out
+        })();
+        done_ref.store(true, Ordering::SeqCst);
+        let _ = reflector.join();
+        run
+    });
+    drop((hw_tx, hw_rx));
+    let (stats, late_arrivals) = result?;
+    Ok(SessionOutcome {
+        stats,
+        hardware_tx,
+        hardware_rx,
+        late_arrivals,
+        interrupted: stop.load(Ordering::SeqCst) != 0,
+    })
+}
+
+/// Sends a few warm-up datagrams so neighbour resolution on every hop
+/// happens before the run, and checks that the path works at all.
+fn warm_up(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    session: u64,
+    size: usize,
+    stop: &AtomicU8,
+) -> Result<()> {
+    let mut buf = vec![0u8; size];
+    Probe {
+        session,
+        seq: u64::MAX,
+        flow: 0,
+        echo: false,
+        send_ns: 0,
+    }
+    .encode(&mut buf);
+    buf[5] = FLAG_WARMUP;
+    let mut batch = RecvBatch::new(8, size.max(2048));
+    let deadline = clock::realtime_ns() + 3_000_000_000;
+    let mut got_echo = false;
+    let mut next_send = 0i64;
+    while clock::realtime_ns() < deadline && stop.load(Ordering::SeqCst) == 0 {
+        if clock::realtime_ns() >= next_send {
+            sock.send_to(&buf, dst, u32::MAX - 1)
+                .with_context(|| format!("send warm-up probe to {dst}"))?;
+            next_send = clock::realtime_ns() + 100_000_000;
+        }
+        let (readable, _) = sock.wait(20)?;
+        // Throw away warm-up TX timestamps.
+        while sock.recv_batch(&mut batch, true)? > 0 {}
+        if readable && sock.recv_batch(&mut batch, false)? > 0 {
+            for i in 0..batch.len() {
+                let (p, _, _) = batch.get(i);
+                if p.len() > 5 && Probe::decode(p, session).is_ok() && p[5] & FLAG_WARMUP != 0 {
+                    got_echo = true;
+                }
+            }
+        }
+        if got_echo {
+            // Let late duplicates and timestamps of the warm-up drain.
+            std::thread::sleep(Duration::from_millis(20));
+            while sock.recv_batch(&mut batch, true)? > 0 {}
+            while sock.recv_batch(&mut batch, false)? > 0 {}
+            return Ok(());
+        }
+    }
+    if stop.load(Ordering::SeqCst) != 0 {
+        return Ok(());
+    }
+    bail!(
+        "no warm-up probe came back from {dst} within 3 s: the path through the testbed is broken (run with -v for details, check `ip netns` and XDP counters)"
+    )
+}
+
+fn pace(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    session: u64,
+    cfg: &ProbeConfig,
+    stop: &AtomicU8,
+    ev: &mpsc::Sender<Event>,
+) {
+    if let Some(setup) = &cfg.sender_setup
+        && let Err(e) = setup()
+    {
+        log::warn!("sender real-time settings: {e:#}");
+    }
+    let mut buf = vec![0u8; cfg.size];
+    let interval_ns = cfg.interval.as_nanos() as i64;
+    let spin_ns = cfg.spin.as_nanos() as i64;
+    // Start on the next whole interval a little ahead, so the first probe is paced too.
+    let start = clock::realtime_ns() + 10_000_000;
+    let end = cfg.duration.map(|d| start + d.as_nanos() as i64);
+    let count = cfg.count.unwrap_or(if cfg.duration.is_some() {
+        u64::MAX
+    } else {
+        1000
+    });
+    for seq in 0..count {
+        let sched = start + seq as i64 * interval_ns;
+        if end.is_some_and(|e| sched >= e) || stop.load(Ordering::Relaxed) != 0 {
+            break;
+        }
+        clock::wait_until(sched, spin_ns);
+        let send_ns = clock::realtime_ns();
+        Probe {
+            session,
+            seq,
+            flow: cfg.flow,
+            echo: false,
+            send_ns,
+        }
+        .encode(&mut buf);
+        let e = match sock.send_to(&buf, dst, seq as u32) {
+            Ok(opt_id) => Event::Sent {
+                seq,
+                opt_id,
+                sched_ns: sched,
+                send_ns,
+            },
+            Err(err) => {
+                log::debug!("send of probe {seq} failed: {err}");
+                Event::SendFailed {
+                    seq,
+                    sched_ns: sched,
+                    send_ns,
+                }
+            }
+        };
+        if ev.send(e).is_err() {
+            break;
+        }
+    }
+}
+
+fn reflect(sock: &ProbeSocket, session: u64, done: &AtomicBool, ev: &mpsc::Sender<Event>) {
+    let mut batch = RecvBatch::new(64, 65536);
+    while !done.load(Ordering::Relaxed) {
+        match sock.wait(50) {
+            Ok((true, _)) => {}
+            Ok(_) => continue,
+            Err(e) => {
+                log::warn!("reflector poll: {e}");
+                return;
+            }
+        }
+        let n = match sock.recv_batch(&mut batch, false) {
+            Ok(n) => n,
+            Err(e) => {
+                log::warn!("reflector receive: {e}");
+                return;
+            }
+        };
+        for i in 0..n {
+            let (payload, src, c) = batch.get(i);
+            match Probe::decode(payload, session) {
+                Ok(p) if !p.echo => {
+                    let warmup = payload[5] & FLAG_WARMUP != 0;
+                    payload[5] |= FLAG_ECHO;
+                    if let Err(e) = sock.send_to(payload, src, 0) {
+                        log::debug!("echo of probe {} failed: {e}", p.seq);
+                    }
+                    if !warmup {
+                        let _ = ev.send(Event::Arrived {
+                            seq: p.seq,
+                            ts: c.best(),
+                        });
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = ev.send(Event::Foreign);
+                }
+            }
+        }
+    }
+}
+
+fn collect_sender_side(
+    sock: &ProbeSocket,
+    session: u64,
+    done: &AtomicBool,
+    ev: &mpsc::Sender<Event>,
+) {
+    let mut batch = RecvBatch::new(64, 65536);
+    let mut errq = RecvBatch::new(64, 256);
+    loop {
+        let finishing = done.load(Ordering::Relaxed);
+        let (readable, _) = match sock.wait(if finishing { 0 } else { 20 }) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("sender poll: {e}");
+                return;
+            }
+        };
+        // The error queue is drained on every wake-up: POLLERR alone is not
+        // reliable when data is also pending.
+        let mut got = 0;
+        loop {
+            let n = sock.recv_batch(&mut errq, true).unwrap_or(0);
+            for i in 0..n {
+                let (_, _, c) = errq.get(i);
+                if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
+                    let _ = ev.send(Event::TxTimestamp {
+                        opt_id: id,
+                        ts_ns,
+                        src,
+                    });
+                }
+            }
+            got += n;
+            if n == 0 {
+                break;
+            }
+        }
+        if readable {
+            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
+            got += n;
+            for i in 0..n {
+                let (payload, _, c) = batch.get(i);
+                match Probe::decode(payload, session) {
+                    Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => {
+                        let _ = ev.send(Event::Echoed {
+                            seq: p.seq,
+                            ts: c.best(),
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        let _ = ev.send(Event::Foreign);
+                    }
+                }
+            }
+        }
+        if finishing && got == 0 {
+            return;
+        }
+    }
+}
+
+fn collect(
+    ev_rx: mpsc::Receiver<Event>,
+    cfg: &ProbeConfig,
+    csv: &mut CsvWriter,
+    stop: &AtomicU8,
+    sender_finished: &dyn Fn() -> bool,
+    progress: &mut impl FnMut(u64),
+) -> Result<(RunStats, u64)> {
+    let mut stats = RunStats::new();
+    let mut m = Matcher::new(
+        cfg.size as u32,
+        cfg.flow,
+        cfg.timeout.as_nanos() as i64,
+        true,
+    );
+    let mut last_flush = clock::realtime_ns();
+    let mut sender_done_at: Option<i64> = None;
+    let mut write_err: Option<anyhow::Error> = None;
+    loop {
+        match ev_rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(e) => {
+                m.on_event(e, &mut stats);
+                // Take whatever else is queued before draining.
+                while let Ok(e) = ev_rx.try_recv() {
+                    m.on_event(e, &mut stats);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        let now = clock::realtime_ns();
+        if sender_done_at.is_none() && sender_finished() {
+            sender_done_at = Some(now);
+        }
+        let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
+            || sender_done_at.is_some_and(|t| now - t > cfg.timeout.as_nanos() as i64 + 50_000_000);
+        m.drain(now, finish_now, |r| {
+            stats.on_record(&r);
+            if write_err.is_none()
+                && let Err(e) = csv.write(&r)
+            {
+                write_err = Some(e);
+            }
+        });
+        if let Some(e) = write_err.take() {
+            return Err(e.context("writing the CSV"));
+        }
+        if now - last_flush > 200_000_000 {
+            csv.flush()?;
+            last_flush = now;
+            progress(stats.sent());
+        }
+        if finish_now || (sender_done_at.is_some() && m.in_flight() == 0) {
+            break;
+        }
+    }
+    csv.flush()?;
+    progress(stats.sent());
+    Ok((stats, m.late_arrivals()))
+}

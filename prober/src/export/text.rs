@@ -1,0 +1,166 @@
+//! The human summary printed at the end of a run. Pure.
+
+use std::fmt::Write as _;
+
+use crate::{
+    export::RunMeta,
+    stats::{Latency, Summary},
+};
+
+/// 1234 ns -> "1.234"; µs with 3 decimals below 10 ms, else 1 decimal.
+fn us(v: Option<u64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(ns) if ns < 10_000_000 => format!("{:.3}", ns as f64 / 1000.0),
+        Some(ns) => format!("{:.1}", ns as f64 / 1000.0),
+    }
+}
+
+fn row(out: &mut String, name: &str, l: &Latency) {
+    let mean = l.mean.map(|m| m.round() as u64);
+    let _ = writeln!(
+        out,
+        "  {name:<11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        us(l.min),
+        us(l.p50),
+        us(l.p90),
+        us(l.p99),
+        us(l.p999),
+        us(l.max),
+        us(mean)
+    );
+}
+
+pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
+    let mut o = String::new();
+    let interval = humantime::format_duration(std::time::Duration::from_nanos(m.interval_ns));
+    let _ = writeln!(
+        o,
+        "rtprobe{}: {} B probes every {interval}, TOS {:#04x}, port {}, {} testbed ({} -> {})",
+        m.label
+            .as_deref()
+            .map(|l| format!(" [{l}]"))
+            .unwrap_or_default(),
+        m.size,
+        m.tos,
+        m.port,
+        m.testbed,
+        m.tx_if.as_deref().unwrap_or("?"),
+        m.rx_if.as_deref().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        o,
+        "  XDP mode: requested {}, attached {}{}",
+        m.xdp_mode_requested,
+        m.xdp_mode_attached,
+        if m.xdp_action == "none" {
+            String::new()
+        } else {
+            format!(" ({})", m.xdp_action)
+        }
+    );
+    let _ = writeln!(
+        o,
+        "  sent {}  received {}  lost {} ({:.2} %)  reordered {}  duplicates {}  echoes lost {}",
+        s.sent, s.received, s.lost, s.loss_pct, s.reordered, s.duplicates, s.echo_lost
+    );
+    let _ = writeln!(
+        o,
+        "  timestamps: {} (requested {}); TX timestamps missing {}, duplicate {}; foreign packets {}",
+        s.timestamp_source,
+        m.timestamps_requested,
+        s.tx_timestamp_missing,
+        s.tx_timestamp_duplicates,
+        s.foreign_packets
+    );
+    if !s.xdp_counters.is_empty() {
+        let parts: Vec<String> = s
+            .xdp_counters
+            .iter()
+            .filter(|(_, c)| c.packets > 0)
+            .map(|(k, c)| format!("{k} {} pkt / {} B", c.packets, c.bytes))
+            .collect();
+        let _ = writeln!(
+            o,
+            "  XDP counters: {}",
+            if parts.is_empty() {
+                "all zero".into()
+            } else {
+                parts.join(", ")
+            }
+        );
+    }
+    if let Some(serde_json::Value::Bool(true)) = s.extra.get("interrupted") {
+        let _ = writeln!(
+            o,
+            "  interrupted: the run was stopped early; every probe sent is in the CSV"
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  {:<11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "(µs)", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
+    );
+    row(&mut o, "one-way", &s.one_way_ns);
+    row(&mut o, "rtt", &s.rtt_ns);
+    row(&mut o, "ipdv", &s.ipdv_ns);
+    row(&mut o, "send error", &s.send_error_ns);
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_mentions_everything_asked() {
+        let mut s = Summary {
+            sent: 10,
+            received: 9,
+            lost: 1,
+            loss_pct: 10.0,
+            ..Default::default()
+        };
+        s.one_way_ns = Latency {
+            count: 9,
+            min: Some(5_000),
+            p50: Some(6_000),
+            max: Some(20_000_000),
+            ..Default::default()
+        };
+        s.timestamp_source = "software".into();
+        s.xdp_counters.insert(
+            "redirected".into(),
+            crate::stats::summary::PacketsBytes {
+                packets: 18,
+                bytes: 1800,
+            },
+        );
+        let m = RunMeta {
+            size: 64,
+            interval_ns: 1_000_000,
+            tos: 0xc0,
+            port: 5061,
+            testbed: "veth".into(),
+            xdp_mode_requested: "auto".into(),
+            xdp_mode_attached: "native".into(),
+            xdp_action: "redirect".into(),
+            ..Default::default()
+        };
+        let t = format_summary(&s, &m);
+        for needle in [
+            "sent 10",
+            "received 9",
+            "lost 1 (10.00 %)",
+            "requested auto, attached native",
+            "software",
+            "redirected 18 pkt",
+            "5.000",
+            "20000.0",
+            "p99.9",
+            "0xc0",
+        ] {
+            assert!(t.contains(needle), "missing {needle:?} in\n{t}");
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The probe sockets: UDP with SO_TIMESTAMPING, TX timestamps from the error
+//! queue matched by OPT_ID, batch receive with recvmmsg(2), and hardware
+//! timestamping switched on with SIOCSHWTSTAMP where the NIC has it.
+//!
+//! Kernel interfaces: SO_TIMESTAMPING (Linux >= 2.6.30), SOF_TIMESTAMPING_OPT_ID
+//! and OPT_TSONLY (>= 4.0), SCM_TS_OPT_ID to set the id per send (>= 6.13;
+//! older kernels fall back to the socket's own counter), recvmmsg (>= 2.6.33),
+//! SIOCSHWTSTAMP / SIOCGHWTSTAMP (>= 2.6.30).
+
+use std::{
+    io,
+    mem::{size_of, zeroed},
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed},
+};
+
+use anyhow::{Context, Result};
+
+use super::cmsg::{self, Cmsgs};
+
+/// `SCM_TS_OPT_ID` from asm-generic/socket.h (Linux 6.13).
+const SCM_TS_OPT_ID: libc::c_int = 81;
+const SIOCGHWTSTAMP: libc::c_ulong = 0x89b1;
+const HWTSTAMP_TX_OFF: libc::c_int = 0;
+const HWTSTAMP_TX_ON: libc::c_int = 1;
+const HWTSTAMP_FILTER_NONE: libc::c_int = 0;
+const HWTSTAMP_FILTER_ALL: libc::c_int = 1;
+
+/// Which kernel timestamps a socket asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TsFlags {
+    pub tx: bool,
+    pub rx: bool,
+    pub hardware: bool,
+}
+
+impl TsFlags {
+    fn bits(self) -> u32 {
+        let mut f = libc::SOF_TIMESTAMPING_SOFTWARE;
+        if self.rx {
+            f |= libc::SOF_TIMESTAMPING_RX_SOFTWARE;
+        }
+        if self.tx {
+            f |= libc::SOF_TIMESTAMPING_TX_SOFTWARE
+                | libc::SOF_TIMESTAMPING_OPT_ID
+                | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+        }
+        if self.hardware {
+            f |= libc::SOF_TIMESTAMPING_RAW_HARDWARE;
+            if self.rx {
+                f |= libc::SOF_TIMESTAMPING_RX_HARDWARE;
+            }
+            if self.tx {
+                // Both a software and a hardware TX stamp per send: the
+                // matcher keeps the hardware one when it arrives.
+                f |= libc::SOF_TIMESTAMPING_TX_HARDWARE | libc::SOF_TIMESTAMPING_OPT_TX_SWHW;
+            }
+        }
+        f
+    }
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: val points to a live T of the given size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (val as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
+    // SAFETY: sockaddr_in is plain old data.
+    let mut s: libc::sockaddr_in = unsafe { zeroed() };
+    s.sin_family = libc::AF_INET as libc::sa_family_t;
+    s.sin_port = a.port().to_be();
+    s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+    s
+}
+
+fn from_sockaddr(s: &libc::sockaddr_in) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
+        u16::from_be(s.sin_port),
+    )
+}
+
+/// A UDP socket with kernel timestamping. Create it on a thread inside the
+/// namespace it belongs to; it stays there.
+pub struct ProbeSocket {
+    fd: OwnedFd,
+    /// Set the OPT_ID per send with SCM_TS_OPT_ID (else the kernel counts).
+    per_send_opt_id: AtomicBool,
+    /// The kernel's own OPT_ID counter, mirrored for the fallback. One
+    /// thread sends at a time; atomics only make the type shareable.
+    next_opt_id: AtomicU32,
+}
+
+impl ProbeSocket {
+    pub fn bind(addr: SocketAddrV4, tos: u8, ts: TsFlags) -> Result<Self> {
+        // SAFETY: plain socket(2) call.
+        let fd =
+            cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
+                .context("socket(AF_INET, SOCK_DGRAM)")?;
+        // SAFETY: fd was just returned by socket(2) and is owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
+        setsockopt(raw, libc::IPPROTO_IP, libc::IP_TOS, &(tos as i32))
+            .context("setsockopt(IP_TOS)")?;
+        // Room for bursts at high probe rates.
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(8 << 20i32));
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &(8 << 20i32));
+        let flags = ts.bits();
+        setsockopt(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &flags)
+            .context("setsockopt(SO_TIMESTAMPING): this kernel lacks socket timestamping")?;
+        let sa = sockaddr(addr);
+        // SAFETY: sa is a valid sockaddr_in.
+        cvt(unsafe {
+            libc::bind(
+                raw,
+                (&sa as *const libc::sockaddr_in).cast(),
+                size_of::<libc::sockaddr_in>() as u32,
+            )
+        })
+        .with_context(|| {
+            format!("bind UDP {addr}: is another program using the port? pick one with --port")
+        })?;
+        Ok(Self {
+            fd,
+            per_send_opt_id: AtomicBool::new(ts.tx),
+            next_opt_id: AtomicU32::new(0),
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Sends one datagram and returns the OPT_ID its TX timestamp will carry.
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddrV4, opt_id: u32) -> io::Result<u32> {
+        let sa = sockaddr(dst);
+        let mut iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut _,
+            iov_len: buf.len(),
+        };
+        // Space for one cmsg carrying a u32.
+        let mut control = [0u64; 4];
+        // SAFETY: msghdr is POD.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = (&sa as *const libc::sockaddr_in) as *mut _;
+        msg.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if self.per_send_opt_id.load(Relaxed) {
+            // SAFETY: control is large and aligned enough for one CMSG_SPACE(4).
+            unsafe {
+                msg.msg_control = control.as_mut_ptr().cast();
+                msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = SCM_TS_OPT_ID;
+                (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u32>(), opt_id);
+            }
+        }
+        // SAFETY: msg points to live buffers for the duration of the call.
+        let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if self.per_send_opt_id.load(Relaxed) && e.raw_os_error() == Some(libc::EINVAL) {
+                // Kernel older than 6.13: fall back to the socket counter.
+                self.per_send_opt_id.store(false, Relaxed);
+                return self.send_to(buf, dst, opt_id);
+            }
+            return Err(e);
+        }
+        if self.per_send_opt_id.load(Relaxed) {
+            Ok(opt_id)
+        } else {
+            Ok(self.next_opt_id.fetch_add(1, Relaxed))
+        }
+    }
+
+    /// Waits up to `timeout_ms` for data (POLLIN) or error-queue messages
+    /// (POLLERR). Returns (readable, errqueue).
+    pub fn wait(&self, timeout_ms: i32) -> io::Result<(bool, bool)> {
+        let mut p = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok((false, false));
+            }
+            return Err(e);
+        }
+        Ok((
+            p.revents & libc::POLLIN != 0,
+            p.revents & libc::POLLERR != 0,
+        ))
+    }
+
+    /// Receives up to a batch of datagrams without blocking (recvmmsg with
+    /// MSG_DONTWAIT), from the error queue when `errqueue`. Returns how many.
+    pub fn recv_batch(&self, batch: &mut RecvBatch, errqueue: bool) -> io::Result<usize> {
+        batch.prepare();
+        let flags = libc::MSG_DONTWAIT | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
+        // SAFETY: batch owns every buffer the headers point to.
+        let n = unsafe {
+            libc::recvmmsg(
+                self.fd(),
+                batch.hdrs.as_mut_ptr(),
+                batch.hdrs.len() as u32,
+                flags,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
+                _ => Err(e),
+            };
+        }
+        batch.filled = n as usize;
+        Ok(n as usize)
+    }
+}
+
+const CONTROL_LEN: usize = 256;
+
+/// Buffers for one recvmmsg() call.
+pub struct RecvBatch {
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    bufs: Vec<Vec<u8>>,
+    controls: Vec<[u64; CONTROL_LEN / 8]>,
+    addrs: Vec<libc::sockaddr_in>,
+    filled: usize,
+}
+
+// The raw pointers only point into the batch's own buffers.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    pub fn new(n: usize, buf_len: usize) -> Self {
+        Self {
+            // SAFETY: all-zero is a valid (empty) value for these C structs.
+            hdrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
+            iovs: (0..n)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+            bufs: (0..n).map(|_| vec![0u8; buf_len]).collect(),
+            controls: vec![[0u64; CONTROL_LEN / 8]; n],
+            addrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
+            filled: 0,
+        }
+    }
+
+    fn prepare(&mut self) {
+        self.filled = 0;
+        for i in 0..self.hdrs.len() {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.controls[i].as_mut_ptr().cast();
+            h.msg_controllen = CONTROL_LEN;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.filled
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.filled == 0
+    }
+
+    /// Payload, source address and parsed control messages of message `i`.
+    pub fn get(&mut self, i: usize) -> (&mut [u8], SocketAddrV4, Cmsgs) {
+        let h = &self.hdrs[i];
+        let len = (h.msg_len as usize).min(self.bufs[i].len());
+        let clen = h.msg_hdr.msg_controllen.min(CONTROL_LEN);
+        // SAFETY: controls[i] is CONTROL_LEN bytes of initialized u64s.
+        let control =
+            unsafe { std::slice::from_raw_parts(self.controls[i].as_ptr().cast::<u8>(), clen) };
+        let c = cmsg::parse(control);
+        let src = from_sockaddr(&self.addrs[i]);
+        (&mut self.bufs[i][..len], src, c)
+    }
+}
+
+/// `struct hwtstamp_config` (linux/net_tstamp.h).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct HwtstampConfig {
+    flags: libc::c_int,
+    tx_type: libc::c_int,
+    rx_filter: libc::c_int,
+}
+
+fn hwtstamp_ioctl(
+    sock: RawFd,
+    ifname: &str,
+    req: libc::c_ulong,
+    cfg: &mut HwtstampConfig,
+) -> io::Result<()> {
+    // SAFETY: ifreq is POD.
+    let mut ifr: libc::ifreq = unsafe { zeroed() };
+    let name = ifname.as_bytes();
+    if name.len() >= ifr.ifr_name.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (cfg as *mut HwtstampConfig).cast();
+    // SAFETY: ifr is valid and points to cfg for the duration of the call.
+    cvt(unsafe { libc::ioctl(sock, req as _, &mut ifr) }).map(drop)
+}
+
+/// Hardware timestamping switched on for one interface; the previous
+/// configuration is put back on drop. The ioctl socket belongs to the
+/// namespace it was made in, so restoring works from any thread.
+pub struct HwTimestamping {
+    sock: OwnedFd,
+    ifname: String,
+    previous: HwtstampConfig,
+}
+
+impl HwTimestamping {
+    /// Asks the NIC for TX and all-RX hardware timestamps. Call inside the
+    /// interface's namespace. Err means the NIC/driver cannot (veth: EOPNOTSUPP).
+    pub fn enable(ifname: &str) -> io::Result<Self> {
+        // SAFETY: plain socket(2) call.
+        let s =
+            cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+        // SAFETY: s is a fresh fd owned here.
+        let sock = unsafe { OwnedFd::from_raw_fd(s) };
+        let mut previous = HwtstampConfig::default();
+        if hwtstamp_ioctl(sock.as_raw_fd(), ifname, SIOCGHWTSTAMP, &mut previous).is_err() {
+            previous = HwtstampConfig {
+                flags: 0,
+                tx_type: HWTSTAMP_TX_OFF,
+                rx_filter: HWTSTAMP_FILTER_NONE,
+            };
+        }
+        let mut cfg = HwtstampConfig {
+            flags: 0,
+            tx_type: HWTSTAMP_TX_ON,
+            rx_filter: HWTSTAMP_FILTER_ALL,
+        };
+        hwtstamp_ioctl(sock.as_raw_fd(), ifname, libc::SIOCSHWTSTAMP, &mut cfg)?;
+        if cfg.tx_type != HWTSTAMP_TX_ON || cfg.rx_filter == HWTSTAMP_FILTER_NONE {
+            // The driver narrowed the request to something useless for UDP.
+            let mut p = previous;
+            let _ = hwtstamp_ioctl(sock.as_raw_fd(), ifname, libc::SIOCSHWTSTAMP, &mut p);
+            return Err(io::Error::from_raw_os_error(libc::ERANGE));
+        }
+        Ok(Self {
+            sock,
+            ifname: ifname.to_string(),
+            previous,
+        })
+    }
+}
+
+impl Drop for HwTimestamping {
+    fn drop(&mut self) {
+        let mut p = self.previous;
+        if let Err(e) = hwtstamp_ioctl(
+            self.sock.as_raw_fd(),
+            &self.ifname,
+            libc::SIOCSHWTSTAMP,
+            &mut p,
+        ) {
+            log::warn!(
+                "could not restore hardware timestamping on {}: {e}",
+                self.ifname
+            );
+        }
+    }
+}
