@@ -16,7 +16,7 @@ pub const MAX_PAYLOAD_1500: usize = 1472;
 pub const DEFAULT_COUNT: u64 = 1000;
 
 /// Everything one probe run needs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RunOptions {
     pub probe: ProbeConfig,
     pub xdp_mode: XdpModeArg,

@@ -61,6 +61,7 @@ pub fn execute(
             Kind::Veth => "veth".into(),
             Kind::NicPair => "nic-pair".into(),
         },
+        testbed_id: testbed.id.clone(),
         tx_if: Some(testbed.sender_if.name.clone()),
         rx_if: Some(testbed.receiver_if.name.clone()),
         xdp_mode_requested: mode_name(opts.xdp_mode).into(),

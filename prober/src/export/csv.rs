@@ -113,6 +113,8 @@ pub struct RunMeta {
     pub label: Option<String>,
     /// "veth" (self-built namespaces) or "nic-pair".
     pub testbed: String,
+    /// Unique id of the run's testbed: its namespaces are `rtprobe-<id>-<role>`.
+    pub testbed_id: String,
     pub tx_if: Option<String>,
     pub rx_if: Option<String>,
     pub xdp_mode_requested: String,

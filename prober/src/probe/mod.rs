@@ -64,6 +64,24 @@ pub struct ProbeConfig {
     pub sender_setup: Option<Arc<dyn Fn() -> Result<()> + Send + Sync>>,
 }
 
+impl std::fmt::Debug for ProbeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeConfig")
+            .field("size", &self.size)
+            .field("interval", &self.interval)
+            .field("count", &self.count)
+            .field("duration", &self.duration)
+            .field("tos", &self.tos)
+            .field("port", &self.port)
+            .field("timestamps", &self.timestamps)
+            .field("timeout", &self.timeout)
+            .field("flow", &self.flow)
+            .field("spin", &self.spin)
+            .field("sender_setup", &self.sender_setup.is_some())
+            .finish()
+    }
+}
+
 /// Where probes go from and to.
 pub struct Endpoints<'a> {
     pub sender_ns: &'a Netns,

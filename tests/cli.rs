@@ -1,0 +1,109 @@
+//! CLI behaviour that needs no root: help, bad flags, not-root errors.
+
+mod common;
+
+use std::process::Command;
+
+use common::bin;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(bin())
+        .args(args)
+        .output()
+        .expect("run rtprobe");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+#[test]
+fn help_lists_the_main_flags() {
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    for f in [
+        "--xdp-mode",
+        "--size",
+        "--interval",
+        "--count",
+        "--duration",
+        "--tos",
+        "--port",
+        "--out",
+        "--json",
+        "--tx-if",
+        "--rx-if",
+        "plot",
+    ] {
+        assert!(out.contains(f), "--help does not mention {f}");
+    }
+}
+
+#[test]
+fn bad_flags_give_one_line_errors() {
+    for (args, needle) in [
+        (&["--xdp-mode", "turbo"][..], "turbo"),
+        (&["--interval", "soon"][..], "invalid duration"),
+        (&["--tos", "0x1ff"][..], "invalid TOS"),
+        (&["--size", "abc"][..], "abc"),
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"));
+    }
+}
+
+#[test]
+fn invalid_values_fail_before_touching_the_system() {
+    for (args, needle) in [
+        (&["--size", "4"][..], "--size 4 is out of range"),
+        (&["--size", "9000"][..], "--size 9000 is out of range"),
+        (&["--count", "0"][..], "--count 0"),
+        (
+            &["--out", "/nonexistent-rtprobe-dir/o.csv"][..],
+            "does not exist",
+        ),
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 1, "{args:?}");
+        assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
+        assert!(
+            err.starts_with("Error: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn not_root_is_a_clear_error() {
+    // As root, drop privileges with setpriv (util-linux) to check the message.
+    let me_root = nix::unistd::geteuid().is_root();
+    let o = if me_root {
+        if Command::new("setpriv").arg("--version").output().is_err() {
+            eprintln!("SKIPPED not_root_is_a_clear_error: setpriv (util-linux) missing");
+            return;
+        }
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(bin())
+            .args(["--count", "1", "--out", "/tmp/rtprobe-notroot.csv"])
+            .output()
+            .unwrap()
+    } else {
+        Command::new(bin())
+            .args(["--count", "1", "--out", "/tmp/rtprobe-notroot.csv"])
+            .output()
+            .unwrap()
+    };
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("needs root") && err.contains("sudo"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

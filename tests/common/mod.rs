@@ -1,0 +1,97 @@
+//! Helpers for the end-to-end tests: root check, unique names, guards that
+//! remove what a test created even when it fails.
+
+#![allow(dead_code)]
+
+use std::{path::PathBuf, process::Command};
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rtprobe"))
+}
+
+/// True when the test may touch the kernel; otherwise prints why it skips.
+/// Root tests are `#[ignore]`d and run by `cargo xtask test` as root, so
+/// reaching this without root means someone ran them by hand.
+pub fn is_root(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: needs root (run `cargo xtask test` as root)");
+    false
+}
+
+/// A short name unique to this process and call: `<prefix><pid%10000><n>`.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}{}",
+        std::process::id() % 10000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+pub fn sh(cmd: &str) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("run sh")
+}
+
+pub fn sh_ok(cmd: &str) -> String {
+    let o = sh(cmd);
+    assert!(
+        o.status.success(),
+        "{cmd} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Deletes a root-namespace link on drop.
+pub struct LinkGuard(pub String);
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip link del {} 2>/dev/null", self.0));
+    }
+}
+
+/// Namespaces of one rtprobe run still present.
+pub fn namespaces_of(testbed_id: &str) -> Vec<String> {
+    rtprobe::testbed::netns::list()
+        .into_iter()
+        .filter(|n| n.contains(testbed_id))
+        .collect()
+}
+
+/// Deletes any namespace of the given testbed id on drop (a failing test
+/// must not leave one behind either).
+pub struct NsSweep(pub String);
+impl Drop for NsSweep {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        for n in namespaces_of(&self.0) {
+            let _ = sh(&format!("ip netns del {n}"));
+        }
+    }
+}
+
+/// The run metadata (first CSV line) and data rows of an rtprobe CSV.
+pub fn read_csv(path: &std::path::Path) -> (rtprobe::export::RunMeta, Vec<Vec<String>>) {
+    let text = std::fs::read_to_string(path).expect("read csv");
+    let mut lines = text.lines();
+    let meta = lines
+        .next()
+        .and_then(|l| l.strip_prefix(rtprobe::export::META_PREFIX))
+        .expect("meta line");
+    let meta = serde_json::from_str(meta).expect("meta json");
+    let header = lines.next().expect("header");
+    assert!(header.starts_with("seq,flow,size,sched_ns,send_ns,tx_ns,rx_ns,echo_ns,one_way_ns,rtt_ns,tx_src,rx_src,echo_src,ts_source,lost"));
+    let rows = lines
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    (meta, rows)
+}

@@ -1,0 +1,332 @@
+//! End-to-end: the real binary builds its testbed, attaches the XDP router,
+//! probes and tears down. Needs root; run by `cargo xtask test` with
+//! `--ignored --test-threads=1`.
+
+mod common;
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::*;
+
+const N: u64 = 300;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    json: serde_json::Value,
+    meta: rtprobe::export::RunMeta,
+    rows: Vec<Vec<String>>,
+}
+
+fn probe(dir: &Path, args: &[&str]) -> Run {
+    let csv = dir.join("out.csv");
+    let json = dir.join("out.json");
+    let o = Command::new(bin())
+        .args([
+            "--quiet",
+            "--out",
+            csv.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .args(args)
+        .output()
+        .expect("run rtprobe");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(csv.exists(), "no CSV written: {stderr}");
+    let (meta, rows) = read_csv(&csv);
+    let _sweep = NsSweep(meta.testbed_id.clone());
+    let json = std::fs::read_to_string(&json)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    assert!(
+        namespaces_of(&meta.testbed_id).is_empty(),
+        "namespaces left behind: {:?}",
+        namespaces_of(&meta.testbed_id)
+    );
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+        json,
+        meta,
+        rows,
+    }
+}
+
+fn assert_clean_run(r: &Run, n: u64) {
+    assert_eq!(r.code, 0, "stderr: {}\nstdout: {}", r.stderr, r.stdout);
+    assert_eq!(r.json["sent"], n, "{}", r.stdout);
+    assert_eq!(r.json["lost"], 0, "{}", r.stdout);
+    assert_eq!(r.rows.len() as u64, n, "one CSV row per probe");
+    assert!(
+        r.rows
+            .iter()
+            .all(|row| row[14] == "0" && !row[8].is_empty()),
+        "every row received with a one-way time"
+    );
+    assert_eq!(
+        r.json["timestamp_source"], "software",
+        "veth only has software timestamps"
+    );
+    for k in ["min", "p50", "p90", "p99", "p999", "max", "mean"] {
+        assert!(r.json["one_way_ns"][k].is_number(), "one_way_ns.{k}");
+        assert!(r.json["rtt_ns"][k].is_number(), "rtt_ns.{k}");
+    }
+    assert!(r.stdout.contains("one-way") && r.stdout.contains("p99.9"));
+}
+
+fn counter(r: &Run, name: &str) -> u64 {
+    r.json["xdp_counters"][name]["packets"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn kernel_forwarding_baseline() {
+    if !is_root("kernel_forwarding_baseline") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--xdp-mode",
+            "off",
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+            "--tos",
+            "0xC0",
+        ],
+    );
+    assert_clean_run(&r, N);
+    assert_eq!(r.meta.xdp_mode_attached, "none");
+    assert_eq!(r.json["xdp_mode_attached"], "none");
+    assert_eq!(r.meta.tos, 0xc0);
+    assert!(
+        r.json["xdp_counters"]
+            .as_object()
+            .is_none_or(|m| m.is_empty())
+    );
+}
+
+fn xdp_mode_run(mode: &str, expect_attached: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--xdp-mode",
+            mode,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    assert_clean_run(&r, N);
+    assert_eq!(r.json["xdp_mode_requested"], mode);
+    assert_eq!(r.json["xdp_mode_attached"], expect_attached, "{}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!("attached {expect_attached}")),
+        "{}",
+        r.stdout
+    );
+    // Every probe and every echo crosses the router once: redirected in XDP.
+    let redirected = counter(&r, "redirected");
+    assert!(
+        redirected >= 2 * N,
+        "redirected {redirected} < {} (probes + echoes)",
+        2 * N
+    );
+    // Warm-up datagrams and the first packets before neighbours resolve may add a few.
+    assert!(
+        redirected <= 2 * N + 20,
+        "redirected {redirected} is far above {}",
+        2 * N
+    );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn xdp_skb_mode() {
+    if is_root("xdp_skb_mode") {
+        xdp_mode_run("skb", "skb");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn xdp_native_mode() {
+    if is_root("xdp_native_mode") {
+        xdp_mode_run("native", "native");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn xdp_auto_mode_reports_what_it_got() {
+    if is_root("xdp_auto_mode_reports_what_it_got") {
+        // veth has native XDP, so the kernel picks native.
+        xdp_mode_run("auto", "native");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn xdp_pass_only_variant_forwards_in_the_kernel() {
+    if !is_root("xdp_pass_only_variant_forwards_in_the_kernel") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--xdp-mode",
+            "native",
+            "--xdp-action",
+            "pass",
+            "--count",
+            &N.to_string(),
+        ],
+    );
+    assert_clean_run(&r, N);
+    assert_eq!(counter(&r, "redirected"), 0);
+    assert!(counter(&r, "passed") >= 2 * N, "{}", r.stdout);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn nic_pair_mode_gives_interfaces_back() {
+    if !is_root("nic_pair_mode_gives_interfaces_back") {
+        return;
+    }
+    let a = unique("rtpta");
+    let b = unique("rtptb");
+    sh_ok(&format!("ip link add {a} type veth peer name {b}"));
+    let _ga = LinkGuard(a.clone());
+    sh_ok(&format!(
+        "ip addr add 192.0.2.1/32 dev {a} && ip link set {a} up && ip link set {b} mtu 1400"
+    ));
+    let before_a = sh_ok(&format!("ip -br addr show dev {a}"));
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--tx-if",
+            &a,
+            "--rx-if",
+            &b,
+            "--xdp-mode",
+            "off",
+            "--count",
+            &N.to_string(),
+        ],
+    );
+    assert_clean_run(&r, N);
+    assert_eq!(r.meta.testbed, "nic-pair");
+    // Back in the root namespace with address, state and MTU as before.
+    let after_a = sh_ok(&format!("ip -br addr show dev {a}"));
+    assert!(
+        after_a.contains("192.0.2.1/32"),
+        "address not restored: {after_a}"
+    );
+    assert_eq!(
+        before_a.split_whitespace().nth(2),
+        after_a.split_whitespace().nth(2)
+    );
+    assert!(sh_ok(&format!("ip link show dev {b}")).contains("mtu 1400"));
+    assert!(
+        !sh_ok(&format!("ip link show dev {b}")).contains(",UP"),
+        "{b} was down before"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn missing_interface_is_a_clear_error() {
+    if !is_root("missing_interface_is_a_clear_error") {
+        return;
+    }
+    let o = Command::new(bin())
+        .args([
+            "--tx-if",
+            "rtpt-nonexist0",
+            "--rx-if",
+            "rtpt-nonexist1",
+            "--out",
+            "/tmp/rtprobe-nx.csv",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("interface rtpt-nonexist0 not found"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn sigint_mid_run_keeps_every_probe_and_cleans_up() {
+    if !is_root("sigint_mid_run_keeps_every_probe_and_cleans_up") {
+        return;
+    }
+    for mode in ["off", "native"] {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("out.csv");
+        let json = dir.path().join("out.json");
+        let child = Command::new(bin())
+            .args([
+                "--quiet",
+                "--xdp-mode",
+                mode,
+                "--count",
+                "100000",
+                "--interval",
+                "1ms",
+            ])
+            .args([
+                "--out",
+                csv.to_str().unwrap(),
+                "--json",
+                json.to_str().unwrap(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let o = child.wait_with_output().unwrap();
+        let (meta, rows) = read_csv(&csv);
+        let _sweep = NsSweep(meta.testbed_id.clone());
+        assert_eq!(
+            o.status.code(),
+            Some(130),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let sent = j["sent"].as_u64().unwrap();
+        assert!(sent > 100 && sent < 100_000, "sent {sent}");
+        assert_eq!(rows.len() as u64, sent, "every probe sent is in the CSV");
+        assert_eq!(j["lost"], 0, "in-flight probes were waited for");
+        assert!(
+            namespaces_of(&meta.testbed_id).is_empty(),
+            "namespaces left after SIGINT ({mode})"
+        );
+    }
+}
