@@ -141,6 +141,40 @@ pub struct ProbeArgs {
     /// Print no progress, only the summary.
     #[arg(short, long)]
     pub quiet: bool,
+
+    #[command(flatten)]
+    pub pacing: PacingArgs,
+}
+
+/// How the probe sender keeps its schedule. The schedule is absolute (probe
+/// n goes at start + n x interval), so lateness never accumulates.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Pacing")]
+pub struct PacingArgs {
+    /// Spin on the clock for the whole interval instead of sleeping: the lowest send error,
+    /// at the price of one busy core (on a 2-core machine that slows the receive side).
+    #[arg(long, conflicts_with = "spin")]
+    pub busy_poll: bool,
+
+    /// Sleep until this long before each send, then spin on the clock
+    /// [default: 50us, at most a quarter of the interval].
+    #[arg(long, value_parser = parse_duration)]
+    pub spin: Option<std::time::Duration>,
+
+    // The three real-time flags below have the same names and meaning as the
+    // knob layer's (tune::rt); when that lands they move there.
+    /// Run the probe sender SCHED_FIFO at this priority (1-99); the probe's receive threads
+    /// get the same priority.
+    #[arg(long)]
+    pub rt_priority: Option<u8>,
+
+    /// Lock the process's memory (mlockall) while probing.
+    #[arg(long)]
+    pub mlockall: bool,
+
+    /// Pin the probe sender to this CPU.
+    #[arg(long)]
+    pub pin_cpu: Option<usize>,
 }
 
 #[derive(Debug, Clone, Args)]

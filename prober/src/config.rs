@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 
 use crate::{
     cli::{ProbeArgs, XdpActionArg, XdpModeArg},
-    probe::{ProbeConfig, packet::HEADER_LEN},
+    probe::{ProbeConfig, pacer::RtSettings, packet::HEADER_LEN},
 };
 
 /// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
@@ -64,6 +64,20 @@ impl RunOptions {
         {
             bail!("--tx-if and --rx-if must be two different interfaces (both are {t})");
         }
+        let rt = RtSettings {
+            rt_priority: a.pacing.rt_priority,
+            mlockall: a.pacing.mlockall,
+            pin_cpu: a.pacing.pin_cpu,
+        };
+        rt.validate()?;
+        if let Some(spin) = a.pacing.spin
+            && spin > a.interval
+        {
+            bail!(
+                "--spin {spin:?} is longer than the interval {:?}: use --busy-poll to spin all the time",
+                a.interval
+            );
+        }
         check_out_path(&a.out, "--out")?;
         if let Some(j) = &a.json {
             check_out_path(j, "--json")?;
@@ -83,7 +97,9 @@ impl RunOptions {
                 timestamps: a.timestamps,
                 timeout: a.timeout,
                 flow: 0,
-                spin: Duration::from_micros(50).min(a.interval / 2),
+                spin: a.pacing.spin.unwrap_or(default_spin(a.interval)),
+                busy_poll: a.pacing.busy_poll,
+                rt,
                 sender_setup: None,
             },
             xdp_mode: a.xdp_mode,
@@ -96,6 +112,14 @@ impl RunOptions {
             quiet: a.quiet,
         })
     }
+}
+
+/// The final spin before each send: long enough to absorb the timer's
+/// wake-up latency (tens of µs on a VM), but at most a quarter of the
+/// interval, so that at high rates the sender does not keep a core busy
+/// that the receive side needs.
+pub fn default_spin(interval: Duration) -> Duration {
+    Duration::from_micros(50).min(interval / 4)
 }
 
 fn check_out_path(p: &std::path::Path, flag: &str) -> Result<()> {
@@ -158,5 +182,27 @@ mod tests {
         let d = opts(&["--duration", "2s"]).unwrap();
         assert_eq!(d.probe.count, None);
         assert!(opts(&["--tx-if", "a", "--rx-if", "a"]).is_err());
+    }
+
+    #[test]
+    fn pacing_flags() {
+        let o = opts(&["--interval", "1ms"]).unwrap();
+        assert_eq!(o.probe.spin, Duration::from_micros(50));
+        assert!(!o.probe.busy_poll);
+        let o = opts(&["--interval", "20us"]).unwrap();
+        assert_eq!(
+            o.probe.spin,
+            Duration::from_micros(5),
+            "a quarter of a short interval"
+        );
+        let o = opts(&["--busy-poll", "--rt-priority", "50", "--pin-cpu", "0"]).unwrap();
+        assert!(o.probe.busy_poll);
+        assert_eq!(o.probe.rt.rt_priority, Some(50));
+        assert!(opts(&["--rt-priority", "0"]).is_err());
+        assert!(opts(&["--interval", "10us", "--spin", "20us"]).is_err());
+        assert!(
+            Cli::try_parse_from(["rtprobe", "--busy-poll", "--spin", "5us"]).is_err(),
+            "busy-poll already spins all the time"
+        );
     }
 }

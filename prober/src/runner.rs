@@ -78,7 +78,7 @@ pub fn execute(
         tos: opts.probe.tos,
         port: opts.probe.port,
         timestamps_requested: format!("{:?}", opts.probe.timestamps).to_lowercase(),
-        knobs: Default::default(),
+        knobs: pacing_knobs(opts),
     };
     let mut csv = CsvWriter::create(&opts.out, &meta)?;
     let ep = Endpoints {
@@ -95,6 +95,12 @@ pub fn execute(
     summary
         .extra
         .insert("late_arrivals".into(), outcome.late_arrivals.into());
+    summary
+        .extra
+        .insert("kernel_drops".into(), outcome.kernel_drops.clone());
+    summary
+        .extra
+        .insert("peak_rss_kib".into(), peak_rss_kib().into());
     summary.extra.insert(
         "hardware_timestamping".into(),
         serde_json::json!({"sender": outcome.hardware_tx, "receiver": outcome.hardware_rx}),
@@ -110,6 +116,36 @@ pub fn execute(
         rows: csv.rows(),
         interrupted: outcome.interrupted,
     })
+}
+
+/// How the sender paced, stored with the run.
+fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value> {
+    let p = &opts.probe;
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "pacing".into(),
+        serde_json::json!({
+            "busy_poll": p.busy_poll,
+            "spin_ns": if p.busy_poll { None } else { Some(p.spin.as_nanos() as u64) },
+            "rt_priority": p.rt.rt_priority,
+            "mlockall": p.rt.mlockall,
+            "pin_cpu": p.rt.pin_cpu,
+        }),
+    );
+    m
+}
+
+/// The process's peak resident memory so far (VmHWM), in KiB; 0 if unknown.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 pub fn mode_name(m: XdpModeArg) -> &'static str {

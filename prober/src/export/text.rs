@@ -73,6 +73,25 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         s.tx_timestamp_duplicates,
         s.foreign_packets
     );
+    let pct = |n: u64| {
+        if s.sent == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / s.sent as f64
+        }
+    };
+    let _ = writeln!(
+        o,
+        "  pacing: missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
+        s.missed_ticks,
+        pct(s.missed_ticks),
+        s.unaccounted,
+        if s.unaccounted > 0 {
+            " (BUG: every probe must be received or lost)"
+        } else {
+            ""
+        }
+    );
     if !s.xdp_counters.is_empty() {
         let parts: Vec<String> = s
             .xdp_counters
@@ -105,6 +124,7 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     row(&mut o, "rtt", &s.rtt_ns);
     row(&mut o, "ipdv", &s.ipdv_ns);
     row(&mut o, "send error", &s.send_error_ns);
+    row(&mut o, "send->tx", &s.send_to_tx_ns);
     o
 }
 
@@ -159,6 +179,9 @@ mod tests {
             "20000.0",
             "p99.9",
             "0xc0",
+            "missed ticks 0 (0.00 %",
+            "unaccounted probes 0",
+            "send->tx",
         ] {
             assert!(t.contains(needle), "missing {needle:?} in\n{t}");
         }

@@ -12,7 +12,9 @@
 
 pub mod clock;
 pub mod cmsg;
+pub mod kstats;
 pub mod matcher;
+pub mod pacer;
 pub mod packet;
 pub mod socket;
 
@@ -20,7 +22,7 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU8, Ordering},
+        atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
         mpsc,
     },
     time::Duration,
@@ -35,6 +37,7 @@ use crate::{
     testbed::{Iface, Netns},
 };
 use matcher::{Event, Matcher};
+use pacer::RtSettings;
 use packet::{FLAG_ECHO, HEADER_LEN, Probe};
 use socket::{HwTimestamping, ProbeSocket, RecvBatch, TsFlags};
 
@@ -60,6 +63,10 @@ pub struct ProbeConfig {
     pub flow: u8,
     /// The pacer sleeps until this long before a send, then spins.
     pub spin: Duration,
+    /// Spin over the whole interval instead of sleeping.
+    pub busy_poll: bool,
+    /// SCHED_FIFO, mlockall, CPU pinning of the sender thread.
+    pub rt: RtSettings,
     /// Called on the sender thread before it starts (real-time settings).
     pub sender_setup: Option<Arc<dyn Fn() -> Result<()> + Send + Sync>>,
 }
@@ -77,6 +84,8 @@ impl std::fmt::Debug for ProbeConfig {
             .field("timeout", &self.timeout)
             .field("flow", &self.flow)
             .field("spin", &self.spin)
+            .field("busy_poll", &self.busy_poll)
+            .field("rt", &self.rt)
             .field("sender_setup", &self.sender_setup.is_some())
             .finish()
     }
@@ -97,6 +106,8 @@ pub struct SessionOutcome {
     pub hardware_rx: bool,
     pub late_arrivals: u64,
     pub interrupted: bool,
+    /// Kernel counters that explain losses (receive-buffer and backlog drops).
+    pub kernel_drops: serde_json::Value,
 }
 
 fn new_session_id() -> u64 {
@@ -169,15 +180,24 @@ pub fn run_session(
         )
     })?;
     let dst = SocketAddrV4::new(ep.receiver_if.addr, cfg.port);
+    // The reflector blocks in recvmmsg; this is how often it looks at `done`.
+    rx_sock
+        .set_recv_timeout(Duration::from_millis(20))
+        .context("setsockopt(SO_RCVTIMEO)")?;
     let done = AtomicBool::new(false);
-    let (ev_tx, ev_rx) = mpsc::channel::<Event>();
-    let (tx_sock, rx_sock, done_ref) = (&tx_sock, &rx_sock, &done);
+    let attempts = AtomicU64::new(0);
+    let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
+    let (tx_sock, rx_sock, done_ref, attempts_ref) = (&tx_sock, &rx_sock, &done, &attempts);
+    let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
 
     let result = std::thread::scope(|s| {
         let ev = ev_tx.clone();
         let reflector = std::thread::Builder::new()
             .name("rtprobe-reflector".into())
-            .spawn_scoped(s, move || reflect(rx_sock, session, done_ref, &ev))
+            .spawn_scoped(s, move || {
+                cfg.rt.apply_priority_to_current_thread();
+                reflect(rx_sock, session, done_ref, &ev)
+            })
             .context("spawn reflector thread")?;
         let run = (|| {
             warm_up(tx_sock, dst, session, cfg.size, stop)?;
@@ -185,13 +205,16 @@ pub fn run_session(
             let sender_rx = std::thread::Builder::new()
                 .name("rtprobe-sender-rx".into())
                 .spawn_scoped(s, move || {
+                    cfg.rt.apply_priority_to_current_thread();
                     collect_sender_side(tx_sock, session, done_ref, &ev)
                 })
                 .context("spawn sender receive thread")?;
             let ev = ev_tx.clone();
             let sender = std::thread::Builder::new()
                 .name("rtprobe-sender".into())
-                .spawn_scoped(s, move || pace(tx_sock, dst, session, cfg, stop, &ev))
+                .spawn_scoped(s, move || {
+                    pacer::pace(tx_sock, dst, session, cfg, stop, attempts_ref, &ev)
+                })
                 .context("spawn sender thread")?;
             let out = collect(
                 ev_rx,
@@ -215,13 +238,16 @@ pub fn run_session(
         run
     });
     drop((hw_tx, hw_rx));
-    let (stats, late_arrivals) = result?;
+    let (mut stats, late_arrivals) = result?;
+    let drops_after = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    stats.set_attempts(attempts.load(Ordering::SeqCst));
     Ok(SessionOutcome {
         stats,
         hardware_tx,
         hardware_rx,
         late_arrivals,
         interrupted: stop.load(Ordering::SeqCst) != 0,
+        kernel_drops: drops_after.report_since(&drops_before),
     })
 }
 
@@ -281,106 +307,50 @@ fn warm_up(
     )
 }
 
-fn pace(
-    sock: &ProbeSocket,
-    dst: SocketAddrV4,
-    session: u64,
-    cfg: &ProbeConfig,
-    stop: &AtomicU8,
-    ev: &mpsc::Sender<Event>,
-) {
-    if let Some(setup) = &cfg.sender_setup
-        && let Err(e) = setup()
-    {
-        log::warn!("sender real-time settings: {e:#}");
-    }
-    let mut buf = vec![0u8; cfg.size];
-    let interval_ns = cfg.interval.as_nanos() as i64;
-    let spin_ns = cfg.spin.as_nanos() as i64;
-    // Start on the next whole interval a little ahead, so the first probe is paced too.
-    let start = clock::realtime_ns() + 10_000_000;
-    let end = cfg.duration.map(|d| start + d.as_nanos() as i64);
-    let count = cfg.count.unwrap_or(if cfg.duration.is_some() {
-        u64::MAX
-    } else {
-        1000
-    });
-    for seq in 0..count {
-        let sched = start + seq as i64 * interval_ns;
-        if end.is_some_and(|e| sched >= e) || stop.load(Ordering::Relaxed) != 0 {
-            break;
-        }
-        clock::wait_until(sched, spin_ns);
-        let send_ns = clock::realtime_ns();
-        Probe {
-            session,
-            seq,
-            flow: cfg.flow,
-            echo: false,
-            send_ns,
-        }
-        .encode(&mut buf);
-        let e = match sock.send_to(&buf, dst, seq as u32) {
-            Ok(opt_id) => Event::Sent {
-                seq,
-                opt_id,
-                sched_ns: sched,
-                send_ns,
-            },
-            Err(err) => {
-                log::debug!("send of probe {seq} failed: {err}");
-                Event::SendFailed {
-                    seq,
-                    sched_ns: sched,
-                    send_ns,
-                }
-            }
-        };
-        if ev.send(e).is_err() {
-            break;
-        }
-    }
-}
-
-fn reflect(sock: &ProbeSocket, session: u64, done: &AtomicBool, ev: &mpsc::Sender<Event>) {
+fn reflect(sock: &ProbeSocket, session: u64, done: &AtomicBool, ev: &mpsc::Sender<Vec<Event>>) {
     let mut batch = RecvBatch::new(64, 65536);
+    let mut echo = Vec::with_capacity(64);
     while !done.load(Ordering::Relaxed) {
-        match sock.wait(50) {
-            Ok((true, _)) => {}
-            Ok(_) => continue,
-            Err(e) => {
-                log::warn!("reflector poll: {e}");
-                return;
-            }
-        }
-        let n = match sock.recv_batch(&mut batch, false) {
+        // One syscall per wake-up: block for the first datagram, take the rest queued.
+        let n = match sock.recv_batch_wait(&mut batch) {
             Ok(n) => n,
             Err(e) => {
                 log::warn!("reflector receive: {e}");
                 return;
             }
         };
+        if n == 0 {
+            continue;
+        }
+        echo.clear();
+        let mut events = Vec::with_capacity(n);
         for i in 0..n {
-            let (payload, src, c) = batch.get(i);
+            let (payload, _, c) = batch.get(i);
             match Probe::decode(payload, session) {
                 Ok(p) if !p.echo => {
                     let warmup = payload[5] & FLAG_WARMUP != 0;
                     payload[5] |= FLAG_ECHO;
-                    if let Err(e) = sock.send_to(payload, src, 0) {
-                        log::debug!("echo of probe {} failed: {e}", p.seq);
-                    }
+                    echo.push(i);
                     if !warmup {
-                        let _ = ev.send(Event::Arrived {
+                        events.push(Event::Arrived {
                             seq: p.seq,
                             ts: c.best(),
                         });
                     }
                 }
                 Ok(_) => {}
-                Err(_) => {
-                    let _ = ev.send(Event::Foreign);
-                }
+                Err(_) => events.push(Event::Foreign),
             }
+        }
+        // All echoes of the wake-up in one sendmmsg: the syscall cost is
+        // what limits the reflector at high probe rates.
+        if !echo.is_empty()
+            && let Err(e) = sock.send_back(&mut batch, &echo)
+        {
+            log::debug!("echo of {} probes failed: {e}", echo.len());
+        }
+        if !events.is_empty() {
+            let _ = ev.send(events);
         }
     }
 }
@@ -389,57 +359,54 @@ fn collect_sender_side(
     sock: &ProbeSocket,
     session: u64,
     done: &AtomicBool,
-    ev: &mpsc::Sender<Event>,
+    ev: &mpsc::Sender<Vec<Event>>,
 ) {
     let mut batch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
     loop {
         let finishing = done.load(Ordering::Relaxed);
-        let (readable, _) = match sock.wait(if finishing { 0 } else { 20 }) {
-            Ok(r) => r,
-            Err(e) => {
-                log::warn!("sender poll: {e}");
-                return;
-            }
-        };
-        // The error queue is drained on every wake-up: POLLERR alone is not
-        // reliable when data is also pending.
+        if let Err(e) = sock.wait(if finishing { 0 } else { 20 }) {
+            log::warn!("sender poll: {e}");
+            return;
+        }
+        // Both queues are drained on every wake-up: POLLERR alone is not
+        // reliable when data is also pending, and a TX timestamp left in
+        // the error queue is charged to the receive buffer.
         let mut got = 0;
+        let mut events = Vec::new();
         loop {
-            let n = sock.recv_batch(&mut errq, true).unwrap_or(0);
-            for i in 0..n {
+            let n_err = sock.recv_batch(&mut errq, true).unwrap_or(0);
+            for i in 0..n_err {
                 let (_, _, c) = errq.get(i);
                 if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
-                    let _ = ev.send(Event::TxTimestamp {
+                    events.push(Event::TxTimestamp {
                         opt_id: id,
                         ts_ns,
                         src,
                     });
                 }
             }
-            got += n;
-            if n == 0 {
-                break;
-            }
-        }
-        if readable {
             let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
-            got += n;
             for i in 0..n {
                 let (payload, _, c) = batch.get(i);
                 match Probe::decode(payload, session) {
                     Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => {
-                        let _ = ev.send(Event::Echoed {
+                        events.push(Event::Echoed {
                             seq: p.seq,
                             ts: c.best(),
                         });
                     }
                     Ok(_) => {}
-                    Err(_) => {
-                        let _ = ev.send(Event::Foreign);
-                    }
+                    Err(_) => events.push(Event::Foreign),
                 }
             }
+            got += n + n_err;
+            if n + n_err == 0 || events.len() >= 1024 {
+                break;
+            }
+        }
+        if !events.is_empty() && ev.send(events).is_err() {
+            return;
         }
         if finishing && got == 0 {
             return;
@@ -448,14 +415,14 @@ fn collect_sender_side(
 }
 
 fn collect(
-    ev_rx: mpsc::Receiver<Event>,
+    ev_rx: mpsc::Receiver<Vec<Event>>,
     cfg: &ProbeConfig,
     csv: &mut CsvWriter,
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
     progress: &mut impl FnMut(u64),
 ) -> Result<(RunStats, u64)> {
-    let mut stats = RunStats::new();
+    let mut stats = RunStats::with_interval(cfg.interval.as_nanos() as i64);
     let mut m = Matcher::new(
         cfg.size as u32,
         cfg.flow,
@@ -466,23 +433,43 @@ fn collect(
     let mut sender_done_at: Option<i64> = None;
     let mut write_err: Option<anyhow::Error> = None;
     loop {
+        // Looked at before taking events: once it is true every event of
+        // the sender is already in the channel, so none can be missed below.
+        let sender_done = sender_finished();
         match ev_rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(e) => {
-                m.on_event(e, &mut stats);
-                // Take whatever else is queued before draining.
-                while let Ok(e) = ev_rx.try_recv() {
+            Ok(evs) => {
+                for e in evs {
                     m.on_event(e, &mut stats);
+                }
+                // Take whatever else is queued before draining.
+                while let Ok(evs) = ev_rx.try_recv() {
+                    for e in evs {
+                        m.on_event(e, &mut stats);
+                    }
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {}
         }
         let now = clock::realtime_ns();
-        if sender_done_at.is_none() && sender_finished() {
+        if sender_done_at.is_none() && sender_done {
             sender_done_at = Some(now);
         }
         let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
             || sender_done_at.is_some_and(|t| now - t > cfg.timeout.as_nanos() as i64 + 50_000_000);
+        if finish_now {
+            // The sender may still be stopping (it looks at `stop` at least
+            // every 100 ms); its last events must not be lost.
+            let give_up = std::time::Instant::now() + Duration::from_secs(2);
+            while !sender_finished() && std::time::Instant::now() < give_up {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            while let Ok(evs) = ev_rx.try_recv() {
+                for e in evs {
+                    m.on_event(e, &mut stats);
+                }
+            }
+        }
         m.drain(now, finish_now, |r| {
             stats.on_record(&r);
             if write_err.is_none()

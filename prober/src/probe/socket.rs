@@ -5,7 +5,7 @@
 //! Kernel interfaces: SO_TIMESTAMPING (Linux >= 2.6.30), SOF_TIMESTAMPING_OPT_ID
 //! and OPT_TSONLY (>= 4.0), SCM_TS_OPT_ID to set the id per send (>= 6.13;
 //! older kernels fall back to the socket's own counter), recvmmsg (>= 2.6.33),
-//! SIOCSHWTSTAMP / SIOCGHWTSTAMP (>= 2.6.30).
+//! sendmmsg (>= 3.0), SIOCSHWTSTAMP / SIOCGHWTSTAMP (>= 2.6.30).
 
 use std::{
     io,
@@ -196,6 +196,90 @@ impl ProbeSocket {
         }
     }
 
+    /// Sends the probes `from..` of `batch` with one sendmmsg(2), each with
+    /// its own OPT_ID (SCM_TS_OPT_ID). Returns how many the kernel took
+    /// (at least one, or the error of the first); their OPT_IDs are in
+    /// `batch.opt_id(i)`.
+    pub fn send_batch(&self, batch: &mut SendBatch, from: usize) -> io::Result<usize> {
+        let per_send = self.per_send_opt_id.load(Relaxed);
+        let n = batch.prepare(from, per_send);
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the headers point into `batch`, which outlives the call.
+        let r = unsafe { libc::sendmmsg(self.fd(), batch.hdrs[from..].as_mut_ptr(), n as u32, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if per_send && e.raw_os_error() == Some(libc::EINVAL) {
+                // Kernel older than 6.13: fall back to the socket counter.
+                self.per_send_opt_id.store(false, Relaxed);
+                return self.send_batch(batch, from);
+            }
+            return Err(e);
+        }
+        let sent = r as usize;
+        if !per_send {
+            let first = self.next_opt_id.fetch_add(sent as u32, Relaxed);
+            for (k, id) in batch.opt_ids[from..from + sent].iter_mut().enumerate() {
+                *id = first.wrapping_add(k as u32);
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Sends received datagrams `idx` of `batch` back to where each came
+    /// from, in as few sendmmsg(2) calls as the kernel allows. Returns how
+    /// many went out; the first error is returned only if none did.
+    pub fn send_back(&self, batch: &mut RecvBatch, idx: &[usize]) -> io::Result<usize> {
+        batch.prepare_echo(idx);
+        let mut done = 0;
+        let mut first_err = None;
+        while done < idx.len() {
+            // SAFETY: the echo headers point into `batch`'s own buffers.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd(),
+                    batch.echo_hdrs[done..idx.len()].as_mut_ptr(),
+                    (idx.len() - done) as u32,
+                    0,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                first_err.get_or_insert(e);
+                // Skip the datagram that failed and go on with the rest.
+                done += 1;
+            } else {
+                done += r as usize;
+            }
+        }
+        let failed = idx.len() - done.min(idx.len());
+        match first_err {
+            Some(e) if failed == idx.len() => Err(e),
+            _ => Ok(idx.len() - failed),
+        }
+    }
+
+    /// Makes blocking receives give up after `t` (SO_RCVTIMEO), so a thread
+    /// blocked in [`Self::recv_batch_wait`] notices the end of the run.
+    pub fn set_recv_timeout(&self, t: std::time::Duration) -> io::Result<()> {
+        let tv = libc::timeval {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_usec: t.subsec_micros() as libc::suseconds_t,
+        };
+        setsockopt(self.fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
+    }
+
+    /// Blocks until at least one datagram is there (or the receive timeout
+    /// passes: 0), then takes as many as are queued, up to the batch
+    /// (recvmmsg with MSG_WAITFORONE): one syscall per wake-up.
+    pub fn recv_batch_wait(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        self.recvmmsg(batch, libc::MSG_WAITFORONE)
+    }
+
     /// Waits up to `timeout_ms` for data (POLLIN) or error-queue messages
     /// (POLLERR). Returns (readable, errqueue).
     pub fn wait(&self, timeout_ms: i32) -> io::Result<(bool, bool)> {
@@ -222,8 +306,12 @@ impl ProbeSocket {
     /// Receives up to a batch of datagrams without blocking (recvmmsg with
     /// MSG_DONTWAIT), from the error queue when `errqueue`. Returns how many.
     pub fn recv_batch(&self, batch: &mut RecvBatch, errqueue: bool) -> io::Result<usize> {
-        batch.prepare();
         let flags = libc::MSG_DONTWAIT | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
+        self.recvmmsg(batch, flags)
+    }
+
+    fn recvmmsg(&self, batch: &mut RecvBatch, flags: libc::c_int) -> io::Result<usize> {
+        batch.prepare();
         // SAFETY: batch owns every buffer the headers point to.
         let n = unsafe {
             libc::recvmmsg(
@@ -248,7 +336,7 @@ impl ProbeSocket {
 
 const CONTROL_LEN: usize = 256;
 
-/// Buffers for one recvmmsg() call.
+/// Buffers for one recvmmsg() call (and for echoing what it received).
 pub struct RecvBatch {
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
@@ -256,6 +344,8 @@ pub struct RecvBatch {
     controls: Vec<[u64; CONTROL_LEN / 8]>,
     addrs: Vec<libc::sockaddr_in>,
     filled: usize,
+    echo_hdrs: Vec<libc::mmsghdr>,
+    echo_iovs: Vec<libc::iovec>,
 }
 
 // The raw pointers only point into the batch's own buffers.
@@ -276,6 +366,34 @@ impl RecvBatch {
             controls: vec![[0u64; CONTROL_LEN / 8]; n],
             addrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
             filled: 0,
+            // SAFETY: as above.
+            echo_hdrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
+            echo_iovs: (0..n)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Headers for sending received messages `idx` back to their sources.
+    fn prepare_echo(&mut self, idx: &[usize]) {
+        for (k, &i) in idx.iter().enumerate() {
+            let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
+            self.echo_iovs[k] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: len,
+            };
+            let h = &mut self.echo_hdrs[k].msg_hdr;
+            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+            h.msg_iov = &mut self.echo_iovs[k];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+            self.echo_hdrs[k].msg_len = 0;
         }
     }
 
@@ -317,6 +435,103 @@ impl RecvBatch {
         let c = cmsg::parse(control);
         let src = from_sockaddr(&self.addrs[i]);
         (&mut self.bufs[i][..len], src, c)
+    }
+}
+
+/// Probes for one sendmmsg() call, each with its own payload and OPT_ID.
+pub struct SendBatch {
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    bufs: Vec<Vec<u8>>,
+    controls: Vec<[u64; 4]>,
+    opt_ids: Vec<u32>,
+    dst: libc::sockaddr_in,
+    len: usize,
+}
+
+// The raw pointers only point into the batch's own buffers.
+unsafe impl Send for SendBatch {}
+
+impl SendBatch {
+    /// Room for `cap` probes of `size` bytes (zero padded) to `dst`.
+    pub fn new(cap: usize, size: usize, dst: SocketAddrV4) -> Self {
+        Self {
+            // SAFETY: all-zero is a valid (empty) value for these C structs.
+            hdrs: (0..cap).map(|_| unsafe { zeroed() }).collect(),
+            iovs: (0..cap)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+            bufs: (0..cap).map(|_| vec![0u8; size]).collect(),
+            controls: vec![[0u64; 4]; cap],
+            opt_ids: vec![0; cap],
+            dst: sockaddr(dst),
+            len: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.bufs.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Adds a probe whose TX timestamp should carry `opt_id` and returns its
+    /// payload to fill. Panics past the capacity (a caller bug).
+    pub fn push(&mut self, opt_id: u32) -> &mut [u8] {
+        let i = self.len;
+        self.len += 1;
+        self.opt_ids[i] = opt_id;
+        &mut self.bufs[i]
+    }
+
+    /// The OPT_ID the TX timestamp of probe `i` will carry (after sending).
+    pub fn opt_id(&self, i: usize) -> u32 {
+        self.opt_ids[i]
+    }
+
+    fn prepare(&mut self, from: usize, per_send_opt_id: bool) -> usize {
+        for i in from..self.len {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.dst as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_flags = 0;
+            if per_send_opt_id {
+                h.msg_control = self.controls[i].as_mut_ptr().cast();
+                // SAFETY: controls[i] is 32 aligned bytes, enough for CMSG_SPACE(4).
+                unsafe {
+                    h.msg_controllen = libc::CMSG_SPACE(4) as usize;
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = libc::SOL_SOCKET;
+                    (*c).cmsg_type = SCM_TS_OPT_ID;
+                    (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u32>(), self.opt_ids[i]);
+                }
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+            }
+            self.hdrs[i].msg_len = 0;
+        }
+        self.len.saturating_sub(from)
     }
 }
 

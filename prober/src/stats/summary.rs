@@ -87,9 +87,24 @@ pub struct Summary {
     pub ipdv_ns: Latency,
     /// Actual send time minus scheduled send time (pacing error).
     pub send_error_ns: Latency,
+    /// Probes sent more than one interval after their scheduled time
+    /// (cyclictest's overruns): the pacer could not keep the schedule.
+    pub missed_ticks: u64,
+    /// Kernel software TX timestamp minus the user-space send time: what
+    /// the send syscall and the stack add before the packet leaves.
+    pub send_to_tx_ns: Latency,
+    /// Probes the sender handed to the kernel (or tried to) that are in no
+    /// other count: sent = received + lost must hold, so this must be 0.
+    pub unaccounted: u64,
     /// Free-form facts about the run (knobs applied, load throughput...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// A send `late_ns` after its schedule missed its tick when it went out
+/// more than one whole interval late (the next probe was already due).
+pub fn is_missed_tick(late_ns: i64, interval_ns: i64) -> bool {
+    interval_ns > 0 && late_ns > interval_ns
 }
 
 /// Running statistics, fed one finalized record at a time in seq order,
@@ -99,7 +114,13 @@ pub struct RunStats {
     rtt: Histogram<u64>,
     ipdv: Histogram<u64>,
     send_err: Histogram<u64>,
+    send_to_tx: Histogram<u64>,
+    /// A send later than this after its schedule is a missed tick (0: not counted).
+    interval_ns: i64,
+    missed_ticks: u64,
     sent: u64,
+    /// Probes the sender tried to send, when known (for `unaccounted`).
+    attempts: Option<u64>,
     received: u64,
     lost: u64,
     echo_lost: u64,
@@ -129,7 +150,11 @@ impl RunStats {
             rtt: new_hist(),
             ipdv: new_hist(),
             send_err: new_hist(),
+            send_to_tx: new_hist(),
+            interval_ns: 0,
+            missed_ticks: 0,
             sent: 0,
+            attempts: None,
             received: 0,
             lost: 0,
             echo_lost: 0,
@@ -142,6 +167,15 @@ impl RunStats {
             tx_ts_duplicates: 0,
             foreign: 0,
             sources: [0; 3],
+        }
+    }
+
+    /// Statistics for a probe stream with this interval: sends later than
+    /// one interval after their schedule count as missed ticks.
+    pub fn with_interval(interval_ns: i64) -> Self {
+        Self {
+            interval_ns,
+            ..Self::new()
         }
     }
 
@@ -158,6 +192,19 @@ impl RunStats {
         }
     }
 
+    /// How many probes the sender tried to send; every one of them must
+    /// end up as a record (received or lost), else it is unaccounted.
+    pub fn set_attempts(&mut self, attempts: u64) {
+        self.attempts = Some(attempts);
+    }
+
+    /// Probes in no count: attempted but never finalized, or finalized as
+    /// neither received nor lost.
+    pub fn unaccounted(&self) -> u64 {
+        let missing = self.attempts.map_or(0, |a| a.abs_diff(self.sent));
+        missing + self.sent.abs_diff(self.received + self.lost)
+    }
+
     pub fn on_tx_timestamp_duplicate(&mut self) {
         self.tx_ts_duplicates += 1;
     }
@@ -169,11 +216,18 @@ impl RunStats {
     /// A finalized probe (seq order).
     pub fn on_record(&mut self, r: &ProbeRecord) {
         self.sent += 1;
-        let _ = self
-            .send_err
-            .record(r.send_ns.saturating_sub(r.sched_ns).max(1) as u64);
-        if r.tx_ns.is_none() {
-            self.tx_missing += 1;
+        let late_ns = r.send_ns.saturating_sub(r.sched_ns);
+        let _ = self.send_err.record(late_ns.max(1) as u64);
+        if is_missed_tick(late_ns, self.interval_ns) {
+            self.missed_ticks += 1;
+        }
+        match r.tx_ns {
+            Some(tx) => {
+                let _ = self
+                    .send_to_tx
+                    .record(tx.saturating_sub(r.send_ns).max(1) as u64);
+            }
+            None => self.tx_missing += 1,
         }
         if r.lost {
             self.lost += 1;
@@ -258,6 +312,9 @@ impl RunStats {
             rtt_ns: Latency::from_hist(&self.rtt),
             ipdv_ns: Latency::from_hist(&self.ipdv),
             send_error_ns: Latency::from_hist(&self.send_err),
+            missed_ticks: self.missed_ticks,
+            unaccounted: self.unaccounted(),
+            send_to_tx_ns: Latency::from_hist(&self.send_to_tx),
             extra,
             ..Default::default()
         }
@@ -309,6 +366,53 @@ mod tests {
         assert_eq!(sum.ipdv_ns.min, Some(10));
         assert_eq!(sum.send_error_ns.p50, Some(5));
         assert_eq!(sum.timestamp_source, "software");
+    }
+
+    #[test]
+    fn missed_ticks_are_sends_more_than_one_interval_late() {
+        assert!(!is_missed_tick(0, 1000));
+        assert!(
+            !is_missed_tick(1000, 1000),
+            "exactly one interval late still made its tick"
+        );
+        assert!(is_missed_tick(1001, 1000));
+        assert!(!is_missed_tick(5000, 0), "no interval: nothing to miss");
+        let mut s = RunStats::with_interval(1000);
+        for (seq, late) in [(0u64, 10i64), (1, 999), (2, 1500), (3, 2500), (4, -3)] {
+            let t = seq as i64 * 1000;
+            s.on_record(&ProbeRecord {
+                seq,
+                sched_ns: t,
+                send_ns: t + late,
+                tx_ns: (seq != 1).then_some(t + late + 7),
+                lost: true,
+                ..Default::default()
+            });
+        }
+        let sum = s.summary();
+        assert_eq!(sum.missed_ticks, 2);
+        // HDR histograms keep 3 significant digits.
+        assert!((2500..=2503).contains(&sum.send_error_ns.max.unwrap()));
+        // An early send (clock step) is recorded as 1 ns, not as a huge number.
+        assert_eq!(sum.send_error_ns.min, Some(1));
+        assert_eq!(sum.send_to_tx_ns.count, 4);
+        assert_eq!(sum.send_to_tx_ns.max, Some(7));
+        assert_eq!(sum.tx_timestamp_missing, 1);
+    }
+
+    #[test]
+    fn unaccounted_probes_are_attempts_without_a_record() {
+        let mut s = RunStats::new();
+        for i in 0..3 {
+            s.on_record(&rec(i, (i != 1).then_some(100), Some(200)));
+        }
+        assert_eq!(s.summary().unaccounted, 0, "attempts unknown: records only");
+        s.set_attempts(3);
+        assert_eq!(s.summary().unaccounted, 0);
+        s.set_attempts(5);
+        let sum = s.summary();
+        assert_eq!(sum.unaccounted, 2);
+        assert_eq!(sum.sent, 3);
     }
 
     #[test]
