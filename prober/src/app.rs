@@ -53,6 +53,12 @@ fn init_logging(verbose: u8) {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
+        Some(Command::BenchForward(args)) => bench_forward_command(&args),
+        Some(Command::Testbed(args)) => {
+            crate::testbed::require_root()?;
+            with_signals(true, move |stop| crate::bench::hold::hold(&args, &stop))?;
+            Ok(ExitCode::SUCCESS)
+        }
         None => probe_command(&cli.probe),
     }
 }
@@ -98,6 +104,31 @@ fn with_signals<T: Send + 'static>(
         watcher.abort();
         r
     })
+}
+
+fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode> {
+    use crate::bench::forward;
+    let plan = forward::Plan::from_args(args)?;
+    crate::testbed::require_root()?;
+    let quiet = plan.quiet;
+    let p = plan.clone();
+    let report = with_signals(quiet, move |stop| {
+        if !quiet {
+            println!("{}", forward::table_header());
+        }
+        forward::run(&p, &stop, |step| {
+            if !quiet {
+                println!("{}", forward::format_step(step));
+            }
+        })
+    })?;
+    print!("{}", forward::format_report(&report));
+    if let Some(j) = &plan.json {
+        std::fs::write(j, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", j.display()))?;
+        println!("  wrote {}", j.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {

@@ -37,6 +37,13 @@ pub struct Cli {
 pub enum Command {
     /// Draw SVG/PNG boxplots, CDFs and time series from rtprobe CSV files.
     Plot(PlotArgs),
+    /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
+    /// core and probe latency, for kernel forwarding and each XDP mode.
+    BenchForward(BenchForwardArgs),
+    /// Build the veth testbed (with the XDP router as asked), print it as one JSON line and
+    /// keep it until stdin closes or a signal comes (for running other tools on the same path).
+    #[command(hide = true)]
+    Testbed(TestbedArgs),
 }
 
 /// How the XDP router is attached on the router's interfaces.
@@ -175,6 +182,98 @@ pub struct PacingArgs {
     /// Pin the probe sender to this CPU.
     #[arg(long)]
     pub pin_cpu: Option<usize>,
+}
+
+/// One forwarding variant of `bench-forward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardModeArg {
+    /// Kernel IP forwarding, no XDP program.
+    Off,
+    /// rtprobe's router in generic (skb) XDP, redirecting.
+    Skb,
+    /// rtprobe's router in native (driver) XDP, redirecting.
+    Native,
+    /// rtprobe's router in generic XDP, passing every packet to the kernel.
+    SkbPass,
+    /// rtprobe's router in native XDP, passing every packet to the kernel.
+    NativePass,
+}
+
+/// How `bench-forward` makes its load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GeneratorArg {
+    /// Frames built in the kernel and redirected into the sender's veth (BPF_PROG_TEST_RUN live
+    /// frames, as xdp-trafficgen does): no socket or skb cost on the generating side.
+    Xdp,
+    /// UDP sendmmsg from sockets in the sender namespace.
+    Socket,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchForwardArgs {
+    /// Forwarding variants to measure, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ForwardModeArg::Off, ForwardModeArg::Skb, ForwardModeArg::Native, ForwardModeArg::NativePass])]
+    pub modes: Vec<ForwardModeArg>,
+
+    /// IP packet sizes in bytes (64..1500; 1500 fills the MTU).
+    #[arg(long, value_delimiter = ',', default_values_t = [64, 512, 1500])]
+    pub sizes: Vec<usize>,
+
+    /// Load steps: 100 = the generator flat out; below that, percent of what the hop forwarded
+    /// flat out in that mode and size; 0 = probes only.
+    #[arg(long, value_delimiter = ',', default_values_t = [0, 25, 50, 100])]
+    pub load: Vec<u32>,
+
+    /// How long each step lasts.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub step: std::time::Duration,
+
+    /// Load generator.
+    #[arg(long, value_enum, default_value_t = GeneratorArg::Xdp)]
+    pub generator: GeneratorArg,
+
+    /// Generator threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+
+    /// Interval of the latency probe that runs during every step.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub probe_interval: std::time::Duration,
+
+    /// Keep the router's NAPI polling in softirq on the generator's core instead of a kernel
+    /// thread of its own (the default lets the scheduler put the router on another core).
+    #[arg(long)]
+    pub no_threaded_napi: bool,
+
+    /// Run the generator threads and the router's NAPI thread SCHED_FIFO at this priority (the
+    /// probe's threads one above), so other work on the machine does not take the cores.
+    #[arg(long)]
+    pub rt_priority: Option<u8>,
+
+    /// Write every step's figures as JSON to this path.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// Keep each step's probe CSV in this directory.
+    #[arg(long)]
+    pub csv_dir: Option<PathBuf>,
+
+    /// Print only the final table.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TestbedArgs {
+    /// XDP router attach mode on the router's interfaces.
+    #[arg(long, value_enum, default_value_t = XdpModeArg::Off)]
+    pub xdp_mode: XdpModeArg,
+
+    /// XDP router behaviour.
+    #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
+    pub xdp_action: XdpActionArg,
 }
 
 #[derive(Debug, Clone, Args)]

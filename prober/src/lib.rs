@@ -7,6 +7,7 @@
 //! plots). Only `testbed`, `tune`, `ebpf` and `probe::socket` talk to the
 //! kernel; everything else is pure and unit-tested without root.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod ebpf;

@@ -1,0 +1,925 @@
+//! `rtprobe bench-forward`: how many packets per second the router hop of
+//! the veth testbed forwards, with kernel forwarding and with rtprobe's XDP
+//! router in each mode, what it costs in CPU per core, and what the probe
+//! latency does at the same time as the load rises.
+//!
+//! For every mode a fresh testbed is built; GRO is switched on on the
+//! router's ingress veth and on the receiver's veth (a veth only takes
+//! redirected XDP frames when it runs NAPI, and this keeps the receive
+//! path the same in every mode), and the ingress NAPI runs in a kernel
+//! thread of its own (threaded NAPI) so the scheduler can put the router
+//! on another core than the generator. Then for every packet size the
+//! generator runs flat out once (the 100 % step, which calibrates the
+//! others), and each lower step offers that percentage of what the hop
+//! forwarded flat out, while a probe session measures RTT and one-way
+//! delay across the hop: latency as the load approaches the hop's capacity.
+//!
+//! Where the numbers come from: generated = what the generator handed to
+//! the kernel; forwarded = packets received on the receiver's veth
+//! (rtnetlink IFLA_STATS64) minus the probes; CPU per core = /proc/stat.
+//! Kernel interfaces: those of `loadgen`, `links`, `cpu`, `testbed`, `ebpf`.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::{
+    cpu::{self, CoreUse},
+    frame::{self, FrameSpec},
+    links::{self, LinkCounters},
+    loadgen::{self, LiveTarget, Offered, SocketGen},
+};
+use crate::{
+    cli::{BenchForwardArgs, ForwardModeArg, GeneratorArg, TimestampArg, XdpActionArg, XdpModeArg},
+    config::default_spin,
+    export::{CsvWriter, RunMeta},
+    probe::{self, Endpoints, ProbeConfig, STOP_NOW},
+    stats::{Summary, XdpCounters, summary::PacketsBytes},
+    testbed::Testbed,
+};
+
+/// Port the load is sent to (discard): no socket listens there, so the
+/// receiver drops it right after the UDP lookup.
+const SINK_PORT: u16 = 9;
+const PROBE_PORT: u16 = 5061;
+
+/// Validated `bench-forward` options.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub modes: Vec<ForwardModeArg>,
+    pub sizes: Vec<usize>,
+    /// Percent of full speed, ascending, without duplicates.
+    pub loads: Vec<u32>,
+    pub step: Duration,
+    pub generator: GeneratorArg,
+    pub threads: usize,
+    pub probe_interval: Duration,
+    pub threaded_napi: bool,
+    pub rt_priority: Option<u8>,
+    pub json: Option<PathBuf>,
+    pub csv_dir: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+impl Plan {
+    pub fn from_args(a: &BenchForwardArgs) -> Result<Self> {
+        if a.modes.is_empty() {
+            bail!("--modes is empty: give e.g. off,skb,native");
+        }
+        for &s in &a.sizes {
+            if !(64..=frame::MAX_IP_SIZE).contains(&s) {
+                bail!("--sizes {s} is out of range: IP packet sizes are 64..1500 bytes");
+            }
+        }
+        if a.sizes.is_empty() {
+            bail!("--sizes is empty: give e.g. 64,512,1500");
+        }
+        if let Some(l) = a.load.iter().find(|&&l| l > 100) {
+            bail!("--load {l} is above 100 %: 100 is the generator flat out");
+        }
+        if a.load.is_empty() {
+            bail!("--load is empty: give e.g. 0,25,50,100");
+        }
+        if a.step < Duration::from_millis(300) {
+            bail!(
+                "--step {:?} is too short to measure: use at least 300ms",
+                a.step
+            );
+        }
+        if a.threads == 0 || a.threads > 64 {
+            bail!("--threads {} is out of range: use 1..64", a.threads);
+        }
+        if a.probe_interval < Duration::from_micros(10) {
+            bail!("--probe-interval must be at least 10us");
+        }
+        if let Some(p) = a.rt_priority
+            && !(1..=98).contains(&p)
+        {
+            bail!("--rt-priority {p} is out of range: use 1 to 98 (the probe runs one above)");
+        }
+        if let Some(d) = &a.csv_dir
+            && !d.is_dir()
+        {
+            bail!("--csv-dir {}: no such directory", d.display());
+        }
+        let mut loads = a.load.clone();
+        loads.sort_unstable();
+        loads.dedup();
+        let mut modes = Vec::new();
+        for m in &a.modes {
+            if !modes.contains(m) {
+                modes.push(*m);
+            }
+        }
+        Ok(Self {
+            modes,
+            sizes: a.sizes.clone(),
+            loads,
+            step: a.step,
+            generator: a.generator,
+            threads: a.threads,
+            probe_interval: a.probe_interval,
+            threaded_napi: !a.no_threaded_napi,
+            rt_priority: a.rt_priority,
+            json: a.json.clone(),
+            csv_dir: a.csv_dir.clone(),
+            quiet: a.quiet,
+        })
+    }
+}
+
+/// What stopped the forwarded rate from going higher in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    /// The hop dropped part of what it was offered: it was the bottleneck.
+    Router,
+    /// Flat out and nothing dropped: the generator could not offer more.
+    Generator,
+    /// A paced step the hop carried in full: no limit reached.
+    None,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Router => "router",
+            Limit::Generator => "generator",
+            Limit::None => "-",
+        }
+    }
+}
+
+/// Drops above this share of what was generated mean the hop is the limit
+/// (below it: packets still in flight when the counters were read, and
+/// the odd neighbour-resolution drop).
+pub const ROUTER_LIMIT_DROP_PCT: f64 = 1.0;
+
+/// Names the limit of a step from what was generated and forwarded. Pure.
+pub fn classify(load_pct: u32, generated: u64, forwarded: u64) -> Limit {
+    if generated == 0 {
+        return Limit::None;
+    }
+    let drop_pct = 100.0 * generated.saturating_sub(forwarded) as f64 / generated as f64;
+    if drop_pct > ROUTER_LIMIT_DROP_PCT {
+        Limit::Router
+    } else if load_pct >= 100 {
+        Limit::Generator
+    } else {
+        Limit::None
+    }
+}
+
+/// Probe figures of one step.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProbeFigures {
+    pub sent: u64,
+    pub lost: u64,
+    pub rtt_p50_ns: Option<u64>,
+    pub rtt_p99_ns: Option<u64>,
+    pub one_way_p50_ns: Option<u64>,
+    pub one_way_p99_ns: Option<u64>,
+}
+
+impl ProbeFigures {
+    fn from_summary(s: &Summary) -> Self {
+        Self {
+            sent: s.sent,
+            lost: s.lost,
+            rtt_p50_ns: s.rtt_ns.p50,
+            rtt_p99_ns: s.rtt_ns.p99,
+            one_way_p50_ns: s.one_way_ns.p50,
+            one_way_p99_ns: s.one_way_ns.p99,
+        }
+    }
+}
+
+/// One measured step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepResult {
+    pub mode: ForwardModeArg,
+    pub xdp_mode_attached: String,
+    pub generator: GeneratorArg,
+    pub size: usize,
+    pub load_pct: u32,
+    pub offered_pps: Option<f64>,
+    pub generated: u64,
+    pub forwarded: u64,
+    pub secs: f64,
+    pub generated_pps: f64,
+    pub forwarded_pps: f64,
+    pub drop_pct: f64,
+    /// XDP generator: program runs per second (it keeps a share); socket: datagrams sent.
+    pub generator_runs_pps: f64,
+    /// CPU the generator threads used, in percent of one core.
+    pub generator_cpu_pct: f64,
+    /// CPU the router's NAPI thread used, in percent of one core (threaded NAPI only;
+    /// the receiver's softirq work is not in it).
+    pub router_cpu_pct: Option<f64>,
+    pub cores: Vec<CoreUse>,
+    pub probe: ProbeFigures,
+    /// Router XDP counters during the step (empty without XDP).
+    pub xdp_counters: XdpCounters,
+    /// Interface counters during the step, for finding where drops happened.
+    pub router_in_rx_dropped: u64,
+    pub limit: Limit,
+}
+
+/// Everything `bench-forward` measured, with the machine it ran on.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardReport {
+    pub machine: Machine,
+    pub threaded_napi: bool,
+    pub rt_priority: Option<u8>,
+    pub steps: Vec<StepResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    /// 1-minute load average when the bench started: other work on the
+    /// machine shares the cores with the router under test.
+    pub loadavg_at_start: f64,
+}
+
+impl Machine {
+    pub fn describe() -> Self {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let loadavg_at_start = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+            .unwrap_or(0.0);
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            kernel,
+            loadavg_at_start,
+        }
+    }
+}
+
+fn xdp_of(m: ForwardModeArg) -> (XdpModeArg, XdpActionArg) {
+    match m {
+        ForwardModeArg::Off => (XdpModeArg::Off, XdpActionArg::Redirect),
+        ForwardModeArg::Skb => (XdpModeArg::Skb, XdpActionArg::Redirect),
+        ForwardModeArg::Native => (XdpModeArg::Native, XdpActionArg::Redirect),
+        ForwardModeArg::SkbPass => (XdpModeArg::Skb, XdpActionArg::Pass),
+        ForwardModeArg::NativePass => (XdpModeArg::Native, XdpActionArg::Pass),
+    }
+}
+
+pub fn mode_label(m: ForwardModeArg) -> &'static str {
+    match m {
+        ForwardModeArg::Off => "kernel",
+        ForwardModeArg::Skb => "xdp-skb",
+        ForwardModeArg::Native => "xdp-native",
+        ForwardModeArg::SkbPass => "xdp-skb-pass",
+        ForwardModeArg::NativePass => "xdp-native-pass",
+    }
+}
+
+fn counters_delta(before: &XdpCounters, after: &XdpCounters) -> XdpCounters {
+    after
+        .iter()
+        .map(|(k, a)| {
+            let b = before.get(k).copied().unwrap_or_default();
+            (
+                k.clone(),
+                PacketsBytes {
+                    packets: a.packets.saturating_sub(b.packets),
+                    bytes: a.bytes.saturating_sub(b.bytes),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The interfaces whose counters a step reads.
+struct Snapshot {
+    router_in: LinkCounters,
+    receiver: LinkCounters,
+    xdp: XdpCounters,
+    /// CPU seconds of the router's NAPI threads.
+    router_cpu_secs: f64,
+}
+
+/// One mode's testbed and what the steps need to know about it.
+struct ModeBed {
+    tb: Testbed,
+    xdp: crate::ebpf::XdpSetup,
+    /// The router's NAPI kernel threads (threaded NAPI only).
+    napi_tids: Vec<i32>,
+    router_mac: [u8; 6],
+    sender_mac: [u8; 6],
+}
+
+impl ModeBed {
+    fn snapshot(&self) -> Result<Snapshot> {
+        let router = self
+            .tb
+            .router
+            .as_ref()
+            .context("the veth testbed has a router")?;
+        let rin = self.tb.router_in.as_ref().context("router ingress")?;
+        Ok(Snapshot {
+            router_in: links::link_state(router, &rin.name)?.0,
+            receiver: links::link_state(&self.tb.receiver, &self.tb.receiver_if.name)?.0,
+            xdp: self.xdp.counters()?,
+            router_cpu_secs: self
+                .napi_tids
+                .iter()
+                .filter_map(|&t| cpu::task_cpu_secs(t))
+                .sum(),
+        })
+    }
+}
+
+/// Frames that reached the router's ingress ring, taken or dropped.
+fn ingress_total(c: &LinkCounters) -> u64 {
+    c.rx_packets + c.rx_dropped
+}
+
+/// What the flat-out step of a size found; the paced steps are fractions of it.
+#[derive(Debug, Clone, Copy)]
+struct FullSpeed {
+    /// What the generator itself did per second (XDP: program runs).
+    generator_pps: f64,
+    /// What the hop forwarded per second.
+    forwarded_pps: f64,
+}
+
+/// What a load run returns.
+struct LoadRun {
+    /// Packets the generator counted (XDP: program runs, of which it kept
+    /// a random share; the exact figure comes from the router's ingress).
+    counted: u64,
+    secs: f64,
+    /// CPU seconds the generator threads used.
+    cpu_secs: f64,
+}
+
+/// Runs the generator threads in the sender namespace for `duration` at
+/// `rate` (None: flat out).
+fn run_load(
+    bed: &ModeBed,
+    plan: &Plan,
+    frame_bytes: &[u8],
+    ip_size: usize,
+    rate: Option<(f64, FullSpeed)>,
+    duration: Duration,
+    stop: &AtomicU8,
+) -> Result<LoadRun> {
+    let count = AtomicU64::new(0);
+    let halt = AtomicBool::new(false);
+    let cpu_micros = AtomicU64::new(0);
+    let per_thread = match rate {
+        None => Offered::Max,
+        Some((pps, _)) => Offered::Pps(pps / plan.threads as f64),
+    };
+    let live_target = rate.map(|(pps, full)| LiveTarget {
+        pps,
+        keep: (pps / full.generator_pps.max(1.0)).min(1.0),
+    });
+    let tb = &bed.tb;
+    let router = tb
+        .router
+        .as_ref()
+        .context("the veth testbed has a router")?;
+    let rin = &tb.router_in.as_ref().context("router ingress")?.name;
+    let sender = &tb.sender;
+    let ifindex = tb.sender_if.ifindex;
+    let dst = std::net::SocketAddrV4::new(tb.receiver_if.addr, SINK_PORT);
+    let started = Instant::now();
+    let res: Result<()> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for _ in 0..plan.threads {
+            let (count, halt, cpu_micros) = (&count, &halt, &cpu_micros);
+            handles.push(s.spawn(move || -> Result<()> {
+                sender.enter_current_thread()?;
+                if let Some(p) = plan.rt_priority {
+                    links::set_fifo(0, p)?;
+                }
+                let cpu0 = cpu::thread_cpu_secs();
+                let r = match plan.generator {
+                    GeneratorArg::Xdp => {
+                        loadgen::run_live(ifindex, frame_bytes, live_target, duration, halt, || {
+                            Ok(ingress_total(&links::link_state(router, rin)?.0))
+                        })
+                        .map(|runs| {
+                            count.fetch_add(runs, Ordering::Relaxed);
+                        })
+                    }
+                    GeneratorArg::Socket => {
+                        let payload = ip_size - frame::IP_LEN - frame::UDP_LEN;
+                        SocketGen::new(dst, payload, 64).and_then(|mut g| {
+                            loadgen::pace_load(per_thread, duration, 64, halt, count, |n| g.send(n))
+                        })
+                    }
+                };
+                let used = cpu::thread_cpu_secs() - cpu0;
+                cpu_micros.fetch_add((used * 1e6) as u64, Ordering::Relaxed);
+                r
+            }));
+        }
+        // Watch for Ctrl-C while the load runs.
+        while handles.iter().any(|h| !h.is_finished()) {
+            if stop.load(Ordering::Relaxed) != 0 {
+                halt.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut first_err = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow::anyhow!("a generator thread panicked"));
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    });
+    res?;
+    Ok(LoadRun {
+        counted: count.load(Ordering::Relaxed),
+        secs: started.elapsed().as_secs_f64(),
+        cpu_secs: cpu_micros.load(Ordering::Relaxed) as f64 * 1e-6,
+    })
+}
+
+/// A probe session over the testbed for `duration`.
+fn run_probe(
+    tb: &Testbed,
+    plan: &Plan,
+    duration: Duration,
+    csv_name: &str,
+    stop: &AtomicU8,
+) -> Result<Summary> {
+    let cfg = ProbeConfig {
+        size: 64,
+        interval: plan.probe_interval,
+        count: None,
+        duration: Some(duration),
+        tos: 0,
+        port: PROBE_PORT,
+        timestamps: TimestampArg::Software,
+        timeout: Duration::from_millis(200),
+        flow: 0,
+        spin: default_spin(plan.probe_interval),
+        busy_poll: false,
+        rt: crate::probe::pacer::RtSettings {
+            rt_priority: plan.rt_priority.map(|p| p + 1),
+            ..Default::default()
+        },
+        sender_setup: None,
+    };
+    let path = match &plan.csv_dir {
+        Some(d) => d.join(csv_name),
+        None => PathBuf::from("/dev/null"),
+    };
+    let meta = RunMeta {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        label: Some(csv_name.trim_end_matches(".csv").to_string()),
+        testbed: "veth".into(),
+        testbed_id: tb.id.clone(),
+        size: 64,
+        interval_ns: plan.probe_interval.as_nanos() as u64,
+        duration_ns: Some(duration.as_nanos() as u64),
+        port: PROBE_PORT,
+        timestamps_requested: "software".into(),
+        ..Default::default()
+    };
+    let mut csv = CsvWriter::create(&path, &meta)?;
+    let ep = Endpoints {
+        sender_ns: &tb.sender,
+        receiver_ns: &tb.receiver,
+        sender_if: &tb.sender_if,
+        receiver_if: &tb.receiver_if,
+    };
+    let o = probe::run_session(&ep, &cfg, &mut csv, stop, |_| {})?;
+    let mut s = o.stats.summary();
+    s.extra.insert("kernel_drops".into(), o.kernel_drops);
+    Ok(s)
+}
+
+/// One step: load (unless 0 %) and a probe session side by side. `full`
+/// is None for the flat-out step.
+fn run_step(
+    bed: &ModeBed,
+    plan: &Plan,
+    mode: ForwardModeArg,
+    ip_size: usize,
+    load_pct: u32,
+    full: Option<FullSpeed>,
+    stop: &AtomicU8,
+) -> Result<StepResult> {
+    let frame_bytes = frame::build(&FrameSpec {
+        dst_mac: bed.router_mac,
+        src_mac: bed.sender_mac,
+        src: bed.tb.sender_if.addr,
+        dst: bed.tb.receiver_if.addr,
+        src_port: 4000,
+        dst_port: SINK_PORT,
+        ip_size,
+    });
+    let rate = match full {
+        Some(f) if load_pct < 100 => Some((f.forwarded_pps * f64::from(load_pct) / 100.0, f)),
+        _ => None,
+    };
+    let before = bed.snapshot()?;
+    let cpu_before = cpu::sample()?;
+    let csv_name = format!("{}-{ip_size}B-{load_pct}pct.csv", mode_label(mode));
+    let (probe, (load, cpu_after)) = std::thread::scope(|s| {
+        let probe = s.spawn(|| run_probe(&bed.tb, plan, plan.step, &csv_name, stop));
+        let load = (|| -> Result<(LoadRun, Vec<cpu::CpuTimes>)> {
+            let load = if load_pct == 0 {
+                std::thread::sleep(plan.step);
+                LoadRun {
+                    counted: 0,
+                    secs: plan.step.as_secs_f64(),
+                    cpu_secs: 0.0,
+                }
+            } else {
+                run_load(bed, plan, &frame_bytes, ip_size, rate, plan.step, stop)?
+            };
+            Ok((load, cpu::sample()?))
+        })();
+        let probe = probe
+            .join()
+            .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?;
+        anyhow::Ok((probe, load?))
+    })?;
+    let probe = probe.context("the probe session during the step")?;
+    // Let what is still in the rings arrive before reading the counters.
+    std::thread::sleep(Duration::from_millis(100));
+    let after = bed.snapshot()?;
+    let cores = cpu::core_use(&cpu_before, &cpu_after);
+    let rx = after.receiver.since(&before.receiver);
+    let rin = after.router_in.since(&before.router_in);
+    // Probe datagrams (and their warm-up) cross the hop too; the load is the rest.
+    let probe_pkts = probe.sent + 8;
+    let generated = match plan.generator {
+        // Everything the XDP generator kept arrived at, or was dropped at,
+        // the router's ingress ring.
+        GeneratorArg::Xdp if load_pct > 0 => ingress_total(&rin).saturating_sub(probe_pkts),
+        _ => load.counted,
+    };
+    let xdp_counters = counters_delta(&before.xdp, &after.xdp);
+    log::debug!(
+        "{} {ip_size} B {load_pct} %: generator counted {}, router in {rin:?}, receiver {rx:?}, xdp {xdp_counters:?}",
+        mode_label(mode),
+        load.counted
+    );
+    let forwarded = rx
+        .rx_packets
+        .saturating_sub(probe.received + 8)
+        .min(generated);
+    let secs = load.secs;
+    Ok(StepResult {
+        mode,
+        xdp_mode_attached: bed.xdp.attached_mode_name(),
+        generator: plan.generator,
+        size: ip_size,
+        load_pct,
+        offered_pps: rate.map(|r| r.0),
+        generated,
+        forwarded,
+        secs,
+        generated_pps: cpu::rate(0, generated, secs),
+        forwarded_pps: cpu::rate(0, forwarded, secs),
+        drop_pct: if generated == 0 {
+            0.0
+        } else {
+            100.0 * generated.saturating_sub(forwarded) as f64 / generated as f64
+        },
+        generator_runs_pps: cpu::rate(0, load.counted, secs),
+        generator_cpu_pct: 100.0 * load.cpu_secs / secs,
+        router_cpu_pct: (!bed.napi_tids.is_empty())
+            .then(|| 100.0 * (after.router_cpu_secs - before.router_cpu_secs) / secs),
+        cores,
+        probe: ProbeFigures::from_summary(&probe),
+        xdp_counters,
+        router_in_rx_dropped: rin.rx_dropped,
+        limit: classify(load_pct, generated, forwarded),
+    })
+}
+
+/// Builds the testbed for one mode and prepares the receive paths.
+fn testbed_for(mode: ForwardModeArg, plan: &Plan) -> Result<ModeBed> {
+    let tb = Testbed::veth()?;
+    let router = tb
+        .router
+        .as_ref()
+        .context("the veth testbed has a router")?;
+    let rin = tb
+        .router_in
+        .as_ref()
+        .context("router ingress")?
+        .name
+        .clone();
+    links::set_gro(router, &rin, true)?;
+    links::set_gro(&tb.receiver, &tb.receiver_if.name, true)?;
+    let mut napi_tids = Vec::new();
+    if plan.threaded_napi {
+        let before = links::napi_threads(&rin);
+        links::set_threaded_napi(router, &rin, true)?;
+        // Ours are the ones that were not there before (other testbeds
+        // may have a veth of the same name).
+        napi_tids = links::napi_threads(&rin)
+            .into_iter()
+            .filter(|t| !before.contains(t))
+            .collect();
+        if let Some(p) = plan.rt_priority {
+            for &tid in &napi_tids {
+                links::set_fifo(tid, p)?;
+            }
+        }
+    }
+    let (m, a) = xdp_of(mode);
+    let xdp = crate::ebpf::attach_for_testbed(&tb, m, a)?;
+    let router_mac = links::link_state(router, &rin)?.1;
+    let sender_mac = links::link_state(&tb.sender, &tb.sender_if.name)?.1;
+    Ok(ModeBed {
+        tb,
+        xdp,
+        napi_tids,
+        router_mac,
+        sender_mac,
+    })
+}
+
+fn check_stop(stop: &AtomicU8) -> Result<()> {
+    if stop.load(Ordering::SeqCst) != 0 {
+        bail!("interrupted; the testbed was removed");
+    }
+    Ok(())
+}
+
+/// Runs the whole plan. `progress` gets each step as it finishes.
+pub fn run(
+    plan: &Plan,
+    stop: &AtomicU8,
+    mut progress: impl FnMut(&StepResult),
+) -> Result<ForwardReport> {
+    crate::testbed::require_root()?;
+    let machine = Machine::describe();
+    let mut steps = Vec::new();
+    for &mode in &plan.modes {
+        check_stop(stop)?;
+        let bed = testbed_for(mode, plan)
+            .with_context(|| format!("preparing the testbed for {}", mode_label(mode)))?;
+        // Resolve neighbours on every hop before any load.
+        run_probe(&bed.tb, plan, Duration::from_millis(50), "prime.csv", stop)?;
+        for &size in &plan.sizes {
+            // Flat out first: it calibrates the paced steps.
+            let flat_out = run_step(&bed, plan, mode, size, 100, None, stop)?;
+            let full = FullSpeed {
+                generator_pps: flat_out.generator_runs_pps,
+                forwarded_pps: flat_out.forwarded_pps,
+            };
+            let mut results = Vec::new();
+            for &load in plan.loads.iter().filter(|&&l| l < 100) {
+                check_stop(stop)?;
+                let r = run_step(&bed, plan, mode, size, load, Some(full), stop)?;
+                progress(&r);
+                results.push(r);
+            }
+            if plan.loads.contains(&100) {
+                progress(&flat_out);
+                results.push(flat_out);
+            }
+            steps.extend(results);
+        }
+        let ModeBed { tb, xdp, .. } = bed;
+        xdp.detach().context("detach the XDP router")?;
+        tb.teardown()?;
+    }
+    if stop.load(Ordering::SeqCst) >= STOP_NOW {
+        bail!("interrupted");
+    }
+    Ok(ForwardReport {
+        machine,
+        threaded_napi: plan.threaded_napi,
+        rt_priority: plan.rt_priority,
+        steps,
+    })
+}
+
+fn us(ns: Option<u64>) -> String {
+    ns.map_or("-".into(), |v| format!("{:.1}", v as f64 / 1000.0))
+}
+
+/// One table row per step. Pure.
+pub fn format_step(r: &StepResult) -> String {
+    let cores: Vec<String> = r
+        .cores
+        .iter()
+        .map(|c| format!("{:>3.0}/{:<3.0}", c.busy_pct, c.softirq_pct))
+        .collect();
+    format!(
+        "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7.1}{:>6.0}{:>6}  {:<16}{:>8}{:>8}{:>10}  {}",
+        mode_label(r.mode),
+        r.size,
+        format!("{}%", r.load_pct),
+        r.offered_pps.map_or("max".into(), |p| format!("{p:.0}")),
+        format!("{:.0}", r.generated_pps),
+        format!("{:.0}", r.forwarded_pps),
+        r.drop_pct,
+        r.generator_cpu_pct,
+        r.router_cpu_pct.map_or("-".into(), |c| format!("{c:.0}")),
+        cores.join(" "),
+        us(r.probe.rtt_p50_ns),
+        us(r.probe.rtt_p99_ns),
+        format!("{}/{}", r.probe.lost, r.probe.sent),
+        r.limit.as_str(),
+    )
+}
+
+pub fn table_header() -> String {
+    format!(
+        "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7}{:>6}{:>6}  {:<16}{:>8}{:>8}{:>10}  {}",
+        "mode",
+        "size",
+        "load",
+        "offered/s",
+        "gen/s",
+        "fwd/s",
+        "drop%",
+        "gen%",
+        "rtr%",
+        "core busy/si%",
+        "rtt p50",
+        "rtt p99",
+        "lost",
+        "limit"
+    )
+}
+
+/// The whole report as text. Pure.
+pub fn format_report(r: &ForwardReport) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let m = &r.machine;
+    let _ = writeln!(
+        o,
+        "bench-forward: {} x {}, kernel {}, load average {:.2} at start; threaded NAPI {}; {}",
+        m.cpus,
+        m.cpu_model,
+        m.kernel,
+        m.loadavg_at_start,
+        if r.threaded_napi { "on" } else { "off" },
+        match r.rt_priority {
+            Some(p) => format!("generator and router SCHED_FIFO {p}"),
+            None => "normal scheduling".into(),
+        }
+    );
+    let _ = writeln!(o, "{}", table_header());
+    for s in &r.steps {
+        let _ = writeln!(o, "{}", format_step(s));
+    }
+    // Full-speed forwarding relative to the kernel, per size.
+    let mut best: BTreeMap<(usize, &str), f64> = BTreeMap::new();
+    for s in r.steps.iter().filter(|s| s.load_pct >= 100) {
+        best.insert((s.size, mode_label(s.mode)), s.forwarded_pps);
+    }
+    for ((size, label), pps) in &best {
+        if let Some(k) = best.get(&(*size, "kernel"))
+            && *label != "kernel"
+            && *k > 0.0
+        {
+            let _ = writeln!(
+                o,
+                "  {size} B: {label} forwards {:.2}x the kernel's packets/s",
+                pps / k
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "  sizes are IP packet bytes; gen% / rtr%: CPU of the generator threads / the router's NAPI thread (percent of one core);\n  \
+         core busy/si%: per core from /proc/stat, everything on the machine (si = softirq: the receiver's veth); rtt in µs;\n  \
+         limit: router = the hop dropped > {ROUTER_LIMIT_DROP_PCT} % of what it was offered, generator = flat out and nothing dropped"
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_classification() {
+        assert_eq!(classify(100, 1_000_000, 1_000_000), Limit::Generator);
+        assert_eq!(classify(100, 1_000_000, 995_000), Limit::Generator);
+        assert_eq!(classify(100, 1_000_000, 900_000), Limit::Router);
+        assert_eq!(classify(50, 500_000, 400_000), Limit::Router);
+        assert_eq!(classify(50, 500_000, 500_000), Limit::None);
+        assert_eq!(classify(0, 0, 0), Limit::None);
+    }
+
+    #[test]
+    fn plan_validation() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let plan = |args: &[&str]| {
+            let mut v = vec!["rtprobe", "bench-forward"];
+            v.extend_from_slice(args);
+            match Cli::try_parse_from(v).unwrap().command {
+                Some(Command::BenchForward(a)) => Plan::from_args(&a),
+                _ => unreachable!(),
+            }
+        };
+        let p = plan(&[]).unwrap();
+        assert_eq!(p.loads, vec![0, 25, 50, 100]);
+        assert_eq!(p.sizes, vec![64, 512, 1500]);
+        assert!(p.threaded_napi);
+        let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
+        assert_eq!(p.loads, vec![0, 50, 100]);
+        assert_eq!(p.modes, vec![ForwardModeArg::Native, ForwardModeArg::Off]);
+        assert!(plan(&["--sizes", "63"]).is_err());
+        assert!(plan(&["--sizes", "1501"]).is_err());
+        assert!(plan(&["--load", "150"]).is_err());
+        assert!(plan(&["--step", "10ms"]).is_err());
+        assert!(plan(&["--threads", "0"]).is_err());
+        assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
+    }
+
+    #[test]
+    fn report_text_has_ratio_and_limits() {
+        let step = |mode, pps: f64, limit| StepResult {
+            mode,
+            xdp_mode_attached: "none".into(),
+            generator: GeneratorArg::Xdp,
+            size: 64,
+            load_pct: 100,
+            offered_pps: None,
+            generated: (pps * 2.0) as u64,
+            forwarded: (pps * 2.0) as u64,
+            secs: 2.0,
+            generated_pps: pps,
+            forwarded_pps: pps,
+            drop_pct: 0.0,
+            generator_runs_pps: pps,
+            generator_cpu_pct: 99.0,
+            router_cpu_pct: Some(97.0),
+            cores: vec![CoreUse {
+                cpu: 0,
+                busy_pct: 100.0,
+                softirq_pct: 80.0,
+                ..Default::default()
+            }],
+            probe: ProbeFigures {
+                sent: 100,
+                lost: 0,
+                rtt_p50_ns: Some(25_400),
+                ..Default::default()
+            },
+            xdp_counters: Default::default(),
+            router_in_rx_dropped: 0,
+            limit,
+        };
+        let r = ForwardReport {
+            machine: Machine {
+                cpus: 2,
+                cpu_model: "Test CPU".into(),
+                kernel: "6.18".into(),
+                loadavg_at_start: 0.5,
+            },
+            threaded_napi: true,
+            rt_priority: None,
+            steps: vec![
+                step(ForwardModeArg::Off, 400_000.0, Limit::Router),
+                step(ForwardModeArg::Native, 1_200_000.0, Limit::Generator),
+            ],
+        };
+        let t = format_report(&r);
+        assert!(t.contains("xdp-native forwards 3.00x the kernel"), "{t}");
+        assert!(t.contains("router"), "{t}");
+        assert!(t.contains("generator"), "{t}");
+        assert!(t.contains("25.4"), "{t}");
+        assert!(t.contains("100/80"), "{t}");
+        assert!(t.contains("Test CPU"), "{t}");
+    }
+}

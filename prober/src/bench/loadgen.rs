@@ -1,0 +1,535 @@
+//! Load generators for `bench-forward`, run on threads inside the sender
+//! namespace:
+//!
+//! - `xdp`: the kernel's XDP live-frame mode of BPF_PROG_TEST_RUN
+//!   (BPF_F_TEST_XDP_LIVE_FRAMES, Linux >= 5.18), the mechanism
+//!   xdp-trafficgen uses. A four-instruction XDP program, assembled here,
+//!   returns `bpf_redirect(sender veth)`, so the kernel builds each frame
+//!   in a page pool and hands it straight to the veth's ndo_xdp_xmit: no
+//!   socket, no skb, millions of frames per second per core. (xdp-trafficgen
+//!   itself only makes IPv6 with hop limit 1, which no router forwards.)
+//! - `socket`: plain UDP sendmmsg(2) (Linux >= 3.0), what a user-space
+//!   sender costs.
+//!
+//! Both pace themselves to an offered rate (or run flat out) and count
+//! what they handed to the kernel.
+
+use std::{
+    net::SocketAddrV4,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// `bpf(2)` commands and constants (linux/bpf.h).
+const BPF_PROG_LOAD: libc::c_int = 5;
+const BPF_PROG_TEST_RUN: libc::c_int = 10;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+const BPF_FUNC_REDIRECT: i32 = 23;
+const BPF_FUNC_GET_PRANDOM_U32: i32 = 7;
+/// Frames per BPF_PROG_TEST_RUN batch (the kernel's maximum is 256).
+const LIVE_BATCH: u32 = 64;
+
+/// `struct bpf_insn`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BpfInsn {
+    code: u8,
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+/// The leading part of `union bpf_attr` for BPF_PROG_LOAD; the rest of the
+/// 128 bytes passed must be zero.
+#[repr(C)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    _rest: [u8; 56],
+}
+
+/// The leading part of `union bpf_attr` for BPF_PROG_TEST_RUN.
+#[repr(C)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _rest: [u8; 52],
+}
+
+fn bpf<T>(cmd: libc::c_int, attr: &mut T) -> std::io::Result<libc::c_long> {
+    // SAFETY: attr is a live, fully initialised bpf_attr prefix of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Bytes of the frame the program writes back on every run: Ethernet, IPv4
+/// and UDP headers.
+pub const REWRITE_LEN: usize = 42;
+
+/// The program: keep a frame with probability `keep_u32 / 2^32` (else
+/// XDP_DROP, which recycles it at once), restore the first [`REWRITE_LEN`]
+/// bytes of the frame, then `return bpf_redirect(ifindex, 0);`.
+///
+/// Why thin inside the program: every BPF_PROG_TEST_RUN call sets up and
+/// tears down a page pool, which waits for an RCU grace period (milliseconds
+/// on a busy VM), so the generator must make few, long calls; a lower
+/// offered rate is then a random subset of the full-speed stream, spread
+/// evenly over time.
+///
+/// Why restore: live frames live in a page pool that is recycled, and the
+/// kernel copies the frame into a page only when the page is first set up.
+/// A forwarded frame comes back into the pool with the router's rewrites
+/// (MAC addresses, TTL, checksum), and without this the next run would
+/// send that rewritten header, which the router's ingress drops as
+/// "other host".
+fn blast_program(ifindex: u32, header: &[u8; REWRITE_LEN], keep_u32: Option<u32>) -> Vec<BpfInsn> {
+    const MOV64_IMM: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
+    const MOV64_REG: u8 = 0xbf; // BPF_ALU64 | BPF_MOV | BPF_X
+    const ADD64_IMM: u8 = 0x07; // BPF_ALU64 | BPF_ADD | BPF_K
+    const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+    const LD_IMM64: u8 = 0x18; // BPF_LD | BPF_DW | BPF_IMM (two slots)
+    const STX_DW: u8 = 0x7b; // BPF_STX | BPF_MEM | BPF_DW
+    const ST_H: u8 = 0x6a; // BPF_ST | BPF_MEM | BPF_H
+    const JGT_REG: u8 = 0x2d; // BPF_JMP | BPF_JGT | BPF_X
+    const JGT32_IMM: u8 = 0x26; // BPF_JMP32 | BPF_JGT | BPF_K (unsigned, Linux >= 5.1)
+    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
+    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
+    let ins = |code, dst: u8, src: u8, off: i16, imm: i32| BpfInsn {
+        code,
+        regs: dst | (src << 4),
+        off,
+        imm,
+    };
+    let mut p = Vec::new();
+    let mut jumps_to_drop = Vec::new();
+    if let Some(keep) = keep_u32 {
+        // r6 = ctx (calls clobber r1-r5); drop if prandom() > keep
+        p.push(ins(MOV64_REG, 6, 1, 0, 0));
+        p.push(ins(CALL, 0, 0, 0, BPF_FUNC_GET_PRANDOM_U32));
+        jumps_to_drop.push(p.len());
+        p.push(ins(JGT32_IMM, 0, 0, 0, keep as i32));
+        p.push(ins(MOV64_REG, 1, 6, 0, 0));
+    }
+    p.extend([
+        // r2 = xdp_md->data, r3 = xdp_md->data_end
+        ins(LDX_W, 2, 1, 0, 0),
+        ins(LDX_W, 3, 1, 4, 0),
+        // if r2 + REWRITE_LEN > r3: drop (the verifier's bounds check)
+        ins(MOV64_REG, 4, 2, 0, 0),
+        ins(ADD64_IMM, 4, 0, 0, REWRITE_LEN as i32),
+    ]);
+    jumps_to_drop.push(p.len());
+    p.push(ins(JGT_REG, 4, 3, 0, 0));
+    for off in (0..REWRITE_LEN - 2).step_by(8) {
+        let v = u64::from_le_bytes(header[off..off + 8].try_into().expect("8 bytes"));
+        p.push(ins(LD_IMM64, 5, 0, 0, v as u32 as i32));
+        p.push(ins(0, 0, 0, 0, (v >> 32) as u32 as i32));
+        p.push(ins(STX_DW, 2, 5, off as i16, 0));
+    }
+    let tail = u16::from_le_bytes([header[REWRITE_LEN - 2], header[REWRITE_LEN - 1]]);
+    p.push(ins(ST_H, 2, 0, (REWRITE_LEN - 2) as i16, i32::from(tail)));
+    p.push(ins(MOV64_IMM, 1, 0, 0, ifindex as i32));
+    p.push(ins(MOV64_IMM, 2, 0, 0, 0));
+    p.push(ins(CALL, 0, 0, 0, BPF_FUNC_REDIRECT));
+    p.push(ins(EXIT, 0, 0, 0, 0));
+    let drop_at = p.len();
+    // XDP_DROP = 1
+    p.push(ins(MOV64_IMM, 0, 0, 0, 1));
+    p.push(ins(EXIT, 0, 0, 0, 0));
+    for j in jumps_to_drop {
+        p[j].off = (drop_at - j - 1) as i16;
+    }
+    p
+}
+
+/// A loaded live-frame generator for one egress interface. Create it and
+/// run it on a thread inside the egress interface's namespace.
+pub struct XdpLiveGen {
+    prog: OwnedFd,
+    frame: Vec<u8>,
+}
+
+impl XdpLiveGen {
+    /// Loads the program that redirects to `ifindex` (in the calling
+    /// thread's namespace) a random `keep` share (0..=1) of the frames.
+    pub fn load(ifindex: u32, frame: Vec<u8>, keep: f64) -> Result<Self> {
+        if frame.len() < REWRITE_LEN {
+            bail!("a load frame needs at least {REWRITE_LEN} bytes");
+        }
+        let header: [u8; REWRITE_LEN] = frame[..REWRITE_LEN].try_into().expect("checked length");
+        let keep_u32 = (keep < 1.0).then(|| (keep.max(0.0) * f64::from(u32::MAX)) as u32);
+        let insns = blast_program(ifindex, &header, keep_u32);
+        let license = c"GPL";
+        let mut log = vec![0u8; 4096];
+        let mut name = [0u8; 16];
+        name[..13].copy_from_slice(b"rtprobe_blast");
+        let mut attr = ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_XDP,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: 1,
+            log_size: log.len() as u32,
+            log_buf: log.as_mut_ptr() as u64,
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name: name,
+            prog_ifindex: 0,
+            expected_attach_type: 0,
+            _rest: [0; 56],
+        };
+        let fd = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| {
+            let msg = String::from_utf8_lossy(&log);
+            anyhow::anyhow!(
+                "loading the XDP load-generator program failed ({e}); is this root with BPF enabled? verifier: {}",
+                msg.trim_matches(char::from(0)).trim()
+            )
+        })?;
+        // SAFETY: the kernel just returned this fd and nobody else owns it.
+        let prog = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Self { prog, frame })
+    }
+
+    /// Runs the program on `n` copies of the frame (what is kept is
+    /// redirected to the egress veth). Returns `n`, or 0 if a signal
+    /// interrupted the call.
+    pub fn inject(&self, n: u32) -> Result<u32> {
+        let mut attr = TestRunAttr {
+            prog_fd: self.prog.as_raw_fd() as u32,
+            retval: 0,
+            data_size_in: self.frame.len() as u32,
+            data_size_out: 0,
+            data_in: self.frame.as_ptr() as u64,
+            data_out: 0,
+            repeat: n,
+            duration: 0,
+            ctx_size_in: 0,
+            ctx_size_out: 0,
+            ctx_in: 0,
+            ctx_out: 0,
+            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+            cpu: 0,
+            batch_size: LIVE_BATCH,
+            _rest: [0; 52],
+        };
+        match bpf(BPF_PROG_TEST_RUN, &mut attr) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(0),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => bail!(
+                "BPF_PROG_TEST_RUN refused live frames ({e}): the xdp generator needs Linux >= 5.18; use --generator socket"
+            ),
+            Err(e) => return Err(e).context("BPF_PROG_TEST_RUN (XDP live frames)"),
+        }
+        // Live mode reports no return value; whether the frames went out
+        // shows in the interface counters.
+        Ok(n)
+    }
+}
+
+/// How fast a generator offers load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Offered {
+    /// As fast as it can.
+    Max,
+    /// About this many packets per second.
+    Pps(f64),
+}
+
+/// A paced XDP load: the rate to keep and the first guess of the share
+/// of program runs that achieves it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LiveTarget {
+    pub pps: f64,
+    pub keep: f64,
+}
+
+/// Runs the live-frame generator for `duration` in long calls (the
+/// per-call set-up costs an RCU grace period): each call is sized to last
+/// about 200 ms (100 ms when paced) from the rate the previous one
+/// achieved, and never much past the end. Paced (`target`), it measures
+/// the rate actually kept after each call with `measure` (a packet
+/// counter) and corrects the kept share, reloading the program: dropping
+/// a frame is cheaper than sending it, so runs per second depend on the
+/// share. Returns how many frames the program ran on.
+pub fn run_live(
+    ifindex: u32,
+    frame: &[u8],
+    target: Option<LiveTarget>,
+    duration: Duration,
+    stop: &AtomicBool,
+    mut measure: impl FnMut() -> Result<u64>,
+) -> Result<u64> {
+    let call_secs = if target.is_some() { 0.1 } else { 0.2 };
+    let mut keep = target.map_or(1.0, |t| t.keep.clamp(1e-6, 1.0));
+    let mut live = XdpLiveGen::load(ifindex, frame.to_vec(), keep)?;
+    let start = Instant::now();
+    let mut repeat: u32 = 1 << 16;
+    let mut runs = 0u64;
+    let mut last = if target.is_some() { measure()? } else { 0 };
+    while !stop.load(Ordering::Relaxed) {
+        let left = duration.saturating_sub(start.elapsed()).as_secs_f64();
+        if left <= 0.0 {
+            break;
+        }
+        let t0 = Instant::now();
+        runs += u64::from(live.inject(repeat)?);
+        let secs = t0.elapsed().as_secs_f64().max(1e-6);
+        log::trace!("live frames: {repeat} runs in {secs:.3} s, keep {keep:.4}");
+        let per_sec = f64::from(repeat) / secs;
+        repeat = next_repeat(per_sec, left - secs, call_secs);
+        if let Some(t) = target {
+            let now = measure()?;
+            let kept_pps = now.saturating_sub(last) as f64 / t0.elapsed().as_secs_f64();
+            last = now;
+            let next = corrected_keep(keep, t.pps, kept_pps);
+            if (next - keep).abs() > keep * 0.02 {
+                keep = next;
+                live = XdpLiveGen::load(ifindex, frame.to_vec(), keep)?;
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// The kept share for the next call: scaled by how far the last call was
+/// from the target rate. Pure.
+pub fn corrected_keep(keep: f64, target_pps: f64, achieved_pps: f64) -> f64 {
+    if achieved_pps <= 0.0 {
+        return (keep * 2.0).min(1.0);
+    }
+    (keep * target_pps / achieved_pps).clamp(1e-6, 1.0)
+}
+
+/// The repeat count of the next live-frame call at `per_sec` runs per
+/// second with `left_secs` of the step left. Pure.
+pub fn next_repeat(per_sec: f64, left_secs: f64, call_secs: f64) -> u32 {
+    (per_sec * left_secs.min(call_secs).max(0.0)).clamp(1024.0, f64::from(1u32 << 26)) as u32
+}
+
+/// How many packets to send now, `sent` packets and `elapsed` into a run at
+/// `rate`: None when ahead of the schedule. At most `chunk`.
+pub fn due_now(rate: Offered, elapsed: Duration, sent: u64, chunk: u32) -> Option<u32> {
+    match rate {
+        Offered::Max => Some(chunk),
+        Offered::Pps(pps) => {
+            let due = (pps * elapsed.as_secs_f64()) as u64;
+            let behind = due.saturating_sub(sent);
+            (behind > 0).then(|| behind.min(u64::from(chunk)) as u32)
+        }
+    }
+}
+
+/// Runs `send(n) -> sent` until `stop` or `duration`, keeping to `rate`.
+/// `chunk` is the most packets per call. Adds what was sent to `count`.
+pub fn pace_load(
+    rate: Offered,
+    duration: Duration,
+    chunk: u32,
+    stop: &AtomicBool,
+    count: &AtomicU64,
+    mut send: impl FnMut(u32) -> Result<u32>,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let elapsed = start.elapsed();
+        if elapsed >= duration {
+            break;
+        }
+        let Some(n) = due_now(rate, elapsed, sent, chunk) else {
+            // Ahead of the schedule: a short sleep, not a spin, so the CPU
+            // goes to the router under test.
+            std::thread::sleep(Duration::from_micros(50));
+            continue;
+        };
+        let k = send(n)?;
+        sent += u64::from(k);
+        count.fetch_add(u64::from(k), Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// A UDP socket generator: `sendmmsg` of `batch` datagrams with `payload`
+/// bytes each to `dst`. Create it inside the sender namespace.
+pub struct SocketGen {
+    fd: OwnedFd,
+    bufs: Vec<Vec<u8>>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// The raw pointers only point into the generator's own buffers.
+unsafe impl Send for SocketGen {}
+
+impl SocketGen {
+    pub fn new(dst: SocketAddrV4, payload: usize, batch: usize) -> Result<Self> {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").context("bind the load socket")?;
+        s.connect(dst)
+            .with_context(|| format!("connect the load socket to {dst}"))?;
+        // SAFETY: the fd comes from a socket we own and hand over.
+        let fd = unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(s)) };
+        let mut g = Self {
+            fd,
+            bufs: (0..batch).map(|_| vec![0x5a; payload]).collect(),
+            iovs: Vec::with_capacity(batch),
+            // SAFETY: all-zero mmsghdr is valid.
+            hdrs: (0..batch).map(|_| unsafe { std::mem::zeroed() }).collect(),
+        };
+        for b in &mut g.bufs {
+            g.iovs.push(libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            });
+        }
+        for (h, iov) in g.hdrs.iter_mut().zip(g.iovs.iter_mut()) {
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+        }
+        Ok(g)
+    }
+
+    /// Sends up to `n` datagrams (at most the batch) in one sendmmsg.
+    pub fn send(&mut self, n: u32) -> Result<u32> {
+        let n = (n as usize).min(self.hdrs.len());
+        // SAFETY: the headers point into our own buffers.
+        let r = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // A full queue or an ICMP error reported back: try again.
+                Some(libc::ENOBUFS | libc::EAGAIN | libc::ECONNREFUSED | libc::EINTR) => Ok(0),
+                _ => Err(e).context("sendmmsg on the load socket"),
+            };
+        }
+        Ok(r as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_encoding() {
+        let mut h = [0u8; REWRITE_LEN];
+        for (i, b) in h.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let p = blast_program(7, &h, None);
+        // Bounds check jumps to the drop exit at the end.
+        let j = p.iter().position(|i| i.code == 0x2d).unwrap();
+        assert_eq!(j + 1 + p[j].off as usize, p.len() - 2);
+        assert_eq!((p[p.len() - 2].code, p[p.len() - 2].imm), (0xb7, 1));
+        // First 8 header bytes as one little-endian 64-bit immediate.
+        let ld = p.iter().position(|i| i.code == 0x18).unwrap();
+        let v = (p[ld].imm as u32 as u64) | ((p[ld + 1].imm as u32 as u64) << 32);
+        assert_eq!(v.to_le_bytes(), [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(p[ld + 2].regs, 2 | (5 << 4));
+        // The last two bytes by a 16-bit store at offset 40.
+        let st = p.iter().position(|i| i.code == 0x6a).unwrap();
+        assert_eq!(
+            (p[st].off, p[st].imm),
+            (40, i32::from(u16::from_le_bytes([40, 41])))
+        );
+        // Then redirect(7, 0).
+        assert_eq!(
+            (p[st + 1].code, p[st + 1].regs, p[st + 1].imm),
+            (0xb7, 1, 7)
+        );
+        assert_eq!((p[st + 3].code, p[st + 3].imm), (0x85, 23));
+        // Thinning: prandom first, and its jump also lands on the drop exit.
+        let t = blast_program(7, &h, Some(u32::MAX / 4));
+        assert_eq!((t[1].code, t[1].imm), (0x85, 7));
+        assert_eq!((t[2].code, t[2].imm as u32), (0x26, u32::MAX / 4));
+        assert_eq!(2 + 1 + t[2].off as usize, t.len() - 2);
+        assert_eq!(t.len(), p.len() + 4);
+        assert_eq!(std::mem::size_of::<BpfInsn>(), 8);
+        assert_eq!(std::mem::size_of::<ProgLoadAttr>(), 128);
+        assert_eq!(std::mem::size_of::<TestRunAttr>(), 128);
+    }
+
+    #[test]
+    fn offered_rate_schedule() {
+        let ms = Duration::from_millis;
+        let r = Offered::Pps(20_000.0);
+        assert_eq!(due_now(r, ms(0), 0, 64), None);
+        // 100 ms in: 2000 due; behind by 2000 but at most a chunk.
+        assert_eq!(due_now(r, ms(100), 0, 64), Some(64));
+        assert_eq!(due_now(r, ms(100), 1990, 64), Some(10));
+        assert_eq!(due_now(r, ms(100), 2000, 64), None);
+        assert_eq!(due_now(Offered::Max, ms(0), 1 << 40, 32), Some(32));
+    }
+
+    #[test]
+    fn kept_share_follows_the_target() {
+        // Half the target reached: keep twice as much.
+        assert!((corrected_keep(0.1, 100_000.0, 50_000.0) - 0.2).abs() < 1e-12);
+        // Over the target: keep less.
+        assert!((corrected_keep(0.5, 100_000.0, 200_000.0) - 0.25).abs() < 1e-12);
+        // Never above everything, never zero.
+        assert_eq!(corrected_keep(0.8, 100_000.0, 10_000.0), 1.0);
+        assert!(corrected_keep(0.001, 1.0, 1e12) > 0.0);
+        // Nothing got through: grow.
+        assert_eq!(corrected_keep(0.3, 100.0, 0.0), 0.6);
+    }
+
+    #[test]
+    fn live_calls_last_about_the_call_time() {
+        assert_eq!(next_repeat(1_000_000.0, 5.0, 0.2), 200_000);
+        // Near the end of the step: only what is left.
+        assert_eq!(next_repeat(1_000_000.0, 0.05, 0.2), 50_000);
+        // Never below a floor (the set-up cost must be spread) nor absurdly high.
+        assert_eq!(next_repeat(1_000_000.0, -1.0, 0.2), 1024);
+        assert_eq!(next_repeat(1e12, 5.0, 0.2), 1 << 26);
+    }
+
+    #[test]
+    fn stop_is_honoured_at_once() {
+        let stop = AtomicBool::new(true);
+        let count = AtomicU64::new(0);
+        pace_load(Offered::Max, Duration::from_secs(5), 64, &stop, &count, Ok).unwrap();
+        assert_eq!(
+            count.load(Ordering::Relaxed),
+            0,
+            "a stop request is honoured at once"
+        );
+    }
+}
