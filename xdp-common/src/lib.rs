@@ -5,6 +5,15 @@
 //! the host with `cargo test -p xdp-common`.
 #![no_std]
 
+/// The nightly that builds the eBPF program (`-Z build-std=core`). Its LLVM
+/// (22) must not be newer than bpf-linker's. Used by `prober/build.rs` and
+/// `cargo xtask`, so it lives here, the one crate both already depend on.
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
+/// The bpf-linker release that links it (built against LLVM 22).
+pub const BPF_LINKER_VERSION: &str = "0.13";
+/// The target the eBPF program is built for.
+pub const EBPF_TARGET: &str = "bpfel-unknown-none";
+
 /// Name of the XDP program in the object file.
 pub const PROGRAM_NAME: &str = "xdp_router";
 /// Per-CPU array of [`Counter`], indexed by [`Outcome`].
