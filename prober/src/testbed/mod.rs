@@ -2,7 +2,10 @@
 //! joined by two veth pairs, or two existing interfaces (NIC pair) moved
 //! into sender/receiver namespaces. Everything is undone on drop.
 
+pub mod ethtool;
 pub mod netns;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 pub use netns::Netns;
 
