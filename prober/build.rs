@@ -17,7 +17,6 @@ const PROGRAM: &str = "xdp-router";
 
 fn main() -> ExitCode {
     println!("cargo::rerun-if-env-changed=AYA_BUILD_SKIP");
-    println!("cargo::rerun-if-env-changed=PATH");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let manifest_dir =
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -51,6 +50,11 @@ fn main() -> ExitCode {
     // aya-build turns every line the nested cargo prints into a cargo
     // warning; keep it to diagnostics. SAFETY: single-threaded build script.
     unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
+    // aya-build watches xdp-router/; a dependency bump shows in the lock file.
+    println!(
+        "cargo::rerun-if-changed={}",
+        manifest_dir.join("../Cargo.lock").display()
+    );
     let root_dir = program_dir.to_string_lossy().into_owned();
     let package = aya_build::Package {
         name: PROGRAM,
