@@ -89,6 +89,15 @@ struct Attachment {
 }
 
 /// The loaded XDP router. Dropping it detaches it everywhere.
+///
+/// It keeps the namespaces it is attached in open (to detach inside them
+/// later), so detach or drop it before tearing the testbed down, and in
+/// particular before giving NIC-pair interfaces back to the host.
+///
+/// It changes nothing on the interfaces besides the XDP attachment. Native
+/// redirect into a veth needs GRO (or an XDP program) on that veth's peer,
+/// and UDP from local sockets needs TX checksum offload off on the sending
+/// veth: see [`crate::testbed::ethtool`].
 pub struct Router {
     ebpf: Ebpf,
     prog_id: u32,

@@ -643,6 +643,12 @@ fn forwards_udp_in_native_mode() {
 }
 
 #[test]
+fn router_can_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<Router>();
+}
+
+#[test]
 fn attached_mode_names() {
     assert_eq!(AttachedMode::Skb.to_string(), "skb");
     assert_eq!(AttachedMode::Native.to_string(), "native");
