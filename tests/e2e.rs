@@ -200,7 +200,7 @@ fn xdp_pass_only_variant_forwards_in_the_kernel() {
     );
     assert_clean_run(&r, N);
     assert_eq!(counter(&r, "redirected"), 0);
-    assert!(counter(&r, "passed") >= 2 * N, "{}", r.stdout);
+    assert!(counter(&r, "pass_only") >= 2 * N, "{}", r.stdout);
 }
 
 #[test]

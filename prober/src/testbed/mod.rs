@@ -6,8 +6,11 @@
 //! addresses and routes (`netlink`), /proc/sys/net per namespace. veth needs
 //! CONFIG_VETH (Linux >= 2.6.24).
 
+pub mod ethtool;
 pub mod netlink;
 pub mod netns;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 pub use netns::Netns;
 
