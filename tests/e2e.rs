@@ -119,7 +119,7 @@ fn kernel_forwarding_baseline() {
     );
 }
 
-fn xdp_mode_run(mode: &str, expect_attached: &str) {
+fn xdp_mode_run(mode: &str, expect_attached: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let r = probe(
         dir.path(),
@@ -153,13 +153,26 @@ fn xdp_mode_run(mode: &str, expect_attached: &str) {
         "redirected {redirected} is far above {}",
         2 * N
     );
+    r
 }
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn xdp_skb_mode() {
     if is_root("xdp_skb_mode") {
-        xdp_mode_run("skb", "skb");
+        let r = xdp_mode_run("skb", "skb");
+        // Generic-XDP redirect out of a veth timestamps the same send again
+        // at the router: counted, and the first (the sender's) kept.
+        assert!(
+            r.json["tx_timestamp_duplicates"].as_u64().unwrap() > 0,
+            "{}",
+            r.stdout
+        );
+        let p50 = r.json["one_way_ns"]["p50"].as_u64().unwrap();
+        assert!(
+            p50 > 1_000,
+            "one-way p50 {p50} ns: the router's stamp was used instead of the sender's"
+        );
     }
 }
 
@@ -167,7 +180,7 @@ fn xdp_skb_mode() {
 #[ignore = "needs root: run by cargo xtask test"]
 fn xdp_native_mode() {
     if is_root("xdp_native_mode") {
-        xdp_mode_run("native", "native");
+        let _ = xdp_mode_run("native", "native");
     }
 }
 
@@ -176,7 +189,7 @@ fn xdp_native_mode() {
 fn xdp_auto_mode_reports_what_it_got() {
     if is_root("xdp_auto_mode_reports_what_it_got") {
         // veth has native XDP, so the kernel picks native.
-        xdp_mode_run("auto", "native");
+        let _ = xdp_mode_run("auto", "native");
     }
 }
 

@@ -47,6 +47,16 @@ enum Task {
     Setup,
     /// Build the XDP router object (release, bpfel-unknown-none) and print its path.
     BuildEbpf,
+    /// The main job: setup, build everything (release), probe across a fresh veth
+    /// testbed through the XDP router in native mode, then plot the result.
+    Demo {
+        /// Where out.csv, out.json and the figures go.
+        #[arg(long, default_value = "demo-out")]
+        out_dir: PathBuf,
+        /// Probes to send (1 ms apart).
+        #[arg(long, default_value_t = 2000)]
+        count: u64,
+    },
     /// Setup, `cargo test`, then the root/netns tests (`--ignored`) when run as root.
     Test {
         /// Passed to the test binaries (e.g. a test name filter).
@@ -61,6 +71,7 @@ fn main() -> ExitCode {
         Task::Setup => setup(),
         Task::BuildEbpf => build_ebpf().map(|p| println!("{}", p.display())),
         Task::Test { args } => test(&args),
+        Task::Demo { out_dir, count } => demo(&out_dir, count),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -333,6 +344,46 @@ fn build_ebpf() -> Result<PathBuf> {
         bail!("building {EBPF_PACKAGE} failed ({status})");
     }
     object.with_context(|| format!("cargo built no {EBPF_PACKAGE} object"))
+}
+
+// ---------------------------------------------------------------- demo
+
+fn demo(out_dir: &Path, count: u64) -> Result<()> {
+    if !is_root() {
+        bail!(
+            "the demo builds network namespaces and loads XDP: run it as root (sudo -E cargo xtask demo)"
+        );
+    }
+    setup()?;
+    let root = workspace_root();
+    run(Command::new(cargo())
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "rtprobe"]))?;
+    let bin = root.join("target/release/rtprobe");
+    let out_dir = if out_dir.is_absolute() {
+        out_dir.to_path_buf()
+    } else {
+        root.join(out_dir)
+    };
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("create {}", out_dir.display()))?;
+    let csv = out_dir.join("out.csv");
+    let json = out_dir.join("out.json");
+    run(Command::new(&bin)
+        .args(["--xdp-mode", "native", "--size", "64", "--interval", "1ms"])
+        .args([
+            "--count".as_ref(),
+            count.to_string().as_ref(),
+            "--out".as_ref(),
+            csv.as_os_str(),
+            "--json".as_ref(),
+            json.as_os_str(),
+        ]))?;
+    run(Command::new(&bin).arg("plot").arg(&csv))?;
+    eprintln!(
+        "xtask: demo done: {} (CSV, JSON summary and figures)",
+        out_dir.display()
+    );
+    Ok(())
 }
 
 // ---------------------------------------------------------------- test
