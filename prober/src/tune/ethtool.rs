@@ -18,6 +18,68 @@ use anyhow::{Context, Result, bail};
 const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
 const ETHTOOL_GRINGPARAM: u32 = 0x0000_0010;
 const ETHTOOL_SRINGPARAM: u32 = 0x0000_0011;
+const ETHTOOL_GTSO: u32 = 0x0000_001e;
+const ETHTOOL_STSO: u32 = 0x0000_001f;
+const ETHTOOL_GGSO: u32 = 0x0000_0023;
+const ETHTOOL_SGSO: u32 = 0x0000_0024;
+
+/// struct ethtool_value (the legacy per-feature get/set).
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+/// TCP segmentation offload and generic segmentation offload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segmentation {
+    pub tso: bool,
+    pub gso: bool,
+}
+
+fn get_value(ifname: &str, cmd: u32, what: &str) -> Result<bool> {
+    let mut v = EthtoolValue { cmd, data: 0 };
+    match ioctl(ifname, &mut v as *mut _ as *mut libc::c_void) {
+        Ok(()) => Ok(v.data != 0),
+        Err(EthtoolError::Unsupported) => Ok(false),
+        Err(EthtoolError::Other(e)) => {
+            Err(e).with_context(|| format!("ethtool -k {ifname} ({what})"))
+        }
+    }
+}
+
+fn set_value(ifname: &str, cmd: u32, on: bool, what: &str) -> Result<()> {
+    let mut v = EthtoolValue {
+        cmd,
+        data: on as u32,
+    };
+    match ioctl(ifname, &mut v as *mut _ as *mut libc::c_void) {
+        Ok(()) => Ok(()),
+        Err(EthtoolError::Unsupported) => {
+            bail!("{ifname}: the driver cannot switch {what} (ethtool -K unsupported)")
+        }
+        Err(EthtoolError::Other(e)) => Err(e).with_context(|| {
+            format!(
+                "ethtool -K {ifname} {what} {}",
+                if on { "on" } else { "off" }
+            )
+        }),
+    }
+}
+
+/// TSO/GSO state (the legacy ETHTOOL_GTSO/GGSO views of the features).
+pub fn segmentation(ifname: &str) -> Result<Segmentation> {
+    Ok(Segmentation {
+        tso: get_value(ifname, ETHTOOL_GTSO, "tso")?,
+        gso: get_value(ifname, ETHTOOL_GGSO, "gso")?,
+    })
+}
+
+/// Sets TSO and GSO.
+pub fn set_segmentation(ifname: &str, s: Segmentation) -> Result<()> {
+    set_value(ifname, ETHTOOL_STSO, s.tso, "tso")?;
+    set_value(ifname, ETHTOOL_SGSO, s.gso, "gso")
+}
 
 #[repr(C)]
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,8 +15,14 @@
 //! layer. TSQ is a property of the sending TCP stack and is always set in
 //! the sender namespace.
 //!
+//! Packet counts: TCP hands the qdisc GSO super-packets (up to 64 KiB) and
+//! they are cut into frames only after the qdisc, so a packet limit at the
+//! sender's own qdisc counts super-packets. Limit that queue in bytes, or
+//! put the bottleneck at the router with `gso = false` (frames leave the
+//! sender cut to the MTU) for a queue of wire frames (see `gso`).
+//!
 //! Order of application (reverse on restore): txqueuelen (read by qdiscs
-//! when created), TX ring, BQL, the qdisc tree (shaper + qdisc), TSQ, CPU
+//! when created), segmentation offload (sender), TX ring, BQL, the qdisc tree (shaper + qdisc), TSQ, CPU
 //! stress, then the competing load, which runs a warm-up before the
 //! probes start so TCP is in its steady state.
 //!
@@ -27,6 +33,7 @@
 
 pub mod bql;
 pub mod ethtool;
+pub mod gso;
 pub mod load;
 pub mod nl;
 pub mod qdisc;
@@ -41,6 +48,8 @@ pub mod tsq;
 pub mod txqueuelen;
 pub mod units;
 
+#[cfg(test)]
+mod root_tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -164,6 +173,7 @@ pub struct KnobArgs {
     pub shaper: Option<ShaperKind>,
 
     /// Queue behind the shaper: packets (20, 20p) or bytes (64KiB) [default: txqueuelen packets].
+    /// At the sender a TCP GSO packet (up to 64 KiB) counts as one: prefer bytes there.
     #[arg(long)]
     pub queue_limit: Option<QueueLimit>,
 
@@ -200,6 +210,12 @@ pub struct KnobArgs {
     /// TX ring size of the bottleneck NIC (ethtool -G tx).
     #[arg(long)]
     pub tx_ring: Option<u32>,
+
+    /// TSO+GSO on the sender's interface: off sends MTU-size frames, so a queue at the router
+    /// (--bottleneck router) counts wire frames. TCP queues 64 KiB GSO packets at the sender's
+    /// own qdisc either way: limit that queue in bytes.
+    #[arg(long, value_parser = parse_on_off, value_name = "on|off")]
+    pub gso: Option<bool>,
 
     /// If the device cannot do a knob (BQL or TX ring on veth): report it, or fail.
     #[arg(long, value_enum)]
@@ -257,6 +273,7 @@ pub struct Knobs {
     pub tsq: Option<Bytes>,
     pub txqueuelen: Option<u32>,
     pub tx_ring: Option<u32>,
+    pub gso: Option<bool>,
     pub device_unsupported: Option<DevicePolicy>,
     pub load: Option<Vec<LoadSpec>>,
     #[serde(
@@ -318,6 +335,7 @@ impl Knobs {
             tsq: a.tsq,
             txqueuelen: a.txqueuelen,
             tx_ring: a.tx_ring,
+            gso: a.gso,
             device_unsupported: a.device_unsupported,
             load: (!a.load.is_empty()).then(|| a.load.clone()),
             load_warmup: a.load_warmup,
@@ -350,6 +368,7 @@ impl Knobs {
             tsq,
             txqueuelen,
             tx_ring,
+            gso,
             device_unsupported,
             load,
             load_warmup,
@@ -745,6 +764,15 @@ impl KnobGuard for TreeKnob<'_> {
     }
 }
 
+/// `on`/`off` (and true/false, 1/0) for switch flags.
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(format!("invalid switch {s:?}: expected on or off")),
+    }
+}
+
 /// Speed of a physical NIC (sysfs `speed`, Mb/s), None for virtual devices.
 fn nic_speed(ns: &Netns, dev: &str) -> Result<Option<Rate>> {
     let dev = dev.to_string();
@@ -823,6 +851,11 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
 
     if let Some(n) = knobs.txqueuelen {
         a.guards.push(Box::new(txqueuelen::apply(ns, &dev, n)?));
+    }
+    if let Some(on) = knobs.gso {
+        // Always the sender's interface: it decides what size leaves the sender.
+        a.guards
+            .push(Box::new(gso::apply(&tb.sender, &tb.sender_if.name, on)?));
     }
     let unsupported = |a: &mut Applied<'tb>, key: &str, why: String| -> Result<()> {
         match knobs.device_unsupported() {

@@ -121,10 +121,8 @@ impl RouteSocket {
                         }
                         NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(
                             q,
-                        )) => {
-                            if q.header.index as u32 == ifindex {
-                                found.push(qdisc_info(&q));
-                            }
+                        )) if q.header.index as u32 == ifindex => {
+                            found.push(qdisc_info(&q));
                         }
                         _ => {}
                     }

@@ -23,6 +23,10 @@
 //! keeps the kernel's default leaf (pfifo, limit = txqueuelen) and tbf a
 //! byte limit of 1000 full-size frames.
 //!
+//! A packet limit counts skbs: at the sender's own interface TCP's GSO
+//! super-packets (up to 64 KiB) count as one packet each, so limit in
+//! bytes there, or shape at the router with segmentation off (`gso`).
+//!
 //! `overhead` (default 24 bytes: FCS 4 + preamble 8 + inter-frame gap 12)
 //! makes the shaper count what an Ethernet wire carries per frame, so a
 //! 100 Mbit/s shaped veth carries the same payload as a 100 Mbit/s cable:

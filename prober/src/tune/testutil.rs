@@ -203,7 +203,12 @@ pub fn snapshot(ns: &Netns, dev: &str) -> Result<String> {
     let mut s = String::new();
     s += &exec(ns, &["tc", "qdisc", "show"])?;
     s += &exec(ns, &["tc", "class", "show", "dev", dev])?;
-    s += &exec(ns, &["tc", "filter", "show", "dev", dev])?;
+    for parent in ["1:", "10:"] {
+        // Errors when the parent does not exist, which is the expected state.
+        if let Ok(f) = exec(ns, &["tc", "filter", "show", "dev", dev, "parent", parent]) {
+            s += &f;
+        }
+    }
     s += &exec(
         ns,
         &[

@@ -46,11 +46,11 @@ impl Rate {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.bps;
-        if b >= 1_000_000_000 && b % 1_000_000_000 == 0 {
+        if b >= 1_000_000_000 && b.is_multiple_of(1_000_000_000) {
             write!(f, "{}gbit", b / 1_000_000_000)
-        } else if b >= 1_000_000 && b % 1_000_000 == 0 {
+        } else if b >= 1_000_000 && b.is_multiple_of(1_000_000) {
             write!(f, "{}mbit", b / 1_000_000)
-        } else if b >= 1000 && b % 1000 == 0 {
+        } else if b >= 1000 && b.is_multiple_of(1000) {
             write!(f, "{}kbit", b / 1000)
         } else {
             write!(f, "{b}bit")
@@ -92,7 +92,7 @@ impl FromStr for Rate {
             }
         };
         let bps = v * scale;
-        if !(bps.is_finite() && bps >= 1.0 && bps <= 1e12) {
+        if !(bps.is_finite() && (1.0..=1e12).contains(&bps)) {
             return Err(format!(
                 "invalid rate {s:?}: must be between 1bit and 1000gbit"
             ));
@@ -117,9 +117,9 @@ impl Bytes {
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        if b >= 1 << 20 && b % (1 << 20) == 0 {
+        if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
             write!(f, "{}MiB", b >> 20)
-        } else if b >= 1024 && b % 1024 == 0 {
+        } else if b >= 1024 && b.is_multiple_of(1024) {
             write!(f, "{}KiB", b >> 10)
         } else {
             write!(f, "{b}")
@@ -267,7 +267,7 @@ pub fn fmt_duration(d: Duration) -> String {
     if ns == 0 {
         return "0s".into();
     }
-    let (v, unit) = if ns % 1_000_000_000 == 0 {
+    let (v, unit) = if ns.is_multiple_of(1_000_000_000) {
         return format!("{}s", ns / 1_000_000_000);
     } else if ns >= 1_000_000_000 {
         (ns as f64 / 1e9, "s")
