@@ -42,6 +42,7 @@ fn init_logging(verbose: u8) {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
+        Some(Command::Run(args)) => crate::config::run_command(&args, None, None),
         None => anyhow::bail!("probe is not implemented yet"),
     }
 }

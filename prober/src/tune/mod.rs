@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 pub use self::{
-    load::{LoadReport, LoadSpec},
+    load::{FlowReport, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
     rt::{RtGuard, RtSettings},
     shaping::{ShaperKind, Shaping},
