@@ -406,6 +406,7 @@ fn tcp_load_reaches_its_share_of_a_shaped_link() {
     )
     .unwrap();
     let full = r.total_achieved_bps / 1e6;
+    eprintln!("tcp:100%: {full:.1} Mbit/s");
     assert!((85.0..=100.0).contains(&full), "tcp:100% got {full} Mbit/s");
     // Half the link, paced, once per congestion control the kernel has.
     for cc in ["cubic", "bbr", "reno"] {
@@ -422,6 +423,7 @@ fn tcp_load_reaches_its_share_of_a_shaped_link() {
         )
         .unwrap();
         let got = r.total_achieved_bps / 1e6;
+        eprintln!("tcp:50% cc={cc}: {got:.1} Mbit/s");
         assert_eq!(r.flows[0].cc.as_deref(), Some(cc));
         assert_eq!(r.flows[0].target_bps, Some(50_000_000));
         assert!(
@@ -439,6 +441,9 @@ fn tcp_load_reaches_its_share_of_a_shaped_link() {
     assert_eq!(r.flows.len(), 2);
     let got = r.total_achieved_bps / 1e6;
     assert!((32.0..=44.0).contains(&got), "tcp:40%,flows=2 got {got}");
+    // A share without a link rate: a veth has no speed to take it from.
+    let e = shaped(&tb, "load = [\"tcp:50%\"]", Duration::ZERO).unwrap_err();
+    assert!(format!("{e:#}").contains("link rate is unknown"), "{e:#}");
     // A congestion control the kernel lacks is named with the ones it has.
     let e = shaped(
         &tb,
@@ -470,6 +475,9 @@ fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
     let loss = f.loss_pct.unwrap();
     let expected = f.expected_loss_pct.unwrap();
     let offered = f.offered_bps.unwrap() / 1e6;
+    eprintln!(
+        "udp:150%: offered {offered:.1} Mbit/s, loss {loss:.2} % (calculated {expected:.2} %)"
+    );
     assert!(
         (145.0..=151.0).contains(&offered),
         "offered {offered} Mbit/s"
