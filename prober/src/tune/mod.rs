@@ -30,6 +30,10 @@
 //! goes on without it and the metadata's `skipped` list says so. Device
 //! knobs a driver cannot do (BQL or TX ring on veth) are reported under
 //! `unsupported` unless `device_unsupported = fail`.
+//!
+//! Kernel interface: only through the knob modules (tc/rtnetlink, sysfs,
+//! /proc/sys, SIOCETHTOOL, sockets, sched_*), each of which names its own
+//! interface and minimum version; together Linux >= 4.15.
 
 pub mod bql;
 pub mod ethtool;
