@@ -53,6 +53,9 @@ fn init_logging(verbose: u8) {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
+        Some(Command::Run(args)) => {
+            crate::config::run_command(&args, None, None).map(|()| ExitCode::SUCCESS)
+        }
         None => probe_command(&cli.probe),
     }
 }

@@ -37,6 +37,8 @@ pub struct Cli {
 pub enum Command {
     /// Draw SVG/PNG boxplots, CDFs and time series from rtprobe CSV files.
     Plot(PlotArgs),
+    /// Run a scenario file: sizes x intervals x knob sets, then report.md.
+    Run(RunArgs),
 }
 
 /// How the XDP router is attached on the router's interfaces.
@@ -148,6 +150,36 @@ pub struct PlotArgs {
     /// rtprobe CSV files; several are drawn on the same axes (first red, second blue).
     #[arg(required = true)]
     pub csv: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Examples:\n  \
+    sudo rtprobe run configs/system-1.2.toml\n  \
+    rtprobe run --check configs/qdisc-fq_codel.toml\n  \
+    sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql")]
+pub struct RunArgs {
+    /// Scenario file (see configs/).
+    pub config: PathBuf,
+
+    /// Output folder [default: the file's `output`, else results/NAME].
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+
+    /// Validate the file (and, as root, the kernel's support), print the matrix, run nothing.
+    #[arg(long)]
+    pub check: bool,
+
+    /// Run only this knob set (repeatable); the baseline is the first of them in file order.
+    #[arg(long = "set", value_name = "NAME")]
+    pub sets: Vec<String>,
+
+    /// Override every set's policy for qdiscs the kernel lacks: fail, or skip (reported).
+    #[arg(long, value_enum)]
+    pub missing: Option<crate::tune::MissingPolicy>,
+
+    /// No progress bar.
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 /// Humane durations: 10us, 100us, 1ms, 1.5ms, 2s, 5min.

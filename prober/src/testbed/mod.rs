@@ -276,6 +276,39 @@ impl Testbed {
         Ok(tb)
     }
 
+    /// A testbed assembled from parts a test built itself (no NIC pair to give back).
+    #[cfg(test)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        id: String,
+        sender: Netns,
+        receiver: Netns,
+        router: Option<Netns>,
+        sender_if: Iface,
+        receiver_if: Iface,
+        router_in: Option<Iface>,
+        router_out: Option<Iface>,
+    ) -> Self {
+        let kind = if router.is_some() {
+            Kind::Veth
+        } else {
+            Kind::NicPair
+        };
+        Self {
+            id,
+            kind,
+            sender,
+            receiver,
+            router,
+            sender_if,
+            receiver_if,
+            router_in,
+            router_out,
+            borrowed: Vec::new(),
+            host_ns: None,
+        }
+    }
+
     /// Namespace names, for messages.
     pub fn namespaces(&self) -> Vec<&str> {
         let mut v = vec![self.sender.name()];
