@@ -53,9 +53,7 @@ fn init_logging(verbose: u8) {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
-        Some(Command::Run(args)) => {
-            crate::config::run_command(&args, None, None).map(|()| ExitCode::SUCCESS)
-        }
+        Some(Command::Run(args)) => run_scenario_command(args),
         None => probe_command(&cli.probe),
     }
 }
@@ -100,6 +98,23 @@ fn with_signals<T: Send + 'static>(
         let r = tokio::task::spawn_blocking(move || f(stop)).await.context("run thread")?;
         watcher.abort();
         r
+    })
+}
+
+fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
+    if args.check {
+        crate::config::run_command(&args, None, None)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let quiet = args.quiet;
+    with_signals(quiet, move |stop| {
+        let mut runner = crate::runner::ProbeCellRunner { stop: &stop };
+        crate::config::run_command(&args, Some(&mut runner), None)?;
+        Ok(if stop.load(Ordering::SeqCst) != 0 {
+            ExitCode::from(130)
+        } else {
+            ExitCode::SUCCESS
+        })
     })
 }
 

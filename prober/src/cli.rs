@@ -143,6 +143,9 @@ pub struct ProbeArgs {
     /// Print no progress, only the summary.
     #[arg(short, long)]
     pub quiet: bool,
+
+    #[command(flatten)]
+    pub knobs: crate::tune::KnobArgs,
 }
 
 #[derive(Debug, Clone, Args)]

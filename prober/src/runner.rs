@@ -13,6 +13,7 @@ use crate::{
     probe::{self, Endpoints},
     stats::Summary,
     testbed::{Kind, Testbed},
+    tune,
 };
 
 /// The result of a run.
@@ -49,8 +50,31 @@ pub fn execute(
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
+    let out = probe_on(&testbed, opts, stop, progress)?;
+    // Explicit, so a failure to give interfaces back is reported.
+    testbed.teardown()?;
+    Ok(out)
+}
 
-    let xdp = crate::ebpf::attach_for_testbed(&testbed, opts.xdp_mode, opts.xdp_action)?;
+/// Everything that happens on a built testbed: XDP, knobs, the probe
+/// session. Whatever it set up is undone before it returns, error or not.
+fn probe_on(
+    testbed: &Testbed,
+    opts: &RunOptions,
+    stop: &AtomicU8,
+    progress: impl FnMut(u64),
+) -> Result<RunOutcome> {
+    let xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
+    check_stop(stop)?;
+    // Knobs (and the competing load) last, so nothing else waits behind them.
+    let mut applied = if opts.knobs.is_empty() {
+        None
+    } else {
+        Some(tune::apply(testbed, &opts.knobs)?)
+    };
+    if let (Some(a), Some(q)) = (applied.as_mut(), &opts.queue_csv) {
+        a.start_queue_sampler(q)?;
+    }
     check_stop(stop)?;
 
     let meta = RunMeta {
@@ -78,7 +102,7 @@ pub fn execute(
         tos: opts.probe.tos,
         port: opts.probe.port,
         timestamps_requested: format!("{:?}", opts.probe.timestamps).to_lowercase(),
-        knobs: Default::default(),
+        knobs: applied.as_ref().map(|a| a.metadata()).unwrap_or_default(),
     };
     let mut csv = CsvWriter::create(&opts.out, &meta)?;
     let ep = Endpoints {
@@ -102,8 +126,19 @@ pub fn execute(
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
     }
+    if let Some(mut a) = applied {
+        summary
+            .extra
+            .extend(a.stop_load().context("stop the competing load")?);
+        if !meta.knobs.is_empty() {
+            summary.extra.insert(
+                "knobs".into(),
+                serde_json::Value::Object(meta.knobs.clone()),
+            );
+        }
+        a.restore().context("restore the knobs")?;
+    }
     xdp.detach().context("detach the XDP router")?;
-    testbed.teardown()?;
     Ok(RunOutcome {
         summary,
         meta,
@@ -118,5 +153,57 @@ pub fn mode_name(m: XdpModeArg) -> &'static str {
         XdpModeArg::Skb => "skb",
         XdpModeArg::Native => "native",
         XdpModeArg::Auto => "auto",
+    }
+}
+
+/// Runs scenario cells for `rtprobe run`: each cell is one [`execute`].
+pub struct ProbeCellRunner<'a> {
+    pub stop: &'a AtomicU8,
+}
+
+impl crate::config::CellRunner for ProbeCellRunner<'_> {
+    fn run_cell(&mut self, cell: &crate::config::Cell) -> Result<crate::config::CellResult> {
+        if self.stop.load(Ordering::SeqCst) != 0 {
+            bail!("not run: the scenario was interrupted");
+        }
+        let p = &cell.probe;
+        let opts = RunOptions {
+            probe: crate::probe::ProbeConfig {
+                size: p.size,
+                interval: p.interval,
+                count: p.count,
+                duration: p.duration,
+                tos: p.tos,
+                port: p.port,
+                timestamps: p.timestamps,
+                timeout: p.timeout,
+                flow: 0,
+                spin: std::time::Duration::from_micros(50).min(p.interval / 2),
+                rt: cell.knobs.rt(),
+            },
+            xdp_mode: p.xdp_mode,
+            xdp_action: p.xdp_action,
+            tx_if: p.tx_if.clone(),
+            rx_if: p.rx_if.clone(),
+            out: cell.csv.clone(),
+            json: Some(cell.json.clone()),
+            label: Some(cell.label.clone()),
+            quiet: true,
+            knobs: cell.knobs.clone(),
+            queue_csv: cell.queue_csv.clone(),
+        };
+        let out = execute(&opts, self.stop, |_| {})?;
+        crate::export::json::write_summary(&cell.json, &out.summary)?;
+        if out.interrupted {
+            bail!(
+                "interrupted after {} probes (kept in {})",
+                out.summary.sent,
+                cell.csv.display()
+            );
+        }
+        Ok(crate::config::CellResult {
+            summary: out.summary,
+            knobs: out.meta.knobs,
+        })
     }
 }

@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use crate::{
     cli::{ProbeArgs, XdpActionArg, XdpModeArg},
     probe::{ProbeConfig, packet::HEADER_LEN},
+    tune::Knobs,
 };
 
 /// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
@@ -28,6 +29,19 @@ pub struct RunOptions {
     pub json: Option<PathBuf>,
     pub label: Option<String>,
     pub quiet: bool,
+    /// Kernel knobs applied for the run (probe context already set).
+    pub knobs: Knobs,
+    /// Where the queue sampler writes, when the knobs ask for one.
+    pub queue_csv: Option<PathBuf>,
+}
+
+/// `dir/out.csv` + "queue.csv" -> `dir/out-queue.csv`.
+pub fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
+    path.with_file_name(format!("{stem}-{suffix}"))
 }
 
 impl RunOptions {
@@ -68,7 +82,16 @@ impl RunOptions {
         if let Some(j) = &a.json {
             check_out_path(j, "--json")?;
         }
+        let mut knobs = Knobs::from_args(&a.knobs).map_err(|e| anyhow::anyhow!("{e}"))?;
+        knobs.set_probe(a.port, a.size, a.interval);
+        knobs
+            .validate_with_probe()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let queue_csv = knobs.queue_sample.map(|_| sibling(&a.out, "queue.csv"));
+        let rt = knobs.rt();
         Ok(Self {
+            knobs,
+            queue_csv,
             probe: ProbeConfig {
                 size: a.size,
                 interval: a.interval,
@@ -84,7 +107,7 @@ impl RunOptions {
                 timeout: a.timeout,
                 flow: 0,
                 spin: Duration::from_micros(50).min(a.interval / 2),
-                sender_setup: None,
+                rt,
             },
             xdp_mode: a.xdp_mode,
             xdp_action: a.xdp_action,

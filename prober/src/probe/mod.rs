@@ -19,7 +19,6 @@ pub mod socket;
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
-        Arc,
         atomic::{AtomicBool, AtomicU8, Ordering},
         mpsc,
     },
@@ -60,8 +59,8 @@ pub struct ProbeConfig {
     pub flow: u8,
     /// The pacer sleeps until this long before a send, then spins.
     pub spin: Duration,
-    /// Called on the sender thread before it starts (real-time settings).
-    pub sender_setup: Option<Arc<dyn Fn() -> Result<()> + Send + Sync>>,
+    /// Real-time settings the sender thread applies to itself.
+    pub rt: crate::tune::rt::RtSettings,
 }
 
 impl std::fmt::Debug for ProbeConfig {
@@ -77,7 +76,7 @@ impl std::fmt::Debug for ProbeConfig {
             .field("timeout", &self.timeout)
             .field("flow", &self.flow)
             .field("spin", &self.spin)
-            .field("sender_setup", &self.sender_setup.is_some())
+            .field("rt", &self.rt)
             .finish()
     }
 }
@@ -205,9 +204,12 @@ pub fn run_session(
             if out.is_err() {
                 stop.fetch_max(STOP_NOW, Ordering::SeqCst);
             }
-            let _ = sender.join();
+            let paced = sender
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")));
             done_ref.store(true, Ordering::SeqCst);
             let _ = sender_rx.join();
+            paced?;
             out
         })();
         done_ref.store(true, Ordering::SeqCst);
@@ -288,12 +290,17 @@ fn pace(
     cfg: &ProbeConfig,
     stop: &AtomicU8,
     ev: &mpsc::Sender<Event>,
-) {
-    if let Some(setup) = &cfg.sender_setup
-        && let Err(e) = setup()
-    {
-        log::warn!("sender real-time settings: {e:#}");
-    }
+) -> Result<()> {
+    // Kept for the whole loop: dropping it puts the thread's policy back.
+    let _rt = if cfg.rt.is_empty() {
+        None
+    } else {
+        Some(
+            cfg.rt
+                .apply_to_current_thread()
+                .context("real-time settings for the sender")?,
+        )
+    };
     let mut buf = vec![0u8; cfg.size];
     let interval_ns = cfg.interval.as_nanos() as i64;
     let spin_ns = cfg.spin.as_nanos() as i64;
@@ -340,6 +347,7 @@ fn pace(
             break;
         }
     }
+    Ok(())
 }
 
 fn reflect(sock: &ProbeSocket, session: u64, done: &AtomicBool, ev: &mpsc::Sender<Event>) {
