@@ -64,9 +64,9 @@ fn probe_on(
     stop: &AtomicU8,
     progress: impl FnMut(u64),
 ) -> Result<RunOutcome> {
-    let xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
-    check_stop(stop)?;
-    // Knobs (and the competing load) last, so nothing else waits behind them.
+    // Knobs before XDP, undone after it: with a native XDP program on a
+    // veth the kernel pins some offloads (GSO), so they are changed and
+    // put back while no program is attached.
     let mut applied = if opts.knobs.is_empty() {
         None
     } else {
@@ -75,6 +75,8 @@ fn probe_on(
     if let (Some(a), Some(q)) = (applied.as_mut(), &opts.queue_csv) {
         a.start_queue_sampler(q)?;
     }
+    check_stop(stop)?;
+    let xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
     check_stop(stop)?;
 
     let meta = RunMeta {
@@ -126,7 +128,7 @@ fn probe_on(
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
     }
-    if let Some(mut a) = applied {
+    if let Some(a) = applied.as_mut() {
         summary
             .extra
             .extend(a.stop_load().context("stop the competing load")?);
@@ -136,9 +138,11 @@ fn probe_on(
                 serde_json::Value::Object(meta.knobs.clone()),
             );
         }
-        a.restore().context("restore the knobs")?;
     }
     xdp.detach().context("detach the XDP router")?;
+    if let Some(a) = applied {
+        a.restore().context("restore the knobs")?;
+    }
     Ok(RunOutcome {
         summary,
         meta,

@@ -26,6 +26,10 @@ const ETHTOOL_GDRVINFO: u32 = 0x03;
 const ETHTOOL_GRINGPARAM: u32 = 0x10;
 const ETHTOOL_SRINGPARAM: u32 = 0x11;
 const ETHTOOL_GTXCSUM: u32 = 0x16;
+const ETHTOOL_GTSO: u32 = 0x1e;
+const ETHTOOL_STSO: u32 = 0x1f;
+const ETHTOOL_GGSO: u32 = 0x23;
+const ETHTOOL_SGSO: u32 = 0x24;
 const ETHTOOL_STXCSUM: u32 = 0x17;
 const ETHTOOL_GGRO: u32 = 0x2b;
 const ETHTOOL_SGRO: u32 = 0x2c;
@@ -116,6 +120,41 @@ pub fn set_tx_csum(ifname: &str, on: bool) -> Result<()> {
         bail!(
             "TX checksumming stayed {} on {ifname}: the driver overrides it",
             on_off(now)
+        );
+    }
+    Ok(())
+}
+
+/// TCP segmentation offload and generic segmentation offload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Segmentation {
+    pub tso: bool,
+    pub gso: bool,
+}
+
+/// TSO/GSO state (ETHTOOL_GTSO/GGSO).
+pub fn segmentation(ifname: &str) -> Result<Segmentation> {
+    Ok(Segmentation {
+        tso: get_value(ifname, ETHTOOL_GTSO, "TSO")? != 0,
+        gso: get_value(ifname, ETHTOOL_GGSO, "GSO")? != 0,
+    })
+}
+
+/// Sets TSO and GSO, touching only what differs: a feature the kernel
+/// holds fixed (veth with a native XDP program forces GSO off) is fine as
+/// long as it is already as asked.
+pub fn set_segmentation(ifname: &str, want: Segmentation) -> Result<()> {
+    let now = segmentation(ifname)?;
+    if now.tso != want.tso {
+        set_value(ifname, ETHTOOL_STSO, want.tso.into(), "switching TSO")?;
+    }
+    if now.gso != want.gso {
+        set_value(ifname, ETHTOOL_SGSO, want.gso.into(), "switching GSO")?;
+    }
+    let after = segmentation(ifname)?;
+    if after != want {
+        bail!(
+            "segmentation offload of {ifname} is {after:?} after asking for {want:?}: the driver overrides it"
         );
     }
     Ok(())

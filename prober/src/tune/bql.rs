@@ -15,8 +15,9 @@
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::{KnobGuard, Outcome, ethtool, sysfs};
+use super::{KnobGuard, Outcome, sysfs};
 use crate::testbed::Netns;
+use crate::testbed::ethtool;
 
 pub struct BqlGuard<'a> {
     ns: &'a Netns,

@@ -21,11 +21,9 @@
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::{
-    KnobGuard,
-    ethtool::{self, Segmentation},
-};
+use super::KnobGuard;
 use crate::testbed::Netns;
+use crate::testbed::ethtool::{self, Segmentation};
 
 pub struct GsoGuard<'a> {
     ns: &'a Netns,

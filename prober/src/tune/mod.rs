@@ -36,7 +36,6 @@
 //! interface and minimum version; together Linux >= 4.15.
 
 pub mod bql;
-pub mod ethtool;
 pub mod gso;
 pub mod load;
 pub mod nl;

@@ -5,14 +5,15 @@
 //! not an error, unless the user asked for it to be.
 //!
 //! Kernel interface: SIOCETHTOOL ETHTOOL_GRINGPARAM/SRINGPARAM (see
-//! `tune::ethtool`; at merge time `testbed::ethtool`), called from a thread
+//! `testbed::ethtool`), called from a thread
 //! inside the interface's namespace; Linux >= 2.6.
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::{KnobGuard, Outcome, ethtool};
+use super::{KnobGuard, Outcome};
 use crate::testbed::Netns;
+use crate::testbed::ethtool;
 
 pub struct TxRingGuard<'a> {
     ns: &'a Netns,
@@ -25,14 +26,18 @@ pub struct TxRingGuard<'a> {
 pub fn apply<'a>(ns: &'a Netns, dev: &str, tx: u32) -> Result<Outcome<TxRingGuard<'a>>> {
     let dev_s = dev.to_string();
     let prev = ns.run(|| {
-        let Some(r) = ethtool::ring(&dev_s)? else {
-            let drv = ethtool::driver(&dev_s).unwrap_or_else(|_| "unknown".into());
-            return Ok(Err(format!(
-                "TX ring size is not adjustable on {dev_s} (driver {drv} has no ring: ethtool -g unsupported)"
-            )));
+        let r = match ethtool::ring(&dev_s) {
+            Ok(r) => r,
+            Err(e) if e.downcast_ref::<ethtool::Unsupported>().is_some() => {
+                let drv = ethtool::driver(&dev_s).unwrap_or_else(|_| "unknown".into());
+                return Ok(Err(format!(
+                    "TX ring size is not adjustable on {dev_s} (driver {drv} has no ring: ethtool -g unsupported)"
+                )));
+            }
+            Err(e) => return Err(e),
         };
         ethtool::set_tx_ring(&dev_s, tx)?;
-        Ok(Ok(r.tx_pending))
+        Ok(Ok(r.tx))
     })?;
     Ok(match prev {
         Ok(previous) => Outcome::Applied(TxRingGuard {
