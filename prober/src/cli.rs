@@ -136,6 +136,12 @@ pub struct ProbeArgs {
     #[arg(long, requires = "tx_if")]
     pub rx_if: Option<String>,
 
+    /// Another probe flow at the same time (repeatable), e.g. a low-priority flow:
+    /// port=5062[,tos=0x00][,size=1472][,interval=100us]. Unset fields follow the main flow;
+    /// rows carry the flow id (main = 0) and the summary has per-flow statistics.
+    #[arg(long = "flow", value_name = "SPEC", value_parser = crate::config::FlowSpec::parse)]
+    pub flows: Vec<crate::config::FlowSpec>,
+
     /// Label stored in the CSV metadata and used as the legend by `rtprobe plot`.
     #[arg(long)]
     pub label: Option<String>,

@@ -105,15 +105,73 @@ fn probe_on(
         port: opts.probe.port,
         timestamps_requested: format!("{:?}", opts.probe.timestamps).to_lowercase(),
         knobs: applied.as_ref().map(|a| a.metadata()).unwrap_or_default(),
+        extra_flows: opts
+            .extra_flows
+            .iter()
+            .map(|f| {
+                serde_json::json!({"flow": f.flow, "port": f.port, "tos": f.tos, "size": f.size,
+                    "interval_ns": f.interval.as_nanos() as u64})
+            })
+            .collect(),
     };
-    let mut csv = CsvWriter::create(&opts.out, &meta)?;
+    let csv = std::sync::Mutex::new(CsvWriter::create(&opts.out, &meta)?);
     let ep = Endpoints {
         sender_ns: &testbed.sender,
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
         receiver_if: &testbed.receiver_if,
     };
-    let outcome = probe::run_session(&ep, &opts.probe, &mut csv, stop, progress)?;
+    // Every flow is its own session (sockets, reflector, matcher) on its
+    // own port, all writing rows into one CSV.
+    let mut outcomes = std::thread::scope(|s| {
+        let (ep, csv) = (&ep, &csv);
+        let others: Vec<_> = opts
+            .extra_flows
+            .iter()
+            .map(|cfg| {
+                s.spawn(move || {
+                    let mut sink = csv;
+                    let r = probe::run_session(ep, cfg, &mut sink, stop, |_| {});
+                    if r.is_err() {
+                        stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
+                    }
+                    r
+                })
+            })
+            .collect();
+        let mut sink = csv;
+        let main = probe::run_session(ep, &opts.probe, &mut sink, stop, progress);
+        if main.is_err() {
+            stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
+        }
+        let mut all = vec![main];
+        all.extend(others.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
+        }));
+        all
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
+    let rows = csv
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+        .rows();
+    let per_flow: Vec<serde_json::Value> = if opts.extra_flows.is_empty() {
+        Vec::new()
+    } else {
+        std::iter::once(&opts.probe)
+            .chain(&opts.extra_flows)
+            .zip(&outcomes)
+            .map(|(cfg, o)| {
+                serde_json::json!({
+                    "flow": cfg.flow, "port": cfg.port, "tos": cfg.tos, "size": cfg.size,
+                    "interval_ns": cfg.interval.as_nanos() as u64, "summary": o.stats.summary(),
+                })
+            })
+            .collect()
+    };
+    let outcome = outcomes.swap_remove(0);
     let mut summary = outcome.stats.summary();
     summary.xdp_mode_requested = meta.xdp_mode_requested.clone();
     summary.xdp_mode_attached = meta.xdp_mode_attached.clone();
@@ -127,6 +185,11 @@ fn probe_on(
     );
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
+    }
+    if !per_flow.is_empty() {
+        summary
+            .extra
+            .insert("flows".into(), serde_json::Value::Array(per_flow));
     }
     if let Some(a) = applied.as_mut() {
         summary
@@ -146,7 +209,7 @@ fn probe_on(
     Ok(RunOutcome {
         summary,
         meta,
-        rows: csv.rows(),
+        rows,
         interrupted: outcome.interrupted,
     })
 }
@@ -195,6 +258,7 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
             quiet: true,
             knobs: cell.knobs.clone(),
             queue_csv: cell.queue_csv.clone(),
+            extra_flows: Vec::new(),
         };
         let out = execute(&opts, self.stop, |_| {})?;
         crate::export::json::write_summary(&cell.json, &out.summary)?;

@@ -33,6 +33,93 @@ pub struct RunOptions {
     pub knobs: Knobs,
     /// Where the queue sampler writes, when the knobs ask for one.
     pub queue_csv: Option<PathBuf>,
+    /// Flows probed at the same time as the main one (flow ids 1..).
+    pub extra_flows: Vec<ProbeConfig>,
+}
+
+/// An extra probe flow: `port=5062,tos=0x00,size=1472,interval=100us`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FlowSpec {
+    pub port: u16,
+    pub tos: Option<u8>,
+    pub size: Option<usize>,
+    #[serde(default, with = "crate::tune::units::humane_duration::option")]
+    pub interval: Option<Duration>,
+}
+
+impl FlowSpec {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut port = None;
+        let (mut tos, mut size, mut interval) = (None, None, None);
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                format!("flow {s:?}: {part:?} is not key=value (keys: port, tos, size, interval)")
+            })?;
+            match k {
+                "port" => {
+                    port = Some(
+                        v.parse::<u16>()
+                            .map_err(|_| format!("flow {s:?}: bad port {v:?}"))?,
+                    )
+                }
+                "tos" => tos = Some(crate::cli::parse_u8_maybe_hex(v)?),
+                "size" => {
+                    size = Some(
+                        v.parse::<usize>()
+                            .map_err(|_| format!("flow {s:?}: bad size {v:?}"))?,
+                    )
+                }
+                "interval" => interval = Some(crate::cli::parse_duration(v)?),
+                _ => {
+                    return Err(format!(
+                        "flow {s:?}: unknown key {k:?} (keys: port, tos, size, interval)"
+                    ));
+                }
+            }
+        }
+        let port = port.ok_or_else(|| format!("flow {s:?}: give its port, e.g. port=5062"))?;
+        if port == 0 {
+            return Err(format!("flow {s:?}: port 0 is not usable"));
+        }
+        Ok(Self {
+            port,
+            tos,
+            size,
+            interval,
+        })
+    }
+
+    /// The flow's probe options, unset fields taken from the main flow.
+    pub fn config(&self, main: &ProbeConfig, flow: u8) -> Result<ProbeConfig> {
+        let size = self.size.unwrap_or(main.size);
+        if !(HEADER_LEN..=MAX_PAYLOAD_1500).contains(&size) {
+            bail!(
+                "flow port={}: size {size} is out of range {HEADER_LEN}..{MAX_PAYLOAD_1500}",
+                self.port
+            );
+        }
+        let interval = self.interval.unwrap_or(main.interval);
+        if interval < Duration::from_micros(1) {
+            bail!("flow port={}: interval must be at least 1us", self.port);
+        }
+        let count = match (main.count, main.duration) {
+            // Same wall time as the main flow.
+            (Some(n), None) => {
+                Some(((n as u128 * main.interval.as_nanos()) / interval.as_nanos()).max(1) as u64)
+            }
+            (c, _) => c,
+        };
+        Ok(ProbeConfig {
+            size,
+            interval,
+            count,
+            tos: self.tos.unwrap_or(main.tos),
+            port: self.port,
+            flow,
+            spin: Duration::from_micros(50).min(interval / 2),
+            ..main.clone()
+        })
+    }
 }
 
 /// `dir/out.csv` + "queue.csv" -> `dir/out-queue.csv`.
@@ -87,11 +174,40 @@ impl RunOptions {
         knobs
             .validate_with_probe()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let nic_pair = a.tx_if.is_some();
+        let at_router = knobs.bottleneck() == crate::tune::Bottleneck::Router;
+        if nic_pair && at_router {
+            bail!("NIC-pair mode has no router: use --bottleneck sender");
+        }
+        if at_router
+            && (knobs.link_rate.is_some() || knobs.qdisc.is_some())
+            && a.xdp_mode != XdpModeArg::Off
+            && a.xdp_action == XdpActionArg::Redirect
+        {
+            bail!(
+                "XDP_REDIRECT transmits past the router's qdisc, so shaping/qdisc at the router would not act: \
+                 use --xdp-mode off, --xdp-action pass, or --bottleneck sender"
+            );
+        }
         let queue_csv = knobs.queue_sample.map(|_| sibling(&a.out, "queue.csv"));
         let rt = knobs.rt();
-        Ok(Self {
+        if a.flows.len() > 8 {
+            bail!("at most 8 extra --flow (got {})", a.flows.len());
+        }
+        let mut ports = vec![a.port];
+        for f in &a.flows {
+            if ports.contains(&f.port) {
+                bail!(
+                    "--flow port={} is already used by another flow: give each flow its own port",
+                    f.port
+                );
+            }
+            ports.push(f.port);
+        }
+        let mut o = Self {
             knobs,
             queue_csv,
+            extra_flows: Vec::new(),
             probe: ProbeConfig {
                 size: a.size,
                 interval: a.interval,
@@ -117,7 +233,12 @@ impl RunOptions {
             json: a.json.clone(),
             label: a.label.clone(),
             quiet: a.quiet,
-        })
+        };
+        for (i, f) in a.flows.iter().enumerate() {
+            let cfg = f.config(&o.probe, (i + 1) as u8)?;
+            o.extra_flows.push(cfg);
+        }
+        Ok(o)
     }
 }
 
@@ -181,5 +302,48 @@ mod tests {
         let d = opts(&["--duration", "2s"]).unwrap();
         assert_eq!(d.probe.count, None);
         assert!(opts(&["--tx-if", "a", "--rx-if", "a"]).is_err());
+        let e = opts(&[
+            "--xdp-mode",
+            "native",
+            "--bottleneck",
+            "router",
+            "--link-rate",
+            "100mbit",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("past the router's qdisc"), "{e}");
+        assert!(
+            opts(&[
+                "--xdp-mode",
+                "native",
+                "--xdp-action",
+                "pass",
+                "--bottleneck",
+                "router",
+                "--link-rate",
+                "100mbit"
+            ])
+            .is_ok()
+        );
+        assert!(opts(&["--tx-if", "a", "--rx-if", "b", "--bottleneck", "router"]).is_err());
+        let f = opts(&["--count", "100", "--flow", "port=5062,interval=100us,tos=0"]).unwrap();
+        assert_eq!(f.extra_flows.len(), 1);
+        assert_eq!(
+            f.extra_flows[0].count,
+            Some(1000),
+            "same wall time as the main flow"
+        );
+        assert_eq!(
+            (
+                f.extra_flows[0].flow,
+                f.extra_flows[0].port,
+                f.extra_flows[0].tos
+            ),
+            (1, 5062, 0)
+        );
+        assert!(
+            opts(&["--flow", "port=5061"]).is_err(),
+            "port clash with the main flow"
+        );
     }
 }

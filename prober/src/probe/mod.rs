@@ -45,6 +45,35 @@ pub const STOP_NOW: u8 = 2;
 /// Marks the warm-up datagrams that resolve neighbours before the run.
 const FLAG_WARMUP: u8 = 2;
 
+/// Where finalized records go: the CSV, or a CSV shared by several flows.
+pub trait RecordSink: Send {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()>;
+    fn flush(&mut self) -> Result<()>;
+}
+
+impl RecordSink for CsvWriter {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+        CsvWriter::write(self, r)
+    }
+    fn flush(&mut self) -> Result<()> {
+        CsvWriter::flush(self)
+    }
+}
+
+/// One CSV written by several concurrent flows (rows carry their flow id).
+impl RecordSink for &std::sync::Mutex<CsvWriter> {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+        self.lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+            .write(r)
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+            .flush()
+    }
+}
+
 /// Validated probe options.
 #[derive(Clone)]
 pub struct ProbeConfig {
@@ -129,7 +158,7 @@ fn side_timestamping(
 pub fn run_session(
     ep: &Endpoints<'_>,
     cfg: &ProbeConfig,
-    csv: &mut CsvWriter,
+    csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     mut progress: impl FnMut(u64),
 ) -> Result<SessionOutcome> {
@@ -458,7 +487,7 @@ fn collect_sender_side(
 fn collect(
     ev_rx: mpsc::Receiver<Event>,
     cfg: &ProbeConfig,
-    csv: &mut CsvWriter,
+    csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
     progress: &mut impl FnMut(u64),
