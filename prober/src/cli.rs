@@ -29,7 +29,7 @@ pub struct Cli {
     pub probe: ProbeArgs,
 
     /// More log output (-v info, -vv debug). RUST_LOG overrides it.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Global options")]
     pub verbose: u8,
 }
 
@@ -163,7 +163,7 @@ pub struct PlotArgs {
 
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Examples:\n  \
-    sudo rtprobe run configs/system-1.2.toml\n  \
+    sudo rtprobe run configs/system-tests.toml\n  \
     rtprobe run --check configs/qdisc-fq_codel.toml\n  \
     sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql")]
 pub struct RunArgs {
