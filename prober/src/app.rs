@@ -59,6 +59,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             with_signals(true, move |stop| crate::bench::hold::hold(&args, &stop))?;
             Ok(ExitCode::SUCCESS)
         }
+        Some(Command::Run(args)) => run_scenario_command(args),
         None => probe_command(&cli.probe),
     }
 }
@@ -129,6 +130,23 @@ fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode
         println!("  wrote {}", j.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
+    if args.check {
+        crate::config::run_command(&args, None, None)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let quiet = args.quiet;
+    with_signals(quiet, move |stop| {
+        let mut runner = crate::runner::ProbeCellRunner { stop: &stop };
+        crate::config::run_command(&args, Some(&mut runner), None)?;
+        Ok(if stop.load(Ordering::SeqCst) != 0 {
+            ExitCode::from(130)
+        } else {
+            ExitCode::SUCCESS
+        })
+    })
 }
 
 fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {

@@ -29,7 +29,7 @@ pub struct Cli {
     pub probe: ProbeArgs,
 
     /// More log output (-v info, -vv debug). RUST_LOG overrides it.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Global options")]
     pub verbose: u8,
 }
 
@@ -37,6 +37,8 @@ pub struct Cli {
 pub enum Command {
     /// Draw SVG/PNG boxplots, CDFs and time series from rtprobe CSV files.
     Plot(PlotArgs),
+    /// Run a scenario file: sizes x intervals x knob sets, then report.md.
+    Run(RunArgs),
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
     BenchForward(BenchForwardArgs),
@@ -141,6 +143,12 @@ pub struct ProbeArgs {
     #[arg(long, requires = "tx_if")]
     pub rx_if: Option<String>,
 
+    /// Another probe flow at the same time (repeatable), e.g. a low-priority flow:
+    /// port=5062[,tos=0x00][,size=1472][,interval=100us]. Unset fields follow the main flow;
+    /// rows carry the flow id (main = 0) and the summary has per-flow statistics.
+    #[arg(long = "flow", value_name = "SPEC", value_parser = crate::config::FlowSpec::parse)]
+    pub flows: Vec<crate::config::FlowSpec>,
+
     /// Label stored in the CSV metadata and used as the legend by `rtprobe plot`.
     #[arg(long)]
     pub label: Option<String>,
@@ -151,6 +159,9 @@ pub struct ProbeArgs {
 
     #[command(flatten)]
     pub pacing: PacingArgs,
+
+    #[command(flatten)]
+    pub knobs: crate::tune::KnobArgs,
 }
 
 /// How the probe sender keeps its schedule. The schedule is absolute (probe
@@ -167,21 +178,6 @@ pub struct PacingArgs {
     /// [default: 50us, at most a quarter of the interval].
     #[arg(long, value_parser = parse_duration)]
     pub spin: Option<std::time::Duration>,
-
-    // The three real-time flags below have the same names and meaning as the
-    // knob layer's (tune::rt); when that lands they move there.
-    /// Run the probe sender SCHED_FIFO at this priority (1-99); the probe's receive threads
-    /// get the same priority.
-    #[arg(long)]
-    pub rt_priority: Option<u8>,
-
-    /// Lock the process's memory (mlockall) while probing.
-    #[arg(long)]
-    pub mlockall: bool,
-
-    /// Pin the probe sender to this CPU.
-    #[arg(long)]
-    pub pin_cpu: Option<usize>,
 }
 
 /// One forwarding variant of `bench-forward`.
@@ -281,6 +277,36 @@ pub struct PlotArgs {
     /// rtprobe CSV files; several are drawn on the same axes (first red, second blue).
     #[arg(required = true)]
     pub csv: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Examples:\n  \
+    sudo rtprobe run configs/system-tests.toml\n  \
+    rtprobe run --check configs/qdisc-fq_codel.toml\n  \
+    sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql")]
+pub struct RunArgs {
+    /// Scenario file (see configs/).
+    pub config: PathBuf,
+
+    /// Output folder [default: the file's `output`, else results/NAME].
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+
+    /// Validate the file (and, as root, the kernel's support), print the matrix, run nothing.
+    #[arg(long)]
+    pub check: bool,
+
+    /// Run only this knob set (repeatable); the baseline is the first of them in file order.
+    #[arg(long = "set", value_name = "NAME")]
+    pub sets: Vec<String>,
+
+    /// Override every set's policy for qdiscs the kernel lacks: fail, or skip (reported).
+    #[arg(long, value_enum)]
+    pub missing: Option<crate::tune::MissingPolicy>,
+
+    /// No progress bar.
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 /// Humane durations: 10us, 100us, 1ms, 1.5ms, 2s, 5min.

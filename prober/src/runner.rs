@@ -13,6 +13,7 @@ use crate::{
     probe::{self, Endpoints},
     stats::Summary,
     testbed::{Kind, Testbed},
+    tune,
 };
 
 /// The result of a run.
@@ -49,8 +50,33 @@ pub fn execute(
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
+    let out = probe_on(&testbed, opts, stop, progress)?;
+    // Explicit, so a failure to give interfaces back is reported.
+    testbed.teardown()?;
+    Ok(out)
+}
 
-    let xdp = crate::ebpf::attach_for_testbed(&testbed, opts.xdp_mode, opts.xdp_action)?;
+/// Everything that happens on a built testbed: XDP, knobs, the probe
+/// session. Whatever it set up is undone before it returns, error or not.
+fn probe_on(
+    testbed: &Testbed,
+    opts: &RunOptions,
+    stop: &AtomicU8,
+    progress: impl FnMut(u64),
+) -> Result<RunOutcome> {
+    // Knobs before XDP, undone after it: with a native XDP program on a
+    // veth the kernel pins some offloads (GSO), so they are changed and
+    // put back while no program is attached.
+    let mut applied = if opts.knobs.is_empty() {
+        None
+    } else {
+        Some(tune::apply(testbed, &opts.knobs)?)
+    };
+    if let (Some(a), Some(q)) = (applied.as_mut(), &opts.queue_csv) {
+        a.start_queue_sampler(q)?;
+    }
+    check_stop(stop)?;
+    let xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
     check_stop(stop)?;
 
     let meta = RunMeta {
@@ -78,16 +104,78 @@ pub fn execute(
         tos: opts.probe.tos,
         port: opts.probe.port,
         timestamps_requested: format!("{:?}", opts.probe.timestamps).to_lowercase(),
-        knobs: pacing_knobs(opts),
+        knobs: {
+            let mut k = applied.as_ref().map(|a| a.metadata()).unwrap_or_default();
+            k.extend(pacing_knobs(opts));
+            k
+        },
+        extra_flows: opts
+            .extra_flows
+            .iter()
+            .map(|f| {
+                serde_json::json!({"flow": f.flow, "port": f.port, "tos": f.tos, "size": f.size,
+                    "interval_ns": f.interval.as_nanos() as u64})
+            })
+            .collect(),
     };
-    let mut csv = CsvWriter::create(&opts.out, &meta)?;
+    let csv = std::sync::Mutex::new(CsvWriter::create(&opts.out, &meta)?);
     let ep = Endpoints {
         sender_ns: &testbed.sender,
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
         receiver_if: &testbed.receiver_if,
     };
-    let outcome = probe::run_session(&ep, &opts.probe, &mut csv, stop, progress)?;
+    // Every flow is its own session (sockets, reflector, matcher) on its
+    // own port, all writing rows into one CSV.
+    let mut outcomes = std::thread::scope(|s| {
+        let (ep, csv) = (&ep, &csv);
+        let others: Vec<_> = opts
+            .extra_flows
+            .iter()
+            .map(|cfg| {
+                s.spawn(move || {
+                    let mut sink = csv;
+                    let r = probe::run_session(ep, cfg, &mut sink, stop, |_| {});
+                    if r.is_err() {
+                        stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
+                    }
+                    r
+                })
+            })
+            .collect();
+        let mut sink = csv;
+        let main = probe::run_session(ep, &opts.probe, &mut sink, stop, progress);
+        if main.is_err() {
+            stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
+        }
+        let mut all = vec![main];
+        all.extend(others.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
+        }));
+        all
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
+    let rows = csv
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+        .rows();
+    let per_flow: Vec<serde_json::Value> = if opts.extra_flows.is_empty() {
+        Vec::new()
+    } else {
+        std::iter::once(&opts.probe)
+            .chain(&opts.extra_flows)
+            .zip(&outcomes)
+            .map(|(cfg, o)| {
+                serde_json::json!({
+                    "flow": cfg.flow, "port": cfg.port, "tos": cfg.tos, "size": cfg.size,
+                    "interval_ns": cfg.interval.as_nanos() as u64, "summary": o.stats.summary(),
+                })
+            })
+            .collect()
+    };
+    let outcome = outcomes.swap_remove(0);
     let mut summary = outcome.stats.summary();
     summary.xdp_mode_requested = meta.xdp_mode_requested.clone();
     summary.xdp_mode_attached = meta.xdp_mode_attached.clone();
@@ -108,12 +196,30 @@ pub fn execute(
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
     }
+    if !per_flow.is_empty() {
+        summary
+            .extra
+            .insert("flows".into(), serde_json::Value::Array(per_flow));
+    }
+    if let Some(a) = applied.as_mut() {
+        summary
+            .extra
+            .extend(a.stop_load().context("stop the competing load")?);
+        if !meta.knobs.is_empty() {
+            summary.extra.insert(
+                "knobs".into(),
+                serde_json::Value::Object(meta.knobs.clone()),
+            );
+        }
+    }
     xdp.detach().context("detach the XDP router")?;
-    testbed.teardown()?;
+    if let Some(a) = applied {
+        a.restore().context("restore the knobs")?;
+    }
     Ok(RunOutcome {
         summary,
         meta,
-        rows: csv.rows(),
+        rows,
         interrupted: outcome.interrupted,
     })
 }
@@ -127,9 +233,6 @@ fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value>
         serde_json::json!({
             "busy_poll": p.busy_poll,
             "spin_ns": if p.busy_poll { None } else { Some(p.spin.as_nanos() as u64) },
-            "rt_priority": p.rt.rt_priority,
-            "mlockall": p.rt.mlockall,
-            "pin_cpu": p.rt.pin_cpu,
         }),
     );
     m
@@ -154,5 +257,59 @@ pub fn mode_name(m: XdpModeArg) -> &'static str {
         XdpModeArg::Skb => "skb",
         XdpModeArg::Native => "native",
         XdpModeArg::Auto => "auto",
+    }
+}
+
+/// Runs scenario cells for `rtprobe run`: each cell is one [`execute`].
+pub struct ProbeCellRunner<'a> {
+    pub stop: &'a AtomicU8,
+}
+
+impl crate::config::CellRunner for ProbeCellRunner<'_> {
+    fn run_cell(&mut self, cell: &crate::config::Cell) -> Result<crate::config::CellResult> {
+        if self.stop.load(Ordering::SeqCst) != 0 {
+            bail!("not run: the scenario was interrupted");
+        }
+        let p = &cell.probe;
+        let opts = RunOptions {
+            probe: crate::probe::ProbeConfig {
+                size: p.size,
+                interval: p.interval,
+                count: p.count,
+                duration: p.duration,
+                tos: p.tos,
+                port: p.port,
+                timestamps: p.timestamps,
+                timeout: p.timeout,
+                flow: 0,
+                spin: crate::config::default_spin(p.interval),
+                busy_poll: false,
+                rt: cell.knobs.rt(),
+            },
+            xdp_mode: p.xdp_mode,
+            xdp_action: p.xdp_action,
+            tx_if: p.tx_if.clone(),
+            rx_if: p.rx_if.clone(),
+            out: cell.csv.clone(),
+            json: Some(cell.json.clone()),
+            label: Some(cell.label.clone()),
+            quiet: true,
+            knobs: cell.knobs.clone(),
+            queue_csv: cell.queue_csv.clone(),
+            extra_flows: Vec::new(),
+        };
+        let out = execute(&opts, self.stop, |_| {})?;
+        crate::export::json::write_summary(&cell.json, &out.summary)?;
+        if out.interrupted {
+            bail!(
+                "interrupted after {} probes (kept in {})",
+                out.summary.sent,
+                cell.csv.display()
+            );
+        }
+        Ok(crate::config::CellResult {
+            summary: out.summary,
+            knobs: out.meta.knobs,
+        })
     }
 }

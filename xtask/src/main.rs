@@ -1,1 +1,434 @@
-fn main() {}
+//! `cargo xtask`: the project's explicit build and set-up steps.
+//!
+//! - `setup`: installs, idempotently, what a fresh Debian machine lacks
+//!   (apt packages, the pinned nightly with rust-src, bpf-linker).
+//! - `build-ebpf`: builds the XDP router object and prints its path
+//!   (`cargo build` does the same through `prober/build.rs`).
+//! - `test`: setup, the unit tests, then the root/netns tests when root.
+
+use std::{
+    env,
+    ffi::OsString,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
+
+/// Debian packages rtprobe's build, tests and comparisons use.
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev", // bpf-linker links against LLVM 22
+    "iperf3",
+    "irtt",
+    "sockperf",
+    "xdp-tools",
+    "bpftool",
+    "tshark",
+    "stress-ng",
+    "ethtool",
+    "iproute2",
+];
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+const EBPF_PACKAGE: &str = "xdp-router";
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "rtprobe build and set-up tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what is missing: apt packages, the pinned nightly with rust-src, bpf-linker.
+    Setup,
+    /// Build the XDP router object (release, bpfel-unknown-none) and print its path.
+    BuildEbpf,
+    /// The main job: setup, build everything (release), probe across a fresh veth
+    /// testbed through the XDP router in native mode, then plot the result.
+    Demo {
+        /// Where out.csv, out.json and the figures go.
+        #[arg(long, default_value = "demo-out")]
+        out_dir: PathBuf,
+        /// Probes to send (1 ms apart).
+        #[arg(long, default_value_t = 2000)]
+        count: u64,
+    },
+    /// Setup, `cargo test`, then the root/netns tests (`--ignored`) when run as root.
+    Test {
+        /// Passed to the test binaries (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Task::Setup => setup(),
+        Task::BuildEbpf => build_ebpf().map(|p| println!("{}", p.display())),
+        Task::Test { args } => test(&args),
+        Task::Demo { out_dir, count } => demo(&out_dir, count),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ lives in the workspace")
+        .to_path_buf()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn cargo() -> OsString {
+    env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// Runs `cmd`, showing it first; fails naming the command.
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {}", show(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {}", show(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", show(cmd));
+    }
+    Ok(())
+}
+
+fn show(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Output of a command that must succeed, or None.
+fn output_of(program: &str, args: &[&str]) -> Option<String> {
+    let o = Command::new(program)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+// ---------------------------------------------------------------- setup
+
+fn setup() -> Result<()> {
+    setup_apt()?;
+    setup_toolchain()?;
+    setup_bpf_linker()?;
+    eprintln!("xtask: setup complete");
+    Ok(())
+}
+
+fn apt_installed(pkg: &str) -> bool {
+    output_of("dpkg-query", &["-W", "-f=${Status}", pkg])
+        .is_some_and(|s| s.ends_with("install ok installed"))
+}
+
+fn setup_apt() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !apt_installed(p))
+        .collect();
+    if missing.is_empty() {
+        eprintln!("xtask: apt packages: all present, skipped");
+        return Ok(());
+    }
+    if output_of("apt-get", &["--version"]).is_none() {
+        bail!(
+            "apt-get not found; install these packages with your package manager: {}",
+            missing.join(" ")
+        );
+    }
+    // Root runs apt-get directly; others go through sudo if there is one.
+    let sudo = !is_root();
+    if sudo && output_of("sudo", &["--version"]).is_none() {
+        bail!(
+            "apt packages missing ({}) and not root: run `cargo xtask setup` as root",
+            missing.join(" ")
+        );
+    }
+    let apt = |args: &[&str]| {
+        let mut c = if sudo {
+            let mut c = Command::new("sudo");
+            c.args(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]);
+            c
+        } else {
+            let mut c = Command::new("apt-get");
+            c.env("DEBIAN_FRONTEND", "noninteractive");
+            c
+        };
+        c.args(args);
+        c
+    };
+    eprintln!("xtask: apt packages missing: {}", missing.join(" "));
+    run(&mut apt(&["update"]))?;
+    let mut install = apt(&["install", "-y", "--no-install-recommends"]);
+    install.args(&missing);
+    run(&mut install)
+}
+
+fn rust_src_present(toolchain: &str) -> bool {
+    output_of("rustup", &["run", toolchain, "rustc", "--print", "sysroot"]).is_some_and(|s| {
+        Path::new(&s)
+            .join("lib/rustlib/src/rust/library/core/Cargo.toml")
+            .is_file()
+    })
+}
+
+fn setup_toolchain() -> Result<()> {
+    if output_of("rustup", &["--version"]).is_none() {
+        bail!(
+            "rustup not found: install it from https://rustup.rs, then run `cargo xtask setup` again"
+        );
+    }
+    // RUSTUP_AUTO_INSTALL=0 may be set: `rustup run` then fails instead of
+    // installing, which is exactly the check we want.
+    let installed = output_of("rustup", &["run", EBPF_TOOLCHAIN, "rustc", "-V"]);
+    match installed {
+        Some(v) if rust_src_present(EBPF_TOOLCHAIN) => {
+            eprintln!("xtask: toolchain {EBPF_TOOLCHAIN} with rust-src present ({v}), skipped");
+            Ok(())
+        }
+        Some(_) => run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            EBPF_TOOLCHAIN,
+        ])),
+        None => run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            EBPF_TOOLCHAIN,
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+            "--no-self-update",
+        ])),
+    }
+}
+
+/// `bpf-linker 0.13.0` -> true when it is the pinned minor release.
+fn linker_version_ok(version_line: &str) -> bool {
+    version_line
+        .strip_prefix("bpf-linker ")
+        .is_some_and(|v| v.starts_with(&format!("{BPF_LINKER_VERSION}.")))
+}
+
+fn setup_bpf_linker() -> Result<()> {
+    let current = output_of("bpf-linker", &["--version"]);
+    if let Some(v) = &current
+        && linker_version_ok(v)
+    {
+        eprintln!("xtask: {v} present, skipped");
+        return Ok(());
+    }
+    match &current {
+        Some(v) => eprintln!("xtask: found {v}, want {BPF_LINKER_VERSION}.x: reinstalling"),
+        None => eprintln!("xtask: bpf-linker not found: installing"),
+    }
+    if !Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
+        bail!(
+            "{LLVM_PREFIX} has no llvm-config: install llvm-22-dev first (`cargo xtask setup` as root does)"
+        );
+    }
+    let path = match env::var_os("PATH") {
+        Some(p) => {
+            let mut v = vec![Path::new(LLVM_PREFIX).join("bin")];
+            v.extend(env::split_paths(&p));
+            env::join_paths(v).context("PATH")?
+        }
+        None => Path::new(LLVM_PREFIX).join("bin").into_os_string(),
+    };
+    let version_req = format!("~{BPF_LINKER_VERSION}");
+    run(Command::new(cargo())
+        .env("LLVM_PREFIX", LLVM_PREFIX)
+        .env("PATH", path)
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            &version_req,
+            "--locked",
+            "--force",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ]))
+}
+
+// ---------------------------------------------------------------- build-ebpf
+
+/// What `bpf_target_arch` the eBPF crates are compiled for (aya-ebpf uses
+/// it to pick pt_regs layouts); the host's, as aya-build does.
+fn bpf_target_arch() -> &'static str {
+    match env::consts::ARCH {
+        a if a.starts_with("riscv64") => "riscv64",
+        a => a,
+    }
+}
+
+fn build_ebpf() -> Result<PathBuf> {
+    if output_of("rustup", &["run", EBPF_TOOLCHAIN, "rustc", "-V"]).is_none()
+        || !rust_src_present(EBPF_TOOLCHAIN)
+    {
+        bail!("toolchain {EBPF_TOOLCHAIN} with rust-src is missing: run `cargo xtask setup`");
+    }
+    if output_of("bpf-linker", &["--version"]).is_none() {
+        bail!("bpf-linker is not on PATH: run `cargo xtask setup`");
+    }
+    // Same flags as aya-build uses from prober/build.rs.
+    let rustflags = [
+        format!("--cfg=bpf_target_arch=\"{}\"", bpf_target_arch()),
+        "-Cdebuginfo=2".to_string(),
+        "-Clink-arg=--btf".to_string(),
+    ]
+    .join("\x1f");
+    let mut cmd = Command::new("rustup");
+    cmd.current_dir(workspace_root())
+        .args(["run", EBPF_TOOLCHAIN, "cargo", "build"])
+        .args(["--package", EBPF_PACKAGE, "--bins", "--release"])
+        .args(["--target", EBPF_TARGET, "-Z", "build-std=core"])
+        .arg("--message-format=json-render-diagnostics")
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+        // The stable toolchain running xtask must not leak into the nightly build.
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO")
+        .stdout(Stdio::piped());
+    eprintln!("xtask: running {}", show(&cmd));
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {}", show(&cmd)))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut object = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo output")?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if msg["reason"] == "compiler-artifact"
+            && msg["target"]["name"] == EBPF_PACKAGE
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            object = Some(PathBuf::from(exe));
+        }
+    }
+    let status = child.wait().context("waiting for cargo")?;
+    if !status.success() {
+        bail!("building {EBPF_PACKAGE} failed ({status})");
+    }
+    object.with_context(|| format!("cargo built no {EBPF_PACKAGE} object"))
+}
+
+// ---------------------------------------------------------------- demo
+
+fn demo(out_dir: &Path, count: u64) -> Result<()> {
+    if !is_root() {
+        bail!(
+            "the demo builds network namespaces and loads XDP: run it as root (sudo -E cargo xtask demo)"
+        );
+    }
+    setup()?;
+    let root = workspace_root();
+    run(Command::new(cargo())
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "rtprobe"]))?;
+    let bin = root.join("target/release/rtprobe");
+    let out_dir = if out_dir.is_absolute() {
+        out_dir.to_path_buf()
+    } else {
+        root.join(out_dir)
+    };
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("create {}", out_dir.display()))?;
+    let csv = out_dir.join("out.csv");
+    let json = out_dir.join("out.json");
+    run(Command::new(&bin)
+        .args(["--xdp-mode", "native", "--size", "64", "--interval", "1ms"])
+        .args([
+            "--count".as_ref(),
+            count.to_string().as_ref(),
+            "--out".as_ref(),
+            csv.as_os_str(),
+            "--json".as_ref(),
+            json.as_os_str(),
+        ]))?;
+    run(Command::new(&bin).arg("plot").arg(&csv))?;
+    eprintln!(
+        "xtask: demo done: {} (CSV, JSON summary and figures)",
+        out_dir.display()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- test
+
+fn test(args: &[String]) -> Result<()> {
+    setup()?;
+    let root = workspace_root();
+    let mut unit = Command::new(cargo());
+    unit.current_dir(&root).arg("test");
+    if !args.is_empty() {
+        unit.arg("--").args(args);
+    }
+    run(&mut unit)?;
+
+    if !is_root() {
+        println!("SKIPPED: root tests need root (run as root: sudo -E cargo xtask test)");
+        return Ok(());
+    }
+    let mut rooted = Command::new(cargo());
+    rooted
+        .current_dir(&root)
+        .args([
+            "test",
+            "-p",
+            "rtprobe",
+            "--",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .args(args);
+    run(&mut rooted)?;
+    eprintln!("xtask: all tests passed (unit and root)");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linker_version_check() {
+        assert!(linker_version_ok("bpf-linker 0.13.0"));
+        assert!(linker_version_ok("bpf-linker 0.13.2"));
+        assert!(!linker_version_ok("bpf-linker 0.9.13"));
+        assert!(!linker_version_ok("bpf-linker 0.130.0"));
+        assert!(!linker_version_ok("something else"));
+    }
+}

@@ -489,11 +489,10 @@ fn run_probe(
         flow: 0,
         spin: default_spin(plan.probe_interval),
         busy_poll: false,
-        rt: crate::probe::pacer::RtSettings {
-            rt_priority: plan.rt_priority.map(|p| p + 1),
+        rt: crate::tune::rt::RtSettings {
+            fifo_priority: plan.rt_priority.map(|p| p + 1),
             ..Default::default()
         },
-        sender_setup: None,
     };
     let path = match &plan.csv_dir {
         Some(d) => d.join(csv_name),

@@ -1,12 +1,10 @@
 //! What `bench-forward` reads and sets on the testbed's interfaces:
 //! packet counters and MAC addresses (rtnetlink RTM_GETLINK with
-//! IFLA_STATS64, Linux 2.6.35 or later), GRO (ethtool ioctl ETHTOOL_SGRO,
+//! IFLA_STATS64, Linux 2.6.35 or later), GRO (`testbed::ethtool`,
 //! 2.6.39 or later; a veth needs GRO or an XDP program to accept frames
 //! redirected into it) and threaded NAPI (/sys/class/net/DEV/threaded,
 //! 5.12 or later), which runs a device's NAPI polling in its own kernel
 //! thread so the router's work can run on another core than the generator's.
-
-use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result, bail};
 use futures::TryStreamExt;
@@ -64,49 +62,10 @@ pub fn link_state(ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
     })
 }
 
-/// `struct ethtool_value` and an `ifreq` carrying a pointer to it.
-#[repr(C)]
-struct EthtoolValue {
-    cmd: u32,
-    data: u32,
-}
-
-#[repr(C)]
-struct IfreqData {
-    name: [u8; libc::IFNAMSIZ],
-    data: *mut libc::c_void,
-    _pad: [u8; 16],
-}
-
-const SIOCETHTOOL: libc::c_ulong = 0x8946;
-const ETHTOOL_SGRO: u32 = 0x2c;
-
-/// Switches GRO on or off on `ifname` in `ns`.
+/// Switches GRO on or off on `ifname` in `ns` (through `testbed::ethtool`).
 pub fn set_gro(ns: &Netns, ifname: &str, on: bool) -> Result<()> {
-    if ifname.len() >= libc::IFNAMSIZ {
-        bail!("interface name {ifname} is too long");
-    }
-    ns.run(|| {
-        let s = std::net::UdpSocket::bind("0.0.0.0:0").context("socket for the ethtool ioctl")?;
-        let mut v = EthtoolValue {
-            cmd: ETHTOOL_SGRO,
-            data: on.into(),
-        };
-        let mut ifr = IfreqData {
-            name: [0; libc::IFNAMSIZ],
-            data: (&mut v as *mut EthtoolValue).cast(),
-            _pad: [0; 16],
-        };
-        ifr.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
-        // SAFETY: ifr and v live across the call; SIOCETHTOOL reads ifr_data.
-        let r = unsafe { libc::ioctl(s.as_raw_fd(), SIOCETHTOOL as _, &mut ifr) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error()).with_context(|| {
-                format!("ethtool -K {ifname} gro {}", if on { "on" } else { "off" })
-            });
-        }
-        Ok(())
-    })
+    ns.run(|| crate::testbed::ethtool::set_gro(ifname, on))
+        .with_context(|| format!("GRO {} on {ifname}", if on { "on" } else { "off" }))
 }
 
 /// Pids of the kernel threads polling `ifname` (threaded NAPI names them

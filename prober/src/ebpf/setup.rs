@@ -1,38 +1,207 @@
-//! Puts the XDP router on a testbed: which interfaces, which mode, what
-//! the veth driver needs for native redirect.
+//! Puts the XDP router on a testbed: which interfaces, which mode, and what
+//! veth needs for native XDP (GRO on the peer of a redirect target, TX
+//! checksum offload off on veths that send UDP from local sockets). Every
+//! offload it changes is put back on `detach()` (and on drop), which
+//! matters for NIC-pair interfaces that go back to the host afterwards.
+//! Kernel interfaces: see [`super`] (bpf, rtnetlink) and
+//! [`crate::testbed::ethtool`] (SIOCETHTOOL).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
 
+use super::{AttachedMode, Router};
 use crate::{
     cli::{XdpActionArg, XdpModeArg},
     stats::XdpCounters,
-    testbed::Testbed,
+    testbed::{Netns, Testbed, ethtool},
 };
 
-/// The router as attached to one testbed; detached by `detach()` or on drop.
+/// An offload setting to put back: namespace, interface, feature, old value.
+struct Changed {
+    ns: Netns,
+    ifname: String,
+    feature: Feature,
+    old: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Feature {
+    Gro,
+    TxCsum,
+}
+
+impl Feature {
+    fn get(self, ifname: &str) -> Result<bool> {
+        match self {
+            Feature::Gro => ethtool::gro(ifname),
+            Feature::TxCsum => ethtool::tx_csum(ifname),
+        }
+    }
+    fn set(self, ifname: &str, on: bool) -> Result<()> {
+        match self {
+            Feature::Gro => ethtool::set_gro(ifname, on),
+            Feature::TxCsum => ethtool::set_tx_csum(ifname, on),
+        }
+    }
+}
+
+/// The router as attached to one testbed.
 pub struct XdpSetup {
-    attached: Option<String>,
+    /// One router per namespace it is attached in (ifindexes are per namespace).
+    routers: Vec<Router>,
+    /// Mode per attached interface, in attach order.
+    modes: Vec<(String, AttachedMode)>,
+    changed: Vec<Changed>,
 }
 
 impl XdpSetup {
+    fn none() -> Self {
+        Self {
+            routers: Vec::new(),
+            modes: Vec::new(),
+            changed: Vec::new(),
+        }
+    }
+
+    /// "none", "skb", "native", or "mixed (if1 native, if2 skb)".
     pub fn attached_mode_name(&self) -> String {
-        self.attached.clone().unwrap_or_else(|| "none".into())
+        let Some((_, first)) = self.modes.first() else {
+            return "none".into();
+        };
+        if self.modes.iter().all(|(_, m)| m == first) {
+            return first.to_string();
+        }
+        let parts: Vec<String> = self.modes.iter().map(|(i, m)| format!("{i} {m}")).collect();
+        format!("mixed ({})", parts.join(", "))
     }
+
+    /// Counters summed over every router of the testbed.
     pub fn counters(&self) -> Result<XdpCounters> {
-        Ok(XdpCounters::new())
+        let mut total = XdpCounters::new();
+        for r in &self.routers {
+            for (k, v) in r.counters()? {
+                let e = total.entry(k).or_default();
+                e.packets += v.packets;
+                e.bytes += v.bytes;
+            }
+        }
+        Ok(total)
     }
-    pub fn detach(self) -> Result<()> {
+
+    /// Detaches every router and restores every offload changed, reporting the first failure.
+    pub fn detach(mut self) -> Result<()> {
+        self.undo()
+    }
+
+    fn undo(&mut self) -> Result<()> {
+        let mut first_err = None;
+        for mut r in self.routers.drain(..) {
+            if let Err(e) = r.detach_all() {
+                first_err.get_or_insert(e);
+            }
+        }
+        for c in self.changed.drain(..).rev() {
+            let r = c.ns.run(|| c.feature.set(&c.ifname, c.old));
+            if let Err(e) = r.with_context(|| format!("restore {:?} on {}", c.feature, c.ifname)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn set_feature(&mut self, ns: &Netns, ifname: &str, feature: Feature, on: bool) -> Result<()> {
+        let old = ns.run(|| feature.get(ifname))?;
+        if old == on {
+            return Ok(());
+        }
+        ns.run(|| feature.set(ifname, on)).with_context(|| {
+            format!(
+                "native XDP on veth needs {feature:?} {} on {ifname}",
+                if on { "on" } else { "off" }
+            )
+        })?;
+        self.changed.push(Changed {
+            ns: Netns::open(ns.name())?,
+            ifname: ifname.to_string(),
+            feature,
+            old,
+        });
         Ok(())
+    }
+
+    /// What native XDP on veth needs, applied where the interface is a veth
+    /// (ethtool calls that the driver does not support are skipped).
+    fn prepare_native(&mut self, ns: &Netns, ifname: &str) -> Result<()> {
+        if !is_veth(ns, ifname) {
+            return Ok(());
+        }
+        // Redirected frames into this veth's peer need GRO here (or an XDP program).
+        self.set_feature(ns, ifname, Feature::Gro, true)?;
+        // Local UDP leaves with a partial checksum that native XDP on the
+        // other side cannot complete: checksum in software instead.
+        self.set_feature(ns, ifname, Feature::TxCsum, false)
     }
 }
 
-pub fn attach_for_testbed(
-    _tb: &Testbed,
-    mode: XdpModeArg,
-    _action: XdpActionArg,
-) -> Result<XdpSetup> {
-    if mode != XdpModeArg::Off {
-        bail!("XDP modes are being integrated");
+impl Drop for XdpSetup {
+    fn drop(&mut self) {
+        if let Err(e) = self.undo() {
+            log::warn!("XDP teardown: {e:#}");
+        }
     }
-    Ok(XdpSetup { attached: None })
+}
+
+fn is_veth(ns: &Netns, ifname: &str) -> bool {
+    ns.run(|| {
+        Ok(ethtool::driver(ifname)
+            .map(|d| d == "veth")
+            .unwrap_or(false))
+    })
+    .unwrap_or(false)
+}
+
+/// Loads and attaches the router for `tb`: on the router's two interfaces
+/// in the veth testbed, on both NICs in NIC-pair mode (where the kernel
+/// delivers locally and the router passes).
+pub fn attach_for_testbed(
+    tb: &Testbed,
+    mode: XdpModeArg,
+    action: XdpActionArg,
+) -> Result<XdpSetup> {
+    let mut setup = XdpSetup::none();
+    if mode == XdpModeArg::Off {
+        return Ok(setup);
+    }
+    let pass_only = action == XdpActionArg::Pass;
+    let native_possible = matches!(mode, XdpModeArg::Native | XdpModeArg::Auto);
+    // (namespace, interface) groups, one router per namespace.
+    let groups: Vec<(&Netns, Vec<&str>)> = match &tb.router {
+        Some(router_ns) => {
+            let rin = tb
+                .router_in
+                .as_ref()
+                .context("veth testbed without router_in")?;
+            let rout = tb
+                .router_out
+                .as_ref()
+                .context("veth testbed without router_out")?;
+            vec![(router_ns, vec![rin.name.as_str(), rout.name.as_str()])]
+        }
+        None => vec![
+            (&tb.sender, vec![tb.sender_if.name.as_str()]),
+            (&tb.receiver, vec![tb.receiver_if.name.as_str()]),
+        ],
+    };
+    if native_possible {
+        setup.prepare_native(&tb.sender, &tb.sender_if.name)?;
+        setup.prepare_native(&tb.receiver, &tb.receiver_if.name)?;
+    }
+    for (ns, ifaces) in groups {
+        let mut router = Router::load(pass_only)?;
+        for ifname in ifaces {
+            let got = router.attach(ns, ifname, mode)?;
+            setup.modes.push((ifname.to_string(), got));
+        }
+        setup.routers.push(router);
+    }
+    Ok(setup)
 }

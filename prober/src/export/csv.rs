@@ -127,6 +127,9 @@ pub struct RunMeta {
     pub tos: u8,
     pub port: u16,
     pub timestamps_requested: String,
+    /// Flows probed alongside the main one (flow id, port, tos, size, interval_ns).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra_flows: Vec<serde_json::Value>,
     /// Knobs applied for this run (qdisc, BQL, load...), by name.
     pub knobs: serde_json::Map<String, serde_json::Value>,
 }

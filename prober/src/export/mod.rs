@@ -3,6 +3,7 @@
 
 pub mod csv;
 pub mod json;
+pub mod report;
 pub mod text;
 
 pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, TsSource};

@@ -125,6 +125,36 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     row(&mut o, "ipdv", &s.ipdv_ns);
     row(&mut o, "send error", &s.send_error_ns);
     row(&mut o, "send->tx", &s.send_to_tx_ns);
+    if let Some(serde_json::Value::Array(flows)) = s.extra.get("flows") {
+        let _ = writeln!(
+            o,
+            "  per flow, one-way (µs):\n  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
+            "flow", "port", "tos", "size", "interval", "sent", "lost", "p50", "p99", "p99.9", "max"
+        );
+        for f in flows {
+            let Ok(fs) = serde_json::from_value::<Summary>(f["summary"].clone()) else {
+                continue;
+            };
+            let interval = humantime::format_duration(std::time::Duration::from_nanos(
+                f["interval_ns"].as_u64().unwrap_or(0),
+            ));
+            let _ = writeln!(
+                o,
+                "  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
+                f["flow"].to_string(),
+                f["port"].to_string(),
+                format!("{:#04x}", f["tos"].as_u64().unwrap_or(0)),
+                f["size"].to_string(),
+                interval.to_string(),
+                fs.sent,
+                fs.lost,
+                us(fs.one_way_ns.p50),
+                us(fs.one_way_ns.p99),
+                us(fs.one_way_ns.p999),
+                us(fs.one_way_ns.max)
+            );
+        }
+    }
     o
 }
 

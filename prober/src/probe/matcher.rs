@@ -4,7 +4,7 @@
 //! sequence order once complete or timed out. Pure: events in, records out,
 //! memory bounded by the probes in flight.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque, hash_map::Entry};
 
 use crate::export::{ProbeRecord, TsSource};
 use crate::stats::RunStats;
@@ -169,11 +169,20 @@ impl Matcher {
                             }
                         }
                     }
-                    None => {
-                        if self.early_tx.insert(opt_id, (ts_ns, src)).is_some() {
-                            stats.on_tx_timestamp_duplicate();
+                    None => match self.early_tx.entry(opt_id) {
+                        Entry::Vacant(v) => {
+                            v.insert((ts_ns, src));
                         }
-                    }
+                        Entry::Occupied(mut o) => match o.get().1 {
+                            TsSource::Software if src == TsSource::Hardware => {
+                                o.insert((ts_ns, src));
+                            }
+                            old if old != src => {}
+                            // Keep the first: a second stamp of the same kind comes
+                            // from a later hop (e.g. skb-mode redirect out of a veth).
+                            _ => stats.on_tx_timestamp_duplicate(),
+                        },
+                    },
                 }
             }
             Event::Arrived { seq, ts } => {
@@ -404,6 +413,36 @@ mod tests {
             },
             &mut st,
         );
+        assert_eq!(st.summary().tx_timestamp_duplicates, 1);
+    }
+
+    #[test]
+    fn duplicate_tx_timestamps_before_the_send_event_keep_the_first() {
+        let mut m = Matcher::new(64, 0, 1_000, true);
+        let evs = [
+            Event::TxTimestamp {
+                opt_id: 0,
+                ts_ns: 10,
+                src: Software,
+            },
+            Event::TxTimestamp {
+                opt_id: 0,
+                ts_ns: 30,
+                src: Software,
+            },
+            sent(0),
+            Event::Arrived {
+                seq: 0,
+                ts: Some((50, Software)),
+            },
+            Event::Echoed {
+                seq: 0,
+                ts: Some((90, Software)),
+            },
+        ];
+        let (v, st) = run(&mut m, &evs, 0, false);
+        assert_eq!(v[0].tx_ns, Some(10));
+        assert_eq!(v[0].one_way_ns, Some(40));
         assert_eq!(st.summary().tx_timestamp_duplicates, 1);
     }
 

@@ -21,7 +21,6 @@ pub mod socket;
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
-        Arc,
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
         mpsc,
     },
@@ -37,7 +36,6 @@ use crate::{
     testbed::{Iface, Netns},
 };
 use matcher::{Event, Matcher};
-use pacer::RtSettings;
 use packet::{FLAG_ECHO, HEADER_LEN, Probe};
 use socket::{HwTimestamping, ProbeSocket, RecvBatch, TsFlags};
 
@@ -48,6 +46,35 @@ pub const STOP_NOW: u8 = 2;
 
 /// Marks the warm-up datagrams that resolve neighbours before the run.
 const FLAG_WARMUP: u8 = 2;
+
+/// Where finalized records go: the CSV, or a CSV shared by several flows.
+pub trait RecordSink: Send {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()>;
+    fn flush(&mut self) -> Result<()>;
+}
+
+impl RecordSink for CsvWriter {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+        CsvWriter::write(self, r)
+    }
+    fn flush(&mut self) -> Result<()> {
+        CsvWriter::flush(self)
+    }
+}
+
+/// One CSV written by several concurrent flows (rows carry their flow id).
+impl RecordSink for &std::sync::Mutex<CsvWriter> {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+        self.lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+            .write(r)
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+            .flush()
+    }
+}
 
 /// Validated probe options.
 #[derive(Clone)]
@@ -65,10 +92,9 @@ pub struct ProbeConfig {
     pub spin: Duration,
     /// Spin over the whole interval instead of sleeping.
     pub busy_poll: bool,
-    /// SCHED_FIFO, mlockall, CPU pinning of the sender thread.
-    pub rt: RtSettings,
-    /// Called on the sender thread before it starts (real-time settings).
-    pub sender_setup: Option<Arc<dyn Fn() -> Result<()> + Send + Sync>>,
+    /// Real-time settings the sender thread applies to itself (its
+    /// SCHED_FIFO priority also goes to the probe's receive threads).
+    pub rt: crate::tune::rt::RtSettings,
 }
 
 impl std::fmt::Debug for ProbeConfig {
@@ -86,7 +112,6 @@ impl std::fmt::Debug for ProbeConfig {
             .field("spin", &self.spin)
             .field("busy_poll", &self.busy_poll)
             .field("rt", &self.rt)
-            .field("sender_setup", &self.sender_setup.is_some())
             .finish()
     }
 }
@@ -141,7 +166,7 @@ fn side_timestamping(
 pub fn run_session(
     ep: &Endpoints<'_>,
     cfg: &ProbeConfig,
-    csv: &mut CsvWriter,
+    csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     mut progress: impl FnMut(u64),
 ) -> Result<SessionOutcome> {
@@ -195,7 +220,7 @@ pub fn run_session(
         let reflector = std::thread::Builder::new()
             .name("rtprobe-reflector".into())
             .spawn_scoped(s, move || {
-                cfg.rt.apply_priority_to_current_thread();
+                pacer::share_fifo_priority(&cfg.rt);
                 reflect(rx_sock, session, done_ref, &ev)
             })
             .context("spawn reflector thread")?;
@@ -205,7 +230,7 @@ pub fn run_session(
             let sender_rx = std::thread::Builder::new()
                 .name("rtprobe-sender-rx".into())
                 .spawn_scoped(s, move || {
-                    cfg.rt.apply_priority_to_current_thread();
+                    pacer::share_fifo_priority(&cfg.rt);
                     collect_sender_side(tx_sock, session, done_ref, &ev)
                 })
                 .context("spawn sender receive thread")?;
@@ -228,9 +253,12 @@ pub fn run_session(
             if out.is_err() {
                 stop.fetch_max(STOP_NOW, Ordering::SeqCst);
             }
-            let _ = sender.join();
+            let paced = sender
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")));
             done_ref.store(true, Ordering::SeqCst);
             let _ = sender_rx.join();
+            paced?;
             out
         })();
         done_ref.store(true, Ordering::SeqCst);
@@ -417,7 +445,7 @@ fn collect_sender_side(
 fn collect(
     ev_rx: mpsc::Receiver<Vec<Event>>,
     cfg: &ProbeConfig,
-    csv: &mut CsvWriter,
+    csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
     progress: &mut impl FnMut(u64),

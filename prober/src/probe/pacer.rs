@@ -6,8 +6,8 @@
 //! OPT_ID, instead of the sender falling further behind one syscall at a time.
 //!
 //! Kernel interfaces: clock_nanosleep(2) TIMER_ABSTIME, prctl(2)
-//! PR_SET_TIMERSLACK (Linux >= 2.6.28), sched_setscheduler(2),
-//! sched_setaffinity(2), mlockall(2) (any Linux), sendmmsg(2) (>= 3.0).
+//! PR_SET_TIMERSLACK (Linux >= 2.6.28), sched_setscheduler(2) (any Linux;
+//! the rest of the real-time settings are `tune::rt`'s), sendmmsg(2) (>= 3.0).
 
 use std::{
     net::SocketAddrV4,
@@ -17,8 +17,9 @@ use std::{
     },
 };
 
-use anyhow::{Result, bail};
-use serde::Serialize;
+use anyhow::{Context, Result};
+
+use crate::tune::rt::RtSettings;
 
 use super::{
     ProbeConfig, clock,
@@ -66,85 +67,22 @@ impl Schedule {
     }
 }
 
-/// Real-time settings of the sender thread (same meaning as the knob
-/// layer's `--rt-priority`, `--mlockall`, `--pin-cpu`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RtSettings {
-    pub rt_priority: Option<u8>,
-    pub mlockall: bool,
-    pub pin_cpu: Option<usize>,
-}
-
-impl RtSettings {
-    /// Checks ranges without touching the system.
-    pub fn validate(&self) -> Result<()> {
-        if let Some(p) = self.rt_priority
-            && !(1..=99).contains(&p)
-        {
-            bail!("--rt-priority {p} is out of range: use 1 to 99");
+/// Gives the calling thread (one of the probe's receive threads) the
+/// sender's SCHED_FIFO priority, so echoes and TX timestamps are picked up
+/// as promptly as probes are sent. A failure is logged, not fatal: the
+/// sender's own settings already failed loudly if they could not be had.
+pub fn share_fifo_priority(rt: &RtSettings) {
+    if let Some(prio) = rt.fifo_priority {
+        let param = libc::sched_param {
+            sched_priority: prio.into(),
+        };
+        // SAFETY: plain syscall on the calling thread with a valid pointer.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+            log::warn!(
+                "SCHED_FIFO {prio} for a probe receive thread: {}",
+                std::io::Error::last_os_error()
+            );
         }
-        if let Some(c) = self.pin_cpu {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if c >= n {
-                bail!(
-                    "--pin-cpu {c}: this machine has CPUs 0..{} only",
-                    n.saturating_sub(1)
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Gives the calling thread (the probe's receive threads) the sender's
-    /// SCHED_FIFO priority, so that echoes and timestamps are picked up as
-    /// promptly as probes are sent. Failures are logged, not fatal.
-    pub fn apply_priority_to_current_thread(&self) {
-        if let Some(prio) = self.rt_priority {
-            let param = libc::sched_param {
-                sched_priority: prio.into(),
-            };
-            // SAFETY: plain syscall on the calling thread with a valid pointer.
-            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-                log::warn!(
-                    "SCHED_FIFO {prio} for a probe receive thread: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-    }
-
-    /// Applies the settings to the calling thread (policy and affinity are
-    /// per thread; mlockall is for the whole process and stays).
-    pub fn apply_to_current_thread(&self) -> Result<()> {
-        self.validate()?;
-        if let Some(cpu) = self.pin_cpu {
-            let mut set = nix::sched::CpuSet::new();
-            set.set(cpu)?;
-            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-                .map_err(|e| anyhow::anyhow!("cannot pin the sender to CPU {cpu}: {e}"))?;
-        }
-        if let Some(prio) = self.rt_priority {
-            let param = libc::sched_param {
-                sched_priority: prio.into(),
-            };
-            // SAFETY: plain syscall on the calling thread with a valid pointer.
-            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-                bail!(
-                    "SCHED_FIFO priority {prio} was refused ({}): run as root or give the binary CAP_SYS_NICE",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-        if self.mlockall {
-            // SAFETY: flags only.
-            if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
-                bail!(
-                    "mlockall failed ({}): run as root or raise the locked-memory limit (ulimit -l)",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-        Ok(())
     }
 }
 
@@ -167,16 +105,18 @@ pub fn pace(
     stop: &AtomicU8,
     attempts: &AtomicU64,
     ev: &mpsc::Sender<Vec<Event>>,
-) {
+) -> Result<()> {
     tight_timer_slack();
-    if let Err(e) = cfg.rt.apply_to_current_thread() {
-        log::warn!("sender real-time settings: {e:#}");
-    }
-    if let Some(setup) = &cfg.sender_setup
-        && let Err(e) = setup()
-    {
-        log::warn!("sender real-time settings: {e:#}");
-    }
+    // Kept for the whole loop: dropping it puts the thread's policy back.
+    let _rt = if cfg.rt.is_empty() {
+        None
+    } else {
+        Some(
+            cfg.rt
+                .apply_to_current_thread()
+                .context("real-time settings for the sender")?,
+        )
+    };
     let interval_ns = cfg.interval.as_nanos() as i64;
     // Start a little ahead so the first probe is paced too.
     let start_ns = clock::realtime_ns() + 10_000_000;
@@ -252,6 +192,7 @@ pub fn pace(
             break;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -297,25 +238,5 @@ mod tests {
         assert!(!s.finished(4));
         assert!(s.finished(5), "probe 5 is due at 1050, the end");
         assert_eq!(s.due(0, 5000, 64), 5);
-    }
-
-    #[test]
-    fn rt_settings_validation() {
-        assert!(RtSettings::default().validate().is_ok());
-        let bad = RtSettings {
-            rt_priority: Some(0),
-            ..Default::default()
-        };
-        assert!(bad.validate().unwrap_err().to_string().contains("1 to 99"));
-        let bad = RtSettings {
-            pin_cpu: Some(100_000),
-            ..Default::default()
-        };
-        assert!(
-            bad.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("--pin-cpu")
-        );
     }
 }

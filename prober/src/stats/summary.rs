@@ -61,6 +61,7 @@ pub type XdpCounters = BTreeMap<String, PacketsBytes>;
 
 /// What a run measured. Field names are the `--json` keys.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Summary {
     pub sent: u64,
     pub received: u64,

@@ -6,8 +6,11 @@
 //! addresses and routes (`netlink`), /proc/sys/net per namespace. veth needs
 //! CONFIG_VETH (Linux >= 2.6.24).
 
+pub mod ethtool;
 pub mod netlink;
 pub mod netns;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 pub use netns::Netns;
 
@@ -271,6 +274,39 @@ impl Testbed {
             }
         }
         Ok(tb)
+    }
+
+    /// A testbed assembled from parts a test built itself (no NIC pair to give back).
+    #[cfg(test)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        id: String,
+        sender: Netns,
+        receiver: Netns,
+        router: Option<Netns>,
+        sender_if: Iface,
+        receiver_if: Iface,
+        router_in: Option<Iface>,
+        router_out: Option<Iface>,
+    ) -> Self {
+        let kind = if router.is_some() {
+            Kind::Veth
+        } else {
+            Kind::NicPair
+        };
+        Self {
+            id,
+            kind,
+            sender,
+            receiver,
+            router,
+            sender_if,
+            receiver_if,
+            router_in,
+            router_out,
+            borrowed: Vec::new(),
+            host_ns: None,
+        }
     }
 
     /// Namespace names, for messages.

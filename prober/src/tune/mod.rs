@@ -1,1 +1,1100 @@
-//! TODO
+//! Knobs: everything a run changes in the kernel besides the testbed
+//! itself, one file per knob, each applied in the right namespace, each
+//! returning a guard that puts the previous state back (on `restore()` or
+//! drop) and records what it applied for the run metadata.
+//!
+//! Where the knobs act. The study shaped and queued on the sender's NIC:
+//! probes and the competing TCP flow share the sender's egress queue, and
+//! that queue is what the qdisc, BQL and TSQ change. So the bottleneck is
+//! `testbed.sender_if` in the sender namespace by default; `bottleneck =
+//! router` moves shaping/qdisc/BQL/txqueuelen/ring to the router's egress
+//! toward the receiver (`router_out`), which behaves like a switch port
+//! (the sender's socket is no longer charged for the queued packets). XDP
+//! in redirect mode transmits straight from the router's ingress and skips
+//! router_out's qdisc, so that combination is refused by the scenario
+//! layer. TSQ is a property of the sending TCP stack and is always set in
+//! the sender namespace.
+//!
+//! Packet counts: TCP hands the qdisc GSO super-packets (up to 64 KiB) and
+//! they are cut into frames only after the qdisc, so a packet limit at the
+//! sender's own qdisc counts super-packets. Limit that queue in bytes, or
+//! put the bottleneck at the router with `gso = false` (frames leave the
+//! sender cut to the MTU) for a queue of wire frames (see `gso`).
+//!
+//! Order of application (reverse on restore): txqueuelen (read by qdiscs
+//! when created), segmentation offload (sender), TX ring, BQL, the qdisc tree (shaper + qdisc), TSQ, CPU
+//! stress, then the competing load, which runs a warm-up before the
+//! probes start so TCP is in its steady state.
+//!
+//! A missing qdisc fails the run unless `missing = skip`; then the run
+//! goes on without it and the metadata's `skipped` list says so. Device
+//! knobs a driver cannot do (BQL or TX ring on veth) are reported under
+//! `unsupported` unless `device_unsupported = fail`.
+//!
+//! Kernel interface: only through the knob modules (tc/rtnetlink, sysfs,
+//! /proc/sys, SIOCETHTOOL, sockets, sched_*), each of which names its own
+//! interface and minimum version; together Linux >= 4.15.
+
+pub mod bql;
+pub mod gso;
+pub mod load;
+pub mod nl;
+pub mod qdisc;
+pub mod ring;
+pub mod rt;
+pub mod sampler;
+pub mod shaping;
+pub mod stress;
+pub mod sysfs;
+pub mod tc;
+pub mod tsq;
+pub mod txqueuelen;
+pub mod units;
+
+#[cfg(test)]
+mod root_tests;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+pub use self::{
+    load::{FlowReport, LoadReport, LoadSpec},
+    qdisc::QdiscSpec,
+    rt::{RtGuard, RtSettings},
+    shaping::{ShaperKind, Shaping},
+    stress::StressTool,
+    units::{Bytes, LoadRate, QueueLimit, Rate},
+};
+use crate::{
+    error::Error,
+    testbed::{Netns, Testbed},
+};
+
+/// A knob that is in effect and can be undone.
+pub trait KnobGuard: Send {
+    /// Key in the run metadata.
+    fn name(&self) -> &'static str;
+    /// What was applied, for RunMeta.knobs.
+    fn metadata(&self) -> Value;
+    /// Puts the previous state back. Idempotent.
+    fn restore(&mut self) -> Result<()>;
+}
+
+/// A device knob either applies or the device cannot do it.
+pub enum Outcome<G> {
+    Applied(G),
+    Unsupported(String),
+}
+
+/// Where shaping, qdisc, BQL, txqueuelen and TX ring act.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Bottleneck {
+    /// The sender's interface, in the sender namespace (the study's choice).
+    #[default]
+    Sender,
+    /// The router's interface toward the receiver (veth testbed only).
+    Router,
+}
+
+/// What to do when the kernel lacks a requested qdisc.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingPolicy {
+    /// Stop with an error before anything is changed.
+    #[default]
+    Fail,
+    /// Run without it; the metadata and the summary say it was skipped.
+    Skip,
+}
+
+/// What to do when the device cannot do a knob (BQL, TX ring on veth).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DevicePolicy {
+    /// Record "unsupported" with the reason and go on.
+    #[default]
+    Report,
+    /// Stop with an error.
+    Fail,
+}
+
+/// What the knobs need to know about the probe flow: the port for the
+/// priority filters, size and interval for the probe class rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeContext {
+    pub port: u16,
+    /// UDP payload bytes.
+    pub size: usize,
+    pub interval: Duration,
+}
+
+impl Default for ProbeContext {
+    fn default() -> Self {
+        // The probe CLI's defaults.
+        Self {
+            port: 5061,
+            size: 64,
+            interval: Duration::from_millis(1),
+        }
+    }
+}
+
+impl ProbeContext {
+    /// Bits per second the probe flow puts on an Ethernet wire.
+    pub fn wire_rate(&self, overhead_bytes: u32) -> Rate {
+        let per_pkt =
+            self.size as u64 + shaping::UDP_IPV4_ETH_HEADERS as u64 + overhead_bytes as u64;
+        let secs = self.interval.as_secs_f64().max(1e-9);
+        Rate::from_bps((per_pkt as f64 * 8.0 / secs).round() as u64)
+    }
+}
+
+/// Default warm-up between starting the load and starting the probes.
+pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
+
+/// The knob flags of the probe command (flattened into its arguments).
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Knobs (applied for the run, restored afterwards)")]
+pub struct KnobArgs {
+    /// Where shaping/qdisc/BQL/txqueuelen/TX ring act: the sender's interface or the router's
+    /// egress toward the receiver.
+    #[arg(long, value_enum)]
+    pub bottleneck: Option<Bottleneck>,
+
+    /// Shape the bottleneck to this rate so it queues like a real link, e.g. 100mbit.
+    #[arg(long)]
+    pub link_rate: Option<Rate>,
+
+    /// Shaper qdisc for --link-rate.
+    #[arg(long, value_enum)]
+    pub shaper: Option<ShaperKind>,
+
+    /// Queue behind the shaper: packets (20, 20p) or bytes (64KiB) [default: txqueuelen packets].
+    /// At the sender a TCP GSO packet (up to 64 KiB) counts as one: prefer bytes there.
+    #[arg(long)]
+    pub queue_limit: Option<QueueLimit>,
+
+    /// Shaper bucket in bytes [default: 1 ms at the link rate, at least 2 frames].
+    #[arg(long)]
+    pub burst: Option<Bytes>,
+
+    /// Bytes the shaper adds per frame for what a wire carries (FCS, preamble, gap) [default: 24].
+    #[arg(long)]
+    pub wire_overhead: Option<u32>,
+
+    /// qdisc on the bottleneck (under the shaper if shaped): pfifo_fast, pfifo, bfifo, prio,
+    /// fq_codel, htb, hfsc, tbf; a bare name is the study's preset, override with
+    /// KIND,key=value (e.g. fq_codel,target=5ms).
+    #[arg(long)]
+    pub qdisc: Option<QdiscSpec>,
+
+    /// If the kernel lacks the qdisc: fail, or skip it (the summary says so).
+    #[arg(long, value_enum)]
+    pub missing: Option<MissingPolicy>,
+
+    /// BQL limit_max of every TX queue of the bottleneck, in bytes (the study: 3000).
+    #[arg(long)]
+    pub bql_limit_max: Option<Bytes>,
+
+    /// TCP small queues: net.ipv4.tcp_limit_output_bytes in the sender namespace (e.g. 64KiB).
+    #[arg(long)]
+    pub tsq: Option<Bytes>,
+
+    /// txqueuelen of the bottleneck interface, in packets.
+    #[arg(long)]
+    pub txqueuelen: Option<u32>,
+
+    /// TX ring size of the bottleneck NIC (ethtool -G tx).
+    #[arg(long)]
+    pub tx_ring: Option<u32>,
+
+    /// TSO+GSO on the sender's interface: off sends MTU-size frames, so a queue at the router
+    /// (--bottleneck router) counts wire frames. TCP queues 64 KiB GSO packets at the sender's
+    /// own qdisc either way: limit that queue in bytes.
+    #[arg(long, value_parser = parse_on_off, value_name = "on|off")]
+    pub gso: Option<bool>,
+
+    /// If the device cannot do a knob (BQL or TX ring on veth): report it, or fail.
+    #[arg(long, value_enum)]
+    pub device_unsupported: Option<DevicePolicy>,
+
+    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N] or
+    /// udp:150%|150mbit[,size=1470].
+    #[arg(long = "load")]
+    pub load: Vec<LoadSpec>,
+
+    /// Time the load runs before the probes start [default: 1s].
+    #[arg(long, value_parser = units::parse_duration)]
+    pub load_warmup: Option<Duration>,
+
+    /// CPU stress workers (the study: 8).
+    #[arg(long)]
+    pub stress: Option<u32>,
+
+    /// CPU stress implementation.
+    #[arg(long, value_enum)]
+    pub stress_tool: Option<StressTool>,
+
+    /// Run the probe sender SCHED_FIFO at this priority (1-99).
+    #[arg(long)]
+    pub rt_priority: Option<u8>,
+
+    /// Lock the process's memory (mlockall) while probing.
+    #[arg(long)]
+    pub mlockall: bool,
+
+    /// Pin the probe sender to this CPU.
+    #[arg(long)]
+    pub pin_cpu: Option<usize>,
+
+    /// Sample the bottleneck's qdisc backlog/qlen this often into a CSV next to the run.
+    #[arg(long, value_parser = units::parse_duration)]
+    pub queue_sample: Option<Duration>,
+}
+
+/// Validated knobs, from the CLI or a scenario file's table. Every field
+/// is optional so a scenario's `[knobs]` table can be merged under each
+/// set; the accessors give the defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Knobs {
+    pub bottleneck: Option<Bottleneck>,
+    pub link_rate: Option<Rate>,
+    pub shaper: Option<ShaperKind>,
+    pub queue_limit: Option<QueueLimit>,
+    pub burst: Option<Bytes>,
+    pub wire_overhead: Option<u32>,
+    pub qdisc: Option<QdiscSpec>,
+    pub missing: Option<MissingPolicy>,
+    pub bql_limit_max: Option<Bytes>,
+    pub tsq: Option<Bytes>,
+    pub txqueuelen: Option<u32>,
+    pub tx_ring: Option<u32>,
+    pub gso: Option<bool>,
+    pub device_unsupported: Option<DevicePolicy>,
+    pub load: Option<Vec<LoadSpec>>,
+    #[serde(
+        default,
+        with = "units::humane_duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub load_warmup: Option<Duration>,
+    pub stress: Option<u32>,
+    pub stress_tool: Option<StressTool>,
+    pub rt_priority: Option<u8>,
+    pub mlockall: Option<bool>,
+    pub pin_cpu: Option<usize>,
+    #[serde(
+        default,
+        with = "units::humane_duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub queue_sample: Option<Duration>,
+    /// Not from the user: set by the runner from the probe options.
+    #[serde(skip)]
+    pub probe: ProbeContext,
+}
+
+/// A knob setting that cannot work, with the key to blame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnobError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for KnobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for KnobError {}
+
+macro_rules! merge_fields {
+    ($top:expr, $base:expr, $($f:ident),*) => {
+        Knobs { $($f: $top.$f.clone().or_else(|| $base.$f.clone()),)* probe: $top.probe.clone() }
+    };
+}
+
+impl Knobs {
+    /// From the CLI flags, validated.
+    pub fn from_args(a: &KnobArgs) -> Result<Self, KnobError> {
+        let k = Knobs {
+            bottleneck: a.bottleneck,
+            link_rate: a.link_rate,
+            shaper: a.shaper,
+            queue_limit: a.queue_limit,
+            burst: a.burst,
+            wire_overhead: a.wire_overhead,
+            qdisc: a.qdisc.clone(),
+            missing: a.missing,
+            bql_limit_max: a.bql_limit_max,
+            tsq: a.tsq,
+            txqueuelen: a.txqueuelen,
+            tx_ring: a.tx_ring,
+            gso: a.gso,
+            device_unsupported: a.device_unsupported,
+            load: (!a.load.is_empty()).then(|| a.load.clone()),
+            load_warmup: a.load_warmup,
+            stress: a.stress,
+            stress_tool: a.stress_tool,
+            rt_priority: a.rt_priority,
+            mlockall: a.mlockall.then_some(true),
+            pin_cpu: a.pin_cpu,
+            queue_sample: a.queue_sample,
+            probe: ProbeContext::default(),
+        };
+        k.validate()?;
+        Ok(k)
+    }
+
+    /// `self` with every unset field taken from `base`.
+    pub fn merged_over(&self, base: &Knobs) -> Knobs {
+        merge_fields!(
+            self,
+            base,
+            bottleneck,
+            link_rate,
+            shaper,
+            queue_limit,
+            burst,
+            wire_overhead,
+            qdisc,
+            missing,
+            bql_limit_max,
+            tsq,
+            txqueuelen,
+            tx_ring,
+            gso,
+            device_unsupported,
+            load,
+            load_warmup,
+            stress,
+            stress_tool,
+            rt_priority,
+            mlockall,
+            pin_cpu,
+            queue_sample
+        )
+    }
+
+    /// Tells the knobs about the probe flow (port for filters, rate for
+    /// the probe class). The runner calls this before `apply`.
+    pub fn set_probe(&mut self, port: u16, size: usize, interval: Duration) {
+        self.probe = ProbeContext {
+            port,
+            size,
+            interval,
+        };
+    }
+
+    pub fn bottleneck(&self) -> Bottleneck {
+        self.bottleneck.unwrap_or_default()
+    }
+
+    pub fn missing(&self) -> MissingPolicy {
+        self.missing.unwrap_or_default()
+    }
+
+    pub fn device_unsupported(&self) -> DevicePolicy {
+        self.device_unsupported.unwrap_or_default()
+    }
+
+    pub fn loads(&self) -> &[LoadSpec] {
+        self.load.as_deref().unwrap_or(&[])
+    }
+
+    pub fn overhead_bytes(&self) -> u32 {
+        self.wire_overhead.unwrap_or(shaping::DEFAULT_WIRE_OVERHEAD)
+    }
+
+    pub fn shaping(&self) -> Option<Shaping> {
+        self.link_rate.map(|rate| Shaping {
+            rate,
+            shaper: self.shaper.unwrap_or_default(),
+            queue_limit: self.queue_limit,
+            burst: self.burst,
+            overhead_bytes: self.overhead_bytes(),
+        })
+    }
+
+    pub fn rt(&self) -> RtSettings {
+        RtSettings {
+            fifo_priority: self.rt_priority,
+            mlockall: self.mlockall.unwrap_or(false),
+            cpu: self.pin_cpu,
+        }
+    }
+
+    /// Does this set change anything at all?
+    pub fn is_empty(&self) -> bool {
+        let mut k = self.clone();
+        k.probe = ProbeContext::default();
+        k == Knobs::default()
+    }
+
+    /// Kernel features the qdisc needs (kinds and "u32").
+    pub fn qdisc_requirements(&self) -> Vec<&'static str> {
+        self.qdisc
+            .as_ref()
+            .map(QdiscSpec::requirements)
+            .unwrap_or_default()
+    }
+
+    /// Cross-field checks that need no system access.
+    pub fn validate(&self) -> Result<(), KnobError> {
+        let err = |key, message: String| Err(KnobError { key, message });
+        if self.link_rate.is_none() {
+            for (key, set) in [
+                ("shaper", self.shaper.is_some()),
+                ("queue_limit", self.queue_limit.is_some()),
+                ("burst", self.burst.is_some()),
+                ("wire_overhead", self.wire_overhead.is_some()),
+            ] {
+                if set {
+                    return err(
+                        key,
+                        format!(
+                            "{key} belongs to link shaping: set link_rate too (without shaping, \
+                             put a limit on the qdisc, e.g. qdisc = \"pfifo,limit=20\")"
+                        ),
+                    );
+                }
+            }
+        }
+        if self.queue_limit.is_some()
+            && let Some(q) = &self.qdisc
+        {
+            return err(
+                "queue_limit",
+                format!(
+                    "queue_limit sizes the shaper's FIFO, but qdisc {} is the leaf here: \
+                     give {} its own limit instead",
+                    q.kind(),
+                    q.kind()
+                ),
+            );
+        }
+        if self.wire_overhead.is_some_and(|o| o > 1000) {
+            return err("wire_overhead", "at most 1000 bytes per frame".into());
+        }
+        if self
+            .bql_limit_max
+            .is_some_and(|b| b.0 == 0 || b.0 > 1 << 30)
+        {
+            return err("bql_limit_max", "must be 1 byte to 1GiB".into());
+        }
+        if self.tsq.is_some_and(|b| b.0 == 0 || b.0 > i32::MAX as u64) {
+            return err("tsq", "must be 1 byte to 2GiB".into());
+        }
+        if self.txqueuelen == Some(0) {
+            return err("txqueuelen", "must be at least 1 packet".into());
+        }
+        if self.tx_ring == Some(0) {
+            return err("tx_ring", "must be at least 1 descriptor".into());
+        }
+        if self.stress_tool.is_some() && self.stress.is_none() {
+            return err("stress_tool", "set stress = N (workers) too".into());
+        }
+        if self.stress.is_some_and(|n| n == 0 || n > 1024) {
+            return err("stress", "workers must be 1 to 1024".into());
+        }
+        if self.load_warmup.is_some() && self.loads().is_empty() {
+            return err("load_warmup", "there is no load to warm up".into());
+        }
+        if self
+            .queue_sample
+            .is_some_and(|d| d < Duration::from_millis(1))
+        {
+            return err("queue_sample", "sample at most every 1ms".into());
+        }
+        let flows: u32 = self.loads().iter().map(LoadSpec::flows).sum();
+        if flows > load::MAX_FLOWS {
+            return err(
+                "load",
+                format!("{flows} flows; at most {}", load::MAX_FLOWS),
+            );
+        }
+        let mut ports = std::collections::HashSet::new();
+        for l in self.loads() {
+            if let Some(p) = l.port()
+                && !ports.insert(p)
+            {
+                return err("load", format!("port {p} is used by two load entries"));
+            }
+        }
+        if self.bottleneck() == Bottleneck::Router
+            && self.link_rate.is_none()
+            && self.qdisc.is_none()
+            && self.bql_limit_max.is_none()
+            && self.txqueuelen.is_none()
+            && self.tx_ring.is_none()
+        {
+            return err(
+                "bottleneck",
+                "bottleneck = router moves shaping/qdisc/BQL/txqueuelen/ring, but none is set"
+                    .into(),
+            );
+        }
+        self.rt().validate().or_else(|m| {
+            err(
+                if m.contains("CPU") {
+                    "pin_cpu"
+                } else {
+                    "rt_priority"
+                },
+                m,
+            )
+        })
+    }
+
+    /// Checks against the probe flow (set by `set_probe`).
+    pub fn validate_with_probe(&self) -> Result<(), KnobError> {
+        self.validate()?;
+        let mut next = load::DEFAULT_LOAD_PORT;
+        for l in self.loads() {
+            let p = l.port().unwrap_or_else(|| {
+                next += 1;
+                next - 1
+            });
+            if p == self.probe.port {
+                return Err(KnobError {
+                    key: "load",
+                    message: format!(
+                        "load {l} uses port {p}, the probe port: give it another (port=...)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One line for reports: the knobs that are set, in TOML-ish words.
+    pub fn describe(&self) -> String {
+        let mut k = self.clone();
+        k.probe = ProbeContext::default();
+        match serde_json::to_value(&k) {
+            Ok(Value::Object(m)) => {
+                let parts: Vec<String> = m
+                    .iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| match v {
+                        Value::String(s) => format!("{k}={s}"),
+                        Value::Array(a) => format!(
+                            "{k}=[{}]",
+                            a.iter()
+                                .map(|x| x.as_str().map(str::to_string).unwrap_or(x.to_string()))
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        ),
+                        v => format!("{k}={v}"),
+                    })
+                    .collect();
+                if parts.is_empty() {
+                    "(none)".into()
+                } else {
+                    parts.join(", ")
+                }
+            }
+            _ => "(none)".into(),
+        }
+    }
+}
+
+/// Everything `apply` changed; restores it all (in reverse) on drop or
+/// `restore()`. Borrows the testbed so it cannot outlive it: knobs must be
+/// undone while the interfaces are still where they were put.
+pub struct Applied<'tb> {
+    guards: Vec<Box<dyn KnobGuard + 'tb>>,
+    load: Option<load::Load>,
+    sampler: Option<sampler::QueueSampler>,
+    notes: Map<String, Value>,
+    skipped: Vec<String>,
+    unsupported: Map<String, Value>,
+    rt: RtSettings,
+    queue_sample: Option<Duration>,
+    bottleneck_ns: &'tb Netns,
+    bottleneck_dev: String,
+    restored: bool,
+}
+
+impl<'tb> Applied<'tb> {
+    /// What was applied, for RunMeta.knobs: one entry per knob, plus
+    /// `bottleneck`, `skipped` (requested but not run: the run is not what
+    /// was asked) and `unsupported` (device cannot, reported).
+    pub fn metadata(&self) -> Map<String, Value> {
+        let mut m = self.notes.clone();
+        for g in &self.guards {
+            m.insert(g.name().into(), g.metadata());
+        }
+        if !self.rt.is_empty() {
+            m.insert("rt".into(), self.rt.metadata());
+        }
+        if let Some(s) = &self.sampler {
+            m.insert("queue_sampler".into(), s.metadata());
+        }
+        if !self.skipped.is_empty() {
+            m.insert("skipped".into(), json!(self.skipped));
+        }
+        if !self.unsupported.is_empty() {
+            m.insert(
+                "unsupported".into(),
+                Value::Object(self.unsupported.clone()),
+            );
+        }
+        m
+    }
+
+    /// Knobs requested but not in effect (e.g. "qdisc prio: not available ...").
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
+    }
+
+    /// Real-time settings for the probe sender thread to apply to itself.
+    pub fn rt(&self) -> &RtSettings {
+        &self.rt
+    }
+
+    /// The bottleneck interface and its namespace.
+    pub fn bottleneck(&self) -> (&'tb Netns, &str) {
+        (self.bottleneck_ns, &self.bottleneck_dev)
+    }
+
+    /// Starts the queue sampler into `csv` if the knobs ask for one
+    /// (`queue_sample`); returns whether it started.
+    pub fn start_queue_sampler(&mut self, csv: &Path) -> Result<bool> {
+        let Some(iv) = self.queue_sample else {
+            return Ok(false);
+        };
+        if self.sampler.is_some() {
+            bail!("the queue sampler is already running");
+        }
+        self.sampler = Some(sampler::start(
+            self.bottleneck_ns,
+            &self.bottleneck_dev,
+            iv,
+            csv,
+        )?);
+        Ok(true)
+    }
+
+    /// Stops the competing load (and the queue sampler) and returns what
+    /// the load achieved, for Summary.extra: `{"load": LoadReport}` plus
+    /// `skipped` when something requested did not run. Empty without load.
+    pub fn stop_load(&mut self) -> Result<Map<String, Value>> {
+        let mut m = Map::new();
+        if let Some(s) = &mut self.sampler {
+            s.stop()?;
+        }
+        if let Some(l) = &mut self.load {
+            let rep = l.stop()?;
+            m.insert("load".into(), serde_json::to_value(rep)?);
+        }
+        if !self.skipped.is_empty() {
+            m.insert("skipped".into(), json!(self.skipped));
+        }
+        Ok(m)
+    }
+
+    /// Undoes everything now; the first error is returned, the rest logged,
+    /// and every knob is attempted.
+    pub fn restore(mut self) -> Result<()> {
+        self.restore_all()
+    }
+
+    fn restore_all(&mut self) -> Result<()> {
+        if self.restored {
+            return Ok(());
+        }
+        self.restored = true;
+        let mut first: Option<anyhow::Error> = None;
+        let mut note = |e: anyhow::Error| {
+            if first.is_some() {
+                log::warn!("{e:#}");
+            } else {
+                first = Some(e);
+            }
+        };
+        if let Some(mut l) = self.load.take()
+            && let Err(e) = l.stop()
+        {
+            note(e);
+        }
+        if let Some(mut s) = self.sampler.take()
+            && let Err(e) = s.stop()
+        {
+            note(e);
+        }
+        while let Some(mut g) = self.guards.pop() {
+            if let Err(e) = g.restore() {
+                note(e.context(format!("restoring {}", g.name())));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Applied<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore_all() {
+            log::warn!("{e:#}");
+        }
+    }
+}
+
+struct TreeKnob<'a> {
+    tree: qdisc::QdiscTree<'a>,
+    meta: Value,
+}
+
+impl KnobGuard for TreeKnob<'_> {
+    fn name(&self) -> &'static str {
+        "qdisc_tree"
+    }
+
+    fn metadata(&self) -> Value {
+        self.meta.clone()
+    }
+
+    fn restore(&mut self) -> Result<()> {
+        self.tree.restore()
+    }
+}
+
+/// `on`/`off` (and true/false, 1/0) for switch flags.
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(format!("invalid switch {s:?}: expected on or off")),
+    }
+}
+
+/// Speed of a physical NIC (sysfs `speed`, Mb/s), None for virtual devices.
+fn nic_speed(ns: &Netns, dev: &str) -> Result<Option<Rate>> {
+    let dev = dev.to_string();
+    sysfs::with_sysfs(ns, |sys| {
+        let d = sysfs::netdev_dir(sys, &dev)?;
+        if !d.join("device").exists() {
+            return Ok(None);
+        }
+        Ok(sysfs::read(&d.join("speed"))
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .filter(|m| *m > 0)
+            .map(|m| Rate::mbit(m as u64)))
+    })
+}
+
+/// Applies `knobs` to the testbed. On error everything applied so far is
+/// restored before returning.
+pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
+    knobs.validate_with_probe().map_err(|e| anyhow!(e))?;
+    let (ns, iface) = match knobs.bottleneck() {
+        Bottleneck::Sender => (&tb.sender, &tb.sender_if),
+        Bottleneck::Router => match (&tb.router, &tb.router_out) {
+            (Some(r), Some(i)) => (r, i),
+            _ => bail!(
+                "bottleneck = router needs the router namespace, which NIC-pair mode does not have: \
+                 use bottleneck = sender"
+            ),
+        },
+    };
+    let dev = iface.name.clone();
+    let mut a = Applied {
+        guards: Vec::new(),
+        load: None,
+        sampler: None,
+        notes: Map::new(),
+        skipped: Vec::new(),
+        unsupported: Map::new(),
+        rt: knobs.rt(),
+        queue_sample: knobs.queue_sample,
+        bottleneck_ns: ns,
+        bottleneck_dev: dev.clone(),
+        restored: false,
+    };
+    a.notes.insert(
+        "bottleneck".into(),
+        json!({ "side": knobs.bottleneck(), "netns": ns.name(), "dev": dev }),
+    );
+
+    // Decide about the qdisc before touching anything.
+    let mut qdisc = knobs.qdisc.clone();
+    if let Some(q) = &knobs.qdisc {
+        let missing = qdisc::missing_kinds(&q.requirements())?;
+        if let Some(first) = missing.first() {
+            match knobs.missing() {
+                MissingPolicy::Fail => {
+                    return Err(anyhow::Error::new(Error::QdiscUnavailable {
+                        kind: first.clone(),
+                    })
+                    .context(format!(
+                        "qdisc {} needs {} (set missing = skip / --missing skip to run without it)",
+                        q.kind(),
+                        missing.join(", ")
+                    )));
+                }
+                MissingPolicy::Skip => {
+                    let why = format!("qdisc {q} skipped: the kernel lacks {}", missing.join(", "));
+                    log::warn!("{why}");
+                    a.skipped.push(why);
+                    qdisc = None;
+                }
+            }
+        }
+    }
+    let shaping = knobs.shaping();
+
+    if let Some(n) = knobs.txqueuelen {
+        a.guards.push(Box::new(txqueuelen::apply(ns, &dev, n)?));
+    }
+    if let Some(on) = knobs.gso {
+        // Always the sender's interface: it decides what size leaves the sender.
+        a.guards
+            .push(Box::new(gso::apply(&tb.sender, &tb.sender_if.name, on)?));
+    }
+    let unsupported = |a: &mut Applied<'tb>, key: &str, why: String| -> Result<()> {
+        match knobs.device_unsupported() {
+            DevicePolicy::Report => {
+                log::info!("{why}");
+                a.unsupported.insert(key.into(), Value::String(why));
+                Ok(())
+            }
+            DevicePolicy::Fail => bail!("{why} (device_unsupported = fail)"),
+        }
+    };
+    if let Some(n) = knobs.tx_ring {
+        match ring::apply(ns, &dev, n)? {
+            Outcome::Applied(g) => a.guards.push(Box::new(g)),
+            Outcome::Unsupported(why) => unsupported(&mut a, "tx_ring", why)?,
+        }
+    }
+    if let Some(b) = knobs.bql_limit_max {
+        match bql::apply(ns, &dev, b.0)? {
+            Outcome::Applied(g) => a.guards.push(Box::new(g)),
+            Outcome::Unsupported(why) => unsupported(&mut a, "bql", why)?,
+        }
+    }
+    if shaping.is_some() || qdisc.is_some() {
+        let ctx = qdisc::RenderCtx {
+            link_rate: knobs.link_rate,
+            overhead_bytes: knobs.overhead_bytes(),
+            probe: knobs.probe.clone(),
+        };
+        let (cmds, mut meta) = qdisc::render_tree(&dev, shaping.as_ref(), qdisc.as_ref(), &ctx);
+        let tree = qdisc::QdiscTree::install(ns, &dev, &cmds)?;
+        if let Value::Object(m) = &mut meta {
+            m.insert("status".into(), json!("applied"));
+            m.insert("netns".into(), json!(ns.name()));
+            m.insert("dev".into(), json!(dev));
+        }
+        a.guards.push(Box::new(TreeKnob { tree, meta }));
+    }
+    if let Some(b) = knobs.tsq {
+        a.guards.push(Box::new(tsq::apply(&tb.sender, b.0)?));
+    }
+    if let Some(n) = knobs.stress {
+        a.guards.push(Box::new(stress::start(
+            n,
+            knobs.stress_tool.unwrap_or_default(),
+        )?));
+    }
+    if !knobs.loads().is_empty() {
+        let link_rate = match knobs.link_rate {
+            Some(r) => Some(r),
+            None if knobs.loads().iter().any(LoadSpec::needs_link_rate) => nic_speed(ns, &dev)?,
+            None => None,
+        };
+        let queue_bytes_hint = match knobs.queue_limit {
+            Some(QueueLimit::Bytes(b)) => b,
+            Some(QueueLimit::Packets(p)) => p as u64 * 4096,
+            None => 1000 * 4096,
+        };
+        let target = load::LoadTarget {
+            sender: &tb.sender,
+            receiver: &tb.receiver,
+            dst: tb.receiver_if.addr,
+            link_rate,
+            shaping: shaping.clone(),
+            queue_bytes_hint,
+        };
+        let mut l = load::start(&target, knobs.loads()).context("starting the competing load")?;
+        let warmup = knobs.load_warmup.unwrap_or(DEFAULT_LOAD_WARMUP);
+        std::thread::sleep(warmup);
+        l.mark();
+        a.notes.insert(
+            "load".into(),
+            json!({
+                "specs": knobs.loads().iter().map(|l| l.to_string()).collect::<Vec<_>>(),
+                "warmup": units::fmt_duration(warmup),
+                "link_rate": link_rate.map(|r| r.to_string()),
+                "receiver": tb.receiver_if.addr.to_string(),
+            }),
+        );
+        a.load = Some(l);
+    }
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_from_toml_are_checked_by_name() {
+        let k: Knobs = toml::from_str(
+            r#"
+            link_rate = "100mbit"
+            queue_limit = 20
+            load = ["tcp:100%,cc=bbr"]
+            tsq = "64KiB"
+            bql_limit_max = 3000
+            queue_sample = "10ms"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(k.link_rate, Some(Rate::mbit(100)));
+        assert_eq!(k.tsq, Some(Bytes(65536)));
+        assert_eq!(k.queue_sample, Some(Duration::from_millis(10)));
+        k.validate().unwrap();
+        let e = toml::from_str::<Knobs>("link_rat = \"100mbit\"").unwrap_err();
+        assert!(e.to_string().contains("unknown field `link_rat`"), "{e}");
+        let e = toml::from_str::<Knobs>("\n\nlink_rate = \"100mbps\"").unwrap_err();
+        assert!(e.to_string().contains("bytes per second"), "{e}");
+        assert!(e.to_string().contains("line 3"), "{e}");
+        let e = toml::from_str::<Knobs>("qdisc = \"fq_codel,targt=5ms\"").unwrap_err();
+        assert!(e.to_string().contains("targt"), "{e}");
+    }
+
+    #[test]
+    fn cross_field_validation() {
+        let k = Knobs {
+            queue_limit: Some(QueueLimit::Packets(20)),
+            ..Default::default()
+        };
+        assert_eq!(k.validate().unwrap_err().key, "queue_limit");
+        let k = Knobs {
+            link_rate: Some(Rate::mbit(100)),
+            queue_limit: Some(QueueLimit::Packets(20)),
+            qdisc: Some("fq_codel".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(
+            k.validate()
+                .unwrap_err()
+                .message
+                .contains("fq_codel its own limit")
+        );
+        let k = Knobs {
+            stress_tool: Some(StressTool::StressNg),
+            ..Default::default()
+        };
+        assert_eq!(k.validate().unwrap_err().key, "stress_tool");
+        let k = Knobs {
+            rt_priority: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(k.validate().unwrap_err().key, "rt_priority");
+        let k = Knobs {
+            bottleneck: Some(Bottleneck::Router),
+            ..Default::default()
+        };
+        assert_eq!(k.validate().unwrap_err().key, "bottleneck");
+        let mut k = Knobs {
+            load: Some(vec!["tcp,port=5061".parse().unwrap()]),
+            ..Default::default()
+        };
+        k.validate().unwrap();
+        assert_eq!(k.validate_with_probe().unwrap_err().key, "load");
+        k.set_probe(6000, 64, Duration::from_millis(1));
+        k.validate_with_probe().unwrap();
+    }
+
+    #[test]
+    fn merge_takes_the_set_over_the_common_table() {
+        let base: Knobs = toml::from_str("link_rate = \"100mbit\"\nload = [\"tcp\"]").unwrap();
+        let set: Knobs = toml::from_str("load = []\nbql_limit_max = 3000").unwrap();
+        let m = set.merged_over(&base);
+        assert_eq!(m.link_rate, Some(Rate::mbit(100)));
+        assert_eq!(m.loads(), &[]);
+        assert_eq!(m.bql_limit_max, Some(Bytes(3000)));
+        assert!(Knobs::default().is_empty());
+        assert!(!m.is_empty());
+        assert!(
+            m.describe().contains("bql_limit_max=3000"),
+            "{}",
+            m.describe()
+        );
+    }
+
+    #[test]
+    fn knob_args_parse_like_the_toml() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            k: KnobArgs,
+        }
+        let t = T::try_parse_from([
+            "t",
+            "--link-rate",
+            "100mbit",
+            "--queue-limit",
+            "20p",
+            "--load",
+            "tcp:50%",
+            "--load",
+            "udp:150mbit,size=1470",
+            "--qdisc",
+            "pfifo,limit=50",
+            "--missing",
+            "skip",
+            "--rt-priority",
+            "80",
+            "--mlockall",
+        ])
+        .unwrap();
+        let k = Knobs::from_args(&t.k);
+        // queue_limit + qdisc conflict is caught.
+        assert_eq!(k.unwrap_err().key, "queue_limit");
+        let t = T::try_parse_from(["t", "--link-rate", "100mbps"]);
+        assert!(t.is_err());
+        let t = T::try_parse_from(["t", "--link-rate", "100mbit", "--load", "tcp:50%"]).unwrap();
+        let k = Knobs::from_args(&t.k).unwrap();
+        assert_eq!(k.loads().len(), 1);
+        assert_eq!(k.shaping().unwrap().rate, Rate::mbit(100));
+    }
+
+    #[test]
+    fn knob_args_flatten_next_to_the_probe_args() {
+        use clap::{CommandFactory, Parser};
+        // ProbeArgs flattens the knobs: no flag may clash with the probe's.
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            p: crate::cli::ProbeArgs,
+        }
+        T::command().debug_assert();
+        let t =
+            T::try_parse_from(["t", "--count", "5", "--qdisc", "pfifo", "--gso", "off"]).unwrap();
+        assert_eq!(t.p.count, Some(5));
+        assert_eq!(t.p.knobs.gso, Some(false));
+    }
+
+    #[test]
+    fn probe_wire_rate() {
+        let p = ProbeContext {
+            port: 5061,
+            size: 1470,
+            interval: Duration::from_millis(1),
+        };
+        assert_eq!(p.wire_rate(24).bps, 1536 * 8 * 1000);
+    }
+}

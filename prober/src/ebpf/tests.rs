@@ -1,0 +1,669 @@
+//! Root tests of the XDP router: BPF_PROG_TEST_RUN over crafted frames in
+//! a namespace with routes and neighbours, attach/detach in every mode,
+//! and real UDP traffic forwarded through the router between namespaces.
+
+use std::{
+    net::{Ipv4Addr, UdpSocket},
+    time::Duration,
+};
+
+use aya::programs::{TestRun, TestRunOptions};
+
+use super::*;
+use crate::testbed::{
+    ethtool,
+    testutil::{exec, ifindex, ip, mac, netns, require_root},
+};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_REDIRECT: u32 = 4;
+
+const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x11];
+const NEIGH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
+const OTHER_NEIGH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x33];
+
+/// A namespace laid out for FIB lookups: traffic enters on `in0`
+/// (10.1.0.1/24) and may leave on `out0` (10.2.0.1/24, neighbour 10.2.0.2
+/// known) or `oth0` (10.3.0.1/24, neighbour 10.3.0.2 known, but not in the
+/// router's egress map). 10.7/8/9.0.0/24 are prohibit/unreachable/blackhole.
+struct FibNet {
+    ns: Netns,
+    in_ifindex: u32,
+    in_mac: [u8; 6],
+    out_mac: [u8; 6],
+}
+
+fn fib_net() -> FibNet {
+    let ns = netns("fib");
+    for (a, b, addr) in [
+        ("in0", "in1", "10.1.0.1/24"),
+        ("out0", "out1", "10.2.0.1/24"),
+        ("oth0", "oth1", "10.3.0.1/24"),
+    ] {
+        ip(&ns, &format!("link add {a} type veth peer name {b}"));
+        ip(&ns, &format!("addr add {addr} dev {a}"));
+        ip(&ns, &format!("link set {a} up"));
+        ip(&ns, &format!("link set {b} up"));
+    }
+    let mac_str = |m: [u8; 6]| {
+        m.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    ip(
+        &ns,
+        &format!(
+            "neigh add 10.2.0.2 lladdr {} dev out0 nud permanent",
+            mac_str(NEIGH_MAC)
+        ),
+    );
+    ip(
+        &ns,
+        &format!(
+            "neigh add 10.3.0.2 lladdr {} dev oth0 nud permanent",
+            mac_str(OTHER_NEIGH_MAC)
+        ),
+    );
+    ip(&ns, "route add blackhole 10.9.0.0/24");
+    ip(&ns, "route add unreachable 10.8.0.0/24");
+    ip(&ns, "route add prohibit 10.7.0.0/24");
+    // Namespaced sysctl: bpf_fib_lookup answers FWD_DISABLED without it.
+    exec(&ns, "sysctl -qw net.ipv4.conf.all.forwarding=1");
+    FibNet {
+        in_ifindex: ifindex(&ns, "in0"),
+        in_mac: mac(&ns, "in0"),
+        out_mac: mac(&ns, "out0"),
+        ns,
+    }
+}
+
+/// Ethernet frame to the router's ingress MAC.
+fn eth(dst: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + payload.len());
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&SRC_MAC);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// One's complement checksum of an IPv4 header of any length.
+fn header_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for w in h.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Recomputes the checksum of the 20-byte IPv4 header of an Ethernet frame.
+fn refresh_checksum(frame: &mut [u8]) {
+    frame[24] = 0;
+    frame[25] = 0;
+    let c = header_checksum(&frame[14..34]);
+    frame[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+#[derive(Clone)]
+struct Ip4 {
+    dst: Ipv4Addr,
+    ttl: u8,
+    options: Vec<u8>,
+    /// Flags (DF/MF) and fragment offset, host order.
+    frag: u16,
+    udp_payload: usize,
+    tos: u8,
+}
+
+fn ip4(dst: &str, ttl: u8) -> Ip4 {
+    Ip4 {
+        dst: dst.parse().unwrap(),
+        ttl,
+        options: vec![],
+        frag: 0x4000, // DF
+        udp_payload: 32,
+        tos: 0,
+    }
+}
+
+impl Ip4 {
+    /// IPv4 + UDP datagram with a correct header checksum.
+    fn packet(&self) -> Vec<u8> {
+        assert!(self.options.len().is_multiple_of(4));
+        let hlen = 20 + self.options.len();
+        let tot = hlen + 8 + self.udp_payload;
+        let mut p = vec![0u8; tot];
+        p[0] = 0x40 | (hlen / 4) as u8;
+        p[1] = self.tos;
+        p[2..4].copy_from_slice(&(tot as u16).to_be_bytes());
+        p[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+        p[6..8].copy_from_slice(&self.frag.to_be_bytes());
+        p[8] = self.ttl;
+        p[9] = 17; // UDP
+        p[12..16].copy_from_slice(&[10, 1, 0, 2]);
+        p[16..20].copy_from_slice(&self.dst.octets());
+        p[20..hlen].copy_from_slice(&self.options);
+        let c = header_checksum(&p[..hlen]);
+        p[10..12].copy_from_slice(&c.to_be_bytes());
+        // UDP 5061 -> 5061, checksum 0 (none, valid for IPv4).
+        p[hlen..hlen + 2].copy_from_slice(&5061u16.to_be_bytes());
+        p[hlen + 2..hlen + 4].copy_from_slice(&5061u16.to_be_bytes());
+        p[hlen + 4..hlen + 6].copy_from_slice(&((8 + self.udp_payload) as u16).to_be_bytes());
+        p
+    }
+
+    fn frame(&self, dst_mac: [u8; 6]) -> Vec<u8> {
+        eth(dst_mac, 0x0800, &self.packet())
+    }
+}
+
+/// Runs the router's program once over `frame` as if received on
+/// `ingress_ifindex`, inside `ns` (the kernel resolves the ifindex in the
+/// caller's namespace). Returns the action and the frame as it left.
+fn test_run(
+    router: &Router,
+    ns: &Netns,
+    ingress_ifindex: u32,
+    frame: &[u8],
+) -> Result<(u32, Vec<u8>)> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+    // rx_queue_index, egress_ifindex. data_end must equal the frame size.
+    let mut ctx = Vec::with_capacity(24);
+    for v in [0u32, frame.len() as u32, 0, ingress_ifindex, 0, 0] {
+        ctx.extend_from_slice(&v.to_ne_bytes());
+    }
+    let prog: &Xdp = router
+        .ebpf
+        .program(PROGRAM_NAME)
+        .context("program")?
+        .try_into()?;
+    ns.run(|| {
+        let mut out = vec![0u8; frame.len() + 64];
+        let res = prog.test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::new()
+        })?;
+        out.truncate(res.data_size_out as usize);
+        Ok((res.return_value, out))
+    })
+}
+
+fn outcome_total(c: &XdpCounters, o: Outcome) -> PacketsBytes {
+    c[o.name()]
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn test_run_table_of_frames() {
+    require_root();
+    let net = fib_net();
+    let mut router = Router::load(false).unwrap();
+    router.add_egress(&net.ns, "out0").unwrap();
+    let to_us = net.in_mac;
+
+    let good = ip4("10.2.0.2", 64);
+    let mut options = good.clone();
+    options.options = vec![1, 1, 1, 0]; // NOP NOP NOP EOL: IHL 6
+    let mut first_frag = good.clone();
+    first_frag.frag = 0x2000; // MF, offset 0
+    let mut later_frag = good.clone();
+    later_frag.frag = 185; // offset 1480 bytes, last fragment
+    let mut too_big = good.clone();
+    too_big.udp_payload = 1600; // > the egress MTU of 1500
+    let mut small = good.clone();
+    small.udp_payload = 4;
+    let mut padded = small.frame(to_us);
+    padded.resize(60, 0); // Ethernet minimum frame: padding after the datagram
+
+    let mut bad_csum = good.frame(to_us);
+    bad_csum[14 + 10] ^= 0xff;
+    // Each with a valid checksum, so that only the field under test is wrong.
+    let mut long_tot_len = good.frame(to_us);
+    long_tot_len[14 + 2..14 + 4].copy_from_slice(&2000u16.to_be_bytes());
+    refresh_checksum(&mut long_tot_len);
+    let mut version6 = good.frame(to_us);
+    version6[14] = 0x65;
+    refresh_checksum(&mut version6);
+    let mut ihl4 = good.frame(to_us);
+    ihl4[14] = 0x44;
+    refresh_checksum(&mut ihl4);
+
+    let mut vlan_payload = vec![0x00, 0x64, 0x08, 0x00]; // VID 100, then IPv4
+    vlan_payload.extend_from_slice(&good.packet());
+    let mut ipv6 = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
+    ipv6.extend_from_slice(&[0u8; 32]);
+    ipv6.extend_from_slice(&[0u8; 8]);
+    let arp = {
+        let mut a = vec![0, 1, 8, 0, 6, 4, 0, 1];
+        a.extend_from_slice(&SRC_MAC);
+        a.extend_from_slice(&[10, 1, 0, 2]);
+        a.extend_from_slice(&[0; 6]);
+        a.extend_from_slice(&[10, 1, 0, 1]);
+        a
+    };
+
+    use Outcome::*;
+    let table: Vec<(&str, Vec<u8>, u32, Outcome)> = vec![
+        ("good IPv4/UDP", good.frame(to_us), XDP_REDIRECT, Redirected),
+        (
+            "TTL 2",
+            ip4("10.2.0.2", 2).frame(to_us),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        ("TTL 1", ip4("10.2.0.2", 1).frame(to_us), XDP_PASS, PassTtl),
+        ("TTL 0", ip4("10.2.0.2", 0).frame(to_us), XDP_PASS, PassTtl),
+        (
+            "first fragment",
+            first_frag.frame(to_us),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        (
+            "later fragment",
+            later_frag.frame(to_us),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        ("Ethernet padding", padded, XDP_REDIRECT, Redirected),
+        (
+            "TOS 0xC0",
+            Ip4 {
+                tos: 0xc0,
+                ..good.clone()
+            }
+            .frame(to_us),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        (
+            "IHL 6 with options",
+            options.frame(to_us),
+            XDP_PASS,
+            PassIpOptions,
+        ),
+        (
+            "truncated IP",
+            eth(to_us, 0x0800, &good.packet()[..10]),
+            XDP_PASS,
+            Malformed,
+        ),
+        (
+            "Ethernet header only",
+            eth(to_us, 0x0800, &[]),
+            XDP_PASS,
+            Malformed,
+        ),
+        ("bad header checksum", bad_csum, XDP_PASS, Malformed),
+        ("tot_len beyond frame", long_tot_len, XDP_PASS, Malformed),
+        ("version 6 in 0x0800", version6, XDP_PASS, Malformed),
+        ("IHL 4", ihl4, XDP_PASS, Malformed),
+        ("IPv6", eth(to_us, 0x86dd, &ipv6), XDP_PASS, NonIpv4),
+        (
+            "VLAN-tagged IPv4",
+            eth(to_us, 0x8100, &vlan_payload),
+            XDP_PASS,
+            NonIpv4,
+        ),
+        ("ARP", eth([0xff; 6], 0x0806, &arp), XDP_PASS, NonIpv4),
+        (
+            "blackhole route",
+            ip4("10.9.0.1", 64).frame(to_us),
+            XDP_DROP,
+            DroppedUnreachable,
+        ),
+        (
+            "unreachable route",
+            ip4("10.8.0.1", 64).frame(to_us),
+            XDP_DROP,
+            DroppedUnreachable,
+        ),
+        (
+            "prohibit route",
+            ip4("10.7.0.1", 64).frame(to_us),
+            XDP_DROP,
+            DroppedUnreachable,
+        ),
+        (
+            "no neighbour",
+            ip4("10.2.0.3", 64).frame(to_us),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "local destination",
+            ip4("10.1.0.1", 64).frame(to_us),
+            XDP_PASS,
+            Passed,
+        ),
+        ("beyond egress MTU", too_big.frame(to_us), XDP_PASS, Passed),
+        (
+            "egress not in map",
+            ip4("10.3.0.2", 64).frame(to_us),
+            XDP_PASS,
+            PassNotInMap,
+        ),
+    ];
+
+    let mut expected = XdpCounters::new();
+    for o in Outcome::ALL {
+        expected.insert(o.name().into(), PacketsBytes::default());
+    }
+    for (name, frame, want_action, want_outcome) in &table {
+        let (action, out) = test_run(&router, &net.ns, net.in_ifindex, frame)
+            .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
+        assert_eq!(action, *want_action, "{name}: action");
+        let e = expected.get_mut(want_outcome.name()).unwrap();
+        e.packets += 1;
+        e.bytes += frame.len() as u64;
+        assert_eq!(out.len(), frame.len(), "{name}: length");
+        if action != XDP_REDIRECT {
+            assert_eq!(
+                &out, frame,
+                "{name}: a frame not forwarded must be untouched"
+            );
+            continue;
+        }
+        // Forwarded: MACs of the next hop, TTL one less, checksum valid.
+        assert_eq!(out[0..6], NEIGH_MAC, "{name}: destination MAC");
+        assert_eq!(out[6..12], net.out_mac, "{name}: source MAC");
+        assert_eq!(out[14 + 8], frame[14 + 8] - 1, "{name}: TTL");
+        let hdr: &[u8; 20] = out[14..34].try_into().unwrap();
+        assert!(
+            xdp_common::ipv4_checksum_ok(hdr),
+            "{name}: checksum must verify"
+        );
+        assert_eq!(
+            header_checksum(&{
+                let mut h = *hdr;
+                h[10] = 0;
+                h[11] = 0;
+                h
+            }),
+            u16::from_be_bytes([hdr[10], hdr[11]]),
+            "{name}: checksum equals a full recomputation"
+        );
+        let mut rest_in = frame[14..].to_vec();
+        let mut rest_out = out[14..].to_vec();
+        for r in [&mut rest_in, &mut rest_out] {
+            r[8] = 0;
+            r[10] = 0;
+            r[11] = 0;
+        }
+        assert_eq!(rest_in, rest_out, "{name}: only TTL and checksum change");
+    }
+    // Shorter than an Ethernet header: the kernel refuses to run the
+    // program at all (drivers drop runts before XDP), so it is not counted.
+    let runt = test_run(&router, &net.ns, net.in_ifindex, &[0u8; 10]);
+    assert!(runt.is_err(), "the kernel runs XDP on a 10-byte frame?");
+
+    assert_eq!(router.counters().unwrap(), expected);
+    assert_eq!(outcome_total(&expected, Redirected).packets, 6);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn pass_only_passes_and_counts() {
+    require_root();
+    let net = fib_net();
+    let mut router = Router::load(true).unwrap();
+    assert!(router.pass_only());
+    router.add_egress(&net.ns, "out0").unwrap();
+    let frame = ip4("10.2.0.2", 64).frame(net.in_mac);
+    for _ in 0..3 {
+        let (action, out) = test_run(&router, &net.ns, net.in_ifindex, &frame).unwrap();
+        assert_eq!(action, XDP_PASS);
+        assert_eq!(out, frame, "untouched");
+    }
+    let arp = eth([0xff; 6], 0x0806, &[0u8; 28]);
+    assert_eq!(
+        test_run(&router, &net.ns, net.in_ifindex, &arp).unwrap().0,
+        XDP_PASS
+    );
+    let c = router.counters().unwrap();
+    let p = outcome_total(&c, Outcome::PassOnly);
+    assert_eq!(p.packets, 4);
+    assert_eq!(p.bytes, 3 * frame.len() as u64 + arp.len() as u64);
+    let others: u64 = c
+        .iter()
+        .filter(|(k, _)| *k != Outcome::PassOnly.name())
+        .map(|(_, v)| v.packets)
+        .sum();
+    assert_eq!(others, 0, "{c:?}");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn attach_reports_kernel_mode_and_detaches() {
+    require_root();
+    let ns = netns("att");
+    ip(&ns, "link add veth-a type veth peer name veth-b");
+    ip(&ns, "link set veth-a up");
+    ip(&ns, "link set veth-b up");
+    let mut router = Router::load(false).unwrap();
+    assert_eq!(attached_mode(&ns, "veth-a").unwrap(), None);
+
+    for (mode, want) in [
+        (XdpModeArg::Skb, AttachedMode::Skb),
+        (XdpModeArg::Native, AttachedMode::Native),
+        // veth has native XDP: with no flag the kernel picks it.
+        (XdpModeArg::Auto, AttachedMode::Native),
+    ] {
+        let got = router.attach(&ns, "veth-a", mode).unwrap();
+        assert_eq!(got, want, "{mode:?}");
+        assert_eq!(attached_mode(&ns, "veth-a").unwrap(), Some(want));
+        assert_eq!(
+            router.attached_to(),
+            vec![(ns.name().to_string(), "veth-a".to_string())]
+        );
+        // Twice on the same interface is refused, not stacked.
+        assert!(router.attach(&ns, "veth-a", mode).is_err());
+        router.detach_all().unwrap();
+        assert_eq!(
+            attached_mode(&ns, "veth-a").unwrap(),
+            None,
+            "{mode:?} left behind"
+        );
+        assert!(router.attached_to().is_empty());
+    }
+
+    // Both ends, as the testbed does (ingress and return path).
+    assert_eq!(
+        router.attach(&ns, "veth-a", XdpModeArg::Native).unwrap(),
+        AttachedMode::Native
+    );
+    assert_eq!(
+        router.attach(&ns, "veth-b", XdpModeArg::Skb).unwrap(),
+        AttachedMode::Skb
+    );
+    // Dropping the router detaches it (from the test's own namespace).
+    drop(router);
+    assert_eq!(attached_mode(&ns, "veth-a").unwrap(), None);
+    assert_eq!(attached_mode(&ns, "veth-b").unwrap(), None);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn native_on_loopback_is_unsupported_and_auto_falls_back() {
+    require_root();
+    let ns = netns("lo");
+    let mut router = Router::load(false).unwrap();
+    let e = router.attach(&ns, "lo", XdpModeArg::Native).unwrap_err();
+    match e.downcast_ref::<Error>() {
+        Some(Error::XdpModeUnsupported { mode, ifname, .. }) => {
+            assert_eq!(mode, "native");
+            assert_eq!(ifname, "lo");
+        }
+        other => panic!("expected XdpModeUnsupported, got {other:?}: {e:#}"),
+    }
+    let msg = e.to_string();
+    assert!(msg.contains("try --xdp-mode auto, skb or off"), "{msg}");
+    assert_eq!(
+        attached_mode(&ns, "lo").unwrap(),
+        None,
+        "nothing left after a failure"
+    );
+
+    // lo has no driver XDP: with no flag the kernel attaches generic XDP.
+    assert_eq!(
+        router.attach(&ns, "lo", XdpModeArg::Auto).unwrap(),
+        AttachedMode::Skb
+    );
+    assert_eq!(attached_mode(&ns, "lo").unwrap(), Some(AttachedMode::Skb));
+    router.detach_all().unwrap();
+    assert_eq!(attached_mode(&ns, "lo").unwrap(), None);
+
+    let e = router.attach(&ns, "nosuch0", XdpModeArg::Skb).unwrap_err();
+    assert!(
+        matches!(e.downcast_ref::<Error>(), Some(Error::InterfaceNotFound(_))),
+        "{e:#}"
+    );
+    assert!(router.attach(&ns, "lo", XdpModeArg::Off).is_err());
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn one_router_one_namespace() {
+    require_root();
+    let a = netns("one");
+    let b = netns("two");
+    let mut router = Router::load(false).unwrap();
+    router.attach(&a, "lo", XdpModeArg::Skb).unwrap();
+    let e = router.attach(&b, "lo", XdpModeArg::Skb).unwrap_err();
+    assert!(e.to_string().contains("one namespace"), "{e:#}");
+    assert_eq!(attached_mode(&b, "lo").unwrap(), None);
+    router.detach_all().unwrap();
+}
+
+/// sender (10.11.0.2) -- r0 [router ns] r1 -- receiver (10.12.0.2), with
+/// the XDP router on r0 and r1. UDP datagrams go out and are echoed back;
+/// every one of them must be redirected by XDP in both directions.
+fn forward_real_traffic(mode: XdpModeArg, want: AttachedMode) {
+    require_root();
+    let snd = netns("snd");
+    let rtr = netns("rtr");
+    let rcv = netns("rcv");
+    ip(
+        &rtr,
+        &format!("link add r0 type veth peer name s0 netns {}", snd.name()),
+    );
+    ip(
+        &rtr,
+        &format!("link add r1 type veth peer name d0 netns {}", rcv.name()),
+    );
+    for (ns, dev, addr) in [
+        (&snd, "s0", "10.11.0.2/24"),
+        (&rtr, "r0", "10.11.0.1/24"),
+        (&rtr, "r1", "10.12.0.1/24"),
+        (&rcv, "d0", "10.12.0.2/24"),
+    ] {
+        ip(ns, &format!("addr add {addr} dev {dev}"));
+        ip(ns, &format!("link set {dev} up"));
+    }
+    ip(&snd, "route add default via 10.11.0.1");
+    ip(&rcv, "route add default via 10.12.0.1");
+    exec(&rtr, "sysctl -qw net.ipv4.conf.all.forwarding=1");
+    if want == AttachedMode::Native {
+        // Native redirect into a veth needs GRO (or XDP) on the peer that
+        // receives, and UDP from a local socket needs its checksum filled
+        // in by the sender (no TX offload: XDP frames lose CHECKSUM_PARTIAL).
+        snd.run(|| {
+            ethtool::set_gro("s0", true)?;
+            ethtool::set_tx_csum("s0", false)
+        })
+        .unwrap();
+        rcv.run(|| {
+            ethtool::set_gro("d0", true)?;
+            ethtool::set_tx_csum("d0", false)
+        })
+        .unwrap();
+    }
+
+    let tx = snd.run(|| Ok(UdpSocket::bind("10.11.0.2:0")?)).unwrap();
+    let echo = rcv.run(|| Ok(UdpSocket::bind("10.12.0.2:5061")?)).unwrap();
+    for s in [&tx, &echo] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let round_trip = |i: u32| {
+        tx.send_to(&i.to_be_bytes(), "10.12.0.2:5061").unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = echo
+            .recv_from(&mut buf)
+            .expect("probe reaches the receiver");
+        echo.send_to(&buf[..n], from).unwrap();
+        let n = tx.recv(&mut buf).expect("echo comes back");
+        assert_eq!(&buf[..n], &i.to_be_bytes());
+    };
+    // Resolve the neighbours through the kernel first, so that every
+    // datagram after that can be redirected.
+    round_trip(0);
+
+    let mut router = Router::load(false).unwrap();
+    assert_eq!(router.attach(&rtr, "r0", mode).unwrap(), want);
+    assert_eq!(router.attach(&rtr, "r1", mode).unwrap(), want);
+    const N: u32 = 50;
+    for i in 1..=N {
+        round_trip(i);
+    }
+    let c = router.counters().unwrap();
+    assert_eq!(
+        c[Outcome::Redirected.name()].packets,
+        2 * N as u64,
+        "every datagram and echo forwarded by XDP: {c:?}"
+    );
+    let pass_ipv4: u64 = [Outcome::Passed, Outcome::PassNotInMap, Outcome::PassTtl]
+        .iter()
+        .map(|o| c[o.name()].packets)
+        .sum();
+    assert_eq!(pass_ipv4, 0, "{c:?}");
+    router.detach_all().unwrap();
+    assert_eq!(attached_mode(&rtr, "r0").unwrap(), None);
+    assert_eq!(attached_mode(&rtr, "r1").unwrap(), None);
+    // The kernel forwards again without the router.
+    round_trip(N + 1);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn forwards_udp_in_skb_mode() {
+    forward_real_traffic(XdpModeArg::Skb, AttachedMode::Skb);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn forwards_udp_in_native_mode() {
+    forward_real_traffic(XdpModeArg::Native, AttachedMode::Native);
+}
+
+#[test]
+fn router_can_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<Router>();
+}
+
+#[test]
+fn attached_mode_names() {
+    assert_eq!(AttachedMode::Skb.to_string(), "skb");
+    assert_eq!(AttachedMode::Native.to_string(), "native");
+    assert_eq!(
+        serde_json::to_string(&AttachedMode::Native).unwrap(),
+        "\"native\""
+    );
+}
+
+#[test]
+fn embedded_object_is_an_ebpf_elf() {
+    let obj = router_object();
+    assert!(obj.len() > 64, "empty object: built with AYA_BUILD_SKIP?");
+    assert_eq!(&obj[..4], b"\x7fELF");
+    assert_eq!(obj[4], 2, "ELF64");
+    // e_machine = EM_BPF (247)
+    assert_eq!(u16::from_le_bytes([obj[18], obj[19]]), 247);
+}

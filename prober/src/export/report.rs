@@ -1,0 +1,303 @@
+//! `report.md` of a scenario run: one table per (size, interval) group
+//! with each variant's one-way p50/p99/p99.9/max, its p50 against the
+//! group's baseline, RTT p50, loss, what the competing load achieved, and
+//! links to the cell's CSV/JSON and comparison figures. Pure: rendering
+//! only.
+
+use std::{fmt::Write, path::Path, time::Duration};
+
+use crate::{
+    config::{Cell, CellResult, Scenario},
+    stats::Summary,
+    tune::{LoadReport, units},
+};
+
+/// One cell as the report sees it.
+pub struct ReportRow<'a> {
+    pub cell: &'a Cell,
+    /// The cell's result, or why it failed.
+    pub result: Result<&'a CellResult, &'a str>,
+    /// Comparison figures against the baseline (paths under the output dir).
+    pub figures: Vec<std::path::PathBuf>,
+}
+
+pub struct ReportInput<'a> {
+    pub scenario: &'a Scenario,
+    pub out_dir: &'a Path,
+    pub rows: &'a [ReportRow<'a>],
+    pub elapsed: Duration,
+    pub figure_errors: &'a [String],
+}
+
+/// Microseconds with one decimal, or "–" when there is no figure.
+pub fn us(ns: Option<u64>) -> String {
+    match ns {
+        Some(v) => format!("{:.1}", v as f64 / 1000.0),
+        None => "–".into(),
+    }
+}
+
+fn mbit(bps: f64) -> String {
+    format!("{:.1} Mbit/s", bps / 1e6)
+}
+
+/// The load column: per flow, achieved throughput (and UDP loss).
+pub fn load_cell(s: &Summary) -> String {
+    let Some(v) = s.extra.get("load") else {
+        return "–".into();
+    };
+    let Ok(rep) = serde_json::from_value::<LoadReport>(v.clone()) else {
+        return "(unreadable)".into();
+    };
+    let parts: Vec<String> = rep
+        .flows
+        .iter()
+        .map(|f| {
+            let mut t = format!("{} ", f.kind);
+            if let Some(cc) = &f.cc {
+                t += cc;
+                t += " ";
+            }
+            t += &mbit(f.achieved_bps);
+            if let Some(l) = f.loss_pct {
+                let _ = write!(t, ", loss {l:.1} %");
+                if let Some(e) = f.expected_loss_pct {
+                    let _ = write!(t, " (calc. {e:.1} %)");
+                }
+            }
+            t
+        })
+        .collect();
+    if parts.is_empty() {
+        "–".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// Skipped and unsupported knobs of a cell, in words.
+fn notes(r: &CellResult) -> String {
+    let mut n = Vec::new();
+    let skipped = r
+        .knobs
+        .get("skipped")
+        .or_else(|| r.summary.extra.get("skipped"));
+    if let Some(serde_json::Value::Array(a)) = skipped {
+        for s in a {
+            if let Some(s) = s.as_str() {
+                n.push(format!("**SKIPPED** {s}"));
+            }
+        }
+    }
+    if let Some(serde_json::Value::Object(u)) = r.knobs.get("unsupported") {
+        for (k, v) in u {
+            n.push(format!("{k} unsupported: {}", v.as_str().unwrap_or("")));
+        }
+    }
+    n.join("<br>")
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Link target relative to the output dir (figures may be in a subfolder).
+fn rel(out_dir: &Path, p: &Path) -> String {
+    p.strip_prefix(out_dir)
+        .unwrap_or(p)
+        .to_string_lossy()
+        .replace(' ', "%20")
+}
+
+pub fn render(input: &ReportInput<'_>) -> String {
+    let sc = input.scenario;
+    let mut s = String::new();
+    let _ = writeln!(s, "# rtprobe scenario: {}\n", sc.name);
+    if let Some(d) = &sc.description {
+        let _ = writeln!(s, "{d}\n");
+    }
+    let failed = input.rows.iter().filter(|r| r.result.is_err()).count();
+    let _ = writeln!(
+        s,
+        "- scenario file: `{}` (copied to `scenario.toml`)",
+        sc.path.display()
+    );
+    let _ = writeln!(
+        s,
+        "- cells: {}{}; time: {}",
+        input.rows.len(),
+        if failed > 0 {
+            format!(" (**{failed} failed**)")
+        } else {
+            String::new()
+        },
+        humantime::format_duration(Duration::from_secs(input.elapsed.as_secs()))
+    );
+    let p = &sc.probe;
+    let _ = writeln!(
+        s,
+        "- probes per cell: {}; TOS 0x{:02X}; port {}; XDP action {}",
+        match (p.count, p.duration) {
+            (_, Some(d)) => format!("for {}", units::fmt_duration(d)),
+            (Some(n), None) => format!("{n}"),
+            (None, None) => "?".into(),
+        },
+        p.tos,
+        p.port,
+        format!("{:?}", p.xdp_action).to_lowercase()
+    );
+    let base = input
+        .rows
+        .first()
+        .map(|r| r.cell.label.clone())
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "- baseline: **{base}**; every other variant is compared with it at the same size and interval"
+    );
+    let _ = writeln!(
+        s,
+        "- latencies are one-way (receiver RX - sender TX) in µs unless marked RTT\n"
+    );
+
+    let _ = writeln!(s, "## Knob sets\n\n| set | knobs |\n|---|---|");
+    for set in &sc.sets {
+        let _ = writeln!(
+            s,
+            "| {} | {} |",
+            md_escape(&set.name),
+            md_escape(&set.knobs.describe())
+        );
+    }
+    s.push('\n');
+
+    let _ = writeln!(s, "## Results\n");
+    let mut i = 0;
+    while i < input.rows.len() {
+        let c0 = input.rows[i].cell;
+        let group: Vec<&ReportRow<'_>> = input.rows[i..]
+            .iter()
+            .take_while(|r| {
+                r.cell.probe.size == c0.probe.size && r.cell.probe.interval == c0.probe.interval
+            })
+            .collect();
+        i += group.len();
+        let _ = writeln!(
+            s,
+            "### {} B every {}\n",
+            c0.probe.size,
+            units::fmt_duration(c0.probe.interval)
+        );
+        let _ = writeln!(
+            s,
+            "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | RTT p50 | loss % | load | notes | files |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+        let base_p50 = group
+            .first()
+            .and_then(|r| r.result.ok())
+            .and_then(|r| r.summary.one_way_ns.p50);
+        for r in &group {
+            let c = r.cell;
+            let mut files = format!(
+                "[csv]({}) [json]({})",
+                rel(input.out_dir, &c.csv),
+                rel(input.out_dir, &c.json)
+            );
+            if let Some(q) = &c.queue_csv {
+                let _ = write!(files, " [queue]({})", rel(input.out_dir, q));
+            }
+            for f in &r.figures {
+                let _ = write!(files, " [{}]({})", file_name(f), rel(input.out_dir, f));
+            }
+            match r.result {
+                Ok(res) => {
+                    let ow = &res.summary.one_way_ns;
+                    let delta = match (c.variant, ow.p50, base_p50) {
+                        (0, _, _) => "baseline".to_string(),
+                        (_, Some(v), Some(b)) => {
+                            format!("{:+.1}", (v as f64 - b as f64) / 1000.0)
+                        }
+                        _ => "–".into(),
+                    };
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                        md_escape(&c.label),
+                        us(ow.p50),
+                        us(ow.p99),
+                        us(ow.p999),
+                        us(ow.max),
+                        delta,
+                        us(res.summary.rtt_ns.p50),
+                        res.summary.loss_pct,
+                        md_escape(&load_cell(&res.summary)),
+                        md_escape(&notes(res)),
+                        files
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        s,
+                        "| {} | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
+                        md_escape(&c.label),
+                        md_escape(e)
+                    );
+                }
+            }
+        }
+        s.push('\n');
+    }
+
+    let any_fig = input.rows.iter().any(|r| !r.figures.is_empty());
+    if !any_fig
+        && input
+            .rows
+            .iter()
+            .any(|r| r.cell.variant > 0 && r.result.is_ok())
+    {
+        let _ = writeln!(
+            s,
+            "## Figures\n\nNo figures were drawn in this run. Each comparison, baseline first:\n"
+        );
+        for r in input.rows {
+            if r.cell.variant == 0 || r.result.is_err() {
+                continue;
+            }
+            let b = input.rows[r.cell.index - r.cell.variant].cell;
+            let _ = writeln!(
+                s,
+                "    rtprobe plot {} {} --label {} --label {}",
+                file_name(&b.csv),
+                file_name(&r.cell.csv),
+                shell_word(&b.label),
+                shell_word(&r.cell.label)
+            );
+        }
+        s.push('\n');
+    }
+    if !input.figure_errors.is_empty() {
+        let _ = writeln!(s, "## Figure errors\n");
+        for e in input.figure_errors {
+            let _ = writeln!(s, "- {}", md_escape(e));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn shell_word(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}

@@ -1,0 +1,1259 @@
+//! The qdisc on the bottleneck interface, with the study's parameter sets
+//! as presets, and the guard that installs the whole tree (shaper + qdisc)
+//! and restores the interface's default qdisc afterwards.
+//!
+//! Written as `KIND[,key=value|flag]...`, on the CLI (`--qdisc
+//! fq_codel,target=5ms`) and in scenario files (`qdisc = "pfifo,limit=20"`).
+//! A bare kind is the study's preset (section 2.3):
+//!
+//! | kind        | preset                                                                  |
+//! |-------------|-------------------------------------------------------------------------|
+//! | pfifo_fast  | (no parameters; limit = txqueuelen)                                     |
+//! | pfifo       | `limit=100`                                                             |
+//! | bfifo       | `limit=151400` (100 full-size frames: pfifo's 100 in bytes)             |
+//! | prio        | `bands=3,leaf=sfq` + u32 filter: probe port -> band 1 (class :1)        |
+//! | fq_codel    | `limit=1000,target=1.5ms,interval=40ms,quantum=1514,flows=1024,noecn`  |
+//! | htb         | probe class `probe_rate=auto,probe_burst=15k`, bulk class               |
+//! |             | `bulk_rate=auto,bulk_ceil=auto,bulk_burst=15k`, `default=20,leaf=sfq`   |
+//! | hfsc        | root `link=auto` (sc + ul), real-time class `rt_umax=1500,rt_dmax=6ms,` |
+//! |             | `rt_rate=auto`, bulk class `bulk_umax=1500,bulk_dmax=50ms,bulk_rate=auto` |
+//! | tbf         | `rate=10mbit,burst=1600,limit=16kb` (the bandwidth lab's tbf)           |
+//!
+//! `auto` rates follow the link: htb's bulk class gets the link rate (ceil)
+//! minus the probe class, hfsc's root the link rate (the study's 1000mbit
+//! and 999mbit were its 1 Gbit/s link; without shaping they stay so). The
+//! probe/real-time class gets the study's 200kbit (htb) / 250kbit (hfsc),
+//! raised to twice the probe flow's wire rate when the probes need more:
+//! the study's probes (200 B every 8 ms) fit in 200kbit, rtprobe's 1472 B
+//! every 1 ms do not, and a class slower than its flow measures its own
+//! backlog instead of the link. The study's htb used `default 30`, a class
+//! it never created, so its bulk traffic went through htb's unshaped direct
+//! queue; the preset sends unclassified traffic to the bulk class 20
+//! instead (`default=30` reproduces the original).
+//!
+//! The tree: without shaping the qdisc is the root (handle 10:); with
+//! shaping it is the leaf under the shaper's class 1:1 (see `shaping`).
+//! Classes of a classful qdisc are 10:N, their leaves 11:, 12:, ...; the
+//! u32 filter sits on 10: and matches the probe flow's UDP destination port.
+//!
+//! Availability: a kind is tried on `lo` of a scratch namespace that is
+//! created and deleted for the check, so the user's interfaces are never
+//! touched; "Specified qdisc kind is unknown" means the module is missing
+//! and maps to `Error::QdiscUnavailable`.
+//!
+//! Kernel interface: tc (rtnetlink) for changes, RTM_GETQDISC (`nl`) to
+//! snapshot and verify; sch_* modules as named above; Linux >= 3.5
+//! (fq_codel), 4.x for everything else used here.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    str::FromStr,
+    sync::{Mutex, OnceLock},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Value, json};
+
+use super::{
+    ProbeContext, nl,
+    shaping::{SHAPER_CLASS, Shaping},
+    tc::{self, TcCmd},
+    units::{Bytes, Rate, fmt_duration, parse_duration, tc_time},
+};
+use crate::{error::Error, testbed::Netns};
+
+/// Handle of the chosen qdisc, at the root or under the shaper.
+pub const QDISC_HANDLE: &str = "10:";
+
+/// What a classful qdisc puts under its classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaf {
+    /// Stochastic fairness queueing, as the study did.
+    Sfq,
+    /// A pfifo (limit = txqueuelen); available everywhere.
+    Pfifo,
+    /// Whatever the parent qdisc creates by itself.
+    Default,
+}
+
+impl Leaf {
+    fn as_str(self) -> &'static str {
+        match self {
+            Leaf::Sfq => "sfq",
+            Leaf::Pfifo => "pfifo",
+            Leaf::Default => "default",
+        }
+    }
+
+    fn parse(v: &str) -> Result<Self, String> {
+        match v {
+            "sfq" => Ok(Leaf::Sfq),
+            "pfifo" => Ok(Leaf::Pfifo),
+            "default" | "none" => Ok(Leaf::Default),
+            _ => Err(format!("leaf={v}: expected sfq, pfifo or default")),
+        }
+    }
+}
+
+/// A rate given explicitly or derived from the link and the probe flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoRate {
+    Auto,
+    Fixed(Rate),
+}
+
+impl AutoRate {
+    fn parse(v: &str) -> Result<Self, String> {
+        if v == "auto" {
+            Ok(AutoRate::Auto)
+        } else {
+            v.parse().map(AutoRate::Fixed)
+        }
+    }
+}
+
+impl fmt::Display for AutoRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AutoRate::Auto => f.write_str("auto"),
+            AutoRate::Fixed(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+/// fq_codel parameters; None = the kernel's default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FqCodel {
+    pub limit: Option<u32>,
+    pub target: Option<Duration>,
+    pub interval: Option<Duration>,
+    pub quantum: Option<u32>,
+    pub flows: Option<u32>,
+    pub ecn: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HtbParams {
+    pub probe_rate: AutoRate,
+    pub probe_burst: Bytes,
+    pub bulk_rate: AutoRate,
+    pub bulk_ceil: AutoRate,
+    pub bulk_burst: Bytes,
+    /// Minor id (hex, as tc reads it) of the class for unclassified traffic.
+    pub default_class: String,
+    pub leaf: Leaf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfscParams {
+    pub link: AutoRate,
+    pub rt_rate: AutoRate,
+    pub rt_umax: Bytes,
+    pub rt_dmax: Duration,
+    pub bulk_rate: AutoRate,
+    pub bulk_umax: Bytes,
+    pub bulk_dmax: Duration,
+    pub leaf: Leaf,
+}
+
+/// The qdisc to put on the bottleneck, with its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QdiscSpec {
+    PfifoFast,
+    Pfifo {
+        limit_pkts: u32,
+    },
+    Bfifo {
+        limit_bytes: u64,
+    },
+    Prio {
+        bands: u8,
+        leaf: Leaf,
+    },
+    FqCodel(FqCodel),
+    Htb(HtbParams),
+    Hfsc(HfscParams),
+    Tbf {
+        rate: Rate,
+        burst: Bytes,
+        limit: Bytes,
+    },
+}
+
+/// Names accepted as the kind, in the order the help lists them.
+pub const KINDS: [&str; 8] = [
+    "pfifo_fast",
+    "pfifo",
+    "bfifo",
+    "prio",
+    "fq_codel",
+    "htb",
+    "hfsc",
+    "tbf",
+];
+
+impl QdiscSpec {
+    /// The study's parameter set for `kind`.
+    pub fn preset(kind: &str) -> Result<Self, String> {
+        Ok(match kind {
+            "pfifo_fast" => QdiscSpec::PfifoFast,
+            "pfifo" => QdiscSpec::Pfifo { limit_pkts: 100 },
+            "bfifo" => QdiscSpec::Bfifo {
+                limit_bytes: 100 * super::shaping::MTU_FRAME,
+            },
+            "prio" => QdiscSpec::Prio {
+                bands: 3,
+                leaf: Leaf::Sfq,
+            },
+            "fq_codel" => QdiscSpec::FqCodel(FqCodel {
+                limit: Some(1000),
+                target: Some(Duration::from_micros(1500)),
+                interval: Some(Duration::from_millis(40)),
+                quantum: Some(1514),
+                flows: Some(1024),
+                ecn: Some(false),
+            }),
+            "htb" => QdiscSpec::Htb(HtbParams {
+                probe_rate: AutoRate::Auto,
+                probe_burst: Bytes(15 * 1024),
+                bulk_rate: AutoRate::Auto,
+                bulk_ceil: AutoRate::Auto,
+                bulk_burst: Bytes(15 * 1024),
+                default_class: "20".into(),
+                leaf: Leaf::Sfq,
+            }),
+            "hfsc" => QdiscSpec::Hfsc(HfscParams {
+                link: AutoRate::Auto,
+                rt_rate: AutoRate::Auto,
+                rt_umax: Bytes(1500),
+                rt_dmax: Duration::from_millis(6),
+                bulk_rate: AutoRate::Auto,
+                bulk_umax: Bytes(1500),
+                bulk_dmax: Duration::from_millis(50),
+                leaf: Leaf::Default,
+            }),
+            "tbf" => QdiscSpec::Tbf {
+                rate: Rate::mbit(10),
+                burst: Bytes(1600),
+                limit: Bytes(16 * 1024),
+            },
+            _ => {
+                return Err(format!(
+                    "unknown qdisc {kind:?}: expected one of {}",
+                    KINDS.join(", ")
+                ));
+            }
+        })
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            QdiscSpec::PfifoFast => "pfifo_fast",
+            QdiscSpec::Pfifo { .. } => "pfifo",
+            QdiscSpec::Bfifo { .. } => "bfifo",
+            QdiscSpec::Prio { .. } => "prio",
+            QdiscSpec::FqCodel(_) => "fq_codel",
+            QdiscSpec::Htb(_) => "htb",
+            QdiscSpec::Hfsc(_) => "hfsc",
+            QdiscSpec::Tbf { .. } => "tbf",
+        }
+    }
+
+    /// Everything the kernel must have for this spec: qdisc kinds and the
+    /// u32 classifier (named "u32").
+    pub fn requirements(&self) -> Vec<&'static str> {
+        let mut r = vec![self.kind()];
+        let leaf = match self {
+            QdiscSpec::Prio { leaf, .. } => Some(*leaf),
+            QdiscSpec::Htb(h) => Some(h.leaf),
+            QdiscSpec::Hfsc(h) => Some(h.leaf),
+            _ => None,
+        };
+        if let Some(l) = leaf {
+            match l {
+                Leaf::Sfq => r.push("sfq"),
+                Leaf::Pfifo => r.push("pfifo"),
+                Leaf::Default => {}
+            }
+            r.push("u32");
+        }
+        r
+    }
+
+    /// tc commands installing this qdisc as `parent` (root or the shaper's
+    /// class) on `dev`, and the effective parameters (autos resolved).
+    pub fn render(&self, dev: &str, parent: Parent, ctx: &RenderCtx) -> (Vec<TcCmd>, Value) {
+        let h = QDISC_HANDLE;
+        let head = |kind: &str| -> Vec<String> {
+            let mut v: Vec<String> = ["qdisc", "add", "dev", dev]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            match parent {
+                Parent::Root => v.push("root".into()),
+                Parent::ShaperClass => v.extend(["parent".into(), SHAPER_CLASS.into()]),
+            }
+            v.extend(["handle".into(), h.into(), kind.into()]);
+            v
+        };
+        let filter = |flowid: &str| {
+            TcCmd::new([
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                h,
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "dport",
+                &ctx.probe.port.to_string(),
+                "0xffff",
+                "flowid",
+                flowid,
+            ])
+        };
+        let leaves = |leaf: Leaf, classes: &[String]| -> Vec<TcCmd> {
+            if leaf == Leaf::Default {
+                return vec![];
+            }
+            classes
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut v: Vec<String> = ["qdisc", "add", "dev", dev, "parent", c, "handle"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                    v.push(format!("{:x}:", 0x11 + i));
+                    v.push(leaf.as_str().into());
+                    TcCmd(v)
+                })
+                .collect()
+        };
+        let link = ctx.link_rate;
+        match self {
+            QdiscSpec::PfifoFast => (vec![TcCmd(head("pfifo_fast"))], json!({})),
+            QdiscSpec::Pfifo { limit_pkts } => {
+                let mut v = head("pfifo");
+                v.extend(["limit".into(), limit_pkts.to_string()]);
+                (vec![TcCmd(v)], json!({ "limit_packets": limit_pkts }))
+            }
+            QdiscSpec::Bfifo { limit_bytes } => {
+                let mut v = head("bfifo");
+                v.extend(["limit".into(), limit_bytes.to_string()]);
+                (vec![TcCmd(v)], json!({ "limit_bytes": limit_bytes }))
+            }
+            QdiscSpec::Prio { bands, leaf } => {
+                let mut v = head("prio");
+                v.extend(["bands".into(), bands.to_string()]);
+                let classes: Vec<String> = (1..=*bands).map(|b| format!("10:{b:x}")).collect();
+                let mut cmds = vec![TcCmd(v)];
+                cmds.extend(leaves(*leaf, &classes));
+                cmds.push(filter("10:1"));
+                (
+                    cmds,
+                    json!({ "bands": bands, "leaf": leaf.as_str(), "probe_class": "10:1", "probe_port": ctx.probe.port }),
+                )
+            }
+            QdiscSpec::FqCodel(p) => {
+                let mut v = head("fq_codel");
+                if let Some(x) = p.limit {
+                    v.extend(["limit".into(), x.to_string()]);
+                }
+                if let Some(x) = p.target {
+                    v.extend(["target".into(), tc_time(x)]);
+                }
+                if let Some(x) = p.interval {
+                    v.extend(["interval".into(), tc_time(x)]);
+                }
+                if let Some(x) = p.quantum {
+                    v.extend(["quantum".into(), x.to_string()]);
+                }
+                if let Some(x) = p.flows {
+                    v.extend(["flows".into(), x.to_string()]);
+                }
+                match p.ecn {
+                    Some(true) => v.push("ecn".into()),
+                    Some(false) => v.push("noecn".into()),
+                    None => {}
+                }
+                (
+                    vec![TcCmd(v)],
+                    json!({
+                        "limit": p.limit, "target": p.target.map(fmt_duration),
+                        "interval": p.interval.map(fmt_duration), "quantum": p.quantum,
+                        "flows": p.flows, "ecn": p.ecn,
+                    }),
+                )
+            }
+            QdiscSpec::Htb(p) => {
+                let probe_min = Rate::from_bps(200_000);
+                let (probe_rate, probe_why) = resolve_probe_rate(p.probe_rate, probe_min, ctx);
+                let ceil = match p.bulk_ceil {
+                    AutoRate::Fixed(r) => r,
+                    AutoRate::Auto => link.unwrap_or(Rate::mbit(1000)),
+                };
+                let bulk = match p.bulk_rate {
+                    AutoRate::Fixed(r) => r,
+                    AutoRate::Auto => match link {
+                        Some(l) => Rate::from_bps(l.bps.saturating_sub(probe_rate.bps).max(8000)),
+                        None => Rate::mbit(999),
+                    },
+                };
+                let mut v = head("htb");
+                v.extend(["default".into(), p.default_class.clone()]);
+                let mut cmds = vec![
+                    TcCmd(v),
+                    TcCmd::new([
+                        "class",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        h,
+                        "classid",
+                        "10:10",
+                        "htb",
+                        "rate",
+                        &probe_rate.tc(),
+                        "burst",
+                        &p.probe_burst.0.to_string(),
+                    ]),
+                    TcCmd::new([
+                        "class",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        h,
+                        "classid",
+                        "10:20",
+                        "htb",
+                        "rate",
+                        &bulk.tc(),
+                        "ceil",
+                        &ceil.tc(),
+                        "burst",
+                        &p.bulk_burst.0.to_string(),
+                    ]),
+                ];
+                cmds.extend(leaves(p.leaf, &["10:10".into(), "10:20".into()]));
+                cmds.push(filter("10:10"));
+                (
+                    cmds,
+                    json!({
+                        "probe_class": "10:10", "probe_rate": probe_rate.to_string(),
+                        "probe_rate_reason": probe_why, "probe_burst_bytes": p.probe_burst.0,
+                        "bulk_class": "10:20", "bulk_rate": bulk.to_string(), "bulk_ceil": ceil.to_string(),
+                        "bulk_burst_bytes": p.bulk_burst.0, "default_class": p.default_class,
+                        "leaf": p.leaf.as_str(), "probe_port": ctx.probe.port,
+                    }),
+                )
+            }
+            QdiscSpec::Hfsc(p) => {
+                let rt_min = Rate::from_bps(250_000);
+                let (rt, rt_why) = resolve_probe_rate(p.rt_rate, rt_min, ctx);
+                let root = match p.link {
+                    AutoRate::Fixed(r) => r,
+                    AutoRate::Auto => link.unwrap_or(Rate::mbit(1000)),
+                };
+                let bulk = match p.bulk_rate {
+                    AutoRate::Fixed(r) => r,
+                    AutoRate::Auto => match link {
+                        Some(l) => Rate::from_bps(l.bps.saturating_sub(rt.bps).max(8000)),
+                        None => Rate::mbit(999),
+                    },
+                };
+                let mut v = head("hfsc");
+                v.extend(["default".into(), "20".into()]);
+                let class = |parent: &str, id: &str, rest: Vec<String>| {
+                    let mut c: Vec<String> = [
+                        "class", "add", "dev", dev, "parent", parent, "classid", id, "hfsc",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                    c.extend(rest);
+                    TcCmd(c)
+                };
+                let sc = |umax: Bytes, dmax: Duration, rate: Rate| -> Vec<String> {
+                    vec![
+                        "sc".into(),
+                        "umax".into(),
+                        format!("{}b", umax.0),
+                        "dmax".into(),
+                        tc_time(dmax),
+                        "rate".into(),
+                        rate.tc(),
+                    ]
+                };
+                let mut cmds = vec![
+                    TcCmd(v),
+                    class(
+                        h,
+                        "10:1",
+                        vec![
+                            "sc".into(),
+                            "rate".into(),
+                            root.tc(),
+                            "ul".into(),
+                            "rate".into(),
+                            root.tc(),
+                        ],
+                    ),
+                    class("10:1", "10:10", sc(p.rt_umax, p.rt_dmax, rt)),
+                    class("10:1", "10:20", sc(p.bulk_umax, p.bulk_dmax, bulk)),
+                ];
+                cmds.extend(leaves(p.leaf, &["10:10".into(), "10:20".into()]));
+                cmds.push(filter("10:10"));
+                (
+                    cmds,
+                    json!({
+                        "link_rate": root.to_string(), "rt_class": "10:10", "rt_rate": rt.to_string(),
+                        "rt_rate_reason": rt_why, "rt_umax_bytes": p.rt_umax.0, "rt_dmax": fmt_duration(p.rt_dmax),
+                        "bulk_class": "10:20", "bulk_rate": bulk.to_string(), "bulk_umax_bytes": p.bulk_umax.0,
+                        "bulk_dmax": fmt_duration(p.bulk_dmax), "leaf": p.leaf.as_str(), "probe_port": ctx.probe.port,
+                    }),
+                )
+            }
+            QdiscSpec::Tbf { rate, burst, limit } => {
+                let mut v = head("tbf");
+                v.extend([
+                    "rate".into(),
+                    rate.tc(),
+                    "burst".into(),
+                    burst.0.to_string(),
+                    "limit".into(),
+                    limit.0.to_string(),
+                ]);
+                (
+                    vec![TcCmd(v)],
+                    json!({ "rate": rate.to_string(), "burst_bytes": burst.0, "limit_bytes": limit.0 }),
+                )
+            }
+        }
+    }
+}
+
+/// A class for the probe flow: the user's rate, or the study's minimum
+/// raised to twice the probe flow's wire rate.
+fn resolve_probe_rate(r: AutoRate, study: Rate, ctx: &RenderCtx) -> (Rate, String) {
+    match r {
+        AutoRate::Fixed(r) => (r, "given".into()),
+        AutoRate::Auto => {
+            let need = ctx.probe.wire_rate(ctx.overhead_bytes).scaled(2.0);
+            if need.bps > study.bps {
+                (
+                    need,
+                    format!(
+                        "auto: 2 x the probe flow's wire rate ({}), above the study's {study}",
+                        ctx.probe.wire_rate(ctx.overhead_bytes)
+                    ),
+                )
+            } else {
+                (study, "auto: the study's value".into())
+            }
+        }
+    }
+}
+
+/// Where the qdisc goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parent {
+    Root,
+    ShaperClass,
+}
+
+/// What rendering needs to know about the run.
+#[derive(Debug, Clone)]
+pub struct RenderCtx {
+    pub link_rate: Option<Rate>,
+    pub overhead_bytes: u32,
+    pub probe: ProbeContext,
+}
+
+impl fmt::Display for QdiscSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind())?;
+        match self {
+            QdiscSpec::PfifoFast => Ok(()),
+            QdiscSpec::Pfifo { limit_pkts } => write!(f, ",limit={limit_pkts}"),
+            QdiscSpec::Bfifo { limit_bytes } => write!(f, ",limit={limit_bytes}"),
+            QdiscSpec::Prio { bands, leaf } => write!(f, ",bands={bands},leaf={}", leaf.as_str()),
+            QdiscSpec::FqCodel(p) => {
+                if p == &FqCodel::kernel() {
+                    return write!(f, ",preset=kernel");
+                }
+                if let Some(x) = p.limit {
+                    write!(f, ",limit={x}")?;
+                }
+                if let Some(x) = p.target {
+                    write!(f, ",target={}", fmt_duration(x))?;
+                }
+                if let Some(x) = p.interval {
+                    write!(f, ",interval={}", fmt_duration(x))?;
+                }
+                if let Some(x) = p.quantum {
+                    write!(f, ",quantum={x}")?;
+                }
+                if let Some(x) = p.flows {
+                    write!(f, ",flows={x}")?;
+                }
+                match p.ecn {
+                    Some(true) => write!(f, ",ecn"),
+                    Some(false) => write!(f, ",noecn"),
+                    None => Ok(()),
+                }
+            }
+            QdiscSpec::Htb(p) => write!(
+                f,
+                ",probe_rate={},probe_burst={},bulk_rate={},bulk_ceil={},bulk_burst={},default={},leaf={}",
+                p.probe_rate,
+                p.probe_burst.0,
+                p.bulk_rate,
+                p.bulk_ceil,
+                p.bulk_burst.0,
+                p.default_class,
+                p.leaf.as_str()
+            ),
+            QdiscSpec::Hfsc(p) => write!(
+                f,
+                ",link={},rt_rate={},rt_umax={},rt_dmax={},bulk_rate={},bulk_umax={},bulk_dmax={},leaf={}",
+                p.link,
+                p.rt_rate,
+                p.rt_umax.0,
+                fmt_duration(p.rt_dmax),
+                p.bulk_rate,
+                p.bulk_umax.0,
+                fmt_duration(p.bulk_dmax),
+                p.leaf.as_str()
+            ),
+            QdiscSpec::Tbf { rate, burst, limit } => {
+                write!(f, ",rate={rate},burst={},limit={}", burst.0, limit.0)
+            }
+        }
+    }
+}
+
+impl FqCodel {
+    fn kernel() -> Self {
+        FqCodel {
+            limit: None,
+            target: None,
+            interval: None,
+            quantum: None,
+            flows: None,
+            ecn: None,
+        }
+    }
+}
+
+impl FromStr for QdiscSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',').map(str::trim);
+        let kind = parts.next().unwrap_or_default();
+        let mut spec = QdiscSpec::preset(kind)?;
+        for p in parts {
+            if p.is_empty() {
+                continue;
+            }
+            let (k, v) = match p.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v.trim())),
+                None => (p, None),
+            };
+            spec.set(k, v)
+                .map_err(|e| format!("invalid qdisc {s:?}: {e}"))?;
+        }
+        spec.check()
+            .map_err(|e| format!("invalid qdisc {s:?}: {e}"))?;
+        Ok(spec)
+    }
+}
+
+fn need<'a>(k: &str, v: Option<&'a str>) -> Result<&'a str, String> {
+    v.ok_or_else(|| format!("{k} needs a value ({k}=...)"))
+}
+
+fn num<T: FromStr>(k: &str, v: Option<&str>) -> Result<T, String> {
+    let v = need(k, v)?;
+    v.parse()
+        .map_err(|_| format!("{k}={v}: expected a whole number"))
+}
+
+fn bytes(k: &str, v: Option<&str>) -> Result<Bytes, String> {
+    need(k, v)?.parse().map_err(|e| format!("{k}: {e}"))
+}
+
+fn dur(k: &str, v: Option<&str>) -> Result<Duration, String> {
+    need(k, v).and_then(|v| parse_duration(v).map_err(|e| format!("{k}: {e}")))
+}
+
+fn rate(k: &str, v: Option<&str>) -> Result<AutoRate, String> {
+    need(k, v).and_then(|v| AutoRate::parse(v).map_err(|e| format!("{k}: {e}")))
+}
+
+impl QdiscSpec {
+    fn allowed(&self) -> &'static [&'static str] {
+        match self {
+            QdiscSpec::PfifoFast => &[],
+            QdiscSpec::Pfifo { .. } | QdiscSpec::Bfifo { .. } => &["limit"],
+            QdiscSpec::Prio { .. } => &["bands", "leaf"],
+            QdiscSpec::FqCodel(_) => &[
+                "preset", "limit", "target", "interval", "quantum", "flows", "ecn", "noecn",
+            ],
+            QdiscSpec::Htb(_) => &[
+                "probe_rate",
+                "probe_burst",
+                "bulk_rate",
+                "bulk_ceil",
+                "bulk_burst",
+                "default",
+                "leaf",
+            ],
+            QdiscSpec::Hfsc(_) => &[
+                "link",
+                "rt_rate",
+                "rt_umax",
+                "rt_dmax",
+                "bulk_rate",
+                "bulk_umax",
+                "bulk_dmax",
+                "leaf",
+            ],
+            QdiscSpec::Tbf { .. } => &["rate", "burst", "limit"],
+        }
+    }
+
+    fn set(&mut self, k: &str, v: Option<&str>) -> Result<(), String> {
+        let allowed = self.allowed();
+        if !allowed.contains(&k) {
+            return Err(if allowed.is_empty() {
+                format!("{} takes no parameters (got {k:?})", self.kind())
+            } else {
+                format!(
+                    "unknown {} parameter {k:?}: expected one of {}",
+                    self.kind(),
+                    allowed.join(", ")
+                )
+            });
+        }
+        match self {
+            QdiscSpec::PfifoFast => {}
+            QdiscSpec::Pfifo { limit_pkts } => *limit_pkts = num(k, v)?,
+            QdiscSpec::Bfifo { limit_bytes } => *limit_bytes = bytes(k, v)?.0,
+            QdiscSpec::Prio { bands, leaf } => match k {
+                "bands" => *bands = num(k, v)?,
+                _ => *leaf = Leaf::parse(need(k, v)?)?,
+            },
+            QdiscSpec::FqCodel(p) => match k {
+                "preset" => match need(k, v)? {
+                    "kernel" => *p = FqCodel::kernel(),
+                    "study" => {}
+                    o => return Err(format!("preset={o}: expected study or kernel")),
+                },
+                "limit" => p.limit = Some(num(k, v)?),
+                "target" => p.target = Some(dur(k, v)?),
+                "interval" => p.interval = Some(dur(k, v)?),
+                "quantum" => p.quantum = Some(bytes(k, v)?.0 as u32),
+                "flows" => p.flows = Some(num(k, v)?),
+                "ecn" | "noecn" => {
+                    if v.is_some() {
+                        return Err(format!("{k} is a flag: write it without a value"));
+                    }
+                    p.ecn = Some(k == "ecn");
+                }
+                _ => unreachable!("checked against allowed()"),
+            },
+            QdiscSpec::Htb(p) => match k {
+                "probe_rate" => p.probe_rate = rate(k, v)?,
+                "probe_burst" => p.probe_burst = bytes(k, v)?,
+                "bulk_rate" => p.bulk_rate = rate(k, v)?,
+                "bulk_ceil" => p.bulk_ceil = rate(k, v)?,
+                "bulk_burst" => p.bulk_burst = bytes(k, v)?,
+                "default" => {
+                    let d = need(k, v)?;
+                    if d.is_empty() || u16::from_str_radix(d, 16).is_err() {
+                        return Err(format!(
+                            "default={d}: expected a class minor id in hex as tc reads it (20, 30)"
+                        ));
+                    }
+                    p.default_class = d.to_string();
+                }
+                _ => p.leaf = Leaf::parse(need(k, v)?)?,
+            },
+            QdiscSpec::Hfsc(p) => match k {
+                "link" => p.link = rate(k, v)?,
+                "rt_rate" => p.rt_rate = rate(k, v)?,
+                "rt_umax" => p.rt_umax = bytes(k, v)?,
+                "rt_dmax" => p.rt_dmax = dur(k, v)?,
+                "bulk_rate" => p.bulk_rate = rate(k, v)?,
+                "bulk_umax" => p.bulk_umax = bytes(k, v)?,
+                "bulk_dmax" => p.bulk_dmax = dur(k, v)?,
+                _ => p.leaf = Leaf::parse(need(k, v)?)?,
+            },
+            QdiscSpec::Tbf {
+                rate: r,
+                burst,
+                limit,
+            } => match k {
+                "rate" => {
+                    *r = need(k, v)?.parse().map_err(|e| format!("rate: {e}"))?;
+                }
+                "burst" => *burst = bytes(k, v)?,
+                _ => *limit = bytes(k, v)?,
+            },
+        }
+        Ok(())
+    }
+
+    /// Ranges the kernel would refuse, caught before anything is touched.
+    fn check(&self) -> Result<(), String> {
+        match self {
+            QdiscSpec::Pfifo { limit_pkts } if *limit_pkts == 0 => {
+                Err("limit must be at least 1 packet".into())
+            }
+            QdiscSpec::Bfifo { limit_bytes } if *limit_bytes < 64 => {
+                Err("limit below 64 bytes holds no packet".into())
+            }
+            QdiscSpec::Prio { bands, .. } if !(2..=16).contains(bands) => {
+                Err(format!("bands={bands}: prio takes 2 to 16 bands"))
+            }
+            QdiscSpec::FqCodel(p) => {
+                if p.limit == Some(0) || p.flows == Some(0) || p.quantum == Some(0) {
+                    return Err("limit, flows and quantum must be above 0".into());
+                }
+                if p.flows.is_some_and(|f| f > 65536) {
+                    return Err("flows must be at most 65536".into());
+                }
+                Ok(())
+            }
+            QdiscSpec::Tbf { burst, limit, .. } if burst.0 < 1514 || limit.0 < 1514 => {
+                Err("burst and limit must hold a full frame (at least 1514 bytes)".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Serialize for QdiscSpec {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for QdiscSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The whole tc tree for the bottleneck: shaper (if any) and qdisc (if
+/// any), plus what it means, for the run metadata.
+pub fn render_tree(
+    dev: &str,
+    shaping: Option<&Shaping>,
+    qdisc: Option<&QdiscSpec>,
+    ctx: &RenderCtx,
+) -> (Vec<TcCmd>, Value) {
+    let mut cmds = Vec::new();
+    let mut meta = serde_json::Map::new();
+    let parent = match shaping {
+        Some(s) => {
+            cmds.extend(s.commands(dev));
+            meta.insert("shaping".into(), s.metadata());
+            Parent::ShaperClass
+        }
+        None => Parent::Root,
+    };
+    match qdisc {
+        Some(q) => {
+            let (c, eff) = q.render(dev, parent, ctx);
+            cmds.extend(c);
+            meta.insert(
+                "qdisc".into(),
+                json!({
+                    "spec": q.to_string(),
+                    "kind": q.kind(),
+                    "position": match parent { Parent::Root => "root", Parent::ShaperClass => "leaf under the shaper (parent 1:1)" },
+                    "effective": eff,
+                }),
+            );
+        }
+        None => {
+            if let Some(leaf) = shaping.and_then(|s| s.default_leaf(dev, QDISC_HANDLE)) {
+                cmds.push(leaf);
+            }
+        }
+    }
+    meta.insert(
+        "tc".into(),
+        Value::Array(cmds.iter().map(|c| Value::String(c.line())).collect()),
+    );
+    (cmds, Value::Object(meta))
+}
+
+/// Installs a tree on `dev` inside `ns`; restores the kernel's default
+/// qdisc on `restore()` or drop.
+pub struct QdiscTree<'a> {
+    ns: &'a Netns,
+    dev: String,
+    /// Kind of the default root qdisc before (noqueue on veth, mq or
+    /// pfifo_fast/fq_codel on NICs), to verify the restore.
+    before_kind: Option<String>,
+    installed: bool,
+}
+
+impl<'a> QdiscTree<'a> {
+    /// Refuses an interface that already has a configured (non-default)
+    /// root qdisc: rtprobe could not put it back as it was.
+    pub fn install(ns: &'a Netns, dev: &str, cmds: &[TcCmd]) -> Result<Self> {
+        let dev_s = dev.to_string();
+        let before = ns.run(|| {
+            let idx = nl::ifindex(&dev_s)?;
+            let root = nl::root_qdisc(idx)?;
+            if let Some(r) = &root
+                && !r.is_kernel_default()
+            {
+                bail!(
+                    "{dev_s} in namespace {} already has a configured root qdisc ({} handle {}); \
+                     rtprobe only shapes interfaces it can restore: remove it with \
+                     `tc qdisc del dev {dev_s} root` or run without qdisc/shaping knobs",
+                    ns.name(),
+                    r.kind,
+                    r.handle
+                );
+            }
+            Ok(root)
+        })?;
+        let mut tree = QdiscTree {
+            ns,
+            dev: dev_s,
+            before_kind: before.map(|q| q.kind),
+            installed: true,
+        };
+        let res = ns.run(|| tc::run_all(cmds));
+        if let Err(e) = res {
+            // Take down what half went in; the drop would too, but the
+            // error the user sees must be the tc one.
+            let _ = tree.restore();
+            return Err(e.context(format!("installing the qdisc tree on {dev}")));
+        }
+        Ok(tree)
+    }
+
+    pub fn restore(&mut self) -> Result<()> {
+        if !self.installed {
+            return Ok(());
+        }
+        self.installed = false;
+        let dev = self.dev.clone();
+        let before = self.before_kind.clone();
+        self.ns
+            .run(|| {
+                let del = TcCmd::new(["qdisc", "del", "dev", &dev, "root"]);
+                if let Err(e) = tc::run(&del) {
+                    // Nothing installed (the first command failed): fine.
+                    let s = e.stderr.to_ascii_lowercase();
+                    if !(s.contains("cannot delete qdisc with handle of zero")
+                        || s.contains("no such file"))
+                    {
+                        return Err(anyhow!(e));
+                    }
+                }
+                let now = nl::root_qdisc(nl::ifindex(&dev)?)?;
+                let now_kind = now.as_ref().map(|q| q.kind.clone());
+                if now.as_ref().is_some_and(|q| !q.is_kernel_default()) || now_kind != before {
+                    bail!(
+                        "root qdisc of {dev} is {:?} after restore, was {before:?}",
+                        now_kind
+                    );
+                }
+                Ok(())
+            })
+            .with_context(|| format!("restoring the default qdisc of {}", self.dev))
+    }
+}
+
+impl Drop for QdiscTree<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore() {
+            log::warn!("{e:#}");
+        }
+    }
+}
+
+/// Whether the kernel has a qdisc kind (or "u32" for the classifier).
+/// Results are cached for the life of the process.
+pub fn missing_kinds(kinds: &[&str]) -> Result<Vec<String>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let unknown: Vec<&str> = {
+        let c = cache.lock().unwrap_or_else(|e| e.into_inner());
+        kinds
+            .iter()
+            .copied()
+            .filter(|k| !c.contains_key(*k))
+            .collect()
+    };
+    if !unknown.is_empty() {
+        let found = probe_kinds(&unknown)?;
+        let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+        c.extend(found);
+    }
+    let c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    let mut missing: Vec<String> = kinds
+        .iter()
+        .filter(|k| c.get(**k) == Some(&false))
+        .map(|k| k.to_string())
+        .collect();
+    missing.dedup();
+    Ok(missing)
+}
+
+/// The smallest valid command adding `kind` on lo.
+fn probe_commands(kind: &str) -> Vec<TcCmd> {
+    match kind {
+        "u32" => vec![
+            TcCmd::parse("qdisc add dev lo clsact"),
+            TcCmd::parse(
+                "filter add dev lo egress protocol ip prio 1 u32 match ip dport 5061 0xffff classid 1:1",
+            ),
+        ],
+        "tbf" => vec![TcCmd::parse(
+            "qdisc add dev lo root handle 1: tbf rate 1mbit burst 1600 limit 3000",
+        )],
+        k => vec![TcCmd::new([
+            "qdisc", "add", "dev", "lo", "root", "handle", "1:", k,
+        ])],
+    }
+}
+
+fn probe_kinds(kinds: &[&str]) -> Result<Vec<(String, bool)>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Error::NotRoot.into());
+    }
+    let name = format!("rtpq-{}-{:04x}", std::process::id(), rand::random::<u16>());
+    let ns = Netns::create(&name).context("create a scratch namespace to check qdiscs")?;
+    let res = ns.run(|| {
+        let mut out = Vec::new();
+        for k in kinds {
+            let mut ok = true;
+            for c in probe_commands(k) {
+                if let Err(e) = tc::run(&c) {
+                    if e.is_unknown_kind() {
+                        ok = false;
+                        break;
+                    }
+                    return Err(anyhow!(e).context(format!("checking whether the kernel has {k}")));
+                }
+            }
+            // Leave lo clean for the next kind.
+            let _ = tc::run(&TcCmd::parse("qdisc del dev lo root"));
+            let _ = tc::run(&TcCmd::parse("qdisc del dev lo clsact"));
+            out.push((k.to_string(), ok));
+        }
+        Ok(out)
+    });
+    ns.delete()?;
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> RenderCtx {
+        RenderCtx {
+            link_rate: None,
+            overhead_bytes: 24,
+            probe: ProbeContext {
+                port: 5061,
+                size: 200,
+                interval: Duration::from_millis(10),
+            },
+        }
+    }
+
+    fn lines(c: &[TcCmd]) -> Vec<String> {
+        c.iter().map(|c| c.line()).collect()
+    }
+
+    #[test]
+    fn presets_are_the_study() {
+        let q: QdiscSpec = "fq_codel".parse().unwrap();
+        let (c, _) = q.render("eth1", Parent::Root, &ctx());
+        assert_eq!(
+            lines(&c),
+            [
+                "tc qdisc add dev eth1 root handle 10: fq_codel limit 1000 target 1500us interval 40000us quantum 1514 flows 1024 noecn"
+            ]
+        );
+        let q: QdiscSpec = "pfifo".parse().unwrap();
+        assert_eq!(q, QdiscSpec::Pfifo { limit_pkts: 100 });
+        let q: QdiscSpec = "prio".parse().unwrap();
+        let (c, _) = q.render("eth1", Parent::Root, &ctx());
+        assert_eq!(
+            lines(&c),
+            [
+                "tc qdisc add dev eth1 root handle 10: prio bands 3",
+                "tc qdisc add dev eth1 parent 10:1 handle 11: sfq",
+                "tc qdisc add dev eth1 parent 10:2 handle 12: sfq",
+                "tc qdisc add dev eth1 parent 10:3 handle 13: sfq",
+                "tc filter add dev eth1 parent 10: protocol ip prio 1 u32 match ip dport 5061 0xffff flowid 10:1",
+            ]
+        );
+        assert_eq!(q.requirements(), ["prio", "sfq", "u32"]);
+    }
+
+    #[test]
+    fn htb_preset_follows_the_study_and_the_link() {
+        let q: QdiscSpec = "htb".parse().unwrap();
+        // No shaping: the study's 1 Gbit/s numbers and its 200kbit probe
+        // class (200 B every 100 ms need 2 x 21 kbit/s).
+        let mut c = ctx();
+        c.probe.interval = Duration::from_millis(100);
+        let (cmds, eff) = q.render("eth1", Parent::Root, &c);
+        assert_eq!(
+            lines(&cmds),
+            [
+                "tc qdisc add dev eth1 root handle 10: htb default 20",
+                "tc class add dev eth1 parent 10: classid 10:10 htb rate 200000bit burst 15360",
+                "tc class add dev eth1 parent 10: classid 10:20 htb rate 999000000bit ceil 1000000000bit burst 15360",
+                "tc qdisc add dev eth1 parent 10:10 handle 11: sfq",
+                "tc qdisc add dev eth1 parent 10:20 handle 12: sfq",
+                "tc filter add dev eth1 parent 10: protocol ip prio 1 u32 match ip dport 5061 0xffff flowid 10:10",
+            ]
+        );
+        assert_eq!(eff["probe_rate"], "200kbit");
+        // 1472 B every 1 ms under a 100 Mbit/s shaper: the probe class
+        // grows to 2 x (1472+66) B/ms, the bulk class takes the rest.
+        let mut c = ctx();
+        c.link_rate = Some(Rate::mbit(100));
+        c.probe.size = 1472;
+        c.probe.interval = Duration::from_millis(1);
+        let (cmds, eff) = q.render("veth0", Parent::ShaperClass, &c);
+        assert_eq!(
+            cmds[0].line(),
+            "tc qdisc add dev veth0 parent 1:1 handle 10: htb default 20"
+        );
+        assert_eq!(eff["probe_rate"], "24608kbit");
+        assert_eq!(eff["bulk_rate"], "75392kbit");
+        assert_eq!(eff["bulk_ceil"], "100mbit");
+        // The study's literal `default 30`.
+        let q: QdiscSpec = "htb,default=30,leaf=pfifo".parse().unwrap();
+        let (cmds, _) = q.render("eth1", Parent::Root, &ctx());
+        assert!(cmds[0].line().ends_with("htb default 30"));
+        assert!(cmds[3].line().ends_with("handle 11: pfifo"));
+        assert_eq!(q.requirements(), ["htb", "pfifo", "u32"]);
+    }
+
+    #[test]
+    fn hfsc_preset() {
+        let q: QdiscSpec = "hfsc".parse().unwrap();
+        let mut c = ctx();
+        c.probe.interval = Duration::from_millis(100);
+        let (cmds, _) = q.render("eth1", Parent::Root, &c);
+        assert_eq!(
+            lines(&cmds),
+            [
+                "tc qdisc add dev eth1 root handle 10: hfsc default 20",
+                "tc class add dev eth1 parent 10: classid 10:1 hfsc sc rate 1000000000bit ul rate 1000000000bit",
+                "tc class add dev eth1 parent 10:1 classid 10:10 hfsc sc umax 1500b dmax 6000us rate 250000bit",
+                "tc class add dev eth1 parent 10:1 classid 10:20 hfsc sc umax 1500b dmax 50000us rate 999000000bit",
+                "tc filter add dev eth1 parent 10: protocol ip prio 1 u32 match ip dport 5061 0xffff flowid 10:10",
+            ]
+        );
+        // 200 B every 10 ms on the wire: 212.8 kbit/s, doubled above the study's 250kbit.
+        let (cmds, eff) = q.render("eth1", Parent::Root, &ctx());
+        assert!(cmds[2].line().ends_with("rate 425600bit"));
+        assert!(eff["rt_rate_reason"].as_str().unwrap().contains("2 x"));
+    }
+
+    #[test]
+    fn overrides_and_errors() {
+        let q: QdiscSpec = "fq_codel,target=5ms,ecn,limit=100".parse().unwrap();
+        let QdiscSpec::FqCodel(p) = &q else { panic!() };
+        assert_eq!(p.target, Some(Duration::from_millis(5)));
+        assert_eq!(p.ecn, Some(true));
+        assert_eq!(p.limit, Some(100));
+        assert_eq!(
+            "fq_codel,preset=kernel"
+                .parse::<QdiscSpec>()
+                .unwrap()
+                .to_string(),
+            "fq_codel,preset=kernel"
+        );
+        let e = "fq_codel,targt=5ms".parse::<QdiscSpec>().unwrap_err();
+        assert!(e.contains("unknown fq_codel parameter \"targt\""), "{e}");
+        assert!(e.contains("target"), "{e}");
+        assert!(
+            "cake"
+                .parse::<QdiscSpec>()
+                .unwrap_err()
+                .contains("unknown qdisc")
+        );
+        assert!("pfifo,limit=0".parse::<QdiscSpec>().is_err());
+        assert!("pfifo,limit=lots".parse::<QdiscSpec>().is_err());
+        assert!("prio,bands=1".parse::<QdiscSpec>().is_err());
+        assert!(
+            "pfifo_fast,limit=3"
+                .parse::<QdiscSpec>()
+                .unwrap_err()
+                .contains("no parameters")
+        );
+        assert!("fq_codel,noecn=1".parse::<QdiscSpec>().is_err());
+        assert!("htb,probe_rate=1mbps".parse::<QdiscSpec>().is_err());
+        assert!("tbf,burst=100".parse::<QdiscSpec>().is_err());
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for k in KINDS {
+            let q = QdiscSpec::preset(k).unwrap();
+            let back: QdiscSpec = q.to_string().parse().unwrap();
+            assert_eq!(q, back, "{k}: {q}");
+        }
+        let q: QdiscSpec = "htb,probe_rate=1mbit,leaf=default".parse().unwrap();
+        assert_eq!(q.to_string().parse::<QdiscSpec>().unwrap(), q);
+    }
+
+    #[test]
+    fn tree_puts_the_qdisc_under_the_shaper() {
+        let mut s = Shaping::new(Rate::mbit(100));
+        s.queue_limit = Some(crate::tune::units::QueueLimit::Packets(20));
+        let q: QdiscSpec = "fq_codel".parse().unwrap();
+        let mut c = ctx();
+        c.link_rate = Some(s.rate);
+        let (cmds, meta) = render_tree("veth0", Some(&s), Some(&q), &c);
+        assert_eq!(cmds.len(), 3);
+        assert!(
+            cmds[2]
+                .line()
+                .starts_with("tc qdisc add dev veth0 parent 1:1 handle 10: fq_codel")
+        );
+        assert_eq!(meta["tc"].as_array().unwrap().len(), 3);
+        assert!(meta["qdisc"]["position"].as_str().unwrap().contains("leaf"));
+        // No qdisc: the FIFO with the queue limit is the leaf.
+        let (cmds, _) = render_tree("veth0", Some(&s), None, &c);
+        assert_eq!(
+            cmds[2].line(),
+            "tc qdisc add dev veth0 parent 1:1 handle 10: pfifo limit 20"
+        );
+        // No shaping: the qdisc is the root.
+        let (cmds, meta) = render_tree("veth0", None, Some(&q), &ctx());
+        assert!(cmds[0].line().contains(" root handle 10: fq_codel"));
+        assert!(meta.get("shaping").is_none());
+    }
+}

@@ -1,0 +1,246 @@
+//! Real-time settings for the probe sender thread: SCHED_FIFO priority,
+//! mlockall and CPU pinning, each optional. The study ran its sender and
+//! iperf server real-time, which is why CPU stress barely moved its
+//! numbers (1.3, 1.4).
+//!
+//! `apply_to_current_thread()` is meant for the probe engine's sender
+//! thread: scheduling policy and affinity are per thread (pid 0 = the
+//! caller in sched_setscheduler/sched_setaffinity), mlockall is per
+//! process. The returned guard puts the thread's policy and affinity back
+//! and unlocks memory if it locked it; it must be dropped on the same
+//! thread (it is not Send).
+//!
+//! Note: the kernel's RT throttling (kernel.sched_rt_runtime_us, 95 % by
+//! default) still preempts a FIFO thread that never sleeps.
+//!
+//! Kernel interface: sched_setscheduler(2), sched_setaffinity(2),
+//! mlockall(2); Linux >= 2.6.
+
+use std::marker::PhantomData;
+
+use anyhow::{Result, bail};
+use nix::{
+    errno::Errno,
+    sched::{CpuSet, sched_getaffinity, sched_setaffinity},
+    unistd::Pid,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What the sender thread asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RtSettings {
+    /// SCHED_FIFO priority 1..=99.
+    pub fifo_priority: Option<u8>,
+    /// Lock all current and future memory (no page faults while sending).
+    pub mlockall: bool,
+    /// Pin the thread to this CPU.
+    pub cpu: Option<usize>,
+}
+
+impl RtSettings {
+    pub fn is_empty(&self) -> bool {
+        self.fifo_priority.is_none() && !self.mlockall && self.cpu.is_none()
+    }
+
+    /// Checks ranges without touching the system.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(p) = self.fifo_priority
+            && !(1..=99).contains(&p)
+        {
+            return Err(format!(
+                "SCHED_FIFO priority {p} is out of range: use 1 to 99"
+            ));
+        }
+        if let Some(c) = self.cpu
+            && c >= CpuSet::count()
+        {
+            return Err(format!("CPU {c} does not exist"));
+        }
+        Ok(())
+    }
+
+    pub fn metadata(&self) -> Value {
+        json!({
+            "sched_fifo_priority": self.fifo_priority,
+            "mlockall": self.mlockall,
+            "cpu": self.cpu,
+        })
+    }
+
+    /// Applies the settings to the calling thread.
+    pub fn apply_to_current_thread(&self) -> Result<RtGuard> {
+        self.validate().map_err(anyhow::Error::msg)?;
+        let mut guard = RtGuard {
+            prev_sched: None,
+            prev_affinity: None,
+            locked: false,
+            _not_send: PhantomData,
+        };
+        if let Some(cpu) = self.cpu {
+            let prev = sched_getaffinity(Pid::from_raw(0))?;
+            if !prev.is_set(cpu).unwrap_or(false) {
+                let allowed: Vec<String> = (0..CpuSet::count())
+                    .filter(|c| prev.is_set(*c).unwrap_or(false))
+                    .map(|c| c.to_string())
+                    .collect();
+                bail!(
+                    "cannot pin the sender to CPU {cpu}: this process may only use CPUs {}",
+                    allowed.join(",")
+                );
+            }
+            let mut set = CpuSet::new();
+            set.set(cpu)?;
+            sched_setaffinity(Pid::from_raw(0), &set)
+                .map_err(|e| anyhow::anyhow!("cannot pin the sender to CPU {cpu}: {e}"))?;
+            guard.prev_affinity = Some(prev);
+        }
+        if let Some(prio) = self.fifo_priority {
+            // SAFETY: plain syscalls on the calling thread with valid pointers.
+            let (policy, mut prev_param) = unsafe {
+                let mut p: libc::sched_param = std::mem::zeroed();
+                let pol = libc::sched_getscheduler(0);
+                libc::sched_getparam(0, &mut p);
+                (pol, p)
+            };
+            let param = libc::sched_param {
+                sched_priority: prio as i32,
+            };
+            // SAFETY: as above.
+            let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+            if r != 0 {
+                let e = Errno::last();
+                bail!(match e {
+                    Errno::EPERM => format!(
+                        "SCHED_FIFO priority {prio} was refused (EPERM): run as root, give the binary \
+                         CAP_SYS_NICE, or raise the RT priority limit (ulimit -r {prio})"
+                    ),
+                    e => format!("SCHED_FIFO priority {prio} failed: {e}"),
+                });
+            }
+            if policy >= 0 {
+                prev_param.sched_priority = prev_param.sched_priority.max(0);
+                guard.prev_sched = Some((policy, prev_param));
+            }
+        }
+        if self.mlockall {
+            // SAFETY: mlockall takes flags only.
+            let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+            if r != 0 {
+                let e = Errno::last();
+                bail!(match e {
+                    Errno::ENOMEM | Errno::EPERM => format!(
+                        "mlockall failed ({e}): run as root or raise the locked-memory limit \
+                         (ulimit -l unlimited)"
+                    ),
+                    e => format!("mlockall failed: {e}"),
+                });
+            }
+            guard.locked = true;
+        }
+        Ok(guard)
+    }
+}
+
+/// Puts the thread back as it was. Not Send: it must drop on the thread
+/// it was made on, because policy and affinity are per thread.
+pub struct RtGuard {
+    prev_sched: Option<(i32, libc::sched_param)>,
+    prev_affinity: Option<CpuSet>,
+    locked: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for RtGuard {
+    fn drop(&mut self) {
+        if let Some((pol, param)) = self.prev_sched.take() {
+            // SAFETY: restoring the calling thread's own policy.
+            if unsafe { libc::sched_setscheduler(0, pol, &param) } != 0 {
+                log::warn!(
+                    "could not restore the sender thread's scheduling policy: {}",
+                    Errno::last()
+                );
+            }
+        }
+        if let Some(set) = self.prev_affinity.take()
+            && let Err(e) = sched_setaffinity(Pid::from_raw(0), &set)
+        {
+            log::warn!("could not restore the sender thread's CPU affinity: {e}");
+        }
+        if self.locked {
+            // SAFETY: no arguments.
+            unsafe { libc::munlockall() };
+        }
+    }
+}
+
+/// The calling thread's scheduling policy and priority (for tests/reports).
+pub fn current_policy() -> (i32, i32) {
+    // SAFETY: plain syscalls on the calling thread.
+    unsafe {
+        let mut p: libc::sched_param = std::mem::zeroed();
+        libc::sched_getparam(0, &mut p);
+        (libc::sched_getscheduler(0), p.sched_priority)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert!(RtSettings::default().is_empty());
+        let s = RtSettings {
+            fifo_priority: Some(0),
+            ..Default::default()
+        };
+        assert!(s.validate().unwrap_err().contains("1 to 99"));
+        let s = RtSettings {
+            cpu: Some(100_000),
+            ..Default::default()
+        };
+        assert!(s.validate().is_err());
+        let s = RtSettings {
+            fifo_priority: Some(80),
+            mlockall: true,
+            cpu: Some(0),
+        };
+        assert!(s.validate().is_ok());
+        assert_eq!(s.metadata()["sched_fifo_priority"], 80);
+    }
+
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn applies_and_restores_on_the_thread() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root");
+            return;
+        }
+        std::thread::spawn(|| {
+            let before_pol = current_policy();
+            let before_aff = sched_getaffinity(Pid::from_raw(0)).unwrap();
+            let s = RtSettings {
+                fifo_priority: Some(10),
+                mlockall: true,
+                cpu: Some(0),
+            };
+            {
+                let _g = s.apply_to_current_thread().unwrap();
+                assert_eq!(current_policy(), (libc::SCHED_FIFO, 10));
+                let aff = sched_getaffinity(Pid::from_raw(0)).unwrap();
+                assert!(aff.is_set(0).unwrap());
+                assert_eq!(
+                    (0..CpuSet::count())
+                        .filter(|c| aff.is_set(*c).unwrap())
+                        .count(),
+                    1
+                );
+            }
+            assert_eq!(current_policy(), before_pol);
+            assert_eq!(sched_getaffinity(Pid::from_raw(0)).unwrap(), before_aff);
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -1,0 +1,81 @@
+//! sysfs as a network namespace sees it.
+//!
+//! `/sys/class/net` lists the devices of the namespace that *mounted*
+//! sysfs, not of the thread that reads it: a thread that `setns()`ed into
+//! the sender namespace still sees the host's devices through the host's
+//! /sys mount. So, as `ip netns exec` does, the thread first leaves the
+//! shared mount table (`unshare(CLONE_NEWNS)`, allowed per thread because
+//! it only unshares the thread's fs context), makes every mount private so
+//! nothing propagates back to the host, and mounts a fresh sysfs on /sys,
+//! which now belongs to the namespace. The thread's private mount table
+//! dies with the thread (Netns::run joins it), leaving nothing behind.
+//!
+//! Kernel interface: unshare(2) CLONE_NEWNS, mount(2) of sysfs, then plain
+//! file I/O under /sys/class/net/DEV; Linux >= 3.8.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use nix::{
+    mount::{MsFlags, mount},
+    sched::{CloneFlags, unshare},
+};
+
+use crate::testbed::Netns;
+
+/// Runs `f` on a thread inside `ns` with a sysfs of that namespace on /sys.
+pub fn with_sysfs<T, F>(ns: &Netns, f: F) -> Result<T>
+where
+    F: FnOnce(&Path) -> Result<T> + Send,
+    T: Send,
+{
+    ns.run(|| {
+        unshare(CloneFlags::CLONE_NEWNS)
+            .context("unshare(CLONE_NEWNS) to mount the namespace's sysfs")?;
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .context("make the private mount table private")?;
+        mount(
+            Some("sysfs"),
+            "/sys",
+            Some("sysfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .context("mount the namespace's sysfs")?;
+        f(Path::new("/sys"))
+    })
+}
+
+/// Reads a sysfs attribute as a trimmed string.
+pub fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .with_context(|| format!("read {}", path.display()))
+}
+
+/// Reads a sysfs attribute as a number.
+pub fn read_u64(path: &Path) -> Result<u64> {
+    let s = read(path)?;
+    s.parse()
+        .with_context(|| format!("{} holds {s:?}, not a number", path.display()))
+}
+
+/// Writes a sysfs attribute.
+pub fn write(path: &Path, value: &str) -> Result<()> {
+    std::fs::write(path, value).with_context(|| format!("write {value} to {}", path.display()))
+}
+
+/// /sys/class/net/DEV under the given sysfs root, checked to exist.
+pub fn netdev_dir(sys: &Path, dev: &str) -> Result<std::path::PathBuf> {
+    let d = sys.join("class/net").join(dev);
+    if !d.exists() {
+        return Err(crate::error::Error::InterfaceNotFound(dev.to_string()).into());
+    }
+    Ok(d)
+}

@@ -1,0 +1,488 @@
+//! Units the knobs are written in: rates (`100mbit`), byte sizes (`64KiB`),
+//! queue limits (`100p` or `64kb`), shares of the link (`50%`) and
+//! durations (`1.5ms`). Each parses from the CLI and from TOML (string or
+//! integer) with an error that says which form is expected, and renders in
+//! the syntax `tc` takes. Pure: no kernel access.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+/// A rate in bits per second. Units as in tc: `bit`, `kbit`, `mbit`,
+/// `gbit` (powers of 1000). tc's `bps`/`kbps`/`mbps` mean *bytes* per
+/// second; they are refused because they are easy to misread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rate {
+    pub bps: u64,
+}
+
+impl Rate {
+    pub const fn from_bps(bps: u64) -> Self {
+        Self { bps }
+    }
+
+    pub fn mbit(m: u64) -> Self {
+        Self { bps: m * 1_000_000 }
+    }
+
+    /// Bytes per second (what SO_MAX_PACING_RATE takes).
+    pub fn bytes_per_sec(self) -> u64 {
+        self.bps / 8
+    }
+
+    /// How tc wants it: exact bits per second.
+    pub fn tc(self) -> String {
+        format!("{}bit", self.bps)
+    }
+
+    /// The same rate scaled by `f` (shares of a link).
+    pub fn scaled(self, f: f64) -> Self {
+        Self {
+            bps: (self.bps as f64 * f).round() as u64,
+        }
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.bps;
+        if b >= 1_000_000_000 && b.is_multiple_of(1_000_000_000) {
+            write!(f, "{}gbit", b / 1_000_000_000)
+        } else if b >= 1_000_000 && b.is_multiple_of(1_000_000) {
+            write!(f, "{}mbit", b / 1_000_000)
+        } else if b >= 1000 && b.is_multiple_of(1000) {
+            write!(f, "{}kbit", b / 1000)
+        } else {
+            write!(f, "{b}bit")
+        }
+    }
+}
+
+impl FromStr for Rate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        let (num, unit) = split_number(&t);
+        let v: f64 = num.parse().map_err(|_| {
+            format!(
+                "invalid rate {s:?}: expected a number and a unit, e.g. 100mbit, 200kbit, 1gbit"
+            )
+        })?;
+        let scale = match unit {
+            "bit" => 1.0,
+            "kbit" => 1e3,
+            "mbit" => 1e6,
+            "gbit" => 1e9,
+            "bps" | "kbps" | "mbps" | "gbps" => {
+                return Err(format!(
+                    "invalid rate {s:?}: tc reads {unit:?} as bytes per second; write bits per second \
+                     with bit, kbit, mbit or gbit (e.g. 100mbit)"
+                ));
+            }
+            "" => {
+                return Err(format!(
+                    "invalid rate {s:?}: give a unit (bit, kbit, mbit, gbit), e.g. 100mbit"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "invalid rate {s:?}: unknown unit {unit:?} (use bit, kbit, mbit, gbit)"
+                ));
+            }
+        };
+        let bps = v * scale;
+        if !(bps.is_finite() && (1.0..=1e12).contains(&bps)) {
+            return Err(format!(
+                "invalid rate {s:?}: must be between 1bit and 1000gbit"
+            ));
+        }
+        Ok(Self {
+            bps: bps.round() as u64,
+        })
+    }
+}
+
+/// A size in bytes. Plain integers are bytes; `b`, `k`/`kb`/`kib`,
+/// `m`/`mb`/`mib` are powers of 1024 as in tc (`limit 16kb` = 16384).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bytes(pub u64);
+
+impl Bytes {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+            write!(f, "{}MiB", b >> 20)
+        } else if b >= 1024 && b.is_multiple_of(1024) {
+            write!(f, "{}KiB", b >> 10)
+        } else {
+            write!(f, "{b}")
+        }
+    }
+}
+
+impl FromStr for Bytes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        let (num, unit) = split_number(&t);
+        let v: f64 = num.parse().map_err(|_| {
+            format!("invalid size {s:?}: expected bytes, e.g. 3000, 1514b, 64KiB, 1MiB")
+        })?;
+        let scale = match unit {
+            "" | "b" => 1.0,
+            "k" | "kb" | "kib" => 1024.0,
+            "m" | "mb" | "mib" => 1024.0 * 1024.0,
+            "kbit" | "mbit" | "bit" => {
+                return Err(format!(
+                    "invalid size {s:?}: {unit:?} is a rate unit; a size is bytes (3000, 64KiB, 1MiB)"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "invalid size {s:?}: unknown unit {unit:?} (use b, KiB, MiB; kb = KiB as in tc)"
+                ));
+            }
+        };
+        let b = v * scale;
+        if !(b.is_finite() && b >= 0.0 && b <= (1u64 << 40) as f64) || b.fract() != 0.0 {
+            return Err(format!(
+                "invalid size {s:?}: must be a whole number of bytes up to 1TiB"
+            ));
+        }
+        Ok(Self(b as u64))
+    }
+}
+
+/// A queue limit: packets (`100`, `100p`, `100pkt`) or bytes (`64kb`, `3000b`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueLimit {
+    Packets(u32),
+    Bytes(u64),
+}
+
+impl fmt::Display for QueueLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueLimit::Packets(p) => write!(f, "{p}p"),
+            QueueLimit::Bytes(b) => write!(f, "{}", Bytes(*b)),
+        }
+    }
+}
+
+impl FromStr for QueueLimit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        let (num, unit) = split_number(&t);
+        match unit {
+            "" | "p" | "pkt" | "pkts" | "packets" => {
+                let p: u32 = num.parse().map_err(|_| {
+                    format!(
+                        "invalid queue limit {s:?}: expected packets (100, 100p) or bytes (64KiB)"
+                    )
+                })?;
+                if p == 0 {
+                    return Err(format!(
+                        "invalid queue limit {s:?}: must be at least 1 packet"
+                    ));
+                }
+                Ok(QueueLimit::Packets(p))
+            }
+            _ => {
+                let b: Bytes = t.parse().map_err(|e: String| {
+                    format!("{e}; a queue limit is packets (100, 100p) or bytes (64KiB)")
+                })?;
+                if b.0 < 64 {
+                    return Err(format!(
+                        "invalid queue limit {s:?}: a byte limit below 64 bytes holds no packet"
+                    ));
+                }
+                Ok(QueueLimit::Bytes(b.0))
+            }
+        }
+    }
+}
+
+/// How much load: a share of the link (`50%`) or an absolute rate (`50mbit`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadRate {
+    /// Fraction of the link rate: 0.5 for `50%`.
+    Share(f64),
+    Rate(Rate),
+}
+
+impl fmt::Display for LoadRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadRate::Share(x) => write!(f, "{}%", fmt_num(x * 100.0)),
+            LoadRate::Rate(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+impl FromStr for LoadRate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| {
+                format!("invalid share {s:?}: expected a percentage like 50% or a rate like 50mbit")
+            })?;
+            if !(v.is_finite() && v > 0.0 && v <= 1000.0) {
+                return Err(format!(
+                    "invalid share {s:?}: must be above 0% and at most 1000%"
+                ));
+            }
+            return Ok(LoadRate::Share(v / 100.0));
+        }
+        t.parse::<Rate>()
+            .map(LoadRate::Rate)
+            .map_err(|e| format!("{e}; a load is a share of the link (50%) or a rate (50mbit)"))
+    }
+}
+
+/// Parses a humane duration (`100us`, `1.5ms`, `2s`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::cli::parse_duration(s)
+}
+
+/// A duration in tc's syntax, exact to the microsecond.
+pub fn tc_time(d: Duration) -> String {
+    format!("{}us", d.as_micros())
+}
+
+/// Shortest humane form of a duration (`1ms`, `1.5ms`, `100us`, `2s`).
+pub fn fmt_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns == 0 {
+        return "0s".into();
+    }
+    let (v, unit) = if ns.is_multiple_of(1_000_000_000) {
+        return format!("{}s", ns / 1_000_000_000);
+    } else if ns >= 1_000_000_000 {
+        (ns as f64 / 1e9, "s")
+    } else if ns >= 1_000_000 {
+        (ns as f64 / 1e6, "ms")
+    } else if ns >= 1_000 {
+        (ns as f64 / 1e3, "us")
+    } else {
+        (ns as f64, "ns")
+    };
+    format!("{}{unit}", fmt_num(v))
+}
+
+/// A number without trailing zeros: 1.5, 100, 0.25.
+pub fn fmt_num(v: f64) -> String {
+    let s = format!("{v:.6}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_string()
+}
+
+/// Splits "100mbit" into ("100", "mbit").
+fn split_number(t: &str) -> (&str, &str) {
+    let i = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (n, u) = t.split_at(i);
+    (n, u.trim())
+}
+
+/// serde for the unit types: TOML strings or integers in, strings out, so
+/// a bad value fails with the same message on the CLI and in a config file
+/// (toml adds the key and the line).
+macro_rules! serde_via_str {
+    ($t:ty, $what:expr, $int:expr) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl de::Visitor<'_> for V {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$t, E> {
+                        v.parse().map_err(E::custom)
+                    }
+                    fn visit_i64<E: de::Error>(self, v: i64) -> Result<$t, E> {
+                        let f: fn(i64) -> Result<$t, String> = $int;
+                        f(v).map_err(E::custom)
+                    }
+                    fn visit_u64<E: de::Error>(self, v: u64) -> Result<$t, E> {
+                        self.visit_i64(i64::try_from(v).map_err(E::custom)?)
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+serde_via_str!(Rate, "a rate such as \"100mbit\"", |_| Err(
+    "a rate needs a unit: write it as a string such as \"100mbit\"".to_string()
+));
+serde_via_str!(
+    Bytes,
+    "a size in bytes (3000) or a string such as \"64KiB\"",
+    |v| {
+        u64::try_from(v)
+            .map(Bytes)
+            .map_err(|_| "a size cannot be negative".to_string())
+    }
+);
+serde_via_str!(
+    QueueLimit,
+    "packets (100) or a string such as \"100p\" or \"64KiB\"",
+    |v| v.to_string().parse()
+);
+serde_via_str!(LoadRate, "a share (\"50%\") or a rate (\"50mbit\")", |_| {
+    Err("write a load rate as a string such as \"50%\" or \"50mbit\"".to_string())
+});
+
+/// serde for `Duration` fields written as humane strings.
+pub mod humane_duration {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&fmt_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map_err(de::Error::custom)
+    }
+
+    /// The same for `Option<Duration>`.
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => s.serialize_str(&fmt_duration(*d)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            let s = String::deserialize(d)?;
+            parse_duration(&s).map(Some).map_err(de::Error::custom)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates() {
+        assert_eq!("100mbit".parse::<Rate>().unwrap().bps, 100_000_000);
+        assert_eq!("200kbit".parse::<Rate>().unwrap().bps, 200_000);
+        assert_eq!("1.5gbit".parse::<Rate>().unwrap().bps, 1_500_000_000);
+        assert_eq!("9600bit".parse::<Rate>().unwrap().bps, 9600);
+        assert_eq!(Rate::mbit(100).to_string(), "100mbit");
+        assert_eq!(Rate::from_bps(250_000).to_string(), "250kbit");
+        assert_eq!(Rate::mbit(100).tc(), "100000000bit");
+        let e = "100mbps".parse::<Rate>().unwrap_err();
+        assert!(e.contains("bytes per second"), "{e}");
+        assert!("100".parse::<Rate>().unwrap_err().contains("give a unit"));
+        assert!("fast".parse::<Rate>().is_err());
+        assert!("0mbit".parse::<Rate>().is_err());
+    }
+
+    #[test]
+    fn bytes() {
+        assert_eq!("3000".parse::<Bytes>().unwrap(), Bytes(3000));
+        assert_eq!("1514b".parse::<Bytes>().unwrap(), Bytes(1514));
+        assert_eq!("64KiB".parse::<Bytes>().unwrap(), Bytes(65536));
+        assert_eq!("16kb".parse::<Bytes>().unwrap(), Bytes(16384));
+        assert_eq!("512k".parse::<Bytes>().unwrap(), Bytes(524288));
+        assert_eq!("1MiB".parse::<Bytes>().unwrap(), Bytes(1 << 20));
+        assert_eq!(Bytes(65536).to_string(), "64KiB");
+        assert_eq!(Bytes(3000).to_string(), "3000");
+        assert!("1.3b".parse::<Bytes>().is_err());
+        assert!("10mbit".parse::<Bytes>().unwrap_err().contains("rate unit"));
+        assert!("12 parsecs".parse::<Bytes>().is_err());
+    }
+
+    #[test]
+    fn queue_limits() {
+        assert_eq!(
+            "100".parse::<QueueLimit>().unwrap(),
+            QueueLimit::Packets(100)
+        );
+        assert_eq!(
+            "20p".parse::<QueueLimit>().unwrap(),
+            QueueLimit::Packets(20)
+        );
+        assert_eq!(
+            "64KiB".parse::<QueueLimit>().unwrap(),
+            QueueLimit::Bytes(65536)
+        );
+        assert!("0".parse::<QueueLimit>().is_err());
+        assert!("10b".parse::<QueueLimit>().is_err());
+        assert_eq!(QueueLimit::Packets(20).to_string(), "20p");
+    }
+
+    #[test]
+    fn load_rates() {
+        assert_eq!("50%".parse::<LoadRate>().unwrap(), LoadRate::Share(0.5));
+        assert_eq!(
+            "50mbit".parse::<LoadRate>().unwrap(),
+            LoadRate::Rate(Rate::mbit(50))
+        );
+        assert_eq!(LoadRate::Share(1.5).to_string(), "150%");
+        assert!("0%".parse::<LoadRate>().is_err());
+        assert!("lots".parse::<LoadRate>().is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(tc_time(Duration::from_micros(1500)), "1500us");
+        assert_eq!(fmt_duration(Duration::from_micros(1500)), "1.5ms");
+        assert_eq!(fmt_duration(Duration::from_millis(1)), "1ms");
+        assert_eq!(fmt_duration(Duration::from_micros(100)), "100us");
+        assert_eq!(fmt_duration(Duration::from_secs(2)), "2s");
+    }
+
+    #[test]
+    fn serde_from_toml() {
+        #[derive(Deserialize)]
+        struct T {
+            a: Bytes,
+            b: Bytes,
+            q: QueueLimit,
+            r: Rate,
+        }
+        let t: T = toml::from_str("a = 3000\nb = \"64KiB\"\nq = 20\nr = \"100mbit\"").unwrap();
+        assert_eq!(
+            (t.a, t.b, t.q, t.r.bps),
+            (
+                Bytes(3000),
+                Bytes(65536),
+                QueueLimit::Packets(20),
+                100_000_000
+            )
+        );
+        let e = toml::from_str::<T>("a = 1\nb = 2\nq = 3\nr = 100")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("needs a unit"), "{e}");
+        assert!(e.to_string().contains("line 4"), "{e}");
+    }
+}

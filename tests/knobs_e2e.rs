@@ -1,0 +1,173 @@
+//! Issue-4 relations with the real probe: a shaped link under TCP load
+//! queues, a small queue limit queues less, a CBR UDP load above the link
+//! rate loses what the arithmetic says, and every knob is put back. These
+//! assert relations, not absolute times. Root; run by `cargo xtask test`.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("o.csv");
+    let json = dir.path().join("o.json");
+    let o = Command::new(bin())
+        .args([
+            "--quiet",
+            "--out",
+            csv.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    let (meta, _) = read_csv(&csv);
+    let _sweep = NsSweep(meta.testbed_id.clone());
+    assert!(
+        o.status.success(),
+        "rtprobe {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(namespaces_of(&meta.testbed_id).is_empty());
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+fn p50_ms(j: &serde_json::Value) -> f64 {
+    j["one_way_ns"]["p50"].as_f64().unwrap() / 1e6
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn tcp_load_on_a_shaped_link_queues_and_a_small_queue_helps() {
+    if !is_root("tcp_load_on_a_shaped_link_queues_and_a_small_queue_helps") {
+        return;
+    }
+    // The router's egress is the bottleneck, between the TX and RX stamps.
+    let base = [
+        "--xdp-mode",
+        "off",
+        "--count",
+        "2000",
+        "--interval",
+        "1ms",
+        "--link-rate",
+        "100mbit",
+        "--bottleneck",
+        "router",
+    ];
+    let idle = run_json(&base);
+    let mut loaded_args = base.to_vec();
+    loaded_args.extend(["--load", "tcp:100%"]);
+    let loaded = run_json(&loaded_args);
+    let mut small_args = loaded_args.clone();
+    small_args.extend(["--queue-limit", "20", "--gso", "off"]);
+    let small = run_json(&small_args);
+    let (i, l, s) = (p50_ms(&idle), p50_ms(&loaded), p50_ms(&small));
+    eprintln!(
+        "one-way p50: idle {i:.3} ms, TCP load {l:.3} ms, TCP load + 20-packet queue {s:.3} ms"
+    );
+    assert!(
+        l >= i + 1.0,
+        "TCP load should add at least 1 ms: idle {i:.3} ms, loaded {l:.3} ms"
+    );
+    assert!(
+        s < l / 2.0,
+        "a 20-packet queue should clearly lower the p50: {s:.3} ms vs {l:.3} ms"
+    );
+    let bps = loaded["extra"]["load"]["total_achieved_bps"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        bps > 50e6,
+        "the TCP load should fill most of the link: {bps}"
+    );
+    assert_eq!(loaded["extra"]["knobs"]["qdisc_tree"]["status"], "applied");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn udp_rate_sweep_loss_matches_the_calculation_at_150_percent() {
+    if !is_root("udp_rate_sweep_loss_matches_the_calculation_at_150_percent") {
+        return;
+    }
+    let j = run_json(&[
+        "--xdp-mode",
+        "off",
+        "--count",
+        "3000",
+        "--interval",
+        "1ms",
+        "--link-rate",
+        "100mbit",
+        "--bottleneck",
+        "router",
+        "--load",
+        "udp:150%,size=1470",
+    ]);
+    let flow = &j["extra"]["load"]["flows"][0];
+    let measured = flow["loss_pct"].as_f64().unwrap();
+    let calculated = flow["expected_loss_pct"].as_f64().unwrap();
+    eprintln!("CBR UDP at 150 %: loss measured {measured:.2} %, calculated {calculated:.2} %");
+    assert!(
+        (measured - calculated).abs() <= 2.0,
+        "measured {measured:.2} % vs calculated {calculated:.2} %"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn knobs_on_nic_pair_interfaces_are_restored() {
+    if !is_root("knobs_on_nic_pair_interfaces_are_restored") {
+        return;
+    }
+    let a = unique("rtpka");
+    let b = unique("rtpkb");
+    sh_ok(&format!("ip link add {a} type veth peer name {b}"));
+    let _g = LinkGuard(a.clone());
+    let state = |dev: &str| {
+        sh_ok(&format!(
+            "tc qdisc show dev {dev}; tc class show dev {dev}; ip -d link show dev {dev} | grep -o 'qlen [0-9]*'; \
+             ethtool -k {dev} | grep -E '^(tx-checksumming|generic-receive-offload|generic-segmentation-offload|tcp-segmentation-offload):'"
+        ))
+    };
+    let (before_a, before_b) = (state(&a), state(&b));
+    let tsq_before = sh_ok("sysctl -n net.ipv4.tcp_limit_output_bytes");
+    let j = run_json(&[
+        "--tx-if",
+        &a,
+        "--rx-if",
+        &b,
+        "--xdp-mode",
+        "native",
+        "--count",
+        "500",
+        "--link-rate",
+        "50mbit",
+        "--qdisc",
+        "pfifo,limit=50",
+        "--txqueuelen",
+        "300",
+        "--tsq",
+        "64KiB",
+        "--gso",
+        "off",
+        "--load",
+        "tcp:50%",
+    ]);
+    assert_eq!(j["sent"], 500);
+    assert!(
+        j["extra"]["knobs"]["qdisc_tree"].is_object(),
+        "{}",
+        j["extra"]
+    );
+    assert_eq!(state(&a), before_a, "{a} not restored");
+    assert_eq!(state(&b), before_b, "{b} not restored");
+    // TSQ was set in the sender namespace only.
+    assert_eq!(
+        sh_ok("sysctl -n net.ipv4.tcp_limit_output_bytes"),
+        tsq_before
+    );
+}
