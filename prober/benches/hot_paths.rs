@@ -30,6 +30,7 @@ fn record(seq: u64) -> ProbeRecord {
         rx_src: Some(TsSource::Software),
         echo_src: Some(TsSource::Software),
         ts_source: Some(TsSource::Software),
+        turnaround_ns: Some(8_000),
         ..Default::default()
     }
 }
@@ -116,6 +117,7 @@ fn benches(c: &mut Criterion) {
                 Event::Arrived {
                     seq,
                     ts: Some((t + 5, TsSource::Software)),
+                    reflected_ns: Some(t + 7),
                 },
                 &mut st,
             );

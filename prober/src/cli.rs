@@ -207,6 +207,17 @@ pub enum GeneratorArg {
     Socket,
 }
 
+/// What takes the load at the receiver in `bench-forward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkArg {
+    /// A native XDP program on the receiver's veth drops the load (probes pass): only the
+    /// router's cost is measured.
+    Xdp,
+    /// The receiver's stack takes the load (no socket: UDP drops it after the lookup).
+    Stack,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct BenchForwardArgs {
     /// Forwarding variants to measure, in this order.
@@ -233,6 +244,10 @@ pub struct BenchForwardArgs {
     /// Generator threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+
+    /// What takes the load at the receiver.
+    #[arg(long, value_enum, default_value_t = SinkArg::Xdp)]
+    pub sink: SinkArg,
 
     /// Interval of the latency probe that runs during every step.
     #[arg(long, default_value = "1ms", value_parser = parse_duration)]

@@ -16,6 +16,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod bench;
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
 
 /// Debian packages rtprobe's build, tests and comparisons use.
@@ -57,6 +59,8 @@ enum Task {
         #[arg(long, default_value_t = 2000)]
         count: u64,
     },
+    /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
+    Bench(bench::BenchArgs),
     /// Setup, `cargo test`, then the root/netns tests (`--ignored`) when run as root.
     Test {
         /// Passed to the test binaries (e.g. a test name filter).
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Task::BuildEbpf => build_ebpf().map(|p| println!("{}", p.display())),
         Task::Test { args } => test(&args),
         Task::Demo { out_dir, count } => demo(&out_dir, count),
+        Task::Bench(args) => bench::bench(&args),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

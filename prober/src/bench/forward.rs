@@ -36,7 +36,10 @@ use super::{
     loadgen::{self, LiveTarget, Offered, SocketGen},
 };
 use crate::{
-    cli::{BenchForwardArgs, ForwardModeArg, GeneratorArg, TimestampArg, XdpActionArg, XdpModeArg},
+    cli::{
+        BenchForwardArgs, ForwardModeArg, GeneratorArg, SinkArg, TimestampArg, XdpActionArg,
+        XdpModeArg,
+    },
     config::default_spin,
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
@@ -59,6 +62,7 @@ pub struct Plan {
     pub step: Duration,
     pub generator: GeneratorArg,
     pub threads: usize,
+    pub sink: SinkArg,
     pub probe_interval: Duration,
     pub threaded_napi: bool,
     pub rt_priority: Option<u8>,
@@ -124,6 +128,7 @@ impl Plan {
             step: a.step,
             generator: a.generator,
             threads: a.threads,
+            sink: a.sink,
             probe_interval: a.probe_interval,
             threaded_napi: !a.no_threaded_napi,
             rt_priority: a.rt_priority,
@@ -235,6 +240,7 @@ pub struct StepResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct ForwardReport {
     pub machine: Machine,
+    pub sink: SinkArg,
     pub threaded_napi: bool,
     pub rt_priority: Option<u8>,
     pub steps: Vec<StepResult>,
@@ -324,6 +330,8 @@ struct Snapshot {
 
 /// One mode's testbed and what the steps need to know about it.
 struct ModeBed {
+    /// Dropped first: detaches from an interface that still exists.
+    _sink: Option<super::sink::Sink>,
     tb: Testbed,
     xdp: crate::ebpf::XdpSetup,
     /// The router's NAPI kernel threads (threaded NAPI only).
@@ -658,9 +666,26 @@ fn testbed_for(mode: ForwardModeArg, plan: &Plan) -> Result<ModeBed> {
     }
     let (m, a) = xdp_of(mode);
     let xdp = crate::ebpf::attach_for_testbed(&tb, m, a)?;
+    let sink = match plan.sink {
+        SinkArg::Stack => None,
+        SinkArg::Xdp => {
+            // Probes cross a native XDP program now: local UDP must leave
+            // with a full checksum (the testbed goes away with the mode).
+            let snd = tb.sender_if.name.clone();
+            tb.sender
+                .run(|| crate::testbed::ethtool::set_tx_csum(&snd, false))
+                .context("TX checksum offload off on the sender (for the XDP sink)")?;
+            Some(super::sink::Sink::attach(
+                &tb.receiver,
+                &tb.receiver_if.name,
+                SINK_PORT,
+            )?)
+        }
+    };
     let router_mac = links::link_state(router, &rin)?.1;
     let sender_mac = links::link_state(&tb.sender, &tb.sender_if.name)?.1;
     Ok(ModeBed {
+        _sink: sink,
         tb,
         xdp,
         napi_tids,
@@ -711,7 +736,8 @@ pub fn run(
             }
             steps.extend(results);
         }
-        let ModeBed { tb, xdp, .. } = bed;
+        let ModeBed { _sink, tb, xdp, .. } = bed;
+        drop(_sink);
         xdp.detach().context("detach the XDP router")?;
         tb.teardown()?;
     }
@@ -720,6 +746,7 @@ pub fn run(
     }
     Ok(ForwardReport {
         machine,
+        sink: plan.sink,
         threaded_napi: plan.threaded_napi,
         rt_priority: plan.rt_priority,
         steps,
@@ -783,7 +810,7 @@ pub fn format_report(r: &ForwardReport) -> String {
     let m = &r.machine;
     let _ = writeln!(
         o,
-        "bench-forward: {} x {}, kernel {}, load average {:.2} at start; threaded NAPI {}; {}",
+        "bench-forward: {} x {}, kernel {}, load average {:.2} at start; threaded NAPI {}; {}; sink {}",
         m.cpus,
         m.cpu_model,
         m.kernel,
@@ -792,6 +819,10 @@ pub fn format_report(r: &ForwardReport) -> String {
         match r.rt_priority {
             Some(p) => format!("generator and router SCHED_FIFO {p}"),
             None => "normal scheduling".into(),
+        },
+        match r.sink {
+            SinkArg::Xdp => "XDP drop at the receiver",
+            SinkArg::Stack => "the receiver's stack",
         }
     );
     let _ = writeln!(o, "{}", table_header());
@@ -900,6 +931,7 @@ mod tests {
             limit,
         };
         let r = ForwardReport {
+            sink: SinkArg::Xdp,
             machine: Machine {
                 cpus: 2,
                 cpu_model: "Test CPU".into(),

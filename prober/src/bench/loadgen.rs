@@ -23,82 +23,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-/// `bpf(2)` commands and constants (linux/bpf.h).
-const BPF_PROG_LOAD: libc::c_int = 5;
-const BPF_PROG_TEST_RUN: libc::c_int = 10;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
-const BPF_FUNC_REDIRECT: i32 = 23;
-const BPF_FUNC_GET_PRANDOM_U32: i32 = 7;
+use super::bpf::{self, BpfInsn, ins, op};
+
 /// Frames per BPF_PROG_TEST_RUN batch (the kernel's maximum is 256).
 const LIVE_BATCH: u32 = 64;
-
-/// `struct bpf_insn`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct BpfInsn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-/// The leading part of `union bpf_attr` for BPF_PROG_LOAD; the rest of the
-/// 128 bytes passed must be zero.
-#[repr(C)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-    _rest: [u8; 56],
-}
-
-/// The leading part of `union bpf_attr` for BPF_PROG_TEST_RUN.
-#[repr(C)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    _rest: [u8; 52],
-}
-
-fn bpf<T>(cmd: libc::c_int, attr: &mut T) -> std::io::Result<libc::c_long> {
-    // SAFETY: attr is a live, fully initialised bpf_attr prefix of the size passed.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut T,
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
 
 /// Bytes of the frame the program writes back on every run: Ethernet, IPv4
 /// and UDP headers.
@@ -121,59 +49,48 @@ pub const REWRITE_LEN: usize = 42;
 /// send that rewritten header, which the router's ingress drops as
 /// "other host".
 fn blast_program(ifindex: u32, header: &[u8; REWRITE_LEN], keep_u32: Option<u32>) -> Vec<BpfInsn> {
-    const MOV64_IMM: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
-    const MOV64_REG: u8 = 0xbf; // BPF_ALU64 | BPF_MOV | BPF_X
-    const ADD64_IMM: u8 = 0x07; // BPF_ALU64 | BPF_ADD | BPF_K
-    const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
-    const LD_IMM64: u8 = 0x18; // BPF_LD | BPF_DW | BPF_IMM (two slots)
-    const STX_DW: u8 = 0x7b; // BPF_STX | BPF_MEM | BPF_DW
-    const ST_H: u8 = 0x6a; // BPF_ST | BPF_MEM | BPF_H
-    const JGT_REG: u8 = 0x2d; // BPF_JMP | BPF_JGT | BPF_X
-    const JGT32_IMM: u8 = 0x26; // BPF_JMP32 | BPF_JGT | BPF_K (unsigned, Linux >= 5.1)
-    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
-    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
-    let ins = |code, dst: u8, src: u8, off: i16, imm: i32| BpfInsn {
-        code,
-        regs: dst | (src << 4),
-        off,
-        imm,
-    };
     let mut p = Vec::new();
     let mut jumps_to_drop = Vec::new();
     if let Some(keep) = keep_u32 {
         // r6 = ctx (calls clobber r1-r5); drop if prandom() > keep
-        p.push(ins(MOV64_REG, 6, 1, 0, 0));
-        p.push(ins(CALL, 0, 0, 0, BPF_FUNC_GET_PRANDOM_U32));
+        p.push(ins(op::MOV64_REG, 6, 1, 0, 0));
+        p.push(ins(op::CALL, 0, 0, 0, bpf::FUNC_GET_PRANDOM_U32));
         jumps_to_drop.push(p.len());
-        p.push(ins(JGT32_IMM, 0, 0, 0, keep as i32));
-        p.push(ins(MOV64_REG, 1, 6, 0, 0));
+        p.push(ins(op::JGT32_IMM, 0, 0, 0, keep as i32));
+        p.push(ins(op::MOV64_REG, 1, 6, 0, 0));
     }
     p.extend([
         // r2 = xdp_md->data, r3 = xdp_md->data_end
-        ins(LDX_W, 2, 1, 0, 0),
-        ins(LDX_W, 3, 1, 4, 0),
+        ins(op::LDX_W, 2, 1, 0, 0),
+        ins(op::LDX_W, 3, 1, 4, 0),
         // if r2 + REWRITE_LEN > r3: drop (the verifier's bounds check)
-        ins(MOV64_REG, 4, 2, 0, 0),
-        ins(ADD64_IMM, 4, 0, 0, REWRITE_LEN as i32),
+        ins(op::MOV64_REG, 4, 2, 0, 0),
+        ins(op::ADD64_IMM, 4, 0, 0, REWRITE_LEN as i32),
     ]);
     jumps_to_drop.push(p.len());
-    p.push(ins(JGT_REG, 4, 3, 0, 0));
+    p.push(ins(op::JGT_REG, 4, 3, 0, 0));
     for off in (0..REWRITE_LEN - 2).step_by(8) {
         let v = u64::from_le_bytes(header[off..off + 8].try_into().expect("8 bytes"));
-        p.push(ins(LD_IMM64, 5, 0, 0, v as u32 as i32));
+        p.push(ins(op::LD_IMM64, 5, 0, 0, v as u32 as i32));
         p.push(ins(0, 0, 0, 0, (v >> 32) as u32 as i32));
-        p.push(ins(STX_DW, 2, 5, off as i16, 0));
+        p.push(ins(op::STX_DW, 2, 5, off as i16, 0));
     }
     let tail = u16::from_le_bytes([header[REWRITE_LEN - 2], header[REWRITE_LEN - 1]]);
-    p.push(ins(ST_H, 2, 0, (REWRITE_LEN - 2) as i16, i32::from(tail)));
-    p.push(ins(MOV64_IMM, 1, 0, 0, ifindex as i32));
-    p.push(ins(MOV64_IMM, 2, 0, 0, 0));
-    p.push(ins(CALL, 0, 0, 0, BPF_FUNC_REDIRECT));
-    p.push(ins(EXIT, 0, 0, 0, 0));
+    p.push(ins(
+        op::ST_H,
+        2,
+        0,
+        (REWRITE_LEN - 2) as i16,
+        i32::from(tail),
+    ));
+    p.push(ins(op::MOV64_IMM, 1, 0, 0, ifindex as i32));
+    p.push(ins(op::MOV64_IMM, 2, 0, 0, 0));
+    p.push(ins(op::CALL, 0, 0, 0, bpf::FUNC_REDIRECT));
+    p.push(ins(op::EXIT, 0, 0, 0, 0));
     let drop_at = p.len();
     // XDP_DROP = 1
-    p.push(ins(MOV64_IMM, 0, 0, 0, 1));
-    p.push(ins(EXIT, 0, 0, 0, 0));
+    p.push(ins(op::MOV64_IMM, 0, 0, 0, 1));
+    p.push(ins(op::EXIT, 0, 0, 0, 0));
     for j in jumps_to_drop {
         p[j].off = (drop_at - j - 1) as i16;
     }
@@ -197,34 +114,8 @@ impl XdpLiveGen {
         let header: [u8; REWRITE_LEN] = frame[..REWRITE_LEN].try_into().expect("checked length");
         let keep_u32 = (keep < 1.0).then(|| (keep.max(0.0) * f64::from(u32::MAX)) as u32);
         let insns = blast_program(ifindex, &header, keep_u32);
-        let license = c"GPL";
-        let mut log = vec![0u8; 4096];
-        let mut name = [0u8; 16];
-        name[..13].copy_from_slice(b"rtprobe_blast");
-        let mut attr = ProgLoadAttr {
-            prog_type: BPF_PROG_TYPE_XDP,
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 1,
-            log_size: log.len() as u32,
-            log_buf: log.as_mut_ptr() as u64,
-            kern_version: 0,
-            prog_flags: 0,
-            prog_name: name,
-            prog_ifindex: 0,
-            expected_attach_type: 0,
-            _rest: [0; 56],
-        };
-        let fd = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| {
-            let msg = String::from_utf8_lossy(&log);
-            anyhow::anyhow!(
-                "loading the XDP load-generator program failed ({e}); is this root with BPF enabled? verifier: {}",
-                msg.trim_matches(char::from(0)).trim()
-            )
-        })?;
-        // SAFETY: the kernel just returned this fd and nobody else owns it.
-        let prog = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let prog = bpf::load_xdp("rtprobe_blast", &insns)
+            .context("loading the XDP load-generator program")?;
         Ok(Self { prog, frame })
     }
 
@@ -232,26 +123,8 @@ impl XdpLiveGen {
     /// redirected to the egress veth). Returns `n`, or 0 if a signal
     /// interrupted the call.
     pub fn inject(&self, n: u32) -> Result<u32> {
-        let mut attr = TestRunAttr {
-            prog_fd: self.prog.as_raw_fd() as u32,
-            retval: 0,
-            data_size_in: self.frame.len() as u32,
-            data_size_out: 0,
-            data_in: self.frame.as_ptr() as u64,
-            data_out: 0,
-            repeat: n,
-            duration: 0,
-            ctx_size_in: 0,
-            ctx_size_out: 0,
-            ctx_in: 0,
-            ctx_out: 0,
-            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
-            cpu: 0,
-            batch_size: LIVE_BATCH,
-            _rest: [0; 52],
-        };
-        match bpf(BPF_PROG_TEST_RUN, &mut attr) {
-            Ok(_) => {}
+        match bpf::test_run_live(&self.prog, &self.frame, n, LIVE_BATCH) {
+            Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(0),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => bail!(
                 "BPF_PROG_TEST_RUN refused live frames ({e}): the xdp generator needs Linux >= 5.18; use --generator socket"
@@ -481,9 +354,6 @@ mod tests {
         assert_eq!((t[2].code, t[2].imm as u32), (0x26, u32::MAX / 4));
         assert_eq!(2 + 1 + t[2].off as usize, t.len() - 2);
         assert_eq!(t.len(), p.len() + 4);
-        assert_eq!(std::mem::size_of::<BpfInsn>(), 8);
-        assert_eq!(std::mem::size_of::<ProgLoadAttr>(), 128);
-        assert_eq!(std::mem::size_of::<TestRunAttr>(), 128);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! Layout:
 //! ```text
 //! # rtprobe-meta: {"version":"0.1.0","xdp_mode_requested":"native",...}
-//! seq,flow,size,sched_ns,send_ns,tx_ns,rx_ns,echo_ns,one_way_ns,rtt_ns,tx_src,rx_src,echo_src,ts_source,lost
-//! 0,0,64,1763771234000000000,1763771234000001200,...,sw,sw,sw,sw,0
+//! seq,flow,size,sched_ns,send_ns,tx_ns,rx_ns,echo_ns,one_way_ns,rtt_ns,tx_src,rx_src,echo_src,ts_source,lost,turnaround_ns
+//! 0,0,64,1763771234000000000,1763771234000001200,...,sw,sw,sw,sw,0,8210
 //! ```
 //! All `*_ns` times are CLOCK_REALTIME nanoseconds (the clock of the kernel's
 //! software timestamps); `one_way_ns` and `rtt_ns` are differences. An empty
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub const META_PREFIX: &str = "# rtprobe-meta: ";
 
 /// The CSV header, in column order.
-pub const HEADER: [&str; 15] = [
+pub const HEADER: [&str; 16] = [
     "seq",
     "flow",
     "size",
@@ -40,6 +40,7 @@ pub const HEADER: [&str; 15] = [
     "echo_src",
     "ts_source",
     "lost",
+    "turnaround_ns",
 ];
 
 /// Where a timestamp came from.
@@ -100,6 +101,12 @@ pub struct ProbeRecord {
     pub ts_source: Option<TsSource>,
     /// The probe never reached the receiver.
     pub lost: bool,
+    /// Reflector turnaround: its clock before sending the echo minus the
+    /// probe's (software) RX timestamp. `rtt_ns - turnaround_ns` is the RTT
+    /// of the path without the user-space reflector in it. Last column, so
+    /// readers of the first fifteen are unaffected.
+    #[serde(default)]
+    pub turnaround_ns: Option<i64>,
 }
 
 /// Run metadata stored as the CSV's first line, so plots can be titled
@@ -218,6 +225,10 @@ pub fn format_row(line: &mut String, r: &ProbeRecord) {
     src(line, r.echo_src);
     src(line, r.ts_source);
     line.push(if r.lost { '1' } else { '0' });
+    line.push(',');
+    if let Some(t) = r.turnaround_ns {
+        let _ = write!(line, "{t}");
+    }
     line.push('\n');
 }
 
@@ -244,9 +255,10 @@ mod tests {
             echo_src: None,
             ts_source: Some(TsSource::Mixed),
             lost: false,
+            turnaround_ns: Some(9),
         };
         format_row(&mut s, &r);
-        assert_eq!(s, "7,0,64,100,110,120,150,,30,,sw,hw,,mixed,0\n");
+        assert_eq!(s, "7,0,64,100,110,120,150,,30,,sw,hw,,mixed,0,9\n");
         assert_eq!(s.trim_end().split(',').count(), HEADER.len());
     }
 
@@ -276,7 +288,7 @@ mod tests {
         let back: RunMeta = serde_json::from_str(m).unwrap();
         assert_eq!(back.size, 64);
         assert_eq!(lines.next().unwrap(), HEADER.join(","));
-        assert_eq!(lines.next().unwrap(), "0,0,0,0,0,,,,,,,,,,1");
+        assert_eq!(lines.next().unwrap(), "0,0,0,0,0,,,,,,,,,,1,");
         assert!(lines.next().is_none());
     }
 }

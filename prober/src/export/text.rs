@@ -82,7 +82,8 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     };
     let _ = writeln!(
         o,
-        "  pacing: missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
+        "  pacing: {:.0} probes/s sent; missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
+        s.send_rate_pps,
         s.missed_ticks,
         pct(s.missed_ticks),
         s.unaccounted,
@@ -122,6 +123,8 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     );
     row(&mut o, "one-way", &s.one_way_ns);
     row(&mut o, "rtt", &s.rtt_ns);
+    row(&mut o, "rtt net", &s.rtt_net_ns);
+    row(&mut o, "reflector", &s.reflector_turnaround_ns);
     row(&mut o, "ipdv", &s.ipdv_ns);
     row(&mut o, "send error", &s.send_error_ns);
     row(&mut o, "send->tx", &s.send_to_tx_ns);
@@ -212,6 +215,7 @@ mod tests {
             "missed ticks 0 (0.00 %",
             "unaccounted probes 0",
             "send->tx",
+            "rtt net",
         ] {
             assert!(t.contains(needle), "missing {needle:?} in\n{t}");
         }

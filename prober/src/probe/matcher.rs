@@ -33,10 +33,12 @@ pub enum Event {
         ts_ns: i64,
         src: TsSource,
     },
-    /// The probe arrived at the receiver.
+    /// The probe arrived at the receiver. `reflected_ns` is the reflector's
+    /// clock just before it sent the echo (None if the echo failed).
     Arrived {
         seq: u64,
         ts: Option<(i64, TsSource)>,
+        reflected_ns: Option<i64>,
     },
     /// Its echo arrived back at the sender.
     Echoed {
@@ -53,6 +55,7 @@ struct Slot {
     send_failed: bool,
     tx: Option<(i64, TsSource)>,
     rx: Option<(i64, TsSource)>,
+    reflected_ns: Option<i64>,
     arrived: bool,
     echo: Option<(i64, TsSource)>,
     echoed: bool,
@@ -185,7 +188,11 @@ impl Matcher {
                     },
                 }
             }
-            Event::Arrived { seq, ts } => {
+            Event::Arrived {
+                seq,
+                ts,
+                reflected_ns,
+            } => {
                 if seq < self.base {
                     self.late_arrivals += 1;
                     return;
@@ -196,6 +203,7 @@ impl Matcher {
                         if first {
                             s.arrived = true;
                             s.rx = ts;
+                            s.reflected_ns = reflected_ns;
                         }
                         stats.on_arrival(seq, first);
                     }
@@ -262,6 +270,11 @@ impl Matcher {
             (Some((t, ts)), Some((e, es))) => Some((e - t, TsSource::combine(ts, es))),
             _ => None,
         };
+        // Only a software RX stamp is on the reflector's clock.
+        let turnaround = match (s.rx, s.reflected_ns) {
+            (Some((r, TsSource::Software)), Some(sent)) => Some(sent - r),
+            _ => None,
+        };
         ProbeRecord {
             seq,
             flow: self.flow,
@@ -278,6 +291,7 @@ impl Matcher {
             echo_src: s.echo.map(|t| t.1),
             ts_source: one_way.or(rtt).map(|x| x.1),
             lost: !s.arrived,
+            turnaround_ns: turnaround,
         }
     }
 }
@@ -313,6 +327,7 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
+                reflected_ns: Some(62),
             },
             Event::TxTimestamp {
                 opt_id: 0,
@@ -334,6 +349,11 @@ mod tests {
         );
         assert_eq!((r.one_way_ns, r.rtt_ns), (Some(40), Some(80)));
         assert_eq!(r.ts_source, Some(Software));
+        assert_eq!(
+            r.turnaround_ns,
+            Some(12),
+            "reflector sent the echo 12 ns after the RX stamp"
+        );
         assert!(!r.lost);
     }
 
@@ -357,6 +377,7 @@ mod tests {
             Event::Arrived {
                 seq: 1,
                 ts: Some((1100, Software)),
+                reflected_ns: None,
             },
             Event::Echoed {
                 seq: 1,
@@ -372,7 +393,14 @@ mod tests {
         assert_eq!(out[1].one_way_ns, Some(95));
         // Arrives after being given up.
         let mut st = RunStats::new();
-        m.on_event(Event::Arrived { seq: 0, ts: None }, &mut st);
+        m.on_event(
+            Event::Arrived {
+                seq: 0,
+                ts: None,
+                reflected_ns: None,
+            },
+            &mut st,
+        );
         assert_eq!(m.late_arrivals(), 1);
     }
 
@@ -394,6 +422,7 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
+                reflected_ns: None,
             },
             Event::Echoed {
                 seq: 0,
@@ -434,6 +463,7 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
+                reflected_ns: None,
             },
             Event::Echoed {
                 seq: 0,
@@ -464,6 +494,7 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
+                reflected_ns: None,
             },
             Event::Echoed { seq: 0, ts: None },
         ];
@@ -481,12 +512,25 @@ mod tests {
         let evs = [
             sent(0),
             sent(1),
-            Event::Arrived { seq: 1, ts: None },
-            Event::Arrived { seq: 0, ts: None },
-            Event::Arrived { seq: 0, ts: None },
+            Event::Arrived {
+                seq: 1,
+                ts: None,
+                reflected_ns: None,
+            },
+            Event::Arrived {
+                seq: 0,
+                ts: None,
+                reflected_ns: None,
+            },
+            Event::Arrived {
+                seq: 0,
+                ts: None,
+                reflected_ns: None,
+            },
             Event::Arrived {
                 seq: u64::MAX,
                 ts: None,
+                reflected_ns: None,
             },
             Event::Foreign,
         ];

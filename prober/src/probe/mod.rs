@@ -1,17 +1,20 @@
-//! The probe session: a paced sender, a reflector on the receiver that
-//! echoes every probe, a thread collecting TX timestamps and echoes on the
-//! sender, and the calling thread matching everything into records.
+//! The probe session: a paced sender, one I/O thread that echoes every
+//! probe at the receiver and collects TX timestamps and echoes at the
+//! sender (one wake-up serves both ends: on a 2-core VM wake-ups, not
+//! packets, are what a probe costs), and the calling thread matching
+//! everything into records.
 //!
 //! ```text
-//! sender ns                          receiver ns
-//!  [pacer] --probe--> (path) --> [reflector] --Arrived--+
-//!  [rx: errqueue TX stamps, echoes] <--echo-- (path)    |
-//!        |  Sent / TxTimestamp / Echoed                  |
-//!        +------------> [collector: Matcher] <-----------+ -> CSV rows, RunStats
+//! sender ns                                 receiver ns
+//!  [pacer] --probe--> (path) --> [io: reflect] --echo--> (path) --+
+//!     |                          [io: errqueue TX stamps, echoes] <+
+//!     | Sent (batched)                 | Arrived / TxTimestamp / Echoed (batched)
+//!     +------> [collector: Matcher] <--+ -> CSV rows, RunStats
 //! ```
 
 pub mod clock;
 pub mod cmsg;
+pub mod events;
 pub mod kstats;
 pub mod matcher;
 pub mod pacer;
@@ -35,6 +38,7 @@ use crate::{
     stats::RunStats,
     testbed::{Iface, Netns},
 };
+use events::EventBatch;
 use matcher::{Event, Matcher};
 use packet::{FLAG_ECHO, HEADER_LEN, Probe};
 use socket::{HwTimestamping, ProbeSocket, RecvBatch, TsFlags};
@@ -205,10 +209,6 @@ pub fn run_session(
         )
     })?;
     let dst = SocketAddrV4::new(ep.receiver_if.addr, cfg.port);
-    // The reflector blocks in recvmmsg; this is how often it looks at `done`.
-    rx_sock
-        .set_recv_timeout(Duration::from_millis(20))
-        .context("setsockopt(SO_RCVTIMEO)")?;
     let done = AtomicBool::new(false);
     let attempts = AtomicU64::new(0);
     let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
@@ -216,24 +216,18 @@ pub fn run_session(
     let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
 
     let result = std::thread::scope(|s| {
+        warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
         let ev = ev_tx.clone();
-        let reflector = std::thread::Builder::new()
-            .name("rtprobe-reflector".into())
+        // One thread serves both ends: it echoes at the receiver and, in the
+        // same wake-up, collects the echo and the TX timestamp at the sender.
+        let io = std::thread::Builder::new()
+            .name("rtprobe-io".into())
             .spawn_scoped(s, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                reflect(rx_sock, session, done_ref, &ev)
+                io_loop(tx_sock, rx_sock, session, done_ref, &ev)
             })
-            .context("spawn reflector thread")?;
+            .context("spawn the probe I/O thread")?;
         let run = (|| {
-            warm_up(tx_sock, dst, session, cfg.size, stop)?;
-            let ev = ev_tx.clone();
-            let sender_rx = std::thread::Builder::new()
-                .name("rtprobe-sender-rx".into())
-                .spawn_scoped(s, move || {
-                    pacer::share_fifo_priority(&cfg.rt);
-                    collect_sender_side(tx_sock, session, done_ref, &ev)
-                })
-                .context("spawn sender receive thread")?;
             let ev = ev_tx.clone();
             let sender = std::thread::Builder::new()
                 .name("rtprobe-sender".into())
@@ -256,13 +250,11 @@ pub fn run_session(
             let paced = sender
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")));
-            done_ref.store(true, Ordering::SeqCst);
-            let _ = sender_rx.join();
             paced?;
             out
         })();
         done_ref.store(true, Ordering::SeqCst);
-        let _ = reflector.join();
+        let _ = io.join();
         run
     });
     drop((hw_tx, hw_rx));
@@ -280,9 +272,11 @@ pub fn run_session(
 }
 
 /// Sends a few warm-up datagrams so neighbour resolution on every hop
-/// happens before the run, and checks that the path works at all.
+/// happens before the run, and checks that the path works at all. It
+/// echoes them itself (the I/O thread starts after it).
 fn warm_up(
-    sock: &ProbeSocket,
+    tx: &ProbeSocket,
+    rx: &ProbeSocket,
     dst: SocketAddrV4,
     session: u64,
     size: usize,
@@ -300,30 +294,45 @@ fn warm_up(
     buf[5] = FLAG_WARMUP;
     let mut batch = RecvBatch::new(8, size.max(2048));
     let deadline = clock::realtime_ns() + 3_000_000_000;
-    let mut got_echo = false;
     let mut next_send = 0i64;
+    let mut echo = Vec::new();
     while clock::realtime_ns() < deadline && stop.load(Ordering::SeqCst) == 0 {
         if clock::realtime_ns() >= next_send {
-            sock.send_to(&buf, dst, u32::MAX - 1)
+            tx.send_to(&buf, dst, u32::MAX - 1)
                 .with_context(|| format!("send warm-up probe to {dst}"))?;
             next_send = clock::realtime_ns() + 100_000_000;
         }
-        let (readable, _) = sock.wait(20)?;
+        socket::poll_any(&[tx, rx], 20)?;
+        // The reflector's part: echo warm-up probes of this session.
+        let n = rx.recv_batch(&mut batch, false)?;
+        echo.clear();
+        for i in 0..n {
+            let (p, _, _) = batch.get(i);
+            if Probe::decode(p, session).is_ok_and(|pr| !pr.echo) && p[5] & FLAG_WARMUP != 0 {
+                p[5] |= FLAG_ECHO;
+                echo.push(i);
+            }
+        }
+        if !echo.is_empty() {
+            rx.send_back(&mut batch, &echo)
+                .context("echo a warm-up probe")?;
+        }
         // Throw away warm-up TX timestamps.
-        while sock.recv_batch(&mut batch, true)? > 0 {}
-        if readable && sock.recv_batch(&mut batch, false)? > 0 {
-            for i in 0..batch.len() {
-                let (p, _, _) = batch.get(i);
-                if p.len() > 5 && Probe::decode(p, session).is_ok() && p[5] & FLAG_WARMUP != 0 {
-                    got_echo = true;
-                }
+        while tx.recv_batch(&mut batch, true)? > 0 {}
+        let mut got_echo = false;
+        let n = tx.recv_batch(&mut batch, false)?;
+        for i in 0..n {
+            let (p, _, _) = batch.get(i);
+            if Probe::decode(p, session).is_ok_and(|pr| pr.echo) && p[5] & FLAG_WARMUP != 0 {
+                got_echo = true;
             }
         }
         if got_echo {
             // Let late duplicates and timestamps of the warm-up drain.
             std::thread::sleep(Duration::from_millis(20));
-            while sock.recv_batch(&mut batch, true)? > 0 {}
-            while sock.recv_batch(&mut batch, false)? > 0 {}
+            while rx.recv_batch(&mut batch, false)? > 0 {}
+            while tx.recv_batch(&mut batch, true)? > 0 {}
+            while tx.recv_batch(&mut batch, false)? > 0 {}
             return Ok(());
         }
     }
@@ -335,108 +344,147 @@ fn warm_up(
     )
 }
 
-fn reflect(sock: &ProbeSocket, session: u64, done: &AtomicBool, ev: &mpsc::Sender<Vec<Event>>) {
-    let mut batch = RecvBatch::new(64, 65536);
-    let mut echo = Vec::with_capacity(64);
-    while !done.load(Ordering::Relaxed) {
-        // One syscall per wake-up: block for the first datagram, take the rest queued.
-        let n = match sock.recv_batch_wait(&mut batch) {
-            Ok(n) => n,
-            Err(e) => {
-                log::warn!("reflector receive: {e}");
-                return;
-            }
-        };
-        if n == 0 {
-            continue;
+/// Receiver side of one wake-up: takes the probes queued at the receiver
+/// socket, echoes them all with one sendmmsg, and records their arrival.
+/// Returns how many datagrams it took.
+fn reflect_queued(
+    rx: &ProbeSocket,
+    batch: &mut RecvBatch,
+    echo: &mut Vec<usize>,
+    session: u64,
+    out: &mut EventBatch,
+) -> usize {
+    let n = match rx.recv_batch(batch, false) {
+        Ok(n) => n,
+        Err(e) => {
+            log::warn!("reflector receive: {e}");
+            return 0;
         }
-        echo.clear();
-        let mut events = Vec::with_capacity(n);
-        for i in 0..n {
-            let (payload, _, c) = batch.get(i);
-            match Probe::decode(payload, session) {
-                Ok(p) if !p.echo => {
-                    let warmup = payload[5] & FLAG_WARMUP != 0;
-                    payload[5] |= FLAG_ECHO;
-                    echo.push(i);
-                    if !warmup {
-                        events.push(Event::Arrived {
-                            seq: p.seq,
-                            ts: c.best(),
-                        });
-                    }
+    };
+    if n == 0 {
+        return 0;
+    }
+    echo.clear();
+    let mut arrived = Vec::with_capacity(n);
+    for i in 0..n {
+        let (payload, _, c) = batch.get(i);
+        match Probe::decode(payload, session) {
+            Ok(p) if !p.echo => {
+                let warmup = payload[5] & FLAG_WARMUP != 0;
+                payload[5] |= FLAG_ECHO;
+                echo.push(i);
+                if !warmup {
+                    arrived.push((p.seq, c.best()));
                 }
-                Ok(_) => {}
-                Err(_) => events.push(Event::Foreign),
             }
-        }
-        // All echoes of the wake-up in one sendmmsg: the syscall cost is
-        // what limits the reflector at high probe rates.
-        if !echo.is_empty()
-            && let Err(e) = sock.send_back(&mut batch, &echo)
-        {
-            log::debug!("echo of {} probes failed: {e}", echo.len());
-        }
-        if !events.is_empty() {
-            let _ = ev.send(events);
+            Ok(_) => {}
+            Err(_) => out.push(Event::Foreign, clock::realtime_ns()),
         }
     }
+    // The reflector's clock just before the echoes leave: the turnaround
+    // it adds to the RTT is this minus the RX stamp.
+    let reflected_ns = clock::realtime_ns();
+    let echoed = echo.is_empty() || rx.send_back(batch, echo).is_ok();
+    if !echoed {
+        log::debug!("echo of {} probes failed", echo.len());
+    }
+    for (seq, ts) in arrived {
+        out.push(
+            Event::Arrived {
+                seq,
+                ts,
+                reflected_ns: echoed.then_some(reflected_ns),
+            },
+            reflected_ns,
+        );
+    }
+    n
 }
 
-fn collect_sender_side(
-    sock: &ProbeSocket,
+/// Sender side of one wake-up: TX timestamps from the error queue and
+/// echoes. Returns how many messages it took.
+fn drain_sender(
+    tx: &ProbeSocket,
+    batch: &mut RecvBatch,
+    errq: &mut RecvBatch,
+    session: u64,
+    out: &mut EventBatch,
+) -> usize {
+    let now = clock::realtime_ns();
+    let n_err = tx.recv_batch(errq, true).unwrap_or(0);
+    for i in 0..n_err {
+        let (_, _, c) = errq.get(i);
+        if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
+            out.push(
+                Event::TxTimestamp {
+                    opt_id: id,
+                    ts_ns,
+                    src,
+                },
+                now,
+            );
+        }
+    }
+    let n = tx.recv_batch(batch, false).unwrap_or(0);
+    for i in 0..n {
+        let (payload, _, c) = batch.get(i);
+        match Probe::decode(payload, session) {
+            Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => out.push(
+                Event::Echoed {
+                    seq: p.seq,
+                    ts: c.best(),
+                },
+                now,
+            ),
+            Ok(_) => {}
+            Err(_) => out.push(Event::Foreign, now),
+        }
+    }
+    n + n_err
+}
+
+/// The I/O thread: waits on both sockets, reflects, drains the sender's
+/// queues (both the error queue and data on every wake-up: POLLERR alone is
+/// not reliable when data is also pending, and a TX timestamp left queued
+/// is charged to the receive buffer), and hands events over in batches.
+fn io_loop(
+    tx: &ProbeSocket,
+    rx: &ProbeSocket,
     session: u64,
     done: &AtomicBool,
     ev: &mpsc::Sender<Vec<Event>>,
 ) {
-    let mut batch = RecvBatch::new(64, 65536);
+    let mut rbatch = RecvBatch::new(64, 65536);
+    let mut sbatch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
+    let mut echo = Vec::with_capacity(64);
+    let mut out = EventBatch::new();
     loop {
         let finishing = done.load(Ordering::Relaxed);
-        if let Err(e) = sock.wait(if finishing { 0 } else { 20 }) {
-            log::warn!("sender poll: {e}");
+        let wait = if finishing {
+            0
+        } else {
+            out.wait_ms(clock::realtime_ns(), 20)
+        };
+        if let Err(e) = socket::poll_any(&[rx, tx], wait) {
+            log::warn!("probe I/O poll: {e}");
+            out.flush(ev);
             return;
         }
-        // Both queues are drained on every wake-up: POLLERR alone is not
-        // reliable when data is also pending, and a TX timestamp left in
-        // the error queue is charged to the receive buffer.
         let mut got = 0;
-        let mut events = Vec::new();
         loop {
-            let n_err = sock.recv_batch(&mut errq, true).unwrap_or(0);
-            for i in 0..n_err {
-                let (_, _, c) = errq.get(i);
-                if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
-                    events.push(Event::TxTimestamp {
-                        opt_id: id,
-                        ts_ns,
-                        src,
-                    });
-                }
-            }
-            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
-            for i in 0..n {
-                let (payload, _, c) = batch.get(i);
-                match Probe::decode(payload, session) {
-                    Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => {
-                        events.push(Event::Echoed {
-                            seq: p.seq,
-                            ts: c.best(),
-                        });
-                    }
-                    Ok(_) => {}
-                    Err(_) => events.push(Event::Foreign),
-                }
-            }
-            got += n + n_err;
-            if n + n_err == 0 || events.len() >= 1024 {
+            let n = reflect_queued(rx, &mut rbatch, &mut echo, session, &mut out)
+                + drain_sender(tx, &mut sbatch, &mut errq, session, &mut out);
+            got += n;
+            if n == 0 || out.len() >= events::MAX_LEN {
                 break;
             }
         }
-        if !events.is_empty() && ev.send(events).is_err() {
+        if (finishing || out.due(clock::realtime_ns())) && !out.flush(ev) {
             return;
         }
         if finishing && got == 0 {
+            out.flush(ev);
             return;
         }
     }

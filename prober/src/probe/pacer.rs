@@ -23,6 +23,7 @@ use crate::tune::rt::RtSettings;
 
 use super::{
     ProbeConfig, clock,
+    events::{self, EventBatch},
     matcher::Event,
     packet::Probe,
     socket::{ProbeSocket, SendBatch},
@@ -136,6 +137,7 @@ pub fn pace(
         cfg.spin.as_nanos() as i64
     };
     let mut batch = SendBatch::new(MAX_BATCH, cfg.size, dst);
+    let mut pending = EventBatch::new();
     let mut seq = 0u64;
     while !sched.finished(seq) && stop.load(Ordering::Relaxed) == 0 {
         let due_ns = sched.at(seq);
@@ -158,40 +160,51 @@ pub fn pace(
             }
             .encode(batch.push(s as u32));
         }
-        let mut events = Vec::with_capacity(batch.len());
         let mut i = 0;
         while i < batch.len() {
             match sock.send_batch(&mut batch, i) {
                 Ok(n) => {
                     for k in i..i + n {
                         let s = seq + k as u64;
-                        events.push(Event::Sent {
-                            seq: s,
-                            opt_id: batch.opt_id(k),
-                            sched_ns: sched.at(s),
+                        pending.push(
+                            Event::Sent {
+                                seq: s,
+                                opt_id: batch.opt_id(k),
+                                sched_ns: sched.at(s),
+                                send_ns,
+                            },
                             send_ns,
-                        });
+                        );
                     }
                     i += n.max(1);
                 }
                 Err(err) => {
                     let s = seq + i as u64;
                     log::debug!("send of probe {s} failed: {err}");
-                    events.push(Event::SendFailed {
-                        seq: s,
-                        sched_ns: sched.at(s),
+                    pending.push(
+                        Event::SendFailed {
+                            seq: s,
+                            sched_ns: sched.at(s),
+                            send_ns,
+                        },
                         send_ns,
-                    });
+                    );
                     i += 1;
                 }
             }
         }
         attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
         seq = end;
-        if ev.send(events).is_err() {
+        // Hand over when due, or now if the sender is about to sleep past it.
+        let now = clock::realtime_ns();
+        let next_in = sched.at(seq) - now;
+        if (pending.due(now) || next_in >= events::MAX_AGE_NS || sched.finished(seq))
+            && !pending.flush(ev)
+        {
             break;
         }
     }
+    pending.flush(ev);
     Ok(())
 }
 

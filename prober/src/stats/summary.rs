@@ -84,6 +84,16 @@ pub struct Summary {
     pub xdp_counters: XdpCounters,
     pub one_way_ns: Latency,
     pub rtt_ns: Latency,
+    /// RTT minus the reflector's turnaround (`rtt_ns - turnaround_ns` per
+    /// probe): the path's round trip without rtprobe's user-space
+    /// reflector in it, as TWAMP and irtt subtract the server's
+    /// processing time.
+    #[serde(default)]
+    pub rtt_net_ns: Latency,
+    /// Reflector turnaround: from the probe's RX timestamp to just before
+    /// the echo's send.
+    #[serde(default)]
+    pub reflector_turnaround_ns: Latency,
     /// |IPDV| between consecutive received probes (RFC 3393 on one-way delay).
     pub ipdv_ns: Latency,
     /// Actual send time minus scheduled send time (pacing error).
@@ -94,6 +104,10 @@ pub struct Summary {
     /// Kernel software TX timestamp minus the user-space send time: what
     /// the send syscall and the stack add before the packet leaves.
     pub send_to_tx_ns: Latency,
+    /// Probes per second the sender achieved, first to last send: below
+    /// 1 / interval when it could not keep the schedule on average.
+    #[serde(default)]
+    pub send_rate_pps: f64,
     /// Probes the sender handed to the kernel (or tried to) that are in no
     /// other count: sent = received + lost must hold, so this must be 0.
     pub unaccounted: u64,
@@ -116,9 +130,14 @@ pub struct RunStats {
     ipdv: Histogram<u64>,
     send_err: Histogram<u64>,
     send_to_tx: Histogram<u64>,
+    rtt_net: Histogram<u64>,
+    turnaround: Histogram<u64>,
     /// A send later than this after its schedule is a missed tick (0: not counted).
     interval_ns: i64,
     missed_ticks: u64,
+    /// Send times of the first and the latest record.
+    first_send_ns: Option<i64>,
+    last_send_ns: i64,
     sent: u64,
     /// Probes the sender tried to send, when known (for `unaccounted`).
     attempts: Option<u64>,
@@ -152,8 +171,12 @@ impl RunStats {
             ipdv: new_hist(),
             send_err: new_hist(),
             send_to_tx: new_hist(),
+            rtt_net: new_hist(),
+            turnaround: new_hist(),
             interval_ns: 0,
             missed_ticks: 0,
+            first_send_ns: None,
+            last_send_ns: 0,
             sent: 0,
             attempts: None,
             received: 0,
@@ -217,6 +240,8 @@ impl RunStats {
     /// A finalized probe (seq order).
     pub fn on_record(&mut self, r: &ProbeRecord) {
         self.sent += 1;
+        self.first_send_ns.get_or_insert(r.send_ns);
+        self.last_send_ns = r.send_ns;
         let late_ns = r.send_ns.saturating_sub(r.sched_ns);
         let _ = self.send_err.record(late_ns.max(1) as u64);
         if is_missed_tick(late_ns, self.interval_ns) {
@@ -255,6 +280,12 @@ impl RunStats {
         }
         if let Some(rtt) = r.rtt_ns {
             let _ = self.rtt.record(rtt.max(1) as u64);
+            if let Some(t) = r.turnaround_ns {
+                let _ = self.rtt_net.record((rtt - t).max(1) as u64);
+            }
+        }
+        if let Some(t) = r.turnaround_ns {
+            let _ = self.turnaround.record(t.max(1) as u64);
         }
         if let Some(s) = r.ts_source {
             self.sources[s as usize] += 1;
@@ -311,9 +342,17 @@ impl RunStats {
             timestamp_source: self.timestamp_source().into(),
             one_way_ns: Latency::from_hist(&self.one_way),
             rtt_ns: Latency::from_hist(&self.rtt),
+            rtt_net_ns: Latency::from_hist(&self.rtt_net),
+            reflector_turnaround_ns: Latency::from_hist(&self.turnaround),
             ipdv_ns: Latency::from_hist(&self.ipdv),
             send_error_ns: Latency::from_hist(&self.send_err),
             missed_ticks: self.missed_ticks,
+            send_rate_pps: self
+                .first_send_ns
+                .filter(|&f| self.last_send_ns > f && self.sent > 1)
+                .map_or(0.0, |f| {
+                    (self.sent - 1) as f64 * 1e9 / (self.last_send_ns - f) as f64
+                }),
             unaccounted: self.unaccounted(),
             send_to_tx_ns: Latency::from_hist(&self.send_to_tx),
             extra,
@@ -367,6 +406,15 @@ mod tests {
         assert_eq!(sum.ipdv_ns.min, Some(10));
         assert_eq!(sum.send_error_ns.p50, Some(5));
         assert_eq!(sum.timestamp_source, "software");
+        assert_eq!(sum.rtt_net_ns.count, 0, "no turnaround known");
+        let mut s = RunStats::new();
+        s.on_record(&ProbeRecord {
+            turnaround_ns: Some(30),
+            ..rec(0, Some(100), Some(200))
+        });
+        let sum = s.summary();
+        assert_eq!(sum.rtt_net_ns.p50, Some(170));
+        assert_eq!(sum.reflector_turnaround_ns.p50, Some(30));
     }
 
     #[test]
@@ -392,6 +440,8 @@ mod tests {
         }
         let sum = s.summary();
         assert_eq!(sum.missed_ticks, 2);
+        // Five sends from 10 to 3997 ns: four gaps.
+        assert!((sum.send_rate_pps - 4.0 * 1e9 / 3987.0).abs() < 1e-3);
         // HDR histograms keep 3 significant digits.
         assert!((2500..=2503).contains(&sum.send_error_ns.max.unwrap()));
         // An early send (clock step) is recorded as 1 ns, not as a huge number.
