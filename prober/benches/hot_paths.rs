@@ -117,7 +117,6 @@ fn benches(c: &mut Criterion) {
                 Event::Arrived {
                     seq,
                     ts: Some((t + 5, TsSource::Software)),
-                    reflected_ns: Some(t + 7),
                 },
                 &mut st,
             );

@@ -33,12 +33,17 @@ pub enum Event {
         ts_ns: i64,
         src: TsSource,
     },
-    /// The probe arrived at the receiver. `reflected_ns` is the reflector's
-    /// clock just before it sent the echo (None if the echo failed).
+    /// The probe arrived at the receiver.
     Arrived {
         seq: u64,
         ts: Option<(i64, TsSource)>,
-        reflected_ns: Option<i64>,
+    },
+    /// The reflector's TX timestamp of an echo, whose OPT_ID is the low 32
+    /// bits of the probe's seq.
+    EchoTx {
+        opt_id: u32,
+        ts_ns: i64,
+        src: TsSource,
     },
     /// Its echo arrived back at the sender.
     Echoed {
@@ -55,18 +60,22 @@ struct Slot {
     send_failed: bool,
     tx: Option<(i64, TsSource)>,
     rx: Option<(i64, TsSource)>,
-    reflected_ns: Option<i64>,
+    echo_tx: Option<(i64, TsSource)>,
     arrived: bool,
     echo: Option<(i64, TsSource)>,
     echoed: bool,
 }
 
 impl Slot {
-    fn complete(&self, want_tx: bool) -> bool {
+    fn complete(&self, want_tx: bool, want_echo_tx: bool) -> bool {
         if self.send_failed {
             return true;
         }
-        self.sent.is_some() && self.arrived && self.echoed && (self.tx.is_some() || !want_tx)
+        self.sent.is_some()
+            && self.arrived
+            && self.echoed
+            && (self.tx.is_some() || !want_tx)
+            && (self.echo_tx.is_some() || !want_echo_tx)
     }
 }
 
@@ -76,6 +85,8 @@ pub struct Matcher {
     timeout_ns: i64,
     /// Whether TX timestamps are expected (wait for them until the timeout).
     want_tx: bool,
+    /// Whether the reflector's echo TX timestamps are expected.
+    want_echo_tx: bool,
     base: u64,
     window: VecDeque<Slot>,
     opt_to_seq: HashMap<u32, u64>,
@@ -93,6 +104,7 @@ impl Matcher {
             flow,
             timeout_ns,
             want_tx,
+            want_echo_tx: false,
             base: 0,
             window: VecDeque::new(),
             opt_to_seq: HashMap::new(),
@@ -101,6 +113,18 @@ impl Matcher {
             late_arrivals: 0,
             late_tx: 0,
         }
+    }
+
+    /// Waits (until the timeout) for the reflector's echo TX timestamps too.
+    pub fn expect_echo_tx(mut self, on: bool) -> Self {
+        self.want_echo_tx = on;
+        self
+    }
+
+    /// The seq whose low 32 bits are `id`, among the probes in the window.
+    fn seq_of_low_bits(&self, id: u32) -> Option<u64> {
+        let seq = self.base + u64::from(id.wrapping_sub(self.base as u32));
+        (seq - self.base < MAX_WINDOW).then_some(seq)
     }
 
     /// Probes that arrived after they had been given up as lost.
@@ -188,11 +212,7 @@ impl Matcher {
                     },
                 }
             }
-            Event::Arrived {
-                seq,
-                ts,
-                reflected_ns,
-            } => {
+            Event::Arrived { seq, ts } => {
                 if seq < self.base {
                     self.late_arrivals += 1;
                     return;
@@ -203,11 +223,18 @@ impl Matcher {
                         if first {
                             s.arrived = true;
                             s.rx = ts;
-                            s.reflected_ns = reflected_ns;
                         }
                         stats.on_arrival(seq, first);
                     }
                     None => stats.on_foreign_packet(),
+                }
+            }
+            Event::EchoTx { opt_id, ts_ns, src } => {
+                if let Some(seq) = self.seq_of_low_bits(opt_id)
+                    && let Some(s) = self.slot(seq)
+                    && s.echo_tx.is_none()
+                {
+                    s.echo_tx = Some((ts_ns, src));
                 }
             }
             Event::Echoed { seq, ts } => {
@@ -241,7 +268,7 @@ impl Matcher {
                 break;
             };
             let expired = now_ns - send_ns >= self.timeout_ns;
-            if !(flush_all || expired || front.complete(self.want_tx)) {
+            if !(flush_all || expired || front.complete(self.want_tx, self.want_echo_tx)) {
                 break;
             }
             let slot = self.window.pop_front().expect("front exists");
@@ -270,9 +297,10 @@ impl Matcher {
             (Some((t, ts)), Some((e, es))) => Some((e - t, TsSource::combine(ts, es))),
             _ => None,
         };
-        // Only a software RX stamp is on the reflector's clock.
-        let turnaround = match (s.rx, s.reflected_ns) {
-            (Some((r, TsSource::Software)), Some(sent)) => Some(sent - r),
+        // Probe RX stamp to echo TX stamp, both from the reflector's
+        // kernel; a hardware stamp is on another clock than a software one.
+        let turnaround = match (s.rx, s.echo_tx) {
+            (Some((r, rs)), Some((e, es))) if rs == es => Some(e - r),
             _ => None,
         };
         ProbeRecord {
@@ -327,7 +355,6 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
-                reflected_ns: Some(62),
             },
             Event::TxTimestamp {
                 opt_id: 0,
@@ -335,6 +362,11 @@ mod tests {
                 src: Software,
             },
             sent(0),
+            Event::EchoTx {
+                opt_id: 0,
+                ts_ns: 62,
+                src: Software,
+            },
             Event::Echoed {
                 seq: 0,
                 ts: Some((90, Software)),
@@ -352,7 +384,7 @@ mod tests {
         assert_eq!(
             r.turnaround_ns,
             Some(12),
-            "reflector sent the echo 12 ns after the RX stamp"
+            "the echo left 12 ns after the probe's RX stamp"
         );
         assert!(!r.lost);
     }
@@ -377,7 +409,6 @@ mod tests {
             Event::Arrived {
                 seq: 1,
                 ts: Some((1100, Software)),
-                reflected_ns: None,
             },
             Event::Echoed {
                 seq: 1,
@@ -393,14 +424,7 @@ mod tests {
         assert_eq!(out[1].one_way_ns, Some(95));
         // Arrives after being given up.
         let mut st = RunStats::new();
-        m.on_event(
-            Event::Arrived {
-                seq: 0,
-                ts: None,
-                reflected_ns: None,
-            },
-            &mut st,
-        );
+        m.on_event(Event::Arrived { seq: 0, ts: None }, &mut st);
         assert_eq!(m.late_arrivals(), 1);
     }
 
@@ -422,7 +446,6 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
-                reflected_ns: None,
             },
             Event::Echoed {
                 seq: 0,
@@ -463,7 +486,6 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
-                reflected_ns: None,
             },
             Event::Echoed {
                 seq: 0,
@@ -494,7 +516,6 @@ mod tests {
             Event::Arrived {
                 seq: 0,
                 ts: Some((50, Software)),
-                reflected_ns: None,
             },
             Event::Echoed { seq: 0, ts: None },
         ];
@@ -512,25 +533,12 @@ mod tests {
         let evs = [
             sent(0),
             sent(1),
-            Event::Arrived {
-                seq: 1,
-                ts: None,
-                reflected_ns: None,
-            },
-            Event::Arrived {
-                seq: 0,
-                ts: None,
-                reflected_ns: None,
-            },
-            Event::Arrived {
-                seq: 0,
-                ts: None,
-                reflected_ns: None,
-            },
+            Event::Arrived { seq: 1, ts: None },
+            Event::Arrived { seq: 0, ts: None },
+            Event::Arrived { seq: 0, ts: None },
             Event::Arrived {
                 seq: u64::MAX,
                 ts: None,
-                reflected_ns: None,
             },
             Event::Foreign,
         ];
@@ -538,6 +546,70 @@ mod tests {
         assert_eq!(v.len(), 2);
         let s = st.summary();
         assert_eq!((s.reordered, s.duplicates, s.foreign_packets), (1, 1, 2));
+    }
+
+    #[test]
+    fn echo_tx_stamps_by_low_seq_bits_and_waited_for() {
+        let mut m = Matcher::new(64, 0, 1_000, true).expect_echo_tx(true);
+        let done = |seq: u64| {
+            [
+                sent(seq),
+                Event::TxTimestamp {
+                    opt_id: seq as u32,
+                    ts_ns: 1,
+                    src: Software,
+                },
+                Event::Arrived {
+                    seq,
+                    ts: Some((10, Software)),
+                },
+                Event::Echoed {
+                    seq,
+                    ts: Some((30, Software)),
+                },
+            ]
+        };
+        let (v, _) = run(&mut m, &done(0), 0, false);
+        assert!(v.is_empty(), "waits for the echo's TX stamp");
+        let (v, _) = run(
+            &mut m,
+            &[Event::EchoTx {
+                opt_id: 0,
+                ts_ns: 14,
+                src: Software,
+            }],
+            0,
+            false,
+        );
+        assert_eq!(v[0].turnaround_ns, Some(4));
+        // Low bits resolve across the 2^32 wrap relative to the window base.
+        assert_eq!(m.seq_of_low_bits(1), Some(1));
+        let mut far = Matcher::new(64, 0, 1_000, true);
+        far.base = (1 << 32) - 2;
+        assert_eq!(far.seq_of_low_bits(1), Some((1 << 32) + 1));
+        assert_eq!(far.seq_of_low_bits(u32::MAX - 1), Some((1 << 32) - 2));
+        assert_eq!(far.seq_of_low_bits(u32::MAX - 2), None, "behind the window");
+        // A hardware RX stamp and a software echo stamp are on two clocks.
+        let mut m = Matcher::new(64, 0, 1_000, false).expect_echo_tx(true);
+        let (v, _) = run(
+            &mut m,
+            &[
+                sent(0),
+                Event::Arrived {
+                    seq: 0,
+                    ts: Some((10, Hardware)),
+                },
+                Event::EchoTx {
+                    opt_id: 0,
+                    ts_ns: 14,
+                    src: Software,
+                },
+                Event::Echoed { seq: 0, ts: None },
+            ],
+            0,
+            false,
+        );
+        assert_eq!(v[0].turnaround_ns, None);
     }
 
     #[test]

@@ -197,12 +197,14 @@ pub fn run_session(
             },
         )
     })?;
+    // The reflector timestamps its echoes too: the RTT of the path is the
+    // two kernel-stamped legs, without the reflector's user-space time.
     let rx_sock = ep.receiver_ns.run(|| {
         ProbeSocket::bind(
             SocketAddrV4::new(any, cfg.port),
             cfg.tos,
             TsFlags {
-                tx: false,
+                tx: true,
                 rx: true,
                 hardware: hardware_rx,
             },
@@ -217,6 +219,8 @@ pub fn run_session(
 
     let result = std::thread::scope(|s| {
         warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
+        // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
+        let echo_stamps = rx_sock.per_send_opt_id();
         let ev = ev_tx.clone();
         // One thread serves both ends: it echoes at the receiver and, in the
         // same wake-up, collects the echo and the TX timestamp at the sender.
@@ -238,6 +242,7 @@ pub fn run_session(
             let out = collect(
                 ev_rx,
                 cfg,
+                echo_stamps,
                 csv,
                 stop,
                 &|| sender.is_finished(),
@@ -314,8 +319,11 @@ fn warm_up(
             }
         }
         if !echo.is_empty() {
-            rx.send_back(&mut batch, &echo)
+            let ids = vec![u32::MAX - 1; echo.len()];
+            rx.send_back(&mut batch, &echo, &ids)
                 .context("echo a warm-up probe")?;
+            // Throw away the echoes' TX timestamps.
+            while rx.recv_batch(&mut batch, true)? > 0 {}
         }
         // Throw away warm-up TX timestamps.
         while tx.recv_batch(&mut batch, true)? > 0 {}
@@ -331,6 +339,7 @@ fn warm_up(
             // Let late duplicates and timestamps of the warm-up drain.
             std::thread::sleep(Duration::from_millis(20));
             while rx.recv_batch(&mut batch, false)? > 0 {}
+            while rx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, false)? > 0 {}
             return Ok(());
@@ -344,16 +353,32 @@ fn warm_up(
     )
 }
 
+/// The reflector's reusable buffers.
+struct ReflectBufs {
+    batch: RecvBatch,
+    errq: RecvBatch,
+    /// Indexes in `batch` of the probes to echo, and their OPT_IDs.
+    echo: Vec<usize>,
+    ids: Vec<u32>,
+}
+
 /// Receiver side of one wake-up: takes the probes queued at the receiver
-/// socket, echoes them all with one sendmmsg, and records their arrival.
-/// Returns how many datagrams it took.
+/// socket, echoes them all with one sendmmsg (each echo's TX timestamp
+/// carrying the probe's seq as OPT_ID), records their arrival, and collects
+/// echo TX timestamps. Returns how many messages it took.
 fn reflect_queued(
     rx: &ProbeSocket,
-    batch: &mut RecvBatch,
-    echo: &mut Vec<usize>,
+    bufs: &mut ReflectBufs,
     session: u64,
+    finishing: bool,
     out: &mut EventBatch,
 ) -> usize {
+    let ReflectBufs {
+        batch,
+        errq,
+        echo,
+        ids,
+    } = bufs;
     let n = match rx.recv_batch(batch, false) {
         Ok(n) => n,
         Err(e) => {
@@ -361,11 +386,9 @@ fn reflect_queued(
             return 0;
         }
     };
-    if n == 0 {
-        return 0;
-    }
+    let now = clock::realtime_ns();
     echo.clear();
-    let mut arrived = Vec::with_capacity(n);
+    ids.clear();
     for i in 0..n {
         let (payload, _, c) = batch.get(i);
         match Probe::decode(payload, session) {
@@ -373,32 +396,49 @@ fn reflect_queued(
                 let warmup = payload[5] & FLAG_WARMUP != 0;
                 payload[5] |= FLAG_ECHO;
                 echo.push(i);
+                ids.push(p.seq as u32);
                 if !warmup {
-                    arrived.push((p.seq, c.best()));
+                    out.push(
+                        Event::Arrived {
+                            seq: p.seq,
+                            ts: c.best(),
+                        },
+                        now,
+                    );
                 }
             }
             Ok(_) => {}
-            Err(_) => out.push(Event::Foreign, clock::realtime_ns()),
+            Err(_) => out.push(Event::Foreign, now),
         }
     }
-    // The reflector's clock just before the echoes leave: the turnaround
-    // it adds to the RTT is this minus the RX stamp.
-    let reflected_ns = clock::realtime_ns();
-    let echoed = echo.is_empty() || rx.send_back(batch, echo).is_ok();
-    if !echoed {
-        log::debug!("echo of {} probes failed", echo.len());
+    if !echo.is_empty()
+        && let Err(e) = rx.send_back(batch, echo, ids)
+    {
+        log::debug!("echo of {} probes failed: {e}", echo.len());
     }
-    for (seq, ts) in arrived {
-        out.push(
-            Event::Arrived {
-                seq,
-                ts,
-                reflected_ns: echoed.then_some(reflected_ns),
-            },
-            reflected_ns,
-        );
+    // On veth the echoes' TX stamps are queued by now; elsewhere they are
+    // picked up after a later echo, or when the run ends.
+    let n_err = if echo.is_empty() && !finishing {
+        0
+    } else {
+        rx.recv_batch(errq, true).unwrap_or(0)
+    };
+    if rx.per_send_opt_id() {
+        for i in 0..n_err {
+            let (_, _, c) = errq.get(i);
+            if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
+                out.push(
+                    Event::EchoTx {
+                        opt_id: id,
+                        ts_ns,
+                        src,
+                    },
+                    now,
+                );
+            }
+        }
     }
-    n
+    n + n_err
 }
 
 /// Sender side of one wake-up: TX timestamps from the error queue and
@@ -443,10 +483,10 @@ fn drain_sender(
     n + n_err
 }
 
-/// The I/O thread: waits on both sockets, reflects, drains the sender's
-/// queues (both the error queue and data on every wake-up: POLLERR alone is
-/// not reliable when data is also pending, and a TX timestamp left queued
-/// is charged to the receive buffer), and hands events over in batches.
+/// The I/O thread: waits for probes at the receiver, reflects them, drains
+/// the sender's queues (both the error queue and data on every wake-up; a
+/// TX timestamp left queued is charged to the receive buffer), and hands
+/// events over in batches.
 fn io_loop(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
@@ -454,10 +494,14 @@ fn io_loop(
     done: &AtomicBool,
     ev: &mpsc::Sender<Vec<Event>>,
 ) {
-    let mut rbatch = RecvBatch::new(64, 65536);
+    let mut reflect = ReflectBufs {
+        batch: RecvBatch::new(64, 65536),
+        errq: RecvBatch::new(64, 256),
+        echo: Vec::with_capacity(64),
+        ids: Vec::with_capacity(64),
+    };
     let mut sbatch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
-    let mut echo = Vec::with_capacity(64);
     let mut out = EventBatch::new();
     loop {
         let finishing = done.load(Ordering::Relaxed);
@@ -466,14 +510,21 @@ fn io_loop(
         } else {
             out.wait_ms(clock::realtime_ns(), 20)
         };
-        if let Err(e) = socket::poll_any(&[rx, tx], wait) {
+        // Only the receiver's socket is waited on. A thread sleeping on the
+        // sender's socket would be woken (a cross-core IPI, costly on a VM)
+        // for every TX timestamp, inside the probe's own send path, which
+        // would show in the one-way delay. With nobody waiting there, the
+        // kernel only queues; the timestamp and (on veth, synchronously
+        // during the echo's send) the echo are collected right after the
+        // echo goes out, or at the next wake-up at the latest.
+        if let Err(e) = socket::poll_any(&[rx], wait) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
             return;
         }
         let mut got = 0;
         loop {
-            let n = reflect_queued(rx, &mut rbatch, &mut echo, session, &mut out)
+            let n = reflect_queued(rx, &mut reflect, session, finishing, &mut out)
                 + drain_sender(tx, &mut sbatch, &mut errq, session, &mut out);
             got += n;
             if n == 0 || out.len() >= events::MAX_LEN {
@@ -493,6 +544,7 @@ fn io_loop(
 fn collect(
     ev_rx: mpsc::Receiver<Vec<Event>>,
     cfg: &ProbeConfig,
+    echo_stamps: bool,
     csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
@@ -504,7 +556,8 @@ fn collect(
         cfg.flow,
         cfg.timeout.as_nanos() as i64,
         true,
-    );
+    )
+    .expect_echo_tx(echo_stamps);
     let mut last_flush = clock::realtime_ns();
     let mut sender_done_at: Option<i64> = None;
     let mut write_err: Option<anyhow::Error> = None;

@@ -229,11 +229,24 @@ impl ProbeSocket {
         Ok(sent)
     }
 
+    /// Whether TX timestamps carry the OPT_ID given per send (SCM_TS_OPT_ID,
+    /// Linux >= 6.13) rather than the socket's own counter.
+    pub fn per_send_opt_id(&self) -> bool {
+        self.per_send_opt_id.load(Relaxed)
+    }
+
     /// Sends received datagrams `idx` of `batch` back to where each came
-    /// from, in as few sendmmsg(2) calls as the kernel allows. Returns how
+    /// from, in as few sendmmsg(2) calls as the kernel allows; with TX
+    /// timestamping on, echo `k` carries OPT_ID `opt_ids[k]`. Returns how
     /// many went out; the first error is returned only if none did.
-    pub fn send_back(&self, batch: &mut RecvBatch, idx: &[usize]) -> io::Result<usize> {
-        batch.prepare_echo(idx);
+    pub fn send_back(
+        &self,
+        batch: &mut RecvBatch,
+        idx: &[usize],
+        opt_ids: &[u32],
+    ) -> io::Result<usize> {
+        let mut per_send = self.per_send_opt_id.load(Relaxed);
+        batch.prepare_echo(idx, per_send.then_some(opt_ids));
         let mut done = 0;
         let mut first_err = None;
         while done < idx.len() {
@@ -249,6 +262,13 @@ impl ProbeSocket {
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if per_send && e.raw_os_error() == Some(libc::EINVAL) {
+                    // Kernel older than 6.13: no per-send OPT_ID.
+                    per_send = false;
+                    self.per_send_opt_id.store(false, Relaxed);
+                    batch.prepare_echo(idx, None);
                     continue;
                 }
                 first_err.get_or_insert(e);
@@ -353,6 +373,7 @@ pub struct RecvBatch {
     filled: usize,
     echo_hdrs: Vec<libc::mmsghdr>,
     echo_iovs: Vec<libc::iovec>,
+    echo_controls: Vec<[u64; 4]>,
 }
 
 // The raw pointers only point into the batch's own buffers.
@@ -381,11 +402,13 @@ impl RecvBatch {
                     iov_len: 0,
                 })
                 .collect(),
+            echo_controls: vec![[0u64; 4]; n],
         }
     }
 
-    /// Headers for sending received messages `idx` back to their sources.
-    fn prepare_echo(&mut self, idx: &[usize]) {
+    /// Headers for sending received messages `idx` back to their sources,
+    /// each with its OPT_ID when `opt_ids` is given.
+    fn prepare_echo(&mut self, idx: &[usize], opt_ids: Option<&[u32]>) {
         for (k, &i) in idx.iter().enumerate() {
             let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
             self.echo_iovs[k] = libc::iovec {
@@ -397,9 +420,25 @@ impl RecvBatch {
             h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
             h.msg_iov = &mut self.echo_iovs[k];
             h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
             h.msg_flags = 0;
+            match opt_ids.and_then(|ids| ids.get(k)) {
+                Some(&id) => {
+                    h.msg_control = self.echo_controls[k].as_mut_ptr().cast();
+                    // SAFETY: echo_controls[k] is 32 aligned bytes, enough for CMSG_SPACE(4).
+                    unsafe {
+                        h.msg_controllen = libc::CMSG_SPACE(4) as usize;
+                        let c = libc::CMSG_FIRSTHDR(h);
+                        (*c).cmsg_level = libc::SOL_SOCKET;
+                        (*c).cmsg_type = SCM_TS_OPT_ID;
+                        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u32>(), id);
+                    }
+                }
+                None => {
+                    h.msg_control = std::ptr::null_mut();
+                    h.msg_controllen = 0;
+                }
+            }
             self.echo_hdrs[k].msg_len = 0;
         }
     }
