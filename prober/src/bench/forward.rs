@@ -240,6 +240,8 @@ pub struct StepResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct ForwardReport {
     pub machine: Machine,
+    /// Ids of the testbeds built (one per mode); all removed at the end.
+    pub testbed_ids: Vec<String>,
     pub sink: SinkArg,
     pub threaded_napi: bool,
     pub rt_priority: Option<u8>,
@@ -710,10 +712,12 @@ pub fn run(
     crate::testbed::require_root()?;
     let machine = Machine::describe();
     let mut steps = Vec::new();
+    let mut testbed_ids = Vec::new();
     for &mode in &plan.modes {
         check_stop(stop)?;
         let bed = testbed_for(mode, plan)
             .with_context(|| format!("preparing the testbed for {}", mode_label(mode)))?;
+        testbed_ids.push(bed.tb.id.clone());
         // Resolve neighbours on every hop before any load.
         run_probe(&bed.tb, plan, Duration::from_millis(50), "prime.csv", stop)?;
         for &size in &plan.sizes {
@@ -746,6 +750,7 @@ pub fn run(
     }
     Ok(ForwardReport {
         machine,
+        testbed_ids,
         sink: plan.sink,
         threaded_napi: plan.threaded_napi,
         rt_priority: plan.rt_priority,
@@ -931,6 +936,7 @@ mod tests {
             limit,
         };
         let r = ForwardReport {
+            testbed_ids: vec!["abc123".into()],
             sink: SinkArg::Xdp,
             machine: Machine {
                 cpus: 2,

@@ -1,0 +1,246 @@
+//! End-to-end: `rtprobe bench-forward`, the held testbed, and the probe at
+//! a high rate, with tiny durations. They assert relations (the load
+//! crossed the hop, XDP redirected it, nothing is left behind, every probe
+//! is accounted for), never absolute speeds. Needs root; run by
+//! `cargo xtask test` with `--ignored --test-threads=1`.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+};
+
+use common::*;
+
+fn bench_forward(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let json = dir.join("fwd.json");
+    let o = Command::new(bin())
+        .args(["bench-forward", "--quiet", "--step", "500ms", "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .expect("run rtprobe bench-forward");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr: {stderr}\nstdout: {stdout}");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).unwrap();
+    let ids = j["testbed_ids"].as_array().expect("testbed ids");
+    assert!(!ids.is_empty());
+    for id in ids {
+        let id = id.as_str().unwrap();
+        let _sweep = NsSweep(id.to_string());
+        assert!(
+            namespaces_of(id).is_empty(),
+            "namespaces left behind: {:?}",
+            namespaces_of(id)
+        );
+    }
+    assert!(
+        stdout.contains("forwarded") || stdout.contains("fwd/s"),
+        "{stdout}"
+    );
+    j
+}
+
+fn step<'a>(j: &'a serde_json::Value, mode: &str, load: u64) -> &'a serde_json::Value {
+    j["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["mode"] == mode && s["load_pct"] == load)
+        .unwrap_or_else(|| panic!("no {mode} step at {load} %: {j:#}"))
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn bench_forward_kernel_and_native_xdp() {
+    if !is_root("bench_forward_kernel_and_native_xdp") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let j = bench_forward(
+        dir.path(),
+        &["--modes", "off,native", "--sizes", "64", "--load", "0,100"],
+    );
+    assert_eq!(j["steps"].as_array().unwrap().len(), 4);
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    for mode in ["off", "native"] {
+        let idle = step(&j, mode, 0);
+        assert_eq!(idle["generated"], 0, "no load at 0 %");
+        assert_eq!(idle["forwarded"], 0);
+        assert!(idle["probe"]["sent"].as_u64().unwrap() > 0, "probes ran");
+        assert_eq!(idle["probe"]["lost"], 0, "an idle hop loses no probe");
+        let full = step(&j, mode, 100);
+        let (g, f) = (
+            full["generated"].as_u64().unwrap(),
+            full["forwarded"].as_u64().unwrap(),
+        );
+        assert!(f > 0, "{mode}: nothing crossed the hop: {full:#}");
+        assert!(g >= f, "{mode}: forwarded {f} > generated {g}");
+        let drop = full["drop_pct"].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&drop));
+        assert!(["router", "generator"].contains(&full["limit"].as_str().unwrap()));
+        assert_eq!(full["cores"].as_array().unwrap().len(), cpus);
+        assert!(full["generator_cpu_pct"].as_f64().unwrap() > 0.0);
+    }
+    let native = step(&j, "native", 100);
+    assert_eq!(native["xdp_mode_attached"], "native");
+    let redirected = native["xdp_counters"]["redirected"]["packets"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        redirected >= native["forwarded"].as_u64().unwrap(),
+        "in native redirect mode the router's XDP program forwarded the load: {native:#}"
+    );
+    assert_eq!(step(&j, "off", 100)["xdp_mode_attached"], "none");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn bench_forward_paced_steps_and_socket_generator() {
+    if !is_root("bench_forward_paced_steps_and_socket_generator") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Paced below the hop's capacity, the load offered is what gets generated.
+    let j = bench_forward(
+        dir.path(),
+        &["--modes", "off", "--sizes", "512", "--load", "25,100"],
+    );
+    let full = step(&j, "off", 100);
+    let paced = step(&j, "off", 25);
+    let offered = paced["offered_pps"].as_f64().unwrap();
+    let expect = 0.25 * full["forwarded_pps"].as_f64().unwrap();
+    assert!((offered - expect).abs() < 1.0, "{offered} vs {expect}");
+    assert!(
+        paced["generated_pps"].as_f64().unwrap() < full["generated_pps"].as_f64().unwrap(),
+        "a quarter load generates less than flat out"
+    );
+    let j = bench_forward(
+        dir.path(),
+        &[
+            "--modes",
+            "off",
+            "--sizes",
+            "64",
+            "--load",
+            "100",
+            "--generator",
+            "socket",
+            "--sink",
+            "stack",
+        ],
+    );
+    let s = step(&j, "off", 100);
+    assert_eq!(s["generator"], "socket");
+    assert!(s["forwarded"].as_u64().unwrap() > 0, "{s:#}");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn held_testbed_lives_until_stdin_closes() {
+    if !is_root("held_testbed_lives_until_stdin_closes") {
+        return;
+    }
+    let mut child = Command::new(bin())
+        .args(["testbed", "--xdp-mode", "native"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    let id = info["id"].as_str().unwrap().to_string();
+    let _sweep = NsSweep(id.clone());
+    assert_eq!(info["xdp_mode_attached"], "native");
+    assert_eq!(namespaces_of(&id).len(), 3, "sender, router, receiver");
+    // The path works for another tool while it is held.
+    let sender = info["sender_ns"].as_str().unwrap();
+    let addr = info["receiver_addr"].as_str().unwrap();
+    if sh("command -v ping").status.success() {
+        let ping = sh(&format!(
+            "ip netns exec {sender} ping -n -c 3 -i 0.2 -W 1 {addr}"
+        ));
+        assert!(
+            ping.status.success(),
+            "ping across the held testbed: {}",
+            String::from_utf8_lossy(&ping.stdout)
+        );
+    }
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(namespaces_of(&id).is_empty(), "torn down when stdin closed");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn high_rate_probes_are_all_accounted_for() {
+    if !is_root("high_rate_probes_are_all_accounted_for") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("out.csv");
+    let json = dir.path().join("out.json");
+    let n = 20_000u64;
+    let o = Command::new(bin())
+        .args([
+            "--quiet",
+            "--xdp-mode",
+            "off",
+            "--interval",
+            "20us",
+            "--busy-poll",
+        ])
+        .args(["--count", &n.to_string(), "--out"])
+        .arg(&csv)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (meta, rows) = read_csv(&csv);
+    let _sweep = NsSweep(meta.testbed_id.clone());
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // Every probe is a row and either received or lost: none unaccounted.
+    assert_eq!(rows.len() as u64, n);
+    assert_eq!(j["sent"], n);
+    assert_eq!(j["unaccounted"], 0);
+    assert_eq!(
+        j["received"].as_u64().unwrap() + j["lost"].as_u64().unwrap(),
+        n
+    );
+    assert!(j["missed_ticks"].is_u64());
+    assert!(j["send_rate_pps"].as_f64().unwrap() > 0.0);
+    assert_eq!(meta.knobs["pacing"]["busy_poll"], true);
+    // Schedule and send times are in every row; a received row has its
+    // kernel-stamped legs and the reflector's turnaround.
+    let received: Vec<&Vec<String>> = rows.iter().filter(|r| r[14] == "0").collect();
+    assert!(!received.is_empty());
+    for r in rows.iter().take(100) {
+        assert!(!r[3].is_empty() && !r[4].is_empty(), "sched_ns and send_ns");
+    }
+    let with_turnaround = received.iter().filter(|r| !r[15].is_empty()).count();
+    assert!(
+        with_turnaround * 10 >= received.len() * 9,
+        "turnaround in most received rows ({with_turnaround} of {})",
+        received.len()
+    );
+    for r in received
+        .iter()
+        .filter(|r| !r[15].is_empty() && !r[9].is_empty())
+        .take(1000)
+    {
+        let rtt: i64 = r[9].parse().unwrap();
+        let turnaround: i64 = r[15].parse().unwrap();
+        assert!(
+            turnaround > 0 && turnaround < rtt,
+            "turnaround {turnaround} within rtt {rtt}"
+        );
+    }
+}
