@@ -3,5 +3,6 @@
 
 pub mod csv;
 pub mod json;
+pub mod plot;
 
 pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, TsSource};
