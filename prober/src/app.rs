@@ -41,7 +41,7 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
+        Some(Command::Plot(args)) => crate::export::plot::run(&args),
         None => anyhow::bail!("probe is not implemented yet"),
     }
 }

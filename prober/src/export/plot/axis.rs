@@ -59,6 +59,8 @@ pub struct ValueAxis {
     /// Ends of the axis in plot coordinates (see module docs).
     pub lo: f64,
     pub hi: f64,
+    /// The user fixed the upper end (`--y-max`): drawing must not move it.
+    pub fixed_hi: bool,
 }
 
 impl ValueAxis {
@@ -116,7 +118,23 @@ impl ValueAxis {
         if hi <= lo {
             hi = lo + pad.max(1e-9);
         }
-        Ok(ValueAxis { unit, log, lo, hi })
+        Ok(ValueAxis {
+            unit,
+            log,
+            lo,
+            hi,
+            fixed_hi: fixed_max_ns.is_some(),
+        })
+    }
+
+    /// The same axis with `fraction` of its height added on top (room for a
+    /// legend above the data), unless the user fixed the upper end.
+    pub fn with_headroom(&self, fraction: f64) -> ValueAxis {
+        let mut a = self.clone();
+        if !a.fixed_hi && fraction > 0.0 && fraction < 0.8 {
+            a.hi += (a.hi - a.lo) * fraction / (1.0 - fraction);
+        }
+        a
     }
 
     /// Plot coordinate of a latency, or `None` if it is off the axis (or
@@ -149,7 +167,7 @@ impl ValueAxis {
     /// Tick positions in plot coordinates.
     pub fn ticks(&self) -> Vec<f64> {
         if !self.log {
-            return nice_ticks(self.lo, self.hi, 8);
+            return nice_ticks(self.lo, self.hi, 10);
         }
         // 1-2-5 (or every integer multiple when the range is narrow) times
         // powers of ten; plain decades when that would crowd the axis.

@@ -188,8 +188,19 @@ fn one_line(s: &str) -> String {
         .collect()
 }
 
+/// Checks that `path` is a readable file before any reading starts, so a
+/// typo in the last of several paths fails at once.
+pub fn check_input(path: &Path) -> Result<(), ReadError> {
+    open(path).map(drop)
+}
+
 /// Opens and reads one CSV file.
 pub fn read_csv_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
+    let file = open(path)?;
+    read_csv(&path.display().to_string(), file, opts)
+}
+
+fn open(path: &Path) -> Result<File, ReadError> {
     let name = path.display().to_string();
     let whole = |message: String| ReadError {
         file: name.clone(),
@@ -203,7 +214,7 @@ pub fn read_csv_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadErro
             name.trim_end_matches('/')
         )));
     }
-    let file = File::open(path).map_err(|e| {
+    File::open(path).map_err(|e| {
         whole(match e.kind() {
             io::ErrorKind::NotFound => "no such file: check the path".to_string(),
             io::ErrorKind::PermissionDenied => {
@@ -211,8 +222,7 @@ pub fn read_csv_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadErro
             }
             _ => format!("cannot open: {e}"),
         })
-    })?;
-    read_csv(&name, file, opts)
+    })
 }
 
 /// The longest first line looked at for run metadata.
