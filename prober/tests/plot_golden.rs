@@ -283,3 +283,50 @@ fn lone_run_title_counts_probes_and_losses() {
         texts(&svg)
     );
 }
+
+/// Values a CSV can hold but a sane run never writes (clock steps, i64
+/// extremes, negative one-way latency from unsynchronised clocks) must give
+/// figures or a one-line error, never a panic, on linear and log axes.
+#[test]
+fn extreme_values_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets: [&[i64]; 5] = [
+        &[i64::MIN, -5, 0, i64::MAX],
+        &[0, 0, 0],
+        &[-3, -2, -1],
+        &[7],
+        &[1, i64::MAX, i64::MAX, 2],
+    ];
+    for (k, values) in sets.iter().enumerate() {
+        let csv = dir.path().join(format!("x{k}.csv"));
+        let mut text = String::from("seq,sched_ns,one_way_ns,lost\n");
+        for (i, v) in values.iter().enumerate() {
+            // Clock steps in the time column too.
+            let t = if i % 2 == 0 {
+                i64::MAX - i as i64
+            } else {
+                i64::MIN + i as i64
+            };
+            text.push_str(&format!("{i},{t},{v},0\n"));
+        }
+        text.push_str(&format!("{},0,,1\n", values.len()));
+        std::fs::write(&csv, text).unwrap();
+        for log in [false, true] {
+            let mut a = args(vec![csv.clone()], dir.path());
+            a.log = log;
+            a.format = vec![ImageFormat::Svg, ImageFormat::Png];
+            // Small: PNG encoding is slow in debug builds, and the size does
+            // not matter for what is tested.
+            a.figure_size = (320, 200);
+            match PlotOptions::from_args(&a).and_then(|o| plot::plot(&o)) {
+                Ok(files) => assert!(!files.is_empty()),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    assert!(!msg.contains('\n'), "{msg}");
+                    // Only a log axis over no positive sample may refuse.
+                    assert!(log && msg.contains("positive"), "set {k}: {msg}");
+                }
+            }
+        }
+    }
+}

@@ -16,16 +16,17 @@ pub enum Unit {
 }
 
 impl Unit {
-    /// The unit that keeps the largest label readable: ns below 2 µs, µs
-    /// below 2 ms, ms below 2 s, then s (so 1500 µs rather than 1.5 ms,
-    /// the way the study's figures were labelled).
+    /// The largest unit in which the axis end still reads as a whole
+    /// number below 10000: ns below 10 µs, µs below 10 ms, ms below 10 s,
+    /// then s. Latency bodies of tens of µs with a tail of a few ms thus
+    /// stay in µs (50 .. 2000 µs) rather than turning into 0.05 ms.
     pub fn for_max(max_abs_ns: f64) -> Unit {
         let m = max_abs_ns.abs();
-        if m < 2e3 {
+        if m < 1e4 {
             Unit::Ns
-        } else if m < 2e6 {
+        } else if m < 1e7 {
             Unit::Us
-        } else if m < 2e9 {
+        } else if m < 1e10 {
             Unit::Ms
         } else {
             Unit::S
@@ -262,6 +263,19 @@ pub fn format_number(v: f64) -> String {
     if s == "-0" { "0".to_string() } else { s }
 }
 
+/// A count with thousands separators: 1000000 -> "1,000,000".
+pub fn format_count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// A duration for titles and legends: "64 µs", "1 ms", "1.5 ms", "10 s".
 pub fn format_duration_ns(ns: f64) -> String {
     let unit = if ns.abs() < 1e3 {
@@ -286,12 +300,13 @@ mod tests {
 
     #[test]
     fn units_follow_the_largest_value() {
-        assert_eq!(Unit::for_max(1_999.0), Unit::Ns);
-        assert_eq!(Unit::for_max(2_000.0), Unit::Us);
-        assert_eq!(Unit::for_max(1_500_000.0), Unit::Us);
-        assert_eq!(Unit::for_max(2_000_000.0), Unit::Ms);
-        assert_eq!(Unit::for_max(3e9), Unit::S);
-        assert_eq!(Unit::for_max(-5e6), Unit::Ms);
+        assert_eq!(Unit::for_max(9_999.0), Unit::Ns);
+        assert_eq!(Unit::for_max(10_000.0), Unit::Us);
+        assert_eq!(Unit::for_max(2_000_000.0), Unit::Us);
+        assert_eq!(Unit::for_max(10_000_000.0), Unit::Ms);
+        assert_eq!(Unit::for_max(3e9), Unit::Ms);
+        assert_eq!(Unit::for_max(12e9), Unit::S);
+        assert_eq!(Unit::for_max(-50e6), Unit::Ms);
     }
 
     #[test]
@@ -352,6 +367,10 @@ mod tests {
         assert_eq!(format_number(12.5), "12.5");
         assert_eq!(format_number(0.1 + 0.2), "0.3");
         assert_eq!(format_number(-0.0001), "0");
+        assert_eq!(format_count(0), "0");
+        assert_eq!(format_count(999), "999");
+        assert_eq!(format_count(1000), "1,000");
+        assert_eq!(format_count(1_000_000), "1,000,000");
         assert_eq!(format_duration_ns(1e6), "1 ms");
         assert_eq!(format_duration_ns(1.5e6), "1.5 ms");
         assert_eq!(format_duration_ns(100e3), "100 µs");

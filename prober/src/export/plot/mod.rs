@@ -30,7 +30,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
 use self::{
-    axis::{ValueAxis, format_duration_ns},
+    axis::{ValueAxis, format_count, format_duration_ns},
     draw::{BoxFigure, BoxItem, CdfCurve, CdfFigure, Figure, TimeFigure, TimeLine},
     read::{CsvRun, ReadOptions, Series, Want, XSource},
     stats::{BoxStats, CdfPoint},
@@ -374,6 +374,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
         opts,
         written: Vec::new(),
         names: HashSet::new(),
+        skipped: Vec::new(),
     };
     for &metric in &opts.metrics {
         let m = metric.index();
@@ -381,7 +382,9 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
             .filter(|&i| runs[i].series[m].is_some())
             .collect();
         if have.is_empty() {
-            log::warn!(
+            // Not asked for explicitly (else the reader failed): older or
+            // one-metric CSVs simply lack it.
+            log::info!(
                 "no CSV has a {} column: no {} figures",
                 metric.column(),
                 metric.name()
@@ -424,7 +427,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                         None,
                         FigureKind::Box,
                     )?,
-                    Err(e) => log::warn!("no boxplot: {e:#}"),
+                    Err(e) => out.skipped("boxplot", e),
                 }
             }
             let mut groups: BTreeMap<Option<Key>, Vec<usize>> = BTreeMap::new();
@@ -441,7 +444,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                             group.as_ref(),
                             FigureKind::Cdf,
                         )?,
-                        Err(e) => log::warn!("no CDF: {e:#}"),
+                        Err(e) => out.skipped("CDF", e),
                     }
                 }
                 if opts.kinds.contains(&FigureKind::Time) {
@@ -453,13 +456,16 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                             group.as_ref(),
                             FigureKind::Time,
                         )?,
-                        Err(e) => log::warn!("no time series: {e:#}"),
+                        Err(e) => out.skipped("time series", e),
                     }
                 }
             }
         }
     }
     if out.written.is_empty() {
+        if let Some(why) = out.skipped.first() {
+            bail!("nothing to plot: {why}");
+        }
         bail!(
             "nothing to plot: no run has a latency sample for {} (every probe lost or without timestamps?)",
             opts.metrics
@@ -501,9 +507,16 @@ struct Output<'a> {
     opts: &'a PlotOptions,
     written: Vec<PathBuf>,
     names: HashSet<PathBuf>,
+    /// Why figures were left out (the first one explains an empty result).
+    skipped: Vec<String>,
 }
 
 impl Output<'_> {
+    fn skipped(&mut self, what: &str, e: anyhow::Error) {
+        log::warn!("no {what}: {e:#}");
+        self.skipped.push(format!("{e:#}"));
+    }
+
     fn save(
         &mut self,
         fig: &Figure,
@@ -991,11 +1004,11 @@ impl FigureCtx<'_> {
         }
         let rows = runs.first().map_or(0, |r| r.rows);
         if runs.iter().all(|r| r.rows == rows) {
+            let n = format_count(rows);
             if runs.len() == 1 {
-                let lost = runs[0].lost;
-                parts.push(format!("{rows} probes ({lost} lost)"));
+                parts.push(format!("{n} probes ({} lost)", format_count(runs[0].lost)));
             } else {
-                parts.push(format!("{rows} probes each"));
+                parts.push(format!("{n} probes each"));
             }
         }
         if parts.is_empty() {
@@ -1012,7 +1025,7 @@ impl FigureCtx<'_> {
         if same_rows || sel.len() == 1 {
             r.label.clone()
         } else {
-            format!("{} (n={})", r.label, r.rows)
+            format!("{} (n={})", r.label, format_count(r.rows))
         }
     }
 
@@ -1177,7 +1190,7 @@ impl FigureCtx<'_> {
             }
             let mut label = self.legend_label(sel, i);
             if r.lost > 0 {
-                label.push_str(&format!(", {} lost", r.lost));
+                label.push_str(&format!(", {} lost", format_count(r.lost)));
             }
             lines.push(TimeLine {
                 label,

@@ -1093,10 +1093,37 @@ mod tests {
                     Ok(run) => {
                         let n: u64 = run.flows.iter().map(|f| f.rows).sum();
                         assert_eq!(n, run.rows);
+                        // Whatever numbers got through, the statistics
+                        // behind the figures must cope with them.
+                        for f in &run.flows {
+                            for s in [&f.one_way, &f.rtt].into_iter().flatten() {
+                                exercise_stats(s);
+                            }
+                        }
                     }
                     Err(e) => assert!(!e.to_string().contains('\n')),
                 }
             }
+        }
+
+        /// Runs every statistic a figure uses over a parsed series.
+        pub(crate) fn exercise_stats(s: &Series) {
+            use crate::export::plot::stats;
+            assert_eq!(s.x.len(), s.values_ns.len());
+            let _ = stats::decimate_minmax(&s.x, &s.values_ns, 7);
+            let mut v = s.values_ns.clone();
+            v.sort_unstable();
+            if let Some(b) = stats::box_stats(&v) {
+                let (lo, hi) = b.outliers(&v);
+                assert_eq!(lo.len() + hi.len(), b.outlier_count());
+                assert!(b.lower_whisker <= b.upper_whisker);
+            }
+            for log in [false, true] {
+                let c = stats::cdf_points(&v, 5, log);
+                assert_eq!(c.is_empty(), v.is_empty());
+                assert!(c.last().is_none_or(|p| p.fraction == 1.0));
+            }
+            let _ = stats::decimate_marks(&s.x, i64::MIN, i64::MAX, 3);
         }
 
         proptest! {
@@ -1105,6 +1132,43 @@ mod tests {
             #[test]
             fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
                 check(&bytes);
+            }
+
+            /// Rows the writer produces, with any numbers at all, read back
+            /// exactly and survive the statistics.
+            #[test]
+            fn writer_rows_round_trip(
+                rows in proptest::collection::vec(
+                    (any::<i64>(), any::<Option<i64>>(), any::<Option<i64>>(), any::<u8>(), any::<bool>()),
+                    1..40),
+            ) {
+                let recs: Vec<ProbeRecord> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(sched_ns, one_way_ns, rtt_ns, flow, lost))| ProbeRecord {
+                        seq: i as u64,
+                        flow: flow % 3,
+                        sched_ns,
+                        one_way_ns,
+                        rtt_ns,
+                        lost,
+                        ..Default::default()
+                    })
+                    .collect();
+                let text = csv_text(true, &recs);
+                let run = read(text.as_bytes()).unwrap();
+                prop_assert_eq!(run.rows, recs.len() as u64);
+                for f in &run.flows {
+                    let mine: Vec<&ProbeRecord> = recs.iter().filter(|r| r.flow == f.flow).collect();
+                    let want: Vec<i64> = mine.iter().filter_map(|r| r.one_way_ns).collect();
+                    prop_assert_eq!(&f.one_way.as_ref().unwrap().values_ns, &want);
+                    let want_x: Vec<i64> = mine.iter().filter(|r| r.one_way_ns.is_some()).map(|r| r.sched_ns).collect();
+                    prop_assert_eq!(&f.one_way.as_ref().unwrap().x, &want_x);
+                    prop_assert_eq!(f.lost, mine.iter().filter(|r| r.lost).count() as u64);
+                    for s in [&f.one_way, &f.rtt].into_iter().flatten() {
+                        exercise_stats(s);
+                    }
+                }
             }
 
             /// Near-valid files: a real header and rows with cells swapped
