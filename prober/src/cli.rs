@@ -149,13 +149,9 @@ pub struct ProbeArgs {
 
 #[derive(Debug, Clone, Args)]
 #[command(
-    long_about = "Draw boxplots (whiskers at 1.5 IQR, every outlier), empirical CDFs and \
-        latency-over-time figures from rtprobe CSV files, for one-way latency and RTT.\n\n\
-        Several CSVs are drawn on the same axes, one colour per run (first red, second blue, \
-        then a fixed palette), labelled by --label or by each run's metadata. Figures are \
-        written next to the first CSV (or in --out-dir) as PREFIX-METRIC[-SPLIT][-GROUP]-KIND.svg \
-        and their paths printed, one per line.",
-    after_help = "Examples:\n  \
+    after_help = "Figures are written next to the first CSV (or in --out-dir) as \
+        PREFIX-METRIC[-SPLIT][-GROUP]-KIND.svg, and their paths printed one per line.\n\n\
+        Examples:\n  \
         rtprobe plot out.csv\n  \
         rtprobe plot baseline.csv xdp.csv --label 'XDP off' --label 'XDP native' --log\n  \
         rtprobe plot runs/*.csv --group-by interval --split-by size --metric rtt --kind box\n  \

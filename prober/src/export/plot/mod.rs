@@ -10,9 +10,9 @@
 //! samples are dropped -> summaries are laid out into figures with axes
 //! ([`axis`]) and titles -> [`draw`] renders them with plotters.
 //!
-//! To regenerate figures later without any build tooling, run the release
-//! binary on saved CSVs, e.g.
-//! `rtprobe plot baseline.csv xdp.csv --label "XDP off" --label "XDP native" --out-dir docs/img`.
+//! Figures are regenerated from saved CSVs with the binary alone, e.g.
+//! `rtprobe plot xdp-off.csv xdp-native.csv --out-dir docs/figures --prefix example`;
+//! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
 pub mod axis;
 pub mod draw;
