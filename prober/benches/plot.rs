@@ -99,6 +99,7 @@ fn bench(c: &mut Criterion) {
         kinds: vec![FigureKind::Box, FigureKind::Cdf, FigureKind::Time],
         group_by: None,
         split_by: None,
+        auto_split: false,
         log: false,
         formats: vec![ImageFormat::Svg],
         size_px: (1000, 600),

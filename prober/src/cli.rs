@@ -190,8 +190,9 @@ pub struct PlotArgs {
     #[arg(long, value_name = "KEY")]
     pub group_by: Option<String>,
 
-    /// One figure per value of this key (size, interval or mode); the study's figures are
-    /// --group-by interval --split-by size.
+    /// One figure per value of this key: size, interval, mode or none [default with --group-by:
+    /// size, or interval when grouping by size, if the runs differ in it; so --group-by interval
+    /// gives the study's figures: one per packet size, the intervals side by side].
     #[arg(long, value_name = "KEY")]
     pub split_by: Option<String>,
 

@@ -192,8 +192,8 @@ fn grouped_like_the_study_one_figure_per_size_intervals_side_by_side() {
         }
     }
     let mut a = args(csvs, dir.path());
+    // No --split-by: grouping by interval splits by size on its own.
     a.group_by = Some("interval".into());
-    a.split_by = Some("size".into());
     a.metric = Some(plot::MetricChoice::Rtt);
     a.kind = vec![FigureKind::Box, FigureKind::Cdf];
     a.log = true;
@@ -239,6 +239,31 @@ fn grouped_like_the_study_one_figure_per_size_intervals_side_by_side() {
     let svg = std::fs::read_to_string(dir.path().join("compare-rtt-64B-1ms-cdf.svg")).unwrap();
     let title = "Round-trip time — 64 B probes every 1 ms, sw timestamps, 200 probes each";
     assert!(has_text(&svg, title), "{:?}", texts(&svg));
+
+    // --split-by none: every run on one axis, the labels name mode and size.
+    let out = dir.path().join("together");
+    a.split_by = Some("none".into());
+    a.kind = vec![FigureKind::Box];
+    a.out_dir = Some(out.clone());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["compare-rtt-box.svg"]);
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    for (color, label) in [
+        "XDP off, 64 B",
+        "XDP off, 1472 B",
+        "XDP native, 64 B",
+        "XDP native, 1472 B",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert_eq!(boxes(&svg, color), 3, "{label}");
+        assert!(
+            has_text(&svg, label),
+            "{label:?} missing from {:?}",
+            texts(&svg)
+        );
+    }
 }
 
 #[test]

@@ -199,6 +199,9 @@ pub struct PlotOptions {
     pub kinds: Vec<FigureKind>,
     pub group_by: Option<Dim>,
     pub split_by: Option<Dim>,
+    /// No `--split-by` given: with `--group-by`, split by whichever of size
+    /// and interval varies (the study's one figure per packet size).
+    pub auto_split: bool,
     pub log: bool,
     pub formats: Vec<ImageFormat>,
     pub size_px: (u32, u32),
@@ -226,11 +229,12 @@ impl PlotOptions {
             .as_deref()
             .map(|s| Dim::parse("--group-by", s))
             .transpose()?;
-        let split_by = a
-            .split_by
-            .as_deref()
-            .map(|s| Dim::parse("--split-by", s))
-            .transpose()?;
+        let split_by = match a.split_by.as_deref() {
+            Some(s) if s.trim().eq_ignore_ascii_case("none") => None,
+            Some(s) => Some(Dim::parse("--split-by", s)?),
+            None => None,
+        };
+        let auto_split = a.split_by.is_none();
         if group_by.is_some() && group_by == split_by {
             bail!(
                 "--group-by and --split-by name the same key: split by another one, or drop --split-by"
@@ -284,6 +288,7 @@ impl PlotOptions {
             kinds,
             group_by,
             split_by,
+            auto_split,
             log: a.log,
             formats,
             size_px: a.figure_size,
@@ -700,6 +705,27 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
             });
         }
     }
+    let resolved;
+    let opts = if opts.auto_split && opts.split_by.is_none() && opts.group_by.is_some() {
+        // The study's figures: grouped by interval, one figure per size.
+        let split = [Dim::Size, Dim::Interval]
+            .into_iter()
+            .filter(|d| Some(*d) != opts.group_by)
+            .find(|d| distinct_keys(&runs, *d) > 1);
+        if let Some(d) = split {
+            log::info!(
+                "one figure per {} (--split-by none to draw them together)",
+                d.noun()
+            );
+        }
+        resolved = PlotOptions {
+            split_by: split,
+            ..opts.clone()
+        };
+        &resolved
+    } else {
+        opts
+    };
     for (flag, dim) in [("--group-by", opts.group_by), ("--split-by", opts.split_by)] {
         let Some(d) = dim else { continue };
         for r in &runs {
@@ -742,6 +768,18 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
     Ok(runs)
 }
 
+/// How many different values of `d` the runs have (unknown counts as one).
+fn distinct_keys(runs: &[Run], d: Dim) -> usize {
+    let mut seen: Vec<Option<Key>> = Vec::new();
+    for r in runs {
+        let k = r.key(d);
+        if !seen.contains(&k) {
+            seen.push(k);
+        }
+    }
+    seen.len()
+}
+
 fn assign_labels(runs: &mut [Run], opts: &PlotOptions) -> Result<()> {
     let skip = [opts.group_by, opts.split_by];
     // Properties that tell runs apart (and are not already the axis or the
@@ -749,16 +787,7 @@ fn assign_labels(runs: &mut [Run], opts: &PlotOptions) -> Result<()> {
     let varying: Vec<Dim> = [Dim::Mode, Dim::Size, Dim::Interval]
         .into_iter()
         .filter(|d| !skip.contains(&Some(*d)))
-        .filter(|d| {
-            let mut seen: Vec<Option<Key>> = Vec::new();
-            for r in runs.iter() {
-                let k = r.key(*d);
-                if !seen.contains(&k) {
-                    seen.push(k);
-                }
-            }
-            seen.len() > 1
-        })
+        .filter(|d| distinct_keys(runs, *d) > 1)
         .collect();
     let lone = runs.len() == 1;
     for r in runs.iter_mut() {
