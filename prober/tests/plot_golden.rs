@@ -272,7 +272,7 @@ fn user_labels_title_and_png() {
     let a_csv = dir.path().join("a.csv");
     write_run(&a_csv, "skb", 200, 100_000, 80_000, 300);
     let mut a = args(vec![a_csv], dir.path());
-    a.label = vec!["generic XDP".into()];
+    a.label = vec!["generic <XDP> & co".into()];
     a.metric = Some(plot::MetricChoice::OneWay);
     a.kind = vec![FigureKind::Box];
     a.format = vec![ImageFormat::Svg, ImageFormat::Png];
@@ -281,7 +281,12 @@ fn user_labels_title_and_png() {
     assert_eq!(names(&written), ["a-one-way-box.svg", "a-one-way-box.png"]);
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     assert!(has_text(&svg, "One-way latency — lab run 3"));
-    assert!(has_text(&svg, "generic XDP"));
+    // Escaped, so the SVG stays well-formed.
+    assert!(
+        has_text(&svg, "generic &lt;XDP&gt; &amp; co"),
+        "{:?}",
+        texts(&svg)
+    );
     let png = std::fs::read(&written[1]).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
     // Text rasterised: a plain white 1000x600 PNG compresses to ~2 KB.
@@ -354,4 +359,19 @@ fn extreme_values_never_panic() {
             }
         }
     }
+}
+
+/// Group keys come from metadata text; they must not escape --out-dir.
+#[test]
+fn metadata_text_stays_inside_out_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("m.csv");
+    write_run(&csv, "../../evil mode", 64, 1_000_000, 50_000, 50);
+    let mut a = args(vec![csv], dir.path());
+    a.group_by = Some("mode".into());
+    a.kind = vec![FigureKind::Cdf];
+    a.metric = Some(plot::MetricChoice::Rtt);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["m-rtt-.._.._evil_mode-cdf.svg"]);
+    assert_eq!(written[0].parent(), Some(dir.path()));
 }

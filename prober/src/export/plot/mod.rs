@@ -274,10 +274,18 @@ impl PlotOptions {
                 _ => PathBuf::from("."),
             },
         };
-        let mut kinds = a.kind.clone();
-        kinds.dedup();
-        let mut formats = a.format.clone();
-        formats.dedup();
+        let mut kinds: Vec<FigureKind> = Vec::new();
+        for k in &a.kind {
+            if !kinds.contains(k) {
+                kinds.push(*k);
+            }
+        }
+        let mut formats: Vec<ImageFormat> = Vec::new();
+        for f in &a.format {
+            if !formats.contains(f) {
+                formats.push(*f);
+            }
+        }
         Ok(PlotOptions {
             inputs: a.csv.clone(),
             labels: a.label.clone(),
@@ -533,7 +541,14 @@ impl Output<'_> {
         let mut name = format!("{}-{}", self.opts.prefix, metric.slug());
         for k in [split, group].into_iter().flatten() {
             name.push('-');
-            name.push_str(&k.slug);
+            // Keys can come from metadata text: keep them one file name.
+            name.extend(k.slug.chars().map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            }));
         }
         name.push('-');
         name.push_str(kind.slug());
