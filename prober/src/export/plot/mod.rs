@@ -726,7 +726,7 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
         let split = [Dim::Size, Dim::Interval]
             .into_iter()
             .filter(|d| Some(*d) != opts.group_by)
-            .find(|d| distinct_keys(&runs, *d) > 1);
+            .find(|d| runs.iter().all(|r| r.key(*d).is_some()) && distinct_keys(&runs, *d) > 1);
         if let Some(d) = split {
             log::info!(
                 "one figure per {} (--split-by none to draw them together)",
