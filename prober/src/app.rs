@@ -52,7 +52,7 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
+        Some(Command::Plot(args)) => crate::export::plot::run(&args).map(|()| ExitCode::SUCCESS),
         Some(Command::Run(args)) => run_scenario_command(args),
         None => probe_command(&cli.probe),
     }
