@@ -109,7 +109,8 @@ fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
     let quiet = args.quiet;
     with_signals(quiet, move |stop| {
         let mut runner = crate::runner::ProbeCellRunner { stop: &stop };
-        crate::config::run_command(&args, Some(&mut runner), None)?;
+        let mut figures = crate::runner::PlotFigures;
+        crate::config::run_command(&args, Some(&mut runner), Some(&mut figures))?;
         Ok(if stop.load(Ordering::SeqCst) != 0 {
             ExitCode::from(130)
         } else {
