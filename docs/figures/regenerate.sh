@@ -10,7 +10,7 @@
 # The CSVs stay next to the figures (git-ignored) so the figures can be
 # redrawn without re-running the probe:
 #   target/release/rtprobe plot docs/figures/xdp-off.csv docs/figures/xdp-native.csv \
-#     --out-dir docs/figures --prefix example --metric rtt
+#     --out-dir docs/figures --prefix example --metric one-way
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,5 +23,5 @@ count=${COUNT:-5000}
     --label "XDP native" --out "$here/xdp-native.csv" --quiet
 
 "$rtprobe" plot "$here/xdp-off.csv" "$here/xdp-native.csv" \
-    --out-dir "$here" --prefix example --metric rtt
-# -> example-rtt-box.svg, example-rtt-cdf.svg, example-rtt-time.svg
+    --out-dir "$here" --prefix example --metric one-way
+# -> example-one-way-box.svg, example-one-way-cdf.svg, example-one-way-time.svg
