@@ -311,7 +311,11 @@ impl crate::config::FigureMaker for PlotFigures {
         let files = crate::export::plot::plot(&opts)?;
         Ok(files
             .into_iter()
-            .map(|f| f.strip_prefix(out_dir).map(|p| p.to_path_buf()).unwrap_or(f))
+            .map(|f| {
+                f.strip_prefix(out_dir)
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or(f)
+            })
             .collect())
     }
 }
