@@ -171,3 +171,114 @@ fn knobs_on_nic_pair_interfaces_are_restored() {
         tsq_before
     );
 }
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn two_priority_flows_share_the_path_with_per_flow_statistics() {
+    if !is_root("two_priority_flows_share_the_path_with_per_flow_statistics") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("o.csv");
+    let json = dir.path().join("o.json");
+    let o = Command::new(bin())
+        .args([
+            "--quiet",
+            "--xdp-mode",
+            "native",
+            "--tos",
+            "0xC0",
+            "--count",
+            "500",
+            "--interval",
+            "1ms",
+        ])
+        .args(["--flow", "port=5062,tos=0,size=1472,interval=250us"])
+        .args([
+            "--out",
+            csv.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let (meta, rows) = read_csv(&csv);
+    let _sweep = NsSweep(meta.testbed_id.clone());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let count = |flow: &str| rows.iter().filter(|r| r[1] == flow).count();
+    assert_eq!(count("0"), 500);
+    assert_eq!(
+        count("1"),
+        2000,
+        "the second flow covers the same wall time"
+    );
+    assert!(rows.iter().filter(|r| r[1] == "1").all(|r| r[2] == "1472"));
+    assert_eq!(meta.extra_flows.len(), 1);
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let flows = j["extra"]["flows"].as_array().expect("per-flow statistics");
+    assert_eq!(flows.len(), 2);
+    assert_eq!(flows[1]["port"], 5062);
+    assert_eq!(flows[1]["summary"]["sent"], 2000);
+    assert_eq!(flows[1]["summary"]["lost"], 0);
+    assert_eq!(j["sent"], 500, "the headline figures are the main flow's");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("per flow") && out.contains("5062"), "{out}");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn a_scenario_file_runs_every_cell_and_reports_with_figures() {
+    if !is_root("a_scenario_file_runs_every_cell_and_reports_with_figures") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("mini.toml");
+    std::fs::write(
+        &cfg,
+        r#"name = "mini"
+[probe]
+sizes = [64]
+intervals = ["1ms"]
+count = 300
+xdp_modes = ["off", "native"]
+[set.baseline]
+[set.txqueuelen-100]
+txqueuelen = 100
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(bin())
+        .args(["run", "--quiet"])
+        .arg(&cfg)
+        .arg("--out-dir")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let csvs: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        csvs.iter().filter(|f| f.ends_with(".csv")).count(),
+        4,
+        "{csvs:?}"
+    );
+    assert!(
+        csvs.iter().filter(|f| f.ends_with("-box.svg")).count() >= 3,
+        "figures: {csvs:?}"
+    );
+    for f in csvs.iter().filter(|f| f.ends_with(".svg")) {
+        assert!(report.contains(f.as_str()), "report.md does not link {f}");
+    }
+    for c in csvs.iter().filter(|f| f.ends_with(".csv")) {
+        let (meta, rows) = read_csv(&out.join(c));
+        assert_eq!(rows.len(), 300);
+        assert!(namespaces_of(&meta.testbed_id).is_empty());
+    }
+    assert!(report.contains("txqueuelen-100"));
+}

@@ -52,7 +52,7 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Some(Command::Plot(_args)) => anyhow::bail!("plot is not implemented yet"),
+        Some(Command::Plot(args)) => crate::export::plot::run(&args).map(|()| ExitCode::SUCCESS),
         Some(Command::BenchForward(args)) => bench_forward_command(&args),
         Some(Command::Testbed(args)) => {
             crate::testbed::require_root()?;
@@ -140,7 +140,8 @@ fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
     let quiet = args.quiet;
     with_signals(quiet, move |stop| {
         let mut runner = crate::runner::ProbeCellRunner { stop: &stop };
-        crate::config::run_command(&args, Some(&mut runner), None)?;
+        let mut figures = crate::runner::PlotFigures;
+        crate::config::run_command(&args, Some(&mut runner), Some(&mut figures))?;
         Ok(if stop.load(Ordering::SeqCst) != 0 {
             ExitCode::from(130)
         } else {

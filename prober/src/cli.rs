@@ -4,6 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::export::plot::{
+    FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency,
+};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "rtprobe",
@@ -288,10 +292,83 @@ pub struct TestbedArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Figures are written next to the first CSV (or in --out-dir) as \
+        PREFIX-METRIC[-SPLIT][-GROUP]-KIND.svg, and their paths printed one per line.\n\n\
+        Examples:\n  \
+        rtprobe plot out.csv\n  \
+        rtprobe plot baseline.csv xdp.csv --label 'XDP off' --label 'XDP native' --log\n  \
+        rtprobe plot runs/*.csv --group-by interval --split-by size --metric rtt --kind box\n  \
+        rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms"
+)]
 pub struct PlotArgs {
     /// rtprobe CSV files; several are drawn on the same axes (first red, second blue).
-    #[arg(required = true)]
+    #[arg(required = true, value_name = "CSV")]
     pub csv: Vec<PathBuf>,
+
+    /// Directory for the figures, created if missing [default: the first CSV's directory].
+    #[arg(short, long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+
+    /// File name prefix of the figures [default: the CSV's name without .csv; A-vs-B for two or
+    /// three CSVs; "compare" for more].
+    #[arg(long, value_name = "NAME")]
+    pub prefix: Option<String>,
+
+    /// Latency to draw [default: both; a CSV lacking one is then left out of its figures
+    /// instead of failing].
+    #[arg(long, value_enum)]
+    pub metric: Option<MetricChoice>,
+
+    /// Figures to draw, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [FigureKind::Box, FigureKind::Cdf, FigureKind::Time])]
+    pub kind: Vec<FigureKind>,
+
+    /// Legend label of each CSV, once per CSV in the same order [default: the label stored by
+    /// `rtprobe --label`, else what tells the runs apart: XDP mode, size, interval].
+    #[arg(long, value_name = "TEXT")]
+    pub label: Vec<String>,
+
+    /// One box per group and run on a shared axis: size, interval or mode (XDP mode). CDFs and
+    /// time series get one figure per group.
+    #[arg(long, value_name = "KEY")]
+    pub group_by: Option<String>,
+
+    /// One figure per value of this key: size, interval, mode or none [default with --group-by:
+    /// size, or interval when grouping by size, if the runs differ in it; so --group-by interval
+    /// gives the study's figures: one per packet size, the intervals side by side].
+    #[arg(long, value_name = "KEY")]
+    pub split_by: Option<String>,
+
+    /// Logarithmic latency axis (samples <= 0 are left out and counted in a note).
+    #[arg(long)]
+    pub log: bool,
+
+    /// Lower end of the latency axis, e.g. 0 or 20us [default: fit the data].
+    #[arg(long, value_name = "DURATION", value_parser = parse_latency)]
+    pub y_min: Option<std::time::Duration>,
+
+    /// Upper end of the latency axis, e.g. 2ms, to zoom past a few huge outliers (they are
+    /// counted in a note) [default: fit the data].
+    #[arg(long, value_name = "DURATION", value_parser = parse_latency)]
+    pub y_max: Option<std::time::Duration>,
+
+    /// Image format(s), comma-separated: svg, png.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ImageFormat::Svg])]
+    pub format: Vec<ImageFormat>,
+
+    /// Figure size in pixels.
+    #[arg(long, value_name = "WIDTHxHEIGHT", default_value = "1000x600", value_parser = parse_figure_size)]
+    pub figure_size: (u32, u32),
+
+    /// Title after the metric name [default: what was measured: size, interval, XDP mode,
+    /// timestamp source, probe count, from the run metadata].
+    #[arg(long, value_name = "TEXT")]
+    pub title: Option<String>,
+
+    /// Skip a cut-short last line (run killed while writing) instead of failing.
+    #[arg(long)]
+    pub ignore_truncated: bool,
 }
 
 #[derive(Debug, Clone, Args)]

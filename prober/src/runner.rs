@@ -313,3 +313,47 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         })
     }
 }
+
+/// Draws each scenario comparison (baseline red, variant blue) with `rtprobe plot`.
+pub struct PlotFigures;
+
+impl crate::config::FigureMaker for PlotFigures {
+    fn compare(
+        &mut self,
+        out_dir: &std::path::Path,
+        baseline: &crate::config::Cell,
+        other: &crate::config::Cell,
+    ) -> Result<Vec<std::path::PathBuf>> {
+        use clap::Parser;
+        let argv: Vec<std::ffi::OsString> = vec![
+            "rtprobe".into(),
+            "plot".into(),
+            baseline.csv.clone().into(),
+            other.csv.clone().into(),
+            "--out-dir".into(),
+            out_dir.into(),
+            "--prefix".into(),
+            other.id.clone().into(),
+            "--label".into(),
+            baseline.label.clone().into(),
+            "--label".into(),
+            other.label.clone().into(),
+            "--metric".into(),
+            "both".into(),
+        ];
+        let cli = crate::cli::Cli::try_parse_from(argv).context("plot arguments")?;
+        let Some(crate::cli::Command::Plot(args)) = cli.command else {
+            bail!("internal: plot arguments did not parse as the plot command");
+        };
+        let opts = crate::export::plot::PlotOptions::from_args(&args)?;
+        let files = crate::export::plot::plot(&opts)?;
+        Ok(files
+            .into_iter()
+            .map(|f| {
+                f.strip_prefix(out_dir)
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or(f)
+            })
+            .collect())
+    }
+}

@@ -110,6 +110,44 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             }
         );
     }
+    if !m.knobs.is_empty() {
+        let names: Vec<&str> = m
+            .knobs
+            .keys()
+            .map(String::as_str)
+            .filter(|k| *k != "bottleneck")
+            .collect();
+        let at = m
+            .knobs
+            .get("bottleneck")
+            .and_then(|b| b["dev"].as_str())
+            .unwrap_or("?");
+        let _ = writeln!(
+            o,
+            "  knobs: {} (bottleneck {at}; details in the JSON summary)",
+            names.join(", ")
+        );
+    }
+    if let Some(flows) = s.extra.get("load").and_then(|l| l["flows"].as_array()) {
+        for f in flows {
+            let mut line = format!("  load {}:", f["spec"].as_str().unwrap_or("?"));
+            if let Some(cc) = f["cc"].as_str() {
+                line += &format!(" {cc}");
+            }
+            if let Some(bps) = f["achieved_bps"].as_f64() {
+                line += &format!(" {:.1} Mbit/s", bps / 1e6);
+            }
+            if let (Some(l), Some(e)) = (f["loss_pct"].as_f64(), f["expected_loss_pct"].as_f64()) {
+                line += &format!(", loss {l:.2} % (calculated {e:.2} %)");
+            }
+            let _ = writeln!(o, "{line}");
+        }
+    }
+    if let Some(serde_json::Value::Array(skipped)) = s.extra.get("skipped") {
+        for k in skipped {
+            let _ = writeln!(o, "  SKIPPED: {}", k.as_str().unwrap_or("?"));
+        }
+    }
     if let Some(serde_json::Value::Bool(true)) = s.extra.get("interrupted") {
         let _ = writeln!(
             o,

@@ -1075,17 +1075,14 @@ mod tests {
     #[test]
     fn knob_args_flatten_next_to_the_probe_args() {
         use clap::{CommandFactory, Parser};
-        // ProbeArgs flattens the knobs: no flag may clash with the probe's.
-        #[derive(Parser)]
-        struct T {
-            #[command(flatten)]
-            p: crate::cli::ProbeArgs,
-        }
-        T::command().debug_assert();
-        let t =
-            T::try_parse_from(["t", "--count", "5", "--qdisc", "pfifo", "--gso", "off"]).unwrap();
-        assert_eq!(t.p.count, Some(5));
-        assert_eq!(t.p.knobs.gso, Some(false));
+        // The probe CLI flattens the knobs: no flag may clash with ProbeArgs.
+        crate::cli::Cli::command().debug_assert();
+        let t = crate::cli::Cli::try_parse_from([
+            "t", "--count", "5", "--qdisc", "pfifo", "--gso", "off",
+        ])
+        .unwrap();
+        assert_eq!(t.probe.count, Some(5));
+        assert_eq!(t.probe.knobs.gso, Some(false));
     }
 
     #[test]

@@ -1,0 +1,378 @@
+//! Golden tests for `rtprobe plot`: small synthetic CSVs written with the
+//! probe's own `CsvWriter`, figures drawn through the library, and the SVG
+//! checked for the elements a reader relies on (one box per group and run,
+//! every outlier, legend entries, axis labels, titles), not for bytes.
+
+use std::path::{Path, PathBuf};
+
+use rtprobe::{
+    cli::PlotArgs,
+    export::{
+        csv::{CsvWriter, ProbeRecord, RunMeta, TsSource},
+        plot::{self, FigureKind, ImageFormat, PlotOptions, draw},
+    },
+};
+
+/// Outliers every run gets, as multiples of its base RTT: far enough apart
+/// to land on distinct pixel rows.
+const OUTLIER_FACTORS: [i64; 3] = [3, 4, 5];
+/// Lost probes per run.
+const LOST: [u64; 2] = [50, 51];
+
+fn write_run(path: &Path, mode: &str, size: u32, interval_ns: u64, base_ns: i64, n: u64) {
+    let meta = RunMeta {
+        version: "test".into(),
+        xdp_mode_requested: mode.into(),
+        xdp_mode_attached: mode.into(),
+        xdp_action: "redirect".into(),
+        size,
+        interval_ns,
+        testbed: "veth".into(),
+        timestamps_requested: "auto".into(),
+        ..Default::default()
+    };
+    let mut w = CsvWriter::create(path, &meta).unwrap();
+    for seq in 0..n {
+        let sched = 1_700_000_000_000_000_000 + (seq * interval_ns) as i64;
+        let lost = LOST.contains(&seq);
+        // A tight body (base .. base + 600 ns) and three far outliers.
+        let mut rtt = base_ns + (seq % 7) as i64 * 100;
+        if let Some(k) = [10, 20, 30].iter().position(|&s| s == seq) {
+            rtt = base_ns * OUTLIER_FACTORS[k];
+        }
+        let tx = sched + 1_000;
+        w.write(&ProbeRecord {
+            seq,
+            flow: 0,
+            size,
+            sched_ns: sched,
+            send_ns: sched + 500,
+            tx_ns: Some(tx),
+            rx_ns: (!lost).then_some(tx + rtt / 2),
+            echo_ns: (!lost).then_some(tx + rtt),
+            one_way_ns: (!lost).then_some(rtt / 2),
+            rtt_ns: (!lost).then_some(rtt),
+            tx_src: Some(TsSource::Software),
+            rx_src: (!lost).then_some(TsSource::Software),
+            echo_src: (!lost).then_some(TsSource::Software),
+            ts_source: (!lost).then_some(TsSource::Software),
+            lost,
+            turnaround_ns: None,
+        })
+        .unwrap();
+    }
+    w.flush().unwrap();
+}
+
+fn args(csv: Vec<PathBuf>, out_dir: &Path) -> PlotArgs {
+    PlotArgs {
+        csv,
+        out_dir: Some(out_dir.to_path_buf()),
+        prefix: None,
+        metric: None,
+        kind: vec![FigureKind::Box, FigureKind::Cdf, FigureKind::Time],
+        label: Vec::new(),
+        group_by: None,
+        split_by: None,
+        log: false,
+        y_min: None,
+        y_max: None,
+        format: vec![ImageFormat::Svg],
+        figure_size: (1000, 600),
+        title: None,
+        ignore_truncated: false,
+    }
+}
+
+fn names(paths: &[PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Rects drawn as box bodies in colour `i` (the box fill opacity is unique
+/// to boxes).
+fn boxes(svg: &str, color: usize) -> usize {
+    let needle = format!(
+        "opacity=\"{}\" fill=\"{}\"",
+        draw::BOX_FILL_OPACITY,
+        draw::color_hex(color)
+    );
+    svg.lines()
+        .filter(|l| l.starts_with("<rect") && l.contains(&needle))
+        .count()
+}
+
+fn circles(svg: &str, color: usize) -> usize {
+    let needle = format!("stroke=\"{}\"", draw::color_hex(color));
+    svg.lines()
+        .filter(|l| l.starts_with("<circle") && l.contains(&needle))
+        .count()
+}
+
+/// The text of every `<text>` element (plotters puts it on its own line).
+fn texts(svg: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines = svg.lines();
+    while let Some(l) = lines.next() {
+        if l.starts_with("<text") {
+            out.push(lines.next().unwrap_or("").trim().to_string());
+        }
+    }
+    out
+}
+
+fn has_text(svg: &str, want: &str) -> bool {
+    texts(svg).iter().any(|t| t == want)
+}
+
+#[test]
+fn two_runs_overlay_box_cdf_time_per_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("baseline.csv");
+    let xdp = dir.path().join("xdp.csv");
+    write_run(&base, "off", 64, 1_000_000, 100_000, 400);
+    write_run(&xdp, "native", 64, 1_000_000, 60_000, 400);
+    let opts = PlotOptions::from_args(&args(vec![base, xdp], dir.path())).unwrap();
+    let written = plot::plot(&opts).unwrap();
+    assert_eq!(
+        names(&written),
+        [
+            "baseline-vs-xdp-one-way-box.svg",
+            "baseline-vs-xdp-one-way-cdf.svg",
+            "baseline-vs-xdp-one-way-time.svg",
+            "baseline-vs-xdp-rtt-box.svg",
+            "baseline-vs-xdp-rtt-cdf.svg",
+            "baseline-vs-xdp-rtt-time.svg",
+        ]
+    );
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+
+    let svg = read("baseline-vs-xdp-rtt-box.svg");
+    let title = "Round-trip time — 64 B probes every 1 ms, sw timestamps, 400 probes each";
+    assert!(has_text(&svg, title), "{:?}", texts(&svg));
+    // First run red, second blue: one box each, and all three outliers each.
+    assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (1, 1));
+    assert_eq!((circles(&svg, 0), circles(&svg, 1)), (3, 3));
+    // Labels from the metadata: the XDP mode is what differs.
+    for t in ["XDP off", "XDP native", "Run", "Round-trip time (µs)"] {
+        assert!(has_text(&svg, t), "{t:?} missing from {:?}", texts(&svg));
+    }
+    // Axis ticks in µs: the RTTs run from 60 to 500 µs.
+    assert!(
+        has_text(&svg, "100") && has_text(&svg, "500"),
+        "{:?}",
+        texts(&svg)
+    );
+
+    let svg = read("baseline-vs-xdp-one-way-cdf.svg");
+    assert!(has_text(&svg, "One-way latency (µs)"));
+    assert!(has_text(&svg, "Fraction of probes at or below"));
+    assert!(has_text(&svg, "XDP off") && has_text(&svg, "XDP native"));
+    let curves = svg.lines().filter(|l| l.starts_with("<polyline")).count();
+    assert!(curves >= 2, "one staircase per run");
+
+    let svg = read("baseline-vs-xdp-rtt-time.svg");
+    assert!(has_text(&svg, "Time since the first probe (s)"));
+    assert!(has_text(&svg, "XDP off, 2 lost") && has_text(&svg, "XDP native, 2 lost"));
+    assert!(has_text(&svg, "lost probe"));
+}
+
+#[test]
+fn grouped_like_the_study_one_figure_per_size_intervals_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut csvs = Vec::new();
+    for (mode, base) in [("off", 100_000), ("native", 60_000)] {
+        for size in [64, 1472] {
+            for interval in [100_000, 1_000_000, 10_000_000] {
+                let p = dir.path().join(format!("{mode}-{size}-{interval}.csv"));
+                write_run(&p, mode, size, interval, base + size as i64 * 10, 200);
+                csvs.push(p);
+            }
+        }
+    }
+    let mut a = args(csvs, dir.path());
+    // No --split-by: grouping by interval splits by size on its own.
+    a.group_by = Some("interval".into());
+    a.metric = Some(plot::MetricChoice::Rtt);
+    a.kind = vec![FigureKind::Box, FigureKind::Cdf];
+    a.log = true;
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(
+        names(&written),
+        [
+            "compare-rtt-64B-box.svg",
+            "compare-rtt-64B-100us-cdf.svg",
+            "compare-rtt-64B-1ms-cdf.svg",
+            "compare-rtt-64B-10ms-cdf.svg",
+            "compare-rtt-1472B-box.svg",
+            "compare-rtt-1472B-100us-cdf.svg",
+            "compare-rtt-1472B-1ms-cdf.svg",
+            "compare-rtt-1472B-10ms-cdf.svg",
+        ]
+    );
+    for size in ["64", "1472"] {
+        let svg = std::fs::read_to_string(dir.path().join(format!("compare-rtt-{size}B-box.svg")))
+            .unwrap();
+        // One box per interval and run: three red (XDP off), three blue.
+        assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (3, 3), "{size} B");
+        assert_eq!((circles(&svg, 0), circles(&svg, 1)), (9, 9), "{size} B");
+        for t in [
+            "100 µs",
+            "1 ms",
+            "10 ms",
+            "Probe interval",
+            "XDP off",
+            "XDP native",
+        ] {
+            assert!(has_text(&svg, t), "{t:?} missing from {:?}", texts(&svg));
+        }
+        let title = format!("Round-trip time — {size} B probes, sw timestamps, 200 probes each");
+        assert!(has_text(&svg, &title), "{:?}", texts(&svg));
+        // Log axis: 1-2-5 ticks.
+        assert!(
+            has_text(&svg, "100") && has_text(&svg, "200"),
+            "{:?}",
+            texts(&svg)
+        );
+    }
+    let svg = std::fs::read_to_string(dir.path().join("compare-rtt-64B-1ms-cdf.svg")).unwrap();
+    let title = "Round-trip time — 64 B probes every 1 ms, sw timestamps, 200 probes each";
+    assert!(has_text(&svg, title), "{:?}", texts(&svg));
+
+    // --split-by none: every run on one axis, the labels name mode and size.
+    let out = dir.path().join("together");
+    a.split_by = Some("none".into());
+    a.kind = vec![FigureKind::Box];
+    a.out_dir = Some(out.clone());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["compare-rtt-box.svg"]);
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    for (color, label) in [
+        "XDP off, 64 B",
+        "XDP off, 1472 B",
+        "XDP native, 64 B",
+        "XDP native, 1472 B",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert_eq!(boxes(&svg, color), 3, "{label}");
+        assert!(
+            has_text(&svg, label),
+            "{label:?} missing from {:?}",
+            texts(&svg)
+        );
+    }
+}
+
+#[test]
+fn user_labels_title_and_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let a_csv = dir.path().join("a.csv");
+    write_run(&a_csv, "skb", 200, 100_000, 80_000, 300);
+    let mut a = args(vec![a_csv], dir.path());
+    a.label = vec!["generic <XDP> & co".into()];
+    a.metric = Some(plot::MetricChoice::OneWay);
+    a.kind = vec![FigureKind::Box];
+    a.format = vec![ImageFormat::Svg, ImageFormat::Png];
+    a.title = Some("lab run 3".into());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["a-one-way-box.svg", "a-one-way-box.png"]);
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    assert!(has_text(&svg, "One-way latency — lab run 3"));
+    // Escaped, so the SVG stays well-formed.
+    assert!(
+        has_text(&svg, "generic &lt;XDP&gt; &amp; co"),
+        "{:?}",
+        texts(&svg)
+    );
+    let png = std::fs::read(&written[1]).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    // Text rasterised: a plain white 1000x600 PNG compresses to ~2 KB.
+    assert!(png.len() > 10_000, "{} bytes", png.len());
+}
+
+#[test]
+fn lone_run_title_counts_probes_and_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("out.csv");
+    write_run(&csv, "native", 64, 1_000_000, 50_000, 100);
+    let mut a = args(vec![csv], dir.path());
+    a.kind = vec![FigureKind::Time];
+    a.metric = Some(plot::MetricChoice::OneWay);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    let title =
+        "One-way latency — 64 B probes every 1 ms, XDP native, sw timestamps, 100 probes (2 lost)";
+    assert!(has_text(&svg, title), "{:?}", texts(&svg));
+    // Lone run: the legend describes it in full.
+    assert!(
+        has_text(&svg, "XDP native, 64 B, 1 ms, 2 lost"),
+        "{:?}",
+        texts(&svg)
+    );
+}
+
+/// Values a CSV can hold but a sane run never writes (clock steps, i64
+/// extremes, negative one-way latency from unsynchronised clocks) must give
+/// figures or a one-line error, never a panic, on linear and log axes.
+#[test]
+fn extreme_values_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets: [&[i64]; 5] = [
+        &[i64::MIN, -5, 0, i64::MAX],
+        &[0, 0, 0],
+        &[-3, -2, -1],
+        &[7],
+        &[1, i64::MAX, i64::MAX, 2],
+    ];
+    for (k, values) in sets.iter().enumerate() {
+        let csv = dir.path().join(format!("x{k}.csv"));
+        let mut text = String::from("seq,sched_ns,one_way_ns,lost\n");
+        for (i, v) in values.iter().enumerate() {
+            // Clock steps in the time column too.
+            let t = if i % 2 == 0 {
+                i64::MAX - i as i64
+            } else {
+                i64::MIN + i as i64
+            };
+            text.push_str(&format!("{i},{t},{v},0\n"));
+        }
+        text.push_str(&format!("{},0,,1\n", values.len()));
+        std::fs::write(&csv, text).unwrap();
+        for log in [false, true] {
+            let mut a = args(vec![csv.clone()], dir.path());
+            a.log = log;
+            a.format = vec![ImageFormat::Svg, ImageFormat::Png];
+            // Small: PNG encoding is slow in debug builds, and the size does
+            // not matter for what is tested.
+            a.figure_size = (320, 200);
+            match PlotOptions::from_args(&a).and_then(|o| plot::plot(&o)) {
+                Ok(files) => assert!(!files.is_empty()),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    assert!(!msg.contains('\n'), "{msg}");
+                    // Only a log axis over no positive sample may refuse.
+                    assert!(log && msg.contains("positive"), "set {k}: {msg}");
+                }
+            }
+        }
+    }
+}
+
+/// Group keys come from metadata text; they must not escape --out-dir.
+#[test]
+fn metadata_text_stays_inside_out_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("m.csv");
+    write_run(&csv, "../../evil mode", 64, 1_000_000, 50_000, 50);
+    let mut a = args(vec![csv], dir.path());
+    a.group_by = Some("mode".into());
+    a.kind = vec![FigureKind::Cdf];
+    a.metric = Some(plot::MetricChoice::Rtt);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["m-rtt-.._.._evil_mode-cdf.svg"]);
+    assert_eq!(written[0].parent(), Some(dir.path()));
+}
