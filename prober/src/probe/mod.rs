@@ -218,7 +218,7 @@ pub fn run_session(
     let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
 
     let result = std::thread::scope(|s| {
-        warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
+        warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop, &ev_tx)?;
         // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
         let echo_stamps = rx_sock.per_send_opt_id();
         let ev = ev_tx.clone();
@@ -278,7 +278,8 @@ pub fn run_session(
 
 /// Sends a few warm-up datagrams so neighbour resolution on every hop
 /// happens before the run, and checks that the path works at all. It
-/// echoes them itself (the I/O thread starts after it).
+/// echoes them itself (the I/O thread starts after it), and counts foreign
+/// datagrams that reach the receiver meanwhile, as the I/O thread would.
 fn warm_up(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
@@ -286,6 +287,7 @@ fn warm_up(
     session: u64,
     size: usize,
     stop: &AtomicU8,
+    ev: &mpsc::Sender<Vec<Event>>,
 ) -> Result<()> {
     let mut buf = vec![0u8; size];
     Probe {
@@ -311,12 +313,20 @@ fn warm_up(
         // The reflector's part: echo warm-up probes of this session.
         let n = rx.recv_batch(&mut batch, false)?;
         echo.clear();
+        let mut foreign = Vec::new();
         for i in 0..n {
             let (p, _, _) = batch.get(i);
-            if Probe::decode(p, session).is_ok_and(|pr| !pr.echo) && p[5] & FLAG_WARMUP != 0 {
-                p[5] |= FLAG_ECHO;
-                echo.push(i);
+            match Probe::decode(p, session) {
+                Ok(pr) if !pr.echo && p[5] & FLAG_WARMUP != 0 => {
+                    p[5] |= FLAG_ECHO;
+                    echo.push(i);
+                }
+                Ok(_) => {}
+                Err(_) => foreign.push(Event::Foreign),
             }
+        }
+        if !foreign.is_empty() {
+            let _ = ev.send(foreign);
         }
         if !echo.is_empty() {
             let ids = vec![u32::MAX - 1; echo.len()];
@@ -336,9 +346,11 @@ fn warm_up(
             }
         }
         if got_echo {
-            // Let late duplicates and timestamps of the warm-up drain.
+            // Let late duplicates and timestamps of the warm-up drain
+            // (what is queued at the receiver is the I/O thread's: it
+            // echoes warm-up copies without counting them and counts
+            // foreign datagrams).
             std::thread::sleep(Duration::from_millis(20));
-            while rx.recv_batch(&mut batch, false)? > 0 {}
             while rx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, false)? > 0 {}
