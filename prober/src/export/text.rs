@@ -117,14 +117,13 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             .map(String::as_str)
             .filter(|k| *k != "bottleneck")
             .collect();
-        let at = m
-            .knobs
-            .get("bottleneck")
-            .and_then(|b| b["dev"].as_str())
-            .unwrap_or("?");
+        let at = match m.knobs.get("bottleneck").and_then(|b| b["dev"].as_str()) {
+            Some(dev) => format!("bottleneck {dev}; "),
+            None => String::new(),
+        };
         let _ = writeln!(
             o,
-            "  knobs: {} (bottleneck {at}; details in the JSON summary)",
+            "  knobs: {} ({at}details in the JSON summary)",
             names.join(", ")
         );
     }
