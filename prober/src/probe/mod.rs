@@ -218,7 +218,11 @@ pub fn run_session(
     let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
 
     let result = std::thread::scope(|s| {
-        warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
+        let foreign = warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
+        if foreign > 0 {
+            // Datagrams on the probe port during the warm-up are counted too.
+            let _ = ev_tx.send(vec![Event::Foreign; foreign as usize]);
+        }
         // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
         let echo_stamps = rx_sock.per_send_opt_id();
         let ev = ev_tx.clone();
@@ -286,7 +290,8 @@ fn warm_up(
     session: u64,
     size: usize,
     stop: &AtomicU8,
-) -> Result<()> {
+) -> Result<u64> {
+    let mut foreign = 0u64;
     let mut buf = vec![0u8; size];
     Probe {
         session,
@@ -313,9 +318,13 @@ fn warm_up(
         echo.clear();
         for i in 0..n {
             let (p, _, _) = batch.get(i);
-            if Probe::decode(p, session).is_ok_and(|pr| !pr.echo) && p[5] & FLAG_WARMUP != 0 {
-                p[5] |= FLAG_ECHO;
-                echo.push(i);
+            match Probe::decode(p, session) {
+                Ok(pr) if !pr.echo && p[5] & FLAG_WARMUP != 0 => {
+                    p[5] |= FLAG_ECHO;
+                    echo.push(i);
+                }
+                Ok(_) => {}
+                Err(_) => foreign += 1,
             }
         }
         if !echo.is_empty() {
@@ -338,15 +347,23 @@ fn warm_up(
         if got_echo {
             // Let late duplicates and timestamps of the warm-up drain.
             std::thread::sleep(Duration::from_millis(20));
-            while rx.recv_batch(&mut batch, false)? > 0 {}
+            loop {
+                let n = rx.recv_batch(&mut batch, false)?;
+                if n == 0 {
+                    break;
+                }
+                foreign += (0..n)
+                    .filter(|&i| Probe::decode(batch.get(i).0, session).is_err())
+                    .count() as u64;
+            }
             while rx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, false)? > 0 {}
-            return Ok(());
+            return Ok(foreign);
         }
     }
     if stop.load(Ordering::SeqCst) != 0 {
-        return Ok(());
+        return Ok(foreign);
     }
     bail!(
         "no warm-up probe came back from {dst} within 3 s: the path through the testbed is broken (run with -v for details, check `ip netns` and XDP counters)"
