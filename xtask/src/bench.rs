@@ -583,8 +583,11 @@ fn rate_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 }
 
 fn memory_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
+    // At the fastest rate the rate test sustained (20 µs if none), so the
+    // run is as short as it can be without losses skewing it.
+    let interval = format!("{}us", ctx.best_interval_us.get().unwrap_or(20).max(10));
     let rss = |name: &str, n: u64| -> Result<(f64, Value)> {
-        let s = ctx.probe(name, &["--count", &n.to_string(), "--interval", "10us"])?;
+        let s = ctx.probe(name, &["--count", &n.to_string(), "--interval", &interval])?;
         Ok((
             s["extra"]["peak_rss_kib"].as_f64().unwrap_or(f64::NAN) / 1024.0,
             s,
@@ -597,7 +600,7 @@ fn memory_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         &format!("peak RSS after {} M probes", n / 1_000_000),
         format!("{big:.1} MiB"),
         format!(
-            "{small:.1} MiB after 100 k; sent {}, lost {}, unaccounted {}",
+            "{small:.1} MiB after 100 k; every {interval}: sent {}, lost {}, unaccounted {}",
             s["sent"], s["lost"], s["unaccounted"]
         ),
         "<= 64 MiB",

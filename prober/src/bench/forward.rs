@@ -188,6 +188,9 @@ pub struct ProbeFigures {
     pub lost: u64,
     pub rtt_p50_ns: Option<u64>,
     pub rtt_p99_ns: Option<u64>,
+    /// RTT of the path without the reflector's user-space turnaround.
+    pub rtt_net_p50_ns: Option<u64>,
+    pub rtt_net_p99_ns: Option<u64>,
     pub one_way_p50_ns: Option<u64>,
     pub one_way_p99_ns: Option<u64>,
 }
@@ -199,6 +202,8 @@ impl ProbeFigures {
             lost: s.lost,
             rtt_p50_ns: s.rtt_ns.p50,
             rtt_p99_ns: s.rtt_ns.p99,
+            rtt_net_p50_ns: s.rtt_net_ns.p50,
+            rtt_net_p99_ns: s.rtt_net_ns.p99,
             one_way_p50_ns: s.one_way_ns.p50,
             one_way_p99_ns: s.one_way_ns.p99,
         }
@@ -770,7 +775,7 @@ pub fn format_step(r: &StepResult) -> String {
         .map(|c| format!("{:>3.0}/{:<3.0}", c.busy_pct, c.softirq_pct))
         .collect();
     format!(
-        "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7.1}{:>6.0}{:>6}  {:<16}{:>8}{:>8}{:>10}  {}",
+        "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7.1}{:>6.0}{:>6}  {:<16}{:>9}{:>9}{:>10}  {}",
         mode_label(r.mode),
         r.size,
         format!("{}%", r.load_pct),
@@ -781,8 +786,8 @@ pub fn format_step(r: &StepResult) -> String {
         r.generator_cpu_pct,
         r.router_cpu_pct.map_or("-".into(), |c| format!("{c:.0}")),
         cores.join(" "),
-        us(r.probe.rtt_p50_ns),
-        us(r.probe.rtt_p99_ns),
+        us(r.probe.one_way_p50_ns),
+        us(r.probe.one_way_p99_ns),
         format!("{}/{}", r.probe.lost, r.probe.sent),
         r.limit.as_str(),
     )
@@ -790,7 +795,7 @@ pub fn format_step(r: &StepResult) -> String {
 
 pub fn table_header() -> String {
     format!(
-        "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7}{:>6}{:>6}  {:<16}{:>8}{:>8}{:>10}  {}",
+        "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7}{:>6}{:>6}  {:<16}{:>9}{:>9}{:>10}  {}",
         "mode",
         "size",
         "load",
@@ -801,8 +806,8 @@ pub fn table_header() -> String {
         "gen%",
         "rtr%",
         "core busy/si%",
-        "rtt p50",
-        "rtt p99",
+        "1way p50",
+        "1way p99",
         "lost",
         "limit"
     )
@@ -854,7 +859,8 @@ pub fn format_report(r: &ForwardReport) -> String {
     let _ = writeln!(
         o,
         "  sizes are IP packet bytes; gen% / rtr%: CPU of the generator threads / the router's NAPI thread (percent of one core);\n  \
-         core busy/si%: per core from /proc/stat, everything on the machine (si = softirq: the receiver's veth); rtt in µs;\n  \
+         core busy/si%: per core from /proc/stat, everything on the machine (si = softirq: the receiver's veth);\n  \
+         1way: the probe's one-way delay across the hop in µs (kernel timestamps; RTTs are in the JSON);\n  \
          limit: router = the hop dropped > {ROUTER_LIMIT_DROP_PCT} % of what it was offered, generator = flat out and nothing dropped"
     );
     o
@@ -928,7 +934,7 @@ mod tests {
             probe: ProbeFigures {
                 sent: 100,
                 lost: 0,
-                rtt_p50_ns: Some(25_400),
+                one_way_p50_ns: Some(25_400),
                 ..Default::default()
             },
             xdp_counters: Default::default(),

@@ -177,6 +177,13 @@ impl RunOptions {
                 a.interval
             );
         }
+        if a.pacing.busy_poll && a.knobs.rt_priority.is_some() && rt_throttling_on() {
+            bail!(
+                "--busy-poll with --rt-priority: the kernel's real-time throttling \
+                 (kernel.sched_rt_runtime_us) would stop the spinning sender for 50 ms every second; \
+                 use one of the two"
+            );
+        }
         check_out_path(&a.out, "--out")?;
         if let Some(j) = &a.json {
             check_out_path(j, "--json")?;
@@ -253,6 +260,14 @@ impl RunOptions {
         }
         Ok(o)
     }
+}
+
+/// Whether the kernel caps real-time tasks' CPU share
+/// (/proc/sys/kernel/sched_rt_runtime_us is not -1; Linux >= 2.6.25).
+fn rt_throttling_on() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
+        .map(|s| s.trim() != "-1")
+        .unwrap_or(true)
 }
 
 /// The final spin before each send: long enough to absorb the timer's
@@ -379,9 +394,18 @@ mod tests {
             Duration::from_micros(5),
             "a quarter of a short interval"
         );
-        let o = opts(&["--busy-poll", "--rt-priority", "50"]).unwrap();
+        let o = opts(&["--busy-poll"]).unwrap();
         assert!(o.probe.busy_poll);
+        let o = opts(&["--rt-priority", "50"]).unwrap();
         assert_eq!(o.probe.rt.fifo_priority, Some(50));
+        if rt_throttling_on() {
+            assert!(
+                opts(&["--busy-poll", "--rt-priority", "50"])
+                    .unwrap_err()
+                    .to_string()
+                    .contains("throttling")
+            );
+        }
         assert!(opts(&["--interval", "10us", "--spin", "20us"]).is_err());
         assert!(
             Cli::try_parse_from(["rtprobe", "--busy-poll", "--spin", "5us"]).is_err(),

@@ -82,7 +82,15 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     };
     let _ = writeln!(
         o,
-        "  pacing: {:.0} probes/s sent; missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
+        "  pacing{}: {:.0} probes/s sent; missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
+        match m.knobs.get("pacing") {
+            Some(p) if p["busy_poll"] == true => " (busy-poll)".to_string(),
+            Some(p) => p["spin_ns"]
+                .as_u64()
+                .map(|n| format!(" (timer + {:.0} µs spin)", n as f64 / 1000.0))
+                .unwrap_or_default(),
+            None => String::new(),
+        },
         s.send_rate_pps,
         s.missed_ticks,
         pct(s.missed_ticks),
@@ -110,13 +118,14 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             }
         );
     }
-    if !m.knobs.is_empty() {
-        let names: Vec<&str> = m
-            .knobs
-            .keys()
-            .map(String::as_str)
-            .filter(|k| *k != "bottleneck")
-            .collect();
+    // How the sender paced is stored with the knobs but is not one.
+    let names: Vec<&str> = m
+        .knobs
+        .keys()
+        .map(String::as_str)
+        .filter(|k| *k != "bottleneck" && *k != "pacing")
+        .collect();
+    if !names.is_empty() {
         let at = match m.knobs.get("bottleneck").and_then(|b| b["dev"].as_str()) {
             Some(dev) => format!("bottleneck {dev}; "),
             None => String::new(),
