@@ -126,14 +126,13 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         .filter(|k| *k != "bottleneck" && *k != "pacing")
         .collect();
     if !names.is_empty() {
-        let at = m
-            .knobs
-            .get("bottleneck")
-            .and_then(|b| b["dev"].as_str())
-            .unwrap_or("?");
+        let at = match m.knobs.get("bottleneck").and_then(|b| b["dev"].as_str()) {
+            Some(dev) => format!("bottleneck {dev}; "),
+            None => String::new(),
+        };
         let _ = writeln!(
             o,
-            "  knobs: {} (bottleneck {at}; details in the JSON summary)",
+            "  knobs: {} ({at}details in the JSON summary)",
             names.join(", ")
         );
     }

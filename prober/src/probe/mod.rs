@@ -218,7 +218,11 @@ pub fn run_session(
     let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
 
     let result = std::thread::scope(|s| {
-        warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop, &ev_tx)?;
+        let foreign = warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
+        if foreign > 0 {
+            // Datagrams on the probe port during the warm-up are counted too.
+            let _ = ev_tx.send(vec![Event::Foreign; foreign as usize]);
+        }
         // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
         let echo_stamps = rx_sock.per_send_opt_id();
         let ev = ev_tx.clone();
@@ -278,8 +282,7 @@ pub fn run_session(
 
 /// Sends a few warm-up datagrams so neighbour resolution on every hop
 /// happens before the run, and checks that the path works at all. It
-/// echoes them itself (the I/O thread starts after it), and counts foreign
-/// datagrams that reach the receiver meanwhile, as the I/O thread would.
+/// echoes them itself (the I/O thread starts after it).
 fn warm_up(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
@@ -287,8 +290,8 @@ fn warm_up(
     session: u64,
     size: usize,
     stop: &AtomicU8,
-    ev: &mpsc::Sender<Vec<Event>>,
-) -> Result<()> {
+) -> Result<u64> {
+    let mut foreign = 0u64;
     let mut buf = vec![0u8; size];
     Probe {
         session,
@@ -313,7 +316,6 @@ fn warm_up(
         // The reflector's part: echo warm-up probes of this session.
         let n = rx.recv_batch(&mut batch, false)?;
         echo.clear();
-        let mut foreign = Vec::new();
         for i in 0..n {
             let (p, _, _) = batch.get(i);
             match Probe::decode(p, session) {
@@ -322,11 +324,8 @@ fn warm_up(
                     echo.push(i);
                 }
                 Ok(_) => {}
-                Err(_) => foreign.push(Event::Foreign),
+                Err(_) => foreign += 1,
             }
-        }
-        if !foreign.is_empty() {
-            let _ = ev.send(foreign);
         }
         if !echo.is_empty() {
             let ids = vec![u32::MAX - 1; echo.len()];
@@ -346,19 +345,25 @@ fn warm_up(
             }
         }
         if got_echo {
-            // Let late duplicates and timestamps of the warm-up drain
-            // (what is queued at the receiver is the I/O thread's: it
-            // echoes warm-up copies without counting them and counts
-            // foreign datagrams).
+            // Let late duplicates and timestamps of the warm-up drain.
             std::thread::sleep(Duration::from_millis(20));
+            loop {
+                let n = rx.recv_batch(&mut batch, false)?;
+                if n == 0 {
+                    break;
+                }
+                foreign += (0..n)
+                    .filter(|&i| Probe::decode(batch.get(i).0, session).is_err())
+                    .count() as u64;
+            }
             while rx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, true)? > 0 {}
             while tx.recv_batch(&mut batch, false)? > 0 {}
-            return Ok(());
+            return Ok(foreign);
         }
     }
     if stop.load(Ordering::SeqCst) != 0 {
-        return Ok(());
+        return Ok(foreign);
     }
     bail!(
         "no warm-up probe came back from {dst} within 3 s: the path through the testbed is broken (run with -v for details, check `ip netns` and XDP counters)"
