@@ -32,6 +32,7 @@ const APT_PACKAGES: &[&str] = &[
     "stress-ng",
     "ethtool",
     "iproute2",
+    "iputils-ping", // the ping column of cargo xtask bench
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";
