@@ -5,7 +5,6 @@
 mod common;
 
 use std::{
-    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -13,52 +12,6 @@ use std::{
 use common::*;
 
 const N: u64 = 300;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    json: serde_json::Value,
-    meta: rtprobe::export::RunMeta,
-    rows: Vec<Vec<String>>,
-}
-
-fn probe(dir: &Path, args: &[&str]) -> Run {
-    let csv = dir.join("out.csv");
-    let json = dir.join("out.json");
-    let o = Command::new(bin())
-        .args([
-            "--quiet",
-            "--out",
-            csv.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ])
-        .args(args)
-        .output()
-        .expect("run rtprobe");
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(csv.exists(), "no CSV written: {stderr}");
-    let (meta, rows) = read_csv(&csv);
-    let _sweep = NsSweep(meta.testbed_id.clone());
-    let json = std::fs::read_to_string(&json)
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap_or(serde_json::Value::Null);
-    assert!(
-        namespaces_of(&meta.testbed_id).is_empty(),
-        "namespaces left behind: {:?}",
-        namespaces_of(&meta.testbed_id)
-    );
-    Run {
-        code: o.status.code().unwrap_or(-1),
-        stdout,
-        stderr,
-        json,
-        meta,
-        rows,
-    }
-}
 
 fn assert_clean_run(r: &Run, n: u64) {
     assert_eq!(r.code, 0, "stderr: {}\nstdout: {}", r.stderr, r.stdout);

@@ -11,28 +11,9 @@ use common::*;
 
 fn run_json(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("o.csv");
-    let json = dir.path().join("o.json");
-    let o = Command::new(bin())
-        .args([
-            "--quiet",
-            "--out",
-            csv.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ])
-        .args(args)
-        .output()
-        .unwrap();
-    let (meta, _) = read_csv(&csv);
-    let _sweep = NsSweep(meta.testbed_id.clone());
-    assert!(
-        o.status.success(),
-        "rtprobe {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(namespaces_of(&meta.testbed_id).is_empty());
-    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    let r = probe(dir.path(), args);
+    assert_eq!(r.code, 0, "rtprobe {args:?}: {}", r.stderr);
+    r.json
 }
 
 fn p50_ms(j: &serde_json::Value) -> f64 {

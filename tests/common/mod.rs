@@ -95,3 +95,51 @@ pub fn read_csv(path: &std::path::Path) -> (rtprobe::export::RunMeta, Vec<Vec<St
         .collect();
     (meta, rows)
 }
+
+/// One rtprobe run with `--quiet --out DIR/out.csv --json DIR/out.json ARGS`;
+/// checks a CSV was written and the run's namespaces are gone.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub json: serde_json::Value,
+    pub meta: rtprobe::export::RunMeta,
+    pub rows: Vec<Vec<String>>,
+}
+
+pub fn probe(dir: &std::path::Path, args: &[&str]) -> Run {
+    let csv = dir.join("out.csv");
+    let json = dir.join("out.json");
+    let o = std::process::Command::new(bin())
+        .args([
+            "--quiet",
+            "--out",
+            csv.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .args(args)
+        .output()
+        .expect("run rtprobe");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(csv.exists(), "no CSV written: {stderr}");
+    let (meta, rows) = read_csv(&csv);
+    let _sweep = NsSweep(meta.testbed_id.clone());
+    let json = std::fs::read_to_string(&json)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    assert!(
+        namespaces_of(&meta.testbed_id).is_empty(),
+        "namespaces left behind: {:?}",
+        namespaces_of(&meta.testbed_id)
+    );
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+        json,
+        meta,
+        rows,
+    }
+}

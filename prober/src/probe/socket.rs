@@ -376,32 +376,33 @@ pub struct RecvBatch {
     echo_controls: Vec<[u64; 4]>,
 }
 
+/// `n` all-zero C structs (msghdr, mmsghdr, iovec, sockaddr_in: all-zero
+/// is a valid, empty value for each of them).
+fn zeroed_vec<T: ZeroedPod>(n: usize) -> Vec<T> {
+    // SAFETY: ZeroedPod is only implemented for C structs valid when zeroed.
+    (0..n).map(|_| unsafe { zeroed() }).collect()
+}
+
+/// C structs for which all-zero bytes are a valid value.
+trait ZeroedPod {}
+impl ZeroedPod for libc::mmsghdr {}
+impl ZeroedPod for libc::iovec {}
+impl ZeroedPod for libc::sockaddr_in {}
+
 // The raw pointers only point into the batch's own buffers.
 unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
     pub fn new(n: usize, buf_len: usize) -> Self {
         Self {
-            // SAFETY: all-zero is a valid (empty) value for these C structs.
-            hdrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
-            iovs: (0..n)
-                .map(|_| libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                })
-                .collect(),
+            hdrs: zeroed_vec(n),
+            iovs: zeroed_vec(n),
             bufs: (0..n).map(|_| vec![0u8; buf_len]).collect(),
             controls: vec![[0u64; CONTROL_LEN / 8]; n],
-            addrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
+            addrs: zeroed_vec(n),
             filled: 0,
-            // SAFETY: as above.
-            echo_hdrs: (0..n).map(|_| unsafe { zeroed() }).collect(),
-            echo_iovs: (0..n)
-                .map(|_| libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                })
-                .collect(),
+            echo_hdrs: zeroed_vec(n),
+            echo_iovs: zeroed_vec(n),
             echo_controls: vec![[0u64; 4]; n],
         }
     }
@@ -502,14 +503,8 @@ impl SendBatch {
     /// Room for `cap` probes of `size` bytes (zero padded) to `dst`.
     pub fn new(cap: usize, size: usize, dst: SocketAddrV4) -> Self {
         Self {
-            // SAFETY: all-zero is a valid (empty) value for these C structs.
-            hdrs: (0..cap).map(|_| unsafe { zeroed() }).collect(),
-            iovs: (0..cap)
-                .map(|_| libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                })
-                .collect(),
+            hdrs: zeroed_vec(cap),
+            iovs: zeroed_vec(cap),
             bufs: (0..cap).map(|_| vec![0u8; size]).collect(),
             controls: vec![[0u64; 4]; cap],
             opt_ids: vec![0; cap],
