@@ -10,6 +10,22 @@ use crate::export::TsSource;
 pub const SO_EE_ORIGIN_TIMESTAMPING: u8 = 4;
 /// `SCM_TSTAMP_SND`: the driver handed the packet to the NIC.
 pub const SCM_TSTAMP_SND: u32 = 0;
+/// `SCM_TSTAMP_SCHED`: the packet entered the device layer (before the qdisc).
+pub const SCM_TSTAMP_SCHED: u32 = 1;
+/// `SCM_TSTAMP_ACK`: TCP only.
+pub const SCM_TSTAMP_ACK: u32 = 2;
+
+/// Which point of the send path a TX timestamp marks (`ee_info`), and on
+/// which clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TxKind {
+    /// Entered the device layer, before the qdisc (software clock).
+    Sched,
+    /// The driver took the packet (software clock).
+    Software,
+    /// The NIC sent it (its PHC, raw).
+    Hardware,
+}
 
 /// `struct sock_extended_err` (linux/errqueue.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,6 +53,25 @@ impl Cmsgs {
         match (self.hw_ns, self.sw_ns) {
             (Some(h), _) => Some((h, TsSource::Hardware)),
             (None, Some(s)) => Some((s, TsSource::Software)),
+            _ => None,
+        }
+    }
+
+    /// A TX timestamp notification's OPT_ID, which point of the send path
+    /// it marks, and the time. A SCHED notification is software only; an
+    /// SND one carries the hardware stamp (ts[2]) or the software one
+    /// (ts[0]), one per message with OPT_TSONLY. None for anything else
+    /// (ACK stamps, other errors, no time at all).
+    pub fn tx_stamp(&self) -> Option<(u32, TxKind, i64)> {
+        let id = self.tx_opt_id()?;
+        let info = self.ext_err?.info;
+        match info {
+            SCM_TSTAMP_SCHED => self.sw_ns.map(|t| (id, TxKind::Sched, t)),
+            SCM_TSTAMP_SND => match (self.hw_ns, self.sw_ns) {
+                (Some(h), _) => Some((id, TxKind::Hardware, h)),
+                (None, Some(s)) => Some((id, TxKind::Software, s)),
+                (None, None) => None,
+            },
             _ => None,
         }
     }
@@ -168,6 +203,34 @@ mod tests {
         let c = parse(&b);
         assert_eq!(c.best(), Some((2_000_000_005, TsSource::Hardware)));
         assert_eq!(c.tx_opt_id(), Some(99));
+    }
+
+    #[test]
+    fn tx_stamp_kinds_from_ee_info() {
+        let ext = |info| ExtErr {
+            errno: libc::ENOMSG as u32,
+            origin: SO_EE_ORIGIN_TIMESTAMPING,
+            info,
+            data: 7,
+        };
+        let sw = Some([(3, 0), (0, 0), (0, 0)]);
+        let hw = Some([(0, 0), (0, 0), (4, 0)]);
+        let c = parse(&encode_for_test(sw, Some(ext(SCM_TSTAMP_SCHED))));
+        assert_eq!(c.tx_stamp(), Some((7, TxKind::Sched, 3_000_000_000)));
+        let c = parse(&encode_for_test(sw, Some(ext(SCM_TSTAMP_SND))));
+        assert_eq!(c.tx_stamp(), Some((7, TxKind::Software, 3_000_000_000)));
+        let c = parse(&encode_for_test(hw, Some(ext(SCM_TSTAMP_SND))));
+        assert_eq!(c.tx_stamp(), Some((7, TxKind::Hardware, 4_000_000_000)));
+        // A SCHED notification never carries a hardware time.
+        assert_eq!(
+            parse(&encode_for_test(hw, Some(ext(SCM_TSTAMP_SCHED)))).tx_stamp(),
+            None
+        );
+        assert_eq!(
+            parse(&encode_for_test(sw, Some(ext(SCM_TSTAMP_ACK)))).tx_stamp(),
+            None
+        );
+        assert_eq!(parse(&encode_for_test(None, Some(ext(0)))).tx_stamp(), None);
     }
 
     #[test]

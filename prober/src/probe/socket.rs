@@ -2,7 +2,8 @@
 //! queue matched by OPT_ID, batch receive with recvmmsg(2), and hardware
 //! timestamping switched on with SIOCSHWTSTAMP where the NIC has it.
 //!
-//! Kernel interfaces: SO_TIMESTAMPING (Linux >= 2.6.30), SOF_TIMESTAMPING_OPT_ID
+//! Kernel interfaces: SO_TIMESTAMPING (Linux >= 2.6.30), SOF_TIMESTAMPING_TX_SCHED
+//! (>= 3.17), SOF_TIMESTAMPING_OPT_ID
 //! and OPT_TSONLY (>= 4.0), SCM_TS_OPT_ID to set the id per send (>= 6.13;
 //! older kernels fall back to the socket's own counter), recvmmsg (>= 2.6.33),
 //! sendmmsg (>= 3.0), SIOCSHWTSTAMP / SIOCGHWTSTAMP (>= 2.6.30).
@@ -42,7 +43,11 @@ impl TsFlags {
             f |= libc::SOF_TIMESTAMPING_RX_SOFTWARE;
         }
         if self.tx {
+            // TX_SCHED stamps the packet as it enters the device layer
+            // (before the qdisc), TX_SOFTWARE as the driver takes it: the
+            // two bracket the sender's queue.
             f |= libc::SOF_TIMESTAMPING_TX_SOFTWARE
+                | libc::SOF_TIMESTAMPING_TX_SCHED
                 | libc::SOF_TIMESTAMPING_OPT_ID
                 | libc::SOF_TIMESTAMPING_OPT_TSONLY;
         }
