@@ -7,8 +7,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rtprobe::{
     export::{ProbeRecord, TsSource, csv::format_row},
     probe::{
-        cmsg::{self, ExtErr, SCM_TSTAMP_SND, SO_EE_ORIGIN_TIMESTAMPING},
-        matcher::{Event, Matcher},
+        cmsg::{self, ExtErr, SCM_TSTAMP_SND, SO_EE_ORIGIN_TIMESTAMPING, TxKind},
+        matcher::{Event, Expect, Matcher},
         packet::Probe,
     },
     stats::RunStats,
@@ -89,8 +89,17 @@ fn benches(c: &mut Criterion) {
         })
     });
 
-    // One probe through the matcher: sent, TX stamp, arrival, echo, drained.
-    let mut m = Matcher::new(64, 0, 1_000_000_000, true);
+    // One probe through the matcher: sent, SCHED and driver TX stamps,
+    // arrival, echo, drained (with the stage derivation).
+    let mut m = Matcher::new(
+        64,
+        0,
+        1_000_000_000,
+        Expect {
+            tx: true,
+            ..Expect::default()
+        },
+    );
     let mut st = RunStats::new();
     let mut seq = 0u64;
     g.bench_function("probe_matching", |b| {
@@ -108,22 +117,35 @@ fn benches(c: &mut Criterion) {
             m.on_event(
                 Event::TxTimestamp {
                     opt_id: seq as u32,
+                    kind: TxKind::Sched,
                     ts_ns: t + 2,
-                    src: TsSource::Software,
+                },
+                &mut st,
+            );
+            m.on_event(
+                Event::TxTimestamp {
+                    opt_id: seq as u32,
+                    kind: TxKind::Software,
+                    ts_ns: t + 3,
                 },
                 &mut st,
             );
             m.on_event(
                 Event::Arrived {
                     seq,
-                    ts: Some((t + 5, TsSource::Software)),
+                    sw_ns: Some(t + 5),
+                    hw_ns: None,
+                    user_ns: t + 7,
+                    echo_send_ns: Some(t + 8),
                 },
                 &mut st,
             );
             m.on_event(
                 Event::Echoed {
                     seq,
-                    ts: Some((t + 9, TsSource::Software)),
+                    sw_ns: Some(t + 9),
+                    hw_ns: None,
+                    user_ns: t + 11,
                 },
                 &mut st,
             );

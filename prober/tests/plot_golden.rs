@@ -57,7 +57,7 @@ fn write_run(path: &Path, mode: &str, size: u32, interval_ns: u64, base_ns: i64,
             echo_src: (!lost).then_some(TsSource::Software),
             ts_source: (!lost).then_some(TsSource::Software),
             lost,
-            turnaround_ns: None,
+            ..Default::default()
         })
         .unwrap();
     }

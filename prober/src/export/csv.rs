@@ -4,12 +4,14 @@
 //! Layout:
 //! ```text
 //! # rtprobe-meta: {"version":"0.1.0","xdp_mode_requested":"native",...}
-//! seq,flow,size,sched_ns,send_ns,tx_ns,rx_ns,echo_ns,one_way_ns,rtt_ns,tx_src,rx_src,echo_src,ts_source,lost,turnaround_ns
-//! 0,0,64,1763771234000000000,1763771234000001200,...,sw,sw,sw,sw,0,8210
+//! seq,flow,size,sched_ns,send_ns,tx_ns,rx_ns,echo_ns,one_way_ns,rtt_ns,tx_src,rx_src,echo_src,ts_source,lost,turnaround_ns,start_src,tx_sched_ns,...,return_ns
+//! 0,0,64,1763771234000000000,1763771234000001200,...,sw,sw,sw,sw,0,8210,sched,...
 //! ```
-//! All `*_ns` times are CLOCK_REALTIME nanoseconds (the clock of the kernel's
-//! software timestamps); `one_way_ns` and `rtt_ns` are differences. An empty
-//! cell means "not available" (lost probe, missing timestamp).
+//! All stamps are CLOCK_REALTIME nanoseconds (the clock of the kernel's
+//! software timestamps; hardware stamps converted from the NIC's PHC);
+//! `one_way_ns`, `rtt_ns` and the stage columns are differences. An empty
+//! cell means "not available" (lost probe, missing timestamp). See [`HEADER`]
+//! for the column order and [`ProbeRecord`] for each column's meaning.
 
 use std::{
     fs::File,
@@ -23,8 +25,10 @@ use serde::{Deserialize, Serialize};
 /// The first line of the CSV starts with this, followed by the [`RunMeta`] JSON.
 pub const META_PREFIX: &str = "# rtprobe-meta: ";
 
-/// The CSV header, in column order.
-pub const HEADER: [&str; 16] = [
+/// The CSV header, in column order. The first sixteen columns are the
+/// layout of rtprobe before the stamp chain (same names, same meaning for
+/// `tx_ns`, `rx_ns`, `echo_ns`); the chain's stamps and stages follow.
+pub const HEADER: [&str; 34] = [
     "seq",
     "flow",
     "size",
@@ -41,7 +45,45 @@ pub const HEADER: [&str; 16] = [
     "ts_source",
     "lost",
     "turnaround_ns",
+    "start_src",
+    "tx_sched_ns",
+    "tx_hw_ns",
+    "rx_hw_ns",
+    "rx_user_ns",
+    "echo_send_ns",
+    "echo_tx_sched_ns",
+    "echo_tx_ns",
+    "echo_tx_hw_ns",
+    "echo_hw_ns",
+    "echo_user_ns",
+    "stack_ns",
+    "sender_queue_ns",
+    "driver_ns",
+    "path_ns",
+    "receiver_ns",
+    "reflector_ns",
+    "return_ns",
 ];
+
+/// Where the headline figures start: the packet entering the sender's
+/// device layer (the kernel's SCHED stamp) or, where the kernel gave none,
+/// the user-space clock just before sendmsg().
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StartSrc {
+    #[serde(rename = "sched")]
+    Sched,
+    #[serde(rename = "user")]
+    User,
+}
+
+impl StartSrc {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartSrc::Sched => "sched",
+            StartSrc::User => "user",
+        }
+    }
+}
 
 /// Where a timestamp came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -72,8 +114,12 @@ impl TsSource {
     }
 }
 
-/// One probe, as written to the CSV.
+/// One probe, as written to the CSV. Every `*_ns` stamp is CLOCK_REALTIME
+/// (hardware stamps converted from the NIC's PHC); `None` is "not
+/// available". [`crate::stats::chain::derive`] fills the headline figures
+/// and the stages from the stamps.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ProbeRecord {
     pub seq: u64,
     /// Flow id (0 unless several probe flows run at once).
@@ -84,29 +130,66 @@ pub struct ProbeRecord {
     pub sched_ns: i64,
     /// User-space clock just before sendmsg().
     pub send_ns: i64,
-    /// Sender TX timestamp (kernel), if one arrived.
+    /// Sender software TX timestamp (the driver took the packet).
     pub tx_ns: Option<i64>,
-    /// Receiver RX timestamp, if the probe arrived.
+    /// Receiver software RX timestamp.
     pub rx_ns: Option<i64>,
-    /// Sender RX timestamp of the echo, if it came back.
+    /// Sender software RX timestamp of the echo.
     pub echo_ns: Option<i64>,
-    /// rx_ns - tx_ns.
+    /// Headline one-way delay: receiver RX minus the packet's entry into
+    /// the sender's stack (`start_src`).
     pub one_way_ns: Option<i64>,
-    /// echo_ns - tx_ns.
+    /// Headline RTT: the echo's RX minus the same start.
     pub rtt_ns: Option<i64>,
+    /// Clock of the TX stamp the path stage starts from.
     pub tx_src: Option<TsSource>,
+    /// Clock of the RX stamp the one-way figure ends at.
     pub rx_src: Option<TsSource>,
+    /// Clock of the echo RX stamp the RTT ends at.
     pub echo_src: Option<TsSource>,
     /// Source of the one-way figure (or of the RTT if only that exists).
     pub ts_source: Option<TsSource>,
     /// The probe never reached the receiver.
     pub lost: bool,
-    /// Reflector turnaround: its clock before sending the echo minus the
-    /// probe's (software) RX timestamp. `rtt_ns - turnaround_ns` is the RTT
-    /// of the path without the user-space reflector in it. Last column, so
-    /// readers of the first fifteen are unaffected.
-    #[serde(default)]
+    /// Reflector turnaround: the echo's last TX stamp minus the probe's RX
+    /// stamp, both taken by the reflector's kernel.
     pub turnaround_ns: Option<i64>,
+    /// Where `one_way_ns` and `rtt_ns` start.
+    pub start_src: Option<StartSrc>,
+    /// SCHED stamp: the probe entered the sender's device layer (qdisc).
+    pub tx_sched_ns: Option<i64>,
+    /// Hardware TX stamp (the NIC sent it), on the system clock.
+    pub tx_hw_ns: Option<i64>,
+    /// Hardware RX stamp at the receiver, on the system clock.
+    pub rx_hw_ns: Option<i64>,
+    /// The reflector's user-space clock when recvmmsg() gave it the probe.
+    pub rx_user_ns: Option<i64>,
+    /// The reflector's user-space clock just before it sent the echo.
+    pub echo_send_ns: Option<i64>,
+    /// The echo's SCHED stamp at the reflector.
+    pub echo_tx_sched_ns: Option<i64>,
+    /// The echo's software TX stamp at the reflector.
+    pub echo_tx_ns: Option<i64>,
+    /// The echo's hardware TX stamp at the reflector, on the system clock.
+    pub echo_tx_hw_ns: Option<i64>,
+    /// Hardware RX stamp of the echo at the sender, on the system clock.
+    pub echo_hw_ns: Option<i64>,
+    /// The sender's user-space clock when it read the echo.
+    pub echo_user_ns: Option<i64>,
+    /// Stage: user-space send -> SCHED stamp (syscall, UDP/IP, routing).
+    pub stack_ns: Option<i64>,
+    /// Stage: SCHED -> software TX (qdisc, shaping, driver xmit).
+    pub sender_queue_ns: Option<i64>,
+    /// Stage: software TX -> hardware TX (driver ring, BQL, NIC queue).
+    pub driver_ns: Option<i64>,
+    /// Stage: last TX stamp -> receiver RX (wire, router and its queue).
+    pub path_ns: Option<i64>,
+    /// Stage: receiver RX -> the reflector's user space read it.
+    pub receiver_ns: Option<i64>,
+    /// Stage: reflector's read -> the echo's last TX stamp.
+    pub reflector_ns: Option<i64>,
+    /// Stage: the echo's last TX stamp -> its RX at the sender.
+    pub return_ns: Option<i64>,
 }
 
 /// Run metadata stored as the CSV's first line, so plots can be titled
@@ -226,8 +309,33 @@ pub fn format_row(line: &mut String, r: &ProbeRecord) {
     src(line, r.ts_source);
     line.push(if r.lost { '1' } else { '0' });
     line.push(',');
-    if let Some(t) = r.turnaround_ns {
-        let _ = write!(line, "{t}");
+    opt(line, r.turnaround_ns);
+    if let Some(s) = r.start_src {
+        line.push_str(s.as_str());
+    }
+    line.push(',');
+    for v in [
+        r.tx_sched_ns,
+        r.tx_hw_ns,
+        r.rx_hw_ns,
+        r.rx_user_ns,
+        r.echo_send_ns,
+        r.echo_tx_sched_ns,
+        r.echo_tx_ns,
+        r.echo_tx_hw_ns,
+        r.echo_hw_ns,
+        r.echo_user_ns,
+        r.stack_ns,
+        r.sender_queue_ns,
+        r.driver_ns,
+        r.path_ns,
+        r.receiver_ns,
+        r.reflector_ns,
+    ] {
+        opt(line, v);
+    }
+    if let Some(v) = r.return_ns {
+        let _ = write!(line, "{v}");
     }
     line.push('\n');
 }
@@ -256,9 +364,17 @@ mod tests {
             ts_source: Some(TsSource::Mixed),
             lost: false,
             turnaround_ns: Some(9),
+            start_src: Some(StartSrc::Sched),
+            tx_sched_ns: Some(112),
+            path_ns: Some(30),
+            return_ns: Some(-4),
+            ..Default::default()
         };
         format_row(&mut s, &r);
-        assert_eq!(s, "7,0,64,100,110,120,150,,30,,sw,hw,,mixed,0,9\n");
+        assert_eq!(
+            s,
+            "7,0,64,100,110,120,150,,30,,sw,hw,,mixed,0,9,sched,112,,,,,,,,,,,,,30,,,-4\n"
+        );
         assert_eq!(s.trim_end().split(',').count(), HEADER.len());
     }
 
@@ -288,7 +404,10 @@ mod tests {
         let back: RunMeta = serde_json::from_str(m).unwrap();
         assert_eq!(back.size, 64);
         assert_eq!(lines.next().unwrap(), HEADER.join(","));
-        assert_eq!(lines.next().unwrap(), "0,0,0,0,0,,,,,,,,,,1,");
+        assert_eq!(
+            lines.next().unwrap(),
+            "0,0,0,0,0,,,,,,,,,,1,,,,,,,,,,,,,,,,,,,"
+        );
         assert!(lines.next().is_none());
     }
 }

@@ -7,4 +7,4 @@ pub mod plot;
 pub mod report;
 pub mod text;
 
-pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, TsSource};
+pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, StartSrc, TsSource};

@@ -8,7 +8,7 @@ use std::{fmt::Write, path::Path, time::Duration};
 
 use crate::{
     config::{Cell, CellResult, Scenario},
-    stats::Summary,
+    stats::{Summary, chain::Stage},
     tune::{LoadReport, units},
 };
 
@@ -163,7 +163,10 @@ pub fn render(input: &ReportInput<'_>) -> String {
     );
     let _ = writeln!(
         s,
-        "- latencies are one-way (receiver RX - sender TX) in µs unless marked RTT\n"
+        "- latencies are one-way in µs unless marked RTT: from the probe entering the sender's stack \
+         (the kernel's SCHED stamp at the qdisc, or the user-space send where the kernel gives none) \
+         to the receiver's RX stamp, so the sender's qdisc and every queue on the path are inside it; \
+         the stage tables say where the time went\n"
     );
 
     let _ = writeln!(s, "## Knob sets\n\n| set | knobs |\n|---|---|");
@@ -253,6 +256,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
             }
         }
         s.push('\n');
+        stage_table(&mut s, &group);
     }
 
     let any_fig = input.rows.iter().any(|r| !r.figures.is_empty());
@@ -290,6 +294,55 @@ pub fn render(input: &ReportInput<'_>) -> String {
         s.push('\n');
     }
     s
+}
+
+/// p50 (and p99) per stage for each variant of a group, with the stage
+/// that holds most of the one-way median. Stages no variant measured are
+/// left out (e.g. the driver ring without hardware stamps).
+fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
+    let ok: Vec<(&Cell, &Summary)> = group
+        .iter()
+        .filter_map(|r| r.result.ok().map(|res| (r.cell, &res.summary)))
+        .collect();
+    let stages: Vec<Stage> = Stage::ALL
+        .into_iter()
+        .filter(|&st| ok.iter().any(|(_, sum)| sum.stages_ns.get(st).count > 0))
+        .collect();
+    if stages.is_empty() {
+        return;
+    }
+    let _ = write!(
+        s,
+        "Where the time went (p50 / p99 per stage, µs):\n\n| variant |"
+    );
+    for st in &stages {
+        let _ = write!(s, " {} |", st.label());
+    }
+    let _ = writeln!(s, " one-way p50 is mostly |");
+    let _ = writeln!(s, "|---|{}---|", "---:|".repeat(stages.len()));
+    for (cell, sum) in ok {
+        let _ = write!(s, "| {} |", md_escape(&cell.label));
+        for &st in &stages {
+            let l = sum.stages_ns.get(st);
+            let _ = write!(s, " {} / {} |", us(l.p50), us(l.p99));
+        }
+        let dom = sum
+            .one_way_dominant
+            .as_ref()
+            .map(|d| {
+                format!(
+                    "{} ({:.0} %)",
+                    Stage::ALL
+                        .into_iter()
+                        .find(|st| st.key() == d.stage)
+                        .map_or(d.stage.as_str(), |st| st.label()),
+                    d.share_pct
+                )
+            })
+            .unwrap_or_else(|| "–".into());
+        let _ = writeln!(s, " {dom} |");
+    }
+    s.push('\n');
 }
 
 fn shell_word(s: &str) -> String {

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::{
     export::RunMeta,
-    stats::{Latency, Summary},
+    stats::{Latency, Summary, chain::Stage},
 };
 
 /// 1234 ns -> "1.234"; µs with 3 decimals below 10 ms, else 1 decimal.
@@ -20,7 +20,7 @@ fn row(out: &mut String, name: &str, l: &Latency) {
     let mean = l.mean.map(|m| m.round() as u64);
     let _ = writeln!(
         out,
-        "  {name:<11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "  {name:<14}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
         us(l.min),
         us(l.p50),
         us(l.p90),
@@ -66,13 +66,15 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     );
     let _ = writeln!(
         o,
-        "  timestamps: {} (requested {}); TX timestamps missing {}, duplicate {}; foreign packets {}",
+        "  timestamps: {} (requested {}); TX timestamps missing {}, duplicate {}, late {}; foreign packets {}",
         s.timestamp_source,
         m.timestamps_requested,
         s.tx_timestamp_missing,
         s.tx_timestamp_duplicates,
+        s.tx_timestamp_late,
         s.foreign_packets
     );
+    let _ = writeln!(o, "  {}", start_words(&s.one_way_start));
     let pct = |n: u64| {
         if s.sent == 0 {
             0.0
@@ -164,16 +166,31 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     }
     let _ = writeln!(
         o,
-        "  {:<11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "  {:<14}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
         "(µs)", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
     );
     row(&mut o, "one-way", &s.one_way_ns);
     row(&mut o, "rtt", &s.rtt_ns);
+    // Stages without data (no hardware stamps: no driver stage) are left out.
+    for stage in Stage::ALL {
+        let l = s.stages_ns.get(stage);
+        if l.count > 0 {
+            row(&mut o, &format!(" {}", stage.label()), l);
+        }
+    }
     row(&mut o, "rtt net", &s.rtt_net_ns);
-    row(&mut o, "reflector", &s.reflector_turnaround_ns);
+    row(&mut o, "turnaround", &s.reflector_turnaround_ns);
     row(&mut o, "ipdv", &s.ipdv_ns);
     row(&mut o, "send error", &s.send_error_ns);
     row(&mut o, "send->tx", &s.send_to_tx_ns);
+    let said: Vec<&str> = [&s.one_way_dominant, &s.rtt_dominant]
+        .into_iter()
+        .flatten()
+        .map(|d| d.text.as_str())
+        .collect();
+    if !said.is_empty() {
+        let _ = writeln!(o, "  where the time went: {}", said.join("; "));
+    }
     if let Some(serde_json::Value::Array(flows)) = s.extra.get("flows") {
         let _ = writeln!(
             o,
@@ -207,6 +224,22 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     o
 }
 
+/// Where the headline figures start, in words.
+fn start_words(start: &str) -> &'static str {
+    match start {
+        "sched" => {
+            "one-way and RTT start as the probe enters the sender's qdisc (kernel SCHED stamp) and end at the receiver's / the echo's RX stamp"
+        }
+        "user" => {
+            "one-way and RTT start at the user-space send (the kernel gave no SCHED stamp) and end at the receiver's / the echo's RX stamp"
+        }
+        "mixed" => {
+            "one-way and RTT start at the kernel's SCHED stamp, or at the user-space send for probes without one, and end at the RX stamps"
+        }
+        _ => "one-way and RTT: no probe came back",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +261,13 @@ mod tests {
             ..Default::default()
         };
         s.timestamp_source = "software".into();
+        s.one_way_start = "sched".into();
+        s.stages_ns.sender_queue = Latency {
+            count: 9,
+            p50: Some(5_500),
+            ..Default::default()
+        };
+        s = s.with_dominant_stages();
         s.xdp_counters.insert(
             "redirected".into(),
             crate::stats::summary::PacketsBytes {
@@ -262,8 +302,16 @@ mod tests {
             "unaccounted probes 0",
             "send->tx",
             "rtt net",
+            "enters the sender's qdisc (kernel SCHED stamp)",
+            " sender queue",
+            "where the time went: 92 % of the one-way p50 is the sender's queue",
+            "late 0",
         ] {
             assert!(t.contains(needle), "missing {needle:?} in\n{t}");
         }
+        assert!(
+            !t.contains("driver/ring"),
+            "a stage without data is left out"
+        );
     }
 }

@@ -1,16 +1,23 @@
-//! Matches the four things a probe produces — the send, the kernel TX
-//! timestamp (by OPT_ID), the arrival at the receiver and the echo back at
-//! the sender — into one [`ProbeRecord`], and hands records out strictly in
-//! sequence order once complete or timed out. Pure: events in, records out,
-//! memory bounded by the probes in flight.
+//! Matches what a probe produces — the send, the kernel's TX stamps (SCHED,
+//! driver, NIC; by OPT_ID), the arrival at the receiver, the echo's TX
+//! stamps at the reflector and the echo back at the sender — into one
+//! [`ProbeRecord`], and hands records out strictly in sequence order once
+//! complete or timed out. Every stamp is kept in its own field; a second
+//! stamp of the same kind for the same send is counted as a duplicate and
+//! never used. Pure: events in, records out, memory bounded by the probes
+//! in flight.
 
 use std::collections::{HashMap, VecDeque, hash_map::Entry};
 
-use crate::export::{ProbeRecord, TsSource};
-use crate::stats::RunStats;
+use super::cmsg::TxKind;
+use crate::export::ProbeRecord;
+use crate::stats::{RunStats, chain};
 
 /// A probe further ahead of the oldest unfinished one than this is not ours.
 const MAX_WINDOW: u64 = 1 << 24;
+/// Finalized sends whose stamp kinds are remembered, to tell a late stamp
+/// (its record went out without it) from a duplicate of one it used.
+const FINALIZED_MEMORY: usize = 1 << 16;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Event {
@@ -27,55 +34,144 @@ pub enum Event {
         sched_ns: i64,
         send_ns: i64,
     },
-    /// A TX timestamp from the sender's error queue.
+    /// A TX timestamp from the sender's error queue (hardware: raw PHC time).
     TxTimestamp {
         opt_id: u32,
+        kind: TxKind,
         ts_ns: i64,
-        src: TsSource,
     },
-    /// The probe arrived at the receiver.
+    /// The probe arrived at the receiver: its software and raw hardware RX
+    /// stamps, the reflector's clock when recvmmsg() returned, and when it
+    /// sent the echo back.
     Arrived {
         seq: u64,
-        ts: Option<(i64, TsSource)>,
+        sw_ns: Option<i64>,
+        hw_ns: Option<i64>,
+        user_ns: i64,
+        echo_send_ns: Option<i64>,
     },
     /// The reflector's TX timestamp of an echo, whose OPT_ID is the low 32
     /// bits of the probe's seq.
     EchoTx {
         opt_id: u32,
+        kind: TxKind,
         ts_ns: i64,
-        src: TsSource,
     },
     /// Its echo arrived back at the sender.
     Echoed {
         seq: u64,
-        ts: Option<(i64, TsSource)>,
+        sw_ns: Option<i64>,
+        hw_ns: Option<i64>,
+        user_ns: i64,
     },
     /// A datagram on the probe port that is not one of this run's probes.
     Foreign,
+}
+
+/// Puts raw hardware (PHC) stamps on CLOCK_REALTIME: the sender's NIC for
+/// the probe's TX and the echo's RX, the receiver's for the others. None
+/// when it cannot (no PHC, no sample yet): the stamp is then left out.
+pub trait HwClocks: Send {
+    fn sender(&self, raw_ns: i64) -> Option<i64>;
+    fn receiver(&self, raw_ns: i64) -> Option<i64>;
+}
+
+/// No hardware clock to convert from: hardware stamps are left out.
+pub struct NoHwClocks;
+
+impl HwClocks for NoHwClocks {
+    fn sender(&self, _: i64) -> Option<i64> {
+        None
+    }
+    fn receiver(&self, _: i64) -> Option<i64> {
+        None
+    }
+}
+
+/// The TX stamps of one send, by kind.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct TxStamps {
+    sched: Option<i64>,
+    sw: Option<i64>,
+    hw: Option<i64>,
+}
+
+impl TxStamps {
+    fn slot(&mut self, kind: TxKind) -> &mut Option<i64> {
+        match kind {
+            TxKind::Sched => &mut self.sched,
+            TxKind::Software => &mut self.sw,
+            TxKind::Hardware => &mut self.hw,
+        }
+    }
+
+    /// Keeps the first stamp of each kind; false for a duplicate.
+    fn put(&mut self, kind: TxKind, ts_ns: i64) -> bool {
+        let s = self.slot(kind);
+        if s.is_some() {
+            return false;
+        }
+        *s = Some(ts_ns);
+        true
+    }
+}
+
+fn kind_bit(kind: TxKind) -> u8 {
+    match kind {
+        TxKind::Sched => 1,
+        TxKind::Software => 2,
+        TxKind::Hardware => 4,
+    }
+}
+
+/// What the receiver saw of a probe: software and raw hardware RX stamps,
+/// the reflector's read time and its echo's send time.
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    sw_ns: Option<i64>,
+    hw_ns: Option<i64>,
+    user_ns: i64,
+    echo_send_ns: Option<i64>,
 }
 
 #[derive(Debug, Default, Clone)]
 struct Slot {
     sent: Option<(i64, i64, u32)>,
     send_failed: bool,
-    tx: Option<(i64, TsSource)>,
-    rx: Option<(i64, TsSource)>,
-    echo_tx: Option<(i64, TsSource)>,
-    arrived: bool,
-    echo: Option<(i64, TsSource)>,
-    echoed: bool,
+    tx: TxStamps,
+    echo_tx: TxStamps,
+    arrived: Option<Arrival>,
+    /// (software, raw hardware, user-space read) of the echo at the sender.
+    echoed: Option<(Option<i64>, Option<i64>, i64)>,
+}
+
+/// Which stamps a record waits for (until the timeout) before it is final.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expect {
+    /// The sender's software TX stamp.
+    pub tx: bool,
+    /// The sender's hardware TX stamp.
+    pub tx_hw: bool,
+    /// The reflector's software TX stamp of the echo.
+    pub echo_tx: bool,
+    /// The reflector's hardware TX stamp of the echo.
+    pub echo_tx_hw: bool,
 }
 
 impl Slot {
-    fn complete(&self, want_tx: bool, want_echo_tx: bool) -> bool {
+    fn complete(&self, e: Expect) -> bool {
         if self.send_failed {
             return true;
         }
+        // SCHED stamps are queued before the driver's, so a present
+        // software stamp means the SCHED one (if any) is in too.
         self.sent.is_some()
-            && self.arrived
-            && self.echoed
-            && (self.tx.is_some() || !want_tx)
-            && (self.echo_tx.is_some() || !want_echo_tx)
+            && self.arrived.is_some()
+            && self.echoed.is_some()
+            && (self.tx.sw.is_some() || !e.tx)
+            && (self.tx.hw.is_some() || !e.tx_hw)
+            && (self.echo_tx.sw.is_some() || !e.echo_tx)
+            && (self.echo_tx.hw.is_some() || !e.echo_tx_hw)
     }
 }
 
@@ -83,41 +179,47 @@ pub struct Matcher {
     size: u32,
     flow: u8,
     timeout_ns: i64,
-    /// Whether TX timestamps are expected (wait for them until the timeout).
-    want_tx: bool,
-    /// Whether the reflector's echo TX timestamps are expected.
-    want_echo_tx: bool,
+    expect: Expect,
+    hw: Box<dyn HwClocks>,
     base: u64,
     window: VecDeque<Slot>,
     opt_to_seq: HashMap<u32, u64>,
-    early_tx: HashMap<u32, (i64, TsSource)>,
-    /// Highest OPT_ID whose probe was already finalized.
-    finalized_opt: Option<u32>,
+    early_tx: HashMap<u32, TxStamps>,
+    /// Stamp kinds of recently finalized sends, by OPT_ID (bit per kind).
+    finalized: HashMap<u32, u8>,
+    finalized_order: VecDeque<u32>,
     late_arrivals: u64,
     late_tx: u64,
+    /// Slots dropped without a record: seen at the receiver but never sent.
+    unmatched: u64,
+    /// Hardware stamps that could not be put on the system clock.
+    hw_unconverted: u64,
 }
 
 impl Matcher {
-    pub fn new(size: u32, flow: u8, timeout_ns: i64, want_tx: bool) -> Self {
+    pub fn new(size: u32, flow: u8, timeout_ns: i64, expect: Expect) -> Self {
         Self {
             size,
             flow,
             timeout_ns,
-            want_tx,
-            want_echo_tx: false,
+            expect,
+            hw: Box::new(NoHwClocks),
             base: 0,
             window: VecDeque::new(),
             opt_to_seq: HashMap::new(),
             early_tx: HashMap::new(),
-            finalized_opt: None,
+            finalized: HashMap::new(),
+            finalized_order: VecDeque::new(),
             late_arrivals: 0,
             late_tx: 0,
+            unmatched: 0,
+            hw_unconverted: 0,
         }
     }
 
-    /// Waits (until the timeout) for the reflector's echo TX timestamps too.
-    pub fn expect_echo_tx(mut self, on: bool) -> Self {
-        self.want_echo_tx = on;
+    /// Converts hardware stamps with `hw` (default: none are converted).
+    pub fn with_hw_clocks(mut self, hw: Box<dyn HwClocks>) -> Self {
+        self.hw = hw;
         self
     }
 
@@ -130,6 +232,21 @@ impl Matcher {
     /// Probes that arrived after they had been given up as lost.
     pub fn late_arrivals(&self) -> u64 {
         self.late_arrivals
+    }
+
+    /// TX stamps that came after their probe's record was written.
+    pub fn late_tx(&self) -> u64 {
+        self.late_tx
+    }
+
+    /// Matcher slots dropped without a record (arrived, never sent).
+    pub fn unmatched(&self) -> u64 {
+        self.unmatched
+    }
+
+    /// Hardware stamps left out because no PHC conversion was possible.
+    pub fn hw_unconverted(&self) -> u64 {
+        self.hw_unconverted
     }
 
     /// Probes in flight (not yet finalized).
@@ -148,6 +265,17 @@ impl Matcher {
         self.window.get_mut(idx)
     }
 
+    fn remember_finalized(&mut self, opt_id: u32, kinds: u8) {
+        if self.finalized.insert(opt_id, kinds).is_none() {
+            self.finalized_order.push_back(opt_id);
+        }
+        while self.finalized_order.len() > FINALIZED_MEMORY {
+            if let Some(old) = self.finalized_order.pop_front() {
+                self.finalized.remove(&old);
+            }
+        }
+    }
+
     /// Feeds one event. Arrival-order facts (reordering, duplicates) go to `stats` directly.
     pub fn on_event(&mut self, ev: Event, stats: &mut RunStats) {
         match ev {
@@ -161,7 +289,7 @@ impl Matcher {
                 if let Some(s) = self.slot(seq) {
                     s.sent = Some((sched_ns, send_ns, opt_id));
                     if let Some(tx) = early {
-                        s.tx = Some(tx);
+                        s.tx = tx;
                     }
                     self.opt_to_seq.insert(opt_id, seq);
                 }
@@ -176,76 +304,89 @@ impl Matcher {
                     s.send_failed = true;
                 }
             }
-            Event::TxTimestamp { opt_id, ts_ns, src } => {
-                if self.finalized_opt.is_some_and(|f| opt_id <= f) {
-                    self.late_tx += 1;
-                    stats.on_tx_timestamp_duplicate();
+            Event::TxTimestamp {
+                opt_id,
+                kind,
+                ts_ns,
+            } => {
+                if let Some(kinds) = self.finalized.get_mut(&opt_id) {
+                    // Its record is written: a kind it had is a duplicate
+                    // (e.g. skb-mode redirect stamps the send a second
+                    // time), a kind it lacked came too late to be used.
+                    if *kinds & kind_bit(kind) != 0 {
+                        stats.on_tx_timestamp_duplicate();
+                    } else {
+                        *kinds |= kind_bit(kind);
+                        self.late_tx += 1;
+                        stats.on_tx_timestamp_late();
+                    }
                     return;
                 }
-                match self.opt_to_seq.get(&opt_id).copied() {
-                    Some(seq) => {
-                        if let Some(s) = self.slot(seq) {
-                            match s.tx {
-                                None => s.tx = Some((ts_ns, src)),
-                                // A hardware stamp beats a software one for the same send.
-                                Some((_, TsSource::Software)) if src == TsSource::Hardware => {
-                                    s.tx = Some((ts_ns, src))
-                                }
-                                Some((_, old)) if old != src => {}
-                                Some(_) => stats.on_tx_timestamp_duplicate(),
-                            }
-                        }
-                    }
+                let fresh = match self.opt_to_seq.get(&opt_id).copied() {
+                    Some(seq) => self.slot(seq).is_none_or(|s| s.tx.put(kind, ts_ns)),
                     None => match self.early_tx.entry(opt_id) {
-                        Entry::Vacant(v) => {
-                            v.insert((ts_ns, src));
-                        }
-                        Entry::Occupied(mut o) => match o.get().1 {
-                            TsSource::Software if src == TsSource::Hardware => {
-                                o.insert((ts_ns, src));
-                            }
-                            old if old != src => {}
-                            // Keep the first: a second stamp of the same kind comes
-                            // from a later hop (e.g. skb-mode redirect out of a veth).
-                            _ => stats.on_tx_timestamp_duplicate(),
-                        },
+                        Entry::Vacant(v) => v.insert(TxStamps::default()).put(kind, ts_ns),
+                        Entry::Occupied(mut o) => o.get_mut().put(kind, ts_ns),
                     },
+                };
+                if !fresh {
+                    // Keep the first: a second stamp of the same kind comes
+                    // from a later hop (skb-mode redirect out of a veth).
+                    stats.on_tx_timestamp_duplicate();
                 }
             }
-            Event::Arrived { seq, ts } => {
+            Event::Arrived {
+                seq,
+                sw_ns,
+                hw_ns,
+                user_ns,
+                echo_send_ns,
+            } => {
                 if seq < self.base {
                     self.late_arrivals += 1;
                     return;
                 }
                 match self.slot(seq) {
                     Some(s) => {
-                        let first = !s.arrived;
+                        let first = s.arrived.is_none();
                         if first {
-                            s.arrived = true;
-                            s.rx = ts;
+                            s.arrived = Some(Arrival {
+                                sw_ns,
+                                hw_ns,
+                                user_ns,
+                                echo_send_ns,
+                            });
                         }
                         stats.on_arrival(seq, first);
                     }
                     None => stats.on_foreign_packet(),
                 }
             }
-            Event::EchoTx { opt_id, ts_ns, src } => {
+            Event::EchoTx {
+                opt_id,
+                kind,
+                ts_ns,
+            } => {
                 if let Some(seq) = self.seq_of_low_bits(opt_id)
                     && let Some(s) = self.slot(seq)
-                    && s.echo_tx.is_none()
+                    && !s.echo_tx.put(kind, ts_ns)
                 {
-                    s.echo_tx = Some((ts_ns, src));
+                    stats.on_echo_tx_duplicate();
                 }
             }
-            Event::Echoed { seq, ts } => {
+            Event::Echoed {
+                seq,
+                sw_ns,
+                hw_ns,
+                user_ns,
+            } => {
                 if seq < self.base {
                     return;
                 }
                 if let Some(s) = self.slot(seq)
-                    && !s.echoed
+                    && s.echoed.is_none()
                 {
-                    s.echoed = true;
-                    s.echo = ts;
+                    s.echoed = Some((sw_ns, hw_ns, user_ns));
                 }
             }
             Event::Foreign => stats.on_foreign_packet(),
@@ -259,16 +400,17 @@ impl Matcher {
         while let Some(front) = self.window.front() {
             let Some((_, send_ns, _)) = front.sent else {
                 if flush_all {
-                    // Seen at the receiver but never recorded as sent: cannot
-                    // happen for our own session; drop the slot.
+                    // Seen at the receiver but never recorded as sent: no
+                    // record can be written for it; counted as unaccounted.
                     self.window.pop_front();
                     self.base += 1;
+                    self.unmatched += 1;
                     continue;
                 }
                 break;
             };
             let expired = now_ns - send_ns >= self.timeout_ns;
-            if !(flush_all || expired || front.complete(self.want_tx, self.want_echo_tx)) {
+            if !(flush_all || expired || front.complete(self.expect)) {
                 break;
             }
             let slot = self.window.pop_front().expect("front exists");
@@ -282,52 +424,79 @@ impl Matcher {
         }
     }
 
+    fn convert(&mut self, raw: Option<i64>, sender_nic: bool) -> Option<i64> {
+        let raw = raw?;
+        let t = if sender_nic {
+            self.hw.sender(raw)
+        } else {
+            self.hw.receiver(raw)
+        };
+        if t.is_none() {
+            self.hw_unconverted += 1;
+        }
+        t
+    }
+
     fn finalize(&mut self, seq: u64, s: Slot) -> ProbeRecord {
         let (sched_ns, send_ns, opt_id) = s.sent.expect("finalized slots were sent");
         if !s.send_failed {
             self.opt_to_seq.remove(&opt_id);
-            self.finalized_opt = Some(self.finalized_opt.map_or(opt_id, |f| f.max(opt_id)));
+            let kinds = [
+                (s.tx.sched, TxKind::Sched),
+                (s.tx.sw, TxKind::Software),
+                (s.tx.hw, TxKind::Hardware),
+            ]
+            .iter()
+            .filter(|(t, _)| t.is_some())
+            .fold(0u8, |acc, (_, k)| acc | kind_bit(*k));
+            self.remember_finalized(opt_id, kinds);
         }
-        let tx = s.tx;
-        let one_way = match (tx, s.rx) {
-            (Some((t, ts)), Some((r, rs))) => Some((r - t, TsSource::combine(ts, rs))),
-            _ => None,
+        let (rx_sw, rx_hw, rx_user, echo_send) = match s.arrived {
+            Some(a) => (a.sw_ns, a.hw_ns, Some(a.user_ns), a.echo_send_ns),
+            None => (None, None, None, None),
         };
-        let rtt = match (tx, s.echo) {
-            (Some((t, ts)), Some((e, es))) => Some((e - t, TsSource::combine(ts, es))),
-            _ => None,
+        let (echo_sw, echo_hw, echo_user) = match s.echoed {
+            Some((sw, hw, user)) => (sw, hw, Some(user)),
+            None => (None, None, None),
         };
-        // Probe RX stamp to echo TX stamp, both from the reflector's
-        // kernel; a hardware stamp is on another clock than a software one.
-        let turnaround = match (s.rx, s.echo_tx) {
-            (Some((r, rs)), Some((e, es))) if rs == es => Some(e - r),
-            _ => None,
-        };
-        ProbeRecord {
+        let mut r = ProbeRecord {
             seq,
             flow: self.flow,
             size: self.size,
             sched_ns,
             send_ns,
-            tx_ns: tx.map(|t| t.0),
-            rx_ns: s.rx.map(|t| t.0),
-            echo_ns: s.echo.map(|t| t.0),
-            one_way_ns: one_way.map(|o| o.0),
-            rtt_ns: rtt.map(|r| r.0),
-            tx_src: tx.map(|t| t.1),
-            rx_src: s.rx.map(|t| t.1),
-            echo_src: s.echo.map(|t| t.1),
-            ts_source: one_way.or(rtt).map(|x| x.1),
-            lost: !s.arrived,
-            turnaround_ns: turnaround,
-        }
+            tx_sched_ns: s.tx.sched,
+            tx_ns: s.tx.sw,
+            tx_hw_ns: self.convert(s.tx.hw, true),
+            rx_ns: rx_sw,
+            rx_hw_ns: self.convert(rx_hw, false),
+            rx_user_ns: rx_user,
+            echo_send_ns: echo_send,
+            echo_tx_sched_ns: s.echo_tx.sched,
+            echo_tx_ns: s.echo_tx.sw,
+            echo_tx_hw_ns: self.convert(s.echo_tx.hw, false),
+            echo_ns: echo_sw,
+            echo_hw_ns: self.convert(echo_hw, true),
+            echo_user_ns: echo_user,
+            lost: s.arrived.is_none(),
+            ..Default::default()
+        };
+        chain::derive(&mut r);
+        r
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use TsSource::*;
+    use crate::export::{StartSrc, TsSource};
+
+    const ALL: Expect = Expect {
+        tx: true,
+        tx_hw: false,
+        echo_tx: false,
+        echo_tx_hw: false,
+    };
 
     fn sent(seq: u64) -> Event {
         Event::Sent {
@@ -335,6 +504,33 @@ mod tests {
             opt_id: seq as u32,
             sched_ns: 1000 * seq as i64,
             send_ns: 1000 * seq as i64 + 1,
+        }
+    }
+
+    fn tx(opt_id: u32, kind: TxKind, ts_ns: i64) -> Event {
+        Event::TxTimestamp {
+            opt_id,
+            kind,
+            ts_ns,
+        }
+    }
+
+    fn arrived(seq: u64, sw: Option<i64>) -> Event {
+        Event::Arrived {
+            seq,
+            sw_ns: sw,
+            hw_ns: None,
+            user_ns: sw.unwrap_or(0) + 3,
+            echo_send_ns: sw.map(|t| t + 4),
+        }
+    }
+
+    fn echoed(seq: u64, sw: Option<i64>) -> Event {
+        Event::Echoed {
+            seq,
+            sw_ns: sw,
+            hw_ns: None,
+            user_ns: sw.unwrap_or(0) + 2,
         }
     }
 
@@ -349,38 +545,46 @@ mod tests {
     }
 
     #[test]
-    fn complete_probe_any_event_order() {
-        let mut m = Matcher::new(64, 0, 1_000_000, true);
+    fn complete_probe_any_event_order_every_stamp_kept() {
+        let mut m = Matcher::new(64, 0, 1_000_000, ALL);
         let evs = [
-            Event::Arrived {
-                seq: 0,
-                ts: Some((50, Software)),
-            },
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 10,
-                src: Software,
-            },
+            arrived(0, Some(50)),
+            tx(0, TxKind::Software, 10),
             sent(0),
+            tx(0, TxKind::Sched, 4),
             Event::EchoTx {
                 opt_id: 0,
+                kind: TxKind::Sched,
+                ts_ns: 58,
+            },
+            Event::EchoTx {
+                opt_id: 0,
+                kind: TxKind::Software,
                 ts_ns: 62,
-                src: Software,
             },
-            Event::Echoed {
-                seq: 0,
-                ts: Some((90, Software)),
-            },
+            echoed(0, Some(90)),
         ];
         let (v, _) = run(&mut m, &evs, 0, false);
         assert_eq!(v.len(), 1);
         let r = &v[0];
         assert_eq!(
-            (r.tx_ns, r.rx_ns, r.echo_ns),
-            (Some(10), Some(50), Some(90))
+            (r.tx_sched_ns, r.tx_ns, r.rx_ns, r.echo_ns),
+            (Some(4), Some(10), Some(50), Some(90))
         );
-        assert_eq!((r.one_way_ns, r.rtt_ns), (Some(40), Some(80)));
-        assert_eq!(r.ts_source, Some(Software));
+        assert_eq!((r.rx_user_ns, r.echo_send_ns), (Some(53), Some(54)));
+        assert_eq!(
+            (r.echo_tx_sched_ns, r.echo_tx_ns, r.echo_user_ns),
+            (Some(58), Some(62), Some(92))
+        );
+        assert_eq!(r.start_src, Some(StartSrc::Sched));
+        assert_eq!(
+            (r.one_way_ns, r.rtt_ns),
+            (Some(46), Some(86)),
+            "from the SCHED stamp"
+        );
+        assert_eq!(r.path_ns, Some(40), "the old tx->rx figure");
+        assert_eq!(r.sender_queue_ns, Some(6));
+        assert_eq!(r.ts_source, Some(TsSource::Software));
         assert_eq!(
             r.turnaround_ns,
             Some(12),
@@ -391,29 +595,15 @@ mod tests {
 
     #[test]
     fn waits_in_order_then_times_out() {
-        let mut m = Matcher::new(64, 0, 500, true);
+        let mut m = Matcher::new(64, 0, 500, ALL);
         // seq 1 complete, seq 0 still missing its arrival.
         let evs = [
             sent(0),
             sent(1),
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 5,
-                src: Software,
-            },
-            Event::TxTimestamp {
-                opt_id: 1,
-                ts_ns: 1005,
-                src: Software,
-            },
-            Event::Arrived {
-                seq: 1,
-                ts: Some((1100, Software)),
-            },
-            Event::Echoed {
-                seq: 1,
-                ts: Some((1200, Software)),
-            },
+            tx(0, TxKind::Software, 5),
+            tx(1, TxKind::Software, 1005),
+            arrived(1, Some(1100)),
+            echoed(1, Some(1200)),
         ];
         let (v, _) = run(&mut m, &evs, 100, false);
         assert!(v.is_empty(), "seq 1 must wait for seq 0");
@@ -421,125 +611,124 @@ mod tests {
         m.drain(600, false, |r| out.push(r));
         assert_eq!(out.len(), 2);
         assert!(out[0].lost && out[0].one_way_ns.is_none());
-        assert_eq!(out[1].one_way_ns, Some(95));
+        assert_eq!(out[0].tx_ns, Some(5), "a lost probe keeps its TX stamp");
+        assert_eq!(
+            out[1].one_way_ns,
+            Some(99),
+            "no SCHED stamp: from the user-space send (1001)"
+        );
+        assert_eq!(out[1].start_src, Some(StartSrc::User));
         // Arrives after being given up.
         let mut st = RunStats::new();
-        m.on_event(Event::Arrived { seq: 0, ts: None }, &mut st);
+        m.on_event(arrived(0, None), &mut st);
         assert_eq!(m.late_arrivals(), 1);
     }
 
     #[test]
-    fn duplicate_tx_timestamps_keep_first_and_count() {
-        let mut m = Matcher::new(64, 0, 1_000, true);
+    fn duplicate_stamps_keep_first_late_ones_are_counted_apart() {
+        let mut m = Matcher::new(64, 0, 1_000, ALL);
         let evs = [
             sent(0),
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 10,
-                src: Software,
-            },
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 30,
-                src: Software,
-            },
-            Event::Arrived {
-                seq: 0,
-                ts: Some((50, Software)),
-            },
-            Event::Echoed {
-                seq: 0,
-                ts: Some((90, Software)),
-            },
+            tx(0, TxKind::Software, 10),
+            tx(0, TxKind::Software, 30),
+            arrived(0, Some(50)),
+            echoed(0, Some(90)),
         ];
         let (v, st) = run(&mut m, &evs, 0, false);
         assert_eq!(v[0].tx_ns, Some(10));
         assert_eq!(st.summary().tx_timestamp_duplicates, 1);
-        // And one after finalization is counted too, not matched to anything.
+        // After finalization: a kind it had is a duplicate, one it lacked is late.
         let mut st = RunStats::new();
-        m.on_event(
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 40,
-                src: Software,
-            },
-            &mut st,
-        );
-        assert_eq!(st.summary().tx_timestamp_duplicates, 1);
+        m.on_event(tx(0, TxKind::Software, 40), &mut st);
+        m.on_event(tx(0, TxKind::Sched, 5), &mut st);
+        m.on_event(tx(0, TxKind::Sched, 6), &mut st);
+        let s = st.summary();
+        assert_eq!(s.tx_timestamp_duplicates, 2);
+        assert_eq!(s.tx_timestamp_late, 1);
+        assert_eq!(m.late_tx(), 1);
     }
 
     #[test]
     fn duplicate_tx_timestamps_before_the_send_event_keep_the_first() {
-        let mut m = Matcher::new(64, 0, 1_000, true);
+        let mut m = Matcher::new(64, 0, 1_000, ALL);
         let evs = [
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 10,
-                src: Software,
-            },
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 30,
-                src: Software,
-            },
+            tx(0, TxKind::Sched, 3),
+            tx(0, TxKind::Software, 10),
+            tx(0, TxKind::Software, 30),
             sent(0),
-            Event::Arrived {
-                seq: 0,
-                ts: Some((50, Software)),
-            },
-            Event::Echoed {
-                seq: 0,
-                ts: Some((90, Software)),
-            },
+            arrived(0, Some(50)),
+            echoed(0, Some(90)),
         ];
         let (v, st) = run(&mut m, &evs, 0, false);
         assert_eq!(v[0].tx_ns, Some(10));
-        assert_eq!(v[0].one_way_ns, Some(40));
+        assert_eq!(v[0].tx_sched_ns, Some(3));
+        assert_eq!(v[0].one_way_ns, Some(47));
         assert_eq!(st.summary().tx_timestamp_duplicates, 1);
     }
 
+    struct Offset(i64);
+    impl HwClocks for Offset {
+        fn sender(&self, raw: i64) -> Option<i64> {
+            Some(raw + self.0)
+        }
+        fn receiver(&self, raw: i64) -> Option<i64> {
+            Some(raw + 2 * self.0)
+        }
+    }
+
     #[test]
-    fn hardware_beats_software_and_mixed_source() {
-        let mut m = Matcher::new(64, 0, 1_000, true);
+    fn hardware_stamps_are_kept_beside_software_ones_and_converted() {
+        let expect = Expect { tx_hw: true, ..ALL };
+        let mut m = Matcher::new(64, 0, 1_000, expect).with_hw_clocks(Box::new(Offset(100)));
         let evs = [
             sent(0),
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 10,
-                src: Software,
-            },
-            Event::TxTimestamp {
-                opt_id: 0,
-                ts_ns: 12,
-                src: Hardware,
-            },
-            Event::Arrived {
+            tx(0, TxKind::Software, 10),
+            arrived(0, Some(50)),
+            Event::Echoed {
                 seq: 0,
-                ts: Some((50, Software)),
+                sw_ns: Some(95),
+                hw_ns: Some(-20),
+                user_ns: 99,
             },
-            Event::Echoed { seq: 0, ts: None },
         ];
-        let (v, st) = run(&mut m, &evs, 0, false);
-        assert_eq!(v[0].tx_ns, Some(12));
-        assert_eq!(v[0].tx_src, Some(Hardware));
-        assert_eq!(v[0].ts_source, Some(Mixed));
-        assert_eq!(v[0].rtt_ns, None);
+        let (v, _) = run(&mut m, &evs, 0, false);
+        assert!(v.is_empty(), "waits for the hardware TX stamp");
+        let (v, st) = run(&mut m, &[tx(0, TxKind::Hardware, -88)], 0, false);
+        assert_eq!(v[0].tx_ns, Some(10), "tx_ns stays the software stamp");
+        assert_eq!(v[0].tx_hw_ns, Some(12), "PHC -88 + 100 on the system clock");
+        assert_eq!(v[0].echo_hw_ns, Some(80));
+        assert_eq!(v[0].driver_ns, Some(2));
+        assert_eq!(v[0].tx_src, Some(TsSource::Hardware));
         assert_eq!(st.summary().tx_timestamp_duplicates, 0);
+        // Without a PHC conversion the hardware stamps are left out and counted.
+        let mut m = Matcher::new(64, 0, 1_000, ALL);
+        let (v, _) = run(
+            &mut m,
+            &[
+                sent(0),
+                tx(0, TxKind::Software, 10),
+                tx(0, TxKind::Hardware, 11),
+                arrived(0, Some(50)),
+                echoed(0, None),
+            ],
+            0,
+            false,
+        );
+        assert_eq!(v[0].tx_hw_ns, None);
+        assert_eq!(m.hw_unconverted(), 1);
+        assert_eq!(v[0].rtt_ns, None);
     }
 
     #[test]
     fn duplicates_reorder_and_foreign() {
-        let mut m = Matcher::new(64, 0, 1_000, false);
+        let mut m = Matcher::new(64, 0, 1_000, Expect::default());
         let evs = [
             sent(0),
             sent(1),
-            Event::Arrived { seq: 1, ts: None },
-            Event::Arrived { seq: 0, ts: None },
-            Event::Arrived { seq: 0, ts: None },
-            Event::Arrived {
-                seq: u64::MAX,
-                ts: None,
-            },
+            arrived(1, None),
+            arrived(0, None),
+            arrived(0, None),
+            arrived(u64::MAX, None),
             Event::Foreign,
         ];
         let (v, st) = run(&mut m, &evs, 5000, false);
@@ -550,71 +739,54 @@ mod tests {
 
     #[test]
     fn echo_tx_stamps_by_low_seq_bits_and_waited_for() {
-        let mut m = Matcher::new(64, 0, 1_000, true).expect_echo_tx(true);
+        let expect = Expect {
+            echo_tx: true,
+            ..ALL
+        };
+        let mut m = Matcher::new(64, 0, 1_000, expect);
         let done = |seq: u64| {
             [
                 sent(seq),
-                Event::TxTimestamp {
-                    opt_id: seq as u32,
-                    ts_ns: 1,
-                    src: Software,
-                },
-                Event::Arrived {
-                    seq,
-                    ts: Some((10, Software)),
-                },
-                Event::Echoed {
-                    seq,
-                    ts: Some((30, Software)),
-                },
+                tx(seq as u32, TxKind::Software, 1),
+                arrived(seq, Some(10)),
+                echoed(seq, Some(30)),
             ]
         };
         let (v, _) = run(&mut m, &done(0), 0, false);
         assert!(v.is_empty(), "waits for the echo's TX stamp");
-        let (v, _) = run(
-            &mut m,
-            &[Event::EchoTx {
-                opt_id: 0,
-                ts_ns: 14,
-                src: Software,
-            }],
-            0,
-            false,
-        );
-        assert_eq!(v[0].turnaround_ns, Some(4));
-        // Low bits resolve across the 2^32 wrap relative to the window base.
-        assert_eq!(m.seq_of_low_bits(1), Some(1));
-        let mut far = Matcher::new(64, 0, 1_000, true);
-        far.base = (1 << 32) - 2;
-        assert_eq!(far.seq_of_low_bits(1), Some((1 << 32) + 1));
-        assert_eq!(far.seq_of_low_bits(u32::MAX - 1), Some((1 << 32) - 2));
-        assert_eq!(far.seq_of_low_bits(u32::MAX - 2), None, "behind the window");
-        // A hardware RX stamp and a software echo stamp are on two clocks.
-        let mut m = Matcher::new(64, 0, 1_000, false).expect_echo_tx(true);
-        let (v, _) = run(
+        let (v, st) = run(
             &mut m,
             &[
-                sent(0),
-                Event::Arrived {
-                    seq: 0,
-                    ts: Some((10, Hardware)),
+                Event::EchoTx {
+                    opt_id: 0,
+                    kind: TxKind::Software,
+                    ts_ns: 14,
                 },
                 Event::EchoTx {
                     opt_id: 0,
-                    ts_ns: 14,
-                    src: Software,
+                    kind: TxKind::Software,
+                    ts_ns: 15,
                 },
-                Event::Echoed { seq: 0, ts: None },
             ],
             0,
             false,
         );
-        assert_eq!(v[0].turnaround_ns, None);
+        assert_eq!(v[0].turnaround_ns, Some(4));
+        assert_eq!(v[0].reflector_ns, Some(1), "read at 13, echo stamped at 14");
+        assert_eq!(v[0].return_ns, Some(16));
+        assert_eq!(st.summary().echo_tx_duplicates, 1);
+        // Low bits resolve across the 2^32 wrap relative to the window base.
+        assert_eq!(m.seq_of_low_bits(1), Some(1));
+        let mut far = Matcher::new(64, 0, 1_000, ALL);
+        far.base = (1 << 32) - 2;
+        assert_eq!(far.seq_of_low_bits(1), Some((1 << 32) + 1));
+        assert_eq!(far.seq_of_low_bits(u32::MAX - 1), Some((1 << 32) - 2));
+        assert_eq!(far.seq_of_low_bits(u32::MAX - 2), None, "behind the window");
     }
 
     #[test]
     fn send_failure_is_accounted_as_lost() {
-        let mut m = Matcher::new(64, 0, 1_000, true);
+        let mut m = Matcher::new(64, 0, 1_000, ALL);
         let (v, _) = run(
             &mut m,
             &[Event::SendFailed {
@@ -630,10 +802,27 @@ mod tests {
     }
 
     #[test]
-    fn flush_all_finalizes_everything_sent() {
-        let mut m = Matcher::new(64, 0, i64::MAX / 2, true);
+    fn flush_all_finalizes_everything_sent_and_counts_unmatched_slots() {
+        let mut m = Matcher::new(64, 0, i64::MAX / 2, ALL);
         let (v, _) = run(&mut m, &[sent(0), sent(1), sent(2)], 0, true);
         assert_eq!(v.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(m.in_flight(), 0);
+        assert_eq!(m.unmatched(), 0);
+        // Seq 3 arrived but its send was never recorded: no record, counted.
+        let (v, _) = run(&mut m, &[arrived(3, Some(5)), sent(4)], 0, true);
+        assert_eq!(v.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(m.unmatched(), 1);
+    }
+
+    #[test]
+    fn finalized_memory_is_bounded() {
+        let mut m = Matcher::new(64, 0, 0, Expect::default());
+        let mut st = RunStats::new();
+        for seq in 0..(FINALIZED_MEMORY as u64 + 100) {
+            m.on_event(sent(seq), &mut st);
+            m.drain(i64::MAX, false, |_| {});
+        }
+        assert_eq!(m.finalized.len(), FINALIZED_MEMORY);
+        assert_eq!(m.finalized_order.len(), FINALIZED_MEMORY);
     }
 }

@@ -243,10 +243,16 @@ pub fn run_session(
                     pacer::pace(tx_sock, dst, session, cfg, stop, attempts_ref, &ev)
                 })
                 .context("spawn sender thread")?;
+            let hw = HwSetup {
+                echo_stamps,
+                sender_tx: hardware_tx,
+                receiver_tx: hardware_rx,
+                clocks: Box::new(matcher::NoHwClocks),
+            };
             let out = collect(
                 ev_rx,
                 cfg,
-                echo_stamps,
+                hw,
                 csv,
                 stop,
                 &|| sender.is_finished(),
@@ -377,6 +383,8 @@ struct ReflectBufs {
     /// Indexes in `batch` of the probes to echo, and their OPT_IDs.
     echo: Vec<usize>,
     ids: Vec<u32>,
+    /// (seq, software RX, hardware RX) of this wake-up's probes.
+    arrivals: Vec<(u64, Option<i64>, Option<i64>)>,
 }
 
 /// Receiver side of one wake-up: takes the probes queued at the receiver
@@ -395,6 +403,7 @@ fn reflect_queued(
         errq,
         echo,
         ids,
+        arrivals,
     } = bufs;
     let n = match rx.recv_batch(batch, false) {
         Ok(n) => n,
@@ -406,6 +415,7 @@ fn reflect_queued(
     let now = clock::realtime_ns();
     echo.clear();
     ids.clear();
+    arrivals.clear();
     for i in 0..n {
         let (payload, _, c) = batch.get(i);
         match Probe::decode(payload, session) {
@@ -415,23 +425,30 @@ fn reflect_queued(
                 echo.push(i);
                 ids.push(p.seq as u32);
                 if !warmup {
-                    out.push(
-                        Event::Arrived {
-                            seq: p.seq,
-                            ts: c.best(),
-                        },
-                        now,
-                    );
+                    arrivals.push((p.seq, c.sw_ns, c.hw_ns));
                 }
             }
             Ok(_) => {}
             Err(_) => out.push(Event::Foreign, now),
         }
     }
+    let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
     if !echo.is_empty()
         && let Err(e) = rx.send_back(batch, echo, ids)
     {
         log::debug!("echo of {} probes failed: {e}", echo.len());
+    }
+    for &(seq, sw_ns, hw_ns) in arrivals.iter() {
+        out.push(
+            Event::Arrived {
+                seq,
+                sw_ns,
+                hw_ns,
+                user_ns: now,
+                echo_send_ns,
+            },
+            now,
+        );
     }
     // On veth the echoes' TX stamps are queued by now; elsewhere they are
     // picked up after a later echo, or when the run ends.
@@ -443,12 +460,12 @@ fn reflect_queued(
     if rx.per_send_opt_id() {
         for i in 0..n_err {
             let (_, _, c) = errq.get(i);
-            if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
+            if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
                 out.push(
                     Event::EchoTx {
-                        opt_id: id,
+                        opt_id,
+                        kind,
                         ts_ns,
-                        src,
                     },
                     now,
                 );
@@ -471,25 +488,28 @@ fn drain_sender(
     let n_err = tx.recv_batch(errq, true).unwrap_or(0);
     for i in 0..n_err {
         let (_, _, c) = errq.get(i);
-        if let (Some(id), Some((ts_ns, src))) = (c.tx_opt_id(), c.best()) {
+        if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
             out.push(
                 Event::TxTimestamp {
-                    opt_id: id,
+                    opt_id,
+                    kind,
                     ts_ns,
-                    src,
                 },
                 now,
             );
         }
     }
     let n = tx.recv_batch(batch, false).unwrap_or(0);
+    let read_ns = clock::realtime_ns();
     for i in 0..n {
         let (payload, _, c) = batch.get(i);
         match Probe::decode(payload, session) {
             Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => out.push(
                 Event::Echoed {
                     seq: p.seq,
-                    ts: c.best(),
+                    sw_ns: c.sw_ns,
+                    hw_ns: c.hw_ns,
+                    user_ns: read_ns,
                 },
                 now,
             ),
@@ -516,6 +536,7 @@ fn io_loop(
         errq: RecvBatch::new(64, 256),
         echo: Vec::with_capacity(64),
         ids: Vec::with_capacity(64),
+        arrivals: Vec::with_capacity(64),
     };
     let mut sbatch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
@@ -558,10 +579,22 @@ fn io_loop(
     }
 }
 
+/// Hardware timestamping of a session, as the matcher needs it.
+struct HwSetup {
+    /// The reflector stamps its echoes (per-send OPT_IDs work here).
+    echo_stamps: bool,
+    /// The sender's NIC stamps TX in hardware: wait for those stamps.
+    sender_tx: bool,
+    /// The receiver's NIC stamps the echoes' TX in hardware.
+    receiver_tx: bool,
+    /// Puts the NICs' PHC stamps on the system clock.
+    clocks: Box<dyn matcher::HwClocks>,
+}
+
 fn collect(
     ev_rx: mpsc::Receiver<Vec<Event>>,
     cfg: &ProbeConfig,
-    echo_stamps: bool,
+    hw: HwSetup,
     csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
@@ -572,9 +605,14 @@ fn collect(
         cfg.size as u32,
         cfg.flow,
         cfg.timeout.as_nanos() as i64,
-        true,
+        matcher::Expect {
+            tx: true,
+            tx_hw: hw.sender_tx,
+            echo_tx: hw.echo_stamps,
+            echo_tx_hw: hw.echo_stamps && hw.receiver_tx,
+        },
     )
-    .expect_echo_tx(echo_stamps);
+    .with_hw_clocks(hw.clocks);
     let mut last_flush = clock::realtime_ns();
     let mut sender_done_at: Option<i64> = None;
     let mut write_err: Option<anyhow::Error> = None;
@@ -638,5 +676,12 @@ fn collect(
     }
     csv.flush()?;
     progress(stats.sent());
+    stats.set_unmatched(m.unmatched());
+    if m.hw_unconverted() > 0 {
+        log::warn!(
+            "{} hardware timestamps could not be put on the system clock and were left out",
+            m.hw_unconverted()
+        );
+    }
     Ok((stats, m.late_arrivals()))
 }

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::export::ProbeRecord;
+use super::chain::Stage;
+use crate::export::{ProbeRecord, StartSrc};
 
 /// Latencies are recorded in ns from 1 ns to 100 s at 3 significant digits
 /// (0.1 % resolution), which keeps a histogram at a few tens of KiB whatever
@@ -49,6 +50,82 @@ impl Latency {
     }
 }
 
+/// The distribution of each stage of the chain (see [`super::chain`]),
+/// over the probes that had both of its stamps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Stages {
+    pub stack: Latency,
+    pub sender_queue: Latency,
+    pub driver: Latency,
+    pub path: Latency,
+    pub receiver: Latency,
+    pub reflector: Latency,
+    #[serde(rename = "return")]
+    pub return_path: Latency,
+}
+
+impl Stages {
+    pub fn get(&self, stage: Stage) -> &Latency {
+        match stage {
+            Stage::Stack => &self.stack,
+            Stage::SenderQueue => &self.sender_queue,
+            Stage::Driver => &self.driver,
+            Stage::Path => &self.path,
+            Stage::Receiver => &self.receiver,
+            Stage::Reflector => &self.reflector,
+            Stage::ReturnPath => &self.return_path,
+        }
+    }
+
+    fn get_mut(&mut self, stage: Stage) -> &mut Latency {
+        match stage {
+            Stage::Stack => &mut self.stack,
+            Stage::SenderQueue => &mut self.sender_queue,
+            Stage::Driver => &mut self.driver,
+            Stage::Path => &mut self.path,
+            Stage::Receiver => &mut self.receiver,
+            Stage::Reflector => &mut self.reflector,
+            Stage::ReturnPath => &mut self.return_path,
+        }
+    }
+}
+
+/// The stage holding most of a headline figure's median, in words.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dominant {
+    /// The stage's key (`sender_queue`, `path`...).
+    pub stage: String,
+    /// Its p50 as a share of the headline p50, in percent (at most 100).
+    pub share_pct: f64,
+    /// "96 % of the one-way p50 is the sender's queue (qdisc and driver xmit)".
+    pub text: String,
+}
+
+/// The stage with the largest median among `stages`, against `total_p50`.
+pub fn dominant_stage(
+    what: &str,
+    total_p50: Option<u64>,
+    stages: &Stages,
+    candidates: impl IntoIterator<Item = Stage>,
+) -> Option<Dominant> {
+    let total = total_p50.filter(|&t| t > 0)? as f64;
+    let (stage, p50) = candidates
+        .into_iter()
+        .filter_map(|s| stages.get(s).p50.map(|p| (s, p)))
+        .max_by_key(|&(_, p)| p)?;
+    let share_pct = (100.0 * p50 as f64 / total).min(100.0);
+    Some(Dominant {
+        stage: stage.key().into(),
+        share_pct,
+        text: format!(
+            "{:.0} % of the {what} p50 is {}",
+            share_pct.round(),
+            stage.words()
+        ),
+    })
+}
+
 /// Packets and bytes for one XDP outcome.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PacketsBytes {
@@ -71,10 +148,17 @@ pub struct Summary {
     pub duplicates: u64,
     /// Echoes that did not come back although the probe arrived (RTT missing).
     pub echo_lost: u64,
-    /// Probes sent whose kernel TX timestamp never arrived.
+    /// Probes sent whose kernel (driver) TX timestamp never arrived.
     pub tx_timestamp_missing: u64,
-    /// Extra TX timestamps for an OPT_ID already seen (kept the first).
+    /// Extra TX timestamps of a kind already seen for the send (kept the first).
     pub tx_timestamp_duplicates: u64,
+    /// TX timestamps that came after their probe's record was written
+    /// (so the record lacks them).
+    #[serde(default)]
+    pub tx_timestamp_late: u64,
+    /// Extra TX timestamps of the reflector's echoes (kept the first).
+    #[serde(default)]
+    pub echo_tx_duplicates: u64,
     /// UDP datagrams on the probe port without this run's session id.
     pub foreign_packets: u64,
     /// "hardware", "software" or "mixed": where the one-way figures came from.
@@ -82,8 +166,24 @@ pub struct Summary {
     pub xdp_mode_requested: String,
     pub xdp_mode_attached: String,
     pub xdp_counters: XdpCounters,
+    /// Where the headline one-way and RTT start: "sched" (the kernel's
+    /// SCHED stamp, the packet entering the device layer), "user" (the
+    /// user-space send time: the kernel gave no SCHED stamp) or "mixed".
+    #[serde(default)]
+    pub one_way_start: String,
+    /// Receiver RX minus the packet's entry into the sender's stack.
     pub one_way_ns: Latency,
+    /// The echo's RX minus the same start.
     pub rtt_ns: Latency,
+    /// Where the time went, stage by stage.
+    #[serde(default)]
+    pub stages_ns: Stages,
+    /// The stage holding most of the one-way median.
+    #[serde(default)]
+    pub one_way_dominant: Option<Dominant>,
+    /// The stage holding most of the RTT median.
+    #[serde(default)]
+    pub rtt_dominant: Option<Dominant>,
     /// RTT minus the reflector's turnaround (`rtt_ns - turnaround_ns` per
     /// probe): the path's round trip without rtprobe's user-space
     /// reflector in it, as TWAMP and irtt subtract the server's
@@ -101,15 +201,16 @@ pub struct Summary {
     /// Probes sent more than one interval after their scheduled time
     /// (cyclictest's overruns): the pacer could not keep the schedule.
     pub missed_ticks: u64,
-    /// Kernel software TX timestamp minus the user-space send time: what
-    /// the send syscall and the stack add before the packet leaves.
+    /// Kernel software (driver) TX timestamp minus the user-space send
+    /// time: the stack and the sender's queue together.
     pub send_to_tx_ns: Latency,
     /// Probes per second the sender achieved, first to last send: below
     /// 1 / interval when it could not keep the schedule on average.
     #[serde(default)]
     pub send_rate_pps: f64,
-    /// Probes the sender handed to the kernel (or tried to) that are in no
-    /// other count: sent = received + lost must hold, so this must be 0.
+    /// Probes in no other count: attempted by the sender but never written
+    /// as a record, plus probes seen at the receiver whose send was never
+    /// recorded. Must be 0.
     pub unaccounted: u64,
     /// Free-form facts about the run (knobs applied, load throughput...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -130,6 +231,9 @@ pub struct RunStats {
     ipdv: Histogram<u64>,
     send_err: Histogram<u64>,
     send_to_tx: Histogram<u64>,
+    stages: [Histogram<u64>; 7],
+    /// Records whose headline starts at the SCHED stamp / the user-space send.
+    starts: [u64; 2],
     rtt_net: Histogram<u64>,
     turnaround: Histogram<u64>,
     /// A send later than this after its schedule is a missed tick (0: not counted).
@@ -153,6 +257,10 @@ pub struct RunStats {
     reordered: u64,
     duplicates: u64,
     tx_ts_duplicates: u64,
+    tx_ts_late: u64,
+    echo_tx_duplicates: u64,
+    /// Matcher slots dropped without a record (see `set_unmatched`).
+    unmatched: u64,
     foreign: u64,
     sources: [u64; 3],
 }
@@ -171,6 +279,8 @@ impl RunStats {
             ipdv: new_hist(),
             send_err: new_hist(),
             send_to_tx: new_hist(),
+            stages: std::array::from_fn(|_| new_hist()),
+            starts: [0; 2],
             rtt_net: new_hist(),
             turnaround: new_hist(),
             interval_ns: 0,
@@ -189,6 +299,9 @@ impl RunStats {
             reordered: 0,
             duplicates: 0,
             tx_ts_duplicates: 0,
+            tx_ts_late: 0,
+            echo_tx_duplicates: 0,
+            unmatched: 0,
             foreign: 0,
             sources: [0; 3],
         }
@@ -222,15 +335,28 @@ impl RunStats {
         self.attempts = Some(attempts);
     }
 
-    /// Probes in no count: attempted but never finalized, or finalized as
-    /// neither received nor lost.
+    /// Probes seen at the receiver whose send was never recorded (the
+    /// matcher had to drop them without a record).
+    pub fn set_unmatched(&mut self, n: u64) {
+        self.unmatched = n;
+    }
+
+    /// Probes in no count: attempted but never written as a record (every
+    /// record is either received or lost), or dropped by the matcher.
     pub fn unaccounted(&self) -> u64 {
-        let missing = self.attempts.map_or(0, |a| a.abs_diff(self.sent));
-        missing + self.sent.abs_diff(self.received + self.lost)
+        self.attempts.map_or(0, |a| a.abs_diff(self.sent)) + self.unmatched
     }
 
     pub fn on_tx_timestamp_duplicate(&mut self) {
         self.tx_ts_duplicates += 1;
+    }
+
+    pub fn on_tx_timestamp_late(&mut self) {
+        self.tx_ts_late += 1;
+    }
+
+    pub fn on_echo_tx_duplicate(&mut self) {
+        self.echo_tx_duplicates += 1;
     }
 
     pub fn on_foreign_packet(&mut self) {
@@ -254,6 +380,13 @@ impl RunStats {
                     .record(tx.saturating_sub(r.send_ns).max(1) as u64);
             }
             None => self.tx_missing += 1,
+        }
+        for (h, stage) in self.stages.iter_mut().zip(Stage::ALL) {
+            // A negative stage (clocks of two NICs not aligned) is recorded
+            // as 1 ns, like the one-way figure; `negative_one_way` says so.
+            if let Some(v) = stage.of(r) {
+                let _ = h.record(v.max(1) as u64);
+            }
         }
         if r.lost {
             self.lost += 1;
@@ -290,6 +423,26 @@ impl RunStats {
         if let Some(s) = r.ts_source {
             self.sources[s as usize] += 1;
         }
+        match r.start_src {
+            Some(StartSrc::Sched) => self.starts[0] += 1,
+            Some(StartSrc::User) => self.starts[1] += 1,
+            None => {}
+        }
+    }
+
+    /// Where the headline figures started, over the received probes.
+    pub fn one_way_start(&self) -> &'static str {
+        match self.starts {
+            [0, 0] => "none",
+            [_, 0] => "sched",
+            [0, _] => "user",
+            _ => "mixed",
+        }
+    }
+
+    /// A stage's histogram, e.g. for per-interval reporting.
+    pub fn stage_hist(&self, stage: Stage) -> &Histogram<u64> {
+        &self.stages[stage as usize]
     }
 
     pub fn one_way_hist(&self) -> &Histogram<u64> {
@@ -338,10 +491,14 @@ impl RunStats {
             echo_lost: self.echo_lost,
             tx_timestamp_missing: self.tx_missing,
             tx_timestamp_duplicates: self.tx_ts_duplicates,
+            tx_timestamp_late: self.tx_ts_late,
+            echo_tx_duplicates: self.echo_tx_duplicates,
             foreign_packets: self.foreign,
             timestamp_source: self.timestamp_source().into(),
+            one_way_start: self.one_way_start().into(),
             one_way_ns: Latency::from_hist(&self.one_way),
             rtt_ns: Latency::from_hist(&self.rtt),
+            stages_ns: self.stages_summary(),
             rtt_net_ns: Latency::from_hist(&self.rtt_net),
             reflector_turnaround_ns: Latency::from_hist(&self.turnaround),
             ipdv_ns: Latency::from_hist(&self.ipdv),
@@ -358,6 +515,36 @@ impl RunStats {
             extra,
             ..Default::default()
         }
+        .with_dominant_stages()
+    }
+
+    fn stages_summary(&self) -> Stages {
+        let mut out = Stages::default();
+        for (h, stage) in self.stages.iter().zip(Stage::ALL) {
+            *out.get_mut(stage) = Latency::from_hist(h);
+        }
+        out
+    }
+}
+
+impl Summary {
+    /// Fills `one_way_dominant` and `rtt_dominant` from the stages.
+    pub fn with_dominant_stages(mut self) -> Self {
+        // The stack stage is inside the headline only where it starts at
+        // the user-space send.
+        let start = if self.one_way_start == "sched" {
+            StartSrc::Sched
+        } else {
+            StartSrc::User
+        };
+        let one_way = Stage::ALL.into_iter().filter(|s| s.in_one_way(start));
+        self.one_way_dominant =
+            dominant_stage("one-way", self.one_way_ns.p50, &self.stages_ns, one_way);
+        let rtt = Stage::ALL
+            .into_iter()
+            .filter(|&s| s != Stage::Stack || start == StartSrc::User);
+        self.rtt_dominant = dominant_stage("RTT", self.rtt_ns.p50, &self.stages_ns, rtt);
+        self
     }
 }
 
@@ -464,6 +651,45 @@ mod tests {
         let sum = s.summary();
         assert_eq!(sum.unaccounted, 2);
         assert_eq!(sum.sent, 3);
+        s.set_unmatched(1);
+        assert_eq!(s.summary().unaccounted, 3, "a dropped matcher slot counts");
+    }
+
+    #[test]
+    fn stages_and_the_dominant_one() {
+        let mut s = RunStats::new();
+        for seq in 0..10 {
+            let mut r = ProbeRecord {
+                seq,
+                send_ns: 0,
+                tx_sched_ns: Some(2),
+                tx_ns: Some(1_002),
+                rx_ns: Some(1_052),
+                rx_user_ns: Some(1_100),
+                echo_tx_ns: Some(1_120),
+                echo_ns: Some(1_170),
+                ..Default::default()
+            };
+            crate::stats::chain::derive(&mut r);
+            s.on_record(&r);
+        }
+        let sum = s.summary();
+        assert_eq!(sum.one_way_start, "sched");
+        assert_eq!(sum.one_way_ns.p50, Some(1_050));
+        assert_eq!(sum.stages_ns.sender_queue.p50, Some(1_000));
+        assert_eq!(sum.stages_ns.path.p50, Some(50));
+        assert_eq!(sum.stages_ns.driver.count, 0, "no hardware stamps");
+        let d = sum.one_way_dominant.as_ref().unwrap();
+        assert_eq!(d.stage, "sender_queue");
+        assert!((d.share_pct - 95.238).abs() < 0.01);
+        assert_eq!(
+            d.text,
+            "95 % of the one-way p50 is the sender's queue (qdisc and driver xmit)"
+        );
+        assert_eq!(sum.rtt_dominant.unwrap().stage, "sender_queue");
+        let json = serde_json::to_value(&sum.stages_ns).unwrap();
+        assert!(json.get("return").is_some() && json.get("sender_queue").is_some());
+        assert!(json["driver"]["p50"].is_null(), "unknown is null, not 0");
     }
 
     #[test]

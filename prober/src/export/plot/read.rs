@@ -925,6 +925,19 @@ mod tests {
     fn malformed_inputs_name_file_line_and_column() {
         let good = csv_text(true, &[row(0, Some(50_000), Some(90_000))]);
         let header_line = HEADER.join(",");
+        let n = HEADER.len();
+        // The empty cells after `lost` in a full row.
+        let tail = ",".repeat(n - 15);
+        let ends_early =
+            format!("t.csv: line 4, column 4 (sched_ns): the row ends early: 3 of {n} columns");
+        let too_long = format!(
+            "t.csv: line 4, column {}: the row has {} columns but the header has {n}",
+            n + 1,
+            n + 1
+        );
+        let cut_short = format!(
+            "t.csv: line 4, column 6 (tx_ns): the last line is cut short (the row ends early: 5 of {n} columns); the run was probably stopped while writing: pass --ignore-truncated to skip that line"
+        );
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (
                 b"".to_vec(),
@@ -979,23 +992,20 @@ mod tests {
                 "t.csv: line 3, column 10 (rtt_ns): expected a latency in nanoseconds, found \"fast\"",
             ),
             (
-                good.replace(",sw,0,\n", ",sw,maybe,\n").into_bytes(),
+                good.replacen(",sw,0,", ",sw,maybe,", 1).into_bytes(),
                 "t.csv: line 3, column 15 (lost): expected 0 or 1 (lost), found \"maybe\"",
             ),
             (
-                format!("{good}1,0,64\n2,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0,\n").into_bytes(),
-                "t.csv: line 4, column 4 (sched_ns): the row ends early: 3 of 16 columns",
+                format!("{good}1,0,64\n2,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0{tail}\n").into_bytes(),
+                &ends_early,
             ),
             (
-                format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0,,extra\n").into_bytes(),
-                "t.csv: line 4, column 17: the row has 17 columns but the header has 16",
+                format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0{tail},extra\n").into_bytes(),
+                &too_long,
             ),
+            (format!("{good}1,0,64,1000,10").into_bytes(), &cut_short),
             (
-                format!("{good}1,0,64,1000,10").into_bytes(),
-                "t.csv: line 4, column 6 (tx_ns): the last line is cut short (the row ends early: 5 of 16 columns); the run was probably stopped while writing: pass --ignore-truncated to skip that line",
-            ),
-            (
-                format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,,").into_bytes(),
+                format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,{tail}").into_bytes(),
                 "t.csv: line 4, column 15 (lost): the last line is cut short (expected 0 or 1 (lost), found an empty cell); the run was probably stopped while writing: pass --ignore-truncated to skip that line",
             ),
             (
