@@ -114,7 +114,9 @@ pub fn parse(control: &[u8]) -> Cmsgs {
         let len = read_usize(hdr);
         let level = read_i32(&hdr[ALIGN..]);
         let ty = read_i32(&hdr[ALIGN + 4..]);
-        if len < HDR_LEN || off + len > control.len() {
+        // `len` comes from the buffer: compare without `off + len`, which
+        // a corrupt length would overflow.
+        if len < HDR_LEN || len > control.len() - off {
             break;
         }
         let data = &control[off + DATA_OFF.min(len)..off + len];
@@ -124,7 +126,11 @@ pub fn parse(control: &[u8]) -> Cmsgs {
                 let ts = |i: usize| {
                     let sec = read_i64(&data[16 * i..]);
                     let nsec = read_i64(&data[16 * i + 8..]);
-                    (sec != 0 || nsec != 0).then(|| sec * 1_000_000_000 + nsec)
+                    if sec == 0 && nsec == 0 {
+                        return None;
+                    }
+                    // A time beyond i64 ns (year 2262) is no kernel stamp.
+                    sec.checked_mul(1_000_000_000)?.checked_add(nsec)
                 };
                 out.sw_ns = ts(0);
                 out.hw_ns = ts(2);
@@ -249,6 +255,30 @@ mod tests {
         let mut b = encode_for_test(Some([(1, 0), (0, 0), (0, 0)]), None);
         b[..8].copy_from_slice(&1000usize.to_ne_bytes());
         assert_eq!(parse(&b), Cmsgs::default());
+    }
+
+    #[test]
+    fn corrupt_lengths_and_huge_times_do_not_panic() {
+        // Found by this module's proptests: a length near usize::MAX after a
+        // first message overflowed `off + len`, and a seconds field beyond
+        // i64 nanoseconds overflowed the conversion (debug builds panic,
+        // release builds wrapped to a wrong time).
+        let mut b = encode_for_test(Some([(1, 0), (0, 0), (0, 0)]), None);
+        let first = b.len();
+        b.extend(encode_for_test(Some([(2, 0), (0, 0), (0, 0)]), None));
+        b[first..first + 8].copy_from_slice(&usize::MAX.to_ne_bytes());
+        assert_eq!(parse(&b).sw_ns, Some(1_000_000_000));
+
+        let c = parse(&encode_for_test(
+            Some([(i64::MAX, 0), (0, 0), (9_223_372_036, 854_775_808)]),
+            None,
+        ));
+        assert_eq!((c.sw_ns, c.hw_ns), (None, None));
+        let c = parse(&encode_for_test(
+            Some([(0, 0), (0, 0), (9_223_372_036, 854_775_807)]),
+            None,
+        ));
+        assert_eq!(c.hw_ns, Some(i64::MAX));
     }
 
     #[test]
