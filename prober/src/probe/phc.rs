@@ -243,29 +243,18 @@ impl PtpClock {
 
     /// One batch of offset samples.
     pub fn read_offsets(&mut self) -> io::Result<Vec<OffsetSample>> {
-        if self.extended {
-            match self.read_extended() {
-                // ENOTTY: kernel < 5.0; EOPNOTSUPP: driver without
-                // gettimex64; EINVAL: a kernel refusing a field of it.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL)
-                    ) =>
-                {
-                    log::info!(
-                        "/dev/ptp{}: PTP_SYS_OFFSET_EXTENDED unavailable ({e}), using PTP_SYS_OFFSET",
-                        self.index
-                    );
-                    self.extended = false;
-                }
-                r => return r,
-            }
-        }
-        self.read_basic()
+        let mut extended = self.extended;
+        let r = read_falling_back(
+            &mut extended,
+            self.index,
+            || self.read_extended(),
+            || self.read_basic(),
+        );
+        self.extended = extended;
+        r
     }
 
-    fn read_extended(&mut self) -> io::Result<Vec<OffsetSample>> {
+    fn read_extended(&self) -> io::Result<Vec<OffsetSample>> {
         let mut req = PtpSysOffsetExtended {
             n_samples: self.samples_per_read,
             clockid: libc::CLOCK_REALTIME,
@@ -287,7 +276,7 @@ impl PtpClock {
         Ok(samples_from_extended(&req))
     }
 
-    fn read_basic(&mut self) -> io::Result<Vec<OffsetSample>> {
+    fn read_basic(&self) -> io::Result<Vec<OffsetSample>> {
         let mut req = PtpSysOffset {
             n_samples: self.samples_per_read,
             rsv: [0; 3],
@@ -307,6 +296,35 @@ impl PtpClock {
         }
         Ok(samples_from_basic(&req))
     }
+}
+
+/// PTP_SYS_OFFSET_EXTENDED while `extended` holds, else (and from the
+/// first refusal on) PTP_SYS_OFFSET.
+fn read_falling_back(
+    extended: &mut bool,
+    index: u32,
+    read_extended: impl FnOnce() -> io::Result<Vec<OffsetSample>>,
+    read_basic: impl FnOnce() -> io::Result<Vec<OffsetSample>>,
+) -> io::Result<Vec<OffsetSample>> {
+    if *extended {
+        match read_extended() {
+            // ENOTTY: kernel < 5.0; EOPNOTSUPP: driver without gettimex64;
+            // EINVAL: a kernel refusing a field of the request.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL)
+                ) =>
+            {
+                log::info!(
+                    "/dev/ptp{index}: PTP_SYS_OFFSET_EXTENDED unavailable ({e}), using PTP_SYS_OFFSET"
+                );
+                *extended = false;
+            }
+            r => return r,
+        }
+    }
+    read_basic()
 }
 
 impl PhcSource for PtpClock {
@@ -373,7 +391,8 @@ pub struct PhcReport {
     pub phc_index: Option<u32>,
     /// Batches that gave an offset (one kept per batch).
     pub samples: u64,
-    /// Batches with no usable sample (clocks going backwards in a read).
+    /// Batches with no usable sample: clocks going backwards in a read, or
+    /// every read window wider than the step threshold (a preempted read).
     pub rejected_batches: u64,
     /// Read windows of the kept samples: the offset, hence every converted
     /// stamp, is known to ± half of this.
@@ -468,13 +487,18 @@ impl PhcConverter {
     }
 
     /// Takes one batch of samples, keeping the one with the narrowest read
-    /// window (the least uncertain offset).
+    /// window (the least uncertain offset). A batch whose narrowest window
+    /// is wider than the step threshold is rejected.
     pub fn add(&mut self, batch: &[OffsetSample]) {
         let best = batch
             .iter()
             .filter_map(|s| Some((s.window_ns()?, s.phc_ns, s.offset_ns()?)))
             .min_by_key(|(w, _, _)| *w);
-        let Some((window_ns, phc_ns, offset_ns)) = best else {
+        // A window wider than a step cannot tell a step from a preempted
+        // read: such a batch would start (and end) a bogus segment.
+        let Some((window_ns, phc_ns, offset_ns)) =
+            best.filter(|(w, _, _)| *w <= self.step_threshold_ns)
+        else {
             if !batch.is_empty() {
                 self.rejected_batches += 1;
             }
@@ -1169,6 +1193,68 @@ mod tests {
             let _ = c.to_realtime(p);
         }
         let _ = c.report();
+    }
+
+    #[test]
+    fn preempted_reads_are_rejected_not_steps() {
+        let mut phc = FakePhc::new(|rt| rt + 7);
+        let mut c = PhcConverter::new();
+        feed(&mut c, &mut phc, 10);
+        // Every read of this batch took 3 ms and the PHC value came at the
+        // end: taken, it would look like a 1.5 ms step.
+        phc.widths = vec![3_000_000];
+        phc.frac = |_| 1.0;
+        feed(&mut c, &mut phc, 1);
+        phc.widths = vec![2_000];
+        phc.frac = |_| 0.5;
+        feed(&mut c, &mut phc, 10);
+        let r = c.report();
+        assert_eq!((r.samples, r.rejected_batches, r.steps), (20, 1, 0));
+        assert_eq!(r.read_window_max_ns, Some(2_000));
+        assert_eq!(c.to_realtime(T0 + 1_050_000_007), Some(T0 + 1_050_000_000));
+    }
+
+    fn sample(ns: i64) -> io::Result<Vec<OffsetSample>> {
+        Ok(vec![OffsetSample {
+            sys_before_ns: ns,
+            phc_ns: ns,
+            sys_after_ns: ns,
+        }])
+    }
+
+    #[test]
+    fn extended_read_falls_back_once_refused() {
+        let mut ext = true;
+        // Extended works: the basic ioctl is not tried.
+        let r = read_falling_back(&mut ext, 0, || sample(1), || panic!("basic"));
+        assert_eq!(r.unwrap()[0].phc_ns, 1);
+        assert!(ext);
+        // Refused (old kernel, driver without gettimex64, EINVAL): basic,
+        // and from then on basic only.
+        for errno in [libc::ENOTTY, libc::EOPNOTSUPP, libc::EINVAL] {
+            let mut ext = true;
+            let r = read_falling_back(
+                &mut ext,
+                0,
+                || Err(io::Error::from_raw_os_error(errno)),
+                || sample(2),
+            );
+            assert_eq!(r.unwrap()[0].phc_ns, 2);
+            assert!(!ext);
+        }
+        let mut ext = false;
+        let r = read_falling_back(&mut ext, 0, || panic!("extended"), || sample(3));
+        assert_eq!(r.unwrap()[0].phc_ns, 3);
+        // Other errors are the caller's: no fallback.
+        let mut ext = true;
+        let r = read_falling_back(
+            &mut ext,
+            0,
+            || Err(io::Error::from_raw_os_error(libc::EIO)),
+            || panic!("basic"),
+        );
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert!(ext);
     }
 
     struct Failing;
