@@ -368,8 +368,9 @@ impl Fit {
     }
 
     fn add(&mut self, p: Point) {
-        let x = p.phc_ns.wrapping_sub(self.origin.0) as f64;
-        let y = p.offset_ns.wrapping_sub(self.origin.1) as f64;
+        // i128: the difference of two i64 need not fit in one.
+        let x = (i128::from(p.phc_ns) - i128::from(self.origin.0)) as f64;
+        let y = (i128::from(p.offset_ns) - i128::from(self.origin.1)) as f64;
         self.n += 1;
         // Welford's update: no large sums to cancel over days of samples.
         let dx = x - self.mean_x;
@@ -517,7 +518,8 @@ impl PhcConverter {
             Some(last) if p.phc_ns <= last.phc_ns => Some(true),
             Some(last) => {
                 let slope = self.fit.slope().unwrap_or(0.0);
-                let predicted = last.offset_ns as f64 + slope * (p.phc_ns - last.phc_ns) as f64;
+                let elapsed = (i128::from(p.phc_ns) - i128::from(last.phc_ns)) as f64;
+                let predicted = last.offset_ns as f64 + slope * elapsed;
                 Some((p.offset_ns as f64 - predicted).abs() > self.step_threshold_ns as f64)
             }
         };
@@ -1192,6 +1194,20 @@ mod tests {
         for p in [i64::MIN, 0, i64::MAX] {
             let _ = c.to_realtime(p);
         }
+        // Valid samples at both ends of the PHC range: differences beyond
+        // i64 in the fit, the step check and the interpolation.
+        let mut c = PhcConverter::new();
+        for phc in [i64::MIN + 10, i64::MAX - 10, i64::MAX - 5] {
+            c.add(&[OffsetSample {
+                sys_before_ns: phc,
+                phc_ns: phc,
+                sys_after_ns: phc,
+            }]);
+        }
+        assert_eq!(c.report().samples, 3);
+        for p in [i64::MIN, -1, 0, i64::MAX - 7, i64::MAX] {
+            assert_eq!(c.to_realtime(p), Some(p), "at {p}");
+        }
         let _ = c.report();
     }
 
@@ -1257,10 +1273,21 @@ mod tests {
         assert!(ext);
     }
 
-    struct Failing;
+    /// Fails every read with ENODEV, counting the reads.
+    struct Failing(Arc<std::sync::atomic::AtomicU64>);
     impl PhcSource for Failing {
         fn read(&mut self) -> io::Result<Vec<OffsetSample>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
             Err(io::Error::from_raw_os_error(libc::ENODEV))
+        }
+    }
+
+    /// Waits (up to 10 s, for a loaded machine) until `done` holds.
+    fn wait_for(done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -1270,27 +1297,28 @@ mod tests {
         let mut phc = FakePhc::new(|rt| rt + 42);
         phc.period_ns = 1_000_000;
         let s = PhcSampler::spawn(phc, Duration::from_millis(1), conv.clone()).unwrap();
-        std::thread::sleep(Duration::from_millis(30));
+        wait_for(|| conv.lock().unwrap().report().samples >= 3);
         let stats = s.stop().unwrap();
         let samples = conv.lock().unwrap().report().samples;
-        assert!(samples >= 3, "{samples} samples in 30 ms");
         assert_eq!(stats.reads, samples);
         assert_eq!(stats.errors, 0);
         assert_eq!(conv.lock().unwrap().to_realtime(T0 + 42), Some(T0));
 
-        // Errors are counted, and a long period does not delay the stop.
+        // Errors are counted, and a long period does not delay the stop:
+        // after its first read the sampler waits an hour, unless unparked.
         let conv = Mutex::new(PhcConverter::new());
         let stop = AtomicBool::new(false);
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut source = Failing(reads.clone());
         let started = Instant::now();
         let stats = std::thread::scope(|sc| {
-            let h =
-                sc.spawn(|| sample_until(&mut Failing, Duration::from_secs(3600), &conv, &stop));
-            std::thread::sleep(Duration::from_millis(5));
+            let h = sc.spawn(|| sample_until(&mut source, Duration::from_secs(3600), &conv, &stop));
+            wait_for(|| reads.load(Ordering::SeqCst) == 1);
             stop.store(true, Ordering::SeqCst);
             h.thread().unpark();
             h.join().unwrap()
         });
-        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(started.elapsed() < Duration::from_secs(60));
         assert_eq!((stats.reads, stats.errors), (1, 1));
         assert!(stats.last_error.unwrap().contains("No such device"));
         assert_eq!(conv.lock().unwrap().report().samples, 0);
