@@ -19,6 +19,7 @@ pub mod kstats;
 pub mod matcher;
 pub mod pacer;
 pub mod packet;
+pub mod phc;
 pub mod socket;
 
 use std::{

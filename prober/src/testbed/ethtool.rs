@@ -257,7 +257,9 @@ fn set_value(ifname: &str, cmd: u32, data: u32, what: &'static str) -> Result<()
 }
 
 /// SIOCETHTOOL with `arg` (an ethtool command struct starting with `cmd`).
-fn ioctl<T>(ifname: &str, arg: &mut T, what: &'static str) -> Result<()> {
+/// Crate-visible so other ethtool queries (the PHC index in
+/// `probe::phc`) share its name checks and error mapping.
+pub(crate) fn ioctl<T>(ifname: &str, arg: &mut T, what: &'static str) -> Result<()> {
     let name = ifname.as_bytes();
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
         bail!("invalid interface name {ifname:?}");
