@@ -20,6 +20,7 @@ pub mod matcher;
 pub mod pacer;
 pub mod packet;
 pub mod socket;
+pub mod stamp;
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
