@@ -499,7 +499,7 @@ impl HmacKey {
         }
         <Hmac<Sha256> as KeyInit>::new_from_slice(key)
             .map(HmacKey)
-            // HMAC takes keys of any length: only an empty key ends here.
+            // Unreachable: HMAC takes keys of any length.
             .map_err(|_| StampError::EmptyKey)
     }
 
@@ -917,9 +917,13 @@ pub struct ReflectParams {
 /// - A request shorter than the base packet is refused (`TooShort`): RFC
 ///   8762 §4.2 gives 44 (unauthenticated) or 112 (authenticated) octets as
 ///   the minimum sender packet, and a reply to a shorter request would have
-///   to be longer than it.
+///   to be longer than it. This also refuses TWAMP-Light senders that send
+///   the RFC 5357 §4.1.2 minimum of 14 octets; zero-filling them, as some
+///   reflectors do, would triple the traffic sent to a spoofable address.
 /// - In authenticated mode the request's HMAC is checked before anything
-///   else, and the reply gets its own.
+///   else, and the reply gets its own. Bytes after the 112-octet packet are
+///   not covered by either HMAC (RFC 8762 §4.4 covers the first 96 octets;
+///   RFC 8972's HMAC TLV, which would cover TLVs, is not implemented).
 /// - The request's Sequence Number, Timestamp and Error Estimate are copied
 ///   verbatim into the Session-Sender fields, the SSID into the SSID (RFC
 ///   8972 §3); the timestamp is not interpreted, it is the sender's to read.
