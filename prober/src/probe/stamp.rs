@@ -1714,6 +1714,29 @@ mod tests {
             }
 
             #[test]
+            fn signed_requests_get_signed_replies_of_equal_length(
+                body in proptest::collection::vec(any::<u8>(), AUTH_LEN_BYTES..400),
+                stateful in any::<bool>(),
+            ) {
+                // Arbitrary fields and padding, but a valid HMAC, so the
+                // reflector gets past the check that stops random bytes.
+                let k = key();
+                let mode = Mode::Authenticated(&k);
+                let mut request = body;
+                k.sign_packet(&mut request);
+                let mut state = ReflectorState::new();
+                let seq = if stateful { Sequencing::Stateful(&mut state) } else { Sequencing::Stateless };
+                let mut reply = Vec::new();
+                reflect(&request, mode, seq, &params(false), &mut reply).unwrap();
+                prop_assert_eq!(reply.len(), request.len());
+                prop_assert_eq!(&reply[AUTH_LEN_BYTES..], &request[AUTH_LEN_BYTES..]);
+                prop_assert_eq!(k.verify_packet(&reply), Ok(()));
+                let ssid = &request[26..28];
+                prop_assert_eq!(&reply[26..28], ssid);
+                prop_assert_eq!(&reply[48..52], &request[0..4]);
+            }
+
+            #[test]
             fn ntp_round_trip(ns in (NTP_MIN_UNIX_S * 1_000_000_000)..(NTP_MAX_UNIX_S * 1_000_000_000)) {
                 prop_assert_eq!(NtpTimestamp::from_unix_ns(ns).unwrap().to_unix_ns(), ns);
             }
