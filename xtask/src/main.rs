@@ -1,7 +1,7 @@
 //! `cargo xtask`: the project's explicit build and set-up steps.
 //!
 //! - `setup`: installs, idempotently, what a fresh Debian machine lacks
-//!   (apt packages, the pinned nightly with rust-src, bpf-linker).
+//!   (apt packages, the pinned nightly with rust-src, bpf-linker, scapy).
 //! - `build-ebpf`: builds the XDP router object and prints its path
 //!   (`cargo build` does the same through `prober/build.rs`).
 //! - `test`: setup, the unit tests, then the root/netns tests when root.
@@ -46,7 +46,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install what is missing: apt packages, the pinned nightly with rust-src, bpf-linker.
+    /// Install what is missing: apt packages, the pinned nightly with rust-src, bpf-linker, scapy.
     Setup,
     /// Build the XDP router object (release, bpfel-unknown-none) and print its path.
     BuildEbpf,
@@ -143,8 +143,24 @@ fn setup() -> Result<()> {
     setup_apt()?;
     setup_toolchain()?;
     setup_bpf_linker()?;
+    setup_scapy();
     eprintln!("xtask: setup complete");
     Ok(())
+}
+
+/// scapy, the independent STAMP implementation rtprobe's interop tests
+/// compare against (prober/src/probe/stamp.rs). Those tests print SKIPPED
+/// without it, so a failed install warns instead of stopping the set-up.
+fn setup_scapy() {
+    if output_of("python3", &["-c", "import scapy"]).is_some() {
+        eprintln!("xtask: python3 scapy present, skipped");
+        return;
+    }
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "install", "--quiet", "scapy"]);
+    if let Err(e) = run(&mut pip) {
+        eprintln!("xtask: warning: {e:#}; the STAMP interop tests will be skipped");
+    }
 }
 
 fn apt_installed(pkg: &str) -> bool {

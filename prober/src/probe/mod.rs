@@ -21,6 +21,7 @@ pub mod pacer;
 pub mod packet;
 pub mod phc;
 pub mod socket;
+pub mod stamp;
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
