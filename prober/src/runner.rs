@@ -193,6 +193,11 @@ fn probe_on(
         "hardware_timestamping".into(),
         serde_json::json!({"sender": outcome.hardware_tx, "receiver": outcome.hardware_rx}),
     );
+    if outcome.hw_clocks.as_object().is_some_and(|o| !o.is_empty()) {
+        summary
+            .extra
+            .insert("hardware_clocks".into(), outcome.hw_clocks.clone());
+    }
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
     }

@@ -75,6 +75,25 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         s.foreign_packets
     );
     let _ = writeln!(o, "  {}", start_words(&s.one_way_start));
+    if let Some(serde_json::Value::Object(clocks)) = s.extra.get("hardware_clocks") {
+        for (side, c) in clocks {
+            let line = match c.get("error").and_then(|e| e.as_str()) {
+                Some(why) => format!("{side} NIC: {why}"),
+                None => format!(
+                    "{side} NIC: PHC /dev/ptp{} on the system clock by {} samples; offset uncertainty (read window) median {} ns, max {} ns; drift {} ppb; steps {}",
+                    c["phc_index"],
+                    c["samples"],
+                    c["read_window_median_ns"],
+                    c["read_window_max_ns"],
+                    c["drift_ppb"]
+                        .as_f64()
+                        .map_or("-".into(), |d| format!("{d:.0}")),
+                    c["steps"]
+                ),
+            };
+            let _ = writeln!(o, "  hardware clock, {line}");
+        }
+    }
     let pct = |n: u64| {
         if s.sent == 0 {
             0.0
@@ -286,8 +305,18 @@ mod tests {
             xdp_action: "redirect".into(),
             ..Default::default()
         };
+        s.extra.insert(
+            "hardware_clocks".into(),
+            serde_json::json!({
+                "sender": {"phc_index": 2, "samples": 50, "read_window_median_ns": 310,
+                           "read_window_max_ns": 900, "drift_ppb": 12345.6, "steps": 0},
+                "receiver": {"error": "veth-rcv has no PTP hardware clock"}
+            }),
+        );
         let t = format_summary(&s, &m);
         for needle in [
+            "hardware clock, sender NIC: PHC /dev/ptp2 on the system clock by 50 samples; offset uncertainty (read window) median 310 ns, max 900 ns; drift 12346 ppb",
+            "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
             "sent 10",
             "received 9",
             "lost 1 (10.00 %)",

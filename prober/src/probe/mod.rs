@@ -26,6 +26,7 @@ pub mod stamp;
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
         mpsc,
     },
@@ -139,6 +140,73 @@ pub struct SessionOutcome {
     pub interrupted: bool,
     /// Kernel counters that explain losses (receive-buffer and backlog drops).
     pub kernel_drops: serde_json::Value,
+    /// Per NIC with hardware stamps: its PHC, the offset's uncertainty and
+    /// drift against the system clock, or why its stamps were left out.
+    pub hw_clocks: serde_json::Value,
+}
+
+/// A NIC's PTP hardware clock, sampled against CLOCK_REALTIME while the
+/// session runs so its hardware stamps can be put on the system clock.
+struct NicClock {
+    conv: Arc<Mutex<phc::PhcConverter>>,
+    sampler: Option<phc::PhcSampler>,
+}
+
+/// How often a PHC is read against the system clock: often enough that
+/// interpolation over a drift of tens of ppm stays within a few ns.
+const PHC_SAMPLE_PERIOD: Duration = Duration::from_millis(100);
+
+/// Finds and samples the PHC of `ifname` (in `ns`). None, with the reason
+/// in words, where the NIC has none or it cannot be read.
+fn nic_clock(ns: &Netns, ifname: &str) -> Result<NicClock, String> {
+    let index = ns
+        .run(|| Ok(phc::phc_index(ifname)))
+        .map_err(|e| format!("{e:#}"))?
+        .map_err(|e| format!("{e:#}"))?
+        .ok_or_else(|| {
+            format!("{ifname} has no PTP hardware clock: its hardware stamps cannot be put on the system clock and are left out")
+        })?;
+    let clock = phc::PtpClock::open(index).map_err(|e| format!("{e:#}"))?;
+    let mut conv = phc::PhcConverter::new();
+    conv.set_phc_index(index);
+    let conv = Arc::new(Mutex::new(conv));
+    let sampler = phc::PhcSampler::spawn(clock, PHC_SAMPLE_PERIOD, conv.clone())
+        .map_err(|e| format!("{e:#}"))?;
+    Ok(NicClock {
+        conv,
+        sampler: Some(sampler),
+    })
+}
+
+impl NicClock {
+    /// Stops sampling; the converter's report as JSON.
+    fn finish(&mut self) -> serde_json::Value {
+        let sampler = self.sampler.take().map(|s| s.stop());
+        let report = self.conv.lock().map(|c| c.report()).ok();
+        let mut v = serde_json::to_value(report).unwrap_or_default();
+        if let (serde_json::Value::Object(o), Some(Ok(st))) = (&mut v, sampler) {
+            o.insert("read_errors".into(), st.errors.into());
+            if let Some(e) = st.last_error {
+                o.insert("last_read_error".into(), e.into());
+            }
+        }
+        v
+    }
+}
+
+/// Puts hardware stamps on the system clock with each NIC's sampled PHC.
+struct PhcClocks {
+    sender: Option<Arc<Mutex<phc::PhcConverter>>>,
+    receiver: Option<Arc<Mutex<phc::PhcConverter>>>,
+}
+
+impl matcher::HwClocks for PhcClocks {
+    fn sender(&self, raw_ns: i64) -> Option<i64> {
+        self.sender.as_ref()?.lock().ok()?.to_realtime(raw_ns)
+    }
+    fn receiver(&self, raw_ns: i64) -> Option<i64> {
+        self.receiver.as_ref()?.lock().ok()?.to_realtime(raw_ns)
+    }
 }
 
 fn new_session_id() -> u64 {
@@ -186,6 +254,23 @@ pub fn run_session(
     let hw_tx = side_timestamping(ep.sender_ns, &ep.sender_if.name, cfg.timestamps)?;
     let hw_rx = side_timestamping(ep.receiver_ns, &ep.receiver_if.name, cfg.timestamps)?;
     let (hardware_tx, hardware_rx) = (hw_tx.is_some(), hw_rx.is_some());
+    let mut sender_clock = hardware_tx.then(|| nic_clock(ep.sender_ns, &ep.sender_if.name));
+    let mut receiver_clock = hardware_rx.then(|| nic_clock(ep.receiver_ns, &ep.receiver_if.name));
+    for (side, c) in [("sender", &sender_clock), ("receiver", &receiver_clock)] {
+        if let Some(Err(why)) = c {
+            log::warn!("{side}: {why}");
+        }
+    }
+    let clocks = PhcClocks {
+        sender: sender_clock
+            .as_ref()
+            .and_then(|c| c.as_ref().ok())
+            .map(|c| c.conv.clone()),
+        receiver: receiver_clock
+            .as_ref()
+            .and_then(|c| c.as_ref().ok())
+            .map(|c| c.conv.clone()),
+    };
 
     let any = Ipv4Addr::UNSPECIFIED;
     let tx_sock = ep.sender_ns.run(|| {
@@ -249,7 +334,7 @@ pub fn run_session(
                 echo_stamps,
                 sender_tx: hardware_tx,
                 receiver_tx: hardware_rx,
-                clocks: Box::new(matcher::NoHwClocks),
+                clocks: Box::new(clocks),
             };
             let out = collect(
                 ev_rx,
@@ -275,6 +360,21 @@ pub fn run_session(
         run
     });
     drop((hw_tx, hw_rx));
+    let mut hw_clocks = serde_json::Map::new();
+    for (side, c) in [
+        ("sender", &mut sender_clock),
+        ("receiver", &mut receiver_clock),
+    ] {
+        match c {
+            Some(Ok(c)) => {
+                hw_clocks.insert(side.into(), c.finish());
+            }
+            Some(Err(why)) => {
+                hw_clocks.insert(side.into(), serde_json::json!({ "error": why }));
+            }
+            None => {}
+        }
+    }
     let (mut stats, late_arrivals) = result?;
     let drops_after = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
     stats.set_attempts(attempts.load(Ordering::SeqCst));
@@ -285,6 +385,7 @@ pub fn run_session(
         late_arrivals,
         interrupted: stop.load(Ordering::SeqCst) != 0,
         kernel_drops: drops_after.report_since(&drops_before),
+        hw_clocks: serde_json::Value::Object(hw_clocks),
     })
 }
 
