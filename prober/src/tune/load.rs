@@ -30,7 +30,9 @@
 //! reported next to the loss the link must cause (`shaping`).
 //! The UDP socket's send buffer is raised (SO_SNDBUFFORCE) above what the
 //! bottleneck queue can hold: otherwise a sender behind its own qdisc
-//! blocks instead of being dropped and would see no loss at all.
+//! blocks instead of being dropped and would see no loss at all. The UDP
+//! sender thread runs SCHED_FIFO (priority 1) where allowed, so that a busy
+//! CPU does not hold it back long enough for the link to idle.
 //!
 //! TCP: the sender's bytes acknowledged (TCP_INFO `tcpi_bytes_acked`) and
 //! the receiver's bytes read are both taken at the mark and at the stop;
@@ -45,7 +47,8 @@
 //! Kernel interface: TCP/UDP sockets, TCP_CONGESTION (Linux >= 2.6.13),
 //! TCP_INFO with tcpi_bytes_acked (>= 4.1; older kernels report no
 //! acknowledged bytes), SO_MAX_PACING_RATE (>= 3.13, TCP internal pacing >= 4.13),
-//! SO_SNDBUFFORCE/SO_RCVBUFFORCE (CAP_NET_ADMIN), SO_TIMESTAMPNS (>= 2.6.22)
+//! SO_SNDBUFFORCE/SO_RCVBUFFORCE (CAP_NET_ADMIN), sched_setscheduler
+//! (CAP_SYS_NICE) for the UDP sender, SO_TIMESTAMPNS (>= 2.6.22)
 //! and SO_RXQ_OVFL (>= 2.6.33) on the UDP receiver, and
 //! /proc/sys/net/ipv4/tcp_available_congestion_control.
 
@@ -68,6 +71,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{
     load_acct::{self, SeqWindow},
+    rt::RtSettings,
     shaping::Shaping,
     units::{Bytes, LoadRate, Rate},
 };
@@ -81,6 +85,12 @@ const MAGIC: u32 = 0x5254_504c; // "RTPL"
 /// UDP load header: magic (4), session (4), sequence number (8), big endian.
 const UDP_HEADER_BYTES: usize = 16;
 const POLL: Duration = Duration::from_millis(100);
+/// SCHED_FIFO priority of the UDP load sender: above every normal thread
+/// (builds, stress), below any real-time priority given to the probes.
+const UDP_SENDER_FIFO_PRIORITY: u8 = 1;
+/// A CBR sender this far behind its schedule cannot send this rate on this
+/// machine; it gives up SCHED_FIFO so that it cannot starve the rest.
+const UDP_SENDER_MAX_FIFO_LAG: Duration = Duration::from_millis(200);
 
 /// One `--load` entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,6 +352,10 @@ pub struct FlowReport {
     /// at 100 Mbit/s) the link idled and the loss exceeds the calculation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_send_lag_ms: Option<f64>,
+    /// UDP: the sender ran SCHED_FIFO for the whole window (false: it was
+    /// not allowed to, or fell too far behind; see max_send_lag_ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_sched_fifo: Option<bool>,
     /// TCP: bytes acknowledged to the sender in the window (tcpi_bytes_acked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acked_bytes: Option<u64>,
@@ -405,6 +419,8 @@ struct SentWindow {
     last_at: Option<Instant>,
     /// Furthest a datagram of the window went out behind its due time.
     max_lag: Duration,
+    /// The sender ran SCHED_FIFO for the whole window.
+    fifo: bool,
 }
 
 struct Flow {
@@ -783,12 +799,43 @@ fn udp_cbr(
     let mut buf = vec![0u8; size as usize];
     buf[0..4].copy_from_slice(&MAGIC.to_be_bytes());
     buf[4..8].copy_from_slice(&session.to_be_bytes());
+    // A CBR source the scheduler holds back for longer than the bottleneck
+    // queue takes to drain (12 ms for 100 frames at 100 Mbit/s) leaves the
+    // link idle and then bursts into a full queue: loss above the
+    // calculation that the link did not cause. With a busy CPU that
+    // happened for tens of ms at a time; the study's iperf ran real-time
+    // for the same reason. Without the privilege it runs as it is.
+    let mut fifo = match (RtSettings {
+        fifo_priority: Some(UDP_SENDER_FIFO_PRIORITY),
+        ..RtSettings::default()
+    })
+    .apply_to_current_thread()
+    {
+        Ok(g) => Some(g),
+        Err(e) => {
+            log::info!("the UDP load sender runs with normal scheduling: {e:#}");
+            None
+        }
+    };
     let t0 = Instant::now();
     let mut seq: u64 = 0;
     let mut window = SentWindow::default();
     let mut window_open = false;
     while !stop.load(Ordering::Relaxed) {
         let due = (t0.elapsed().as_secs_f64() * pps) as u64;
+        if fifo.is_some()
+            && due > seq
+            && Duration::from_secs_f64((due - seq) as f64 / pps) > UDP_SENDER_MAX_FIFO_LAG
+        {
+            log::warn!(
+                "the UDP load sender is more than {} ms behind its schedule ({} Mbit/s is \
+                 more than this machine sends): it continues with normal scheduling",
+                UDP_SENDER_MAX_FIFO_LAG.as_millis(),
+                rate.bps / 1_000_000
+            );
+            fifo = None;
+            window.fifo = false;
+        }
         let mut burst = 0;
         while seq < due && burst < 1024 {
             if c.mark_requested.swap(false, Ordering::AcqRel) {
@@ -798,6 +845,7 @@ fn udp_cbr(
                 window = SentWindow {
                     lo: seq,
                     hi: seq,
+                    fifo: fifo.is_some(),
                     ..SentWindow::default()
                 };
                 window_open = true;
@@ -836,6 +884,7 @@ fn udp_cbr(
         window = SentWindow {
             lo: seq,
             hi: seq,
+            fifo: fifo.is_some(),
             ..SentWindow::default()
         };
     } else if window_open {
@@ -1118,6 +1167,7 @@ impl Load {
         fr.offered_bps = offered;
         fr.socket_drops = Some(f.counters.socket_drops.load(Ordering::Relaxed));
         fr.max_send_lag_ms = Some(sent.max_lag.as_secs_f64() * 1e3);
+        fr.sender_sched_fifo = Some(sent.fifo);
         fr.expected_loss_pct = match (&self.shaping, offered) {
             (Some(s), Some(o)) => Some(s.expected_udp_loss_pct(f.udp_size, o)),
             _ => None,
