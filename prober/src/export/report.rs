@@ -59,6 +59,9 @@ pub fn load_cell(s: &Summary) -> String {
                 t += " ";
             }
             t += &mbit(f.achieved_bps);
+            if let Some(o) = f.offered_bps {
+                let _ = write!(t, " of {:.1} offered", o / 1e6);
+            }
             if let Some(l) = f.loss_pct {
                 let _ = write!(t, ", loss {l:.1} %");
                 if let Some(e) = f.expected_loss_pct {

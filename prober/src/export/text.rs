@@ -166,8 +166,16 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             if let Some(bps) = f["achieved_bps"].as_f64() {
                 line += &format!(" {:.1} Mbit/s", bps / 1e6);
             }
+            if let Some(bps) = f["offered_bps"].as_f64() {
+                line += &format!(" of {:.1} offered", bps / 1e6);
+            }
             if let (Some(l), Some(e)) = (f["loss_pct"].as_f64(), f["expected_loss_pct"].as_f64()) {
                 line += &format!(", loss {l:.2} % (calculated {e:.2} %)");
+            }
+            if let (Some(lost), Some(sent)) =
+                (f["lost_packets"].as_u64(), f["sent_packets"].as_u64())
+            {
+                line += &format!(", {lost} of {sent} datagrams lost");
             }
             let _ = writeln!(o, "{line}");
         }

@@ -38,6 +38,7 @@
 pub mod bql;
 pub mod gso;
 pub mod load;
+mod load_acct;
 pub mod nl;
 pub mod qdisc;
 pub mod ring;
