@@ -803,8 +803,9 @@ fn udp_cbr(
     // queue takes to drain (12 ms for 100 frames at 100 Mbit/s) leaves the
     // link idle and then bursts into a full queue: loss above the
     // calculation that the link did not cause. With a busy CPU that
-    // happened for tens of ms at a time; the study's iperf ran real-time
-    // for the same reason. Without the privilege it runs as it is.
+    // happened for tens of ms at a time. (The study ran its probe server
+    // real-time, iperf2 -z; its lab's CBR source had a machine to itself.)
+    // Without the privilege it runs as it is.
     let mut fifo = match (RtSettings {
         fifo_priority: Some(UDP_SENDER_FIFO_PRIORITY),
         ..RtSettings::default()
