@@ -84,6 +84,7 @@ fn bench(c: &mut Criterion) {
         one_way: Want::Required,
         rtt: Want::Skip,
         allow_truncated: false,
+        stages: false,
     };
     g.bench_function("read_one_way", |b| {
         b.iter(|| black_box(read_csv_file(&csv, &ropts).unwrap()))

@@ -354,6 +354,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
         one_way: want(Metric::OneWay),
         rtt: want(Metric::Rtt),
         allow_truncated: opts.ignore_truncated,
+        stages: false,
     };
     let mut csvs = Vec::with_capacity(opts.inputs.len());
     for p in &opts.inputs {
