@@ -536,3 +536,29 @@ fn percentiles_default_kinds_and_tail_axes() {
         "{ticks:?}"
     );
 }
+
+/// A CSV from before the stamp chain next to a new one: the stages figure
+/// shows the new run and names the old one in a note.
+#[test]
+fn stages_name_the_run_without_stage_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let new = dir.path().join("new.csv");
+    write_chain_run(&new, "new", 1_000, 200);
+    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/before-chain.csv");
+    let mut a = args(vec![new, old], dir.path());
+    a.kind = vec![FigureKind::Stages];
+    a.label = vec!["after".into(), "before".into()];
+    a.prefix = Some("mixed".into());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["mixed-stages.svg"]);
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (6, 0));
+    assert!(
+        has_text(
+            &svg,
+            "not shown, no stage columns (CSV from before the stamp chain): before"
+        ),
+        "{:?}",
+        texts(&svg)
+    );
+}
