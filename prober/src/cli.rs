@@ -39,7 +39,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Draw SVG/PNG boxplots, CDFs and time series from rtprobe CSV files.
+    /// Draw SVG/PNG boxplots, CDFs, time series, percentile distributions and stage breakdowns
+    /// from rtprobe CSV files.
     Plot(PlotArgs),
     /// Run a scenario file: sizes x intervals x knob sets, then report.md.
     Run(RunArgs),
