@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerates the README's example figures (one of each kind: boxplot, CDF,
-# time series) from a real run on rtprobe's own veth testbed: kernel
+# time series, percentiles, stages) from a real run on rtprobe's own veth testbed: kernel
 # forwarding (XDP off, red) against the XDP router in native mode (blue).
 #
 # Needs root for the probe runs (namespaces, XDP) and a release build:
@@ -24,4 +24,5 @@ count=${COUNT:-5000}
 
 "$rtprobe" plot "$here/xdp-off.csv" "$here/xdp-native.csv" \
     --out-dir "$here" --prefix example --metric one-way
-# -> example-one-way-box.svg, example-one-way-cdf.svg, example-one-way-time.svg
+# -> example-one-way-box.svg, example-one-way-cdf.svg, example-one-way-time.svg,
+#    example-one-way-percentiles.svg, example-stages.svg

@@ -14,6 +14,8 @@ fuzz_target!(|data: &[u8]| {
     for allow_truncated in [false, true] {
         let opts = ReadOptions {
             allow_truncated,
+            // Both ways: the stage columns are only parsed when asked for.
+            stages: allow_truncated,
             ..Default::default()
         };
         match read_csv("fuzz.csv", data, &opts) {
@@ -30,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
                             assert!(b.lower_whisker <= b.upper_whisker);
                         }
                         let _ = stats::cdf_points(&v, 16, true);
+                        let _ = stats::percentile_curve(&v, 16);
                     }
                 }
             }

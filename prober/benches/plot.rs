@@ -10,7 +10,7 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use rtprobe::export::{
     csv::{CsvWriter, ProbeRecord, RunMeta, TsSource},
     plot::{
-        self, FigureKind, ImageFormat, PlotOptions,
+        self, FigureKind, ImageFormat, PlotOptions, Scale,
         read::{ReadOptions, Want, read_csv_file},
     },
 };
@@ -84,6 +84,7 @@ fn bench(c: &mut Criterion) {
         one_way: Want::Required,
         rtt: Want::Skip,
         allow_truncated: false,
+        stages: false,
     };
     g.bench_function("read_one_way", |b| {
         b.iter(|| black_box(read_csv_file(&csv, &ropts).unwrap()))
@@ -97,10 +98,11 @@ fn bench(c: &mut Criterion) {
         metrics: vec![plot::Metric::OneWay],
         metric_required: true,
         kinds: vec![FigureKind::Box, FigureKind::Cdf, FigureKind::Time],
+        kinds_given: true,
         group_by: None,
         split_by: None,
         auto_split: false,
-        log: false,
+        scale: Scale::Linear,
         formats: vec![ImageFormat::Svg],
         size_px: (1000, 600),
         y_min_ns: None,

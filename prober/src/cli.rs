@@ -39,7 +39,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Draw SVG/PNG boxplots, CDFs and time series from rtprobe CSV files.
+    /// Draw SVG/PNG boxplots, CDFs, time series, percentile distributions and stage breakdowns
+    /// from rtprobe CSV files.
     Plot(PlotArgs),
     /// Run a scenario file: sizes x intervals x knob sets, then report.md.
     Run(RunArgs),
@@ -294,9 +295,11 @@ pub struct TestbedArgs {
 #[derive(Debug, Clone, Args)]
 #[command(
     after_help = "Figures are written next to the first CSV (or in --out-dir) as \
-        PREFIX-METRIC[-SPLIT][-GROUP]-KIND.svg, and their paths printed one per line.\n\n\
+        PREFIX-METRIC[-SPLIT][-GROUP]-KIND.svg (the stages figure: PREFIX[-SPLIT][-GROUP]-stages.svg), \
+        and their paths printed one per line.\n\n\
         Examples:\n  \
         rtprobe plot out.csv\n  \
+        rtprobe plot baseline.csv fq_codel.csv --kind stages,percentiles --format png\n  \
         rtprobe plot baseline.csv xdp.csv --label 'XDP off' --label 'XDP native' --log\n  \
         rtprobe plot runs/*.csv --group-by interval --split-by size --metric rtt --kind box\n  \
         rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms"
@@ -320,8 +323,9 @@ pub struct PlotArgs {
     #[arg(long, value_enum)]
     pub metric: Option<MetricChoice>,
 
-    /// Figures to draw, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [FigureKind::Box, FigureKind::Cdf, FigureKind::Time])]
+    /// Figures to draw, comma-separated [default: box, cdf, time, percentiles, and stages when
+    /// the CSV has stage columns].
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub kind: Vec<FigureKind>,
 
     /// Legend label of each CSV, once per CSV in the same order [default: the label stored by
@@ -340,9 +344,15 @@ pub struct PlotArgs {
     #[arg(long, value_name = "KEY")]
     pub split_by: Option<String>,
 
-    /// Logarithmic latency axis (samples <= 0 are left out and counted in a note).
-    #[arg(long)]
+    /// Logarithmic latency axis (samples <= 0 are left out and counted in a note) [default: log
+    /// where the largest value is over 20 times the median (stages: the largest stage median
+    /// over 20 times the smallest), else linear].
+    #[arg(long, conflicts_with = "linear")]
     pub log: bool,
+
+    /// Linear latency axis, whatever the spread.
+    #[arg(long)]
+    pub linear: bool,
 
     /// Lower end of the latency axis, e.g. 0 or 20us [default: fit the data].
     #[arg(long, value_name = "DURATION", value_parser = parse_latency)]

@@ -80,9 +80,11 @@ fn plots_a_good_csv_and_lists_the_figures() {
         "one-way-box",
         "one-way-cdf",
         "one-way-time",
+        "one-way-percentiles",
         "rtt-box",
         "rtt-cdf",
         "rtt-time",
+        "rtt-percentiles",
     ]
     .iter()
     .map(|k| dir.path().join(format!("out-{k}.svg")))
@@ -133,6 +135,83 @@ fn out_dir_png_and_options() {
         let png = std::fs::read(figs.join(format!("run-{k}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG"));
     }
+}
+
+/// A CSV written before rtprobe recorded the stamp chain: the first sixteen
+/// columns only.
+fn before_chain_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/before-chain.csv")
+}
+
+#[test]
+fn csv_from_before_the_stamp_chain_plots_without_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = before_chain_csv();
+    let out_dir = s(dir.path());
+    // Default kinds: no stages figure, no complaint.
+    let out = rtprobe(&["plot", s(&old), "--out-dir", out_dir, "--metric", "rtt"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let kinds: Vec<&str> = listed
+        .lines()
+        .map(|l| l.rsplit('-').next().unwrap())
+        .collect();
+    assert_eq!(kinds, ["box.svg", "cdf.svg", "time.svg", "percentiles.svg"]);
+
+    // Asked for stages and more: one warning line, the rest drawn.
+    let out = rtprobe(&[
+        "plot",
+        s(&old),
+        "--out-dir",
+        out_dir,
+        "--kind",
+        "stages,box",
+        "--prefix",
+        "x",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("before-chain.csv has no stage columns (written before rtprobe recorded the stamp chain)"),
+        "{stderr}"
+    );
+    assert!(dir.path().join("x-rtt-box.svg").exists());
+    assert!(!dir.path().join("x-stages.svg").exists());
+
+    // Only stages: nothing to draw, said in one line.
+    let err = one_line_error(&rtprobe(&[
+        "plot",
+        s(&old),
+        "--out-dir",
+        out_dir,
+        "--kind",
+        "stages",
+    ]));
+    assert!(
+        err.ends_with("before-chain.csv has no stage columns (written before rtprobe recorded the stamp chain): the other kinds (box, cdf, time, percentiles) still work"),
+        "{err}"
+    );
+}
+
+#[test]
+fn log_and_linear_conflict() {
+    let out = rtprobe(&["plot", s(&before_chain_csv()), "--log", "--linear"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--linear"));
 }
 
 #[test]

@@ -75,6 +75,7 @@ fn args(csv: Vec<PathBuf>, out_dir: &Path) -> PlotArgs {
         group_by: None,
         split_by: None,
         log: false,
+        linear: false,
         y_min: None,
         y_max: None,
         format: vec![ImageFormat::Svg],
@@ -375,4 +376,189 @@ fn metadata_text_stays_inside_out_dir() {
     let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
     assert_eq!(names(&written), ["m-rtt-.._.._evil_mode-cdf.svg"]);
     assert_eq!(written[0].parent(), Some(dir.path()));
+}
+
+/// A run with the whole software stamp chain (no hardware stamps, so no
+/// driver stage): a ~5 µs path, `queue_ns` in the sender's qdisc, one
+/// 1.5 ms path outlier, derived as the probe derives it.
+fn write_chain_run(path: &Path, label: &str, queue_ns: i64, n: u64) {
+    let meta = RunMeta {
+        version: "test".into(),
+        label: Some(label.into()),
+        size: 64,
+        interval_ns: 1_000_000,
+        ..Default::default()
+    };
+    let mut w = CsvWriter::create(path, &meta).unwrap();
+    for seq in 0..n {
+        let j = (seq % 11) as i64;
+        let send = 1_700_000_000_000_000_000 + (seq * 1_000_000) as i64;
+        let sched = send + 1_500 + j * 20;
+        let tx = sched + queue_ns + j * 30;
+        let path_ns = if seq == 77 { 1_500_000 } else { 5_000 + j * 40 };
+        let rx = tx + path_ns;
+        let user = rx + 7_000 + j * 50;
+        let echo_tx = user + 3_000;
+        let mut r = ProbeRecord {
+            seq,
+            size: 64,
+            sched_ns: send,
+            send_ns: send,
+            tx_sched_ns: Some(sched),
+            tx_ns: Some(tx),
+            rx_ns: Some(rx),
+            rx_user_ns: Some(user),
+            echo_tx_ns: Some(echo_tx),
+            echo_ns: Some(echo_tx + 5_000 + j * 10),
+            ..Default::default()
+        };
+        rtprobe::stats::chain::derive(&mut r);
+        w.write(&r).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+/// Tick labels of the latency axis of a figure (numbers only).
+fn numbers(svg: &str) -> Vec<f64> {
+    texts(svg).iter().filter_map(|t| t.parse().ok()).collect()
+}
+
+#[test]
+fn stages_one_box_per_stage_and_run_on_a_log_axis() {
+    let dir = tempfile::tempdir().unwrap();
+    let fast = dir.path().join("fast.csv");
+    let queued = dir.path().join("queued.csv");
+    write_chain_run(&fast, "fq_codel", 1_000, 300);
+    write_chain_run(&queued, "pfifo", 10_000_000, 300);
+    let mut a = args(vec![fast, queued], dir.path());
+    a.kind = vec![FigureKind::Stages];
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["fast-vs-queued-stages.svg"]);
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    // Stack, sender queue, path, receiver, reflector, return: one box per
+    // stage and run; no driver stage without hardware stamps.
+    assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (6, 6));
+    for t in [
+        "stack",
+        "sender queue",
+        "path",
+        "receiver",
+        "reflector",
+        "return path",
+        "fq_codel",
+        "pfifo",
+        "Stage of the timestamp chain",
+        "Time in stage (ms)",
+    ] {
+        assert!(has_text(&svg, t), "{t:?} missing from {:?}", texts(&svg));
+    }
+    assert!(!has_text(&svg, "driver/ring"));
+    assert!(
+        texts(&svg)
+            .iter()
+            .any(|t| t.starts_with("Time per stage — 64 B probes every 1 ms")),
+        "{:?}",
+        texts(&svg)
+    );
+    // 10 ms of queue next to µs stages: a log axis, decades as ticks.
+    let ticks = numbers(&svg);
+    for t in [0.001, 0.01, 0.1, 1.0, 10.0] {
+        assert!(ticks.contains(&t), "{t} not among {ticks:?}");
+    }
+
+    // --metric one-way: only the stages inside the one-way delay.
+    a.metric = Some(plot::MetricChoice::OneWay);
+    a.prefix = Some("ow".into());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (3, 3));
+    assert!(!has_text(&svg, "receiver"));
+
+    // --linear forces it, and the axis does not go below zero.
+    a.linear = true;
+    a.prefix = Some("lin".into());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    let ticks = numbers(&svg);
+    assert!(
+        ticks.contains(&0.0) && ticks.iter().all(|t| *t >= 0.0),
+        "{ticks:?}"
+    );
+}
+
+#[test]
+fn percentiles_default_kinds_and_tail_axes() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("tail.csv");
+    write_chain_run(&csv, "XDP native", 1_000, 2_000);
+    let mut a = args(vec![csv], dir.path());
+    a.kind = Vec::new();
+    a.metric = Some(plot::MetricChoice::OneWay);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(
+        names(&written),
+        [
+            "tail-one-way-box.svg",
+            "tail-one-way-cdf.svg",
+            "tail-one-way-time.svg",
+            "tail-one-way-percentiles.svg",
+            "tail-stages.svg",
+        ]
+    );
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let svg = read("tail-one-way-percentiles.svg");
+    // 2000 samples resolve 99.9 % but not 99.99 %.
+    for t in ["0 %", "50 %", "90 %", "99 %", "99.9 %", "XDP native"] {
+        assert!(has_text(&svg, t), "{t:?} missing from {:?}", texts(&svg));
+    }
+    assert!(!has_text(&svg, "99.99 %"));
+    assert!(has_text(&svg, "One-way latency (µs)"));
+    let curves = svg.lines().filter(|l| l.starts_with("<polyline")).count();
+    assert!(curves >= 1);
+    // A ~7.5 µs body under a 1.5 ms outlier: box, CDF, time series and
+    // percentiles default to a log axis (1-2-5 ticks, 1000 among them).
+    for kind in ["box", "cdf", "time", "percentiles"] {
+        let svg = read(&format!("tail-one-way-{kind}.svg"));
+        let ticks = numbers(&svg);
+        assert!(
+            ticks.contains(&10.0) && ticks.contains(&1000.0) && ticks.contains(&20.0),
+            "{kind}: {ticks:?}"
+        );
+    }
+    // --linear: the CDF's axis starts at 0, not below.
+    a.linear = true;
+    a.kind = vec![FigureKind::Cdf];
+    a.prefix = Some("lin".into());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let ticks = numbers(&std::fs::read_to_string(&written[0]).unwrap());
+    assert!(
+        ticks.contains(&0.0) && ticks.iter().all(|t| *t >= 0.0),
+        "{ticks:?}"
+    );
+}
+
+/// A CSV from before the stamp chain next to a new one: the stages figure
+/// shows the new run and names the old one in a note.
+#[test]
+fn stages_name_the_run_without_stage_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let new = dir.path().join("new.csv");
+    write_chain_run(&new, "new", 1_000, 200);
+    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/before-chain.csv");
+    let mut a = args(vec![new, old], dir.path());
+    a.kind = vec![FigureKind::Stages];
+    a.label = vec!["after".into(), "before".into()];
+    a.prefix = Some("mixed".into());
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(names(&written), ["mixed-stages.svg"]);
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (6, 0));
+    assert!(
+        has_text(
+            &svg,
+            "not shown, no stage columns (CSV from before the stamp chain): before"
+        ),
+        "{:?}",
+        texts(&svg)
+    );
 }

@@ -112,6 +112,11 @@ impl ValueAxis {
         };
         if fixed_min_ns.is_none() {
             lo -= pad;
+            // Latencies that cannot be negative get no axis below zero
+            // (a log axis is above zero anyway).
+            if !log && min_ns >= 0.0 {
+                lo = lo.max(0.0);
+            }
         }
         if fixed_max_ns.is_none() {
             hi += pad;
@@ -322,6 +327,12 @@ mod tests {
         let a = ValueAxis::fit(40_000.0, 60_000.0, false, Some(0.0), None).unwrap();
         assert_eq!(a.lo, 0.0);
         assert!(ValueAxis::fit(1.0, 2.0, false, Some(5.0), Some(3.0)).is_err());
+        // A 5 µs body with a 1.6 ms tail: the padding stops at zero.
+        let a = ValueAxis::fit(5_000.0, 1_600_000.0, false, None, None).unwrap();
+        assert_eq!(a.lo, 0.0);
+        // Negative samples (unsynchronised clocks) keep their padding.
+        let a = ValueAxis::fit(-5_000.0, 1_600_000.0, false, None, None).unwrap();
+        assert!(a.lo < -5.0);
     }
 
     #[test]

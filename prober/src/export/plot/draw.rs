@@ -1,4 +1,5 @@
-//! Drawing with plotters: boxplots, CDFs and time series as SVG (text as
+//! Drawing with plotters: boxplots, CDFs, time series and percentile
+//! distributions as SVG (text as
 //! `<text>` elements) or PNG (plotters' bitmap backend, text rasterised with
 //! the DejaVu Sans font embedded in the binary).
 //!
@@ -141,10 +142,48 @@ pub struct TimeFigure {
 }
 
 #[derive(Debug, Clone)]
+pub struct PercentileCurve {
+    pub label: String,
+    pub color: usize,
+    /// (log10(1 / (1 - p)), latency ns), in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PercentileFigure {
+    pub title: String,
+    pub y_desc: String,
+    pub axis: ValueAxis,
+    /// Right end of the percentile axis, as log10(1 / (1 - p)).
+    pub x_max: f64,
+    pub curves: Vec<PercentileCurve>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
 pub enum Figure {
     Box(BoxFigure),
     Cdf(CdfFigure),
     Time(TimeFigure),
+    Percentiles(PercentileFigure),
+}
+
+/// Ticks of the percentile axis: (log10(1 / (1 - p)), label).
+pub fn percentile_ticks(x_max: f64) -> Vec<(f64, String)> {
+    let mut t = vec![(0.0, "0 %".to_string()), (2f64.log10(), "50 %".to_string())];
+    for decade in 1..=9usize {
+        if decade as f64 > x_max + 1e-9 {
+            break;
+        }
+        // 90 %, 99 %, 99.9 %, 99.99 %, ...
+        let text = match decade {
+            1 => "90 %".to_string(),
+            2 => "99 %".to_string(),
+            d => format!("99.{} %", "9".repeat(d - 2)),
+        };
+        t.push((decade as f64, text));
+    }
+    t
 }
 
 /// A linear axis whose grid lines and labels sit exactly at the given
@@ -230,6 +269,7 @@ fn draw_on<DB: DrawingBackend>(fig: &Figure, root: &DrawingArea<DB, Shift>) -> D
         Figure::Box(f) => draw_box(f, root),
         Figure::Cdf(f) => draw_cdf(f, root),
         Figure::Time(f) => draw_time(f, root),
+        Figure::Percentiles(f) => draw_percentiles(f, root),
     }
 }
 
@@ -488,6 +528,60 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .label_font(font(14.0))
+        .draw()?;
+    draw_notes(root, &f.notes)
+}
+
+fn draw_percentiles<DB: DrawingBackend>(
+    f: &PercentileFigure,
+    root: &DrawingArea<DB, Shift>,
+) -> DrawResult<DB> {
+    let (w, h) = root.dim_in_pixel();
+    let axis = &legend_headroom(&f.axis, f.curves.len(), h, f.notes.len());
+    let ticks = percentile_ticks(f.x_max);
+    let x_hi = f.x_max * 1.02;
+    let mut chart = ChartBuilder::on(root)
+        .caption(&f.title, caption_style(&f.title, w))
+        .margin(15)
+        .margin_bottom(5 + 15 * f.notes.len() as u32)
+        .x_label_area_size(bottom_room(&[]))
+        .y_label_area_size(75)
+        .build_cartesian_2d(
+            Ticked::new(0.0, x_hi, ticks.iter().map(|t| t.0).collect()),
+            Ticked::new(axis.lo, axis.hi, axis.ticks()),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("Percentile (log scale of 1 / (1 - p))")
+        .y_desc(f.y_desc.as_str())
+        .x_label_formatter(&|x: &f64| {
+            ticks
+                .iter()
+                .find(|t| (t.0 - x).abs() < 1e-9)
+                .map_or_else(String::new, |t| t.1.clone())
+        })
+        .y_label_formatter(&|y: &f64| axis.format_tick(*y))
+        .label_style(font(14.0))
+        .axis_desc_style(font(16.0))
+        .draw()?;
+    for curve in &f.curves {
+        let c = color(curve.color);
+        let path: Vec<(f64, f64)> = curve
+            .points
+            .iter()
+            .map(|&(x, v)| (x, axis.coord_clamped(v)))
+            .collect();
+        chart
+            .draw_series(std::iter::once(PathElement::new(path, c.stroke_width(2))))?
+            .label(curve.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.5))
         .label_font(font(14.0))

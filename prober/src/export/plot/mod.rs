@@ -1,14 +1,17 @@
-//! `rtprobe plot`: boxplots, CDFs and time series from rtprobe CSVs, in the
-//! study's style (baseline red, optimisation blue, one box per group and run
-//! on a shared axis), as SVG or PNG. Pure: files in, files out.
+//! `rtprobe plot`: boxplots, CDFs, time series, percentile distributions and
+//! per-stage boxplots from rtprobe CSVs, in the study's style (baseline red,
+//! optimisation blue, one box per group and run on a shared axis), as SVG or
+//! PNG. Pure: files in, files out.
 //!
 //! The flow: [`read`] streams each CSV into per-flow latency vectors (one
-//! *run* per file and flow) -> runs get a label, a colour and their group
-//! keys (size / interval / XDP mode, from the run metadata or the data) ->
-//! per metric, each run is reduced to a small summary ([`stats`]: box
-//! statistics, every outlier, a thinned CDF and time series) and its raw
+//! *run* per file and flow; the stage columns too when the stages figure is
+//! asked for) -> runs get a label, a colour and their group keys (size /
+//! interval / XDP mode, from the run metadata or the data) -> per metric,
+//! each run is reduced to a small summary ([`stats`]: box statistics, every
+//! outlier, a thinned CDF, time series and percentile curve) and its raw
 //! samples are dropped -> summaries are laid out into figures with axes
-//! ([`axis`]) and titles -> [`draw`] renders them with plotters.
+//! ([`axis`]: log by default where a tail dwarfs the body) and titles ->
+//! [`draw`] renders them with plotters.
 //!
 //! Figures are regenerated from saved CSVs with the binary alone, e.g.
 //! `rtprobe plot xdp-off.csv xdp-native.csv --out-dir docs/figures --prefix example`;
@@ -31,11 +34,14 @@ use clap::ValueEnum;
 
 use self::{
     axis::{ValueAxis, format_count, format_duration_ns},
-    draw::{BoxFigure, BoxItem, CdfCurve, CdfFigure, Figure, TimeFigure, TimeLine},
+    draw::{
+        BoxFigure, BoxItem, CdfCurve, CdfFigure, Figure, PercentileCurve, PercentileFigure,
+        TimeFigure, TimeLine,
+    },
     read::{CsvRun, ReadOptions, Series, Want, XSource},
     stats::{BoxStats, CdfPoint},
 };
-use crate::{cli::PlotArgs, export::csv::RunMeta};
+use crate::{cli::PlotArgs, export::csv::RunMeta, stats::chain::Stage};
 
 /// Which latency to draw (`--metric`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -94,6 +100,13 @@ pub enum FigureKind {
     Cdf,
     /// Latency per probe over time, lost probes marked (`*-time`).
     Time,
+    /// Latency by percentile on a log(1/(1-p)) axis, 50 % to 99.99 % and
+    /// beyond, HdrHistogram style: the tail at a glance (`*-percentiles`).
+    Percentiles,
+    /// Time per stage of the timestamp chain (stack, sender queue, driver,
+    /// path, receiver, reflector, return), one box per stage and run
+    /// (`*-stages`; CSVs written since rtprobe records the chain).
+    Stages,
 }
 
 impl FigureKind {
@@ -102,6 +115,49 @@ impl FigureKind {
             FigureKind::Box => "box",
             FigureKind::Cdf => "cdf",
             FigureKind::Time => "time",
+            FigureKind::Percentiles => "percentiles",
+            FigureKind::Stages => "stages",
+        }
+    }
+
+    /// What `--kind` draws when not given; stages only for CSVs that have
+    /// the stage columns.
+    pub const DEFAULT: [FigureKind; 5] = [
+        FigureKind::Box,
+        FigureKind::Cdf,
+        FigureKind::Time,
+        FigureKind::Percentiles,
+        FigureKind::Stages,
+    ];
+}
+
+/// Latency axis scale (`--log`, `--linear`, else chosen per figure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// Log where the spread needs it: the largest value is more than
+    /// [`AUTO_LOG_RATIO`] times the median (for stages: the largest stage
+    /// median that many times the smallest, or the largest value that
+    /// many times the largest median), and no value is <= 0.
+    Auto,
+    Log,
+    Linear,
+}
+
+/// Above this ratio of largest to typical value a linear axis squashes the
+/// body into a line at the bottom: a 5 µs body under a 1.5 ms outlier.
+pub const AUTO_LOG_RATIO: f64 = 20.0;
+
+impl Scale {
+    /// Whether an axis over positive values from `typical_ns` to `max_ns`
+    /// is logarithmic.
+    fn log_for(self, typical_ns: Option<f64>, max_ns: Option<f64>) -> bool {
+        match self {
+            Scale::Log => true,
+            Scale::Linear => false,
+            Scale::Auto => match (typical_ns, max_ns) {
+                (Some(t), Some(m)) if t > 0.0 => m / t > AUTO_LOG_RATIO,
+                _ => false,
+            },
         }
     }
 }
@@ -197,12 +253,14 @@ pub struct PlotOptions {
     /// The metrics were asked for explicitly: a CSV without one is an error.
     pub metric_required: bool,
     pub kinds: Vec<FigureKind>,
+    /// `--kind` was given: a kind that cannot be drawn is reported.
+    pub kinds_given: bool,
     pub group_by: Option<Dim>,
     pub split_by: Option<Dim>,
     /// No `--split-by` given: with `--group-by`, split by whichever of size
     /// and interval varies (the study's one figure per packet size).
     pub auto_split: bool,
-    pub log: bool,
+    pub scale: Scale,
     pub formats: Vec<ImageFormat>,
     pub size_px: (u32, u32),
     pub y_min_ns: Option<f64>,
@@ -256,6 +314,17 @@ impl PlotOptions {
         if a.log && y_min_ns == Some(0.0) {
             bail!("--log needs a positive --y-min, e.g. --y-min 1us");
         }
+        if a.log && a.linear {
+            bail!("--log and --linear contradict each other: give one of them");
+        }
+        let scale = if a.log {
+            Scale::Log
+        } else if a.linear || y_min_ns == Some(0.0) {
+            // An axis from 0 is a linear axis.
+            Scale::Linear
+        } else {
+            Scale::Auto
+        };
         let prefix = match &a.prefix {
             Some(p) => {
                 if p.is_empty() || p.contains('/') || p == "." || p == ".." {
@@ -275,7 +344,13 @@ impl PlotOptions {
             },
         };
         let mut kinds: Vec<FigureKind> = Vec::new();
-        for k in &a.kind {
+        let kinds_given = !a.kind.is_empty();
+        let asked = if kinds_given {
+            &a.kind[..]
+        } else {
+            &FigureKind::DEFAULT[..]
+        };
+        for k in asked {
             if !kinds.contains(k) {
                 kinds.push(*k);
             }
@@ -294,10 +369,11 @@ impl PlotOptions {
             metrics,
             metric_required,
             kinds,
+            kinds_given,
             group_by,
             split_by,
             auto_split,
-            log: a.log,
+            scale,
             formats,
             size_px: a.figure_size,
             y_min_ns,
@@ -354,6 +430,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
         one_way: want(Metric::OneWay),
         rtt: want(Metric::Rtt),
         allow_truncated: opts.ignore_truncated,
+        stages: opts.kinds.contains(&FigureKind::Stages),
     };
     let mut csvs = Vec::with_capacity(opts.inputs.len());
     for p in &opts.inputs {
@@ -435,7 +512,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                 match ctx.box_figure(sel) {
                     Ok(fig) => out.save(
                         &Figure::Box(fig),
-                        metric,
+                        Some(metric),
                         split.as_ref(),
                         None,
                         FigureKind::Box,
@@ -452,7 +529,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                     match ctx.cdf_figure(gsel) {
                         Ok(fig) => out.save(
                             &Figure::Cdf(fig),
-                            metric,
+                            Some(metric),
                             split.as_ref(),
                             group.as_ref(),
                             FigureKind::Cdf,
@@ -464,7 +541,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                     match ctx.time_figure(gsel) {
                         Ok(fig) => out.save(
                             &Figure::Time(fig),
-                            metric,
+                            Some(metric),
                             split.as_ref(),
                             group.as_ref(),
                             FigureKind::Time,
@@ -472,8 +549,23 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
                         Err(e) => out.skipped("time series", e),
                     }
                 }
+                if opts.kinds.contains(&FigureKind::Percentiles) {
+                    match ctx.percentile_figure(gsel) {
+                        Ok(fig) => out.save(
+                            &Figure::Percentiles(fig),
+                            Some(metric),
+                            split.as_ref(),
+                            group.as_ref(),
+                            FigureKind::Percentiles,
+                        )?,
+                        Err(e) => out.skipped("percentile figure", e),
+                    }
+                }
             }
         }
+    }
+    if opts.kinds.contains(&FigureKind::Stages) {
+        stage_figures(&mut runs, opts, &mut out)?;
     }
     if out.written.is_empty() {
         if let Some(why) = out.skipped.first() {
@@ -533,12 +625,16 @@ impl Output<'_> {
     fn save(
         &mut self,
         fig: &Figure,
-        metric: Metric,
+        metric: Option<Metric>,
         split: Option<&Key>,
         group: Option<&Key>,
         kind: FigureKind,
     ) -> Result<()> {
-        let mut name = format!("{}-{}", self.opts.prefix, metric.slug());
+        let mut name = self.opts.prefix.clone();
+        if let Some(m) = metric {
+            name.push('-');
+            name.push_str(m.slug());
+        }
         for k in [split, group].into_iter().flatten() {
             name.push('-');
             // Keys can come from metadata text: keep them one file name.
@@ -605,6 +701,9 @@ struct Run {
     lost_x: Vec<i64>,
     lost_marks: Vec<f64>,
     series: [Option<Series>; 2],
+    /// Stage values per [`Stage::ALL`], if read.
+    stages: Option<[Vec<i64>; read::STAGES]>,
+    has_stage_columns: bool,
     label: String,
     user_label: bool,
     color: usize,
@@ -712,6 +811,8 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
                 lost_x: f.lost_x,
                 lost_marks: Vec::new(),
                 series: [f.one_way, f.rtt],
+                stages: f.stages,
+                has_stage_columns: csv.has_stage_columns,
                 label: String::new(),
                 user_label: false,
                 color: 0,
@@ -900,6 +1001,9 @@ fn assign_labels(runs: &mut [Run], opts: &PlotOptions) -> Result<()> {
 /// at figure resolution, coarse enough that 1 M samples stay ~100 KB of SVG.
 const CDF_RESOLUTION: usize = 800;
 
+/// Points per percentile curve: smooth at figure width.
+const PERCENTILE_POINTS: usize = 600;
+
 /// What a figure needs of one run and metric; the raw samples are gone.
 struct Summary {
     n: usize,
@@ -911,6 +1015,10 @@ struct Summary {
     min: Option<i64>,
     max: Option<i64>,
     min_positive: Option<i64>,
+    median: Option<f64>,
+    /// (log10(1/(1-p)), latency ns) from p = 0 to the last percentile the
+    /// samples resolve (1 - 1/n).
+    percentiles: Vec<(f64, f64)>,
     nonpositive: usize,
     /// Samples outside a user-fixed latency range.
     outside: usize,
@@ -958,16 +1066,21 @@ fn summarize(
     let above = opts
         .y_max_ns
         .map_or(0, |hi| v.len() - v.partition_point(|&x| (x as f64) <= hi));
+    let median = stats.as_ref().map(|b| b.median);
+    let max = v.last().copied();
+    let log = opts.scale.log_for(median, max.map(|m| m as f64));
     Summary {
         n: v.len(),
         missing,
         stats,
         outliers,
-        cdf: stats::cdf_points(&v, CDF_RESOLUTION, opts.log),
+        cdf: stats::cdf_points(&v, CDF_RESOLUTION, log),
+        percentiles: stats::percentile_curve(&v, PERCENTILE_POINTS),
         time,
         min: v.first().copied(),
-        max: v.last().copied(),
+        max,
         min_positive: v.get(nonpositive).copied(),
+        median,
         nonpositive,
         outside: below + above,
     }
@@ -988,16 +1101,25 @@ impl FigureCtx<'_> {
             .expect("only runs with the metric are selected")
     }
 
-    /// A latency axis covering every sample of the selected runs.
+    /// A latency axis covering every sample of the selected runs; log
+    /// when asked, or (by default) when the largest sample is more than
+    /// [`AUTO_LOG_RATIO`] times the lowest median.
     fn axis(&self, sel: &[usize]) -> Result<ValueAxis> {
-        let lo = sel
-            .iter()
-            .filter_map(|&i| {
-                let s = self.sum(i);
-                if self.opts.log { s.min_positive } else { s.min }
-            })
-            .min();
         let hi = sel.iter().filter_map(|&i| self.sum(i).max).max();
+        let typical = sel
+            .iter()
+            .filter_map(|&i| self.sum(i).median)
+            .min_by(f64::total_cmp);
+        let min_positive = sel.iter().filter_map(|&i| self.sum(i).min_positive).min();
+        // Never hide samples on a log axis nobody asked for.
+        let nonpositive = sel.iter().any(|&i| self.sum(i).nonpositive > 0);
+        let log = self.opts.scale.log_for(typical, hi.map(|h| h as f64))
+            && (self.opts.scale == Scale::Log || !nonpositive);
+        let lo = if log {
+            min_positive
+        } else {
+            sel.iter().filter_map(|&i| self.sum(i).min).min()
+        };
         let (Some(lo), Some(hi)) = (lo, hi) else {
             if sel.iter().any(|&i| self.sum(i).n > 0) {
                 bail!("--log needs positive latencies, and no sample is above 0 ns");
@@ -1007,7 +1129,7 @@ impl FigureCtx<'_> {
         ValueAxis::fit(
             lo as f64,
             hi as f64,
-            self.opts.log,
+            log,
             self.opts.y_min_ns,
             self.opts.y_max_ns,
         )
@@ -1021,47 +1143,55 @@ impl FigureCtx<'_> {
 
     /// "Round-trip time — 64 B probes every 1 ms, XDP native, sw timestamps, 2000 probes".
     fn title(&self, sel: &[usize]) -> String {
-        if let Some(t) = &self.opts.title {
-            return format!("{} — {t}", self.metric.name());
-        }
         let runs: Vec<&Run> = sel.iter().map(|&i| &self.runs[i]).collect();
-        let common = |d: Dim| -> Option<Key> {
-            let k = runs.first()?.key(d)?;
-            runs.iter()
-                .all(|r| r.key(d).as_ref() == Some(&k))
-                .then_some(k)
-        };
-        let mut parts = Vec::new();
-        match (common(Dim::Size), common(Dim::Interval)) {
-            (Some(s), Some(i)) => parts.push(format!("{} probes every {}", s.text, i.text)),
-            (Some(s), None) => parts.push(format!("{} probes", s.text)),
-            (None, Some(i)) => parts.push(format!("probes every {}", i.text)),
-            (None, None) => {}
-        }
-        if let Some(m) = common(Dim::Mode) {
-            parts.push(m.text);
-        }
-        if let Some(ts) = runs.first().and_then(|r| r.ts)
-            && runs.iter().all(|r| r.ts == Some(ts))
-        {
-            parts.push(format!("{ts} timestamps"));
-        }
-        let rows = runs.first().map_or(0, |r| r.rows);
-        if runs.iter().all(|r| r.rows == rows) {
-            let n = format_count(rows);
-            if runs.len() == 1 {
-                parts.push(format!("{n} probes ({} lost)", format_count(runs[0].lost)));
-            } else {
-                parts.push(format!("{n} probes each"));
-            }
-        }
-        if parts.is_empty() {
-            self.metric.name().to_string()
+        title(&runs, self.metric.name(), self.opts)
+    }
+}
+
+/// `what`, then what the runs have in common: size, interval, XDP mode,
+/// timestamp source, probe count (or `--title`).
+fn title(runs: &[&Run], what: &str, opts: &PlotOptions) -> String {
+    if let Some(t) = &opts.title {
+        return format!("{what} — {t}");
+    }
+    let common = |d: Dim| -> Option<Key> {
+        let k = runs.first()?.key(d)?;
+        runs.iter()
+            .all(|r| r.key(d).as_ref() == Some(&k))
+            .then_some(k)
+    };
+    let mut parts = Vec::new();
+    match (common(Dim::Size), common(Dim::Interval)) {
+        (Some(s), Some(i)) => parts.push(format!("{} probes every {}", s.text, i.text)),
+        (Some(s), None) => parts.push(format!("{} probes", s.text)),
+        (None, Some(i)) => parts.push(format!("probes every {}", i.text)),
+        (None, None) => {}
+    }
+    if let Some(m) = common(Dim::Mode) {
+        parts.push(m.text);
+    }
+    if let Some(ts) = runs.first().and_then(|r| r.ts)
+        && runs.iter().all(|r| r.ts == Some(ts))
+    {
+        parts.push(format!("{ts} timestamps"));
+    }
+    let rows = runs.first().map_or(0, |r| r.rows);
+    if runs.iter().all(|r| r.rows == rows) {
+        let n = format_count(rows);
+        if runs.len() == 1 {
+            parts.push(format!("{n} probes ({} lost)", format_count(runs[0].lost)));
         } else {
-            format!("{} — {}", self.metric.name(), parts.join(", "))
+            parts.push(format!("{n} probes each"));
         }
     }
+    if parts.is_empty() {
+        what.to_string()
+    } else {
+        format!("{what} — {}", parts.join(", "))
+    }
+}
 
+impl FigureCtx<'_> {
     /// Legend text of a run in figures with one entry per run.
     fn legend_label(&self, sel: &[usize], i: usize) -> String {
         let r = &self.runs[i];
@@ -1073,11 +1203,11 @@ impl FigureCtx<'_> {
         }
     }
 
-    fn notes(&self, sel: &[usize], clipped: bool, time_figure: bool) -> Vec<String> {
+    fn notes(&self, sel: &[usize], log: bool, clipped: bool, time_figure: bool) -> Vec<String> {
         let mut notes = Vec::new();
         let col = self.metric.column();
         let nonpos: usize = sel.iter().map(|&i| self.sum(i).nonpositive).sum();
-        if self.opts.log && nonpos > 0 {
+        if log && nonpos > 0 {
             notes.push(format!("{nonpos} samples ≤ 0 ns not shown on the log axis"));
         }
         let outside: usize = sel.iter().map(|&i| self.sum(i).outside).sum();
@@ -1177,7 +1307,7 @@ impl FigureCtx<'_> {
             }
         }
         legend.sort_by_key(|(_, c)| *c);
-        let notes = self.notes(sel, true, false);
+        let notes = self.notes(sel, axis.log, true, false);
         Ok(BoxFigure {
             title: self.title(sel),
             x_desc: self
@@ -1206,7 +1336,7 @@ impl FigureCtx<'_> {
                 points: self.sum(i).cdf.clone(),
             })
             .collect();
-        let notes = self.notes(sel, false, false);
+        let notes = self.notes(sel, axis.log, false, false);
         Ok(CdfFigure {
             title: self.title(sel),
             x_desc: axis.describe(self.metric.name()),
@@ -1249,7 +1379,7 @@ impl FigureCtx<'_> {
         if x_hi <= x_lo {
             x_hi = x_lo + 1.0;
         }
-        let notes = self.notes(sel, false, true);
+        let notes = self.notes(sel, axis.log, false, true);
         Ok(TimeFigure {
             title: self.title(sel),
             x_desc: match self.time_axis {
@@ -1263,4 +1393,245 @@ impl FigureCtx<'_> {
             notes,
         })
     }
+}
+
+impl FigureCtx<'_> {
+    fn percentile_figure(&self, sel: &[usize]) -> Result<PercentileFigure> {
+        let axis = self.axis(sel)?;
+        let curves: Vec<PercentileCurve> = sel
+            .iter()
+            .filter(|&&i| !self.sum(i).percentiles.is_empty())
+            .map(|&i| PercentileCurve {
+                label: self.legend_label(sel, i),
+                color: self.runs[i].color,
+                points: self.sum(i).percentiles.clone(),
+            })
+            .collect();
+        // Up to the deepest percentile any run resolves, and at least 99 %.
+        let x_max = curves
+            .iter()
+            .filter_map(|c| c.points.last().map(|p| p.0))
+            .fold(2.0, f64::max);
+        let notes = self.notes(sel, axis.log, false, false);
+        Ok(PercentileFigure {
+            title: self.title(sel),
+            y_desc: axis.describe(self.metric.name()),
+            axis,
+            x_max,
+            curves,
+            notes,
+        })
+    }
+}
+
+/// The stages kind: one figure per split and group, one box per stage and
+/// run. Runs from CSVs without stage columns are named in a note (or, if no
+/// run has them, the figure is skipped with the reason).
+fn stage_figures(runs: &mut [Run], opts: &PlotOptions, out: &mut Output) -> Result<()> {
+    let old: Vec<usize> = (0..runs.len())
+        .filter(|&i| !runs[i].has_stage_columns)
+        .collect();
+    if old.len() == runs.len() {
+        let why = format!(
+            "{} {} no stage columns (written before rtprobe recorded the stamp chain): \
+             the other kinds (box, cdf, time, percentiles) still work",
+            runs.first().map_or("", |r| r.name.as_str()),
+            if runs.len() > 1 {
+                "and the others have"
+            } else {
+                "has"
+            }
+        );
+        if opts.kinds_given {
+            // One line: the error when nothing else was drawn, else a warning.
+            if out.written.is_empty() {
+                out.skipped.push(why);
+            } else {
+                log::warn!("no stages figure: {why}");
+            }
+        }
+        return Ok(());
+    }
+    for &i in &old {
+        // Said once per file, whatever its flows.
+        if opts.kinds_given && (i == 0 || runs[i - 1].file != runs[i].file) {
+            log::warn!(
+                "{} has no stage columns (written before rtprobe recorded the stamp chain): left out of the stages figure",
+                runs[i].name
+            );
+        }
+    }
+    // Stages outside the metric asked for stay out: --metric one-way
+    // shows the sender's stages and the path.
+    let shown_metric = |s: Stage| match opts.metrics.as_slice() {
+        [Metric::OneWay] => matches!(
+            s,
+            Stage::Stack | Stage::SenderQueue | Stage::Driver | Stage::Path
+        ),
+        _ => true,
+    };
+    /// One stage of one run, its samples gone.
+    struct StageSum {
+        b: BoxStats,
+        outliers: Vec<i64>,
+        nonpositive: usize,
+        min_positive: Option<i64>,
+    }
+    let mut sums: Vec<Option<Vec<Option<StageSum>>>> = Vec::new();
+    for r in runs.iter_mut() {
+        sums.push(r.stages.take().map(|st| {
+            st.into_iter()
+                .map(|mut v| {
+                    v.sort_unstable();
+                    let b = stats::box_stats(&v)?;
+                    let (lo, hi) = b.outliers(&v);
+                    let nonpositive = v.partition_point(|&x| x <= 0);
+                    Some(StageSum {
+                        outliers: [lo, hi].concat(),
+                        min_positive: v.get(nonpositive).copied(),
+                        nonpositive,
+                        b,
+                    })
+                })
+                .collect()
+        }));
+    }
+    let mut splits: BTreeMap<(Option<Key>, Option<Key>), Vec<usize>> = BTreeMap::new();
+    for (i, r) in runs.iter().enumerate() {
+        if sums[i].is_some() {
+            splits
+                .entry((r.split.clone(), r.group.clone()))
+                .or_default()
+                .push(i);
+        }
+    }
+    for ((split, group), sel) in &splits {
+        let stage = |i: usize, k: usize| sums[i].as_ref().and_then(|v| v[k].as_ref());
+        let shown: Vec<usize> = (0..Stage::ALL.len())
+            .filter(|&k| shown_metric(Stage::ALL[k]) && sel.iter().any(|&i| stage(i, k).is_some()))
+            .collect();
+        if shown.is_empty() {
+            let why = anyhow::anyhow!(
+                "no stage values in {}: every stage column is empty",
+                sel.iter()
+                    .map(|&i| runs[i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if opts.kinds_given {
+                out.skipped("stages figure", why);
+            } else {
+                log::info!("no stages figure: {why}");
+            }
+            continue;
+        }
+        let all = || {
+            sel.iter()
+                .flat_map(|&i| shown.iter().filter_map(move |&k| stage(i, k)))
+        };
+        let hi = all().map(|s| s.b.max).max();
+        // Queueing of 10 ms next to a 5 µs path: log when the stages'
+        // medians are that far apart.
+        let medians = all().map(|s| s.b.median).filter(|m| *m > 0.0);
+        let min_median = medians.clone().min_by(f64::total_cmp);
+        let max_median = medians.max_by(f64::total_cmp);
+        let min_positive = all().filter_map(|s| s.min_positive).min();
+        let any_nonpositive = all().any(|s| s.nonpositive > 0);
+        // Log when the stages are orders of magnitude apart, or when a
+        // tail dwarfs even the slowest stage's body (a 1.5 ms path outlier
+        // over 5 µs stages), as on the other figures.
+        let log = (opts.scale.log_for(min_median, max_median)
+            || opts.scale.log_for(max_median, hi.map(|h| h as f64)))
+            && (opts.scale == Scale::Log || !any_nonpositive);
+        let lo = if log {
+            min_positive
+        } else {
+            all().map(|s| s.b.min).min()
+        };
+        let (Some(lo), Some(hi)) = (lo, hi) else {
+            out.skipped(
+                "stages figure",
+                anyhow::anyhow!("--log needs positive stage times, and none is above 0 ns"),
+            );
+            continue;
+        };
+        let axis = ValueAxis::fit(lo as f64, hi as f64, log, opts.y_min_ns, opts.y_max_ns)?;
+        let mut colors: Vec<usize> = sel.iter().map(|&i| runs[i].color).collect();
+        colors.sort_unstable();
+        colors.dedup();
+        let mut boxes = Vec::new();
+        let mut nonpositive = 0;
+        for (cat, &k) in shown.iter().enumerate() {
+            for &i in sel {
+                let Some(StageSum {
+                    b,
+                    outliers,
+                    nonpositive: np,
+                    ..
+                }) = stage(i, k)
+                else {
+                    continue;
+                };
+                nonpositive += np;
+                boxes.push(BoxItem {
+                    category: cat,
+                    slot: colors.iter().position(|c| *c == runs[i].color).unwrap_or(0),
+                    color: runs[i].color,
+                    q1: b.q1,
+                    median: b.median,
+                    q3: b.q3,
+                    lower_whisker: b.lower_whisker,
+                    upper_whisker: b.upper_whisker,
+                    outliers: outliers.clone(),
+                });
+            }
+        }
+        let mut legend: Vec<(String, usize)> = Vec::new();
+        for &i in sel {
+            if !legend.iter().any(|(_, c)| *c == runs[i].color) {
+                legend.push((runs[i].label.clone(), runs[i].color));
+            }
+        }
+        legend.sort_by_key(|(_, c)| *c);
+        let mut notes = Vec::new();
+        if axis.log && nonpositive > 0 {
+            notes.push(format!(
+                "{nonpositive} stage times ≤ 0 ns not shown on the log axis"
+            ));
+        }
+        let old_here: Vec<&str> = old
+            .iter()
+            .filter(|&&i| runs[i].split == *split && runs[i].group == *group)
+            .map(|&i| runs[i].label.as_str())
+            .collect();
+        if !old_here.is_empty() {
+            notes.push(format!(
+                "not shown, no stage columns (CSV from before the stamp chain): {}",
+                old_here.join(", ")
+            ));
+        }
+        let sel_runs: Vec<&Run> = sel.iter().map(|&i| &runs[i]).collect();
+        let fig = BoxFigure {
+            title: title(&sel_runs, "Time per stage", opts),
+            x_desc: "Stage of the timestamp chain".into(),
+            y_desc: axis.describe("Time in stage"),
+            axis,
+            categories: shown
+                .iter()
+                .map(|&k| Stage::ALL[k].label().to_string())
+                .collect(),
+            slots: colors.len(),
+            boxes,
+            legend,
+            notes,
+        };
+        out.save(
+            &Figure::Box(fig),
+            None,
+            split.as_ref(),
+            group.as_ref(),
+            FigureKind::Stages,
+        )?;
+    }
+    Ok(())
 }

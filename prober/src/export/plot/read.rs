@@ -24,7 +24,18 @@ use std::{
     path::Path,
 };
 
-use crate::export::csv::{META_PREFIX, RunMeta};
+use crate::{
+    export::csv::{META_PREFIX, RunMeta},
+    stats::chain::Stage,
+};
+
+/// How many stages the chain splits into.
+pub const STAGES: usize = Stage::ALL.len();
+
+/// The CSV column of a stage: `path` -> `path_ns`.
+pub fn stage_column(s: Stage) -> String {
+    format!("{}_ns", s.key())
+}
 
 /// Whether the reader keeps a metric column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +54,9 @@ pub struct ReadOptions {
     pub rtt: Want,
     /// Drop a cut-short last line (run killed mid-write) instead of failing.
     pub allow_truncated: bool,
+    /// Keep the per-probe stage columns (`stack_ns` .. `return_ns`) if the
+    /// header has them; off, they cost nothing.
+    pub stages: bool,
 }
 
 impl Default for ReadOptions {
@@ -51,6 +65,7 @@ impl Default for ReadOptions {
             one_way: Want::IfPresent,
             rtt: Want::IfPresent,
             allow_truncated: false,
+            stages: false,
         }
     }
 }
@@ -116,6 +131,9 @@ pub struct FlowData {
     /// when x is a time (files without metadata).
     pub first_x: [Option<i64>; 2],
     pub ts: TsCounts,
+    /// Per stage in [`Stage::ALL`] order, every value present (read only
+    /// with [`ReadOptions::stages`] and a header that has the columns).
+    pub stages: Option<[Vec<i64>; STAGES]>,
 }
 
 impl FlowData {
@@ -141,6 +159,9 @@ pub struct CsvRun {
     pub rows: u64,
     /// Line number of a cut-short last line that was skipped.
     pub skipped_truncated_line: Option<u64>,
+    /// The header has the stage columns (written since rtprobe records the
+    /// timestamp chain), whether or not they were read.
+    pub has_stage_columns: bool,
 }
 
 /// A CSV column an error points at.
@@ -323,6 +344,7 @@ pub fn read_csv<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<Csv
         flows: Vec::new(),
         rows: 0,
         skipped_truncated_line: None,
+        has_stage_columns: cols.has_stages,
     };
     // flow id -> index in run.flows
     let mut flow_slot = [u16::MAX; 256];
@@ -462,6 +484,10 @@ struct Columns {
     rtt: Option<usize>,
     ts_source: Option<usize>,
     lost: Option<usize>,
+    /// Stage columns to read, in [`Stage::ALL`] order (none unless asked).
+    stages: [Option<usize>; STAGES],
+    read_stages: bool,
+    has_stages: bool,
     count: usize,
 }
 
@@ -484,8 +510,14 @@ impl Columns {
             "lost",
         ];
         let mut idx: [Option<usize>; 9] = [None; 9];
+        let stage_names = Stage::ALL.map(stage_column);
+        let mut stages: [Option<usize>; STAGES] = [None; STAGES];
         for (i, raw) in header.iter().enumerate() {
             let name = trim_ascii(raw);
+            if let Some(k) = stage_names.iter().position(|n| n.as_bytes() == name) {
+                stages[k].get_or_insert(i);
+                continue;
+            }
             if let Some(k) = KNOWN.iter().position(|n| n.as_bytes() == name) {
                 if idx[k].is_some() {
                     return Err((
@@ -556,6 +588,9 @@ impl Columns {
             rtt,
             ts_source,
             lost,
+            has_stages: stages.iter().any(Option::is_some),
+            read_stages: opts.stages && stages.iter().any(Option::is_some),
+            stages: if opts.stages { stages } else { [None; STAGES] },
             count: header.len(),
         })
     }
@@ -660,6 +695,14 @@ fn parse_row(
     };
     let one_way = latency(cols.one_way)?;
     let rtt = latency(cols.rtt)?;
+    let mut stage_values = [None; STAGES];
+    if cols.read_stages {
+        for (v, c) in stage_values.iter_mut().zip(cols.stages) {
+            if let Some(c) = c {
+                *v = opt_field(field(c), c, "a duration in nanoseconds", parse_i64)?;
+            }
+        }
+    }
 
     // Everything parsed: only now touch the accumulators, so a bad row
     // (e.g. a skipped truncated line) leaves no half-recorded probe behind.
@@ -670,6 +713,7 @@ fn parse_row(
             flow,
             one_way: cols.one_way.map(|_| Series::default()),
             rtt: cols.rtt.map(|_| Series::default()),
+            stages: cols.read_stages.then(Default::default),
             ..Default::default()
         });
     }
@@ -705,6 +749,11 @@ fn parse_row(
     if lost {
         fd.lost += 1;
         fd.lost_x.push(x);
+    }
+    if let Some(st) = &mut fd.stages {
+        for (vals, v) in st.iter_mut().zip(stage_values) {
+            vals.extend(v);
+        }
     }
     for (series, v) in [(&mut fd.one_way, one_way), (&mut fd.rtt, rtt)] {
         if let Some(s) = series {
@@ -843,6 +892,65 @@ mod tests {
 
     fn read_err(text: &[u8]) -> String {
         read(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn stage_columns_only_when_asked() {
+        let rows = [
+            ProbeRecord {
+                stack_ns: Some(3_000),
+                sender_queue_ns: Some(10_000_000),
+                path_ns: Some(5_000),
+                ..row(0, Some(10_005_000), None)
+            },
+            ProbeRecord {
+                sender_queue_ns: Some(9_000_000),
+                path_ns: Some(-2),
+                ..row(1, Some(9_000_000), None)
+            },
+            row(2, None, None),
+        ];
+        let text = csv_text(true, &rows);
+        let run = read(text.as_bytes()).unwrap();
+        assert!(run.has_stage_columns);
+        assert!(run.flows[0].stages.is_none(), "not read unless asked");
+        let opts = ReadOptions {
+            stages: true,
+            ..Default::default()
+        };
+        let run = read_csv("t.csv", text.as_bytes(), &opts).unwrap();
+        let st = run.flows[0].stages.as_ref().unwrap();
+        let at = |s: Stage| &st[Stage::ALL.iter().position(|&x| x == s).unwrap()];
+        assert_eq!(at(Stage::Stack), &[3_000]);
+        assert_eq!(at(Stage::SenderQueue), &[10_000_000, 9_000_000]);
+        assert_eq!(at(Stage::Path), &[5_000, -2]);
+        assert!(at(Stage::Driver).is_empty());
+        let e = read_csv("t.csv", text.replace(",-2,", ",slow,").as_bytes(), &opts)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "t.csv: line 4, column 31 (path_ns): expected a duration in nanoseconds, found \"slow\""
+        );
+    }
+
+    /// A CSV from before the timestamp chain: the first sixteen columns.
+    #[test]
+    fn old_sixteen_column_csv_reads_without_stages() {
+        let header = HEADER[..16].join(",");
+        let text = format!(
+            "{header}\n0,0,64,1000,1100,1200,51200,91200,50000,90000,sw,sw,sw,sw,0,\n\
+             1,0,64,2000,2100,2200,,,,,sw,,,,1,\n"
+        );
+        let opts = ReadOptions {
+            stages: true,
+            ..Default::default()
+        };
+        let run = read_csv("old.csv", text.as_bytes(), &opts).unwrap();
+        assert!(!run.has_stage_columns);
+        assert!(run.flows[0].stages.is_none());
+        assert_eq!(run.flows[0].one_way.as_ref().unwrap().values_ns, [50_000]);
+        assert_eq!(run.flows[0].lost, 1);
     }
 
     #[test]
@@ -1097,6 +1205,7 @@ mod tests {
             for allow_truncated in [false, true] {
                 let opts = ReadOptions {
                     allow_truncated,
+                    stages: allow_truncated,
                     ..Default::default()
                 };
                 match read_csv("f.csv", bytes, &opts) {
@@ -1108,6 +1217,11 @@ mod tests {
                         for f in &run.flows {
                             for s in [&f.one_way, &f.rtt].into_iter().flatten() {
                                 exercise_stats(s);
+                            }
+                            for v in f.stages.iter().flatten() {
+                                let mut v = v.clone();
+                                v.sort_unstable();
+                                let _ = crate::export::plot::stats::box_stats(&v);
                             }
                         }
                     }
@@ -1128,6 +1242,8 @@ mod tests {
                 assert_eq!(lo.len() + hi.len(), b.outlier_count());
                 assert!(b.lower_whisker <= b.upper_whisker);
             }
+            let p = stats::percentile_curve(&v, 5);
+            assert!(p.windows(2).all(|w| w[0].1 <= w[1].1));
             for log in [false, true] {
                 let c = stats::cdf_points(&v, 5, log);
                 assert_eq!(c.is_empty(), v.is_empty());

@@ -1,5 +1,6 @@
 //! The numbers behind each picture: quartiles, whiskers and outliers for the
-//! boxplot, empirical CDF points, and min/max decimation for time series.
+//! boxplot, empirical CDF points, the percentile distribution, and min/max
+//! decimation for time series.
 //! Pure functions over nanosecond samples; no drawing here.
 //!
 //! Quartile method: linear interpolation between order statistics,
@@ -179,6 +180,32 @@ pub fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<Cdf
         }
         i = run_end;
     }
+    out
+}
+
+/// The percentile distribution of sorted samples, HdrHistogram style: about
+/// `points + 2` points (x, latency ns) with x = log10(1 / (1 - p)), so 90 %
+/// is at 1, 99 % at 2, 99.9 % at 3. The latency at p is the smallest sample
+/// with at least a fraction p of the samples at or below it (the inverse of
+/// the empirical CDF: a recorded value, never an interpolation). x runs from
+/// 0 (p = 0, the minimum) to log10(n), the last percentile n samples
+/// resolve, where the curve ends with a step up to the maximum.
+pub fn percentile_curve(sorted: &[i64], points: usize) -> Vec<(f64, f64)> {
+    let n = sorted.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let x_max = (n as f64).log10();
+    let points = points.max(1);
+    let mut out = Vec::with_capacity(points + 2);
+    for i in 0..=points {
+        let x = x_max * i as f64 / points as f64;
+        let p = 1.0 - 10f64.powf(-x);
+        // The tolerance keeps p * n = 9.000000000000002 at the 9th sample.
+        let rank = (p * n as f64 - 1e-9).ceil().max(1.0) as usize;
+        out.push((x, sorted[rank.min(n) - 1] as f64));
+    }
+    out.push((x_max, sorted[n - 1] as f64));
     out
 }
 
@@ -383,6 +410,22 @@ mod tests {
         // Buckets: [MIN] and [0, MAX, 5, 6]; the second keeps its lowest
         // (x 0, y 2) and highest (x 6, y 5) sample, in x order.
         assert_eq!(d, vec![(i64::MIN, 1), (0, 2), (6, 5)]);
+    }
+
+    #[test]
+    fn percentile_curve_by_hand() {
+        // 1..=1000: x = 1 is p = 0.9, the 900th sample; x = 2 is p = 0.99,
+        // the 990th; the curve ends at x = 3 with the maximum.
+        let s: Vec<i64> = (1..=1000).collect();
+        let c = percentile_curve(&s, 300);
+        assert_eq!(c[0], (0.0, 1.0));
+        let at = |x: f64| c.iter().find(|p| (p.0 - x).abs() < 1e-9).unwrap().1;
+        assert_eq!(at(1.0), 900.0);
+        assert_eq!(at(2.0), 990.0);
+        assert_eq!(*c.last().unwrap(), (3.0, 1000.0));
+        assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        assert!(percentile_curve(&[], 10).is_empty());
+        assert_eq!(percentile_curve(&[7], 10).last(), Some(&(0.0, 7.0)));
     }
 
     #[test]
