@@ -30,7 +30,7 @@ fn run_json(args: &[&str]) -> serde_json::Value {
 /// High flow: 64 B every 200 us (TOS 0xC0, port 5061); low flow: 1472 B
 /// every 1 ms (port 5062); the router's port shaped to 100 Mbit/s with
 /// frames (no GSO) in its queue.
-fn args<'a>(qdisc: &'a str, load: bool) -> Vec<&'a str> {
+fn args(qdisc: &str, load: bool) -> Vec<&str> {
     let mut a = vec![
         "--xdp-mode",
         "off",
