@@ -58,12 +58,16 @@
 //! rate. When both classes borrow, `prio` still orders them at the parent.
 //!
 //! The study's `htb` preset gives no such order: both classes have htb's
-//! default prio 0, so while both are within their rate they share the link
-//! by deficit round robin, and the bulk class's quantum (rate / r2q,
-//! clamped by htb to 200000 bytes) lets it send up to ~200 KB per turn
-//! ahead of a waiting probe (16 ms at 100 Mbit/s). Only once the bulk
-//! class borrows above its own rate does the probe class come first. A
-//! small quantum (`quantum=1514`) keeps the turns short in htb-prio too.
+//! default prio 0, so while both have tokens they share the link by
+//! deficit round robin, and the bulk class's quantum (rate / r2q, clamped
+//! by htb to 200000 bytes) lets it send up to ~200 KB per turn ahead of a
+//! waiting probe (16 ms at 100 Mbit/s). Its classes hang from the root
+//! with no parent, so the bulk class cannot borrow (its ceil has no
+//! effect) and stops at its own rate, the link minus the probe class: the
+//! probe goes first only while the bulk class is out of tokens. Whether
+//! that happens depends on the probe's rate (`tc -s class` on a run: both
+//! classes `borrowed: 0`; see docs/STUDIES.md). A small quantum
+//! (`quantum=1514`) keeps the turns short in htb-prio too.
 //!
 //! The tree: without shaping the qdisc is the root (handle 10:); with
 //! shaping it is the leaf under the shaper's class 1:1 (see `shaping`).
