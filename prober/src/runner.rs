@@ -276,7 +276,7 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
             bail!("not run: the scenario was interrupted");
         }
         let p = &cell.probe;
-        let opts = RunOptions {
+        let mut opts = RunOptions {
             probe: crate::probe::ProbeConfig {
                 size: p.size,
                 interval: p.interval,
@@ -303,6 +303,10 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
             queue_csv: cell.queue_csv.clone(),
             extra_flows: Vec::new(),
         };
+        for (i, f) in p.flows.iter().enumerate() {
+            let cfg = f.config(&opts.probe, (i + 1) as u8)?;
+            opts.extra_flows.push(cfg);
+        }
         let out = execute(&opts, self.stop, |_| {})?;
         crate::export::json::write_summary(&cell.json, &out.summary)?;
         if out.interrupted {

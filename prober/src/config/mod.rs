@@ -14,6 +14,7 @@
 //! xdp_mode = "off"                      # or xdp_modes = ["off", "skb"]
 //! tos = "0xC0"
 //! port = 5061
+//! flows = ["port=5062,tos=0,size=1472"]  # more probe flows at once (CLI --flow)
 //!
 //! [knobs]                               # common to every set
 //! link_rate = "100mbit"
@@ -114,6 +115,16 @@ struct ProbeSection {
     timeout: Humane,
     tx_if: Option<String>,
     rx_if: Option<String>,
+    /// Extra probe flows, each written as the CLI's `--flow` value.
+    #[serde(deserialize_with = "de_flows")]
+    flows: Vec<FlowSpec>,
+}
+
+fn de_flows<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<FlowSpec>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|f| FlowSpec::parse(f).map_err(de::Error::custom))
+        .collect()
 }
 
 impl Default for ProbeSection {
@@ -132,6 +143,7 @@ impl Default for ProbeSection {
             timeout: Humane(Duration::from_secs(1)),
             tx_if: None,
             rx_if: None,
+            flows: Vec::new(),
         }
     }
 }
@@ -196,6 +208,8 @@ pub struct ProbeMatrix {
     pub timeout: Duration,
     pub tx_if: Option<String>,
     pub rx_if: Option<String>,
+    /// Extra probe flows (flow ids 1..), as `--flow` gives them.
+    pub flows: Vec<FlowSpec>,
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -234,6 +248,8 @@ pub struct ProbeOptions {
     /// NIC-pair mode when both are set.
     pub tx_if: Option<String>,
     pub rx_if: Option<String>,
+    /// Extra probe flows; unset fields follow this cell's size and interval.
+    pub flows: Vec<FlowSpec>,
 }
 
 /// A named knob set, merged over the file's `[knobs]`.
@@ -531,9 +547,37 @@ impl Scenario {
             timeout: p.timeout.0,
             tx_if: p.tx_if,
             rx_if: p.rx_if,
+            flows: p.flows,
         };
         if probe.port == 0 {
             return Err(loc(&["probe", "port"], &"port must be 1 to 65535"));
+        }
+        if probe.flows.len() > 8 {
+            return Err(loc(&["probe", "flows"], &"at most 8 extra flows"));
+        }
+        let mut ports = vec![probe.port];
+        for f in &probe.flows {
+            if ports.contains(&f.port) {
+                return Err(loc(
+                    &["probe", "flows"],
+                    &format!(
+                        "port {} is already used by another flow: give each flow its own port",
+                        f.port
+                    ),
+                ));
+            }
+            ports.push(f.port);
+            if let Some(s) = f.size
+                && !(16..=MAX_PROBE_SIZE).contains(&s)
+            {
+                return Err(loc(
+                    &["probe", "flows"],
+                    &format!(
+                        "flow port={}: size {s} out of range 16 to {MAX_PROBE_SIZE}",
+                        f.port
+                    ),
+                ));
+            }
         }
 
         let mut sets = Vec::new();
@@ -759,6 +803,7 @@ impl Scenario {
                             timeout: self.probe.timeout,
                             tx_if: self.probe.tx_if.clone(),
                             rx_if: self.probe.rx_if.clone(),
+                            flows: self.probe.flows.clone(),
                         },
                         queue_csv: knobs
                             .queue_sample

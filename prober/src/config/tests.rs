@@ -263,6 +263,17 @@ fn missing_kernel_features_fail_before_anything_runs() {
             .unwrap_err()
     );
     assert!(e.contains("prio, sfq"), "{e}");
+    // htb-prio needs only what this kernel has; without htb it fails.
+    let sc = parse("[set.p]\nqdisc = \"htb-prio\"\n").unwrap();
+    assert!(
+        sc.check_system(&mut FakeKernel::this_machine())
+            .unwrap()
+            .is_empty()
+    );
+    let mut no_htb = FakeKernel::this_machine();
+    no_htb.lacks.push("htb");
+    let e = format!("{:#}", sc.check_system(&mut no_htb).unwrap_err());
+    assert!(e.contains("qdisc htb-prio needs htb"), "{e}");
     // A congestion control the kernel lacks.
     let sc = parse("[set.a]\nload = [\"tcp,cc=vegas\"]\n").unwrap();
     let e = format!(
@@ -494,6 +505,115 @@ fn retain_sets_and_plan() {
 /// Every shipped scenario parses and validates, and passes the kernel
 /// check on a complete kernel; on this machine's kernel the ones needing
 /// a missing qdisc either say skip or fail naming the key and line.
+#[test]
+fn extra_flows_in_a_scenario() {
+    let sc = parse(
+        "[probe]\nport = 5061\nintervals = [\"1ms\", \"100us\"]\n\
+         flows = [\"port=5062,tos=0,size=1472,interval=1ms\", \"port=5063\"]\n",
+    )
+    .unwrap();
+    assert_eq!(sc.probe.flows.len(), 2);
+    assert_eq!(sc.probe.flows[0].size, Some(1472));
+    let cells = sc.cells(Path::new("o"));
+    assert_eq!(cells[1].probe.flows[1].port, 5063);
+    let e = err("[probe]\nflows = [\"port=5061\"]\n");
+    assert!(
+        e.contains("probe.flows") && e.contains("already used"),
+        "{e}"
+    );
+    let e = err("[probe]\nflows = [\"tos=1\"]\n");
+    assert!(e.contains("probe.flows") && e.contains("port=5062"), "{e}");
+    let e = err("[probe]\nflows = [\"port=5062,size=4000\"]\n");
+    assert!(e.contains("out of range"), "{e}");
+}
+
+/// Two flows; under "prio" the main flow ignores the load, under "fifo"
+/// both grow with it.
+struct FlowRunner;
+
+impl CellRunner for FlowRunner {
+    fn run_cell(&mut self, cell: &Cell) -> Result<CellResult> {
+        let share: f64 = cell
+            .knobs
+            .loads()
+            .iter()
+            .map(|l| match l.rate() {
+                crate::tune::units::LoadRate::Share(s) => s,
+                _ => 0.0,
+            })
+            .sum();
+        let lp = 100 + (share * 10_000.0) as u64;
+        let hp = if cell.set.starts_with("prio") {
+            100 + (share * 50.0) as u64
+        } else {
+            lp
+        };
+        let flow = |id: u64, port: u64, p99_us: u64| {
+            json!({"flow": id, "port": port, "tos": if id == 0 { 0xC0 } else { 0 },
+                   "summary": {"one_way_ns": {"p99": p99_us * 1000, "max": p99_us * 2000}}})
+        };
+        let mut extra = BTreeMap::new();
+        extra.insert(
+            "flows".to_string(),
+            json!([flow(0, 5061, hp), flow(1, 5062, lp)]),
+        );
+        Ok(CellResult {
+            summary: Summary {
+                one_way_ns: latency(hp),
+                extra,
+                ..Default::default()
+            },
+            knobs: Default::default(),
+        })
+    }
+}
+
+#[test]
+fn report_says_whether_the_priority_bound_held() {
+    let sc = parse(
+        "[probe]\nintervals = [\"1ms\"]\nflows = [\"port=5062,tos=0\"]\n\
+         [knobs]\nlink_rate = \"100mbit\"\n\
+         [set.prio-0]\nqdisc = \"htb-prio\"\n\
+         [set.prio-100]\nqdisc = \"htb-prio\"\nload = [\"tcp:100%,cc=cubic\"]\n\
+         [set.fifo-0]\nqdisc = \"pfifo\"\n\
+         [set.fifo-50]\nqdisc = \"pfifo\"\nload = [\"tcp:50%\"]\n",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut prog = CountProgress(0, 0, false);
+    run_scenario(&sc, dir.path(), &mut FlowRunner, None, &mut prog).unwrap();
+    let report = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(report.contains("## Flows side by side"), "{report}");
+    assert!(
+        report.contains(
+            "| set | load | flow 0 (port 5061, TOS 0xC0) | flow 1 (port 5062, TOS 0x00) |"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("| prio-100 | tcp:100%,cc=cubic | 150.0 / 300.0 | 10100.0 / 20200.0 |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("- flow 0: **bound held**: p99 100.0 µs idle, at most 150.0 µs under load (tcp:100%,cc=cubic): +50.0 µs, +50 % (tolerance +500 µs)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("- flow 1: p99 100.0 µs idle, at most 10100.0 µs"),
+        "{report}"
+    );
+    assert!(report.contains("+10000.0 µs, +10000 %"), "{report}");
+    assert!(
+        report.contains("- flow 0: **bound did not hold**: p99 100.0 µs idle, at most 5100.0 µs under load (tcp:50%)"),
+        "{report}"
+    );
+    assert_eq!(
+        report.matches("### 64 B every 1ms: ").count(),
+        2,
+        "{report}"
+    );
+}
+
 #[test]
 fn every_shipped_config_is_valid() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");

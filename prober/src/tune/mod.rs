@@ -190,8 +190,8 @@ pub struct KnobArgs {
     pub wire_overhead: Option<u32>,
 
     /// qdisc on the bottleneck (under the shaper if shaped): pfifo_fast, pfifo, bfifo, prio,
-    /// fq_codel, htb, hfsc, tbf; a bare name is the study's preset, override with
-    /// KIND,key=value (e.g. fq_codel,target=5ms).
+    /// fq_codel, htb, htb-prio (strict priority for the probe flow), hfsc, tbf; a bare name
+    /// is the study's preset, override with KIND,key=value (e.g. fq_codel,target=5ms).
     #[arg(long)]
     pub qdisc: Option<QdiscSpec>,
 

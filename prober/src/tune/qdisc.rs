@@ -18,6 +18,9 @@
 //! | hfsc        | root `link=auto` (sc + ul), real-time class `rt_umax=1500,rt_dmax=6ms,` |
 //! |             | `rt_rate=auto`, bulk class `bulk_umax=1500,bulk_dmax=50ms,bulk_rate=auto` |
 //! | tbf         | `rate=10mbit,burst=1600,limit=16kb` (the bandwidth lab's tbf)           |
+//! | htb-prio    | not the study's: a strict-priority tree for study 4's bound (below)    |
+//! |             | `hp_rate=auto,link=auto,hp_port=auto,hp_tos=none,bulk_prio=1,`          |
+//! |             | `quantum=1514,limit=100`                                                |
 //!
 //! `auto` rates follow the link: htb's bulk class gets the link rate (ceil)
 //! minus the probe class, hfsc's root the link rate (the study's 1000mbit
@@ -30,6 +33,41 @@
 //! it never created, so its bulk traffic went through htb's unshaped direct
 //! queue; the preset sends unclassified traffic to the bulk class 20
 //! instead (`default=30` reproduces the original).
+//!
+//! `htb-prio` is the priority scheme this kernel has (sch_prio and
+//! sch_hfsc are not built in everywhere; `htb` is). Its tree:
+//!
+//! ```text
+//! 10: htb default 20
+//!   10:1  rate LINK ceil LINK                      (parent: the link)
+//!     10:10 rate HP   ceil LINK prio 0 quantum Q   (high priority) -> 11: pfifo limit N
+//!     10:20 rate LINK-HP ceil LINK prio 1 quantum Q (everything else) -> 12: pfifo limit N
+//! u32: UDP dport = hp_port (default: the probe flow's) -> 10:10
+//!      [ip tos = hp_tos (mask 0xfc) -> 10:10]
+//! ```
+//!
+//! Why this bounds the high class's wait: htb serves, at every dequeue,
+//! the classes that are within their own rate (level 0) before any class
+//! that borrows, and among those the lowest `prio` first. While the high
+//! class sends below `HP` (auto: twice the probe flow's wire rate, at
+//! least 5mbit) it is therefore always picked first, whatever the bulk
+//! class holds; a high packet waits for at most the one bulk packet
+//! already dequeued (a full frame's time at the link rate, 121 µs at
+//! 100 Mbit/s, if segmentation offload is off where the queue is) plus
+//! the high packets ahead of it, which depends only on the high arrival
+//! rate. When both classes borrow, `prio` still orders them at the parent.
+//!
+//! The study's `htb` preset gives no such order: both classes have htb's
+//! default prio 0, so while both have tokens they share the link by
+//! deficit round robin, and the bulk class's quantum (rate / r2q, clamped
+//! by htb to 200000 bytes) lets it send up to ~200 KB per turn ahead of a
+//! waiting probe (16 ms at 100 Mbit/s). Its classes hang from the root
+//! with no parent, so the bulk class cannot borrow (its ceil has no
+//! effect) and stops at its own rate, the link minus the probe class: the
+//! probe goes first only while the bulk class is out of tokens. Whether
+//! that happens depends on the probe's rate (`tc -s class` on a run: both
+//! classes `borrowed: 0`; see docs/STUDIES.md). A small quantum
+//! (`quantum=1514`) keeps the turns short in htb-prio too.
 //!
 //! The tree: without shaping the qdisc is the root (handle 10:); with
 //! shaping it is the leaf under the shaper's class 1:1 (see `shaping`).
@@ -147,6 +185,27 @@ pub struct HtbParams {
     pub leaf: Leaf,
 }
 
+/// Strict priority on htb: a high-priority class with a guaranteed rate
+/// and htb prio 0, a bulk class at a lower prio, both borrowing up to the
+/// link.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HtbPrioParams {
+    /// Guaranteed rate of the high-priority class.
+    pub hp_rate: AutoRate,
+    /// The parent class's rate and both classes' ceil.
+    pub link: AutoRate,
+    /// UDP destination port sent to the high class; None: the probe flow's.
+    pub hp_port: Option<u16>,
+    /// TOS byte (DSCP bits, mask 0xfc) also sent to the high class.
+    pub hp_tos: Option<u8>,
+    /// htb prio of the bulk class (the high class has 0).
+    pub bulk_prio: u8,
+    /// DRR quantum of both classes: how much a class sends per turn.
+    pub quantum: Bytes,
+    /// pfifo limit of each leaf, packets.
+    pub limit_pkts: u32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct HfscParams {
     pub link: AutoRate,
@@ -175,6 +234,7 @@ pub enum QdiscSpec {
     },
     FqCodel(FqCodel),
     Htb(HtbParams),
+    HtbPrio(HtbPrioParams),
     Hfsc(HfscParams),
     Tbf {
         rate: Rate,
@@ -184,13 +244,14 @@ pub enum QdiscSpec {
 }
 
 /// Names accepted as the kind, in the order the help lists them.
-pub const KINDS: [&str; 8] = [
+pub const KINDS: [&str; 9] = [
     "pfifo_fast",
     "pfifo",
     "bfifo",
     "prio",
     "fq_codel",
     "htb",
+    "htb-prio",
     "hfsc",
     "tbf",
 ];
@@ -225,6 +286,15 @@ impl QdiscSpec {
                 default_class: "20".into(),
                 leaf: Leaf::Sfq,
             }),
+            "htb-prio" => QdiscSpec::HtbPrio(HtbPrioParams {
+                hp_rate: AutoRate::Auto,
+                link: AutoRate::Auto,
+                hp_port: None,
+                hp_tos: None,
+                bulk_prio: 1,
+                quantum: Bytes(super::shaping::MTU_FRAME),
+                limit_pkts: 100,
+            }),
             "hfsc" => QdiscSpec::Hfsc(HfscParams {
                 link: AutoRate::Auto,
                 rt_rate: AutoRate::Auto,
@@ -257,6 +327,7 @@ impl QdiscSpec {
             QdiscSpec::Prio { .. } => "prio",
             QdiscSpec::FqCodel(_) => "fq_codel",
             QdiscSpec::Htb(_) => "htb",
+            QdiscSpec::HtbPrio(_) => "htb-prio",
             QdiscSpec::Hfsc(_) => "hfsc",
             QdiscSpec::Tbf { .. } => "tbf",
         }
@@ -265,6 +336,9 @@ impl QdiscSpec {
     /// Everything the kernel must have for this spec: qdisc kinds and the
     /// u32 classifier (named "u32").
     pub fn requirements(&self) -> Vec<&'static str> {
+        if let QdiscSpec::HtbPrio(_) = self {
+            return vec!["htb", "pfifo", "u32"];
+        }
         let mut r = vec![self.kind()];
         let leaf = match self {
             QdiscSpec::Prio { leaf, .. } => Some(*leaf),
@@ -459,6 +533,7 @@ impl QdiscSpec {
                     }),
                 )
             }
+            QdiscSpec::HtbPrio(p) => self.render_htb_prio(p, dev, head("htb"), ctx),
             QdiscSpec::Hfsc(p) => {
                 let rt_min = Rate::from_bps(250_000);
                 let (rt, rt_why) = resolve_probe_rate(p.rt_rate, rt_min, ctx);
@@ -544,6 +619,100 @@ impl QdiscSpec {
     }
 }
 
+impl QdiscSpec {
+    fn render_htb_prio(
+        &self,
+        p: &HtbPrioParams,
+        dev: &str,
+        mut head: Vec<String>,
+        ctx: &RenderCtx,
+    ) -> (Vec<TcCmd>, Value) {
+        let h = QDISC_HANDLE;
+        let (hp, hp_why) = resolve_probe_rate(p.hp_rate, HTB_PRIO_MIN_HP_RATE, ctx);
+        let link = match p.link {
+            AutoRate::Fixed(r) => r,
+            AutoRate::Auto => ctx.link_rate.unwrap_or(Rate::mbit(1000)),
+        };
+        let bulk = Rate::from_bps(link.bps.saturating_sub(hp.bps).max(8000));
+        let port = p.hp_port.unwrap_or(ctx.probe.port);
+        let overhead = ctx.overhead_bytes.to_string();
+        let quantum = p.quantum.0.to_string();
+        head.extend(["default".into(), "20".into()]);
+        let class = |parent: &str, id: &str, rest: &[&str]| {
+            let mut c: Vec<String> = [
+                "class", "add", "dev", dev, "parent", parent, "classid", id, "htb",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            c.extend(rest.iter().map(|s| s.to_string()));
+            c.extend(["overhead".into(), overhead.clone()]);
+            TcCmd(c)
+        };
+        let leaf = |parent: &str, handle: &str| {
+            TcCmd::new([
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                parent,
+                "handle",
+                handle,
+                "pfifo",
+                "limit",
+                &p.limit_pkts.to_string(),
+            ])
+        };
+        let u32_to_hp = |prio: &str, field: &str, value: &str, mask: &str| {
+            TcCmd::new([
+                "filter", "add", "dev", dev, "parent", h, "protocol", "ip", "prio", prio, "u32",
+                "match", "ip", field, value, mask, "flowid", "10:10",
+            ])
+        };
+        let (link_s, hp_s, bulk_s) = (link.tc(), hp.tc(), bulk.tc());
+        let bulk_prio = p.bulk_prio.to_string();
+        let mut cmds = vec![
+            TcCmd(head),
+            class(h, "10:1", &["rate", &link_s, "ceil", &link_s]),
+            class(
+                "10:1",
+                "10:10",
+                &[
+                    "rate", &hp_s, "ceil", &link_s, "prio", "0", "quantum", &quantum,
+                ],
+            ),
+            class(
+                "10:1",
+                "10:20",
+                &[
+                    "rate", &bulk_s, "ceil", &link_s, "prio", &bulk_prio, "quantum", &quantum,
+                ],
+            ),
+            leaf("10:10", "11:"),
+            leaf("10:20", "12:"),
+            u32_to_hp("1", "dport", &port.to_string(), "0xffff"),
+        ];
+        if let Some(t) = p.hp_tos {
+            cmds.push(u32_to_hp("2", "tos", &format!("0x{t:02x}"), "0xfc"));
+        }
+        (
+            cmds,
+            json!({
+                "link_rate": link.to_string(), "hp_class": "10:10", "hp_rate": hp.to_string(),
+                "hp_rate_reason": hp_why, "hp_prio": 0, "hp_port": port,
+                "hp_tos": p.hp_tos.map(|t| format!("0x{t:02X}")),
+                "bulk_class": "10:20", "bulk_rate": bulk.to_string(), "bulk_prio": p.bulk_prio,
+                "ceil": link.to_string(), "quantum_bytes": p.quantum.0, "leaf": "pfifo",
+                "leaf_limit_packets": p.limit_pkts, "overhead_bytes": ctx.overhead_bytes,
+            }),
+        )
+    }
+}
+
+/// The least guaranteed rate of htb-prio's high class: a few small flows.
+const HTB_PRIO_MIN_HP_RATE: Rate = Rate { bps: 5_000_000 };
+
 /// A class for the probe flow: the user's rate, or the study's minimum
 /// raised to twice the probe flow's wire rate.
 fn resolve_probe_rate(r: AutoRate, study: Rate, ctx: &RenderCtx) -> (Rate, String) {
@@ -560,7 +729,7 @@ fn resolve_probe_rate(r: AutoRate, study: Rate, ctx: &RenderCtx) -> (Rate, Strin
                     ),
                 )
             } else {
-                (study, "auto: the study's value".into())
+                (study, "auto: the preset's minimum".into())
             }
         }
     }
@@ -625,6 +794,23 @@ impl fmt::Display for QdiscSpec {
                 p.default_class,
                 p.leaf.as_str()
             ),
+            QdiscSpec::HtbPrio(p) => {
+                write!(f, ",hp_rate={},link={},hp_port=", p.hp_rate, p.link)?;
+                match p.hp_port {
+                    Some(x) => write!(f, "{x}")?,
+                    None => f.write_str("auto")?,
+                }
+                f.write_str(",hp_tos=")?;
+                match p.hp_tos {
+                    Some(t) => write!(f, "0x{t:02X}")?,
+                    None => f.write_str("none")?,
+                }
+                write!(
+                    f,
+                    ",bulk_prio={},quantum={},limit={}",
+                    p.bulk_prio, p.quantum.0, p.limit_pkts
+                )
+            }
             QdiscSpec::Hfsc(p) => write!(
                 f,
                 ",link={},rt_rate={},rt_umax={},rt_dmax={},bulk_rate={},bulk_umax={},bulk_dmax={},leaf={}",
@@ -721,6 +907,15 @@ impl QdiscSpec {
                 "default",
                 "leaf",
             ],
+            QdiscSpec::HtbPrio(_) => &[
+                "hp_rate",
+                "link",
+                "hp_port",
+                "hp_tos",
+                "bulk_prio",
+                "quantum",
+                "limit",
+            ],
             QdiscSpec::Hfsc(_) => &[
                 "link",
                 "rt_rate",
@@ -792,6 +987,28 @@ impl QdiscSpec {
                 }
                 _ => p.leaf = Leaf::parse(need(k, v)?)?,
             },
+            QdiscSpec::HtbPrio(p) => match k {
+                "hp_rate" => p.hp_rate = rate(k, v)?,
+                "link" => p.link = rate(k, v)?,
+                "hp_port" => {
+                    p.hp_port = match need(k, v)? {
+                        "auto" => None,
+                        _ => Some(num(k, v)?),
+                    }
+                }
+                "hp_tos" => {
+                    p.hp_tos = match need(k, v)? {
+                        "none" => None,
+                        t => Some(
+                            crate::cli::parse_u8_maybe_hex(t)
+                                .map_err(|e| format!("hp_tos: {e}"))?,
+                        ),
+                    }
+                }
+                "bulk_prio" => p.bulk_prio = num(k, v)?,
+                "quantum" => p.quantum = bytes(k, v)?,
+                _ => p.limit_pkts = num(k, v)?,
+            },
             QdiscSpec::Hfsc(p) => match k {
                 "link" => p.link = rate(k, v)?,
                 "rt_rate" => p.rt_rate = rate(k, v)?,
@@ -835,6 +1052,27 @@ impl QdiscSpec {
                 }
                 if p.flows.is_some_and(|f| f > 65536) {
                     return Err("flows must be at most 65536".into());
+                }
+                Ok(())
+            }
+            QdiscSpec::HtbPrio(p) => {
+                if !(1..=7).contains(&p.bulk_prio) {
+                    return Err(format!(
+                        "bulk_prio={}: htb prios are 0 to 7 and 0 is the high class's",
+                        p.bulk_prio
+                    ));
+                }
+                if p.hp_port == Some(0) {
+                    return Err("hp_port=0 is not a usable port".into());
+                }
+                if p.limit_pkts == 0 {
+                    return Err("limit must be at least 1 packet".into());
+                }
+                if p.quantum.0 < 64 || p.quantum.0 > 200_000 {
+                    return Err(format!(
+                        "quantum={}: give 64 to 200000 bytes (a frame: 1514)",
+                        p.quantum.0
+                    ));
                 }
                 Ok(())
             }
@@ -1157,6 +1395,69 @@ mod tests {
         assert!(cmds[0].line().ends_with("htb default 30"));
         assert!(cmds[3].line().ends_with("handle 11: pfifo"));
         assert_eq!(q.requirements(), ["htb", "pfifo", "u32"]);
+    }
+
+    #[test]
+    fn htb_prio_tree() {
+        let q: QdiscSpec = "htb-prio".parse().unwrap();
+        assert_eq!(q.requirements(), ["htb", "pfifo", "u32"]);
+        // Under a 100 Mbit/s shaper, 64 B every 100 us (10.4 Mbit/s on the
+        // wire): the high class is guaranteed twice that.
+        let mut c = ctx();
+        c.link_rate = Some(Rate::mbit(100));
+        c.probe.size = 64;
+        c.probe.interval = Duration::from_micros(100);
+        let (cmds, eff) = q.render("veth0", Parent::ShaperClass, &c);
+        assert_eq!(
+            lines(&cmds),
+            [
+                "tc qdisc add dev veth0 parent 1:1 handle 10: htb default 20",
+                "tc class add dev veth0 parent 10: classid 10:1 htb rate 100000000bit ceil 100000000bit overhead 24",
+                "tc class add dev veth0 parent 10:1 classid 10:10 htb rate 20800000bit ceil 100000000bit prio 0 quantum 1514 overhead 24",
+                "tc class add dev veth0 parent 10:1 classid 10:20 htb rate 79200000bit ceil 100000000bit prio 1 quantum 1514 overhead 24",
+                "tc qdisc add dev veth0 parent 10:10 handle 11: pfifo limit 100",
+                "tc qdisc add dev veth0 parent 10:20 handle 12: pfifo limit 100",
+                "tc filter add dev veth0 parent 10: protocol ip prio 1 u32 match ip dport 5061 0xffff flowid 10:10",
+            ]
+        );
+        assert_eq!(eff["hp_rate"], "20800kbit");
+        assert_eq!(eff["bulk_prio"], 1);
+        // A slow probe flow keeps the 5mbit floor; TOS classification,
+        // own port, lower bulk prio, limits; unshaped: a 1 Gbit/s link.
+        let q: QdiscSpec = "htb-prio,hp_tos=0xC0,hp_port=6000,bulk_prio=3,limit=20,quantum=3000"
+            .parse()
+            .unwrap();
+        let (cmds, eff) = q.render("eth1", Parent::Root, &ctx());
+        let l = lines(&cmds);
+        assert_eq!(l[0], "tc qdisc add dev eth1 root handle 10: htb default 20");
+        assert!(
+            l[2].contains("rate 5000000bit ceil 1000000000bit prio 0 quantum 3000"),
+            "{}",
+            l[2]
+        );
+        assert!(
+            l[3].contains("rate 995000000bit ceil 1000000000bit prio 3"),
+            "{}",
+            l[3]
+        );
+        assert!(l[4].ends_with("pfifo limit 20"));
+        assert!(l[6].contains("match ip dport 6000 0xffff flowid 10:10"));
+        assert_eq!(
+            l[7],
+            "tc filter add dev eth1 parent 10: protocol ip prio 2 u32 match ip tos 0xc0 0xfc flowid 10:10"
+        );
+        assert_eq!(eff["hp_rate_reason"], "auto: the preset's minimum");
+        assert_eq!(q.to_string().parse::<QdiscSpec>().unwrap(), q);
+        assert!("htb-prio,bulk_prio=0".parse::<QdiscSpec>().is_err());
+        assert!("htb-prio,bulk_prio=8".parse::<QdiscSpec>().is_err());
+        assert!("htb-prio,hp_tos=0x1c0".parse::<QdiscSpec>().is_err());
+        assert!("htb-prio,quantum=10".parse::<QdiscSpec>().is_err());
+        assert!(
+            "htb-prio,prio=1"
+                .parse::<QdiscSpec>()
+                .unwrap_err()
+                .contains("hp_rate")
+        );
     }
 
     #[test]
