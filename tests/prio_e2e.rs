@@ -80,8 +80,10 @@ fn htb_prio_bounds_the_high_flow_and_a_fifo_does_not() {
     // The bulk queue (100 frames, ~12 ms at 100 Mbit/s) is what the low
     // flow waits behind; the high flow must not see it. Its bound is the
     // one bulk frame already being sent (0.12 ms) plus the router's
-    // softirq time on a shared machine: at most +0.5 ms over its idle p99
-    // (as report.md's BOUND_TOLERANCE_US). Not a factor of the idle p99:
+    // softirq time on a shared machine. report.md allows +0.5 ms
+    // (BOUND_TOLERANCE_US); this test allows +1 ms because one run here
+    // already used 0.36 ms of the 0.5 on a busy VM, and a lost bound costs
+    // ~12 ms (the bulk queue), an order of magnitude more. Not a factor of the idle p99:
     // that is ~10 us on veth, so the unavoidable frame alone is 12x it.
     // A lost bound costs milliseconds, far outside this.
     assert!(
@@ -89,8 +91,8 @@ fn htb_prio_bounds_the_high_flow_and_a_fifo_does_not() {
         "the low-priority flow should wait behind the TCP queue: p99 {lo_idle:.3} -> {lo_load:.3} ms"
     );
     assert!(
-        hi_load <= hi_idle + 0.5,
-        "high-priority p99 {hi_load:.3} ms under load exceeds idle {hi_idle:.3} ms + 0.5 ms"
+        hi_load <= hi_idle + 1.0,
+        "high-priority p99 {hi_load:.3} ms under load exceeds idle {hi_idle:.3} ms + 1 ms"
     );
     let bps = loaded["extra"]["load"]["total_achieved_bps"]
         .as_f64()
