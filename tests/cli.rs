@@ -107,3 +107,44 @@ fn not_root_is_a_clear_error() {
     assert!(err.contains("needs root") && err.contains("sudo"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn completions_print_a_script_and_reject_unknown_shells() {
+    for (shell, needle) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef rtprobe"),
+        ("fish", "complete -c rtprobe"),
+    ] {
+        let (code, out, err) = run(&["completions", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(out.contains(needle), "{shell}: {out}");
+        assert!(out.contains("bench-forward"), "{shell}");
+    }
+    let (code, _, err) = run(&["completions", "tcsh"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tcsh") && err.contains("bash"), "{err}");
+}
+
+#[test]
+fn man_writes_one_page_per_visible_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("man");
+    let (code, stdout, err) = run(&["man", "--out-dir", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<&str> = stdout.lines().collect();
+    assert!(listed[0].ends_with("/rtprobe.1"), "{stdout}");
+    assert!(
+        listed.iter().any(|l| l.ends_with("/rtprobe-plot.1")),
+        "{stdout}"
+    );
+    for l in listed {
+        assert!(std::path::Path::new(l).is_file(), "{l}");
+    }
+    let (_, help, _) = run(&["--help"]);
+    assert!(
+        !help
+            .lines()
+            .any(|l| l.starts_with("  man ") || l.starts_with("  testbed ")),
+        "hidden subcommands listed: {help}"
+    );
+}

@@ -60,6 +60,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Run(args)) => run_scenario_command(args),
+        Some(Command::Completions(args)) => {
+            use std::io::Write;
+            let script = crate::docs::completions(args.shell);
+            match std::io::stdout().lock().write_all(&script) {
+                // `rtprobe completions bash | head` is no error.
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(e).context("cannot write the completion script to stdout")
+                }
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
+        Some(Command::Man(args)) => {
+            for page in crate::docs::write_man_pages(&args.out_dir)? {
+                println!("{}", page.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         None => probe_command(&cli.probe),
     }
 }

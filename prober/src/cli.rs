@@ -46,10 +46,16 @@ pub enum Command {
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
     BenchForward(BenchForwardArgs),
+    /// Print a shell completion script for bash, zsh or fish.
+    Completions(CompletionsArgs),
     /// Build the veth testbed (with the XDP router as asked), print it as one JSON line and
     /// keep it until stdin closes or a signal comes (for running other tools on the same path).
     #[command(hide = true)]
     Testbed(TestbedArgs),
+    /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
+    /// xtask man` runs it.
+    #[command(hide = true)]
+    Man(ManArgs),
 }
 
 /// How the XDP router is attached on the router's interfaces.
@@ -289,6 +295,32 @@ pub struct TestbedArgs {
     /// XDP router behaviour.
     #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
     pub xdp_action: XdpActionArg,
+}
+
+/// A shell `rtprobe completions` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShellArg {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Install, then open a new shell:\n  \
+    rtprobe completions bash | sudo tee /etc/bash_completion.d/rtprobe >/dev/null\n  \
+    rtprobe completions zsh > ~/.zfunc/_rtprobe    # with fpath+=~/.zfunc before compinit\n  \
+    rtprobe completions fish > ~/.config/fish/completions/rtprobe.fish")]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: ShellArg,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ManArgs {
+    /// Directory for the pages, created if missing.
+    #[arg(long, value_name = "DIR", default_value = "target/man")]
+    pub out_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
