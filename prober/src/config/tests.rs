@@ -415,11 +415,13 @@ fn run_writes_every_cell_and_a_report() {
     assert_eq!(report.matches("### ").count(), 4);
     // Baseline p50 100 us, variant 1 is 10 us slower.
     assert!(
-        report.contains("| baseline | 100.0 | 200.0 | 300.0 | 400.0 | baseline | 200.0 | 1.00 |"),
+        report.contains(
+            "| baseline | 100 µs | 200 µs | 300 µs | 400 µs | baseline | 200 µs | 1.00 |"
+        ),
         "{report}"
     );
     assert!(
-        report.contains("| bql-3000 | 110.0 | 220.0 | 330.0 | 440.0 | +10.0 |"),
+        report.contains("| bql-3000 | 110 µs | 220 µs | 330 µs | 440 µs | +10 µs |"),
         "{report}"
     );
     assert!(report.contains("udp 95.6 Mbit/s, loss 36.0 % (calc. 36.2 %)"));

@@ -8,6 +8,7 @@ use std::{fmt::Write, path::Path, time::Duration};
 
 use crate::{
     config::{Cell, CellResult, Scenario},
+    export::plot::axis::format_duration_ns,
     stats::{Summary, chain::Stage},
     tune::{LoadReport, units},
 };
@@ -29,11 +30,22 @@ pub struct ReportInput<'a> {
     pub figure_errors: &'a [String],
 }
 
-/// Microseconds with one decimal, or "–" when there is no figure.
-pub fn us(ns: Option<u64>) -> String {
+/// A latency in the unit that suits it ("5.743 µs", "109 ms"), or "–"
+/// when there is no figure.
+pub fn lat(ns: Option<u64>) -> String {
     match ns {
-        Some(v) => format!("{:.1}", v as f64 / 1000.0),
+        Some(v) => format_duration_ns(v as f64),
         None => "–".into(),
+    }
+}
+
+/// A signed difference: "+10 µs", "-1.2 ms", "0 ns".
+pub fn lat_delta(ns: f64) -> String {
+    let t = format_duration_ns(ns);
+    if ns > 0.0 && !t.starts_with('0') {
+        format!("+{t}")
+    } else {
+        t
     }
 }
 
@@ -163,7 +175,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
     );
     let _ = writeln!(
         s,
-        "- latencies are one-way in µs unless marked RTT: from the probe entering the sender's stack \
+        "- latencies are one-way unless marked RTT: from the probe entering the sender's stack \
          (the kernel's SCHED stamp at the qdisc, or the user-space send where the kernel gives none) \
          to the receiver's RX stamp, so the sender's qdisc and every queue on the path are inside it; \
          the stage tables say where the time went\n"
@@ -224,21 +236,19 @@ pub fn render(input: &ReportInput<'_>) -> String {
                     let ow = &res.summary.one_way_ns;
                     let delta = match (c.variant, ow.p50, base_p50) {
                         (0, _, _) => "baseline".to_string(),
-                        (_, Some(v), Some(b)) => {
-                            format!("{:+.1}", (v as f64 - b as f64) / 1000.0)
-                        }
+                        (_, Some(v), Some(b)) => lat_delta(v as f64 - b as f64),
                         _ => "–".into(),
                     };
                     let _ = writeln!(
                         s,
                         "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
                         md_escape(&c.label),
-                        us(ow.p50),
-                        us(ow.p99),
-                        us(ow.p999),
-                        us(ow.max),
+                        lat(ow.p50),
+                        lat(ow.p99),
+                        lat(ow.p999),
+                        lat(ow.max),
                         delta,
-                        us(res.summary.rtt_ns.p50),
+                        lat(res.summary.rtt_ns.p50),
                         res.summary.loss_pct,
                         md_escape(&load_cell(&res.summary)),
                         md_escape(&notes(res)),
@@ -313,7 +323,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
     }
     let _ = write!(
         s,
-        "Where the time went (p50 / p99 per stage, µs):\n\n| variant |"
+        "Where the time went (p50 / p99 per stage):\n\n| variant |"
     );
     for st in &stages {
         let _ = write!(s, " {} |", st.label());
@@ -324,7 +334,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
         let _ = write!(s, "| {} |", md_escape(&cell.label));
         for &st in &stages {
             let l = sum.stages_ns.get(st);
-            let _ = write!(s, " {} / {} |", us(l.p50), us(l.p99));
+            let _ = write!(s, " {} / {} |", lat(l.p50), lat(l.p99));
         }
         let dom = sum
             .one_way_dominant
