@@ -20,6 +20,9 @@ pub struct ReportRow<'a> {
     pub result: Result<&'a CellResult, &'a str>,
     /// Comparison figures against the baseline (paths under the output dir).
     pub figures: Vec<std::path::PathBuf>,
+    /// p50/p99 against the baseline with confidence intervals, in words
+    /// (`export::compare`), for variants whose CSVs could be compared.
+    pub vs_baseline: Option<String>,
 }
 
 pub struct ReportInput<'a> {
@@ -211,9 +214,12 @@ pub fn render(input: &ReportInput<'_>) -> String {
         );
         let _ = writeln!(
             s,
-            "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | RTT p50 | loss % | load | notes | files |"
+            "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | vs baseline, 95 % CI | RTT p50 | loss % | load | notes | files |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+        let _ = writeln!(
+            s,
+            "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"
+        );
         let base_p50 = group
             .first()
             .and_then(|r| r.result.ok())
@@ -239,15 +245,21 @@ pub fn render(input: &ReportInput<'_>) -> String {
                         (_, Some(v), Some(b)) => lat_delta(v as f64 - b as f64),
                         _ => "–".into(),
                     };
+                    let verdict = match (c.variant, &r.vs_baseline) {
+                        (0, _) => "baseline".to_string(),
+                        (_, Some(v)) => md_escape(v),
+                        (_, None) => "–".into(),
+                    };
                     let _ = writeln!(
                         s,
-                        "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
                         md_escape(&c.label),
                         lat(ow.p50),
                         lat(ow.p99),
                         lat(ow.p999),
                         lat(ow.max),
                         delta,
+                        verdict,
                         lat(res.summary.rtt_ns.p50),
                         res.summary.loss_pct,
                         md_escape(&load_cell(&res.summary)),
@@ -258,7 +270,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
                 Err(e) => {
                     let _ = writeln!(
                         s,
-                        "| {} | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
+                        "| {} | – | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
                         md_escape(&c.label),
                         md_escape(e)
                     );
