@@ -46,8 +46,8 @@ pub enum Command {
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
     BenchForward(BenchForwardArgs),
-    /// Compare runs with a baseline: p50/p99/p99.9 differences with 95 % confidence intervals
-    /// (bootstrap over the per-probe CSVs) and the verdict in words.
+    /// Tell whether runs differ from a baseline: p50/p99/p99.9 changes with 95 % confidence
+    /// intervals, in words.
     Compare(CompareArgs),
     /// Print a shell completion script for bash, zsh or fish.
     Completions(CompletionsArgs),
@@ -311,7 +311,7 @@ pub struct TestbedArgs {
     files and --seed.\n\n\
     Examples:\n  \
     rtprobe compare baseline.csv xdp.csv\n  \
-    rtprobe compare results/bql/c000.json results/bql/c001.json results/bql/c002.json\n  \
+    rtprobe compare /tmp/bql/s64-i1ms-off-baseline.json /tmp/bql/s64-i1ms-off-bql-3000.json\n  \
     rtprobe compare off.csv native.csv --metric rtt --json verdict.json"
 )]
 pub struct CompareArgs {

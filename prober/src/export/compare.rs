@@ -30,9 +30,9 @@ pub const PERCENTILES: [f64; 3] = [0.5, 0.99, 0.999];
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CompareMetric {
-    /// one_way_ns: the packet's one-way latency.
+    /// The packet's one-way latency (CSV column one_way_ns).
     OneWay,
-    /// rtt_ns: the round trip.
+    /// The round trip (CSV column rtt_ns).
     Rtt,
 }
 
@@ -97,6 +97,9 @@ pub fn csv_for(arg: &Path) -> Result<PathBuf> {
     if !is_json {
         return Ok(arg.to_path_buf());
     }
+    if !arg.exists() {
+        bail!("{}: no such file: check the path", arg.display());
+    }
     let csv = arg.with_extension("csv");
     if csv.is_file() {
         Ok(csv)
@@ -134,12 +137,18 @@ pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
         .clone();
     let find = |col: &str| header.iter().position(|h| h == col.as_bytes());
     let Some(col) = find(s.metric.column()) else {
-        let other = match s.metric {
-            CompareMetric::OneWay => "rtt",
-            CompareMetric::Rtt => "one-way",
+        let (other, other_col) = match s.metric {
+            CompareMetric::OneWay => ("rtt", "rtt_ns"),
+            CompareMetric::Rtt => ("one-way", "one_way_ns"),
         };
+        if find(other_col).is_some() {
+            bail!(
+                "{name}: no {} column: compare the other latency with --metric {other}",
+                s.metric.column()
+            );
+        }
         bail!(
-            "{name}: no {} column: is this an rtprobe CSV? (compare the other metric with --metric {other})",
+            "{name}: no {} column, so not an rtprobe CSV: pass the per-probe CSV written with --out",
             s.metric.column()
         );
     };
@@ -511,6 +520,15 @@ mod tests {
             e.contains("no rtt_ns column") && e.contains("--metric one-way"),
             "{e}"
         );
+        let other = dir.path().join("other.csv");
+        std::fs::write(&other, "a,b\n1,2\n").unwrap();
+        let e = format!("{:#}", read_sample(&other, &s).unwrap_err());
+        assert!(
+            e.contains("not an rtprobe CSV") && e.contains("--out"),
+            "{e}"
+        );
+        let e = err(&[dir.path().join("gone.json")], &s);
+        assert!(e.contains("gone.json: no such file"), "{e}");
         let lost = dir.path().join("lost.csv");
         std::fs::write(&lost, "seq,one_way_ns\n0,\n1,\n").unwrap();
         let e = format!("{:#}", read_sample(&lost, &s).unwrap_err());

@@ -1,6 +1,8 @@
 //! `report.md` of a scenario run: one table per (size, interval) group
 //! with each variant's one-way p50/p99/p99.9/max, its p50 against the
-//! group's baseline, RTT p50, loss, what the competing load achieved, and
+//! group's baseline (and p50/p99 with 95 % confidence intervals, computed
+//! by the caller with `export::compare`), RTT p50, loss, what the
+//! competing load achieved, and
 //! links to the cell's CSV/JSON and comparison figures. Pure: rendering
 //! only.
 
