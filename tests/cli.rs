@@ -107,3 +107,89 @@ fn not_root_is_a_clear_error() {
     assert!(err.contains("needs root") && err.contains("sudo"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn completions_print_a_script_and_reject_unknown_shells() {
+    for (shell, needle) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef rtprobe"),
+        ("fish", "complete -c rtprobe"),
+    ] {
+        let (code, out, err) = run(&["completions", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(out.contains(needle), "{shell}: {out}");
+        assert!(out.contains("bench-forward"), "{shell}");
+    }
+    let (code, _, err) = run(&["completions", "tcsh"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tcsh") && err.contains("bash"), "{err}");
+}
+
+#[test]
+fn man_writes_one_page_per_visible_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("man");
+    let (code, stdout, err) = run(&["man", "--out-dir", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<&str> = stdout.lines().collect();
+    assert!(listed[0].ends_with("/rtprobe.1"), "{stdout}");
+    assert!(
+        listed.iter().any(|l| l.ends_with("/rtprobe-plot.1")),
+        "{stdout}"
+    );
+    for l in listed {
+        assert!(std::path::Path::new(l).is_file(), "{l}");
+    }
+    let (_, help, _) = run(&["--help"]);
+    assert!(
+        !help
+            .lines()
+            .any(|l| l.starts_with("  man ") || l.starts_with("  testbed ")),
+        "hidden subcommands listed: {help}"
+    );
+}
+
+#[test]
+fn compare_prints_verdicts_and_fails_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, shift: i64| {
+        let mut t = String::from("seq,flow,one_way_ns,rtt_ns\n");
+        for i in 0..2000i64 {
+            let v = 30_000 + (i * 7919) % 40_000 + shift;
+            t.push_str(&format!("{i},0,{v},{}\n", 2 * v));
+        }
+        let p = dir.path().join(name);
+        std::fs::write(&p, t).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let base = write("base.csv", 0);
+    let fast = write("fast.csv", -20_000);
+    let json = dir.path().join("c.json");
+    let (code, out, err) = run(&[
+        "compare",
+        &base,
+        &fast,
+        "--resamples",
+        "200",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("p50 lower by 20 µs, 95 % CI"), "{out}");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(j["runs"][0]["percentiles"][0]["significant"], true);
+
+    let (code, _, err) = run(&["compare", &base]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&["compare", &base, &fast, "--resamples", "5"]);
+    assert_eq!(code, 2, "{err}");
+    let missing = dir.path().join("missing.csv");
+    let (code, _, err) = run(&["compare", &base, missing.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("Error: ") && err.contains("no such file"),
+        "{err}"
+    );
+}

@@ -60,6 +60,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Run(args)) => run_scenario_command(args),
+        Some(Command::Compare(args)) => compare_command(&args),
+        Some(Command::Completions(args)) => {
+            use std::io::Write;
+            let script = crate::docs::completions(args.shell);
+            match std::io::stdout().lock().write_all(&script) {
+                // `rtprobe completions bash | head` is no error.
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(e).context("cannot write the completion script to stdout")
+                }
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
+        Some(Command::Man(args)) => {
+            for page in crate::docs::write_man_pages(&args.out_dir)? {
+                println!("{}", page.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         None => probe_command(&cli.probe),
     }
 }
@@ -128,6 +146,29 @@ fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode
         std::fs::write(j, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("cannot write {}", j.display()))?;
         println!("  wrote {}", j.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn compare_command(a: &crate::cli::CompareArgs) -> Result<ExitCode> {
+    use crate::export::compare;
+    let settings = compare::Settings {
+        metric: a.metric,
+        resamples: a.resamples as usize,
+        sample_cap: a.sample as usize,
+        seed: a.seed,
+        ..compare::Settings::default()
+    };
+    let c = compare::compare(&a.base, &a.others, &settings)?;
+    print!("{}", compare::render(&c));
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&c)? + "\n").with_context(|| {
+            format!(
+                "cannot write {}: check that its directory exists",
+                j.display()
+            )
+        })?;
+        println!("\n  wrote {}", j.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -47,10 +47,19 @@ pub enum Command {
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
     BenchForward(BenchForwardArgs),
+    /// Tell whether runs differ from a baseline: p50/p99/p99.9 changes with 95 % confidence
+    /// intervals, in words.
+    Compare(CompareArgs),
+    /// Print a shell completion script for bash, zsh or fish.
+    Completions(CompletionsArgs),
     /// Build the veth testbed (with the XDP router as asked), print it as one JSON line and
     /// keep it until stdin closes or a signal comes (for running other tools on the same path).
     #[command(hide = true)]
     Testbed(TestbedArgs),
+    /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
+    /// xtask man` runs it.
+    #[command(hide = true)]
+    Man(ManArgs),
 }
 
 /// How the XDP router is attached on the router's interfaces.
@@ -290,6 +299,79 @@ pub struct TestbedArgs {
     /// XDP router behaviour.
     #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
     pub xdp_action: XdpActionArg,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "A JSON summary (--json) holds percentiles only: for a .json argument the \
+    CSV of the same name next to it is read (out.json -> out.csv), as `rtprobe --out X.csv --json \
+    X.json` and `rtprobe run` write them. Only the main flow (flow 0) is compared; lost probes \
+    are left out.\n\n\
+    A change is significant when its 95 % interval excludes 0. Percentiles interpolate between \
+    order statistics; the intervals are bootstrap percentile intervals, the same for the same \
+    files and --seed.\n\n\
+    Examples:\n  \
+    rtprobe compare baseline.csv xdp.csv\n  \
+    rtprobe compare /tmp/bql/s64-i1ms-off-baseline.json /tmp/bql/s64-i1ms-off-bql-3000.json\n  \
+    rtprobe compare off.csv native.csv --metric rtt --json verdict.json"
+)]
+pub struct CompareArgs {
+    /// The baseline run: its per-probe CSV (--out), or its JSON summary with that CSV beside it.
+    #[arg(value_name = "BASE")]
+    pub base: PathBuf,
+
+    /// The runs to compare with the baseline, each a CSV or a JSON summary as BASE.
+    #[arg(required = true, value_name = "OTHER")]
+    pub others: Vec<PathBuf>,
+
+    /// Latency to compare.
+    #[arg(long, value_enum, default_value_t = crate::export::compare::CompareMetric::OneWay)]
+    pub metric: crate::export::compare::CompareMetric,
+
+    /// Also write the comparison as JSON to this path.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Bootstrap resamples (100..100000).
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(100..=100_000))]
+    pub resamples: u32,
+
+    /// Most values per run the bootstrap uses (1000..10000000); a longer run is reduced to a
+    /// uniform random sample of this many (reservoir sampling), which bounds memory and time.
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1000..=10_000_000))]
+    pub sample: u32,
+
+    /// Seed of the random sampling: the same files and seed give the same intervals.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// A shell `rtprobe completions` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShellArg {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Install, then open a new shell:\n  \
+    rtprobe completions bash | sudo tee /etc/bash_completion.d/rtprobe >/dev/null\n  \
+    rtprobe completions zsh > ~/.zfunc/_rtprobe    # with fpath+=~/.zfunc before compinit\n  \
+    rtprobe completions fish > ~/.config/fish/completions/rtprobe.fish")]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: ShellArg,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ManArgs {
+    /// Directory for the pages, created if missing.
+    #[arg(long, value_name = "DIR", default_value = "target/man")]
+    pub out_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod docs;
 pub mod ebpf;
 pub mod error;
 pub mod export;

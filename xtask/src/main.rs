@@ -4,6 +4,8 @@
 //!   (apt packages, the pinned nightly with rust-src, bpf-linker, scapy).
 //! - `build-ebpf`: builds the XDP router object and prints its path
 //!   (`cargo build` does the same through `prober/build.rs`).
+//! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
+//!   prints their paths.
 //! - `test`: setup, the unit tests, then the root/netns tests when root.
 
 use std::{
@@ -60,6 +62,13 @@ enum Task {
         #[arg(long, default_value_t = 2000)]
         count: u64,
     },
+    /// Write the man pages (rtprobe.1 and one per subcommand) from the clap definitions and
+    /// print their paths.
+    Man {
+        /// Where the pages go [default: target/man in the workspace].
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
     Bench(bench::BenchArgs),
     /// Setup, `cargo test`, then the root/netns tests (`--ignored`) when run as root.
@@ -77,6 +86,7 @@ fn main() -> ExitCode {
         Task::BuildEbpf => build_ebpf().map(|p| println!("{}", p.display())),
         Task::Test { args } => test(&args),
         Task::Demo { out_dir, count } => demo(&out_dir, count),
+        Task::Man { out_dir } => man(out_dir.as_deref()),
         Task::Bench(args) => bench::bench(&args),
     };
     match res {
@@ -368,6 +378,37 @@ fn build_ebpf() -> Result<PathBuf> {
     object.with_context(|| format!("cargo built no {EBPF_PACKAGE} object"))
 }
 
+// ---------------------------------------------------------------- man
+
+/// The pages come from rtprobe itself (its hidden `man` subcommand), where
+/// the clap definitions live: xtask must build without rtprobe's eBPF
+/// toolchain, since `cargo xtask setup` is what installs it.
+fn man_command(root: &Path, out_dir: Option<&Path>) -> Command {
+    let out_dir = match out_dir {
+        Some(d) if d.is_absolute() => d.to_path_buf(),
+        // Relative to where the user typed it, not to the workspace.
+        Some(d) => env::current_dir().map_or_else(|_| d.to_path_buf(), |c| c.join(d)),
+        None => root.join("target/man"),
+    };
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(root)
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "rtprobe",
+            "--",
+            "man",
+            "--out-dir",
+        ])
+        .arg(out_dir);
+    cmd
+}
+
+fn man(out_dir: Option<&Path>) -> Result<()> {
+    run(&mut man_command(&workspace_root(), out_dir))
+}
+
 // ---------------------------------------------------------------- demo
 
 fn demo(out_dir: &Path, count: u64) -> Result<()> {
@@ -444,6 +485,26 @@ fn test(args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn man_runs_rtprobe_man_into_the_chosen_dir() {
+        let root = Path::new("/ws");
+        let args = |c: &Command| -> Vec<String> {
+            c.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let c = man_command(root, None);
+        assert_eq!(c.get_current_dir(), Some(root));
+        let a = args(&c);
+        assert_eq!(a[..4], ["run", "--quiet", "--package", "rtprobe"]);
+        assert_eq!(a[4..], ["--", "man", "--out-dir", "/ws/target/man"]);
+        let a = args(&man_command(root, Some(Path::new("/tmp/pages"))));
+        assert_eq!(a.last().map(String::as_str), Some("/tmp/pages"));
+        let a = args(&man_command(root, Some(Path::new("pages"))));
+        let cwd = env::current_dir().unwrap();
+        assert_eq!(a.last(), Some(&cwd.join("pages").display().to_string()));
+    }
 
     #[test]
     fn linker_version_check() {

@@ -977,14 +977,17 @@ pub fn run_scenario(
             }
         }
     }
+    let verdicts = baseline_verdicts(&cells, &results);
     let rows: Vec<ReportRow<'_>> = cells
         .iter()
         .zip(&results)
         .zip(figs)
-        .map(|((cell, r), figures)| ReportRow {
+        .zip(verdicts)
+        .map(|(((cell, r), figures), vs_baseline)| ReportRow {
             cell,
             result: r.as_ref().map_err(String::as_str),
             figures,
+            vs_baseline,
         })
         .collect();
     let text = report::render(&report::ReportInput {
@@ -1004,6 +1007,44 @@ pub fn run_scenario(
         cells: cells.len(),
         failed,
     })
+}
+
+/// Each variant's p50 and p99 against its group's baseline with 95 %
+/// bootstrap intervals, from the cells' CSVs as `rtprobe compare` reads
+/// them. A cell whose CSV cannot be read gets none (and a warning).
+fn baseline_verdicts(
+    cells: &[Cell],
+    results: &[Result<CellResult, String>],
+) -> Vec<Option<String>> {
+    use crate::export::compare;
+    let settings = compare::Settings::default();
+    cells
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let base = i.checked_sub(c.variant)?;
+            if c.variant == 0 || results[i].is_err() || results[base].is_err() {
+                return None;
+            }
+            match compare::compare(&cells[base].csv, std::slice::from_ref(&c.csv), &settings) {
+                Ok(cmp) => cmp.runs.first().map(|r| {
+                    r.percentiles
+                        .iter()
+                        .take(2)
+                        .map(|p| p.verdict.as_str())
+                        .collect::<Vec<_>>()
+                        .join("<br>")
+                }),
+                Err(e) => {
+                    log::warn!(
+                        "{}: no confidence interval against the baseline: {e:#}",
+                        c.id
+                    );
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 fn write_results_json(

@@ -318,8 +318,14 @@ impl CellRunner for FakeRunner {
         if self.fail.contains(&cell.id) {
             bail!("testbed exploded\nbadly");
         }
-        // The runner writes the cell's files; the fake writes markers.
-        std::fs::write(&cell.csv, "seq\n")?;
+        // The runner writes the cell's files; the fake writes a CSV whose
+        // median is the summary's (for the confidence intervals).
+        let mut csv = String::from("seq,one_way_ns\n");
+        for i in 0..400u64 {
+            let v = (100 + 10 * cell.variant as u64) * 1000 + (i * 37) % 2000;
+            csv += &format!("{i},{v}\n");
+        }
+        std::fs::write(&cell.csv, csv)?;
         let mut extra = BTreeMap::new();
         if !cell.knobs.loads().is_empty() {
             let rep = LoadReport {
@@ -426,11 +432,15 @@ fn run_writes_every_cell_and_a_report() {
     assert_eq!(report.matches("### ").count(), 4);
     // Baseline p50 100 us, variant 1 is 10 us slower.
     assert!(
-        report.contains("| baseline | 100.0 | 200.0 | 300.0 | 400.0 | baseline | 200.0 | 1.00 |"),
+        report.contains(
+            "| baseline | 100 µs | 200 µs | 300 µs | 400 µs | baseline | baseline | 200 µs | 1.00 |"
+        ),
         "{report}"
     );
     assert!(
-        report.contains("| bql-3000 | 110.0 | 220.0 | 330.0 | 440.0 | +10.0 |"),
+        report.contains(
+            "| bql-3000 | 110 µs | 220 µs | 330 µs | 440 µs | +10 µs | p50 higher by 10 µs, 95 % CI"
+        ),
         "{report}"
     );
     assert!(report.contains("udp 95.6 Mbit/s, loss 36.0 % (calc. 36.2 %)"));

@@ -1,6 +1,8 @@
 //! `report.md` of a scenario run: one table per (size, interval) group
 //! with each variant's one-way p50/p99/p99.9/max, its p50 against the
-//! group's baseline, RTT p50, loss, what the competing load achieved, and
+//! group's baseline (and p50/p99 with 95 % confidence intervals, computed
+//! by the caller with `export::compare`), RTT p50, loss, what the
+//! competing load achieved, and
 //! links to the cell's CSV/JSON and comparison figures. Pure: rendering
 //! only.
 
@@ -8,6 +10,7 @@ use std::{fmt::Write, path::Path, time::Duration};
 
 use crate::{
     config::{Cell, CellResult, Scenario},
+    export::plot::axis::format_duration_ns,
     stats::{Summary, chain::Stage},
     tune::{LoadReport, units},
 };
@@ -19,6 +22,9 @@ pub struct ReportRow<'a> {
     pub result: Result<&'a CellResult, &'a str>,
     /// Comparison figures against the baseline (paths under the output dir).
     pub figures: Vec<std::path::PathBuf>,
+    /// p50/p99 against the baseline with confidence intervals, in words
+    /// (`export::compare`), for variants whose CSVs could be compared.
+    pub vs_baseline: Option<String>,
 }
 
 pub struct ReportInput<'a> {
@@ -29,11 +35,22 @@ pub struct ReportInput<'a> {
     pub figure_errors: &'a [String],
 }
 
-/// Microseconds with one decimal, or "–" when there is no figure.
-pub fn us(ns: Option<u64>) -> String {
+/// A latency in the unit that suits it ("5.743 µs", "109 ms"), or "–"
+/// when there is no figure.
+pub fn lat(ns: Option<u64>) -> String {
     match ns {
-        Some(v) => format!("{:.1}", v as f64 / 1000.0),
+        Some(v) => format_duration_ns(v as f64),
         None => "–".into(),
+    }
+}
+
+/// A signed difference: "+10 µs", "-1.2 ms", "0 ns".
+pub fn lat_delta(ns: f64) -> String {
+    let t = format_duration_ns(ns);
+    if ns > 0.0 && !t.starts_with('0') {
+        format!("+{t}")
+    } else {
+        t
     }
 }
 
@@ -166,7 +183,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
     );
     let _ = writeln!(
         s,
-        "- latencies are one-way in µs unless marked RTT: from the probe entering the sender's stack \
+        "- latencies are one-way unless marked RTT: from the probe entering the sender's stack \
          (the kernel's SCHED stamp at the qdisc, or the user-space send where the kernel gives none) \
          to the receiver's RX stamp, so the sender's qdisc and every queue on the path are inside it; \
          the stage tables say where the time went\n"
@@ -202,9 +219,12 @@ pub fn render(input: &ReportInput<'_>) -> String {
         );
         let _ = writeln!(
             s,
-            "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | RTT p50 | loss % | load | notes | files |"
+            "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | vs baseline, 95 % CI | RTT p50 | loss % | load | notes | files |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+        let _ = writeln!(
+            s,
+            "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"
+        );
         let base_p50 = group
             .first()
             .and_then(|r| r.result.ok())
@@ -227,21 +247,25 @@ pub fn render(input: &ReportInput<'_>) -> String {
                     let ow = &res.summary.one_way_ns;
                     let delta = match (c.variant, ow.p50, base_p50) {
                         (0, _, _) => "baseline".to_string(),
-                        (_, Some(v), Some(b)) => {
-                            format!("{:+.1}", (v as f64 - b as f64) / 1000.0)
-                        }
+                        (_, Some(v), Some(b)) => lat_delta(v as f64 - b as f64),
                         _ => "–".into(),
+                    };
+                    let verdict = match (c.variant, &r.vs_baseline) {
+                        (0, _) => "baseline".to_string(),
+                        (_, Some(v)) => md_escape(v),
+                        (_, None) => "–".into(),
                     };
                     let _ = writeln!(
                         s,
-                        "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
                         md_escape(&c.label),
-                        us(ow.p50),
-                        us(ow.p99),
-                        us(ow.p999),
-                        us(ow.max),
+                        lat(ow.p50),
+                        lat(ow.p99),
+                        lat(ow.p999),
+                        lat(ow.max),
                         delta,
-                        us(res.summary.rtt_ns.p50),
+                        verdict,
+                        lat(res.summary.rtt_ns.p50),
                         res.summary.loss_pct,
                         md_escape(&load_cell(&res.summary)),
                         md_escape(&notes(res)),
@@ -251,7 +275,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
                 Err(e) => {
                     let _ = writeln!(
                         s,
-                        "| {} | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
+                        "| {} | – | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
                         md_escape(&c.label),
                         md_escape(e)
                     );
@@ -318,7 +342,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
     }
     let _ = write!(
         s,
-        "Where the time went (p50 / p99 per stage, µs):\n\n| variant |"
+        "Where the time went (p50 / p99 per stage):\n\n| variant |"
     );
     for st in &stages {
         let _ = write!(s, " {} |", st.label());
@@ -329,7 +353,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
         let _ = write!(s, "| {} |", md_escape(&cell.label));
         for &st in &stages {
             let l = sum.stages_ns.get(st);
-            let _ = write!(s, " {} / {} |", us(l.p50), us(l.p99));
+            let _ = write!(s, " {} / {} |", lat(l.p50), lat(l.p99));
         }
         let dom = sum
             .one_way_dominant

@@ -3,16 +3,19 @@
 use std::fmt::Write as _;
 
 use crate::{
-    export::RunMeta,
+    export::{RunMeta, plot::axis::split_duration_ns},
     stats::{Latency, Summary, chain::Stage},
 };
 
-/// 1234 ns -> "1.234"; µs with 3 decimals below 10 ms, else 1 decimal.
-fn us(v: Option<u64>) -> String {
+/// A latency for the tables: the number right-aligned by the caller, then
+/// the unit in a column of two ("812 ns", "5.743 µs", "109 ms", "2 s ").
+fn lat(v: Option<u64>) -> String {
     match v {
-        None => "-".into(),
-        Some(ns) if ns < 10_000_000 => format!("{:.3}", ns as f64 / 1000.0),
-        Some(ns) => format!("{:.1}", ns as f64 / 1000.0),
+        None => "-   ".into(),
+        Some(ns) => {
+            let (number, unit) = split_duration_ns(ns as f64);
+            format!("{number} {:<2}", unit.symbol())
+        }
     }
 }
 
@@ -21,13 +24,13 @@ fn row(out: &mut String, name: &str, l: &Latency) {
     let _ = writeln!(
         out,
         "  {name:<14}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
-        us(l.min),
-        us(l.p50),
-        us(l.p90),
-        us(l.p99),
-        us(l.p999),
-        us(l.max),
-        us(mean)
+        lat(l.min),
+        lat(l.p50),
+        lat(l.p90),
+        lat(l.p99),
+        lat(l.p999),
+        lat(l.max),
+        lat(mean)
     );
 }
 
@@ -194,7 +197,7 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     let _ = writeln!(
         o,
         "  {:<14}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
-        "(µs)", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
+        "", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
     );
     row(&mut o, "one-way", &s.one_way_ns);
     row(&mut o, "rtt", &s.rtt_ns);
@@ -221,7 +224,7 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     if let Some(serde_json::Value::Array(flows)) = s.extra.get("flows") {
         let _ = writeln!(
             o,
-            "  per flow, one-way (µs):\n  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
+            "  per flow, one-way:\n  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
             "flow", "port", "tos", "size", "interval", "sent", "lost", "p50", "p99", "p99.9", "max"
         );
         for f in flows {
@@ -241,10 +244,10 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
                 interval.to_string(),
                 fs.sent,
                 fs.lost,
-                us(fs.one_way_ns.p50),
-                us(fs.one_way_ns.p99),
-                us(fs.one_way_ns.p999),
-                us(fs.one_way_ns.max)
+                lat(fs.one_way_ns.p50),
+                lat(fs.one_way_ns.p99),
+                lat(fs.one_way_ns.p999),
+                lat(fs.one_way_ns.max)
             );
         }
     }
@@ -331,8 +334,9 @@ mod tests {
             "requested auto, attached native",
             "software",
             "redirected 18 pkt",
-            "5.000",
-            "20000.0",
+            // Units follow the value; numbers and units are aligned.
+            "  one-way              5 µs       6 µs       -          -          -         20 ms",
+            "   sender queue        -        5.5 µs",
             "p99.9",
             "0xc0",
             "missed ticks 0 (0.00 %",
@@ -346,6 +350,17 @@ mod tests {
         ] {
             assert!(t.contains(needle), "missing {needle:?} in\n{t}");
         }
+        // Every row of the latency table is as wide as its header.
+        let widths: Vec<usize> = t
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("min "))
+            .take_while(|l| !l.contains("where the time went"))
+            .map(|l| l.chars().count())
+            .collect();
+        assert!(
+            widths.len() > 3 && widths.iter().all(|&w| w == widths[0]),
+            "{widths:?}\n{t}"
+        );
         assert!(
             !t.contains("driver/ring"),
             "a stage without data is left out"

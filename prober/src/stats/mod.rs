@@ -1,6 +1,7 @@
 //! Statistics over probe records: HDR histograms for one-way latency and
 //! RTT, loss, reordering, duplicates and IPDV jitter. Pure.
 
+pub mod bootstrap;
 pub mod chain;
 pub mod summary;
 

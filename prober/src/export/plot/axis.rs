@@ -281,9 +281,19 @@ pub fn format_count(n: u64) -> String {
     out
 }
 
-/// A duration for titles and legends: "64 µs", "1 ms", "1.5 ms", "10 s".
+/// A duration in the unit that suits it, with 3-4 significant digits:
+/// "812 ns", "5.743 µs", "64 µs", "1.5 ms", "109 ms", "10 s". Titles,
+/// legends and every latency a person reads (the run summary, report.md)
+/// use it; files for programs keep nanoseconds.
 pub fn format_duration_ns(ns: f64) -> String {
-    let unit = if ns.abs() < 1e3 {
+    let (number, unit) = split_duration_ns(ns);
+    format!("{number} {}", unit.symbol())
+}
+
+/// [`format_duration_ns`] as number and unit, for tables that align the
+/// unit in a column of its own.
+pub fn split_duration_ns(ns: f64) -> (String, Unit) {
+    let mut unit = if ns.abs() < 1e3 {
         Unit::Ns
     } else if ns.abs() < 1e6 {
         Unit::Us
@@ -292,11 +302,15 @@ pub fn format_duration_ns(ns: f64) -> String {
     } else {
         Unit::S
     };
-    format!(
-        "{} {}",
-        format_number(ns / unit.ns_per_unit()),
-        unit.symbol()
-    )
+    // 999.7 µs rounds to "1000": say 1 ms instead.
+    if unit != Unit::S && (ns / unit.ns_per_unit()).abs() >= 999.5 {
+        unit = match unit {
+            Unit::Ns => Unit::Us,
+            Unit::Us => Unit::Ms,
+            _ => Unit::S,
+        };
+    }
+    (format_number(ns / unit.ns_per_unit()), unit)
 }
 
 #[cfg(test)]
@@ -387,5 +401,13 @@ mod tests {
         assert_eq!(format_duration_ns(100e3), "100 µs");
         assert_eq!(format_duration_ns(64.0), "64 ns");
         assert_eq!(format_duration_ns(10e9), "10 s");
+        assert_eq!(format_duration_ns(108_920_800.0), "109 ms");
+        assert_eq!(format_duration_ns(5_743.0), "5.743 µs");
+        assert_eq!(format_duration_ns(11_631.0), "11.63 µs");
+        assert_eq!(format_duration_ns(812.0), "812 ns");
+        assert_eq!(format_duration_ns(999_700.0), "1 ms");
+        assert_eq!(format_duration_ns(999.4), "999 ns");
+        assert_eq!(format_duration_ns(-41_000.0), "-41 µs");
+        assert_eq!(format_duration_ns(0.0), "0 ns");
     }
 }
