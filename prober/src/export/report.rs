@@ -433,7 +433,7 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
     let _ = writeln!(
         s,
         "## Flows side by side\n\n\
-         One-way p99 / max per probe flow, µs. Flow 0 is the main probe flow, the one the \
+         One-way p99 / max per probe flow. Flow 0 is the main probe flow, the one the \
          priority qdiscs (htb-prio, htb, prio, hfsc) classify as high priority by its port; \
          the bound holds when its p99 under load stays within +{BOUND_TOLERANCE_US:.0} µs of \
          its p99 without load (a full frame takes 121 µs at 100 Mbit/s; `BOUND_TOLERANCE_US` \
@@ -492,7 +492,7 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
                 md_escape(&load_of(c))
             );
             for f in flows {
-                let _ = write!(s, " {} / {} |", us(f.p99), us(f.max));
+                let _ = write!(s, " {} / {} |", lat(f.p99), lat(f.max));
             }
             s.push('\n');
         }
@@ -514,11 +514,11 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
             let pct = (w as f64 - base as f64) / base.max(1) as f64 * 100.0;
             let rise_us = (w as f64 - base as f64) / 1000.0;
             let delta = format!(
-                "p99 {} µs idle, at most {} µs under load ({}): {:+.1} µs, {:+.0} %",
-                us(Some(base)),
-                us(Some(w)),
+                "p99 {} idle, at most {} under load ({}): {}, {:+.0} %",
+                lat(Some(base)),
+                lat(Some(w)),
                 md_escape(&load_of(wc)),
-                rise_us,
+                lat_delta(w as f64 - base as f64),
                 pct
             );
             if f0.flow == 0 {
