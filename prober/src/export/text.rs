@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::{
     export::RunMeta,
-    stats::{Latency, Summary, chain::Stage},
+    stats::{Latency, Pacing, Summary, chain::Stage},
 };
 
 /// 1234 ns -> "1.234"; µs with 3 decimals below 10 ms, else 1 decimal.
@@ -29,6 +29,22 @@ fn row(out: &mut String, name: &str, l: &Latency) {
         us(l.max),
         us(mean)
     );
+}
+
+/// " (timer + adaptive spin: margin 142.000 µs, spin 13.9 µs/probe = 1.39 % of a CPU)".
+fn pacing_words(p: &Pacing) -> String {
+    let cost = format!(
+        "spin {:.1} µs/probe = {:.2} % of a CPU",
+        p.spin_ns_per_probe / 1000.0,
+        p.spin_cpu_pct
+    );
+    match p.mode.as_str() {
+        "busy-poll" => format!(" (busy-poll: {cost})"),
+        mode => format!(
+            " (timer + {mode} spin: margin {} µs, {cost})",
+            us(p.margin_ns)
+        ),
+    }
 }
 
 pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
@@ -85,13 +101,14 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     let _ = writeln!(
         o,
         "  pacing{}: {:.0} probes/s sent; missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
-        match m.knobs.get("pacing") {
-            Some(p) if p["busy_poll"] == true => " (busy-poll)".to_string(),
-            Some(p) => p["spin_ns"]
+        match (&s.pacing, m.knobs.get("pacing")) {
+            (Some(p), _) => pacing_words(p),
+            (None, Some(p)) if p["busy_poll"] == true => " (busy-poll)".to_string(),
+            (None, Some(p)) => p["spin_ns"]
                 .as_u64()
                 .map(|n| format!(" (timer + {:.0} µs spin)", n as f64 / 1000.0))
                 .unwrap_or_default(),
-            None => String::new(),
+            (None, None) => String::new(),
         },
         s.send_rate_pps,
         s.missed_ticks,
@@ -103,6 +120,31 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             ""
         }
     );
+    if let Some(p) = &s.pacing
+        && p.wake_late_ns.count > 0
+    {
+        let w = &p.wake_late_ns;
+        let _ = writeln!(
+            o,
+            "  sender wake-ups: late p50 {} / p99 {} / max {} µs ({} sleeps, {} overslept the send){}{}",
+            us(w.p50),
+            us(w.p99),
+            us(w.max),
+            w.count,
+            p.overslept,
+            p.sender_cpu_pct
+                .map(|c| format!("; sender thread {c:.1} % of a CPU"))
+                .unwrap_or_default(),
+            if p.clock_steps > 0 {
+                format!(
+                    "; {} wall-clock steps (stamps followed, schedule did not)",
+                    p.clock_steps
+                )
+            } else {
+                String::new()
+            },
+        );
+    }
     if !s.xdp_counters.is_empty() {
         let parts: Vec<String> = s
             .xdp_counters
@@ -286,8 +328,27 @@ mod tests {
             xdp_action: "redirect".into(),
             ..Default::default()
         };
+        s.pacing = Some(Pacing {
+            mode: "adaptive".into(),
+            margin_ns: Some(142_000),
+            margin_max_ns: Some(150_000),
+            wake_late_ns: Latency {
+                count: 10,
+                p50: Some(34_000),
+                p99: Some(139_000),
+                max: Some(2_600_000),
+                ..Default::default()
+            },
+            overslept: 1,
+            spin_ns_per_probe: 13_900.0,
+            spin_cpu_pct: 1.39,
+            sender_cpu_pct: Some(3.25),
+            clock_steps: 0,
+        });
         let t = format_summary(&s, &m);
         for needle in [
+            "pacing (timer + adaptive spin: margin 142.000 µs, spin 13.9 µs/probe = 1.39 % of a CPU)",
+            "sender wake-ups: late p50 34.000 / p99 139.000 / max 2600.000 µs (10 sleeps, 1 overslept the send); sender thread 3.2 % of a CPU",
             "sent 10",
             "received 9",
             "lost 1 (10.00 %)",

@@ -4,4 +4,4 @@
 pub mod chain;
 pub mod summary;
 
-pub use summary::{Dominant, Latency, RunStats, Stages, Summary, XdpCounters};
+pub use summary::{Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters};
