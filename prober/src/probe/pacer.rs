@@ -150,7 +150,7 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
     }
 
     /// Waits for the next probe (or a slice of a long wait).
-    pub fn next(&mut self) -> Next {
+    pub fn wait_next(&mut self) -> Next {
         if self.sched.finished(self.seq) {
             return Next::Finished;
         }
@@ -207,7 +207,7 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
     match (cfg.busy_poll, cfg.spin) {
         (true, _) => WakeMode::BusyPoll,
         (false, Some(spin)) => WakeMode::Fixed(spin.as_nanos() as i64),
-        (false, None) => WakeMode::Adaptive(WakeMargin::new(interval_ns)),
+        (false, None) => WakeMode::Adaptive(Box::new(WakeMargin::new(interval_ns))),
     }
 }
 
@@ -256,7 +256,7 @@ pub fn pace(
     let mut pending = EventBatch::new();
     let mut tried = 0u64;
     while stop.load(Ordering::Relaxed) == 0 {
-        let tick = match ticker.next() {
+        let tick = match ticker.wait_next() {
             Next::Finished => break,
             Next::Slice => continue,
             Next::Due(t) => t,
@@ -382,7 +382,7 @@ mod tests {
         let mut out = Vec::new();
         loop {
             at(t.seq);
-            match t.next() {
+            match t.wait_next() {
                 Next::Finished => break,
                 Next::Slice => continue,
                 Next::Due(tick) => {
@@ -439,7 +439,7 @@ mod tests {
             end_ns: None,
         };
         let mut t = Ticker::new(&c, sched, WakeMode::Fixed(10_000), 1_500_000);
-        while let Next::Due(tick) = t.next() {
+        while let Next::Due(tick) = t.wait_next() {
             if tick.first == 4 {
                 c.step_realtime(-10_000_000_000);
             }

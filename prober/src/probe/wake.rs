@@ -98,7 +98,7 @@ impl WakeMargin {
 #[derive(Debug, Clone)]
 pub enum WakeMode {
     /// Sleep until a learned margin before the deadline, then spin.
-    Adaptive(WakeMargin),
+    Adaptive(Box<WakeMargin>),
     /// Sleep until a fixed time before the deadline (`--spin`), then spin.
     Fixed(i64),
     /// Spin all the time (`--busy-poll`).
@@ -303,7 +303,7 @@ mod tests {
     fn adaptive_learns_the_fake_machines_latency() {
         let c = FakeClock::new(0, 0, 100);
         c.wake_late_ns.set(70_000);
-        let mut w = Waiter::new(WakeMode::Adaptive(WakeMargin::new(1_000_000)));
+        let mut w = Waiter::new(WakeMode::Adaptive(Box::new(WakeMargin::new(1_000_000))));
         let mut late = 0;
         for n in 1..=100 {
             let due = n * 1_000_000;
