@@ -179,7 +179,7 @@ pub struct PacingArgs {
     pub busy_poll: bool,
 
     /// Sleep until this long before each send, then spin on the clock [default: adaptive: the
-    /// p99 of this machine's timer wake-up latency, learned while sending, at most half the
+    /// p99.5 of this machine's timer wake-up latency, learned while sending, at most half the
     /// interval].
     #[arg(long, value_parser = parse_duration)]
     pub spin: Option<std::time::Duration>,

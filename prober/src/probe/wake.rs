@@ -11,8 +11,12 @@ use hdrhistogram::Histogram;
 use super::clock::PaceClock;
 use crate::stats::{Latency, Pacing};
 
-/// The wake-up latency the margin covers.
-pub const QUANTILE: f64 = 0.99;
+/// The wake-up latency the margin covers. Above p99: with a p99 margin,
+/// by construction about 1 % of the wake-ups come after the deadline, which
+/// puts the send error's own p99 at the edge of the wake-up tail (measured:
+/// p99 send error 216 µs with a learned p99 margin, 8.8 µs with a margin
+/// above the wake-up p99, at 1 ms with SCHED_FIFO on a loaded 2-vCPU VM).
+pub const QUANTILE: f64 = 0.995;
 /// The margin before anything is learned: the fixed spin rtprobe used
 /// before, a typical VM wake-up latency.
 pub const INITIAL_MARGIN_NS: i64 = 50_000;
@@ -224,16 +228,16 @@ mod tests {
         assert_eq!(m.margin_ns(), 80_000);
         m.observe(10_000);
         assert_eq!(m.margin_ns(), 80_000, "not narrowed on a few samples");
-        // 98 % of wake-ups 20 µs late, 2 % 120 µs: p99 is the slow ones.
+        // 98 % of wake-ups 20 µs late, 2 % 120 µs: p99.5 is the slow ones.
         for i in 0..1000 {
             m.observe(if i % 50 == 0 { 120_000 } else { 20_000 });
         }
         let got = m.margin_ns();
         assert!((119_000..=121_000).contains(&got), "margin {got}");
-        // Only 0.5 % slow: p99 is the common case.
+        // Only 0.2 % slow: p99.5 is the common case.
         let mut m = WakeMargin::new(1_000_000);
         for i in 0..1000 {
-            m.observe(if i % 200 == 0 { 120_000 } else { 20_000 });
+            m.observe(if i % 500 == 0 { 120_000 } else { 20_000 });
         }
         let got = m.margin_ns();
         assert!((19_800..=20_200).contains(&got), "margin {got}");
