@@ -188,8 +188,9 @@ pub struct PacingArgs {
     #[arg(long, conflicts_with = "spin")]
     pub busy_poll: bool,
 
-    /// Sleep until this long before each send, then spin on the clock
-    /// [default: 50us, at most a quarter of the interval].
+    /// Sleep until this long before each send, then spin on the clock [default: adaptive: the
+    /// p99.5 of this machine's timer wake-up latency, learned while sending, at most half the
+    /// interval].
     #[arg(long, value_parser = parse_duration)]
     pub spin: Option<std::time::Duration>,
 }

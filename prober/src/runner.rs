@@ -236,8 +236,13 @@ fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value>
     m.insert(
         "pacing".into(),
         serde_json::json!({
+            "mode": match (p.busy_poll, p.spin) {
+                (true, _) => "busy-poll",
+                (false, Some(_)) => "fixed",
+                (false, None) => "adaptive",
+            },
             "busy_poll": p.busy_poll,
-            "spin_ns": if p.busy_poll { None } else { Some(p.spin.as_nanos() as u64) },
+            "spin_ns": if p.busy_poll { None } else { p.spin.map(|s| s.as_nanos() as u64) },
         }),
     );
     m
@@ -287,7 +292,7 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
                 timestamps: p.timestamps,
                 timeout: p.timeout,
                 flow: 0,
-                spin: crate::config::default_spin(p.interval),
+                spin: None,
                 busy_poll: false,
                 rt: cell.knobs.rt(),
             },

@@ -35,6 +35,7 @@ const APT_PACKAGES: &[&str] = &[
     "ethtool",
     "iproute2",
     "iputils-ping", // the ping column of cargo xtask bench
+    "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";

@@ -40,7 +40,6 @@ use crate::{
         BenchForwardArgs, ForwardModeArg, GeneratorArg, SinkArg, TimestampArg, XdpActionArg,
         XdpModeArg,
     },
-    config::default_spin,
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
@@ -502,7 +501,7 @@ fn run_probe(
         timestamps: TimestampArg::Software,
         timeout: Duration::from_millis(200),
         flow: 0,
-        spin: default_spin(plan.probe_interval),
+        spin: None,
         busy_poll: false,
         rt: crate::tune::rt::RtSettings {
             fifo_priority: plan.rt_priority.map(|p| p + 1),

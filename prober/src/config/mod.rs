@@ -36,7 +36,7 @@
 
 mod options;
 
-pub use options::{DEFAULT_COUNT, FlowSpec, MAX_PAYLOAD_1500, RunOptions, default_spin};
+pub use options::{DEFAULT_COUNT, FlowSpec, MAX_PAYLOAD_1500, RunOptions};
 
 use std::{
     fmt,

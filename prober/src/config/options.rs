@@ -116,11 +116,7 @@ impl FlowSpec {
             tos: self.tos.unwrap_or(main.tos),
             port: self.port,
             flow,
-            spin: if main.spin == default_spin(main.interval) {
-                default_spin(interval)
-            } else {
-                main.spin.min(interval)
-            },
+            spin: main.spin.map(|s| s.min(interval)),
             ..main.clone()
         })
     }
@@ -241,7 +237,7 @@ impl RunOptions {
                 timestamps: a.timestamps,
                 timeout: a.timeout,
                 flow: 0,
-                spin: a.pacing.spin.unwrap_or(default_spin(a.interval)),
+                spin: a.pacing.spin,
                 busy_poll: a.pacing.busy_poll,
                 rt,
             },
@@ -268,14 +264,6 @@ fn rt_throttling_on() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
         .map(|s| s.trim() != "-1")
         .unwrap_or(true)
-}
-
-/// The final spin before each send: long enough to absorb the timer's
-/// wake-up latency (tens of µs on a VM), but at most a quarter of the
-/// interval, so that at high rates the sender does not keep a core busy
-/// that the receive side needs.
-pub fn default_spin(interval: Duration) -> Duration {
-    Duration::from_micros(50).min(interval / 4)
 }
 
 fn check_out_path(p: &std::path::Path, flag: &str) -> Result<()> {
@@ -386,14 +374,10 @@ mod tests {
     #[test]
     fn pacing_flags() {
         let o = opts(&["--interval", "1ms"]).unwrap();
-        assert_eq!(o.probe.spin, Duration::from_micros(50));
+        assert_eq!(o.probe.spin, None, "adaptive by default");
         assert!(!o.probe.busy_poll);
-        let o = opts(&["--interval", "20us"]).unwrap();
-        assert_eq!(
-            o.probe.spin,
-            Duration::from_micros(5),
-            "a quarter of a short interval"
-        );
+        let o = opts(&["--interval", "1ms", "--spin", "20us"]).unwrap();
+        assert_eq!(o.probe.spin, Some(Duration::from_micros(20)));
         let o = opts(&["--busy-poll"]).unwrap();
         assert!(o.probe.busy_poll);
         let o = opts(&["--rt-priority", "50"]).unwrap();
@@ -411,8 +395,10 @@ mod tests {
             Cli::try_parse_from(["rtprobe", "--busy-poll", "--spin", "5us"]).is_err(),
             "busy-poll already spins all the time"
         );
-        // An extra flow with a shorter interval gets its own default spin.
+        // An extra flow's fixed spin is at most its interval.
+        let f = opts(&["--spin", "50us", "--flow", "port=5062,interval=20us"]).unwrap();
+        assert_eq!(f.extra_flows[0].spin, Some(Duration::from_micros(20)));
         let f = opts(&["--flow", "port=5062,interval=20us"]).unwrap();
-        assert_eq!(f.extra_flows[0].spin, Duration::from_micros(5));
+        assert_eq!(f.extra_flows[0].spin, None);
     }
 }

@@ -22,6 +22,7 @@ pub mod packet;
 pub mod phc;
 pub mod socket;
 pub mod stamp;
+pub mod wake;
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
@@ -95,8 +96,9 @@ pub struct ProbeConfig {
     pub timestamps: TimestampArg,
     pub timeout: Duration,
     pub flow: u8,
-    /// The pacer sleeps until this long before a send, then spins.
-    pub spin: Duration,
+    /// The pacer sleeps until this long before a send, then spins (`--spin`);
+    /// None: a margin learned from the machine's wake-up latency.
+    pub spin: Option<Duration>,
     /// Spin over the whole interval instead of sleeping.
     pub busy_poll: bool,
     /// Real-time settings the sender thread applies to itself (its
@@ -352,8 +354,11 @@ pub fn run_session(
             let paced = sender
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")));
-            paced?;
-            out
+            let pacing = paced?;
+            out.map(|(mut stats, late)| {
+                stats.set_pacing(pacing);
+                (stats, late)
+            })
         })();
         done_ref.store(true, Ordering::SeqCst);
         let _ = io.join();

@@ -1,11 +1,18 @@
 //! The probe sender: an absolute schedule (probe n is due at start + n x
-//! interval, so lateness never accumulates), a timer sleep up to a short
-//! final spin (or a spin over the whole interval with `--busy-poll`), and
-//! batched sends: when the sender wakes up late, every probe already due
+//! interval, so lateness never accumulates) on CLOCK_MONOTONIC, a timer
+//! sleep up to a margin before each send and a spin for the rest (the
+//! margin learned from this machine's wake-up latency, see [`super::wake`];
+//! fixed with `--spin`; a spin over the whole interval with `--busy-poll`),
+//! and batched sends: when the sender wakes up late, every probe already due
 //! goes out in one sendmmsg(2), each still with its own scheduled time and
 //! OPT_ID, instead of the sender falling further behind one syscall at a time.
+//! The scheduled and send times it records are on CLOCK_REALTIME, like the
+//! kernel's stamps, through an offset re-measured every
+//! [`OFFSET_REFRESH_NS`]: a step of the wall clock moves the stamps, never
+//! the sending.
 //!
-//! Kernel interfaces: clock_nanosleep(2) TIMER_ABSTIME, prctl(2)
+//! Kernel interfaces: clock_nanosleep(2) TIMER_ABSTIME on CLOCK_MONOTONIC,
+//! clock_gettime(2) (CLOCK_THREAD_CPUTIME_ID for the sender's CPU), prctl(2)
 //! PR_SET_TIMERSLACK (Linux >= 2.6.28), sched_setscheduler(2) (any Linux;
 //! the rest of the real-time settings are `tune::rt`'s), sendmmsg(2) (>= 3.0).
 
@@ -19,20 +26,24 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::tune::rt::RtSettings;
+use crate::{stats::Pacing, tune::rt::RtSettings};
 
 use super::{
-    ProbeConfig, clock,
+    ProbeConfig,
+    clock::{self, PaceClock, RealtimeMap, SystemClock},
     events::{self, EventBatch},
     matcher::Event,
     packet::Probe,
     socket::{ProbeSocket, SendBatch},
+    wake::{Waiter, WakeMargin, WakeMode},
 };
 
 /// Most probes one sendmmsg() carries when the sender is behind.
 pub const MAX_BATCH: usize = 64;
 /// The sender looks at the stop flag at least this often.
 const STOP_CHECK_NS: i64 = 100_000_000;
+/// The monotonic-to-realtime offset is measured again this often.
+pub const OFFSET_REFRESH_NS: i64 = 100_000_000;
 
 /// When each probe is due. Pure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,9 +106,121 @@ fn tight_timer_slack() {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
 }
 
+/// What the sender does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Every probe is sent.
+    Finished,
+    /// Slept a slice of a long wait (time to look at the stop flag).
+    Slice,
+    /// Probes `first..end` are due: send them now.
+    Due(Tick),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tick {
+    pub first: u64,
+    pub end: u64,
+    /// When the wait ended, on CLOCK_MONOTONIC.
+    pub mono_ns: i64,
+    /// The same time on CLOCK_REALTIME: the send time recorded.
+    pub send_ns: i64,
+}
+
+/// The sender's clockwork: the schedule on CLOCK_MONOTONIC, the waiter,
+/// and the map that puts its times on CLOCK_REALTIME for the records.
+pub struct Ticker<'c, C: PaceClock> {
+    clock: &'c C,
+    sched: Schedule,
+    waiter: Waiter,
+    map: RealtimeMap,
+    seq: u64,
+}
+
+impl<'c, C: PaceClock> Ticker<'c, C> {
+    /// `sched` is on CLOCK_MONOTONIC.
+    pub fn new(clock: &'c C, sched: Schedule, mode: WakeMode, refresh_ns: i64) -> Self {
+        Self {
+            clock,
+            sched,
+            waiter: Waiter::new(mode),
+            map: RealtimeMap::new(clock, refresh_ns),
+            seq: 0,
+        }
+    }
+
+    /// Waits for the next probe (or a slice of a long wait).
+    pub fn wait_next(&mut self) -> Next {
+        if self.sched.finished(self.seq) {
+            return Next::Finished;
+        }
+        let due_ns = self.sched.at(self.seq);
+        let now = self.clock.monotonic_ns();
+        // Long intervals are slept in slices so a stop request is seen.
+        let margin = self.waiter.margin_ns().min(STOP_CHECK_NS);
+        if due_ns - now > STOP_CHECK_NS + margin {
+            self.clock.sleep_until_monotonic(now + STOP_CHECK_NS);
+            return Next::Slice;
+        }
+        let mono_ns = self.waiter.wait(self.clock, due_ns);
+        Next::Due(Tick {
+            first: self.seq,
+            end: self.sched.due(self.seq, mono_ns, MAX_BATCH),
+            mono_ns,
+            send_ns: self.map.to_realtime(mono_ns),
+        })
+    }
+
+    /// Scheduled time of probe `seq` on CLOCK_REALTIME (with the offset of
+    /// the current tick's send time, so their difference is monotonic time).
+    pub fn sched_ns(&self, seq: u64) -> i64 {
+        self.map.to_realtime(self.sched.at(seq))
+    }
+
+    /// The probes before `end` are sent. Re-measures the clock offset when
+    /// it is due, between sends.
+    pub fn sent_until(&mut self, end: u64) {
+        self.seq = end;
+        let now = self.clock.monotonic_ns();
+        self.map.refresh(self.clock, now);
+    }
+
+    pub fn finished(&self) -> bool {
+        self.sched.finished(self.seq)
+    }
+
+    /// Monotonic time until the next probe is due.
+    pub fn next_in(&self, now_mono_ns: i64) -> i64 {
+        self.sched.at(self.seq) - now_mono_ns
+    }
+
+    /// What pacing cost over `elapsed_ns` with `probes` sent.
+    pub fn report(&self, elapsed_ns: i64, probes: u64, thread_cpu_ns: Option<i64>) -> Pacing {
+        self.waiter
+            .report(elapsed_ns, probes, thread_cpu_ns, self.map.steps())
+    }
+}
+
+/// How the sender waits, from its options.
+pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
+    let interval_ns = cfg.interval.as_nanos() as i64;
+    match (cfg.busy_poll, cfg.spin) {
+        (true, _) => WakeMode::BusyPoll,
+        (false, Some(spin)) => WakeMode::Fixed(spin.as_nanos() as i64),
+        (false, None) if cfg.rt.fifo_priority.is_some() => {
+            WakeMode::Adaptive(Box::new(WakeMargin::new(interval_ns)))
+        }
+        // Without real-time priority spinning longer does not buy punctuality.
+        (false, None) => WakeMode::Adaptive(Box::new(WakeMargin::with_cap(
+            interval_ns,
+            super::wake::NON_RT_MAX_MARGIN_NS,
+        ))),
+    }
+}
+
 /// Sends the probe stream. Every probe it tries to send produces exactly
 /// one `Sent` or `SendFailed` event and one count in `attempts` (for the
-/// unaccounted-probe check).
+/// unaccounted-probe check). Returns how the pacing went.
 pub fn pace(
     sock: &ProbeSocket,
     dst: SocketAddrV4,
@@ -106,7 +229,7 @@ pub fn pace(
     stop: &AtomicU8,
     attempts: &AtomicU64,
     ev: &mpsc::Sender<Vec<Event>>,
-) -> Result<()> {
+) -> Result<Pacing> {
     tight_timer_slack();
     // Kept for the whole loop: dropping it puts the thread's policy back.
     let _rt = if cfg.rt.is_empty() {
@@ -118,9 +241,12 @@ pub fn pace(
                 .context("real-time settings for the sender")?,
         )
     };
+    let c = SystemClock;
     let interval_ns = cfg.interval.as_nanos() as i64;
+    let loop_start_ns = c.monotonic_ns();
+    let cpu_start_ns = clock::thread_cpu_ns();
     // Start a little ahead so the first probe is paced too.
-    let start_ns = clock::realtime_ns() + 10_000_000;
+    let start_ns = loop_start_ns + 10_000_000;
     let sched = Schedule {
         start_ns,
         interval_ns,
@@ -131,24 +257,18 @@ pub fn pace(
         }),
         end_ns: cfg.duration.map(|d| start_ns + d.as_nanos() as i64),
     };
-    let spin_ns = if cfg.busy_poll {
-        i64::MAX
-    } else {
-        cfg.spin.as_nanos() as i64
-    };
+    let mut ticker = Ticker::new(&c, sched, wake_mode(cfg), OFFSET_REFRESH_NS);
     let mut batch = SendBatch::new(MAX_BATCH, cfg.size, dst);
+    // Aged on CLOCK_MONOTONIC: only this thread reads it.
     let mut pending = EventBatch::new();
-    let mut seq = 0u64;
-    while !sched.finished(seq) && stop.load(Ordering::Relaxed) == 0 {
-        let due_ns = sched.at(seq);
-        // Long intervals are slept in slices so a stop request is seen.
-        if due_ns - clock::realtime_ns() > STOP_CHECK_NS + spin_ns.min(STOP_CHECK_NS) {
-            clock::sleep_until(clock::realtime_ns() + STOP_CHECK_NS);
-            continue;
-        }
-        clock::wait_until(due_ns, spin_ns);
-        let send_ns = clock::realtime_ns();
-        let end = sched.due(seq, send_ns, MAX_BATCH);
+    let mut tried = 0u64;
+    while stop.load(Ordering::Relaxed) == 0 {
+        let tick = match ticker.wait_next() {
+            Next::Finished => break,
+            Next::Slice => continue,
+            Next::Due(t) => t,
+        };
+        let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
         batch.clear();
         for s in seq..end {
             Probe {
@@ -170,10 +290,10 @@ pub fn pace(
                             Event::Sent {
                                 seq: s,
                                 opt_id: batch.opt_id(k),
-                                sched_ns: sched.at(s),
+                                sched_ns: ticker.sched_ns(s),
                                 send_ns,
                             },
-                            send_ns,
+                            mono_ns,
                         );
                     }
                     i += n.max(1);
@@ -184,33 +304,36 @@ pub fn pace(
                     pending.push(
                         Event::SendFailed {
                             seq: s,
-                            sched_ns: sched.at(s),
+                            sched_ns: ticker.sched_ns(s),
                             send_ns,
                         },
-                        send_ns,
+                        mono_ns,
                     );
                     i += 1;
                 }
             }
         }
         attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
-        seq = end;
+        tried += batch.len() as u64;
+        ticker.sent_until(end);
         // Hand over when due, or now if the sender is about to sleep past it.
-        let now = clock::realtime_ns();
-        let next_in = sched.at(seq) - now;
-        if (pending.due(now) || next_in >= events::MAX_AGE_NS || sched.finished(seq))
+        let now = c.monotonic_ns();
+        if (pending.due(now) || ticker.next_in(now) >= events::MAX_AGE_NS || ticker.finished())
             && !pending.flush(ev)
         {
             break;
         }
     }
     pending.flush(ev);
-    Ok(())
+    let elapsed_ns = c.monotonic_ns() - loop_start_ns;
+    let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
+    Ok(ticker.report(elapsed_ns, tried, Some(cpu_ns)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::clock::fake::FakeClock;
 
     fn sched(count: u64, end_ns: Option<i64>) -> Schedule {
         Schedule {
@@ -251,5 +374,97 @@ mod tests {
         assert!(!s.finished(4));
         assert!(s.finished(5), "probe 5 is due at 1050, the end");
         assert_eq!(s.due(0, 5000, 64), 5);
+    }
+
+    /// Runs a fake sender through 20 probes at 1 ms, calling `at(n)` before
+    /// waiting for probe n; returns the ticks.
+    fn run_fake(c: &FakeClock, mode: WakeMode, mut at: impl FnMut(u64)) -> Vec<(Tick, i64)> {
+        let sched = Schedule {
+            start_ns: 10_000_000,
+            interval_ns: 1_000_000,
+            count: 20,
+            end_ns: None,
+        };
+        let mut t = Ticker::new(c, sched, mode, 2_000_000);
+        let mut out = Vec::new();
+        loop {
+            at(t.seq);
+            match t.wait_next() {
+                Next::Finished => break,
+                Next::Slice => continue,
+                Next::Due(tick) => {
+                    out.push((tick, t.sched_ns(tick.first)));
+                    t.sent_until(tick.end);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_wall_clock_step_neither_bursts_nor_stalls() {
+        const HOUR: i64 = 3_600_000_000_000;
+        let epoch = 1_800_000_000_000_000_000;
+        let c = FakeClock::new(0, epoch, 50);
+        c.wake_late_ns.set(20_000);
+        let ticks = run_fake(&c, WakeMode::Fixed(50_000), |n| match n {
+            // The wall clock jumps an hour ahead, then two hours back.
+            8 => c.step_realtime(HOUR),
+            14 => c.step_realtime(-2 * HOUR),
+            _ => {}
+        });
+        assert_eq!(ticks.len(), 20, "one tick per probe: no burst");
+        for (n, (tick, sched_ns)) in ticks.iter().enumerate() {
+            assert_eq!((tick.first, tick.end), (n as u64, n as u64 + 1));
+            // Every send at its monotonic deadline (clock reads are 50 ns).
+            let due = 10_000_000 + n as i64 * 1_000_000;
+            assert!(
+                (due..due + 200).contains(&tick.mono_ns),
+                "probe {n} at {} for {due}: stalled",
+                tick.mono_ns
+            );
+            // Send error is monotonic time whatever the wall clock did.
+            assert!((0..200).contains(&(tick.send_ns - sched_ns)));
+        }
+        assert_eq!(c.sleeps.get(), 20);
+        // The stamps follow the wall clock within one refresh period (2 ms).
+        let wall = |n: usize| ticks[n].1 - (10_000_000 + n as i64 * 1_000_000);
+        assert!((wall(7) - epoch).abs() < 1_000);
+        assert!((wall(11) - (epoch + HOUR)).abs() < 1_000);
+        assert!((wall(19) - (epoch - HOUR)).abs() < 1_000);
+        let r = Ticker::new(&c, sched(1, None), WakeMode::BusyPoll, 1).report(1, 1, None);
+        assert_eq!(r.clock_steps, 0);
+    }
+
+    #[test]
+    fn steps_are_counted_in_the_report() {
+        let c = FakeClock::new(0, 0, 50);
+        let sched = Schedule {
+            start_ns: 1_000_000,
+            interval_ns: 1_000_000,
+            count: 10,
+            end_ns: None,
+        };
+        let mut t = Ticker::new(&c, sched, WakeMode::Fixed(10_000), 1_500_000);
+        while let Next::Due(tick) = t.wait_next() {
+            if tick.first == 4 {
+                c.step_realtime(-10_000_000_000);
+            }
+            t.sent_until(tick.end);
+        }
+        assert_eq!(t.report(10_000_000, 10, None).clock_steps, 1);
+    }
+
+    #[test]
+    fn late_wake_up_batches_what_is_due() {
+        // Every wake-up 2.5 ms late at a 1 ms interval: the sender catches
+        // up by batching, without ever sending early.
+        let c = FakeClock::new(0, 0, 50);
+        c.wake_late_ns.set(2_500_000);
+        let ticks = run_fake(&c, WakeMode::Fixed(50_000), |_| {});
+        let sent: u64 = ticks.iter().map(|(t, _)| t.end - t.first).sum();
+        assert_eq!(sent, 20);
+        assert!(ticks.len() < 20);
+        assert!(ticks.iter().all(|(t, s)| t.send_ns >= *s));
     }
 }

@@ -5,4 +5,4 @@ pub mod bootstrap;
 pub mod chain;
 pub mod summary;
 
-pub use summary::{Dominant, Latency, RunStats, Stages, Summary, XdpCounters};
+pub use summary::{Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters};

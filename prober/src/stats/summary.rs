@@ -33,7 +33,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn from_hist(h: &Histogram<u64>) -> Self {
+    pub fn from_hist(h: &Histogram<u64>) -> Self {
         if h.is_empty() {
             return Latency::default();
         }
@@ -212,9 +212,42 @@ pub struct Summary {
     /// as a record, plus probes seen at the receiver whose send was never
     /// recorded. Must be 0.
     pub unaccounted: u64,
+    /// How the sender kept its schedule and what that cost in CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pacing: Option<Pacing>,
     /// Free-form facts about the run (knobs applied, load throughput...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// The sender's timing: it sleeps (clock_nanosleep, TIMER_ABSTIME on
+/// CLOCK_MONOTONIC) until `margin_ns` before each send and spins the rest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Pacing {
+    /// "adaptive" (margin learned from the wake-ups), "fixed" (`--spin`)
+    /// or "busy-poll".
+    pub mode: String,
+    /// The margin at the end of the run (None with busy-poll).
+    pub margin_ns: Option<u64>,
+    /// The widest margin used during the run.
+    pub margin_max_ns: Option<u64>,
+    /// How late the sender's timer sleeps returned: this machine's
+    /// wake-up latency during the run (cyclictest's figure).
+    pub wake_late_ns: Latency,
+    /// Sleeps that returned after the send was already due: the margin
+    /// was too short for them.
+    pub overslept: u64,
+    /// Time spent spinning, per probe sent.
+    pub spin_ns_per_probe: f64,
+    /// Time spent spinning in percent of one CPU over the run.
+    pub spin_cpu_pct: f64,
+    /// All CPU time of the sender thread (spin, sends, sleeps' overhead)
+    /// in percent of one CPU.
+    pub sender_cpu_pct: Option<f64>,
+    /// Steps of CLOCK_REALTIME seen while sending (the schedule runs on
+    /// CLOCK_MONOTONIC and ignored them; the stamps followed).
+    pub clock_steps: u64,
 }
 
 /// A send `late_ns` after its schedule missed its tick when it went out
@@ -263,6 +296,7 @@ pub struct RunStats {
     unmatched: u64,
     foreign: u64,
     sources: [u64; 3],
+    pacing: Option<Pacing>,
 }
 
 impl Default for RunStats {
@@ -304,6 +338,7 @@ impl RunStats {
             unmatched: 0,
             foreign: 0,
             sources: [0; 3],
+            pacing: None,
         }
     }
 
@@ -333,6 +368,11 @@ impl RunStats {
     /// end up as a record (received or lost), else it is unaccounted.
     pub fn set_attempts(&mut self, attempts: u64) {
         self.attempts = Some(attempts);
+    }
+
+    /// How the sender paced (reported by the sender when it is done).
+    pub fn set_pacing(&mut self, p: Pacing) {
+        self.pacing = Some(p);
     }
 
     /// Probes seen at the receiver whose send was never recorded (the
@@ -512,6 +552,7 @@ impl RunStats {
                 }),
             unaccounted: self.unaccounted(),
             send_to_tx_ns: Latency::from_hist(&self.send_to_tx),
+            pacing: self.pacing.clone(),
             extra,
             ..Default::default()
         }
