@@ -64,6 +64,7 @@ fn benches(c: &mut Criterion) {
                 flow: 0,
                 echo: false,
                 send_ns: 1,
+                kernel_times: None,
             }
             .encode(&mut payload);
             black_box(Probe::decode(black_box(&payload), 42).ok())

@@ -408,6 +408,7 @@ fn warm_up(
         flow: 0,
         echo: false,
         send_ns: 0,
+        kernel_times: None,
     }
     .encode(&mut buf);
     buf[5] = FLAG_WARMUP;

@@ -157,6 +157,7 @@ pub fn pace(
                 flow: cfg.flow,
                 echo: false,
                 send_ns,
+                kernel_times: None,
             }
             .encode(batch.push(s as u32));
         }
