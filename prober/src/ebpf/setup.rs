@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result};
 
-use super::{AttachedMode, Router};
+use super::{AttachedMode, Reflector, Router};
 use crate::{
     cli::{XdpActionArg, XdpModeArg},
     stats::XdpCounters,
@@ -51,6 +51,8 @@ pub struct XdpSetup {
     /// Mode per attached interface, in attach order.
     modes: Vec<(String, AttachedMode)>,
     changed: Vec<Changed>,
+    /// rtprobe's in-kernel reflector on the receiver's interface, if attached.
+    reflector: Option<(Reflector, AttachedMode)>,
 }
 
 impl XdpSetup {
@@ -59,7 +61,33 @@ impl XdpSetup {
             routers: Vec::new(),
             modes: Vec::new(),
             changed: Vec::new(),
+            reflector: None,
         }
+    }
+
+    /// Attaches the in-kernel reflector (answering rtprobe probes to UDP
+    /// `port`) to the receiver's interface, native where the driver can,
+    /// else generic. On a veth it prepares what XDP_TX and the reflector's
+    /// checksum update need (GRO on the peer, which receives the replies;
+    /// TX checksum offload off at the sender, so probes carry full UDP
+    /// checksums), put back with everything else. Fails when another XDP
+    /// program holds the interface (the router in NIC-pair mode).
+    pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
+        let mut r = Reflector::load(port, 0)?;
+        if is_veth(&tb.receiver, &tb.receiver_if.name) {
+            if let (Some(ns), Some(peer)) = (&tb.router, &tb.router_out) {
+                self.set_feature(ns, &peer.name, Feature::Gro, true)?;
+            }
+            self.set_feature(&tb.sender, &tb.sender_if.name, Feature::TxCsum, false)?;
+        }
+        let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpModeArg::Auto)?;
+        self.reflector = Some((r, mode));
+        Ok(mode)
+    }
+
+    /// The in-kernel reflector's counters, if it is attached.
+    pub fn reflector_counters(&self) -> Option<Result<XdpCounters>> {
+        self.reflector.as_ref().map(|(r, _)| r.counters())
     }
 
     /// "none", "skb", "native", or "mixed (if1 native, if2 skb)".
@@ -94,6 +122,11 @@ impl XdpSetup {
 
     fn undo(&mut self) -> Result<()> {
         let mut first_err = None;
+        if let Some((mut r, _)) = self.reflector.take()
+            && let Err(e) = r.detach()
+        {
+            first_err.get_or_insert(e);
+        }
         for mut r in self.routers.drain(..) {
             if let Err(e) = r.detach_all() {
                 first_err.get_or_insert(e);

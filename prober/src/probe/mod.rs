@@ -102,6 +102,9 @@ pub struct ProbeConfig {
     /// Real-time settings the sender thread applies to itself (its
     /// SCHED_FIFO priority also goes to the probe's receive threads).
     pub rt: crate::tune::rt::RtSettings,
+    /// rtprobe's in-kernel reflector (XDP) answers this flow's probes at
+    /// the receiver: arrivals come from the echoes' payloads.
+    pub kernel_reflector: bool,
 }
 
 impl std::fmt::Debug for ProbeConfig {
@@ -119,6 +122,7 @@ impl std::fmt::Debug for ProbeConfig {
             .field("spin", &self.spin)
             .field("busy_poll", &self.busy_poll)
             .field("rt", &self.rt)
+            .field("kernel_reflector", &self.kernel_reflector)
             .finish()
     }
 }
@@ -319,7 +323,14 @@ pub fn run_session(
             .name("rtprobe-io".into())
             .spawn_scoped(s, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                io_loop(tx_sock, rx_sock, session, done_ref, &ev)
+                io_loop(
+                    tx_sock,
+                    rx_sock,
+                    session,
+                    cfg.kernel_reflector,
+                    done_ref,
+                    &ev,
+                )
             })
             .context("spawn the probe I/O thread")?;
         let run = (|| {
@@ -391,7 +402,9 @@ pub fn run_session(
 
 /// Sends a few warm-up datagrams so neighbour resolution on every hop
 /// happens before the run, and checks that the path works at all. It
-/// echoes them itself (the I/O thread starts after it).
+/// echoes them itself (the I/O thread starts after it); with the in-kernel
+/// reflector the kernel answers them first and the receiver's socket sees
+/// nothing, which works the same: the sender waits for any echo.
 fn warm_up(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
@@ -614,6 +627,7 @@ fn drain_sender(
                     sw_ns: c.sw_ns,
                     hw_ns: c.hw_ns,
                     user_ns: read_ns,
+                    reflector: p.kernel_times,
                 },
                 now,
             ),
@@ -632,6 +646,7 @@ fn io_loop(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
     session: u64,
+    kernel_reflector: bool,
     done: &AtomicBool,
     ev: &mpsc::Sender<Vec<Event>>,
 ) {
@@ -659,7 +674,10 @@ fn io_loop(
         // kernel only queues; the timestamp and (on veth, synchronously
         // during the echo's send) the echo are collected right after the
         // echo goes out, or at the next wake-up at the latest.
-        if let Err(e) = socket::poll_any(&[rx], wait) {
+        // With the in-kernel reflector nothing arrives at the receiver's
+        // socket: the echoes at the sender's are what there is to wait for.
+        let polled: &[&ProbeSocket] = if kernel_reflector { &[rx, tx] } else { &[rx] };
+        if let Err(e) = socket::poll_any(polled, wait) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
             return;
@@ -712,11 +730,12 @@ fn collect(
         matcher::Expect {
             tx: true,
             tx_hw: hw.sender_tx,
-            echo_tx: hw.echo_stamps,
-            echo_tx_hw: hw.echo_stamps && hw.receiver_tx,
+            echo_tx: hw.echo_stamps && !cfg.kernel_reflector,
+            echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !cfg.kernel_reflector,
         },
     )
-    .with_hw_clocks(hw.clocks);
+    .with_hw_clocks(hw.clocks)
+    .with_kernel_reflector(cfg.kernel_reflector);
     let mut last_flush = clock::realtime_ns();
     let mut sender_done_at: Option<i64> = None;
     let mut write_err: Option<anyhow::Error> = None;
