@@ -76,7 +76,7 @@ impl XdpSetup {
         let mut r = Reflector::load(port, 0)?;
         if is_veth(&tb.receiver, &tb.receiver_if.name) {
             if let (Some(ns), Some(peer)) = (&tb.router, &tb.router_out) {
-                self.set_feature(ns, &peer.name, Feature::Gro, true)?;
+                self.request_gro(ns, &peer.name)?;
             }
             self.set_feature(&tb.sender, &tb.sender_if.name, Feature::TxCsum, false)?;
         }
@@ -156,6 +156,26 @@ impl XdpSetup {
             ns: Netns::open(ns.name())?,
             ifname: ifname.to_string(),
             feature,
+            old,
+        });
+        Ok(())
+    }
+
+    /// GRO asked for explicitly on a veth: veth enables the NAPI that takes
+    /// XDP_TX frames from its peer only for GRO the user requested (or an
+    /// XDP program), and a GRO that is merely on by default is not, so it
+    /// is switched off and on again. Put back as it was found.
+    fn request_gro(&mut self, ns: &Netns, ifname: &str) -> Result<()> {
+        let old = ns.run(|| Feature::Gro.get(ifname))?;
+        ns.run(|| {
+            Feature::Gro.set(ifname, false)?;
+            Feature::Gro.set(ifname, true)
+        })
+        .with_context(|| format!("XDP_TX into {ifname} needs GRO requested there"))?;
+        self.changed.push(Changed {
+            ns: Netns::open(ns.name())?,
+            ifname: ifname.to_string(),
+            feature: Feature::Gro,
             old,
         });
         Ok(())
