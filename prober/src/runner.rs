@@ -254,15 +254,10 @@ fn choose_reflector(
         counts as arrived when its echo comes back, so loss on the way out and on the way back \
         cannot be told apart (echoes lost is always 0)";
     let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE});
-    // On the veth testbed the replies leave the receiver's veth by XDP_TX
-    // into the router's veth. Measured on Linux 6.18: they arrive there
-    // only when the router's XDP program runs natively on it; with kernel
-    // forwarding (--xdp-mode off) or generic XDP they vanish after XDP_TX
-    // (the veth's xdp_tx counter rises, nothing is received), cause not
-    // yet found. NIC pairs have no such hop.
-    let path_ok = testbed.kind == Kind::NicPair || xdp.attached_mode_name() == "native";
-    const VETH_NEEDS_NATIVE: &str = "on the veth testbed the in-kernel reflector's replies \
-        only get through with the XDP router attached natively (--xdp-mode native or auto)";
+    let path_ok = xdp.reflector_replies_get_through(testbed);
+    const VETH_NEEDS_NATIVE: &str = "the receiver's interface is a veth whose peer runs no \
+        native XDP program, where the in-kernel reflector's XDP_TX replies are lost (on the \
+        veth testbed use --xdp-mode native or auto)";
     match opts.reflector {
         Some(ReflectorArg::User) => Ok((false, serde_json::json!({"kind": "user"}))),
         Some(ReflectorArg::Kernel) => {

@@ -85,6 +85,26 @@ impl XdpSetup {
         Ok(mode)
     }
 
+    /// Whether the in-kernel reflector's replies get back from the
+    /// receiver's interface. On a veth they leave by XDP_TX into the peer;
+    /// measured on Linux 6.18, they are received there only when the peer
+    /// runs a native XDP program (the router's, on the veth testbed with
+    /// the router native): into a peer without one (kernel forwarding,
+    /// generic XDP, a NIC pair made of a veth pair) the veth's xdp_tx
+    /// counter rises and the peer receives nothing, GRO requested or not
+    /// (cause not found yet). Physical NICs transmit XDP_TX themselves.
+    pub fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
+        if !is_veth(&tb.receiver, &tb.receiver_if.name) {
+            return true;
+        }
+        let Some(peer) = &tb.router_out else {
+            return false;
+        };
+        self.modes
+            .iter()
+            .any(|(i, m)| *i == peer.name && *m == AttachedMode::Native)
+    }
+
     /// The in-kernel reflector's counters, if it is attached.
     pub fn reflector_counters(&self) -> Option<Result<XdpCounters>> {
         self.reflector.as_ref().map(|(r, _)| r.counters())
