@@ -675,8 +675,12 @@ fn io_loop(
         // during the echo's send) the echo are collected right after the
         // echo goes out, or at the next wake-up at the latest.
         // With the in-kernel reflector nothing arrives at the receiver's
-        // socket: the echoes at the sender's are what there is to wait for.
-        let polled: &[&ProbeSocket] = if kernel_reflector { &[rx, tx] } else { &[rx] };
+        // socket, and waiting on the sender's would put a wake-up into
+        // every probe's send path (above). The echoes' RX stamps are the
+        // kernel's whenever they are read, so they are collected every
+        // millisecond (the 32 MiB receive buffer holds far more).
+        let wait = if kernel_reflector { wait.min(1) } else { wait };
+        let polled: &[&ProbeSocket] = &[rx];
         if let Err(e) = socket::poll_any(polled, wait) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
