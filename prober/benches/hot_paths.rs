@@ -147,6 +147,7 @@ fn benches(c: &mut Criterion) {
                     sw_ns: Some(t + 9),
                     hw_ns: None,
                     user_ns: t + 11,
+                    reflector: None,
                 },
                 &mut st,
             );
