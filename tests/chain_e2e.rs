@@ -135,7 +135,17 @@ fn every_stamp_of_the_chain_lands_in_the_csv_in_order() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let r = probe(dir.path(), &["--xdp-mode", "native", "--count", "300"]);
+    let r = probe(
+        dir.path(),
+        &[
+            "--xdp-mode",
+            "native",
+            "--reflector",
+            "user",
+            "--count",
+            "300",
+        ],
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let rows = &r.rows;
     let header = rtprobe::export::csv::HEADER;

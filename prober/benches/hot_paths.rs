@@ -64,6 +64,7 @@ fn benches(c: &mut Criterion) {
                 flow: 0,
                 echo: false,
                 send_ns: 1,
+                kernel_times: None,
             }
             .encode(&mut payload);
             black_box(Probe::decode(black_box(&payload), 42).ok())
@@ -146,6 +147,7 @@ fn benches(c: &mut Criterion) {
                     sw_ns: Some(t + 9),
                     hw_ns: None,
                     user_ns: t + 11,
+                    reflector: None,
                 },
                 &mut st,
             );

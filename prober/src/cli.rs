@@ -86,6 +86,17 @@ pub enum XdpActionArg {
     Pass,
 }
 
+/// Who answers the probes at the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReflectorArg {
+    /// rtprobe's XDP program on the receiver's interface replies with
+    /// XDP_TX and writes its receive/transmit times into the echo.
+    Kernel,
+    /// A user-space thread reads each probe and sends the echo.
+    User,
+}
+
 /// Which timestamps to ask the kernel for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -107,6 +118,10 @@ pub struct ProbeArgs {
     /// XDP router behaviour: forward in XDP (redirect) or hand every packet to the kernel (pass).
     #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
     pub xdp_action: XdpActionArg,
+
+    /// Who echoes the probes [default: kernel where it attaches, else user, with a note].
+    #[arg(long, value_enum)]
+    pub reflector: Option<ReflectorArg>,
 
     /// UDP payload bytes per probe (the study used 64, 200 and 1472).
     #[arg(long, default_value_t = 64)]

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cli::XdpModeArg,
+    cli::{ReflectorArg, XdpModeArg},
     config::RunOptions,
+    ebpf::XdpSetup,
     export::{CsvWriter, RunMeta},
-    probe::{self, Endpoints},
+    probe::{self, Endpoints, ProbeConfig},
     stats::Summary,
     testbed::{Kind, Testbed},
     tune,
@@ -76,8 +77,13 @@ fn probe_on(
         a.start_queue_sampler(q)?;
     }
     check_stop(stop)?;
-    let xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
+    let mut xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
     check_stop(stop)?;
+    let (kernel_reflector, mut reflector_info) = choose_reflector(&mut xdp, testbed, opts)?;
+    let main_cfg = ProbeConfig {
+        kernel_reflector,
+        ..opts.probe.clone()
+    };
 
     let meta = RunMeta {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -97,6 +103,7 @@ fn probe_on(
         } else {
             format!("{:?}", opts.xdp_action).to_lowercase()
         },
+        reflector: if kernel_reflector { "kernel" } else { "user" }.into(),
         size: opts.probe.size as u32,
         interval_ns: opts.probe.interval.as_nanos() as u64,
         count: opts.probe.count,
@@ -144,7 +151,7 @@ fn probe_on(
             })
             .collect();
         let mut sink = csv;
-        let main = probe::run_session(ep, &opts.probe, &mut sink, stop, progress);
+        let main = probe::run_session(ep, &main_cfg, &mut sink, stop, progress);
         if main.is_err() {
             stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
         }
@@ -180,6 +187,11 @@ fn probe_on(
     summary.xdp_mode_requested = meta.xdp_mode_requested.clone();
     summary.xdp_mode_attached = meta.xdp_mode_attached.clone();
     summary.xdp_counters = xdp.counters().context("read XDP counters")?;
+    if let Some(c) = xdp.reflector_counters() {
+        let c = c.context("read the in-kernel reflector's counters")?;
+        reflector_info["counters"] = serde_json::to_value(c).unwrap_or_default();
+    }
+    summary.extra.insert("reflector".into(), reflector_info);
     summary
         .extra
         .insert("late_arrivals".into(), outcome.late_arrivals.into());
@@ -227,6 +239,53 @@ fn probe_on(
         rows,
         interrupted: outcome.interrupted,
     })
+}
+
+/// Attaches the in-kernel reflector unless `--reflector user`: asked for
+/// explicitly, failing to attach is an error; by default the user-space
+/// reflector takes over with a note. Returns whether the kernel answers and
+/// what the summary says about it.
+fn choose_reflector(
+    xdp: &mut XdpSetup,
+    testbed: &Testbed,
+    opts: &RunOptions,
+) -> Result<(bool, serde_json::Value)> {
+    const KERNEL_LOSS_NOTE: &str = "the in-kernel reflector answers without a socket: a probe \
+        counts as arrived when its echo comes back, so loss on the way out and on the way back \
+        cannot be told apart (echoes lost is always 0)";
+    let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE});
+    let path_ok = xdp.reflector_replies_get_through(testbed);
+    const VETH_NEEDS_NATIVE: &str = "the receiver's interface is a veth whose peer runs no \
+        native XDP program, where the in-kernel reflector's XDP_TX replies are lost (on the \
+        veth testbed use --xdp-mode native or auto)";
+    match opts.reflector {
+        Some(ReflectorArg::User) => Ok((false, serde_json::json!({"kind": "user"}))),
+        Some(ReflectorArg::Kernel) => {
+            if !path_ok {
+                bail!("--reflector kernel: {VETH_NEEDS_NATIVE}; or use --reflector user");
+            }
+            let mode = xdp.attach_reflector(testbed, opts.probe.port).context(
+                "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
+                 interface (use --reflector user, or --xdp-mode off in NIC-pair mode)",
+            )?;
+            Ok((true, kernel(mode)))
+        }
+        None if !path_ok => {
+            let note = format!("user-space reflector: {VETH_NEEDS_NATIVE}");
+            log::info!("{note}");
+            Ok((false, serde_json::json!({"kind": "user", "note": note})))
+        }
+        None => match xdp.attach_reflector(testbed, opts.probe.port) {
+            Ok(mode) => Ok((true, kernel(mode))),
+            Err(e) => {
+                let note = format!(
+                    "in-kernel reflector not attached ({e:#}): the user-space reflector answers"
+                );
+                log::info!("{note}");
+                Ok((false, serde_json::json!({"kind": "user", "note": note})))
+            }
+        },
+    }
 }
 
 /// How the sender paced, stored with the run.
@@ -295,9 +354,11 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
                 spin: None,
                 busy_poll: false,
                 rt: cell.knobs.rt(),
+                kernel_reflector: false,
             },
             xdp_mode: p.xdp_mode,
             xdp_action: p.xdp_action,
+            reflector: None,
             tx_if: p.tx_if.clone(),
             rx_if: p.rx_if.clone(),
             out: cell.csv.clone(),

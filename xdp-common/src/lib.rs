@@ -159,6 +159,272 @@ pub fn ipv4_checksum(hdr: &[u8; 20]) -> u16 {
     !ipv4_header_sum(&h)
 }
 
+// ------------------------------------------------------------ the reflector
+
+/// Name of the in-kernel reflector's XDP program (same object as the router).
+pub const REFLECTOR_PROGRAM_NAME: &str = "xdp_reflector";
+/// Per-CPU array of [`Counter`], indexed by [`ReflectorOutcome`].
+pub const REFLECTOR_COUNTERS_MAP: &str = "REFLECTOR_COUNTERS";
+/// ARRAY of one [`ReflectorClock`], written by user space at attach time
+/// and refreshed while it runs.
+pub const REFLECTOR_CLOCK_MAP: &str = "REFLECTOR_CLOCK";
+/// `u16` global (host order): UDP destination port of rtprobe probes to answer.
+pub const REFLECT_PORT_GLOBAL: &str = "REFLECT_PORT";
+/// `u16` global (host order): UDP destination port of STAMP session-sender
+/// packets to answer; 0 answers none.
+pub const STAMP_PORT_GLOBAL: &str = "STAMP_PORT";
+
+/// rtprobe payload (see rtprobe's `probe/packet.rs`): magic, version, flags.
+pub const RTPB_MAGIC: [u8; 4] = *b"RTPB";
+pub const RTPB_VERSION: u8 = 1;
+/// Flag bit: the datagram is an echo (never reflected again).
+pub const RTPB_FLAG_ECHO: u8 = 1;
+/// Flag bit: bytes [`RTPB_KTIMES_OFFSET`].. hold the receive and transmit
+/// times of an in-kernel reflector (CLOCK_REALTIME ns, big-endian i64 each).
+/// (Bit 1, value 2, marks rtprobe's warm-up probes.)
+pub const RTPB_FLAG_KERNEL_TIMES: u8 = 4;
+/// The probe header every rtprobe payload has.
+pub const RTPB_HEADER_LEN: usize = 32;
+/// Where the in-kernel reflector writes its receive time (then its transmit time).
+pub const RTPB_KTIMES_OFFSET: usize = 32;
+/// Shortest payload the in-kernel reflector writes its times into.
+pub const RTPB_KTIMES_MIN_LEN: usize = 48;
+/// Unauthenticated STAMP test packet (RFC 8762 §4.2.1 / §4.3.1).
+pub const STAMP_UNAUTH_LEN: usize = 44;
+/// Seconds from the NTP epoch (1900) to the Unix epoch (1970).
+pub const NTP_UNIX_OFFSET_S: u64 = 2_208_988_800;
+/// TTL of every reflected datagram, as a host's own UDP would leave.
+pub const REFLECT_TTL: u8 = 64;
+
+/// What the reflector did with one frame; the index into [`REFLECTOR_COUNTERS_MAP`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReflectorOutcome {
+    /// An rtprobe probe answered with XDP_TX.
+    ReflectedRtprobe = 0,
+    /// A STAMP session-sender packet answered with XDP_TX.
+    ReflectedStamp = 1,
+    /// XDP_PASS: IPv4 but not for the reflector (other protocol or port,
+    /// not an rtprobe payload, a fragment, IP options).
+    NotProbe = 2,
+    /// XDP_PASS of an rtprobe echo (never reflected again).
+    Echo = 3,
+    /// XDP_PASS of a truncated or inconsistent frame.
+    Malformed = 4,
+    /// An rtprobe probe answered without times: shorter than
+    /// [`RTPB_KTIMES_MIN_LEN`] (also counted as reflected).
+    NoRoomForTimes = 5,
+    /// XDP_PASS of anything that is not IPv4 (IPv6, ARP, VLAN...).
+    NonIpv4 = 6,
+}
+
+/// Number of [`ReflectorOutcome`]s (the size of [`REFLECTOR_COUNTERS_MAP`]).
+pub const REFLECTOR_OUTCOME_COUNT: u32 = 7;
+
+impl ReflectorOutcome {
+    pub const ALL: [ReflectorOutcome; REFLECTOR_OUTCOME_COUNT as usize] = [
+        ReflectorOutcome::ReflectedRtprobe,
+        ReflectorOutcome::ReflectedStamp,
+        ReflectorOutcome::NotProbe,
+        ReflectorOutcome::Echo,
+        ReflectorOutcome::Malformed,
+        ReflectorOutcome::NoRoomForTimes,
+        ReflectorOutcome::NonIpv4,
+    ];
+
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+
+    /// Stable name used in summaries.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReflectorOutcome::ReflectedRtprobe => "reflected_rtprobe",
+            ReflectorOutcome::ReflectedStamp => "reflected_stamp",
+            ReflectorOutcome::NotProbe => "not_probe",
+            ReflectorOutcome::Echo => "echo_passed",
+            ReflectorOutcome::Malformed => "malformed",
+            ReflectorOutcome::NoRoomForTimes => "no_room_for_times",
+            ReflectorOutcome::NonIpv4 => "non_ipv4",
+        }
+    }
+}
+
+/// The reflector's clock parameters, the one entry of [`REFLECTOR_CLOCK_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReflectorClock {
+    /// CLOCK_REALTIME - CLOCK_TAI in ns (about -37 s today), measured by
+    /// user space; the reflector adds it to `bpf_ktime_get_tai_ns()`.
+    pub tai_to_realtime_ns: i64,
+    /// STAMP Error Estimate (RFC 8762 §4.2.1, Z = 0: NTP format) put into
+    /// reflected STAMP packets, as a big-endian word's value.
+    pub stamp_error_estimate: u16,
+    /// Explicit padding to 16 bytes, zero.
+    pub _pad: [u8; 6],
+}
+
+// SAFETY: i64, u16 and 6 bytes, no implicit padding, every bit pattern valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ReflectorClock {}
+
+/// Accumulates the change of 16-bit words in checksummed data for an
+/// incremental Internet checksum update (RFC 1624 eqn. 3 over many words:
+/// `HC' = ~(~HC + sum ~m + sum m')`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CsumDelta(u64);
+
+impl CsumDelta {
+    pub const fn new() -> Self {
+        CsumDelta(0)
+    }
+
+    /// One 16-bit word changed from `old` to `new` (as read big-endian).
+    #[inline(always)]
+    pub const fn replace16(self, old: u16, new: u16) -> Self {
+        CsumDelta(self.0 + (!old) as u64 + new as u64)
+    }
+
+    /// Four consecutive words (an aligned 8-byte field, read big-endian) changed.
+    #[inline(always)]
+    pub const fn replace64(self, old: u64, new: u64) -> Self {
+        let mut d = self;
+        let mut i = 0;
+        while i < 4 {
+            let shift = 48 - 16 * i;
+            d = d.replace16((old >> shift) as u16, (new >> shift) as u16);
+            i += 1;
+        }
+        d
+    }
+
+    /// Both sets of changes.
+    #[inline(always)]
+    pub const fn merge(self, other: CsumDelta) -> Self {
+        CsumDelta(self.0 + other.0)
+    }
+
+    /// The checksum after the changes, given the one before.
+    #[inline(always)]
+    pub const fn apply(self, check: u16) -> u16 {
+        !fold64((!check) as u64 + self.0)
+    }
+
+    /// As [`apply`](Self::apply) for a UDP checksum over IPv4: 0 means "no
+    /// checksum" and stays 0, and a computed 0 is sent as 0xffff (RFC 768).
+    #[inline(always)]
+    pub const fn apply_udp(self, check: u16) -> u16 {
+        if check == 0 {
+            return 0;
+        }
+        match self.apply(check) {
+            0 => 0xffff,
+            c => c,
+        }
+    }
+}
+
+/// Folds a 64-bit one's complement sum to 16 bits.
+#[inline(always)]
+pub const fn fold64(mut sum: u64) -> u16 {
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    csum_fold(((sum & 0xffff) + (sum >> 16)) as u32)
+}
+
+/// A CLOCK_REALTIME time (ns since 1970) as an NTP 64-bit timestamp
+/// (RFC 5905 §6: seconds since 1900 modulo 2^32, fraction in 2^-32 s),
+/// truncated. Times before 1970 give 0.
+#[inline(always)]
+pub const fn realtime_ns_to_ntp(ns: i64) -> u64 {
+    if ns < 0 {
+        return 0;
+    }
+    let ns = ns as u64;
+    let secs = (ns / 1_000_000_000 + NTP_UNIX_OFFSET_S) & 0xffff_ffff;
+    // < 10^9 << 32 < 2^62: no overflow.
+    let frac = ((ns % 1_000_000_000) << 32) / 1_000_000_000;
+    (secs << 32) | frac
+}
+
+/// Marks an rtprobe probe header as an echo (and, with `times`, as carrying
+/// in-kernel reflector times), returning the checksum change.
+#[inline(always)]
+pub fn rtpb_mark_echo(hdr: &mut [u8; RTPB_HEADER_LEN], times: bool) -> CsumDelta {
+    let old = u16::from_be_bytes([hdr[4], hdr[5]]);
+    let mut flags = hdr[5] | RTPB_FLAG_ECHO;
+    if times {
+        flags |= RTPB_FLAG_KERNEL_TIMES;
+    }
+    hdr[5] = flags;
+    CsumDelta::new().replace16(old, u16::from_be_bytes([hdr[4], flags]))
+}
+
+/// Writes the reflector's receive and transmit times (CLOCK_REALTIME ns)
+/// into the 16 bytes after the probe header, returning the checksum change.
+#[inline(always)]
+pub fn rtpb_write_times(times: &mut [u8; 16], rx_ns: i64, tx_ns: i64) -> CsumDelta {
+    let old_rx = u64::from_be_bytes(read8(times, 0));
+    let old_tx = u64::from_be_bytes(read8(times, 8));
+    times[0..8].copy_from_slice(&rx_ns.to_be_bytes());
+    times[8..16].copy_from_slice(&tx_ns.to_be_bytes());
+    CsumDelta::new()
+        .replace64(old_rx, rx_ns as u64)
+        .replace64(old_tx, tx_ns as u64)
+}
+
+/// Turns an unauthenticated STAMP session-sender packet into the
+/// session-reflector packet (RFC 8762 §4.3.1 stateless, RFC 8972 §3 SSID)
+/// in place: sequence number copied, T3 (`tx_ntp`), the reflector's error
+/// estimate, SSID kept, T2 (`rx_ntp`), the sender's sequence number,
+/// timestamp and error estimate, and the TTL the packet arrived with.
+/// Returns the checksum change.
+#[inline(always)]
+pub fn stamp_reflect(
+    pkt: &mut [u8; STAMP_UNAUTH_LEN],
+    sender_ttl: u8,
+    error_estimate: u16,
+    rx_ntp: u64,
+    tx_ntp: u64,
+) -> CsumDelta {
+    let old = *pkt;
+    let mut new = [0u8; STAMP_UNAUTH_LEN];
+    new[0..4].copy_from_slice(&old[0..4]);
+    new[4..12].copy_from_slice(&tx_ntp.to_be_bytes());
+    new[12..14].copy_from_slice(&error_estimate.to_be_bytes());
+    new[14..16].copy_from_slice(&old[14..16]);
+    new[16..24].copy_from_slice(&rx_ntp.to_be_bytes());
+    new[24..28].copy_from_slice(&old[0..4]);
+    new[28..36].copy_from_slice(&old[4..12]);
+    new[36..38].copy_from_slice(&old[12..14]);
+    new[40] = sender_ttl;
+    *pkt = new;
+    let mut d = CsumDelta::new();
+    let mut i = 0;
+    while i < STAMP_UNAUTH_LEN {
+        d = d.replace16(
+            u16::from_be_bytes([old[i], old[i + 1]]),
+            u16::from_be_bytes([new[i], new[i + 1]]),
+        );
+        i += 2;
+    }
+    d
+}
+
+#[inline(always)]
+fn read8(b: &[u8; 16], at: usize) -> [u8; 8] {
+    [
+        b[at],
+        b[at + 1],
+        b[at + 2],
+        b[at + 3],
+        b[at + 4],
+        b[at + 5],
+        b[at + 6],
+        b[at + 7],
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -247,6 +513,116 @@ mod tests {
             d[off..off + 2].copy_from_slice(&new.to_be_bytes());
             d[10..12].copy_from_slice(&csum_replace2(check, old, new).to_be_bytes());
             prop_assert!(ipv4_checksum_ok(&d));
+        }
+    }
+
+    /// One's complement checksum over `data` (odd length padded), the
+    /// plain definition, for checking the incremental helpers.
+    fn full_sum(data: &[u8]) -> u16 {
+        let mut sum: u64 = 0;
+        for w in data.chunks(2) {
+            sum += u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]) as u64;
+        }
+        fold64(sum)
+    }
+
+    #[test]
+    fn reflector_outcomes_and_clock_layout() {
+        for (i, o) in ReflectorOutcome::ALL.iter().enumerate() {
+            assert_eq!(o.index() as usize, i);
+            for p in &ReflectorOutcome::ALL[i + 1..] {
+                assert_ne!(o.name(), p.name());
+            }
+        }
+        assert_eq!(core::mem::size_of::<ReflectorClock>(), 16);
+    }
+
+    #[test]
+    fn ntp_conversion() {
+        // 1970-01-01 is NTP second 2208988800, fraction 0.
+        assert_eq!(realtime_ns_to_ntp(0), NTP_UNIX_OFFSET_S << 32);
+        // Half a second is fraction 2^31.
+        assert_eq!(realtime_ns_to_ntp(500_000_000) & 0xffff_ffff, 1 << 31);
+        // 2036-02-07 06:28:16 UTC wraps to era 1, second 0.
+        let wrap_s = (1u64 << 32) - NTP_UNIX_OFFSET_S;
+        assert_eq!(realtime_ns_to_ntp((wrap_s * 1_000_000_000) as i64), 0);
+        assert_eq!(realtime_ns_to_ntp(-1), 0);
+    }
+
+    #[test]
+    fn udp_zero_checksum_rules() {
+        assert_eq!(CsumDelta::new().replace16(0, 5).apply_udp(0), 0);
+        // A change that makes the sum come out as 0 is sent as 0xffff.
+        let d = CsumDelta::new().replace16(0x0000, 0x0001);
+        assert_eq!(d.apply(0x0001), 0x0000);
+        assert_eq!(d.apply_udp(0x0001), 0xffff);
+    }
+
+    /// Data with a checksum word at 0..2 that makes the whole sum 0xffff.
+    fn with_sum(mut d: std::vec::Vec<u8>) -> std::vec::Vec<u8> {
+        d[0] = 0;
+        d[1] = 0;
+        let c = !full_sum(&d);
+        d[0..2].copy_from_slice(&c.to_be_bytes());
+        d
+    }
+
+    proptest! {
+        /// Marking an echo and writing times keeps a valid checksum valid.
+        #[test]
+        fn rtpb_updates_keep_checksum(
+            raw in proptest::collection::vec(any::<u8>(), 50),
+            rx in any::<i64>(), tx in any::<i64>(), times in any::<bool>(),
+        ) {
+            // [0..2] checksum, [2..34] probe header, [34..50] times.
+            let d0 = with_sum(raw);
+            let check = u16::from_be_bytes([d0[0], d0[1]]);
+            let mut d = d0.clone();
+            let mut hdr: [u8; 32] = d[2..34].try_into().unwrap();
+            let mut t: [u8; 16] = d[34..50].try_into().unwrap();
+            let mut delta = rtpb_mark_echo(&mut hdr, times);
+            if times {
+                let w = rtpb_write_times(&mut t, rx, tx);
+                delta = CsumDelta(delta.0 + w.0);
+            }
+            d[2..34].copy_from_slice(&hdr);
+            d[34..50].copy_from_slice(&t);
+            d[0..2].copy_from_slice(&delta.apply(check).to_be_bytes());
+            prop_assert_eq!(full_sum(&d), 0xffff);
+            prop_assert!(hdr[5] & RTPB_FLAG_ECHO != 0);
+            prop_assert_eq!(hdr[5] & RTPB_FLAG_KERNEL_TIMES != 0, times || d0[7] & RTPB_FLAG_KERNEL_TIMES != 0);
+            if times {
+                prop_assert_eq!(&t[0..8], &rx.to_be_bytes());
+                prop_assert_eq!(&t[8..16], &tx.to_be_bytes());
+            }
+        }
+
+        /// The STAMP rewrite keeps a valid checksum valid and moves the fields.
+        #[test]
+        fn stamp_reflect_fields_and_checksum(
+            raw in proptest::collection::vec(any::<u8>(), 46),
+            ttl in any::<u8>(), ee in any::<u16>(), t2 in any::<u64>(), t3 in any::<u64>(),
+        ) {
+            let d0 = with_sum(raw);
+            let check = u16::from_be_bytes([d0[0], d0[1]]);
+            let mut pkt: [u8; 44] = d0[2..46].try_into().unwrap();
+            let sender = pkt;
+            let delta = stamp_reflect(&mut pkt, ttl, ee, t2, t3);
+            prop_assert_eq!(&pkt[0..4], &sender[0..4]);
+            prop_assert_eq!(&pkt[4..12], &t3.to_be_bytes());
+            prop_assert_eq!(&pkt[12..14], &ee.to_be_bytes());
+            prop_assert_eq!(&pkt[14..16], &sender[14..16]);
+            prop_assert_eq!(&pkt[16..24], &t2.to_be_bytes());
+            prop_assert_eq!(&pkt[24..28], &sender[0..4]);
+            prop_assert_eq!(&pkt[28..36], &sender[4..12]);
+            prop_assert_eq!(&pkt[36..38], &sender[12..14]);
+            prop_assert_eq!(&pkt[38..40], &[0u8, 0]);
+            prop_assert_eq!(pkt[40], ttl);
+            prop_assert_eq!(&pkt[41..44], &[0u8; 3]);
+            let mut d = d0.clone();
+            d[2..46].copy_from_slice(&pkt);
+            d[0..2].copy_from_slice(&delta.apply(check).to_be_bytes());
+            prop_assert_eq!(full_sum(&d), 0xffff);
         }
     }
 }

@@ -15,10 +15,15 @@
 //! `bpf_redirect_map` on BPF_MAP_TYPE_DEVMAP_HASH (5.4), per-CPU arrays,
 //! read-only global data set at load time (5.2). Minimum kernel: 5.4.
 //!
+//! The same object holds the in-kernel reflector, `xdp_reflector` (see
+//! `reflector.rs`); rtprobe loads one or the other.
+//!
 //! The program only builds for `bpfel-unknown-none` (see `cargo xtask
 //! build-ebpf`); on the host it type-checks and its `main` says so.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+
+mod reflector;
 
 use core::mem;
 
@@ -51,23 +56,23 @@ static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(OUTCOME_CO
 #[map(name = "EGRESS")]
 static EGRESS: DevMapHash = DevMapHash::with_max_entries(EGRESS_MAX_ENTRIES, 0);
 
-const ETH_HLEN: usize = 14;
+pub(crate) const ETH_HLEN: usize = 14;
 const ETH_ALEN: usize = 6;
-const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
 const AF_INET: u8 = 2;
-const IPV4_HLEN: usize = 20;
+pub(crate) const IPV4_HLEN: usize = 20;
 
 #[repr(C)]
-struct EthHdr {
-    dst: [u8; ETH_ALEN],
-    src: [u8; ETH_ALEN],
+pub(crate) struct EthHdr {
+    pub(crate) dst: [u8; ETH_ALEN],
+    pub(crate) src: [u8; ETH_ALEN],
     /// Network byte order.
-    proto: [u8; 2],
+    pub(crate) proto: [u8; 2],
 }
 
 /// The fixed 20 bytes of an IPv4 header, as raw bytes so that the checksum
 /// helpers of `xdp-common` can take it whole.
-type Ipv4Hdr = [u8; IPV4_HLEN];
+pub(crate) type Ipv4Hdr = [u8; IPV4_HLEN];
 
 #[xdp]
 pub fn xdp_router(ctx: XdpContext) -> u32 {
@@ -221,7 +226,7 @@ fn verdict(outcome: Outcome, len: u64, action: u32) -> u32 {
 /// A pointer to a `T` at `offset` in the frame, or None if it would run
 /// past the end (the check the verifier wants to see).
 #[inline(always)]
-fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+pub(crate) fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + offset + mem::size_of::<T>() > end {

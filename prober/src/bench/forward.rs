@@ -507,6 +507,7 @@ fn run_probe(
             fifo_priority: plan.rt_priority.map(|p| p + 1),
             ..Default::default()
         },
+        kernel_reflector: false,
     };
     let path = match &plan.csv_dir {
         Some(d) => d.join(csv_name),
@@ -515,6 +516,7 @@ fn run_probe(
     let meta = RunMeta {
         version: env!("CARGO_PKG_VERSION").to_string(),
         label: Some(csv_name.trim_end_matches(".csv").to_string()),
+        reflector: "user".into(),
         testbed: "veth".into(),
         testbed_id: tb.id.clone(),
         size: 64,

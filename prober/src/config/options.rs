@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 
 use crate::{
-    cli::{ProbeArgs, XdpActionArg, XdpModeArg},
+    cli::{ProbeArgs, ReflectorArg, XdpActionArg, XdpModeArg},
     probe::{ProbeConfig, packet::HEADER_LEN},
     tune::Knobs,
 };
@@ -22,6 +22,8 @@ pub struct RunOptions {
     pub probe: ProbeConfig,
     pub xdp_mode: XdpModeArg,
     pub xdp_action: XdpActionArg,
+    /// Who echoes the main flow's probes; None: the kernel where it attaches.
+    pub reflector: Option<ReflectorArg>,
     /// NIC-pair mode when both are set.
     pub tx_if: Option<String>,
     pub rx_if: Option<String>,
@@ -117,6 +119,8 @@ impl FlowSpec {
             port: self.port,
             flow,
             spin: main.spin.map(|s| s.min(interval)),
+            // The in-kernel reflector answers the main flow's port only.
+            kernel_reflector: false,
             ..main.clone()
         })
     }
@@ -240,9 +244,11 @@ impl RunOptions {
                 spin: a.pacing.spin,
                 busy_poll: a.pacing.busy_poll,
                 rt,
+                kernel_reflector: false,
             },
             xdp_mode: a.xdp_mode,
             xdp_action: a.xdp_action,
+            reflector: a.reflector,
             tx_if: a.tx_if.clone(),
             rx_if: a.rx_if.clone(),
             out: a.out.clone(),

@@ -19,8 +19,11 @@
 //! attach and detach run on a thread inside the interface's namespace.
 
 pub mod query;
+pub mod reflector;
 mod setup;
 
+#[cfg(test)]
+mod reflector_tests;
 #[cfg(test)]
 mod tests;
 
@@ -44,6 +47,7 @@ use crate::{
 };
 
 pub use query::XdpState;
+pub use reflector::Reflector;
 pub use setup::{XdpSetup, attach_for_testbed};
 
 /// The XDP router object, built by `build.rs` (aya-build) for

@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result};
 
-use super::{AttachedMode, Router};
+use super::{AttachedMode, Reflector, Router};
 use crate::{
     cli::{XdpActionArg, XdpModeArg},
     stats::XdpCounters,
@@ -51,6 +51,8 @@ pub struct XdpSetup {
     /// Mode per attached interface, in attach order.
     modes: Vec<(String, AttachedMode)>,
     changed: Vec<Changed>,
+    /// rtprobe's in-kernel reflector on the receiver's interface, if attached.
+    reflector: Option<(Reflector, AttachedMode)>,
 }
 
 impl XdpSetup {
@@ -59,7 +61,53 @@ impl XdpSetup {
             routers: Vec::new(),
             modes: Vec::new(),
             changed: Vec::new(),
+            reflector: None,
         }
+    }
+
+    /// Attaches the in-kernel reflector (answering rtprobe probes to UDP
+    /// `port`) to the receiver's interface, native where the driver can,
+    /// else generic. On a veth it prepares what XDP_TX and the reflector's
+    /// checksum update need (GRO on the peer, which receives the replies;
+    /// TX checksum offload off at the sender, so probes carry full UDP
+    /// checksums), put back with everything else. Fails when another XDP
+    /// program holds the interface (the router in NIC-pair mode).
+    pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
+        let mut r = Reflector::load(port, 0)?;
+        if is_veth(&tb.receiver, &tb.receiver_if.name) {
+            if let (Some(ns), Some(peer)) = (&tb.router, &tb.router_out) {
+                self.request_gro(ns, &peer.name)?;
+            }
+            self.set_feature(&tb.sender, &tb.sender_if.name, Feature::TxCsum, false)?;
+        }
+        let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpModeArg::Auto)?;
+        self.reflector = Some((r, mode));
+        Ok(mode)
+    }
+
+    /// Whether the in-kernel reflector's replies get back from the
+    /// receiver's interface. On a veth they leave by XDP_TX into the peer;
+    /// measured on Linux 6.18, they are received there only when the peer
+    /// runs a native XDP program (the router's, on the veth testbed with
+    /// the router native): into a peer without one (kernel forwarding,
+    /// generic XDP, a NIC pair made of a veth pair) the veth's xdp_tx
+    /// counter rises and the peer receives nothing, GRO requested or not
+    /// (cause not found yet). Physical NICs transmit XDP_TX themselves.
+    pub fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
+        if !is_veth(&tb.receiver, &tb.receiver_if.name) {
+            return true;
+        }
+        let Some(peer) = &tb.router_out else {
+            return false;
+        };
+        self.modes
+            .iter()
+            .any(|(i, m)| *i == peer.name && *m == AttachedMode::Native)
+    }
+
+    /// The in-kernel reflector's counters, if it is attached.
+    pub fn reflector_counters(&self) -> Option<Result<XdpCounters>> {
+        self.reflector.as_ref().map(|(r, _)| r.counters())
     }
 
     /// "none", "skb", "native", or "mixed (if1 native, if2 skb)".
@@ -94,6 +142,11 @@ impl XdpSetup {
 
     fn undo(&mut self) -> Result<()> {
         let mut first_err = None;
+        if let Some((mut r, _)) = self.reflector.take()
+            && let Err(e) = r.detach()
+        {
+            first_err.get_or_insert(e);
+        }
         for mut r in self.routers.drain(..) {
             if let Err(e) = r.detach_all() {
                 first_err.get_or_insert(e);
@@ -123,6 +176,26 @@ impl XdpSetup {
             ns: Netns::open(ns.name())?,
             ifname: ifname.to_string(),
             feature,
+            old,
+        });
+        Ok(())
+    }
+
+    /// GRO asked for explicitly on a veth: veth enables the NAPI that takes
+    /// XDP_TX frames from its peer only for GRO the user requested (or an
+    /// XDP program), and a GRO that is merely on by default is not, so it
+    /// is switched off and on again. Put back as it was found.
+    fn request_gro(&mut self, ns: &Netns, ifname: &str) -> Result<()> {
+        let old = ns.run(|| Feature::Gro.get(ifname))?;
+        ns.run(|| {
+            Feature::Gro.set(ifname, false)?;
+            Feature::Gro.set(ifname, true)
+        })
+        .with_context(|| format!("XDP_TX into {ifname} needs GRO requested there"))?;
+        self.changed.push(Changed {
+            ns: Netns::open(ns.name())?,
+            ifname: ifname.to_string(),
+            feature: Feature::Gro,
             old,
         });
         Ok(())

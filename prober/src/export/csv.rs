@@ -210,6 +210,8 @@ pub struct RunMeta {
     pub xdp_mode_requested: String,
     pub xdp_mode_attached: String,
     pub xdp_action: String,
+    /// Who echoed the probes: "kernel" (rtprobe's XDP reflector) or "user".
+    pub reflector: String,
     pub size: u32,
     pub interval_ns: u64,
     pub count: Option<u64>,

@@ -101,6 +101,18 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         s.tx_timestamp_late,
         s.foreign_packets
     );
+    if let Some(r) = s.extra.get("reflector") {
+        let kind = r["kind"].as_str().unwrap_or("user");
+        let mode = r["xdp_mode"]
+            .as_str()
+            .map(|m| format!(" (XDP {m})"))
+            .unwrap_or_default();
+        let note = r["note"]
+            .as_str()
+            .map(|n| format!("; {n}"))
+            .unwrap_or_default();
+        let _ = writeln!(o, "  reflector: {kind}{mode}{note}");
+    }
     let _ = writeln!(o, "  {}", start_words(&s.one_way_start));
     if let Some(serde_json::Value::Object(clocks)) = s.extra.get("hardware_clocks") {
         for (side, c) in clocks {

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque, hash_map::Entry};
 
-use super::cmsg::TxKind;
+use super::{cmsg::TxKind, packet::KernelTimes};
 use crate::export::ProbeRecord;
 use crate::stats::{RunStats, chain};
 
@@ -57,12 +57,15 @@ pub enum Event {
         kind: TxKind,
         ts_ns: i64,
     },
-    /// Its echo arrived back at the sender.
+    /// Its echo arrived back at the sender. `reflector` carries the
+    /// in-kernel reflector's receive and transmit times from the echo's
+    /// payload, when it wrote them.
     Echoed {
         seq: u64,
         sw_ns: Option<i64>,
         hw_ns: Option<i64>,
         user_ns: i64,
+        reflector: Option<KernelTimes>,
     },
     /// A datagram on the probe port that is not one of this run's probes.
     Foreign,
@@ -130,7 +133,8 @@ fn kind_bit(kind: TxKind) -> u8 {
 struct Arrival {
     sw_ns: Option<i64>,
     hw_ns: Option<i64>,
-    user_ns: i64,
+    /// None when the in-kernel reflector answered (no socket read it).
+    user_ns: Option<i64>,
     echo_send_ns: Option<i64>,
 }
 
@@ -194,6 +198,9 @@ pub struct Matcher {
     unmatched: u64,
     /// Hardware stamps that could not be put on the system clock.
     hw_unconverted: u64,
+    /// The in-kernel reflector answers: the receiver's socket never sees
+    /// the probes, so an echo stands for the arrival.
+    kernel_reflector: bool,
 }
 
 impl Matcher {
@@ -214,7 +221,17 @@ impl Matcher {
             late_tx: 0,
             unmatched: 0,
             hw_unconverted: 0,
+            kernel_reflector: false,
         }
+    }
+
+    /// The in-kernel reflector answers the probes: each echo synthesises
+    /// the probe's arrival with the reflector's times from the payload
+    /// (receive -> `rx_ns`, transmit -> `echo_tx_ns`). A probe whose echo
+    /// never came is lost, whichever way it was lost.
+    pub fn with_kernel_reflector(mut self, on: bool) -> Self {
+        self.kernel_reflector = on;
+        self
     }
 
     /// Converts hardware stamps with `hw` (default: none are converted).
@@ -353,7 +370,7 @@ impl Matcher {
                             s.arrived = Some(Arrival {
                                 sw_ns,
                                 hw_ns,
-                                user_ns,
+                                user_ns: Some(user_ns),
                                 echo_send_ns,
                             });
                         }
@@ -379,14 +396,36 @@ impl Matcher {
                 sw_ns,
                 hw_ns,
                 user_ns,
+                reflector,
             } => {
                 if seq < self.base {
+                    if self.kernel_reflector {
+                        self.late_arrivals += 1;
+                    }
                     return;
                 }
-                if let Some(s) = self.slot(seq)
-                    && s.echoed.is_none()
-                {
-                    s.echoed = Some((sw_ns, hw_ns, user_ns));
+                let kernel = self.kernel_reflector;
+                let Some(s) = self.slot(seq) else {
+                    return;
+                };
+                if s.echoed.is_some() {
+                    if kernel {
+                        stats.on_arrival(seq, false);
+                    }
+                    return;
+                }
+                s.echoed = Some((sw_ns, hw_ns, user_ns));
+                if kernel && s.arrived.is_none() {
+                    s.arrived = Some(Arrival {
+                        sw_ns: reflector.map(|k| k.rx_ns),
+                        hw_ns: None,
+                        user_ns: None,
+                        echo_send_ns: None,
+                    });
+                    if let Some(k) = reflector {
+                        s.echo_tx.sw.get_or_insert(k.tx_ns);
+                    }
+                    stats.on_arrival(seq, true);
                 }
             }
             Event::Foreign => stats.on_foreign_packet(),
@@ -452,7 +491,7 @@ impl Matcher {
             self.remember_finalized(opt_id, kinds);
         }
         let (rx_sw, rx_hw, rx_user, echo_send) = match s.arrived {
-            Some(a) => (a.sw_ns, a.hw_ns, Some(a.user_ns), a.echo_send_ns),
+            Some(a) => (a.sw_ns, a.hw_ns, a.user_ns, a.echo_send_ns),
             None => (None, None, None, None),
         };
         let (echo_sw, echo_hw, echo_user) = match s.echoed {
@@ -531,6 +570,7 @@ mod tests {
             sw_ns: sw,
             hw_ns: None,
             user_ns: sw.unwrap_or(0) + 2,
+            reflector: None,
         }
     }
 
@@ -689,6 +729,7 @@ mod tests {
                 sw_ns: Some(95),
                 hw_ns: Some(-20),
                 user_ns: 99,
+                reflector: None,
             },
         ];
         let (v, _) = run(&mut m, &evs, 0, false);
@@ -824,5 +865,61 @@ mod tests {
         }
         assert_eq!(m.finalized.len(), FINALIZED_MEMORY);
         assert_eq!(m.finalized_order.len(), FINALIZED_MEMORY);
+    }
+
+    #[test]
+    fn kernel_reflector_echo_stands_for_the_arrival() {
+        let mut m = Matcher::new(64, 0, 1_000, ALL).with_kernel_reflector(true);
+        let kernel_echo = |seq: u64, times: Option<KernelTimes>| Event::Echoed {
+            seq,
+            sw_ns: Some(200 + seq as i64 * 1000),
+            hw_ns: None,
+            user_ns: 210 + seq as i64 * 1000,
+            reflector: times,
+        };
+        let evs = [
+            sent(0),
+            tx(0, TxKind::Software, 10),
+            kernel_echo(
+                0,
+                Some(KernelTimes {
+                    rx_ns: 100,
+                    tx_ns: 102,
+                }),
+            ),
+            // Too short for times: arrived, but no reflector stamps.
+            sent(1),
+            tx(1, TxKind::Software, 1010),
+            kernel_echo(1, None),
+            // Never echoed: lost.
+            sent(2),
+            tx(2, TxKind::Software, 2010),
+        ];
+        let (v, st) = run(&mut m, &evs, 10_000, true);
+        assert_eq!(v.len(), 3);
+        let r = &v[0];
+        assert!(!r.lost);
+        assert_eq!((r.rx_ns, r.echo_tx_ns), (Some(100), Some(102)));
+        assert_eq!(
+            (r.rx_user_ns, r.echo_send_ns, r.echo_tx_sched_ns),
+            (None, None, None)
+        );
+        assert_eq!(r.turnaround_ns, Some(2));
+        assert_eq!(r.echo_ns, Some(200));
+        assert!(!v[1].lost);
+        assert_eq!((v[1].rx_ns, v[1].echo_tx_ns), (None, None));
+        assert_eq!(v[1].echo_ns, Some(1200));
+        assert!(v[2].lost);
+        assert_eq!(st.summary().duplicates, 0);
+        // A duplicate echo counts as a duplicate arrival; a late one as late.
+        let mut st = RunStats::new();
+        let mut m = Matcher::new(64, 0, 1_000, ALL).with_kernel_reflector(true);
+        for e in [sent(0), kernel_echo(0, None), kernel_echo(0, None)] {
+            m.on_event(e, &mut st);
+        }
+        assert_eq!(st.summary().duplicates, 1);
+        m.drain(i64::MAX, true, |_| {});
+        m.on_event(kernel_echo(0, None), &mut st);
+        assert_eq!(m.late_arrivals(), 1);
     }
 }

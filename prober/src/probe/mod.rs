@@ -104,6 +104,9 @@ pub struct ProbeConfig {
     /// Real-time settings the sender thread applies to itself (its
     /// SCHED_FIFO priority also goes to the probe's receive threads).
     pub rt: crate::tune::rt::RtSettings,
+    /// rtprobe's in-kernel reflector (XDP) answers this flow's probes at
+    /// the receiver: arrivals come from the echoes' payloads.
+    pub kernel_reflector: bool,
 }
 
 impl std::fmt::Debug for ProbeConfig {
@@ -121,6 +124,7 @@ impl std::fmt::Debug for ProbeConfig {
             .field("spin", &self.spin)
             .field("busy_poll", &self.busy_poll)
             .field("rt", &self.rt)
+            .field("kernel_reflector", &self.kernel_reflector)
             .finish()
     }
 }
@@ -321,7 +325,14 @@ pub fn run_session(
             .name("rtprobe-io".into())
             .spawn_scoped(s, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                io_loop(tx_sock, rx_sock, session, done_ref, &ev)
+                io_loop(
+                    tx_sock,
+                    rx_sock,
+                    session,
+                    cfg.kernel_reflector,
+                    done_ref,
+                    &ev,
+                )
             })
             .context("spawn the probe I/O thread")?;
         let run = (|| {
@@ -396,7 +407,9 @@ pub fn run_session(
 
 /// Sends a few warm-up datagrams so neighbour resolution on every hop
 /// happens before the run, and checks that the path works at all. It
-/// echoes them itself (the I/O thread starts after it).
+/// echoes them itself (the I/O thread starts after it); with the in-kernel
+/// reflector the kernel answers them first and the receiver's socket sees
+/// nothing, which works the same: the sender waits for any echo.
 fn warm_up(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
@@ -413,6 +426,7 @@ fn warm_up(
         flow: 0,
         echo: false,
         send_ns: 0,
+        kernel_times: None,
     }
     .encode(&mut buf);
     buf[5] = FLAG_WARMUP;
@@ -618,6 +632,7 @@ fn drain_sender(
                     sw_ns: c.sw_ns,
                     hw_ns: c.hw_ns,
                     user_ns: read_ns,
+                    reflector: p.kernel_times,
                 },
                 now,
             ),
@@ -636,6 +651,7 @@ fn io_loop(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
     session: u64,
+    kernel_reflector: bool,
     done: &AtomicBool,
     ev: &mpsc::Sender<Vec<Event>>,
 ) {
@@ -663,7 +679,14 @@ fn io_loop(
         // kernel only queues; the timestamp and (on veth, synchronously
         // during the echo's send) the echo are collected right after the
         // echo goes out, or at the next wake-up at the latest.
-        if let Err(e) = socket::poll_any(&[rx], wait) {
+        // With the in-kernel reflector nothing arrives at the receiver's
+        // socket, and waiting on the sender's would put a wake-up into
+        // every probe's send path (above). The echoes' RX stamps are the
+        // kernel's whenever they are read, so they are collected every
+        // millisecond (the 32 MiB receive buffer holds far more).
+        let wait = if kernel_reflector { wait.min(1) } else { wait };
+        let polled: &[&ProbeSocket] = &[rx];
+        if let Err(e) = socket::poll_any(polled, wait) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
             return;
@@ -716,11 +739,12 @@ fn collect(
         matcher::Expect {
             tx: true,
             tx_hw: hw.sender_tx,
-            echo_tx: hw.echo_stamps,
-            echo_tx_hw: hw.echo_stamps && hw.receiver_tx,
+            echo_tx: hw.echo_stamps && !cfg.kernel_reflector,
+            echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !cfg.kernel_reflector,
         },
     )
-    .with_hw_clocks(hw.clocks);
+    .with_hw_clocks(hw.clocks)
+    .with_kernel_reflector(cfg.kernel_reflector);
     let mut last_flush = clock::realtime_ns();
     let mut sender_done_at: Option<i64> = None;
     let mut write_err: Option<anyhow::Error> = None;

@@ -277,6 +277,7 @@ pub fn pace(
                 flow: cfg.flow,
                 echo: false,
                 send_ns,
+                kernel_times: None,
             }
             .encode(batch.push(s as u32));
         }

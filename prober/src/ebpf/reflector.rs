@@ -1,0 +1,273 @@
+//! Loads rtprobe's in-kernel reflector (`xdp_reflector`, in the same
+//! embedded object as the router), sets its ports at load time, keeps its
+//! TAI -> REALTIME offset current, attaches it to one interface and reads
+//! its per-outcome counters. Dropping it detaches it.
+//!
+//! Kernel interfaces: bpf(2) (BPF_PROG_LOAD, per-CPU and plain arrays,
+//! global data set at load time, BPF_LINK_CREATE for XDP), the program's
+//! `bpf_ktime_get_tai_ns` (Linux >= 6.1), `adjtimex(2)` (read only) for
+//! the kernel's TAI offset, rtnetlink IFLA_XDP to read back the mode.
+//! Minimum kernel: 6.1.
+
+use std::{
+    fs::File,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData, PerCpuArray},
+    programs::{ProgramError, Xdp, XdpMode, xdp::XdpLinkId},
+};
+use xdp_common::{
+    Counter, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
+    REFLECTOR_PROGRAM_NAME, ReflectorClock, ReflectorOutcome, STAMP_PORT_GLOBAL,
+};
+
+use super::{
+    AttachedMode, attach_error, explain_load_error, explain_program_error, ifindex_of, query,
+    raise_memlock_limit, router_object, run_in_ns,
+};
+use crate::{
+    cli::XdpModeArg,
+    error::Error,
+    probe::stamp::{ClockSync, ErrorEstimate},
+    stats::{XdpCounters, summary::PacketsBytes},
+    testbed::Netns,
+};
+
+/// How often the TAI offset is read again (a leap second changes it).
+const CLOCK_REFRESH: Duration = Duration::from_secs(1);
+
+/// The reflector's clock parameters as the kernel states them now: the
+/// TAI offset from `adjtimex(2)` (CLOCK_TAI = CLOCK_REALTIME + tai, whole
+/// seconds, exact) and the STAMP error estimate of this clock.
+pub fn current_clock() -> ReflectorClock {
+    let sync = ClockSync::read_kernel().ok();
+    let tai_s = sync.as_ref().map_or(0, |s| s.tai_offset_s);
+    let ee = sync
+        .as_ref()
+        .map_or(ErrorEstimate::from_error_ns(false, 0, false), |s| {
+            ErrorEstimate::from_clock_sync(s, false)
+        });
+    ReflectorClock {
+        tai_to_realtime_ns: -(tai_s as i64) * 1_000_000_000,
+        stamp_error_estimate: ee.to_bits(),
+        _pad: [0; 6],
+    }
+}
+
+struct Attached {
+    ns: File,
+    ns_name: String,
+    ifname: String,
+    link: XdpLinkId,
+}
+
+/// The loaded in-kernel reflector.
+pub struct Reflector {
+    ebpf: Ebpf,
+    prog_id: u32,
+    attached: Option<Attached>,
+    stop: Arc<AtomicBool>,
+    refresher: Option<JoinHandle<()>>,
+}
+
+impl Reflector {
+    /// Loads the reflector answering rtprobe probes to UDP `probe_port`
+    /// and STAMP to `stamp_port` (0: none), with the clock offset written
+    /// and a thread that keeps it current.
+    pub fn load(probe_port: u16, stamp_port: u16) -> Result<Self> {
+        let object = router_object();
+        if object.is_empty() {
+            bail!(
+                "this rtprobe was built with AYA_BUILD_SKIP set and has no in-kernel reflector: \
+                 rebuild it without AYA_BUILD_SKIP (cargo build)"
+            );
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(Error::NotRoot.into());
+        }
+        raise_memlock_limit();
+        let mut ebpf = EbpfLoader::new()
+            .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
+            .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
+            .load(object)
+            .map_err(explain_load_error)
+            .context("cannot load the in-kernel reflector's maps")?;
+        let prog = program(&mut ebpf)?;
+        prog.load()
+            .map_err(|e| explain_program_error(e, "loading the in-kernel reflector"))?;
+        let prog_id = prog
+            .info()
+            .context("reading the loaded reflector's id")?
+            .id();
+
+        let map = ebpf
+            .take_map(REFLECTOR_CLOCK_MAP)
+            .with_context(|| format!("the object has no {REFLECTOR_CLOCK_MAP} map"))?;
+        let mut clock: Array<MapData, ReflectorClock> =
+            Array::try_from(map).context("the reflector clock map has an unexpected type")?;
+        clock
+            .set(0, current_clock(), 0)
+            .context("writing the reflector's clock offset")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let refresher = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("kreflect-clock".into())
+                .spawn(move || {
+                    let mut last = current_clock();
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::park_timeout(CLOCK_REFRESH);
+                        let now = current_clock();
+                        if now != last && clock.set(0, now, 0).is_ok() {
+                            last = now;
+                        }
+                    }
+                })
+                .context("starting the reflector's clock thread")?
+        };
+        Ok(Reflector {
+            ebpf,
+            prog_id,
+            attached: None,
+            stop,
+            refresher: Some(refresher),
+        })
+    }
+
+    pub fn prog_id(&self) -> u32 {
+        self.prog_id
+    }
+
+    /// Attaches to `ifname` in `ns` in `mode` (native, skb or auto) and
+    /// returns the mode the kernel reports.
+    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpModeArg) -> Result<AttachedMode> {
+        let xdp_mode = match mode {
+            XdpModeArg::Skb => XdpMode::Skb,
+            XdpModeArg::Native => XdpMode::Driver,
+            XdpModeArg::Auto => XdpMode::Default,
+            XdpModeArg::Off => bail!("XDP mode off: there is nothing to attach"),
+        };
+        if self.attached.is_some() {
+            bail!("the in-kernel reflector is already attached");
+        }
+        let ns_file = ns
+            .file()
+            .try_clone()
+            .with_context(|| format!("duplicate the handle of namespace {}", ns.name()))?;
+        let prog_id = self.prog_id;
+        let ebpf = &mut self.ebpf;
+        let (link, got) = ns.run(|| {
+            let ifindex = ifindex_of(ifname, ns.name())?;
+            let prog = program(ebpf)?;
+            let link = prog
+                .attach_to_if_index(ifindex, xdp_mode)
+                .map_err(|e| attach_error(e, mode, ifname))?;
+            let got = match query::xdp_state(ifindex) {
+                Ok(st) if st.drv_prog_id == Some(prog_id) => Ok(AttachedMode::Native),
+                Ok(st) if st.skb_prog_id == Some(prog_id) => Ok(AttachedMode::Skb),
+                Ok(st) => Err(anyhow!(
+                    "attached the reflector to {ifname} but the kernel reports another program \
+                     there ({st:?}, ours is id {prog_id})"
+                )),
+                Err(e) => Err(e.context(format!("reading back the XDP mode of {ifname}"))),
+            };
+            match got {
+                Ok(got) => Ok((link, got)),
+                Err(e) => {
+                    let _ = program(ebpf).map(|p| p.detach(link));
+                    Err(e)
+                }
+            }
+        })?;
+        log::info!(
+            "in-kernel reflector (prog id {prog_id}) attached to {ifname} in namespace {} in {got} mode",
+            ns.name()
+        );
+        self.attached = Some(Attached {
+            ns: ns_file,
+            ns_name: ns.name().to_string(),
+            ifname: ifname.to_string(),
+            link,
+        });
+        Ok(got)
+    }
+
+    /// Packets and bytes per outcome, summed over CPUs, every outcome present.
+    pub fn counters(&self) -> Result<XdpCounters> {
+        let map = self
+            .ebpf
+            .map(REFLECTOR_COUNTERS_MAP)
+            .with_context(|| format!("the object has no {REFLECTOR_COUNTERS_MAP} map"))?;
+        let counters: PerCpuArray<&MapData, Counter> = PerCpuArray::try_from(map)
+            .context("the reflector counters map has an unexpected type")?;
+        let mut out = XdpCounters::new();
+        for o in ReflectorOutcome::ALL {
+            let per_cpu = counters
+                .get(&o.index(), 0)
+                .with_context(|| format!("reading reflector counter {}", o.name()))?;
+            let mut sum = PacketsBytes::default();
+            for c in per_cpu.iter() {
+                sum.packets += c.packets;
+                sum.bytes += c.bytes;
+            }
+            out.insert(o.name().to_string(), sum);
+        }
+        Ok(out)
+    }
+
+    /// Detaches from the interface (inside its namespace), if attached.
+    pub fn detach(&mut self) -> Result<()> {
+        let Some(a) = self.attached.take() else {
+            return Ok(());
+        };
+        let ebpf = &mut self.ebpf;
+        run_in_ns(&a.ns, &a.ns_name, || match program(ebpf)?.detach(a.link) {
+            Ok(()) | Err(ProgramError::NotAttached) => Ok(()),
+            Err(e) => Err(anyhow!(e).context("bpf link detach")),
+        })
+        .with_context(|| {
+            format!(
+                "detaching the in-kernel reflector from {} in namespace {}",
+                a.ifname, a.ns_name
+            )
+        })
+    }
+
+    #[cfg(test)]
+    pub(super) fn xdp(&self) -> Result<&Xdp> {
+        Ok(self
+            .ebpf
+            .program(REFLECTOR_PROGRAM_NAME)
+            .context("program")?
+            .try_into()?)
+    }
+}
+
+impl Drop for Reflector {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach() {
+            log::warn!("{e:#}");
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.refresher.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+fn program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
+    ebpf.program_mut(REFLECTOR_PROGRAM_NAME)
+        .with_context(|| format!("the XDP object has no program {REFLECTOR_PROGRAM_NAME}"))?
+        .try_into()
+        .with_context(|| format!("{REFLECTOR_PROGRAM_NAME} is not an XDP program"))
+}

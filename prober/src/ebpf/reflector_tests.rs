@@ -1,0 +1,382 @@
+//! Root tests of the in-kernel reflector: BPF_PROG_TEST_RUN over a table
+//! of crafted frames (no namespace needed: the program looks nothing up),
+//! the replies checked field by field with independently computed checksums.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use aya::programs::{TestRun, TestRunOptions};
+use xdp_common::{RTPB_FLAG_ECHO, RTPB_FLAG_KERNEL_TIMES, ReflectorOutcome, ipv4_checksum_ok};
+
+use super::Reflector;
+use crate::{
+    probe::{
+        packet::Probe,
+        stamp::{ErrorEstimate, Mode, ReflectorPacket, SenderPacket, Timestamp},
+    },
+    testbed::testutil::require_root,
+};
+
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const PROBE_PORT: u16 = 5061;
+const STAMP_PORT: u16 = 862;
+const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
+const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0xbb];
+const IP_A: [u8; 4] = [10, 9, 0, 2];
+const IP_B: [u8; 4] = [10, 9, 0, 1];
+const SPORT: u16 = 40_000;
+
+fn sum16(data: &[u8]) -> u32 {
+    data.chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// The UDP checksum of `udp` (header + payload, checksum field zeroed)
+/// from scratch, pseudo-header included (RFC 768).
+fn udp_checksum(src: [u8; 4], dst: [u8; 4], udp: &[u8]) -> u16 {
+    let mut u = udp.to_vec();
+    u[6] = 0;
+    u[7] = 0;
+    let pseudo = sum16(&src) + sum16(&dst) + 17 + udp.len() as u32;
+    match !fold(pseudo + sum16(&u)) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+/// Options of one IPv4/UDP test frame from A to B.
+#[derive(Clone)]
+struct Frame {
+    dport: u16,
+    payload: Vec<u8>,
+    ttl: u8,
+    options: Vec<u8>,
+    frag: u16,
+    with_udp_csum: bool,
+}
+
+impl Frame {
+    fn new(dport: u16, payload: Vec<u8>) -> Self {
+        Frame {
+            dport,
+            payload,
+            ttl: 63,
+            options: vec![],
+            frag: 0x4000,
+            with_udp_csum: true,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let hlen = 20 + self.options.len();
+        let udp_len = 8 + self.payload.len();
+        let tot = hlen + udp_len;
+        let mut f = Vec::new();
+        f.extend_from_slice(&MAC_B);
+        f.extend_from_slice(&MAC_A);
+        f.extend_from_slice(&0x0800u16.to_be_bytes());
+        let mut ip = vec![0u8; hlen];
+        ip[0] = 0x40 | (hlen / 4) as u8;
+        ip[2..4].copy_from_slice(&(tot as u16).to_be_bytes());
+        ip[4..6].copy_from_slice(&0x4321u16.to_be_bytes());
+        ip[6..8].copy_from_slice(&self.frag.to_be_bytes());
+        ip[8] = self.ttl;
+        ip[9] = 17;
+        ip[12..16].copy_from_slice(&IP_A);
+        ip[16..20].copy_from_slice(&IP_B);
+        ip[20..].copy_from_slice(&self.options);
+        let c = !fold(sum16(&ip));
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&ip);
+        let mut udp = vec![0u8; 8];
+        udp[0..2].copy_from_slice(&SPORT.to_be_bytes());
+        udp[2..4].copy_from_slice(&self.dport.to_be_bytes());
+        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        udp.extend_from_slice(&self.payload);
+        if self.with_udp_csum {
+            let c = udp_checksum(IP_A, IP_B, &udp);
+            udp[6..8].copy_from_slice(&c.to_be_bytes());
+        }
+        f.extend_from_slice(&udp);
+        f
+    }
+}
+
+fn probe_payload(len: usize, echo: bool) -> Vec<u8> {
+    let mut p = vec![0u8; len];
+    Probe {
+        session: 0x0102_0304_0506_0708,
+        seq: 77,
+        flow: 3,
+        echo,
+        send_ns: 1_700_000_000_000_000_000,
+        kernel_times: None,
+    }
+    .encode(&mut p);
+    p
+}
+
+fn stamp_payload(len: usize) -> Vec<u8> {
+    let ee = ErrorEstimate::from_error_ns(true, 1000, false);
+    let mut out = Vec::new();
+    SenderPacket {
+        seq: 0xabcd_0001,
+        timestamp: Timestamp::from_realtime_ns(1_700_000_000_123_456_789, false, 0).unwrap(),
+        error_estimate: ee,
+        ssid: 0x5eed,
+    }
+    .encode(Mode::Unauthenticated, len, &mut out)
+    .unwrap();
+    out
+}
+
+fn run(r: &Reflector, frame: &[u8]) -> (u32, Vec<u8>) {
+    let prog = r.xdp().unwrap();
+    let mut out = vec![0u8; frame.len() + 64];
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })
+        .expect("BPF_PROG_TEST_RUN");
+    out.truncate(res.data_size_out as usize);
+    (res.return_value, out)
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+/// Checks the headers of a reply to a frame built by [`Frame`]: MACs, IPs
+/// and ports swapped, TTL 64, valid IP checksum, valid UDP checksum
+/// (recomputed from scratch) or none when the probe had none.
+fn check_reply_headers(input: &[u8], out: &[u8], with_udp_csum: bool) {
+    assert_eq!(out.len(), input.len(), "same length");
+    assert_eq!(&out[0..6], &MAC_A, "dst MAC = the sender's");
+    assert_eq!(&out[6..12], &MAC_B, "src MAC = ours");
+    assert_eq!(&out[12..14], &[0x08, 0x00]);
+    let ip = &out[14..34];
+    assert_eq!(&ip[12..16], &IP_B, "src IP swapped");
+    assert_eq!(&ip[16..20], &IP_A, "dst IP swapped");
+    assert_eq!(ip[8], 64, "fresh TTL");
+    assert!(ipv4_checksum_ok(ip.try_into().unwrap()), "IP checksum");
+    assert_eq!(&ip[0..8], &input[14..22], "rest of the IP header unchanged");
+    let udp = &out[34..];
+    assert_eq!(
+        u16::from_be_bytes([udp[0], udp[1]]),
+        u16::from_be_bytes([input[36], input[37]])
+    );
+    assert_eq!(u16::from_be_bytes([udp[2], udp[3]]), SPORT);
+    assert_eq!(&udp[4..6], &input[38..40], "UDP length unchanged");
+    let check = u16::from_be_bytes([udp[6], udp[7]]);
+    if with_udp_csum {
+        assert_eq!(check, udp_checksum(IP_B, IP_A, udp), "UDP checksum");
+    } else {
+        assert_eq!(check, 0, "no UDP checksum stays none");
+    }
+}
+
+fn counter(r: &Reflector, o: ReflectorOutcome) -> u64 {
+    r.counters().unwrap()[o.name()].packets
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_test_run_table() {
+    require_root();
+    let r = Reflector::load(PROBE_PORT, STAMP_PORT).expect("load the reflector");
+    let t0 = now_ns();
+
+    // A good probe with room for the times.
+    for with_csum in [true, false] {
+        let mut f = Frame::new(PROBE_PORT, probe_payload(64, false));
+        f.with_udp_csum = with_csum;
+        let input = f.bytes();
+        let (action, out) = run(&r, &input);
+        assert_eq!(action, XDP_TX, "good probe is answered");
+        check_reply_headers(&input, &out, with_csum);
+        let p = &out[42..];
+        let echo = Probe::decode(p, 0x0102_0304_0506_0708).expect("still a probe");
+        assert!(echo.echo);
+        let kt = echo.kernel_times.expect("kernel times decoded");
+        assert_eq!(
+            (echo.seq, echo.flow, echo.send_ns),
+            (77, 3, 1_700_000_000_000_000_000)
+        );
+        assert_eq!(p[5], RTPB_FLAG_ECHO | RTPB_FLAG_KERNEL_TIMES);
+        let (rx, tx) = (kt.rx_ns, kt.tx_ns);
+        assert_eq!(rx, i64::from_be_bytes(p[32..40].try_into().unwrap()));
+        let t1 = now_ns();
+        assert!(rx <= tx, "rx {rx} <= tx {tx}");
+        // On CLOCK_REALTIME: within the test's own readings (1 ms slack for
+        // the offset's whole-second rounding being exact but clocks coarse).
+        assert!(
+            rx >= t0 - 1_000_000 && tx <= t1 + 1_000_000,
+            "{t0} <= {rx} <= {tx} <= {t1}"
+        );
+        assert!(tx - rx < 1_000_000, "turnaround {} ns", tx - rx);
+        assert_eq!(&p[48..], &[0u8; 16], "padding after the times untouched");
+    }
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 2);
+
+    // A probe too short for the times: answered, marked, counted.
+    let f = Frame::new(PROBE_PORT, probe_payload(40, false));
+    let input = f.bytes();
+    let (action, out) = run(&r, &input);
+    assert_eq!(action, XDP_TX);
+    check_reply_headers(&input, &out, true);
+    assert_eq!(out[42 + 5], RTPB_FLAG_ECHO, "echo, no kernel times");
+    assert_eq!(
+        &out[42 + 6..],
+        &input[42 + 6..],
+        "rest of the payload unchanged"
+    );
+    assert_eq!(counter(&r, ReflectorOutcome::NoRoomForTimes), 1);
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 3);
+
+    // STAMP, 44 bytes and padded to 60.
+    for len in [44, 60] {
+        let mut f = Frame::new(STAMP_PORT, stamp_payload(len));
+        f.ttl = 61;
+        let input = f.bytes();
+        let t_before = now_ns();
+        let (action, out) = run(&r, &input);
+        let t_after = now_ns();
+        assert_eq!(action, XDP_TX, "STAMP {len}");
+        check_reply_headers(&input, &out, true);
+        let sender = SenderPacket::decode(&input[42..], Mode::Unauthenticated).unwrap();
+        let refl = ReflectorPacket::decode(&out[42..], Mode::Unauthenticated).unwrap();
+        assert_eq!(refl.seq, sender.seq, "stateless: the sender's seq");
+        assert_eq!(refl.sender_seq, sender.seq);
+        assert_eq!(refl.sender_timestamp, sender.timestamp);
+        assert_eq!(refl.sender_error_estimate, sender.error_estimate);
+        assert_eq!(refl.ssid, 0x5eed);
+        assert_eq!(refl.sender_ttl, 61);
+        assert!(!refl.error_estimate.ptp(), "NTP timestamps");
+        let t2 = refl.receive_timestamp.to_realtime_ns(0);
+        let t3 = refl.timestamp.to_realtime_ns(0);
+        assert!(t2 <= t3, "T2 {t2} <= T3 {t3}");
+        // NTP fractions are truncated: 1 ns slack each side.
+        assert!(t2 >= t_before - 1_000_001 && t3 <= t_after + 1_000_001);
+        assert_eq!(&out[42 + 44..], &input[42 + 44..], "padding copied");
+    }
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedStamp), 2);
+
+    // Frames the reflector must pass unchanged.
+    let mut bad_magic = probe_payload(64, false);
+    bad_magic[0] = b'X';
+    let mut bad_version = probe_payload(64, false);
+    bad_version[4] = 9;
+    let good = Frame::new(PROBE_PORT, probe_payload(64, false));
+    let mut options = good.clone();
+    options.options = vec![1, 1, 1, 0];
+    let mut first_frag = good.clone();
+    first_frag.frag = 0x2000;
+    let mut later_frag = good.clone();
+    later_frag.frag = 185;
+    let full = good.bytes();
+    let mut udp_len_too_long = full.clone();
+    udp_len_too_long[38..40].copy_from_slice(&200u16.to_be_bytes());
+    let mut ip_only_udp = full[..34 + 4].to_vec();
+    ip_only_udp[16..18].copy_from_slice(&24u16.to_be_bytes());
+    ip_only_udp[24] = 0;
+    ip_only_udp[25] = 0;
+    let c = !fold(sum16(&ip_only_udp[14..34]));
+    ip_only_udp[24..26].copy_from_slice(&c.to_be_bytes());
+    let mut bad_ip_csum = full.clone();
+    bad_ip_csum[24] ^= 0xff;
+    let mut ipv6 = full[..12].to_vec();
+    ipv6.extend_from_slice(&0x86ddu16.to_be_bytes());
+    ipv6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
+    ipv6.extend_from_slice(&[0u8; 40]);
+    let mut tcp = full.clone();
+    tcp[23] = 6;
+    tcp[24] = 0;
+    tcp[25] = 0;
+    let c = !fold(sum16(&tcp[14..34]));
+    tcp[24..26].copy_from_slice(&c.to_be_bytes());
+
+    use ReflectorOutcome::*;
+    let table: Vec<(&str, Vec<u8>, ReflectorOutcome)> = vec![
+        (
+            "echo",
+            Frame::new(PROBE_PORT, probe_payload(64, true)).bytes(),
+            Echo,
+        ),
+        (
+            "short echo",
+            Frame::new(PROBE_PORT, probe_payload(32, true)).bytes(),
+            Echo,
+        ),
+        (
+            "other port",
+            Frame::new(5062, probe_payload(64, false)).bytes(),
+            NotProbe,
+        ),
+        (
+            "bad magic",
+            Frame::new(PROBE_PORT, bad_magic).bytes(),
+            NotProbe,
+        ),
+        (
+            "bad version",
+            Frame::new(PROBE_PORT, bad_version).bytes(),
+            NotProbe,
+        ),
+        (
+            "payload shorter than a probe header",
+            Frame::new(PROBE_PORT, vec![0u8; 31]).bytes(),
+            NotProbe,
+        ),
+        ("TCP", tcp, NotProbe),
+        ("IP options", options.bytes(), NotProbe),
+        ("first fragment", first_frag.bytes(), NotProbe),
+        ("later fragment", later_frag.bytes(), NotProbe),
+        ("IPv6", ipv6, NonIpv4),
+        // BPF_PROG_TEST_RUN (like a driver) refuses frames shorter than an
+        // Ethernet header, so the shortest frame is a bare header.
+        ("Ethernet header only", full[..14].to_vec(), Malformed),
+        ("truncated IP header", full[..14 + 12].to_vec(), Malformed),
+        (
+            "truncated datagram (tot_len past the frame)",
+            full[..full.len() - 20].to_vec(),
+            Malformed,
+        ),
+        ("truncated UDP header", ip_only_udp, Malformed),
+        ("UDP length past the datagram", udp_len_too_long, Malformed),
+        ("bad IP checksum", bad_ip_csum, Malformed),
+        (
+            "STAMP shorter than 44 bytes",
+            Frame::new(STAMP_PORT, vec![0u8; 30]).bytes(),
+            Malformed,
+        ),
+    ];
+    let before = r.counters().unwrap();
+    for (name, frame, _) in &table {
+        let (action, out) = run(&r, frame);
+        assert_eq!(action, XDP_PASS, "{name}: passed");
+        assert_eq!(&out, frame, "{name}: unchanged");
+    }
+    let after = r.counters().unwrap();
+    for o in ReflectorOutcome::ALL {
+        let want = table.iter().filter(|(_, _, w)| *w == o).count() as u64;
+        assert_eq!(
+            after[o.name()].packets - before[o.name()].packets,
+            want,
+            "counter {}",
+            o.name()
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! rtprobe's in-kernel reflector: answers rtprobe probes and unauthenticated
+//! STAMP session-sender packets (RFC 8762 §4.3.1 stateless, RFC 8972 SSID)
+//! with XDP_TX, so the reply leaves without waking a user-space process.
+//!
+//! For each frame: bounds-checked Ethernet + IPv4 + UDP parse (no options,
+//! no fragments); UDP to `REFLECT_PORT` with an rtprobe probe payload, or to
+//! `STAMP_PORT` with at least 44 bytes, is rewritten in place: MACs, IP
+//! addresses and UDP ports swapped, TTL set to 64, the payload turned into
+//! the reply with the reflector's receive and transmit times. Echoes and
+//! everything else go to the kernel (XDP_PASS). Every frame is counted per
+//! outcome in a per-CPU array; nothing is logged per packet.
+//!
+//! Checksums: swapping addresses and ports leaves both sums unchanged (the
+//! same words, reordered). The IP checksum is updated incrementally for the
+//! TTL word; the UDP checksum incrementally for every payload word the
+//! reflector changes (RFC 1624), and a zero UDP checksum (none) stays zero.
+//! The incoming UDP checksum is not verified (that needs a loop over the
+//! payload): a bad one stays bad. Frames must carry full checksums, so the
+//! sending veth needs TX checksum offload off (as the router's setup does).
+//!
+//! Time: `bpf_ktime_get_tai_ns()` (CLOCK_TAI, Linux >= 6.1) plus the
+//! TAI -> REALTIME offset user space measures and keeps in
+//! `REFLECTOR_CLOCK` (a leap second changes it).
+//!
+//! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX), bpf_ktime_get_tai_ns
+//! (6.1), per-CPU arrays, read-only global data set at load time (5.2).
+//! Minimum kernel: 6.1.
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::bpf_ktime_get_tai_ns,
+    macros::{map, xdp},
+    maps::{Array, PerCpuArray},
+    programs::XdpContext,
+};
+use xdp_common::{
+    Counter, REFLECT_TTL, REFLECTOR_OUTCOME_COUNT, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
+    RTPB_KTIMES_MIN_LEN, RTPB_KTIMES_OFFSET, RTPB_MAGIC, RTPB_VERSION, ReflectorClock,
+    ReflectorOutcome, STAMP_UNAUTH_LEN, csum_replace2, realtime_ns_to_ntp, rtpb_mark_echo,
+    rtpb_write_times, stamp_reflect,
+};
+
+use crate::{ETH_HLEN, ETH_P_IP, EthHdr, IPV4_HLEN, Ipv4Hdr, ptr_at};
+
+/// UDP destination port of rtprobe probes (host order), set at load time.
+#[unsafe(no_mangle)]
+static REFLECT_PORT: u16 = 0;
+/// UDP destination port of STAMP session-sender packets (host order), set
+/// at load time; 0 answers no STAMP.
+#[unsafe(no_mangle)]
+static STAMP_PORT: u16 = 0;
+
+#[map(name = "REFLECTOR_COUNTERS")]
+static REFLECTOR_COUNTERS: PerCpuArray<Counter> =
+    PerCpuArray::with_max_entries(REFLECTOR_OUTCOME_COUNT, 0);
+
+#[map(name = "REFLECTOR_CLOCK")]
+static REFLECTOR_CLOCK: Array<ReflectorClock> = Array::with_max_entries(1, 0);
+
+const UDP_HLEN: usize = 8;
+const IPPROTO_UDP: u8 = 17;
+/// Offset of the UDP payload in a frame without IP options.
+const PAYLOAD_OFF: usize = ETH_HLEN + IPV4_HLEN + UDP_HLEN;
+
+/// UDP header: ports, length, checksum, network byte order.
+type UdpHdr = [u8; UDP_HLEN];
+
+#[xdp]
+pub fn xdp_reflector(ctx: XdpContext) -> u32 {
+    match try_reflector(&ctx) {
+        Ok(action) | Err(action) => action,
+    }
+}
+
+/// `Ok` carries the action for a frame the reflector handled (answered or
+/// passed on purpose); `Err` the XDP_PASS of a malformed one.
+#[inline(always)]
+fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
+    // SAFETY: a helper without arguments.
+    let rx_tai_ns = unsafe { bpf_ktime_get_tai_ns() } as i64;
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    let malformed = || count(ReflectorOutcome::Malformed, len, xdp_action::XDP_PASS);
+    let pass = |o| Ok(count(o, len, xdp_action::XDP_PASS));
+
+    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or_else(malformed)?;
+    // SAFETY: ptr_at checked that the whole header is inside the frame.
+    if u16::from_be_bytes(unsafe { (*eth).proto }) != ETH_P_IP {
+        return pass(ReflectorOutcome::NonIpv4);
+    }
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(malformed)?;
+    // SAFETY: the 20 bytes are inside the frame (checked by ptr_at).
+    let hdr: &mut Ipv4Hdr = unsafe { &mut *ip };
+    let tot_len = u16::from_be_bytes([hdr[2], hdr[3]]) as usize;
+    if hdr[0] >> 4 != 4
+        || hdr[0] & 0x0f < 5
+        || tot_len < IPV4_HLEN
+        || (ETH_HLEN + tot_len) as u64 > len
+    {
+        return Err(malformed());
+    }
+    if hdr[9] != IPPROTO_UDP {
+        return pass(ReflectorOutcome::NotProbe);
+    }
+    // Options would move the UDP header; fragments carry no or part of a
+    // payload. The kernel reassembles, the user-space reflector answers.
+    if hdr[0] & 0x0f != 5 || u16::from_be_bytes([hdr[6], hdr[7]]) & 0x3fff != 0 {
+        return pass(ReflectorOutcome::NotProbe);
+    }
+    if !xdp_common::ipv4_checksum_ok(hdr) {
+        return Err(malformed());
+    }
+    let udp: *mut UdpHdr = ptr_at(ctx, ETH_HLEN + IPV4_HLEN).ok_or_else(malformed)?;
+    // SAFETY: inside the frame (checked by ptr_at).
+    let uh: &mut UdpHdr = unsafe { &mut *udp };
+    let udp_len = u16::from_be_bytes([uh[4], uh[5]]) as usize;
+    if udp_len < UDP_HLEN || udp_len > tot_len - IPV4_HLEN {
+        return Err(malformed());
+    }
+    let payload_len = udp_len - UDP_HLEN;
+    let dport = u16::from_be_bytes([uh[2], uh[3]]);
+    // SAFETY: read-only globals; volatile so the compiler does not fold
+    // them to their initial values.
+    let (probe_port, stamp_port) = unsafe {
+        (
+            core::ptr::read_volatile(&REFLECT_PORT),
+            core::ptr::read_volatile(&STAMP_PORT),
+        )
+    };
+
+    let clock = REFLECTOR_CLOCK.get(0).copied().unwrap_or_default();
+    let rx_ns = rx_tai_ns + clock.tai_to_realtime_ns;
+    let (delta, outcome) = if dport == probe_port && probe_port != 0 {
+        if payload_len < RTPB_HEADER_LEN {
+            return pass(ReflectorOutcome::NotProbe);
+        }
+        let p: *mut [u8; RTPB_HEADER_LEN] = ptr_at(ctx, PAYLOAD_OFF).ok_or_else(malformed)?;
+        // SAFETY: inside the frame (checked by ptr_at).
+        let probe = unsafe { &mut *p };
+        if probe[0..4] != RTPB_MAGIC || probe[4] != RTPB_VERSION {
+            return pass(ReflectorOutcome::NotProbe);
+        }
+        if probe[5] & RTPB_FLAG_ECHO != 0 {
+            return pass(ReflectorOutcome::Echo);
+        }
+        if payload_len >= RTPB_KTIMES_MIN_LEN {
+            let t: *mut [u8; 16] =
+                ptr_at(ctx, PAYLOAD_OFF + RTPB_KTIMES_OFFSET).ok_or_else(malformed)?;
+            let d = rtpb_mark_echo(probe, true);
+            // SAFETY: ktime helper; t is inside the frame (checked by ptr_at).
+            let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+            let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
+            (d.merge(w), ReflectorOutcome::ReflectedRtprobe)
+        } else {
+            count(ReflectorOutcome::NoRoomForTimes, len, 0);
+            (
+                rtpb_mark_echo(probe, false),
+                ReflectorOutcome::ReflectedRtprobe,
+            )
+        }
+    } else if dport == stamp_port && stamp_port != 0 {
+        if payload_len < STAMP_UNAUTH_LEN {
+            return Err(malformed());
+        }
+        let p: *mut [u8; STAMP_UNAUTH_LEN] = ptr_at(ctx, PAYLOAD_OFF).ok_or_else(malformed)?;
+        // SAFETY: ktime helper; p is inside the frame (checked by ptr_at).
+        let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+        let d = stamp_reflect(
+            unsafe { &mut *p },
+            hdr[8],
+            clock.stamp_error_estimate,
+            realtime_ns_to_ntp(rx_ns),
+            realtime_ns_to_ntp(tx_ns),
+        );
+        (d, ReflectorOutcome::ReflectedStamp)
+    } else {
+        return pass(ReflectorOutcome::NotProbe);
+    };
+
+    // The reply: swap addresses and ports (sums unchanged), fresh TTL.
+    let check = u16::from_be_bytes([uh[6], uh[7]]);
+    let udp_check = delta.apply_udp(check).to_be_bytes();
+    let (sport, dport_b) = ([uh[0], uh[1]], [uh[2], uh[3]]);
+    uh[0] = dport_b[0];
+    uh[1] = dport_b[1];
+    uh[2] = sport[0];
+    uh[3] = sport[1];
+    uh[6] = udp_check[0];
+    uh[7] = udp_check[1];
+
+    let ip_check = u16::from_be_bytes([hdr[10], hdr[11]]);
+    let new_ip_check = csum_replace2(
+        ip_check,
+        u16::from_be_bytes([hdr[8], hdr[9]]),
+        u16::from_be_bytes([REFLECT_TTL, hdr[9]]),
+    )
+    .to_be_bytes();
+    hdr[8] = REFLECT_TTL;
+    hdr[10] = new_ip_check[0];
+    hdr[11] = new_ip_check[1];
+    // Source and destination address: bytes 12..16 and 16..20.
+    let mut i = 12;
+    while i < 16 {
+        hdr.swap(i, i + 4);
+        i += 1;
+    }
+    // SAFETY: eth is inside the frame (checked by ptr_at), and src and dst
+    // are two distinct fields of it.
+    unsafe { core::mem::swap(&mut (*eth).src, &mut (*eth).dst) };
+    Ok(count(outcome, len, xdp_action::XDP_TX))
+}
+
+/// Counts the frame under `outcome` and returns `action`.
+#[inline(always)]
+fn count(outcome: ReflectorOutcome, len: u64, action: u32) -> u32 {
+    if let Some(c) = REFLECTOR_COUNTERS.get_ptr_mut(outcome.index()) {
+        // SAFETY: a per-CPU slot, only this CPU writes it while we run.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += len;
+        }
+    }
+    action
+}
