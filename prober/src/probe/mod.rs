@@ -573,24 +573,31 @@ fn reflect_queued(
         );
     }
     // On veth the echoes' TX stamps are queued by now; elsewhere they are
-    // picked up after a later echo, or when the run ends.
-    let n_err = if echo.is_empty() && !finishing {
-        0
-    } else {
-        rx.recv_batch(errq, true).unwrap_or(0)
-    };
-    if rx.per_send_opt_id() {
-        for i in 0..n_err {
-            let (_, _, c) = errq.get(i);
-            if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
-                out.push(
-                    Event::EchoTx {
-                        opt_id,
-                        kind,
-                        ts_ns,
-                    },
-                    now,
-                );
+    // picked up after a later echo, or when the run ends. Each echo queues
+    // two stamps (SCHED and the driver's): drain the queue to empty, else
+    // it grows past the receive buffer and the kernel drops stamps.
+    let mut n_err = 0;
+    if !echo.is_empty() || finishing {
+        loop {
+            let got = rx.recv_batch(errq, true).unwrap_or(0);
+            if rx.per_send_opt_id() {
+                for i in 0..got {
+                    let (_, _, c) = errq.get(i);
+                    if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
+                        out.push(
+                            Event::EchoTx {
+                                opt_id,
+                                kind,
+                                ts_ns,
+                            },
+                            now,
+                        );
+                    }
+                }
+            }
+            n_err += got;
+            if got < errq.capacity() {
+                break;
             }
         }
     }

@@ -472,6 +472,11 @@ impl RecvBatch {
         self.filled
     }
 
+    /// How many messages one receive can take.
+    pub fn capacity(&self) -> usize {
+        self.hdrs.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.filled == 0
     }
