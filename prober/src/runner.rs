@@ -271,7 +271,7 @@ fn choose_reflector(
             Ok((true, kernel(mode)))
         }
         None if !path_ok => {
-            let note = format!("user-space reflector: {VETH_NEEDS_NATIVE}");
+            let note = format!("the in-kernel one is not used here: {VETH_NEEDS_NATIVE}");
             log::info!("{note}");
             Ok((false, serde_json::json!({"kind": "user", "note": note})))
         }
