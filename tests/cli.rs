@@ -47,6 +47,16 @@ fn bad_flags_give_one_line_errors() {
         (&["--interval", "soon"][..], "invalid duration"),
         (&["--tos", "0x1ff"][..], "invalid TOS"),
         (&["--size", "abc"][..], "abc"),
+        // Too large for the clock: an error, not a panic or a wrapped value.
+        (
+            &["--interval", "99999999999999999999.5s", "--count", "1"][..],
+            "too large: at most 100 years",
+        ),
+        (
+            &["--duration", "300years"][..],
+            "too large: at most 100 years",
+        ),
+        (&["--timeout=-1s"][..], "invalid duration"),
     ] {
         let (code, _, err) = run(args);
         assert_eq!(code, 2, "{args:?}");

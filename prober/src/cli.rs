@@ -509,34 +509,26 @@ pub struct RunArgs {
     pub quiet: bool,
 }
 
-/// Humane durations: 10us, 100us, 1ms, 1.5ms, 2s, 5min.
+/// The longest duration rtprobe takes. Stamps are i64 nanoseconds since
+/// 1970, which end in 2262, so "now + duration" must stay below that; a
+/// century is beyond any run and any interval. (humantime's year is 365.25
+/// days, so "100years" is exactly this.)
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(3_155_760_000);
+
+/// "100us", "1.5ms", "10s", "2h 30min" (humantime's units). Negative,
+/// malformed and over-[`MAX_DURATION`] values are one-line errors; zero is
+/// the caller's to refuse where it makes no sense.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let t = s.trim();
-    // humantime does not take fractions; handle "1.5ms" style ourselves.
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.contains('.') {
-        let v: f64 = num
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}: expected e.g. 100us, 1ms, 1.5ms, 10s"))?;
-        let scale = match unit.trim() {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" | "sec" => 1.0,
-            "m" | "min" => 60.0,
-            _ => {
-                return Err(format!(
-                    "invalid duration {s:?}: unknown unit {unit:?} (use ns, us, ms, s, min)"
-                ));
-            }
-        };
-        return Ok(std::time::Duration::from_secs_f64(v * scale));
+    let d = humantime::parse_duration(s.trim()).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => {
+            format!("duration {s:?} is too large: at most 100 years")
+        }
+        e => format!("invalid duration {s:?}: {e} (use e.g. 100us, 1.5ms, 10s)"),
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!("duration {s:?} is too large: at most 100 years"));
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("invalid duration {s:?}: {e} (use e.g. 100us, 1ms, 10s)"))
+    Ok(d)
 }
 
 /// 192, 0xC0 or 0b11000000.
@@ -554,6 +546,42 @@ pub fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    #[test]
+    fn durations_parse_with_fractions_and_refuse_what_the_clock_cannot_hold() {
+        use std::time::Duration;
+        let ok = |t: &str| super::parse_duration(t).unwrap();
+        assert_eq!(ok("1.5ms"), Duration::from_micros(1500));
+        assert_eq!(ok(" 100us "), Duration::from_micros(100));
+        assert_eq!(ok("100years"), super::MAX_DURATION);
+        for bad in ["99999999999999999999.5s", "300years", "101years"] {
+            let e = super::parse_duration(bad).unwrap_err();
+            assert!(e.contains("too large: at most 100 years"), "{bad}: {e}");
+        }
+        for bad in ["-1s", "soon", "", "1e3s", "5"] {
+            let e = super::parse_duration(bad).unwrap_err();
+            assert!(e.starts_with("invalid duration"), "{bad}: {e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn duration_parser_never_panics(s in "\\PC*") {
+            let _ = super::parse_duration(&s);
+        }
+
+        #[test]
+        fn duration_parser_never_panics_on_number_unit_shapes(
+            n in "[0-9]{1,30}(\\.[0-9]{0,12})?",
+            unit in "(ns|us|µs|ms|s|sec|min|m|h|d|w|years|y|)",
+        ) {
+            if let Ok(d) = super::parse_duration(&format!("{n}{unit}")) {
+                prop_assert!(d <= super::MAX_DURATION);
+            }
+        }
+    }
+
     use super::*;
     use std::time::Duration;
 
