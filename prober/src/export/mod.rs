@@ -2,6 +2,7 @@
 //! and the plots. Pure: no kernel access.
 
 pub mod csv;
+pub mod fetch_study;
 pub mod json;
 pub mod plot;
 pub mod report;

@@ -65,6 +65,7 @@ use serde_json::{Map, Value, json};
 
 pub use self::{
     load::{FlowReport, LoadReport, LoadSpec},
+    load_acct::FetchTimes,
     qdisc::QdiscSpec,
     rt::{RtGuard, RtSettings},
     shaping::{ShaperKind, Shaping},
@@ -922,6 +923,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             sender: &tb.sender,
             receiver: &tb.receiver,
             dst: tb.receiver_if.addr,
+            src: tb.sender_if.addr,
             link_rate,
             shaping: shaping.clone(),
             queue_bytes_hint,
