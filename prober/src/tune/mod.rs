@@ -226,8 +226,8 @@ pub struct KnobArgs {
     #[arg(long, value_enum)]
     pub device_unsupported: Option<DevicePolicy>,
 
-    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N] or
-    /// udp:150%|150mbit[,size=1470].
+    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N],
+    /// udp:150%|150mbit[,size=1470] or fetch[:100KiB][,every=1s][,cc=reno] (page fetches timed).
     #[arg(long = "load")]
     pub load: Vec<LoadSpec>,
 
