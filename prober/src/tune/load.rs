@@ -757,7 +757,7 @@ fn tcp_connect_within(
     };
     if r != 0 {
         return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("connect the TCP load to {dst}"));
+            .with_context(|| format!("connect to {dst}"));
     }
     Ok(stream)
 }
@@ -873,7 +873,10 @@ fn start_fetch(
         since: Instant::now(),
         stats: FetchStats::new(),
     }));
-    let stop = load.stop_send.clone();
+    // The server outlives the client (it stops with the receivers, after
+    // the senders): a fetch the client starts just before the stop finds
+    // it listening rather than refused.
+    let stop = load.stop_recv.clone();
     let server_cc = p.cc.clone();
     let server = std::thread::Builder::new()
         .name(format!("fetch-srv-{port}"))
@@ -897,8 +900,8 @@ fn start_fetch(
         target_bps: None,
         udp_size: 0,
         counters: c,
-        // The client stops at the senders' stop (a fetch under way is
-        // dropped, neither done nor failed); the server with it.
+        // The client stops with the senders (a fetch under way is
+        // dropped, neither done nor failed); the server with the receivers.
         sender: Some(client),
         receiver: Some(server),
         mark_bytes: 0,
@@ -1000,7 +1003,11 @@ fn fetch_loop(
     let mut failures_logged = 0;
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let outcome = fetch_once(addr, p.size, cc, started + p.timeout, c, stop);
+        let mut outcome = fetch_once(addr, p.size, cc, started + p.timeout, c, stop);
+        if matches!(outcome, FetchOutcome::Failed(_)) && stop.load(Ordering::Relaxed) {
+            // Cut short by the stop, not by the path.
+            outcome = FetchOutcome::Stopped;
+        }
         let took = started.elapsed();
         {
             let mut w = window.lock().unwrap_or_else(|e| e.into_inner());
