@@ -42,7 +42,10 @@ pub struct FetchCell {
 
 /// The study's relations: (cc, queue) of the faster cell, of the slower
 /// one, and the study's two means in seconds.
-const STUDY: [((&str, u32), (&str, u32), f64, f64); 4] = [
+/// A cell of the study: (congestion control, queue in packets).
+type StudyCell = (&'static str, u32);
+
+const STUDY: [(StudyCell, StudyCell, f64, f64); 4] = [
     (("reno", 20), ("reno", 100), 3.30, 9.96),
     (("bbr", 100), ("bbr", 20), 1.78, 2.47),
     (("bbr", 20), ("reno", 20), 2.47, 3.30),

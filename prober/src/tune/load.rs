@@ -756,8 +756,7 @@ fn tcp_connect_within(
         )
     };
     if r != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("connect to {dst}"));
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("connect to {dst}"));
     }
     Ok(stream)
 }
