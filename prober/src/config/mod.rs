@@ -52,7 +52,7 @@ use crate::{
     cli::{RunArgs, TimestampArg, XdpActionArg, XdpModeArg},
     export::report::{self, ReportRow},
     stats::Summary,
-    tune::{Knobs, LoadSpec, MissingPolicy, StressTool, units},
+    tune::{Knobs, MissingPolicy, StressTool, units},
 };
 
 /// Largest UDP payload that fits a 1500-byte MTU (the veth testbed's).
@@ -727,7 +727,7 @@ impl Scenario {
                 }
             }
             for l in s.knobs.loads() {
-                if let LoadSpec::Tcp { cc: Some(c), .. } = l {
+                if let Some(c) = l.cc() {
                     if cc.is_none() {
                         cc = Some(sys.congestion_controls()?);
                     }

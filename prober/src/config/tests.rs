@@ -547,7 +547,7 @@ impl CellRunner for FlowRunner {
             .knobs
             .loads()
             .iter()
-            .map(|l| match l.rate() {
+            .map(|l| match l.rate().unwrap() {
                 crate::tune::units::LoadRate::Share(s) => s,
                 _ => 0.0,
             })

@@ -3,6 +3,7 @@
 
 pub mod compare;
 pub mod csv;
+pub mod fetch_study;
 pub mod json;
 pub mod plot;
 pub mod report;

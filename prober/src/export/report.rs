@@ -85,6 +85,9 @@ pub fn load_cell(s: &Summary) -> String {
                     let _ = write!(t, " (calc. {e:.1} %)");
                 }
             }
+            if let Some(ft) = &f.fetch {
+                t += &super::fetch_study::fetch_cell(ft);
+            }
             t
         })
         .collect();
@@ -287,6 +290,10 @@ pub fn render(input: &ReportInput<'_>) -> String {
     }
 
     flows_section(&mut s, input.rows);
+    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(input.rows))
+    {
+        s += &t;
+    }
 
     let any_fig = input.rows.iter().any(|r| !r.figures.is_empty());
     if !any_fig

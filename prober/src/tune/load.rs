@@ -8,6 +8,7 @@
 //! ```text
 //! tcp[:SHARE|RATE][,cc=cubic|bbr|reno|...][,flows=N][,port=P]
 //! udp:SHARE|RATE[,size=BYTES][,port=P]
+//! fetch[:SIZE][,every=D][,cc=NAME][,timeout=D][,port=P]
 //! ```
 //!
 //! TCP: `tcp` / `tcp:100%` is an unpaced bulk transfer that fills the link
@@ -33,6 +34,19 @@
 //! blocks instead of being dropped and would see no loss at all. The UDP
 //! sender thread runs SCHED_FIFO (priority 1) where allowed, so that a busy
 //! CPU does not hold it back long enough for the link to idle.
+//!
+//! Fetch: the study's "web page fetched repeatedly" (bufferbloat, study
+//! §5). A client in the receiver namespace opens a new TCP connection to a
+//! page server in the sender namespace, asks for SIZE bytes (default
+//! 100 KiB; KB = KiB as everywhere in rtprobe), reads them, closes, waits
+//! `every` (default 1 s) and fetches again. The server sits with the bulk
+//! flow's sender (the study's h1 served the page and ran iperf), so the
+//! page's data crosses the same bottleneck queue as the bulk flow and the
+//! probes. A fetch's time runs from the connect call to the last byte
+//! read: handshake, request, slow start, every queued RTT. `cc=` is the
+//! page server's congestion control (the data sender's; default: the
+//! kernel's). A fetch not done within `timeout` (default 30 s) is a
+//! failure. Only fetches started after the warm-up count.
 //!
 //! TCP: the sender's bytes acknowledged (TCP_INFO `tcpi_bytes_acked`) and
 //! the receiver's bytes read are both taken at the mark and at the stop;
@@ -70,10 +84,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{
-    load_acct::{self, SeqWindow},
+    load_acct::{self, FetchStats, FetchTimes, SeqWindow},
     rt::RtSettings,
     shaping::Shaping,
-    units::{Bytes, LoadRate, Rate},
+    units::{self, Bytes, LoadRate, Rate},
 };
 use crate::testbed::Netns;
 
@@ -106,31 +120,55 @@ pub enum LoadSpec {
         size: u32,
         port: Option<u16>,
     },
+    Fetch {
+        size: u64,
+        every: Duration,
+        cc: Option<String>,
+        timeout: Duration,
+        port: Option<u16>,
+    },
 }
+
+/// Page size of the fetch load when none is given. The study does not
+/// state its page's size; 100 KiB takes several round trips in slow start,
+/// so the queue's delay shows in the fetch time as it did there.
+pub const DEFAULT_FETCH_SIZE: u64 = 100 * 1024;
+/// Pause between one fetch's end and the next one's start.
+pub const DEFAULT_FETCH_EVERY: Duration = Duration::from_secs(1);
+/// A fetch not done by then is a failure (the study's slowest cell took
+/// 10 s on average).
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest page, so that one fetch cannot outlast any sensible run.
+pub const MAX_FETCH_SIZE: u64 = 1 << 30;
 
 impl LoadSpec {
     pub fn flows(&self) -> u32 {
         match self {
             LoadSpec::Tcp { flows, .. } => *flows,
-            LoadSpec::Udp { .. } => 1,
+            LoadSpec::Udp { .. } | LoadSpec::Fetch { .. } => 1,
         }
     }
 
     pub fn port(&self) -> Option<u16> {
         match self {
-            LoadSpec::Tcp { port, .. } | LoadSpec::Udp { port, .. } => *port,
+            LoadSpec::Tcp { port, .. }
+            | LoadSpec::Udp { port, .. }
+            | LoadSpec::Fetch { port, .. } => *port,
         }
     }
 
-    pub fn rate(&self) -> LoadRate {
+    /// The rate it asks for; None for the fetch load (its rate is what
+    /// its fetches get).
+    pub fn rate(&self) -> Option<LoadRate> {
         match self {
-            LoadSpec::Tcp { rate, .. } | LoadSpec::Udp { rate, .. } => *rate,
+            LoadSpec::Tcp { rate, .. } | LoadSpec::Udp { rate, .. } => Some(*rate),
+            LoadSpec::Fetch { .. } => None,
         }
     }
 
     pub fn cc(&self) -> Option<&str> {
         match self {
-            LoadSpec::Tcp { cc, .. } => cc.as_deref(),
+            LoadSpec::Tcp { cc, .. } | LoadSpec::Fetch { cc, .. } => cc.as_deref(),
             LoadSpec::Udp { .. } => None,
         }
     }
@@ -140,6 +178,7 @@ impl LoadSpec {
         match self {
             LoadSpec::Tcp { rate, .. } => matches!(rate, LoadRate::Share(s) if *s < 1.0),
             LoadSpec::Udp { rate, .. } => matches!(rate, LoadRate::Share(_)),
+            LoadSpec::Fetch { .. } => false,
         }
     }
 }
@@ -167,6 +206,30 @@ impl fmt::Display for LoadSpec {
             }
             LoadSpec::Udp { rate, size, port } => {
                 write!(f, "udp:{rate},size={size}")?;
+                if let Some(p) = port {
+                    write!(f, ",port={p}")?;
+                }
+                Ok(())
+            }
+            LoadSpec::Fetch {
+                size,
+                every,
+                cc,
+                timeout,
+                port,
+            } => {
+                write!(
+                    f,
+                    "fetch:{},every={}",
+                    Bytes(*size),
+                    units::fmt_duration(*every)
+                )?;
+                if let Some(c) = cc {
+                    write!(f, ",cc={c}")?;
+                }
+                if *timeout != DEFAULT_FETCH_TIMEOUT {
+                    write!(f, ",timeout={}", units::fmt_duration(*timeout))?;
+                }
                 if let Some(p) = port {
                     write!(f, ",port={p}")?;
                 }
@@ -207,9 +270,29 @@ impl FromStr for LoadSpec {
                 size: 1470,
                 port: None,
             },
+            "fetch" => LoadSpec::Fetch {
+                size: match rate {
+                    Some(r) => {
+                        let b: Bytes = r.parse().map_err(bad)?;
+                        if !(1..=MAX_FETCH_SIZE).contains(&b.0) {
+                            return Err(bad(format!(
+                                "page size {r}: expected 1 byte to {}",
+                                Bytes(MAX_FETCH_SIZE)
+                            )));
+                        }
+                        b.0
+                    }
+                    None => DEFAULT_FETCH_SIZE,
+                },
+                every: DEFAULT_FETCH_EVERY,
+                cc: None,
+                timeout: DEFAULT_FETCH_TIMEOUT,
+                port: None,
+            },
             _ => {
                 return Err(bad(format!(
-                    "unknown kind {kind:?}: expected tcp[:SHARE|RATE][,cc=..][,flows=N] or udp:SHARE|RATE[,size=B]"
+                    "unknown kind {kind:?}: expected tcp[:SHARE|RATE][,cc=..][,flows=N], \
+                     udp:SHARE|RATE[,size=B] or fetch[:SIZE][,every=D]"
                 )));
             }
         };
@@ -219,7 +302,7 @@ impl FromStr for LoadSpec {
                 .map(|(k, v)| (k.trim(), v.trim()))
                 .ok_or_else(|| bad(format!("{p:?}: expected key=value")))?;
             match (&mut spec, k) {
-                (LoadSpec::Tcp { cc, .. }, "cc") => {
+                (LoadSpec::Tcp { cc, .. } | LoadSpec::Fetch { cc, .. }, "cc") => {
                     if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                         return Err(bad(format!(
                             "cc={v}: expected a name such as cubic, bbr, reno"
@@ -243,7 +326,26 @@ impl FromStr for LoadSpec {
                     }
                     *size = b.0 as u32;
                 }
-                (LoadSpec::Tcp { port, .. } | LoadSpec::Udp { port, .. }, "port") => {
+                (LoadSpec::Fetch { every, .. }, "every") => {
+                    *every =
+                        units::parse_duration(v).map_err(|e| bad(format!("every={v}: {e}")))?;
+                    if *every > Duration::from_secs(3600) {
+                        return Err(bad(format!("every={v}: at most 1h")));
+                    }
+                }
+                (LoadSpec::Fetch { timeout, .. }, "timeout") => {
+                    *timeout =
+                        units::parse_duration(v).map_err(|e| bad(format!("timeout={v}: {e}")))?;
+                    if *timeout < Duration::from_millis(10) {
+                        return Err(bad(format!("timeout={v}: at least 10ms")));
+                    }
+                }
+                (
+                    LoadSpec::Tcp { port, .. }
+                    | LoadSpec::Udp { port, .. }
+                    | LoadSpec::Fetch { port, .. },
+                    "port",
+                ) => {
                     *port = Some(
                         v.parse()
                             .ok()
@@ -258,6 +360,11 @@ impl FromStr for LoadSpec {
                 }
                 (LoadSpec::Udp { .. }, _) => {
                     return Err(bad(format!("unknown udp key {k:?}: expected size or port")));
+                }
+                (LoadSpec::Fetch { .. }, _) => {
+                    return Err(bad(format!(
+                        "unknown fetch key {k:?}: expected every, cc, timeout or port"
+                    )));
                 }
             }
         }
@@ -363,6 +470,9 @@ pub struct FlowReport {
     /// acknowledged rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub received_bps: Option<f64>,
+    /// Fetch: completion times of the window's fetches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<FetchTimes>,
 }
 
 /// The load of one run, for `Summary.extra["load"]`.
@@ -439,6 +549,15 @@ struct Flow {
     tcp_info_fd: Option<OwnedFd>,
     /// TCP: bytes acknowledged at mark().
     mark_acked: Option<u64>,
+    /// Fetch: the window's completion times and the page size.
+    fetch: Option<(Arc<Mutex<FetchWindow>>, u64)>,
+}
+
+/// The fetch client's record of the current window.
+struct FetchWindow {
+    /// Fetches started before this belong to the warm-up.
+    since: Instant,
+    stats: FetchStats,
 }
 
 /// Running load; stopped by `stop()` or on drop.
@@ -456,6 +575,8 @@ pub struct LoadTarget<'a> {
     pub sender: &'a Netns,
     pub receiver: &'a Netns,
     pub dst: Ipv4Addr,
+    /// The sender's address: the fetch load's page server listens there.
+    pub src: Ipv4Addr,
     /// Link rate for shares (shaping rate or NIC speed).
     pub link_rate: Option<Rate>,
     /// The shaping, to compute the loss a CBR flow must see.
@@ -488,7 +609,29 @@ pub fn start(target: &LoadTarget<'_>, specs: &[LoadSpec]) -> Result<Load> {
                 p
             }
         };
-        let rate = match spec.rate() {
+        if let LoadSpec::Fetch {
+            size,
+            every,
+            cc,
+            timeout,
+            ..
+        } = spec
+        {
+            start_fetch(
+                &mut load,
+                target,
+                spec,
+                port,
+                FetchParams {
+                    size: *size,
+                    every: *every,
+                    cc: cc.clone(),
+                    timeout: *timeout,
+                },
+            )?;
+            continue;
+        }
+        let rate = match spec.rate().expect("tcp and udp have a rate") {
             LoadRate::Rate(r) => Some(r),
             LoadRate::Share(s) if s >= 1.0 && matches!(spec, LoadSpec::Tcp { .. }) => None,
             LoadRate::Share(s) => Some(
@@ -511,6 +654,7 @@ pub fn start(target: &LoadTarget<'_>, specs: &[LoadSpec]) -> Result<Load> {
                 let rate = rate.expect("udp always has a rate");
                 start_udp(&mut load, target, spec, port, *size, rate)?
             }
+            LoadSpec::Fetch { .. } => unreachable!("started above"),
         }
     }
     load.mark();
@@ -536,6 +680,40 @@ fn setsockopt<T>(fd: &impl AsRawFd, level: i32, name: i32, val: &T, what: &str) 
 
 /// A TCP socket with congestion control and pacing set, connected to dst.
 fn tcp_connect(dst: SocketAddrV4, cc: Option<&str>, pacing: Option<Rate>) -> Result<TcpStream> {
+    tcp_connect_within(dst, cc, pacing, None)
+}
+
+/// Sets TCP_CONGESTION; an error names the ones the kernel has.
+fn set_cc(fd: &impl AsRawFd, cc: &str) -> Result<()> {
+    // SAFETY: cc bytes are valid for their length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr() as *const libc::c_void,
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        let avail = available_cc().unwrap_or_default();
+        return Err(match check_cc(cc, &avail) {
+            Err(m) => anyhow!(m),
+            Ok(()) => anyhow!("TCP_CONGESTION {cc}: {e}"),
+        });
+    }
+    Ok(())
+}
+
+/// As `tcp_connect`; a connect that takes longer than `timeout` fails
+/// (SO_SNDTIMEO bounds a blocking connect).
+fn tcp_connect_within(
+    dst: SocketAddrV4,
+    cc: Option<&str>,
+    pacing: Option<Rate>,
+    timeout: Option<Duration>,
+) -> Result<TcpStream> {
     // SAFETY: plain socket(2); owned right away.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -544,24 +722,7 @@ fn tcp_connect(dst: SocketAddrV4, cc: Option<&str>, pacing: Option<Rate>) -> Res
     // SAFETY: fresh descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     if let Some(cc) = cc {
-        // SAFETY: cc bytes are valid for their length.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_CONGESTION,
-                cc.as_ptr() as *const libc::c_void,
-                cc.len() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            let avail = available_cc().unwrap_or_default();
-            return Err(match check_cc(cc, &avail) {
-                Err(m) => anyhow!(m),
-                Ok(()) => anyhow!("TCP_CONGESTION {cc}: {e}"),
-            });
-        }
+        set_cc(&fd, cc)?;
     }
     if let Some(r) = pacing {
         let bytes: u64 = r.bytes_per_sec().max(1);
@@ -574,6 +735,9 @@ fn tcp_connect(dst: SocketAddrV4, cc: Option<&str>, pacing: Option<Rate>) -> Res
         )?;
     }
     let stream = TcpStream::from(fd);
+    if let Some(t) = timeout {
+        stream.set_write_timeout(Some(t.max(Duration::from_millis(1))))?;
+    }
     // std has no connect on an existing socket; do it by hand.
     let sa = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -592,8 +756,7 @@ fn tcp_connect(dst: SocketAddrV4, cc: Option<&str>, pacing: Option<Rate>) -> Res
         )
     };
     if r != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("connect the TCP load to {dst}"));
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("connect to {dst}"));
     }
     Ok(stream)
 }
@@ -664,9 +827,263 @@ fn start_tcp(
             mark_bytes: 0,
             tcp_info_fd: Some(tcp_info_fd),
             mark_acked: None,
+            fetch: None,
         });
     }
     Ok(())
+}
+
+struct FetchParams {
+    size: u64,
+    every: Duration,
+    cc: Option<String>,
+    timeout: Duration,
+}
+
+/// The page server in the sender namespace and the fetching client in the
+/// receiver namespace (see the module docs for why this way round).
+fn start_fetch(
+    load: &mut Load,
+    t: &LoadTarget<'_>,
+    spec: &LoadSpec,
+    port: u16,
+    p: FetchParams,
+) -> Result<()> {
+    let addr = SocketAddrV4::new(t.src, port);
+    let cc = p.cc.clone();
+    let listener = t.sender.run(|| {
+        let l = TcpListener::bind(addr)
+            .with_context(|| format!("listen on {addr} for the fetch load's page server"))?;
+        // Checked here so that a missing congestion control fails the start,
+        // not every fetch.
+        if let Some(c) = &cc {
+            set_cc(&l, c)?;
+        }
+        Ok(l)
+    })?;
+    listener.set_nonblocking(true)?;
+    let receiver_ns = t
+        .receiver
+        .file()
+        .try_clone()
+        .context("duplicate the receiver namespace handle")?;
+    let c = Arc::new(Counters::default());
+    let window = Arc::new(Mutex::new(FetchWindow {
+        since: Instant::now(),
+        stats: FetchStats::new(),
+    }));
+    // The server outlives the client (it stops with the receivers, after
+    // the senders): a fetch the client starts just before the stop finds
+    // it listening rather than refused.
+    let stop = load.stop_recv.clone();
+    let server_cc = p.cc.clone();
+    let server = std::thread::Builder::new()
+        .name(format!("fetch-srv-{port}"))
+        .spawn(move || page_server(listener, server_cc.as_deref(), &stop))?;
+    let stop = load.stop_send.clone();
+    let (cc_client, w, cc2) = (p.cc.clone(), window.clone(), c.clone());
+    let size = p.size;
+    let client = std::thread::Builder::new()
+        .name(format!("fetch-cli-{port}"))
+        .spawn(move || -> Result<()> {
+            nix::sched::setns(receiver_ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .context("enter the receiver namespace for the fetch client")?;
+            fetch_loop(addr, &p, cc_client.as_deref(), &w, &cc2, &stop)
+        })?;
+    c.connected.store(true, Ordering::Relaxed);
+    load.flows.push(Flow {
+        kind: "fetch",
+        spec: spec.to_string(),
+        port,
+        cc: p_cc_or_default(spec),
+        target_bps: None,
+        udp_size: 0,
+        counters: c,
+        // The client stops with the senders (a fetch under way is
+        // dropped, neither done nor failed); the server with the receivers.
+        sender: Some(client),
+        receiver: Some(server),
+        mark_bytes: 0,
+        tcp_info_fd: None,
+        mark_acked: None,
+        fetch: Some((window, size)),
+    });
+    Ok(())
+}
+
+fn p_cc_or_default(spec: &LoadSpec) -> Option<String> {
+    spec.cc().map(str::to_string).or_else(|| default_cc().ok())
+}
+
+/// Serves one fetch at a time: reads the 8-byte request (the page size,
+/// big endian), sends that many bytes, closes.
+fn page_server(listener: TcpListener, cc: Option<&str>, stop: &AtomicBool) -> Result<()> {
+    let page = vec![0x3cu8; 64 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        let conn = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err(e).context("accept a fetch"),
+        };
+        // A failed fetch (the client gave up, reset) is the client's to
+        // count; the server just takes the next one.
+        if let Err(e) = serve_page(conn, cc, &page, stop) {
+            log::debug!("fetch server: {e:#}");
+        }
+    }
+    Ok(())
+}
+
+fn serve_page(mut s: TcpStream, cc: Option<&str>, page: &[u8], stop: &AtomicBool) -> Result<()> {
+    s.set_nonblocking(false)?;
+    if let Some(c) = cc {
+        set_cc(&s, c)?;
+    }
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(POLL))?;
+    s.set_write_timeout(Some(POLL))?;
+    let mut req = [0u8; 8];
+    let mut got = 0;
+    while got < req.len() {
+        match s.read(&mut req[got..]) {
+            Ok(0) => bail!("the client closed before asking"),
+            Ok(n) => got += n,
+            Err(e) if is_retry(&e) => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e).context("read the fetch request"),
+        }
+    }
+    let mut left = u64::from_be_bytes(req).min(MAX_FETCH_SIZE);
+    while left > 0 {
+        let n = left.min(page.len() as u64) as usize;
+        match s.write(&page[..n]) {
+            Ok(w) => left -= w as u64,
+            Err(e) if is_retry(&e) => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e).context("send the page"),
+        }
+    }
+    Ok(())
+}
+
+fn is_retry(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
+enum FetchOutcome {
+    Done,
+    Failed(anyhow::Error),
+    Stopped,
+}
+
+/// Fetches, waits `every`, fetches again, until stopped.
+fn fetch_loop(
+    addr: SocketAddrV4,
+    p: &FetchParams,
+    cc: Option<&str>,
+    window: &Mutex<FetchWindow>,
+    c: &Counters,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let mut failures_logged = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let mut outcome = fetch_once(addr, p.size, cc, started + p.timeout, c, stop);
+        if matches!(outcome, FetchOutcome::Failed(_)) && stop.load(Ordering::Relaxed) {
+            // Cut short by the stop, not by the path.
+            outcome = FetchOutcome::Stopped;
+        }
+        let took = started.elapsed();
+        {
+            let mut w = window.lock().unwrap_or_else(|e| e.into_inner());
+            let counts = started >= w.since;
+            match &outcome {
+                FetchOutcome::Done if counts => w.stats.record(took),
+                FetchOutcome::Failed(_) if counts => w.stats.fail(),
+                _ => {}
+            }
+        }
+        match outcome {
+            FetchOutcome::Stopped => break,
+            FetchOutcome::Failed(e) => {
+                if failures_logged < 3 {
+                    log::warn!("a fetch of {} bytes from {addr} failed: {e:#}", p.size);
+                    failures_logged += 1;
+                }
+            }
+            FetchOutcome::Done => {}
+        }
+        let next = Instant::now() + p.every;
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= next {
+                break;
+            }
+            std::thread::sleep((next - now).min(POLL));
+        }
+    }
+    Ok(())
+}
+
+fn fetch_once(
+    addr: SocketAddrV4,
+    size: u64,
+    cc: Option<&str>,
+    deadline: Instant,
+    c: &Counters,
+    stop: &AtomicBool,
+) -> FetchOutcome {
+    let left = |d: Instant| d.saturating_duration_since(Instant::now());
+    let mut s = match tcp_connect_within(addr, cc, None, Some(left(deadline))) {
+        Ok(s) => s,
+        Err(e) => return FetchOutcome::Failed(e),
+    };
+    let r = (|| -> Result<bool> {
+        s.set_write_timeout(Some(left(deadline).max(Duration::from_millis(1))))?;
+        s.write_all(&size.to_be_bytes())
+            .context("send the request")?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut got = 0u64;
+        while got < size {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            let l = left(deadline);
+            if l.is_zero() {
+                bail!("timed out after {got} of {size} bytes");
+            }
+            s.set_read_timeout(Some(l.min(POLL)))?;
+            match s.read(&mut buf) {
+                Ok(0) => bail!("the server closed after {got} of {size} bytes"),
+                Ok(n) => {
+                    got += n as u64;
+                    c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if is_retry(&e) => {}
+                Err(e) => return Err(e).context("read the page"),
+            }
+        }
+        Ok(true)
+    })();
+    match r {
+        Ok(true) => FetchOutcome::Done,
+        Ok(false) => FetchOutcome::Stopped,
+        Err(e) => FetchOutcome::Failed(e),
+    }
 }
 
 fn default_cc() -> Result<String> {
@@ -780,6 +1197,7 @@ fn start_udp(
         mark_bytes: 0,
         tcp_info_fd: None,
         mark_acked: None,
+        fetch: None,
     });
     Ok(())
 }
@@ -1015,6 +1433,11 @@ impl Load {
             if f.kind == "udp" {
                 f.counters.mark_requested.store(true, Ordering::Release);
             }
+            if let Some((w, _)) = &f.fetch {
+                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                w.since = self.mark_at;
+                w.stats = FetchStats::new();
+            }
         }
     }
 
@@ -1116,6 +1539,10 @@ impl Load {
             }
             if f.kind == "udp" {
                 self.udp_report(f, &mut fr);
+            }
+            if let Some((w, size)) = &f.fetch {
+                let w = w.lock().unwrap_or_else(|e| e.into_inner());
+                fr.fetch = Some(w.stats.times(*size));
             }
             rep.total_achieved_bps += fr.achieved_bps;
             rep.flows.push(fr);
@@ -1232,6 +1659,76 @@ mod tests {
         ] {
             assert!(bad.parse::<LoadSpec>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn parses_fetch_specs() {
+        let f: LoadSpec = "fetch:100KB,every=500ms".parse().unwrap();
+        assert_eq!(
+            f,
+            LoadSpec::Fetch {
+                size: 102_400,
+                every: Duration::from_millis(500),
+                cc: None,
+                timeout: DEFAULT_FETCH_TIMEOUT,
+                port: None
+            }
+        );
+        assert_eq!(f.to_string(), "fetch:100KiB,every=500ms");
+        assert_eq!(f.to_string().parse::<LoadSpec>().unwrap(), f);
+        assert!(!f.needs_link_rate());
+        assert_eq!((f.flows(), f.rate()), (1, None));
+        let d: LoadSpec = "fetch".parse().unwrap();
+        assert_eq!(d.to_string(), "fetch:100KiB,every=1s");
+        let c: LoadSpec = "fetch:1MiB,cc=reno,timeout=5s,port=6000".parse().unwrap();
+        assert_eq!(c.cc(), Some("reno"));
+        assert_eq!(c.port(), Some(6000));
+        assert_eq!(
+            c.to_string(),
+            "fetch:1MiB,every=1s,cc=reno,timeout=5s,port=6000"
+        );
+        // Each bad input: one line that names the key (or the size).
+        for (bad, names) in [
+            ("fetch:0", "page size"),
+            ("fetch:2048MiB", "page size"),
+            ("fetch:lots", "invalid size"),
+            ("fetch,every=soon", "every=soon"),
+            ("fetch,every=2h", "every=2h"),
+            ("fetch,timeout=1ms", "timeout=1ms"),
+            ("fetch,cc=", "cc="),
+            ("fetch,flows=2", "unknown fetch key \"flows\""),
+            ("fetch,size=10", "unknown fetch key \"size\""),
+            ("fetch,port=0", "port=0"),
+            ("fetch,500ms", "expected key=value"),
+        ] {
+            let e = bad.parse::<LoadSpec>().unwrap_err();
+            assert!(e.contains(names) && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn fetch_report_is_optional_in_json() {
+        // A report written before the fetch load existed still reads.
+        let old = serde_json::json!({"kind": "tcp", "spec": "tcp:100%", "port": 5201,
+            "cc": "cubic", "target_bps": null, "achieved_bps": 9e6, "bytes": 1, "seconds": 1.0,
+            "sent_packets": null, "received_packets": null, "loss_pct": null,
+            "expected_loss_pct": null, "offered_bps": null});
+        let f: FlowReport = serde_json::from_value(old).unwrap();
+        assert_eq!(f.fetch, None);
+        assert!(serde_json::to_value(&f).unwrap().get("fetch").is_none());
+        let with = FlowReport {
+            kind: "fetch".into(),
+            fetch: Some(FetchTimes {
+                size_bytes: 100,
+                count: 3,
+                mean_s: Some(0.5),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&with).unwrap();
+        assert_eq!(v["fetch"]["count"], 3);
+        assert_eq!(serde_json::from_value::<FlowReport>(v).unwrap(), with);
     }
 
     #[test]

@@ -38,6 +38,89 @@ pub fn rate_bps(bytes: u64, seconds: f64) -> f64 {
     }
 }
 
+/// Completion times of the fetch load's fetches in one window: an HDR
+/// histogram (µs, 3 significant digits, up to an hour) for the percentiles
+/// and Welford's running mean and variance, so memory stays bounded
+/// however many fetches a run makes.
+#[derive(Debug, Clone)]
+pub struct FetchStats {
+    hist: hdrhistogram::Histogram<u64>,
+    count: u64,
+    mean_s: f64,
+    /// Sum of squared deviations from the mean (Welford's M2), s².
+    m2_s2: f64,
+    failures: u64,
+}
+
+/// What `FetchStats` reports, seconds.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FetchTimes {
+    /// Bytes per fetch.
+    pub size_bytes: u64,
+    /// Fetches completed in the window.
+    pub count: u64,
+    /// Fetches that timed out or failed (refused, reset).
+    pub failures: u64,
+    pub mean_s: Option<f64>,
+    /// Sample standard deviation (n - 1); None below two fetches.
+    pub sd_s: Option<f64>,
+    pub min_s: Option<f64>,
+    pub p50_s: Option<f64>,
+    pub p90_s: Option<f64>,
+    pub p99_s: Option<f64>,
+    pub max_s: Option<f64>,
+}
+
+impl Default for FetchStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FetchStats {
+    pub fn new() -> Self {
+        Self {
+            hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("valid histogram bounds"),
+            count: 0,
+            mean_s: 0.0,
+            m2_s2: 0.0,
+            failures: 0,
+        }
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        let us = (d.as_micros() as u64).clamp(1, self.hist.high());
+        self.hist.saturating_record(us);
+        let x = d.as_secs_f64();
+        self.count += 1;
+        let delta = x - self.mean_s;
+        self.mean_s += delta / self.count as f64;
+        self.m2_s2 += delta * (x - self.mean_s);
+    }
+
+    pub fn fail(&mut self) {
+        self.failures += 1;
+    }
+
+    pub fn times(&self, size_bytes: u64) -> FetchTimes {
+        let n = self.count;
+        let q = |p: f64| (n > 0).then(|| self.hist.value_at_quantile(p) as f64 / 1e6);
+        FetchTimes {
+            size_bytes,
+            count: n,
+            failures: self.failures,
+            mean_s: (n > 0).then_some(self.mean_s),
+            sd_s: (n > 1).then(|| (self.m2_s2 / (n - 1) as f64).sqrt()),
+            min_s: (n > 0).then(|| self.hist.min() as f64 / 1e6),
+            p50_s: q(0.5),
+            p90_s: q(0.9),
+            p99_s: q(0.99),
+            max_s: (n > 0).then(|| self.hist.max() as f64 / 1e6),
+        }
+    }
+}
+
 /// The receiver's view of one window of one UDP flow.
 #[derive(Debug, Clone)]
 pub struct SeqWindow {
@@ -348,5 +431,41 @@ mod tests {
             receive_span: ms(2),
         };
         assert_eq!(c.achieved_bps(1000), Some(8e6));
+    }
+
+    #[test]
+    fn fetch_stats_mean_sd_and_percentiles() {
+        let mut f = FetchStats::new();
+        assert_eq!(f.times(100).mean_s, None);
+        assert_eq!(f.times(100).p50_s, None);
+        for s in [1.0, 2.0, 3.0, 4.0] {
+            f.record(Duration::from_secs_f64(s));
+        }
+        f.fail();
+        let t = f.times(102_400);
+        assert_eq!((t.count, t.failures, t.size_bytes), (4, 1, 102_400));
+        assert!((t.mean_s.unwrap() - 2.5).abs() < 1e-9);
+        // Sample sd of 1, 2, 3, 4: sqrt(5/3).
+        assert!((t.sd_s.unwrap() - (5.0f64 / 3.0).sqrt()).abs() < 1e-9);
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() <= b * 1e-3;
+        assert!(close(t.min_s, 1.0) && close(t.max_s, 4.0), "{t:?}");
+        assert!(
+            close(t.p50_s, 2.0) && close(t.p90_s, 4.0) && close(t.p99_s, 4.0),
+            "{t:?}"
+        );
+        let mut one = FetchStats::new();
+        one.record(Duration::from_millis(250));
+        assert_eq!(one.times(1).sd_s, None);
+    }
+
+    #[test]
+    fn fetch_stats_welford_is_stable_for_close_values() {
+        // Naive sum-of-squares loses these to cancellation; Welford keeps them.
+        let mut f = FetchStats::new();
+        for i in 0..1000 {
+            f.record(Duration::from_secs(1000) + Duration::from_micros(i % 2));
+        }
+        let t = f.times(1);
+        assert!((t.sd_s.unwrap() - 0.5e-6).abs() < 1e-8, "{t:?}");
     }
 }

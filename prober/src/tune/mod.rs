@@ -65,6 +65,7 @@ use serde_json::{Map, Value, json};
 
 pub use self::{
     load::{FlowReport, LoadReport, LoadSpec},
+    load_acct::FetchTimes,
     qdisc::QdiscSpec,
     rt::{RtGuard, RtSettings},
     shaping::{ShaperKind, Shaping},
@@ -225,8 +226,8 @@ pub struct KnobArgs {
     #[arg(long, value_enum)]
     pub device_unsupported: Option<DevicePolicy>,
 
-    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N] or
-    /// udp:150%|150mbit[,size=1470].
+    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N],
+    /// udp:150%|150mbit[,size=1470] or fetch[:100KiB][,every=1s][,cc=reno] (page fetches timed).
     #[arg(long = "load")]
     pub load: Vec<LoadSpec>,
 
@@ -922,6 +923,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             sender: &tb.sender,
             receiver: &tb.receiver,
             dst: tb.receiver_if.addr,
+            src: tb.sender_if.addr,
             link_rate,
             shaping: shaping.clone(),
             queue_bytes_hint,
