@@ -279,6 +279,7 @@ pub fn run_session(
     };
 
     let any = Ipv4Addr::UNSPECIFIED;
+    let rcvbuf_bytes = socket::rcvbuf_bytes(cfg.interval, cfg.timeout);
     let tx_sock = ep.sender_ns.run(|| {
         ProbeSocket::bind(
             SocketAddrV4::new(any, cfg.port),
@@ -288,6 +289,7 @@ pub fn run_session(
                 rx: true,
                 hardware: hardware_tx,
             },
+            rcvbuf_bytes,
         )
     })?;
     // The reflector timestamps its echoes too: the RTT of the path is the
@@ -301,6 +303,7 @@ pub fn run_session(
                 rx: true,
                 hardware: hardware_rx,
             },
+            rcvbuf_bytes,
         )
     })?;
     let dst = SocketAddrV4::new(ep.receiver_if.addr, cfg.port);
