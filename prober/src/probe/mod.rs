@@ -693,7 +693,7 @@ fn io_loop(
         // socket, and waiting on the sender's would put a wake-up into
         // every probe's send path (above). The echoes' RX stamps are the
         // kernel's whenever they are read, so they are collected every
-        // millisecond (the 32 MiB receive buffer holds far more).
+        // millisecond (the receive buffer, at least 32 MiB, holds far more).
         let wait = if kernel_reflector { wait.min(1) } else { wait };
         let polled: &[&ProbeSocket] = &[rx];
         if let Err(e) = socket::poll_any(polled, wait) {
