@@ -1,5 +1,6 @@
-//! End-to-end: the in-kernel reflector (`--reflector kernel`) answers the
-//! probes in XDP native mode on the receiver's veth; `--reflector user`
+//! End-to-end: the in-kernel reflector (`--reflector kernel`, native on
+//! the receiver's veth) answers every probe with the router native, generic
+//! or off (kernel forwarding), and is the default there; `--reflector user`
 //! still works; the CSV and summary say which one ran. Needs root; run by
 //! `cargo xtask test` with `--ignored --test-threads=1`.
 
@@ -9,11 +10,13 @@ use common::*;
 
 const N: u64 = 500;
 
-fn run(reflector: &str) -> Run {
+fn run(xdp_mode: &str, reflector: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let r = probe(
         dir.path(),
         &[
+            "--xdp-mode",
+            xdp_mode,
             "--reflector",
             reflector,
             "--count",
@@ -42,11 +45,53 @@ fn run(reflector: &str) -> Run {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
-fn kernel_reflector_answers_every_probe_natively() {
-    if !is_root("kernel_reflector_answers_every_probe_natively") {
+fn kernel_reflector_answers_every_probe_router_native() {
+    if !is_root("kernel_reflector_answers_every_probe_router_native") {
         return;
     }
-    let r = run("kernel");
+    check_kernel(&run("native", "kernel"));
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn kernel_reflector_answers_every_probe_router_skb() {
+    if !is_root("kernel_reflector_answers_every_probe_router_skb") {
+        return;
+    }
+    check_kernel(&run("skb", "kernel"));
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn kernel_reflector_answers_every_probe_router_off() {
+    if !is_root("kernel_reflector_answers_every_probe_router_off") {
+        return;
+    }
+    check_kernel(&run("off", "kernel"));
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn kernel_reflector_is_the_default_with_router_off() {
+    if !is_root("kernel_reflector_is_the_default_with_router_off") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &["--xdp-mode", "off", "--count", "50", "--interval", "1ms"],
+    );
+    assert_eq!(r.code, 0, "stderr: {}\nstdout: {}", r.stderr, r.stdout);
+    assert_eq!(r.json["lost"], 0, "{}", r.stdout);
+    assert_eq!(
+        r.json["extra"]["reflector"]["kind"], "kernel",
+        "{}",
+        r.stdout
+    );
+}
+
+/// Every probe answered once by the program, with its stamps in order.
+fn check_kernel(r: &Run) {
     let refl = &r.json["extra"]["reflector"];
     assert_eq!(refl["xdp_mode"], "native", "{}", r.stdout);
     // Every probe plus the warm-up datagram(s), each once.
@@ -97,7 +142,7 @@ fn user_reflector_still_answers() {
     if !is_root("user_reflector_still_answers") {
         return;
     }
-    let r = run("user");
+    let r = run("native", "user");
     assert!(r.json["extra"]["reflector"]["counters"].is_null());
     let header = rtprobe::export::csv::HEADER;
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();

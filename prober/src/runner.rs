@@ -255,14 +255,14 @@ fn choose_reflector(
         cannot be told apart (echoes lost is always 0)";
     let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE});
     let path_ok = xdp.reflector_replies_get_through(testbed);
-    const VETH_NEEDS_NATIVE: &str = "the receiver's interface is a veth whose peer runs no \
-        native XDP program, where the in-kernel reflector's XDP_TX replies are lost (on the \
-        veth testbed use --xdp-mode native or auto)";
+    const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
+        the veth testbed's router, where rtprobe does not prepare the peer to take the \
+        in-kernel reflector's replies (use the veth testbed)";
     match opts.reflector {
         Some(ReflectorArg::User) => Ok((false, serde_json::json!({"kind": "user"}))),
         Some(ReflectorArg::Kernel) => {
             if !path_ok {
-                bail!("--reflector kernel: {VETH_NEEDS_NATIVE}; or use --reflector user");
+                bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
             }
             let mode = xdp.attach_reflector(testbed, opts.probe.port).context(
                 "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
@@ -271,7 +271,7 @@ fn choose_reflector(
             Ok((true, kernel(mode)))
         }
         None if !path_ok => {
-            let note = format!("the in-kernel one is not used here: {VETH_NEEDS_NATIVE}");
+            let note = format!("the in-kernel one is not used here: {VETH_NEEDS_ROUTER}");
             log::info!("{note}");
             Ok((false, serde_json::json!({"kind": "user", "note": note})))
         }

@@ -173,6 +173,9 @@ pub const REFLECT_PORT_GLOBAL: &str = "REFLECT_PORT";
 /// `u16` global (host order): UDP destination port of STAMP session-sender
 /// packets to answer; 0 answers none.
 pub const STAMP_PORT_GLOBAL: &str = "STAMP_PORT";
+/// `u32` global: ifindex the reflector sends its replies out of by
+/// `bpf_redirect` (its own interface); 0 sends them with XDP_TX.
+pub const REPLY_IFINDEX_GLOBAL: &str = "REPLY_IFINDEX";
 
 /// rtprobe payload (see rtprobe's `probe/packet.rs`): magic, version, flags.
 pub const RTPB_MAGIC: [u8; 4] = *b"RTPB";

@@ -1,6 +1,13 @@
 //! rtprobe's in-kernel reflector: answers rtprobe probes and unauthenticated
 //! STAMP session-sender packets (RFC 8762 §4.3.1 stateless, RFC 8972 SSID)
 //! with XDP_TX, so the reply leaves without waking a user-space process.
+//! With `REPLY_IFINDEX` set (to its own interface) it sends the reply with
+//! `bpf_redirect` there instead: on a veth, XDP_TX puts the frame into the
+//! peer's ring but wakes the peer's NAPI only when the peer runs an XDP
+//! program of its own (`veth_xdp_flush` checks the peer queue's
+//! `xdp_prog`), so without one the replies wait there unseen; a redirect
+//! goes through `ndo_xdp_xmit`, whose flush wakes the peer's NAPI whenever
+//! it exists (an XDP program or GRO on the peer).
 //!
 //! For each frame: bounds-checked Ethernet + IPv4 + UDP parse (no options,
 //! no fragments); UDP to `REFLECT_PORT` with an rtprobe probe payload, or to
@@ -22,13 +29,13 @@
 //! TAI -> REALTIME offset user space measures and keeps in
 //! `REFLECTOR_CLOCK` (a leap second changes it).
 //!
-//! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX), bpf_ktime_get_tai_ns
+//! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX, bpf_redirect), bpf_ktime_get_tai_ns
 //! (6.1), per-CPU arrays, read-only global data set at load time (5.2).
 //! Minimum kernel: 6.1.
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::bpf_ktime_get_tai_ns,
+    helpers::{bpf_ktime_get_tai_ns, bpf_redirect},
     macros::{map, xdp},
     maps::{Array, PerCpuArray},
     programs::XdpContext,
@@ -49,6 +56,9 @@ static REFLECT_PORT: u16 = 0;
 /// at load time; 0 answers no STAMP.
 #[unsafe(no_mangle)]
 static STAMP_PORT: u16 = 0;
+/// Interface to redirect replies to (its own), set at load time; 0: XDP_TX.
+#[unsafe(no_mangle)]
+static REPLY_IFINDEX: u32 = 0;
 
 #[map(name = "REFLECTOR_COUNTERS")]
 static REFLECTOR_COUNTERS: PerCpuArray<Counter> =
@@ -206,7 +216,16 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
     // SAFETY: eth is inside the frame (checked by ptr_at), and src and dst
     // are two distinct fields of it.
     unsafe { core::mem::swap(&mut (*eth).src, &mut (*eth).dst) };
-    Ok(count(outcome, len, xdp_action::XDP_TX))
+    // SAFETY: a read-only global, volatile as above.
+    let reply_ifindex = unsafe { core::ptr::read_volatile(&REPLY_IFINDEX) };
+    let action = if reply_ifindex == 0 {
+        xdp_action::XDP_TX
+    } else {
+        // SAFETY: a helper taking plain integers; it returns XDP_REDIRECT,
+        // or XDP_ABORTED (flags 0) when the ifindex is bad.
+        unsafe { bpf_redirect(reply_ifindex, 0) as u32 }
+    };
+    Ok(count(outcome, len, action))
 }
 
 /// Counts the frame under `outcome` and returns `action`.

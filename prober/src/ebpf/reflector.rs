@@ -27,7 +27,8 @@ use aya::{
 };
 use xdp_common::{
     Counter, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
-    REFLECTOR_PROGRAM_NAME, ReflectorClock, ReflectorOutcome, STAMP_PORT_GLOBAL,
+    REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL, ReflectorClock, ReflectorOutcome,
+    STAMP_PORT_GLOBAL,
 };
 
 use super::{
@@ -82,8 +83,10 @@ pub struct Reflector {
 impl Reflector {
     /// Loads the reflector answering rtprobe probes to UDP `probe_port`
     /// and STAMP to `stamp_port` (0: none), with the clock offset written
-    /// and a thread that keeps it current.
-    pub fn load(probe_port: u16, stamp_port: u16) -> Result<Self> {
+    /// and a thread that keeps it current. Replies leave by XDP_TX, or with
+    /// `reply_ifindex` non-zero by a redirect to that interface (the one it
+    /// is attached to: what a veth needs, see [`super::XdpSetup`]).
+    pub fn load(probe_port: u16, stamp_port: u16, reply_ifindex: u32) -> Result<Self> {
         let object = router_object();
         if object.is_empty() {
             bail!(
@@ -98,6 +101,7 @@ impl Reflector {
         let mut ebpf = EbpfLoader::new()
             .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
             .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
+            .override_global(REPLY_IFINDEX_GLOBAL, &reply_ifindex, true)
             .load(object)
             .map_err(explain_load_error)
             .context("cannot load the in-kernel reflector's maps")?;

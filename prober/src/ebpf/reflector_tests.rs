@@ -196,7 +196,7 @@ fn counter(r: &Reflector, o: ReflectorOutcome) -> u64 {
 #[ignore = "needs root: run by cargo xtask test"]
 fn reflector_test_run_table() {
     require_root();
-    let r = Reflector::load(PROBE_PORT, STAMP_PORT).expect("load the reflector");
+    let r = Reflector::load(PROBE_PORT, STAMP_PORT, 0).expect("load the reflector");
     let t0 = now_ns();
 
     // A good probe with room for the times.
@@ -379,4 +379,21 @@ fn reflector_test_run_table() {
             o.name()
         );
     }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_redirects_replies_when_given_an_ifindex() {
+    require_root();
+    // XDP_REDIRECT from bpf_redirect; the test run does not send it.
+    const XDP_REDIRECT: u32 = 4;
+    // Loopback's ifindex, 1 in every namespace; any existing one would do.
+    let r = Reflector::load(PROBE_PORT, STAMP_PORT, 1).expect("load the reflector");
+    let input = Frame::new(PROBE_PORT, probe_payload(64, false)).bytes();
+    let (action, out) = run(&r, &input);
+    assert_eq!(action, XDP_REDIRECT, "good probe is answered by a redirect");
+    check_reply_headers(&input, &out, true);
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 1);
+    let echo = Frame::new(PROBE_PORT, probe_payload(64, true)).bytes();
+    assert_eq!(run(&r, &echo).0, XDP_PASS, "echoes still pass");
 }

@@ -67,42 +67,48 @@ impl XdpSetup {
 
     /// Attaches the in-kernel reflector (answering rtprobe probes to UDP
     /// `port`) to the receiver's interface, native where the driver can,
-    /// else generic. On a veth it prepares what XDP_TX and the reflector's
-    /// checksum update need (GRO on the peer, which receives the replies;
-    /// TX checksum offload off at the sender, so probes carry full UDP
-    /// checksums), put back with everything else. Fails when another XDP
-    /// program holds the interface (the router in NIC-pair mode).
+    /// else generic. On a veth it prepares what the replies and the
+    /// reflector's checksum update need (GRO requested on the peer, which
+    /// receives the replies; TX checksum offload off at the sender, so
+    /// probes carry full UDP checksums), put back with everything else, and
+    /// has the reflector redirect its replies to its own veth rather than
+    /// XDP_TX them (see [`Self::reflector_replies_get_through`]). Fails
+    /// when another XDP program holds the interface (the router in NIC-pair
+    /// mode).
     pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
-        let mut r = Reflector::load(port, 0)?;
+        let mut reply_ifindex = 0;
         if is_veth(&tb.receiver, &tb.receiver_if.name) {
             if let (Some(ns), Some(peer)) = (&tb.router, &tb.router_out) {
                 self.request_gro(ns, &peer.name)?;
             }
             self.set_feature(&tb.sender, &tb.sender_if.name, Feature::TxCsum, false)?;
+            let name = &tb.receiver_if.name;
+            reply_ifindex = tb
+                .receiver
+                .run(|| super::ifindex_of(name, tb.receiver.name()))?;
         }
+        let mut r = Reflector::load(port, 0, reply_ifindex)?;
         let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpModeArg::Auto)?;
         self.reflector = Some((r, mode));
         Ok(mode)
     }
 
     /// Whether the in-kernel reflector's replies get back from the
-    /// receiver's interface. On a veth they leave by XDP_TX into the peer;
-    /// measured on Linux 6.18, they are received there only when the peer
-    /// runs a native XDP program (the router's, on the veth testbed with
-    /// the router native): into a peer without one (kernel forwarding,
-    /// generic XDP, a NIC pair made of a veth pair) the veth's xdp_tx
-    /// counter rises and the peer receives nothing, GRO requested or not
-    /// (cause not found yet). Physical NICs transmit XDP_TX themselves.
+    /// receiver's interface. Physical NICs transmit XDP_TX themselves. On
+    /// a veth, XDP_TX puts the reply into the peer's ring but, on Linux
+    /// 6.18, wakes the peer's NAPI only when the peer runs an XDP program
+    /// (`veth_xdp_flush` checks the peer queue's `xdp_prog`): measured with
+    /// the router off, `ethtool -S` of the receiver's veth counts every
+    /// reply in `xdp_tx` with `xdp_tx_err` 0 while the peer's
+    /// `rx_queue_0_xdp_packets` and RX packets stay flat. A redirect to the
+    /// veth itself goes through `ndo_xdp_xmit`, whose flush wakes the
+    /// peer's NAPI whenever it exists, and [`Self::attach_reflector`]
+    /// requests GRO on the peer so that it does: the replies get through
+    /// with the router native, generic or off. The peer is the testbed's
+    /// router; a veth without one (a NIC pair made of a veth pair) is not
+    /// prepared, so it is not trusted.
     pub fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
-        if !is_veth(&tb.receiver, &tb.receiver_if.name) {
-            return true;
-        }
-        let Some(peer) = &tb.router_out else {
-            return false;
-        };
-        self.modes
-            .iter()
-            .any(|(i, m)| *i == peer.name && *m == AttachedMode::Native)
+        !is_veth(&tb.receiver, &tb.receiver_if.name) || tb.router_out.is_some()
     }
 
     /// The in-kernel reflector's counters, if it is attached.

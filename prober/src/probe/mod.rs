@@ -279,6 +279,7 @@ pub fn run_session(
     };
 
     let any = Ipv4Addr::UNSPECIFIED;
+    let rcvbuf_bytes = socket::rcvbuf_bytes(cfg.interval, cfg.timeout);
     let tx_sock = ep.sender_ns.run(|| {
         ProbeSocket::bind(
             SocketAddrV4::new(any, cfg.port),
@@ -288,6 +289,7 @@ pub fn run_session(
                 rx: true,
                 hardware: hardware_tx,
             },
+            rcvbuf_bytes,
         )
     })?;
     // The reflector timestamps its echoes too: the RTT of the path is the
@@ -301,6 +303,7 @@ pub fn run_session(
                 rx: true,
                 hardware: hardware_rx,
             },
+            rcvbuf_bytes,
         )
     })?;
     let dst = SocketAddrV4::new(ep.receiver_if.addr, cfg.port);
@@ -690,7 +693,7 @@ fn io_loop(
         // socket, and waiting on the sender's would put a wake-up into
         // every probe's send path (above). The echoes' RX stamps are the
         // kernel's whenever they are read, so they are collected every
-        // millisecond (the 32 MiB receive buffer holds far more).
+        // millisecond (the receive buffer, at least 32 MiB, holds far more).
         let wait = if kernel_reflector { wait.min(1) } else { wait };
         let polled: &[&ProbeSocket] = &[rx];
         if let Err(e) = socket::poll_any(polled, wait) {

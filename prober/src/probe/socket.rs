@@ -115,8 +115,32 @@ pub struct ProbeSocket {
     next_opt_id: AtomicU32,
 }
 
+/// Receive buffer assumed per probe in flight: the echo plus its SCHED
+/// and driver TX stamps on the error queue (in skb mode the router's
+/// second pair), each an skb of about 1 KiB truesize. An estimate, not
+/// measured per message.
+const RCVBUF_PER_PROBE_BYTES: u64 = 4 << 10;
+/// Never below the 32 MiB rtprobe always had; never above 512 MiB (the
+/// kernel doubles it, and caps the request at INT_MAX / 2).
+const RCVBUF_MIN_BYTES: u64 = 32 << 20;
+const RCVBUF_MAX_BYTES: u64 = 512 << 20;
+
+/// The receive buffer to force on a probe socket: room for every probe of
+/// one `timeout` at one per `interval` (what can still count as arrived),
+/// so that a receive thread stalled for up to a timeout loses nothing to a
+/// full buffer. At 100 k probes/s and 1 s: 400 MiB; at 1 ms: the minimum.
+pub fn rcvbuf_bytes(interval: std::time::Duration, timeout: std::time::Duration) -> i32 {
+    let interval_ns = interval.as_nanos().max(1);
+    let in_flight = (timeout.as_nanos() / interval_ns).min(u64::MAX as u128) as u64;
+    let bytes = in_flight
+        .saturating_mul(RCVBUF_PER_PROBE_BYTES)
+        .clamp(RCVBUF_MIN_BYTES, RCVBUF_MAX_BYTES);
+    bytes as i32
+}
+
 impl ProbeSocket {
-    pub fn bind(addr: SocketAddrV4, tos: u8, ts: TsFlags) -> Result<Self> {
+    /// `rcvbuf_bytes`: the receive buffer to force (see [`rcvbuf_bytes`]).
+    pub fn bind(addr: SocketAddrV4, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
         // SAFETY: plain socket(2) call.
         let fd =
             cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
@@ -127,10 +151,9 @@ impl ProbeSocket {
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
         setsockopt(raw, libc::IPPROTO_IP, libc::IP_TOS, &(tos as i32))
             .context("setsockopt(IP_TOS)")?;
-        // Room for bursts at high probe rates: 32 MiB holds ~30k small
-        // datagrams (~1 KiB truesize each), 0.2-0.3 s at 100-150k probes/s,
-        // which rides out a stalled receive thread. Charged only when used.
-        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(32 << 20i32));
+        // Room for a stalled receive thread at high probe rates, sized by
+        // the caller from the rate (see rcvbuf_bytes). Charged only when used.
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &rcvbuf_bytes);
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &(8 << 20i32));
         let flags = ts.bits();
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &flags)
@@ -675,5 +698,24 @@ impl Drop for HwTimestamping {
                 self.ifname
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod rcvbuf_tests {
+    use std::time::Duration;
+
+    use super::rcvbuf_bytes;
+
+    #[test]
+    fn receive_buffer_holds_one_timeout_of_probes_within_bounds() {
+        let s = Duration::from_secs(1);
+        // 1 ms: 1000 probes in a timeout, the 32 MiB floor.
+        assert_eq!(rcvbuf_bytes(Duration::from_millis(1), s), 32 << 20);
+        // 10 µs: 100 k probes x 4 KiB.
+        assert_eq!(rcvbuf_bytes(Duration::from_micros(10), s), 100_000 * 4096);
+        // 1 µs: capped.
+        assert_eq!(rcvbuf_bytes(Duration::from_micros(1), s), 512 << 20);
+        assert_eq!(rcvbuf_bytes(Duration::ZERO, s), 512 << 20);
     }
 }
