@@ -312,25 +312,11 @@ impl Router {
     /// Packets and bytes per outcome, summed over CPUs. Every outcome is
     /// present, zero or not.
     pub fn counters(&self) -> Result<XdpCounters> {
-        let map = self
-            .ebpf
-            .map(COUNTERS_MAP)
-            .with_context(|| format!("the XDP router object has no {COUNTERS_MAP} map"))?;
-        let counters: PerCpuArray<&MapData, Counter> =
-            PerCpuArray::try_from(map).context("the counters map has an unexpected type")?;
-        let mut out = XdpCounters::new();
-        for outcome in Outcome::ALL {
-            let per_cpu = counters
-                .get(&outcome.index(), 0)
-                .with_context(|| format!("reading XDP counter {}", outcome.name()))?;
-            let mut sum = PacketsBytes::default();
-            for c in per_cpu.iter() {
-                sum.packets += c.packets;
-                sum.bytes += c.bytes;
-            }
-            out.insert(outcome.name().to_string(), sum);
-        }
-        Ok(out)
+        read_counters(
+            &self.ebpf,
+            COUNTERS_MAP,
+            Outcome::ALL.iter().map(|o| (o.index(), o.name())),
+        )
     }
 
     /// Detaches the router from every interface, each inside its own
@@ -433,6 +419,33 @@ pub fn attached_mode(ns: &Netns, ifname: &str) -> Result<Option<AttachedMode>> {
     } else {
         None
     })
+}
+
+/// Packets and bytes per outcome of a per-CPU counter map of `ebpf`,
+/// summed over CPUs; every outcome listed is present, zero or not.
+pub(crate) fn read_counters(
+    ebpf: &Ebpf,
+    map_name: &str,
+    outcomes: impl IntoIterator<Item = (u32, &'static str)>,
+) -> Result<XdpCounters> {
+    let map = ebpf
+        .map(map_name)
+        .with_context(|| format!("the XDP object has no {map_name} map"))?;
+    let counters: PerCpuArray<&MapData, Counter> = PerCpuArray::try_from(map)
+        .with_context(|| format!("the {map_name} map has an unexpected type"))?;
+    let mut out = XdpCounters::new();
+    for (index, name) in outcomes {
+        let per_cpu = counters
+            .get(&index, 0)
+            .with_context(|| format!("reading XDP counter {name}"))?;
+        let mut sum = PacketsBytes::default();
+        for c in per_cpu.iter() {
+            sum.packets += c.packets;
+            sum.bytes += c.bytes;
+        }
+        out.insert(name.to_string(), sum);
+    }
+    Ok(out)
 }
 
 fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {

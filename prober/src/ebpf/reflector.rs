@@ -22,24 +22,23 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray},
+    maps::{Array, MapData},
     programs::{ProgramError, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use xdp_common::{
-    Counter, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
-    REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL, ReflectorClock, ReflectorOutcome,
-    STAMP_PORT_GLOBAL,
+    REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP, REFLECTOR_PROGRAM_NAME,
+    REPLY_IFINDEX_GLOBAL, ReflectorClock, ReflectorOutcome, STAMP_PORT_GLOBAL,
 };
 
 use super::{
     AttachedMode, attach_error, explain_load_error, explain_program_error, ifindex_of, query,
-    raise_memlock_limit, router_object, run_in_ns,
+    raise_memlock_limit, read_counters, router_object, run_in_ns,
 };
 use crate::{
     cli::XdpModeArg,
     error::Error,
     probe::stamp::{ClockSync, ErrorEstimate},
-    stats::{XdpCounters, summary::PacketsBytes},
+    stats::XdpCounters,
     testbed::Netns,
 };
 
@@ -207,25 +206,11 @@ impl Reflector {
 
     /// Packets and bytes per outcome, summed over CPUs, every outcome present.
     pub fn counters(&self) -> Result<XdpCounters> {
-        let map = self
-            .ebpf
-            .map(REFLECTOR_COUNTERS_MAP)
-            .with_context(|| format!("the object has no {REFLECTOR_COUNTERS_MAP} map"))?;
-        let counters: PerCpuArray<&MapData, Counter> = PerCpuArray::try_from(map)
-            .context("the reflector counters map has an unexpected type")?;
-        let mut out = XdpCounters::new();
-        for o in ReflectorOutcome::ALL {
-            let per_cpu = counters
-                .get(&o.index(), 0)
-                .with_context(|| format!("reading reflector counter {}", o.name()))?;
-            let mut sum = PacketsBytes::default();
-            for c in per_cpu.iter() {
-                sum.packets += c.packets;
-                sum.bytes += c.bytes;
-            }
-            out.insert(o.name().to_string(), sum);
-        }
-        Ok(out)
+        read_counters(
+            &self.ebpf,
+            REFLECTOR_COUNTERS_MAP,
+            ReflectorOutcome::ALL.iter().map(|o| (o.index(), o.name())),
+        )
     }
 
     /// Detaches from the interface (inside its namespace), if attached.
