@@ -16,8 +16,13 @@ pub const EBPF_TARGET: &str = "bpfel-unknown-none";
 
 /// Name of the XDP program in the object file.
 pub const PROGRAM_NAME: &str = "xdp_router";
-/// Per-CPU array of [`Counter`], indexed by [`Outcome`].
+/// Per-CPU array of [`Counter`], indexed by [`Outcome`]: IPv4 frames and
+/// frames of no IP family.
 pub const COUNTERS_MAP: &str = "COUNTERS";
+/// The same for IPv6 frames.
+pub const COUNTERS6_MAP: &str = "COUNTERS6";
+/// Prefix of the IPv6 outcomes' names in summaries ("ipv6_redirected").
+pub const IPV6_PREFIX: &str = "ipv6_";
 /// DEVMAP_HASH keyed by ifindex: the interfaces the router may redirect to.
 pub const EGRESS_MAP: &str = "EGRESS";
 /// `u8` global: non-zero makes the program a pure XDP_PASS program.
@@ -35,10 +40,12 @@ pub enum Outcome {
     /// neighbour yet, local delivery, MTU exceeded, forwarding off...): the
     /// kernel handles it.
     Passed = 1,
-    /// XDP_PASS because TTL <= 1: the kernel sends ICMP time exceeded.
+    /// XDP_PASS because TTL (IPv6: hop limit) <= 1: the kernel sends ICMP
+    /// time exceeded.
     PassTtl = 2,
     /// XDP_PASS because the IPv4 header has options the kernel must process
-    /// (record route, timestamps, source routing).
+    /// (record route, timestamps, source routing), or the IPv6 header is
+    /// followed by an extension header (hop-by-hop, routing, fragment...).
     PassIpOptions = 3,
     /// XDP_PASS because the egress interface is not in [`EGRESS_MAP`].
     PassNotInMap = 4,
@@ -49,8 +56,8 @@ pub enum Outcome {
     /// XDP_PASS of a truncated or inconsistent Ethernet/IPv4 frame (the kernel
     /// counts and drops it).
     Malformed = 7,
-    /// XDP_PASS of anything that is not IPv4 (ARP, IPv6, VLAN-tagged...).
-    NonIpv4 = 8,
+    /// XDP_PASS of anything that is neither IPv4 nor IPv6 (ARP, VLAN-tagged...).
+    NotIp = 8,
 }
 
 /// Number of [`Outcome`]s (the size of [`COUNTERS_MAP`]).
@@ -67,7 +74,7 @@ impl Outcome {
         Outcome::PassOnly,
         Outcome::DroppedUnreachable,
         Outcome::Malformed,
-        Outcome::NonIpv4,
+        Outcome::NotIp,
     ];
 
     pub const fn index(self) -> u32 {
@@ -85,7 +92,34 @@ impl Outcome {
             Outcome::PassOnly => "pass_only",
             Outcome::DroppedUnreachable => "dropped_unreachable",
             Outcome::Malformed => "malformed",
-            Outcome::NonIpv4 => "non_ipv4",
+            Outcome::NotIp => "not_ip",
+        }
+    }
+
+    /// The outcomes an IPv6 frame can have (pass-only mode and "not IP"
+    /// are counted before the family is known, in [`COUNTERS_MAP`]).
+    pub const IPV6: [Outcome; 7] = [
+        Outcome::Redirected,
+        Outcome::Passed,
+        Outcome::PassTtl,
+        Outcome::PassIpOptions,
+        Outcome::PassNotInMap,
+        Outcome::DroppedUnreachable,
+        Outcome::Malformed,
+    ];
+
+    /// Name of the outcome in [`COUNTERS6_MAP`]: [`IPV6_PREFIX`] + [`Self::name`].
+    pub const fn name6(self) -> &'static str {
+        match self {
+            Outcome::Redirected => "ipv6_redirected",
+            Outcome::Passed => "ipv6_passed",
+            Outcome::PassTtl => "ipv6_pass_ttl",
+            Outcome::PassIpOptions => "ipv6_pass_ip_options",
+            Outcome::PassNotInMap => "ipv6_pass_not_in_map",
+            Outcome::PassOnly => "ipv6_pass_only",
+            Outcome::DroppedUnreachable => "ipv6_dropped_unreachable",
+            Outcome::Malformed => "ipv6_malformed",
+            Outcome::NotIp => "ipv6_not_ip",
         }
     }
 }
@@ -142,6 +176,18 @@ pub fn ipv4_header_sum(hdr: &[u8; 20]) -> u16 {
         i += 2;
     }
     csum_fold(sum)
+}
+
+/// True if an IPv6 next-header value names an extension header (RFC 8200
+/// §4, and the IANA list of IPv6 extension header types: hop-by-hop,
+/// routing, fragment, ESP, AH, destination options, mobility, HIP, shim6
+/// and the two experimental values) rather than an upper-layer protocol.
+#[inline(always)]
+pub const fn ipv6_is_extension_header(next_header: u8) -> bool {
+    matches!(
+        next_header,
+        0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140 | 253 | 254
+    )
 }
 
 /// True if the 20-byte IPv4 header's checksum verifies.
@@ -440,6 +486,24 @@ mod tests {
         0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8, 0x00,
         0x01, 0xc0, 0xa8, 0x00, 0xc7,
     ];
+
+    #[test]
+    fn ipv6_names_are_the_prefix_and_the_ipv4_name() {
+        for o in Outcome::ALL {
+            assert_eq!(o.name6(), format!("{IPV6_PREFIX}{}", o.name()));
+        }
+    }
+
+    #[test]
+    fn extension_headers_are_not_upper_layers() {
+        for eh in [0u8, 43, 44, 50, 51, 60, 135, 139, 140, 253, 254] {
+            assert!(ipv6_is_extension_header(eh), "{eh}");
+        }
+        // TCP, UDP, ICMPv6, no next header, SCTP, UDP-Lite.
+        for ul in [6u8, 17, 58, 59, 132, 136] {
+            assert!(!ipv6_is_extension_header(ul), "{ul}");
+        }
+    }
 
     #[test]
     fn full_checksum_matches_known_header() {

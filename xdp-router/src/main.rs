@@ -1,15 +1,16 @@
-//! rtprobe's XDP router: an IPv4 forwarder in the style of xdp-tutorial's
-//! `xdp_router_func` and xdp-tools' `xdp_forward`.
+//! rtprobe's XDP router: an IPv4 and IPv6 forwarder in the style of
+//! xdp-tutorial's `xdp_router_func` and xdp-tools' `xdp_forward`.
 //!
-//! For each frame: bounds-checked Ethernet + IPv4 parse; anything that is
-//! not plain IPv4 goes to the kernel (XDP_PASS), as does every frame the
-//! router cannot or should not handle itself (truncated or inconsistent
-//! headers, IP options, TTL <= 1, a FIB result other than success). On a
-//! successful `bpf_fib_lookup` towards an interface userspace put in
-//! `EGRESS`, the TTL is decremented (incremental checksum), the MACs are
+//! For each frame: bounds-checked Ethernet + IPv4/IPv6 parse; anything
+//! else goes to the kernel (XDP_PASS), as does every frame the router
+//! cannot or should not handle itself (truncated or inconsistent headers,
+//! IPv4 options, IPv6 extension headers, link-local or multicast IPv6,
+//! TTL/hop limit <= 1, a FIB result other than success). On a successful
+//! `bpf_fib_lookup` towards an interface userspace put in `EGRESS`, the
+//! TTL is decremented (incremental checksum; IPv6 has none), the MACs are
 //! rewritten and the frame is redirected through the DEVMAP_HASH.
 //! Blackhole/unreachable/prohibit routes are dropped. Every frame is counted
-//! per outcome in a per-CPU array; nothing is logged per packet.
+//! per family and outcome in per-CPU arrays; nothing is logged per packet.
 //!
 //! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP), `bpf_fib_lookup` (4.18),
 //! `bpf_redirect_map` on BPF_MAP_TYPE_DEVMAP_HASH (5.4), per-CPU arrays,
@@ -53,14 +54,22 @@ static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(OUTCOME_CO
 /// Interfaces the router may redirect to, keyed by ifindex (value: the
 /// same ifindex). Userspace fills it; a route out of any other interface
 /// is left to the kernel.
+/// The same outcomes for IPv6 frames ([`COUNTERS`] holds IPv4's and the
+/// frames of neither family).
+#[map(name = "COUNTERS6")]
+static COUNTERS6: PerCpuArray<Counter> = PerCpuArray::with_max_entries(OUTCOME_COUNT, 0);
+
 #[map(name = "EGRESS")]
 static EGRESS: DevMapHash = DevMapHash::with_max_entries(EGRESS_MAX_ENTRIES, 0);
 
 pub(crate) const ETH_HLEN: usize = 14;
 const ETH_ALEN: usize = 6;
 pub(crate) const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 pub(crate) const IPV4_HLEN: usize = 20;
+const IPV6_HLEN: usize = 40;
 
 #[repr(C)]
 pub(crate) struct EthHdr {
@@ -73,6 +82,9 @@ pub(crate) struct EthHdr {
 /// The fixed 20 bytes of an IPv4 header, as raw bytes so that the checksum
 /// helpers of `xdp-common` can take it whole.
 pub(crate) type Ipv4Hdr = [u8; IPV4_HLEN];
+
+/// The fixed 40 bytes of an IPv6 header.
+type Ipv6Hdr = [u8; IPV6_HLEN];
 
 #[xdp]
 pub fn xdp_router(ctx: XdpContext) -> u32 {
@@ -90,18 +102,33 @@ fn try_router(ctx: &XdpContext) -> Result<u32, u32> {
     // SAFETY: PASS_ONLY is a read-only global; the volatile read keeps the
     // compiler from folding it to its initial value.
     if unsafe { core::ptr::read_volatile(&PASS_ONLY) } != 0 {
-        return Ok(verdict(Outcome::PassOnly, len, xdp_action::XDP_PASS));
+        return Ok(verdict(
+            &COUNTERS,
+            Outcome::PassOnly,
+            len,
+            xdp_action::XDP_PASS,
+        ));
     }
 
-    let malformed = || verdict(Outcome::Malformed, len, xdp_action::XDP_PASS);
-
-    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or_else(malformed)?;
+    let eth: *mut EthHdr = ptr_at(ctx, 0)
+        .ok_or_else(|| verdict(&COUNTERS, Outcome::Malformed, len, xdp_action::XDP_PASS))?;
     // SAFETY: ptr_at checked that the whole header is inside the frame.
-    if u16::from_be_bytes(unsafe { (*eth).proto }) != ETH_P_IP {
-        // ARP, IPv6, VLAN tags (0x8100/0x88a8), ...: the kernel's business.
-        return Ok(verdict(Outcome::NonIpv4, len, xdp_action::XDP_PASS));
+    match u16::from_be_bytes(unsafe { (*eth).proto }) {
+        ETH_P_IP => try_ipv4(ctx, eth, len),
+        ETH_P_IPV6 => try_ipv6(ctx, eth, len),
+        // ARP, VLAN tags (0x8100/0x88a8), ...: the kernel's business.
+        _ => Ok(verdict(
+            &COUNTERS,
+            Outcome::NotIp,
+            len,
+            xdp_action::XDP_PASS,
+        )),
     }
+}
 
+#[inline(always)]
+fn try_ipv4(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
+    let malformed = || verdict(&COUNTERS, Outcome::Malformed, len, xdp_action::XDP_PASS);
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(malformed)?;
     // SAFETY: the 20 bytes are inside the frame (checked by ptr_at). Read
     // in place: copying them to the stack costs 40 instructions.
@@ -122,7 +149,12 @@ fn try_router(ctx: &XdpContext) -> Result<u32, u32> {
         // Options (record route, timestamp, source route) must be processed
         // by the kernel's ip_forward(); like hardware routers, leave them to
         // the slow path.
-        return Ok(verdict(Outcome::PassIpOptions, len, xdp_action::XDP_PASS));
+        return Ok(verdict(
+            &COUNTERS,
+            Outcome::PassIpOptions,
+            len,
+            xdp_action::XDP_PASS,
+        ));
     }
     if !xdp_common::ipv4_checksum_ok(hdr) {
         // The kernel counts it (InHdrErrors) and drops it.
@@ -133,7 +165,12 @@ fn try_router(ctx: &XdpContext) -> Result<u32, u32> {
     let protocol = hdr[9];
     if ttl <= 1 {
         // The kernel answers with ICMP time exceeded.
-        return Ok(verdict(Outcome::PassTtl, len, xdp_action::XDP_PASS));
+        return Ok(verdict(
+            &COUNTERS,
+            Outcome::PassTtl,
+            len,
+            xdp_action::XDP_PASS,
+        ));
     }
 
     let mut params = FibBuf(mem::MaybeUninit::uninit());
@@ -147,30 +184,9 @@ fn try_router(ctx: &XdpContext) -> Result<u32, u32> {
     fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes([hdr[16], hdr[17], hdr[18], hdr[19]]);
     fib.ifindex = ctx.ingress_ifindex() as u32;
 
-    // SAFETY: ctx is the program's context and fib a valid, sized struct.
-    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), fib, mem::size_of::<FibParams>() as i32, 0) };
-    if rc < 0 {
-        return Ok(verdict(Outcome::Passed, len, xdp_action::XDP_PASS));
-    }
-    match rc as u32 {
-        BPF_FIB_LKUP_RET_SUCCESS => {}
-        BPF_FIB_LKUP_RET_BLACKHOLE | BPF_FIB_LKUP_RET_UNREACHABLE | BPF_FIB_LKUP_RET_PROHIBIT => {
-            return Ok(verdict(
-                Outcome::DroppedUnreachable,
-                len,
-                xdp_action::XDP_DROP,
-            ));
-        }
-        // NOT_FWDED (local/broadcast/multicast), FWD_DISABLED, NO_NEIGH
-        // (the kernel resolves it), FRAG_NEEDED, UNSUPP_LWT, NO_SRC_ADDR.
-        _ => return Ok(verdict(Outcome::Passed, len, xdp_action::XDP_PASS)),
-    }
-
-    // bpf_redirect_map only records the target; the frame is untouched
-    // until we return, so a miss leaves it as it came in.
-    let action = match EGRESS.redirect(fib.ifindex, xdp_action::XDP_PASS as u64) {
+    let action = match lookup(ctx, fib) {
         Ok(action) => action,
-        Err(_) => return Ok(verdict(Outcome::PassNotInMap, len, xdp_action::XDP_PASS)),
+        Err(outcome) => return Ok(verdict(&COUNTERS, outcome, len, fail_action(outcome))),
     };
 
     let check = u16::from_be_bytes([hdr[10], hdr[11]]);
@@ -184,7 +200,122 @@ fn try_router(ctx: &XdpContext) -> Result<u32, u32> {
         (*eth).dst = fib.dmac;
         (*eth).src = fib.smac;
     }
-    Ok(verdict(Outcome::Redirected, len, action))
+    Ok(verdict(&COUNTERS, Outcome::Redirected, len, action))
+}
+
+/// IPv6: no header checksum (the hop limit is decremented in place), no
+/// options in the fixed header; extension headers, link-local and
+/// multicast traffic go to the kernel.
+#[inline(always)]
+fn try_ipv6(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
+    let malformed = || verdict(&COUNTERS6, Outcome::Malformed, len, xdp_action::XDP_PASS);
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(malformed)?;
+    // SAFETY: the 40 bytes are inside the frame (checked by ptr_at).
+    let hdr: &Ipv6Hdr = unsafe { &*ip };
+    let payload_len = u16::from_be_bytes([hdr[4], hdr[5]]);
+    // payload_len 0 is a jumbogram (hop-by-hop option), caught below as an
+    // extension header only if it also says so: a zero length without one
+    // is inconsistent.
+    if hdr[0] >> 4 != 6 || (ETH_HLEN + IPV6_HLEN) as u64 + payload_len as u64 > len {
+        return Err(malformed());
+    }
+    let next_header = hdr[6];
+    let hop_limit = hdr[7];
+    if xdp_common::ipv6_is_extension_header(next_header) {
+        // Hop-by-hop options must be seen by every router, routing headers
+        // may name this one: the kernel's ip6_forward() decides.
+        return Ok(verdict(
+            &COUNTERS6,
+            Outcome::PassIpOptions,
+            len,
+            xdp_action::XDP_PASS,
+        ));
+    }
+    // Link-local source or destination (fe80::/10) never leaves its link;
+    // multicast (ff00::/8) is the kernel's (MLD, neighbour discovery).
+    if hdr[24] == 0xff
+        || (hdr[24] == 0xfe && hdr[25] & 0xc0 == 0x80)
+        || (hdr[8] == 0xfe && hdr[9] & 0xc0 == 0x80)
+    {
+        return Ok(verdict(
+            &COUNTERS6,
+            Outcome::Passed,
+            len,
+            xdp_action::XDP_PASS,
+        ));
+    }
+    if hop_limit <= 1 {
+        // The kernel answers with ICMPv6 time exceeded.
+        return Ok(verdict(
+            &COUNTERS6,
+            Outcome::PassTtl,
+            len,
+            xdp_action::XDP_PASS,
+        ));
+    }
+
+    let mut params = FibBuf(mem::MaybeUninit::uninit());
+    let fib = params.zeroed();
+    fib.family = AF_INET6;
+    fib.l4_protocol = next_header;
+    // The whole packet, as the kernel compares it with the route's MTU.
+    fib.__bindgen_anon_1.tot_len = payload_len.saturating_add(IPV6_HLEN as u16);
+    // Traffic class and flow label, network byte order (the version nibble
+    // is masked off as the kernel's IPV6_FLOWINFO_MASK does).
+    fib.__bindgen_anon_2.flowinfo = u32::from_ne_bytes([hdr[0] & 0x0f, hdr[1], hdr[2], hdr[3]]);
+    let word = |at: usize| u32::from_ne_bytes([hdr[at], hdr[at + 1], hdr[at + 2], hdr[at + 3]]);
+    fib.__bindgen_anon_3.ipv6_src = [word(8), word(12), word(16), word(20)];
+    fib.__bindgen_anon_4.ipv6_dst = [word(24), word(28), word(32), word(36)];
+    fib.ifindex = ctx.ingress_ifindex() as u32;
+
+    let action = match lookup(ctx, fib) {
+        Ok(action) => action,
+        Err(outcome) => return Ok(verdict(&COUNTERS6, outcome, len, fail_action(outcome))),
+    };
+    // SAFETY: ip and eth point inside the frame (checked above); XDP frames
+    // are writable.
+    unsafe {
+        (*ip)[7] = hop_limit - 1;
+        (*eth).dst = fib.dmac;
+        (*eth).src = fib.smac;
+    }
+    Ok(verdict(&COUNTERS6, Outcome::Redirected, len, action))
+}
+
+/// The FIB lookup and the egress check shared by both families: `Ok` with
+/// the redirect action (the frame is still untouched), or `Err` with the
+/// outcome of a frame the router leaves alone.
+#[inline(always)]
+fn lookup(ctx: &XdpContext, fib: &mut FibParams) -> Result<u32, Outcome> {
+    // SAFETY: ctx is the program's context and fib a valid, sized struct.
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), fib, mem::size_of::<FibParams>() as i32, 0) };
+    if rc < 0 {
+        return Err(Outcome::Passed);
+    }
+    match rc as u32 {
+        BPF_FIB_LKUP_RET_SUCCESS => {}
+        BPF_FIB_LKUP_RET_BLACKHOLE | BPF_FIB_LKUP_RET_UNREACHABLE | BPF_FIB_LKUP_RET_PROHIBIT => {
+            return Err(Outcome::DroppedUnreachable);
+        }
+        // NOT_FWDED (local/broadcast/multicast), FWD_DISABLED, NO_NEIGH
+        // (the kernel resolves it), FRAG_NEEDED, UNSUPP_LWT, NO_SRC_ADDR.
+        _ => return Err(Outcome::Passed),
+    }
+    // bpf_redirect_map only records the target; the frame is untouched
+    // until we return, so a miss leaves it as it came in.
+    EGRESS
+        .redirect(fib.ifindex, xdp_action::XDP_PASS as u64)
+        .map_err(|_| Outcome::PassNotInMap)
+}
+
+/// XDP_DROP for routes that say so, XDP_PASS for everything else refused.
+#[inline(always)]
+fn fail_action(outcome: Outcome) -> u32 {
+    if outcome == Outcome::DroppedUnreachable {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
 }
 
 /// Room for the bpf_fib_lookup parameters on the stack, 8-aligned so it
@@ -210,10 +341,11 @@ impl FibBuf {
     }
 }
 
-/// Counts the frame under `outcome` and returns `action`.
+/// Counts the frame under `outcome` in the family's `counters` and returns
+/// `action`.
 #[inline(always)]
-fn verdict(outcome: Outcome, len: u64, action: u32) -> u32 {
-    if let Some(c) = COUNTERS.get_ptr_mut(outcome.index()) {
+fn verdict(counters: &PerCpuArray<Counter>, outcome: Outcome, len: u64, action: u32) -> u32 {
+    if let Some(c) = counters.get_ptr_mut(outcome.index()) {
         // SAFETY: a per-CPU slot, only this CPU writes it while we run.
         unsafe {
             (*c).packets += 1;

@@ -37,7 +37,9 @@ use aya::{
 };
 use nix::sched::{CloneFlags, setns};
 use serde::Serialize;
-use xdp_common::{COUNTERS_MAP, Counter, EGRESS_MAP, Outcome, PASS_ONLY_GLOBAL, PROGRAM_NAME};
+use xdp_common::{
+    COUNTERS_MAP, COUNTERS6_MAP, Counter, EGRESS_MAP, Outcome, PASS_ONLY_GLOBAL, PROGRAM_NAME,
+};
 
 use crate::{
     cli::XdpModeArg,
@@ -309,14 +311,21 @@ impl Router {
             .collect()
     }
 
-    /// Packets and bytes per outcome, summed over CPUs. Every outcome is
-    /// present, zero or not.
+    /// Packets and bytes per outcome, summed over CPUs: IPv4 (and not-IP)
+    /// outcomes under their names, IPv6 ones prefixed `ipv6_`. Every
+    /// outcome is present, zero or not.
     pub fn counters(&self) -> Result<XdpCounters> {
-        read_counters(
+        let mut all = read_counters(
             &self.ebpf,
             COUNTERS_MAP,
             Outcome::ALL.iter().map(|o| (o.index(), o.name())),
-        )
+        )?;
+        all.extend(read_counters(
+            &self.ebpf,
+            COUNTERS6_MAP,
+            Outcome::IPV6.iter().map(|o| (o.index(), o.name6())),
+        )?);
+        Ok(all)
     }
 
     /// Detaches the router from every interface, each inside its own

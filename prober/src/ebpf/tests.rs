@@ -69,8 +69,33 @@ fn fib_net() -> FibNet {
     ip(&ns, "route add blackhole 10.9.0.0/24");
     ip(&ns, "route add unreachable 10.8.0.0/24");
     ip(&ns, "route add prohibit 10.7.0.0/24");
-    // Namespaced sysctl: bpf_fib_lookup answers FWD_DISABLED without it.
+    // The same layout in IPv6: fd00:1::/64 in, fd00:2::/64 out, fd00:3::/64
+    // other (nodad: usable at once, no duplicate address detection).
+    for (dev, addr) in [
+        ("in0", "fd00:1::1/64"),
+        ("out0", "fd00:2::1/64"),
+        ("oth0", "fd00:3::1/64"),
+    ] {
+        ip(&ns, &format!("-6 addr add {addr} dev {dev} nodad"));
+    }
+    for (addr, dev, m) in [
+        ("fd00:2::2", "out0", NEIGH_MAC),
+        ("fd00:3::2", "oth0", OTHER_NEIGH_MAC),
+    ] {
+        ip(
+            &ns,
+            &format!(
+                "-6 neigh add {addr} lladdr {} dev {dev} nud permanent",
+                mac_str(m)
+            ),
+        );
+    }
+    ip(&ns, "-6 route add blackhole fd00:9::/64");
+    ip(&ns, "-6 route add unreachable fd00:8::/64");
+    ip(&ns, "-6 route add prohibit fd00:7::/64");
+    // Namespaced sysctls: bpf_fib_lookup answers FWD_DISABLED without them.
     exec(&ns, "sysctl -qw net.ipv4.conf.all.forwarding=1");
+    exec(&ns, "sysctl -qw net.ipv6.conf.all.forwarding=1");
     FibNet {
         in_ifindex: ifindex(&ns, "in0"),
         in_mac: mac(&ns, "in0"),
@@ -199,6 +224,262 @@ fn outcome_total(c: &XdpCounters, o: Outcome) -> PacketsBytes {
     c[o.name()]
 }
 
+/// Every counter the router reports (both families), at zero.
+fn zero_counters() -> XdpCounters {
+    let mut c = XdpCounters::new();
+    for o in Outcome::ALL {
+        c.insert(o.name().into(), PacketsBytes::default());
+    }
+    for o in Outcome::IPV6 {
+        c.insert(o.name6().into(), PacketsBytes::default());
+    }
+    c
+}
+
+#[derive(Clone)]
+struct Ip6 {
+    src: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    hop_limit: u8,
+    next_header: u8,
+    /// Bytes after the fixed header (an extension header or UDP + payload).
+    payload: usize,
+    traffic_class: u8,
+}
+
+fn ip6(dst: &str, hop_limit: u8) -> Ip6 {
+    Ip6 {
+        src: "fd00:1::2".parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        hop_limit,
+        next_header: 17,
+        payload: 8 + 32,
+        traffic_class: 0,
+    }
+}
+
+impl Ip6 {
+    fn packet(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 40 + self.payload];
+        p[0] = 0x60 | (self.traffic_class >> 4);
+        p[1] = (self.traffic_class << 4) | 0x0a; // flow label 0xa1234
+        p[2..4].copy_from_slice(&0x1234u16.to_be_bytes());
+        p[4..6].copy_from_slice(&(self.payload as u16).to_be_bytes());
+        p[6] = self.next_header;
+        p[7] = self.hop_limit;
+        p[8..24].copy_from_slice(&self.src.octets());
+        p[24..40].copy_from_slice(&self.dst.octets());
+        if self.next_header == 17 && self.payload >= 8 {
+            p[40..42].copy_from_slice(&5061u16.to_be_bytes());
+            p[42..44].copy_from_slice(&5061u16.to_be_bytes());
+            p[44..46].copy_from_slice(&(self.payload as u16).to_be_bytes());
+            p[46..48].copy_from_slice(&0x5555u16.to_be_bytes()); // not checked en route
+        } else if self.payload >= 8 {
+            // An extension header: next header UDP, length 0 (8 bytes).
+            p[40] = 17;
+        }
+        p
+    }
+
+    fn frame(&self, dst_mac: [u8; 6]) -> Vec<u8> {
+        eth(dst_mac, 0x86dd, &self.packet())
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn test_run_table_of_ipv6_frames() {
+    require_root();
+    let net = fib_net();
+    let mut router = Router::load(false).unwrap();
+    router.add_egress(&net.ns, "out0").unwrap();
+    let to_us = net.in_mac;
+
+    let good = ip6("fd00:2::2", 64);
+    let with = |f: &dyn Fn(&mut Ip6)| {
+        let mut p = good.clone();
+        f(&mut p);
+        p.frame(to_us)
+    };
+    let mut long_payload_len = good.frame(to_us);
+    long_payload_len[14 + 4..14 + 6].copy_from_slice(&2000u16.to_be_bytes());
+    let mut version4 = good.frame(to_us);
+    version4[14] = 0x40;
+    let mut padded = with(&|p| p.payload = 8);
+    padded.resize(100, 0);
+
+    use Outcome::*;
+    let table: Vec<(&str, Vec<u8>, u32, Outcome)> = vec![
+        ("good IPv6/UDP", good.frame(to_us), XDP_REDIRECT, Redirected),
+        (
+            "hop limit 2",
+            ip6("fd00:2::2", 2).frame(to_us),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        (
+            "hop limit 1",
+            ip6("fd00:2::2", 1).frame(to_us),
+            XDP_PASS,
+            PassTtl,
+        ),
+        (
+            "hop limit 0",
+            ip6("fd00:2::2", 0).frame(to_us),
+            XDP_PASS,
+            PassTtl,
+        ),
+        (
+            "traffic class 0xb8",
+            with(&|p| p.traffic_class = 0xb8),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        (
+            "ICMPv6",
+            with(&|p| p.next_header = 58),
+            XDP_REDIRECT,
+            Redirected,
+        ),
+        ("Ethernet padding", padded, XDP_REDIRECT, Redirected),
+        (
+            "hop-by-hop options",
+            with(&|p| p.next_header = 0),
+            XDP_PASS,
+            PassIpOptions,
+        ),
+        (
+            "routing header",
+            with(&|p| p.next_header = 43),
+            XDP_PASS,
+            PassIpOptions,
+        ),
+        (
+            "fragment header",
+            with(&|p| p.next_header = 44),
+            XDP_PASS,
+            PassIpOptions,
+        ),
+        (
+            "destination options",
+            with(&|p| p.next_header = 60),
+            XDP_PASS,
+            PassIpOptions,
+        ),
+        (
+            "truncated header",
+            eth(to_us, 0x86dd, &good.packet()[..30]),
+            XDP_PASS,
+            Malformed,
+        ),
+        (
+            "Ethernet header only",
+            eth(to_us, 0x86dd, &[]),
+            XDP_PASS,
+            Malformed,
+        ),
+        (
+            "payload length beyond frame",
+            long_payload_len,
+            XDP_PASS,
+            Malformed,
+        ),
+        ("version 4 in 0x86dd", version4, XDP_PASS, Malformed),
+        (
+            "link-local destination",
+            ip6("fe80::2", 64).frame(to_us),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "link-local source",
+            with(&|p| p.src = "fe80::2".parse().unwrap()),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "multicast destination",
+            ip6("ff02::1", 64).frame(to_us),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "no neighbour",
+            ip6("fd00:2::3", 64).frame(to_us),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "local destination",
+            ip6("fd00:1::1", 64).frame(to_us),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "beyond egress MTU",
+            with(&|p| p.payload = 1600),
+            XDP_PASS,
+            Passed,
+        ),
+        (
+            "egress not in map",
+            ip6("fd00:3::2", 64).frame(to_us),
+            XDP_PASS,
+            PassNotInMap,
+        ),
+        (
+            "blackhole route",
+            ip6("fd00:9::1", 64).frame(to_us),
+            XDP_DROP,
+            DroppedUnreachable,
+        ),
+        (
+            "unreachable route",
+            ip6("fd00:8::1", 64).frame(to_us),
+            XDP_DROP,
+            DroppedUnreachable,
+        ),
+        (
+            "prohibit route",
+            ip6("fd00:7::1", 64).frame(to_us),
+            XDP_DROP,
+            DroppedUnreachable,
+        ),
+    ];
+
+    let mut expected = zero_counters();
+    for (name, frame, want_action, want_outcome) in &table {
+        let (action, out) = test_run(&router, &net.ns, net.in_ifindex, frame)
+            .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
+        assert_eq!(action, *want_action, "{name}: action");
+        let e = expected.get_mut(want_outcome.name6()).unwrap();
+        e.packets += 1;
+        e.bytes += frame.len() as u64;
+        assert_eq!(out.len(), frame.len(), "{name}: length");
+        if action != XDP_REDIRECT {
+            assert_eq!(
+                &out, frame,
+                "{name}: a frame not forwarded must be untouched"
+            );
+            continue;
+        }
+        assert_eq!(out[0..6], NEIGH_MAC, "{name}: destination MAC");
+        assert_eq!(out[6..12], net.out_mac, "{name}: source MAC");
+        assert_eq!(out[14 + 7], frame[14 + 7] - 1, "{name}: hop limit");
+        let (mut rest_in, mut rest_out) = (frame[14..].to_vec(), out[14..].to_vec());
+        rest_in[7] = 0;
+        rest_out[7] = 0;
+        assert_eq!(rest_in, rest_out, "{name}: only the hop limit changes");
+    }
+    assert_eq!(router.counters().unwrap(), expected);
+    assert_eq!(expected[Redirected.name6()].packets, 5);
+    assert_eq!(
+        expected[Redirected.name()].packets,
+        0,
+        "IPv4 counters untouched"
+    );
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn test_run_table_of_frames() {
@@ -237,9 +518,6 @@ fn test_run_table_of_frames() {
 
     let mut vlan_payload = vec![0x00, 0x64, 0x08, 0x00]; // VID 100, then IPv4
     vlan_payload.extend_from_slice(&good.packet());
-    let mut ipv6 = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
-    ipv6.extend_from_slice(&[0u8; 32]);
-    ipv6.extend_from_slice(&[0u8; 8]);
     let arp = {
         let mut a = vec![0, 1, 8, 0, 6, 4, 0, 1];
         a.extend_from_slice(&SRC_MAC);
@@ -305,14 +583,13 @@ fn test_run_table_of_frames() {
         ("tot_len beyond frame", long_tot_len, XDP_PASS, Malformed),
         ("version 6 in 0x0800", version6, XDP_PASS, Malformed),
         ("IHL 4", ihl4, XDP_PASS, Malformed),
-        ("IPv6", eth(to_us, 0x86dd, &ipv6), XDP_PASS, NonIpv4),
         (
             "VLAN-tagged IPv4",
             eth(to_us, 0x8100, &vlan_payload),
             XDP_PASS,
-            NonIpv4,
+            NotIp,
         ),
-        ("ARP", eth([0xff; 6], 0x0806, &arp), XDP_PASS, NonIpv4),
+        ("ARP", eth([0xff; 6], 0x0806, &arp), XDP_PASS, NotIp),
         (
             "blackhole route",
             ip4("10.9.0.1", 64).frame(to_us),
@@ -352,10 +629,7 @@ fn test_run_table_of_frames() {
         ),
     ];
 
-    let mut expected = XdpCounters::new();
-    for o in Outcome::ALL {
-        expected.insert(o.name().into(), PacketsBytes::default());
-    }
+    let mut expected = zero_counters();
     for (name, frame, want_action, want_outcome) in &table {
         let (action, out) = test_run(&router, &net.ns, net.in_ifindex, frame)
             .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
@@ -570,6 +844,18 @@ fn forward_real_traffic(mode: XdpModeArg, want: AttachedMode) {
     ip(&snd, "route add default via 10.11.0.1");
     ip(&rcv, "route add default via 10.12.0.1");
     exec(&rtr, "sysctl -qw net.ipv4.conf.all.forwarding=1");
+    // Dual stack: the same path in IPv6.
+    for (ns, dev, addr) in [
+        (&snd, "s0", "fd00:11::2/64"),
+        (&rtr, "r0", "fd00:11::1/64"),
+        (&rtr, "r1", "fd00:12::1/64"),
+        (&rcv, "d0", "fd00:12::2/64"),
+    ] {
+        ip(ns, &format!("-6 addr add {addr} dev {dev} nodad"));
+    }
+    ip(&snd, "-6 route add default via fd00:11::1");
+    ip(&rcv, "-6 route add default via fd00:12::1");
+    exec(&rtr, "sysctl -qw net.ipv6.conf.all.forwarding=1");
     if want == AttachedMode::Native {
         // Native redirect into a veth needs GRO (or XDP) on the peer that
         // receives, and UDP from a local socket needs its checksum filled
@@ -601,9 +887,42 @@ fn forward_real_traffic(mode: XdpModeArg, want: AttachedMode) {
         let n = tx.recv(&mut buf).expect("echo comes back");
         assert_eq!(&buf[..n], &i.to_be_bytes());
     };
-    // Resolve the neighbours through the kernel first, so that every
-    // datagram after that can be redirected.
+    let tx6 = snd.run(|| Ok(UdpSocket::bind("[fd00:11::2]:0")?)).unwrap();
+    let echo6 = rcv
+        .run(|| Ok(UdpSocket::bind("[fd00:12::2]:5061")?))
+        .unwrap();
+    for s in [&tx6, &echo6] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let round_trip6 = |i: u32| {
+        tx6.send_to(&i.to_be_bytes(), "[fd00:12::2]:5061").unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = echo6
+            .recv_from(&mut buf)
+            .expect("IPv6 probe reaches the receiver");
+        echo6.send_to(&buf[..n], from).unwrap();
+        let n = tx6.recv(&mut buf).expect("IPv6 echo comes back");
+        assert_eq!(&buf[..n], &i.to_be_bytes());
+    };
+    // Resolve the neighbours (ARP, neighbour discovery) through the kernel
+    // first, so that every datagram after that can be redirected.
     round_trip(0);
+    // The veths' link-local addresses finish duplicate address detection
+    // about a second after the links come up; neighbour discovery waits
+    // for them, so the first IPv6 datagrams may be lost.
+    let warm = (0..50).any(|_| {
+        tx6.send_to(&0u32.to_be_bytes(), "[fd00:12::2]:5061")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut buf = [0u8; 64];
+        echo6.set_nonblocking(true).unwrap();
+        let got = echo6.recv_from(&mut buf).is_ok();
+        echo6.set_nonblocking(false).unwrap();
+        got
+    });
+    assert!(warm, "IPv6 path never came up");
+    while echo6.set_nonblocking(true).is_ok() && echo6.recv_from(&mut [0u8; 64]).is_ok() {}
+    echo6.set_nonblocking(false).unwrap();
 
     let mut router = Router::load(false).unwrap();
     assert_eq!(router.attach(&rtr, "r0", mode).unwrap(), want);
@@ -611,8 +930,14 @@ fn forward_real_traffic(mode: XdpModeArg, want: AttachedMode) {
     const N: u32 = 50;
     for i in 1..=N {
         round_trip(i);
+        round_trip6(i);
     }
     let c = router.counters().unwrap();
+    assert_eq!(
+        c[Outcome::Redirected.name6()].packets,
+        2 * N as u64,
+        "every IPv6 datagram and echo forwarded by XDP: {c:?}"
+    );
     assert_eq!(
         c[Outcome::Redirected.name()].packets,
         2 * N as u64,
