@@ -48,6 +48,8 @@ fn init_logging(verbose: u8) {
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp(None)
         .try_init();
+    // -vv also shows the eBPF programs' own log of their rare paths.
+    crate::ebpf::klog::enable(verbose >= 2);
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {

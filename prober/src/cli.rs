@@ -32,7 +32,9 @@ pub struct Cli {
     #[command(flatten)]
     pub probe: ProbeArgs,
 
-    /// More log output (-v info, -vv debug). RUST_LOG overrides it.
+    /// More log output (-v info, -vv debug and the eBPF programs' log of
+    /// their rare paths: malformed frames, TTL expiry...). RUST_LOG overrides
+    /// the level.
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Global options")]
     pub verbose: u8,
 }

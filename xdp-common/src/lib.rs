@@ -27,6 +27,9 @@ pub const IPV6_PREFIX: &str = "ipv6_";
 pub const EGRESS_MAP: &str = "EGRESS";
 /// `u8` global: non-zero makes the program a pure XDP_PASS program.
 pub const PASS_ONLY_GLOBAL: &str = "PASS_ONLY";
+/// Load-time global of the router and reflector: non-zero logs their rare
+/// paths through aya-log (`rtprobe -vv`).
+pub const LOG_RARE_GLOBAL: &str = "LOG_RARE";
 /// Capacity of [`EGRESS_MAP`]; a router has few ports.
 pub const EGRESS_MAX_ENTRIES: u32 = 64;
 

@@ -39,6 +39,7 @@ use aya_ebpf::{
     maps::{DevMapHash, PerCpuArray},
     programs::XdpContext,
 };
+use aya_log_ebpf::{debug, warn};
 use xdp_common::{Counter, EGRESS_MAX_ENTRIES, OUTCOME_COUNT, Outcome, ttl_decrement_csum};
 
 /// Set by userspace at load time (aya `EbpfLoader::set_global`): non-zero
@@ -47,6 +48,21 @@ use xdp_common::{Counter, EGRESS_MAX_ENTRIES, OUTCOME_COUNT, Outcome, ttl_decrem
 /// verifier prunes the unused branch.
 #[unsafe(no_mangle)]
 static PASS_ONLY: u8 = 0;
+
+/// Set by userspace at load time (`rtprobe -vv`): non-zero makes the
+/// program log its rare paths (malformed frames, TTL expiry, an egress the
+/// router may not use) through aya-log. Zero (the default) lets the
+/// verifier prune every log call: nothing is logged, or paid for, per
+/// packet.
+#[unsafe(no_mangle)]
+static LOG_RARE: u8 = 0;
+
+/// True if the rare paths should be logged (see [`LOG_RARE`]).
+#[inline(always)]
+pub(crate) fn log_rare() -> bool {
+    // SAFETY: a read-only global; volatile so it is not folded to 0.
+    unsafe { core::ptr::read_volatile(&LOG_RARE) != 0 }
+}
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(OUTCOME_COUNT, 0);
@@ -128,7 +144,15 @@ fn try_router(ctx: &XdpContext) -> Result<u32, u32> {
 
 #[inline(always)]
 fn try_ipv4(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
-    let malformed = || verdict(&COUNTERS, Outcome::Malformed, len, xdp_action::XDP_PASS);
+    let malformed = || {
+        if log_rare() {
+            warn!(
+                ctx,
+                "router: malformed IPv4 frame of {} bytes passed to the kernel", len
+            );
+        }
+        verdict(&COUNTERS, Outcome::Malformed, len, xdp_action::XDP_PASS)
+    };
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(malformed)?;
     // SAFETY: the 20 bytes are inside the frame (checked by ptr_at). Read
     // in place: copying them to the stack costs 40 instructions.
@@ -165,6 +189,12 @@ fn try_ipv4(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
     let protocol = hdr[9];
     if ttl <= 1 {
         // The kernel answers with ICMP time exceeded.
+        if log_rare() {
+            debug!(
+                ctx,
+                "router: IPv4 TTL {} expires here, the kernel answers", ttl
+            );
+        }
         return Ok(verdict(
             &COUNTERS,
             Outcome::PassTtl,
@@ -208,7 +238,15 @@ fn try_ipv4(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
 /// multicast traffic go to the kernel.
 #[inline(always)]
 fn try_ipv6(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
-    let malformed = || verdict(&COUNTERS6, Outcome::Malformed, len, xdp_action::XDP_PASS);
+    let malformed = || {
+        if log_rare() {
+            warn!(
+                ctx,
+                "router: malformed IPv6 frame of {} bytes passed to the kernel", len
+            );
+        }
+        verdict(&COUNTERS6, Outcome::Malformed, len, xdp_action::XDP_PASS)
+    };
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(malformed)?;
     // SAFETY: the 40 bytes are inside the frame (checked by ptr_at).
     let hdr: &Ipv6Hdr = unsafe { &*ip };
@@ -246,6 +284,12 @@ fn try_ipv6(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
     }
     if hop_limit <= 1 {
         // The kernel answers with ICMPv6 time exceeded.
+        if log_rare() {
+            debug!(
+                ctx,
+                "router: IPv6 hop limit {} expires here, the kernel answers", hop_limit
+            );
+        }
         return Ok(verdict(
             &COUNTERS6,
             Outcome::PassTtl,
@@ -305,7 +349,16 @@ fn lookup(ctx: &XdpContext, fib: &mut FibParams) -> Result<u32, Outcome> {
     // until we return, so a miss leaves it as it came in.
     EGRESS
         .redirect(fib.ifindex, xdp_action::XDP_PASS as u64)
-        .map_err(|_| Outcome::PassNotInMap)
+        .map_err(|_| {
+            if log_rare() {
+                warn!(
+                    ctx,
+                    "router: route out of ifindex {} which is not in the egress map, passed",
+                    fib.ifindex
+                );
+            }
+            Outcome::PassNotInMap
+        })
 }
 
 /// XDP_DROP for routes that say so, XDP_PASS for everything else refused.

@@ -48,6 +48,7 @@ use xdp_common::{
 };
 
 use crate::{ETH_HLEN, ETH_P_IP, EthHdr, IPV4_HLEN, Ipv4Hdr, ptr_at};
+use aya_log_ebpf::{debug, warn};
 
 /// UDP destination port of rtprobe probes (host order), set at load time.
 #[unsafe(no_mangle)]
@@ -89,7 +90,12 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
     // SAFETY: a helper without arguments.
     let rx_tai_ns = unsafe { bpf_ktime_get_tai_ns() } as i64;
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let malformed = || count(ReflectorOutcome::Malformed, len, xdp_action::XDP_PASS);
+    let malformed = || {
+        if crate::log_rare() {
+            warn!(ctx, "reflector: malformed frame of {} bytes refused", len);
+        }
+        count(ReflectorOutcome::Malformed, len, xdp_action::XDP_PASS)
+    };
     let pass = |o| Ok(count(o, len, xdp_action::XDP_PASS));
 
     let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or_else(malformed)?;
@@ -161,6 +167,12 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
             let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
             (d.merge(w), ReflectorOutcome::ReflectedRtprobe)
         } else {
+            if crate::log_rare() {
+                debug!(
+                    ctx,
+                    "reflector: {}-byte probe has no room for kernel times", payload_len
+                );
+            }
             count(ReflectorOutcome::NoRoomForTimes, len, 0);
             (
                 rtpb_mark_echo(probe, false),

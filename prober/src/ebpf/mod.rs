@@ -18,6 +18,7 @@
 //! caller's namespace) all act in the calling *thread's* namespace, so
 //! attach and detach run on a thread inside the interface's namespace.
 
+pub mod klog;
 pub mod query;
 pub mod reflector;
 mod setup;
@@ -38,7 +39,8 @@ use aya::{
 use nix::sched::{CloneFlags, setns};
 use serde::Serialize;
 use xdp_common::{
-    COUNTERS_MAP, COUNTERS6_MAP, Counter, EGRESS_MAP, Outcome, PASS_ONLY_GLOBAL, PROGRAM_NAME,
+    COUNTERS_MAP, COUNTERS6_MAP, Counter, EGRESS_MAP, LOG_RARE_GLOBAL, Outcome, PASS_ONLY_GLOBAL,
+    PROGRAM_NAME,
 };
 
 use crate::{
@@ -114,6 +116,8 @@ pub struct Router {
     /// Interfaces in the EGRESS map as (namespace inode, ifindex). All
     /// must be in one namespace: ifindexes are only unique within one.
     egress: Vec<(u64, u32)>,
+    /// The program's rare-path log, when `-vv` asked for it.
+    _log: Option<klog::KernelLog>,
 }
 
 impl fmt::Debug for Router {
@@ -130,6 +134,18 @@ impl Router {
     /// Loads the router into the kernel (not attached anywhere yet).
     /// `pass_only` makes it a pure XDP_PASS program that still counts.
     pub fn load(pass_only: bool) -> Result<Self> {
+        let on = klog::global() != 0;
+        let sink: Option<Box<dyn log::Log>> = on.then(|| Box::new(log::logger()) as _);
+        Self::load_logging_to(pass_only, on, sink)
+    }
+
+    /// [`Router::load`] with the programs' rare-path log on or off, and its
+    /// records (if any) read into `sink`.
+    pub(crate) fn load_logging_to(
+        pass_only: bool,
+        log_rare: bool,
+        sink: Option<Box<dyn log::Log>>,
+    ) -> Result<Self> {
         let object = router_object();
         if object.is_empty() {
             bail!(
@@ -145,9 +161,13 @@ impl Router {
         let pass: u8 = pass_only.into();
         let mut ebpf = EbpfLoader::new()
             .override_global(PASS_ONLY_GLOBAL, &pass, true)
+            .override_global(LOG_RARE_GLOBAL, &u8::from(log_rare), true)
             .load(object)
             .map_err(explain_load_error)
             .context("cannot load the XDP router's maps")?;
+        let log = sink
+            .map(|sink| klog::KernelLog::start_with(&mut ebpf, "XDP router", sink))
+            .transpose()?;
         let prog = xdp_program(&mut ebpf)?;
         prog.load()
             .map_err(|e| explain_program_error(e, "loading the XDP router"))?;
@@ -161,6 +181,7 @@ impl Router {
             pass_only,
             attachments: Vec::new(),
             egress: Vec::new(),
+            _log: log,
         })
     }
 

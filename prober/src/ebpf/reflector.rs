@@ -26,8 +26,9 @@ use aya::{
     programs::{ProgramError, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use xdp_common::{
-    REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP, REFLECTOR_PROGRAM_NAME,
-    REPLY_IFINDEX_GLOBAL, ReflectorClock, ReflectorOutcome, STAMP_PORT_GLOBAL,
+    LOG_RARE_GLOBAL, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
+    REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL, ReflectorClock, ReflectorOutcome,
+    STAMP_PORT_GLOBAL,
 };
 
 use super::{
@@ -77,6 +78,8 @@ pub struct Reflector {
     attached: Option<Attached>,
     stop: Arc<AtomicBool>,
     refresher: Option<JoinHandle<()>>,
+    /// The program's rare-path log, when `-vv` asked for it.
+    _log: Option<super::klog::KernelLog>,
 }
 
 impl Reflector {
@@ -101,9 +104,11 @@ impl Reflector {
             .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
             .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
             .override_global(REPLY_IFINDEX_GLOBAL, &reply_ifindex, true)
+            .override_global(LOG_RARE_GLOBAL, &super::klog::global(), true)
             .load(object)
             .map_err(explain_load_error)
             .context("cannot load the in-kernel reflector's maps")?;
+        let log = super::klog::KernelLog::start(&mut ebpf, "in-kernel reflector")?;
         let prog = program(&mut ebpf)?;
         prog.load()
             .map_err(|e| explain_program_error(e, "loading the in-kernel reflector"))?;
@@ -143,6 +148,7 @@ impl Reflector {
             attached: None,
             stop,
             refresher: Some(refresher),
+            _log: log,
         })
     }
 

@@ -682,6 +682,82 @@ fn test_run_table_of_frames() {
     assert_eq!(outcome_total(&expected, Redirected).packets, 6);
 }
 
+/// Keeps the records aya-log hands over.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<(log::Level, String)>>>);
+
+impl log::Log for Captured {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn rare_paths_are_logged_only_when_asked() {
+    require_root();
+    let net = fib_net();
+    let to_us = net.in_mac;
+    let truncated = eth(to_us, 0x0800, &ip4("10.2.0.2", 64).packet()[..10]);
+    let expiring = ip6("fd00:2::2", 1).frame(to_us);
+    let not_in_map = ip4("10.3.0.2", 64).frame(to_us);
+    let good = ip4("10.2.0.2", 64).frame(to_us);
+
+    let seen = Captured::default();
+    {
+        let mut router =
+            Router::load_logging_to(false, true, Some(Box::new(seen.clone()))).unwrap();
+        router.add_egress(&net.ns, "out0").unwrap();
+        for f in [&good, &truncated, &expiring, &not_in_map, &good] {
+            test_run(&router, &net.ns, net.in_ifindex, f).unwrap();
+        }
+        // Dropping the router stops the log thread after a last flush.
+    }
+    let records = seen.0.lock().unwrap().clone();
+    let texts: Vec<&str> = records.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(
+        records.len(),
+        3,
+        "one record per rare frame, none for good ones: {texts:?}"
+    );
+    assert!(
+        texts[0].contains("malformed IPv4 frame of 24 bytes"),
+        "{texts:?}"
+    );
+    assert!(texts[1].contains("IPv6 hop limit 1 expires"), "{texts:?}");
+    assert!(texts[2].contains("not in the egress map"), "{texts:?}");
+    assert_eq!(records[0].0, log::Level::Warn);
+    assert_eq!(records[1].0, log::Level::Debug);
+
+    // Off (the default): the same frames, nothing in the log's ring buffer
+    // (read all the same), the same counts.
+    let quiet = Captured::default();
+    {
+        let mut router =
+            Router::load_logging_to(false, false, Some(Box::new(quiet.clone()))).unwrap();
+        router.add_egress(&net.ns, "out0").unwrap();
+        for f in [&truncated, &expiring, &not_in_map] {
+            test_run(&router, &net.ns, net.in_ifindex, f).unwrap();
+        }
+        assert_eq!(
+            router.counters().unwrap()[Outcome::Malformed.name()].packets,
+            1
+        );
+    }
+    assert!(
+        quiet.0.lock().unwrap().is_empty(),
+        "{:?}",
+        quiet.0.lock().unwrap()
+    );
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn pass_only_passes_and_counts() {
