@@ -306,8 +306,9 @@ fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value>
     m
 }
 
-/// The process's peak resident memory so far (VmHWM), in KiB; 0 if unknown.
-pub fn peak_rss_kib() -> u64 {
+/// The process's peak resident memory so far (VmHWM), in KiB; None
+/// (null in JSON, "-" in text) if unknown.
+pub fn peak_rss_kib() -> Option<u64> {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -316,7 +317,6 @@ pub fn peak_rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
-        .unwrap_or(0)
 }
 
 pub fn mode_name(m: XdpMode) -> &'static str {
