@@ -355,7 +355,10 @@ pub struct PlotArgs {
 #[command(after_help = "Examples:\n  \
     sudo rtprobe run configs/system-tests.toml\n  \
     rtprobe run --check configs/qdisc-fq_codel.toml\n  \
-    sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql")]
+    sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql\n  \
+    sudo rtprobe run configs/system-tests.toml --count 50 --missing skip\n\n\
+    Every option of the probe command can be given in the file ([probe], [knobs], [set.NAME]) \
+    and on this command line, which overrides the file for every cell.")]
 pub struct RunArgs {
     /// Scenario file (see configs/).
     pub config: PathBuf,
