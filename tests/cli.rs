@@ -75,9 +75,13 @@ fn invalid_values_fail_before_touching_the_system() {
             &["--out", "/nonexistent-rtprobe-dir/o.csv"][..],
             "does not exist",
         ),
+        (&["--tx-if", "a", "--rx-if", "a"][..], "--rx-if must name another"),
+        (&["--flow", "port=5061"][..], "--flow port=5061 is already used"),
+        (&["--queue-sample", "10ms"][..], "--queue-sample has no queue"),
     ] {
         let (code, _, err) = run(args);
-        assert_eq!(code, 1, "{args:?}");
+        // A value the validator refuses is a usage error, as clap's: 2.
+        assert_eq!(code, 2, "{args:?}");
         assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
         assert!(
             err.starts_with("Error: ") && err.contains(needle),
@@ -200,6 +204,67 @@ fn compare_prints_verdicts_and_fails_in_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
         err.starts_with("Error: ") && err.contains("no such file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn durations_beyond_the_clock_are_one_line_usage_errors() {
+    for (args, value) in [
+        (
+            &["--interval", "99999999999999999999.5s", "--count", "1"][..],
+            "99999999999999999999.5s",
+        ),
+        (&["--duration", "300years"][..], "300years"),
+        (&["--timeout", "101years"][..], "101years"),
+        (&["--spin", "1e3s"][..], "1e3s"),
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: nothing runs: {out}");
+        assert!(!err.contains("panicked"), "{err}");
+        // One error line (clap adds its "For more information" hint).
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 2, "{args:?}: {err}");
+        assert!(
+            lines[0].starts_with("error: invalid value") && lines[0].contains(value),
+            "{args:?}: {err}"
+        );
+        assert!(lines[1].contains("--help"), "{err}");
+    }
+}
+
+#[test]
+fn scenario_files_take_every_option_and_the_command_line_overrides_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("opts.toml");
+    // Options that used to be command line only: busy_poll, reflector,
+    // extra flows, xdp_action, timestamps.
+    std::fs::write(
+        &file,
+        "[probe]\nsizes = [64, 200]\ncount = 20\nbusy_poll = true\nreflector = \"user\"\n\
+         xdp_action = \"pass\"\ntimestamps = \"software\"\nflows = [\"port=5070,size=100\"]\n\
+         [set.base]\n[set.fifo]\nqdisc = \"pfifo,limit=20\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let (code, out, err) = run(&["run", "--check", f]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("4 cells = 2 sizes x 1 intervals"), "{out}");
+    let (code, out, err) = run(&["run", "--check", f, "--size", "1472", "--stress", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2 cells = 1 sizes"), "{out}");
+    assert!(out.contains("stress=2"), "the command line's knob in every set: {out}");
+    // A bad override is blamed on the flag, a bad file value on key and line.
+    let (code, _, err) = run(&["run", "--check", f, "--size", "20"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--size 20 is out of range"), "{err}");
+    std::fs::write(&file, "[probe]\ncount = 5\n\nsizes = [64, 20]\n").unwrap();
+    let (code, _, err) = run(&["run", "--check", f]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("opts.toml:4:1: probe.sizes: 20 is out of range"),
         "{err}"
     );
 }

@@ -13,7 +13,6 @@ use clap::Parser;
 
 use crate::{
     cli::{Cli, Command, ProbeArgs},
-    config::RunOptions,
     probe::STOP_NOW,
 };
 
@@ -194,7 +193,14 @@ fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
 }
 
 fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
-    let opts = RunOptions::from_args(args)?;
+    let opts = match run_options(args) {
+        Ok(o) => o,
+        // A usage error, as clap's own: status 2.
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     crate::testbed::require_root()?;
     let quiet = opts.quiet;
     let outcome = with_signals(quiet, move |stop| {
@@ -234,4 +240,13 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The probe command's plan: the one validator over its flags, then the
+/// output files; an error names the flag.
+fn run_options(args: &ProbeArgs) -> Result<crate::spec::RunOptions> {
+    let to_cli = |e: crate::spec::SpecError| anyhow::anyhow!("{}", e.for_cli());
+    let opts = crate::spec::plan::validate(&args.run, &args.knobs, &args.output).map_err(to_cli)?;
+    crate::spec::plan::check_output_paths(&opts).map_err(to_cli)?;
+    Ok(opts)
 }

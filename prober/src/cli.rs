@@ -1,12 +1,19 @@
-//! What the user typed: clap derive only. Validation lives in `config`.
+//! What the user typed: clap derive only. The probe options are the specs
+//! of [`crate::spec`], flattened; validation lives there too.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::export::plot::{
-    FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency,
+use crate::{
+    ebpf::{XdpAction, XdpMode},
+    export::plot::{FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency},
+    spec,
 };
+
+/// The duration and TOS parsers every option uses (they live with the
+/// other units, below every module that parses options).
+pub use crate::tune::units::{MAX_DURATION, parse_duration, parse_u8_maybe_hex};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,152 +71,17 @@ pub enum Command {
     Man(ManArgs),
 }
 
-/// How the XDP router is attached on the router's interfaces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum XdpModeArg {
-    /// No XDP program: the kernel forwards (the baseline).
-    Off,
-    /// Generic XDP (XDP_FLAGS_SKB_MODE), works on any driver.
-    Skb,
-    /// Driver XDP (XDP_FLAGS_DRV_MODE); fails if the driver lacks it.
-    Native,
-    /// Let the kernel choose (native if the driver has it, else generic); the attached mode is reported.
-    Auto,
-}
-
-/// What the XDP router does with IPv4 it could forward.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum XdpActionArg {
-    /// bpf_fib_lookup + MAC rewrite + XDP_REDIRECT (the router).
-    Redirect,
-    /// XDP_PASS every packet to the kernel stack (the study's "pass by default" variant).
-    Pass,
-}
-
-/// Who answers the probes at the receiver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReflectorArg {
-    /// rtprobe's XDP program on the receiver's interface replies with
-    /// XDP_TX and writes its receive/transmit times into the echo.
-    Kernel,
-    /// A user-space thread reads each probe and sends the echo.
-    User,
-}
-
-/// Which timestamps to ask the kernel for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TimestampArg {
-    /// Hardware where the NIC has it (SIOCSHWTSTAMP), software otherwise.
-    Auto,
-    /// Hardware only: fail if the NIC cannot timestamp in hardware.
-    Hardware,
-    /// Kernel software timestamps only.
-    Software,
-}
-
+/// The probe command's options: one spec per concept (see [`crate::spec`]).
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
-    /// XDP router attach mode on the router's interfaces.
-    #[arg(long, value_enum, default_value_t = XdpModeArg::Auto)]
-    pub xdp_mode: XdpModeArg,
-
-    /// XDP router behaviour: forward in XDP (redirect) or hand every packet to the kernel (pass).
-    #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
-    pub xdp_action: XdpActionArg,
-
-    /// Who echoes the probes [default: kernel where it attaches, else user, with a note].
-    #[arg(long, value_enum)]
-    pub reflector: Option<ReflectorArg>,
-
-    /// UDP payload bytes per probe (the study used 64, 200 and 1472).
-    #[arg(long, default_value_t = 64)]
-    pub size: usize,
-
-    /// Time between probes, e.g. 100us, 1ms, 10ms.
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
-    pub interval: std::time::Duration,
-
-    /// Number of probes to send [default: 1000 unless --duration is given].
-    #[arg(long, conflicts_with = "duration")]
-    pub count: Option<u64>,
-
-    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min.
-    #[arg(long, value_parser = parse_duration)]
-    pub duration: Option<std::time::Duration>,
-
-    /// IP TOS byte of the probes (0xC0 = the study's DSCP CS6).
-    #[arg(long, default_value = "0", value_parser = parse_u8_maybe_hex)]
-    pub tos: u8,
-
-    /// UDP port of the probe flow.
-    #[arg(long, default_value_t = 5061)]
-    pub port: u16,
-
-    /// Timestamp source to ask for.
-    #[arg(long, value_enum, default_value_t = TimestampArg::Auto)]
-    pub timestamps: TimestampArg,
-
-    /// A probe not echoed back this long after it was sent counts as lost.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
-    pub timeout: std::time::Duration,
-
-    /// Per-probe CSV, streamed as the run goes.
-    #[arg(long, default_value = "out.csv")]
-    pub out: PathBuf,
-
-    /// Also write the summary as JSON to this path.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-
-    /// Existing interface to send from (NIC-pair mode; needs --rx-if). It is moved into the
-    /// sender namespace for the run and given back afterwards.
-    #[arg(long, requires = "rx_if")]
-    pub tx_if: Option<String>,
-
-    /// Existing interface to receive on (NIC-pair mode; needs --tx-if).
-    #[arg(long, requires = "tx_if")]
-    pub rx_if: Option<String>,
-
-    /// Another probe flow at the same time (repeatable), e.g. a low-priority flow:
-    /// port=5062[,tos=0x00][,size=1472][,interval=100us]. Unset fields follow the main flow;
-    /// rows carry the flow id (main = 0) and the summary has per-flow statistics.
-    #[arg(long = "flow", value_name = "SPEC", value_parser = crate::config::FlowSpec::parse)]
-    pub flows: Vec<crate::config::FlowSpec>,
-
-    /// Label stored in the CSV metadata and used as the legend by `rtprobe plot`.
-    #[arg(long)]
-    pub label: Option<String>,
-
-    /// Print no progress, only the summary.
-    #[arg(short, long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: spec::RunSpec,
 
     #[command(flatten)]
-    pub pacing: PacingArgs,
+    pub output: spec::OutputSpec,
 
     #[command(flatten)]
-    pub knobs: crate::tune::KnobArgs,
-}
-
-/// How the probe sender keeps its schedule. The schedule is absolute (probe
-/// n goes at start + n x interval), so lateness never accumulates.
-#[derive(Debug, Clone, Default, Args)]
-#[command(next_help_heading = "Pacing")]
-pub struct PacingArgs {
-    /// Spin on the clock for the whole interval instead of sleeping: the lowest send error,
-    /// at the price of one busy core (on a 2-core machine that slows the receive side).
-    #[arg(long, conflicts_with = "spin")]
-    pub busy_poll: bool,
-
-    /// Sleep until this long before each send, then spin on the clock [default: adaptive: the
-    /// p99.5 of this machine's timer wake-up latency, learned while sending, at most half the
-    /// interval].
-    #[arg(long, value_parser = parse_duration)]
-    pub spin: Option<std::time::Duration>,
+    pub knobs: spec::KnobSpec,
 }
 
 /// One forwarding variant of `bench-forward`.
@@ -311,12 +183,12 @@ pub struct BenchForwardArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TestbedArgs {
     /// XDP router attach mode on the router's interfaces.
-    #[arg(long, value_enum, default_value_t = XdpModeArg::Off)]
-    pub xdp_mode: XdpModeArg,
+    #[arg(long, value_enum, default_value_t = XdpMode::Off)]
+    pub xdp_mode: XdpMode,
 
     /// XDP router behaviour.
-    #[arg(long, value_enum, default_value_t = XdpActionArg::Redirect)]
-    pub xdp_action: XdpActionArg,
+    #[arg(long, value_enum, default_value_t = XdpAction::Redirect)]
+    pub xdp_action: XdpAction,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -485,7 +357,10 @@ pub struct PlotArgs {
 #[command(after_help = "Examples:\n  \
     sudo rtprobe run configs/system-tests.toml\n  \
     rtprobe run --check configs/qdisc-fq_codel.toml\n  \
-    sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql")]
+    sudo rtprobe run configs/bql.toml --set baseline --set bql-3000 --out-dir /tmp/bql\n  \
+    sudo rtprobe run configs/system-tests.toml --count 50 --missing skip\n\n\
+    Every option of the probe command can be given in the file ([probe], [knobs], [set.NAME]) \
+    and on this command line, which overrides the file for every cell.")]
 pub struct RunArgs {
     /// Scenario file (see configs/).
     pub config: PathBuf,
@@ -502,48 +377,17 @@ pub struct RunArgs {
     #[arg(long = "set", value_name = "NAME")]
     pub sets: Vec<String>,
 
-    /// Override every set's policy for qdiscs the kernel lacks: fail, or skip (reported).
-    #[arg(long, value_enum)]
-    pub missing: Option<crate::tune::MissingPolicy>,
-
     /// No progress bar.
     #[arg(short, long)]
     pub quiet: bool,
-}
 
-/// The longest duration rtprobe takes. Stamps are i64 nanoseconds since
-/// 1970, which end in 2262, so "now + duration" must stay below that; a
-/// century is beyond any run and any interval. (humantime's year is 365.25
-/// days, so "100years" is exactly this.)
-pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(3_155_760_000);
+    /// Probe options over the file's [probe] (for every cell): e.g. --count 50.
+    #[command(flatten, next_help_heading = "Over the file's [probe]")]
+    pub run: spec::RunSpec,
 
-/// "100us", "1.5ms", "10s", "2h 30min" (humantime's units). Negative,
-/// malformed and over-[`MAX_DURATION`] values are one-line errors; zero is
-/// the caller's to refuse where it makes no sense.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let d = humantime::parse_duration(s.trim()).map_err(|e| match e {
-        humantime::DurationError::NumberOverflow => {
-            format!("duration {s:?} is too large: at most 100 years")
-        }
-        e => format!("invalid duration {s:?}: {e} (use e.g. 100us, 1.5ms, 10s)"),
-    })?;
-    if d > MAX_DURATION {
-        return Err(format!("duration {s:?} is too large: at most 100 years"));
-    }
-    Ok(d)
-}
-
-/// 192, 0xC0 or 0b11000000.
-pub fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
-    let t = s.trim();
-    let r = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        u8::from_str_radix(h, 16)
-    } else if let Some(b) = t.strip_prefix("0b") {
-        u8::from_str_radix(b, 2)
-    } else {
-        t.parse::<u8>()
-    };
-    r.map_err(|_| format!("invalid TOS {s:?}: expected 0..255, e.g. 0xC0"))
+    /// Knobs over the file's [knobs] and every [set.NAME] (e.g. --missing skip).
+    #[command(flatten)]
+    pub knobs: spec::KnobSpec,
 }
 
 #[cfg(test)]
@@ -624,7 +468,7 @@ mod tests {
             "5",
         ])
         .unwrap();
-        assert_eq!(c.probe.xdp_mode, XdpModeArg::Native);
+        assert_eq!(c.probe.run.xdp.xdp_mode, Some(XdpMode::Native));
         assert!(Cli::try_parse_from(["rtprobe", "--xdp-mode", "turbo"]).is_err());
         assert!(Cli::try_parse_from(["rtprobe", "--tx-if", "a"]).is_err());
         assert!(Cli::try_parse_from(["rtprobe", "--count", "1", "--duration", "1s"]).is_err());

@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cli::{ReflectorArg, XdpModeArg},
-    config::RunOptions,
-    ebpf::XdpSetup,
+    ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig},
+    spec::RunOptions,
     stats::Summary,
     testbed::{Kind, Testbed},
     tune,
@@ -98,10 +97,10 @@ fn probe_on(
         rx_if: Some(testbed.receiver_if.name.clone()),
         xdp_mode_requested: mode_name(opts.xdp_mode).into(),
         xdp_mode_attached: xdp.attached_mode_name(),
-        xdp_action: if opts.xdp_mode == XdpModeArg::Off {
+        xdp_action: if opts.xdp_mode == XdpMode::Off {
             "none".into()
         } else {
-            format!("{:?}", opts.xdp_action).to_lowercase()
+            opts.xdp_action.as_str().into()
         },
         reflector: if kernel_reflector { "kernel" } else { "user" }.into(),
         size: opts.probe.size as u32,
@@ -110,7 +109,7 @@ fn probe_on(
         duration_ns: opts.probe.duration.map(|d| d.as_nanos() as u64),
         tos: opts.probe.tos,
         port: opts.probe.port,
-        timestamps_requested: format!("{:?}", opts.probe.timestamps).to_lowercase(),
+        timestamps_requested: opts.probe.timestamps.as_str().into(),
         knobs: {
             let mut k = applied.as_ref().map(|a| a.metadata()).unwrap_or_default();
             k.extend(pacing_knobs(opts));
@@ -259,8 +258,8 @@ fn choose_reflector(
         the veth testbed's router, where rtprobe does not prepare the peer to take the \
         in-kernel reflector's replies (use the veth testbed)";
     match opts.reflector {
-        Some(ReflectorArg::User) => Ok((false, serde_json::json!({"kind": "user"}))),
-        Some(ReflectorArg::Kernel) => {
+        Some(ReflectorKind::User) => Ok((false, serde_json::json!({"kind": "user"}))),
+        Some(ReflectorKind::Kernel) => {
             if !path_ok {
                 bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
             }
@@ -307,8 +306,9 @@ fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value>
     m
 }
 
-/// The process's peak resident memory so far (VmHWM), in KiB; 0 if unknown.
-pub fn peak_rss_kib() -> u64 {
+/// The process's peak resident memory so far (VmHWM), in KiB; None
+/// (null in JSON, "-" in text) if unknown.
+pub fn peak_rss_kib() -> Option<u64> {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -317,16 +317,10 @@ pub fn peak_rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
-        .unwrap_or(0)
 }
 
-pub fn mode_name(m: XdpModeArg) -> &'static str {
-    match m {
-        XdpModeArg::Off => "off",
-        XdpModeArg::Skb => "skb",
-        XdpModeArg::Native => "native",
-        XdpModeArg::Auto => "auto",
-    }
+pub fn mode_name(m: XdpMode) -> &'static str {
+    m.as_str()
 }
 
 /// Runs scenario cells for `rtprobe run`: each cell is one [`execute`].
@@ -339,41 +333,9 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         if self.stop.load(Ordering::SeqCst) != 0 {
             bail!("not run: the scenario was interrupted");
         }
-        let p = &cell.probe;
-        let mut opts = RunOptions {
-            probe: crate::probe::ProbeConfig {
-                size: p.size,
-                interval: p.interval,
-                count: p.count,
-                duration: p.duration,
-                tos: p.tos,
-                port: p.port,
-                timestamps: p.timestamps,
-                timeout: p.timeout,
-                flow: 0,
-                spin: None,
-                busy_poll: false,
-                rt: cell.knobs.rt(),
-                kernel_reflector: false,
-            },
-            xdp_mode: p.xdp_mode,
-            xdp_action: p.xdp_action,
-            reflector: None,
-            tx_if: p.tx_if.clone(),
-            rx_if: p.rx_if.clone(),
-            out: cell.csv.clone(),
-            json: Some(cell.json.clone()),
-            label: Some(cell.label.clone()),
-            quiet: true,
-            knobs: cell.knobs.clone(),
-            queue_csv: cell.queue_csv.clone(),
-            extra_flows: Vec::new(),
-        };
-        for (i, f) in p.flows.iter().enumerate() {
-            let cfg = f.config(&opts.probe, (i + 1) as u8)?;
-            opts.extra_flows.push(cfg);
-        }
-        let out = execute(&opts, self.stop, |_| {})?;
+        // The plan the scenario's validator made for this cell.
+        let opts = &cell.run;
+        let out = execute(opts, self.stop, |_| {})?;
         crate::export::json::write_summary(&cell.json, &out.summary)?;
         if out.interrupted {
             bail!(
@@ -389,7 +351,9 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
     }
 }
 
-/// Draws each scenario comparison (baseline red, variant blue) with `rtprobe plot`.
+/// Draws each scenario comparison (baseline red, variant blue) with the
+/// plot module, as `rtprobe plot BASE OTHER --label .. --label .. --metric
+/// both` would.
 pub struct PlotFigures;
 
 impl crate::config::FigureMaker for PlotFigures {
@@ -399,29 +363,18 @@ impl crate::config::FigureMaker for PlotFigures {
         baseline: &crate::config::Cell,
         other: &crate::config::Cell,
     ) -> Result<Vec<std::path::PathBuf>> {
-        use clap::Parser;
-        let argv: Vec<std::ffi::OsString> = vec![
-            "rtprobe".into(),
-            "plot".into(),
-            baseline.csv.clone().into(),
-            other.csv.clone().into(),
-            "--out-dir".into(),
-            out_dir.into(),
-            "--prefix".into(),
-            other.id.clone().into(),
-            "--label".into(),
-            baseline.label.clone().into(),
-            "--label".into(),
-            other.label.clone().into(),
-            "--metric".into(),
-            "both".into(),
-        ];
-        let cli = crate::cli::Cli::try_parse_from(argv).context("plot arguments")?;
-        let Some(crate::cli::Command::Plot(args)) = cli.command else {
-            bail!("internal: plot arguments did not parse as the plot command");
+        use crate::export::plot::{self, Metric, PlotOptions};
+        let opts = PlotOptions {
+            prefix: other.id.clone(),
+            labels: vec![baseline.label.clone(), other.label.clone()],
+            metrics: vec![Metric::OneWay, Metric::Rtt],
+            metric_required: true,
+            ..PlotOptions::new(
+                vec![baseline.csv.clone(), other.csv.clone()],
+                out_dir.to_path_buf(),
+            )
         };
-        let opts = crate::export::plot::PlotOptions::from_args(&args)?;
-        let files = crate::export::plot::plot(&opts)?;
+        let files = plot::plot(&opts)?;
         Ok(files
             .into_iter()
             .map(|f| {

@@ -36,10 +36,9 @@ use super::{
     loadgen::{self, LiveTarget, Offered, SocketGen},
 };
 use crate::{
-    cli::{
-        BenchForwardArgs, ForwardModeArg, GeneratorArg, SinkArg, TimestampArg, XdpActionArg,
-        XdpModeArg,
-    },
+    cli::{BenchForwardArgs, ForwardModeArg, GeneratorArg, SinkArg},
+    ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
+    probe::TimestampSource as TimestampArg,
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
     stats::{Summary, XdpCounters, summary::PacketsBytes},

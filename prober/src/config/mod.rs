@@ -34,11 +34,13 @@
 //! matrix and report logic is tested with a fake runner; figures are
 //! behind [`FigureMaker`].
 
-mod options;
-
-pub use options::{DEFAULT_COUNT, FlowSpec, MAX_PAYLOAD_1500, RunOptions};
+pub use crate::spec::{
+    FlowSpec,
+    plan::{DEFAULT_COUNT, MAX_PAYLOAD_1500, RunOptions},
+};
 
 use std::{
+    collections::BTreeMap,
     fmt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -49,14 +51,17 @@ use serde::{Deserialize, Deserializer, Serialize, de};
 use serde_json::{Map, Value};
 
 use crate::{
-    cli::{RunArgs, TimestampArg, XdpActionArg, XdpModeArg},
+    cli::RunArgs,
+    ebpf::{XdpAction, XdpMode},
     export::report::{self, ReportRow},
+    probe::TimestampSource,
+    spec::{self, KnobSpec, OutputSpec, RunSpec, SpecError},
     stats::Summary,
     tune::{Knobs, MissingPolicy, StressTool, units},
 };
 
 /// Largest UDP payload that fits a 1500-byte MTU (the veth testbed's).
-pub const MAX_PROBE_SIZE: usize = 1472;
+pub const MAX_PROBE_SIZE: usize = MAX_PAYLOAD_1500;
 
 // ---------------------------------------------------------------- file --
 
@@ -69,7 +74,7 @@ struct ScenarioFile {
     #[serde(default)]
     probe: ProbeSection,
     #[serde(default)]
-    knobs: Knobs,
+    knobs: KnobSpec,
     #[serde(default)]
     set: Sets,
 }
@@ -77,7 +82,7 @@ struct ScenarioFile {
 /// `[set.NAME]` tables in the order the file has them (toml keeps the
 /// order with its `preserve_order` feature; a map visitor sees it).
 #[derive(Debug, Default)]
-struct Sets(Vec<(String, Knobs)>);
+struct Sets(Vec<(String, KnobSpec)>);
 
 impl<'de> Deserialize<'de> for Sets {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -89,7 +94,7 @@ impl<'de> Deserialize<'de> for Sets {
             }
             fn visit_map<A: de::MapAccess<'de>>(self, mut m: A) -> Result<Sets, A::Error> {
                 let mut v = Vec::new();
-                while let Some((k, knobs)) = m.next_entry::<String, Knobs>()? {
+                while let Some((k, knobs)) = m.next_entry::<String, KnobSpec>()? {
                     v.push((k, knobs));
                 }
                 Ok(Sets(v))
@@ -99,53 +104,21 @@ impl<'de> Deserialize<'de> for Sets {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// `[probe]`: every option of [`RunSpec`] (the probe command's flags in
+/// snake_case), plus the matrix: `sizes`, `intervals`, `xdp_modes` (one
+/// cell per combination) instead of `size`, `interval`, `xdp_mode`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 struct ProbeSection {
-    sizes: Vec<usize>,
-    intervals: Vec<Humane>,
-    xdp_mode: Option<XdpModeArg>,
-    xdp_modes: Option<Vec<XdpModeArg>>,
-    count: Option<u64>,
-    duration: Option<Humane>,
-    xdp_action: XdpActionArg,
-    tos: Tos,
-    port: u16,
-    timestamps: TimestampArg,
-    timeout: Humane,
-    tx_if: Option<String>,
-    rx_if: Option<String>,
-    /// Extra probe flows, each written as the CLI's `--flow` value.
-    #[serde(deserialize_with = "de_flows")]
-    flows: Vec<FlowSpec>,
-}
-
-fn de_flows<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<FlowSpec>, D::Error> {
-    Vec::<String>::deserialize(d)?
-        .iter()
-        .map(|f| FlowSpec::parse(f).map_err(de::Error::custom))
-        .collect()
-}
-
-impl Default for ProbeSection {
-    fn default() -> Self {
-        Self {
-            sizes: vec![64],
-            intervals: vec![Humane(Duration::from_millis(1))],
-            xdp_mode: None,
-            xdp_modes: None,
-            count: None,
-            duration: None,
-            xdp_action: XdpActionArg::Redirect,
-            tos: Tos(0),
-            port: 5061,
-            timestamps: TimestampArg::Auto,
-            timeout: Humane(Duration::from_secs(1)),
-            tx_if: None,
-            rx_if: None,
-            flows: Vec::new(),
-        }
-    }
+    sizes: Option<Vec<usize>>,
+    intervals: Option<Vec<Humane>>,
+    xdp_modes: Option<Vec<XdpMode>>,
+    #[serde(flatten)]
+    run: RunSpec,
+    /// Every key (serde gives flattened maps all of them): those no spec
+    /// knows are refused, with their line.
+    #[serde(flatten)]
+    unknown: BTreeMap<String, de::IgnoredAny>,
 }
 
 /// A duration written as "1ms", "1.5ms", "30s".
@@ -158,34 +131,11 @@ impl<'de> Deserialize<'de> for Humane {
     }
 }
 
-/// TOS as 192 or "0xC0".
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Tos(u8);
-
-impl<'de> Deserialize<'de> for Tos {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Tos;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a TOS byte: 192 or \"0xC0\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Tos, E> {
-                u8::try_from(v)
-                    .map(Tos)
-                    .map_err(|_| E::custom(format!("TOS {v} is out of range 0..255")))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Tos, E> {
-                self.visit_i64(v.min(i64::MAX as u64) as i64)
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Tos, E> {
-                crate::cli::parse_u8_maybe_hex(v)
-                    .map(Tos)
-                    .map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
+/// Options given on the command line of `rtprobe run`, over the file's.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub run: RunSpec,
+    pub knobs: KnobSpec,
 }
 
 // ----------------------------------------------------------- validated --
@@ -196,14 +146,14 @@ pub struct ProbeMatrix {
     pub sizes: Vec<usize>,
     #[serde(serialize_with = "ser_durations")]
     pub intervals: Vec<Duration>,
-    pub xdp_modes: Vec<XdpModeArg>,
+    pub xdp_modes: Vec<XdpMode>,
     pub count: Option<u64>,
     #[serde(serialize_with = "ser_opt_duration")]
     pub duration: Option<Duration>,
-    pub xdp_action: XdpActionArg,
+    pub xdp_action: XdpAction,
     pub tos: u8,
     pub port: u16,
-    pub timestamps: TimestampArg,
+    pub timestamps: TimestampSource,
     #[serde(serialize_with = "ser_duration")]
     pub timeout: Duration,
     pub tx_if: Option<String>,
@@ -238,11 +188,11 @@ pub struct ProbeOptions {
     pub count: Option<u64>,
     #[serde(serialize_with = "ser_opt_duration")]
     pub duration: Option<Duration>,
-    pub xdp_mode: XdpModeArg,
-    pub xdp_action: XdpActionArg,
+    pub xdp_mode: XdpMode,
+    pub xdp_action: XdpAction,
     pub tos: u8,
     pub port: u16,
-    pub timestamps: TimestampArg,
+    pub timestamps: TimestampSource,
     #[serde(serialize_with = "ser_duration")]
     pub timeout: Duration,
     /// NIC-pair mode when both are set.
@@ -272,6 +222,15 @@ pub struct Scenario {
     /// The file's text and name, for error locations and the output copy.
     pub source: String,
     pub path: PathBuf,
+    /// Every cell's validated plan, in run order (see [`Scenario::cells`]).
+    plans: Vec<CellPlan>,
+}
+
+/// One cell's place in the matrix and its validated plan.
+#[derive(Debug, Clone)]
+struct CellPlan {
+    set: String,
+    run: RunOptions,
 }
 
 /// Everything one cell of the matrix needs.
@@ -289,6 +248,9 @@ pub struct Cell {
     pub probe: ProbeOptions,
     /// Merged knobs with the probe context set (`Knobs::set_probe`).
     pub knobs: Knobs,
+    /// What the cell runs: the plan the one validator made from the file's
+    /// specs (and the command line's), with this cell's output files.
+    pub run: RunOptions,
     /// Legend / RunMeta label: "bql-3000" or "bql-3000 (xdp skb)".
     pub label: String,
     pub csv: PathBuf,
@@ -437,6 +399,9 @@ fn located(file: &Path, text: &str, path: &[&str], msg: impl fmt::Display) -> an
 
 /// One line for a toml parse/deserialize error: file, line, column, key.
 fn toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
+    if let Some(located) = probe_key_error(file, text) {
+        return located;
+    }
     let msg = e.message().trim().replace('\n', " ");
     match e.span() {
         Some(s) => {
@@ -450,20 +415,70 @@ fn toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     }
 }
 
+/// `[probe]` is read through serde's `flatten` (one spec per concept in
+/// one table), which loses the position of a bad value. Reading each of its
+/// entries alone finds the one that fails, with its line and key.
+fn probe_key_error(file: &Path, text: &str) -> Option<anyhow::Error> {
+    use toml::de::{DeTable, DeValue};
+    let doc = DeTable::parse(text).ok()?;
+    let (_, probe) = doc.get_ref().iter().find(|(k, _)| k.get_ref() == "probe")?;
+    let DeValue::Table(t) = probe.get_ref() else {
+        return None;
+    };
+    for (k, v) in t.iter() {
+        let entry = text.get(k.span().start..v.span().end)?;
+        if let Err(e) = toml::from_str::<ScenarioFile>(&format!("[probe]\n{entry}\n")) {
+            let (l, c) = line_col(text, k.span().start);
+            let msg = e.message().trim().replace('\n', " ");
+            return Some(anyhow!(
+                "{}:{l}:{c}: probe.{}: {msg}",
+                file.display(),
+                k.get_ref()
+            ));
+        }
+    }
+    None
+}
+
 // ------------------------------------------------------------- parsing --
 
 impl Scenario {
     /// Reads and validates a scenario file (no system access).
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, &Overrides::default())
+    }
+
+    /// Reads a scenario file with the command line's options over it.
+    pub fn load_with(path: &Path, over: &Overrides) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read scenario {}: check the path", path.display()))?;
-        Self::parse(path, &text)
+        Self::parse_with(path, &text, over)
     }
 
     /// Parses and validates `text` (named `path` in errors).
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        Self::parse_with(path, text, &Overrides::default())
+    }
+
+    /// Parses `text`, lays the command line's `over` over it and validates
+    /// every cell with the one validator ([`spec::plan::validate`]), so a
+    /// cell that cannot run is refused here, naming the key and line (or
+    /// the flag), before anything is built.
+    pub fn parse_with(path: &Path, text: &str, over: &Overrides) -> Result<Self> {
         let f: ScenarioFile = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
         let loc = |p: &[&str], m: &dyn fmt::Display| located(path, text, p, m);
+        // serde hands every key of [probe] to the catch-all; the specs' own
+        // keys are not unknown.
+        let known = spec::keys_of::<RunSpec>();
+        if let Some(k) = f.probe.unknown.keys().find(|k| !known.contains(k)) {
+            return Err(loc(
+                &["probe", k],
+                &format!(
+                    "unknown field `{k}`: [probe] takes the probe command's options in \
+                     snake_case (see `rtprobe --help`) and sizes, intervals, xdp_modes"
+                ),
+            ));
+        }
         let name = match f.name {
             Some(n) => n,
             None => path
@@ -482,195 +497,137 @@ impl Scenario {
             ));
         }
         let p = f.probe;
-        if p.sizes.is_empty() {
-            return Err(loc(&["probe", "sizes"], &"give at least one size"));
-        }
-        for s in &p.sizes {
-            if !(16..=MAX_PROBE_SIZE).contains(s) {
-                return Err(loc(
-                    &["probe", "sizes"],
-                    &format!("size {s} out of range: 16 to {MAX_PROBE_SIZE} bytes of UDP payload"),
-                ));
-            }
-        }
-        if p.intervals.is_empty() {
-            return Err(loc(&["probe", "intervals"], &"give at least one interval"));
-        }
-        if let Some(i) = p.intervals.iter().find(|i| i.0 < Duration::from_micros(10)) {
-            return Err(loc(
-                &["probe", "intervals"],
-                &format!("interval {} is below 10us", units::fmt_duration(i.0)),
-            ));
-        }
-        let xdp_modes = match (p.xdp_mode, p.xdp_modes) {
-            (Some(_), Some(_)) => {
-                return Err(loc(
-                    &["probe", "xdp_modes"],
-                    &"give xdp_mode or xdp_modes, not both",
-                ));
-            }
-            (Some(m), None) => vec![m],
-            (None, Some(v)) if v.is_empty() => {
-                return Err(loc(&["probe", "xdp_modes"], &"give at least one mode"));
-            }
-            (None, Some(v)) => v,
-            (None, None) => vec![XdpModeArg::Off],
+        let one_of = |list: &'static str, one: &'static str| {
+            loc(&["probe", list], &format!("give {one} or {list}, not both"))
         };
-        let (count, duration) = match (p.count, p.duration) {
-            (Some(_), Some(_)) => {
-                return Err(loc(
-                    &["probe", "duration"],
-                    &"give count or duration, not both",
-                ));
-            }
-            (Some(0), None) => return Err(loc(&["probe", "count"], &"count must be at least 1")),
-            (c, d) if c.is_none() && d.is_none() => (Some(1000), None),
-            (c, d) => (c, d.map(|d| d.0)),
+        let sizes = match (p.sizes, p.run.probe.size) {
+            (Some(_), Some(_)) => return Err(one_of("sizes", "size")),
+            (Some(v), None) => v,
+            (None, s) => vec![s.unwrap_or(spec::plan::DEFAULT_SIZE)],
         };
-        if p.tx_if.is_some() != p.rx_if.is_some() {
-            return Err(loc(
-                &["probe", "tx_if"],
-                &"NIC-pair mode needs both tx_if and rx_if",
-            ));
-        }
-        let nic_pair = p.tx_if.is_some();
-        let probe = ProbeMatrix {
-            sizes: p.sizes,
-            intervals: p.intervals.iter().map(|i| i.0).collect(),
-            xdp_modes,
-            count,
-            duration,
-            xdp_action: p.xdp_action,
-            tos: p.tos.0,
-            port: p.port,
-            timestamps: p.timestamps,
-            timeout: p.timeout.0,
-            tx_if: p.tx_if,
-            rx_if: p.rx_if,
-            flows: p.flows,
+        let intervals = match (p.intervals, p.run.probe.interval) {
+            (Some(_), Some(_)) => return Err(one_of("intervals", "interval")),
+            (Some(v), None) => v.into_iter().map(|h| h.0).collect(),
+            (None, i) => vec![i.unwrap_or(spec::plan::DEFAULT_INTERVAL)],
         };
-        if probe.port == 0 {
-            return Err(loc(&["probe", "port"], &"port must be 1 to 65535"));
-        }
-        if probe.flows.len() > 8 {
-            return Err(loc(&["probe", "flows"], &"at most 8 extra flows"));
-        }
-        let mut ports = vec![probe.port];
-        for f in &probe.flows {
-            if ports.contains(&f.port) {
-                return Err(loc(
-                    &["probe", "flows"],
-                    &format!(
-                        "port {} is already used by another flow: give each flow its own port",
-                        f.port
-                    ),
-                ));
-            }
-            ports.push(f.port);
-            if let Some(s) = f.size
-                && !(16..=MAX_PROBE_SIZE).contains(&s)
-            {
-                return Err(loc(
-                    &["probe", "flows"],
-                    &format!(
-                        "flow port={}: size {s} out of range 16 to {MAX_PROBE_SIZE}",
-                        f.port
-                    ),
-                ));
+        let xdp_modes = match (p.xdp_modes, p.run.xdp.xdp_mode) {
+            (Some(_), Some(_)) => return Err(one_of("xdp_modes", "xdp_mode")),
+            (Some(v), None) => v,
+            // The file's default is the baseline, not the CLI's auto.
+            (None, m) => vec![m.unwrap_or(XdpMode::Off)],
+        };
+        for (list, empty) in [
+            ("sizes", sizes.is_empty()),
+            ("intervals", intervals.is_empty()),
+            ("xdp_modes", xdp_modes.is_empty()),
+        ] {
+            if empty {
+                return Err(loc(&["probe", list], &"give at least one"));
             }
         }
+        // The command line's size/interval/mode replace the file's lists.
+        let sizes = over.run.probe.size.map_or(sizes, |s| vec![s]);
+        let intervals = over.run.probe.interval.map_or(intervals, |i| vec![i]);
+        let xdp_modes = over.run.xdp.xdp_mode.map_or(xdp_modes, |m| vec![m]);
+        let run = p.run.overridden_by(&over.run)?;
 
-        let mut sets = Vec::new();
         let raw_sets = if f.set.0.is_empty() {
             // No sets: one run of the common knobs.
-            vec![("default".to_string(), Knobs::default())]
+            vec![("default".to_string(), KnobSpec::default())]
         } else {
             f.set.0
         };
-        for (set_name, k) in raw_sets {
+        let mut merged_sets = Vec::new();
+        for (set_name, k) in &raw_sets {
             if set_name.is_empty()
                 || !set_name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
             {
                 return Err(loc(
-                    &["set", &set_name],
+                    &["set", set_name],
                     &"set names name files: use letters, digits, '-', '_' or '.'",
                 ));
             }
-            let mut merged = k.merged_over(&f.knobs);
-            merged.set_probe(probe.port, probe.sizes[0], probe.intervals[0]);
-            if let Err(e) = merged.validate_with_probe() {
-                // Blame the set's key if it has it, else the common one.
-                let in_set = k_has(&k, e.key);
-                let p: Vec<&str> = if in_set {
-                    vec!["set", &set_name, e.key]
-                } else {
-                    vec!["knobs", e.key]
-                };
-                return Err(loc(&p, &e.message));
-            }
-            let key_of = |key: &'static str| -> Vec<String> {
-                if k_has(&k, key) {
-                    vec!["set".into(), set_name.clone(), key.into()]
-                } else {
-                    vec!["knobs".into(), key.into()]
-                }
-            };
-            let blame = |key: &'static str, m: &dyn fmt::Display| {
-                let p = key_of(key);
-                let p: Vec<&str> = p.iter().map(String::as_str).collect();
-                loc(&p, m)
-            };
-            if nic_pair && merged.bottleneck() == crate::tune::Bottleneck::Router {
-                return Err(blame(
-                    "bottleneck",
-                    &"NIC-pair mode has no router: use bottleneck = \"sender\"",
-                ));
-            }
-            let shapes = merged.link_rate.is_some() || merged.qdisc.is_some();
-            if shapes
-                && merged.bottleneck() == crate::tune::Bottleneck::Router
-                && probe.xdp_action == XdpActionArg::Redirect
-                && probe.xdp_modes.iter().any(|m| *m != XdpModeArg::Off)
-            {
-                return Err(blame(
-                    "bottleneck",
-                    &"XDP_REDIRECT transmits past the router's qdisc, so shaping/qdisc at the \
-                      router would not act: use xdp_mode = \"off\", xdp_action = \"pass\", or \
-                      bottleneck = \"sender\"",
-                ));
-            }
-            if !nic_pair
-                && merged.link_rate.is_none()
-                && let Some(l) = merged.loads().iter().find(|l| l.needs_link_rate())
-            {
-                return Err(blame(
-                    "load",
-                    &format!(
-                        "load {l} is a share of the link, but a veth has no rate: set \
-                             link_rate (shaping) or give a rate such as tcp:50mbit"
-                    ),
-                ));
-            }
-            if merged.queue_sample.is_some() && merged.link_rate.is_none() && merged.qdisc.is_none()
-            {
-                return Err(blame(
-                    "queue_sample",
-                    &"there is no queue to sample: shape the link or set a qdisc",
-                ));
-            }
-            sets.push(KnobSet {
-                name: set_name,
-                knobs: merged,
-            });
+            let merged = spec::merge(&spec::merge(&f.knobs, k)?, &over.knobs)?;
+            merged_sets.push((set_name.clone(), k, merged));
         }
         let mut seen = std::collections::HashSet::new();
-        for s in &sets {
-            if !seen.insert(s.name.to_ascii_lowercase()) {
-                return Err(loc(&["set", &s.name], &"two sets differ only in case"));
+        for (n, _, _) in &merged_sets {
+            if !seen.insert(n.to_ascii_lowercase()) {
+                return Err(loc(&["set", n], &"two sets differ only in case"));
             }
         }
+
+        // Every cell through the one validator, in run order.
+        let blame = |e: SpecError, set: &str, own: &KnobSpec, sizes_key: &Blame| -> anyhow::Error {
+            if has_key(&over.knobs, e.key) || has_key(&over.run, e.key) {
+                return anyhow!("{} (on the command line)", e.for_cli());
+            }
+            let p: Vec<&str> = if is_knob_key(e.key) {
+                if has_key(own, e.key) {
+                    vec!["set", set, e.key]
+                } else {
+                    vec!["knobs", e.key]
+                }
+            } else {
+                vec!["probe", sizes_key.key(e.key)]
+            };
+            loc(&p, &e.message)
+        };
+        let lists = Blame {
+            sizes: key_span(text, &["probe", "sizes"]).is_some(),
+            intervals: key_span(text, &["probe", "intervals"]).is_some(),
+            xdp_modes: key_span(text, &["probe", "xdp_modes"]).is_some(),
+        };
+        let mut plans = Vec::new();
+        for &size in &sizes {
+            for &interval in &intervals {
+                for &mode in &xdp_modes {
+                    for (set_name, own, knobs) in &merged_sets {
+                        let mut cell = run.clone();
+                        cell.probe.size = Some(size);
+                        cell.probe.interval = Some(interval);
+                        cell.xdp.xdp_mode = Some(mode);
+                        let plan = spec::plan::validate(&cell, knobs, &OutputSpec::default())
+                            .map_err(|e| blame(e, set_name, own, &lists))?;
+                        plans.push(CellPlan {
+                            set: set_name.clone(),
+                            run: plan,
+                        });
+                    }
+                }
+            }
+        }
+        let Some(first) = plans.first().map(|c| &c.run) else {
+            bail!("{}: the matrix is empty", path.display());
+        };
+        let sets = merged_sets
+            .iter()
+            .map(|(n, _, _)| KnobSet {
+                name: n.clone(),
+                knobs: plans
+                    .iter()
+                    .find(|c| &c.set == n)
+                    .map(|c| c.run.knobs.clone())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let probe = ProbeMatrix {
+            sizes,
+            intervals,
+            xdp_modes,
+            count: first.probe.count,
+            duration: first.probe.duration,
+            xdp_action: first.xdp_action,
+            tos: first.probe.tos,
+            port: first.probe.port,
+            timestamps: first.probe.timestamps,
+            timeout: first.probe.timeout,
+            tx_if: first.tx_if.clone(),
+            rx_if: first.rx_if.clone(),
+            flows: run.flows.flows.clone().unwrap_or_default(),
+        };
         Ok(Scenario {
             output: f.output.unwrap_or_else(|| Path::new("results").join(&name)),
             name,
@@ -679,6 +636,7 @@ impl Scenario {
             sets,
             source: text.to_string(),
             path: path.to_path_buf(),
+            plans,
         })
     }
 
@@ -752,7 +710,7 @@ impl Scenario {
     }
 
     /// (xdp mode, set) pairs in run order; the first is the baseline.
-    pub fn variants(&self) -> Vec<(XdpModeArg, &KnobSet)> {
+    pub fn variants(&self) -> Vec<(XdpMode, &KnobSet)> {
         let mut v = Vec::new();
         for m in &self.probe.xdp_modes {
             for s in &self.sets {
@@ -765,57 +723,71 @@ impl Scenario {
     /// Every cell, in run order: size, then interval, then variant, so a
     /// (size, interval) group's comparisons are adjacent.
     pub fn cells(&self, out_dir: &Path) -> Vec<Cell> {
-        let variants = self.variants();
         let multi_mode = self.probe.xdp_modes.len() > 1;
-        let total = self.probe.sizes.len() * self.probe.intervals.len() * variants.len();
+        let kept: Vec<&CellPlan> = self
+            .plans
+            .iter()
+            .filter(|c| self.sets.iter().any(|s| s.name == c.set))
+            .collect();
+        let total = kept.len();
+        let per_group = self.probe.xdp_modes.len() * self.sets.len();
         let mut cells = Vec::with_capacity(total);
-        for &size in &self.probe.sizes {
-            for &interval in &self.probe.intervals {
-                for (vi, (mode, set)) in variants.iter().enumerate() {
-                    let mode_s = xdp_mode_name(*mode);
-                    let id = format!(
-                        "s{size}-i{}-{mode_s}-{}",
-                        units::fmt_duration(interval),
-                        set.name
-                    );
-                    let mut knobs = set.knobs.clone();
-                    knobs.set_probe(self.probe.port, size, interval);
-                    let label = if multi_mode {
-                        format!("{} (xdp {mode_s})", set.name)
-                    } else {
-                        set.name.clone()
-                    };
-                    cells.push(Cell {
-                        index: cells.len(),
-                        total,
-                        set: set.name.clone(),
-                        variant: vi,
-                        probe: ProbeOptions {
-                            size,
-                            interval,
-                            count: self.probe.count,
-                            duration: self.probe.duration,
-                            xdp_mode: *mode,
-                            xdp_action: self.probe.xdp_action,
-                            tos: self.probe.tos,
-                            port: self.probe.port,
-                            timestamps: self.probe.timestamps,
-                            timeout: self.probe.timeout,
-                            tx_if: self.probe.tx_if.clone(),
-                            rx_if: self.probe.rx_if.clone(),
-                            flows: self.probe.flows.clone(),
-                        },
-                        queue_csv: knobs
-                            .queue_sample
-                            .map(|_| out_dir.join(format!("{id}-queue.csv"))),
-                        knobs,
-                        label,
-                        csv: out_dir.join(format!("{id}.csv")),
-                        json: out_dir.join(format!("{id}.json")),
-                        id,
-                    });
-                }
-            }
+        for (i, c) in kept.into_iter().enumerate() {
+            let set = c.set.clone();
+            let run = &c.run;
+            let mode_s = run.xdp_mode.as_str();
+            let id = format!(
+                "s{}-i{}-{mode_s}-{set}",
+                run.probe.size,
+                units::fmt_duration(run.probe.interval),
+            );
+            let label = if multi_mode {
+                format!("{set} (xdp {mode_s})")
+            } else {
+                set.clone()
+            };
+            let csv = out_dir.join(format!("{id}.csv"));
+            let json = out_dir.join(format!("{id}.json"));
+            let queue_csv = run
+                .knobs
+                .queue_sample
+                .map(|_| out_dir.join(format!("{id}-queue.csv")));
+            let run = RunOptions {
+                out: csv.clone(),
+                json: Some(json.clone()),
+                label: Some(label.clone()),
+                quiet: true,
+                queue_csv: queue_csv.clone(),
+                ..run.clone()
+            };
+            cells.push(Cell {
+                index: i,
+                total,
+                set,
+                variant: i % per_group.max(1),
+                probe: ProbeOptions {
+                    size: run.probe.size,
+                    interval: run.probe.interval,
+                    count: run.probe.count,
+                    duration: run.probe.duration,
+                    xdp_mode: run.xdp_mode,
+                    xdp_action: run.xdp_action,
+                    tos: run.probe.tos,
+                    port: run.probe.port,
+                    timestamps: run.probe.timestamps,
+                    timeout: run.probe.timeout,
+                    tx_if: run.tx_if.clone(),
+                    rx_if: run.rx_if.clone(),
+                    flows: self.probe.flows.clone(),
+                },
+                queue_csv,
+                knobs: run.knobs.clone(),
+                run,
+                label,
+                csv,
+                json,
+                id,
+            });
         }
         cells
     }
@@ -843,20 +815,34 @@ impl Scenario {
     }
 }
 
-fn xdp_mode_name(m: XdpModeArg) -> &'static str {
-    match m {
-        XdpModeArg::Off => "off",
-        XdpModeArg::Skb => "skb",
-        XdpModeArg::Native => "native",
-        XdpModeArg::Auto => "auto",
+/// Whether `spec` sets `key` (as opposed to leaving it to a lower level).
+fn has_key<T: Serialize>(spec: &T, key: &str) -> bool {
+    match serde_json::to_value(spec) {
+        Ok(Value::Object(m)) => m.get(key).is_some_and(|v| !v.is_null()),
+        _ => false,
     }
 }
 
-/// Whether the set's own table sets `key` (as opposed to inheriting it).
-fn k_has(k: &Knobs, key: &str) -> bool {
-    match serde_json::to_value(k) {
-        Ok(Value::Object(m)) => m.get(key).is_some_and(|v| !v.is_null()),
-        _ => false,
+/// Whether `key` is a knob (`[knobs]`, `[set.NAME]`) rather than a probe option.
+fn is_knob_key(key: &str) -> bool {
+    spec::keys_of::<KnobSpec>().iter().any(|k| k == key)
+}
+
+/// Which spelling of the matrix keys the file used, to point at it.
+struct Blame {
+    sizes: bool,
+    intervals: bool,
+    xdp_modes: bool,
+}
+
+impl Blame {
+    fn key(&self, key: &'static str) -> &'static str {
+        match key {
+            "size" if self.sizes => "sizes",
+            "interval" if self.intervals => "intervals",
+            "xdp_mode" if self.xdp_modes => "xdp_modes",
+            k => k,
+        }
     }
 }
 
@@ -1098,13 +1084,12 @@ pub fn run_command(
     runner: Option<&mut dyn CellRunner>,
     figures: Option<&mut dyn FigureMaker>,
 ) -> Result<()> {
-    let mut sc = Scenario::load(&args.config)?;
+    let over = Overrides {
+        run: args.run.clone(),
+        knobs: args.knobs.clone(),
+    };
+    let mut sc = Scenario::load_with(&args.config, &over)?;
     sc.retain_sets(&args.sets)?;
-    if let Some(m) = args.missing {
-        for s in &mut sc.sets {
-            s.knobs.missing = Some(m);
-        }
-    }
     let is_root = nix::unistd::geteuid().is_root();
     let notes = if is_root {
         sc.check_system(&mut KernelCheck)?

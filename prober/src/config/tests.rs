@@ -57,7 +57,7 @@ fn parses_a_full_scenario_in_file_order() {
     assert_eq!(sc.output, Path::new("results/demo"));
     assert_eq!(sc.probe.tos, 0xC0);
     assert_eq!(sc.probe.count, Some(100));
-    assert_eq!(sc.probe.xdp_modes, [XdpModeArg::Off]);
+    assert_eq!(sc.probe.xdp_modes, [XdpMode::Off]);
     let names: Vec<&str> = sc.sets.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["baseline", "bql-3000", "small-queue", "idle"]);
     // Common knobs merged under each set, overrides win.
@@ -104,7 +104,7 @@ fn xdp_modes_multiply_the_variants() {
     let cells = sc.cells(Path::new("o"));
     assert_eq!(cells.len(), 4);
     assert_eq!(cells[0].id, "s64-i1ms-off-idle");
-    assert_eq!(cells[2].probe.xdp_mode, XdpModeArg::Native);
+    assert_eq!(cells[2].probe.xdp_mode, XdpMode::Native);
     assert_eq!(cells[3].label, "idle (xdp auto)");
     assert_eq!(cells[3].variant, 3);
 }
@@ -134,9 +134,15 @@ fn errors_name_file_line_and_key() {
     assert!(e.contains(":2:") && e.contains("set.x.load"), "{e}");
     // Unknown top-level key and unknown probe key.
     assert!(err("nmae = \"x\"\n").contains("unknown field `nmae`"));
-    let e = err("[probe]\nsize = [64]\n");
+    let e = err("[probe]\nsise = 64\n");
     assert!(
-        e.contains(":2:") && e.contains("unknown field `size`"),
+        e.contains(":2:") && e.contains("unknown field `sise`"),
+        "{e}"
+    );
+    // `size` is a key now (the command line's --size); a list is not a size.
+    let e = err("[probe]\ncount = 3\nsize = [64]\n");
+    assert!(
+        e.contains(":3:") && e.contains("probe.size") && e.contains("invalid type"),
         "{e}"
     );
     // Cross-field rules, blamed on the key in the set or in [knobs].

@@ -19,6 +19,7 @@
 //! attach and detach run on a thread inside the interface's namespace.
 
 pub mod klog;
+pub mod mode;
 pub mod query;
 pub mod reflector;
 mod setup;
@@ -34,7 +35,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{DevMapHash, MapData, MapError, PerCpuArray},
-    programs::{ProgramError, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{ProgramError, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
 };
 use nix::sched::{CloneFlags, setns};
 use serde::Serialize;
@@ -44,12 +45,12 @@ use xdp_common::{
 };
 
 use crate::{
-    cli::XdpModeArg,
     error::Error,
     stats::{XdpCounters, summary::PacketsBytes},
     testbed::Netns,
 };
 
+pub use mode::{ReflectorKind, XdpAction, XdpMode};
 pub use query::XdpState;
 pub use reflector::Reflector;
 pub use setup::{XdpSetup, attach_for_testbed};
@@ -199,12 +200,12 @@ impl Router {
     /// reports. `auto` passes no mode flag (native where the driver can,
     /// else generic); if the driver refuses native, it falls back to skb
     /// and says so in the log. `off` is the caller's business.
-    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpModeArg) -> Result<AttachedMode> {
+    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpMode) -> Result<AttachedMode> {
         let xdp_mode = match mode {
-            XdpModeArg::Skb => XdpMode::Skb,
-            XdpModeArg::Native => XdpMode::Driver,
-            XdpModeArg::Auto => XdpMode::Default,
-            XdpModeArg::Off => bail!("XDP mode off: there is nothing to attach"),
+            XdpMode::Skb => AyaXdpMode::Skb,
+            XdpMode::Native => AyaXdpMode::Driver,
+            XdpMode::Auto => AyaXdpMode::Default,
+            XdpMode::Off => bail!("XDP mode off: there is nothing to attach"),
         };
         if self
             .attachments
@@ -240,13 +241,13 @@ impl Router {
             };
             let prog = xdp_program(ebpf)?;
             let attempt = match prog.attach_to_if_index(ifindex, xdp_mode) {
-                Err(e) if mode == XdpModeArg::Auto && may_fall_back(&e) => {
+                Err(e) if mode == XdpMode::Auto && may_fall_back(&e) => {
                     log::warn!(
                         "native XDP refused on {ifname} ({}); attaching in skb mode",
                         describe_errno(&e).unwrap_or_else(|| e.to_string())
                     );
-                    prog.attach_to_if_index(ifindex, XdpMode::Skb)
-                        .map_err(|e| attach_error(e, XdpModeArg::Skb, ifname))
+                    prog.attach_to_if_index(ifindex, AyaXdpMode::Skb)
+                        .map_err(|e| attach_error(e, XdpMode::Skb, ifname))
                 }
                 other => other.map_err(|e| attach_error(e, mode, ifname)),
             };
@@ -551,12 +552,12 @@ fn may_fall_back(e: &ProgramError) -> bool {
     )
 }
 
-fn attach_error(e: ProgramError, mode: XdpModeArg, ifname: &str) -> anyhow::Error {
+fn attach_error(e: ProgramError, mode: XdpMode, ifname: &str) -> anyhow::Error {
     let mode_name = match mode {
-        XdpModeArg::Skb => "skb",
-        XdpModeArg::Native => "native",
-        XdpModeArg::Auto => "auto",
-        XdpModeArg::Off => "off",
+        XdpMode::Skb => "skb",
+        XdpMode::Native => "native",
+        XdpMode::Auto => "auto",
+        XdpMode::Off => "off",
     };
     let unsupported = |reason: &str| -> anyhow::Error {
         Error::XdpModeUnsupported {
@@ -567,7 +568,7 @@ fn attach_error(e: ProgramError, mode: XdpModeArg, ifname: &str) -> anyhow::Erro
         .into()
     };
     match errno_of(&e) {
-        Some(libc::EOPNOTSUPP) => unsupported(if mode == XdpModeArg::Skb {
+        Some(libc::EOPNOTSUPP) => unsupported(if mode == XdpMode::Skb {
             "the kernel refuses generic XDP on this device"
         } else {
             "the driver has no native XDP support"

@@ -23,7 +23,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData},
-    programs::{ProgramError, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{ProgramError, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
 };
 use xdp_common::{
     LOG_RARE_GLOBAL, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
@@ -36,7 +36,7 @@ use super::{
     raise_memlock_limit, read_counters, router_object, run_in_ns,
 };
 use crate::{
-    cli::XdpModeArg,
+    ebpf::XdpMode,
     error::Error,
     probe::stamp::{ClockSync, ErrorEstimate},
     stats::XdpCounters,
@@ -158,12 +158,12 @@ impl Reflector {
 
     /// Attaches to `ifname` in `ns` in `mode` (native, skb or auto) and
     /// returns the mode the kernel reports.
-    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpModeArg) -> Result<AttachedMode> {
+    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpMode) -> Result<AttachedMode> {
         let xdp_mode = match mode {
-            XdpModeArg::Skb => XdpMode::Skb,
-            XdpModeArg::Native => XdpMode::Driver,
-            XdpModeArg::Auto => XdpMode::Default,
-            XdpModeArg::Off => bail!("XDP mode off: there is nothing to attach"),
+            XdpMode::Skb => AyaXdpMode::Skb,
+            XdpMode::Native => AyaXdpMode::Driver,
+            XdpMode::Auto => AyaXdpMode::Default,
+            XdpMode::Off => bail!("XDP mode off: there is nothing to attach"),
         };
         if self.attached.is_some() {
             bail!("the in-kernel reflector is already attached");

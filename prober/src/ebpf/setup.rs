@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 use super::{AttachedMode, Reflector, Router};
 use crate::{
-    cli::{XdpActionArg, XdpModeArg},
+    ebpf::{XdpAction, XdpMode},
     stats::XdpCounters,
     testbed::{Netns, Testbed, ethtool},
 };
@@ -88,7 +88,7 @@ impl XdpSetup {
                 .run(|| super::ifindex_of(name, tb.receiver.name()))?;
         }
         let mut r = Reflector::load(port, 0, reply_ifindex)?;
-        let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpModeArg::Auto)?;
+        let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpMode::Auto)?;
         self.reflector = Some((r, mode));
         Ok(mode)
     }
@@ -243,15 +243,15 @@ fn is_veth(ns: &Netns, ifname: &str) -> bool {
 /// delivers locally and the router passes).
 pub fn attach_for_testbed(
     tb: &Testbed,
-    mode: XdpModeArg,
-    action: XdpActionArg,
+    mode: XdpMode,
+    action: XdpAction,
 ) -> Result<XdpSetup> {
     let mut setup = XdpSetup::none();
-    if mode == XdpModeArg::Off {
+    if mode == XdpMode::Off {
         return Ok(setup);
     }
-    let pass_only = action == XdpActionArg::Pass;
-    let native_possible = matches!(mode, XdpModeArg::Native | XdpModeArg::Auto);
+    let pass_only = action == XdpAction::Pass;
+    let native_possible = matches!(mode, XdpMode::Native | XdpMode::Auto);
     // (namespace, interface) groups, one router per namespace.
     let groups: Vec<(&Netns, Vec<&str>)> = match &tb.router {
         Some(router_ns) => {

@@ -801,10 +801,10 @@ fn attach_reports_kernel_mode_and_detaches() {
     assert_eq!(attached_mode(&ns, "veth-a").unwrap(), None);
 
     for (mode, want) in [
-        (XdpModeArg::Skb, AttachedMode::Skb),
-        (XdpModeArg::Native, AttachedMode::Native),
+        (XdpMode::Skb, AttachedMode::Skb),
+        (XdpMode::Native, AttachedMode::Native),
         // veth has native XDP: with no flag the kernel picks it.
-        (XdpModeArg::Auto, AttachedMode::Native),
+        (XdpMode::Auto, AttachedMode::Native),
     ] {
         let got = router.attach(&ns, "veth-a", mode).unwrap();
         assert_eq!(got, want, "{mode:?}");
@@ -826,11 +826,11 @@ fn attach_reports_kernel_mode_and_detaches() {
 
     // Both ends, as the testbed does (ingress and return path).
     assert_eq!(
-        router.attach(&ns, "veth-a", XdpModeArg::Native).unwrap(),
+        router.attach(&ns, "veth-a", XdpMode::Native).unwrap(),
         AttachedMode::Native
     );
     assert_eq!(
-        router.attach(&ns, "veth-b", XdpModeArg::Skb).unwrap(),
+        router.attach(&ns, "veth-b", XdpMode::Skb).unwrap(),
         AttachedMode::Skb
     );
     // Dropping the router detaches it (from the test's own namespace).
@@ -845,7 +845,7 @@ fn native_on_loopback_is_unsupported_and_auto_falls_back() {
     require_root();
     let ns = netns("lo");
     let mut router = Router::load(false).unwrap();
-    let e = router.attach(&ns, "lo", XdpModeArg::Native).unwrap_err();
+    let e = router.attach(&ns, "lo", XdpMode::Native).unwrap_err();
     match e.downcast_ref::<Error>() {
         Some(Error::XdpModeUnsupported { mode, ifname, .. }) => {
             assert_eq!(mode, "native");
@@ -863,19 +863,19 @@ fn native_on_loopback_is_unsupported_and_auto_falls_back() {
 
     // lo has no driver XDP: with no flag the kernel attaches generic XDP.
     assert_eq!(
-        router.attach(&ns, "lo", XdpModeArg::Auto).unwrap(),
+        router.attach(&ns, "lo", XdpMode::Auto).unwrap(),
         AttachedMode::Skb
     );
     assert_eq!(attached_mode(&ns, "lo").unwrap(), Some(AttachedMode::Skb));
     router.detach_all().unwrap();
     assert_eq!(attached_mode(&ns, "lo").unwrap(), None);
 
-    let e = router.attach(&ns, "nosuch0", XdpModeArg::Skb).unwrap_err();
+    let e = router.attach(&ns, "nosuch0", XdpMode::Skb).unwrap_err();
     assert!(
         matches!(e.downcast_ref::<Error>(), Some(Error::InterfaceNotFound(_))),
         "{e:#}"
     );
-    assert!(router.attach(&ns, "lo", XdpModeArg::Off).is_err());
+    assert!(router.attach(&ns, "lo", XdpMode::Off).is_err());
 }
 
 #[test]
@@ -885,8 +885,8 @@ fn one_router_one_namespace() {
     let a = netns("one");
     let b = netns("two");
     let mut router = Router::load(false).unwrap();
-    router.attach(&a, "lo", XdpModeArg::Skb).unwrap();
-    let e = router.attach(&b, "lo", XdpModeArg::Skb).unwrap_err();
+    router.attach(&a, "lo", XdpMode::Skb).unwrap();
+    let e = router.attach(&b, "lo", XdpMode::Skb).unwrap_err();
     assert!(e.to_string().contains("one namespace"), "{e:#}");
     assert_eq!(attached_mode(&b, "lo").unwrap(), None);
     router.detach_all().unwrap();
@@ -895,7 +895,7 @@ fn one_router_one_namespace() {
 /// sender (10.11.0.2) -- r0 [router ns] r1 -- receiver (10.12.0.2), with
 /// the XDP router on r0 and r1. UDP datagrams go out and are echoed back;
 /// every one of them must be redirected by XDP in both directions.
-fn forward_real_traffic(mode: XdpModeArg, want: AttachedMode) {
+fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
     require_root();
     let snd = netns("snd");
     let rtr = netns("rtr");
@@ -1034,13 +1034,13 @@ fn forward_real_traffic(mode: XdpModeArg, want: AttachedMode) {
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn forwards_udp_in_skb_mode() {
-    forward_real_traffic(XdpModeArg::Skb, AttachedMode::Skb);
+    forward_real_traffic(XdpMode::Skb, AttachedMode::Skb);
 }
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn forwards_udp_in_native_mode() {
-    forward_real_traffic(XdpModeArg::Native, AttachedMode::Native);
+    forward_real_traffic(XdpMode::Native, AttachedMode::Native);
 }
 
 #[test]

@@ -114,6 +114,9 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             .unwrap_or_default();
         let _ = writeln!(o, "  reflector: {kind}{mode}{note}");
     }
+    if let Some(line) = drops_line(s) {
+        let _ = writeln!(o, "{line}");
+    }
     let _ = writeln!(o, "  {}", start_words(&s.one_way_start));
     if let Some(serde_json::Value::Object(clocks)) = s.extra.get("hardware_clocks") {
         for (side, c) in clocks {
@@ -357,9 +360,54 @@ pub fn fetch_line(t: &FetchTimes) -> String {
     )
 }
 
+/// Kernel drop counters and peak memory, "-" where they could not be read
+/// (null in the JSON): unknown is never shown as 0.
+fn drops_line(s: &Summary) -> Option<String> {
+    let d = s.extra.get("kernel_drops");
+    let rss = s.extra.get("peak_rss_kib");
+    if d.is_none() && rss.is_none() {
+        return None;
+    }
+    let v = |x: Option<&serde_json::Value>| match x.and_then(serde_json::Value::as_u64) {
+        Some(n) => n.to_string(),
+        None => "-".into(),
+    };
+    let k = |key: &str| v(d.and_then(|d| d.get(key)));
+    Some(format!(
+        "  kernel drops: receiver rcvbuf {}, in-errors {}; sender rcvbuf {}, sndbuf {}; host backlog {}; peak RSS {} KiB",
+        k("receiver_rcvbuf_errors"),
+        k("receiver_in_errors"),
+        k("sender_rcvbuf_errors"),
+        k("sender_sndbuf_errors"),
+        k("host_backlog_drops"),
+        v(rss),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_drop_counters_and_memory_show_as_a_dash() {
+        let mut s = Summary::default();
+        assert_eq!(drops_line(&s), None, "nothing measured, nothing said");
+        s.extra.insert(
+            "kernel_drops".into(),
+            serde_json::json!({"receiver_rcvbuf_errors": 0, "receiver_in_errors": 2,
+                "sender_rcvbuf_errors": null, "sender_sndbuf_errors": null,
+                "host_backlog_drops": 7}),
+        );
+        s.extra.insert("peak_rss_kib".into(), serde_json::Value::Null);
+        let l = drops_line(&s).unwrap();
+        assert_eq!(
+            l,
+            "  kernel drops: receiver rcvbuf 0, in-errors 2; sender rcvbuf -, sndbuf -; \
+             host backlog 7; peak RSS - KiB"
+        );
+        let text = format_summary(&s, &RunMeta::default());
+        assert!(text.contains(&l), "{text}");
+    }
 
     #[test]
     fn summary_mentions_everything_asked() {

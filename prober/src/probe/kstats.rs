@@ -83,36 +83,45 @@ pub fn read_softnet_dropped() -> Result<u64> {
     Ok(parse_softnet_dropped(&t))
 }
 
-/// The counters of both ends, sampled before and after a run.
+/// The counters of both ends, sampled before and after a run. A counter
+/// that cannot be read is `None`, reported as null (unknown), never as 0.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DropSnapshot {
-    pub sender: UdpCounters,
-    pub receiver: UdpCounters,
-    pub backlog_drops: u64,
+    pub sender: Option<UdpCounters>,
+    pub receiver: Option<UdpCounters>,
+    pub backlog_drops: Option<u64>,
 }
 
 impl DropSnapshot {
-    /// Samples both namespaces; a counter that cannot be read stays 0 (it
-    /// only explains losses, it does not make them).
+    /// Samples both namespaces; what cannot be read is logged and left
+    /// unknown (it only explains losses, it does not make them).
     pub fn take(sender: &Netns, receiver: &Netns) -> Self {
+        fn known<T>(what: &str, r: Result<T>) -> Option<T> {
+            r.map_err(|e| log::info!("kernel drop counters of the {what}: {e:#}"))
+                .ok()
+        }
         Self {
-            sender: read_udp(sender).unwrap_or_default(),
-            receiver: read_udp(receiver).unwrap_or_default(),
-            backlog_drops: read_softnet_dropped().unwrap_or(0),
+            sender: known("sender", read_udp(sender)),
+            receiver: known("receiver", read_udp(receiver)),
+            backlog_drops: known("host", read_softnet_dropped()),
         }
     }
 
-    /// What happened between `before` and `self`, as reported in the summary.
+    /// What happened between `before` and `self`, as reported in the
+    /// summary: null where either sample is unknown.
     pub fn report_since(&self, before: &DropSnapshot) -> serde_json::Value {
-        let s = self.sender.since(&before.sender);
-        let r = self.receiver.since(&before.receiver);
+        let s = self.sender.zip(before.sender).map(|(a, b)| a.since(&b));
+        let r = self.receiver.zip(before.receiver).map(|(a, b)| a.since(&b));
         serde_json::json!({
-            "receiver_rcvbuf_errors": r.rcvbuf_errors,
-            "receiver_in_errors": r.in_errors,
-            "sender_rcvbuf_errors": s.rcvbuf_errors,
-            "sender_in_errors": s.in_errors,
-            "sender_sndbuf_errors": s.sndbuf_errors,
-            "host_backlog_drops": self.backlog_drops.saturating_sub(before.backlog_drops),
+            "receiver_rcvbuf_errors": r.map(|c| c.rcvbuf_errors),
+            "receiver_in_errors": r.map(|c| c.in_errors),
+            "sender_rcvbuf_errors": s.map(|c| c.rcvbuf_errors),
+            "sender_in_errors": s.map(|c| c.in_errors),
+            "sender_sndbuf_errors": s.map(|c| c.sndbuf_errors),
+            "host_backlog_drops": self
+                .backlog_drops
+                .zip(before.backlog_drops)
+                .map(|(a, b)| a.saturating_sub(b)),
         })
     }
 }
@@ -120,6 +129,30 @@ impl DropSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unreadable_counters_are_null_not_zero() {
+        let c = UdpCounters {
+            rcvbuf_errors: 5,
+            ..Default::default()
+        };
+        let before = DropSnapshot {
+            sender: None,
+            receiver: Some(UdpCounters::default()),
+            backlog_drops: Some(10),
+        };
+        let after = DropSnapshot {
+            sender: Some(c),
+            receiver: Some(c),
+            backlog_drops: None,
+        };
+        let r = after.report_since(&before);
+        assert_eq!(r["receiver_rcvbuf_errors"], 5);
+        assert_eq!(r["receiver_in_errors"], 0, "read and zero is 0");
+        assert!(r["sender_rcvbuf_errors"].is_null(), "{r}");
+        assert!(r["sender_sndbuf_errors"].is_null(), "{r}");
+        assert!(r["host_backlog_drops"].is_null(), "{r}");
+    }
 
     const SNMP: &str = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
         Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors\n\

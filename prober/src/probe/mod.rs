@@ -22,7 +22,10 @@ pub mod packet;
 pub mod phc;
 pub mod socket;
 pub mod stamp;
+pub mod timestamps;
 pub mod wake;
+
+pub use timestamps::TimestampSource;
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
@@ -37,7 +40,6 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cli::TimestampArg,
     export::CsvWriter,
     stats::RunStats,
     testbed::{Iface, Netns},
@@ -93,7 +95,7 @@ pub struct ProbeConfig {
     pub duration: Option<Duration>,
     pub tos: u8,
     pub port: u16,
-    pub timestamps: TimestampArg,
+    pub timestamps: TimestampSource,
     pub timeout: Duration,
     pub flow: u8,
     /// The pacer sleeps until this long before a send, then spins (`--spin`);
@@ -224,14 +226,14 @@ fn new_session_id() -> u64 {
 fn side_timestamping(
     ns: &Netns,
     ifname: &str,
-    want: TimestampArg,
+    want: TimestampSource,
 ) -> Result<Option<HwTimestamping>> {
-    if want == TimestampArg::Software {
+    if want == TimestampSource::Software {
         return Ok(None);
     }
     match ns.run(|| Ok(HwTimestamping::enable(ifname)))? {
         Ok(h) => Ok(Some(h)),
-        Err(e) if want == TimestampArg::Hardware => bail!(
+        Err(e) if want == TimestampSource::Hardware => bail!(
             "{ifname} cannot timestamp in hardware (SIOCSHWTSTAMP: {e}); use --timestamps software or auto"
         ),
         Err(e) => {

@@ -6,13 +6,33 @@ use std::process::Command;
 
 use super::Netns;
 
-/// Panics with a clear message unless running as root. Root tests are
-/// `#[ignore]`d and call this first.
+/// Panics with a clear message unless running as root: a root test that
+/// cannot run fails, it never passes. Root tests are `#[ignore]`d (so plain
+/// `cargo test` does not run them) and call this first.
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "needs root: run by `cargo xtask test` as root"
     );
+}
+
+/// For root tests that are not `#[ignore]`d: true as root; under CI
+/// (`CI=true`) a missing root is a failure (panic); elsewhere a visible
+/// `SKIPPED (not root): TEST` line on stderr and false. Never a silent pass.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test} needs root and CI=true: run `cargo xtask test` as root");
+    }
+    // Straight to stderr: libtest captures eprintln! of passing tests.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (not root): {test} (run `cargo xtask test` as root)"
+    );
+    false
 }
 
 /// A name unique to this process and call: "rtpt-<pid>-<random>".

@@ -94,7 +94,7 @@ pub enum Outcome<G> {
 }
 
 /// Where shaping, qdisc, BQL, txqueuelen and TX ring act.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Bottleneck {
     /// The sender's interface, in the sender namespace (the study's choice).
@@ -105,7 +105,7 @@ pub enum Bottleneck {
 }
 
 /// What to do when the kernel lacks a requested qdisc.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingPolicy {
     /// Stop with an error before anything is changed.
@@ -116,7 +116,7 @@ pub enum MissingPolicy {
 }
 
 /// What to do when the device cannot do a knob (BQL, TX ring on veth).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DevicePolicy {
     /// Record "unsupported" with the reason and go on.
@@ -160,109 +160,10 @@ impl ProbeContext {
 /// Default warm-up between starting the load and starting the probes.
 pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 
-/// The knob flags of the probe command (flattened into its arguments).
-#[derive(Debug, Clone, Default, clap::Args)]
-#[command(next_help_heading = "Knobs (applied for the run, restored afterwards)")]
-pub struct KnobArgs {
-    /// Where shaping/qdisc/BQL/txqueuelen/TX ring act: the sender's interface or the router's
-    /// egress toward the receiver.
-    #[arg(long, value_enum)]
-    pub bottleneck: Option<Bottleneck>,
-
-    /// Shape the bottleneck to this rate so it queues like a real link, e.g. 100mbit.
-    #[arg(long)]
-    pub link_rate: Option<Rate>,
-
-    /// Shaper qdisc for --link-rate.
-    #[arg(long, value_enum)]
-    pub shaper: Option<ShaperKind>,
-
-    /// Queue behind the shaper: packets (20, 20p) or bytes (64KiB) [default: txqueuelen packets].
-    /// At the sender a TCP GSO packet (up to 64 KiB) counts as one: prefer bytes there.
-    #[arg(long)]
-    pub queue_limit: Option<QueueLimit>,
-
-    /// Shaper bucket in bytes [default: 1 ms at the link rate, at least 2 frames].
-    #[arg(long)]
-    pub burst: Option<Bytes>,
-
-    /// Bytes the shaper adds per frame for what a wire carries (FCS, preamble, gap) [default: 24].
-    #[arg(long)]
-    pub wire_overhead: Option<u32>,
-
-    /// qdisc on the bottleneck (under the shaper if shaped): pfifo_fast, pfifo, bfifo, prio,
-    /// fq_codel, htb, htb-prio (strict priority for the probe flow), hfsc, tbf; a bare name
-    /// is the study's preset, override with KIND,key=value (e.g. fq_codel,target=5ms).
-    #[arg(long)]
-    pub qdisc: Option<QdiscSpec>,
-
-    /// If the kernel lacks the qdisc: fail, or skip it (the summary says so).
-    #[arg(long, value_enum)]
-    pub missing: Option<MissingPolicy>,
-
-    /// BQL limit_max of every TX queue of the bottleneck, in bytes (the study: 3000).
-    #[arg(long)]
-    pub bql_limit_max: Option<Bytes>,
-
-    /// TCP small queues: net.ipv4.tcp_limit_output_bytes in the sender namespace (e.g. 64KiB).
-    #[arg(long)]
-    pub tsq: Option<Bytes>,
-
-    /// txqueuelen of the bottleneck interface, in packets.
-    #[arg(long)]
-    pub txqueuelen: Option<u32>,
-
-    /// TX ring size of the bottleneck NIC (ethtool -G tx).
-    #[arg(long)]
-    pub tx_ring: Option<u32>,
-
-    /// TSO+GSO on the sender's interface: off sends MTU-size frames, so a queue at the router
-    /// (--bottleneck router) counts wire frames. TCP queues 64 KiB GSO packets at the sender's
-    /// own qdisc either way: limit that queue in bytes.
-    #[arg(long, value_parser = parse_on_off, value_name = "on|off")]
-    pub gso: Option<bool>,
-
-    /// If the device cannot do a knob (BQL or TX ring on veth): report it, or fail.
-    #[arg(long, value_enum)]
-    pub device_unsupported: Option<DevicePolicy>,
-
-    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N],
-    /// udp:150%|150mbit[,size=1470] or fetch[:100KiB][,every=1s][,cc=reno] (page fetches timed).
-    #[arg(long = "load")]
-    pub load: Vec<LoadSpec>,
-
-    /// Time the load runs before the probes start [default: 1s].
-    #[arg(long, value_parser = units::parse_duration)]
-    pub load_warmup: Option<Duration>,
-
-    /// CPU stress workers (the study: 8).
-    #[arg(long)]
-    pub stress: Option<u32>,
-
-    /// CPU stress implementation.
-    #[arg(long, value_enum)]
-    pub stress_tool: Option<StressTool>,
-
-    /// Run the probe sender SCHED_FIFO at this priority (1-99).
-    #[arg(long)]
-    pub rt_priority: Option<u8>,
-
-    /// Lock the process's memory (mlockall) while probing.
-    #[arg(long)]
-    pub mlockall: bool,
-
-    /// Pin the probe sender to this CPU.
-    #[arg(long)]
-    pub pin_cpu: Option<usize>,
-
-    /// Sample the bottleneck's qdisc backlog/qlen this often into a CSV next to the run.
-    #[arg(long, value_parser = units::parse_duration)]
-    pub queue_sample: Option<Duration>,
-}
-
-/// Validated knobs, from the CLI or a scenario file's table. Every field
-/// is optional so a scenario's `[knobs]` table can be merged under each
-/// set; the accessors give the defaults.
+/// The knobs of one run, as [`crate::spec::KnobSpec`] asked for them (the
+/// command line's flags or a scenario's merged `[knobs]` and `[set.NAME]`),
+/// checked by [`Knobs::validate`]. Every field is optional; the accessors
+/// give the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Knobs {
@@ -318,74 +219,7 @@ impl std::fmt::Display for KnobError {
 
 impl std::error::Error for KnobError {}
 
-macro_rules! merge_fields {
-    ($top:expr, $base:expr, $($f:ident),*) => {
-        Knobs { $($f: $top.$f.clone().or_else(|| $base.$f.clone()),)* probe: $top.probe.clone() }
-    };
-}
-
 impl Knobs {
-    /// From the CLI flags, validated.
-    pub fn from_args(a: &KnobArgs) -> Result<Self, KnobError> {
-        let k = Knobs {
-            bottleneck: a.bottleneck,
-            link_rate: a.link_rate,
-            shaper: a.shaper,
-            queue_limit: a.queue_limit,
-            burst: a.burst,
-            wire_overhead: a.wire_overhead,
-            qdisc: a.qdisc.clone(),
-            missing: a.missing,
-            bql_limit_max: a.bql_limit_max,
-            tsq: a.tsq,
-            txqueuelen: a.txqueuelen,
-            tx_ring: a.tx_ring,
-            gso: a.gso,
-            device_unsupported: a.device_unsupported,
-            load: (!a.load.is_empty()).then(|| a.load.clone()),
-            load_warmup: a.load_warmup,
-            stress: a.stress,
-            stress_tool: a.stress_tool,
-            rt_priority: a.rt_priority,
-            mlockall: a.mlockall.then_some(true),
-            pin_cpu: a.pin_cpu,
-            queue_sample: a.queue_sample,
-            probe: ProbeContext::default(),
-        };
-        k.validate()?;
-        Ok(k)
-    }
-
-    /// `self` with every unset field taken from `base`.
-    pub fn merged_over(&self, base: &Knobs) -> Knobs {
-        merge_fields!(
-            self,
-            base,
-            bottleneck,
-            link_rate,
-            shaper,
-            queue_limit,
-            burst,
-            wire_overhead,
-            qdisc,
-            missing,
-            bql_limit_max,
-            tsq,
-            txqueuelen,
-            tx_ring,
-            gso,
-            device_unsupported,
-            load,
-            load_warmup,
-            stress,
-            stress_tool,
-            rt_priority,
-            mlockall,
-            pin_cpu,
-            queue_sample
-        )
-    }
-
     /// Tells the knobs about the probe flow (port for filters, rate for
     /// the probe class). The runner calls this before `apply`.
     pub fn set_probe(&mut self, port: u16, size: usize, interval: Duration) {
@@ -951,32 +785,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn knobs_from_toml_are_checked_by_name() {
-        let k: Knobs = toml::from_str(
-            r#"
-            link_rate = "100mbit"
-            queue_limit = 20
-            load = ["tcp:100%,cc=bbr"]
-            tsq = "64KiB"
-            bql_limit_max = 3000
-            queue_sample = "10ms"
-            "#,
-        )
-        .unwrap();
-        assert_eq!(k.link_rate, Some(Rate::mbit(100)));
-        assert_eq!(k.tsq, Some(Bytes(65536)));
-        assert_eq!(k.queue_sample, Some(Duration::from_millis(10)));
-        k.validate().unwrap();
-        let e = toml::from_str::<Knobs>("link_rat = \"100mbit\"").unwrap_err();
-        assert!(e.to_string().contains("unknown field `link_rat`"), "{e}");
-        let e = toml::from_str::<Knobs>("\n\nlink_rate = \"100mbps\"").unwrap_err();
-        assert!(e.to_string().contains("bytes per second"), "{e}");
-        assert!(e.to_string().contains("line 3"), "{e}");
-        let e = toml::from_str::<Knobs>("qdisc = \"fq_codel,targt=5ms\"").unwrap_err();
-        assert!(e.to_string().contains("targt"), "{e}");
-    }
-
-    #[test]
     fn cross_field_validation() {
         let k = Knobs {
             queue_limit: Some(QueueLimit::Packets(20)),
@@ -1018,74 +826,6 @@ mod tests {
         assert_eq!(k.validate_with_probe().unwrap_err().key, "load");
         k.set_probe(6000, 64, Duration::from_millis(1));
         k.validate_with_probe().unwrap();
-    }
-
-    #[test]
-    fn merge_takes_the_set_over_the_common_table() {
-        let base: Knobs = toml::from_str("link_rate = \"100mbit\"\nload = [\"tcp\"]").unwrap();
-        let set: Knobs = toml::from_str("load = []\nbql_limit_max = 3000").unwrap();
-        let m = set.merged_over(&base);
-        assert_eq!(m.link_rate, Some(Rate::mbit(100)));
-        assert_eq!(m.loads(), &[]);
-        assert_eq!(m.bql_limit_max, Some(Bytes(3000)));
-        assert!(Knobs::default().is_empty());
-        assert!(!m.is_empty());
-        assert!(
-            m.describe().contains("bql_limit_max=3000"),
-            "{}",
-            m.describe()
-        );
-    }
-
-    #[test]
-    fn knob_args_parse_like_the_toml() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct T {
-            #[command(flatten)]
-            k: KnobArgs,
-        }
-        let t = T::try_parse_from([
-            "t",
-            "--link-rate",
-            "100mbit",
-            "--queue-limit",
-            "20p",
-            "--load",
-            "tcp:50%",
-            "--load",
-            "udp:150mbit,size=1470",
-            "--qdisc",
-            "pfifo,limit=50",
-            "--missing",
-            "skip",
-            "--rt-priority",
-            "80",
-            "--mlockall",
-        ])
-        .unwrap();
-        let k = Knobs::from_args(&t.k);
-        // queue_limit + qdisc conflict is caught.
-        assert_eq!(k.unwrap_err().key, "queue_limit");
-        let t = T::try_parse_from(["t", "--link-rate", "100mbps"]);
-        assert!(t.is_err());
-        let t = T::try_parse_from(["t", "--link-rate", "100mbit", "--load", "tcp:50%"]).unwrap();
-        let k = Knobs::from_args(&t.k).unwrap();
-        assert_eq!(k.loads().len(), 1);
-        assert_eq!(k.shaping().unwrap().rate, Rate::mbit(100));
-    }
-
-    #[test]
-    fn knob_args_flatten_next_to_the_probe_args() {
-        use clap::{CommandFactory, Parser};
-        // The probe CLI flattens the knobs: no flag may clash with ProbeArgs.
-        crate::cli::Cli::command().debug_assert();
-        let t = crate::cli::Cli::try_parse_from([
-            "t", "--count", "5", "--qdisc", "pfifo", "--gso", "off",
-        ])
-        .unwrap();
-        assert_eq!(t.probe.count, Some(5));
-        assert_eq!(t.probe.knobs.gso, Some(false));
     }
 
     #[test]

@@ -1000,7 +1000,7 @@ impl QdiscSpec {
                     p.hp_tos = match need(k, v)? {
                         "none" => None,
                         t => Some(
-                            crate::cli::parse_u8_maybe_hex(t)
+                            super::units::parse_u8_maybe_hex(t)
                                 .map_err(|e| format!("hp_tos: {e}"))?,
                         ),
                     }

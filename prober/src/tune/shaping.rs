@@ -57,7 +57,7 @@ pub const UDP_IPV4_ETH_HEADERS: u32 = 14 + 20 + 8;
 pub const MTU_FRAME: u64 = 1514;
 
 /// Which qdisc shapes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ShaperKind {
     /// Hierarchical token bucket: one class at the link rate.

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use super::KnobGuard;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StressTool {
     /// sqrt loops on threads inside rtprobe.

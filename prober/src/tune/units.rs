@@ -251,9 +251,51 @@ impl FromStr for LoadRate {
     }
 }
 
-/// Parses a humane duration (`100us`, `1.5ms`, `2s`).
+/// The longest duration rtprobe takes. Stamps are i64 nanoseconds since
+/// 1970, which end in 2262, so "now + duration" must stay below that; a
+/// century is beyond any run and any interval. (humantime's year is 365.25
+/// days, so "100years" is exactly this.)
+pub const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
+
+/// The one duration parser of every option, on the command line and in
+/// scenario files: "100us", "1.5ms", "10s", "2h 30min" (humantime's units).
+/// Negative, malformed and over-[`MAX_DURATION`] values are one-line
+/// errors; zero is the caller's to refuse where it makes no sense.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::cli::parse_duration(s)
+    let d = humantime::parse_duration(s.trim()).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => {
+            format!("duration {s:?} is too large: at most 100 years")
+        }
+        e => format!("invalid duration {s:?}: {e} (use e.g. 100us, 1.5ms, 10s)"),
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!("duration {s:?} is too large: at most 100 years"));
+    }
+    Ok(d)
+}
+
+/// A byte written 192, 0xC0 or 0b11000000 (the TOS of probes and filters).
+pub fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
+    let t = s.trim();
+    let r = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u8::from_str_radix(h, 16)
+    } else if let Some(b) = t.strip_prefix("0b") {
+        u8::from_str_radix(b, 2)
+    } else {
+        t.parse::<u8>()
+    };
+    r.map_err(|_| format!("invalid TOS {s:?}: expected 0..255, e.g. 0xC0"))
+}
+
+/// `fmt_duration`, or humantime's exact form where that would round, so
+/// what is written reads back as the same duration.
+pub fn fmt_duration_exact(d: Duration) -> String {
+    let s = fmt_duration(d);
+    if parse_duration(&s) == Ok(d) {
+        s
+    } else {
+        humantime::format_duration(d).to_string()
+    }
 }
 
 /// A duration in tc's syntax, exact to the microsecond.
@@ -359,7 +401,7 @@ pub mod humane_duration {
     use super::*;
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&fmt_duration(*d))
+        s.serialize_str(&fmt_duration_exact(*d))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -373,7 +415,7 @@ pub mod humane_duration {
 
         pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
             match d {
-                Some(d) => s.serialize_str(&fmt_duration(*d)),
+                Some(d) => s.serialize_str(&fmt_duration_exact(*d)),
                 None => s.serialize_none(),
             }
         }

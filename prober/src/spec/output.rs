@@ -1,0 +1,26 @@
+//! Where one probe run's results go. Command line only in effect: a
+//! scenario names each cell's files itself (`rtprobe run --out-dir`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Per-probe CSV, streamed as the run goes [default: out.csv].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// Also write the summary as JSON to this path.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// Label stored in the CSV metadata and used as the legend by `rtprobe plot`.
+    #[arg(long)]
+    pub label: Option<String>,
+
+    /// Print no progress, only the summary.
+    #[arg(short, long, num_args = 0, default_missing_value = "true")]
+    pub quiet: Option<bool>,
+}

@@ -1,0 +1,25 @@
+//! How the probe sender keeps its schedule. The schedule is absolute
+//! (probe n goes at start + n x interval), so lateness never accumulates.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::tune::units::{self, humane_duration};
+
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Pacing")]
+#[serde(deny_unknown_fields)]
+pub struct PacingSpec {
+    /// Spin on the clock for the whole interval instead of sleeping: the lowest send error,
+    /// at the price of one busy core (on a 2-core machine that slows the receive side).
+    #[arg(long, conflicts_with = "spin", num_args = 0, default_missing_value = "true")]
+    pub busy_poll: Option<bool>,
+
+    /// Sleep until this long before each send, then spin on the clock [default: adaptive: the
+    /// p99.5 of this machine's timer wake-up latency, learned while sending, at most half the
+    /// interval].
+    #[arg(long, value_parser = units::parse_duration)]
+    #[serde(default, with = "humane_duration::option")]
+    pub spin: Option<Duration>,
+}

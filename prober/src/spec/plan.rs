@@ -1,0 +1,360 @@
+//! The one validator: merged specs in, the run plan out, with the same
+//! limits for the command line and scenario files. Errors carry the key of
+//! the option to blame; [`SpecError::for_cli`] shows it as the flag, the
+//! scenario loader as the TOML key with its file and line.
+
+use std::{fmt, path::PathBuf, time::Duration};
+
+use crate::{
+    ebpf::{ReflectorKind, XdpAction, XdpMode},
+    probe::{ProbeConfig, packet::HEADER_LEN},
+    tune::{Bottleneck, Knobs, units::fmt_duration},
+};
+
+use super::{FlowSpec, KnobSpec, OutputSpec, RunSpec, flag_of};
+
+/// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
+pub const MAX_PAYLOAD_1500: usize = 1472;
+/// Default probe count when neither count nor duration is given.
+pub const DEFAULT_COUNT: u64 = 1000;
+/// Most extra flows next to the main one.
+pub const MAX_EXTRA_FLOWS: usize = 8;
+pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+pub const DEFAULT_SIZE: usize = 64;
+pub const DEFAULT_PORT: u16 = 5061;
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Everything one probe run needs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub probe: ProbeConfig,
+    pub xdp_mode: XdpMode,
+    pub xdp_action: XdpAction,
+    /// Who echoes the main flow's probes; None: the kernel where it attaches.
+    pub reflector: Option<ReflectorKind>,
+    /// NIC-pair mode when both are set.
+    pub tx_if: Option<String>,
+    pub rx_if: Option<String>,
+    pub out: PathBuf,
+    pub json: Option<PathBuf>,
+    pub label: Option<String>,
+    pub quiet: bool,
+    /// Kernel knobs applied for the run (probe context already set).
+    pub knobs: Knobs,
+    /// Where the queue sampler writes, when the knobs ask for one.
+    pub queue_csv: Option<PathBuf>,
+    /// Flows probed at the same time as the main one (flow ids 1..).
+    pub extra_flows: Vec<ProbeConfig>,
+}
+
+/// An option that cannot work: its spec key (`size`, `link_rate`) and why.
+/// The message reads after the flag or key: "--size 8 is out of range ...",
+/// "probe.sizes: 8 is out of range ...".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl SpecError {
+    fn new(key: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            key,
+            message: message.into(),
+        }
+    }
+
+    /// One line naming the flag: "--size 8 is out of range: ...".
+    pub fn for_cli(&self) -> String {
+        format!("{} {}", flag_of(self.key), self.message)
+    }
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+/// The merged specs of one run -> its plan. No system access except
+/// reading whether real-time throttling is on (busy-poll with
+/// rt-priority); output paths are checked by [`check_output_paths`].
+pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<RunOptions, SpecError> {
+    let e = |key, m: String| Err(SpecError::new(key, m));
+    let p = &run.probe;
+    let size = p.size.unwrap_or(DEFAULT_SIZE);
+    if !(HEADER_LEN..=MAX_PAYLOAD_1500).contains(&size) {
+        return e(
+            "size",
+            format!(
+                "{size} is out of range: use {HEADER_LEN}..{MAX_PAYLOAD_1500} bytes of UDP payload \
+                 (1472 fills a 1500-byte MTU)"
+            ),
+        );
+    }
+    let interval = p.interval.unwrap_or(DEFAULT_INTERVAL);
+    if interval < MIN_INTERVAL {
+        return e(
+            "interval",
+            format!("{} is too short: use at least 1us (e.g. 10us, 1ms)", fmt_duration(interval)),
+        );
+    }
+    if interval > MAX_INTERVAL {
+        return e(
+            "interval",
+            format!("{} is too long: use at most 1h", fmt_duration(interval)),
+        );
+    }
+    let count = match (p.count, p.duration) {
+        (Some(_), Some(_)) => return e("duration", "and count: give count or duration, not both".into()),
+        (Some(0), None) => return e("count", "0 sends nothing: give at least 1".into()),
+        (_, Some(d)) if d.is_zero() => return e("duration", "0 sends nothing: give e.g. 10s".into()),
+        (Some(n), None) => Some(n),
+        (None, Some(_)) => None,
+        (None, None) => Some(DEFAULT_COUNT),
+    };
+    let timeout = p.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
+        return e("timeout", "must be more than 0 (e.g. 1s)".into());
+    }
+    let port = p.port.unwrap_or(DEFAULT_PORT);
+    if port == 0 {
+        return e(
+            "port",
+            "0 is not a usable UDP port: pick 1..65535 (default 5061)".into(),
+        );
+    }
+    match (&p.tx_if, &p.rx_if) {
+        (Some(t), Some(r)) if t == r => {
+            return e(
+                "rx_if",
+                format!("must name another interface than tx_if (both are {t})"),
+            );
+        }
+        (Some(_), None) => return e("rx_if", "is missing: NIC-pair mode needs both tx_if and rx_if".into()),
+        (None, Some(_)) => return e("tx_if", "is missing: NIC-pair mode needs both tx_if and rx_if".into()),
+        _ => {}
+    }
+    let nic_pair = p.tx_if.is_some();
+    let busy_poll = run.pacing.busy_poll.unwrap_or(false);
+    if let Some(spin) = run.pacing.spin {
+        if busy_poll {
+            return e("spin", "and busy_poll: busy-poll already spins all the time".into());
+        }
+        if spin > interval {
+            return e(
+                "spin",
+                format!(
+                    "{} is longer than the interval {}: use busy-poll to spin all the time",
+                    fmt_duration(spin),
+                    fmt_duration(interval)
+                ),
+            );
+        }
+    }
+    if busy_poll && knobs.rt_priority.is_some() && rt_throttling_on() {
+        return e(
+            "busy_poll",
+            "with rt-priority: the kernel's real-time throttling (kernel.sched_rt_runtime_us) \
+             would stop the spinning sender for 50 ms every second; use one of the two"
+                .into(),
+        );
+    }
+
+    let mut k = Knobs::from(knobs.clone());
+    k.set_probe(port, size, interval);
+    k.validate_with_probe()
+        .map_err(|ke| SpecError::new(ke.key, ke.message))?;
+    let xdp_mode = run.xdp.xdp_mode.unwrap_or_default();
+    let xdp_action = run.xdp.xdp_action.unwrap_or_default();
+    let at_router = k.bottleneck() == Bottleneck::Router;
+    if nic_pair && at_router {
+        return e(
+            "bottleneck",
+            "router: NIC-pair mode has no router; use bottleneck sender".into(),
+        );
+    }
+    if at_router
+        && (k.link_rate.is_some() || k.qdisc.is_some())
+        && xdp_mode != XdpMode::Off
+        && xdp_action == XdpAction::Redirect
+    {
+        return e(
+            "bottleneck",
+            "router: XDP_REDIRECT transmits past the router's qdisc, so shaping/qdisc at the \
+             router would not act; use xdp mode off, xdp action pass, or bottleneck sender"
+                .into(),
+        );
+    }
+    if !nic_pair
+        && k.link_rate.is_none()
+        && let Some(l) = k.loads().iter().find(|l| l.needs_link_rate())
+    {
+        return e(
+            "load",
+            format!(
+                "{l} is a share of the link, but a veth has no rate: set link_rate (shaping) \
+                 or give a rate such as tcp:50mbit"
+            ),
+        );
+    }
+    if k.queue_sample.is_some() && k.link_rate.is_none() && k.qdisc.is_none() {
+        return e(
+            "queue_sample",
+            "has no queue to sample: shape the link or set a qdisc".into(),
+        );
+    }
+
+    let flows: &[FlowSpec] = run.flows.flows.as_deref().unwrap_or_default();
+    if flows.len() > MAX_EXTRA_FLOWS {
+        return e(
+            "flows",
+            format!("gives {} extra flows; at most {MAX_EXTRA_FLOWS}", flows.len()),
+        );
+    }
+    let mut ports = vec![port];
+    for f in flows {
+        if ports.contains(&f.port) {
+            return e(
+                "flows",
+                format!(
+                    "port={} is already used by another flow: give each flow its own port",
+                    f.port
+                ),
+            );
+        }
+        ports.push(f.port);
+    }
+    let out_csv = out.out.clone().unwrap_or_else(|| PathBuf::from("out.csv"));
+    let queue_csv = k.queue_sample.map(|_| sibling(&out_csv, "queue.csv"));
+    let probe = ProbeConfig {
+        size,
+        interval,
+        count,
+        duration: p.duration,
+        tos: p.tos.unwrap_or(0),
+        port,
+        timestamps: p.timestamps.unwrap_or_default(),
+        timeout,
+        flow: 0,
+        spin: run.pacing.spin,
+        busy_poll,
+        rt: k.rt(),
+        kernel_reflector: false,
+    };
+    let extra_flows = flows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| flow_config(f, &probe, (i + 1) as u8))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RunOptions {
+        probe,
+        xdp_mode,
+        xdp_action,
+        reflector: run.xdp.reflector,
+        tx_if: p.tx_if.clone(),
+        rx_if: p.rx_if.clone(),
+        out: out_csv,
+        json: out.json.clone(),
+        label: out.label.clone(),
+        quiet: out.quiet.unwrap_or(false),
+        knobs: k,
+        queue_csv,
+        extra_flows,
+    })
+}
+
+/// An extra flow's probe options, unset fields taken from the main flow.
+fn flow_config(f: &FlowSpec, main: &ProbeConfig, flow: u8) -> Result<ProbeConfig, SpecError> {
+    let size = f.size.unwrap_or(main.size);
+    if !(HEADER_LEN..=MAX_PAYLOAD_1500).contains(&size) {
+        return Err(SpecError::new(
+            "flows",
+            format!(
+                "port={}: size {size} is out of range {HEADER_LEN}..{MAX_PAYLOAD_1500}",
+                f.port
+            ),
+        ));
+    }
+    let interval = f.interval.unwrap_or(main.interval);
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&interval) {
+        return Err(SpecError::new(
+            "flows",
+            format!("port={}: interval must be 1us to 1h", f.port),
+        ));
+    }
+    let count = match (main.count, main.duration) {
+        // Same wall time as the main flow.
+        (Some(n), None) => {
+            Some(((n as u128 * main.interval.as_nanos()) / interval.as_nanos()).max(1) as u64)
+        }
+        (c, _) => c,
+    };
+    Ok(ProbeConfig {
+        size,
+        interval,
+        count,
+        tos: f.tos.unwrap_or(main.tos),
+        port: f.port,
+        flow,
+        spin: main.spin.map(|s| s.min(interval)),
+        // The in-kernel reflector answers the main flow's port only.
+        kernel_reflector: false,
+        ..main.clone()
+    })
+}
+
+/// `dir/out.csv` + "queue.csv" -> `dir/out-queue.csv`.
+pub fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
+    path.with_file_name(format!("{stem}-{suffix}"))
+}
+
+/// Whether the kernel caps real-time tasks' CPU share
+/// (/proc/sys/kernel/sched_rt_runtime_us is not -1; Linux >= 2.6.25).
+pub fn rt_throttling_on() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
+        .map(|s| s.trim() != "-1")
+        .unwrap_or(true)
+}
+
+/// The command line's output files: not a directory, in a directory that
+/// exists. (A scenario makes its output folder itself.)
+pub fn check_output_paths(o: &RunOptions) -> Result<(), SpecError> {
+    check_out_path(&o.out, "out")?;
+    if let Some(j) = &o.json {
+        check_out_path(j, "json")?;
+    }
+    Ok(())
+}
+
+fn check_out_path(p: &std::path::Path, key: &'static str) -> Result<(), SpecError> {
+    if p.is_dir() {
+        return Err(SpecError::new(
+            key,
+            format!("{} is a directory: give a file name", p.display()),
+        ));
+    }
+    let parent = p
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(SpecError::new(
+            key,
+            format!(
+                "{}: directory {} does not exist",
+                p.display(),
+                parent.display()
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,81 @@
+//! What each probe is and how many are sent.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::{
+    probe::TimestampSource,
+    tune::units::{self, humane_duration},
+};
+
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSpec {
+    /// UDP payload bytes per probe, 32..1472 (the study used 64, 200 and 1472) [default: 64].
+    #[arg(long)]
+    pub size: Option<usize>,
+
+    /// Time between probes, e.g. 100us, 1ms, 10ms (1us..1h) [default: 1ms].
+    #[arg(long, value_parser = units::parse_duration)]
+    #[serde(default, with = "humane_duration::option")]
+    pub interval: Option<Duration>,
+
+    /// Number of probes to send [default: 1000 unless --duration is given].
+    #[arg(long, conflicts_with = "duration")]
+    pub count: Option<u64>,
+
+    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min.
+    #[arg(long, value_parser = units::parse_duration)]
+    #[serde(default, with = "humane_duration::option")]
+    pub duration: Option<Duration>,
+
+    /// IP TOS byte of the probes (0xC0 = the study's DSCP CS6) [default: 0].
+    #[arg(long, value_parser = units::parse_u8_maybe_hex)]
+    #[serde(default, deserialize_with = "de_tos")]
+    pub tos: Option<u8>,
+
+    /// UDP port of the probe flow [default: 5061].
+    #[arg(long)]
+    pub port: Option<u16>,
+
+    /// Timestamp source to ask for [default: auto].
+    #[arg(long, value_enum)]
+    pub timestamps: Option<TimestampSource>,
+
+    /// A probe not echoed back this long after it was sent counts as lost [default: 1s].
+    #[arg(long, value_parser = units::parse_duration)]
+    #[serde(default, with = "humane_duration::option")]
+    pub timeout: Option<Duration>,
+
+    /// Existing interface to send from (NIC-pair mode; needs --rx-if). It is moved into the
+    /// sender namespace for the run and given back afterwards.
+    #[arg(long, requires = "rx_if")]
+    pub tx_if: Option<String>,
+
+    /// Existing interface to receive on (NIC-pair mode; needs --tx-if).
+    #[arg(long, requires = "tx_if")]
+    pub rx_if: Option<String>,
+}
+
+/// TOS as 192 or "0xC0", with the command line's parser and words.
+fn de_tos<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
+    use serde::de;
+    struct V;
+    impl de::Visitor<'_> for V {
+        type Value = u8;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a TOS byte: 192 or \"0xC0\"")
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u8, E> {
+            u8::try_from(v).map_err(|_| E::custom(format!("TOS {v} is out of range 0..255")))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u8, E> {
+            self.visit_i64(v.min(i64::MAX as u64) as i64)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<u8, E> {
+            units::parse_u8_maybe_hex(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(V).map(Some)
+}
