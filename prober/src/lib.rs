@@ -16,6 +16,7 @@ pub mod error;
 pub mod export;
 pub mod probe;
 pub mod stats;
+pub mod sys;
 pub mod testbed;
 pub mod tune;
 
