@@ -56,6 +56,9 @@ pub enum Command {
     /// keep it until stdin closes or a signal comes (for running other tools on the same path).
     #[command(hide = true)]
     Testbed(TestbedArgs),
+    /// Remove the testbeds of runs that died (SIGKILL, crash): their namespaces, and give
+    /// NIC-pair interfaces back as they were.
+    Cleanup(crate::testbed::record::CleanupArgs),
     /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
     /// xtask man` runs it.
     #[command(hide = true)]
@@ -171,6 +174,11 @@ pub struct ProbeArgs {
     /// Existing interface to receive on (NIC-pair mode; needs --tx-if).
     #[arg(long, requires = "tx_if")]
     pub rx_if: Option<String>,
+
+    /// NIC-pair mode: move the interfaces even if one carries this machine's default route
+    /// or the address of the current SSH session (refused without it).
+    #[arg(long, requires = "tx_if")]
+    pub force: bool,
 
     /// Another probe flow at the same time (repeatable), e.g. a low-priority flow:
     /// port=5062[,tos=0x00][,size=1472][,interval=100us]. Unset fields follow the main flow;

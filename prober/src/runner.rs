@@ -41,7 +41,7 @@ pub fn execute(
 ) -> Result<RunOutcome> {
     crate::testbed::require_root()?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
-        (Some(t), Some(r)) => Testbed::nic_pair(t, r)?,
+        (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
         (None, None) => Testbed::veth()?,
         _ => bail!("NIC-pair mode needs both --tx-if and --rx-if"),
     };
@@ -361,6 +361,7 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
             reflector: None,
             tx_if: p.tx_if.clone(),
             rx_if: p.rx_if.clone(),
+            force: false,
             out: cell.csv.clone(),
             json: Some(cell.json.clone()),
             label: Some(cell.label.clone()),

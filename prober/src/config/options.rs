@@ -26,6 +26,8 @@ pub struct RunOptions {
     pub reflector: Option<ReflectorArg>,
     /// NIC-pair mode when both are set.
     pub tx_if: Option<String>,
+    /// NIC-pair mode may take an interface with a default route or the SSH session's address.
+    pub force: bool,
     pub rx_if: Option<String>,
     pub out: PathBuf,
     pub json: Option<PathBuf>,
@@ -251,6 +253,7 @@ impl RunOptions {
             reflector: a.reflector,
             tx_if: a.tx_if.clone(),
             rx_if: a.rx_if.clone(),
+            force: a.force,
             out: a.out.clone(),
             json: a.json.clone(),
             label: a.label.clone(),
