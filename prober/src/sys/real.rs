@@ -198,14 +198,18 @@ fn private_sysfs() -> Result<()> {
         None::<&str>,
     )
     .context("make the private mount table private")?;
-    mount(
+    match mount(
         Some("sysfs"),
         "/sys",
         Some("sysfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
-    )
-    .context("mount the namespace's sysfs")
+    ) {
+        // This namespace's sysfs is already the one on /sys (under
+        // `ip netns exec`): the kernel refuses to stack it on itself.
+        Err(nix::errno::Errno::EBUSY) => Ok(()),
+        r => r.context("mount the namespace's sysfs"),
+    }
 }
 
 fn sysctl_path(key: &str) -> String {

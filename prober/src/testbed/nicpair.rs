@@ -98,15 +98,22 @@ pub fn check_safe(b: &Borrowed, ssh_connection: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// Is `b` still in its testbed namespace? (False when that namespace is
+/// gone or cannot be entered: its mount died with a run's private mount
+/// namespace.)
+pub fn still_borrowed(sys: &dyn Sys, b: &Borrowed) -> bool {
+    !b.netns.is_empty()
+        && sys.netns_list().iter().any(|n| *n == b.netns)
+        && matches!(sys.link(Ns::Named(&b.netns), &b.name), Ok(Some(_)))
+}
+
 /// Moves `b` back to `host` and restores what [`snapshot`] read. Keeps
 /// going after an error and returns the first. `lenient`: an interface
 /// that is gone (its namespace deleted with a virtual device in it) is
 /// not an error.
 pub fn give_back(sys: &dyn Sys, host: Ns, b: &Borrowed, lenient: bool) -> Result<()> {
     let dev = b.name.as_str();
-    let ns_exists = !b.netns.is_empty() && sys.netns_list().iter().any(|n| *n == b.netns);
-    let in_testbed = ns_exists && sys.link(Ns::Named(&b.netns), dev)?.is_some();
-    if in_testbed {
+    if still_borrowed(sys, b) {
         let ns = Ns::Named(&b.netns);
         sys.set_up(ns, dev, false)?;
         sys.move_link(ns, dev, host)

@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::{Kind, Step, undo_step};
+use super::{Kind, Step, nicpair, undo_step};
 use crate::sys::{Ns, Sys};
 
 pub const RUN_DIR: &str = "/run/rtprobe";
@@ -205,17 +205,28 @@ pub fn cleanup(sys: &dyn Sys, dir: &Path, dry_run: bool, out: &mut dyn Write) ->
             continue;
         }
         let res = (|| -> Result<()> {
-            let host_name = r
-                .steps
-                .iter()
-                .any(|s| matches!(s, Step::Borrowed(_)))
-                .then(|| host_of(sys, r))
-                .transpose()?
-                .flatten();
-            let host = host_name.as_deref().map_or(Ns::Host, Ns::Named);
             let mut err = None;
             for s in r.steps.iter().rev() {
-                if let Err(e) = undo_step(sys, host, s, true) {
+                let res = match s {
+                    // Only an interface still in its testbed namespace needs
+                    // the namespace it came from; one whose namespace is gone
+                    // went back to the initial namespace (a NIC) or with it
+                    // (a virtual device): nothing left to give back.
+                    Step::Borrowed(b) if !nicpair::still_borrowed(sys, b) => {
+                        writeln!(
+                            out,
+                            "  {} is no longer in {}: nothing to give back",
+                            b.name, b.netns
+                        )?;
+                        Ok(())
+                    }
+                    Step::Borrowed(_) => host_of(sys, r).and_then(|host| {
+                        let host = host.as_deref().map_or(Ns::Host, Ns::Named);
+                        undo_step(sys, host, s, true)
+                    }),
+                    Step::Netns(_) => undo_step(sys, Ns::Host, s, true),
+                };
+                if let Err(e) = res {
                     err.get_or_insert(e);
                 }
             }
