@@ -61,6 +61,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Run(args)) => run_scenario_command(args),
+        Some(Command::Cleanup(args)) => crate::testbed::record::cleanup_command(&args),
         Some(Command::Compare(args)) => compare_command(&args),
         Some(Command::Completions(args)) => {
             use std::io::Write;

@@ -65,6 +65,9 @@ pub enum Command {
     /// keep it until stdin closes or a signal comes (for running other tools on the same path).
     #[command(hide = true)]
     Testbed(TestbedArgs),
+    /// Remove the testbeds of runs that died (SIGKILL, crash): their namespaces, and give
+    /// NIC-pair interfaces back as they were.
+    Cleanup(crate::testbed::record::CleanupArgs),
     /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
     /// xtask man` runs it.
     #[command(hide = true)]

@@ -17,6 +17,7 @@ pub mod export;
 pub mod probe;
 pub mod spec;
 pub mod stats;
+pub mod sys;
 pub mod testbed;
 pub mod tune;
 

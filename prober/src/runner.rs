@@ -40,7 +40,7 @@ pub fn execute(
 ) -> Result<RunOutcome> {
     crate::testbed::require_root()?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
-        (Some(t), Some(r)) => Testbed::nic_pair(t, r)?,
+        (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
         (None, None) => Testbed::veth()?,
         _ => bail!("NIC-pair mode needs both --tx-if and --rx-if"),
     };

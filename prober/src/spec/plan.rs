@@ -37,6 +37,8 @@ pub struct RunOptions {
     /// NIC-pair mode when both are set.
     pub tx_if: Option<String>,
     pub rx_if: Option<String>,
+    /// NIC-pair mode may take an interface with a default route or the SSH session's address.
+    pub force: bool,
     pub out: PathBuf,
     pub json: Option<PathBuf>,
     pub label: Option<String>,
@@ -258,6 +260,7 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
         reflector: run.xdp.reflector,
         tx_if: p.tx_if.clone(),
         rx_if: p.rx_if.clone(),
+        force: p.force.unwrap_or(false),
         out: out_csv,
         json: out.json.clone(),
         label: out.label.clone(),

@@ -56,6 +56,11 @@ pub struct ProbeSpec {
     /// Existing interface to receive on (NIC-pair mode; needs --tx-if).
     #[arg(long, requires = "tx_if")]
     pub rx_if: Option<String>,
+
+    /// NIC-pair mode: move the interfaces even if one carries this machine's default route
+    /// or the address of the current SSH session (refused without it).
+    #[arg(long, requires = "tx_if", num_args = 0, default_missing_value = "true")]
+    pub force: Option<bool>,
 }
 
 /// TOS as 192 or "0xC0", with the command line's parser and words.

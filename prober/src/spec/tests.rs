@@ -223,6 +223,7 @@ fn every_spec_round_trips_through_merge() {
         "a",
         "--rx-if",
         "b",
+        "--force",
         "--xdp-mode",
         "skb",
         "--xdp-action",

@@ -2,26 +2,35 @@
 //! joined by two veth pairs, or two existing interfaces (NIC pair) moved
 //! into sender/receiver namespaces. Everything is undone on drop.
 //!
-//! Kernel interfaces: network namespaces (`netns`), rtnetlink for links,
-//! addresses and routes (`netlink`), /proc/sys/net per namespace. veth needs
-//! CONFIG_VETH (Linux >= 2.6.24).
+//! Every kernel change goes through [`crate::sys::Sys`] and is pushed on an
+//! undo list ([`Undo`]) as it is made, so a build that fails at step k
+//! removes what steps 1..k made, in reverse order, and so does a drop.
+//! Each testbed also leaves a record of its owner and of what it borrowed
+//! in /run/rtprobe (see [`record`]) for `rtprobe cleanup` after a SIGKILL.
+//!
+//! Kernel interfaces: network namespaces (`netns`), netlink for links,
+//! addresses and routes, /proc/sys/net per namespace, ethtool offloads of
+//! NIC-pair interfaces (all through `sys`). veth needs CONFIG_VETH
+//! (Linux >= 2.6.24).
 
 pub mod ethtool;
 pub mod netlink;
 pub mod netns;
+pub mod nicpair;
+pub mod record;
+#[cfg(test)]
+mod tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
 pub use netns::Netns;
 
-use std::{fs::File, net::Ipv4Addr, os::fd::AsRawFd};
+use std::net::{IpAddr, Ipv4Addr};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
-use netlink::{
-    add_addr, add_default_route, add_veth, move_to_netns, require_link, set_up, with_netlink,
-    write_sysctl,
-};
+use crate::sys::{Addr, Ns, Route, Sys, SysRef};
+pub use nicpair::Borrowed;
 
 /// One interface of the testbed, in the namespace that holds it.
 #[derive(Debug, Clone)]
@@ -41,15 +50,6 @@ pub enum Kind {
     NicPair,
 }
 
-/// A NIC-pair interface as it was before the run, to give it back.
-#[derive(Debug)]
-struct Borrowed {
-    name: String,
-    up: bool,
-    mtu: Option<u32>,
-    addrs: Vec<(Ipv4Addr, u8)>,
-}
-
 /// A built testbed. Dropping it tears everything down.
 #[derive(Debug)]
 pub struct Testbed {
@@ -67,8 +67,9 @@ pub struct Testbed {
     pub router_in: Option<Iface>,
     /// Router side facing the receiver (egress of probes: the bottleneck hop).
     pub router_out: Option<Iface>,
-    borrowed: Vec<(Borrowed, bool)>,
-    host_ns: Option<File>,
+    /// What to undo, newest last; run on teardown or drop.
+    undo: Undo,
+    sys: SysRef,
 }
 
 /// Addresses of the veth testbed. Private to the namespaces, never routed
@@ -89,7 +90,7 @@ pub const RECEIVER_VETH: &str = "veth-rcv";
 /// Prefix of every namespace rtprobe creates: `rtprobe-<id>-<role>`.
 pub const NS_PREFIX: &str = "rtprobe-";
 
-fn new_id() -> String {
+pub fn new_id() -> String {
     use rand::Rng;
     format!("{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
 }
@@ -102,17 +103,249 @@ pub fn require_root() -> Result<()> {
     Ok(())
 }
 
+/// One step to undo, in the order it was made.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// A namespace we created (the veths in it go with it).
+    Netns(String),
+    /// A NIC-pair interface moved into one of our namespaces.
+    Borrowed(Borrowed),
+}
+
+/// The undo list of a testbed. Dropping it undoes everything, newest first.
+pub struct Undo {
+    sys: SysRef,
+    steps: Vec<Step>,
+    /// The record in /run/rtprobe kept in step with `steps`.
+    record: Option<record::Record>,
+}
+
+impl std::fmt::Debug for Undo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Undo").field("steps", &self.steps).finish()
+    }
+}
+
+impl Undo {
+    pub fn new(sys: SysRef, record: Option<record::Record>) -> Self {
+        Self {
+            sys,
+            steps: Vec::new(),
+            record,
+        }
+    }
+
+    /// Notes a step in the durable record *before* it is made, so a
+    /// SIGKILL in between leaves a record that still covers it (cleanup
+    /// tolerates steps that never happened).
+    fn record(&mut self, step: &Step) -> Result<()> {
+        if let Some(r) = self.record.as_mut() {
+            r.steps.push(step.clone());
+            r.save()?;
+        }
+        Ok(())
+    }
+
+    /// Creates a namespace; it is undone only once it exists (a name that
+    /// was taken is not ours to delete).
+    fn create_netns(&mut self, sys: &dyn Sys, name: &str) -> Result<()> {
+        let step = Step::Netns(name.to_string());
+        self.record(&step)?;
+        sys.create_netns(name)?;
+        self.steps.push(step);
+        Ok(())
+    }
+
+    /// Notes a borrowed interface before it is touched: giving it back
+    /// copes with one that never left the host.
+    fn borrow(&mut self, b: Borrowed) -> Result<()> {
+        let step = Step::Borrowed(b);
+        self.record(&step)?;
+        self.steps.push(step);
+        Ok(())
+    }
+
+    /// Undoes every step, newest first; keeps going after an error and
+    /// returns the first. The record goes only when everything was undone.
+    pub fn run(&mut self) -> Result<()> {
+        let mut first_err = None;
+        while let Some(step) = self.steps.pop() {
+            if let Err(e) = undo_step(self.sys.as_ref(), Ns::Host, &step, false) {
+                log::error!("{e:#}");
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(r) = self.record.take() {
+            if first_err.is_none() {
+                r.remove();
+            } else {
+                log::error!(
+                    "testbed {} was not fully removed: `rtprobe cleanup` will retry when this run has ended",
+                    r.id
+                );
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let _ = self.run();
+    }
+}
+
+/// Undoes one step. `host` is where borrowed interfaces go back to.
+/// `lenient` (cleanup after a crash): a namespace or interface that is
+/// already gone is not an error.
+pub fn undo_step(sys: &dyn Sys, host: Ns, step: &Step, lenient: bool) -> Result<()> {
+    match step {
+        Step::Netns(name) => {
+            if lenient && !sys.netns_list().iter().any(|n| n == name) {
+                return Ok(());
+            }
+            sys.delete_netns(name)
+        }
+        Step::Borrowed(b) => nicpair::give_back(sys, host, b, lenient),
+    }
+}
+
 /// Host-side settings of a fresh namespace: loopback up, no IPv6 chatter
 /// (router solicitations would show up as non-IPv4 XDP traffic).
-fn prepare_ns(ns: &Netns) -> Result<()> {
-    ns.run(|| {
-        let _ = write_sysctl("net.ipv6.conf.all.disable_ipv6", "1");
-        let _ = write_sysctl("net.ipv6.conf.default.disable_ipv6", "1");
-        Ok(())
-    })?;
-    with_netlink(Some(ns), |h| async move {
-        let lo = require_link(&h, "lo").await?;
-        set_up(&h, lo.index, true).await
+fn prepare_ns(sys: &dyn Sys, ns: &str) -> Result<()> {
+    let ns = Ns::Named(ns);
+    let _ = sys.set_sysctl(ns, "net.ipv6.conf.all.disable_ipv6", "1");
+    let _ = sys.set_sysctl(ns, "net.ipv6.conf.default.disable_ipv6", "1");
+    sys.set_up(ns, "lo", true)
+}
+
+fn v4(a: Ipv4Addr) -> Addr {
+    Addr {
+        addr: IpAddr::V4(a),
+        prefix_len: 24,
+    }
+}
+
+/// The interfaces of a veth testbed once built (ifindexes included).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VethLayout {
+    pub sender: String,
+    pub router: String,
+    pub receiver: String,
+    pub sender_if: u32,
+    pub router_in: u32,
+    pub router_out: u32,
+    pub receiver_if: u32,
+}
+
+fn ifindex_of(sys: &dyn Sys, ns: Ns, name: &str) -> Result<u32> {
+    sys.link(ns, name)?
+        .map(|l| l.index)
+        .ok_or_else(|| crate::error::Error::InterfaceNotFound(name.to_string()).into())
+}
+
+/// Builds sender -> router -> receiver through `sys`, each step on `undo`.
+pub fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<VethLayout> {
+    let name = |role: &str| format!("{NS_PREFIX}{id}-{role}");
+    let (s, r, d) = (name("sender"), name("router"), name("receiver"));
+    for ns in [&s, &r, &d] {
+        undo.create_netns(sys, ns)?;
+        prepare_ns(sys, ns)?;
+    }
+    let (sn, rn, dn) = (Ns::Named(&s), Ns::Named(&r), Ns::Named(&d));
+    sys.add_veth(rn, ROUTER_IN_VETH, SENDER_VETH)?;
+    sys.add_veth(rn, ROUTER_OUT_VETH, RECEIVER_VETH)?;
+    sys.move_link(rn, SENDER_VETH, sn)?;
+    sys.move_link(rn, RECEIVER_VETH, dn)?;
+    for (dev, addr) in [
+        (ROUTER_IN_VETH, ROUTER_IN_ADDR),
+        (ROUTER_OUT_VETH, ROUTER_OUT_ADDR),
+    ] {
+        sys.add_addr(rn, dev, v4(addr))?;
+        sys.set_up(rn, dev, true)?;
+    }
+    sys.set_sysctl(rn, "net.ipv4.ip_forward", "1")?;
+    for (ns, dev, addr, gw) in [
+        (sn, SENDER_VETH, SENDER_ADDR, ROUTER_IN_ADDR),
+        (dn, RECEIVER_VETH, RECEIVER_ADDR, ROUTER_OUT_ADDR),
+    ] {
+        sys.add_addr(ns, dev, v4(addr))?;
+        sys.set_up(ns, dev, true)?;
+        sys.add_route(ns, &Route::default_via(IpAddr::V4(gw)))?;
+    }
+    Ok(VethLayout {
+        sender_if: ifindex_of(sys, sn, SENDER_VETH)?,
+        router_in: ifindex_of(sys, rn, ROUTER_IN_VETH)?,
+        router_out: ifindex_of(sys, rn, ROUTER_OUT_VETH)?,
+        receiver_if: ifindex_of(sys, dn, RECEIVER_VETH)?,
+        sender: s,
+        router: r,
+        receiver: d,
+    })
+}
+
+/// The NIC-pair layout once built.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairLayout {
+    pub sender: String,
+    pub receiver: String,
+    pub sender_if: u32,
+    pub receiver_if: u32,
+}
+
+/// Moves `tx_if`/`rx_if` into fresh sender/receiver namespaces through
+/// `sys`, recording each interface's state before it moves.
+pub fn build_nic_pair(
+    sys: &dyn Sys,
+    id: &str,
+    tx_if: &str,
+    rx_if: &str,
+    force: bool,
+    undo: &mut Undo,
+) -> Result<PairLayout> {
+    if tx_if == rx_if {
+        bail!("--tx-if and --rx-if must be two different interfaces (both are {tx_if})");
+    }
+    if tx_if == "lo" || rx_if == "lo" {
+        bail!("the loopback interface cannot be part of a NIC pair; pick two Ethernet interfaces");
+    }
+    let ssh = std::env::var("SSH_CONNECTION").ok();
+    let mut before = Vec::new();
+    for dev in [tx_if, rx_if] {
+        let b = nicpair::snapshot(sys, Ns::Host, dev)?;
+        if !force {
+            nicpair::check_safe(&b, ssh.as_deref())?;
+        }
+        before.push(b);
+    }
+    let name = |role: &str| format!("{NS_PREFIX}{id}-{role}");
+    let (s, d) = (name("sender"), name("receiver"));
+    for ns in [&s, &d] {
+        undo.create_netns(sys, ns)?;
+        prepare_ns(sys, ns)?;
+    }
+    for (mut b, (ns, addr)) in before
+        .into_iter()
+        .zip([(&s, PAIR_TX_ADDR), (&d, PAIR_RX_ADDR)])
+    {
+        b.netns = ns.clone();
+        let dev = b.name.clone();
+        undo.borrow(b)?;
+        sys.set_up(Ns::Host, &dev, false)?;
+        sys.move_link(Ns::Host, &dev, Ns::Named(ns)).map_err(|e| {
+            e.context(format!(
+                "move {dev} into the testbed (is it a physical NIC that refuses namespaces?)"
+            ))
+        })?;
+        sys.add_addr(Ns::Named(ns), &dev, v4(addr))?;
+        sys.set_up(Ns::Named(ns), &dev, true)?;
+    }
+    Ok(PairLayout {
+        sender_if: ifindex_of(sys, Ns::Named(&s), tx_if)?,
+        receiver_if: ifindex_of(sys, Ns::Named(&d), rx_if)?,
+        sender: s,
+        receiver: d,
     })
 }
 
@@ -120,40 +353,11 @@ impl Testbed {
     /// Builds sender -> router -> receiver with two veth pairs.
     pub fn veth() -> Result<Self> {
         require_root()?;
+        let sys: SysRef = crate::sys::linux()?;
+        record::mention_stale();
         let id = new_id();
-        let mk = |role: &str| Netns::create(&format!("{NS_PREFIX}{id}-{role}"));
-        let sender = mk("sender")?;
-        let router = mk("router")?;
-        let receiver = mk("receiver")?;
-        for ns in [&sender, &router, &receiver] {
-            prepare_ns(ns)?;
-        }
-        let (sfd, rfd) = (sender.file().as_raw_fd(), receiver.file().as_raw_fd());
-        let (rin, rout) = with_netlink(Some(&router), |h| async move {
-            add_veth(&h, ROUTER_IN_VETH, SENDER_VETH).await?;
-            add_veth(&h, ROUTER_OUT_VETH, RECEIVER_VETH).await?;
-            move_to_netns(&h, require_link(&h, SENDER_VETH).await?.index, sfd).await?;
-            move_to_netns(&h, require_link(&h, RECEIVER_VETH).await?.index, rfd).await?;
-            let rin = require_link(&h, ROUTER_IN_VETH).await?;
-            let rout = require_link(&h, ROUTER_OUT_VETH).await?;
-            add_addr(&h, rin.index, ROUTER_IN_ADDR, 24).await?;
-            add_addr(&h, rout.index, ROUTER_OUT_ADDR, 24).await?;
-            set_up(&h, rin.index, true).await?;
-            set_up(&h, rout.index, true).await?;
-            Ok((rin.index, rout.index))
-        })?;
-        router.run(|| write_sysctl("net.ipv4.ip_forward", "1"))?;
-        let end = |ns: &Netns, name: &'static str, addr: Ipv4Addr, gw: Ipv4Addr| -> Result<u32> {
-            with_netlink(Some(ns), |h| async move {
-                let l = require_link(&h, name).await?;
-                add_addr(&h, l.index, addr, 24).await?;
-                set_up(&h, l.index, true).await?;
-                add_default_route(&h, gw).await?;
-                Ok(l.index)
-            })
-        };
-        let s_idx = end(&sender, SENDER_VETH, SENDER_ADDR, ROUTER_IN_ADDR)?;
-        let r_idx = end(&receiver, RECEIVER_VETH, RECEIVER_ADDR, ROUTER_OUT_ADDR)?;
+        let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::Veth)?));
+        let l = build_veth(sys.as_ref(), &id, &mut undo)?;
         let iface = |name: &str, ifindex, addr| Iface {
             name: name.to_string(),
             ifindex,
@@ -163,120 +367,57 @@ impl Testbed {
         Ok(Self {
             id,
             kind: Kind::Veth,
-            sender_if: iface(SENDER_VETH, s_idx, SENDER_ADDR),
-            receiver_if: iface(RECEIVER_VETH, r_idx, RECEIVER_ADDR),
-            router_in: Some(iface(ROUTER_IN_VETH, rin, ROUTER_IN_ADDR)),
-            router_out: Some(iface(ROUTER_OUT_VETH, rout, ROUTER_OUT_ADDR)),
-            sender,
-            receiver,
-            router: Some(router),
-            borrowed: Vec::new(),
-            host_ns: None,
+            sender_if: iface(SENDER_VETH, l.sender_if, SENDER_ADDR),
+            receiver_if: iface(RECEIVER_VETH, l.receiver_if, RECEIVER_ADDR),
+            router_in: Some(iface(ROUTER_IN_VETH, l.router_in, ROUTER_IN_ADDR)),
+            router_out: Some(iface(ROUTER_OUT_VETH, l.router_out, ROUTER_OUT_ADDR)),
+            sender: Netns::open(&l.sender)?,
+            receiver: Netns::open(&l.receiver)?,
+            router: Some(Netns::open(&l.router)?),
+            undo,
+            sys,
         })
     }
 
     /// Moves two existing interfaces into fresh sender/receiver namespaces
     /// (as the study did with two NICs and a cable). They are given back,
-    /// with their addresses and up/down state, when the testbed is dropped.
-    pub fn nic_pair(tx_if: &str, rx_if: &str) -> Result<Self> {
+    /// with their addresses (IPv4 and IPv6), routes, MTU, up/down state and
+    /// offloads, when the testbed is dropped. An interface that carries a
+    /// default route or the current SSH session is refused unless `force`.
+    pub fn nic_pair(tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
         require_root()?;
-        if tx_if == rx_if {
-            bail!("--tx-if and --rx-if must be two different interfaces (both are {tx_if})");
-        }
-        let host_ns = File::open("/proc/thread-self/ns/net")
-            .context("open this process's network namespace")?;
-        let (tx_info, rx_info) = with_netlink(None, |h| async move {
-            let t = netlink::link_by_name(&h, tx_if).await?;
-            let r = netlink::link_by_name(&h, rx_if).await?;
-            Ok((t, r))
-        })?;
-        let tx_info =
-            tx_info.ok_or_else(|| crate::error::Error::InterfaceNotFound(tx_if.to_string()))?;
-        let rx_info =
-            rx_info.ok_or_else(|| crate::error::Error::InterfaceNotFound(rx_if.to_string()))?;
-        if tx_if == "lo" || rx_if == "lo" {
-            bail!(
-                "the loopback interface cannot be part of a NIC pair; pick two Ethernet interfaces"
-            );
-        }
+        let sys: SysRef = crate::sys::linux()?;
+        record::mention_stale();
         let id = new_id();
-        let sender = Netns::create(&format!("{NS_PREFIX}{id}-sender"))?;
-        let receiver = Netns::create(&format!("{NS_PREFIX}{id}-receiver"))?;
-        prepare_ns(&sender)?;
-        prepare_ns(&receiver)?;
-        let mut tb = Self {
+        let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::NicPair)?));
+        let l = build_nic_pair(sys.as_ref(), &id, tx_if, rx_if, force, &mut undo)?;
+        Ok(Self {
             id,
             kind: Kind::NicPair,
             sender_if: Iface {
                 name: tx_if.into(),
-                ifindex: 0,
+                ifindex: l.sender_if,
                 addr: PAIR_TX_ADDR,
                 prefix_len: 24,
             },
             receiver_if: Iface {
                 name: rx_if.into(),
-                ifindex: 0,
+                ifindex: l.receiver_if,
                 addr: PAIR_RX_ADDR,
                 prefix_len: 24,
             },
             router_in: None,
             router_out: None,
-            sender,
-            receiver,
+            sender: Netns::open(&l.sender)?,
+            receiver: Netns::open(&l.receiver)?,
             router: None,
-            borrowed: Vec::new(),
-            host_ns: Some(host_ns),
-        };
-        for (info, to_sender) in [(&tx_info, true), (&rx_info, false)] {
-            let ns_fd = if to_sender {
-                tb.sender.file().as_raw_fd()
-            } else {
-                tb.receiver.file().as_raw_fd()
-            };
-            let index = info.index;
-            with_netlink(
-                None,
-                |h| async move { move_to_netns(&h, index, ns_fd).await },
-            )
-            .with_context(|| {
-                format!(
-                    "move {} into the testbed (is it a physical NIC that refuses namespaces?)",
-                    info.name
-                )
-            })?;
-            tb.borrowed.push((
-                Borrowed {
-                    name: info.name.clone(),
-                    up: info.up,
-                    mtu: info.mtu,
-                    addrs: info.addrs.clone(),
-                },
-                to_sender,
-            ));
-        }
-        for to_sender in [true, false] {
-            let (ns, iface) = if to_sender {
-                (&tb.sender, &tb.sender_if)
-            } else {
-                (&tb.receiver, &tb.receiver_if)
-            };
-            let (name, addr) = (iface.name.clone(), iface.addr);
-            let idx = with_netlink(Some(ns), |h| async move {
-                let l = require_link(&h, &name).await?;
-                add_addr(&h, l.index, addr, 24).await?;
-                set_up(&h, l.index, true).await?;
-                Ok(l.index)
-            })?;
-            if to_sender {
-                tb.sender_if.ifindex = idx;
-            } else {
-                tb.receiver_if.ifindex = idx;
-            }
-        }
-        Ok(tb)
+            undo,
+            sys,
+        })
     }
 
-    /// A testbed assembled from parts a test built itself (no NIC pair to give back).
+    /// A testbed assembled from parts a test built itself (nothing to undo:
+    /// its namespaces delete themselves).
     #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_parts(
@@ -294,6 +435,7 @@ impl Testbed {
         } else {
             Kind::NicPair
         };
+        let sys: SysRef = crate::sys::linux().expect("open this process's network namespace");
         Self {
             id,
             kind,
@@ -304,9 +446,14 @@ impl Testbed {
             receiver_if,
             router_in,
             router_out,
-            borrowed: Vec::new(),
-            host_ns: None,
+            undo: Undo::new(sys.clone(), None),
+            sys,
         }
+    }
+
+    /// The kernel layer this testbed was built with.
+    pub fn sys(&self) -> &dyn Sys {
+        self.sys.as_ref()
     }
 
     /// Namespace names, for messages.
@@ -319,68 +466,9 @@ impl Testbed {
         v
     }
 
-    /// Gives NIC-pair interfaces back to the host namespace with their
-    /// previous addresses and state.
-    fn give_back(&mut self) -> Result<()> {
-        let Some(host) = self.host_ns.as_ref() else {
-            return Ok(());
-        };
-        let host_fd = host.as_raw_fd();
-        let mut first_err = None;
-        for (b, in_sender) in std::mem::take(&mut self.borrowed) {
-            let ns = if in_sender {
-                &self.sender
-            } else {
-                &self.receiver
-            };
-            let name = b.name.clone();
-            let moved = with_netlink(Some(ns), |h| async move {
-                let l = require_link(&h, &name).await?;
-                set_up(&h, l.index, false).await?;
-                move_to_netns(&h, l.index, host_fd).await
-            });
-            let restored = moved.and_then(|()| {
-                let b = &b;
-                with_netlink(None, |h| async move {
-                    let l = require_link(&h, &b.name).await?;
-                    if let Some(mtu) = b.mtu {
-                        let _ = h
-                            .link()
-                            .set(
-                                rtnetlink::LinkUnspec::new_with_index(l.index)
-                                    .mtu(mtu)
-                                    .build(),
-                            )
-                            .execute()
-                            .await;
-                    }
-                    for (a, p) in &b.addrs {
-                        add_addr(&h, l.index, *a, *p).await?;
-                    }
-                    set_up(&h, l.index, b.up).await
-                })
-            });
-            if let Err(e) = restored {
-                log::error!(
-                    "could not give {} back to the host namespace: {e:#}",
-                    b.name
-                );
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
     /// Tears everything down now, reporting the first error (drop does the same silently).
     pub fn teardown(mut self) -> Result<()> {
-        self.give_back()
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let _ = self.give_back();
-        // The namespaces (and the veths inside them) go when the fields drop.
+        self.undo.run()
     }
 }
 

@@ -92,6 +92,11 @@ impl Netns {
         &self.name
     }
 
+    /// /run/netns/NAME.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn file(&self) -> &File {
         &self.file
     }
@@ -127,15 +132,29 @@ impl Netns {
         self.remove()
     }
 
+    /// Leaves the namespace in place when this handle drops (its deletion
+    /// is someone else's job: the testbed's undo list, `rtprobe cleanup`).
+    pub fn disown(mut self) {
+        self.owned = false;
+    }
+
     fn remove(&mut self) -> Result<()> {
         if !self.owned {
             return Ok(());
         }
         self.owned = false;
-        // Lazy unmount: the namespace itself dies with its last user.
-        let _ = umount2(&self.path, MntFlags::MNT_DETACH);
-        std::fs::remove_file(&self.path).with_context(|| format!("remove {}", self.path.display()))
+        remove(&self.name)
     }
+}
+
+/// Deletes the named namespace `name` (what `ip netns del` does).
+pub fn remove(name: &str) -> Result<()> {
+    // A namespace worker of the kernel layer would keep it alive.
+    crate::sys::release_worker(name);
+    let path = Path::new(NETNS_RUN_DIR).join(name);
+    // Lazy unmount: the namespace itself dies with its last user.
+    let _ = umount2(&path, MntFlags::MNT_DETACH);
+    std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))
 }
 
 impl Drop for Netns {

@@ -1,0 +1,434 @@
+//! A recording fake of [`Sys`] for tests without root: a small model of
+//! namespaces, links (state, MTU, addresses, offloads), routes, sysctls
+//! and sysfs files. Every call is recorded in order; [`FakeSys::fail_when`]
+//! makes chosen calls fail (still recorded), to test the undo paths.
+//! Moving a link drops its addresses and routes, as the kernel does.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Mutex,
+};
+
+use anyhow::{Result, anyhow, bail};
+
+use super::{Addr, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpState};
+
+/// One recorded call; the namespace is "host" or its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    CreateNetns(String),
+    DeleteNetns(String),
+    Link(String, String),
+    AddVeth(String, String, String),
+    DeleteLink(String, String),
+    SetUp(String, String, bool),
+    SetMtu(String, String, u32),
+    MoveLink(String, String, String),
+    Addrs(String, String),
+    AddAddr(String, String, Addr),
+    Routes(String),
+    AddRoute(String, Route),
+    Sysctl(String, String),
+    SetSysctl(String, String, String),
+    SysfsRead(String, String),
+    SysfsWrite(String, String, String),
+    SysfsList(String, String),
+    Offload(String, String, Offload),
+    SetOffload(String, String, Offload, bool),
+    Ring(String, String),
+    SetTxRing(String, String, u32),
+    Driver(String, String),
+    Tc(String, String),
+    Qdiscs(String, String),
+    XdpState(String, u32),
+}
+
+impl Call {
+    /// Does this call change kernel state (as opposed to reading it)?
+    pub fn is_change(&self) -> bool {
+        !matches!(
+            self,
+            Call::Link(..)
+                | Call::Addrs(..)
+                | Call::Routes(..)
+                | Call::Sysctl(..)
+                | Call::SysfsRead(..)
+                | Call::SysfsList(..)
+                | Call::Offload(..)
+                | Call::Ring(..)
+                | Call::Driver(..)
+                | Call::Qdiscs(..)
+                | Call::XdpState(..)
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FakeLink {
+    pub index: u32,
+    pub up: bool,
+    pub mtu: u32,
+    pub addrs: Vec<Addr>,
+    pub offloads: BTreeMap<Offload, bool>,
+}
+
+#[derive(Default)]
+pub struct Model {
+    pub namespaces: BTreeSet<String>,
+    /// (namespace, link name) -> link.
+    pub links: BTreeMap<(String, String), FakeLink>,
+    pub routes: BTreeMap<String, Vec<Route>>,
+    /// (namespace, "sysctl:KEY" or "sysfs:PATH") -> value.
+    pub files: BTreeMap<(String, String), String>,
+    next_index: u32,
+}
+
+type Pred = Box<dyn Fn(&Call) -> bool + Send>;
+
+#[derive(Default)]
+pub struct FakeSys {
+    calls: Mutex<Vec<Call>>,
+    fail: Mutex<Vec<Pred>>,
+    pub model: Mutex<Model>,
+}
+
+fn key(ns: Ns) -> String {
+    ns.label()
+}
+
+impl FakeSys {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every call matching `pred` fails from now on.
+    pub fn fail_when(&self, pred: impl Fn(&Call) -> bool + Send + 'static) {
+        self.fail.lock().unwrap().push(Box::new(pred));
+    }
+
+    /// All calls so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// The calls that change state, in order.
+    pub fn changes(&self) -> Vec<Call> {
+        self.calls().into_iter().filter(Call::is_change).collect()
+    }
+
+    /// Adds a link to the model (a NIC the user owns, say).
+    pub fn with_link(&self, ns: Ns, name: &str, up: bool, mtu: u32) -> &Self {
+        let mut m = self.model.lock().unwrap();
+        m.next_index += 1;
+        let index = m.next_index;
+        let offloads = Offload::ALL.iter().map(|o| (*o, true)).collect();
+        m.links.insert(
+            (key(ns), name.to_string()),
+            FakeLink {
+                index,
+                up,
+                mtu,
+                addrs: Vec::new(),
+                offloads,
+            },
+        );
+        self
+    }
+
+    pub fn with_addr(&self, ns: Ns, name: &str, a: Addr) -> &Self {
+        let mut m = self.model.lock().unwrap();
+        m.links
+            .get_mut(&(key(ns), name.to_string()))
+            .expect("with_link first")
+            .addrs
+            .push(a);
+        self
+    }
+
+    pub fn with_route(&self, ns: Ns, r: Route) -> &Self {
+        self.model
+            .lock()
+            .unwrap()
+            .routes
+            .entry(key(ns))
+            .or_default()
+            .push(r);
+        self
+    }
+
+    pub fn with_file(&self, ns: Ns, path: &str, value: &str) -> &Self {
+        self.model
+            .lock()
+            .unwrap()
+            .files
+            .insert((key(ns), path.to_string()), value.to_string());
+        self
+    }
+
+    pub fn file(&self, ns: Ns, path: &str) -> Option<String> {
+        self.model
+            .lock()
+            .unwrap()
+            .files
+            .get(&(key(ns), path.to_string()))
+            .cloned()
+    }
+
+    pub fn link_state(&self, ns: Ns, name: &str) -> Option<FakeLink> {
+        self.model
+            .lock()
+            .unwrap()
+            .links
+            .get(&(key(ns), name.to_string()))
+            .cloned()
+    }
+
+    pub fn routes_of(&self, ns: Ns) -> Vec<Route> {
+        self.model
+            .lock()
+            .unwrap()
+            .routes
+            .get(&key(ns))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn record(&self, c: Call) -> Result<()> {
+        let fails = self.fail.lock().unwrap().iter().any(|p| p(&c));
+        let text = format!("{c:?}");
+        self.calls.lock().unwrap().push(c);
+        if fails {
+            bail!("injected failure: {text}");
+        }
+        Ok(())
+    }
+
+    fn with_link_mut<T>(
+        &self,
+        ns: Ns,
+        name: &str,
+        f: impl FnOnce(&mut FakeLink) -> T,
+    ) -> Result<T> {
+        let mut m = self.model.lock().unwrap();
+        let l = m
+            .links
+            .get_mut(&(key(ns), name.to_string()))
+            .ok_or_else(|| crate::error::Error::InterfaceNotFound(name.to_string()))?;
+        Ok(f(l))
+    }
+
+    fn ns_exists(&self, ns: Ns) -> Result<()> {
+        match ns {
+            Ns::Host => Ok(()),
+            Ns::Named(n) if self.model.lock().unwrap().namespaces.contains(n) => Ok(()),
+            Ns::Named(n) => Err(anyhow!("network namespace {n} not found")),
+        }
+    }
+}
+
+impl Sys for FakeSys {
+    fn create_netns(&self, name: &str) -> Result<()> {
+        self.record(Call::CreateNetns(name.into()))?;
+        if !self.model.lock().unwrap().namespaces.insert(name.into()) {
+            bail!("network namespace {name} already exists");
+        }
+        // A new namespace holds a loopback device, down.
+        self.with_link(Ns::Named(name), "lo", false, 65536);
+        Ok(())
+    }
+
+    fn delete_netns(&self, name: &str) -> Result<()> {
+        self.record(Call::DeleteNetns(name.into()))?;
+        let mut m = self.model.lock().unwrap();
+        if !m.namespaces.remove(name) {
+            bail!("network namespace {name} not found");
+        }
+        m.links.retain(|(n, _), _| n != name);
+        m.routes.remove(name);
+        Ok(())
+    }
+
+    fn netns_list(&self) -> Vec<String> {
+        self.model
+            .lock()
+            .unwrap()
+            .namespaces
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>> {
+        self.record(Call::Link(key(ns), name.into()))?;
+        self.ns_exists(ns)?;
+        let m = self.model.lock().unwrap();
+        Ok(m.links.get(&(key(ns), name.to_string())).map(|l| Link {
+            index: l.index,
+            name: name.to_string(),
+            up: l.up,
+            mtu: Some(l.mtu),
+        }))
+    }
+
+    fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()> {
+        self.record(Call::AddVeth(key(ns), name.into(), peer.into()))?;
+        self.ns_exists(ns)?;
+        self.with_link(ns, name, false, 1500);
+        self.with_link(ns, peer, false, 1500);
+        Ok(())
+    }
+
+    fn delete_link(&self, ns: Ns, name: &str) -> Result<()> {
+        self.record(Call::DeleteLink(key(ns), name.into()))?;
+        self.model
+            .lock()
+            .unwrap()
+            .links
+            .remove(&(key(ns), name.to_string()))
+            .map(drop)
+            .ok_or_else(|| crate::error::Error::InterfaceNotFound(name.into()).into())
+    }
+
+    fn set_up(&self, ns: Ns, name: &str, up: bool) -> Result<()> {
+        self.record(Call::SetUp(key(ns), name.into(), up))?;
+        self.with_link_mut(ns, name, |l| l.up = up)
+    }
+
+    fn set_mtu(&self, ns: Ns, name: &str, mtu: u32) -> Result<()> {
+        self.record(Call::SetMtu(key(ns), name.into(), mtu))?;
+        self.with_link_mut(ns, name, |l| l.mtu = mtu)
+    }
+
+    fn move_link(&self, ns: Ns, name: &str, to: Ns) -> Result<()> {
+        self.record(Call::MoveLink(key(ns), name.into(), key(to)))?;
+        self.ns_exists(to)?;
+        let mut m = self.model.lock().unwrap();
+        let mut l = m
+            .links
+            .remove(&(key(ns), name.to_string()))
+            .ok_or_else(|| crate::error::Error::InterfaceNotFound(name.into()))?;
+        l.addrs.clear();
+        l.up = false;
+        if let Some(rs) = m.routes.get_mut(&key(ns)) {
+            rs.retain(|r| r.dev.as_deref() != Some(name));
+        }
+        m.links.insert((key(to), name.to_string()), l);
+        Ok(())
+    }
+
+    fn addrs(&self, ns: Ns, name: &str) -> Result<Vec<Addr>> {
+        self.record(Call::Addrs(key(ns), name.into()))?;
+        self.with_link_mut(ns, name, |l| l.addrs.clone())
+    }
+
+    fn add_addr(&self, ns: Ns, name: &str, addr: Addr) -> Result<()> {
+        self.record(Call::AddAddr(key(ns), name.into(), addr))?;
+        self.with_link_mut(ns, name, |l| {
+            if !l.addrs.contains(&addr) {
+                l.addrs.push(addr)
+            }
+        })
+    }
+
+    fn routes(&self, ns: Ns) -> Result<Vec<Route>> {
+        self.record(Call::Routes(key(ns)))?;
+        Ok(self.routes_of(ns))
+    }
+
+    fn add_route(&self, ns: Ns, route: &Route) -> Result<()> {
+        self.record(Call::AddRoute(key(ns), route.clone()))?;
+        let mut m = self.model.lock().unwrap();
+        let rs = m.routes.entry(key(ns)).or_default();
+        if !rs.contains(route) {
+            rs.push(route.clone());
+        }
+        Ok(())
+    }
+
+    fn sysctl(&self, ns: Ns, k: &str) -> Result<String> {
+        self.record(Call::Sysctl(key(ns), k.into()))?;
+        self.file(ns, &format!("sysctl:{k}"))
+            .ok_or_else(|| anyhow!("read sysctl {k}: no such key"))
+    }
+
+    fn set_sysctl(&self, ns: Ns, k: &str, value: &str) -> Result<()> {
+        self.record(Call::SetSysctl(key(ns), k.into(), value.into()))?;
+        self.with_file(ns, &format!("sysctl:{k}"), value);
+        Ok(())
+    }
+
+    fn sysfs_read(&self, ns: Ns, path: &str) -> Result<String> {
+        self.record(Call::SysfsRead(key(ns), path.into()))?;
+        self.file(ns, &format!("sysfs:{path}"))
+            .ok_or_else(|| anyhow!("read /sys/{path}: no such file"))
+    }
+
+    fn sysfs_write(&self, ns: Ns, path: &str, value: &str) -> Result<()> {
+        self.record(Call::SysfsWrite(key(ns), path.into(), value.into()))?;
+        if self.file(ns, &format!("sysfs:{path}")).is_none() {
+            bail!("write /sys/{path}: no such file");
+        }
+        self.with_file(ns, &format!("sysfs:{path}"), value);
+        Ok(())
+    }
+
+    fn sysfs_list(&self, ns: Ns, dir: &str) -> Result<Vec<String>> {
+        self.record(Call::SysfsList(key(ns), dir.into()))?;
+        let prefix = format!("sysfs:{}/", dir.trim_end_matches('/'));
+        let m = self.model.lock().unwrap();
+        let mut v: Vec<String> = m
+            .files
+            .keys()
+            .filter(|(n, _)| *n == key(ns))
+            .filter_map(|(_, p)| p.strip_prefix(&prefix))
+            .map(|rest| rest.split('/').next().unwrap_or(rest).to_string())
+            .collect();
+        v.dedup();
+        Ok(v)
+    }
+
+    fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool> {
+        self.record(Call::Offload(key(ns), dev.into(), what))?;
+        self.with_link_mut(ns, dev, |l| l.offloads.get(&what).copied().unwrap_or(false))
+    }
+
+    fn set_offload(&self, ns: Ns, dev: &str, what: Offload, on: bool) -> Result<()> {
+        self.record(Call::SetOffload(key(ns), dev.into(), what, on))?;
+        self.with_link_mut(ns, dev, |l| {
+            l.offloads.insert(what, on);
+        })
+    }
+
+    fn ring(&self, ns: Ns, dev: &str) -> Result<Ring> {
+        self.record(Call::Ring(key(ns), dev.into()))?;
+        Err(super::ethtool::Unsupported {
+            ifname: dev.into(),
+            what: "ring sizes",
+        }
+        .into())
+    }
+
+    fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()> {
+        self.record(Call::SetTxRing(key(ns), dev.into(), descriptors))
+    }
+
+    fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
+        self.record(Call::Driver(key(ns), dev.into()))?;
+        Ok("fake".into())
+    }
+
+    fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
+        self.record(Call::Tc(key(ns), cmd.0.join(" ")))?;
+        Ok(String::new())
+    }
+
+    fn qdiscs(&self, ns: Ns, dev: &str) -> Result<Vec<QdiscInfo>> {
+        self.record(Call::Qdiscs(key(ns), dev.into()))?;
+        Ok(Vec::new())
+    }
+
+    fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState> {
+        self.record(Call::XdpState(key(ns), ifindex))?;
+        Ok(XdpState::default())
+    }
+}

@@ -1,0 +1,281 @@
+//! The kernel, behind one trait.
+//!
+//! Everything testbed, tune and ebpf change in the kernel goes through
+//! [`Sys`]: links, addresses and routes (netlink), qdiscs (netlink to read,
+//! the `tc` command to build trees, see [`tc`]), offloads and rings
+//! (ethtool ioctl, [`ethtool`]), sysctls (/proc/sys) and sysfs attributes,
+//! and the XDP state of a link. Two implementations:
+//!
+//! - [`LinuxSys`] (`real.rs`): one worker thread per network namespace
+//!   that entered it once, owns one NETLINK_ROUTE socket and a private
+//!   mount table with that namespace's own sysfs on /sys, and runs the
+//!   calls sent to it (the shape of msg-rs `linkem`'s namespace worker).
+//! - [`fake::FakeSys`]: a small in-memory model that records every call and
+//!   can be told to fail chosen ones, so the orchestration above is tested
+//!   without root (the shape of youki's `TestHelperSyscall`).
+//!
+//! Kernel versions: see the module of each mechanism; all of it works on
+//! Linux >= 4.19.
+
+pub mod ethtool;
+#[cfg(test)]
+pub mod fake;
+pub mod netlink;
+mod real;
+pub mod tc;
+
+use std::{fmt, net::IpAddr, sync::Arc};
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+pub use ethtool::Ring;
+pub use real::{LinuxSys, NsCtx, linux, release_worker};
+pub use tc::{TcCmd, TcError};
+
+/// Which network namespace a call acts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ns<'a> {
+    /// The namespace this process started in.
+    Host,
+    /// A named namespace (/run/netns/NAME).
+    Named(&'a str),
+}
+
+impl Ns<'_> {
+    pub fn label(&self) -> String {
+        match self {
+            Ns::Host => "host".into(),
+            Ns::Named(n) => (*n).to_string(),
+        }
+    }
+}
+
+impl fmt::Display for Ns<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+/// A link as netlink reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub up: bool,
+    pub mtu: Option<u32>,
+}
+
+/// An interface address (IPv4 or IPv6) with its prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Addr {
+    pub addr: IpAddr,
+    pub prefix_len: u8,
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+/// A unicast route of the main table.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Route {
+    pub dst: IpAddr,
+    pub prefix_len: u8,
+    pub gateway: Option<IpAddr>,
+    /// Output interface.
+    pub dev: Option<String>,
+    pub metric: Option<u32>,
+    /// RTPROT_* (2 = kernel, 3 = boot, 4 = static, 16 = dhcp, ...).
+    pub protocol: u8,
+    /// RT_SCOPE_* (0 = universe, 253 = link).
+    pub scope: u8,
+    pub pref_src: Option<IpAddr>,
+}
+
+impl Route {
+    pub fn is_default(&self) -> bool {
+        self.prefix_len == 0
+    }
+
+    /// A default route via `gw` (the testbed's sender and receiver).
+    pub fn default_via(gw: IpAddr) -> Self {
+        let dst = match gw {
+            IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        };
+        Route {
+            dst,
+            prefix_len: 0,
+            gateway: Some(gw),
+            dev: None,
+            metric: None,
+            protocol: 4,
+            scope: 0,
+            pref_src: None,
+        }
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_default() {
+            f.write_str("default")?;
+        } else {
+            write!(f, "{}/{}", self.dst, self.prefix_len)?;
+        }
+        if let Some(g) = self.gateway {
+            write!(f, " via {g}")?;
+        }
+        if let Some(d) = &self.dev {
+            write!(f, " dev {d}")?;
+        }
+        if let Some(m) = self.metric {
+            write!(f, " metric {m}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One qdisc as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QdiscInfo {
+    pub ifindex: u32,
+    pub kind: String,
+    /// "1:" style, "0:" for the kernel's default qdiscs.
+    pub handle: String,
+    /// "root" or "1:1" style.
+    pub parent: String,
+    pub qlen: u32,
+    pub backlog_bytes: u32,
+    pub drops: u32,
+    pub overlimits: u32,
+    pub requeues: u32,
+    pub sent_bytes: u64,
+    pub sent_packets: u64,
+}
+
+impl QdiscInfo {
+    pub fn is_root(&self) -> bool {
+        self.parent == "root"
+    }
+
+    /// Default qdiscs the kernel attaches by itself have handle 0:
+    /// (noqueue, pfifo_fast, mq and its children, fq_codel as default_qdisc).
+    pub fn is_kernel_default(&self) -> bool {
+        self.handle == "0:"
+    }
+}
+
+/// XDP programs attached to one interface, by mode (kernel program ids).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XdpState {
+    pub skb_prog_id: Option<u32>,
+    pub drv_prog_id: Option<u32>,
+    pub hw_prog_id: Option<u32>,
+}
+
+impl XdpState {
+    pub fn is_empty(&self) -> bool {
+        self.skb_prog_id.is_none() && self.drv_prog_id.is_none() && self.hw_prog_id.is_none()
+    }
+}
+
+/// An offload feature switched through ethtool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Offload {
+    /// Generic receive offload.
+    Gro,
+    /// TX checksumming (dropping it also drops TSO).
+    TxCsum,
+    /// TCP segmentation offload.
+    Tso,
+    /// Generic segmentation offload.
+    Gso,
+}
+
+impl Offload {
+    pub const ALL: [Offload; 4] = [Offload::Gro, Offload::TxCsum, Offload::Tso, Offload::Gso];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Offload::Gro => "GRO",
+            Offload::TxCsum => "TX checksumming",
+            Offload::Tso => "TSO",
+            Offload::Gso => "GSO",
+        }
+    }
+}
+
+/// Everything rtprobe asks of the kernel for its network set-up. Every
+/// call names the namespace it acts in. Paths under sysfs are relative to
+/// that namespace's /sys ("class/net/veth0/tx_queue_len"); sysctl keys use
+/// dots ("net.ipv4.ip_forward").
+pub trait Sys: Send + Sync {
+    /// Creates /run/netns/NAME holding a fresh network namespace.
+    fn create_netns(&self, name: &str) -> Result<()>;
+    /// Deletes a named namespace (the veths inside go with it).
+    fn delete_netns(&self, name: &str) -> Result<()>;
+    /// Named namespaces present (what `ip netns list` shows).
+    fn netns_list(&self) -> Vec<String>;
+
+    fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>>;
+    fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;
+    fn delete_link(&self, ns: Ns, name: &str) -> Result<()>;
+    fn set_up(&self, ns: Ns, name: &str, up: bool) -> Result<()>;
+    fn set_mtu(&self, ns: Ns, name: &str, mtu: u32) -> Result<()>;
+    /// Moves a link to another namespace (its addresses and routes are lost).
+    fn move_link(&self, ns: Ns, name: &str, to: Ns) -> Result<()>;
+
+    fn addrs(&self, ns: Ns, name: &str) -> Result<Vec<Addr>>;
+    /// Adds an address; one already present is not an error.
+    fn add_addr(&self, ns: Ns, name: &str, addr: Addr) -> Result<()>;
+    /// Unicast routes of the main table, IPv4 and IPv6.
+    fn routes(&self, ns: Ns) -> Result<Vec<Route>>;
+    /// Adds a route; one already present is not an error.
+    fn add_route(&self, ns: Ns, route: &Route) -> Result<()>;
+
+    fn sysctl(&self, ns: Ns, key: &str) -> Result<String>;
+    fn set_sysctl(&self, ns: Ns, key: &str, value: &str) -> Result<()>;
+    /// Reads a sysfs attribute (trimmed). A missing class/net/DEV is
+    /// `Error::InterfaceNotFound`.
+    fn sysfs_read(&self, ns: Ns, path: &str) -> Result<String>;
+    fn sysfs_write(&self, ns: Ns, path: &str, value: &str) -> Result<()>;
+    /// Entries of a sysfs directory, sorted.
+    fn sysfs_list(&self, ns: Ns, dir: &str) -> Result<Vec<String>>;
+
+    /// Is this offload on? A driver without it: `ethtool::Unsupported`.
+    fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool>;
+    /// Switches an offload and checks the kernel applied it.
+    fn set_offload(&self, ns: Ns, dev: &str, what: Offload, on: bool) -> Result<()>;
+    fn ring(&self, ns: Ns, dev: &str) -> Result<Ring>;
+    fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()>;
+    fn driver(&self, ns: Ns, dev: &str) -> Result<String>;
+
+    /// Runs one `tc` command in the namespace; the error is a [`TcError`]
+    /// (downcast it to branch on an unknown qdisc kind).
+    fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String>;
+    fn qdiscs(&self, ns: Ns, dev: &str) -> Result<Vec<QdiscInfo>>;
+    fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState>;
+}
+
+/// The shared handle the orchestration passes around.
+pub type SysRef = Arc<dyn Sys>;
+
+/// /sys path of a network device attribute.
+pub fn netdev_attr(dev: &str, attr: &str) -> String {
+    format!("class/net/{dev}/{attr}")
+}
+
+/// The root qdisc of `dev` (None if the device has none, e.g. down).
+pub fn root_qdisc(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Option<QdiscInfo>> {
+    Ok(sys.qdiscs(ns, dev)?.into_iter().find(QdiscInfo::is_root))
+}
+
+impl fmt::Debug for dyn Sys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dyn Sys")
+    }
+}

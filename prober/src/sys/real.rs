@@ -1,0 +1,386 @@
+//! [`LinuxSys`]: the real kernel. One worker thread per network namespace:
+//! it enters the namespace once (setns(2)), leaves the shared mount table
+//! (unshare(CLONE_NEWNS), every mount made private so nothing propagates
+//! back) and mounts a fresh sysfs on /sys, because /sys/class/net lists the
+//! devices of the namespace that *mounted* sysfs, not of the reader. It
+//! then opens one NETLINK_ROUTE socket and runs the calls sent to it, so a
+//! namespace costs one thread and one socket for the whole run. /proc/sys/net
+//! already follows the reading thread's network namespace.
+//!
+//! Kernel interfaces: setns(2) and unshare(2) (Linux >= 3.8), mount(2) of
+//! sysfs, NETLINK_ROUTE ([`super::netlink`]), SIOCETHTOOL
+//! ([`super::ethtool`]), `tc` ([`super::tc`]), files under /proc/sys.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::fd::{AsFd, AsRawFd},
+    path::Path,
+    sync::{Arc, Mutex, OnceLock, mpsc},
+    thread::JoinHandle,
+};
+
+use anyhow::{Context, Result, anyhow};
+use nix::{
+    mount::{MsFlags, mount},
+    sched::{CloneFlags, setns, unshare},
+};
+
+use super::{
+    Addr, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpState, ethtool,
+    netlink::NlSocket, tc,
+};
+use crate::testbed::netns;
+
+/// What a worker holds while it runs a call.
+pub struct NsCtx {
+    pub nl: NlSocket,
+}
+
+type Job = Box<dyn FnOnce(&mut NsCtx) + Send>;
+
+struct Worker {
+    tx: mpsc::Sender<Job>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing the channel ends the loop; join so the thread (and its
+        // hold on the namespace) is gone before the namespace is deleted.
+        let (dead, _) = mpsc::channel();
+        self.tx = dead;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The kernel, one worker per namespace.
+pub struct LinuxSys {
+    host: File,
+    workers: Mutex<HashMap<String, Arc<Worker>>>,
+}
+
+/// The process-wide [`LinuxSys`] (its host namespace is the one the
+/// process was in at the first call).
+pub fn linux() -> Result<Arc<LinuxSys>> {
+    if let Some(s) = SYS.get() {
+        return Ok(s.clone());
+    }
+    let s = Arc::new(LinuxSys::new()?);
+    Ok(SYS.get_or_init(|| s).clone())
+}
+
+static SYS: OnceLock<Arc<LinuxSys>> = OnceLock::new();
+
+/// Stops the worker of `name` if the process-wide [`LinuxSys`] has one.
+pub fn release_worker(name: &str) {
+    if let Some(s) = SYS.get() {
+        s.release(name);
+    }
+}
+
+const HOST_KEY: &str = "";
+
+impl LinuxSys {
+    pub fn new() -> Result<Self> {
+        Ok(Self {
+            host: File::open("/proc/self/ns/net")
+                .context("open this process's network namespace")?,
+            workers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The file of a namespace (to move links into it).
+    fn ns_file(&self, ns: Ns) -> Result<File> {
+        match ns {
+            Ns::Host => self.host.try_clone().context("dup the host namespace fd"),
+            Ns::Named(n) => File::open(Path::new(netns::NETNS_RUN_DIR).join(n))
+                .with_context(|| format!("network namespace {n} not found")),
+        }
+    }
+
+    fn worker(&self, ns: Ns) -> Result<Arc<Worker>> {
+        let key = match ns {
+            Ns::Host => HOST_KEY.to_string(),
+            Ns::Named(n) => n.to_string(),
+        };
+        let mut ws = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = ws.get(&key) {
+            return Ok(w.clone());
+        }
+        let file = self.ns_file(ns)?;
+        let label = ns.label();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let thread = std::thread::Builder::new()
+            .name(format!("sys-{label}"))
+            .spawn(move || {
+                let setup = (|| -> Result<NsCtx> {
+                    setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
+                        .with_context(|| format!("cannot enter network namespace {label}"))?;
+                    drop(file);
+                    private_sysfs()?;
+                    Ok(NsCtx {
+                        nl: NlSocket::new()?,
+                    })
+                })();
+                let mut ctx = match setup {
+                    Ok(c) => {
+                        let _ = ready_tx.send(Ok(()));
+                        c
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Ok(job) = rx.recv() {
+                    job(&mut ctx);
+                }
+            })
+            .context("spawn a namespace worker thread")?;
+        ready_rx
+            .recv()
+            .map_err(|_| anyhow!("the worker of namespace {ns} died while starting"))??;
+        let w = Arc::new(Worker {
+            tx,
+            thread: Some(thread),
+        });
+        ws.insert(key, w.clone());
+        Ok(w)
+    }
+
+    /// Runs `f` on the worker of `ns` (inside the namespace, with its sysfs
+    /// on /sys and its netlink socket) and returns its result. Also the way
+    /// for code with needs the trait does not cover (bench's link
+    /// counters) to reach the same view.
+    pub fn on<T, F>(&self, ns: Ns, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut NsCtx) -> Result<T> + Send + 'static,
+    {
+        let w = self.worker(ns)?;
+        let (tx, rx) = mpsc::channel();
+        w.tx.send(Box::new(move |ctx: &mut NsCtx| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(ctx)))
+                .unwrap_or_else(|_| Err(anyhow!("a call in the namespace worker panicked")));
+            let _ = tx.send(r);
+        }))
+        .map_err(|_| anyhow!("the worker of namespace {ns} has stopped"))?;
+        rx.recv()
+            .map_err(|_| anyhow!("the worker of namespace {ns} has stopped"))?
+    }
+
+    /// Stops the worker of a named namespace (before it is deleted, or when
+    /// a namespace made elsewhere goes away) so it does not keep it alive.
+    pub fn release(&self, name: &str) {
+        let w = self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        drop(w);
+    }
+}
+
+/// Gives the calling thread its own mount table with the sysfs of its
+/// network namespace on /sys.
+fn private_sysfs() -> Result<()> {
+    unshare(CloneFlags::CLONE_NEWNS)
+        .context("unshare(CLONE_NEWNS) to mount the namespace's sysfs")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("make the private mount table private")?;
+    match mount(
+        Some("sysfs"),
+        "/sys",
+        Some("sysfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    ) {
+        // This namespace's sysfs is already the one on /sys (under
+        // `ip netns exec`): the kernel refuses to stack it on itself.
+        Err(nix::errno::Errno::EBUSY) => Ok(()),
+        r => r.context("mount the namespace's sysfs"),
+    }
+}
+
+fn sysctl_path(key: &str) -> String {
+    format!("/proc/sys/{}", key.replace('.', "/"))
+}
+
+/// class/net/DEV/... with DEV missing is a missing interface, not a missing file.
+fn sysfs_error(path: &str, e: std::io::Error, doing: &str) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::NotFound
+        && let Some(rest) = path.strip_prefix("class/net/")
+    {
+        let dev = rest.split('/').next().unwrap_or(rest);
+        if !Path::new("/sys/class/net").join(dev).exists() {
+            return crate::error::Error::InterfaceNotFound(dev.to_string()).into();
+        }
+    }
+    anyhow::Error::new(e).context(format!("{doing} /sys/{path}"))
+}
+
+impl Sys for LinuxSys {
+    fn create_netns(&self, name: &str) -> Result<()> {
+        netns::Netns::create(name)?.disown();
+        Ok(())
+    }
+
+    fn delete_netns(&self, name: &str) -> Result<()> {
+        self.release(name);
+        netns::remove(name)
+    }
+
+    fn netns_list(&self) -> Vec<String> {
+        netns::list()
+    }
+
+    fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>> {
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.link(&name))
+    }
+
+    fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()> {
+        let (name, peer) = (name.to_string(), peer.to_string());
+        self.on(ns, move |c| c.nl.add_veth(&name, &peer))
+    }
+
+    fn delete_link(&self, ns: Ns, name: &str) -> Result<()> {
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.delete_link(&name))
+    }
+
+    fn set_up(&self, ns: Ns, name: &str, up: bool) -> Result<()> {
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.set_up(&name, up))
+    }
+
+    fn set_mtu(&self, ns: Ns, name: &str, mtu: u32) -> Result<()> {
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.set_mtu(&name, mtu))
+    }
+
+    fn move_link(&self, ns: Ns, name: &str, to: Ns) -> Result<()> {
+        let target = self.ns_file(to)?;
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.move_link(&name, target.as_raw_fd()))
+    }
+
+    fn addrs(&self, ns: Ns, name: &str) -> Result<Vec<Addr>> {
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.addrs(&name))
+    }
+
+    fn add_addr(&self, ns: Ns, name: &str, addr: Addr) -> Result<()> {
+        let name = name.to_string();
+        self.on(ns, move |c| c.nl.add_addr(&name, addr))
+    }
+
+    fn routes(&self, ns: Ns) -> Result<Vec<Route>> {
+        self.on(ns, |c| c.nl.routes())
+    }
+
+    fn add_route(&self, ns: Ns, route: &Route) -> Result<()> {
+        let route = route.clone();
+        self.on(ns, move |c| c.nl.add_route(&route))
+    }
+
+    fn sysctl(&self, ns: Ns, key: &str) -> Result<String> {
+        let key = key.to_string();
+        self.on(ns, move |_| {
+            Ok(std::fs::read_to_string(sysctl_path(&key))
+                .with_context(|| format!("read sysctl {key}"))?
+                .trim()
+                .to_string())
+        })
+    }
+
+    fn set_sysctl(&self, ns: Ns, key: &str, value: &str) -> Result<()> {
+        let (key, value) = (key.to_string(), value.to_string());
+        self.on(ns, move |_| {
+            std::fs::write(sysctl_path(&key), &value)
+                .with_context(|| format!("set sysctl {key}={value}"))
+        })
+    }
+
+    fn sysfs_read(&self, ns: Ns, path: &str) -> Result<String> {
+        let path = path.to_string();
+        self.on(ns, move |_| {
+            std::fs::read_to_string(Path::new("/sys").join(&path))
+                .map(|s| s.trim().to_string())
+                .map_err(|e| sysfs_error(&path, e, "read"))
+        })
+    }
+
+    fn sysfs_write(&self, ns: Ns, path: &str, value: &str) -> Result<()> {
+        let (path, value) = (path.to_string(), value.to_string());
+        self.on(ns, move |_| {
+            std::fs::write(Path::new("/sys").join(&path), &value)
+                .map_err(|e| sysfs_error(&path, e, &format!("write {value} to")))
+        })
+    }
+
+    fn sysfs_list(&self, ns: Ns, dir: &str) -> Result<Vec<String>> {
+        let dir = dir.to_string();
+        self.on(ns, move |_| {
+            let mut v: Vec<String> = std::fs::read_dir(Path::new("/sys").join(&dir))
+                .map_err(|e| sysfs_error(&dir, e, "list"))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            Ok(v)
+        })
+    }
+
+    fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::offload(&dev, what))
+    }
+
+    fn set_offload(&self, ns: Ns, dev: &str, what: Offload, on: bool) -> Result<()> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::set_offload(&dev, what, on))
+    }
+
+    fn ring(&self, ns: Ns, dev: &str) -> Result<Ring> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::ring(&dev))
+    }
+
+    fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::set_tx_ring(&dev, descriptors))
+    }
+
+    fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::driver(&dev))
+    }
+
+    fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
+        let cmd = cmd.clone();
+        self.on(ns, move |_| tc::run(&cmd).map_err(anyhow::Error::new))
+    }
+
+    fn qdiscs(&self, ns: Ns, dev: &str) -> Result<Vec<QdiscInfo>> {
+        let dev = dev.to_string();
+        self.on(ns, move |c| {
+            let index = c.nl.require_link(&dev)?.index;
+            c.nl.qdiscs(index)
+        })
+    }
+
+    fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState> {
+        self.on(ns, move |c| c.nl.xdp_state(ifindex))
+    }
+}
