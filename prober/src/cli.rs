@@ -191,6 +191,9 @@ pub struct ProbeArgs {
 
     #[command(flatten)]
     pub knobs: crate::tune::KnobArgs,
+
+    #[command(flatten)]
+    pub continuous: crate::spec::continuous::ContinuousArgs,
 }
 
 /// How the probe sender keeps its schedule. The schedule is absolute (probe

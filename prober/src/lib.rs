@@ -15,6 +15,7 @@ pub mod ebpf;
 pub mod error;
 pub mod export;
 pub mod probe;
+pub mod spec;
 pub mod stats;
 pub mod testbed;
 pub mod tune;

@@ -37,6 +37,8 @@ pub struct RunOptions {
     pub queue_csv: Option<PathBuf>,
     /// Flows probed at the same time as the main one (flow ids 1..).
     pub extra_flows: Vec<ProbeConfig>,
+    /// Forever, CSV rotation, interval reports, metrics, HDR log.
+    pub continuous: crate::spec::continuous::ContinuousPlan,
 }
 
 /// An extra probe flow: `port=5062,tos=0x00,size=1472,interval=100us`.
@@ -155,9 +157,8 @@ impl RunOptions {
         if a.count == Some(0) {
             bail!("--count 0 sends nothing: give at least 1");
         }
-        if a.duration.is_some_and(|d| d.is_zero()) {
-            bail!("--duration 0 sends nothing: give e.g. 10s");
-        }
+        // --duration 0 (or --forever) probes until stopped.
+        let continuous = a.continuous.plan(a.duration)?;
         if a.timeout.is_zero() {
             bail!("--timeout must be more than 0 (e.g. 1s)");
         }
@@ -230,12 +231,12 @@ impl RunOptions {
             probe: ProbeConfig {
                 size: a.size,
                 interval: a.interval,
-                count: if a.duration.is_some() {
+                count: if a.duration.is_some() || continuous.forever {
                     a.count
                 } else {
                     Some(a.count.unwrap_or(DEFAULT_COUNT))
                 },
-                duration: a.duration,
+                duration: a.duration.filter(|d| !d.is_zero()),
                 tos: a.tos,
                 port: a.port,
                 timestamps: a.timestamps,
@@ -255,6 +256,7 @@ impl RunOptions {
             json: a.json.clone(),
             label: a.label.clone(),
             quiet: a.quiet,
+            continuous,
         };
         for (i, f) in a.flows.iter().enumerate() {
             let cfg = f.config(&o.probe, (i + 1) as u8)?;

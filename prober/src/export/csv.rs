@@ -16,11 +16,15 @@
 use std::{
     fs::File,
     io::{BufWriter, Write},
-    path::Path,
+    path::{Path, PathBuf},
+    time::Instant,
 };
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+
+use super::rotate::Rotated;
+use crate::spec::continuous::Rotation;
 
 /// The first line of the CSV starts with this, followed by the [`RunMeta`] JSON.
 pub const META_PREFIX: &str = "# rtprobe-meta: ";
@@ -226,57 +230,214 @@ pub struct RunMeta {
     pub knobs: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Streams [`ProbeRecord`]s to a CSV file, flushing after every row so an
-/// interrupted run leaves every row written so far.
+/// Streams [`ProbeRecord`]s to a CSV file, flushed by the caller a few
+/// times a second so an interrupted run leaves every row written so far.
+///
+/// With a [`Rotation`] the file is rotated by size or age (see
+/// [`super::rotate`]); every file starts with the metadata and header.
+/// When a write fails (disk full) or the file disappears, the writer cuts
+/// the file back to its last flushed row, so it ends on a whole row, and
+/// every later call returns the same error, which says where the CSV
+/// stops: "CSV ends at probe 41999: No space left on device".
 pub struct CsvWriter {
-    out: BufWriter<File>,
+    path: PathBuf,
+    /// The metadata and header lines every file starts with.
+    head: String,
+    out: Option<BufWriter<File>>,
+    /// (device, inode) of the file being written, to notice it removed.
+    id: (u64, u64),
+    rotated: Option<Rotated>,
+    opened: Instant,
+    /// Rows taken, in all files.
     rows: u64,
+    /// Rows in the current file, and its bytes (head included).
+    file_rows: u64,
+    file_bytes: u64,
+    /// What the last successful flush put in the kernel's hands.
+    flushed_bytes: u64,
+    flushed_rows: u64,
+    flushed_seq: Option<u64>,
+    last_seq: Option<u64>,
+    rotations: u64,
+    failed: Option<String>,
     line: String,
 }
 
 impl CsvWriter {
     pub fn create(path: &Path, meta: &RunMeta) -> Result<Self> {
-        let file = File::create(path).with_context(|| {
+        Self::create_rotated(path, meta, None)
+    }
+
+    /// A CSV that starts a new file as `rotation` says (None: never).
+    pub fn create_rotated(path: &Path, meta: &RunMeta, rotation: Option<Rotation>) -> Result<Self> {
+        let head = format!(
+            "{META_PREFIX}{}\n{}\n",
+            serde_json::to_string(meta)?,
+            HEADER.join(",")
+        );
+        let rotated = rotation.map(|r| Rotated::new(path, r));
+        if let Some(r) = &rotated {
+            r.clear_earlier_run().with_context(|| {
+                format!("cannot remove the rotated files of an earlier run next to {}", path.display())
+            })?;
+        }
+        let mut w = Self {
+            path: path.to_path_buf(),
+            head,
+            out: None,
+            id: (0, 0),
+            rotated,
+            opened: Instant::now(),
+            rows: 0,
+            file_rows: 0,
+            file_bytes: 0,
+            flushed_bytes: 0,
+            flushed_rows: 0,
+            flushed_seq: None,
+            last_seq: None,
+            rotations: 0,
+            failed: None,
+            line: String::with_capacity(256),
+        };
+        w.open().with_context(|| {
             format!(
                 "cannot create {}: check the directory exists and is writable",
                 path.display()
             )
         })?;
+        Ok(w)
+    }
+
+    /// Creates the file at `path` and writes the head.
+    fn open(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let file = File::create(&self.path)?;
+        let md = file.metadata()?;
         let mut out = BufWriter::new(file);
-        writeln!(out, "{META_PREFIX}{}", serde_json::to_string(meta)?)?;
-        writeln!(out, "{}", HEADER.join(","))?;
+        out.write_all(self.head.as_bytes())?;
         out.flush()?;
-        Ok(Self {
-            out,
-            rows: 0,
-            line: String::with_capacity(256),
-        })
+        self.id = (md.dev(), md.ino());
+        self.out = Some(out);
+        self.opened = Instant::now();
+        self.file_rows = 0;
+        self.file_bytes = self.head.len() as u64;
+        self.flushed_bytes = self.file_bytes;
+        Ok(())
+    }
+
+    /// Stops writing for good: cuts the file back to its last flushed row
+    /// and remembers why, in words that say where the CSV ends.
+    fn fail(&mut self, why: String) -> anyhow::Error {
+        if let Some(out) = self.out.take() {
+            // into_parts: the buffered rest must not be written on drop.
+            let (file, _) = out.into_parts();
+            let _ = file.set_len(self.flushed_bytes);
+        }
+        let msg = match self.flushed_seq {
+            Some(seq) => format!("CSV ends at probe {seq}: {why}"),
+            None => format!("CSV has no rows (it ends before the first probe): {why}"),
+        };
+        self.failed = Some(msg.clone());
+        anyhow::anyhow!(msg)
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.failed {
+            Some(m) => Err(anyhow::anyhow!("{m}")),
+            None => Ok(()),
+        }
     }
 
     /// Appends one row. Written by hand (not serde) because it is on the
     /// per-probe path; `format_row` is what the reader is tested against.
     pub fn write(&mut self, r: &ProbeRecord) -> Result<()> {
+        self.check()?;
         self.line.clear();
         format_row(&mut self.line, r);
-        self.out.write_all(self.line.as_bytes())?;
+        let len = self.line.len() as u64;
+        if self
+            .rotated
+            .as_ref()
+            .is_some_and(|rot| rot.due(self.file_bytes, len, self.file_rows, self.opened.elapsed()))
+        {
+            self.rotate()?;
+        }
+        let written = match self.out.as_mut() {
+            Some(out) => out.write_all(self.line.as_bytes()),
+            None => Err(std::io::Error::other("the CSV is not open")),
+        };
+        if let Err(e) = written {
+            return Err(self.fail(e.to_string()));
+        }
         self.rows += 1;
+        self.file_rows += 1;
+        self.file_bytes += len;
+        self.last_seq = Some(r.seq);
         Ok(())
     }
 
-    /// Flush buffered rows to the file (done by the caller on a timer and at the end).
+    /// Hands buffered rows to the kernel (done by the caller on a timer and
+    /// at the end), and checks that the file is still there.
     pub fn flush(&mut self) -> Result<()> {
-        self.out.flush()?;
+        use std::os::unix::fs::MetadataExt;
+        self.check()?;
+        let flushed = match self.out.as_mut() {
+            Some(out) => out.flush(),
+            None => Ok(()),
+        };
+        if let Err(e) = flushed {
+            return Err(self.fail(e.to_string()));
+        }
+        let same = std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
+        if !same {
+            // Rows written since the last flush went to a file nobody can
+            // open any more: the CSV ends where it ended before.
+            let why = format!("{} was removed or replaced during the run", self.path.display());
+            return Err(self.fail(why));
+        }
+        self.flushed_bytes = self.file_bytes;
+        self.flushed_rows = self.rows;
+        self.flushed_seq = self.last_seq;
         Ok(())
     }
 
+    /// Closes the current file as `out.csv.1` (shifting the older ones)
+    /// and starts a new `out.csv`.
+    fn rotate(&mut self) -> Result<()> {
+        self.flush()?;
+        drop(self.out.take());
+        let shifted = match &self.rotated {
+            Some(r) => r.shift(),
+            None => Ok(()),
+        };
+        if let Err(e) = shifted.and_then(|()| self.open()) {
+            return Err(self.fail(format!("cannot rotate {}: {e}", self.path.display())));
+        }
+        self.rotations += 1;
+        Ok(())
+    }
+
+    /// Rows in the CSV: all rows taken, or after a failure the rows the
+    /// files keep.
     pub fn rows(&self) -> u64 {
-        self.rows
+        if self.failed.is_some() {
+            self.flushed_rows
+        } else {
+            self.rows
+        }
+    }
+
+    /// How many times the CSV was rotated.
+    pub fn rotations(&self) -> u64 {
+        self.rotations
     }
 }
 
 impl Drop for CsvWriter {
     fn drop(&mut self) {
-        let _ = self.out.flush();
+        if let Some(out) = self.out.as_mut() {
+            let _ = out.flush();
+        }
     }
 }
 
