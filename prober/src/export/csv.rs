@@ -573,4 +573,139 @@ mod tests {
         );
         assert!(lines.next().is_none());
     }
+
+    fn rows_of(p: &Path) -> Vec<u64> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .skip(2)
+            .map(|l| l.split(',').next().unwrap().parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn rotation_starts_every_file_with_meta_and_header() {
+        use crate::spec::continuous::{Rotate, Rotation};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.csv");
+        let meta = RunMeta {
+            size: 64,
+            ..Default::default()
+        };
+        let head_len = {
+            let w = CsvWriter::create(&p, &meta).unwrap();
+            w.head.len() as u64
+        };
+        // Room for the head and 10 rows of "N,0,0,0,0,,,...\n" (36-37 bytes).
+        let rotation = Rotation {
+            when: Rotate::Bytes(head_len + 10 * 37),
+            keep: 2,
+        };
+        let mut w = CsvWriter::create_rotated(&p, &meta, Some(rotation)).unwrap();
+        for seq in 0..45 {
+            w.write(&ProbeRecord {
+                seq,
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        w.flush().unwrap();
+        assert_eq!(w.rows(), 45);
+        assert!(w.rotations() >= 3, "{}", w.rotations());
+        let r = super::super::rotate::Rotated::new(&p, rotation);
+        assert!(!r.sibling(3).exists(), "keep 2");
+        let (older, old, new) = (rows_of(&r.sibling(2)), rows_of(&r.sibling(1)), rows_of(&p));
+        assert_eq!(older.last().unwrap() + 1, old[0]);
+        assert_eq!(old.last().unwrap() + 1, new[0]);
+        assert_eq!(*new.last().unwrap(), 44);
+        for f in [r.sibling(2), r.sibling(1), p.clone()] {
+            let text = std::fs::read_to_string(&f).unwrap();
+            assert!(text.starts_with(META_PREFIX), "{}", f.display());
+            assert_eq!(text.lines().nth(1).unwrap(), HEADER.join(","));
+            assert!(std::fs::metadata(&f).unwrap().len() <= head_len + 10 * 37);
+        }
+    }
+
+    #[test]
+    fn a_removed_csv_says_where_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.csv");
+        let mut w = CsvWriter::create(&p, &RunMeta::default()).unwrap();
+        for seq in 0..5 {
+            w.write(&ProbeRecord { seq, ..Default::default() }).unwrap();
+        }
+        w.flush().unwrap();
+        std::fs::remove_file(&p).unwrap();
+        w.write(&ProbeRecord { seq: 5, ..Default::default() }).unwrap();
+        let e = w.flush().unwrap_err().to_string();
+        assert!(e.starts_with("CSV ends at probe 4: "), "{e}");
+        assert!(e.contains("was removed or replaced during the run"), "{e}");
+        let again = w.write(&ProbeRecord { seq: 6, ..Default::default() }).unwrap_err();
+        assert_eq!(again.to_string(), e, "every later call says the same");
+        assert_eq!(w.rows(), 5);
+    }
+
+    #[test]
+    fn dev_full_fails_at_creation_with_the_reason() {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("SKIPPED: no /dev/full");
+            return;
+        }
+        let Err(e) = CsvWriter::create(Path::new("/dev/full"), &RunMeta::default()) else {
+            panic!("the head cannot be written to /dev/full");
+        };
+        assert!(format!("{e:#}").contains("No space left on device"), "{e:#}");
+    }
+
+    /// A real full disk: a 64 KiB tmpfs. The CSV is cut back to its last
+    /// flushed row and the error names that row.
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn a_full_disk_cuts_the_csv_back_to_a_whole_row() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").map_or(true, |v| v != "true"), "root test without root under CI");
+            eprintln!("SKIPPED a_full_disk_cuts_the_csv_back_to_a_whole_row: needs root");
+            return;
+        }
+        struct Unmount(std::path::PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount(&self.0);
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        nix::mount::mount(
+            Some("rtprobe-cont-unit"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64k"),
+        )
+        .unwrap();
+        let _u = Unmount(dir.path().to_path_buf());
+        let p = dir.path().join("out.csv");
+        let mut w = CsvWriter::create(&p, &RunMeta::default()).unwrap();
+        let mut err = None;
+        for seq in 0..100_000 {
+            let r = w
+                .write(&ProbeRecord { seq, send_ns: 1_763_000_000_000_000_000, ..Default::default() })
+                .and_then(|()| if seq % 100 == 99 { w.flush() } else { Ok(()) });
+            if let Err(e) = r {
+                err = Some(e.to_string());
+                break;
+            }
+        }
+        let e = err.expect("a 64 KiB disk fills up");
+        assert!(e.contains("No space left on device"), "{e}");
+        let n: u64 = e
+            .strip_prefix("CSV ends at probe ")
+            .and_then(|t| t.split(':').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{e}"));
+        let rows = rows_of(&p);
+        assert_eq!(*rows.last().unwrap(), n, "the file ends at the row the error names");
+        assert_eq!(rows.len() as u64, n + 1);
+        assert_eq!(w.rows(), n + 1);
+        assert!(std::fs::read_to_string(&p).unwrap().ends_with('\n'));
+    }
 }
