@@ -193,6 +193,30 @@ fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
     })
 }
 
+/// The probe run's progress: a bar for a fixed count, a spinner otherwise;
+/// the message carries the counts and the latest interval's p50/p99.
+fn progress_bar(opts: &crate::spec::RunOptions) -> indicatif::ProgressBar {
+    if opts.quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let (bar, template) = match opts.probe.count {
+        Some(n) => (
+            indicatif::ProgressBar::new(n),
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} probes (eta {eta})  {msg}",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "{spinner} [{elapsed_precise}] {msg}",
+        ),
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    bar
+}
+
 fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     let opts = match run_options(args) {
         Ok(o) => o,
@@ -205,23 +229,22 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     crate::testbed::require_root()?;
     let quiet = opts.quiet;
     let outcome = with_signals(quiet, move |stop| {
-        let total = opts.probe.count;
-        let bar = if quiet {
-            indicatif::ProgressBar::hidden()
-        } else {
-            let b = match total {
-                Some(n) => indicatif::ProgressBar::new(n),
-                None => indicatif::ProgressBar::new_spinner(),
-            };
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} probes (eta {eta})",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b
-        };
-        let r = crate::runner::execute(&opts, &stop, |sent| bar.set_position(sent));
+        let bar = progress_bar(&opts);
+        let (lines, shown) = (bar.clone(), bar.clone());
+        let mut live = crate::export::live::Live::new(
+            &opts.continuous,
+            // Interval lines go to stdout even with --quiet (they were asked
+            // for), above the progress bar.
+            Box::new(move |line| lines.suspend(|| println!("{line}"))),
+            Box::new(move |p| {
+                shown.set_position(p.counts.sent);
+                shown.set_message(p.message());
+            }),
+        )?;
+        if let Some(url) = live.metrics_url() {
+            eprintln!("rtprobe: serving metrics at {url}");
+        }
+        let r = crate::runner::execute(&opts, &stop, &mut live);
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     })?;
@@ -234,6 +257,11 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     if let Some(j) = &opts.json {
         crate::export::json::write_summary(j, &o.summary)?;
         println!("  wrote summary to {}", j.display());
+    }
+    if let Some(e) = &o.output_error {
+        // Everything else was written; the run stopped early because of it.
+        eprintln!("Error: {e} (the run stopped there; the summary above covers every probe sent)");
+        return Ok(ExitCode::FAILURE);
     }
     // 130 = interrupted, as shells report SIGINT; the data is complete.
     Ok(if o.interrupted {

@@ -22,6 +22,8 @@ pub struct RunOutcome {
     pub meta: RunMeta,
     pub rows: u64,
     pub interrupted: bool,
+    /// An output failed and stopped the run (the rest is complete).
+    pub output_error: Option<String>,
 }
 
 fn check_stop(stop: &AtomicU8) -> Result<()> {
@@ -31,12 +33,12 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
     Ok(())
 }
 
-/// Runs one probe session as `opts` says. `progress(sent)` is called a few
-/// times a second.
+/// Runs one probe session as `opts` says; `live` shows and serves it
+/// while it runs.
 pub fn execute(
     opts: &RunOptions,
     stop: &AtomicU8,
-    progress: impl FnMut(u64),
+    live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
     crate::testbed::require_root()?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
@@ -50,7 +52,7 @@ pub fn execute(
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
-    let out = probe_on(&testbed, opts, stop, progress)?;
+    let out = probe_on(&testbed, opts, stop, live)?;
     // Explicit, so a failure to give interfaces back is reported.
     testbed.teardown()?;
     Ok(out)
@@ -62,7 +64,7 @@ fn probe_on(
     testbed: &Testbed,
     opts: &RunOptions,
     stop: &AtomicU8,
-    progress: impl FnMut(u64),
+    live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
     // Knobs before XDP, undone after it: with a native XDP program on a
     // veth the kernel pins some offloads (GSO), so they are changed and
@@ -124,7 +126,19 @@ fn probe_on(
             })
             .collect(),
     };
-    let csv = std::sync::Mutex::new(CsvWriter::create(&opts.out, &meta)?);
+    let csv = std::sync::Mutex::new(CsvWriter::create_rotated(
+        &opts.out,
+        &meta,
+        opts.continuous.rotation,
+    )?);
+    live.set_run(&meta);
+    let target = |cfg: &ProbeConfig| format!("{}:{}", testbed.receiver_if.addr, cfg.port);
+    let mut flow_observers: Vec<_> = opts
+        .extra_flows
+        .iter()
+        .map(|cfg| live.flow_observer(cfg, &target(cfg)))
+        .collect();
+    let mut main_observer = live.main_observer(&main_cfg, &target(&main_cfg), &meta)?;
     let ep = Endpoints {
         sender_ns: &testbed.sender,
         receiver_ns: &testbed.receiver,
@@ -138,10 +152,11 @@ fn probe_on(
         let others: Vec<_> = opts
             .extra_flows
             .iter()
-            .map(|cfg| {
+            .zip(flow_observers.iter_mut())
+            .map(|(cfg, observer)| {
                 s.spawn(move || {
                     let mut sink = csv;
-                    let r = probe::run_session(ep, cfg, &mut sink, stop, |_| {});
+                    let r = probe::run_session(ep, cfg, &mut sink, stop, &mut **observer);
                     if r.is_err() {
                         stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
                     }
@@ -150,7 +165,7 @@ fn probe_on(
             })
             .collect();
         let mut sink = csv;
-        let main = probe::run_session(ep, &main_cfg, &mut sink, stop, progress);
+        let main = probe::run_session(ep, &main_cfg, &mut sink, stop, &mut main_observer);
         if main.is_err() {
             stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
         }
@@ -181,6 +196,7 @@ fn probe_on(
             })
             .collect()
     };
+    let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
     let outcome = outcomes.swap_remove(0);
     let mut summary = outcome.stats.summary();
     summary.xdp_mode_requested = meta.xdp_mode_requested.clone();
@@ -212,6 +228,9 @@ fn probe_on(
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
     }
+    if let Some(e) = &output_error {
+        summary.extra.insert("output_error".into(), e.clone().into());
+    }
     if !per_flow.is_empty() {
         summary
             .extra
@@ -237,6 +256,7 @@ fn probe_on(
         meta,
         rows,
         interrupted: outcome.interrupted,
+        output_error,
     })
 }
 
@@ -335,8 +355,11 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         }
         // The plan the scenario's validator made for this cell.
         let opts = &cell.run;
-        let out = execute(opts, self.stop, |_| {})?;
+        let out = execute(opts, self.stop, &mut crate::export::live::Live::quiet())?;
         crate::export::json::write_summary(&cell.json, &out.summary)?;
+        if let Some(e) = &out.output_error {
+            bail!("{e} (the summary is complete)");
+        }
         if out.interrupted {
             bail!(
                 "interrupted after {} probes (kept in {})",

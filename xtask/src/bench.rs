@@ -75,6 +75,8 @@ pub enum Section {
     Memory,
     /// XDP vs kernel forwarding.
     Forward,
+    /// RSS of a `--forever` run after a day's worth of 1 ms probes at a high rate.
+    Continuous,
 }
 
 /// One line of the final table.
@@ -850,6 +852,83 @@ fn memory_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     )])
 }
 
+/// A `--forever` run at the fastest sustained rate with every live output
+/// on (rotated CSV, interval lines, HDR log, metrics endpoint), its VmRSS
+/// read from /proc while it runs: memory must not grow with the probe
+/// count. 1 ms probing for 24 h is 86.4 M probes; the run says how much
+/// of that it covered.
+fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
+    let interval_us = ctx.best_interval_us.get().unwrap_or(10).max(10);
+    let secs = if quick { 30 } else { 100 };
+    let dir = ctx.out.join("continuous");
+    std::fs::create_dir_all(&dir)?;
+    let json = dir.join("summary.json");
+    let mut child = Command::new(&ctx.bin)
+        .args(["--quiet", "--xdp-mode", "off", "--forever"])
+        .args(["--interval", &format!("{interval_us}us")])
+        .args(["--out-rotate", "64MiB", "--out-keep", "1", "--report-every", "10s"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .arg("--out")
+        .arg(dir.join("out.csv"))
+        .arg("--hdr-log")
+        .arg(dir.join("run.hlog"))
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start a --forever rtprobe")?;
+    let pid = child.id();
+    let rss_mib = || -> Option<f64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kib: f64 = s
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kib / 1024.0)
+    };
+    // The first 10 s: testbed, warm-up, the first rotation.
+    std::thread::sleep(Duration::from_secs(10));
+    let start = rss_mib();
+    std::thread::sleep(Duration::from_secs(secs - 10));
+    let end = rss_mib();
+    let _ = Command::new("kill").args(["-INT", &pid.to_string()]).status();
+    let t = Instant::now();
+    while child.try_wait()?.is_none() {
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the --forever run did not stop within 30 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let s: Value = serde_json::from_str(
+        &std::fs::read_to_string(&json).with_context(|| format!("read {}", json.display()))?,
+    )?;
+    let sent = s["sent"].as_f64().unwrap_or(0.0);
+    let (Some(start), Some(end)) = (start, end) else {
+        bail!("could not read the run's VmRSS from /proc/{pid}/status");
+    };
+    let growth = end - start;
+    Ok(vec![row(
+        &format!(
+            "RSS of --forever after {:.1} M probes (= {:.1} h at 1 ms)",
+            sent / 1e6,
+            sent / 1e3 / 3600.0
+        ),
+        format!("{end:.1} MiB"),
+        format!(
+            "{start:.1} MiB at 10 s; every {interval_us} us for {secs} s, rotated CSV, HDR log,              metrics on; lost {}, unaccounted {}",
+            s["lost"], s["unaccounted"]
+        ),
+        "growth <= 4 MiB",
+        Some(growth <= 4.0),
+    )])
+}
+
 fn forward_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let json = ctx.out.join("forward.json");
     let sizes = if quick { "64" } else { "64,1500" };
@@ -987,12 +1066,13 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 5] = [
+    let sections: [(Section, &str, Rows); 6] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt_rows),
         (Section::Pacing, "pacing", pacing_rows),
         (Section::Rate, "max probe rate", rate_rows),
         (Section::Memory, "memory", memory_rows),
         (Section::Forward, "XDP forwarding", forward_rows),
+        (Section::Continuous, "continuous probing", continuous_rows),
     ];
     for (_, name, f) in sections
         .into_iter()

@@ -36,6 +36,7 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "iputils-ping", // the ping column of cargo xtask bench
     "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
+    "prometheus",   // the metrics e2e test scrapes a probe run with a real server
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";

@@ -532,7 +532,7 @@ fn run_probe(
         sender_if: &tb.sender_if,
         receiver_if: &tb.receiver_if,
     };
-    let o = probe::run_session(&ep, &cfg, &mut csv, stop, |_| {})?;
+    let o = probe::run_session(&ep, &cfg, &mut csv, stop, &mut probe::NoObserver)?;
     let mut s = o.stats.summary();
     s.extra.insert("kernel_drops".into(), o.kernel_drops);
     Ok(s)

@@ -5,8 +5,12 @@ pub mod compare;
 pub mod csv;
 pub mod fetch_study;
 pub mod json;
+pub mod live;
+pub mod metrics;
+pub mod hdrlog;
 pub mod plot;
 pub mod report;
+pub mod rotate;
 pub mod text;
 
 pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, StartSrc, TsSource};

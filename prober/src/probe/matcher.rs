@@ -457,8 +457,10 @@ impl Matcher {
             self.base += 1;
             out(self.finalize(seq, slot));
         }
-        // Early TX stamps whose send never showed up within the window are stale.
-        if flush_all {
+        // Early TX stamps whose send never showed up within the window are
+        // stale. A run that never ends must not collect them forever: far
+        // more than any batch holds in flight means they are orphans.
+        if flush_all || self.early_tx.len() > FINALIZED_MEMORY {
             self.early_tx.clear();
         }
     }

@@ -86,6 +86,28 @@ impl RecordSink for &std::sync::Mutex<CsvWriter> {
     }
 }
 
+/// Watches a session while it runs: every finalized record (seq order)
+/// and a tick a few times a second. Interval reports, the progress bar,
+/// metrics and the HDR log hang here (see `export::live`).
+pub trait SessionObserver {
+    /// A finalized record, whether or not the CSV could take it.
+    fn on_record(&mut self, _r: &crate::export::ProbeRecord) {}
+    /// About every [`TICK_NS`] and once more at the end (`last`). An error
+    /// is an output that failed: the session stops sending, ends cleanly
+    /// and reports it.
+    fn on_tick(&mut self, _stats: &RunStats, _last: bool) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Watches nothing.
+pub struct NoObserver;
+
+impl SessionObserver for NoObserver {}
+
+/// How often the collector flushes the CSV and ticks the observer (~4x/s).
+pub const TICK_NS: i64 = 250_000_000;
+
 /// Validated probe options.
 #[derive(Clone)]
 pub struct ProbeConfig {
@@ -151,6 +173,9 @@ pub struct SessionOutcome {
     /// Per NIC with hardware stamps: its PHC, the offset's uncertainty and
     /// drift against the system clock, or why its stamps were left out.
     pub hw_clocks: serde_json::Value,
+    /// An output (CSV, HDR log...) failed during the run and stopped it,
+    /// in words: "CSV ends at probe 41999: No space left on device".
+    pub output_error: Option<String>,
 }
 
 /// A NIC's PTP hardware clock, sampled against CLOCK_REALTIME while the
@@ -250,7 +275,7 @@ pub fn run_session(
     cfg: &ProbeConfig,
     csv: &mut dyn RecordSink,
     stop: &AtomicU8,
-    mut progress: impl FnMut(u64),
+    observer: &mut dyn SessionObserver,
 ) -> Result<SessionOutcome> {
     if cfg.size < HEADER_LEN {
         bail!(
@@ -361,7 +386,7 @@ pub fn run_session(
                 csv,
                 stop,
                 &|| sender.is_finished(),
-                &mut progress,
+                observer,
             );
             // Stop the sender too if collecting failed.
             if out.is_err() {
@@ -371,9 +396,9 @@ pub fn run_session(
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")));
             let pacing = paced?;
-            out.map(|(mut stats, late)| {
+            out.map(|(mut stats, late, failed)| {
                 stats.set_pacing(pacing);
-                (stats, late)
+                (stats, late, failed)
             })
         })();
         done_ref.store(true, Ordering::SeqCst);
@@ -396,7 +421,7 @@ pub fn run_session(
             None => {}
         }
     }
-    let (mut stats, late_arrivals) = result?;
+    let (mut stats, late_arrivals, output_error) = result?;
     let drops_after = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
     stats.set_attempts(attempts.load(Ordering::SeqCst));
     Ok(SessionOutcome {
@@ -404,9 +429,11 @@ pub fn run_session(
         hardware_tx,
         hardware_rx,
         late_arrivals,
-        interrupted: stop.load(Ordering::SeqCst) != 0,
+        // A failed output stops the session too; that is no interruption.
+        interrupted: stop.load(Ordering::SeqCst) != 0 && output_error.is_none(),
         kernel_drops: drops_after.report_since(&drops_before),
         hw_clocks: serde_json::Value::Object(hw_clocks),
+        output_error,
     })
 }
 
@@ -741,8 +768,8 @@ fn collect(
     csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
-    progress: &mut impl FnMut(u64),
-) -> Result<(RunStats, u64)> {
+    observer: &mut dyn SessionObserver,
+) -> Result<(RunStats, u64, Option<String>)> {
     let mut stats = RunStats::with_interval(cfg.interval.as_nanos() as i64);
     let mut m = Matcher::new(
         cfg.size as u32,
@@ -760,6 +787,15 @@ fn collect(
     let mut last_flush = clock::realtime_ns();
     let mut sender_done_at: Option<i64> = None;
     let mut write_err: Option<anyhow::Error> = None;
+    // A failed output (disk full, file removed) ends the run the way a
+    // first Ctrl-C does: no more sends, probes in flight still counted.
+    let mut output_error: Option<String> = None;
+    let mut csv_ok = true;
+    let fail = |why: String, output_error: &mut Option<String>| {
+        log::warn!("{why}: stopping the run");
+        output_error.get_or_insert(why);
+        stop.fetch_max(STOP_SENDING, Ordering::SeqCst);
+    };
     loop {
         // Looked at before taking events: once it is true every event of
         // the sender is already in the channel, so none can be missed below.
@@ -800,32 +836,45 @@ fn collect(
         }
         m.drain(now, finish_now, |r| {
             stats.on_record(&r);
-            if write_err.is_none()
+            observer.on_record(&r);
+            if csv_ok
+                && write_err.is_none()
                 && let Err(e) = csv.write(&r)
             {
                 write_err = Some(e);
             }
         });
         if let Some(e) = write_err.take() {
-            return Err(e.context("writing the CSV"));
+            csv_ok = false;
+            fail(format!("{e:#}"), &mut output_error);
         }
-        if now - last_flush > 200_000_000 {
-            csv.flush()?;
+        if now - last_flush > TICK_NS {
+            if csv_ok && let Err(e) = csv.flush() {
+                csv_ok = false;
+                fail(format!("{e:#}"), &mut output_error);
+            }
             last_flush = now;
-            progress(stats.sent());
+            stats.set_unmatched(m.unmatched());
+            if let Err(e) = observer.on_tick(&stats, false) {
+                fail(e, &mut output_error);
+            }
         }
         if finish_now || (sender_done_at.is_some() && m.in_flight() == 0) {
             break;
         }
     }
-    csv.flush()?;
-    progress(stats.sent());
+    if csv_ok && let Err(e) = csv.flush() {
+        fail(format!("{e:#}"), &mut output_error);
+    }
     stats.set_unmatched(m.unmatched());
+    if let Err(e) = observer.on_tick(&stats, true) {
+        fail(e, &mut output_error);
+    }
     if m.hw_unconverted() > 0 {
         log::warn!(
             "{} hardware timestamps could not be put on the system clock and were left out",
             m.hw_unconverted()
         );
     }
-    Ok((stats, m.late_arrivals()))
+    Ok((stats, m.late_arrivals(), output_error))
 }

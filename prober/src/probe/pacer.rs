@@ -250,11 +250,8 @@ pub fn pace(
     let sched = Schedule {
         start_ns,
         interval_ns,
-        count: cfg.count.unwrap_or(if cfg.duration.is_some() {
-            u64::MAX
-        } else {
-            1000
-        }),
+        // Neither a count nor a duration: until stopped (--forever).
+        count: cfg.count.unwrap_or(u64::MAX),
         end_ns: cfg.duration.map(|d| start_ns + d.as_nanos() as i64),
     };
     let mut ticker = Ticker::new(&c, sched, wake_mode(cfg), OFFSET_REFRESH_NS);

@@ -28,6 +28,7 @@
 //! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
 //! [`values`].
 
+pub mod continuous;
 pub mod flows;
 pub mod knobs;
 pub mod output;
@@ -66,6 +67,9 @@ pub struct RunSpec {
     #[command(flatten)]
     #[serde(flatten)]
     pub pacing: PacingSpec,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub continuous: continuous::ContinuousArgs,
 }
 
 impl RunSpec {

@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub queue_csv: Option<PathBuf>,
     /// Flows probed at the same time as the main one (flow ids 1..).
     pub extra_flows: Vec<ProbeConfig>,
+    /// Forever, CSV rotation, interval reports, metrics, HDR log.
+    pub continuous: super::continuous::ContinuousPlan,
 }
 
 /// An option that cannot work: its spec key (`size`, `link_rate`) and why.
@@ -61,7 +63,7 @@ pub struct SpecError {
 }
 
 impl SpecError {
-    fn new(key: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(key: &'static str, message: impl Into<String>) -> Self {
         Self {
             key,
             message: message.into(),
@@ -111,14 +113,20 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
             format!("{} is too long: use at most 1h", fmt_duration(interval)),
         );
     }
+    if run.continuous.forever == Some(true) && p.count.is_some() {
+        return e("forever", "and count: give one (forever probes until stopped)".into());
+    }
     let count = match (p.count, p.duration) {
         (Some(_), Some(_)) => return e("duration", "and count: give count or duration, not both".into()),
         (Some(0), None) => return e("count", "0 sends nothing: give at least 1".into()),
-        (_, Some(d)) if d.is_zero() => return e("duration", "0 sends nothing: give e.g. 10s".into()),
+        // --duration 0 is --forever (run.continuous): no count, no end.
+        (_, Some(d)) if d.is_zero() => None,
         (Some(n), None) => Some(n),
         (None, Some(_)) => None,
+        (None, None) if run.continuous.forever == Some(true) => None,
         (None, None) => Some(DEFAULT_COUNT),
     };
+    let continuous = run.continuous.plan(p.duration)?;
     let timeout = p.timeout.unwrap_or(DEFAULT_TIMEOUT);
     if timeout.is_zero() {
         return e("timeout", "must be more than 0 (e.g. 1s)".into());
@@ -237,7 +245,7 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
         size,
         interval,
         count,
-        duration: p.duration,
+        duration: p.duration.filter(|d| !d.is_zero()),
         tos: p.tos.unwrap_or(0),
         port,
         timestamps: p.timestamps.unwrap_or_default(),
@@ -268,6 +276,7 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
         knobs: k,
         queue_csv,
         extra_flows,
+        continuous,
     })
 }
 

@@ -279,6 +279,17 @@ fn every_spec_round_trips_through_merge() {
         "1",
         "--queue-sample",
         "10ms",
+        "--forever",
+        "--out-rotate",
+        "1MiB",
+        "--out-keep",
+        "3",
+        "--report-every",
+        "2s",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--hdr-log",
+        "x.hlog",
     ])
     .unwrap()
     .probe;

@@ -3,6 +3,7 @@
 
 pub mod bootstrap;
 pub mod chain;
+pub mod interval;
 pub mod summary;
 
-pub use summary::{Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters};
+pub use summary::{Counts, Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters};

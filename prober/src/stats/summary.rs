@@ -256,6 +256,19 @@ pub fn is_missed_tick(late_ns: i64, interval_ns: i64) -> bool {
     interval_ns > 0 && late_ns > interval_ns
 }
 
+/// A run's counts so far (see [`Summary`] for each one's meaning).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub sent: u64,
+    pub received: u64,
+    pub lost: u64,
+    pub echo_lost: u64,
+    pub reordered: u64,
+    pub duplicates: u64,
+    pub foreign: u64,
+    pub unaccounted: u64,
+}
+
 /// Running statistics, fed one finalized record at a time in seq order,
 /// plus arrival-order events from the receiver. Memory is constant.
 pub struct RunStats {
@@ -467,6 +480,20 @@ impl RunStats {
             Some(StartSrc::Sched) => self.starts[0] += 1,
             Some(StartSrc::User) => self.starts[1] += 1,
             None => {}
+        }
+    }
+
+    /// The running counts, cheap enough to read several times a second.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            sent: self.sent,
+            received: self.received,
+            lost: self.lost,
+            echo_lost: self.echo_lost,
+            reordered: self.reordered,
+            duplicates: self.duplicates,
+            foreign: self.foreign,
+            unaccounted: self.unaccounted(),
         }
     }
 

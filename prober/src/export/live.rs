@@ -1,0 +1,257 @@
+//! What a probe run shows and serves while it runs: interval lines
+//! (`--report-every`), the progress bar's figures, the HDR interval log
+//! (`--hdr-log`) and the Prometheus metrics (`--metrics-listen`). All of it
+//! hangs off the probe session as a [`SessionObserver`], and all of it
+//! works from interval histograms and counters: nothing grows with the
+//! length of the run.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::Result;
+
+use crate::{
+    export::{
+        ProbeRecord, RunMeta,
+        hdrlog::{HdrLog, TAG_ONE_WAY, TAG_RTT},
+        metrics::{FlowLabels, FlowMetrics, Metrics, MetricsServer},
+    },
+    probe::{NoObserver, ProbeConfig, SessionObserver},
+    spec::continuous::ContinuousPlan,
+    stats::{
+        Counts, RunStats,
+        interval::{Interval, IntervalStats, quantiles_words},
+    },
+};
+
+/// What the progress bar shows: the run's counts and the latest interval.
+pub struct Progress<'a> {
+    pub counts: Counts,
+    /// The interval being filled, or the last complete one while the new
+    /// one holds few probes.
+    pub interval: &'a Interval,
+}
+
+impl Progress<'_> {
+    /// "sent 12000  lost 3 (0.03 %)  one-way p50 45.1 µs p99 80.2 µs max 120 µs".
+    pub fn message(&self) -> String {
+        let c = &self.counts;
+        let loss = if c.sent == 0 {
+            0.0
+        } else {
+            100.0 * c.lost as f64 / c.sent as f64
+        };
+        let (name, h) = self.interval.headline();
+        format!(
+            "sent {}  lost {} ({loss:.2} %)  {name} {}",
+            c.sent,
+            c.lost,
+            quantiles_words(h)
+        )
+    }
+}
+
+type Print = Box<dyn FnMut(&str) + Send>;
+type ShowProgress = Box<dyn FnMut(&Progress<'_>) + Send>;
+
+/// The live outputs of one probe run.
+pub struct Live {
+    plan: ContinuousPlan,
+    metrics: Option<Arc<Metrics>>,
+    server: Option<MetricsServer>,
+    print: Print,
+    progress: ShowProgress,
+}
+
+impl Live {
+    /// No lines, no progress, no metrics (scenario cells, benches).
+    pub fn quiet() -> Self {
+        Self {
+            plan: ContinuousPlan::default(),
+            metrics: None,
+            server: None,
+            print: Box::new(|_| {}),
+            progress: Box::new(|_| {}),
+        }
+    }
+
+    /// Starts the metrics server if the plan asks for one. `print` takes
+    /// the interval lines, `progress` the progress bar's figures (~4x/s).
+    pub fn new(plan: &ContinuousPlan, print: Print, progress: ShowProgress) -> Result<Self> {
+        let (metrics, server) = match plan.metrics_listen {
+            Some(addr) => {
+                let m = Arc::new(Metrics::new());
+                let s = MetricsServer::start(addr, m.clone())?;
+                (Some(m), Some(s))
+            }
+            None => (None, None),
+        };
+        Ok(Self {
+            plan: plan.clone(),
+            metrics,
+            server,
+            print,
+            progress,
+        })
+    }
+
+    /// Where the metrics are served, if they are.
+    pub fn metrics_url(&self) -> Option<String> {
+        self.server
+            .as_ref()
+            .map(|s| format!("http://{}/metrics", s.local_addr()))
+    }
+
+    /// The registry, for commands that add metrics of their own.
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref()
+    }
+
+    /// What the run attached (the XDP mode), once it is known.
+    pub fn set_run(&mut self, meta: &RunMeta) {
+        if let Some(m) = &self.metrics {
+            m.set_xdp_mode(&meta.xdp_mode_requested, &meta.xdp_mode_attached);
+        }
+    }
+
+    /// The observer of a flow besides the main one: its metrics.
+    pub fn flow_observer(&self, cfg: &ProbeConfig, target: &str) -> Box<dyn SessionObserver + Send> {
+        match &self.metrics {
+            Some(m) => Box::new(m.flow(
+                FlowLabels::new(target, cfg.flow, cfg.tos, cfg.size),
+                cfg.kernel_reflector,
+            )),
+            None => Box::new(NoObserver),
+        }
+    }
+
+    /// The main flow's observer: metrics, interval lines, progress, HDR log.
+    pub fn main_observer(&mut self, cfg: &ProbeConfig, target: &str, meta: &RunMeta) -> Result<MainObserver<'_>> {
+        let hdr = match &self.plan.hdr_log {
+            Some(p) => Some(HdrLog::create(
+                p,
+                SystemTime::now(),
+                &format!(
+                    "rtprobe {} {}: size {} B, interval {} ns, tos {:#04x}, xdp {}",
+                    meta.version, target, cfg.size, meta.interval_ns, cfg.tos, meta.xdp_mode_attached
+                ),
+            )?),
+            None => None,
+        };
+        let metrics = self.metrics.as_ref().map(|m| {
+            m.flow(
+                FlowLabels::new(target, cfg.flow, cfg.tos, cfg.size),
+                cfg.kernel_reflector,
+            )
+        });
+        Ok(MainObserver {
+            intervals: IntervalStats::new(self.plan.interval()),
+            lines: self.plan.report_every.is_some(),
+            hdr_base_ns: now_ns(),
+            hdr,
+            metrics,
+            error: None,
+            print: &mut self.print,
+            progress: &mut self.progress,
+        })
+    }
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// The main flow's observer (see [`Live::main_observer`]).
+pub struct MainObserver<'a> {
+    intervals: IntervalStats,
+    lines: bool,
+    hdr: Option<HdrLog>,
+    /// The HDR log's BaseTime, CLOCK_REALTIME ns.
+    hdr_base_ns: i64,
+    metrics: Option<FlowMetrics>,
+    /// The first output that failed.
+    error: Option<String>,
+    print: &'a mut Print,
+    progress: &'a mut ShowProgress,
+}
+
+/// Writes a complete interval to the outputs that take intervals.
+fn interval_done(
+    i: &Interval,
+    lines: bool,
+    print: &mut Print,
+    hdr: &mut Option<HdrLog>,
+    hdr_base_ns: i64,
+    error: &mut Option<String>,
+) {
+    if lines {
+        print(&i.line());
+    }
+    if let Some(log) = hdr {
+        let start = Duration::from_nanos(i.start_ns.saturating_sub(hdr_base_ns).max(0) as u64);
+        let len = Duration::from_nanos(i.len_ns as u64);
+        let r = log
+            .write(TAG_ONE_WAY, start, len, &i.one_way)
+            .and_then(|()| log.write(TAG_RTT, start, len, &i.rtt));
+        if let Err(e) = r {
+            error.get_or_insert(format!("{e:#}"));
+            // No more writes to a log that failed.
+            *hdr = None;
+        }
+    }
+}
+
+impl SessionObserver for MainObserver<'_> {
+    fn on_record(&mut self, r: &ProbeRecord) {
+        let Self {
+            intervals,
+            lines,
+            hdr,
+            hdr_base_ns,
+            error,
+            print,
+            metrics,
+            ..
+        } = self;
+        intervals.on_record(r, |i| interval_done(i, *lines, print, hdr, *hdr_base_ns, error));
+        if let Some(m) = metrics {
+            m.observe(r);
+        }
+    }
+
+    fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
+        if let Some(m) = &mut self.metrics {
+            m.update(&stats.counts(), stats.timestamp_source());
+        }
+        if last {
+            let Self {
+                intervals,
+                lines,
+                hdr,
+                hdr_base_ns,
+                error,
+                print,
+                ..
+            } = self;
+            intervals.finish(|i| interval_done(i, *lines, print, hdr, *hdr_base_ns, error));
+            if let Some(log) = self.hdr.take()
+                && let Err(e) = log.finish()
+            {
+                self.error.get_or_insert(format!("{e:#}"));
+            }
+        }
+        (self.progress)(&Progress {
+            counts: stats.counts(),
+            interval: self.intervals.display(),
+        });
+        // Reported once: the failed output is closed by now.
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Continuous probing and live outputs: `--forever`, CSV rotation, interval
+//! reports, the Prometheus endpoint and the HdrHistogram interval log.
+//!
+//! One option group, usable from the command line (flattened into the
+//! probe's arguments) and from a TOML table (same keys, snake_case); the
+//! validator [`ContinuousArgs::plan`] turns it into a [`ContinuousPlan`].
+
+use std::{fmt, net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::SpecError;
+
+/// How long each interval histogram covers when `--report-every` is not
+/// given (the progress bar, the HDR log and nothing else use it).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// Rotated files kept besides the current one when `--out-keep` is not given.
+pub const DEFAULT_KEEP: u32 = 5;
+/// Smallest rotation size: a file must hold its metadata and a few rows.
+pub const MIN_ROTATE_BYTES: u64 = 16 * 1024;
+/// Shortest rotation period.
+pub const MIN_ROTATE_PERIOD: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Continuous probing and live outputs")]
+pub struct ContinuousArgs {
+    /// Probe until Ctrl-C or SIGTERM (the same as --duration 0). Memory stays flat; bound the
+    /// disk with --out-rotate.
+    #[arg(long, num_args = 0, default_missing_value = "true", conflicts_with = "count")]
+    pub forever: Option<bool>,
+
+    /// Start a new CSV when the current one reaches this size (e.g. 100MiB, 500MB) or age (e.g.
+    /// 1h, 10min): out.csv is the newest, out.csv.1 the one before, and so on. Every file starts
+    /// with the metadata and header, so `rtprobe plot` reads any of them.
+    #[arg(long, value_name = "SIZE|TIME")]
+    pub out_rotate: Option<Rotate>,
+
+    /// Rotated CSVs kept besides the current one; older ones are deleted [default: 5].
+    #[arg(long, value_name = "N", requires = "out_rotate")]
+    pub out_keep: Option<u32>,
+
+    /// Print an interval line every D (like iperf): probes sent and lost, one-way and RTT p50,
+    /// p99 and max of the probes sent in that interval. Also the period of the HDR log's
+    /// histograms [default: no lines; histograms per 1s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::tune::units::parse_duration)]
+    #[serde(default, with = "crate::tune::units::humane_duration::option")]
+    pub report_every: Option<Duration>,
+
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while probing
+    /// (histograms of one-way, RTT and each stage; probe counters; XDP mode and timestamp
+    /// source). Port 0 picks a free one (printed).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Write an HdrHistogram interval log (V2, deflate) here: one one-way and one RTT histogram
+    /// (tags one-way, rtt; values in ns) per report interval, readable by HdrHistogram's tools
+    /// and `rtprobe plot`.
+    #[arg(long, value_name = "FILE")]
+    pub hdr_log: Option<PathBuf>,
+}
+
+/// When the CSV starts a new file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotate {
+    /// When the current file reaches this many bytes.
+    Bytes(u64),
+    /// When the current file is this old.
+    Every(Duration),
+}
+
+impl FromStr for Rotate {
+    type Err = String;
+
+    /// "100MiB", "500MB", "1GiB", "65536" (bytes), or a duration ("1h", "10min").
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let digits = t
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(digits);
+        let scale: Option<f64> = match unit.trim() {
+            "" | "B" => Some(1.0),
+            "k" | "K" | "kB" | "KB" => Some(1e3),
+            "KiB" | "Ki" => Some(1024.0),
+            "M" | "MB" => Some(1e6),
+            "MiB" | "Mi" => Some(1024.0 * 1024.0),
+            "G" | "GB" => Some(1e9),
+            "GiB" | "Gi" => Some(1024.0 * 1024.0 * 1024.0),
+            _ => None,
+        };
+        if let (Some(scale), Ok(n)) = (scale, num.parse::<f64>())
+            && n.is_finite()
+        {
+            let bytes = n * scale;
+            if bytes >= 1.0 && bytes < 2f64.powi(62) {
+                return Ok(Rotate::Bytes(bytes as u64));
+            }
+            return Err(format!("rotation size {s:?} is out of range"));
+        }
+        match crate::tune::units::parse_duration(t) {
+            Ok(d) => Ok(Rotate::Every(d)),
+            Err(_) => Err(format!(
+                "invalid rotation {s:?}: give a size (e.g. 100MiB, 500MB) or a time (e.g. 1h, 10min)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Rotate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rotate::Bytes(b) => write!(f, "{b} bytes"),
+            Rotate::Every(d) => write!(f, "{}", humantime::format_duration(*d)),
+        }
+    }
+}
+
+/// Written as it is read: "65536" (bytes) or a humantime duration ("1h").
+impl Serialize for Rotate {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Rotate::Bytes(b) => s.serialize_str(&b.to_string()),
+            Rotate::Every(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Rotate {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// CSV rotation, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    pub when: Rotate,
+    /// Rotated files kept besides the current one.
+    pub keep: u32,
+}
+
+/// What a run does besides probing a fixed count, validated.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ContinuousPlan {
+    /// Probe until stopped.
+    pub forever: bool,
+    pub rotation: Option<Rotation>,
+    /// Print an interval line this often.
+    pub report_every: Option<Duration>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub hdr_log: Option<PathBuf>,
+}
+
+impl ContinuousPlan {
+    /// The span of one interval histogram.
+    pub fn interval(&self) -> Duration {
+        self.report_every.unwrap_or(DEFAULT_INTERVAL)
+    }
+}
+
+impl ContinuousArgs {
+    /// Checks the options against the probe's `--duration` (0 means forever)
+    /// and turns them into a plan. Errors name the flag and what to do.
+    pub fn plan(&self, duration: Option<Duration>) -> Result<ContinuousPlan, SpecError> {
+        macro_rules! bail {
+            ($key:literal, $($m:tt)*) => {
+                return Err(SpecError::new($key, format!($($m)*)))
+            };
+        }
+        let forever = self.forever == Some(true) || duration.is_some_and(|d| d.is_zero());
+        if self.forever == Some(true) && duration.is_some_and(|d| !d.is_zero()) {
+            bail!("forever", "probes until stopped: drop --duration (or use --duration 0)");
+        }
+        let rotation = match self.out_rotate {
+            None => None,
+            Some(when) => {
+                match when {
+                    Rotate::Bytes(b) if b < MIN_ROTATE_BYTES => bail!(
+                        "out_rotate",
+                        "{when} is too small: give at least 16KiB (e.g. 100MiB)"
+                    ),
+                    Rotate::Every(d) if d < MIN_ROTATE_PERIOD => bail!(
+                        "out_rotate",
+                        "{when} is too short: give at least 1s (e.g. 1h)"
+                    ),
+                    _ => {}
+                }
+                let keep = self.out_keep.unwrap_or(DEFAULT_KEEP);
+                if !(1..=10_000).contains(&keep) {
+                    bail!("out_keep", "{keep} is out of range: keep 1..10000 rotated files");
+                }
+                Some(Rotation { when, keep })
+            }
+        };
+        if let Some(d) = self.report_every {
+            if d < Duration::from_millis(100) {
+                bail!("report_every", "{d:?} is too short: use at least 100ms (e.g. 1s, 10s)");
+            }
+            if d > Duration::from_secs(24 * 3600) {
+                bail!("report_every", "{d:?} is too long: use at most 24h");
+            }
+        }
+        if let Some(p) = &self.hdr_log {
+            check_out_path(p).map_err(|m| SpecError::new("hdr_log", m))?;
+        }
+        Ok(ContinuousPlan {
+            forever,
+            rotation,
+            report_every: self.report_every,
+            metrics_listen: self.metrics_listen,
+            hdr_log: self.hdr_log.clone(),
+        })
+    }
+}
+
+fn check_out_path(p: &std::path::Path) -> Result<(), String> {
+    if p.is_dir() {
+        return Err(format!("{} is a directory: give a file name", p.display()));
+    }
+    let parent = p
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(format!(
+            "{}: directory {} does not exist",
+            p.display(),
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[arg(long)]
+        count: Option<u64>,
+        #[command(flatten)]
+        c: ContinuousArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ContinuousArgs, clap::Error> {
+        T::try_parse_from(std::iter::once("t").chain(args.iter().copied())).map(|t| t.c)
+    }
+
+    #[test]
+    fn rotation_parses_sizes_and_times() {
+        assert_eq!("100MiB".parse(), Ok(Rotate::Bytes(100 << 20)));
+        assert_eq!("500MB".parse(), Ok(Rotate::Bytes(500_000_000)));
+        assert_eq!("1.5GiB".parse(), Ok(Rotate::Bytes(3 << 29)));
+        assert_eq!("65536".parse(), Ok(Rotate::Bytes(65536)));
+        assert_eq!("1h".parse(), Ok(Rotate::Every(Duration::from_secs(3600))));
+        assert_eq!(
+            "10min".parse(),
+            Ok(Rotate::Every(Duration::from_secs(600)))
+        );
+        for bad in ["", "lots", "-5MiB", "1e400MB", "99999999999999999999GiB", "5 parsecs"] {
+            assert!(bad.parse::<Rotate>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags_parse_and_validate() {
+        let c = parse(&["--forever", "--out-rotate", "1MiB", "--out-keep", "3"]).unwrap();
+        assert_eq!(c.forever, Some(true));
+        let p = c.plan(None).unwrap();
+        assert!(p.forever);
+        assert_eq!(
+            p.rotation,
+            Some(Rotation {
+                when: Rotate::Bytes(1 << 20),
+                keep: 3
+            })
+        );
+        assert_eq!(p.interval(), DEFAULT_INTERVAL);
+        let c = parse(&[]).unwrap();
+        assert_eq!(c, ContinuousArgs::default());
+        assert!(!c.plan(Some(Duration::from_secs(3))).unwrap().forever);
+        assert!(c.plan(Some(Duration::ZERO)).unwrap().forever, "--duration 0");
+        assert!(parse(&["--out-keep", "3"]).is_err(), "needs --out-rotate");
+        assert!(parse(&["--forever", "--count", "3"]).is_err());
+        let err = |a: &[&str], d: Option<Duration>| {
+            parse(a).unwrap().plan(d).unwrap_err().for_cli()
+        };
+        assert!(err(&["--out-rotate", "1KiB"], None).contains("at least 16KiB"));
+        assert!(err(&["--out-rotate", "10ms"], None).contains("at least 1s"));
+        assert!(err(&["--out-rotate", "1h", "--out-keep", "0"], None).contains("--out-keep 0"));
+        assert!(err(&["--report-every", "1ms"], None).contains("at least 100ms"));
+        assert!(err(&["--forever"], Some(Duration::from_secs(5))).contains("drop --duration"));
+        assert!(err(&["--hdr-log", "/nonexistent-dir/x.hlog"], None).contains("--hdr-log"));
+        let c = parse(&["--metrics-listen", "127.0.0.1:0", "--report-every", "2s"]).unwrap();
+        let p = c.plan(None).unwrap();
+        assert_eq!(p.metrics_listen, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(p.interval(), Duration::from_secs(2));
+        assert!(parse(&["--metrics-listen", "localhost"]).is_err());
+    }
+
+    #[test]
+    fn the_same_options_come_from_toml() {
+        let c: ContinuousArgs = toml::from_str(
+            "forever = true\nout_rotate = \"100MiB\"\nout_keep = 2\nreport_every = \"10s\"\n\
+             metrics_listen = \"0.0.0.0:9464\"\nhdr_log = \"x.hlog\"",
+        )
+        .unwrap();
+        assert_eq!(c.out_rotate, Some(Rotate::Bytes(100 << 20)));
+        assert_eq!(c.report_every, Some(Duration::from_secs(10)));
+        let e = toml::from_str::<ContinuousArgs>("out_rotate = \"huge\"").unwrap_err();
+        assert!(e.to_string().contains("invalid rotation"), "{e}");
+        // Unknown keys are refused where the group is flattened (a scenario's [probe]).
+        let keys = crate::spec::keys_of::<crate::spec::RunSpec>();
+        for k in ["forever", "out_rotate", "out_keep", "report_every", "metrics_listen", "hdr_log"] {
+            assert!(keys.iter().any(|x| x == k), "{k} in {keys:?}");
+        }
+    }
+}

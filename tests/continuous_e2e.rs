@@ -1,0 +1,201 @@
+//! End-to-end: continuous probing. A `--forever` run at 1 ms keeps its
+//! resident memory flat, rotates its CSV into a bounded set of files that
+//! each start with the metadata and header, prints interval lines and
+//! writes an HDR interval log; Ctrl-C ends it with a complete summary. A
+//! CSV on a disk that fills up stops the run cleanly with the summary, the
+//! JSON and a line saying where the CSV ends. Needs root; run by `cargo
+//! xtask test` with `--ignored --test-threads=1`.
+
+mod common;
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+fn vm_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .expect("VmRSS of the running rtprobe")
+}
+
+/// Kills the child on drop, so a failing test leaves no prober running.
+struct ChildGuard(std::process::Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
+    if !is_root("forever_at_1ms_keeps_rss_flat_and_rotates_the_csv") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("out.csv");
+    let hlog = dir.path().join("run.hlog");
+    let json = dir.path().join("out.json");
+    let child = Command::new(bin())
+        .args(["--xdp-mode", "native", "--forever", "--interval", "1ms", "--quiet"])
+        .args(["--out-rotate", "256KiB", "--out-keep", "3", "--report-every", "1s"])
+        .arg("--out")
+        .arg(&csv)
+        .arg("--hdr-log")
+        .arg(&hlog)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rtprobe");
+    let mut child = ChildGuard(child);
+    let pid = child.0.id();
+    // Past the testbed set-up and the first rotations.
+    std::thread::sleep(Duration::from_secs(6));
+    let rss_start = vm_rss_kib(pid);
+    std::thread::sleep(Duration::from_secs(24));
+    let rss_end = vm_rss_kib(pid);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rtprobe did not stop after SIGINT");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    use std::io::Read;
+    child.0.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "interrupted: {stderr}\n{stdout}");
+    eprintln!("VmRSS {rss_start} KiB at 6 s, {rss_end} KiB at 30 s");
+    // ~24 000 probes in between: a record kept per probe (~300 bytes) would
+    // add ~7 MiB.
+    assert!(
+        rss_end <= rss_start + 3 * 1024,
+        "RSS grew from {rss_start} to {rss_end} KiB over 24 s of probing"
+    );
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sent = summary["sent"].as_u64().unwrap();
+    assert!(sent > 25_000, "{summary}");
+    assert_eq!(summary["unaccounted"], 0);
+
+    // out.csv and three rotated files, each a readable CSV of its own,
+    // seqs continuing from the older file into the newer one.
+    let siblings: Vec<_> = (1..=3).map(|n| dir.path().join(format!("out.csv.{n}"))).collect();
+    assert!(!dir.path().join("out.csv.4").exists(), "only 3 rotated files kept");
+    let mut rows_kept = 0;
+    let mut next_seq: Option<u64> = None;
+    for f in siblings.iter().rev().chain(std::iter::once(&csv)) {
+        let size = std::fs::metadata(f).unwrap_or_else(|_| panic!("{} missing", f.display())).len();
+        assert!(size <= 256 * 1024, "{} is {size} bytes", f.display());
+        let (meta, rows) = read_csv(f);
+        assert_eq!(meta.xdp_mode_requested, "native");
+        assert!(!rows.is_empty());
+        let first: u64 = rows[0][0].parse().unwrap();
+        if let Some(n) = next_seq {
+            assert_eq!(first, n, "{} continues the file before it", f.display());
+        }
+        next_seq = Some(rows.last().unwrap()[0].parse::<u64>().unwrap() + 1);
+        rows_kept += rows.len();
+    }
+    assert!(rows_kept < sent as usize, "older rows were rotated away");
+    assert_eq!(next_seq, Some(sent), "the newest file ends with the last probe");
+
+    // Interval lines, about one a second, each with its own counts.
+    let lines: Vec<_> = stdout.lines().filter(|l| l.starts_with('[') && l.contains(" sent ")).collect();
+    assert!(lines.len() >= 25, "{stdout}");
+    assert!(lines[3].contains("sent    1000"), "{}", lines[3]);
+    assert!(lines[3].contains("one-way p50"), "{}", lines[3]);
+
+    // The HDR log: a one-way and an RTT histogram per interval.
+    let bytes = std::fs::read(&hlog).unwrap();
+    let mut tags = std::collections::BTreeMap::<String, usize>::new();
+    for e in hdrhistogram::serialization::interval_log::IntervalLogIterator::new(&bytes) {
+        if let hdrhistogram::serialization::interval_log::LogEntry::Interval(h) = e.unwrap() {
+            *tags.entry(h.tag().unwrap().as_str().to_string()).or_default() += 1;
+        }
+    }
+    assert!(tags.get("one-way").is_some_and(|&n| n >= 25), "{tags:?}");
+    assert_eq!(tags.get("one-way"), tags.get("rtt"));
+}
+
+/// Unmounts on drop (a failing test must not leave the mount behind).
+struct Mount(std::path::PathBuf);
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn a_full_disk_stops_the_run_and_keeps_the_summary_and_json() {
+    if !is_root("a_full_disk_stops_the_run_and_keeps_the_summary_and_json") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=128k", "rtprobe-cont-test"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount a 128 KiB tmpfs");
+    let _mount = Mount(small.clone());
+    let csv = small.join("out.csv");
+    let json = dir.path().join("out.json");
+    let o = Command::new(bin())
+        .args(["--xdp-mode", "off", "--count", "20000", "--interval", "200us", "--quiet"])
+        .arg("--out")
+        .arg(&csv)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    // "Error: CSV ends at probe N: No space left on device (os error 28) ..."
+    let at = stderr
+        .split("CSV ends at probe ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no 'CSV ends at probe' in: {stderr}"));
+    assert!(at.contains("No space left on device"), "{stderr}");
+    let n: u64 = at.split(':').next().unwrap().parse().unwrap();
+    // The summary is printed and the JSON (on another filesystem) written.
+    assert!(stdout.contains("wrote summary to"), "{stdout}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sent = summary["sent"].as_u64().unwrap();
+    assert!(sent > n && sent < 20_000, "stopped early, counted past the CSV: {summary}");
+    assert_eq!(summary["unaccounted"], 0);
+    assert!(summary["extra"]["output_error"].as_str().unwrap().contains("CSV ends at probe"));
+    assert!(summary.get("extra").and_then(|e| e.get("interrupted")).is_none());
+    // The CSV ends on a whole row: probe N.
+    let (_, rows) = read_csv(&csv);
+    let last = rows.last().unwrap();
+    assert_eq!(last.len(), 34, "whole last row: {last:?}");
+    assert_eq!(last[0].parse::<u64>().unwrap(), n);
+    let _sweep = NsSweep(read_csv(&csv).0.testbed_id);
+}
