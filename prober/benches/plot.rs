@@ -11,9 +11,11 @@
 //!   streaming vs exact, and 10 M / 100 M rows streaming in a compact CSV
 //!   (five columns, so that 100 M rows take 6 GB of disk instead of 25 GB).
 //!
-//! Peak RSS is the process's VmHWM, reset before each case by writing 5 to
-//! /proc/self/clear_refs. `RTPROBE_PLOT_BENCH_ROWS=10000000` caps the
-//! largest run (to skip the 100 M rows on a small disk).
+//! Each once-measured case runs in a fresh child process (this binary
+//! again, told by `RTPROBE_PLOT_BENCH_CHILD`), so its peak RSS (VmHWM) is
+//! its own and not the heap an earlier case left behind.
+//! `RTPROBE_PLOT_BENCH_ROWS=10000000` caps the largest run (to skip the
+//! 100 M rows on a small disk).
 //!
 //! Run with `cargo bench -p rtprobe --bench plot`.
 
@@ -24,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use criterion::{Criterion, SamplingMode, criterion_group};
 use rtprobe::export::{
     csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, TsSource},
     plot::{self, FigureKind, PlotOptions},
@@ -148,28 +150,42 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Wall time and peak RSS of one plot.
-fn measure(o: &PlotOptions) -> (Duration, f64, f64) {
-    // Resets VmHWM to the current RSS (Linux >= 4.0).
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let before = status_kib("VmRSS:");
+const CHILD: &str = "RTPROBE_PLOT_BENCH_CHILD";
+
+/// In the child: one plot, then "seconds peak_kib" on stdout.
+fn child(spec: &str) {
+    let mut parts = spec.split('\n');
+    let (csv, out, exact) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let o = opts(Path::new(csv), Path::new(out), exact == "exact");
     let t = Instant::now();
-    black_box(plot::plot(o).unwrap());
-    let took = t.elapsed();
-    let peak = status_kib("VmHWM:");
-    (took, peak as f64 / 1024.0, before as f64 / 1024.0)
+    black_box(plot::plot(&o).unwrap());
+    println!("{} {}", t.elapsed().as_secs_f64(), status_kib("VmHWM:"));
 }
 
-fn report(what: &str, rows: u64, csv: &Path, o: &PlotOptions) {
-    let (t, peak, before) = measure(o);
+/// Wall time and peak RSS of one plot, in a fresh process.
+fn report(what: &str, rows: u64, csv: &Path, out: &Path, exact: bool) {
+    let spec = format!(
+        "{}\n{}\n{}",
+        csv.display(),
+        out.display(),
+        if exact { "exact" } else { "streaming" }
+    );
+    let o = std::process::Command::new("/proc/self/exe")
+        .env(CHILD, spec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mut f = text.split_whitespace();
+    let secs: f64 = f.next().unwrap().parse().unwrap();
+    let peak_kib: f64 = f.next().unwrap().parse().unwrap();
     let mb = std::fs::metadata(csv).map(|m| m.len()).unwrap_or(0) as f64 / 1e6;
     println!(
-        "plot {what:<28} {:>5} M rows ({mb:>6.0} MB CSV): {:>7.2} s, {:>6.0} k rows/s, peak RSS {:>6.0} MiB (RSS before {:.0} MiB)",
+        "plot {what:<28} {:>4} M rows ({mb:>6.0} MB CSV): {:>7.2} s, {:>6.0} k rows/s, peak RSS {:>6.1} MiB",
         rows / 1_000_000,
-        t.as_secs_f64(),
-        rows as f64 / t.as_secs_f64() / 1e3,
-        peak,
-        before
+        secs,
+        rows as f64 / secs / 1e3,
+        peak_kib / 1024.0,
     );
 }
 
@@ -209,7 +225,8 @@ fn bench(c: &mut Criterion) {
             },
             1_000_000,
             &csv,
-            &opts(&csv, &out, exact),
+            &out,
+            exact,
         );
     }
     std::fs::remove_file(&csv).unwrap();
@@ -224,7 +241,8 @@ fn bench(c: &mut Criterion) {
             },
             10_000_000,
             &csv,
-            &opts(&csv, &out, exact),
+            &out,
+            exact,
         );
     }
     std::fs::remove_file(&csv).unwrap();
@@ -235,12 +253,7 @@ fn bench(c: &mut Criterion) {
         }
         let csv = dir.path().join(format!("compact-{rows}.csv"));
         write_compact_csv(&csv, rows);
-        report(
-            "streaming, compact CSV",
-            rows,
-            &csv,
-            &opts(&csv, &out, false),
-        );
+        report("streaming, compact CSV", rows, &csv, &out, false);
         std::fs::remove_file(&csv).unwrap();
     }
 
@@ -255,4 +268,12 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD) {
+        child(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -159,6 +159,9 @@ pub struct TimeFigure {
     pub x_range: (f64, f64),
     pub axis: ValueAxis,
     pub lines: Vec<TimeLine>,
+    /// (x, what): a change during the run (the load coming on), drawn as
+    /// a dashed line with its name, shaded from there on.
+    pub phases: Vec<(f64, String)>,
     pub notes: Vec<String>,
 }
 
@@ -512,6 +515,27 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
         .label_style(font(14.0))
         .axis_desc_style(font(16.0))
         .draw()?;
+    let grey = RGBColor(0x55, 0x55, 0x55);
+    for (k, (x, what)) in f.phases.iter().enumerate() {
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(*x, axis.lo), (x_hi, axis.hi)],
+            grey.mix(0.06).filled(),
+        )))?;
+        chart.draw_series(std::iter::once(DashedPathElement::new(
+            vec![(*x, axis.lo), (*x, axis.hi)],
+            6,
+            4,
+            grey.stroke_width(1),
+        )))?;
+        // Names stacked from the top left of the line, below the legend's
+        // row when the line is far right.
+        let row = axis.hi - (axis.hi - axis.lo) * (0.04 + 0.05 * k as f64);
+        chart.draw_series(std::iter::once(Text::new(
+            format!(" {what}"),
+            (*x, row),
+            font(12.0).color(&grey),
+        )))?;
+    }
     // Lost probes: crosses along the bottom edge, in the axis padding
     // below the lowest sample, where no latency is drawn.
     let lost_y = axis.lo + (f.axis.hi - f.axis.lo) * 0.015;
@@ -567,7 +591,6 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
             )?;
         }
     }
-    let grey = RGBColor(0x55, 0x55, 0x55);
     if any_band {
         chart
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?

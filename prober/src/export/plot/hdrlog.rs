@@ -56,17 +56,19 @@ pub fn sniff(head: &[u8]) -> bool {
     })
 }
 
-/// `START,LENGTH,MAX,HIST...` with numbers in the first three fields.
+/// `START,LENGTH,MAX,HIST...`: fractional seconds (HdrHistogram writes
+/// `%.3f`) and a number before the histogram.
 fn is_interval_line(line: &[u8]) -> bool {
     let mut fields = line.splitn(4, |&b| b == b',');
-    let numeric = |f: Option<&[u8]>| {
-        f.is_some_and(|f| {
-            !f.is_empty() && f.iter().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
-        })
+    let numeric = |f: &[u8]| {
+        !f.is_empty()
+            && f.iter()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
     };
-    numeric(fields.next())
-        && numeric(fields.next())
-        && numeric(fields.next())
+    let seconds = |f: Option<&[u8]>| f.is_some_and(|f| numeric(f) && f.contains(&b'.'));
+    seconds(fields.next())
+        && seconds(fields.next())
+        && fields.next().is_some_and(numeric)
         && fields.next().is_some_and(|h| h.starts_with(b"HIST"))
 }
 
@@ -315,4 +317,206 @@ pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result
 /// A histogram value as a latency in ns.
 fn value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use hdrhistogram::serialization::{V2DeflateSerializer, V2Serializer, interval_log};
+
+    use super::*;
+    use crate::export::plot::read::tests::samples;
+
+    /// A log as HdrHistogram's writer makes it: `intervals` one-second
+    /// intervals tagged one-way and rtt, interval i holding 1000 samples
+    /// of 50 µs + i µs and one of 2 ms; V2-deflate (or plain V2).
+    fn write_log(intervals: u64, deflate: bool, untagged: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        let base = SystemTime::UNIX_EPOCH + Duration::from_secs(1_763_771_234);
+        let mut v2 = V2Serializer::new();
+        let mut v2d = V2DeflateSerializer::new();
+        let hist = |i: u64, scale: u64| {
+            let mut h = Histogram::<u64>::new(3).unwrap();
+            h.record_n((50_000 + i * 1_000) * scale, 1000).unwrap();
+            h.record(2_000_000 * scale).unwrap();
+            h
+        };
+        macro_rules! body {
+            ($ser:expr) => {{
+                let mut w = interval_log::IntervalLogWriterBuilder::new()
+                    .add_comment("written by rtprobe's tests")
+                    .with_start_time(base)
+                    .with_base_time(base)
+                    .with_max_value_divisor(1e6)
+                    .begin_log_with(&mut out, $ser)
+                    .unwrap();
+                for i in 0..intervals {
+                    let start = Duration::from_secs(i);
+                    let len = Duration::from_secs(1);
+                    if untagged {
+                        w.write_histogram(&hist(i, 1), start, len, None).unwrap();
+                    } else {
+                        w.write_histogram(&hist(i, 1), start, len, interval_log::Tag::new("one-way"))
+                            .unwrap();
+                        w.write_histogram(&hist(i, 2), start, len, interval_log::Tag::new("rtt"))
+                            .unwrap();
+                        w.write_histogram(&hist(i, 1), start, len, interval_log::Tag::new("gc-pause"))
+                            .unwrap();
+                    }
+                }
+            }};
+        }
+        if deflate {
+            body!(&mut v2d)
+        } else {
+            body!(&mut v2)
+        }
+        out
+    }
+
+    fn read(bytes: &[u8]) -> Result<CsvRun, ReadError> {
+        read_hdr_log("t.hlog", bytes, &ReadOptions::default())
+    }
+
+    #[test]
+    fn reads_what_the_writer_writes() {
+        for deflate in [true, false] {
+            let log = write_log(5, deflate, false);
+            assert!(sniff(&log), "{}", String::from_utf8_lossy(&log));
+            let run = read(&log).unwrap();
+            assert!(run.from_hdr_log);
+            let f = &run.flows[0];
+            // Both tags, the unknown one ignored; 5 x 1001 samples each.
+            let (ow, rtt) = (f.one_way.as_ref().unwrap(), f.rtt.as_ref().unwrap());
+            assert_eq!((ow.dist.n(), rtt.dist.n(), f.rows), (5005, 5005, 5005));
+            let v = samples(&ow.dist);
+            let near = |x: i64, want: i64| (x - want).abs() <= want / 1000;
+            assert_eq!(v.iter().filter(|&&x| near(x, 2_000_000)).count(), 5);
+            // Values come back as the writer's histogram holds them (its
+            // highest equivalent value, within 0.1 %).
+            for i in 0..5 {
+                let want = 50_000 + i * 1_000;
+                let n = v.iter().filter(|&&x| near(x, want)).count();
+                assert_eq!(n, 1000, "interval {i}");
+            }
+            // One time series column per interval, at its middle.
+            let cols = ow.time.finish();
+            assert_eq!(cols.len(), 5);
+            let base_ns = 1_763_771_234_000_000_000i64;
+            assert_eq!(cols[0].x, base_ns + 500_000_000);
+            assert_eq!(cols[4].x, base_ns + 4_500_000_000);
+            assert!(cols.iter().all(|c| c.n == 1001 && c.max >= 2_000_000));
+            assert!(near(cols[2].p50, 52_000), "{:?}", cols[2]);
+            assert_eq!(f.first_x[0], Some(base_ns + 500_000_000));
+        }
+    }
+
+    #[test]
+    fn untagged_histograms_are_one_way_unless_only_rtt_is_asked() {
+        let log = write_log(3, true, true);
+        let run = read(&log).unwrap();
+        assert_eq!(run.flows[0].one_way.as_ref().unwrap().dist.n(), 3003);
+        assert!(run.flows[0].rtt.is_none());
+        let opts = ReadOptions {
+            one_way: Want::Skip,
+            rtt: Want::Required,
+            ..Default::default()
+        };
+        let run = read_hdr_log("t.hlog", &log[..], &opts).unwrap();
+        assert_eq!(run.flows[0].rtt.as_ref().unwrap().dist.n(), 3003);
+        let opts = ReadOptions {
+            rtt: Want::Required,
+            ..Default::default()
+        };
+        let log = b"Tag=gc,0.0,1.0,1.0,HISTFAAAABx4nJNpmSzMwMDAxgABTAwQwAhjAAAmOwIc\n";
+        let e = read_hdr_log("t.hlog", &log[..], &opts).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "t.hlog: this log has no rtt histograms (tag rtt): plot the other metric with --metric"
+        );
+    }
+
+    #[test]
+    fn sniffs_logs_not_csvs() {
+        assert!(sniff(b"#[StartTime: 1.000 (seconds since epoch)]\n"));
+        assert!(sniff(b"\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"\n"));
+        assert!(sniff(b"0.127,1.007,2.769,HISTFAAAAB"));
+        assert!(!sniff(b"# rtprobe-meta: {}\nseq,flow,size,sched_ns\n0,0,64,1\n"));
+        assert!(!sniff(b"seq,one_way_ns\n0,1,2,HIST\n"));
+        assert!(!sniff(b""));
+    }
+
+    #[test]
+    fn malformed_logs_are_one_line_errors_with_the_line() {
+        let good = write_log(1, true, false);
+        let text = String::from_utf8(good).unwrap();
+        let cases: Vec<(String, &str)> = vec![
+            (
+                "#[BaseTime: 0.000 (seconds since epoch)]\nTag=rtt,0.0,1.0,1.0,HIST!!!!\n".into(),
+                "t.hlog: line 2: the histogram is not valid base64: Invalid symbol 33, offset 4.",
+            ),
+            (
+                "#[BaseTime: 0.000 (seconds since epoch)]\nTag=rtt,0.0,1.0,1.0,AAAAAAAA\n".into(),
+                "t.hlog: line 2: the histogram does not decode (V2 / V2-deflate expected): The cookie (first 4 bytes) did not match that for any supported format",
+            ),
+            (
+                format!("{text}hello world\n"),
+                "t.hlog: line 8: not an HdrHistogram interval line (expected [Tag=T,]START,LENGTH,MAX,HIST...; the line reads \"hello world\")",
+            ),
+            (
+                "#[BaseTime: 0.000 (seconds since epoch)]\n".into(),
+                "t.hlog: no interval histograms in the log: nothing to plot",
+            ),
+        ];
+        for (input, want) in cases {
+            let got = read(input.as_bytes()).unwrap_err().to_string();
+            assert_eq!(got, want, "{input:?}");
+        }
+    }
+
+    mod fuzz {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn check(bytes: &[u8]) {
+            let opts = ReadOptions {
+                stages: true,
+                exact_limit: 50,
+                ..Default::default()
+            };
+            match read_hdr_log("f.hlog", bytes, &opts) {
+                Ok(run) => {
+                    for s in [&run.flows[0].one_way, &run.flows[0].rtt].into_iter().flatten() {
+                        crate::export::plot::read::tests::fuzz::exercise_stats(s);
+                    }
+                }
+                Err(e) => assert!(!e.to_string().contains('\n'), "{e}"),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+                check(&bytes);
+            }
+
+            /// A real log with one byte changed and cut anywhere.
+            #[test]
+            fn mangled_logs_never_panic(
+                at in any::<proptest::sample::Index>(),
+                byte in any::<u8>(),
+                cut in any::<proptest::sample::Index>(),
+            ) {
+                let mut log = write_log(2, true, false);
+                let i = at.index(log.len());
+                log[i] = byte;
+                let end = cut.index(log.len() + 1);
+                check(&log[..end]);
+            }
+        }
+    }
 }

@@ -753,6 +753,28 @@ struct Run {
 }
 
 impl Run {
+    /// Changes during the run the metadata records, as (x, what): the
+    /// competing load coming on (it runs until after the last probe).
+    fn phases(&self) -> Vec<(i64, String)> {
+        let Some(load) = self.meta.as_ref().and_then(|m| m.knobs.get("load")) else {
+            return Vec::new();
+        };
+        let Some(started) = load.get("started_ns").and_then(|v| v.as_i64()) else {
+            return Vec::new();
+        };
+        let specs: Vec<&str> = load
+            .get("specs")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        let what = if specs.is_empty() {
+            "load on".to_string()
+        } else {
+            format!("load on: {}", specs.join(" + "))
+        };
+        vec![(started, what)]
+    }
+
     fn key(&self, d: Dim) -> Option<Key> {
         match d {
             Dim::Size => self.size.map(|s| Key {
@@ -1453,6 +1475,21 @@ impl FigureCtx<'_> {
         if !(x_lo.is_finite() && x_hi.is_finite()) {
             bail!("no probes to draw over time in {}", self.names(sel));
         }
+        let mut phases: Vec<(f64, String)> = Vec::new();
+        for &i in sel {
+            let r = &self.runs[i];
+            for (x, what) in r.phases() {
+                let Some(x) = time_coord(r, self.time_axis, x) else {
+                    continue;
+                };
+                if !phases.iter().any(|(px, w)| *w == what && (px - x).abs() < 1e-3) {
+                    // The load starts before the first probe (its warm-up):
+                    // the axis reaches back to show it.
+                    x_lo = x_lo.min(x);
+                    phases.push((x, what));
+                }
+            }
+        }
         if x_hi <= x_lo {
             x_hi = x_lo + 1.0;
         }
@@ -1467,6 +1504,7 @@ impl FigureCtx<'_> {
             x_range: (x_lo, x_hi),
             axis,
             lines,
+            phases,
             notes,
         })
     }

@@ -905,7 +905,7 @@ fn quote(raw: &[u8], max: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::export::csv::{HEADER, ProbeRecord, TsSource, format_row};
 
@@ -1280,7 +1280,7 @@ mod tests {
         assert_eq!(parse_u64(b"-1"), None);
     }
 
-    mod fuzz {
+    pub(crate) mod fuzz {
         use super::*;
         use proptest::prelude::*;
 
