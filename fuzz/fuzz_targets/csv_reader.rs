@@ -6,6 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rtprobe::export::plot::{
+    dist as stats_dist,
     read::{ReadOptions, read_csv},
     stats,
 };
@@ -24,15 +25,22 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(rows, run.rows);
                 for f in &run.flows {
                     for s in [&f.one_way, &f.rtt].into_iter().flatten() {
-                        assert_eq!(s.x.len(), s.values_ns.len());
-                        let _ = stats::decimate_minmax(&s.x, &s.values_ns, 16);
-                        let mut v = s.values_ns.clone();
-                        v.sort_unstable();
-                        if let Some(b) = stats::box_stats(&v) {
-                            assert!(b.lower_whisker <= b.upper_whisker);
+                        let cols = s.time.finish();
+                        assert_eq!(cols.iter().map(|c| c.n).sum::<u64>(), s.dist.n());
+                        // The exact samples, and the same through the
+                        // HDR histogram the long runs use.
+                        let mut binned = stats_dist::Dist::new(0);
+                        let exact = s.dist.clone().finish();
+                        for (v, c) in exact.pairs() {
+                            binned.record_n(v, c);
                         }
-                        let _ = stats::cdf_points(&v, 16, true);
-                        let _ = stats::percentile_curve(&v, 16);
+                        for v in [exact, binned.finish()] {
+                            if let Some(b) = stats::box_stats_of(&v) {
+                                assert!(b.lower_whisker <= b.upper_whisker);
+                            }
+                            let _ = stats::cdf_points_of(&v, 16, true);
+                            let _ = stats::percentile_curve_of(&v, 16);
+                        }
                     }
                 }
             }

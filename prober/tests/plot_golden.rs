@@ -562,3 +562,144 @@ fn stages_name_the_run_without_stage_columns() {
         texts(&svg)
     );
 }
+
+/// A small HdrHistogram interval log committed to the repository, written
+/// by the hdrhistogram crate's `IntervalLogWriter` (V2-deflate, as
+/// HdrHistogram's `HistogramLogWriter` writes); regenerate with
+/// `cargo test -p rtprobe --test plot_golden -- --ignored write_hdr_log_fixture`.
+const HDR_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/interval.hlog");
+
+/// Ten one-second intervals tagged one-way and rtt: 200 samples each
+/// from 40 to 60 µs, and one 3 ms outlier in interval 6.
+fn write_hdr_log(path: &Path) {
+    use hdrhistogram::{
+        Histogram,
+        serialization::{V2DeflateSerializer, interval_log},
+    };
+    use std::time::{Duration, SystemTime};
+    let base = SystemTime::UNIX_EPOCH + Duration::from_secs(1_763_771_234);
+    let mut out = Vec::new();
+    let mut ser = V2DeflateSerializer::new();
+    let mut w = interval_log::IntervalLogWriterBuilder::new()
+        .add_comment("rtprobe test fixture: 10 x 1 s, one-way and rtt in ns")
+        .with_start_time(base)
+        .with_base_time(base)
+        .begin_log_with(&mut out, &mut ser)
+        .unwrap();
+    for i in 0..10u64 {
+        for (tag, scale) in [("one-way", 1), ("rtt", 2)] {
+            let mut h = Histogram::<u64>::new(3).unwrap();
+            for k in 0..200u64 {
+                h.record((40_000 + (k * 101 + i * 7) % 20_000) * scale).unwrap();
+            }
+            if i == 6 {
+                h.record(3_000_000 * scale).unwrap();
+            }
+            w.write_histogram(
+                &h,
+                Duration::from_secs(i),
+                Duration::from_secs(1),
+                interval_log::Tag::new(tag),
+            )
+            .unwrap();
+        }
+    }
+    drop(w);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+#[ignore = "writes the committed fixture"]
+fn write_hdr_log_fixture() {
+    write_hdr_log(Path::new(HDR_FIXTURE));
+}
+
+#[test]
+fn hdr_log_fixture_draws_every_kind_by_content_not_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // The same log under a .csv name: the content decides.
+    let log = dir.path().join("hdr.csv");
+    std::fs::copy(HDR_FIXTURE, &log).unwrap();
+    let mut a = args(vec![log], dir.path());
+    a.kind = vec![
+        FigureKind::Box,
+        FigureKind::Cdf,
+        FigureKind::Time,
+        FigureKind::Percentiles,
+    ];
+    a.metric = Some(plot::MetricChoice::OneWay);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    assert_eq!(
+        names(&written),
+        [
+            "hdr-one-way-box.svg",
+            "hdr-one-way-cdf.svg",
+            "hdr-one-way-time.svg",
+            "hdr-one-way-percentiles.svg",
+        ]
+    );
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let svg = read("hdr-one-way-box.svg");
+    let title = "One-way latency — 2,001 samples (HdrHistogram log)";
+    assert!(has_text(&svg, title), "{:?}", texts(&svg));
+    // One box, the 3 ms sample its one outlier, on a log axis (3 ms over
+    // a 50 µs median): 1-2-5 ticks from 50 µs to 5 ms.
+    assert_eq!((boxes(&svg, 0), circles(&svg, 0)), (1, 1));
+    let ticks = numbers(&svg);
+    for t in [50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0] {
+        assert!(ticks.contains(&t), "{t} not among {ticks:?}");
+    }
+    let svg = read("hdr-one-way-percentiles.svg");
+    for t in ["50 %", "90 %", "99 %", "99.9 %"] {
+        assert!(has_text(&svg, t), "{t:?} missing from {:?}", texts(&svg));
+    }
+    // Ten intervals: the band of min..max per interval and its median.
+    let svg = read("hdr-one-way-time.svg");
+    assert!(has_text(&svg, "median per column, band min–max"), "{:?}", texts(&svg));
+    assert!(!has_text(&svg, "lost probe"), "an HDR log knows no losses");
+    assert_eq!(svg.lines().filter(|l| l.starts_with("<polygon")).count(), 1);
+}
+
+#[test]
+fn hdr_log_fixture_is_what_the_crate_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh.hlog");
+    write_hdr_log(&fresh);
+    let opts = rtprobe::export::plot::read::ReadOptions::default();
+    let a = rtprobe::export::plot::read::read_input_file(Path::new(HDR_FIXTURE), &opts).unwrap();
+    let b = rtprobe::export::plot::read::read_input_file(&fresh, &opts).unwrap();
+    for run in [&a, &b] {
+        let f = &run.flows[0];
+        assert_eq!(f.one_way.as_ref().unwrap().dist.n(), 2001);
+        assert_eq!(f.rtt.as_ref().unwrap().dist.n(), 2001);
+        assert_eq!(f.one_way.as_ref().unwrap().time.finish().len(), 10);
+    }
+    let q = |r: &rtprobe::export::plot::read::CsvRun| {
+        r.flows[0].one_way.as_ref().unwrap().dist.clone().finish().quantile(0.99)
+    };
+    assert_eq!(q(&a), q(&b));
+}
+
+#[test]
+fn time_series_marks_the_load_coming_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("loaded.csv");
+    write_run(&csv, "off", 64, 1_000_000, 100_000, 300);
+    // The metadata a run with --load writes: the load started 1 s before
+    // the first probe (its warm-up).
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let first_sched = 1_700_000_000_000_000_000i64;
+    let load = serde_json::json!({"load": {"specs": ["tcp:100%,cc=bbr"], "warmup": "1s",
+        "started_ns": first_sched - 1_000_000_000, "measured_from_ns": first_sched - 1_000}});
+    let text = text.replacen("\"knobs\":{}", &format!("\"knobs\":{load}"), 1);
+    assert!(text.contains("started_ns"), "metadata line changed shape");
+    std::fs::write(&csv, text).unwrap();
+    let mut a = args(vec![csv], dir.path());
+    a.kind = vec![FigureKind::Time];
+    a.metric = Some(plot::MetricChoice::Rtt);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    assert!(has_text(&svg, "load on: tcp:100%,cc=bbr"), "{:?}", texts(&svg));
+    // The axis reaches back to the load's start, 1 s before the first probe.
+    assert!(numbers(&svg).iter().any(|&t| t < 0.0), "{:?}", texts(&svg));
+}

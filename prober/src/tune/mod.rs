@@ -762,10 +762,14 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             shaping: shaping.clone(),
             queue_bytes_hint,
         };
+        // CLOCK_REALTIME, as the CSV's probe times: `rtprobe plot` marks
+        // when the load came on and when the measured part began.
+        let started_ns = crate::probe::clock::realtime_ns();
         let mut l = load::start(&target, knobs.loads()).context("starting the competing load")?;
         let warmup = knobs.load_warmup.unwrap_or(DEFAULT_LOAD_WARMUP);
         std::thread::sleep(warmup);
         l.mark();
+        let measured_from_ns = crate::probe::clock::realtime_ns();
         a.notes.insert(
             "load".into(),
             json!({
@@ -773,6 +777,8 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
                 "warmup": units::fmt_duration(warmup),
                 "link_rate": link_rate.map(|r| r.to_string()),
                 "receiver": tb.receiver_if.addr.to_string(),
+                "started_ns": started_ns,
+                "measured_from_ns": measured_from_ns,
             }),
         );
         a.load = Some(l);

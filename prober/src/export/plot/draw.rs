@@ -17,6 +17,7 @@ use plotters::{
         Shift,
         ranged1d::{DefaultFormatting, KeyPointHint},
     },
+    element::DashedPathElement,
     prelude::*,
 };
 
@@ -120,15 +121,35 @@ pub struct CdfFigure {
     pub notes: Vec<String>,
 }
 
+/// One pixel column of a time series (or one probe, where the run is
+/// short enough for a column each), latencies in ns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeColumn {
+    /// On the time axis.
+    pub x: f64,
+    pub n: u64,
+    pub min: i64,
+    pub p50: i64,
+    pub p99: i64,
+    pub max: i64,
+}
+
 #[derive(Debug, Clone)]
 pub struct TimeLine {
     pub label: String,
     pub color: usize,
-    /// (x on the time axis, latency ns), in x order.
-    pub points: Vec<(f64, i64)>,
-    /// x of lost probes.
+    /// In x order.
+    pub columns: Vec<TimeColumn>,
+    /// x of lost probes (one per column that lost any).
     pub lost: Vec<f64>,
 }
+
+/// Columns holding this many samples (median over the line) get a p99
+/// line: with fewer, a column's p99 is its maximum.
+pub const P99_LINE_MIN_SAMPLES: u64 = 100;
+
+/// Opacity of the min-max band of a time series.
+pub const BAND_OPACITY: f64 = 0.2;
 
 #[derive(Debug, Clone)]
 pub struct TimeFigure {
@@ -138,6 +159,9 @@ pub struct TimeFigure {
     pub x_range: (f64, f64),
     pub axis: ValueAxis,
     pub lines: Vec<TimeLine>,
+    /// (x, what): a change during the run (the load coming on), drawn as
+    /// a dashed line with its name, shaded from there on.
+    pub phases: Vec<(f64, String)>,
     pub notes: Vec<String>,
 }
 
@@ -467,7 +491,8 @@ fn draw_cdf<DB: DrawingBackend>(f: &CdfFigure, root: &DrawingArea<DB, Shift>) ->
 fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
     let (w, h) = root.dim_in_pixel();
     let any_lost = f.lines.iter().any(|l| !l.lost.is_empty());
-    let entries = f.lines.len() + any_lost as usize;
+    let any_band = f.lines.iter().any(|l| l.columns.iter().any(|k| k.n > 1));
+    let entries = f.lines.len() + any_lost as usize + 2 * any_band as usize;
     let axis = &legend_headroom(&f.axis, entries, h, f.notes.len());
     let (x_lo, x_hi) = f.x_range;
     let x_ticks = nice_ticks(x_lo, x_hi, 10);
@@ -490,21 +515,68 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
         .label_style(font(14.0))
         .axis_desc_style(font(16.0))
         .draw()?;
+    let grey = RGBColor(0x55, 0x55, 0x55);
+    for (k, (x, what)) in f.phases.iter().enumerate() {
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(*x, axis.lo), (x_hi, axis.hi)],
+            grey.mix(0.06).filled(),
+        )))?;
+        chart.draw_series(std::iter::once(DashedPathElement::new(
+            vec![(*x, axis.lo), (*x, axis.hi)],
+            6,
+            4,
+            grey.stroke_width(1),
+        )))?;
+        // Names stacked from the top left of the line, below the legend's
+        // row when the line is far right.
+        let row = axis.hi - (axis.hi - axis.lo) * (0.04 + 0.05 * k as f64);
+        chart.draw_series(std::iter::once(Text::new(
+            format!(" {what}"),
+            (*x, row),
+            font(12.0).color(&grey),
+        )))?;
+    }
     // Lost probes: crosses along the bottom edge, in the axis padding
     // below the lowest sample, where no latency is drawn.
     let lost_y = axis.lo + (f.axis.hi - f.axis.lo) * 0.015;
+    let y = |v: i64| axis.coord_clamped(v as f64);
+    let mut any_band = false;
+    let mut any_p99 = false;
     for line in &f.lines {
         let c = color(line.color);
-        let pts: Vec<(f64, f64)> = line
-            .points
-            .iter()
-            .map(|&(x, v)| (x, axis.coord_clamped(v as f64)))
-            .collect();
-        let sparse = pts.len() <= 300;
+        let cols = &line.columns;
+        // Several probes per column: a band from each column's min to its
+        // max (spikes stay visible), the median on it, and the p99 where
+        // columns hold enough probes for one.
+        let binned = cols.iter().any(|k| k.n > 1);
+        if binned {
+            any_band = true;
+            let mut band: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.max))).collect();
+            band.extend(cols.iter().rev().map(|k| (k.x, y(k.min))));
+            chart.draw_series(std::iter::once(Polygon::new(band, c.mix(BAND_OPACITY).filled())))?;
+            // Columns with one probe draw no area: their extremes as a line.
+            chart.draw_series(std::iter::once(PathElement::new(
+                cols.iter().map(|k| (k.x, y(k.max))).collect::<Vec<_>>(),
+                c.mix(0.35).stroke_width(1),
+            )))?;
+            let mut ns: Vec<u64> = cols.iter().map(|k| k.n).collect();
+            ns.sort_unstable();
+            if ns[ns.len() / 2] >= P99_LINE_MIN_SAMPLES {
+                any_p99 = true;
+                chart.draw_series(std::iter::once(DashedPathElement::new(
+                    cols.iter().map(|k| (k.x, y(k.p99))).collect::<Vec<_>>(),
+                    4,
+                    3,
+                    c.stroke_width(1),
+                )))?;
+            }
+        }
+        let pts: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.p50))).collect();
+        let sparse = !binned && pts.len() <= 300;
         chart
             .draw_series(std::iter::once(PathElement::new(
                 pts.clone(),
-                c.stroke_width(1),
+                c.stroke_width(if binned { 2 } else { 1 }),
             )))?
             .label(line.label.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
@@ -518,6 +590,22 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
                     .map(|&x| Cross::new((x, lost_y), 4, c.stroke_width(1))),
             )?;
         }
+    }
+    if any_band {
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
+            .label("median per column, band min–max")
+            .legend(move |(x, y)| {
+                Rectangle::new([(x, y - 6), (x + 18, y + 6)], grey.mix(BAND_OPACITY * 2.0).filled())
+            });
+    }
+    if any_p99 {
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
+            .label("p99 per column (dashed)")
+            .legend(move |(x, y)| {
+                DashedPathElement::new(vec![(x, y), (x + 18, y)], 4, 3, grey.stroke_width(1))
+            });
     }
     if any_lost {
         chart

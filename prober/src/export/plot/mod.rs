@@ -18,7 +18,9 @@
 //! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
 pub mod axis;
+pub mod dist;
 pub mod draw;
+pub mod hdrlog;
 pub mod read;
 pub mod stats;
 
@@ -36,7 +38,7 @@ use self::{
     axis::{ValueAxis, format_count, format_duration_ns},
     draw::{
         BoxFigure, BoxItem, CdfCurve, CdfFigure, Figure, PercentileCurve, PercentileFigure,
-        TimeFigure, TimeLine,
+        TimeColumn, TimeFigure, TimeLine,
     },
     read::{CsvRun, ReadOptions, Series, Want, XSource},
     stats::{BoxStats, CdfPoint},
@@ -267,9 +269,41 @@ pub struct PlotOptions {
     pub y_max_ns: Option<f64>,
     pub title: Option<String>,
     pub ignore_truncated: bool,
+    /// Samples per series kept exactly before it moves into an HDR
+    /// histogram ([`dist::EXACT_LIMIT`]; `usize::MAX` keeps every sample,
+    /// memory then grows with the run: the benchmark's peer).
+    pub exact_limit: usize,
 }
 
 impl PlotOptions {
+    /// The defaults of `rtprobe plot CSV... --out-dir DIR`: both metrics
+    /// where present, every figure kind, SVG at 1000x600, log axes where
+    /// the spread needs them. Callers change the fields they need:
+    /// `PlotOptions { formats: vec![ImageFormat::Png], ..PlotOptions::new(csvs, dir) }`.
+    pub fn new(inputs: Vec<PathBuf>, out_dir: PathBuf) -> PlotOptions {
+        PlotOptions {
+            prefix: default_prefix(&inputs),
+            inputs,
+            labels: Vec::new(),
+            out_dir,
+            metrics: vec![Metric::OneWay, Metric::Rtt],
+            metric_required: false,
+            kinds: FigureKind::DEFAULT.to_vec(),
+            kinds_given: false,
+            group_by: None,
+            split_by: None,
+            auto_split: true,
+            scale: Scale::Auto,
+            formats: vec![ImageFormat::Svg],
+            size_px: (1000, 600),
+            y_min_ns: None,
+            y_max_ns: None,
+            title: None,
+            ignore_truncated: false,
+            exact_limit: dist::EXACT_LIMIT,
+        }
+    }
+
     /// Checks what can be checked without touching files.
     pub fn from_args(a: &PlotArgs) -> Result<PlotOptions> {
         if a.csv.is_empty() {
@@ -380,6 +414,7 @@ impl PlotOptions {
             y_max_ns,
             title: a.title.clone(),
             ignore_truncated: a.ignore_truncated,
+            exact_limit: dist::EXACT_LIMIT,
         })
     }
 }
@@ -460,10 +495,13 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
         rtt: want(Metric::Rtt),
         allow_truncated: opts.ignore_truncated,
         stages: opts.kinds.contains(&FigureKind::Stages),
+        exact_limit: opts.exact_limit,
+        // About two per pixel: after the last regrid at least half are used.
+        columns: 2 * opts.size_px.0 as usize,
     };
     let mut csvs = Vec::with_capacity(opts.inputs.len());
     for p in &opts.inputs {
-        let csv = read::read_csv_file(p, &ropts)?;
+        let csv = read::read_input_file(p, &ropts)?;
         if let Some(line) = csv.skipped_truncated_line {
             log::warn!("{}: skipped the cut-short last line {line}", csv.name);
         }
@@ -475,18 +513,19 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
     } else {
         TimeAxis::ProbeNumber
     };
-    let buckets = opts.size_px.0 as usize;
     for r in runs.iter_mut() {
-        let (lo, hi) = r
+        // One mark per column with a loss: closer marks share a pixel.
+        let marks: Vec<i64> = r
             .lost_x
-            .iter()
-            .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-        let marks = stats::decimate_marks(&r.lost_x, lo, hi, buckets);
+            .finish()
+            .into_iter()
+            .filter(|c| c.lost > 0)
+            .map(|c| c.lost_x)
+            .collect();
         r.lost_marks = marks
             .into_iter()
             .filter_map(|x| time_coord(r, time_axis, x))
             .collect();
-        r.lost_x = Vec::new();
     }
 
     let mut out = Output {
@@ -522,7 +561,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
             .iter_mut()
             .map(|r| {
                 let s = r.series[m].take()?;
-                Some(summarize(s, r, opts, time_axis, buckets))
+                Some(summarize(s, r, opts, time_axis))
             })
             .collect();
         let ctx = FigureCtx {
@@ -727,11 +766,13 @@ struct Run {
     ts: Option<&'static str>,
     rows: u64,
     lost: u64,
-    lost_x: Vec<i64>,
+    /// Read from an HDR log: losses unknown.
+    from_hdr_log: bool,
+    lost_x: dist::TimeGrid,
     lost_marks: Vec<f64>,
     series: [Option<Series>; 2],
-    /// Stage values per [`Stage::ALL`], if read.
-    stages: Option<[Vec<i64>; read::STAGES]>,
+    /// Stage distributions per [`Stage::ALL`], if read.
+    stages: Option<Box<[dist::Dist; read::STAGES]>>,
     has_stage_columns: bool,
     label: String,
     user_label: bool,
@@ -741,6 +782,28 @@ struct Run {
 }
 
 impl Run {
+    /// Changes during the run the metadata records, as (x, what): the
+    /// competing load coming on (it runs until after the last probe).
+    fn phases(&self) -> Vec<(i64, String)> {
+        let Some(load) = self.meta.as_ref().and_then(|m| m.knobs.get("load")) else {
+            return Vec::new();
+        };
+        let Some(started) = load.get("started_ns").and_then(|v| v.as_i64()) else {
+            return Vec::new();
+        };
+        let specs: Vec<&str> = load
+            .get("specs")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        let what = if specs.is_empty() {
+            "load on".to_string()
+        } else {
+            format!("load on: {}", specs.join(" + "))
+        };
+        vec![(started, what)]
+    }
+
     fn key(&self, d: Dim) -> Option<Key> {
         match d {
             Dim::Size => self.size.map(|s| Key {
@@ -837,6 +900,7 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
                 ts,
                 rows: f.rows,
                 lost: f.lost,
+                from_hdr_log: csv.from_hdr_log,
                 lost_x: f.lost_x,
                 lost_marks: Vec::new(),
                 series: [f.one_way, f.rtt],
@@ -1035,12 +1099,14 @@ const PERCENTILE_POINTS: usize = 600;
 
 /// What a figure needs of one run and metric; the raw samples are gone.
 struct Summary {
-    n: usize,
+    n: u64,
+    /// Every sample known exactly (else from an HDR histogram).
+    exact: bool,
     missing: u64,
     stats: Option<BoxStats>,
     outliers: Vec<i64>,
     cdf: Vec<CdfPoint>,
-    time: Vec<(f64, i64)>,
+    time: Vec<TimeColumn>,
     min: Option<i64>,
     max: Option<i64>,
     min_positive: Option<i64>,
@@ -1048,9 +1114,9 @@ struct Summary {
     /// (log10(1/(1-p)), latency ns) from p = 0 to the last percentile the
     /// samples resolve (1 - 1/n).
     percentiles: Vec<(f64, f64)>,
-    nonpositive: usize,
+    nonpositive: u64,
     /// Samples outside a user-fixed latency range.
-    outside: usize,
+    outside: u64,
 }
 
 fn time_coord(r: &Run, axis: TimeAxis, x: i64) -> Option<f64> {
@@ -1064,51 +1130,51 @@ fn time_coord(r: &Run, axis: TimeAxis, x: i64) -> Option<f64> {
     }
 }
 
-fn summarize(
-    s: Series,
-    r: &Run,
-    opts: &PlotOptions,
-    time_axis: TimeAxis,
-    buckets: usize,
-) -> Summary {
+fn summarize(s: Series, r: &Run, opts: &PlotOptions, time_axis: TimeAxis) -> Summary {
     let Series {
-        x,
-        values_ns: mut v,
+        dist,
+        time,
         missing,
     } = s;
-    // The time series needs probe order, so it comes before sorting.
-    let time = stats::decimate_minmax(&x, &v, buckets)
+    let time = time
+        .finish()
         .into_iter()
-        .filter_map(|(x, val)| Some((time_coord(r, time_axis, x)?, val)))
+        .filter(|c| c.n > 0)
+        .filter_map(|c| {
+            Some(TimeColumn {
+                x: time_coord(r, time_axis, c.x)?,
+                n: c.n,
+                min: c.min,
+                p50: c.p50,
+                p99: c.p99,
+                max: c.max,
+            })
+        })
         .collect();
-    drop(x);
-    v.sort_unstable();
-    let stats = stats::box_stats(&v);
-    let outliers = stats.as_ref().map_or_else(Vec::new, |b| {
-        let (lo, hi) = b.outliers(&v);
-        [lo, hi].concat()
-    });
-    let nonpositive = v.partition_point(|&x| x <= 0);
-    let below = opts
-        .y_min_ns
-        .map_or(0, |lo| v.partition_point(|&x| (x as f64) < lo));
+    let exact = dist.is_exact();
+    let v = dist.finish();
+    let stats = stats::box_stats_of(&v);
+    let outliers = stats.as_ref().map_or_else(Vec::new, BoxStats::outliers);
+    let nonpositive = v.count_at_or_below(0.0);
+    let below = opts.y_min_ns.map_or(0, |lo| v.count_below(lo));
     let above = opts
         .y_max_ns
-        .map_or(0, |hi| v.len() - v.partition_point(|&x| (x as f64) <= hi));
+        .map_or(0, |hi| v.len() - v.count_at_or_below(hi));
     let median = stats.as_ref().map(|b| b.median);
-    let max = v.last().copied();
+    let max = v.max();
     let log = opts.scale.log_for(median, max.map(|m| m as f64));
     Summary {
         n: v.len(),
+        exact,
         missing,
         stats,
         outliers,
-        cdf: stats::cdf_points(&v, CDF_RESOLUTION, log),
-        percentiles: stats::percentile_curve(&v, PERCENTILE_POINTS),
+        cdf: stats::cdf_points_of(&v, CDF_RESOLUTION, log),
+        percentiles: stats::percentile_curve_of(&v, PERCENTILE_POINTS),
         time,
-        min: v.first().copied(),
+        min: v.min(),
         max,
-        min_positive: v.get(nonpositive).copied(),
+        min_positive: v.min_positive(),
         median,
         nonpositive,
         outside: below + above,
@@ -1207,7 +1273,9 @@ fn title(runs: &[&Run], what: &str, opts: &PlotOptions) -> String {
     let rows = runs.first().map_or(0, |r| r.rows);
     if runs.iter().all(|r| r.rows == rows) {
         let n = format_count(rows);
-        if runs.len() == 1 {
+        if runs.len() == 1 && runs[0].from_hdr_log {
+            parts.push(format!("{n} samples (HdrHistogram log)"));
+        } else if runs.len() == 1 {
             parts.push(format!("{n} probes ({} lost)", format_count(runs[0].lost)));
         } else {
             parts.push(format!("{n} probes each"));
@@ -1235,11 +1303,11 @@ impl FigureCtx<'_> {
     fn notes(&self, sel: &[usize], log: bool, clipped: bool, time_figure: bool) -> Vec<String> {
         let mut notes = Vec::new();
         let col = self.metric.column();
-        let nonpos: usize = sel.iter().map(|&i| self.sum(i).nonpositive).sum();
+        let nonpos: u64 = sel.iter().map(|&i| self.sum(i).nonpositive).sum();
         if log && nonpos > 0 {
             notes.push(format!("{nonpos} samples ≤ 0 ns not shown on the log axis"));
         }
-        let outside: usize = sel.iter().map(|&i| self.sum(i).outside).sum();
+        let outside: u64 = sel.iter().map(|&i| self.sum(i).outside).sum();
         if outside > 0 {
             let what = if clipped {
                 "cut at the axis ends"
@@ -1263,6 +1331,37 @@ impl FigureCtx<'_> {
                     r.label, s.missing
                 ));
             }
+        }
+        let binned: Vec<&Run> = sel
+            .iter()
+            .filter(|&&i| !self.sum(i).exact)
+            .map(|&i| &self.runs[i])
+            .collect();
+        if !binned.is_empty() {
+            let why = if binned.iter().all(|r| r.from_hdr_log) {
+                "read from an HdrHistogram log".to_string()
+            } else {
+                format!(
+                    "over {} samples per run",
+                    format_count(dist::EXACT_LIMIT as u64)
+                )
+            };
+            let whose = if binned.len() == sel.len() {
+                String::new()
+            } else {
+                format!(
+                    " ({})",
+                    binned
+                        .iter()
+                        .map(|r| r.label.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            notes.push(format!(
+                "quantiles from an HDR histogram, {} significant digits{whose}: {why}",
+                dist::HDR_SIGFIG
+            ));
         }
         const MAX_NOTES: usize = 4;
         if notes.len() > MAX_NOTES {
@@ -1385,7 +1484,7 @@ impl FigureCtx<'_> {
             for x in s
                 .time
                 .iter()
-                .map(|p| p.0)
+                .map(|c| c.x)
                 .chain(r.lost_marks.iter().copied())
             {
                 x_lo = x_lo.min(x);
@@ -1398,12 +1497,27 @@ impl FigureCtx<'_> {
             lines.push(TimeLine {
                 label,
                 color: r.color,
-                points: s.time.clone(),
+                columns: s.time.clone(),
                 lost: r.lost_marks.clone(),
             });
         }
         if !(x_lo.is_finite() && x_hi.is_finite()) {
             bail!("no probes to draw over time in {}", self.names(sel));
+        }
+        let mut phases: Vec<(f64, String)> = Vec::new();
+        for &i in sel {
+            let r = &self.runs[i];
+            for (x, what) in r.phases() {
+                let Some(x) = time_coord(r, self.time_axis, x) else {
+                    continue;
+                };
+                if !phases.iter().any(|(px, w)| *w == what && (px - x).abs() < 1e-3) {
+                    // The load starts before the first probe (its warm-up):
+                    // the axis reaches back to show it.
+                    x_lo = x_lo.min(x);
+                    phases.push((x, what));
+                }
+            }
         }
         if x_hi <= x_lo {
             x_hi = x_lo + 1.0;
@@ -1419,6 +1533,7 @@ impl FigureCtx<'_> {
             x_range: (x_lo, x_hi),
             axis,
             lines,
+            phases,
             notes,
         })
     }
@@ -1503,22 +1618,21 @@ fn stage_figures(runs: &mut [Run], opts: &PlotOptions, out: &mut Output) -> Resu
     struct StageSum {
         b: BoxStats,
         outliers: Vec<i64>,
-        nonpositive: usize,
+        nonpositive: u64,
         min_positive: Option<i64>,
     }
     let mut sums: Vec<Option<Vec<Option<StageSum>>>> = Vec::new();
     for r in runs.iter_mut() {
         sums.push(r.stages.take().map(|st| {
+            let st: [dist::Dist; read::STAGES] = *st;
             st.into_iter()
-                .map(|mut v| {
-                    v.sort_unstable();
-                    let b = stats::box_stats(&v)?;
-                    let (lo, hi) = b.outliers(&v);
-                    let nonpositive = v.partition_point(|&x| x <= 0);
+                .map(|d| {
+                    let v = d.finish();
+                    let b = stats::box_stats_of(&v)?;
                     Some(StageSum {
-                        outliers: [lo, hi].concat(),
-                        min_positive: v.get(nonpositive).copied(),
-                        nonpositive,
+                        outliers: b.outliers(),
+                        min_positive: v.min_positive(),
+                        nonpositive: v.count_at_or_below(0.0),
                         b,
                     })
                 })

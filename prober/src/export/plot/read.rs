@@ -1,10 +1,12 @@
 //! Streaming reader for rtprobe's per-probe CSV (see `export::csv`).
 //!
-//! It keeps only the numbers a figure needs: per flow and metric, one
-//! `Vec<i64>` of latencies and one of x positions (send schedule, or
-//! sequence number), plus the x of every lost probe. Rows are parsed one at
-//! a time from a reused `csv::ByteRecord`, so a million-row file costs about
-//! 16 bytes per sample and no per-row allocation.
+//! It keeps only what a figure needs, in memory that does not grow with the
+//! file: per flow and metric a [`Dist`] (exact samples up to
+//! [`dist::EXACT_LIMIT`], then an HDR histogram) and a [`TimeGrid`] (the
+//! time series decimated to pixel columns as it streams in, x from the send
+//! schedule or the sequence number), plus a grid of lost probes. Rows are
+//! parsed one at a time from a reused `csv::ByteRecord`: no per-row
+//! allocation, time linear in the rows.
 //!
 //! The optional first line `# rtprobe-meta: {json}` carries the run
 //! metadata; CSVs from older runs (or other tools writing the same columns)
@@ -24,6 +26,7 @@ use std::{
     path::Path,
 };
 
+use super::dist::{self, Dist, TimeGrid};
 use crate::{
     export::csv::{META_PREFIX, RunMeta},
     stats::chain::Stage,
@@ -57,6 +60,13 @@ pub struct ReadOptions {
     /// Keep the per-probe stage columns (`stack_ns` .. `return_ns`) if the
     /// header has them; off, they cost nothing.
     pub stages: bool,
+    /// Samples per series kept exactly before the series moves into an
+    /// HDR histogram (`usize::MAX`: always exact, memory grows with the
+    /// file).
+    pub exact_limit: usize,
+    /// Columns of each time series grid (about twice the figure's width
+    /// in pixels: after the last regrid at least half are in use).
+    pub columns: usize,
 }
 
 impl Default for ReadOptions {
@@ -66,6 +76,8 @@ impl Default for ReadOptions {
             rtt: Want::IfPresent,
             allow_truncated: false,
             stages: false,
+            exact_limit: dist::EXACT_LIMIT,
+            columns: 2000,
         }
     }
 }
@@ -82,11 +94,11 @@ pub enum XSource {
     Seq,
 }
 
-/// One metric of one flow: parallel x positions and latencies.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// One metric of one flow: its distribution and its time series.
+#[derive(Debug, Clone)]
 pub struct Series {
-    pub x: Vec<i64>,
-    pub values_ns: Vec<i64>,
+    pub dist: Dist,
+    pub time: TimeGrid,
     /// Rows with an empty cell that were not lost (e.g. a timestamp the
     /// kernel never delivered, or an echo that did not come back).
     pub missing: u64,
@@ -114,14 +126,24 @@ impl TsCounts {
     }
 }
 
+impl Series {
+    pub fn new(opts: &ReadOptions) -> Series {
+        Series {
+            dist: Dist::new(opts.exact_limit),
+            time: TimeGrid::new(opts.columns),
+            missing: 0,
+        }
+    }
+}
+
 /// The probes of one flow (a CSV usually holds one flow, id 0).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct FlowData {
     pub flow: u8,
     pub rows: u64,
     pub lost: u64,
-    /// x of every lost probe.
-    pub lost_x: Vec<i64>,
+    /// Where the lost probes were (counted per column).
+    pub lost_x: TimeGrid,
     pub one_way: Option<Series>,
     pub rtt: Option<Series>,
     /// Probe size if every row with a `size` cell agrees.
@@ -133,7 +155,7 @@ pub struct FlowData {
     pub ts: TsCounts,
     /// Per stage in [`Stage::ALL`] order, every value present (read only
     /// with [`ReadOptions::stages`] and a header that has the columns).
-    pub stages: Option<[Vec<i64>; STAGES]>,
+    pub stages: Option<Box<[Dist; STAGES]>>,
 }
 
 impl FlowData {
@@ -147,8 +169,8 @@ impl FlowData {
     }
 }
 
-/// Everything read from one CSV.
-#[derive(Debug, Clone, PartialEq)]
+/// Everything read from one CSV (or HdrHistogram interval log).
+#[derive(Debug, Clone)]
 pub struct CsvRun {
     /// The name errors and labels use (the path as given).
     pub name: String,
@@ -162,6 +184,9 @@ pub struct CsvRun {
     /// The header has the stage columns (written since rtprobe records the
     /// timestamp chain), whether or not they were read.
     pub has_stage_columns: bool,
+    /// Read from an HdrHistogram interval log: latencies only, no probe
+    /// rows, so nothing is known about losses.
+    pub from_hdr_log: bool,
 }
 
 /// A CSV column an error points at.
@@ -219,6 +244,30 @@ pub fn check_input(path: &Path) -> Result<(), ReadError> {
 pub fn read_csv_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
     let file = open(path)?;
     read_csv(&path.display().to_string(), file, opts)
+}
+
+/// Opens and reads one input: an HdrHistogram interval log if its first
+/// lines say so (whatever its name), else an rtprobe CSV.
+pub fn read_input_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
+    let mut file = open(path)?;
+    let name = path.display().to_string();
+    let mut head = Vec::with_capacity(4096);
+    (&mut file)
+        .take(4096)
+        .read_to_end(&mut head)
+        .map_err(|e| ReadError {
+            file: name.clone(),
+            line: Some(1),
+            column: None,
+            message: format!("read failed: {e}"),
+        })?;
+    let is_log = super::hdrlog::sniff(&head);
+    let input = io::Cursor::new(head).chain(file);
+    if is_log {
+        super::hdrlog::read_hdr_log(&name, input, opts)
+    } else {
+        read_csv(&name, input, opts)
+    }
 }
 
 fn open(path: &Path) -> Result<File, ReadError> {
@@ -345,6 +394,7 @@ pub fn read_csv<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<Csv
         rows: 0,
         skipped_truncated_line: None,
         has_stage_columns: cols.has_stages,
+        from_hdr_log: false,
     };
     // flow id -> index in run.flows
     let mut flow_slot = [u16::MAX; 256];
@@ -359,7 +409,7 @@ pub fn read_csv<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<Csv
         }
         let line = rec.position().map_or(last_line + 1, |p| p.line()) + line_offset;
         last_line = line;
-        if let Err((column, message)) = parse_row(&rec, &cols, &mut run, &mut flow_slot) {
+        if let Err((column, message)) = parse_row(&rec, &cols, opts, &mut run, &mut flow_slot) {
             let row_err = err(Some(line), column.map(col_ref), message);
             // A bad row that is the last one and lacks its newline is a
             // write cut short (run killed, disk full), not a corrupt file.
@@ -599,6 +649,7 @@ impl Columns {
 fn parse_row(
     rec: &csv::ByteRecord,
     cols: &Columns,
+    opts: &ReadOptions,
     run: &mut CsvRun,
     flow_slot: &mut [u16; 256],
 ) -> Result<(), FieldError> {
@@ -711,10 +762,18 @@ fn parse_row(
         *slot = run.flows.len() as u16;
         run.flows.push(FlowData {
             flow,
-            one_way: cols.one_way.map(|_| Series::default()),
-            rtt: cols.rtt.map(|_| Series::default()),
-            stages: cols.read_stages.then(Default::default),
-            ..Default::default()
+            rows: 0,
+            lost: 0,
+            lost_x: TimeGrid::new(opts.columns),
+            one_way: cols.one_way.map(|_| Series::new(opts)),
+            rtt: cols.rtt.map(|_| Series::new(opts)),
+            size: None,
+            sizes_vary: false,
+            first_x: [None; 2],
+            ts: TsCounts::default(),
+            stages: cols
+                .read_stages
+                .then(|| Box::new(std::array::from_fn(|_| Dist::new(opts.exact_limit)))),
         });
     }
     let fd = &mut run.flows[*slot as usize];
@@ -748,19 +807,21 @@ fn parse_row(
     let lost = lost.unwrap_or(one_way.is_none() && rtt.is_none());
     if lost {
         fd.lost += 1;
-        fd.lost_x.push(x);
+        fd.lost_x.record_lost(x);
     }
     if let Some(st) = &mut fd.stages {
-        for (vals, v) in st.iter_mut().zip(stage_values) {
-            vals.extend(v);
+        for (d, v) in st.iter_mut().zip(stage_values) {
+            if let Some(v) = v {
+                d.record(v);
+            }
         }
     }
     for (series, v) in [(&mut fd.one_way, one_way), (&mut fd.rtt, rtt)] {
         if let Some(s) = series {
             match v {
                 Some(v) => {
-                    s.x.push(x);
-                    s.values_ns.push(v);
+                    s.dist.record(v);
+                    s.time.record(x, v);
                 }
                 None if !lost => s.missing += 1,
                 None => {}
@@ -844,7 +905,7 @@ fn quote(raw: &[u8], max: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::export::csv::{HEADER, ProbeRecord, TsSource, format_row};
 
@@ -886,6 +947,28 @@ mod tests {
         s
     }
 
+    /// The samples of a distribution, ascending.
+    pub(crate) fn samples(d: &Dist) -> Vec<i64> {
+        d.clone()
+            .finish()
+            .pairs()
+            .flat_map(|(v, c)| std::iter::repeat_n(v, c as usize))
+            .collect()
+    }
+
+    fn values(s: &Series) -> Vec<i64> {
+        samples(&s.dist)
+    }
+
+    /// x of each time series column (one per probe in short runs).
+    fn xs(s: &Series) -> Vec<i64> {
+        s.time.finish().iter().map(|c| c.x).collect()
+    }
+
+    fn lost_xs(f: &FlowData) -> Vec<i64> {
+        f.lost_x.finish().iter().map(|c| c.lost_x).collect()
+    }
+
     fn read(text: &[u8]) -> Result<CsvRun, ReadError> {
         read_csv("t.csv", text, &ReadOptions::default())
     }
@@ -920,10 +1003,10 @@ mod tests {
         };
         let run = read_csv("t.csv", text.as_bytes(), &opts).unwrap();
         let st = run.flows[0].stages.as_ref().unwrap();
-        let at = |s: Stage| &st[Stage::ALL.iter().position(|&x| x == s).unwrap()];
-        assert_eq!(at(Stage::Stack), &[3_000]);
-        assert_eq!(at(Stage::SenderQueue), &[10_000_000, 9_000_000]);
-        assert_eq!(at(Stage::Path), &[5_000, -2]);
+        let at = |s: Stage| samples(&st[Stage::ALL.iter().position(|&x| x == s).unwrap()]);
+        assert_eq!(at(Stage::Stack), [3_000]);
+        assert_eq!(at(Stage::SenderQueue), [9_000_000, 10_000_000]);
+        assert_eq!(at(Stage::Path), [-2, 5_000]);
         assert!(at(Stage::Driver).is_empty());
         let e = read_csv("t.csv", text.replace(",-2,", ",slow,").as_bytes(), &opts)
             .unwrap_err()
@@ -949,7 +1032,7 @@ mod tests {
         let run = read_csv("old.csv", text.as_bytes(), &opts).unwrap();
         assert!(!run.has_stage_columns);
         assert!(run.flows[0].stages.is_none());
-        assert_eq!(run.flows[0].one_way.as_ref().unwrap().values_ns, [50_000]);
+        assert_eq!(values(run.flows[0].one_way.as_ref().unwrap()), [50_000]);
         assert_eq!(run.flows[0].lost, 1);
     }
 
@@ -966,12 +1049,12 @@ mod tests {
         assert_eq!(run.rows, 3);
         let f = &run.flows[0];
         assert_eq!((f.rows, f.lost, f.size), (3, 1, Some(64)));
-        assert_eq!(f.lost_x, vec![2_000_000]);
+        assert_eq!(lost_xs(f), vec![2_000_000]);
         let ow = f.one_way.as_ref().unwrap();
-        assert_eq!(ow.values_ns, vec![50_000, 52_000]);
-        assert_eq!(ow.x, vec![1_000_000, 3_000_000]);
+        assert_eq!(values(ow), vec![50_000, 52_000]);
+        assert_eq!(xs(ow), vec![1_000_000, 3_000_000]);
         let rtt = f.rtt.as_ref().unwrap();
-        assert_eq!((rtt.values_ns.clone(), rtt.missing), (vec![100_000], 1));
+        assert_eq!((values(rtt), rtt.missing), (vec![100_000], 1));
         assert_eq!(f.inferred_interval_ns(run.x_source), Some(1_000_000));
         assert_eq!(f.ts.describe(), Some("sw"));
     }
@@ -985,13 +1068,13 @@ mod tests {
         let run = read(text.as_bytes()).unwrap();
         assert!(run.meta.is_none());
         assert_eq!(run.x_source, XSource::Seq);
-        assert_eq!(run.flows[0].lost_x, vec![1]);
-        assert_eq!(run.flows[0].one_way.as_ref().unwrap().values_ns, vec![10]);
+        assert_eq!(lost_xs(&run.flows[0]), vec![1]);
+        assert_eq!(values(run.flows[0].one_way.as_ref().unwrap()), vec![10]);
         // Only one metric column, no lost column: an empty cell is a loss.
         let run = read(b"seq,rtt_ns\n0,5\n1,\n").unwrap();
         let f = &run.flows[0];
         assert!(f.one_way.is_none());
-        assert_eq!((f.lost, f.rtt.as_ref().unwrap().values_ns.len()), (1, 1));
+        assert_eq!((f.lost, f.rtt.as_ref().unwrap().dist.n()), (1, 1));
     }
 
     #[test]
@@ -999,7 +1082,7 @@ mod tests {
         let text = "\u{feff}seq,flow,one_way_ns\r\n# a comment\r\n0,0,5\r\n1,1,7\r\n2,0,6\r\n";
         let run = read(text.as_bytes()).unwrap();
         assert_eq!(run.flows.len(), 2);
-        assert_eq!(run.flows[0].one_way.as_ref().unwrap().values_ns, vec![5, 6]);
+        assert_eq!(values(run.flows[0].one_way.as_ref().unwrap()), vec![5, 6]);
         assert_eq!(run.flows[1].flow, 1);
         // Line numbers count the comment line.
         let e = read_err(b"seq,one_way_ns\n# c\n0,1\nx,2\n");
@@ -1197,7 +1280,7 @@ mod tests {
         assert_eq!(parse_u64(b"-1"), None);
     }
 
-    mod fuzz {
+    pub(crate) mod fuzz {
         use super::*;
         use proptest::prelude::*;
 
@@ -1218,10 +1301,8 @@ mod tests {
                             for s in [&f.one_way, &f.rtt].into_iter().flatten() {
                                 exercise_stats(s);
                             }
-                            for v in f.stages.iter().flatten() {
-                                let mut v = v.clone();
-                                v.sort_unstable();
-                                let _ = crate::export::plot::stats::box_stats(&v);
+                            for d in f.stages.iter().flat_map(|st| st.iter()) {
+                                let _ = crate::export::plot::stats::box_stats_of(&d.clone().finish());
                             }
                         }
                     }
@@ -1233,23 +1314,31 @@ mod tests {
         /// Runs every statistic a figure uses over a parsed series.
         pub(crate) fn exercise_stats(s: &Series) {
             use crate::export::plot::stats;
-            assert_eq!(s.x.len(), s.values_ns.len());
-            let _ = stats::decimate_minmax(&s.x, &s.values_ns, 7);
-            let mut v = s.values_ns.clone();
-            v.sort_unstable();
-            if let Some(b) = stats::box_stats(&v) {
-                let (lo, hi) = b.outliers(&v);
-                assert_eq!(lo.len() + hi.len(), b.outlier_count());
-                assert!(b.lower_whisker <= b.upper_whisker);
+            let cols = s.time.finish();
+            assert_eq!(cols.iter().map(|c| c.n).sum::<u64>(), s.dist.n());
+            for c in cols.iter().filter(|c| c.n > 0) {
+                assert!(c.min <= c.p50 && c.p50 <= c.p99 && c.p99 <= c.max, "{c:?}");
             }
-            let p = stats::percentile_curve(&v, 5);
-            assert!(p.windows(2).all(|w| w[0].1 <= w[1].1));
-            for log in [false, true] {
-                let c = stats::cdf_points(&v, 5, log);
-                assert_eq!(c.is_empty(), v.is_empty());
-                assert!(c.last().is_none_or(|p| p.fraction == 1.0));
+            // The exact path and the histogram path over the same samples.
+            for limit in [usize::MAX, 0] {
+                let mut d = Dist::new(limit);
+                for v in samples(&s.dist) {
+                    d.record(v);
+                }
+                let v = d.finish();
+                assert_eq!(v.len(), s.dist.n());
+                if let Some(b) = stats::box_stats_of(&v) {
+                    assert!(b.outliers().len() as u64 <= b.outlier_count());
+                    assert!(b.lower_whisker <= b.upper_whisker);
+                }
+                let p = stats::percentile_curve_of(&v, 5);
+                assert!(p.windows(2).all(|w| w[0].1 <= w[1].1));
+                for log in [false, true] {
+                    let c = stats::cdf_points_of(&v, 5, log);
+                    assert_eq!(c.is_empty(), v.is_empty());
+                    assert!(c.last().is_none_or(|p| p.fraction == 1.0));
+                }
             }
-            let _ = stats::decimate_marks(&s.x, i64::MIN, i64::MAX, 3);
         }
 
         proptest! {
@@ -1287,9 +1376,11 @@ mod tests {
                 for f in &run.flows {
                     let mine: Vec<&ProbeRecord> = recs.iter().filter(|r| r.flow == f.flow).collect();
                     let want: Vec<i64> = mine.iter().filter_map(|r| r.one_way_ns).collect();
-                    prop_assert_eq!(&f.one_way.as_ref().unwrap().values_ns, &want);
-                    let want_x: Vec<i64> = mine.iter().filter(|r| r.one_way_ns.is_some()).map(|r| r.sched_ns).collect();
-                    prop_assert_eq!(&f.one_way.as_ref().unwrap().x, &want_x);
+                    let mut want = want;
+                    want.sort_unstable();
+                    prop_assert_eq!(&values(f.one_way.as_ref().unwrap()), &want);
+                    let on_time = f.one_way.as_ref().unwrap().time.finish().iter().map(|c| c.n).sum::<u64>();
+                    prop_assert_eq!(on_time, want.len() as u64);
                     prop_assert_eq!(f.lost, mine.iter().filter(|r| r.lost).count() as u64);
                     for s in [&f.one_way, &f.rtt].into_iter().flatten() {
                         exercise_stats(s);

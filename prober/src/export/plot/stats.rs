@@ -1,7 +1,7 @@
 //! The numbers behind each picture: quartiles, whiskers and outliers for the
-//! boxplot, empirical CDF points, the percentile distribution, and min/max
-//! decimation for time series.
-//! Pure functions over nanosecond samples; no drawing here.
+//! boxplot, empirical CDF points and the percentile distribution, over
+//! samples as [`Sorted`] counted values (exact, or an HDR histogram's
+//! buckets). Pure functions over nanoseconds; no drawing here.
 //!
 //! Quartile method: linear interpolation between order statistics,
 //! Hyndman & Fan (1996) definition 7, the default of R's `quantile()`,
@@ -31,10 +31,131 @@ pub fn quantile_sorted(sorted: &[i64], p: f64) -> Option<f64> {
     Some(a + frac * (b - a))
 }
 
+/// Samples in ascending order as distinct values with counts: the exact
+/// samples run-length coded, or the buckets of a histogram (each bucket
+/// standing for its samples at one value). Every statistic below works on
+/// this one form, so a run plotted from 3000 exact samples and one plotted
+/// from an HDR histogram of 600 M go through the same code.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sorted {
+    values: Vec<i64>,
+    /// Samples at or below `values[i]`: cumulative counts.
+    ends: Vec<u64>,
+}
+
+impl Sorted {
+    /// From samples already sorted ascending.
+    pub fn from_sorted(sorted: &[i64]) -> Sorted {
+        debug_assert!(sorted.is_sorted());
+        Sorted::from_pairs(sorted.iter().map(|&v| (v, 1)))
+    }
+
+    /// From (value, count) pairs in ascending value order; equal values
+    /// are merged and zero counts dropped.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (i64, u64)>) -> Sorted {
+        let mut s = Sorted::default();
+        let mut total = 0u64;
+        for (v, c) in pairs {
+            if c == 0 {
+                continue;
+            }
+            total = total.saturating_add(c);
+            match s.values.last() {
+                Some(&last) if last == v => *s.ends.last_mut().expect("parallel") = total,
+                Some(&last) => {
+                    debug_assert!(last < v, "pairs must come in ascending order");
+                    s.values.push(v);
+                    s.ends.push(total);
+                }
+                None => {
+                    s.values.push(v);
+                    s.ends.push(total);
+                }
+            }
+        }
+        s
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Number of distinct values (what the figures' size depends on).
+    pub fn distinct(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn min(&self) -> Option<i64> {
+        self.values.first().copied()
+    }
+
+    pub fn max(&self) -> Option<i64> {
+        self.values.last().copied()
+    }
+
+    /// The sample of 0-based rank `rank` (clamped to the last one).
+    pub fn at(&self, rank: u64) -> i64 {
+        let i = self.ends.partition_point(|&e| e <= rank);
+        self.values[i.min(self.values.len() - 1)]
+    }
+
+    /// How many samples are below `x`.
+    pub fn count_below(&self, x: f64) -> u64 {
+        let i = self.values.partition_point(|&v| (v as f64) < x);
+        if i == 0 { 0 } else { self.ends[i - 1] }
+    }
+
+    /// How many samples are at or below `x`.
+    pub fn count_at_or_below(&self, x: f64) -> u64 {
+        let i = self.values.partition_point(|&v| (v as f64) <= x);
+        if i == 0 { 0 } else { self.ends[i - 1] }
+    }
+
+    /// The smallest value above 0.
+    pub fn min_positive(&self) -> Option<i64> {
+        let i = self.values.partition_point(|&v| v <= 0);
+        self.values.get(i).copied()
+    }
+
+    /// (value, count) in ascending order.
+    pub fn pairs(&self) -> impl DoubleEndedIterator<Item = (i64, u64)> + '_ {
+        self.values.iter().enumerate().map(|(i, &v)| {
+            let before = if i == 0 { 0 } else { self.ends[i - 1] };
+            (v, self.ends[i] - before)
+        })
+    }
+
+    /// Q(p) by the method in the module docs.
+    pub fn quantile(&self, p: f64) -> Option<f64> {
+        let n = self.len();
+        if n == 0 {
+            return None;
+        }
+        let p = p.clamp(0.0, 1.0);
+        let h = (n - 1) as f64 * p;
+        let lo = h.floor() as u64;
+        let frac = h - lo as f64;
+        let a = self.at(lo) as f64;
+        let b = self.at((lo + 1).min(n - 1)) as f64;
+        Some(a + frac * (b - a))
+    }
+
+    /// Mean of the samples (of the bucket values, for a histogram).
+    pub fn mean(&self) -> Option<f64> {
+        let n = self.len();
+        (n > 0).then(|| self.pairs().map(|(v, c)| v as f64 * c as f64).sum::<f64>() / n as f64)
+    }
+}
+
 /// Everything a boxplot draws for one series, in nanoseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BoxStats {
-    pub n: usize,
+    pub n: u64,
     pub min: i64,
     pub max: i64,
     pub q1: f64,
@@ -45,10 +166,12 @@ pub struct BoxStats {
     pub lower_whisker: i64,
     /// Largest sample <= q3 + 1.5 IQR.
     pub upper_whisker: i64,
-    /// Samples below the lower fence (index range into the sorted input).
-    pub low_outliers: std::ops::Range<usize>,
-    /// Samples above the upper fence (index range into the sorted input).
-    pub high_outliers: std::ops::Range<usize>,
+    /// Distinct values below the lower fence, ascending.
+    pub low_outliers: Vec<i64>,
+    /// Distinct values above the upper fence, ascending.
+    pub high_outliers: Vec<i64>,
+    /// Samples beyond the fences (counting repeats).
+    pub outlier_samples: u64,
 }
 
 impl BoxStats {
@@ -64,48 +187,52 @@ impl BoxStats {
         self.q3 + 1.5 * self.iqr()
     }
 
-    pub fn outlier_count(&self) -> usize {
-        self.low_outliers.len() + self.high_outliers.len()
+    /// Samples beyond the fences.
+    pub fn outlier_count(&self) -> u64 {
+        self.outlier_samples
     }
 
-    /// Every outlier, low ones first, as slices of the sorted input the
-    /// stats were computed from.
-    pub fn outliers<'a>(&self, sorted: &'a [i64]) -> (&'a [i64], &'a [i64]) {
-        (
-            &sorted[self.low_outliers.clone()],
-            &sorted[self.high_outliers.clone()],
-        )
+    /// Every distinct outlier value, low ones first (a value shared by
+    /// several samples is one mark on the figure).
+    pub fn outliers(&self) -> Vec<i64> {
+        [&self.low_outliers[..], &self.high_outliers[..]].concat()
     }
 }
 
 /// Boxplot statistics of sorted samples; `None` for no samples.
 pub fn box_stats(sorted: &[i64]) -> Option<BoxStats> {
-    let n = sorted.len();
-    debug_assert!(sorted.is_sorted());
-    let q1 = quantile_sorted(sorted, 0.25)?;
-    let median = quantile_sorted(sorted, 0.5)?;
-    let q3 = quantile_sorted(sorted, 0.75)?;
+    box_stats_of(&Sorted::from_sorted(sorted))
+}
+
+/// Boxplot statistics of counted values; `None` for no samples.
+pub fn box_stats_of(s: &Sorted) -> Option<BoxStats> {
+    let n = s.len();
+    let q1 = s.quantile(0.25)?;
+    let median = s.quantile(0.5)?;
+    let q3 = s.quantile(0.75)?;
     let iqr = q3 - q1;
     let lower_fence = q1 - 1.5 * iqr;
     let upper_fence = q3 + 1.5 * iqr;
-    // First index inside the lower fence, first index beyond the upper fence.
-    let lo = sorted.partition_point(|&v| (v as f64) < lower_fence);
-    let hi = sorted.partition_point(|&v| (v as f64) <= upper_fence);
-    // q1 and q3 are samples or between samples, so at least one sample lies
+    // First distinct value inside the lower fence, first beyond the upper.
+    let lo = s.values.partition_point(|&v| (v as f64) < lower_fence);
+    let hi = s.values.partition_point(|&v| (v as f64) <= upper_fence);
+    // q1 and q3 are samples or between samples, so at least one value lies
     // within the fences and lo < hi.
-    let sum: f64 = sorted.iter().map(|&v| v as f64).sum();
+    let below = s.count_below(lower_fence);
+    let above = n - s.count_at_or_below(upper_fence);
     Some(BoxStats {
         n,
-        min: sorted[0],
-        max: sorted[n - 1],
+        min: s.values[0],
+        max: s.values[s.values.len() - 1],
         q1,
         median,
         q3,
-        mean: sum / n as f64,
-        lower_whisker: sorted[lo],
-        upper_whisker: sorted[hi - 1],
-        low_outliers: 0..lo,
-        high_outliers: hi..n,
+        mean: s.mean()?,
+        lower_whisker: s.values[lo],
+        upper_whisker: s.values[hi - 1],
+        low_outliers: s.values[..lo].to_vec(),
+        high_outliers: s.values[hi..].to_vec(),
+        outlier_samples: below + above,
     })
 }
 
@@ -116,17 +243,22 @@ pub struct CdfPoint {
     pub fraction: f64,
 }
 
-/// Empirical CDF of sorted samples: one point per distinct value with the
-/// fraction of samples at or below it, thinned so that consecutive points
-/// are at least `1 / resolution` apart in either fraction or (scaled)
-/// value; the step just before each kept one is kept too, so plateaus end
-/// at their true height. The first and last points (min and max, the
-/// extremes) are always kept, so at most about `4 * resolution + 4` points
-/// come out whatever the input size. `log_scale` measures value distance on a log axis (samples
-/// <= 0 are then measured as if they were 1 ns). `resolution = usize::MAX`
-/// keeps every step.
+/// [`cdf_points_of`] over sorted samples.
 pub fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<CdfPoint> {
-    let n = sorted.len();
+    cdf_points_of(&Sorted::from_sorted(sorted), resolution, log_scale)
+}
+
+/// Empirical CDF: one point per distinct value with the fraction of
+/// samples at or below it, thinned so that consecutive points are at least
+/// `1 / resolution` apart in either fraction or (scaled) value; the step
+/// just before each kept one is kept too, so plateaus end at their true
+/// height. The first and last points (min and max, the extremes) are
+/// always kept, so at most about `4 * resolution + 4` points come out
+/// whatever the input size. `log_scale` measures value distance on a log
+/// axis (samples <= 0 are then measured as if they were 1 ns).
+/// `resolution = usize::MAX` keeps every step.
+pub fn cdf_points_of(s: &Sorted, resolution: usize, log_scale: bool) -> Vec<CdfPoint> {
+    let n = s.len();
     if n == 0 {
         return Vec::new();
     }
@@ -137,8 +269,9 @@ pub fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<Cdf
             v as f64
         }
     };
-    let lo = scale(sorted[0]);
-    let span = scale(sorted[n - 1]) - lo;
+    let k = s.values.len();
+    let lo = scale(s.values[0]);
+    let span = scale(s.values[k - 1]) - lo;
     let res = resolution.max(1) as f64;
     let min_dv = if span > 0.0 {
         span / res
@@ -151,21 +284,15 @@ pub fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<Cdf
     let mut last: Option<(f64, f64)> = None;
     // The step before the current one, if it was thinned away.
     let mut skipped: Option<CdfPoint> = None;
-    let mut i = 0;
-    while i < n {
-        let v = sorted[i];
-        // Jump past the run of equal values: the CDF steps once per value.
-        let run_end = i + sorted[i..].partition_point(|&x| x == v);
+    for (i, (&v, &end)) in s.values.iter().zip(&s.ends).enumerate() {
         let point = CdfPoint {
             value_ns: v,
-            fraction: run_end as f64 / n as f64,
+            fraction: end as f64 / n as f64,
         };
         let sv = scale(v);
         let keep = match last {
             None => true,
-            Some((lv, lp)) => {
-                run_end == n || (sv - lv) >= min_dv || (point.fraction - lp) >= min_dp
-            }
+            Some((lv, lp)) => i + 1 == k || (sv - lv) >= min_dv || (point.fraction - lp) >= min_dp,
         };
         if keep {
             // Keep the corner before a kept step too, so the plateau before
@@ -178,20 +305,24 @@ pub fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<Cdf
         } else {
             skipped = Some(point);
         }
-        i = run_end;
     }
     out
 }
 
-/// The percentile distribution of sorted samples, HdrHistogram style: about
-/// `points + 2` points (x, latency ns) with x = log10(1 / (1 - p)), so 90 %
-/// is at 1, 99 % at 2, 99.9 % at 3. The latency at p is the smallest sample
-/// with at least a fraction p of the samples at or below it (the inverse of
-/// the empirical CDF: a recorded value, never an interpolation). x runs from
-/// 0 (p = 0, the minimum) to log10(n), the last percentile n samples
-/// resolve, where the curve ends with a step up to the maximum.
+/// [`percentile_curve_of`] over sorted samples.
 pub fn percentile_curve(sorted: &[i64], points: usize) -> Vec<(f64, f64)> {
-    let n = sorted.len();
+    percentile_curve_of(&Sorted::from_sorted(sorted), points)
+}
+
+/// The percentile distribution, HdrHistogram style: about `points + 2`
+/// points (x, latency ns) with x = log10(1 / (1 - p)), so 90 % is at 1,
+/// 99 % at 2, 99.9 % at 3. The latency at p is the smallest sample with at
+/// least a fraction p of the samples at or below it (the inverse of the
+/// empirical CDF: a recorded value, never an interpolation). x runs from 0
+/// (p = 0, the minimum) to log10(n), the last percentile n samples
+/// resolve, where the curve ends with a step up to the maximum.
+pub fn percentile_curve_of(s: &Sorted, points: usize) -> Vec<(f64, f64)> {
+    let n = s.len();
     if n == 0 {
         return Vec::new();
     }
@@ -202,76 +333,10 @@ pub fn percentile_curve(sorted: &[i64], points: usize) -> Vec<(f64, f64)> {
         let x = x_max * i as f64 / points as f64;
         let p = 1.0 - 10f64.powf(-x);
         // The tolerance keeps p * n = 9.000000000000002 at the 9th sample.
-        let rank = (p * n as f64 - 1e-9).ceil().max(1.0) as usize;
-        out.push((x, sorted[rank.min(n) - 1] as f64));
+        let rank = (p * n as f64 - 1e-9).ceil().max(1.0) as u64;
+        out.push((x, s.at(rank.min(n) - 1) as f64));
     }
-    out.push((x_max, sorted[n - 1] as f64));
-    out
-}
-
-/// Thins a time series for drawing while keeping its extremes: the x range
-/// is cut into `buckets` equal slices and each slice keeps only its lowest
-/// and highest sample (in x order), so spikes survive however many points
-/// share a pixel column. Series with at most `2 * buckets` points come back
-/// whole. `x` and `y` are parallel; x need not be sorted.
-pub fn decimate_minmax(x: &[i64], y: &[i64], buckets: usize) -> Vec<(i64, i64)> {
-    assert_eq!(x.len(), y.len(), "x and y must be parallel");
-    let n = x.len();
-    let buckets = buckets.max(1);
-    if n <= 2 * buckets {
-        let mut all: Vec<(i64, i64)> = x.iter().copied().zip(y.iter().copied()).collect();
-        all.sort_by_key(|p| p.0);
-        return all;
-    }
-    let (xmin, xmax) = x
-        .iter()
-        .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-    // In i128 so a span of the whole i64 range does not overflow.
-    let span = (xmax as i128 - xmin as i128).max(1);
-    // (index of min, index of max) per bucket.
-    let mut slots: Vec<Option<(usize, usize)>> = vec![None; buckets];
-    for i in 0..n {
-        let b = ((x[i] as i128 - xmin as i128) * buckets as i128 / (span + 1)) as usize;
-        let slot = &mut slots[b.min(buckets - 1)];
-        match slot {
-            None => *slot = Some((i, i)),
-            Some((lo, hi)) => {
-                if y[i] < y[*lo] {
-                    *lo = i;
-                }
-                if y[i] > y[*hi] {
-                    *hi = i;
-                }
-            }
-        }
-    }
-    let mut out = Vec::with_capacity(2 * buckets);
-    for (lo, hi) in slots.into_iter().flatten() {
-        let (a, b) = if x[lo] <= x[hi] { (lo, hi) } else { (hi, lo) };
-        out.push((x[a], y[a]));
-        if b != a {
-            out.push((x[b], y[b]));
-        }
-    }
-    out
-}
-
-/// Thins x positions (e.g. of lost probes) to at most one per bucket of the
-/// x range: markers closer than a pixel are indistinguishable anyway.
-pub fn decimate_marks(x: &[i64], lo: i64, hi: i64, buckets: usize) -> Vec<i64> {
-    let buckets = buckets.max(1);
-    let span = (hi as i128 - lo as i128).max(1);
-    let mut seen = vec![false; buckets];
-    let mut out = Vec::new();
-    for &v in x {
-        let b = ((v as i128 - lo as i128).clamp(0, span) * buckets as i128 / (span + 1)) as usize;
-        let b = b.min(buckets - 1);
-        if !seen[b] {
-            seen[b] = true;
-            out.push(v);
-        }
-    }
-    out.sort_unstable();
+    out.push((x_max, s.values[s.values.len() - 1] as f64));
     out
 }
 
@@ -309,7 +374,7 @@ mod tests {
         assert_eq!((b.lower_fence(), b.upper_fence()), (-3.5, 14.5));
         // Whiskers stop at the last sample inside the fences, not at them.
         assert_eq!((b.lower_whisker, b.upper_whisker), (1, 9));
-        assert_eq!(b.outliers(&s), (&[][..], &[100][..]));
+        assert_eq!(b.outliers(), vec![100]);
         assert_eq!((b.min, b.max, b.n), (1, 100, 10));
         assert_eq!(b.mean, 14.5);
     }
@@ -322,7 +387,7 @@ mod tests {
         let b = box_stats(&s).unwrap();
         assert_eq!((b.q1, b.q3), (10.0, 12.0));
         assert_eq!((b.lower_whisker, b.upper_whisker), (7, 15));
-        assert_eq!(b.outliers(&s), (&[-50][..], &[16][..]));
+        assert_eq!(b.outliers(), vec![-50, 16]);
         assert_eq!(b.outlier_count(), 2);
     }
 
@@ -388,31 +453,6 @@ mod tests {
     }
 
     #[test]
-    fn minmax_decimation_keeps_spikes() {
-        let n = 100_000;
-        let x: Vec<i64> = (0..n).collect();
-        let mut y = vec![50i64; n as usize];
-        y[12_345] = 9_000; // a spike
-        y[77_777] = -3; // a dip
-        let d = decimate_minmax(&x, &y, 100);
-        assert!(d.len() <= 200);
-        assert!(d.contains(&(12_345, 9_000)));
-        assert!(d.contains(&(77_777, -3)));
-        assert!(d.windows(2).all(|w| w[0].0 <= w[1].0), "x order kept");
-        // Short series come back whole, sorted by x.
-        assert_eq!(
-            decimate_minmax(&[3, 1, 2], &[30, 10, 20], 10),
-            vec![(1, 10), (2, 20), (3, 30)]
-        );
-        // Extreme x values do not overflow the bucket arithmetic.
-        let x = [i64::MIN, 0, i64::MAX, 5, 6];
-        let d = decimate_minmax(&x, &[1, 2, 3, 4, 5], 2);
-        // Buckets: [MIN] and [0, MAX, 5, 6]; the second keeps its lowest
-        // (x 0, y 2) and highest (x 6, y 5) sample, in x order.
-        assert_eq!(d, vec![(i64::MIN, 1), (0, 2), (6, 5)]);
-    }
-
-    #[test]
     fn percentile_curve_by_hand() {
         // 1..=1000: x = 1 is p = 0.9, the 900th sample; x = 2 is p = 0.99,
         // the 990th; the curve ends at x = 3 with the maximum.
@@ -429,11 +469,31 @@ mod tests {
     }
 
     #[test]
-    fn marks_thinned_per_bucket() {
-        let x: Vec<i64> = (0..1000).collect();
-        let m = decimate_marks(&x, 0, 999, 10);
-        assert_eq!(m.len(), 10);
-        assert_eq!(m[0], 0);
-        assert_eq!(decimate_marks(&[5, 5, 900], 0, 1000, 10), vec![5, 900]);
+    fn counted_values_give_the_same_statistics_as_repeated_samples() {
+        // 3 x 10, 5 x 20, 1 x 1000: as pairs and as the nine samples.
+        let pairs = Sorted::from_pairs([(10, 3), (20, 5), (20, 0), (1000, 1)]);
+        let mut flat = vec![10; 3];
+        flat.extend([20; 5]);
+        flat.push(1000);
+        let exact = Sorted::from_sorted(&flat);
+        assert_eq!(pairs, exact);
+        assert_eq!((pairs.len(), pairs.distinct()), (9, 3));
+        assert_eq!(pairs.at(0), 10);
+        assert_eq!(pairs.at(3), 20);
+        assert_eq!(pairs.at(8), 1000);
+        assert_eq!(pairs.at(99), 1000);
+        for p in [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0] {
+            assert_eq!(pairs.quantile(p), quantile_sorted(&flat, p), "p = {p}");
+        }
+        let b = box_stats_of(&pairs).unwrap();
+        assert_eq!(b.outliers(), vec![1000]);
+        assert_eq!(b.outlier_count(), 1);
+        assert_eq!(
+            percentile_curve_of(&pairs, 20),
+            percentile_curve(&flat, 20)
+        );
+        assert_eq!(pairs.count_below(20.0), 3);
+        assert_eq!(pairs.count_at_or_below(20.0), 8);
+        assert_eq!(pairs.min_positive(), Some(10));
     }
 }

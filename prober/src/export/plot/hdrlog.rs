@@ -1,0 +1,522 @@
+//! Reader for HdrHistogram interval logs (the format of HdrHistogram's
+//! `HistogramLogWriter`, and of `rtprobe --hdr-log`): one histogram per
+//! interval, V2 or V2-deflate, base64 on a line
+//! `[Tag=TAG,]START,LENGTH,MAX,HISTogram`, after optional `#[StartTime: ..]`
+//! and `#[BaseTime: ..]` lines and a column legend.
+//!
+//! Histogram values are read as nanoseconds, rtprobe's unit. The tag names
+//! what was measured: `one-way` and `rtt` (rtprobe's headline latencies),
+//! or a stage of the timestamp chain (`path`, `sender_queue`, ...);
+//! untagged histograms (other tools' default) count as the one-way latency
+//! unless only the RTT is asked for. A comment line `#rtprobe-meta: {json}`
+//! (or `# rtprobe-meta: {json}`) carries the run metadata as in the CSV.
+//!
+//! The log streams through line by line: each interval's histogram is
+//! decoded, added to the run's distribution and to its time series (an
+//! interval is one point in time, its samples spread by their values) and
+//! dropped, so memory stays flat however long the log.
+
+use std::{
+    fs::File,
+    io::{BufRead, BufReader, Read},
+    path::Path,
+    time::Duration,
+};
+
+use base64::Engine;
+use hdrhistogram::{
+    Histogram,
+    serialization::{
+        Deserializer,
+        interval_log::{IntervalLogIterator, LogEntry},
+    },
+};
+
+use super::{
+    dist::{Dist, TimeGrid},
+    read::{CsvRun, FlowData, ReadError, ReadOptions, Series, TsCounts, Want, XSource},
+};
+use crate::{
+    export::csv::{META_PREFIX, RunMeta},
+    stats::chain::Stage,
+};
+
+/// Whether the first bytes of a file are an HdrHistogram interval log
+/// rather than a CSV: its `#[...]` header lines, its column legend, or a
+/// `Tag=` / timestamped histogram line, among the first lines.
+pub fn sniff(head: &[u8]) -> bool {
+    head.split(|&b| b == b'\n').take(32).any(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        line.starts_with(b"#[StartTime: ")
+            || line.starts_with(b"#[BaseTime: ")
+            || line.starts_with(b"#[Histogram log format version")
+            || line.starts_with(b"\"StartTimestamp\",\"Interval_Length\"")
+            || line.starts_with(b"Tag=")
+            || is_interval_line(line)
+    })
+}
+
+/// `START,LENGTH,MAX,HIST...`: fractional seconds (HdrHistogram writes
+/// `%.3f`) and a number before the histogram.
+fn is_interval_line(line: &[u8]) -> bool {
+    let mut fields = line.splitn(4, |&b| b == b',');
+    let numeric = |f: &[u8]| {
+        !f.is_empty()
+            && f.iter()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
+    };
+    let seconds = |f: Option<&[u8]>| f.is_some_and(|f| numeric(f) && f.contains(&b'.'));
+    seconds(fields.next())
+        && seconds(fields.next())
+        && fields.next().is_some_and(numeric)
+        && fields.next().is_some_and(|h| h.starts_with(b"HIST"))
+}
+
+/// Where an interval's histogram goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    OneWay,
+    Rtt,
+    Stage(usize),
+}
+
+fn target(tag: Option<&str>, opts: &ReadOptions) -> Option<Target> {
+    let Some(tag) = tag else {
+        return Some(if opts.one_way == Want::Skip && opts.rtt != Want::Skip {
+            Target::Rtt
+        } else {
+            Target::OneWay
+        });
+    };
+    let t = tag.trim().to_ascii_lowercase().replace('_', "-");
+    match t.as_str() {
+        "one-way" | "oneway" | "one-way-ns" | "owd" => return Some(Target::OneWay),
+        "rtt" | "rtt-ns" | "round-trip" => return Some(Target::Rtt),
+        _ => {}
+    }
+    Stage::ALL
+        .iter()
+        .position(|s| s.key().replace('_', "-") == t.trim_end_matches("-ns"))
+        .map(Target::Stage)
+}
+
+/// Opens and reads one interval log.
+pub fn read_hdr_log_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
+    let name = path.display().to_string();
+    let file = File::open(path).map_err(|e| ReadError {
+        file: name.clone(),
+        line: None,
+        column: None,
+        message: format!("cannot open: {e}"),
+    })?;
+    read_hdr_log(&name, file, opts)
+}
+
+/// The longest line taken (a histogram of a wide range, base64).
+const MAX_LINE: u64 = 16 * 1024 * 1024;
+
+/// Reads an interval log from any byte source. `name` is used in errors.
+pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
+    let err = |line: Option<u64>, message: String| ReadError {
+        file: name.to_string(),
+        line,
+        column: None,
+        message,
+    };
+    let mut rdr = BufReader::with_capacity(64 * 1024, input);
+    let new_series = || Series {
+        dist: Dist::new(opts.exact_limit),
+        time: TimeGrid::new(opts.columns),
+        missing: 0,
+    };
+    let mut flow = FlowData {
+        flow: 0,
+        rows: 0,
+        lost: 0,
+        lost_x: TimeGrid::new(opts.columns),
+        one_way: None,
+        rtt: None,
+        size: None,
+        sizes_vary: false,
+        first_x: [None; 2],
+        ts: TsCounts::default(),
+        stages: None,
+    };
+    let mut meta: Option<RunMeta> = None;
+    let mut base_time: Option<Duration> = None;
+    let mut start_time: Option<Duration> = None;
+    let mut ignored_tags: Vec<String> = Vec::new();
+    let mut intervals = 0u64;
+    let mut counts = [0u64; 2];
+    let mut any_stage = false;
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    let mut decoder = Deserializer::new();
+    loop {
+        buf.clear();
+        let got = (&mut rdr)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| err(Some(line_no + 1), format!("read failed: {e}")))?;
+        if got == 0 {
+            break;
+        }
+        line_no += 1;
+        if !buf.ends_with(b"\n") {
+            if buf.len() as u64 >= MAX_LINE {
+                return Err(err(Some(line_no), "the line is longer than 16 MiB: not an HdrHistogram log line".into()));
+            }
+            buf.push(b'\n');
+        }
+        let text = buf.trim_ascii();
+        if text.is_empty() || text.starts_with(b"\"StartTimestamp\"") {
+            continue;
+        }
+        if let Some(comment) = text.strip_prefix(b"#") {
+            let c = comment.trim_ascii_start();
+            let tag = META_PREFIX.trim_start_matches('#').trim();
+            if let Some(json) = c.strip_prefix(tag.as_bytes()) {
+                let m = serde_json::from_slice::<RunMeta>(json.trim_ascii()).map_err(|e| {
+                    err(Some(line_no), format!("the run metadata ({tag}) is not valid JSON: {e}"))
+                })?;
+                meta = Some(m);
+                continue;
+            }
+            if !(c.starts_with(b"[StartTime: ") || c.starts_with(b"[BaseTime: ")) {
+                continue;
+            }
+        }
+        let entry = IntervalLogIterator::new(&buf).next();
+        let h = match entry {
+            Some(Ok(LogEntry::StartTime(t))) => {
+                start_time = Some(t);
+                continue;
+            }
+            Some(Ok(LogEntry::BaseTime(t))) => {
+                base_time = Some(t);
+                continue;
+            }
+            Some(Ok(LogEntry::Interval(h))) => h,
+            _ => {
+                let shown: String = String::from_utf8_lossy(text).chars().take(40).collect();
+                return Err(err(
+                    Some(line_no),
+                    format!(
+                        "not an HdrHistogram interval line (expected [Tag=T,]START,LENGTH,MAX,HIST...; the line reads {:?})",
+                        shown
+                    ),
+                ));
+            }
+        };
+        let tag = h.tag().map(|t| t.as_str().to_string());
+        let Some(target) = target(tag.as_deref(), opts) else {
+            let t = tag.unwrap_or_default();
+            if !ignored_tags.contains(&t) {
+                ignored_tags.push(t);
+            }
+            continue;
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(h.encoded_histogram().trim())
+            .map_err(|e| err(Some(line_no), format!("the histogram is not valid base64: {e}")))?;
+        let hist: Histogram<u64> = decoder
+            .deserialize(&mut &bytes[..])
+            .map_err(|e| err(Some(line_no), format!("the histogram does not decode (V2 / V2-deflate expected): {e}")))?;
+        // Interval timestamps are offsets from BaseTime, or, with only a
+        // StartTime, offsets when they are far below it (the Java
+        // reader's rule), else seconds since the epoch.
+        let start = h.start_timestamp();
+        let base = match (base_time, start_time) {
+            (Some(b), _) => b,
+            (None, Some(s)) if start + Duration::from_secs(365 * 86_400) < s => s,
+            _ => Duration::ZERO,
+        };
+        let mid = base
+            .saturating_add(start)
+            .saturating_add(h.duration() / 2);
+        let x = i64::try_from(mid.as_nanos()).unwrap_or(i64::MAX);
+        let series = match target {
+            Target::OneWay => {
+                if opts.one_way == Want::Skip {
+                    continue;
+                }
+                counts[0] += hist.len();
+                flow.one_way.get_or_insert_with(new_series)
+            }
+            Target::Rtt => {
+                if opts.rtt == Want::Skip {
+                    continue;
+                }
+                counts[1] += hist.len();
+                flow.rtt.get_or_insert_with(new_series)
+            }
+            Target::Stage(k) => {
+                any_stage = true;
+                if opts.stages {
+                    let st = flow.stages.get_or_insert_with(|| {
+                        Box::new(std::array::from_fn(|_| Dist::new(opts.exact_limit)))
+                    });
+                    for b in hist.iter_recorded() {
+                        st[k].record_n(value(b.value_iterated_to()), b.count_at_value());
+                    }
+                }
+                continue;
+            }
+        };
+        intervals += 1;
+        match flow.first_x {
+            [None, _] => flow.first_x[0] = Some(x),
+            _ => flow.first_x[0] = flow.first_x[0].map(|f| f.min(x)),
+        }
+        for b in hist.iter_recorded() {
+            let (v, c) = (value(b.value_iterated_to()), b.count_at_value());
+            series.dist.record_n(v, c);
+            series.time.record_n(x, v, c);
+        }
+    }
+    for t in &ignored_tags {
+        log::warn!("{name}: histograms tagged {t:?} ignored (rtprobe reads one-way, rtt and the stage names)");
+    }
+    for (want, got, what, tag) in [
+        (opts.one_way, flow.one_way.is_some(), "one-way", "one-way (or untagged)"),
+        (opts.rtt, flow.rtt.is_some(), "rtt", "rtt"),
+    ] {
+        if want == Want::Required && !got {
+            return Err(err(
+                None,
+                format!("this log has no {what} histograms (tag {tag}): plot the other metric with --metric"),
+            ));
+        }
+    }
+    if intervals == 0 {
+        return Err(err(
+            None,
+            if ignored_tags.is_empty() {
+                "no interval histograms in the log: nothing to plot".to_string()
+            } else {
+                format!(
+                    "no histogram with a tag rtprobe reads (one-way, rtt, or none); the log has {}",
+                    ignored_tags.join(", ")
+                )
+            },
+        ));
+    }
+    flow.rows = counts[0].max(counts[1]);
+    Ok(CsvRun {
+        name: name.to_string(),
+        meta,
+        x_source: XSource::SendNs,
+        rows: flow.rows,
+        flows: vec![flow],
+        skipped_truncated_line: None,
+        has_stage_columns: any_stage,
+        from_hdr_log: true,
+    })
+}
+
+/// A histogram value as a latency in ns.
+fn value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use hdrhistogram::serialization::{V2DeflateSerializer, V2Serializer, interval_log};
+
+    use super::*;
+    use crate::export::plot::read::tests::samples;
+
+    /// A log as HdrHistogram's writer makes it: `intervals` one-second
+    /// intervals tagged one-way and rtt, interval i holding 1000 samples
+    /// of 50 µs + i µs and one of 2 ms; V2-deflate (or plain V2).
+    fn write_log(intervals: u64, deflate: bool, untagged: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        let base = SystemTime::UNIX_EPOCH + Duration::from_secs(1_763_771_234);
+        let mut v2 = V2Serializer::new();
+        let mut v2d = V2DeflateSerializer::new();
+        let hist = |i: u64, scale: u64| {
+            let mut h = Histogram::<u64>::new(3).unwrap();
+            h.record_n((50_000 + i * 1_000) * scale, 1000).unwrap();
+            h.record(2_000_000 * scale).unwrap();
+            h
+        };
+        macro_rules! body {
+            ($ser:expr) => {{
+                let mut w = interval_log::IntervalLogWriterBuilder::new()
+                    .add_comment("written by rtprobe's tests")
+                    .with_start_time(base)
+                    .with_base_time(base)
+                    .with_max_value_divisor(1e6)
+                    .begin_log_with(&mut out, $ser)
+                    .unwrap();
+                for i in 0..intervals {
+                    let start = Duration::from_secs(i);
+                    let len = Duration::from_secs(1);
+                    if untagged {
+                        w.write_histogram(&hist(i, 1), start, len, None).unwrap();
+                    } else {
+                        w.write_histogram(&hist(i, 1), start, len, interval_log::Tag::new("one-way"))
+                            .unwrap();
+                        w.write_histogram(&hist(i, 2), start, len, interval_log::Tag::new("rtt"))
+                            .unwrap();
+                        w.write_histogram(&hist(i, 1), start, len, interval_log::Tag::new("gc-pause"))
+                            .unwrap();
+                    }
+                }
+            }};
+        }
+        if deflate {
+            body!(&mut v2d)
+        } else {
+            body!(&mut v2)
+        }
+        out
+    }
+
+    fn read(bytes: &[u8]) -> Result<CsvRun, ReadError> {
+        read_hdr_log("t.hlog", bytes, &ReadOptions::default())
+    }
+
+    #[test]
+    fn reads_what_the_writer_writes() {
+        for deflate in [true, false] {
+            let log = write_log(5, deflate, false);
+            assert!(sniff(&log), "{}", String::from_utf8_lossy(&log));
+            let run = read(&log).unwrap();
+            assert!(run.from_hdr_log);
+            let f = &run.flows[0];
+            // Both tags, the unknown one ignored; 5 x 1001 samples each.
+            let (ow, rtt) = (f.one_way.as_ref().unwrap(), f.rtt.as_ref().unwrap());
+            assert_eq!((ow.dist.n(), rtt.dist.n(), f.rows), (5005, 5005, 5005));
+            let v = samples(&ow.dist);
+            let near = |x: i64, want: i64| (x - want).abs() <= want / 1000;
+            assert_eq!(v.iter().filter(|&&x| near(x, 2_000_000)).count(), 5);
+            // Values come back as the writer's histogram holds them (its
+            // highest equivalent value, within 0.1 %).
+            for i in 0..5 {
+                let want = 50_000 + i * 1_000;
+                let n = v.iter().filter(|&&x| near(x, want)).count();
+                assert_eq!(n, 1000, "interval {i}");
+            }
+            // One time series column per interval, at its middle.
+            let cols = ow.time.finish();
+            assert_eq!(cols.len(), 5);
+            let base_ns = 1_763_771_234_000_000_000i64;
+            assert_eq!(cols[0].x, base_ns + 500_000_000);
+            assert_eq!(cols[4].x, base_ns + 4_500_000_000);
+            assert!(cols.iter().all(|c| c.n == 1001 && c.max >= 2_000_000));
+            assert!(near(cols[2].p50, 52_000), "{:?}", cols[2]);
+            assert_eq!(f.first_x[0], Some(base_ns + 500_000_000));
+        }
+    }
+
+    #[test]
+    fn untagged_histograms_are_one_way_unless_only_rtt_is_asked() {
+        let log = write_log(3, true, true);
+        let run = read(&log).unwrap();
+        assert_eq!(run.flows[0].one_way.as_ref().unwrap().dist.n(), 3003);
+        assert!(run.flows[0].rtt.is_none());
+        let opts = ReadOptions {
+            one_way: Want::Skip,
+            rtt: Want::Required,
+            ..Default::default()
+        };
+        let run = read_hdr_log("t.hlog", &log[..], &opts).unwrap();
+        assert_eq!(run.flows[0].rtt.as_ref().unwrap().dist.n(), 3003);
+        let opts = ReadOptions {
+            rtt: Want::Required,
+            ..Default::default()
+        };
+        let log = b"Tag=gc,0.0,1.0,1.0,HISTFAAAABx4nJNpmSzMwMDAxgABTAwQwAhjAAAmOwIc\n";
+        let e = read_hdr_log("t.hlog", &log[..], &opts).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "t.hlog: this log has no rtt histograms (tag rtt): plot the other metric with --metric"
+        );
+    }
+
+    #[test]
+    fn sniffs_logs_not_csvs() {
+        assert!(sniff(b"#[StartTime: 1.000 (seconds since epoch)]\n"));
+        assert!(sniff(b"\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"\n"));
+        assert!(sniff(b"0.127,1.007,2.769,HISTFAAAAB"));
+        assert!(!sniff(b"# rtprobe-meta: {}\nseq,flow,size,sched_ns\n0,0,64,1\n"));
+        assert!(!sniff(b"seq,one_way_ns\n0,1,2,HIST\n"));
+        assert!(!sniff(b""));
+    }
+
+    #[test]
+    fn malformed_logs_are_one_line_errors_with_the_line() {
+        let good = write_log(1, true, false);
+        let text = String::from_utf8(good).unwrap();
+        let cases: Vec<(String, &str)> = vec![
+            (
+                "#[BaseTime: 0.000 (seconds since epoch)]\nTag=rtt,0.0,1.0,1.0,HIST!!!!\n".into(),
+                "t.hlog: line 2: the histogram is not valid base64: Invalid symbol 33, offset 4.",
+            ),
+            (
+                "#[BaseTime: 0.000 (seconds since epoch)]\nTag=rtt,0.0,1.0,1.0,AAAAAAAA\n".into(),
+                "t.hlog: line 2: the histogram does not decode (V2 / V2-deflate expected): The cookie (first 4 bytes) did not match that for any supported format",
+            ),
+            (
+                format!("{text}hello world\n"),
+                "t.hlog: line 8: not an HdrHistogram interval line (expected [Tag=T,]START,LENGTH,MAX,HIST...; the line reads \"hello world\")",
+            ),
+            (
+                "#[BaseTime: 0.000 (seconds since epoch)]\n".into(),
+                "t.hlog: no interval histograms in the log: nothing to plot",
+            ),
+        ];
+        for (input, want) in cases {
+            let got = read(input.as_bytes()).unwrap_err().to_string();
+            assert_eq!(got, want, "{input:?}");
+        }
+    }
+
+    mod fuzz {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn check(bytes: &[u8]) {
+            let opts = ReadOptions {
+                stages: true,
+                exact_limit: 50,
+                ..Default::default()
+            };
+            match read_hdr_log("f.hlog", bytes, &opts) {
+                Ok(run) => {
+                    for s in [&run.flows[0].one_way, &run.flows[0].rtt].into_iter().flatten() {
+                        crate::export::plot::read::tests::fuzz::exercise_stats(s);
+                    }
+                }
+                Err(e) => assert!(!e.to_string().contains('\n'), "{e}"),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+                check(&bytes);
+            }
+
+            /// A real log with one byte changed and cut anywhere.
+            #[test]
+            fn mangled_logs_never_panic(
+                at in any::<proptest::sample::Index>(),
+                byte in any::<u8>(),
+                cut in any::<proptest::sample::Index>(),
+            ) {
+                let mut log = write_log(2, true, false);
+                let i = at.index(log.len());
+                log[i] = byte;
+                let end = cut.index(log.len() + 1);
+                check(&log[..end]);
+            }
+        }
+    }
+}
