@@ -419,35 +419,6 @@ impl PlotOptions {
     }
 }
 
-impl PlotOptions {
-    /// What `rtprobe plot INPUTS --out-dir OUT_DIR` draws with every other
-    /// option at its default; callers that draw figures themselves (the
-    /// scenario report) start here and set what they need, so a field added
-    /// to the options only needs its default here.
-    pub fn new(inputs: Vec<PathBuf>, out_dir: PathBuf) -> PlotOptions {
-        PlotOptions {
-            prefix: default_prefix(&inputs),
-            inputs,
-            labels: Vec::new(),
-            out_dir,
-            metrics: vec![Metric::OneWay, Metric::Rtt],
-            metric_required: false,
-            kinds: FigureKind::DEFAULT.to_vec(),
-            kinds_given: false,
-            group_by: None,
-            split_by: None,
-            auto_split: true,
-            scale: Scale::Auto,
-            formats: vec![ImageFormat::Svg],
-            size_px: (1000, 600),
-            y_min_ns: None,
-            y_max_ns: None,
-            title: None,
-            ignore_truncated: false,
-        }
-    }
-}
-
 /// `out.csv` -> `out`; two or three files -> `a-vs-b`; more -> `compare`.
 fn default_prefix(inputs: &[PathBuf]) -> String {
     let stems: Vec<String> = inputs.iter().map(|p| stem(p)).collect();
