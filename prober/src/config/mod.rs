@@ -51,7 +51,6 @@ use serde::{Deserialize, Deserializer, Serialize, de};
 use serde_json::{Map, Value};
 
 use crate::{
-    cli::RunArgs,
     ebpf::{XdpAction, XdpMode},
     export::report::{self, ReportRow},
     probe::TimestampSource,
@@ -1074,58 +1073,6 @@ fn write_results_json(
     let p = out_dir.join("results.json");
     std::fs::write(&p, serde_json::to_string_pretty(&doc)? + "\n")
         .with_context(|| format!("write {}", p.display()))
-}
-
-/// `rtprobe run FILE.toml`. `runner` is the probe engine's cell runner
-/// (testbed + XDP + probe), `figures` the plot module's; without a runner
-/// only `--check` works.
-pub fn run_command(
-    args: &RunArgs,
-    runner: Option<&mut dyn CellRunner>,
-    figures: Option<&mut dyn FigureMaker>,
-) -> Result<()> {
-    let over = Overrides {
-        run: args.run.clone(),
-        knobs: args.knobs.clone(),
-    };
-    let mut sc = Scenario::load_with(&args.config, &over)?;
-    sc.retain_sets(&args.sets)?;
-    let is_root = nix::unistd::geteuid().is_root();
-    let notes = if is_root {
-        sc.check_system(&mut KernelCheck)?
-    } else if args.check {
-        vec!["kernel support (qdiscs) not checked: that needs root".to_string()]
-    } else {
-        return Err(crate::error::Error::NotRoot.into());
-    };
-    let out_dir = args.out_dir.clone().unwrap_or_else(|| sc.output.clone());
-    let cells = sc.cells(&out_dir);
-    if args.check {
-        print!("{}", plan(&sc, &cells, &out_dir, &notes));
-        return Ok(());
-    }
-    for n in &notes {
-        eprintln!("note: {n}");
-    }
-    let Some(runner) = runner else {
-        bail!(
-            "this build of rtprobe cannot run scenario cells yet (the probe engine is not \
-             linked in); `rtprobe run --check {}` validates the file",
-            args.config.display()
-        );
-    };
-    let mut bar = Bar::new(&cells, args.quiet);
-    let out = run_scenario(&sc, &out_dir, runner, figures, &mut bar)?;
-    println!("{} cells, report: {}", out.cells, out.report.display());
-    if out.failed > 0 {
-        bail!(
-            "{} of {} cells failed; see {}",
-            out.failed,
-            out.cells,
-            out.report.display()
-        );
-    }
-    Ok(())
 }
 
 /// What `--check` prints: the matrix and the knob sets.

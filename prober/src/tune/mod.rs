@@ -160,7 +160,7 @@ impl ProbeContext {
 /// Default warm-up between starting the load and starting the probes.
 pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 
-/// The knobs of one run, as [`crate::spec::KnobSpec`] asked for them (the
+/// The knobs of one run, as the option model's `KnobSpec` asked for them (the
 /// command line's flags or a scenario's merged `[knobs]` and `[set.NAME]`),
 /// checked by [`Knobs::validate`]. Every field is optional; the accessors
 /// give the defaults.
