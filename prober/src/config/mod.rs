@@ -15,6 +15,7 @@
 //! tos = "0xC0"
 //! port = 5061
 //! flows = ["port=5062,tos=0,size=1472"]  # more probe flows at once (CLI --flow)
+//! busy_poll = true                      # any probe command option, in snake_case
 //!
 //! [knobs]                               # common to every set
 //! link_rate = "100mbit"
@@ -25,6 +26,11 @@
 //! [set.bql-3000]                        # each further set is compared to it
 //! bql_limit_max = 3000
 //! ```
+//!
+//! The tables are the option model's specs ([`crate::spec`]): `[probe]`
+//! takes every option of [`RunSpec`] plus the matrix keys, `[knobs]` and
+//! `[set.NAME]` a [`KnobSpec`] each, merged `[knobs]` < set < command line.
+//! Every cell goes through the command line's validator.
 //!
 //! Everything is validated before anything is touched: syntax, unknown
 //! keys, units and cross-field rules (errors name the file, line, column
