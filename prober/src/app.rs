@@ -8,11 +8,11 @@ use std::{
     },
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Parser;
 
 use crate::{
-    cli::{Cli, Command, ProbeArgs},
+    cli::{Cli, Command, ProbeArgs, RunArgs},
     probe::STOP_NOW,
 };
 
@@ -177,14 +177,14 @@ fn compare_command(a: &crate::cli::CompareArgs) -> Result<ExitCode> {
 
 fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
     if args.check {
-        crate::config::run_command(&args, None, None)?;
+        run_command(&args, None, None)?;
         return Ok(ExitCode::SUCCESS);
     }
     let quiet = args.quiet;
     with_signals(quiet, move |stop| {
         let mut runner = crate::runner::ProbeCellRunner { stop: &stop };
         let mut figures = crate::runner::PlotFigures;
-        crate::config::run_command(&args, Some(&mut runner), Some(&mut figures))?;
+        run_command(&args, Some(&mut runner), Some(&mut figures))?;
         Ok(if stop.load(Ordering::SeqCst) != 0 {
             ExitCode::from(130)
         } else {
@@ -279,3 +279,56 @@ fn run_options(args: &ProbeArgs) -> Result<crate::spec::RunOptions> {
     crate::spec::plan::check_output_paths(&opts).map_err(to_cli)?;
     Ok(opts)
 }
+
+/// `rtprobe run FILE.toml` (the command line over the file). `runner` is the probe engine's cell runner
+/// (testbed + XDP + probe), `figures` the plot module's; without a runner
+/// only `--check` works.
+fn run_command(
+    args: &RunArgs,
+    runner: Option<&mut dyn crate::config::CellRunner>,
+    figures: Option<&mut dyn crate::config::FigureMaker>,
+) -> Result<()> {
+    let over = crate::config::Overrides {
+        run: args.run.clone(),
+        knobs: args.knobs.clone(),
+    };
+    let mut sc = crate::config::Scenario::load_with(&args.config, &over)?;
+    sc.retain_sets(&args.sets)?;
+    let is_root = nix::unistd::geteuid().is_root();
+    let notes = if is_root {
+        sc.check_system(&mut crate::config::KernelCheck)?
+    } else if args.check {
+        vec!["kernel support (qdiscs) not checked: that needs root".to_string()]
+    } else {
+        return Err(crate::error::Error::NotRoot.into());
+    };
+    let out_dir = args.out_dir.clone().unwrap_or_else(|| sc.output.clone());
+    let cells = sc.cells(&out_dir);
+    if args.check {
+        print!("{}", crate::config::plan(&sc, &cells, &out_dir, &notes));
+        return Ok(());
+    }
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    let Some(runner) = runner else {
+        bail!(
+            "this build of rtprobe cannot run scenario cells yet (the probe engine is not \
+             linked in); `rtprobe run --check {}` validates the file",
+            args.config.display()
+        );
+    };
+    let mut bar = crate::config::Bar::new(&cells, args.quiet);
+    let out = crate::config::run_scenario(&sc, &out_dir, runner, figures, &mut bar)?;
+    println!("{} cells, report: {}", out.cells, out.report.display());
+    if out.failed > 0 {
+        bail!(
+            "{} of {} cells failed; see {}",
+            out.failed,
+            out.cells,
+            out.report.display()
+        );
+    }
+    Ok(())
+}
+

@@ -384,11 +384,11 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Probe options over the file's [probe] (for every cell): e.g. --count 50.
+    /// Probe options over the file's `[probe]` (for every cell): e.g. --count 50.
     #[command(flatten, next_help_heading = "Over the file's [probe]")]
     pub run: spec::RunSpec,
 
-    /// Knobs over the file's [knobs] and every [set.NAME] (e.g. --missing skip).
+    /// Knobs over the file's `[knobs]` and every `[set.NAME]` (e.g. --missing skip).
     #[command(flatten)]
     pub knobs: spec::KnobSpec,
 }

@@ -15,6 +15,7 @@
 //! tos = "0xC0"
 //! port = 5061
 //! flows = ["port=5062,tos=0,size=1472"]  # more probe flows at once (CLI --flow)
+//! busy_poll = true                      # any probe command option, in snake_case
 //!
 //! [knobs]                               # common to every set
 //! link_rate = "100mbit"
@@ -25,6 +26,11 @@
 //! [set.bql-3000]                        # each further set is compared to it
 //! bql_limit_max = 3000
 //! ```
+//!
+//! The tables are the option model's specs ([`crate::spec`]): `[probe]`
+//! takes every option of [`RunSpec`] plus the matrix keys, `[knobs]` and
+//! `[set.NAME]` a [`KnobSpec`] each, merged `[knobs]` < set < command line.
+//! Every cell goes through the command line's validator.
 //!
 //! Everything is validated before anything is touched: syntax, unknown
 //! keys, units and cross-field rules (errors name the file, line, column
@@ -51,7 +57,6 @@ use serde::{Deserialize, Deserializer, Serialize, de};
 use serde_json::{Map, Value};
 
 use crate::{
-    cli::RunArgs,
     ebpf::{XdpAction, XdpMode},
     export::report::{self, ReportRow},
     probe::TimestampSource,
@@ -1074,58 +1079,6 @@ fn write_results_json(
     let p = out_dir.join("results.json");
     std::fs::write(&p, serde_json::to_string_pretty(&doc)? + "\n")
         .with_context(|| format!("write {}", p.display()))
-}
-
-/// `rtprobe run FILE.toml`. `runner` is the probe engine's cell runner
-/// (testbed + XDP + probe), `figures` the plot module's; without a runner
-/// only `--check` works.
-pub fn run_command(
-    args: &RunArgs,
-    runner: Option<&mut dyn CellRunner>,
-    figures: Option<&mut dyn FigureMaker>,
-) -> Result<()> {
-    let over = Overrides {
-        run: args.run.clone(),
-        knobs: args.knobs.clone(),
-    };
-    let mut sc = Scenario::load_with(&args.config, &over)?;
-    sc.retain_sets(&args.sets)?;
-    let is_root = nix::unistd::geteuid().is_root();
-    let notes = if is_root {
-        sc.check_system(&mut KernelCheck)?
-    } else if args.check {
-        vec!["kernel support (qdiscs) not checked: that needs root".to_string()]
-    } else {
-        return Err(crate::error::Error::NotRoot.into());
-    };
-    let out_dir = args.out_dir.clone().unwrap_or_else(|| sc.output.clone());
-    let cells = sc.cells(&out_dir);
-    if args.check {
-        print!("{}", plan(&sc, &cells, &out_dir, &notes));
-        return Ok(());
-    }
-    for n in &notes {
-        eprintln!("note: {n}");
-    }
-    let Some(runner) = runner else {
-        bail!(
-            "this build of rtprobe cannot run scenario cells yet (the probe engine is not \
-             linked in); `rtprobe run --check {}` validates the file",
-            args.config.display()
-        );
-    };
-    let mut bar = Bar::new(&cells, args.quiet);
-    let out = run_scenario(&sc, &out_dir, runner, figures, &mut bar)?;
-    println!("{} cells, report: {}", out.cells, out.report.display());
-    if out.failed > 0 {
-        bail!(
-            "{} of {} cells failed; see {}",
-            out.failed,
-            out.cells,
-            out.report.display()
-        );
-    }
-    Ok(())
 }
 
 /// What `--check` prints: the matrix and the knob sets.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Output")]
 #[serde(deny_unknown_fields)]
 pub struct OutputSpec {
     /// Per-probe CSV, streamed as the run goes [default: out.csv].

@@ -485,3 +485,40 @@ fn flow_specs_read_back_as_written() {
         assert_eq!(FlowSpec::parse(&f.to_string()).unwrap(), f, "{s}");
     }
 }
+
+mod never_panic {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn flow_and_tos_parsers_take_any_string(s in "\\PC*") {
+            let _ = super::FlowSpec::parse(&s);
+            let _ = crate::tune::units::parse_u8_maybe_hex(&s);
+        }
+
+        #[test]
+        fn flow_specs_of_the_right_shape_read_back(
+            port in 1u16..,
+            tos in proptest::option::of(any::<u8>()),
+            size in proptest::option::of(0usize..100_000),
+            interval_ns in proptest::option::of(1u64..10_000_000_000_000),
+        ) {
+            let f = super::FlowSpec {
+                port,
+                tos,
+                size,
+                interval: interval_ns.map(std::time::Duration::from_nanos),
+            };
+            prop_assert_eq!(super::FlowSpec::parse(&f.to_string()), Ok(f));
+        }
+
+        #[test]
+        fn a_probe_table_of_any_value_is_an_error_or_a_plan(
+            key in "(size|interval|count|duration|tos|port|timeout|spin|busy_poll|flows|xdp_mode)",
+            value in "(-?[0-9]{1,25}(\\.[0-9]{1,5})?|\"[ -~]{0,20}\"|true|\\[\\]|\\[\"port=[0-9]{1,6}\"\\])",
+        ) {
+            let text = format!("[probe]\n{key} = {value}\n");
+            let _ = crate::config::Scenario::parse(std::path::Path::new("p.toml"), &text);
+        }
+    }
+}

@@ -126,6 +126,23 @@ pub enum DevicePolicy {
     Fail,
 }
 
+/// `FromStr` of the knobs' word enums: the words their serde names give
+/// (the same in TOML and on the command line).
+macro_rules! from_str_via_serde {
+    ($($t:ty),+) => {$(
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                use serde::de::{IntoDeserializer, value::Error};
+                let d: serde::de::value::StrDeserializer<'_, Error> = s.trim().into_deserializer();
+                <$t>::deserialize(d).map_err(|e| e.to_string())
+            }
+        }
+    )+};
+}
+
+from_str_via_serde!(Bottleneck, MissingPolicy, DevicePolicy, ShaperKind, StressTool);
+
 /// What the knobs need to know about the probe flow: the port for the
 /// priority filters, size and interval for the probe class rate.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,7 +177,7 @@ impl ProbeContext {
 /// Default warm-up between starting the load and starting the probes.
 pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 
-/// The knobs of one run, as [`crate::spec::KnobSpec`] asked for them (the
+/// The knobs of one run, as the option model's `KnobSpec` asked for them (the
 /// command line's flags or a scenario's merged `[knobs]` and `[set.NAME]`),
 /// checked by [`Knobs::validate`]. Every field is optional; the accessors
 /// give the defaults.
@@ -832,6 +849,17 @@ mod tests {
         assert_eq!(k.validate_with_probe().unwrap_err().key, "load");
         k.set_probe(6000, 64, Duration::from_millis(1));
         k.validate_with_probe().unwrap();
+    }
+
+    #[test]
+    fn word_enums_parse_from_their_toml_words() {
+        assert_eq!("router".parse::<Bottleneck>(), Ok(Bottleneck::Router));
+        assert_eq!("skip".parse::<MissingPolicy>(), Ok(MissingPolicy::Skip));
+        assert_eq!("fail".parse::<DevicePolicy>(), Ok(DevicePolicy::Fail));
+        assert_eq!("tbf".parse::<ShaperKind>(), Ok(ShaperKind::Tbf));
+        assert_eq!("stress-ng".parse::<StressTool>(), Ok(StressTool::StressNg));
+        let e = "switch".parse::<Bottleneck>().unwrap_err();
+        assert!(e.contains("sender") && e.contains("router"), "{e}");
     }
 
     #[test]

@@ -239,7 +239,7 @@ pub fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
     if s.trim().trim_start_matches('0').is_empty() {
         return Ok(Duration::ZERO);
     }
-    crate::cli::parse_duration(s)
+    crate::tune::units::parse_duration(s)
 }
 
 /// Validated `rtprobe plot` options.
