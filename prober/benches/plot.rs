@@ -106,7 +106,12 @@ fn write_full_csv(path: &Path, rows: u64) {
 /// one_way_ns, rtt_ns, lost): the reader accepts any column subset.
 fn write_compact_csv(path: &Path, rows: u64) {
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
-    writeln!(w, "{META_PREFIX}{}", serde_json::to_string(&meta()).unwrap()).unwrap();
+    writeln!(
+        w,
+        "{META_PREFIX}{}",
+        serde_json::to_string(&meta()).unwrap()
+    )
+    .unwrap();
     writeln!(w, "seq,sched_ns,one_way_ns,rtt_ns,lost").unwrap();
     let mut g = Gen::new();
     for seq in 0..rows {
@@ -155,7 +160,11 @@ const CHILD: &str = "RTPROBE_PLOT_BENCH_CHILD";
 /// In the child: one plot, then "seconds peak_kib" on stdout.
 fn child(spec: &str) {
     let mut parts = spec.split('\n');
-    let (csv, out, exact) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let (csv, out, exact) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let o = opts(Path::new(csv), Path::new(out), exact == "exact");
     let t = Instant::now();
     black_box(plot::plot(&o).unwrap());

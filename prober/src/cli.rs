@@ -403,7 +403,8 @@ pub struct ManArgs {
         rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms"
 )]
 pub struct PlotArgs {
-    /// rtprobe CSV files; several are drawn on the same axes (first red, second blue).
+    /// rtprobe CSV files, or HdrHistogram interval logs (told apart by their content); several
+    /// are drawn on the same axes (first red, second blue).
     #[arg(required = true, value_name = "CSV")]
     pub csv: Vec<PathBuf>,
 

@@ -1482,7 +1482,10 @@ impl FigureCtx<'_> {
                 let Some(x) = time_coord(r, self.time_axis, x) else {
                     continue;
                 };
-                if !phases.iter().any(|(px, w)| *w == what && (px - x).abs() < 1e-3) {
+                if !phases
+                    .iter()
+                    .any(|(px, w)| *w == what && (px - x).abs() < 1e-3)
+                {
                     // The load starts before the first probe (its warm-up):
                     // the axis reaches back to show it.
                     x_lo = x_lo.min(x);
