@@ -53,7 +53,7 @@ impl Gen {
         self.state ^= self.state >> 27;
         let r = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
         let t = 1_763_771_234_000_000_000 + seq as i64 * 1_000_000;
-        let lost = r % 2000 == 0;
+        let lost = r.is_multiple_of(2000);
         let mut ow = 45_000 + (r >> 32) as i64 % 10_000;
         if r % 1000 == 1 {
             ow += (r >> 20) as i64 % 2_000_000;
