@@ -368,8 +368,19 @@ fn unwritable_out_dir_is_one_line_error() {
 fn plots_an_hdr_interval_log_and_names_a_broken_one() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/interval.hlog");
-    let out = rtprobe(&["plot", fixture, "--out-dir", s(dir.path()), "--format", "png"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = rtprobe(&[
+        "plot",
+        fixture,
+        "--out-dir",
+        s(dir.path()),
+        "--format",
+        "png",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)

@@ -662,6 +662,10 @@ fn hdr_log_fixture_draws_every_kind_by_content_not_name() {
         texts(&svg)
     );
     assert!(!has_text(&svg, "lost probe"), "an HDR log knows no losses");
+    assert!(has_text(
+        &svg,
+        "Time since the middle of the first interval (s)"
+    ));
     assert_eq!(svg.lines().filter(|l| l.starts_with("<polygon")).count(), 1);
 }
 

@@ -1500,6 +1500,10 @@ impl FigureCtx<'_> {
         Ok(TimeFigure {
             title: self.title(sel),
             x_desc: match self.time_axis {
+                // An HDR log's points are its intervals' middles.
+                TimeAxis::Seconds if sel.iter().all(|&i| self.runs[i].from_hdr_log) => {
+                    "Time since the middle of the first interval (s)".into()
+                }
                 TimeAxis::Seconds => "Time since the first probe (s)".into(),
                 TimeAxis::ProbeNumber => "Probe number".into(),
             },
