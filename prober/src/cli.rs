@@ -40,7 +40,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Draw SVG/PNG boxplots, CDFs, time series, percentile distributions and stage breakdowns
-    /// from rtprobe CSV files.
+    /// from rtprobe CSV files or HdrHistogram interval logs.
     Plot(PlotArgs),
     /// Run a scenario file: sizes x intervals x knob sets, then report.md.
     Run(RunArgs),
