@@ -723,3 +723,19 @@ fn time_series_marks_the_load_coming_on() {
     // The axis reaches back to the load's start, 1 s before the first probe.
     assert!(numbers(&svg).iter().any(|&t| t < 0.0), "{:?}", texts(&svg));
 }
+
+#[test]
+fn nothing_attached_reads_as_xdp_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("base.csv");
+    // What a --xdp-mode off run records: no program attached.
+    write_run(&csv, "none", 64, 1_000_000, 100_000, 100);
+    let mut a = args(vec![csv], dir.path());
+    a.kind = vec![FigureKind::Box];
+    a.metric = Some(plot::MetricChoice::Rtt);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    let t = texts(&svg);
+    assert!(t.iter().any(|t| t.contains("XDP off")), "{t:?}");
+    assert!(!t.iter().any(|t| t.contains("XDP none")), "{t:?}");
+}

@@ -846,7 +846,11 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
                 } else {
                     &m.xdp_mode_attached
                 };
-                (!mode.is_empty()).then(|| (mode.clone(), m.xdp_action == "pass" && mode != "off"))
+                // Nothing attached ("none") is the kernel-forwarding
+                // baseline the study calls XDP off.
+                let mode = if mode == "none" { "off" } else { mode.as_str() };
+                (!mode.is_empty())
+                    .then(|| (mode.to_string(), m.xdp_action == "pass" && mode != "off"))
             });
             let ts = f.ts.describe().or_else(|| {
                 meta.as_ref()
