@@ -1559,13 +1559,18 @@ fn stage_figures(runs: &mut [Run], opts: &PlotOptions, out: &mut Output) -> Resu
         .collect();
     if old.len() == runs.len() {
         let why = format!(
-            "{} {} no stage columns (written before rtprobe recorded the stamp chain): \
+            "{} {} no stage {}: \
              the other kinds (box, cdf, time, percentiles) still work",
             runs.first().map_or("", |r| r.name.as_str()),
             if runs.len() > 1 {
                 "and the others have"
             } else {
                 "has"
+            },
+            if runs.iter().all(|r| r.from_hdr_log) {
+                "histograms (an HdrHistogram log tags them path, sender_queue, ...)"
+            } else {
+                "columns (written before rtprobe recorded the stamp chain)"
             }
         );
         if opts.kinds_given {
@@ -1581,10 +1586,12 @@ fn stage_figures(runs: &mut [Run], opts: &PlotOptions, out: &mut Output) -> Resu
     for &i in &old {
         // Said once per file, whatever its flows.
         if opts.kinds_given && (i == 0 || runs[i - 1].file != runs[i].file) {
-            log::warn!(
-                "{} has no stage columns (written before rtprobe recorded the stamp chain): left out of the stages figure",
-                runs[i].name
-            );
+            let what = if runs[i].from_hdr_log {
+                "no stage histograms (an HdrHistogram log tags them path, sender_queue, ...)"
+            } else {
+                "no stage columns (written before rtprobe recorded the stamp chain)"
+            };
+            log::warn!("{} has {what}: left out of the stages figure", runs[i].name);
         }
     }
     // Stages outside the metric asked for stay out: --metric one-way
