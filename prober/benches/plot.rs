@@ -53,7 +53,7 @@ impl Gen {
         self.state ^= self.state >> 27;
         let r = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
         let t = 1_763_771_234_000_000_000 + seq as i64 * 1_000_000;
-        let lost = r % 2000 == 0;
+        let lost = r.is_multiple_of(2000);
         let mut ow = 45_000 + (r >> 32) as i64 % 10_000;
         if r % 1000 == 1 {
             ow += (r >> 20) as i64 % 2_000_000;
@@ -106,7 +106,12 @@ fn write_full_csv(path: &Path, rows: u64) {
 /// one_way_ns, rtt_ns, lost): the reader accepts any column subset.
 fn write_compact_csv(path: &Path, rows: u64) {
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
-    writeln!(w, "{META_PREFIX}{}", serde_json::to_string(&meta()).unwrap()).unwrap();
+    writeln!(
+        w,
+        "{META_PREFIX}{}",
+        serde_json::to_string(&meta()).unwrap()
+    )
+    .unwrap();
     writeln!(w, "seq,sched_ns,one_way_ns,rtt_ns,lost").unwrap();
     let mut g = Gen::new();
     for seq in 0..rows {
@@ -155,7 +160,11 @@ const CHILD: &str = "RTPROBE_PLOT_BENCH_CHILD";
 /// In the child: one plot, then "seconds peak_kib" on stdout.
 fn child(spec: &str) {
     let mut parts = spec.split('\n');
-    let (csv, out, exact) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let (csv, out, exact) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let o = opts(Path::new(csv), Path::new(out), exact == "exact");
     let t = Instant::now();
     black_box(plot::plot(&o).unwrap());

@@ -49,7 +49,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Draw SVG/PNG boxplots, CDFs, time series, percentile distributions and stage breakdowns
-    /// from rtprobe CSV files.
+    /// from rtprobe CSV files or HdrHistogram interval logs.
     Plot(PlotArgs),
     /// Run a scenario file: sizes x intervals x knob sets, then report.md.
     Run(RunArgs),
@@ -280,7 +280,8 @@ pub struct ManArgs {
         rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms"
 )]
 pub struct PlotArgs {
-    /// rtprobe CSV files; several are drawn on the same axes (first red, second blue).
+    /// rtprobe CSV files, or HdrHistogram interval logs (told apart by their content); several
+    /// are drawn on the same axes (first red, second blue).
     #[arg(required = true, value_name = "CSV")]
     pub csv: Vec<PathBuf>,
 

@@ -363,3 +363,39 @@ fn unwritable_out_dir_is_one_line_error() {
         assert!(err.contains("cannot write in --out-dir"), "{err}");
     }
 }
+
+#[test]
+fn plots_an_hdr_interval_log_and_names_a_broken_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/interval.hlog");
+    let out = rtprobe(&[
+        "plot",
+        fixture,
+        "--out-dir",
+        s(dir.path()),
+        "--format",
+        "png",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // Box, CDF, time series and percentiles for each of the two tags.
+    assert_eq!(listed.len(), 8, "{listed:?}");
+    for p in &listed {
+        let bytes = std::fs::read(p).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "{p}");
+    }
+    // A log whose histogram line is cut: one line naming file and line.
+    let broken = dir.path().join("broken.hlog");
+    let text = std::fs::read_to_string(fixture).unwrap();
+    let cut: String = text.lines().take(4).collect::<Vec<_>>().join("\n");
+    std::fs::write(&broken, &cut[..cut.len() - 10]).unwrap();
+    let e = one_line_error(&rtprobe(&["plot", s(&broken), "--out-dir", s(dir.path())]));
+    assert!(e.contains("broken.hlog: line 4: "), "{e}");
+}

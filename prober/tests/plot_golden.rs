@@ -590,7 +590,8 @@ fn write_hdr_log(path: &Path) {
         for (tag, scale) in [("one-way", 1), ("rtt", 2)] {
             let mut h = Histogram::<u64>::new(3).unwrap();
             for k in 0..200u64 {
-                h.record((40_000 + (k * 101 + i * 7) % 20_000) * scale).unwrap();
+                h.record((40_000 + (k * 101 + i * 7) % 20_000) * scale)
+                    .unwrap();
             }
             if i == 6 {
                 h.record(3_000_000 * scale).unwrap();
@@ -655,8 +656,16 @@ fn hdr_log_fixture_draws_every_kind_by_content_not_name() {
     }
     // Ten intervals: the band of min..max per interval and its median.
     let svg = read("hdr-one-way-time.svg");
-    assert!(has_text(&svg, "median per column, band min–max"), "{:?}", texts(&svg));
+    assert!(
+        has_text(&svg, "median per column, band min–max"),
+        "{:?}",
+        texts(&svg)
+    );
     assert!(!has_text(&svg, "lost probe"), "an HDR log knows no losses");
+    assert!(has_text(
+        &svg,
+        "Time since the middle of the first interval (s)"
+    ));
     assert_eq!(svg.lines().filter(|l| l.starts_with("<polygon")).count(), 1);
 }
 
@@ -675,7 +684,14 @@ fn hdr_log_fixture_is_what_the_crate_writes() {
         assert_eq!(f.one_way.as_ref().unwrap().time.finish().len(), 10);
     }
     let q = |r: &rtprobe::export::plot::read::CsvRun| {
-        r.flows[0].one_way.as_ref().unwrap().dist.clone().finish().quantile(0.99)
+        r.flows[0]
+            .one_way
+            .as_ref()
+            .unwrap()
+            .dist
+            .clone()
+            .finish()
+            .quantile(0.99)
     };
     assert_eq!(q(&a), q(&b));
 }
@@ -699,7 +715,27 @@ fn time_series_marks_the_load_coming_on() {
     a.metric = Some(plot::MetricChoice::Rtt);
     let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
-    assert!(has_text(&svg, "load on: tcp:100%,cc=bbr"), "{:?}", texts(&svg));
+    assert!(
+        has_text(&svg, "load on: tcp:100%,cc=bbr"),
+        "{:?}",
+        texts(&svg)
+    );
     // The axis reaches back to the load's start, 1 s before the first probe.
     assert!(numbers(&svg).iter().any(|&t| t < 0.0), "{:?}", texts(&svg));
+}
+
+#[test]
+fn nothing_attached_reads_as_xdp_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("base.csv");
+    // What a --xdp-mode off run records: no program attached.
+    write_run(&csv, "none", 64, 1_000_000, 100_000, 100);
+    let mut a = args(vec![csv], dir.path());
+    a.kind = vec![FigureKind::Box];
+    a.metric = Some(plot::MetricChoice::Rtt);
+    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&written[0]).unwrap();
+    let t = texts(&svg);
+    assert!(t.iter().any(|t| t.contains("XDP off")), "{t:?}");
+    assert!(!t.iter().any(|t| t.contains("XDP none")), "{t:?}");
 }

@@ -47,10 +47,7 @@ struct Hists {
 impl Hists {
     fn new() -> Hists {
         let h = || Histogram::new(HDR_SIGFIG).expect("3 significant digits are valid");
-        Hists {
-            pos: h(),
-            neg: h(),
-        }
+        Hists { pos: h(), neg: h() }
     }
 
     fn record(&mut self, v: i64, count: u64) {
@@ -108,7 +105,8 @@ impl Dist {
         if count == 0 {
             return;
         }
-        if self.hist.is_none() && (self.exact.len() as u64).saturating_add(count) <= self.limit as u64
+        if self.hist.is_none()
+            && (self.exact.len() as u64).saturating_add(count) <= self.limit as u64
         {
             for _ in 0..count {
                 self.record(v);
@@ -182,11 +180,7 @@ impl Dist {
 
 /// -m for a magnitude of a negative i64 (2^63 is i64::MIN).
 fn neg_of(m: u64) -> i64 {
-    if m >= 1 << 63 {
-        i64::MIN
-    } else {
-        -(m as i64)
-    }
+    if m >= 1 << 63 { i64::MIN } else { -(m as i64) }
 }
 
 /// Sub-buckets per octave of a column's sketch, as a power of two: with 32
@@ -590,11 +584,19 @@ mod tests {
                 g.record_lost(x);
                 continue;
             }
-            let v = if i == 123_456 { 9_000_000 } else { 50_000 + i % 10 };
+            let v = if i == 123_456 {
+                9_000_000
+            } else {
+                50_000 + i % 10
+            };
             g.record(x, v);
         }
         let cols = g.finish();
-        assert!(cols.len() <= 100 && cols.len() >= 50, "{} columns", cols.len());
+        assert!(
+            cols.len() <= 100 && cols.len() >= 50,
+            "{} columns",
+            cols.len()
+        );
         assert_eq!(cols.iter().map(|c| c.n).sum::<u64>(), n as u64 - 10);
         assert_eq!(cols.iter().map(|c| c.lost).sum::<u64>(), 10);
         assert_eq!(cols.iter().map(|c| c.max).max(), Some(9_000_000));

@@ -553,7 +553,10 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
             any_band = true;
             let mut band: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.max))).collect();
             band.extend(cols.iter().rev().map(|k| (k.x, y(k.min))));
-            chart.draw_series(std::iter::once(Polygon::new(band, c.mix(BAND_OPACITY).filled())))?;
+            chart.draw_series(std::iter::once(Polygon::new(
+                band,
+                c.mix(BAND_OPACITY).filled(),
+            )))?;
             // Columns with one probe draw no area: their extremes as a line.
             chart.draw_series(std::iter::once(PathElement::new(
                 cols.iter().map(|k| (k.x, y(k.max))).collect::<Vec<_>>(),
@@ -596,7 +599,10 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
             .label("median per column, band min–max")
             .legend(move |(x, y)| {
-                Rectangle::new([(x, y - 6), (x + 18, y + 6)], grey.mix(BAND_OPACITY * 2.0).filled())
+                Rectangle::new(
+                    [(x, y - 6), (x + 18, y + 6)],
+                    grey.mix(BAND_OPACITY * 2.0).filled(),
+                )
             });
     }
     if any_p99 {

@@ -116,7 +116,11 @@ pub fn read_hdr_log_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, Read
 const MAX_LINE: u64 = 16 * 1024 * 1024;
 
 /// Reads an interval log from any byte source. `name` is used in errors.
-pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
+pub fn read_hdr_log<R: Read>(
+    name: &str,
+    input: R,
+    opts: &ReadOptions,
+) -> Result<CsvRun, ReadError> {
     let err = |line: Option<u64>, message: String| ReadError {
         file: name.to_string(),
         line,
@@ -164,7 +168,10 @@ pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result
         line_no += 1;
         if !buf.ends_with(b"\n") {
             if buf.len() as u64 >= MAX_LINE {
-                return Err(err(Some(line_no), "the line is longer than 16 MiB: not an HdrHistogram log line".into()));
+                return Err(err(
+                    Some(line_no),
+                    "the line is longer than 16 MiB: not an HdrHistogram log line".into(),
+                ));
             }
             buf.push(b'\n');
         }
@@ -177,7 +184,10 @@ pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result
             let tag = META_PREFIX.trim_start_matches('#').trim();
             if let Some(json) = c.strip_prefix(tag.as_bytes()) {
                 let m = serde_json::from_slice::<RunMeta>(json.trim_ascii()).map_err(|e| {
-                    err(Some(line_no), format!("the run metadata ({tag}) is not valid JSON: {e}"))
+                    err(
+                        Some(line_no),
+                        format!("the run metadata ({tag}) is not valid JSON: {e}"),
+                    )
                 })?;
                 meta = Some(m);
                 continue;
@@ -218,10 +228,18 @@ pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result
         };
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(h.encoded_histogram().trim())
-            .map_err(|e| err(Some(line_no), format!("the histogram is not valid base64: {e}")))?;
-        let hist: Histogram<u64> = decoder
-            .deserialize(&mut &bytes[..])
-            .map_err(|e| err(Some(line_no), format!("the histogram does not decode (V2 / V2-deflate expected): {e}")))?;
+            .map_err(|e| {
+                err(
+                    Some(line_no),
+                    format!("the histogram is not valid base64: {e}"),
+                )
+            })?;
+        let hist: Histogram<u64> = decoder.deserialize(&mut &bytes[..]).map_err(|e| {
+            err(
+                Some(line_no),
+                format!("the histogram does not decode (V2 / V2-deflate expected): {e}"),
+            )
+        })?;
         // Interval timestamps are offsets from BaseTime, or, with only a
         // StartTime, offsets when they are far below it (the Java
         // reader's rule), else seconds since the epoch.
@@ -231,9 +249,7 @@ pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result
             (None, Some(s)) if start + Duration::from_secs(365 * 86_400) < s => s,
             _ => Duration::ZERO,
         };
-        let mid = base
-            .saturating_add(start)
-            .saturating_add(h.duration() / 2);
+        let mid = base.saturating_add(start).saturating_add(h.duration() / 2);
         let x = i64::try_from(mid.as_nanos()).unwrap_or(i64::MAX);
         let series = match target {
             Target::OneWay => {
@@ -275,16 +291,25 @@ pub fn read_hdr_log<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result
         }
     }
     for t in &ignored_tags {
-        log::warn!("{name}: histograms tagged {t:?} ignored (rtprobe reads one-way, rtt and the stage names)");
+        log::warn!(
+            "{name}: histograms tagged {t:?} ignored (rtprobe reads one-way, rtt and the stage names)"
+        );
     }
     for (want, got, what, tag) in [
-        (opts.one_way, flow.one_way.is_some(), "one-way", "one-way (or untagged)"),
+        (
+            opts.one_way,
+            flow.one_way.is_some(),
+            "one-way",
+            "one-way (or untagged)",
+        ),
         (opts.rtt, flow.rtt.is_some(), "rtt", "rtt"),
     ] {
         if want == Want::Required && !got {
             return Err(err(
                 None,
-                format!("this log has no {what} histograms (tag {tag}): plot the other metric with --metric"),
+                format!(
+                    "this log has no {what} histograms (tag {tag}): plot the other metric with --metric"
+                ),
             ));
         }
     }
@@ -357,12 +382,22 @@ mod tests {
                     if untagged {
                         w.write_histogram(&hist(i, 1), start, len, None).unwrap();
                     } else {
-                        w.write_histogram(&hist(i, 1), start, len, interval_log::Tag::new("one-way"))
-                            .unwrap();
+                        w.write_histogram(
+                            &hist(i, 1),
+                            start,
+                            len,
+                            interval_log::Tag::new("one-way"),
+                        )
+                        .unwrap();
                         w.write_histogram(&hist(i, 2), start, len, interval_log::Tag::new("rtt"))
                             .unwrap();
-                        w.write_histogram(&hist(i, 1), start, len, interval_log::Tag::new("gc-pause"))
-                            .unwrap();
+                        w.write_histogram(
+                            &hist(i, 1),
+                            start,
+                            len,
+                            interval_log::Tag::new("gc-pause"),
+                        )
+                        .unwrap();
                     }
                 }
             }};
@@ -430,7 +465,9 @@ mod tests {
             ..Default::default()
         };
         let log = b"Tag=gc,0.0,1.0,1.0,HISTFAAAABx4nJNpmSzMwMDAxgABTAwQwAhjAAAmOwIc\n";
-        let e = read_hdr_log("t.hlog", &log[..], &opts).unwrap_err().to_string();
+        let e = read_hdr_log("t.hlog", &log[..], &opts)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "t.hlog: this log has no rtt histograms (tag rtt): plot the other metric with --metric"
@@ -442,7 +479,9 @@ mod tests {
         assert!(sniff(b"#[StartTime: 1.000 (seconds since epoch)]\n"));
         assert!(sniff(b"\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"\n"));
         assert!(sniff(b"0.127,1.007,2.769,HISTFAAAAB"));
-        assert!(!sniff(b"# rtprobe-meta: {}\nseq,flow,size,sched_ns\n0,0,64,1\n"));
+        assert!(!sniff(
+            b"# rtprobe-meta: {}\nseq,flow,size,sched_ns\n0,0,64,1\n"
+        ));
         assert!(!sniff(b"seq,one_way_ns\n0,1,2,HIST\n"));
         assert!(!sniff(b""));
     }
@@ -488,7 +527,10 @@ mod tests {
             };
             match read_hdr_log("f.hlog", bytes, &opts) {
                 Ok(run) => {
-                    for s in [&run.flows[0].one_way, &run.flows[0].rtt].into_iter().flatten() {
+                    for s in [&run.flows[0].one_way, &run.flows[0].rtt]
+                        .into_iter()
+                        .flatten()
+                    {
                         crate::export::plot::read::tests::fuzz::exercise_stats(s);
                     }
                 }

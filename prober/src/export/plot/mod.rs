@@ -846,7 +846,11 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
                 } else {
                     &m.xdp_mode_attached
                 };
-                (!mode.is_empty()).then(|| (mode.clone(), m.xdp_action == "pass" && mode != "off"))
+                // Nothing attached ("none") is the kernel-forwarding
+                // baseline the study calls XDP off.
+                let mode = if mode == "none" { "off" } else { mode.as_str() };
+                (!mode.is_empty())
+                    .then(|| (mode.to_string(), m.xdp_action == "pass" && mode != "off"))
             });
             let ts = f.ts.describe().or_else(|| {
                 meta.as_ref()
@@ -1482,7 +1486,10 @@ impl FigureCtx<'_> {
                 let Some(x) = time_coord(r, self.time_axis, x) else {
                     continue;
                 };
-                if !phases.iter().any(|(px, w)| *w == what && (px - x).abs() < 1e-3) {
+                if !phases
+                    .iter()
+                    .any(|(px, w)| *w == what && (px - x).abs() < 1e-3)
+                {
                     // The load starts before the first probe (its warm-up):
                     // the axis reaches back to show it.
                     x_lo = x_lo.min(x);
@@ -1497,6 +1504,10 @@ impl FigureCtx<'_> {
         Ok(TimeFigure {
             title: self.title(sel),
             x_desc: match self.time_axis {
+                // An HDR log's points are its intervals' middles.
+                TimeAxis::Seconds if sel.iter().all(|&i| self.runs[i].from_hdr_log) => {
+                    "Time since the middle of the first interval (s)".into()
+                }
                 TimeAxis::Seconds => "Time since the first probe (s)".into(),
                 TimeAxis::ProbeNumber => "Probe number".into(),
             },
@@ -1548,13 +1559,18 @@ fn stage_figures(runs: &mut [Run], opts: &PlotOptions, out: &mut Output) -> Resu
         .collect();
     if old.len() == runs.len() {
         let why = format!(
-            "{} {} no stage columns (written before rtprobe recorded the stamp chain): \
+            "{} {} no stage {}: \
              the other kinds (box, cdf, time, percentiles) still work",
             runs.first().map_or("", |r| r.name.as_str()),
             if runs.len() > 1 {
                 "and the others have"
             } else {
                 "has"
+            },
+            if runs.iter().all(|r| r.from_hdr_log) {
+                "histograms (an HdrHistogram log tags them path, sender_queue, ...)"
+            } else {
+                "columns (written before rtprobe recorded the stamp chain)"
             }
         );
         if opts.kinds_given {
@@ -1570,10 +1586,12 @@ fn stage_figures(runs: &mut [Run], opts: &PlotOptions, out: &mut Output) -> Resu
     for &i in &old {
         // Said once per file, whatever its flows.
         if opts.kinds_given && (i == 0 || runs[i - 1].file != runs[i].file) {
-            log::warn!(
-                "{} has no stage columns (written before rtprobe recorded the stamp chain): left out of the stages figure",
-                runs[i].name
-            );
+            let what = if runs[i].from_hdr_log {
+                "no stage histograms (an HdrHistogram log tags them path, sender_queue, ...)"
+            } else {
+                "no stage columns (written before rtprobe recorded the stamp chain)"
+            };
+            log::warn!("{} has {what}: left out of the stages figure", runs[i].name);
         }
     }
     // Stages outside the metric asked for stay out: --metric one-way

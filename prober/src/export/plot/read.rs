@@ -1302,7 +1302,8 @@ pub(crate) mod tests {
                                 exercise_stats(s);
                             }
                             for d in f.stages.iter().flat_map(|st| st.iter()) {
-                                let _ = crate::export::plot::stats::box_stats_of(&d.clone().finish());
+                                let _ =
+                                    crate::export::plot::stats::box_stats_of(&d.clone().finish());
                             }
                         }
                     }

@@ -488,10 +488,7 @@ mod tests {
         let b = box_stats_of(&pairs).unwrap();
         assert_eq!(b.outliers(), vec![1000]);
         assert_eq!(b.outlier_count(), 1);
-        assert_eq!(
-            percentile_curve_of(&pairs, 20),
-            percentile_curve(&flat, 20)
-        );
+        assert_eq!(percentile_curve_of(&pairs, 20), percentile_curve(&flat, 20));
         assert_eq!(pairs.count_below(20.0), 3);
         assert_eq!(pairs.count_at_or_below(20.0), 8);
         assert_eq!(pairs.min_positive(), Some(10));
