@@ -75,9 +75,18 @@ fn invalid_values_fail_before_touching_the_system() {
             &["--out", "/nonexistent-rtprobe-dir/o.csv"][..],
             "does not exist",
         ),
-        (&["--tx-if", "a", "--rx-if", "a"][..], "--rx-if must name another"),
-        (&["--flow", "port=5061"][..], "--flow port=5061 is already used"),
-        (&["--queue-sample", "10ms"][..], "--queue-sample has no queue"),
+        (
+            &["--tx-if", "a", "--rx-if", "a"][..],
+            "--rx-if must name another",
+        ),
+        (
+            &["--flow", "port=5061"][..],
+            "--flow port=5061 is already used",
+        ),
+        (
+            &["--queue-sample", "10ms"][..],
+            "--queue-sample has no queue",
+        ),
     ] {
         let (code, _, err) = run(args);
         // A value the validator refuses is a usage error, as clap's: 2.
@@ -254,7 +263,10 @@ fn scenario_files_take_every_option_and_the_command_line_overrides_them() {
     let (code, out, err) = run(&["run", "--check", f, "--size", "1472", "--stress", "2"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("2 cells = 1 sizes"), "{out}");
-    assert!(out.contains("stress=2"), "the command line's knob in every set: {out}");
+    assert!(
+        out.contains("stress=2"),
+        "the command line's knob in every set: {out}"
+    );
     // A bad override is blamed on the flag, a bad file value on key and line.
     let (code, _, err) = run(&["run", "--check", f, "--size", "20"]);
     assert_eq!(code, 1, "{err}");

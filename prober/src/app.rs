@@ -53,7 +53,7 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Some(Command::Plot(args)) => crate::export::plot::run(&args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Plot(args)) => crate::cli::plot_command(&args).map(|()| ExitCode::SUCCESS),
         Some(Command::BenchForward(args)) => bench_forward_command(&args),
         Some(Command::Testbed(args)) => {
             crate::testbed::require_root()?;
@@ -331,4 +331,3 @@ fn run_command(
     }
     Ok(())
 }
-

@@ -9,7 +9,7 @@ use rtprobe::{
     cli::PlotArgs,
     export::{
         csv::{CsvWriter, ProbeRecord, RunMeta, TsSource},
-        plot::{self, FigureKind, ImageFormat, PlotOptions, draw},
+        plot::{self, FigureKind, ImageFormat, draw},
     },
 };
 
@@ -135,7 +135,7 @@ fn two_runs_overlay_box_cdf_time_per_metric() {
     let xdp = dir.path().join("xdp.csv");
     write_run(&base, "off", 64, 1_000_000, 100_000, 400);
     write_run(&xdp, "native", 64, 1_000_000, 60_000, 400);
-    let opts = PlotOptions::from_args(&args(vec![base, xdp], dir.path())).unwrap();
+    let opts = (args(vec![base, xdp], dir.path()).options()).unwrap();
     let written = plot::plot(&opts).unwrap();
     assert_eq!(
         names(&written),
@@ -199,7 +199,7 @@ fn grouped_like_the_study_one_figure_per_size_intervals_side_by_side() {
     a.metric = Some(plot::MetricChoice::Rtt);
     a.kind = vec![FigureKind::Box, FigureKind::Cdf];
     a.log = true;
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(
         names(&written),
         [
@@ -247,7 +247,7 @@ fn grouped_like_the_study_one_figure_per_size_intervals_side_by_side() {
     a.split_by = Some("none".into());
     a.kind = vec![FigureKind::Box];
     a.out_dir = Some(out.clone());
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(names(&written), ["compare-rtt-box.svg"]);
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     for (color, label) in [
@@ -279,7 +279,7 @@ fn user_labels_title_and_png() {
     a.kind = vec![FigureKind::Box];
     a.format = vec![ImageFormat::Svg, ImageFormat::Png];
     a.title = Some("lab run 3".into());
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(names(&written), ["a-one-way-box.svg", "a-one-way-box.png"]);
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     assert!(has_text(&svg, "One-way latency — lab run 3"));
@@ -303,7 +303,7 @@ fn lone_run_title_counts_probes_and_losses() {
     let mut a = args(vec![csv], dir.path());
     a.kind = vec![FigureKind::Time];
     a.metric = Some(plot::MetricChoice::OneWay);
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     let title =
         "One-way latency — 64 B probes every 1 ms, XDP native, sw timestamps, 100 probes (2 lost)";
@@ -350,7 +350,7 @@ fn extreme_values_never_panic() {
             // Small: PNG encoding is slow in debug builds, and the size does
             // not matter for what is tested.
             a.figure_size = (320, 200);
-            match PlotOptions::from_args(&a).and_then(|o| plot::plot(&o)) {
+            match a.options().and_then(|o| plot::plot(&o)) {
                 Ok(files) => assert!(!files.is_empty()),
                 Err(e) => {
                     let msg = format!("{e:#}");
@@ -373,7 +373,7 @@ fn metadata_text_stays_inside_out_dir() {
     a.group_by = Some("mode".into());
     a.kind = vec![FigureKind::Cdf];
     a.metric = Some(plot::MetricChoice::Rtt);
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(names(&written), ["m-rtt-.._.._evil_mode-cdf.svg"]);
     assert_eq!(written[0].parent(), Some(dir.path()));
 }
@@ -432,7 +432,7 @@ fn stages_one_box_per_stage_and_run_on_a_log_axis() {
     write_chain_run(&queued, "pfifo", 10_000_000, 300);
     let mut a = args(vec![fast, queued], dir.path());
     a.kind = vec![FigureKind::Stages];
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(names(&written), ["fast-vs-queued-stages.svg"]);
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     // Stack, sender queue, path, receiver, reflector, return: one box per
@@ -469,7 +469,7 @@ fn stages_one_box_per_stage_and_run_on_a_log_axis() {
     // --metric one-way: only the stages inside the one-way delay.
     a.metric = Some(plot::MetricChoice::OneWay);
     a.prefix = Some("ow".into());
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (3, 3));
     assert!(!has_text(&svg, "receiver"));
@@ -477,7 +477,7 @@ fn stages_one_box_per_stage_and_run_on_a_log_axis() {
     // --linear forces it, and the axis does not go below zero.
     a.linear = true;
     a.prefix = Some("lin".into());
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     let ticks = numbers(&svg);
     assert!(
@@ -494,7 +494,7 @@ fn percentiles_default_kinds_and_tail_axes() {
     let mut a = args(vec![csv], dir.path());
     a.kind = Vec::new();
     a.metric = Some(plot::MetricChoice::OneWay);
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(
         names(&written),
         [
@@ -529,7 +529,7 @@ fn percentiles_default_kinds_and_tail_axes() {
     a.linear = true;
     a.kind = vec![FigureKind::Cdf];
     a.prefix = Some("lin".into());
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     let ticks = numbers(&std::fs::read_to_string(&written[0]).unwrap());
     assert!(
         ticks.contains(&0.0) && ticks.iter().all(|t| *t >= 0.0),
@@ -549,7 +549,7 @@ fn stages_name_the_run_without_stage_columns() {
     a.kind = vec![FigureKind::Stages];
     a.label = vec!["after".into(), "before".into()];
     a.prefix = Some("mixed".into());
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(names(&written), ["mixed-stages.svg"]);
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     assert_eq!((boxes(&svg, 0), boxes(&svg, 1)), (6, 0));
@@ -629,7 +629,7 @@ fn hdr_log_fixture_draws_every_kind_by_content_not_name() {
         FigureKind::Percentiles,
     ];
     a.metric = Some(plot::MetricChoice::OneWay);
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(
         names(&written),
         [
@@ -713,7 +713,7 @@ fn time_series_marks_the_load_coming_on() {
     let mut a = args(vec![csv], dir.path());
     a.kind = vec![FigureKind::Time];
     a.metric = Some(plot::MetricChoice::Rtt);
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     assert!(
         has_text(&svg, "load on: tcp:100%,cc=bbr"),
@@ -733,7 +733,7 @@ fn nothing_attached_reads_as_xdp_off() {
     let mut a = args(vec![csv], dir.path());
     a.kind = vec![FigureKind::Box];
     a.metric = Some(plot::MetricChoice::Rtt);
-    let written = plot::plot(&PlotOptions::from_args(&a).unwrap()).unwrap();
+    let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     let t = texts(&svg);
     assert!(t.iter().any(|t| t.contains("XDP off")), "{t:?}");

@@ -38,8 +38,8 @@ use super::{
 use crate::{
     cli::{BenchForwardArgs, ForwardModeArg, GeneratorArg, SinkArg},
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
-    probe::TimestampSource as TimestampArg,
     export::{CsvWriter, RunMeta},
+    probe::TimestampSource as TimestampArg,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,

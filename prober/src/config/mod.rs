@@ -58,7 +58,6 @@ use serde_json::{Map, Value};
 
 use crate::{
     ebpf::{XdpAction, XdpMode},
-    export::report::{self, ReportRow},
     probe::TimestampSource,
     spec::{self, KnobSpec, OutputSpec, RunSpec, SpecError},
     stats::Summary,
@@ -1115,6 +1114,11 @@ pub fn plan(sc: &Scenario, cells: &[Cell], out_dir: &Path, notes: &[String]) -> 
     }
     s
 }
+
+pub mod fetch_study;
+pub mod report;
+
+use report::ReportRow;
 
 #[cfg(test)]
 mod tests;

@@ -88,10 +88,13 @@ macro_rules! words {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
                 let t = s.trim().to_ascii_lowercase();
-                <$t>::ALL.into_iter().find(|v| v.as_str() == t).ok_or_else(|| {
-                    let all: Vec<&str> = <$t>::ALL.iter().map(|v| v.as_str()).collect();
-                    format!("invalid {} {s:?}: use one of {}", $what, all.join(", "))
-                })
+                <$t>::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == t)
+                    .ok_or_else(|| {
+                        let all: Vec<&str> = <$t>::ALL.iter().map(|v| v.as_str()).collect();
+                        format!("invalid {} {s:?}: use one of {}", $what, all.join(", "))
+                    })
             }
         }
     };

@@ -241,11 +241,7 @@ fn is_veth(ns: &Netns, ifname: &str) -> bool {
 /// Loads and attaches the router for `tb`: on the router's two interfaces
 /// in the veth testbed, on both NICs in NIC-pair mode (where the kernel
 /// delivers locally and the router passes).
-pub fn attach_for_testbed(
-    tb: &Testbed,
-    mode: XdpMode,
-    action: XdpAction,
-) -> Result<XdpSetup> {
+pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Result<XdpSetup> {
     let mut setup = XdpSetup::none();
     if mode == XdpMode::Off {
         return Ok(setup);

@@ -398,7 +398,8 @@ mod tests {
                 "sender_rcvbuf_errors": null, "sender_sndbuf_errors": null,
                 "host_backlog_drops": 7}),
         );
-        s.extra.insert("peak_rss_kib".into(), serde_json::Value::Null);
+        s.extra
+            .insert("peak_rss_kib".into(), serde_json::Value::Null);
         let l = drops_line(&s).unwrap();
         assert_eq!(
             l,

@@ -26,7 +26,12 @@ pub const MIN_ROTATE_PERIOD: Duration = Duration::from_secs(1);
 pub struct ContinuousArgs {
     /// Probe until Ctrl-C or SIGTERM (the same as --duration 0). Memory stays flat; bound the
     /// disk with --out-rotate.
-    #[arg(long, num_args = 0, default_missing_value = "true", conflicts_with = "count")]
+    #[arg(
+        long,
+        num_args = 0,
+        default_missing_value = "true",
+        conflicts_with = "count"
+    )]
     pub forever: Option<bool>,
 
     /// Start a new CSV when the current one reaches this size (e.g. 100MiB, 500MB) or age (e.g.
@@ -171,7 +176,10 @@ impl ContinuousArgs {
         }
         let forever = self.forever == Some(true) || duration.is_some_and(|d| d.is_zero());
         if self.forever == Some(true) && duration.is_some_and(|d| !d.is_zero()) {
-            bail!("forever", "probes until stopped: drop --duration (or use --duration 0)");
+            bail!(
+                "forever",
+                "probes until stopped: drop --duration (or use --duration 0)"
+            );
         }
         let rotation = match self.out_rotate {
             None => None,
@@ -189,14 +197,20 @@ impl ContinuousArgs {
                 }
                 let keep = self.out_keep.unwrap_or(DEFAULT_KEEP);
                 if !(1..=10_000).contains(&keep) {
-                    bail!("out_keep", "{keep} is out of range: keep 1..10000 rotated files");
+                    bail!(
+                        "out_keep",
+                        "{keep} is out of range: keep 1..10000 rotated files"
+                    );
                 }
                 Some(Rotation { when, keep })
             }
         };
         if let Some(d) = self.report_every {
             if d < Duration::from_millis(100) {
-                bail!("report_every", "{d:?} is too short: use at least 100ms (e.g. 1s, 10s)");
+                bail!(
+                    "report_every",
+                    "{d:?} is too short: use at least 100ms (e.g. 1s, 10s)"
+                );
             }
             if d > Duration::from_secs(24 * 3600) {
                 bail!("report_every", "{d:?} is too long: use at most 24h");
@@ -257,11 +271,15 @@ mod tests {
         assert_eq!("1.5GiB".parse(), Ok(Rotate::Bytes(3 << 29)));
         assert_eq!("65536".parse(), Ok(Rotate::Bytes(65536)));
         assert_eq!("1h".parse(), Ok(Rotate::Every(Duration::from_secs(3600))));
-        assert_eq!(
-            "10min".parse(),
-            Ok(Rotate::Every(Duration::from_secs(600)))
-        );
-        for bad in ["", "lots", "-5MiB", "1e400MB", "99999999999999999999GiB", "5 parsecs"] {
+        assert_eq!("10min".parse(), Ok(Rotate::Every(Duration::from_secs(600))));
+        for bad in [
+            "",
+            "lots",
+            "-5MiB",
+            "1e400MB",
+            "99999999999999999999GiB",
+            "5 parsecs",
+        ] {
             assert!(bad.parse::<Rotate>().is_err(), "{bad}");
         }
     }
@@ -283,12 +301,14 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c, ContinuousArgs::default());
         assert!(!c.plan(Some(Duration::from_secs(3))).unwrap().forever);
-        assert!(c.plan(Some(Duration::ZERO)).unwrap().forever, "--duration 0");
+        assert!(
+            c.plan(Some(Duration::ZERO)).unwrap().forever,
+            "--duration 0"
+        );
         assert!(parse(&["--out-keep", "3"]).is_err(), "needs --out-rotate");
         assert!(parse(&["--forever", "--count", "3"]).is_err());
-        let err = |a: &[&str], d: Option<Duration>| {
-            parse(a).unwrap().plan(d).unwrap_err().for_cli()
-        };
+        let err =
+            |a: &[&str], d: Option<Duration>| parse(a).unwrap().plan(d).unwrap_err().for_cli();
         assert!(err(&["--out-rotate", "1KiB"], None).contains("at least 16KiB"));
         assert!(err(&["--out-rotate", "10ms"], None).contains("at least 1s"));
         assert!(err(&["--out-rotate", "1h", "--out-keep", "0"], None).contains("--out-keep 0"));
@@ -315,7 +335,14 @@ mod tests {
         assert!(e.to_string().contains("invalid rotation"), "{e}");
         // Unknown keys are refused where the group is flattened (a scenario's [probe]).
         let keys = crate::spec::keys_of::<crate::spec::RunSpec>();
-        for k in ["forever", "out_rotate", "out_keep", "report_every", "metrics_listen", "hdr_log"] {
+        for k in [
+            "forever",
+            "out_rotate",
+            "out_keep",
+            "report_every",
+            "metrics_listen",
+            "hdr_log",
+        ] {
             assert!(keys.iter().any(|x| x == k), "{k} in {keys:?}");
         }
     }

@@ -13,7 +13,12 @@ use crate::tune::units::{self, humane_duration};
 pub struct PacingSpec {
     /// Spin on the clock for the whole interval instead of sleeping: the lowest send error,
     /// at the price of one busy core (on a 2-core machine that slows the receive side).
-    #[arg(long, conflicts_with = "spin", num_args = 0, default_missing_value = "true")]
+    #[arg(
+        long,
+        conflicts_with = "spin",
+        num_args = 0,
+        default_missing_value = "true"
+    )]
     pub busy_poll: Option<bool>,
 
     /// Sleep until this long before each send, then spin on the clock [default: adaptive: the

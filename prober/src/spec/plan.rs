@@ -87,7 +87,11 @@ impl std::error::Error for SpecError {}
 /// The merged specs of one run -> its plan. No system access except
 /// reading whether real-time throttling is on (busy-poll with
 /// rt-priority); output paths are checked by [`check_output_paths`].
-pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<RunOptions, SpecError> {
+pub fn validate(
+    run: &RunSpec,
+    knobs: &KnobSpec,
+    out: &OutputSpec,
+) -> Result<RunOptions, SpecError> {
     let e = |key, m: String| Err(SpecError::new(key, m));
     let p = &run.probe;
     let size = p.size.unwrap_or(DEFAULT_SIZE);
@@ -104,7 +108,10 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
     if interval < MIN_INTERVAL {
         return e(
             "interval",
-            format!("{} is too short: use at least 1us (e.g. 10us, 1ms)", fmt_duration(interval)),
+            format!(
+                "{} is too short: use at least 1us (e.g. 10us, 1ms)",
+                fmt_duration(interval)
+            ),
         );
     }
     if interval > MAX_INTERVAL {
@@ -114,10 +121,18 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
         );
     }
     if run.continuous.forever == Some(true) && p.count.is_some() {
-        return e("forever", "and count: give one (forever probes until stopped)".into());
+        return e(
+            "forever",
+            "and count: give one (forever probes until stopped)".into(),
+        );
     }
     let count = match (p.count, p.duration) {
-        (Some(_), Some(_)) => return e("duration", "and count: give count or duration, not both".into()),
+        (Some(_), Some(_)) => {
+            return e(
+                "duration",
+                "and count: give count or duration, not both".into(),
+            );
+        }
         (Some(0), None) => return e("count", "0 sends nothing: give at least 1".into()),
         // --duration 0 is --forever (run.continuous): no count, no end.
         (_, Some(d)) if d.is_zero() => None,
@@ -145,15 +160,28 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
                 format!("must name another interface than tx_if (both are {t})"),
             );
         }
-        (Some(_), None) => return e("rx_if", "is missing: NIC-pair mode needs both tx_if and rx_if".into()),
-        (None, Some(_)) => return e("tx_if", "is missing: NIC-pair mode needs both tx_if and rx_if".into()),
+        (Some(_), None) => {
+            return e(
+                "rx_if",
+                "is missing: NIC-pair mode needs both tx_if and rx_if".into(),
+            );
+        }
+        (None, Some(_)) => {
+            return e(
+                "tx_if",
+                "is missing: NIC-pair mode needs both tx_if and rx_if".into(),
+            );
+        }
         _ => {}
     }
     let nic_pair = p.tx_if.is_some();
     let busy_poll = run.pacing.busy_poll.unwrap_or(false);
     if let Some(spin) = run.pacing.spin {
         if busy_poll {
-            return e("spin", "and busy_poll: busy-poll already spins all the time".into());
+            return e(
+                "spin",
+                "and busy_poll: busy-poll already spins all the time".into(),
+            );
         }
         if spin > interval {
             return e(
@@ -223,7 +251,10 @@ pub fn validate(run: &RunSpec, knobs: &KnobSpec, out: &OutputSpec) -> Result<Run
     if flows.len() > MAX_EXTRA_FLOWS {
         return e(
             "flows",
-            format!("gives {} extra flows; at most {MAX_EXTRA_FLOWS}", flows.len()),
+            format!(
+                "gives {} extra flows; at most {MAX_EXTRA_FLOWS}",
+                flows.len()
+            ),
         );
     }
     let mut ports = vec![port];

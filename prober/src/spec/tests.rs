@@ -99,7 +99,10 @@ fn defaults_and_limits() {
         (1, 5062, 0)
     );
     let e = opts(&["--flow", "port=5061"]).unwrap_err().to_string();
-    assert!(e.starts_with("--flow port=5061"), "port clash with the main flow: {e}");
+    assert!(
+        e.starts_with("--flow port=5061"),
+        "port clash with the main flow: {e}"
+    );
 }
 
 #[test]
@@ -184,7 +187,11 @@ fn merge_precedence_file_then_set_then_command_line() {
         .probe;
     let m = merge(&merge(&file, &set).unwrap(), &cli.knobs).unwrap();
     assert_eq!(m.link_rate, Some(Rate::mbit(100)), "file only");
-    assert_eq!(m.qdisc.as_ref().map(|q| q.kind()), Some("fq_codel"), "set over file");
+    assert_eq!(
+        m.qdisc.as_ref().map(|q| q.kind()),
+        Some("fq_codel"),
+        "set over file"
+    );
     assert_eq!(m.stress, Some(8), "command line over set");
     // Probe options: the command line's count replaces the file's duration.
     let file_run: RunSpec =
@@ -359,8 +366,13 @@ fn the_same_limits_on_the_command_line_and_in_toml() {
     };
     // Sizes 16..31 were taken by scenario files and refused by the run.
     for size in [16, 31] {
-        let e = opts(&["--size", &size.to_string()]).unwrap_err().to_string();
-        assert!(e.starts_with(&format!("--size {size} is out of range")), "{e}");
+        let e = opts(&["--size", &size.to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("--size {size} is out of range")),
+            "{e}"
+        );
         let t = toml_err(&format!("[probe]\ncount = 5\nsizes = [64, {size}]\n"));
         assert!(
             t.starts_with(&format!("s.toml:3:1: probe.sizes: {size} is out of range")),
@@ -372,7 +384,13 @@ fn the_same_limits_on_the_command_line_and_in_toml() {
     }
     // Intervals: the same bounds on both sides.
     assert!(opts(&["--interval", "1us"]).is_ok());
-    assert!(Scenario::parse(std::path::Path::new("s.toml"), "[probe]\nintervals = [\"1us\"]\n").is_ok());
+    assert!(
+        Scenario::parse(
+            std::path::Path::new("s.toml"),
+            "[probe]\nintervals = [\"1us\"]\n"
+        )
+        .is_ok()
+    );
     let e = opts(&["--interval", "2h"]).unwrap_err().to_string();
     let t = toml_err("[probe]\nintervals = [\"1ms\", \"2h\"]\n");
     assert!(e.starts_with("--interval 7200s is too long"), "{e}");
@@ -406,9 +424,15 @@ fn command_line_overrides_a_scenario_and_is_blamed_by_flag() {
     let cells = sc.cells(std::path::Path::new("/o"));
     assert_eq!(cells.len(), 1, "--size replaces the file's sizes");
     assert_eq!(cells[0].run.probe.size, 1472);
-    assert_eq!((cells[0].run.probe.count, cells[0].run.probe.duration), (Some(5), None));
+    assert_eq!(
+        (cells[0].run.probe.count, cells[0].run.probe.duration),
+        (Some(5), None)
+    );
     assert_eq!(cells[0].knobs.link_rate, Some(Rate::mbit(100)));
-    assert_eq!(cells[0].knobs.qdisc.as_ref().map(|q| q.kind()), Some("pfifo"));
+    assert_eq!(
+        cells[0].knobs.qdisc.as_ref().map(|q| q.kind()),
+        Some("pfifo")
+    );
     let bad = Cli::try_parse_from(["t", "--size", "8"]).unwrap().probe;
     let over = Overrides {
         run: bad.run,
@@ -472,15 +496,17 @@ fn knob_flags_parse_like_the_toml() {
     assert_eq!(k.loads().len(), 1);
     assert_eq!(k.shaping().unwrap().rate, Rate::mbit(100));
     // The same words in TOML give the same knobs.
-    let from_toml = Knobs::from(knobs(
-        "link_rate = \"100mbit\"\nload = [\"tcp:50%\"]\n",
-    ));
+    let from_toml = Knobs::from(knobs("link_rate = \"100mbit\"\nload = [\"tcp:50%\"]\n"));
     assert_eq!(from_toml, k);
 }
 
 #[test]
 fn flow_specs_read_back_as_written() {
-    for s in ["port=5062", "port=5062,tos=192,size=1472,interval=100us", "port=7,interval=1s 100ns"] {
+    for s in [
+        "port=5062",
+        "port=5062,tos=192,size=1472,interval=100us",
+        "port=7,interval=1s 100ns",
+    ] {
         let f = FlowSpec::parse(s).unwrap();
         assert_eq!(FlowSpec::parse(&f.to_string()).unwrap(), f, "{s}");
     }

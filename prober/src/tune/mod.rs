@@ -141,7 +141,13 @@ macro_rules! from_str_via_serde {
     )+};
 }
 
-from_str_via_serde!(Bottleneck, MissingPolicy, DevicePolicy, ShaperKind, StressTool);
+from_str_via_serde!(
+    Bottleneck,
+    MissingPolicy,
+    DevicePolicy,
+    ShaperKind,
+    StressTool
+);
 
 /// What the knobs need to know about the probe flow: the port for the
 /// priority filters, size and interval for the probe class rate.

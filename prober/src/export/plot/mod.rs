@@ -43,7 +43,7 @@ use self::{
     read::{CsvRun, ReadOptions, Series, Want, XSource},
     stats::{BoxStats, CdfPoint},
 };
-use crate::{cli::PlotArgs, export::csv::RunMeta, stats::chain::Stage};
+use crate::{export::csv::RunMeta, stats::chain::Stage};
 
 /// Which latency to draw (`--metric`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -303,124 +303,10 @@ impl PlotOptions {
             exact_limit: dist::EXACT_LIMIT,
         }
     }
-
-    /// Checks what can be checked without touching files.
-    pub fn from_args(a: &PlotArgs) -> Result<PlotOptions> {
-        if a.csv.is_empty() {
-            bail!("no CSV file given: rtprobe plot FILE.csv [FILE.csv ...]");
-        }
-        if !a.label.is_empty() && a.label.len() != a.csv.len() {
-            bail!(
-                "--label given {} time(s) for {} CSV file(s): give one --label per CSV, in the same order",
-                a.label.len(),
-                a.csv.len()
-            );
-        }
-        let group_by = a
-            .group_by
-            .as_deref()
-            .map(|s| Dim::parse("--group-by", s))
-            .transpose()?;
-        let split_by = match a.split_by.as_deref() {
-            Some(s) if s.trim().eq_ignore_ascii_case("none") => None,
-            Some(s) => Some(Dim::parse("--split-by", s)?),
-            None => None,
-        };
-        let auto_split = a.split_by.is_none();
-        if group_by.is_some() && group_by == split_by {
-            bail!(
-                "--group-by and --split-by name the same key: split by another one, or drop --split-by"
-            );
-        }
-        let (metrics, metric_required) = match a.metric {
-            None => (vec![Metric::OneWay, Metric::Rtt], false),
-            Some(MetricChoice::Both) => (vec![Metric::OneWay, Metric::Rtt], true),
-            Some(MetricChoice::OneWay) => (vec![Metric::OneWay], true),
-            Some(MetricChoice::Rtt) => (vec![Metric::Rtt], true),
-        };
-        let y_min_ns = a.y_min.map(|d| d.as_nanos() as f64);
-        let y_max_ns = a.y_max.map(|d| d.as_nanos() as f64);
-        if let (Some(lo), Some(hi)) = (y_min_ns, y_max_ns)
-            && lo >= hi
-        {
-            bail!("--y-min must be below --y-max");
-        }
-        if a.log && y_min_ns == Some(0.0) {
-            bail!("--log needs a positive --y-min, e.g. --y-min 1us");
-        }
-        if a.log && a.linear {
-            bail!("--log and --linear contradict each other: give one of them");
-        }
-        let scale = if a.log {
-            Scale::Log
-        } else if a.linear || y_min_ns == Some(0.0) {
-            // An axis from 0 is a linear axis.
-            Scale::Linear
-        } else {
-            Scale::Auto
-        };
-        let prefix = match &a.prefix {
-            Some(p) => {
-                if p.is_empty() || p.contains('/') || p == "." || p == ".." {
-                    bail!(
-                        "--prefix {p:?} must be a file name without '/': put the directory in --out-dir"
-                    );
-                }
-                p.clone()
-            }
-            None => default_prefix(&a.csv),
-        };
-        let out_dir = match &a.out_dir {
-            Some(d) => d.clone(),
-            None => match a.csv[0].parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            },
-        };
-        let mut kinds: Vec<FigureKind> = Vec::new();
-        let kinds_given = !a.kind.is_empty();
-        let asked = if kinds_given {
-            &a.kind[..]
-        } else {
-            &FigureKind::DEFAULT[..]
-        };
-        for k in asked {
-            if !kinds.contains(k) {
-                kinds.push(*k);
-            }
-        }
-        let mut formats: Vec<ImageFormat> = Vec::new();
-        for f in &a.format {
-            if !formats.contains(f) {
-                formats.push(*f);
-            }
-        }
-        Ok(PlotOptions {
-            inputs: a.csv.clone(),
-            labels: a.label.clone(),
-            out_dir,
-            prefix,
-            metrics,
-            metric_required,
-            kinds,
-            kinds_given,
-            group_by,
-            split_by,
-            auto_split,
-            scale,
-            formats,
-            size_px: a.figure_size,
-            y_min_ns,
-            y_max_ns,
-            title: a.title.clone(),
-            ignore_truncated: a.ignore_truncated,
-            exact_limit: dist::EXACT_LIMIT,
-        })
-    }
 }
 
 /// `out.csv` -> `out`; two or three files -> `a-vs-b`; more -> `compare`.
-fn default_prefix(inputs: &[PathBuf]) -> String {
+pub fn default_prefix(inputs: &[PathBuf]) -> String {
     let stems: Vec<String> = inputs.iter().map(|p| stem(p)).collect();
     match stems.len() {
         1 => stems[0].clone(),
@@ -434,15 +320,6 @@ fn stem(p: &Path) -> String {
         .map(|s| s.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "plot".into())
-}
-
-/// `rtprobe plot`: draws the figures and prints the path of each one.
-pub fn run(args: &PlotArgs) -> Result<()> {
-    let opts = PlotOptions::from_args(args)?;
-    for p in plot(&opts)? {
-        println!("{}", p.display());
-    }
-    Ok(())
 }
 
 /// Reads the CSVs, draws every requested figure, returns their paths.

@@ -8,8 +8,8 @@
 
 use std::{fmt::Write, path::Path, time::Duration};
 
+use super::{Cell, CellResult, Scenario};
 use crate::{
-    config::{Cell, CellResult, Scenario},
     export::plot::axis::format_duration_ns,
     stats::{Summary, chain::Stage},
     tune::{LoadReport, units},
