@@ -135,7 +135,8 @@ pub struct ProbeArgs {
     #[arg(long, conflicts_with = "duration")]
     pub count: Option<u64>,
 
-    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min.
+    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min; 0 probes until stopped
+    /// (--forever).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
 
