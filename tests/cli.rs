@@ -280,3 +280,44 @@ fn scenario_files_take_every_option_and_the_command_line_overrides_them() {
         "{err}"
     );
 }
+
+#[test]
+fn continuous_options_fail_with_one_line_before_touching_the_system() {
+    // Out-of-range values are usage errors, like a flag that does not parse: exit 2.
+    for (args, code, needle) in [
+        (
+            &["--out-rotate", "lots"][..],
+            2,
+            "invalid rotation \"lots\"",
+        ),
+        (&["--out-keep", "3"][..], 2, "--out-rotate"),
+        (&["--forever", "--count", "5"][..], 2, "cannot be used with"),
+        (
+            &["--metrics-listen", "localhost"][..],
+            2,
+            "invalid socket address",
+        ),
+        (
+            &["--out-rotate", "1KiB"][..],
+            2,
+            "--out-rotate 1KiB is too small",
+        ),
+        (
+            &["--out-rotate", "1h", "--out-keep", "0"][..],
+            2,
+            "--out-keep 0",
+        ),
+        (&["--report-every", "1ms"][..], 2, "at least 100ms"),
+        (&["--forever", "--duration", "5s"][..], 2, "drop --duration"),
+        (
+            &["--hdr-log", "/nonexistent-rtprobe-dir/x.hlog"][..],
+            2,
+            "does not exist",
+        ),
+    ] {
+        let (got, _, err) = run(args);
+        assert_eq!(got, code, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"));
+    }
+}

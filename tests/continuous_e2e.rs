@@ -167,7 +167,29 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         .filter(|l| l.starts_with('[') && l.contains(" sent "))
         .collect();
     assert!(lines.len() >= 25, "{stdout}");
-    assert!(lines[3].contains("sent    1000"), "{}", lines[3]);
+    // Every probe is in exactly one line; a whole interval at 1 ms holds
+    // 1000 scheduled sends (give or take one where the system clock was
+    // slewed against the monotonic schedule).
+    let counts: Vec<u64> = lines
+        .iter()
+        .map(|l| {
+            l.split(" sent ")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(counts.iter().sum::<u64>(), sent, "{stdout}");
+    assert!(
+        counts[1..counts.len() - 1]
+            .iter()
+            .all(|&n| (995..=1005).contains(&n)),
+        "{counts:?}"
+    );
     assert!(lines[3].contains("one-way p50"), "{}", lines[3]);
 
     // The HDR log: a one-way and an RTT histogram per interval.

@@ -253,7 +253,17 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
         "{}",
         crate::export::text::format_summary(&o.summary, &o.meta)
     );
-    println!("  wrote {} rows to {}", o.rows, opts.out.display());
+    match opts.continuous.rotation {
+        Some(r) => println!(
+            "  wrote {} rows to {} and its rotated files (by {}, the last {} kept as {}.1 ..)",
+            o.rows,
+            opts.out.display(),
+            r.when,
+            r.keep,
+            opts.out.display()
+        ),
+        None => println!("  wrote {} rows to {}", o.rows, opts.out.display()),
+    }
     if let Some(j) = &opts.json {
         crate::export::json::write_summary(j, &o.summary)?;
         println!("  wrote summary to {}", j.display());

@@ -859,7 +859,7 @@ fn memory_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 /// of that it covered.
 fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let interval_us = ctx.best_interval_us.get().unwrap_or(10).max(10);
-    let secs = if quick { 30 } else { 100 };
+    let secs: u64 = if quick { 30 } else { 100 };
     let dir = ctx.out.join("continuous");
     std::fs::create_dir_all(&dir)?;
     let json = dir.join("summary.json");
@@ -897,11 +897,21 @@ fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             .ok()?;
         Some(kib / 1024.0)
     };
-    // The first 10 s: testbed, warm-up, the first rotation.
-    std::thread::sleep(Duration::from_secs(10));
-    let start = rss_mib();
-    std::thread::sleep(Duration::from_secs(secs - 10));
-    let end = rss_mib();
+    // Sampled every 2 s; the baseline is a third into the run (past the
+    // testbed, the warm-up, the first rotation and the first stalls).
+    let mut samples = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(2));
+        samples.push((t0.elapsed().as_secs(), rss_mib()));
+    }
+    let start = samples
+        .iter()
+        .find(|(t, _)| *t >= secs / 3)
+        .and_then(|&(_, r)| r);
+    let start_at = secs / 3;
+    let end = samples.last().and_then(|&(_, r)| r);
+    let peak = samples.iter().filter_map(|&(_, r)| r).fold(0.0, f64::max);
     let _ = Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status();
@@ -930,8 +940,11 @@ fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         ),
         format!("{end:.1} MiB"),
         format!(
-            "{start:.1} MiB at 10 s; every {interval_us} us for {secs} s, rotated CSV, HDR log,              metrics on; lost {}, unaccounted {}",
-            s["lost"], s["unaccounted"]
+            "{start:.1} MiB at {start_at} s, peak {peak:.1} MiB; every {interval_us} us for {secs} s \
+             (sent {:.0}/s), rotated CSV, HDR log, metrics on; lost {}, unaccounted {}",
+            s["send_rate_pps"].as_f64().unwrap_or(0.0),
+            s["lost"],
+            s["unaccounted"]
         ),
         "growth <= 4 MiB",
         Some(growth <= 4.0),

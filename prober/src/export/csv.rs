@@ -15,7 +15,7 @@
 
 use std::{
     fs::File,
-    io::{BufWriter, Write},
+    io::Write,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -230,6 +230,9 @@ pub struct RunMeta {
     pub knobs: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Rows gathered before they are handed to the kernel in one write.
+const BUF_BYTES: usize = 64 * 1024;
+
 /// Streams [`ProbeRecord`]s to a CSV file, flushed by the caller a few
 /// times a second so an interrupted run leaves every row written so far.
 ///
@@ -243,7 +246,13 @@ pub struct CsvWriter {
     path: PathBuf,
     /// The metadata and header lines every file starts with.
     head: String,
-    out: Option<BufWriter<File>>,
+    out: Option<File>,
+    /// Rows not yet handed to the kernel, whole rows only, so that what
+    /// the file holds always ends on a row this writer knows.
+    buf: Vec<u8>,
+    /// The seq of the last row in `buf`.
+    buf_seq: Option<u64>,
+    buf_rows: u64,
     /// (device, inode) of the file being written, to notice it removed.
     id: (u64, u64),
     rotated: Option<Rotated>,
@@ -257,7 +266,6 @@ pub struct CsvWriter {
     flushed_bytes: u64,
     flushed_rows: u64,
     flushed_seq: Option<u64>,
-    last_seq: Option<u64>,
     rotations: u64,
     failed: Option<String>,
     line: String,
@@ -288,6 +296,9 @@ impl CsvWriter {
             path: path.to_path_buf(),
             head,
             out: None,
+            buf: Vec::with_capacity(BUF_BYTES + 512),
+            buf_seq: None,
+            buf_rows: 0,
             id: (0, 0),
             rotated,
             opened: Instant::now(),
@@ -297,7 +308,6 @@ impl CsvWriter {
             flushed_bytes: 0,
             flushed_rows: 0,
             flushed_seq: None,
-            last_seq: None,
             rotations: 0,
             failed: None,
             line: String::with_capacity(256),
@@ -314,11 +324,9 @@ impl CsvWriter {
     /// Creates the file at `path` and writes the head.
     fn open(&mut self) -> std::io::Result<()> {
         use std::os::unix::fs::MetadataExt;
-        let file = File::create(&self.path)?;
-        let md = file.metadata()?;
-        let mut out = BufWriter::new(file);
+        let mut out = File::create(&self.path)?;
+        let md = out.metadata()?;
         out.write_all(self.head.as_bytes())?;
-        out.flush()?;
         self.id = (md.dev(), md.ino());
         self.out = Some(out);
         self.opened = Instant::now();
@@ -328,14 +336,35 @@ impl CsvWriter {
         Ok(())
     }
 
+    /// Hands the buffered rows to the kernel. On success every one of them
+    /// is in the file; on a failure the file is cut back by [`Self::fail`].
+    fn write_out(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let written = match self.out.as_mut() {
+            Some(out) => out.write_all(&self.buf),
+            None => Err(std::io::Error::other("the CSV is not open")),
+        };
+        if let Err(e) = written {
+            return Err(self.fail(e.to_string()));
+        }
+        self.flushed_bytes += self.buf.len() as u64;
+        self.flushed_rows += self.buf_rows;
+        self.flushed_seq = self.buf_seq.or(self.flushed_seq);
+        self.buf.clear();
+        self.buf_rows = 0;
+        Ok(())
+    }
+
     /// Stops writing for good: cuts the file back to its last flushed row
     /// and remembers why, in words that say where the CSV ends.
     fn fail(&mut self, why: String) -> anyhow::Error {
-        if let Some(out) = self.out.take() {
-            // into_parts: the buffered rest must not be written on drop.
-            let (file, _) = out.into_parts();
+        if let Some(file) = self.out.take() {
+            // A write that failed half-way left part of a row behind.
             let _ = file.set_len(self.flushed_bytes);
         }
+        self.buf.clear();
         let msg = match self.flushed_seq {
             Some(seq) => format!("CSV ends at probe {seq}: {why}"),
             None => format!("CSV has no rows (it ends before the first probe): {why}"),
@@ -365,17 +394,15 @@ impl CsvWriter {
         {
             self.rotate()?;
         }
-        let written = match self.out.as_mut() {
-            Some(out) => out.write_all(self.line.as_bytes()),
-            None => Err(std::io::Error::other("the CSV is not open")),
-        };
-        if let Err(e) = written {
-            return Err(self.fail(e.to_string()));
-        }
+        self.buf.extend_from_slice(self.line.as_bytes());
+        self.buf_rows += 1;
+        self.buf_seq = Some(r.seq);
         self.rows += 1;
         self.file_rows += 1;
         self.file_bytes += len;
-        self.last_seq = Some(r.seq);
+        if self.buf.len() >= BUF_BYTES {
+            self.write_out()?;
+        }
         Ok(())
     }
 
@@ -384,26 +411,17 @@ impl CsvWriter {
     pub fn flush(&mut self) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
         self.check()?;
-        let flushed = match self.out.as_mut() {
-            Some(out) => out.flush(),
-            None => Ok(()),
-        };
-        if let Err(e) = flushed {
-            return Err(self.fail(e.to_string()));
-        }
         let same = std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
         if !same {
-            // Rows written since the last flush went to a file nobody can
-            // open any more: the CSV ends where it ended before.
+            // Nobody can open the file any more: the CSV ended with the
+            // last rows handed to it.
             let why = format!(
                 "{} was removed or replaced during the run",
                 self.path.display()
             );
             return Err(self.fail(why));
         }
-        self.flushed_bytes = self.file_bytes;
-        self.flushed_rows = self.rows;
-        self.flushed_seq = self.last_seq;
+        self.write_out()?;
         Ok(())
     }
 
@@ -441,8 +459,8 @@ impl CsvWriter {
 
 impl Drop for CsvWriter {
     fn drop(&mut self) {
-        if let Some(out) = self.out.as_mut() {
-            let _ = out.flush();
+        if self.failed.is_none() {
+            let _ = self.write_out();
         }
     }
 }

@@ -66,10 +66,10 @@ impl HdrLog {
         let thread = std::thread::Builder::new()
             .name("rtprobe-hdrlog".into())
             .spawn(move || {
-                if let Err(e) = write_log(file, start, &comment, rx) {
-                    if let Ok(mut slot) = err.lock() {
-                        *slot = Some(e);
-                    }
+                if let Err(e) = write_log(file, start, &comment, rx)
+                    && let Ok(mut slot) = err.lock()
+                {
+                    *slot = Some(e);
                 }
             })
             .context("spawn the HDR log writer")?;

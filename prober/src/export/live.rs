@@ -271,3 +271,107 @@ impl SessionObserver for MainObserver<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::spec::continuous::ContinuousPlan;
+
+    fn cfg() -> ProbeConfig {
+        ProbeConfig {
+            size: 64,
+            interval: Duration::from_millis(1),
+            count: None,
+            duration: None,
+            tos: 0xc0,
+            port: 5061,
+            timestamps: crate::probe::TimestampSource::Software,
+            timeout: Duration::from_secs(1),
+            flow: 0,
+            spin: None,
+            busy_poll: false,
+            rt: Default::default(),
+            kernel_reflector: false,
+        }
+    }
+
+    #[test]
+    fn the_main_observer_feeds_lines_progress_hdr_log_and_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let hlog = dir.path().join("x.hlog");
+        let plan = ContinuousPlan {
+            report_every: Some(Duration::from_millis(100)),
+            hdr_log: Some(hlog.clone()),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        };
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let shown = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (l, s) = (lines.clone(), shown.clone());
+        let mut live = Live::new(
+            &plan,
+            Box::new(move |line| l.lock().unwrap().push(line.to_string())),
+            Box::new(move |p| s.lock().unwrap().push(p.message())),
+        )
+        .unwrap();
+        assert!(live.metrics_url().unwrap().starts_with("http://127.0.0.1:"));
+        let meta = RunMeta {
+            xdp_mode_requested: "auto".into(),
+            xdp_mode_attached: "native".into(),
+            ..Default::default()
+        };
+        live.set_run(&meta);
+        let mut stats = RunStats::new();
+        {
+            let mut obs = live.main_observer(&cfg(), "10.0.0.2:5061", &meta).unwrap();
+            // 350 probes 1 ms apart: three whole 100 ms intervals and a half.
+            for seq in 0..350u64 {
+                let r = ProbeRecord {
+                    seq,
+                    sched_ns: 1_000_000_000 + seq as i64 * 1_000_000,
+                    one_way_ns: (seq % 50 != 7).then_some(20_000 + seq as i64),
+                    rtt_ns: (seq % 50 != 7).then_some(40_000),
+                    lost: seq % 50 == 7,
+                    ..Default::default()
+                };
+                stats.on_record(&r);
+                obs.on_record(&r);
+                if seq == 200 {
+                    obs.on_tick(&stats, false).unwrap();
+                }
+            }
+            obs.on_tick(&stats, true).unwrap();
+        }
+        let lines = lines.lock().unwrap();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(
+            lines[0].contains("sent     100  lost     2 ( 2.00 %)"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[3].contains("sent      50"), "{}", lines[3]);
+        let shown = shown.lock().unwrap();
+        assert_eq!(shown.len(), 2);
+        assert!(
+            shown[0].starts_with("sent 201  lost 4 (1.99 %)  one-way p50 20."),
+            "{}",
+            shown[0]
+        );
+        let bytes = std::fs::read(&hlog).unwrap();
+        let n = hdrhistogram::serialization::interval_log::IntervalLogIterator::new(&bytes)
+            .filter(|e| {
+                matches!(
+                    e,
+                    Ok(hdrhistogram::serialization::interval_log::LogEntry::Interval(_))
+                )
+            })
+            .count();
+        assert_eq!(n, 8, "one-way and rtt for each of the 4 intervals");
+        let text = live.metrics().unwrap().encode();
+        assert!(text.contains("rtprobe_one_way_seconds_count{target=\"10.0.0.2:5061\",flow=\"0\",tos=\"0xc0\",size=\"64\"} 343"), "{text}");
+        assert!(text.contains("rtprobe_probes_sent_total{target=\"10.0.0.2:5061\",flow=\"0\",tos=\"0xc0\",size=\"64\"} 350"));
+        assert!(text.contains("rtprobe_xdp_mode_info{requested=\"auto\",attached=\"native\"} 1"));
+    }
+}

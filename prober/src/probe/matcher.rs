@@ -203,6 +203,21 @@ pub struct Matcher {
     kernel_reflector: bool,
 }
 
+/// Below this many entries a collection keeps its allocation.
+const KEEP_CAPACITY: usize = 4096;
+
+fn shrink_deque<T>(d: &mut VecDeque<T>) {
+    if d.capacity() > KEEP_CAPACITY && d.capacity() > 4 * d.len() {
+        d.shrink_to((2 * d.len()).max(KEEP_CAPACITY));
+    }
+}
+
+fn shrink_map<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
+    if m.capacity() > KEEP_CAPACITY && m.capacity() > 4 * m.len() {
+        m.shrink_to((2 * m.len()).max(KEEP_CAPACITY));
+    }
+}
+
 impl Matcher {
     pub fn new(size: u32, flow: u8, timeout_ns: i64, expect: Expect) -> Self {
         Self {
@@ -463,6 +478,12 @@ impl Matcher {
         if flush_all || self.early_tx.len() > FINALIZED_MEMORY {
             self.early_tx.clear();
         }
+        // A stall fills the window up to rate x timeout; give the memory
+        // back once it has drained, so a run that never ends keeps the
+        // footprint of its present, not of its worst second.
+        shrink_deque(&mut self.window);
+        shrink_map(&mut self.opt_to_seq);
+        shrink_map(&mut self.early_tx);
     }
 
     fn convert(&mut self, raw: Option<i64>, sender_nic: bool) -> Option<i64> {
@@ -923,5 +944,28 @@ mod tests {
         m.drain(i64::MAX, true, |_| {});
         m.on_event(kernel_echo(0, None), &mut st);
         assert_eq!(m.late_arrivals(), 1);
+    }
+
+    #[test]
+    fn the_window_gives_memory_back_after_a_stall() {
+        let mut m = Matcher::new(64, 0, 1_000, ALL);
+        let mut stats = RunStats::new();
+        // 100 000 probes in flight at once (a stall), then all finalized.
+        for seq in 0..100_000 {
+            m.on_event(sent(seq), &mut stats);
+        }
+        assert!(m.window.capacity() >= 100_000);
+        m.drain(i64::MAX, false, |_| {});
+        assert_eq!(m.in_flight(), 0);
+        assert!(
+            m.window.capacity() <= 2 * KEEP_CAPACITY,
+            "{}",
+            m.window.capacity()
+        );
+        assert!(
+            m.opt_to_seq.capacity() <= 2 * KEEP_CAPACITY,
+            "{}",
+            m.opt_to_seq.capacity()
+        );
     }
 }

@@ -114,6 +114,9 @@ impl FromStr for Rotate {
 impl fmt::Display for Rotate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Rotate::Bytes(b) if b % (1 << 30) == 0 => write!(f, "{}GiB", b >> 30),
+            Rotate::Bytes(b) if b % (1 << 20) == 0 => write!(f, "{}MiB", b >> 20),
+            Rotate::Bytes(b) if b % (1 << 10) == 0 => write!(f, "{}KiB", b >> 10),
             Rotate::Bytes(b) => write!(f, "{b} bytes"),
             Rotate::Every(d) => write!(f, "{}", humantime::format_duration(*d)),
         }
@@ -309,7 +312,9 @@ mod tests {
         assert!(parse(&["--forever", "--count", "3"]).is_err());
         let err =
             |a: &[&str], d: Option<Duration>| parse(a).unwrap().plan(d).unwrap_err().for_cli();
-        assert!(err(&["--out-rotate", "1KiB"], None).contains("at least 16KiB"));
+        assert!(err(&["--out-rotate", "1KiB"], None).contains("--out-rotate 1KiB is too small"));
+        assert_eq!(Rotate::Bytes(100 << 20).to_string(), "100MiB");
+        assert_eq!(Rotate::Bytes(1000).to_string(), "1000 bytes");
         assert!(err(&["--out-rotate", "10ms"], None).contains("at least 1s"));
         assert!(err(&["--out-rotate", "1h", "--out-keep", "0"], None).contains("--out-keep 0"));
         assert!(err(&["--report-every", "1ms"], None).contains("at least 100ms"));

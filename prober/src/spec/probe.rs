@@ -25,7 +25,8 @@ pub struct ProbeSpec {
     #[arg(long, conflicts_with = "duration")]
     pub count: Option<u64>,
 
-    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min.
+    /// Send probes for this long instead of a fixed count, e.g. 30s, 5min; 0 probes until stopped
+    /// (--forever).
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
     pub duration: Option<Duration>,
