@@ -30,7 +30,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
-pub use real::{LinuxSys, NsCtx, linux, release_worker};
+pub use real::{LinuxSys, NsCtx, linux, linux_static, private_sysfs, release_worker};
 pub use tc::{TcCmd, TcError};
 
 /// Which network namespace a call acts in.

@@ -58,18 +58,17 @@ impl Drop for Worker {
 
 /// The kernel, one worker per namespace.
 pub struct LinuxSys {
-    host: File,
     workers: Mutex<HashMap<String, Arc<Worker>>>,
 }
 
-/// The process-wide [`LinuxSys`] (its host namespace is the one the
-/// process was in at the first call).
-pub fn linux() -> Result<Arc<LinuxSys>> {
-    if let Some(s) = SYS.get() {
-        return Ok(s.clone());
-    }
-    let s = Arc::new(LinuxSys::new()?);
-    Ok(SYS.get_or_init(|| s).clone())
+/// The process-wide [`LinuxSys`].
+pub fn linux() -> Arc<LinuxSys> {
+    SYS.get_or_init(|| Arc::new(LinuxSys::new())).clone()
+}
+
+/// The same, borrowed for the life of the process.
+pub fn linux_static() -> &'static LinuxSys {
+    SYS.get_or_init(|| Arc::new(LinuxSys::new()))
 }
 
 static SYS: OnceLock<Arc<LinuxSys>> = OnceLock::new();
@@ -84,18 +83,20 @@ pub fn release_worker(name: &str) {
 const HOST_KEY: &str = "";
 
 impl LinuxSys {
-    pub fn new() -> Result<Self> {
-        Ok(Self {
-            host: File::open("/proc/self/ns/net")
-                .context("open this process's network namespace")?,
+    /// The host namespace is the one of the process's main thread
+    /// (/proc/self/ns/net), opened when first needed.
+    pub fn new() -> Self {
+        Self {
             workers: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     /// The file of a namespace (to move links into it).
     fn ns_file(&self, ns: Ns) -> Result<File> {
         match ns {
-            Ns::Host => self.host.try_clone().context("dup the host namespace fd"),
+            Ns::Host => {
+                File::open("/proc/self/ns/net").context("open this process's network namespace")
+            }
             Ns::Named(n) => File::open(Path::new(netns::NETNS_RUN_DIR).join(n))
                 .with_context(|| format!("network namespace {n} not found")),
         }
@@ -186,8 +187,8 @@ impl LinuxSys {
 }
 
 /// Gives the calling thread its own mount table with the sysfs of its
-/// network namespace on /sys.
-fn private_sysfs() -> Result<()> {
+/// network namespace on /sys. The thread's mount table dies with it.
+pub fn private_sysfs() -> Result<()> {
     unshare(CloneFlags::CLONE_NEWNS)
         .context("unshare(CLONE_NEWNS) to mount the namespace's sysfs")?;
     mount(

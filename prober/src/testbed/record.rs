@@ -261,7 +261,7 @@ pub fn cleanup_command(args: &CleanupArgs) -> Result<std::process::ExitCode> {
     if !args.dry_run {
         super::require_root()?;
     }
-    let sys = crate::sys::linux()?;
+    let sys = crate::sys::linux();
     cleanup(
         sys.as_ref(),
         Path::new(RUN_DIR),
