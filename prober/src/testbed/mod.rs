@@ -456,6 +456,11 @@ impl Testbed {
         self.sys.as_ref()
     }
 
+    /// The same, shared (for what outlives a borrow of the testbed).
+    pub fn sys_ref(&self) -> SysRef {
+        self.sys.clone()
+    }
+
     /// Namespace names, for messages.
     pub fn namespaces(&self) -> Vec<&str> {
         let mut v = vec![self.sender.name()];
