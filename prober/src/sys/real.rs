@@ -57,6 +57,7 @@ impl Drop for Worker {
 }
 
 /// The kernel, one worker per namespace.
+#[derive(Default)]
 pub struct LinuxSys {
     workers: Mutex<HashMap<String, Arc<Worker>>>,
 }
@@ -86,9 +87,7 @@ impl LinuxSys {
     /// The host namespace is the one of the process's main thread
     /// (/proc/self/ns/net), opened when first needed.
     pub fn new() -> Self {
-        Self {
-            workers: Mutex::new(HashMap::new()),
-        }
+        Self::default()
     }
 
     /// The file of a namespace (to move links into it).
