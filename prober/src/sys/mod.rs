@@ -14,6 +14,12 @@
 //!   can be told to fail chosen ones, so the orchestration above is tested
 //!   without root (the shape of youki's `TestHelperSyscall`).
 //!
+//! Not behind the trait yet: attaching XDP programs (aya, in `ebpf`), the
+//! probe's own sockets and timestamping ioctls (`probe`), the TCP load's
+//! congestion-control sysctl reads (`tune::load`), the queue sampler's own
+//! netlink socket on its thread (`tune::sampler`, code in [`netlink`]) and
+//! `bench` (its sysfs view can be [`private_sysfs`] or [`LinuxSys::on`]).
+//!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
 
