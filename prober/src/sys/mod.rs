@@ -10,7 +10,7 @@
 //!   that entered it once, owns one NETLINK_ROUTE socket and a private
 //!   mount table with that namespace's own sysfs on /sys, and runs the
 //!   calls sent to it (the shape of msg-rs `linkem`'s namespace worker).
-//! - [`fake::FakeSys`]: a small in-memory model that records every call and
+//! - `fake::FakeSys` (tests only): a small in-memory model that records every call and
 //!   can be told to fail chosen ones, so the orchestration above is tested
 //!   without root (the shape of youki's `TestHelperSyscall`).
 //!
