@@ -233,6 +233,23 @@ fn kill_then_cleanup(child: Child, cleanup: impl Fn() -> Command) -> Vec<String>
     for n in &nss {
         assert!(present(n), "{n} should outlive a SIGKILLed run");
     }
+    // A new run mentions it (this one stops at once: no such interfaces).
+    let o = cleanup()
+        .args([
+            "--tx-if",
+            "rtsys-nx0",
+            "--rx-if",
+            "rtsys-nx1",
+            "--count",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.contains("stale testbed(s) from dead runs: run `rtprobe cleanup`"),
+        "{err}"
+    );
     let o = cleanup().args(["cleanup", "--dry-run"]).output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -4,8 +4,10 @@
 //! (validated options) -> `testbed` (namespaces, veths, NIC pairs) ->
 //! `ebpf` (load and attach the router) -> `probe` (timestamped UDP probes)
 //! -> `stats` (histograms, loss, reorder, jitter) -> `export` (CSV, JSON,
-//! plots). Only `testbed`, `tune`, `ebpf` and `probe::socket` talk to the
-//! kernel; everything else is pure and unit-tested without root.
+//! plots). The network set-up of `testbed`, `tune` and `ebpf` reaches the
+//! kernel through `sys` (a trait with a recording fake, so its
+//! orchestration is unit-tested without root); `probe` talks to its own
+//! sockets; everything else is pure.
 
 pub mod bench;
 pub mod cli;

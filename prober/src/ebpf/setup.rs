@@ -3,8 +3,8 @@
 //! checksum offload off on veths that send UDP from local sockets). Every
 //! offload it changes is put back on `detach()` (and on drop), which
 //! matters for NIC-pair interfaces that go back to the host afterwards.
-//! Kernel interfaces: see [`super`] (bpf, rtnetlink) and
-//! [`crate::testbed::ethtool`] (SIOCETHTOOL).
+//! Kernel interfaces: see [`super`] (bpf, rtnetlink); offloads through
+//! [`crate::sys::Sys`] (SIOCETHTOOL).
 
 use anyhow::{Context, Result};
 
@@ -12,35 +12,107 @@ use super::{AttachedMode, Reflector, Router};
 use crate::{
     ebpf::{XdpAction, XdpMode},
     stats::XdpCounters,
-    testbed::{Netns, Testbed, ethtool},
+    sys::{Ns, Offload, SysRef},
+    testbed::{Netns, Testbed},
 };
 
 /// An offload setting to put back: namespace, interface, feature, old value.
+#[derive(Debug, Clone, PartialEq)]
 struct Changed {
-    ns: Netns,
+    ns: String,
     ifname: String,
-    feature: Feature,
+    what: Offload,
     old: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Feature {
-    Gro,
-    TxCsum,
+/// The offloads XDP on veth needs, each noted with its old value and put
+/// back newest first by [`Offloads::restore`].
+pub(crate) struct Offloads {
+    sys: SysRef,
+    changed: Vec<Changed>,
 }
 
-impl Feature {
-    fn get(self, ifname: &str) -> Result<bool> {
-        match self {
-            Feature::Gro => ethtool::gro(ifname),
-            Feature::TxCsum => ethtool::tx_csum(ifname),
+impl Offloads {
+    pub(crate) fn new(sys: SysRef) -> Self {
+        Self {
+            sys,
+            changed: Vec::new(),
         }
     }
-    fn set(self, ifname: &str, on: bool) -> Result<()> {
-        match self {
-            Feature::Gro => ethtool::set_gro(ifname, on),
-            Feature::TxCsum => ethtool::set_tx_csum(ifname, on),
+
+    fn is_veth(&self, ns: &str, ifname: &str) -> bool {
+        self.sys
+            .driver(Ns::Named(ns), ifname)
+            .is_ok_and(|d| d == "veth")
+    }
+
+    fn set(&mut self, ns: &str, ifname: &str, what: Offload, on: bool) -> Result<()> {
+        let old = self.sys.offload(Ns::Named(ns), ifname, what)?;
+        if old == on {
+            return Ok(());
         }
+        self.sys
+            .set_offload(Ns::Named(ns), ifname, what, on)
+            .with_context(|| {
+                format!(
+                    "native XDP on veth needs {} {} on {ifname}",
+                    what.name(),
+                    if on { "on" } else { "off" }
+                )
+            })?;
+        self.changed.push(Changed {
+            ns: ns.to_string(),
+            ifname: ifname.to_string(),
+            what,
+            old,
+        });
+        Ok(())
+    }
+
+    /// GRO asked for explicitly on a veth: veth enables the NAPI that takes
+    /// XDP_TX frames from its peer only for GRO the user requested (or an
+    /// XDP program), and a GRO that is merely on by default is not, so it
+    /// is switched off and on again. Put back as it was found.
+    pub(crate) fn request_gro(&mut self, ns: &str, ifname: &str) -> Result<()> {
+        let n = Ns::Named(ns);
+        let old = self.sys.offload(n, ifname, Offload::Gro)?;
+        self.changed.push(Changed {
+            ns: ns.to_string(),
+            ifname: ifname.to_string(),
+            what: Offload::Gro,
+            old,
+        });
+        self.sys
+            .set_offload(n, ifname, Offload::Gro, false)
+            .and_then(|()| self.sys.set_offload(n, ifname, Offload::Gro, true))
+            .with_context(|| format!("XDP_TX into {ifname} needs GRO requested there"))
+    }
+
+    /// What native XDP on veth needs, applied where the interface is a veth.
+    pub(crate) fn prepare_native(&mut self, ns: &str, ifname: &str) -> Result<()> {
+        if !self.is_veth(ns, ifname) {
+            return Ok(());
+        }
+        // Redirected frames into this veth's peer need GRO here (or an XDP program).
+        self.set(ns, ifname, Offload::Gro, true)?;
+        // Local UDP leaves with a partial checksum that native XDP on the
+        // other side cannot complete: checksum in software instead.
+        self.set(ns, ifname, Offload::TxCsum, false)
+    }
+
+    /// Puts every offload back, newest first; returns the first failure.
+    pub(crate) fn restore(&mut self) -> Result<()> {
+        let mut first_err = None;
+        for c in self.changed.drain(..).rev() {
+            let r = self
+                .sys
+                .set_offload(Ns::Named(&c.ns), &c.ifname, c.what, c.old)
+                .with_context(|| format!("restore {} on {}", c.what.name(), c.ifname));
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 }
 
@@ -50,17 +122,17 @@ pub struct XdpSetup {
     routers: Vec<Router>,
     /// Mode per attached interface, in attach order.
     modes: Vec<(String, AttachedMode)>,
-    changed: Vec<Changed>,
+    offloads: Offloads,
     /// rtprobe's in-kernel reflector on the receiver's interface, if attached.
     reflector: Option<(Reflector, AttachedMode)>,
 }
 
 impl XdpSetup {
-    fn none() -> Self {
+    fn none(sys: SysRef) -> Self {
         Self {
             routers: Vec::new(),
             modes: Vec::new(),
-            changed: Vec::new(),
+            offloads: Offloads::new(sys),
             reflector: None,
         }
     }
@@ -77,11 +149,15 @@ impl XdpSetup {
     /// mode).
     pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
         let mut reply_ifindex = 0;
-        if is_veth(&tb.receiver, &tb.receiver_if.name) {
+        if self
+            .offloads
+            .is_veth(tb.receiver.name(), &tb.receiver_if.name)
+        {
             if let (Some(ns), Some(peer)) = (&tb.router, &tb.router_out) {
-                self.request_gro(ns, &peer.name)?;
+                self.offloads.request_gro(ns.name(), &peer.name)?;
             }
-            self.set_feature(&tb.sender, &tb.sender_if.name, Feature::TxCsum, false)?;
+            self.offloads
+                .set(tb.sender.name(), &tb.sender_if.name, Offload::TxCsum, false)?;
             let name = &tb.receiver_if.name;
             reply_ifindex = tb
                 .receiver
@@ -108,7 +184,10 @@ impl XdpSetup {
     /// router; a veth without one (a NIC pair made of a veth pair) is not
     /// prepared, so it is not trusted.
     pub fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
-        !is_veth(&tb.receiver, &tb.receiver_if.name) || tb.router_out.is_some()
+        !self
+            .offloads
+            .is_veth(tb.receiver.name(), &tb.receiver_if.name)
+            || tb.router_out.is_some()
     }
 
     /// The in-kernel reflector's counters, if it is attached.
@@ -158,66 +237,10 @@ impl XdpSetup {
                 first_err.get_or_insert(e);
             }
         }
-        for c in self.changed.drain(..).rev() {
-            let r = c.ns.run(|| c.feature.set(&c.ifname, c.old));
-            if let Err(e) = r.with_context(|| format!("restore {:?} on {}", c.feature, c.ifname)) {
-                first_err.get_or_insert(e);
-            }
+        if let Err(e) = self.offloads.restore() {
+            first_err.get_or_insert(e);
         }
         first_err.map_or(Ok(()), Err)
-    }
-
-    fn set_feature(&mut self, ns: &Netns, ifname: &str, feature: Feature, on: bool) -> Result<()> {
-        let old = ns.run(|| feature.get(ifname))?;
-        if old == on {
-            return Ok(());
-        }
-        ns.run(|| feature.set(ifname, on)).with_context(|| {
-            format!(
-                "native XDP on veth needs {feature:?} {} on {ifname}",
-                if on { "on" } else { "off" }
-            )
-        })?;
-        self.changed.push(Changed {
-            ns: Netns::open(ns.name())?,
-            ifname: ifname.to_string(),
-            feature,
-            old,
-        });
-        Ok(())
-    }
-
-    /// GRO asked for explicitly on a veth: veth enables the NAPI that takes
-    /// XDP_TX frames from its peer only for GRO the user requested (or an
-    /// XDP program), and a GRO that is merely on by default is not, so it
-    /// is switched off and on again. Put back as it was found.
-    fn request_gro(&mut self, ns: &Netns, ifname: &str) -> Result<()> {
-        let old = ns.run(|| Feature::Gro.get(ifname))?;
-        ns.run(|| {
-            Feature::Gro.set(ifname, false)?;
-            Feature::Gro.set(ifname, true)
-        })
-        .with_context(|| format!("XDP_TX into {ifname} needs GRO requested there"))?;
-        self.changed.push(Changed {
-            ns: Netns::open(ns.name())?,
-            ifname: ifname.to_string(),
-            feature: Feature::Gro,
-            old,
-        });
-        Ok(())
-    }
-
-    /// What native XDP on veth needs, applied where the interface is a veth
-    /// (ethtool calls that the driver does not support are skipped).
-    fn prepare_native(&mut self, ns: &Netns, ifname: &str) -> Result<()> {
-        if !is_veth(ns, ifname) {
-            return Ok(());
-        }
-        // Redirected frames into this veth's peer need GRO here (or an XDP program).
-        self.set_feature(ns, ifname, Feature::Gro, true)?;
-        // Local UDP leaves with a partial checksum that native XDP on the
-        // other side cannot complete: checksum in software instead.
-        self.set_feature(ns, ifname, Feature::TxCsum, false)
     }
 }
 
@@ -229,20 +252,11 @@ impl Drop for XdpSetup {
     }
 }
 
-fn is_veth(ns: &Netns, ifname: &str) -> bool {
-    ns.run(|| {
-        Ok(ethtool::driver(ifname)
-            .map(|d| d == "veth")
-            .unwrap_or(false))
-    })
-    .unwrap_or(false)
-}
-
 /// Loads and attaches the router for `tb`: on the router's two interfaces
 /// in the veth testbed, on both NICs in NIC-pair mode (where the kernel
 /// delivers locally and the router passes).
 pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Result<XdpSetup> {
-    let mut setup = XdpSetup::none();
+    let mut setup = XdpSetup::none(tb.sys_ref());
     if mode == XdpMode::Off {
         return Ok(setup);
     }
@@ -267,8 +281,12 @@ pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Res
         ],
     };
     if native_possible {
-        setup.prepare_native(&tb.sender, &tb.sender_if.name)?;
-        setup.prepare_native(&tb.receiver, &tb.receiver_if.name)?;
+        setup
+            .offloads
+            .prepare_native(tb.sender.name(), &tb.sender_if.name)?;
+        setup
+            .offloads
+            .prepare_native(tb.receiver.name(), &tb.receiver_if.name)?;
     }
     for (ns, ifaces) in groups {
         let mut router = Router::load(pass_only)?;
@@ -279,4 +297,65 @@ pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Res
         setup.routers.push(router);
     }
     Ok(setup)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::sys::{
+        Sys,
+        fake::{Call, FakeSys},
+    };
+
+    fn veth_pair() -> Arc<FakeSys> {
+        let f = Arc::new(FakeSys::new());
+        f.create_netns("snd").unwrap();
+        f.create_netns("rtr").unwrap();
+        f.with_link(Ns::Named("snd"), "veth-snd", true, 1500);
+        f.with_link(Ns::Named("rtr"), "veth-rout", true, 1500);
+        f
+    }
+
+    /// The fake's driver is "fake", not "veth": nothing is touched.
+    #[test]
+    fn prepare_native_leaves_a_non_veth_alone() {
+        let f = veth_pair();
+        let mut o = Offloads::new(f.clone());
+        o.prepare_native("snd", "veth-snd").unwrap();
+        assert!(o.changed.is_empty());
+    }
+
+    #[test]
+    fn offloads_are_put_back_newest_first_even_after_a_failure() {
+        let f = veth_pair();
+        let mut o = Offloads::new(f.clone());
+        o.set("snd", "veth-snd", Offload::TxCsum, false).unwrap();
+        // Already as asked: not switched, not recorded.
+        o.set("snd", "veth-snd", Offload::TxCsum, false).unwrap();
+        o.request_gro("rtr", "veth-rout").unwrap();
+        // A later step fails: what was changed so far is still put back.
+        f.fail_when(|c| matches!(c, Call::SetOffload(_, _, Offload::Gro, _)));
+        let e = o.set("snd", "veth-snd", Offload::Gro, false).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("needs GRO off on veth-snd"),
+            "{e:#}"
+        );
+        let n = f.changes().len();
+        // Restoring GRO fails too (injected), TX checksumming still comes back.
+        assert!(o.restore().is_err());
+        let sets: Vec<Call> = f.changes()[n..].to_vec();
+        assert_eq!(
+            sets,
+            vec![
+                Call::SetOffload("rtr".into(), "veth-rout".into(), Offload::Gro, true),
+                Call::SetOffload("snd".into(), "veth-snd".into(), Offload::TxCsum, true),
+            ]
+        );
+        assert!(
+            f.offload(Ns::Named("snd"), "veth-snd", Offload::TxCsum)
+                .unwrap()
+        );
+    }
 }

@@ -10,9 +10,15 @@
 //!   that entered it once, owns one NETLINK_ROUTE socket and a private
 //!   mount table with that namespace's own sysfs on /sys, and runs the
 //!   calls sent to it (the shape of msg-rs `linkem`'s namespace worker).
-//! - [`fake::FakeSys`]: a small in-memory model that records every call and
+//! - `fake::FakeSys` (tests only): a small in-memory model that records every call and
 //!   can be told to fail chosen ones, so the orchestration above is tested
 //!   without root (the shape of youki's `TestHelperSyscall`).
+//!
+//! Not behind the trait yet: attaching XDP programs (aya, in `ebpf`), the
+//! probe's own sockets and timestamping ioctls (`probe`), the TCP load's
+//! congestion-control sysctl reads (`tune::load`), the queue sampler's own
+//! netlink socket on its thread (`tune::sampler`, code in [`netlink`]) and
+//! `bench` (its sysfs view can be [`private_sysfs`] or [`LinuxSys::on`]).
 //!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
@@ -30,7 +36,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
-pub use real::{LinuxSys, NsCtx, linux, release_worker};
+pub use real::{LinuxSys, NsCtx, linux, linux_static, private_sysfs, release_worker};
 pub use tc::{TcCmd, TcError};
 
 /// Which network namespace a call acts in.

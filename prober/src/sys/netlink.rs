@@ -8,7 +8,7 @@
 //! Kernel interface: NETLINK_ROUTE, RTM_{GET,NEW,DEL,SET}LINK, RTM_{GET,NEW}ADDR,
 //! RTM_{GET,NEW}ROUTE, RTM_GETQDISC; Linux >= 2.6 (IFLA_NET_NS_FD >= 3.0,
 //! per-mode IFLA_XDP_*_PROG_ID >= 4.19). The socket talks to the network
-//! namespace it was created in; [`super::real`] creates one per namespace
+//! namespace it was created in; [`super::LinuxSys`] creates one per namespace
 //! on a thread that lives in it.
 
 use std::{

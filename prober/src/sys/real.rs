@@ -57,19 +57,19 @@ impl Drop for Worker {
 }
 
 /// The kernel, one worker per namespace.
+#[derive(Default)]
 pub struct LinuxSys {
-    host: File,
     workers: Mutex<HashMap<String, Arc<Worker>>>,
 }
 
-/// The process-wide [`LinuxSys`] (its host namespace is the one the
-/// process was in at the first call).
-pub fn linux() -> Result<Arc<LinuxSys>> {
-    if let Some(s) = SYS.get() {
-        return Ok(s.clone());
-    }
-    let s = Arc::new(LinuxSys::new()?);
-    Ok(SYS.get_or_init(|| s).clone())
+/// The process-wide [`LinuxSys`].
+pub fn linux() -> Arc<LinuxSys> {
+    SYS.get_or_init(|| Arc::new(LinuxSys::new())).clone()
+}
+
+/// The same, borrowed for the life of the process.
+pub fn linux_static() -> &'static LinuxSys {
+    SYS.get_or_init(|| Arc::new(LinuxSys::new()))
 }
 
 static SYS: OnceLock<Arc<LinuxSys>> = OnceLock::new();
@@ -84,18 +84,18 @@ pub fn release_worker(name: &str) {
 const HOST_KEY: &str = "";
 
 impl LinuxSys {
-    pub fn new() -> Result<Self> {
-        Ok(Self {
-            host: File::open("/proc/self/ns/net")
-                .context("open this process's network namespace")?,
-            workers: Mutex::new(HashMap::new()),
-        })
+    /// The host namespace is the one of the process's main thread
+    /// (/proc/self/ns/net), opened when first needed.
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// The file of a namespace (to move links into it).
     fn ns_file(&self, ns: Ns) -> Result<File> {
         match ns {
-            Ns::Host => self.host.try_clone().context("dup the host namespace fd"),
+            Ns::Host => {
+                File::open("/proc/self/ns/net").context("open this process's network namespace")
+            }
             Ns::Named(n) => File::open(Path::new(netns::NETNS_RUN_DIR).join(n))
                 .with_context(|| format!("network namespace {n} not found")),
         }
@@ -186,8 +186,8 @@ impl LinuxSys {
 }
 
 /// Gives the calling thread its own mount table with the sysfs of its
-/// network namespace on /sys.
-fn private_sysfs() -> Result<()> {
+/// network namespace on /sys. The thread's mount table dies with it.
+pub fn private_sysfs() -> Result<()> {
     unshare(CloneFlags::CLONE_NEWNS)
         .context("unshare(CLONE_NEWNS) to mount the namespace's sysfs")?;
     mount(
@@ -382,5 +382,134 @@ impl Sys for LinuxSys {
 
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState> {
         self.on(ns, move |c| c.nl.xdp_state(ifindex))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+    use crate::{
+        sys::netdev_attr,
+        testbed::testutil::{require_root, unique_name},
+    };
+
+    /// Every typed call on the real kernel, in two namespaces of our own.
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn typed_calls_on_the_real_kernel() {
+        require_root();
+        let sys = LinuxSys::new();
+        let (a, b) = (unique_name("sysa"), unique_name("sysb"));
+        sys.create_netns(&a).unwrap();
+        sys.create_netns(&b).unwrap();
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (na, nb) = (Ns::Named(&a), Ns::Named(&b));
+            assert!(sys.netns_list().contains(&a));
+            sys.add_veth(na, "sx0", "sx1").unwrap();
+            assert!(sys.add_veth(na, "sx0", "sx2").is_err(), "sx0 exists");
+            sys.move_link(na, "sx1", nb).unwrap();
+            assert!(sys.link(na, "sx1").unwrap().is_none());
+            let l = sys.link(nb, "sx1").unwrap().unwrap();
+            assert!(!l.up);
+            sys.set_mtu(na, "sx0", 1400).unwrap();
+            sys.set_up(na, "sx0", true).unwrap();
+            sys.set_up(nb, "sx1", true).unwrap();
+            let l = sys.link(na, "sx0").unwrap().unwrap();
+            assert_eq!((l.up, l.mtu), (true, Some(1400)));
+            let v4 = Addr {
+                addr: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+                prefix_len: 24,
+            };
+            let v6 = Addr {
+                addr: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1)),
+                prefix_len: 64,
+            };
+            sys.add_addr(na, "sx0", v4).unwrap();
+            sys.add_addr(na, "sx0", v4).unwrap();
+            sys.add_addr(na, "sx0", v6).unwrap();
+            let addrs = sys.addrs(na, "sx0").unwrap();
+            assert!(addrs.contains(&v4) && addrs.contains(&v6), "{addrs:?}");
+            for gw in [
+                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 254)),
+                IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 0xfe)),
+            ] {
+                let mut r = Route::default_via(gw);
+                r.dev = Some("sx0".into());
+                sys.add_route(na, &r).unwrap();
+                sys.add_route(na, &r).unwrap();
+                let routes = sys.routes(na).unwrap();
+                assert!(
+                    routes.iter().any(|x| x.is_default()
+                        && x.gateway == Some(gw)
+                        && x.dev.as_deref() == Some("sx0")),
+                    "{routes:?}"
+                );
+            }
+            // sysfs and sysctl are the namespace's own.
+            sys.sysfs_write(na, &netdev_attr("sx0", "tx_queue_len"), "77")
+                .unwrap();
+            assert_eq!(
+                sys.sysfs_read(na, &netdev_attr("sx0", "tx_queue_len"))
+                    .unwrap(),
+                "77"
+            );
+            assert!(
+                sys.sysfs_list(na, "class/net")
+                    .unwrap()
+                    .contains(&"sx0".to_string())
+            );
+            assert!(
+                !sys.sysfs_list(nb, "class/net")
+                    .unwrap()
+                    .contains(&"sx0".to_string())
+            );
+            let e = sys.sysfs_read(nb, &netdev_attr("sx0", "mtu")).unwrap_err();
+            assert!(
+                matches!(e.downcast_ref::<crate::error::Error>(), Some(crate::error::Error::InterfaceNotFound(n)) if n == "sx0"),
+                "{e:#}"
+            );
+            sys.set_sysctl(na, "net.ipv4.ip_forward", "1").unwrap();
+            assert_eq!(sys.sysctl(na, "net.ipv4.ip_forward").unwrap(), "1");
+            assert_eq!(sys.sysctl(nb, "net.ipv4.ip_forward").unwrap(), "0");
+            // ethtool and tc.
+            assert_eq!(sys.driver(na, "sx0").unwrap(), "veth");
+            for on in [true, false] {
+                sys.set_offload(na, "sx0", Offload::Gro, on).unwrap();
+                assert_eq!(sys.offload(na, "sx0", Offload::Gro).unwrap(), on);
+            }
+            sys.tc(
+                na,
+                &TcCmd::parse("qdisc add dev sx0 root handle 1: pfifo limit 10"),
+            )
+            .unwrap();
+            let q = crate::sys::root_qdisc(&sys, na, "sx0").unwrap().unwrap();
+            assert_eq!((q.kind.as_str(), q.handle.as_str()), ("pfifo", "1:"));
+            let e = sys
+                .tc(
+                    na,
+                    &TcCmd::parse("qdisc add dev sx0 root handle 1: nosuchqdisc"),
+                )
+                .unwrap_err();
+            let t = e.downcast_ref::<crate::sys::TcError>().expect("a TcError");
+            assert!(
+                t.to_string()
+                    .contains("tc qdisc add dev sx0 root handle 1: nosuchqdisc"),
+                "{t}"
+            );
+            assert!(sys.xdp_state(na, l.index).unwrap().is_empty());
+            // One worker per namespace, however many calls.
+            assert_eq!(sys.workers.lock().unwrap().len(), 2);
+            sys.delete_link(na, "sx0").unwrap();
+            assert!(sys.link(nb, "sx1").unwrap().is_none(), "the peer goes too");
+        }));
+        sys.delete_netns(&a).unwrap();
+        sys.delete_netns(&b).unwrap();
+        assert!(sys.workers.lock().unwrap().is_empty());
+        assert!(!sys.netns_list().contains(&a));
+        if let Err(p) = res {
+            std::panic::resume_unwind(p);
+        }
     }
 }

@@ -353,7 +353,7 @@ impl Testbed {
     /// Builds sender -> router -> receiver with two veth pairs.
     pub fn veth() -> Result<Self> {
         require_root()?;
-        let sys: SysRef = crate::sys::linux()?;
+        let sys: SysRef = crate::sys::linux();
         record::mention_stale();
         let id = new_id();
         let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::Veth)?));
@@ -386,7 +386,7 @@ impl Testbed {
     /// default route or the current SSH session is refused unless `force`.
     pub fn nic_pair(tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
         require_root()?;
-        let sys: SysRef = crate::sys::linux()?;
+        let sys: SysRef = crate::sys::linux();
         record::mention_stale();
         let id = new_id();
         let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::NicPair)?));
@@ -435,7 +435,7 @@ impl Testbed {
         } else {
             Kind::NicPair
         };
-        let sys: SysRef = crate::sys::linux().expect("open this process's network namespace");
+        let sys: SysRef = crate::sys::linux();
         Self {
             id,
             kind,
@@ -454,6 +454,11 @@ impl Testbed {
     /// The kernel layer this testbed was built with.
     pub fn sys(&self) -> &dyn Sys {
         self.sys.as_ref()
+    }
+
+    /// The same, shared (for what outlives a borrow of the testbed).
+    pub fn sys_ref(&self) -> SysRef {
+        self.sys.clone()
     }
 
     /// Namespace names, for messages.

@@ -103,7 +103,7 @@ pub fn check_safe(b: &Borrowed, ssh_connection: Option<&str>) -> Result<()> {
 /// namespace.)
 pub fn still_borrowed(sys: &dyn Sys, b: &Borrowed) -> bool {
     !b.netns.is_empty()
-        && sys.netns_list().iter().any(|n| *n == b.netns)
+        && sys.netns_list().contains(&b.netns)
         && matches!(sys.link(Ns::Named(&b.netns), &b.name), Ok(Some(_)))
 }
 

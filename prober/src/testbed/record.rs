@@ -166,8 +166,14 @@ pub fn stale(dir: &Path) -> Vec<Record> {
         .collect()
 }
 
-/// One line on stderr when testbeds of dead runs are left.
+/// One line on stderr when testbeds of dead runs are left (once per
+/// process: a scenario builds a testbed per cell).
 pub fn mention_stale() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(mention_stale_now);
+}
+
+fn mention_stale_now() {
     let n = stale(Path::new(RUN_DIR)).len();
     if n > 0 {
         eprintln!("{n} stale testbed(s) from dead runs: run `rtprobe cleanup`");
@@ -261,7 +267,7 @@ pub fn cleanup_command(args: &CleanupArgs) -> Result<std::process::ExitCode> {
     if !args.dry_run {
         super::require_root()?;
     }
-    let sys = crate::sys::linux()?;
+    let sys = crate::sys::linux();
     cleanup(
         sys.as_ref(),
         Path::new(RUN_DIR),

@@ -4,7 +4,7 @@
 //! 3000 bytes (2.1) and it moved the whole latency distribution down.
 //!
 //! Written per TX queue, `/sys/class/net/DEV/queues/tx-N/byte_queue_limits/limit_max`,
-//! through the namespace's own sysfs (see `sysfs`). Devices without BQL
+//! through the namespace's own sysfs ([`crate::sys::Sys`]). Devices without BQL
 //! (veth, and any device without a TX ring: the kernel hides the
 //! directory for lltx / IFF_NO_QUEUE devices since 6.x) are reported as
 //! "no BQL on this device", which is not an error unless the user asked
@@ -15,12 +15,11 @@
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::{KnobGuard, Outcome, sysfs};
-use crate::testbed::Netns;
-use crate::testbed::ethtool;
+use super::{KnobGuard, Outcome, at::At};
+use crate::sys::netdev_attr;
 
 pub struct BqlGuard<'a> {
-    ns: &'a Netns,
+    at: At<'a>,
     dev: String,
     limit_max: u64,
     /// (tx-N, previous limit_max)
@@ -28,78 +27,87 @@ pub struct BqlGuard<'a> {
     restored: bool,
 }
 
-/// Sets limit_max on every TX queue of `dev` in `ns`.
-pub fn apply<'a>(ns: &'a Netns, dev: &str, limit_max: u64) -> Result<Outcome<BqlGuard<'a>>> {
-    let dev_s = dev.to_string();
-    let res = sysfs::with_sysfs(ns, |sys| {
-        let dir = sysfs::netdev_dir(sys, &dev_s)?.join("queues");
-        let mut queues: Vec<String> = std::fs::read_dir(&dir)
-            .with_context(|| format!("list {}", dir.display()))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("tx-"))
-            .collect();
-        queues.sort_by_key(|q| q[3..].parse::<u32>().unwrap_or(u32::MAX));
-        let with_bql: Vec<String> = queues
-            .into_iter()
-            .filter(|q| dir.join(q).join("byte_queue_limits").is_dir())
-            .collect();
-        if with_bql.is_empty() {
-            let drv = ethtool::driver(&dev_s).unwrap_or_else(|_| "unknown".into());
-            return Ok(Err(format!(
-                "no BQL on this device ({dev_s}, driver {drv}: no byte_queue_limits in sysfs)"
-            )));
+fn limit_path(dev: &str, queue: &str) -> String {
+    netdev_attr(dev, &format!("queues/{queue}/byte_queue_limits/limit_max"))
+}
+
+/// TX queues of `dev` that have BQL, in queue order.
+fn bql_queues(at: At<'_>, dev: &str) -> Result<Vec<String>> {
+    let mut queues: Vec<String> = at
+        .sys
+        .sysfs_list(at.ns, &netdev_attr(dev, "queues"))?
+        .into_iter()
+        .filter(|n| n.starts_with("tx-"))
+        .collect();
+    queues.sort_by_key(|q| q[3..].parse::<u32>().unwrap_or(u32::MAX));
+    let mut with_bql = Vec::new();
+    for q in queues {
+        let dir = netdev_attr(dev, &format!("queues/{q}"));
+        if at
+            .sys
+            .sysfs_list(at.ns, &dir)?
+            .iter()
+            .any(|e| e == "byte_queue_limits")
+        {
+            with_bql.push(q);
         }
-        let mut prev = Vec::new();
-        for q in &with_bql {
-            let p = dir.join(q).join("byte_queue_limits/limit_max");
-            prev.push((q.clone(), sysfs::read_u64(&p)?));
-        }
-        let mut done = Vec::new();
-        for (q, old) in &prev {
-            let p = dir.join(q).join("byte_queue_limits/limit_max");
-            if let Err(e) = sysfs::write(&p, &limit_max.to_string()) {
-                // Put back the queues already changed before failing.
-                for (q2, old2) in &done {
-                    let _ = sysfs::write(
-                        &dir.join(q2).join("byte_queue_limits/limit_max"),
-                        &u64::to_string(old2),
-                    );
-                }
-                return Err(e);
-            }
-            done.push((q.clone(), *old));
-        }
-        Ok(Ok(prev))
-    })?;
-    Ok(match res {
-        Ok(prev) => Outcome::Applied(BqlGuard {
-            ns,
-            dev: dev.to_string(),
-            limit_max,
-            prev,
-            restored: false,
-        }),
-        Err(reason) => Outcome::Unsupported(reason),
-    })
+    }
+    Ok(with_bql)
+}
+
+fn read_limit(at: At<'_>, dev: &str, q: &str) -> Result<u64> {
+    let s = at.sys.sysfs_read(at.ns, &limit_path(dev, q))?;
+    s.parse()
+        .with_context(|| format!("limit_max of {dev} {q} holds {s:?}, not a number"))
+}
+
+/// Sets limit_max on every TX queue of `dev`.
+pub fn apply<'a>(
+    at: impl Into<At<'a>>,
+    dev: &str,
+    limit_max: u64,
+) -> Result<Outcome<BqlGuard<'a>>> {
+    let at = at.into();
+    let queues = bql_queues(at, dev)?;
+    if queues.is_empty() {
+        let drv = at
+            .sys
+            .driver(at.ns, dev)
+            .unwrap_or_else(|_| "unknown".into());
+        return Ok(Outcome::Unsupported(format!(
+            "no BQL on this device ({dev}, driver {drv}: no byte_queue_limits in sysfs)"
+        )));
+    }
+    let mut prev = Vec::new();
+    for q in &queues {
+        prev.push((q.clone(), read_limit(at, dev, q)?));
+    }
+    // The guard puts back the queues already changed if a later one fails.
+    let mut guard = BqlGuard {
+        at,
+        dev: dev.to_string(),
+        limit_max,
+        prev: Vec::new(),
+        restored: false,
+    };
+    for (q, old) in prev {
+        at.sys
+            .sysfs_write(at.ns, &limit_path(dev, &q), &limit_max.to_string())?;
+        guard.prev.push((q, old));
+    }
+    Ok(Outcome::Applied(guard))
 }
 
 /// limit_max of every TX queue of `dev` (for tests and reports).
-pub fn read(ns: &Netns, dev: &str) -> Result<Vec<(String, u64)>> {
-    let dev = dev.to_string();
-    sysfs::with_sysfs(ns, |sys| {
-        let dir = sysfs::netdev_dir(sys, &dev)?.join("queues");
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(&dir)?.filter_map(|e| e.ok()) {
-            let n = e.file_name().to_string_lossy().into_owned();
-            let p = dir.join(&n).join("byte_queue_limits/limit_max");
-            if n.starts_with("tx-") && p.exists() {
-                out.push((n, sysfs::read_u64(&p)?));
-            }
-        }
-        out.sort();
-        Ok(out)
-    })
+pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Vec<(String, u64)>> {
+    let at = at.into();
+    let mut out = Vec::new();
+    for q in bql_queues(at, dev)? {
+        let v = read_limit(at, dev, &q)?;
+        out.push((q, v));
+    }
+    out.sort();
+    Ok(out)
 }
 
 impl KnobGuard for BqlGuard<'_> {
@@ -110,7 +118,7 @@ impl KnobGuard for BqlGuard<'_> {
     fn metadata(&self) -> Value {
         json!({
             "status": "applied",
-            "netns": self.ns.name(),
+            "netns": self.at.name(),
             "dev": self.dev,
             "limit_max_bytes": self.limit_max,
             "queues": self.prev.iter().map(|(q, old)| json!({"queue": q, "previous": old})).collect::<Vec<_>>(),
@@ -122,20 +130,19 @@ impl KnobGuard for BqlGuard<'_> {
             return Ok(());
         }
         self.restored = true;
-        let dev = self.dev.clone();
-        let prev = self.prev.clone();
-        sysfs::with_sysfs(self.ns, |sys| {
-            let dir = sysfs::netdev_dir(sys, &dev)?.join("queues");
-            let mut first_err = None;
-            for (q, old) in &prev {
-                let p = dir.join(q).join("byte_queue_limits/limit_max");
-                if let Err(e) = sysfs::write(&p, &old.to_string()) {
-                    first_err.get_or_insert(e);
-                }
+        let mut first_err = None;
+        for (q, old) in &self.prev {
+            if let Err(e) =
+                self.at
+                    .sys
+                    .sysfs_write(self.at.ns, &limit_path(&self.dev, q), &old.to_string())
+            {
+                first_err.get_or_insert(e);
             }
-            first_err.map_or(Ok(()), Err)
-        })
-        .with_context(|| format!("restoring BQL limit_max of {}", self.dev))
+        }
+        first_err
+            .map_or(Ok(()), Err)
+            .with_context(|| format!("restoring BQL limit_max of {}", self.dev))
     }
 }
 

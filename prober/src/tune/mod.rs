@@ -35,6 +35,7 @@
 //! /proc/sys, SIOCETHTOOL, sockets, sched_*), each of which names its own
 //! interface and minimum version; together Linux >= 4.15.
 
+mod at;
 pub mod bql;
 pub mod gso;
 pub mod load;
@@ -55,6 +56,8 @@ pub mod units;
 #[cfg(test)]
 mod root_tests;
 #[cfg(test)]
+mod sys_tests;
+#[cfg(test)]
 pub(crate) mod testutil;
 
 use std::{path::Path, time::Duration};
@@ -64,6 +67,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 pub use self::{
+    at::At,
     load::{FlowReport, LoadReport, LoadSpec},
     load_acct::FetchTimes,
     qdisc::QdiscSpec,
@@ -74,6 +78,7 @@ pub use self::{
 };
 use crate::{
     error::Error,
+    sys::Ns,
     testbed::{Netns, Testbed},
 };
 
@@ -636,19 +641,18 @@ pub fn parse_on_off(s: &str) -> Result<bool, String> {
 }
 
 /// Speed of a physical NIC (sysfs `speed`, Mb/s), None for virtual devices.
-fn nic_speed(ns: &Netns, dev: &str) -> Result<Option<Rate>> {
-    let dev = dev.to_string();
-    sysfs::with_sysfs(ns, |sys| {
-        let d = sysfs::netdev_dir(sys, &dev)?;
-        if !d.join("device").exists() {
-            return Ok(None);
-        }
-        Ok(sysfs::read(&d.join("speed"))
-            .ok()
-            .and_then(|s| s.parse::<i64>().ok())
-            .filter(|m| *m > 0)
-            .map(|m| Rate::mbit(m as u64)))
-    })
+fn nic_speed(at: At<'_>, dev: &str) -> Result<Option<Rate>> {
+    let entries = at.sys.sysfs_list(at.ns, &format!("class/net/{dev}"))?;
+    if !entries.iter().any(|e| e == "device") {
+        return Ok(None);
+    }
+    Ok(at
+        .sys
+        .sysfs_read(at.ns, &crate::sys::netdev_attr(dev, "speed"))
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .filter(|m| *m > 0)
+        .map(|m| Rate::mbit(m as u64)))
 }
 
 /// Applies `knobs` to the testbed. On error everything applied so far is
@@ -666,6 +670,9 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         },
     };
     let dev = iface.name.clone();
+    // Every knob reaches the kernel through the testbed's Sys.
+    let at = At::new(tb.sys(), Ns::Named(ns.name()));
+    let at_sender = At::new(tb.sys(), Ns::Named(tb.sender.name()));
     let mut a = Applied {
         guards: Vec::new(),
         load: None,
@@ -712,12 +719,12 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
     let shaping = knobs.shaping();
 
     if let Some(n) = knobs.txqueuelen {
-        a.guards.push(Box::new(txqueuelen::apply(ns, &dev, n)?));
+        a.guards.push(Box::new(txqueuelen::apply(at, &dev, n)?));
     }
     if let Some(on) = knobs.gso {
         // Always the sender's interface: it decides what size leaves the sender.
         a.guards
-            .push(Box::new(gso::apply(&tb.sender, &tb.sender_if.name, on)?));
+            .push(Box::new(gso::apply(at_sender, &tb.sender_if.name, on)?));
     }
     let unsupported = |a: &mut Applied<'tb>, key: &str, why: String| -> Result<()> {
         match knobs.device_unsupported() {
@@ -730,13 +737,13 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         }
     };
     if let Some(n) = knobs.tx_ring {
-        match ring::apply(ns, &dev, n)? {
+        match ring::apply(at, &dev, n)? {
             Outcome::Applied(g) => a.guards.push(Box::new(g)),
             Outcome::Unsupported(why) => unsupported(&mut a, "tx_ring", why)?,
         }
     }
     if let Some(b) = knobs.bql_limit_max {
-        match bql::apply(ns, &dev, b.0)? {
+        match bql::apply(at, &dev, b.0)? {
             Outcome::Applied(g) => a.guards.push(Box::new(g)),
             Outcome::Unsupported(why) => unsupported(&mut a, "bql", why)?,
         }
@@ -748,7 +755,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             probe: knobs.probe.clone(),
         };
         let (cmds, mut meta) = qdisc::render_tree(&dev, shaping.as_ref(), qdisc.as_ref(), &ctx);
-        let tree = qdisc::QdiscTree::install(ns, &dev, &cmds)?;
+        let tree = qdisc::QdiscTree::install(at, &dev, &cmds)?;
         if let Value::Object(m) = &mut meta {
             m.insert("status".into(), json!("applied"));
             m.insert("netns".into(), json!(ns.name()));
@@ -757,7 +764,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         a.guards.push(Box::new(TreeKnob { tree, meta }));
     }
     if let Some(b) = knobs.tsq {
-        a.guards.push(Box::new(tsq::apply(&tb.sender, b.0)?));
+        a.guards.push(Box::new(tsq::apply(at_sender, b.0)?));
     }
     if let Some(n) = knobs.stress {
         a.guards.push(Box::new(stress::start(
@@ -768,7 +775,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
     if !knobs.loads().is_empty() {
         let link_rate = match knobs.link_rate {
             Some(r) => Some(r),
-            None if knobs.loads().iter().any(LoadSpec::needs_link_rate) => nic_speed(ns, &dev)?,
+            None if knobs.loads().iter().any(LoadSpec::needs_link_rate) => nic_speed(at, &dev)?,
             None => None,
         };
         let queue_bytes_hint = match knobs.queue_limit {

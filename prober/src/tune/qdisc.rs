@@ -91,17 +91,18 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 use super::{
-    ProbeContext, nl,
+    ProbeContext,
+    at::At,
     shaping::{SHAPER_CLASS, Shaping},
     tc::{self, TcCmd},
     units::{Bytes, Rate, fmt_duration, parse_duration, tc_time},
 };
-use crate::{error::Error, testbed::Netns};
+use crate::{error::Error, sys::Sys};
 
 /// Handle of the chosen qdisc, at the root or under the shaper.
 pub const QDISC_HANDLE: &str = "10:";
@@ -1145,7 +1146,7 @@ pub fn render_tree(
 /// Installs a tree on `dev` inside `ns`; restores the kernel's default
 /// qdisc on `restore()` or drop.
 pub struct QdiscTree<'a> {
-    ns: &'a Netns,
+    at: At<'a>,
     dev: String,
     /// Kind of the default root qdisc before (noqueue on veth, mq or
     /// pfifo_fast/fq_codel on NICs), to verify the restore.
@@ -1156,37 +1157,34 @@ pub struct QdiscTree<'a> {
 impl<'a> QdiscTree<'a> {
     /// Refuses an interface that already has a configured (non-default)
     /// root qdisc: rtprobe could not put it back as it was.
-    pub fn install(ns: &'a Netns, dev: &str, cmds: &[TcCmd]) -> Result<Self> {
-        let dev_s = dev.to_string();
-        let before = ns.run(|| {
-            let idx = nl::ifindex(&dev_s)?;
-            let root = nl::root_qdisc(idx)?;
-            if let Some(r) = &root
-                && !r.is_kernel_default()
-            {
-                bail!(
-                    "{dev_s} in namespace {} already has a configured root qdisc ({} handle {}); \
-                     rtprobe only shapes interfaces it can restore: remove it with \
-                     `tc qdisc del dev {dev_s} root` or run without qdisc/shaping knobs",
-                    ns.name(),
-                    r.kind,
-                    r.handle
-                );
-            }
-            Ok(root)
-        })?;
+    pub fn install(at: impl Into<At<'a>>, dev: &str, cmds: &[TcCmd]) -> Result<Self> {
+        let at = at.into();
+        let root = crate::sys::root_qdisc(at.sys, at.ns, dev)?;
+        if let Some(r) = &root
+            && !r.is_kernel_default()
+        {
+            bail!(
+                "{dev} in namespace {} already has a configured root qdisc ({} handle {}); \
+                 rtprobe only shapes interfaces it can restore: remove it with \
+                 `tc qdisc del dev {dev} root` or run without qdisc/shaping knobs",
+                at.name(),
+                r.kind,
+                r.handle
+            );
+        }
         let mut tree = QdiscTree {
-            ns,
-            dev: dev_s,
-            before_kind: before.map(|q| q.kind),
+            at,
+            dev: dev.to_string(),
+            before_kind: root.map(|q| q.kind),
             installed: true,
         };
-        let res = ns.run(|| tc::run_all(cmds));
-        if let Err(e) = res {
-            // Take down what half went in; the drop would too, but the
-            // error the user sees must be the tc one.
-            let _ = tree.restore();
-            return Err(e.context(format!("installing the qdisc tree on {dev}")));
+        for c in cmds {
+            if let Err(e) = at.sys.tc(at.ns, c) {
+                // Take down what half went in; the drop would too, but the
+                // error the user sees must be the tc one.
+                let _ = tree.restore();
+                return Err(e.context(format!("installing the qdisc tree on {dev}")));
+            }
         }
         Ok(tree)
     }
@@ -1196,31 +1194,29 @@ impl<'a> QdiscTree<'a> {
             return Ok(());
         }
         self.installed = false;
-        let dev = self.dev.clone();
+        let (at, dev) = (self.at, self.dev.as_str());
         let before = self.before_kind.clone();
-        self.ns
-            .run(|| {
-                let del = TcCmd::new(["qdisc", "del", "dev", &dev, "root"]);
-                if let Err(e) = tc::run(&del) {
-                    // Nothing installed (the first command failed): fine.
-                    let s = e.stderr.to_ascii_lowercase();
-                    if !(s.contains("cannot delete qdisc with handle of zero")
-                        || s.contains("no such file"))
-                    {
-                        return Err(anyhow!(e));
-                    }
+        (|| {
+            let del = TcCmd::new(["qdisc", "del", "dev", dev, "root"]);
+            if let Err(e) = at.sys.tc(at.ns, &del) {
+                // Nothing installed (the first command failed): fine.
+                let nothing = e.downcast_ref::<tc::TcError>().is_some_and(|t| {
+                    let s = t.stderr.to_ascii_lowercase();
+                    s.contains("cannot delete qdisc with handle of zero")
+                        || s.contains("no such file")
+                });
+                if !nothing {
+                    return Err(e);
                 }
-                let now = nl::root_qdisc(nl::ifindex(&dev)?)?;
-                let now_kind = now.as_ref().map(|q| q.kind.clone());
-                if now.as_ref().is_some_and(|q| !q.is_kernel_default()) || now_kind != before {
-                    bail!(
-                        "root qdisc of {dev} is {:?} after restore, was {before:?}",
-                        now_kind
-                    );
-                }
-                Ok(())
-            })
-            .with_context(|| format!("restoring the default qdisc of {}", self.dev))
+            }
+            let now = crate::sys::root_qdisc(at.sys, at.ns, dev)?;
+            let now_kind = now.as_ref().map(|q| q.kind.clone());
+            if now.as_ref().is_some_and(|q| !q.is_kernel_default()) || now_kind != before {
+                bail!("root qdisc of {dev} is {now_kind:?} after restore, was {before:?}");
+            }
+            Ok(())
+        })()
+        .with_context(|| format!("restoring the default qdisc of {dev}"))
     }
 }
 
@@ -1283,28 +1279,33 @@ fn probe_kinds(kinds: &[&str]) -> Result<Vec<(String, bool)>> {
         return Err(Error::NotRoot.into());
     }
     let name = format!("rtpq-{}-{:04x}", std::process::id(), rand::random::<u16>());
-    let ns = Netns::create(&name).context("create a scratch namespace to check qdiscs")?;
-    let res = ns.run(|| {
+    let sys = crate::sys::linux_static();
+    sys.create_netns(&name)
+        .context("create a scratch namespace to check qdiscs")?;
+    let ns = crate::sys::Ns::Named(&name);
+    let res = (|| {
         let mut out = Vec::new();
         for k in kinds {
             let mut ok = true;
             for c in probe_commands(k) {
-                if let Err(e) = tc::run(&c) {
-                    if e.is_unknown_kind() {
+                if let Err(e) = sys.tc(ns, &c) {
+                    if e.downcast_ref::<tc::TcError>()
+                        .is_some_and(tc::TcError::is_unknown_kind)
+                    {
                         ok = false;
                         break;
                     }
-                    return Err(anyhow!(e).context(format!("checking whether the kernel has {k}")));
+                    return Err(e.context(format!("checking whether the kernel has {k}")));
                 }
             }
             // Leave lo clean for the next kind.
-            let _ = tc::run(&TcCmd::parse("qdisc del dev lo root"));
-            let _ = tc::run(&TcCmd::parse("qdisc del dev lo clsact"));
+            let _ = sys.tc(ns, &TcCmd::parse("qdisc del dev lo root"));
+            let _ = sys.tc(ns, &TcCmd::parse("qdisc del dev lo clsact"));
             out.push((k.to_string(), ok));
         }
         Ok(out)
-    });
-    ns.delete()?;
+    })();
+    sys.delete_netns(&name)?;
     res
 }
 

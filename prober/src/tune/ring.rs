@@ -11,44 +11,40 @@
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::{KnobGuard, Outcome};
-use crate::testbed::Netns;
-use crate::testbed::ethtool;
+use super::{KnobGuard, Outcome, at::At};
+use crate::sys::ethtool::Unsupported;
 
 pub struct TxRingGuard<'a> {
-    ns: &'a Netns,
+    at: At<'a>,
     dev: String,
     tx: u32,
     previous: u32,
     restored: bool,
 }
 
-pub fn apply<'a>(ns: &'a Netns, dev: &str, tx: u32) -> Result<Outcome<TxRingGuard<'a>>> {
-    let dev_s = dev.to_string();
-    let prev = ns.run(|| {
-        let r = match ethtool::ring(&dev_s) {
-            Ok(r) => r,
-            Err(e) if e.downcast_ref::<ethtool::Unsupported>().is_some() => {
-                let drv = ethtool::driver(&dev_s).unwrap_or_else(|_| "unknown".into());
-                return Ok(Err(format!(
-                    "TX ring size is not adjustable on {dev_s} (driver {drv} has no ring: ethtool -g unsupported)"
-                )));
-            }
-            Err(e) => return Err(e),
-        };
-        ethtool::set_tx_ring(&dev_s, tx)?;
-        Ok(Ok(r.tx))
-    })?;
-    Ok(match prev {
-        Ok(previous) => Outcome::Applied(TxRingGuard {
-            ns,
-            dev: dev.to_string(),
-            tx,
-            previous,
-            restored: false,
-        }),
-        Err(reason) => Outcome::Unsupported(reason),
-    })
+pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, tx: u32) -> Result<Outcome<TxRingGuard<'a>>> {
+    let at = at.into();
+    let r = match at.sys.ring(at.ns, dev) {
+        Ok(r) => r,
+        Err(e) if e.downcast_ref::<Unsupported>().is_some() => {
+            let drv = at
+                .sys
+                .driver(at.ns, dev)
+                .unwrap_or_else(|_| "unknown".into());
+            return Ok(Outcome::Unsupported(format!(
+                "TX ring size is not adjustable on {dev} (driver {drv} has no ring: ethtool -g unsupported)"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    at.sys.set_tx_ring(at.ns, dev, tx)?;
+    Ok(Outcome::Applied(TxRingGuard {
+        at,
+        dev: dev.to_string(),
+        tx,
+        previous: r.tx,
+        restored: false,
+    }))
 }
 
 impl KnobGuard for TxRingGuard<'_> {
@@ -57,7 +53,7 @@ impl KnobGuard for TxRingGuard<'_> {
     }
 
     fn metadata(&self) -> Value {
-        json!({ "status": "applied", "netns": self.ns.name(), "dev": self.dev,
+        json!({ "status": "applied", "netns": self.at.name(), "dev": self.dev,
                 "tx": self.tx, "previous": self.previous })
     }
 
@@ -66,9 +62,9 @@ impl KnobGuard for TxRingGuard<'_> {
             return Ok(());
         }
         self.restored = true;
-        let (dev, prev) = (self.dev.clone(), self.previous);
-        self.ns
-            .run(|| ethtool::set_tx_ring(&dev, prev))
+        self.at
+            .sys
+            .set_tx_ring(self.at.ns, &self.dev, self.previous)
             .with_context(|| format!("restoring the TX ring of {}", self.dev))
     }
 }

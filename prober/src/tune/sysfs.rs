@@ -10,44 +10,27 @@
 //! which now belongs to the namespace. The thread's private mount table
 //! dies with the thread (Netns::run joins it), leaving nothing behind.
 //!
-//! Kernel interface: unshare(2) CLONE_NEWNS, mount(2) of sysfs, then plain
+//! Kernel interface: unshare(2) CLONE_NEWNS, mount(2) of sysfs (in
+//! `sys::private_sysfs`, shared with the kernel layer's workers), then plain
 //! file I/O under /sys/class/net/DEV; Linux >= 3.8.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use nix::{
-    mount::{MsFlags, mount},
-    sched::{CloneFlags, unshare},
-};
 
 use crate::testbed::Netns;
 
-/// Runs `f` on a thread inside `ns` with a sysfs of that namespace on /sys.
+/// Runs `f` on a thread inside `ns` with a sysfs of that namespace on /sys
+/// (the mount is [`crate::sys::private_sysfs`], the kernel layer's own).
+/// For code that walks sysfs freely; single attributes go through
+/// [`crate::sys::Sys::sysfs_read`]/`sysfs_write`.
 pub fn with_sysfs<T, F>(ns: &Netns, f: F) -> Result<T>
 where
     F: FnOnce(&Path) -> Result<T> + Send,
     T: Send,
 {
     ns.run(|| {
-        unshare(CloneFlags::CLONE_NEWNS)
-            .context("unshare(CLONE_NEWNS) to mount the namespace's sysfs")?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .context("make the private mount table private")?;
-        mount(
-            Some("sysfs"),
-            "/sys",
-            Some("sysfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .context("mount the namespace's sysfs")?;
+        crate::sys::private_sysfs()?;
         f(Path::new("/sys"))
     })
 }

@@ -4,66 +4,62 @@
 //! 512 KiB and 64 KiB (2.2); on 6.x kernels the default is 4 MiB.
 //!
 //! The sysctl is per network namespace (since Linux 4.15): it is written
-//! by a thread inside the sender namespace, where the TCP load's sockets
-//! live, and the host's value is never touched. /proc/sys/net resolves the
-//! namespace of the thread that opens the file, so no remount is needed.
-//! As a guard against a kernel where it is global, the value seen from the
-//! calling thread's namespace is compared before and after.
+//! in the sender namespace (through [`crate::sys::Sys::set_sysctl`]), where
+//! the TCP load's sockets live, and the host's value is never touched. As a
+//! guard against a kernel where it is global, the host's value is compared
+//! before and after.
 //!
 //! Kernel interface: /proc/sys/net/ipv4/tcp_limit_output_bytes; Linux >= 4.15.
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use super::KnobGuard;
-use crate::testbed::Netns;
+use super::{KnobGuard, at::At};
+use crate::sys::Ns;
 
 pub const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_limit_output_bytes";
+const KEY: &str = "net.ipv4.tcp_limit_output_bytes";
 
 pub struct TsqGuard<'a> {
-    ns: &'a Netns,
+    at: At<'a>,
     bytes: u64,
     previous: u64,
     restored: bool,
 }
 
-fn read_here() -> Result<u64> {
-    let s = std::fs::read_to_string(SYSCTL).with_context(|| format!("read {SYSCTL}"))?;
-    s.trim()
-        .parse()
-        .with_context(|| format!("{SYSCTL} holds {s:?}"))
+fn read_in(at: At<'_>, ns: Ns<'_>) -> Result<u64> {
+    let s = at.sys.sysctl(ns, KEY)?;
+    s.parse().with_context(|| format!("{KEY} holds {s:?}"))
 }
 
-/// The value inside `ns`.
-pub fn read(ns: &Netns) -> Result<u64> {
-    ns.run(read_here)
+pub fn read<'a>(at: impl Into<At<'a>>) -> Result<u64> {
+    let at = at.into();
+    read_in(at, at.ns)
 }
 
-/// Sets tcp_limit_output_bytes inside `ns`.
-pub fn apply(ns: &Netns, bytes: u64) -> Result<TsqGuard<'_>> {
+pub fn apply<'a>(at: impl Into<At<'a>>, bytes: u64) -> Result<TsqGuard<'a>> {
+    let at = at.into();
     if bytes == 0 || bytes > i32::MAX as u64 {
         bail!("tcp_limit_output_bytes {bytes} is out of range (1..2147483647)");
     }
-    let outside_before = read_here().ok();
-    let previous = ns.run(|| {
-        let prev = read_here()?;
-        std::fs::write(SYSCTL, bytes.to_string())
-            .with_context(|| format!("write {bytes} to {SYSCTL} in namespace {}", ns.name()))?;
-        Ok(prev)
-    })?;
+    let outside_before = read_in(at, Ns::Host).ok();
+    let previous = read_in(at, at.ns)?;
+    at.sys
+        .set_sysctl(at.ns, KEY, &bytes.to_string())
+        .with_context(|| format!("in namespace {}", at.name()))?;
     let guard = TsqGuard {
-        ns,
+        at,
         bytes,
         previous,
         restored: false,
     };
-    let outside_after = read_here().ok();
+    let outside_after = read_in(at, Ns::Host).ok();
     if outside_before != outside_after {
         drop(guard);
         bail!(
             "net.ipv4.tcp_limit_output_bytes is not per-namespace on this kernel (writing it in {} \
              changed it outside too); it was put back. TSQ needs Linux >= 4.15",
-            ns.name()
+            at.name()
         );
     }
     Ok(guard)
@@ -77,8 +73,8 @@ impl KnobGuard for TsqGuard<'_> {
     fn metadata(&self) -> Value {
         json!({
             "status": "applied",
-            "netns": self.ns.name(),
-            "sysctl": "net.ipv4.tcp_limit_output_bytes",
+            "netns": self.at.name(),
+            "sysctl": KEY,
             "bytes": self.bytes,
             "previous": self.previous,
         })
@@ -89,13 +85,10 @@ impl KnobGuard for TsqGuard<'_> {
             return Ok(());
         }
         self.restored = true;
-        let prev = self.previous;
-        self.ns
-            .run(|| {
-                std::fs::write(SYSCTL, prev.to_string())
-                    .with_context(|| format!("write {prev} to {SYSCTL}"))
-            })
-            .with_context(|| format!("restoring TSQ in namespace {}", self.ns.name()))
+        self.at
+            .sys
+            .set_sysctl(self.at.ns, KEY, &self.previous.to_string())
+            .with_context(|| format!("restoring TSQ in namespace {}", self.at.name()))
     }
 }
 

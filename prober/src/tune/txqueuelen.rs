@@ -6,43 +6,50 @@
 //! at 100 Mbit/s is 120 ms of queue.
 //!
 //! Kernel interface: sysfs /sys/class/net/DEV/tx_queue_len through the
-//! namespace's own sysfs (see `sysfs`); Linux >= 2.6.
+//! namespace's own sysfs ([`crate::sys::Sys::sysfs_write`]); Linux >= 2.6.
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use super::{KnobGuard, sysfs};
-use crate::testbed::Netns;
+use super::{KnobGuard, at::At};
+use crate::sys::netdev_attr;
 
 pub struct TxQueueLenGuard<'a> {
-    ns: &'a Netns,
+    at: At<'a>,
     dev: String,
     len: u32,
     previous: u64,
     restored: bool,
 }
 
-pub fn read(ns: &Netns, dev: &str) -> Result<u64> {
-    let dev = dev.to_string();
-    sysfs::with_sysfs(ns, |sys| {
-        sysfs::read_u64(&sysfs::netdev_dir(sys, &dev)?.join("tx_queue_len"))
-    })
+fn parse(dev: &str, s: &str) -> Result<u64> {
+    s.parse()
+        .with_context(|| format!("tx_queue_len of {dev} holds {s:?}, not a number"))
 }
 
-pub fn apply<'a>(ns: &'a Netns, dev: &str, len: u32) -> Result<TxQueueLenGuard<'a>> {
+pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<u64> {
+    let at = at.into();
+    parse(
+        dev,
+        &at.sys
+            .sysfs_read(at.ns, &netdev_attr(dev, "tx_queue_len"))?,
+    )
+}
+
+pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, len: u32) -> Result<TxQueueLenGuard<'a>> {
+    let at = at.into();
     if len == 0 {
         bail!("txqueuelen 0 would leave pfifo_fast without a queue: give at least 1");
     }
-    let dev_s = dev.to_string();
-    let previous = sysfs::with_sysfs(ns, |sys| {
-        let p = sysfs::netdev_dir(sys, &dev_s)?.join("tx_queue_len");
-        let prev = sysfs::read_u64(&p)?;
-        sysfs::write(&p, &len.to_string())?;
-        Ok(prev)
-    })
+    let path = netdev_attr(dev, "tx_queue_len");
+    let previous = (|| {
+        let prev = parse(dev, &at.sys.sysfs_read(at.ns, &path)?)?;
+        at.sys.sysfs_write(at.ns, &path, &len.to_string())?;
+        Ok::<_, anyhow::Error>(prev)
+    })()
     .with_context(|| format!("setting txqueuelen of {dev}"))?;
     Ok(TxQueueLenGuard {
-        ns,
+        at,
         dev: dev.to_string(),
         len,
         previous,
@@ -56,7 +63,7 @@ impl KnobGuard for TxQueueLenGuard<'_> {
     }
 
     fn metadata(&self) -> Value {
-        json!({ "status": "applied", "netns": self.ns.name(), "dev": self.dev,
+        json!({ "status": "applied", "netns": self.at.name(), "dev": self.dev,
                 "packets": self.len, "previous": self.previous })
     }
 
@@ -65,14 +72,14 @@ impl KnobGuard for TxQueueLenGuard<'_> {
             return Ok(());
         }
         self.restored = true;
-        let (dev, prev) = (self.dev.clone(), self.previous);
-        sysfs::with_sysfs(self.ns, |sys| {
-            sysfs::write(
-                &sysfs::netdev_dir(sys, &dev)?.join("tx_queue_len"),
-                &prev.to_string(),
+        self.at
+            .sys
+            .sysfs_write(
+                self.at.ns,
+                &netdev_attr(&self.dev, "tx_queue_len"),
+                &self.previous.to_string(),
             )
-        })
-        .with_context(|| format!("restoring txqueuelen of {}", self.dev))
+            .with_context(|| format!("restoring txqueuelen of {}", self.dev))
     }
 }
 

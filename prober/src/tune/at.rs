@@ -1,0 +1,34 @@
+//! Where a knob acts: a namespace, reached through the kernel layer.
+
+use crate::{
+    sys::{Ns, Sys},
+    testbed::Netns,
+};
+
+/// A namespace and the [`Sys`] that reaches it.
+#[derive(Clone, Copy)]
+pub struct At<'a> {
+    pub sys: &'a dyn Sys,
+    pub ns: Ns<'a>,
+}
+
+impl<'a> At<'a> {
+    pub fn new(sys: &'a dyn Sys, ns: Ns<'a>) -> Self {
+        Self { sys, ns }
+    }
+
+    /// The namespace's name, for metadata and messages.
+    pub fn name(&self) -> String {
+        self.ns.label()
+    }
+}
+
+/// A namespace of this process, through the real kernel.
+impl<'a> From<&'a Netns> for At<'a> {
+    fn from(ns: &'a Netns) -> Self {
+        Self {
+            sys: crate::sys::linux_static(),
+            ns: Ns::Named(ns.name()),
+        }
+    }
+}
