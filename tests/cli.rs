@@ -207,12 +207,28 @@ fn compare_prints_verdicts_and_fails_in_one_line() {
 #[test]
 fn continuous_options_fail_with_one_line_before_touching_the_system() {
     for (args, code, needle) in [
-        (&["--out-rotate", "lots"][..], 2, "invalid rotation \"lots\""),
+        (
+            &["--out-rotate", "lots"][..],
+            2,
+            "invalid rotation \"lots\"",
+        ),
         (&["--out-keep", "3"][..], 2, "--out-rotate"),
         (&["--forever", "--count", "5"][..], 2, "cannot be used with"),
-        (&["--metrics-listen", "localhost"][..], 2, "invalid socket address"),
-        (&["--out-rotate", "1KiB"][..], 1, "--out-rotate 1KiB is too small"),
-        (&["--out-rotate", "1h", "--out-keep", "0"][..], 1, "--out-keep 0"),
+        (
+            &["--metrics-listen", "localhost"][..],
+            2,
+            "invalid socket address",
+        ),
+        (
+            &["--out-rotate", "1KiB"][..],
+            1,
+            "--out-rotate 1KiB is too small",
+        ),
+        (
+            &["--out-rotate", "1h", "--out-keep", "0"][..],
+            1,
+            "--out-keep 0",
+        ),
         (&["--report-every", "1ms"][..], 1, "at least 100ms"),
         (&["--forever", "--duration", "5s"][..], 1, "drop --duration"),
         (

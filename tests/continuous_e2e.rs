@@ -47,8 +47,22 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
     let hlog = dir.path().join("run.hlog");
     let json = dir.path().join("out.json");
     let child = Command::new(bin())
-        .args(["--xdp-mode", "native", "--forever", "--interval", "1ms", "--quiet"])
-        .args(["--out-rotate", "256KiB", "--out-keep", "3", "--report-every", "1s"])
+        .args([
+            "--xdp-mode",
+            "native",
+            "--forever",
+            "--interval",
+            "1ms",
+            "--quiet",
+        ])
+        .args([
+            "--out-rotate",
+            "256KiB",
+            "--out-keep",
+            "3",
+            "--report-every",
+            "1s",
+        ])
         .arg("--out")
         .arg(&csv)
         .arg("--hdr-log")
@@ -76,14 +90,29 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "rtprobe did not stop after SIGINT");
+        assert!(
+            Instant::now() < deadline,
+            "rtprobe did not stop after SIGINT"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let mut stdout = String::new();
     let mut stderr = String::new();
     use std::io::Read;
-    child.0.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    child.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     assert_eq!(status.code(), Some(130), "interrupted: {stderr}\n{stdout}");
     eprintln!("VmRSS {rss_start} KiB at 6 s, {rss_end} KiB at 30 s");
     // ~24 000 probes in between: a record kept per probe (~300 bytes) would
@@ -101,12 +130,19 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
 
     // out.csv and three rotated files, each a readable CSV of its own,
     // seqs continuing from the older file into the newer one.
-    let siblings: Vec<_> = (1..=3).map(|n| dir.path().join(format!("out.csv.{n}"))).collect();
-    assert!(!dir.path().join("out.csv.4").exists(), "only 3 rotated files kept");
+    let siblings: Vec<_> = (1..=3)
+        .map(|n| dir.path().join(format!("out.csv.{n}")))
+        .collect();
+    assert!(
+        !dir.path().join("out.csv.4").exists(),
+        "only 3 rotated files kept"
+    );
     let mut rows_kept = 0;
     let mut next_seq: Option<u64> = None;
     for f in siblings.iter().rev().chain(std::iter::once(&csv)) {
-        let size = std::fs::metadata(f).unwrap_or_else(|_| panic!("{} missing", f.display())).len();
+        let size = std::fs::metadata(f)
+            .unwrap_or_else(|_| panic!("{} missing", f.display()))
+            .len();
         assert!(size <= 256 * 1024, "{} is {size} bytes", f.display());
         let (meta, rows) = read_csv(f);
         assert_eq!(meta.xdp_mode_requested, "native");
@@ -119,21 +155,39 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         rows_kept += rows.len();
     }
     assert!(rows_kept < sent as usize, "older rows were rotated away");
-    assert_eq!(next_seq, Some(sent), "the newest file ends with the last probe");
+    assert_eq!(
+        next_seq,
+        Some(sent),
+        "the newest file ends with the last probe"
+    );
 
     // Interval lines, about one a second, each with its own counts.
-    let lines: Vec<_> = stdout.lines().filter(|l| l.starts_with('[') && l.contains(" sent ")).collect();
+    let lines: Vec<_> = stdout
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains(" sent "))
+        .collect();
     assert!(lines.len() >= 25, "{stdout}");
     // Every probe is in exactly one line; a whole interval at 1 ms holds
     // 1000 scheduled sends (give or take one where the system clock was
     // slewed against the monotonic schedule).
     let counts: Vec<u64> = lines
         .iter()
-        .map(|l| l.split(" sent ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap())
+        .map(|l| {
+            l.split(" sent ")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .collect();
     assert_eq!(counts.iter().sum::<u64>(), sent, "{stdout}");
     assert!(
-        counts[1..counts.len() - 1].iter().all(|&n| (995..=1005).contains(&n)),
+        counts[1..counts.len() - 1]
+            .iter()
+            .all(|&n| (995..=1005).contains(&n)),
         "{counts:?}"
     );
     assert!(lines[3].contains("one-way p50"), "{}", lines[3]);
@@ -143,7 +197,9 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
     let mut tags = std::collections::BTreeMap::<String, usize>::new();
     for e in hdrhistogram::serialization::interval_log::IntervalLogIterator::new(&bytes) {
         if let hdrhistogram::serialization::interval_log::LogEntry::Interval(h) = e.unwrap() {
-            *tags.entry(h.tag().unwrap().as_str().to_string()).or_default() += 1;
+            *tags
+                .entry(h.tag().unwrap().as_str().to_string())
+                .or_default() += 1;
         }
     }
     assert!(tags.get("one-way").is_some_and(|&n| n >= 25), "{tags:?}");
@@ -177,7 +233,15 @@ fn a_full_disk_stops_the_run_and_keeps_the_summary_and_json() {
     let csv = small.join("out.csv");
     let json = dir.path().join("out.json");
     let o = Command::new(bin())
-        .args(["--xdp-mode", "off", "--count", "20000", "--interval", "200us", "--quiet"])
+        .args([
+            "--xdp-mode",
+            "off",
+            "--count",
+            "20000",
+            "--interval",
+            "200us",
+            "--quiet",
+        ])
         .arg("--out")
         .arg(&csv)
         .arg("--json")
@@ -186,7 +250,11 @@ fn a_full_disk_stops_the_run_and_keeps_the_summary_and_json() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
     // "Error: CSV ends at probe N: No space left on device (os error 28) ..."
     let at = stderr
         .split("CSV ends at probe ")
@@ -199,10 +267,23 @@ fn a_full_disk_stops_the_run_and_keeps_the_summary_and_json() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let sent = summary["sent"].as_u64().unwrap();
-    assert!(sent > n && sent < 20_000, "stopped early, counted past the CSV: {summary}");
+    assert!(
+        sent > n && sent < 20_000,
+        "stopped early, counted past the CSV: {summary}"
+    );
     assert_eq!(summary["unaccounted"], 0);
-    assert!(summary["extra"]["output_error"].as_str().unwrap().contains("CSV ends at probe"));
-    assert!(summary.get("extra").and_then(|e| e.get("interrupted")).is_none());
+    assert!(
+        summary["extra"]["output_error"]
+            .as_str()
+            .unwrap()
+            .contains("CSV ends at probe")
+    );
+    assert!(
+        summary
+            .get("extra")
+            .and_then(|e| e.get("interrupted"))
+            .is_none()
+    );
     // The CSV ends on a whole row: probe N.
     let (_, rows) = read_csv(&csv);
     let last = rows.last().unwrap();

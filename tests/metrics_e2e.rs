@@ -90,7 +90,8 @@ fn write_config(dir: &Path, target_port: u16) -> std::path::PathBuf {
 #[ignore = "needs root: run by cargo xtask test"]
 fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     if !Path::new(PROMETHEUS).exists() {
-        let msg = format!("SKIPPED metrics e2e: {PROMETHEUS} not installed (run `cargo xtask setup`)");
+        let msg =
+            format!("SKIPPED metrics e2e: {PROMETHEUS} not installed (run `cargo xtask setup`)");
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("{msg}; under CI=true this is a failure");
         }
@@ -105,7 +106,15 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     let prom_port = free_port();
     let csv = dir.path().join("out.csv");
     let probe = Command::new(bin())
-        .args(["--xdp-mode", "off", "--duration", "60s", "--interval", "1ms", "--quiet"])
+        .args([
+            "--xdp-mode",
+            "off",
+            "--duration",
+            "60s",
+            "--interval",
+            "1ms",
+            "--quiet",
+        ])
         .arg("--metrics-listen")
         .arg(format!("127.0.0.1:{metrics_port}"))
         .arg("--out")
@@ -142,7 +151,8 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
             panic!("rtprobe ended early ({status}): {err}");
         }
         if Instant::now() > deadline {
-            let plog = std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default();
+            let plog =
+                std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default();
             let direct = http_get(metrics_port, "/metrics").map(|r| r.0);
             panic!(
                 "no answer to {promql} within 45 s; /metrics answered {direct:?}; prometheus log:\n{}",
@@ -173,7 +183,10 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     .unwrap();
     let stop_by = Instant::now() + Duration::from_secs(20);
     while probe.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < stop_by, "rtprobe did not stop after SIGINT");
+        assert!(
+            Instant::now() < stop_by,
+            "rtprobe did not stop after SIGINT"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let (meta, _) = read_csv(&csv);

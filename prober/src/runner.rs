@@ -230,7 +230,9 @@ fn probe_on(
         summary.extra.insert("interrupted".into(), true.into());
     }
     if let Some(e) = &output_error {
-        summary.extra.insert("output_error".into(), e.clone().into());
+        summary
+            .extra
+            .insert("output_error".into(), e.clone().into());
     }
     if !per_flow.is_empty() {
         summary

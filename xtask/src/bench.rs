@@ -866,7 +866,14 @@ fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let mut child = Command::new(&ctx.bin)
         .args(["--quiet", "--xdp-mode", "off", "--forever"])
         .args(["--interval", &format!("{interval_us}us")])
-        .args(["--out-rotate", "64MiB", "--out-keep", "1", "--report-every", "10s"])
+        .args([
+            "--out-rotate",
+            "64MiB",
+            "--out-keep",
+            "1",
+            "--report-every",
+            "10s",
+        ])
         .args(["--metrics-listen", "127.0.0.1:0"])
         .arg("--out")
         .arg(dir.join("out.csv"))
@@ -905,7 +912,9 @@ fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let start_at = secs / 3;
     let end = samples.last().and_then(|&(_, r)| r);
     let peak = samples.iter().filter_map(|&(_, r)| r).fold(0.0, f64::max);
-    let _ = Command::new("kill").args(["-INT", &pid.to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status();
     let t = Instant::now();
     while child.try_wait()?.is_none() {
         if t.elapsed() > Duration::from_secs(30) {

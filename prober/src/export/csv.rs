@@ -286,7 +286,10 @@ impl CsvWriter {
         let rotated = rotation.map(|r| Rotated::new(path, r));
         if let Some(r) = &rotated {
             r.clear_earlier_run().with_context(|| {
-                format!("cannot remove the rotated files of an earlier run next to {}", path.display())
+                format!(
+                    "cannot remove the rotated files of an earlier run next to {}",
+                    path.display()
+                )
             })?;
         }
         let mut w = Self {
@@ -412,7 +415,10 @@ impl CsvWriter {
         if !same {
             // Nobody can open the file any more: the CSV ended with the
             // last rows handed to it.
-            let why = format!("{} was removed or replaced during the run", self.path.display());
+            let why = format!(
+                "{} was removed or replaced during the run",
+                self.path.display()
+            );
             return Err(self.fail(why));
         }
         self.write_out()?;
@@ -650,15 +656,28 @@ mod tests {
         let p = dir.path().join("out.csv");
         let mut w = CsvWriter::create(&p, &RunMeta::default()).unwrap();
         for seq in 0..5 {
-            w.write(&ProbeRecord { seq, ..Default::default() }).unwrap();
+            w.write(&ProbeRecord {
+                seq,
+                ..Default::default()
+            })
+            .unwrap();
         }
         w.flush().unwrap();
         std::fs::remove_file(&p).unwrap();
-        w.write(&ProbeRecord { seq: 5, ..Default::default() }).unwrap();
+        w.write(&ProbeRecord {
+            seq: 5,
+            ..Default::default()
+        })
+        .unwrap();
         let e = w.flush().unwrap_err().to_string();
         assert!(e.starts_with("CSV ends at probe 4: "), "{e}");
         assert!(e.contains("was removed or replaced during the run"), "{e}");
-        let again = w.write(&ProbeRecord { seq: 6, ..Default::default() }).unwrap_err();
+        let again = w
+            .write(&ProbeRecord {
+                seq: 6,
+                ..Default::default()
+            })
+            .unwrap_err();
         assert_eq!(again.to_string(), e, "every later call says the same");
         assert_eq!(w.rows(), 5);
     }
@@ -672,7 +691,10 @@ mod tests {
         let Err(e) = CsvWriter::create(Path::new("/dev/full"), &RunMeta::default()) else {
             panic!("the head cannot be written to /dev/full");
         };
-        assert!(format!("{e:#}").contains("No space left on device"), "{e:#}");
+        assert!(
+            format!("{e:#}").contains("No space left on device"),
+            "{e:#}"
+        );
     }
 
     /// A real full disk: a 64 KiB tmpfs. The CSV is cut back to its last
@@ -681,7 +703,10 @@ mod tests {
     #[ignore = "needs root: run by cargo xtask test"]
     fn a_full_disk_cuts_the_csv_back_to_a_whole_row() {
         if !nix::unistd::geteuid().is_root() {
-            assert!(std::env::var("CI").map_or(true, |v| v != "true"), "root test without root under CI");
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "root test without root under CI"
+            );
             eprintln!("SKIPPED a_full_disk_cuts_the_csv_back_to_a_whole_row: needs root");
             return;
         }
@@ -706,7 +731,11 @@ mod tests {
         let mut err = None;
         for seq in 0..100_000 {
             let r = w
-                .write(&ProbeRecord { seq, send_ns: 1_763_000_000_000_000_000, ..Default::default() })
+                .write(&ProbeRecord {
+                    seq,
+                    send_ns: 1_763_000_000_000_000_000,
+                    ..Default::default()
+                })
                 .and_then(|()| if seq % 100 == 99 { w.flush() } else { Ok(()) });
             if let Err(e) = r {
                 err = Some(e.to_string());
@@ -721,7 +750,11 @@ mod tests {
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("{e}"));
         let rows = rows_of(&p);
-        assert_eq!(*rows.last().unwrap(), n, "the file ends at the row the error names");
+        assert_eq!(
+            *rows.last().unwrap(),
+            n,
+            "the file ends at the row the error names"
+        );
         assert_eq!(rows.len() as u64, n + 1);
         assert_eq!(w.rows(), n + 1);
         assert!(std::fs::read_to_string(&p).unwrap().ends_with('\n'));

@@ -93,11 +93,20 @@ impl HdrLog {
     }
 
     /// Queues one interval's histogram. Errors once the writer failed.
-    pub fn write(&mut self, tag: &'static str, start: Duration, len: Duration, hist: &Histogram<u64>) -> Result<()> {
+    pub fn write(
+        &mut self,
+        tag: &'static str,
+        start: Duration,
+        len: Duration,
+        hist: &Histogram<u64>,
+    ) -> Result<()> {
         if let Some(e) = self.failure() {
             return Err(anyhow!(e));
         }
-        let tx = self.tx.as_ref().ok_or_else(|| anyhow!("the HDR log is closed"))?;
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| anyhow!("the HDR log is closed"))?;
         let entry = Entry {
             tag,
             start,
@@ -113,7 +122,10 @@ impl HdrLog {
                 ));
             }
             Err(mpsc::TrySendError::Disconnected(_)) => {
-                return Err(anyhow!(self.failure().unwrap_or_else(|| "the HDR log writer stopped".into())));
+                return Err(anyhow!(
+                    self.failure()
+                        .unwrap_or_else(|| "the HDR log writer stopped".into())
+                ));
             }
         }
         if tag == TAG_ONE_WAY || tag == TAG_RTT {
@@ -145,7 +157,12 @@ impl Drop for HdrLog {
     }
 }
 
-fn write_log(mut file: File, start: SystemTime, comment: &str, rx: mpsc::Receiver<Entry>) -> Result<(), String> {
+fn write_log(
+    mut file: File,
+    start: SystemTime,
+    comment: &str,
+    rx: mpsc::Receiver<Entry>,
+) -> Result<(), String> {
     let mut serializer = V2DeflateSerializer::new();
     let mut log = IntervalLogWriterBuilder::new()
         .add_comment(comment)
@@ -159,7 +176,9 @@ fn write_log(mut file: File, start: SystemTime, comment: &str, rx: mpsc::Receive
         let tag = Tag::new(e.tag).ok_or_else(|| format!("bad tag {:?}", e.tag))?;
         log.write_histogram(&e.hist, e.start, e.len, Some(tag))
             .map_err(|e| match e {
-                hdrhistogram::serialization::interval_log::IntervalLogWriterError::IoError(io) => io.to_string(),
+                hdrhistogram::serialization::interval_log::IntervalLogWriterError::IoError(io) => {
+                    io.to_string()
+                }
                 other => other.to_string(),
             })?;
     }
@@ -238,7 +257,11 @@ mod tests {
         // 3 significant digits: 45 000 reads back as 45 000..45 055.
         assert!((45_000..45_100).contains(&got[0].4), "{}", got[0].4);
         assert_eq!(got[3].3, 1);
-        assert!((1.499..1.51).contains(&got[2].5), "max column in ms: {}", got[2].5);
+        assert!(
+            (1.499..1.51).contains(&got[2].5),
+            "max column in ms: {}",
+            got[2].5
+        );
         assert_eq!(got[4].3, 0, "an empty interval is written too");
     }
 
@@ -253,7 +276,12 @@ mod tests {
         let h = hist(&[5]);
         let mut failed = None;
         for i in 0..200 {
-            if let Err(e) = log.write(TAG_ONE_WAY, Duration::from_secs(i), Duration::from_secs(1), &h) {
+            if let Err(e) = log.write(
+                TAG_ONE_WAY,
+                Duration::from_secs(i),
+                Duration::from_secs(1),
+                &h,
+            ) {
                 failed = Some(e.to_string());
                 break;
             }

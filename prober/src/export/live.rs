@@ -117,7 +117,11 @@ impl Live {
     }
 
     /// The observer of a flow besides the main one: its metrics.
-    pub fn flow_observer(&self, cfg: &ProbeConfig, target: &str) -> Box<dyn SessionObserver + Send> {
+    pub fn flow_observer(
+        &self,
+        cfg: &ProbeConfig,
+        target: &str,
+    ) -> Box<dyn SessionObserver + Send> {
         match &self.metrics {
             Some(m) => Box::new(m.flow(
                 FlowLabels::new(target, cfg.flow, cfg.tos, cfg.size),
@@ -128,14 +132,24 @@ impl Live {
     }
 
     /// The main flow's observer: metrics, interval lines, progress, HDR log.
-    pub fn main_observer(&mut self, cfg: &ProbeConfig, target: &str, meta: &RunMeta) -> Result<MainObserver<'_>> {
+    pub fn main_observer(
+        &mut self,
+        cfg: &ProbeConfig,
+        target: &str,
+        meta: &RunMeta,
+    ) -> Result<MainObserver<'_>> {
         let hdr = match &self.plan.hdr_log {
             Some(p) => Some(HdrLog::create(
                 p,
                 SystemTime::now(),
                 &format!(
                     "rtprobe {} {}: size {} B, interval {} ns, tos {:#04x}, xdp {}",
-                    meta.version, target, cfg.size, meta.interval_ns, cfg.tos, meta.xdp_mode_attached
+                    meta.version,
+                    target,
+                    cfg.size,
+                    meta.interval_ns,
+                    cfg.tos,
+                    meta.xdp_mode_attached
                 ),
             )?),
             None => None,
@@ -217,7 +231,9 @@ impl SessionObserver for MainObserver<'_> {
             metrics,
             ..
         } = self;
-        intervals.on_record(r, |i| interval_done(i, *lines, print, hdr, *hdr_base_ns, error));
+        intervals.on_record(r, |i| {
+            interval_done(i, *lines, print, hdr, *hdr_base_ns, error)
+        });
         if let Some(m) = metrics {
             m.observe(r);
         }
@@ -330,15 +346,26 @@ mod tests {
         }
         let lines = lines.lock().unwrap();
         assert_eq!(lines.len(), 4, "{lines:?}");
-        assert!(lines[0].contains("sent     100  lost     2 ( 2.00 %)"), "{}", lines[0]);
+        assert!(
+            lines[0].contains("sent     100  lost     2 ( 2.00 %)"),
+            "{}",
+            lines[0]
+        );
         assert!(lines[3].contains("sent      50"), "{}", lines[3]);
         let shown = shown.lock().unwrap();
         assert_eq!(shown.len(), 2);
-        assert!(shown[0].starts_with("sent 201  lost 4 (1.99 %)  one-way p50 20."), "{}", shown[0]);
+        assert!(
+            shown[0].starts_with("sent 201  lost 4 (1.99 %)  one-way p50 20."),
+            "{}",
+            shown[0]
+        );
         let bytes = std::fs::read(&hlog).unwrap();
         let n = hdrhistogram::serialization::interval_log::IntervalLogIterator::new(&bytes)
             .filter(|e| {
-                matches!(e, Ok(hdrhistogram::serialization::interval_log::LogEntry::Interval(_)))
+                matches!(
+                    e,
+                    Ok(hdrhistogram::serialization::interval_log::LogEntry::Interval(_))
+                )
             })
             .count();
         assert_eq!(n, 8, "one-way and rtt for each of the 4 intervals");

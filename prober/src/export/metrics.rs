@@ -142,7 +142,11 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("rtprobe");
-        let hist = || Family::<_, _, fn() -> Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let hist = || {
+            Family::<_, _, fn() -> Histogram>::new_with_constructor(
+                latency_histogram as fn() -> Histogram,
+            )
+        };
         let m = Self {
             one_way: hist(),
             rtt: hist(),
@@ -407,7 +411,9 @@ impl MetricsServer {
         let listener = TcpListener::bind(addr).with_context(|| {
             format!("--metrics-listen {addr}: cannot listen there (is the port in use? pick another, or port 0 for a free one)")
         })?;
-        let addr = listener.local_addr().context("the metrics listener's address")?;
+        let addr = listener
+            .local_addr()
+            .context("the metrics listener's address")?;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
@@ -475,7 +481,12 @@ fn answer(mut conn: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
         }
         head.extend_from_slice(&buf[..n]);
         if head.len() > MAX_REQUEST {
-            return respond(&mut conn, "431 Request Header Fields Too Large", "text/plain", b"request too large\n");
+            return respond(
+                &mut conn,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"request too large\n",
+            );
         }
     }
     let (status, body) = route(&head);
@@ -489,7 +500,12 @@ fn answer(mut conn: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
                 body.as_bytes(),
             )
         }
-        Route::Other(status) => respond(&mut conn, status, "text/plain; charset=utf-8", body.as_bytes()),
+        Route::Other(status) => respond(
+            &mut conn,
+            status,
+            "text/plain; charset=utf-8",
+            body.as_bytes(),
+        ),
     }
 }
 
@@ -505,7 +521,11 @@ fn route(head: &[u8]) -> (Route, String) {
     let line = head
         .split(|&b| b == b'\n')
         .next()
-        .map(|l| String::from_utf8_lossy(l).trim_end_matches('\r').to_string())
+        .map(|l| {
+            String::from_utf8_lossy(l)
+                .trim_end_matches('\r')
+                .to_string()
+        })
         .unwrap_or_default();
     let mut parts = line.split(' ');
     let (method, target, version) = (parts.next(), parts.next(), parts.next());
@@ -529,7 +549,12 @@ fn route(head: &[u8]) -> (Route, String) {
     }
 }
 
-fn respond(conn: &mut TcpStream, status: &str, content_type: &str, body: &[u8]) -> std::io::Result<()> {
+fn respond(
+    conn: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -603,7 +628,10 @@ mod tests {
         ] {
             assert!(text.contains(&want), "missing {want:?} in\n{text}");
         }
-        assert!(!text.contains("source=\"software\""), "the old source is gone");
+        assert!(
+            !text.contains("source=\"software\""),
+            "the old source is gone"
+        );
         // Cumulative buckets: 10 µs lies in (8 µs, 11.3 µs], 3 s above 2.9 s.
         let prefix = "rtprobe_one_way_seconds_bucket{le=\"";
         let buckets: Vec<(f64, u64)> = text
@@ -611,7 +639,11 @@ mod tests {
             .filter(|l| l.starts_with(prefix) && l.contains(labels))
             .map(|l| {
                 let le = &l[prefix.len()..l[prefix.len()..].find('"').unwrap() + prefix.len()];
-                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                };
                 (le, l.rsplit(' ').next().unwrap().parse().unwrap())
             })
             .collect();
@@ -626,16 +658,28 @@ mod tests {
 
     #[test]
     fn buckets_span_a_microsecond_to_seconds() {
-        let b: Vec<f64> = exponential_buckets(BUCKET_START_S, BUCKET_FACTOR, BUCKET_COUNT).collect();
+        let b: Vec<f64> =
+            exponential_buckets(BUCKET_START_S, BUCKET_FACTOR, BUCKET_COUNT).collect();
         assert_eq!(b[0], 1e-6);
-        assert!(b[b.len() - 1] > 10.0 && b[b.len() - 1] < 13.0, "{}", b[b.len() - 1]);
+        assert!(
+            b[b.len() - 1] > 10.0 && b[b.len() - 1] < 13.0,
+            "{}",
+            b[b.len() - 1]
+        );
     }
 
     #[test]
     fn kernel_reflector_loss_has_no_direction() {
         let m = Arc::new(Metrics::new());
         let mut f = m.flow(FlowLabels::new("t", 1, 0, 64), true);
-        f.update(&Counts { sent: 3, lost: 1, ..Default::default() }, "software");
+        f.update(
+            &Counts {
+                sent: 3,
+                lost: 1,
+                ..Default::default()
+            },
+            "software",
+        );
         let text = m.encode();
         assert!(text.contains("direction=\"unknown\"} 1"), "{text}");
         assert!(!text.contains("direction=\"return\""));
@@ -643,11 +687,30 @@ mod tests {
 
     #[test]
     fn requests_are_routed_and_garbage_is_refused() {
-        assert_eq!(route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").0, Route::Metrics);
-        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").0, Route::Metrics);
-        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n").0, Route::Other("404 Not Found"));
-        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n").0, Route::Other("405 Method Not Allowed"));
-        for bad in [&b""[..], b"\xff\xfe\x00", b"GET", b"GET /metrics", b"GET /metrics SPDY/3\r\n\r\n", b"GET  /metrics HTTP/1.1 extra\r\n"] {
+        assert_eq!(
+            route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").0,
+            Route::Metrics
+        );
+        assert_eq!(
+            route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").0,
+            Route::Metrics
+        );
+        assert_eq!(
+            route(b"GET / HTTP/1.1\r\n\r\n").0,
+            Route::Other("404 Not Found")
+        );
+        assert_eq!(
+            route(b"POST /metrics HTTP/1.1\r\n\r\n").0,
+            Route::Other("405 Method Not Allowed")
+        );
+        for bad in [
+            &b""[..],
+            b"\xff\xfe\x00",
+            b"GET",
+            b"GET /metrics",
+            b"GET /metrics SPDY/3\r\n\r\n",
+            b"GET  /metrics HTTP/1.1 extra\r\n",
+        ] {
             assert_eq!(route(bad).0, Route::Other("400 Bad Request"), "{bad:?}");
         }
     }
@@ -674,10 +737,15 @@ mod tests {
         assert!(http(addr, b"\x00\x01\x02garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
         assert!(http(addr, &vec![b'A'; 9000]).starts_with("HTTP/1.1 431"));
         assert!(http(addr, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
-        let ok = http(addr, b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text\r\n\r\n");
+        let ok = http(
+            addr,
+            b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text\r\n\r\n",
+        );
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
         assert!(ok.contains("Content-Type: application/openmetrics-text; version=1.0.0"));
-        assert!(ok.contains("rtprobe_one_way_seconds_count{target=\"t\",flow=\"0\",tos=\"0x00\",size=\"64\"} 1"));
+        assert!(ok.contains(
+            "rtprobe_one_way_seconds_count{target=\"t\",flow=\"0\",tos=\"0x00\",size=\"64\"} 1"
+        ));
         assert!(ok.trim_end().ends_with("# EOF"));
         drop(server);
         assert!(TcpStream::connect(addr).is_err(), "stopped on drop");

@@ -4,10 +4,10 @@
 pub mod compare;
 pub mod csv;
 pub mod fetch_study;
+pub mod hdrlog;
 pub mod json;
 pub mod live;
 pub mod metrics;
-pub mod hdrlog;
 pub mod plot;
 pub mod report;
 pub mod rotate;

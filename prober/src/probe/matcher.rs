@@ -957,7 +957,15 @@ mod tests {
         assert!(m.window.capacity() >= 100_000);
         m.drain(i64::MAX, false, |_| {});
         assert_eq!(m.in_flight(), 0);
-        assert!(m.window.capacity() <= 2 * KEEP_CAPACITY, "{}", m.window.capacity());
-        assert!(m.opt_to_seq.capacity() <= 2 * KEEP_CAPACITY, "{}", m.opt_to_seq.capacity());
+        assert!(
+            m.window.capacity() <= 2 * KEEP_CAPACITY,
+            "{}",
+            m.window.capacity()
+        );
+        assert!(
+            m.opt_to_seq.capacity() <= 2 * KEEP_CAPACITY,
+            "{}",
+            m.opt_to_seq.capacity()
+        );
     }
 }

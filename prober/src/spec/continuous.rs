@@ -26,7 +26,12 @@ pub const MIN_ROTATE_PERIOD: Duration = Duration::from_secs(1);
 pub struct ContinuousArgs {
     /// Probe until Ctrl-C or SIGTERM (the same as --duration 0). Memory stays flat; bound the
     /// disk with --out-rotate.
-    #[arg(long, num_args = 0, default_missing_value = "true", conflicts_with = "count")]
+    #[arg(
+        long,
+        num_args = 0,
+        default_missing_value = "true",
+        conflicts_with = "count"
+    )]
     pub forever: Option<bool>,
 
     /// Start a new CSV when the current one reaches this size (e.g. 100MiB, 500MB) or age (e.g.
@@ -165,12 +170,12 @@ impl ContinuousArgs {
             None => None,
             Some(when) => {
                 match when {
-                    Rotate::Bytes(b) if b < MIN_ROTATE_BYTES => bail!(
-                        "--out-rotate {when} is too small: give at least 16KiB (e.g. 100MiB)"
-                    ),
-                    Rotate::Every(d) if d < MIN_ROTATE_PERIOD => bail!(
-                        "--out-rotate {when} is too short: give at least 1s (e.g. 1h)"
-                    ),
+                    Rotate::Bytes(b) if b < MIN_ROTATE_BYTES => {
+                        bail!("--out-rotate {when} is too small: give at least 16KiB (e.g. 100MiB)")
+                    }
+                    Rotate::Every(d) if d < MIN_ROTATE_PERIOD => {
+                        bail!("--out-rotate {when} is too short: give at least 1s (e.g. 1h)")
+                    }
                     _ => {}
                 }
                 let keep = self.out_keep.unwrap_or(DEFAULT_KEEP);
@@ -243,11 +248,15 @@ mod tests {
         assert_eq!("1.5GiB".parse(), Ok(Rotate::Bytes(3 << 29)));
         assert_eq!("65536".parse(), Ok(Rotate::Bytes(65536)));
         assert_eq!("1h".parse(), Ok(Rotate::Every(Duration::from_secs(3600))));
-        assert_eq!(
-            "10min".parse(),
-            Ok(Rotate::Every(Duration::from_secs(600)))
-        );
-        for bad in ["", "lots", "-5MiB", "1e400MB", "99999999999999999999GiB", "5 parsecs"] {
+        assert_eq!("10min".parse(), Ok(Rotate::Every(Duration::from_secs(600))));
+        for bad in [
+            "",
+            "lots",
+            "-5MiB",
+            "1e400MB",
+            "99999999999999999999GiB",
+            "5 parsecs",
+        ] {
             assert!(bad.parse::<Rotate>().is_err(), "{bad}");
         }
     }
@@ -269,12 +278,14 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c, ContinuousArgs::default());
         assert!(!c.plan(Some(Duration::from_secs(3))).unwrap().forever);
-        assert!(c.plan(Some(Duration::ZERO)).unwrap().forever, "--duration 0");
+        assert!(
+            c.plan(Some(Duration::ZERO)).unwrap().forever,
+            "--duration 0"
+        );
         assert!(parse(&["--out-keep", "3"]).is_err(), "needs --out-rotate");
         assert!(parse(&["--forever", "--count", "3"]).is_err());
-        let err = |a: &[&str], d: Option<Duration>| {
-            parse(a).unwrap().plan(d).unwrap_err().to_string()
-        };
+        let err =
+            |a: &[&str], d: Option<Duration>| parse(a).unwrap().plan(d).unwrap_err().to_string();
         assert!(err(&["--out-rotate", "1KiB"], None).contains("--out-rotate 1KiB is too small"));
         assert_eq!(Rotate::Bytes(100 << 20).to_string(), "100MiB");
         assert_eq!(Rotate::Bytes(1000).to_string(), "1000 bytes");

@@ -238,7 +238,11 @@ mod tests {
         for seq in 0..30u64 {
             let lost = seq == 25;
             s.on_record(
-                &rec(seq, t0 + seq as i64 * 1_000_000, (!lost).then_some(1000 + seq as i64)),
+                &rec(
+                    seq,
+                    t0 + seq as i64 * 1_000_000,
+                    (!lost).then_some(1000 + seq as i64),
+                ),
                 |i| out.push((i.index, i.sent, i.lost, i.one_way.max(), i.line())),
             );
         }
@@ -256,10 +260,14 @@ mod tests {
         let mut s = IntervalStats::new(Duration::from_secs(1));
         let mut idx = Vec::new();
         s.on_record(&rec(0, 0, Some(5)), |i| idx.push((i.index, i.sent)));
-        s.on_record(&rec(1, 2_500_000_000, Some(5)), |i| idx.push((i.index, i.sent)));
+        s.on_record(&rec(1, 2_500_000_000, Some(5)), |i| {
+            idx.push((i.index, i.sent))
+        });
         assert_eq!(idx, vec![(0, 1), (1, 0)]);
         idx.clear();
-        s.on_record(&rec(2, 1_000_000_000_000, Some(5)), |i| idx.push((i.index, i.sent)));
+        s.on_record(&rec(2, 1_000_000_000_000, Some(5)), |i| {
+            idx.push((i.index, i.sent))
+        });
         assert_eq!(idx.len(), 1 + MAX_EMPTY_RUN as usize);
         assert_eq!(s.current().index, 1000);
         assert_eq!(s.current().offset_ns, 1_000_000_000_000);
