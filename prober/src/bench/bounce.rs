@@ -129,7 +129,8 @@ impl BounceBed {
             .into_iter()
             .filter(|t| !before.contains(t))
             .collect();
-        napi_tids.sort_unstable();
+        // Queue order is NAPI id order (`napi/DEV-ID`), not thread id order.
+        napi_tids.sort_by_key(|&t| napi_id(t));
         let gen_mac = links::link_state(&gen_ns, &gen_if)?.1;
         let dut_mac = links::link_state(&dut_ns, &dut_if)?.1;
         let gi = gen_if.clone();
@@ -147,6 +148,14 @@ impl BounceBed {
             napi_tids,
         })
     }
+}
+
+/// The NAPI id in a threaded-NAPI thread's name (`napi/DEV-ID`).
+fn napi_id(tid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{tid}/comm"))
+        .ok()
+        .and_then(|c| c.trim_end().rsplit('-').next()?.parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// Pins the calling thread to `cpu`.

@@ -799,9 +799,10 @@ fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
 
 /// Attaches the router's work variant (`n` memory accesses per packet) to
 /// both router interfaces, where `attach_for_testbed` puts the router, and
-/// prepares what native redirect on veth needs (GRO on the receiver's
-/// veth is already on; TX checksum offload off at the sender so probes
-/// carry full checksums through a native XDP program).
+/// prepares the end veths as `attach_for_testbed` does for native mode:
+/// GRO on (frames redirected into a veth need NAPI on its peer) and TX
+/// checksum offload off (local UDP through native XDP needs full
+/// checksums). The testbed goes away with the variant, so nothing is put back.
 fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchProgram> {
     let router = tb.router.as_ref().context("the veth testbed has a router")?;
     let rin = &tb.router_in.as_ref().context("router ingress")?.name;
@@ -811,10 +812,11 @@ fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchPr
     } else {
         Hook::Native
     };
-    let snd = tb.sender_if.name.clone();
-    tb.sender
-        .run(|| crate::testbed::ethtool::set_tx_csum(&snd, false))
-        .context("TX checksum offload off on the sender (for native XDP)")?;
+    for (ns, ifname) in [(&tb.sender, &tb.sender_if.name), (&tb.receiver, &tb.receiver_if.name)] {
+        links::set_gro(ns, ifname, true)?;
+        ns.run(|| crate::testbed::ethtool::set_tx_csum(ifname, false))
+            .with_context(|| format!("TX checksum offload off on {ifname} (for native XDP)"))?;
+    }
     let mut prog = BenchProgram::router_work(n)?;
     for ifname in [rin, rout] {
         prog.add_egress(router, ifname)?;
