@@ -1016,9 +1016,13 @@ fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     }
     rows.push(row(
         "perf stat (IPC, branch, L1 misses)",
-        j["perf_note"]
-            .as_str()
-            .map_or("counted: see thesis.txt".into(), |n| n.to_string()),
+        match j["perf_note"].as_str() {
+            None => "counted: see thesis.txt".into(),
+            Some(n) if n.contains("no hardware event") => {
+                "unknown: no hardware counters on this machine (thesis.txt)".into()
+            }
+            Some(n) => n.to_string(),
+        },
         "-".into(),
         "-",
         None,
