@@ -268,8 +268,20 @@ fn bench_forward_work_and_bounce_relations() {
     let j = bench_forward(
         dir.path(),
         &[
-            "--modes", "native", "--work", "1,12800", "--sizes", "64", "--load", "100",
-            "--bounce", "skb,native", "--queues", "1", "--rt-priority", "50",
+            "--modes",
+            "native",
+            "--work",
+            "1,12800",
+            "--sizes",
+            "64",
+            "--load",
+            "100",
+            "--bounce",
+            "skb,native",
+            "--queues",
+            "1",
+            "--rt-priority",
+            "50",
         ],
     );
     let work = |w: u64| {
@@ -290,7 +302,10 @@ fn bench_forward_work_and_bounce_relations() {
         pps(light)
     );
     assert!(
-        light["xdp_counters"]["redirected"]["packets"].as_u64().unwrap_or(0) > 0,
+        light["xdp_counters"]["redirected"]["packets"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
         "the work variant forwards in XDP: {light:#}"
     );
     let bounce = j["bounce"].as_array().expect("bounce steps");

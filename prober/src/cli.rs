@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::bench::kinds::{BounceHook, ForwardMode, Generator, Sink};
 use crate::export::plot::{
     FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency,
 };
-use crate::bench::kinds::{BounceHook, ForwardMode, Generator, Sink};
 
 #[derive(Debug, Parser)]
 #[command(

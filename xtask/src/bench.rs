@@ -984,7 +984,10 @@ fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
                 rows.push(row(
                     &format!("XDP {mode}, {w} memory accesses/packet"),
                     format!("{p:.0}/s"),
-                    format!("router without the work {plain:.0}/s ({:.2}x)", p / plain.max(1.0)),
+                    format!(
+                        "router without the work {plain:.0}/s ({:.2}x)",
+                        p / plain.max(1.0)
+                    ),
                     "-",
                     None,
                 ));

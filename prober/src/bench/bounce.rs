@@ -113,9 +113,26 @@ impl BounceBed {
         let (gen_if, dut_if) = (format!("xbg{tag}"), format!("xbd{tag}"));
         let q = queues.to_string();
         ip(&[
-            "-n", gen_ns.name(), "link", "add", &gen_if, "numtxqueues", &q, "numrxqueues", &q,
-            "type", "veth", "peer", "name", &dut_if, "netns", dut_ns.name(), "numtxqueues",
-            &q, "numrxqueues", &q,
+            "-n",
+            gen_ns.name(),
+            "link",
+            "add",
+            &gen_if,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &dut_if,
+            "netns",
+            dut_ns.name(),
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
         ])?;
         ip(&["-n", gen_ns.name(), "link", "set", &gen_if, "up"])?;
         ip(&["-n", dut_ns.name(), "link", "set", &dut_if, "up"])?;
@@ -235,9 +252,9 @@ fn step(
                 Ok(())
             }));
         }
-        let perf = plan.perf_stat.then(|| {
-            s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9)))
-        });
+        let perf = plan
+            .perf_stat
+            .then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
         while gens.iter().any(|h| !h.is_finished()) {
             if stop.load(Ordering::Relaxed) != 0 {
                 halt.store(true, Ordering::Relaxed);
@@ -249,10 +266,11 @@ fn step(
                 .map_err(|_| anyhow::anyhow!("a generator thread panicked"))??;
         }
         match perf {
-            Some(h) => Ok(Some(
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("the perf thread panicked"))??,
-            )),
+            Some(h) => {
+                Ok(Some(h.join().map_err(|_| {
+                    anyhow::anyhow!("the perf thread panicked")
+                })??))
+            }
             None => Ok(None),
         }
     })?;
@@ -318,8 +336,16 @@ pub fn run(
 pub fn table_header() -> String {
     format!(
         "{:<14}{:>7}{:>6}{:>11}{:>11}{:>11}{:>8}  {:<24}{:>12}  {}",
-        "bounce hook", "queues", "busy", "gen/s", "bounced/s", "back/s", "dut%", "dut% per queue",
-        "bounced/s/core", "core busy/si%"
+        "bounce hook",
+        "queues",
+        "busy",
+        "gen/s",
+        "bounced/s",
+        "back/s",
+        "dut%",
+        "dut% per queue",
+        "bounced/s/core",
+        "core busy/si%"
     )
 }
 

@@ -31,12 +31,12 @@ use serde::Serialize;
 
 use super::{
     cpu::{self, CoreUse},
-    kinds::{BounceHook, ForwardMode, Generator, Sink},
-    perf::{self, PerfFigures},
-    xdp::{BenchProgram, Hook},
     frame::{self, FrameSpec},
+    kinds::{BounceHook, ForwardMode, Generator, Sink},
     links::{self, LinkCounters},
     loadgen::{self, LiveTarget, Offered, SocketGen},
+    perf::{self, PerfFigures},
+    xdp::{BenchProgram, Hook},
 };
 use crate::{
     cli::{BenchForwardArgs, TimestampArg, XdpActionArg, XdpModeArg},
@@ -146,10 +146,16 @@ impl Plan {
         if a.queues.is_empty() {
             bail!("--queues is empty: give e.g. 1,2,4,8");
         }
-        let mut variants: Vec<Variant> = modes.iter().map(|&mode| Variant { mode, work: None }).collect();
+        let mut variants: Vec<Variant> = modes
+            .iter()
+            .map(|&mode| Variant { mode, work: None })
+            .collect();
         for &w in &a.work {
             for &mode in modes.iter().filter(|m| m.redirects_in_xdp()) {
-                let v = Variant { mode, work: Some(w) };
+                let v = Variant {
+                    mode,
+                    work: Some(w),
+                };
                 if !variants.contains(&v) {
                     variants.push(v);
                 }
@@ -640,9 +646,8 @@ fn run_step(
     let (probe, (load, cpu_after), perf) = std::thread::scope(|s| {
         let probe = s.spawn(|| run_probe(&bed.tb, plan, plan.step, &csv_name, stop));
         // Counting stops a little before the load so that it covers load only.
-        let perf = count_perf.then(|| {
-            s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9)))
-        });
+        let perf =
+            count_perf.then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
         let load = (|| -> Result<(LoadRun, Vec<cpu::CpuTimes>)> {
             let load = if load_pct == 0 {
                 std::thread::sleep(plan.step);
@@ -804,7 +809,10 @@ fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
 /// checksum offload off (local UDP through native XDP needs full
 /// checksums). The testbed goes away with the variant, so nothing is put back.
 fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchProgram> {
-    let router = tb.router.as_ref().context("the veth testbed has a router")?;
+    let router = tb
+        .router
+        .as_ref()
+        .context("the veth testbed has a router")?;
     let rin = &tb.router_in.as_ref().context("router ingress")?.name;
     let rout = &tb.router_out.as_ref().context("router egress")?.name;
     let hook = if mode == ForwardMode::Skb {
@@ -812,7 +820,10 @@ fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchPr
     } else {
         Hook::Native
     };
-    for (ns, ifname) in [(&tb.sender, &tb.sender_if.name), (&tb.receiver, &tb.receiver_if.name)] {
+    for (ns, ifname) in [
+        (&tb.sender, &tb.sender_if.name),
+        (&tb.receiver, &tb.receiver_if.name),
+    ] {
         links::set_gro(ns, ifname, true)?;
         ns.run(|| crate::testbed::ethtool::set_tx_csum(ifname, false))
             .with_context(|| format!("TX checksum offload off on {ifname} (for native XDP)"))?;
@@ -875,7 +886,11 @@ pub fn run(
             steps.extend(results);
         }
         let ModeBed {
-            _sink, work, tb, xdp, ..
+            _sink,
+            work,
+            tb,
+            xdp,
+            ..
         } = bed;
         drop(_sink);
         drop(work);
@@ -1108,7 +1123,8 @@ mod tests {
         assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
         // --work adds the work variant of each redirecting mode, after the modes.
         let p = plan(&["--modes", "off,native,native-pass", "--work", "1,100"]).unwrap();
-        let v: Vec<(ForwardMode, Option<u32>)> = p.variants.iter().map(|v| (v.mode, v.work)).collect();
+        let v: Vec<(ForwardMode, Option<u32>)> =
+            p.variants.iter().map(|v| (v.mode, v.work)).collect();
         assert_eq!(
             v,
             vec![

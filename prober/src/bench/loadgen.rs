@@ -54,7 +54,11 @@ impl XdpLiveGen {
     pub fn inject(&self, n: u32) -> Result<u32> {
         // Live mode reports no return value; whether the frames went out
         // shows in the interface counters.
-        Ok(if self.prog.run_live(&self.frame, n)? { n } else { 0 })
+        Ok(if self.prog.run_live(&self.frame, n)? {
+            n
+        } else {
+            0
+        })
     }
 
     /// Frames the program redirected so far (its own count).

@@ -99,14 +99,19 @@ fn load(object: &[u8], name: &'static str, globals: &[Global<'_>]) -> Result<Ben
         .with_context(|| format!("{name} is not an XDP program"))?;
     prog.load()
         .map_err(|e| verifier_error(e, name))
-        .with_context(|| format!("loading the bench program {name} (is this root with BPF enabled?)"))?;
+        .with_context(|| {
+            format!("loading the bench program {name} (is this root with BPF enabled?)")
+        })?;
     Ok(BenchProgram { ebpf, name })
 }
 
 /// aya puts the verifier's log into the error's Debug form only.
 fn verifier_error(e: ProgramError, name: &str) -> anyhow::Error {
     match e {
-        ProgramError::LoadError { io_error, verifier_log } => {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
             anyhow::anyhow!("the verifier refused {name} ({io_error}): {verifier_log}")
         }
         e => anyhow::Error::new(e),
