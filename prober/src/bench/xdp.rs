@@ -6,8 +6,8 @@
 //!
 //! Kernel interfaces: bpf(2) through aya: BPF_PROG_LOAD of XDP programs with
 //! global data (5.2), BPF_LINK_CREATE for XDP (5.9), BPF_PROG_TEST_RUN with
-//! BPF_F_TEST_XDP_LIVE_FRAMES (5.18), per-CPU arrays, DEVMAP_HASH (5.4),
-//! XSKMAP (4.18). Minimum kernel: 5.18.
+//! BPF_F_TEST_XDP_LIVE_FRAMES (5.18), per-CPU arrays, DEVMAP_HASH (5.4).
+//! Minimum kernel: 5.18.
 //!
 //! A program attached here stays attached until its [`BenchProgram`] is
 //! dropped (aya detaches the links of a dropped program), so drop it before
@@ -158,11 +158,6 @@ impl BenchProgram {
         )
     }
 
-    /// Redirects every frame to the AF_XDP socket of its receive queue.
-    pub fn xsk() -> Result<Self> {
-        load(bench_object(), names::XSK_PROGRAM, &[])
-    }
-
     /// The router with `work` memory accesses per frame before its usual
     /// work (`xdp_router_work`, in the router's object).
     pub fn router_work(work: u32) -> Result<Self> {
@@ -253,11 +248,6 @@ impl BenchProgram {
             xdp_common::COUNTERS_MAP,
             Outcome::ALL.iter().map(|o| (o.index(), o.name())),
         )
-    }
-
-    /// The object's maps and programs, for wiring an XSKMAP.
-    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
-        &mut self.ebpf
     }
 }
 
