@@ -1,7 +1,9 @@
-//! Builds the XDP router (`xdp-router`, target bpfel-unknown-none, pinned
-//! nightly with `-Z build-std=core`, linked by bpf-linker) through
-//! aya-build and leaves the object in `$OUT_DIR/xdp-router`, where
-//! `src/ebpf` embeds it: a plain `cargo build` yields a single binary.
+//! Builds the XDP router's crate (`xdp-router`, target bpfel-unknown-none,
+//! pinned nightly with `-Z build-std=core`, linked by bpf-linker) through
+//! aya-build and leaves its objects in `$OUT_DIR`: `xdp-router` (the router
+//! and the reflector, embedded by `src/ebpf`) and `xdp-bench` (the bench's
+//! programs, embedded by `src/bench/xdp.rs`): a plain `cargo build` yields
+//! a single binary.
 //! When the tools are missing it stops with a message naming
 //! `cargo xtask setup` instead of a wall of cargo output.
 
@@ -14,6 +16,8 @@ use std::{
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TOOLCHAIN};
 
 const PROGRAM: &str = "xdp-router";
+/// Every binary of the crate, each one object aya-build copies to OUT_DIR.
+const OBJECTS: [&str; 2] = ["xdp-router", "xdp-bench"];
 
 fn main() -> ExitCode {
     println!("cargo::rerun-if-env-changed=AYA_BUILD_SKIP");
@@ -28,10 +32,12 @@ fn main() -> ExitCode {
     if skip_requested() {
         // Tools that only type-check (docs, IDEs) may set it. Leave an empty
         // object so the crate compiles; Router::load reports it at run time.
-        let obj = out_dir.join(PROGRAM);
-        if let Err(e) = std::fs::write(&obj, []) {
-            eprintln!("cannot write {}: {e}", obj.display());
-            return ExitCode::FAILURE;
+        for name in OBJECTS {
+            let obj = out_dir.join(name);
+            if let Err(e) = std::fs::write(&obj, []) {
+                eprintln!("cannot write {}: {e}", obj.display());
+                return ExitCode::FAILURE;
+            }
         }
         println!("cargo::warning=AYA_BUILD_SKIP is set: rtprobe is built WITHOUT its XDP router");
         return ExitCode::SUCCESS;

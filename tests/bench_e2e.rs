@@ -244,3 +244,93 @@ fn high_rate_probes_are_all_accounted_for() {
         );
     }
 }
+
+/// The XDP thesis's axes as relations: more work per packet forwards less,
+/// native XDP_TX bounces at least about as much as generic, and the bounce
+/// device's namespaces go away.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn bench_forward_work_and_bounce_relations() {
+    if !is_root("bench_forward_work_and_bounce_relations") {
+        return;
+    }
+    let bounce_ns = || -> Vec<String> {
+        std::fs::read_dir("/run/netns")
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("rtprobe-bounce-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = bounce_ns();
+    let dir = tempfile::tempdir().unwrap();
+    let j = bench_forward(
+        dir.path(),
+        &[
+            "--modes",
+            "native",
+            "--work",
+            "1,12800",
+            "--sizes",
+            "64",
+            "--load",
+            "100",
+            "--bounce",
+            "skb,native",
+            "--queues",
+            "1",
+            "--rt-priority",
+            "50",
+        ],
+    );
+    let work = |w: u64| {
+        j["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["mode"] == "native" && s["work"].as_u64() == Some(w))
+            .unwrap_or_else(|| panic!("no native step with work {w}: {j:#}"))
+    };
+    let (light, heavy) = (work(1), work(12800));
+    let pps = |s: &serde_json::Value| s["forwarded_pps"].as_f64().unwrap();
+    assert!(pps(light) > 0.0, "{light:#}");
+    assert!(
+        pps(heavy) < pps(light),
+        "12800 accesses per packet forward less than 1: {} vs {}",
+        pps(heavy),
+        pps(light)
+    );
+    assert!(
+        light["xdp_counters"]["redirected"]["packets"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "the work variant forwards in XDP: {light:#}"
+    );
+    let bounce = j["bounce"].as_array().expect("bounce steps");
+    let hook = |h: &str| {
+        bounce
+            .iter()
+            .find(|b| b["hook"] == h)
+            .unwrap_or_else(|| panic!("no {h} bounce step: {j:#}"))
+    };
+    let (skb, native) = (hook("skb"), hook("native"));
+    for b in [skb, native] {
+        let (g, n, r) = (
+            b["generated"].as_u64().unwrap(),
+            b["bounced"].as_u64().unwrap(),
+            b["returned"].as_u64().unwrap(),
+        );
+        assert!(n > 0 && n <= g, "bounced {n} of {g}: {b:#}");
+        assert!(r <= n, "more came back ({r}) than was bounced ({n})");
+    }
+    let rate = |b: &serde_json::Value| b["bounced_pps"].as_f64().unwrap();
+    assert!(
+        rate(native) >= 0.8 * rate(skb),
+        "native XDP_TX bounces at least about as much as generic: {} vs {}",
+        rate(native),
+        rate(skb)
+    );
+    assert_eq!(bounce_ns(), before, "bounce namespaces left behind");
+}

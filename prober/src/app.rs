@@ -137,11 +137,24 @@ fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode
         if !quiet {
             println!("{}", forward::table_header());
         }
-        forward::run(&p, &stop, |step| {
-            if !quiet {
-                println!("{}", forward::format_step(step));
-            }
-        })
+        let mut bounce_header = !quiet;
+        forward::run(
+            &p,
+            &stop,
+            |step| {
+                if !quiet {
+                    println!("{}", forward::format_step(step));
+                }
+            },
+            |b| {
+                if std::mem::take(&mut bounce_header) {
+                    println!("{}", crate::bench::bounce::table_header());
+                }
+                if !quiet {
+                    println!("{}", crate::bench::bounce::format_step(b));
+                }
+            },
+        )
     })?;
     print!("{}", forward::format_report(&report));
     if let Some(j) = &plan.json {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::bench::kinds::{BounceHook, ForwardMode, Generator, Sink};
 use crate::{
     ebpf::{XdpAction, XdpMode},
     export::plot::{FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency},
@@ -87,49 +88,21 @@ pub struct ProbeArgs {
     pub knobs: spec::KnobSpec,
 }
 
-/// One forwarding variant of `bench-forward`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ForwardModeArg {
-    /// Kernel IP forwarding, no XDP program.
-    Off,
-    /// rtprobe's router in generic (skb) XDP, redirecting.
-    Skb,
-    /// rtprobe's router in native (driver) XDP, redirecting.
-    Native,
-    /// rtprobe's router in generic XDP, passing every packet to the kernel.
-    SkbPass,
-    /// rtprobe's router in native XDP, passing every packet to the kernel.
-    NativePass,
-}
-
-/// How `bench-forward` makes its load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GeneratorArg {
-    /// Frames built in the kernel and redirected into the sender's veth (BPF_PROG_TEST_RUN live
-    /// frames, as xdp-trafficgen does): no socket or skb cost on the generating side.
-    Xdp,
-    /// UDP sendmmsg from sockets in the sender namespace.
-    Socket,
-}
-
-/// What takes the load at the receiver in `bench-forward`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SinkArg {
-    /// A native XDP program on the receiver's veth drops the load (probes pass): only the
-    /// router's cost is measured.
-    Xdp,
-    /// The receiver's stack takes the load (no socket: UDP drops it after the lookup).
-    Stack,
+/// A clap parser for a bench choice: the possible values show in --help,
+/// the value becomes the domain type.
+macro_rules! bench_choice {
+    ($ty:ty) => {{
+        use clap::builder::TypedValueParser as _;
+        clap::builder::PossibleValuesParser::new(<$ty>::NAMES)
+            .map(|s| s.parse::<$ty>().expect("a listed name parses"))
+    }};
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchForwardArgs {
     /// Forwarding variants to measure, in this order.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ForwardModeArg::Off, ForwardModeArg::Skb, ForwardModeArg::Native, ForwardModeArg::NativePass])]
-    pub modes: Vec<ForwardModeArg>,
+    #[arg(long, value_parser = bench_choice!(ForwardMode), value_delimiter = ',', default_values = ["off", "skb", "native", "native-pass"])]
+    pub modes: Vec<ForwardMode>,
 
     /// IP packet sizes in bytes (64..1500; 1500 fills the MTU).
     #[arg(long, value_delimiter = ',', default_values_t = [64, 512, 1500])]
@@ -144,17 +117,39 @@ pub struct BenchForwardArgs {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub step: std::time::Duration,
 
-    /// Load generator.
-    #[arg(long, value_enum, default_value_t = GeneratorArg::Xdp)]
-    pub generator: GeneratorArg,
+    /// Load generator: xdp = frames built in the kernel (BPF_PROG_TEST_RUN live frames, as
+    /// xdp-trafficgen does), socket = UDP sendmmsg.
+    #[arg(long, value_parser = bench_choice!(Generator), default_value = "xdp")]
+    pub generator: Generator,
 
     /// Generator threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
 
-    /// What takes the load at the receiver.
-    #[arg(long, value_enum, default_value_t = SinkArg::Xdp)]
-    pub sink: SinkArg,
+    /// What takes the load at the receiver: xdp = a native XDP program drops it (only the
+    /// router's cost is measured), stack = the receiver's stack.
+    #[arg(long, value_parser = bench_choice!(Sink), default_value = "xdp")]
+    pub sink: Sink,
+
+    /// Per-packet work: memory accesses per packet (1..12800) for a variant of the router that
+    /// does them before forwarding; each value adds a run of every skb/native mode with it.
+    #[arg(long, value_delimiter = ',')]
+    pub work: Vec<u32>,
+
+    /// Also measure the XDP thesis's baseline, a device that bounces every frame back (XDP_TX,
+    /// MACs swapped), with these hooks (skb, native), flat out, per queue count.
+    #[arg(long, value_parser = bench_choice!(BounceHook), value_delimiter = ',')]
+    pub bounce: Vec<BounceHook>,
+
+    /// RX/TX queue counts of the bounce device's veth (1..64), each with threaded NAPI.
+    #[arg(long, value_delimiter = ',', default_values_t = [1])]
+    pub queues: Vec<u32>,
+
+    /// Count IPC, branch misses and L1 data-cache misses of the router's (or bounce
+    /// device's) threads with `perf stat` during every flat-out step (skipped with a note
+    /// where perf or the hardware counters are missing).
+    #[arg(long)]
+    pub perf_stat: bool,
 
     /// Interval of the latency probe that runs during every step.
     #[arg(long, default_value = "1ms", value_parser = parse_duration)]

@@ -477,11 +477,77 @@ fn read8(b: &[u8; 16], at: usize) -> [u8; 8] {
     ]
 }
 
+/// Names and sizes of the bench's XDP programs (the `xdp-bench` object and
+/// the router's work variant), shared with `rtprobe bench-forward`.
+pub mod bench {
+    /// Load generator run by BPF_PROG_TEST_RUN with live frames.
+    pub const LOADGEN_PROGRAM: &str = "bench_loadgen";
+    /// Receiver-side drop of the load.
+    pub const SINK_PROGRAM: &str = "bench_sink";
+    /// The XDP thesis's baseline: MACs swapped, XDP_TX.
+    pub const BOUNCE_PROGRAM: &str = "bench_bounce";
+    /// The router with extra work per frame (in the router's object).
+    pub const ROUTER_WORK_PROGRAM: &str = "xdp_router_work";
+    /// Per-CPU array of one [`crate::Counter`]: what a bench program handled.
+    pub const COUNTERS_MAP: &str = "BENCH_COUNTERS";
+    pub const LOAD_IFINDEX_GLOBAL: &str = "LOAD_IFINDEX";
+    pub const LOAD_KEEP_GLOBAL: &str = "LOAD_KEEP";
+    pub const LOAD_HEADER_GLOBAL: &str = "LOAD_HEADER";
+    pub const SINK_PORT_GLOBAL: &str = "SINK_PORT";
+    pub const BOUNCE_WORK_GLOBAL: &str = "BOUNCE_WORK";
+    /// `u32` global of `xdp_router_work`.
+    pub const ROUTER_WORK_GLOBAL: &str = "WORK_ACCESSES";
+    /// Most memory accesses per packet the programs do (the thesis's range
+    /// is 1..12800).
+    pub const MAX_WORK_ACCESSES: u32 = 12_800;
+
+    /// Frame bytes the generator restores on every run: Ethernet, IPv4 and
+    /// UDP headers.
+    pub const HEADER_LEN: usize = 42;
+    /// `LOAD_HEADER` as u64 words (the last holds bytes 40..42).
+    pub const HEADER_WORDS: usize = 6;
+
+    /// Packs the first [`HEADER_LEN`] bytes of a frame into the words the
+    /// generator writes back: bytes 0..40 as five little-endian words (the
+    /// eBPF target is little-endian), bytes 40..42 in the low half of the
+    /// sixth. Pure.
+    pub fn pack_header(frame: &[u8; HEADER_LEN]) -> [u64; HEADER_WORDS] {
+        let mut w = [0u64; HEADER_WORDS];
+        let mut i = 0;
+        while i < HEADER_WORDS - 1 {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&frame[i * 8..i * 8 + 8]);
+            w[i] = u64::from_le_bytes(b);
+            i += 1;
+        }
+        w[HEADER_WORDS - 1] = u64::from(u16::from_le_bytes([frame[40], frame[41]]));
+        w
+    }
+}
+pub use bench::{HEADER_LEN as BENCH_HEADER_LEN, HEADER_WORDS as BENCH_HEADER_WORDS};
+
 #[cfg(test)]
 mod tests {
     extern crate std;
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn bench_header_packs_as_the_generator_writes_it() {
+        let mut f = [0u8; bench::HEADER_LEN];
+        for (i, b) in f.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let w = bench::pack_header(&f);
+        // Written back as little-endian stores, the words give the bytes again.
+        let mut back = [0u8; 48];
+        for (i, v) in w.iter().enumerate() {
+            back[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(&back[..40], &f[..40]);
+        assert_eq!(&back[40..42], &[40, 41]);
+        assert_eq!(&back[42..], &[0; 6], "only two bytes in the last word");
+    }
 
     /// A real header: 45 00 00 73 00 00 40 00 40 11 b8 61 c0 a8 00 01 c0 a8 00 c7
     /// (the classic Wikipedia example, checksum 0xb861).

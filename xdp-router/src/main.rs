@@ -17,14 +17,17 @@
 //! read-only global data set at load time (5.2). Minimum kernel: 5.4.
 //!
 //! The same object holds the in-kernel reflector, `xdp_reflector` (see
-//! `reflector.rs`); rtprobe loads one or the other.
+//! `reflector.rs`); rtprobe loads one or the other. `xdp_router_work`
+//! (`work.rs`) is the router with extra work per frame, for the bench.
 //!
 //! The program only builds for `bpfel-unknown-none` (see `cargo xtask
 //! build-ebpf`); on the host it type-checks and its `main` says so.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod busy;
 mod reflector;
+mod work;
 
 use core::mem;
 

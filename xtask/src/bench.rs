@@ -77,6 +77,8 @@ pub enum Section {
     Forward,
     /// RSS of a `--forever` run after a day's worth of 1 ms probes at a high rate.
     Continuous,
+    /// The XDP thesis's other axes: per-packet work, queues, XDP_TX bounce, perf counters.
+    Thesis,
 }
 
 /// One line of the final table.
@@ -1026,6 +1028,112 @@ fn forward_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// The XDP thesis's other axes (STUDY.md §3) in one bench-forward run:
+/// the router's work variant at growing memory accesses per packet, and the
+/// XDP_TX bounce device in generic and native XDP at 1..8 queues, with
+/// `perf stat` where the machine counts. Rows state relations measured
+/// side by side, not absolute targets.
+fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
+    let json = ctx.out.join("thesis.json");
+    let (work, queues, step) = if quick {
+        ("1,12800", "1,2", "2s")
+    } else {
+        ("1,10,100,1000,12800", "1,2,4,8", "3s")
+    };
+    let mut c = Command::new(&ctx.bin);
+    c.args([
+        "bench-forward",
+        "--quiet",
+        "--modes",
+        "skb,native",
+        "--work",
+        work,
+        "--sizes",
+        "64",
+        "--load",
+        "100",
+        "--bounce",
+        "skb,native",
+        "--queues",
+        queues,
+        "--perf-stat",
+        "--step",
+        step,
+        "--json",
+    ])
+    .arg(&json);
+    if let Some(p) = ctx.rt_priority {
+        c.args(["--rt-priority", &p.min(98).to_string()]);
+    }
+    let text = output_text(c, "rtprobe bench-forward (thesis axes)")?;
+    std::fs::write(ctx.out.join("thesis.txt"), &text)?;
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    let steps = j["steps"].as_array().cloned().unwrap_or_default();
+    let pps = |mode: &str, work: Option<u64>| {
+        steps
+            .iter()
+            .find(|s| s["mode"] == mode && s["work"].as_u64() == work)
+            .and_then(|s| s["forwarded_pps"].as_f64())
+    };
+    let mut rows = Vec::new();
+    for mode in ["skb", "native"] {
+        let Some(plain) = pps(mode, None) else {
+            continue;
+        };
+        for w in work.split(',').filter_map(|w| w.parse::<u64>().ok()) {
+            if let Some(p) = pps(mode, Some(w)) {
+                rows.push(row(
+                    &format!("XDP {mode}, {w} memory accesses/packet"),
+                    format!("{p:.0}/s"),
+                    format!(
+                        "router without the work {plain:.0}/s ({:.2}x)",
+                        p / plain.max(1.0)
+                    ),
+                    "-",
+                    None,
+                ));
+            }
+        }
+    }
+    let bounce = j["bounce"].as_array().cloned().unwrap_or_default();
+    for hook in ["skb", "native"] {
+        let per_q: Vec<String> = bounce
+            .iter()
+            .filter(|b| b["hook"] == hook)
+            .map(|b| {
+                format!(
+                    "{}q {:.0}/s",
+                    b["queues"],
+                    b["bounced_pps"].as_f64().unwrap_or(0.0)
+                )
+            })
+            .collect();
+        if !per_q.is_empty() {
+            rows.push(row(
+                &format!("XDP_TX bounce, {hook}"),
+                per_q.join(", "),
+                "-".into(),
+                "-",
+                None,
+            ));
+        }
+    }
+    rows.push(row(
+        "perf stat (IPC, branch, L1 misses)",
+        match j["perf_note"].as_str() {
+            None => "counted: see thesis.txt".into(),
+            Some(n) if n.contains("no hardware event") => {
+                "unknown: no hardware counters on this machine (thesis.txt)".into()
+            }
+            Some(n) => n.to_string(),
+        },
+        "-".into(),
+        "-",
+        None,
+    ));
+    Ok(rows)
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -1095,6 +1203,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         (Section::Memory, "memory", memory_rows),
         (Section::Forward, "XDP forwarding", forward_rows),
         (Section::Continuous, "continuous probing", continuous_rows),
+        (Section::Thesis, "XDP thesis axes", thesis_rows),
     ];
     for (_, name, f) in sections
         .into_iter()

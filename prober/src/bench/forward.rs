@@ -32,12 +32,16 @@ use serde::Serialize;
 use super::{
     cpu::{self, CoreUse},
     frame::{self, FrameSpec},
+    kinds::{BounceHook, ForwardMode, Generator, Sink},
     links::{self, LinkCounters},
     loadgen::{self, LiveTarget, Offered, SocketGen},
+    perf::{self, PerfFigures},
+    xdp::{BenchProgram, Hook},
 };
 use crate::{
-    cli::{BenchForwardArgs, ForwardModeArg, GeneratorArg, SinkArg},
+    cli::BenchForwardArgs,
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
+    probe::TimestampSource as TimestampArg,
     export::{CsvWriter, RunMeta},
     probe::TimestampSource as TimestampArg,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
@@ -50,17 +54,30 @@ use crate::{
 const SINK_PORT: u16 = 9;
 const PROBE_PORT: u16 = 5061;
 
+/// One run of the router hop: a mode, and for the router's work variant
+/// the memory accesses per packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    pub mode: ForwardMode,
+    pub work: Option<u32>,
+}
+
 /// Validated `bench-forward` options.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub modes: Vec<ForwardModeArg>,
+    pub modes: Vec<ForwardMode>,
+    /// The modes, then each skb/native mode once per `--work` value.
+    pub variants: Vec<Variant>,
+    pub bounce: Vec<BounceHook>,
+    pub queues: Vec<u32>,
+    pub perf_stat: bool,
     pub sizes: Vec<usize>,
     /// Percent of full speed, ascending, without duplicates.
     pub loads: Vec<u32>,
     pub step: Duration,
-    pub generator: GeneratorArg,
+    pub generator: Generator,
     pub threads: usize,
-    pub sink: SinkArg,
+    pub sink: Sink,
     pub probe_interval: Duration,
     pub threaded_napi: bool,
     pub rt_priority: Option<u8>,
@@ -119,8 +136,48 @@ impl Plan {
                 modes.push(*m);
             }
         }
+        let max = xdp_common::bench::MAX_WORK_ACCESSES;
+        if let Some(w) = a.work.iter().find(|&&w| w == 0 || w > max) {
+            bail!("--work {w} is out of range: use 1..{max} memory accesses per packet");
+        }
+        if !a.work.is_empty() && !modes.iter().any(|m| m.redirects_in_xdp()) {
+            bail!("--work applies to the skb and native modes: add one of them to --modes");
+        }
+        if let Some(q) = a.queues.iter().find(|&&q| q == 0 || q > 64) {
+            bail!("--queues {q} is out of range: use 1..64");
+        }
+        if a.queues.is_empty() {
+            bail!("--queues is empty: give e.g. 1,2,4,8");
+        }
+        let mut variants: Vec<Variant> = modes
+            .iter()
+            .map(|&mode| Variant { mode, work: None })
+            .collect();
+        for &w in &a.work {
+            for &mode in modes.iter().filter(|m| m.redirects_in_xdp()) {
+                let v = Variant {
+                    mode,
+                    work: Some(w),
+                };
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
+            }
+        }
+        let mut bounce = Vec::new();
+        for h in &a.bounce {
+            if !bounce.contains(h) {
+                bounce.push(*h);
+            }
+        }
+        let mut queues = a.queues.clone();
+        queues.dedup();
         Ok(Self {
             modes,
+            variants,
+            bounce,
+            queues,
+            perf_stat: a.perf_stat,
             sizes: a.sizes.clone(),
             loads,
             step: a.step,
@@ -211,9 +268,11 @@ impl ProbeFigures {
 /// One measured step.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepResult {
-    pub mode: ForwardModeArg,
+    pub mode: ForwardMode,
+    /// Memory accesses per packet of the router's work variant (None: the router itself).
+    pub work: Option<u32>,
     pub xdp_mode_attached: String,
-    pub generator: GeneratorArg,
+    pub generator: Generator,
     pub size: usize,
     pub load_pct: u32,
     pub offered_pps: Option<f64>,
@@ -237,6 +296,8 @@ pub struct StepResult {
     /// Interface counters during the step, for finding where drops happened.
     pub router_in_rx_dropped: u64,
     pub limit: Limit,
+    /// `perf stat` of the router's threads (flat-out steps with --perf-stat).
+    pub perf: Option<PerfFigures>,
 }
 
 /// Everything `bench-forward` measured, with the machine it ran on.
@@ -245,10 +306,14 @@ pub struct ForwardReport {
     pub machine: Machine,
     /// Ids of the testbeds built (one per mode); all removed at the end.
     pub testbed_ids: Vec<String>,
-    pub sink: SinkArg,
+    pub sink: Sink,
     pub threaded_napi: bool,
     pub rt_priority: Option<u8>,
     pub steps: Vec<StepResult>,
+    /// The bounce device's steps (--bounce), per hook and queue count.
+    pub bounce: Vec<super::bounce::BounceStep>,
+    /// Why the perf figures are missing, when they are.
+    pub perf_note: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -288,23 +353,31 @@ impl Machine {
     }
 }
 
-fn xdp_of(m: ForwardModeArg) -> (XdpModeArg, XdpActionArg) {
+fn xdp_of(m: ForwardMode) -> (XdpModeArg, XdpActionArg) {
     match m {
-        ForwardModeArg::Off => (XdpModeArg::Off, XdpActionArg::Redirect),
-        ForwardModeArg::Skb => (XdpModeArg::Skb, XdpActionArg::Redirect),
-        ForwardModeArg::Native => (XdpModeArg::Native, XdpActionArg::Redirect),
-        ForwardModeArg::SkbPass => (XdpModeArg::Skb, XdpActionArg::Pass),
-        ForwardModeArg::NativePass => (XdpModeArg::Native, XdpActionArg::Pass),
+        ForwardMode::Off => (XdpModeArg::Off, XdpActionArg::Redirect),
+        ForwardMode::Skb => (XdpModeArg::Skb, XdpActionArg::Redirect),
+        ForwardMode::Native => (XdpModeArg::Native, XdpActionArg::Redirect),
+        ForwardMode::SkbPass => (XdpModeArg::Skb, XdpActionArg::Pass),
+        ForwardMode::NativePass => (XdpModeArg::Native, XdpActionArg::Pass),
     }
 }
 
-pub fn mode_label(m: ForwardModeArg) -> &'static str {
+/// The label of a variant: the mode's, with `+wN` for the work variant.
+pub fn variant_label(mode: ForwardMode, work: Option<u32>) -> String {
+    match work {
+        Some(w) => format!("{}+w{w}", mode_label(mode)),
+        None => mode_label(mode).to_string(),
+    }
+}
+
+pub fn mode_label(m: ForwardMode) -> &'static str {
     match m {
-        ForwardModeArg::Off => "kernel",
-        ForwardModeArg::Skb => "xdp-skb",
-        ForwardModeArg::Native => "xdp-native",
-        ForwardModeArg::SkbPass => "xdp-skb-pass",
-        ForwardModeArg::NativePass => "xdp-native-pass",
+        ForwardMode::Off => "kernel",
+        ForwardMode::Skb => "xdp-skb",
+        ForwardMode::Native => "xdp-native",
+        ForwardMode::SkbPass => "xdp-skb-pass",
+        ForwardMode::NativePass => "xdp-native-pass",
     }
 }
 
@@ -337,6 +410,8 @@ struct Snapshot {
 struct ModeBed {
     /// Dropped first: detaches from an interface that still exists.
     _sink: Option<super::sink::Sink>,
+    /// The router's work variant, attached instead of the router.
+    work: Option<(BenchProgram, u32)>,
     tb: Testbed,
     xdp: crate::ebpf::XdpSetup,
     /// The router's NAPI kernel threads (threaded NAPI only).
@@ -356,7 +431,10 @@ impl ModeBed {
         Ok(Snapshot {
             router_in: links::link_state(router, &rin.name)?.0,
             receiver: links::link_state(&self.tb.receiver, &self.tb.receiver_if.name)?.0,
-            xdp: self.xdp.counters()?,
+            xdp: match &self.work {
+                Some((prog, _)) => prog.router_counters()?,
+                None => self.xdp.counters()?,
+            },
             router_cpu_secs: self
                 .napi_tids
                 .iter()
@@ -433,7 +511,7 @@ fn run_load(
                 }
                 let cpu0 = cpu::thread_cpu_secs();
                 let r = match plan.generator {
-                    GeneratorArg::Xdp => {
+                    Generator::Xdp => {
                         loadgen::run_live(ifindex, frame_bytes, live_target, duration, halt, || {
                             Ok(ingress_total(&links::link_state(router, rin)?.0))
                         })
@@ -441,7 +519,7 @@ fn run_load(
                             count.fetch_add(runs, Ordering::Relaxed);
                         })
                     }
-                    GeneratorArg::Socket => {
+                    Generator::Socket => {
                         let payload = ip_size - frame::IP_LEN - frame::UDP_LEN;
                         SocketGen::new(dst, payload, 64).and_then(|mut g| {
                             loadgen::pace_load(per_thread, duration, 64, halt, count, |n| g.send(n))
@@ -543,7 +621,7 @@ fn run_probe(
 fn run_step(
     bed: &ModeBed,
     plan: &Plan,
-    mode: ForwardModeArg,
+    variant: Variant,
     ip_size: usize,
     load_pct: u32,
     full: Option<FullSpeed>,
@@ -564,9 +642,15 @@ fn run_step(
     };
     let before = bed.snapshot()?;
     let cpu_before = cpu::sample()?;
-    let csv_name = format!("{}-{ip_size}B-{load_pct}pct.csv", mode_label(mode));
-    let (probe, (load, cpu_after)) = std::thread::scope(|s| {
+    let mode = variant.mode;
+    let label = variant_label(mode, variant.work);
+    let csv_name = format!("{label}-{ip_size}B-{load_pct}pct.csv");
+    let count_perf = plan.perf_stat && load_pct >= 100;
+    let (probe, (load, cpu_after), perf) = std::thread::scope(|s| {
         let probe = s.spawn(|| run_probe(&bed.tb, plan, plan.step, &csv_name, stop));
+        // Counting stops a little before the load so that it covers load only.
+        let perf =
+            count_perf.then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
         let load = (|| -> Result<(LoadRun, Vec<cpu::CpuTimes>)> {
             let load = if load_pct == 0 {
                 std::thread::sleep(plan.step);
@@ -583,7 +667,14 @@ fn run_step(
         let probe = probe
             .join()
             .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?;
-        anyhow::Ok((probe, load?))
+        let perf = match perf {
+            Some(h) => Some(
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("the perf thread panicked"))??,
+            ),
+            None => None,
+        };
+        anyhow::Ok((probe, load?, perf))
     })?;
     let probe = probe.context("the probe session during the step")?;
     // Let what is still in the rings arrive before reading the counters.
@@ -597,13 +688,12 @@ fn run_step(
     let generated = match plan.generator {
         // Everything the XDP generator kept arrived at, or was dropped at,
         // the router's ingress ring.
-        GeneratorArg::Xdp if load_pct > 0 => ingress_total(&rin).saturating_sub(probe_pkts),
+        Generator::Xdp if load_pct > 0 => ingress_total(&rin).saturating_sub(probe_pkts),
         _ => load.counted,
     };
     let xdp_counters = counters_delta(&before.xdp, &after.xdp);
     log::debug!(
-        "{} {ip_size} B {load_pct} %: generator counted {}, router in {rin:?}, receiver {rx:?}, xdp {xdp_counters:?}",
-        mode_label(mode),
+        "{label} {ip_size} B {load_pct} %: generator counted {}, router in {rin:?}, receiver {rx:?}, xdp {xdp_counters:?}",
         load.counted
     );
     let forwarded = rx
@@ -613,7 +703,12 @@ fn run_step(
     let secs = load.secs;
     Ok(StepResult {
         mode,
-        xdp_mode_attached: bed.xdp.attached_mode_name(),
+        work: variant.work,
+        xdp_mode_attached: match &bed.work {
+            Some((_, _)) if mode == ForwardMode::Skb => "skb".into(),
+            Some((_, _)) => "native".into(),
+            None => bed.xdp.attached_mode_name(),
+        },
         generator: plan.generator,
         size: ip_size,
         load_pct,
@@ -637,11 +732,13 @@ fn run_step(
         xdp_counters,
         router_in_rx_dropped: rin.rx_dropped,
         limit: classify(load_pct, generated, forwarded),
+        perf,
     })
 }
 
 /// Builds the testbed for one mode and prepares the receive paths.
-fn testbed_for(mode: ForwardModeArg, plan: &Plan) -> Result<ModeBed> {
+fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
+    let mode = variant.mode;
     let tb = Testbed::veth()?;
     let router = tb
         .router
@@ -672,10 +769,16 @@ fn testbed_for(mode: ForwardModeArg, plan: &Plan) -> Result<ModeBed> {
         }
     }
     let (m, a) = xdp_of(mode);
-    let xdp = crate::ebpf::attach_for_testbed(&tb, m, a)?;
+    let (xdp, work) = match variant.work {
+        None => (crate::ebpf::attach_for_testbed(&tb, m, a)?, None),
+        Some(n) => (
+            crate::ebpf::attach_for_testbed(&tb, XdpModeArg::Off, a)?,
+            Some((attach_work_router(&tb, mode, n)?, n)),
+        ),
+    };
     let sink = match plan.sink {
-        SinkArg::Stack => None,
-        SinkArg::Xdp => {
+        Sink::Stack => None,
+        Sink::Xdp => {
             // Probes cross a native XDP program now: local UDP must leave
             // with a full checksum (the testbed goes away with the mode).
             let snd = tb.sender_if.name.clone();
@@ -693,12 +796,47 @@ fn testbed_for(mode: ForwardModeArg, plan: &Plan) -> Result<ModeBed> {
     let sender_mac = links::link_state(&tb.sender, &tb.sender_if.name)?.1;
     Ok(ModeBed {
         _sink: sink,
+        work,
         tb,
         xdp,
         napi_tids,
         router_mac,
         sender_mac,
     })
+}
+
+/// Attaches the router's work variant (`n` memory accesses per packet) to
+/// both router interfaces, where `attach_for_testbed` puts the router, and
+/// prepares the end veths as `attach_for_testbed` does for native mode:
+/// GRO on (frames redirected into a veth need NAPI on its peer) and TX
+/// checksum offload off (local UDP through native XDP needs full
+/// checksums). The testbed goes away with the variant, so nothing is put back.
+fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchProgram> {
+    let router = tb
+        .router
+        .as_ref()
+        .context("the veth testbed has a router")?;
+    let rin = &tb.router_in.as_ref().context("router ingress")?.name;
+    let rout = &tb.router_out.as_ref().context("router egress")?.name;
+    let hook = if mode == ForwardMode::Skb {
+        Hook::Skb
+    } else {
+        Hook::Native
+    };
+    for (ns, ifname) in [
+        (&tb.sender, &tb.sender_if.name),
+        (&tb.receiver, &tb.receiver_if.name),
+    ] {
+        links::set_gro(ns, ifname, true)?;
+        ns.run(|| crate::testbed::ethtool::set_tx_csum(ifname, false))
+            .with_context(|| format!("TX checksum offload off on {ifname} (for native XDP)"))?;
+    }
+    let mut prog = BenchProgram::router_work(n)?;
+    for ifname in [rin, rout] {
+        prog.add_egress(router, ifname)?;
+        prog.attach(router, ifname, hook)?;
+    }
+    Ok(prog)
 }
 
 fn check_stop(stop: &AtomicU8) -> Result<()> {
@@ -713,21 +851,26 @@ pub fn run(
     plan: &Plan,
     stop: &AtomicU8,
     mut progress: impl FnMut(&StepResult),
+    mut bounce_progress: impl FnMut(&super::bounce::BounceStep),
 ) -> Result<ForwardReport> {
     crate::testbed::require_root()?;
     let machine = Machine::describe();
     let mut steps = Vec::new();
     let mut testbed_ids = Vec::new();
-    for &mode in &plan.modes {
+    for &variant in &plan.variants {
         check_stop(stop)?;
-        let bed = testbed_for(mode, plan)
-            .with_context(|| format!("preparing the testbed for {}", mode_label(mode)))?;
+        let bed = testbed_for(variant, plan).with_context(|| {
+            format!(
+                "preparing the testbed for {}",
+                variant_label(variant.mode, variant.work)
+            )
+        })?;
         testbed_ids.push(bed.tb.id.clone());
         // Resolve neighbours on every hop before any load.
         run_probe(&bed.tb, plan, Duration::from_millis(50), "prime.csv", stop)?;
         for &size in &plan.sizes {
             // Flat out first: it calibrates the paced steps.
-            let flat_out = run_step(&bed, plan, mode, size, 100, None, stop)?;
+            let flat_out = run_step(&bed, plan, variant, size, 100, None, stop)?;
             let full = FullSpeed {
                 generator_pps: flat_out.generator_runs_pps,
                 forwarded_pps: flat_out.forwarded_pps,
@@ -735,7 +878,7 @@ pub fn run(
             let mut results = Vec::new();
             for &load in plan.loads.iter().filter(|&&l| l < 100) {
                 check_stop(stop)?;
-                let r = run_step(&bed, plan, mode, size, load, Some(full), stop)?;
+                let r = run_step(&bed, plan, variant, size, load, Some(full), stop)?;
                 progress(&r);
                 results.push(r);
             }
@@ -745,14 +888,26 @@ pub fn run(
             }
             steps.extend(results);
         }
-        let ModeBed { _sink, tb, xdp, .. } = bed;
+        let ModeBed {
+            _sink,
+            work,
+            tb,
+            xdp,
+            ..
+        } = bed;
         drop(_sink);
+        drop(work);
         xdp.detach().context("detach the XDP router")?;
         tb.teardown()?;
+    }
+    let mut bounce = Vec::new();
+    if !plan.bounce.is_empty() {
+        bounce = super::bounce::run(plan, stop, &mut bounce_progress)?;
     }
     if stop.load(Ordering::SeqCst) >= STOP_NOW {
         bail!("interrupted");
     }
+    let perf_note = plan.perf_stat.then(|| perf_note(&steps, &bounce)).flatten();
     Ok(ForwardReport {
         machine,
         testbed_ids,
@@ -760,7 +915,31 @@ pub fn run(
         threaded_napi: plan.threaded_napi,
         rt_priority: plan.rt_priority,
         steps,
+        bounce,
+        perf_note,
     })
+}
+
+/// Why IPC and the miss rates are missing, if they are: perf is not
+/// there, or it counted no hardware event (a VM without a virtual PMU).
+fn perf_note(steps: &[StepResult], bounce: &[super::bounce::BounceStep]) -> Option<String> {
+    if let Err(why) = perf::available() {
+        return Some(format!("perf stat skipped: {why}"));
+    }
+    let counted: Vec<&PerfFigures> = steps
+        .iter()
+        .filter_map(|s| s.perf.as_ref())
+        .chain(bounce.iter().filter_map(|b| b.perf.as_ref()))
+        .collect();
+    if !counted.is_empty() && counted.iter().all(|p| !p.has_hardware_counters()) {
+        return Some(
+            "perf stat ran, but this machine counts no hardware event (cycles, instructions, \
+             branches, L1 misses show <not supported>: no PMU in this VM), so IPC and the \
+             miss rates are unknown; only task-clock was counted"
+                .into(),
+        );
+    }
+    None
 }
 
 fn us(ns: Option<u64>) -> String {
@@ -776,7 +955,7 @@ pub fn format_step(r: &StepResult) -> String {
         .collect();
     format!(
         "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7.1}{:>6.0}{:>6}  {:<16}{:>9}{:>9}{:>10}  {}",
-        mode_label(r.mode),
+        variant_label(r.mode, r.work),
         r.size,
         format!("{}%", r.load_pct),
         r.offered_pps.map_or("max".into(), |p| format!("{p:.0}")),
@@ -831,8 +1010,8 @@ pub fn format_report(r: &ForwardReport) -> String {
             None => "normal scheduling".into(),
         },
         match r.sink {
-            SinkArg::Xdp => "XDP drop at the receiver",
-            SinkArg::Stack => "the receiver's stack",
+            Sink::Xdp => "XDP drop at the receiver",
+            Sink::Stack => "the receiver's stack",
         }
     );
     let _ = writeln!(o, "{}", table_header());
@@ -840,13 +1019,13 @@ pub fn format_report(r: &ForwardReport) -> String {
         let _ = writeln!(o, "{}", format_step(s));
     }
     // Full-speed forwarding relative to the kernel, per size.
-    let mut best: BTreeMap<(usize, &str), f64> = BTreeMap::new();
+    let mut best: BTreeMap<(usize, String), f64> = BTreeMap::new();
     for s in r.steps.iter().filter(|s| s.load_pct >= 100) {
-        best.insert((s.size, mode_label(s.mode)), s.forwarded_pps);
+        best.insert((s.size, variant_label(s.mode, s.work)), s.forwarded_pps);
     }
     for ((size, label), pps) in &best {
-        if let Some(k) = best.get(&(*size, "kernel"))
-            && *label != "kernel"
+        if let Some(k) = best.get(&(*size, "kernel".to_string()))
+            && label != "kernel"
             && *k > 0.0
         {
             let _ = writeln!(
@@ -863,7 +1042,47 @@ pub fn format_report(r: &ForwardReport) -> String {
          1way: the probe's one-way delay across the hop in µs (kernel timestamps; RTTs are in the JSON);\n  \
          limit: router = the hop dropped > {ROUTER_LIMIT_DROP_PCT} % of what it was offered, generator = flat out and nothing dropped"
     );
+    if r.steps.iter().any(|s| s.work.is_some()) {
+        let _ = writeln!(
+            o,
+            "  +wN: the router's work variant, N memory accesses per packet before forwarding"
+        );
+    }
+    let perf_rows: Vec<&StepResult> = r.steps.iter().filter(|s| s.perf.is_some()).collect();
+    if !perf_rows.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nperf stat of the router's NAPI threads, flat-out steps:\n{:<22}{:>5}{:>11}{:>9}{:>7}{:>10}{:>9}",
+            "mode", "size", "fwd/s", "cpu ms", "IPC", "br-miss%", "L1-miss%"
+        );
+        for s in perf_rows {
+            let p = s.perf.as_ref().expect("filtered");
+            let _ = writeln!(
+                o,
+                "{:<22}{:>5}{:>11.0}{:>9}{:>7}{:>10}{:>9}",
+                variant_label(s.mode, s.work),
+                s.size,
+                s.forwarded_pps,
+                opt(p.task_clock_ms, 0),
+                opt(p.ipc(), 2),
+                opt(p.branch_miss_pct(), 2),
+                opt(p.l1d_miss_pct(), 2),
+            );
+        }
+    }
+    if !r.bounce.is_empty() {
+        o.push('\n');
+        o.push_str(&super::bounce::format_table(&r.bounce, r.machine.cpus));
+    }
+    if let Some(n) = &r.perf_note {
+        let _ = writeln!(o, "  {n}");
+    }
     o
+}
+
+/// A figure with `digits` decimals, or "-" when unknown.
+pub fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
 #[cfg(test)]
@@ -898,21 +1117,46 @@ mod tests {
         assert!(p.threaded_napi);
         let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
         assert_eq!(p.loads, vec![0, 50, 100]);
-        assert_eq!(p.modes, vec![ForwardModeArg::Native, ForwardModeArg::Off]);
+        assert_eq!(p.modes, vec![ForwardMode::Native, ForwardMode::Off]);
         assert!(plan(&["--sizes", "63"]).is_err());
         assert!(plan(&["--sizes", "1501"]).is_err());
         assert!(plan(&["--load", "150"]).is_err());
         assert!(plan(&["--step", "10ms"]).is_err());
         assert!(plan(&["--threads", "0"]).is_err());
         assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
+        // --work adds the work variant of each redirecting mode, after the modes.
+        let p = plan(&["--modes", "off,native,native-pass", "--work", "1,100"]).unwrap();
+        let v: Vec<(ForwardMode, Option<u32>)> =
+            p.variants.iter().map(|v| (v.mode, v.work)).collect();
+        assert_eq!(
+            v,
+            vec![
+                (ForwardMode::Off, None),
+                (ForwardMode::Native, None),
+                (ForwardMode::NativePass, None),
+                (ForwardMode::Native, Some(1)),
+                (ForwardMode::Native, Some(100)),
+            ]
+        );
+        assert!(plan(&["--work", "0"]).is_err());
+        assert!(plan(&["--work", "12801"]).is_err());
+        assert!(plan(&["--modes", "off", "--work", "10"]).is_err());
+        assert!(plan(&["--queues", "0"]).is_err());
+        assert!(plan(&["--queues", "65"]).is_err());
+        let p = plan(&["--bounce", "native,skb,native", "--queues", "1,2,4,8"]).unwrap();
+        assert_eq!(p.bounce, vec![BounceHook::Native, BounceHook::Skb]);
+        assert_eq!(p.queues, vec![1, 2, 4, 8]);
+        assert!(Cli::try_parse_from(["rtprobe", "bench-forward", "--bounce", "offload"]).is_err());
     }
 
     #[test]
     fn report_text_has_ratio_and_limits() {
         let step = |mode, pps: f64, limit| StepResult {
             mode,
+            work: None,
+            perf: None,
             xdp_mode_attached: "none".into(),
-            generator: GeneratorArg::Xdp,
+            generator: Generator::Xdp,
             size: 64,
             load_pct: 100,
             offered_pps: None,
@@ -943,7 +1187,7 @@ mod tests {
         };
         let r = ForwardReport {
             testbed_ids: vec!["abc123".into()],
-            sink: SinkArg::Xdp,
+            sink: Sink::Xdp,
             machine: Machine {
                 cpus: 2,
                 cpu_model: "Test CPU".into(),
@@ -952,9 +1196,11 @@ mod tests {
             },
             threaded_napi: true,
             rt_priority: None,
+            bounce: Vec::new(),
+            perf_note: None,
             steps: vec![
-                step(ForwardModeArg::Off, 400_000.0, Limit::Router),
-                step(ForwardModeArg::Native, 1_200_000.0, Limit::Generator),
+                step(ForwardMode::Off, 400_000.0, Limit::Router),
+                step(ForwardMode::Native, 1_200_000.0, Limit::Generator),
             ],
         };
         let t = format_report(&r);

@@ -3,16 +3,23 @@
 //!
 //! - `xdp`: the kernel's XDP live-frame mode of BPF_PROG_TEST_RUN
 //!   (BPF_F_TEST_XDP_LIVE_FRAMES, Linux >= 5.18), the mechanism
-//!   xdp-trafficgen uses. A four-instruction XDP program, assembled here,
-//!   returns `bpf_redirect(sender veth)`, so the kernel builds each frame
-//!   in a page pool and hands it straight to the veth's ndo_xdp_xmit: no
-//!   socket, no skb, millions of frames per second per core. (xdp-trafficgen
-//!   itself only makes IPv6 with hop limit 1, which no router forwards.)
+//!   xdp-trafficgen uses. The `bench_loadgen` program (Rust, in
+//!   `xdp-router/src/bench.rs`) returns `bpf_redirect(sender veth)`, so the
+//!   kernel builds each frame in a page pool and hands it straight to the
+//!   veth's ndo_xdp_xmit: no socket, no skb, millions of frames per second
+//!   per core. (xdp-trafficgen itself only makes IPv6 with hop limit 1,
+//!   which no router forwards.)
 //! - `socket`: plain UDP sendmmsg(2) (Linux >= 3.0), what a user-space
 //!   sender costs.
 //!
 //! Both pace themselves to an offered rate (or run flat out) and count
 //! what they handed to the kernel.
+//!
+//! Why the program thins the stream itself: every BPF_PROG_TEST_RUN call
+//! sets up and tears down a page pool, which waits for an RCU grace period
+//! (milliseconds on a busy VM), so the generator must make few, long calls;
+//! a lower offered rate is then a random subset of the full-speed stream,
+//! spread evenly over time.
 
 use std::{
     net::SocketAddrV4,
@@ -21,86 +28,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-use super::bpf::{self, BpfInsn, ins, op};
-
-/// Frames per BPF_PROG_TEST_RUN batch (the kernel's maximum is 256).
-const LIVE_BATCH: u32 = 64;
-
-/// Bytes of the frame the program writes back on every run: Ethernet, IPv4
-/// and UDP headers.
-pub const REWRITE_LEN: usize = 42;
-
-/// The program: keep a frame with probability `keep_u32 / 2^32` (else
-/// XDP_DROP, which recycles it at once), restore the first [`REWRITE_LEN`]
-/// bytes of the frame, then `return bpf_redirect(ifindex, 0);`.
-///
-/// Why thin inside the program: every BPF_PROG_TEST_RUN call sets up and
-/// tears down a page pool, which waits for an RCU grace period (milliseconds
-/// on a busy VM), so the generator must make few, long calls; a lower
-/// offered rate is then a random subset of the full-speed stream, spread
-/// evenly over time.
-///
-/// Why restore: live frames live in a page pool that is recycled, and the
-/// kernel copies the frame into a page only when the page is first set up.
-/// A forwarded frame comes back into the pool with the router's rewrites
-/// (MAC addresses, TTL, checksum), and without this the next run would
-/// send that rewritten header, which the router's ingress drops as
-/// "other host".
-fn blast_program(ifindex: u32, header: &[u8; REWRITE_LEN], keep_u32: Option<u32>) -> Vec<BpfInsn> {
-    let mut p = Vec::new();
-    let mut jumps_to_drop = Vec::new();
-    if let Some(keep) = keep_u32 {
-        // r6 = ctx (calls clobber r1-r5); drop if prandom() > keep
-        p.push(ins(op::MOV64_REG, 6, 1, 0, 0));
-        p.push(ins(op::CALL, 0, 0, 0, bpf::FUNC_GET_PRANDOM_U32));
-        jumps_to_drop.push(p.len());
-        p.push(ins(op::JGT32_IMM, 0, 0, 0, keep as i32));
-        p.push(ins(op::MOV64_REG, 1, 6, 0, 0));
-    }
-    p.extend([
-        // r2 = xdp_md->data, r3 = xdp_md->data_end
-        ins(op::LDX_W, 2, 1, 0, 0),
-        ins(op::LDX_W, 3, 1, 4, 0),
-        // if r2 + REWRITE_LEN > r3: drop (the verifier's bounds check)
-        ins(op::MOV64_REG, 4, 2, 0, 0),
-        ins(op::ADD64_IMM, 4, 0, 0, REWRITE_LEN as i32),
-    ]);
-    jumps_to_drop.push(p.len());
-    p.push(ins(op::JGT_REG, 4, 3, 0, 0));
-    for off in (0..REWRITE_LEN - 2).step_by(8) {
-        let v = u64::from_le_bytes(header[off..off + 8].try_into().expect("8 bytes"));
-        p.push(ins(op::LD_IMM64, 5, 0, 0, v as u32 as i32));
-        p.push(ins(0, 0, 0, 0, (v >> 32) as u32 as i32));
-        p.push(ins(op::STX_DW, 2, 5, off as i16, 0));
-    }
-    let tail = u16::from_le_bytes([header[REWRITE_LEN - 2], header[REWRITE_LEN - 1]]);
-    p.push(ins(
-        op::ST_H,
-        2,
-        0,
-        (REWRITE_LEN - 2) as i16,
-        i32::from(tail),
-    ));
-    p.push(ins(op::MOV64_IMM, 1, 0, 0, ifindex as i32));
-    p.push(ins(op::MOV64_IMM, 2, 0, 0, 0));
-    p.push(ins(op::CALL, 0, 0, 0, bpf::FUNC_REDIRECT));
-    p.push(ins(op::EXIT, 0, 0, 0, 0));
-    let drop_at = p.len();
-    // XDP_DROP = 1
-    p.push(ins(op::MOV64_IMM, 0, 0, 0, 1));
-    p.push(ins(op::EXIT, 0, 0, 0, 0));
-    for j in jumps_to_drop {
-        p[j].off = (drop_at - j - 1) as i16;
-    }
-    p
-}
+use super::xdp::BenchProgram;
 
 /// A loaded live-frame generator for one egress interface. Create it and
 /// run it on a thread inside the egress interface's namespace.
 pub struct XdpLiveGen {
-    prog: OwnedFd,
+    prog: BenchProgram,
     frame: Vec<u8>,
 }
 
@@ -108,13 +43,7 @@ impl XdpLiveGen {
     /// Loads the program that redirects to `ifindex` (in the calling
     /// thread's namespace) a random `keep` share (0..=1) of the frames.
     pub fn load(ifindex: u32, frame: Vec<u8>, keep: f64) -> Result<Self> {
-        if frame.len() < REWRITE_LEN {
-            bail!("a load frame needs at least {REWRITE_LEN} bytes");
-        }
-        let header: [u8; REWRITE_LEN] = frame[..REWRITE_LEN].try_into().expect("checked length");
-        let keep_u32 = (keep < 1.0).then(|| (keep.max(0.0) * f64::from(u32::MAX)) as u32);
-        let insns = blast_program(ifindex, &header, keep_u32);
-        let prog = bpf::load_xdp("rtprobe_blast", &insns)
+        let prog = BenchProgram::loadgen(ifindex, &frame, keep)
             .context("loading the XDP load-generator program")?;
         Ok(Self { prog, frame })
     }
@@ -123,17 +52,18 @@ impl XdpLiveGen {
     /// redirected to the egress veth). Returns `n`, or 0 if a signal
     /// interrupted the call.
     pub fn inject(&self, n: u32) -> Result<u32> {
-        match bpf::test_run_live(&self.prog, &self.frame, n, LIVE_BATCH) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(0),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => bail!(
-                "BPF_PROG_TEST_RUN refused live frames ({e}): the xdp generator needs Linux >= 5.18; use --generator socket"
-            ),
-            Err(e) => return Err(e).context("BPF_PROG_TEST_RUN (XDP live frames)"),
-        }
         // Live mode reports no return value; whether the frames went out
         // shows in the interface counters.
-        Ok(n)
+        Ok(if self.prog.run_live(&self.frame, n)? {
+            n
+        } else {
+            0
+        })
+    }
+
+    /// Frames the program redirected so far (its own count).
+    pub fn sent(&self) -> Result<u64> {
+        self.prog.handled()
     }
 }
 
@@ -319,42 +249,6 @@ impl SocketGen {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn program_encoding() {
-        let mut h = [0u8; REWRITE_LEN];
-        for (i, b) in h.iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let p = blast_program(7, &h, None);
-        // Bounds check jumps to the drop exit at the end.
-        let j = p.iter().position(|i| i.code == 0x2d).unwrap();
-        assert_eq!(j + 1 + p[j].off as usize, p.len() - 2);
-        assert_eq!((p[p.len() - 2].code, p[p.len() - 2].imm), (0xb7, 1));
-        // First 8 header bytes as one little-endian 64-bit immediate.
-        let ld = p.iter().position(|i| i.code == 0x18).unwrap();
-        let v = (p[ld].imm as u32 as u64) | ((p[ld + 1].imm as u32 as u64) << 32);
-        assert_eq!(v.to_le_bytes(), [0, 1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(p[ld + 2].regs, 2 | (5 << 4));
-        // The last two bytes by a 16-bit store at offset 40.
-        let st = p.iter().position(|i| i.code == 0x6a).unwrap();
-        assert_eq!(
-            (p[st].off, p[st].imm),
-            (40, i32::from(u16::from_le_bytes([40, 41])))
-        );
-        // Then redirect(7, 0).
-        assert_eq!(
-            (p[st + 1].code, p[st + 1].regs, p[st + 1].imm),
-            (0xb7, 1, 7)
-        );
-        assert_eq!((p[st + 3].code, p[st + 3].imm), (0x85, 23));
-        // Thinning: prandom first, and its jump also lands on the drop exit.
-        let t = blast_program(7, &h, Some(u32::MAX / 4));
-        assert_eq!((t[1].code, t[1].imm), (0x85, 7));
-        assert_eq!((t[2].code, t[2].imm as u32), (0x26, u32::MAX / 4));
-        assert_eq!(2 + 1 + t[2].off as usize, t.len() - 2);
-        assert_eq!(t.len(), p.len() + 4);
-    }
 
     #[test]
     fn offered_rate_schedule() {

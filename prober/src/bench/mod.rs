@@ -3,11 +3,14 @@
 //! each XDP mode, with probe latency under the rising load) and the hidden
 //! `rtprobe testbed` that keeps a testbed up for other tools.
 
-pub mod bpf;
+pub mod bounce;
 pub mod cpu;
 pub mod forward;
 pub mod frame;
 pub mod hold;
+pub mod kinds;
 pub mod links;
 pub mod loadgen;
+pub mod perf;
 pub mod sink;
+pub mod xdp;

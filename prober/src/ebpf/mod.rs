@@ -57,7 +57,7 @@ pub use setup::{XdpSetup, attach_for_testbed};
 
 /// The XDP router object, built by `build.rs` (aya-build) for
 /// bpfel-unknown-none and embedded so that rtprobe is a single binary.
-fn router_object() -> &'static [u8] {
+pub(crate) fn router_object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-router"))
 }
 

@@ -1,0 +1,460 @@
+//! `bench-forward --bounce`: the XDP thesis's baseline set-up. A generator
+//! namespace and a device-under-test namespace joined by one veth pair
+//! whose DUT end has N RX/TX queues (`numrxqueues`/`numtxqueues`), each
+//! polled by its own threaded-NAPI kernel thread. The DUT runs
+//! `bench_bounce` (swap the MACs, XDP_TX: every frame goes back out where
+//! it came in) in generic or native XDP; the generator end runs the sink,
+//! which counts and drops what comes back. The load is XDP live frames
+//! from one generator thread per CPU.
+//!
+//! Queue spreading on veth: a frame redirected into a veth lands on the
+//! peer's receive queue `smp_processor_id() % real_num_rx_queues`
+//! (`veth_xdp_xmit`), so the generator threads are pinned one per CPU and
+//! a machine with C CPUs feeds at most C queues. The report says how many
+//! queues did work.
+//!
+//! Kernel interfaces: `ip link add ... type veth` with queue counts
+//! (iproute2 over rtnetlink; the one `ip` call is wrapped here), threaded
+//! NAPI (/sys/class/net/DEV/threaded, 5.12), SIOCETHTOOL (GRO), those of
+//! [`super::xdp`] and `sched_setaffinity(2)`. Minimum kernel: 5.18.
+
+use std::{
+    net::Ipv4Addr,
+    process::Command,
+    sync::atomic::{AtomicBool, AtomicU8, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::{
+    cpu::{self, CoreUse},
+    forward::{Plan, opt},
+    frame::{self, FrameSpec},
+    kinds::BounceHook,
+    links,
+    loadgen::next_repeat,
+    perf::{self, PerfFigures},
+    xdp::{BenchProgram, Hook},
+};
+use crate::testbed::{NS_PREFIX, Netns};
+
+const LOAD_PORT: u16 = 9;
+/// Packet size of the bounce steps (the thesis's smallest, where the
+/// per-packet cost shows most).
+pub const BOUNCE_IP_SIZE: usize = 64;
+
+/// One flat-out step of the bounce device.
+#[derive(Debug, Clone, Serialize)]
+pub struct BounceStep {
+    pub hook: BounceHook,
+    /// RX/TX queues of the DUT's veth.
+    pub queues: u32,
+    /// Queues whose NAPI thread used more than 5 % of a core.
+    pub queues_busy: u32,
+    pub size: usize,
+    pub secs: f64,
+    /// Frames the generator sent, the DUT bounced, and came back.
+    pub generated: u64,
+    pub bounced: u64,
+    pub returned: u64,
+    pub generated_pps: f64,
+    pub bounced_pps: f64,
+    /// CPU of the DUT's NAPI threads together, in percent of one core.
+    pub dut_cpu_pct: f64,
+    /// The same per queue, in queue order.
+    pub dut_cpu_pct_per_queue: Vec<f64>,
+    /// Bounced packets per second per core the DUT used (bounced_pps /
+    /// (dut_cpu_pct / 100)).
+    pub bounced_pps_per_core: Option<f64>,
+    pub cores: Vec<CoreUse>,
+    pub perf: Option<PerfFigures>,
+}
+
+/// Runs `ip ARGS`; the command and its stderr on failure.
+fn ip(args: &[&str]) -> Result<()> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .with_context(|| format!("running ip {} (iproute2 installed?)", args.join(" ")))?;
+    if !o.status.success() {
+        bail!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The two namespaces and the veth between them; removed on drop (the
+/// veth goes with its namespaces).
+struct BounceBed {
+    gen_ns: Netns,
+    dut_ns: Netns,
+    gen_if: String,
+    dut_if: String,
+    gen_ifindex: u32,
+    gen_mac: [u8; 6],
+    dut_mac: [u8; 6],
+    /// DUT NAPI threads, one per queue, in queue order.
+    napi_tids: Vec<i32>,
+}
+
+impl BounceBed {
+    fn build(queues: u32, seq: usize) -> Result<Self> {
+        let pid = std::process::id();
+        let gen_ns = Netns::create(&format!("{NS_PREFIX}bounce-{pid}-{seq}-gen"))?;
+        let dut_ns = Netns::create(&format!("{NS_PREFIX}bounce-{pid}-{seq}-dut"))?;
+        // Interface names: 15 bytes at most, unique on the machine (the
+        // NAPI threads are named after them).
+        let tag = format!("{:x}{seq}", pid % 0xffff);
+        let (gen_if, dut_if) = (format!("xbg{tag}"), format!("xbd{tag}"));
+        let q = queues.to_string();
+        ip(&[
+            "-n",
+            gen_ns.name(),
+            "link",
+            "add",
+            &gen_if,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &dut_if,
+            "netns",
+            dut_ns.name(),
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+        ])?;
+        ip(&["-n", gen_ns.name(), "link", "set", &gen_if, "up"])?;
+        ip(&["-n", dut_ns.name(), "link", "set", &dut_if, "up"])?;
+        // NAPI on the DUT end (GRO, as on the router's ingress), so frames
+        // redirected into the pair are taken in every hook, and one
+        // kernel thread per queue.
+        links::set_gro(&dut_ns, &dut_if, true)?;
+        let before = links::napi_threads(&dut_if);
+        links::set_threaded_napi(&dut_ns, &dut_if, true)?;
+        let mut napi_tids: Vec<i32> = links::napi_threads(&dut_if)
+            .into_iter()
+            .filter(|t| !before.contains(t))
+            .collect();
+        // Queue order is NAPI id order (`napi/DEV-ID`), not thread id order.
+        napi_tids.sort_by_key(|&t| napi_id(t));
+        let gen_mac = links::link_state(&gen_ns, &gen_if)?.1;
+        let dut_mac = links::link_state(&dut_ns, &dut_if)?.1;
+        let gi = gen_if.clone();
+        let gen_ifindex = gen_ns.run(move || {
+            nix::net::if_::if_nametoindex(gi.as_str()).context("generator interface")
+        })?;
+        Ok(Self {
+            gen_ns,
+            dut_ns,
+            gen_if,
+            dut_if,
+            gen_ifindex,
+            gen_mac,
+            dut_mac,
+            napi_tids,
+        })
+    }
+}
+
+/// The NAPI id in a threaded-NAPI thread's name (`napi/DEV-ID`).
+fn napi_id(tid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{tid}/comm"))
+        .ok()
+        .and_then(|c| c.trim_end().rsplit('-').next()?.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) -> Result<()> {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    let mut set = CpuSet::new();
+    set.set(cpu).context("CPU number")?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .with_context(|| format!("pin a generator thread to CPU {cpu}"))
+}
+
+/// One flat-out step: the generator on every CPU for `plan.step`.
+fn step(
+    plan: &Plan,
+    hook: BounceHook,
+    queues: u32,
+    seq: usize,
+    stop: &AtomicU8,
+) -> Result<BounceStep> {
+    let bed = BounceBed::build(queues, seq)?;
+    let mut sink = BenchProgram::sink(LOAD_PORT)?;
+    sink.attach(&bed.gen_ns, &bed.gen_if, Hook::Native)?;
+    let mut dut = BenchProgram::bounce(0)?;
+    let dut_hook = match hook {
+        BounceHook::Skb => Hook::Skb,
+        BounceHook::Native => Hook::Native,
+    };
+    dut.attach(&bed.dut_ns, &bed.dut_if, dut_hook)?;
+    if let Some(p) = plan.rt_priority {
+        // The DUT's threads one above the generator, as if it had its own
+        // cores: they take the CPU whenever frames wait.
+        for &tid in &bed.napi_tids {
+            links::set_fifo(tid, p.saturating_add(1).min(99))?;
+        }
+    }
+    let frame = frame::build(&FrameSpec {
+        dst_mac: bed.dut_mac,
+        src_mac: bed.gen_mac,
+        src: Ipv4Addr::new(10, 99, 0, 1),
+        dst: Ipv4Addr::new(10, 99, 0, 2),
+        src_port: 4000,
+        dst_port: LOAD_PORT,
+        ip_size: BOUNCE_IP_SIZE,
+    });
+    let generator = BenchProgram::loadgen(bed.gen_ifindex, &frame, 1.0)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+    let napi_before: Vec<f64> = bed
+        .napi_tids
+        .iter()
+        .map(|&t| cpu::task_cpu_secs(t).unwrap_or(0.0))
+        .collect();
+    let cores_before = cpu::sample()?;
+    let halt = AtomicBool::new(false);
+    let started = Instant::now();
+    let perf = std::thread::scope(|s| -> Result<Option<PerfFigures>> {
+        let mut gens = Vec::new();
+        for c in 0..cpus {
+            let (generator, frame, halt, gen_ns) = (&generator, &frame, &halt, &bed.gen_ns);
+            gens.push(s.spawn(move || -> Result<()> {
+                gen_ns.enter_current_thread()?;
+                pin_to(c)?;
+                if let Some(p) = plan.rt_priority {
+                    links::set_fifo(0, p)?;
+                }
+                let mut repeat: u32 = 1 << 14;
+                while !halt.load(Ordering::Relaxed) {
+                    let left = plan.step.saturating_sub(started.elapsed()).as_secs_f64();
+                    if left <= 0.0 {
+                        break;
+                    }
+                    let t0 = Instant::now();
+                    generator.run_live(frame, repeat)?;
+                    let secs = t0.elapsed().as_secs_f64().max(1e-6);
+                    repeat = next_repeat(f64::from(repeat) / secs, left - secs, 0.1);
+                }
+                Ok(())
+            }));
+        }
+        let perf = plan
+            .perf_stat
+            .then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
+        while gens.iter().any(|h| !h.is_finished()) {
+            if stop.load(Ordering::Relaxed) != 0 {
+                halt.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for g in gens {
+            g.join()
+                .map_err(|_| anyhow::anyhow!("a generator thread panicked"))??;
+        }
+        match perf {
+            Some(h) => {
+                Ok(Some(h.join().map_err(|_| {
+                    anyhow::anyhow!("the perf thread panicked")
+                })??))
+            }
+            None => Ok(None),
+        }
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    let cores_after = cpu::sample()?;
+    let per_queue: Vec<f64> = bed
+        .napi_tids
+        .iter()
+        .zip(&napi_before)
+        .map(|(&t, b)| 100.0 * (cpu::task_cpu_secs(t).unwrap_or(*b) - b) / secs)
+        .collect();
+    // Let the rings drain before reading the counters.
+    std::thread::sleep(Duration::from_millis(100));
+    let generated = generator.handled()?;
+    let bounced = dut.handled()?;
+    let returned = sink.handled()?;
+    drop((generator, dut, sink));
+    drop(bed);
+    let dut_cpu_pct: f64 = per_queue.iter().sum();
+    let bounced_pps = bounced as f64 / secs;
+    Ok(BounceStep {
+        hook,
+        queues,
+        queues_busy: per_queue.iter().filter(|&&c| c > 5.0).count() as u32,
+        size: BOUNCE_IP_SIZE,
+        secs,
+        generated,
+        bounced,
+        returned,
+        generated_pps: generated as f64 / secs,
+        bounced_pps,
+        dut_cpu_pct,
+        dut_cpu_pct_per_queue: per_queue,
+        bounced_pps_per_core: (dut_cpu_pct > 1.0).then(|| bounced_pps / (dut_cpu_pct / 100.0)),
+        cores: cpu::core_use(&cores_before, &cores_after),
+        perf,
+    })
+}
+
+/// Every hook at every queue count.
+pub fn run(
+    plan: &Plan,
+    stop: &AtomicU8,
+    progress: &mut impl FnMut(&BounceStep),
+) -> Result<Vec<BounceStep>> {
+    let mut out = Vec::new();
+    let mut seq = 0;
+    for &hook in &plan.bounce {
+        for &queues in &plan.queues {
+            if stop.load(Ordering::SeqCst) != 0 {
+                bail!("interrupted; the bounce namespaces were removed");
+            }
+            seq += 1;
+            let r = step(plan, hook, queues, seq, stop)
+                .with_context(|| format!("bounce step {hook} with {queues} queue(s)"))?;
+            progress(&r);
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+pub fn table_header() -> String {
+    format!(
+        "{:<14}{:>7}{:>6}{:>11}{:>11}{:>11}{:>8}  {:<24}{:>12}  {}",
+        "bounce hook",
+        "queues",
+        "busy",
+        "gen/s",
+        "bounced/s",
+        "back/s",
+        "dut%",
+        "dut% per queue",
+        "bounced/s/core",
+        "core busy/si%"
+    )
+}
+
+/// One table row. Pure.
+pub fn format_step(b: &BounceStep) -> String {
+    let per_q: Vec<String> = b
+        .dut_cpu_pct_per_queue
+        .iter()
+        .map(|c| format!("{c:.0}"))
+        .collect();
+    let cores: Vec<String> = b
+        .cores
+        .iter()
+        .map(|c| format!("{:>3.0}/{:<3.0}", c.busy_pct, c.softirq_pct))
+        .collect();
+    format!(
+        "{:<14}{:>7}{:>6}{:>11.0}{:>11.0}{:>11.0}{:>8.0}  {:<24}{:>12}  {}",
+        format!("xdp-{}", b.hook),
+        b.queues,
+        b.queues_busy,
+        b.generated_pps,
+        b.bounced_pps,
+        b.returned as f64 / b.secs,
+        b.dut_cpu_pct,
+        per_q.join("/"),
+        opt(b.bounced_pps_per_core, 0),
+        cores.join(" "),
+    )
+}
+
+/// The table with what it says about queue scaling. Pure.
+pub fn format_table(steps: &[BounceStep], cpus: usize) -> String {
+    use std::fmt::Write as _;
+    let mut o = format!(
+        "bounce (XDP_TX, MACs swapped), {} B, generator on every CPU:\n{}\n",
+        BOUNCE_IP_SIZE,
+        table_header()
+    );
+    for b in steps {
+        let _ = writeln!(o, "{}", format_step(b));
+    }
+    let mut hooks: Vec<BounceHook> = steps.iter().map(|b| b.hook).collect();
+    hooks.dedup();
+    for h in hooks {
+        let rows: Vec<&BounceStep> = steps.iter().filter(|b| b.hook == h).collect();
+        let busy_max = rows.iter().map(|b| b.queues_busy).max().unwrap_or(0);
+        if let Some(best) = best_queue_count(&rows) {
+            let _ = writeln!(
+                o,
+                "  xdp-{h}: within 5 % of the most bounced/s from {best} queue(s) on; at most {busy_max} \
+                 queue(s) ever did work: a veth feeds queue CPU % queues and this machine has {cpus} \
+                 CPU(s), so queues beyond {cpus} cannot help"
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "  busy: queues whose NAPI thread used > 5 % of a core; dut%: the DUT's NAPI threads in percent of one core;\n  \
+         bounced/s/core: bounced per second per core the DUT used"
+    );
+    o
+}
+
+/// The smallest queue count within 5 % of the best bounced rate: where
+/// adding queues stops helping. Pure.
+pub fn best_queue_count(rows: &[&BounceStep]) -> Option<u32> {
+    let top = rows.iter().map(|b| b.bounced_pps).fold(0.0, f64::max);
+    if top <= 0.0 {
+        return None;
+    }
+    rows.iter()
+        .filter(|b| b.bounced_pps >= 0.95 * top)
+        .map(|b| b.queues)
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(queues: u32, pps: f64) -> BounceStep {
+        BounceStep {
+            hook: BounceHook::Native,
+            queues,
+            queues_busy: queues.min(2),
+            size: 64,
+            secs: 1.0,
+            generated: pps as u64,
+            bounced: pps as u64,
+            returned: pps as u64,
+            generated_pps: pps,
+            bounced_pps: pps,
+            dut_cpu_pct: 90.0,
+            dut_cpu_pct_per_queue: vec![45.0, 45.0],
+            bounced_pps_per_core: Some(pps / 0.9),
+            cores: Vec::new(),
+            perf: None,
+        }
+    }
+
+    #[test]
+    fn queue_count_where_scaling_stops() {
+        let rows = [row(1, 1.0e6), row(2, 1.6e6), row(4, 1.58e6), row(8, 1.55e6)];
+        let refs: Vec<&BounceStep> = rows.iter().collect();
+        assert_eq!(best_queue_count(&refs), Some(2));
+        assert_eq!(best_queue_count(&[]), None);
+        let t = format_table(&rows, 2);
+        assert!(t.contains("most bounced/s from 2 queue(s) on"), "{t}");
+        assert!(t.contains("at most 2 queue(s) ever did work"), "{t}");
+        assert!(t.contains("45/45"), "{t}");
+    }
+}
