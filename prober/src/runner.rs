@@ -228,6 +228,12 @@ fn probe_on(
     if outcome.interrupted {
         summary.extra.insert("interrupted".into(), true.into());
     }
+    if let Some(r) = &opts.continuous.rotation {
+        summary.extra.insert(
+            "csv_rotation".into(),
+            serde_json::json!({"when": r.when.to_string(), "keep": r.keep}),
+        );
+    }
     if let Some(e) = &output_error {
         summary
             .extra
@@ -357,7 +363,11 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         }
         // The plan the scenario's validator made for this cell.
         let opts = &cell.run;
-        let out = execute(opts, self.stop, &mut crate::export::live::Live::quiet())?;
+        // The cell's live outputs: metrics (served while it runs), HDR log
+        // and CSV rotation as the scenario asks; no lines, no bar of its own.
+        let mut live =
+            crate::export::live::Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
+        let out = execute(opts, self.stop, &mut live)?;
         crate::export::json::write_summary(&cell.json, &out.summary)?;
         if let Some(e) = &out.output_error {
             bail!("{e} (the summary is complete)");

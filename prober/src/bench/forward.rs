@@ -41,7 +41,6 @@ use super::{
 use crate::{
     cli::BenchForwardArgs,
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
-    probe::TimestampSource as TimestampArg,
     export::{CsvWriter, RunMeta},
     probe::TimestampSource as TimestampArg,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},

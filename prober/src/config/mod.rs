@@ -594,6 +594,16 @@ impl Scenario {
                         cell.probe.interval = Some(interval);
                         cell.xdp.xdp_mode = Some(mode);
                         let plan = spec::plan::validate(&cell, knobs, &OutputSpec::default())
+                            .and_then(|p| {
+                                if p.continuous.forever {
+                                    return Err(SpecError::new(
+                                        "forever",
+                                        "would never end the first cell: give each cell a count \
+                                         or a duration (probe until stopped is for single runs)",
+                                    ));
+                                }
+                                Ok(p)
+                            })
                             .map_err(|e| blame(e, set_name, own, &lists))?;
                         plans.push(CellPlan {
                             set: set_name.clone(),
@@ -756,12 +766,18 @@ impl Scenario {
                 .knobs
                 .queue_sample
                 .map(|_| out_dir.join(format!("{id}-queue.csv")));
+            // Each cell writes its own HDR log next to its CSV.
+            let mut continuous = run.continuous.clone();
+            if continuous.hdr_log.is_some() {
+                continuous.hdr_log = Some(out_dir.join(format!("{id}.hlog")));
+            }
             let run = RunOptions {
                 out: csv.clone(),
                 json: Some(json.clone()),
                 label: Some(label.clone()),
                 quiet: true,
                 queue_csv: queue_csv.clone(),
+                continuous,
                 ..run.clone()
             };
             cells.push(Cell {

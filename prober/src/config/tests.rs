@@ -680,3 +680,27 @@ fn every_shipped_config_is_valid() {
         );
     }
 }
+
+#[test]
+fn continuous_keys_work_per_cell_and_forever_is_refused() {
+    let sc = parse(
+        "[probe]\nsizes = [64]\nintervals = [\"1ms\"]\ncount = 10\nhdr_log = \"x.hlog\"\n\
+         metrics_listen = \"127.0.0.1:0\"\nout_rotate = \"1MiB\"\n[set.a]\n[set.b]\n",
+    )
+    .unwrap();
+    let cells = sc.cells(Path::new("/out"));
+    assert_eq!(cells.len(), 2);
+    // One HDR log per cell, next to its CSV; the rest as the file says.
+    assert_eq!(
+        cells[1].run.continuous.hdr_log.as_deref(),
+        Some(Path::new("/out/s64-i1ms-off-b.hlog"))
+    );
+    assert!(cells[0].run.continuous.metrics_listen.is_some());
+    assert!(cells[0].run.continuous.rotation.is_some());
+    assert!(!cells[0].run.continuous.forever);
+
+    let e = err("[probe]\nsizes = [64]\nforever = true\n");
+    assert!(e.contains("forever") && e.contains("never end"), "{e}");
+    let e = err("[probe]\nsizes = [64]\nduration = \"0s\"\n");
+    assert!(e.contains("never end"), "{e}");
+}

@@ -261,9 +261,14 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         }
     }
     if let Some(serde_json::Value::Bool(true)) = s.extra.get("interrupted") {
+        let where_ = if s.extra.contains_key("csv_rotation") {
+            "went to the CSV and its rotated files (the oldest deleted as --out-keep says)"
+        } else {
+            "is in the CSV"
+        };
         let _ = writeln!(
             o,
-            "  interrupted: the run was stopped early; every probe sent is in the CSV"
+            "  interrupted: the run was stopped early; every probe sent {where_}"
         );
     }
     let _ = writeln!(
