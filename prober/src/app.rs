@@ -60,6 +60,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Run(args)) => run_scenario_command(args),
+        Some(Command::Reflect(args)) => crate::probe::reflect::command(&args),
         Some(Command::Compare(args)) => compare_command(&args),
         Some(Command::Completions(args)) => {
             use std::io::Write;
@@ -86,7 +87,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// signal stops sending and lets probes in flight land, the second stops at
 /// once. Either way the run ends through its normal path, so the CSV is
 /// complete and the testbed is torn down.
-fn with_signals<T: Send + 'static>(
+pub(crate) fn with_signals<T: Send + 'static>(
     quiet: bool,
     f: impl FnOnce(Arc<AtomicU8>) -> Result<T> + Send + 'static,
 ) -> Result<T> {
@@ -193,7 +194,11 @@ fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
 
 fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     let opts = RunOptions::from_args(args)?;
-    crate::testbed::require_root()?;
+    // A remote target needs no testbed, so no root (knobs say if they do).
+    if args.remote.target.is_none() {
+        crate::testbed::require_root()?;
+    }
+    let remote = args.remote.clone();
     let quiet = opts.quiet;
     let outcome = with_signals(quiet, move |stop| {
         let total = opts.probe.count;
@@ -212,7 +217,7 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
             );
             b
         };
-        let r = crate::runner::execute(&opts, &stop, |sent| bar.set_position(sent));
+        let r = crate::runner::execute_with(&opts, &remote, &stop, |sent| bar.set_position(sent));
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     })?;

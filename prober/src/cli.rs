@@ -56,6 +56,9 @@ pub enum Command {
     /// keep it until stdin closes or a signal comes (for running other tools on the same path).
     #[command(hide = true)]
     Testbed(TestbedArgs),
+    /// Answer probes from other hosts (rtprobe's protocol or STAMP) in this network namespace,
+    /// until Ctrl-C; `rtprobe --target` on the other host sends them.
+    Reflect(crate::spec::remote::ReflectArgs),
     /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
     /// xtask man` runs it.
     #[command(hide = true)]
@@ -188,6 +191,9 @@ pub struct ProbeArgs {
 
     #[command(flatten)]
     pub pacing: PacingArgs,
+
+    #[command(flatten)]
+    pub remote: crate::spec::remote::RemoteOptions,
 
     #[command(flatten)]
     pub knobs: crate::tune::KnobArgs,

@@ -21,5 +21,6 @@ pub mod tune;
 
 mod app;
 pub mod runner;
+pub mod spec;
 
 pub use app::main_entry;
