@@ -85,7 +85,7 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     let interval = humantime::format_duration(std::time::Duration::from_nanos(m.interval_ns));
     let _ = writeln!(
         o,
-        "rtprobe{}: {} B probes every {interval}, TOS {:#04x}, port {}, {} testbed ({} -> {})",
+        "rtprobe{}: {} B probes every {interval}, TOS {:#04x}, port {}, {} ({} -> {})",
         m.label
             .as_deref()
             .map(|l| format!(" [{l}]"))
@@ -93,7 +93,11 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         m.size,
         m.tos,
         m.port,
-        m.testbed,
+        if m.testbed == "remote" {
+            "remote reflector".to_string()
+        } else {
+            format!("{} testbed", m.testbed)
+        },
         m.tx_if.as_deref().unwrap_or("?"),
         m.rx_if.as_deref().unwrap_or("?"),
     );

@@ -86,6 +86,9 @@ struct Echo {
 
 /// SSIDs of warm-up packets have the top bit set; the session's do not.
 const SSID_WARMUP_BIT: u16 = 0x8000;
+/// The STAMP status probe's sequence number: a stateful reflector answers
+/// with its count instead, a stateless one with this number.
+const STAMP_STATUS_SEQ: u32 = u32::MAX - 2;
 
 impl Wire {
     fn mode(&self) -> Mode<'_> {
@@ -272,7 +275,10 @@ fn split_loss(l: &Ledger, sent: u64, lost: u64, protocol: ProtocolArg, stateless
         ProtocolArg::Rtprobe => t.received,
         ProtocolArg::Stamp => t.reflector_seq.map(u64::from),
     });
-    if protocol == ProtocolArg::Stamp && (stateless || (l.stamp_seq_mirrored && lost > 0 && final_count.is_none_or(|c| c == sent))) {
+    // A stateless reflector answers the status probe with its own number.
+    let mirrored_status = protocol == ProtocolArg::Stamp && final_count == Some(STAMP_STATUS_SEQ as u64);
+    let mirrored_run = protocol == ProtocolArg::Stamp && final_count.is_none() && l.stamp_seq_mirrored && lost > 0;
+    if protocol == ProtocolArg::Stamp && (stateless || mirrored_status || mirrored_run) {
         return unknown(
             "the STAMP reflector echoes the sender's sequence numbers (stateless), which do not tell forward from return loss",
         );
@@ -488,7 +494,7 @@ pub fn run_session(
     let mut ledger = ledger.into_inner().map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
     let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
     if target.protocol == ProtocolArg::Rtprobe || stateful_stamp {
-        ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, sent, stop);
+        ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
     }
     let lost = stats.lost();
     let loss = split_loss(&ledger, sent, lost, target.protocol, target.stateless_reflector);
@@ -596,7 +602,7 @@ fn exchange(
 /// warm-up-marked probe of the session (answered, not counted); a stateful
 /// STAMP reflector numbers one more packet of the SSID, whose reply
 /// carries the count before it.
-fn status_probe(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize, sent: u64, stop: &AtomicU8) -> Option<Echo> {
+fn status_probe(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize, stop: &AtomicU8) -> Option<Echo> {
     match wire {
         Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, 3),
         Wire::Stamp { .. } => {
@@ -605,7 +611,7 @@ fn status_probe(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize,
             let mut buf = vec![0u8; size];
             let mut scratch = Vec::with_capacity(size);
             let mut batch = RecvBatch::new(16, 65536);
-            let seq = sent;
+            let seq = STAMP_STATUS_SEQ as u64;
             wire.encode(seq, clock::realtime_ns(), false, &mut buf, &mut scratch);
             let _ = sock.send_to(&buf, dst, u32::MAX - 1);
             let until = clock::realtime_ns() + 500_000_000;
@@ -699,13 +705,17 @@ fn io_loop(sock: &ProbeSocket, wire: &Wire, done: &AtomicBool, ev: &mpsc::Sender
 }
 
 /// The clock-related fields of a summary when the clocks are not shown to
-/// agree: one-way figures (and the stages that cross between the clocks)
-/// are cleared, RTT kept.
+/// agree: one-way figures and the two stages that cross between the clocks
+/// (path, return path) are cleared, and what was said about them. RTT,
+/// the stages on one host, and IPDV (a difference of one-way delays, in
+/// which a constant offset cancels) are kept.
 pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
     if !v.one_way_shown {
         s.one_way_ns = Default::default();
+        s.stages_ns.path = Default::default();
+        s.stages_ns.return_path = Default::default();
         s.one_way_dominant = None;
-        s.ipdv_ns = Default::default();
+        s.rtt_dominant = None;
     }
     s.extra.insert("clock".into(), serde_json::to_value(v).unwrap_or_default());
 }
@@ -764,9 +774,26 @@ mod tests {
 
     #[test]
     fn stateless_stamp_gives_no_split() {
-        let l = ledger(&[0, 1], None);
+        let mut l = ledger(&[0, 1], None);
         let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, true);
         assert_eq!((s.forward, s.unknown), (None, 1));
+        // Not known beforehand: the status probe's number came back as sent.
+        let status = |refl: u32| Echo {
+            seq: STAMP_STATUS_SEQ as u64,
+            warmup: false,
+            times: None,
+            received: None,
+            reflector_seq: Some(refl),
+            ee: None,
+            ttl: None,
+        };
+        l.trailer = Some(status(STAMP_STATUS_SEQ));
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, false);
+        assert_eq!((s.forward, s.unknown), (None, 1));
+        // A stateful reflector counted 3 of 3: the loss was on the way back.
+        l.trailer = Some(status(3));
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(0), Some(1), 0));
     }
 
     #[test]
@@ -902,7 +929,7 @@ pub fn execute(
         count: cfg.count,
         duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
         tos: cfg.tos,
-        port,
+        port: addr.port(),
         timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
         knobs: Default::default(),
         extra_flows: Vec::new(),
