@@ -161,7 +161,7 @@ fn probe_on(
         count: opts.probe.count,
         duration_ns: opts.probe.duration.map(|d| d.as_nanos() as u64),
         tos: opts.probe.tos,
-        port: opts.probe.port,
+        port: main_cfg.port,
         timestamps_requested: format!("{:?}", opts.probe.timestamps).to_lowercase(),
         knobs: {
             let mut k = applied.as_ref().map(|a| a.metadata()).unwrap_or_default();

@@ -831,10 +831,28 @@ fn attach_kernel(
         ProtocolArg::Rtprobe => (a.port(), 0),
         ProtocolArg::Stamp => (0, a.port()),
     };
-    let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, 0)?;
+    // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
+    // runs (an XDP program there, or GRO requested): replies are
+    // redirected to the interface itself, as in rtprobe's own testbed.
+    let veth = crate::testbed::ethtool::driver(&ifname).is_ok_and(|d| d == "veth");
+    let reply_ifindex = if veth {
+        nix::net::if_::if_nametoindex(ifname.as_str()).context("ifindex")?
+    } else {
+        0
+    };
+    let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex)?;
     let ns = crate::testbed::Netns::current()?;
-    r.attach(&ns, &ifname, crate::cli::XdpModeArg::Auto)
+    let mode = r
+        .attach(&ns, &ifname, crate::cli::XdpModeArg::Auto)
         .with_context(|| format!("attach to {ifname}"))?;
+    eprintln!("rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode)");
+    if veth {
+        eprintln!(
+            "rtprobe reflect: {ifname} is a veth: its peer receives the kernel's replies only with GRO \
+             requested and sends probes with full UDP checksums, which rtprobe cannot set from here: \
+             on the peer run `ethtool -K PEER gro off; ethtool -K PEER gro on; ethtool -K PEER tx off`"
+        );
+    }
     Ok(r)
 }
 

@@ -300,7 +300,7 @@ fn split_loss(l: &Ledger, sent: u64, lost: u64, protocol: ProtocolArg, stateless
         ProtocolArg::Stamp => refl_seq.map(|r| r as u64 + 1),
     };
     let Some(received) = count else {
-        return unknown("the echoes carry no count of probes received (rtprobe probes under 64 bytes)");
+        return unknown("the echoes carry no count of probes received (an in-kernel reflector, or probes under 64 bytes)");
     };
     let through = seq + 1;
     let lost_through = through.saturating_sub(l.echoed_through(seq));
