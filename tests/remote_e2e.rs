@@ -226,6 +226,9 @@ fn clean_run(protocol: &str, port: &str) {
     if clock["one_way_shown"] == false {
         assert!(t.stdout.contains("clocks not synchronised: one-way not shown"), "{}", t.stdout);
         assert!(t.json["one_way_ns"]["p50"].is_null());
+        // Nor in the CSV (column 8, one_way_ns); the raw stamps stay.
+        assert!(t.rows.iter().all(|r| r[8].is_empty()), "one-way in the CSV");
+        assert!(t.rows.iter().all(|r| !r[6].is_empty()), "rx_ns kept");
     } else {
         assert!(clock["bound_ns"].as_u64().is_some(), "{clock}");
     }

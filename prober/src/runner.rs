@@ -211,6 +211,7 @@ fn probe_on(
                 protocol: ProtocolArg::Stamp,
                 key: key.clone(),
                 stateless_reflector: kernel_reflector,
+                shared_clock: true,
             };
             crate::probe::remote::run_session(
                 &target,

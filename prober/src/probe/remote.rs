@@ -56,6 +56,30 @@ pub struct Target {
     /// The reflector is known to answer STAMP statelessly (rtprobe's
     /// in-kernel one): its sequence numbers tell nothing of forward loss.
     pub stateless_reflector: bool,
+    /// Sender and reflector read the same clock (the namespace testbed):
+    /// one-way needs no synchronisation.
+    pub shared_clock: bool,
+}
+
+/// Writes records with the one-way column left empty when the clocks do
+/// not allow it (the raw stamps stay).
+struct OneWaySink<'a> {
+    inner: &'a mut dyn RecordSink,
+    show: bool,
+}
+
+impl RecordSink for OneWaySink<'_> {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+        if self.show {
+            return self.inner.write(r);
+        }
+        let mut r = r.clone();
+        r.one_way_ns = None;
+        self.inner.write(&r)
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// How the probes of one session look on the wire.
@@ -431,7 +455,14 @@ pub fn run_session(
         None => bind()?,
     };
     let dst = target.addr;
-    warm_up(&sock, dst, &wire, cfg.size, stop)?;
+    let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
+    // The clocks as the run starts decide the CSV's one-way column.
+    let early = clock_verdict(&local_clock, first.and_then(|e| e.ee));
+    let mut csv = OneWaySink {
+        inner: csv,
+        show: target.shared_clock || early.one_way_shown,
+    };
+    let csv: &mut dyn RecordSink = &mut csv;
     let ledger = Mutex::new(Ledger {
         stamp_seq_mirrored: true,
         ..Ledger::default()
@@ -498,7 +529,21 @@ pub fn run_session(
     }
     let lost = stats.lost();
     let loss = split_loss(&ledger, sent, lost, target.protocol, target.stateless_reflector);
-    let clock = clock_verdict(&local_clock, ledger.ee);
+    let clock = if target.shared_clock {
+        ClockVerdict {
+            one_way_shown: true,
+            bound_ns: None,
+            sender_synchronized: local_clock.synchronized,
+            sender_max_error_ns: local_clock.max_error_ns,
+            reflector_synchronized: None,
+            reflector_error_ns: None,
+            note: "sender and reflector share this host's clock (namespaces): one-way needs no synchronisation".into(),
+        }
+    } else if !early.one_way_shown {
+        early
+    } else {
+        clock_verdict(&local_clock, ledger.ee)
+    };
     let mut info = serde_json::json!({
         "protocol": target.protocol.name(),
         "target": dst.to_string(),
@@ -531,17 +576,17 @@ pub fn run_session(
 
 /// Sends warm-up probes every 100 ms until one is answered (3 s at most):
 /// resolves neighbours and proves that something answers at all.
-fn warm_up(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize, stop: &AtomicU8) -> Result<()> {
+fn warm_up(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize, stop: &AtomicU8) -> Result<Option<Echo>> {
     match exchange(sock, dst, wire, size, u32::MAX as u64 - 1, stop, 30) {
-        Some(_) => {
+        Some(e) => {
             // Let late duplicates and the warm-up's TX stamps drain.
             std::thread::sleep(Duration::from_millis(20));
             let mut batch = RecvBatch::new(16, 65536);
             while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
             while sock.recv_batch(&mut batch, false).unwrap_or(0) > 0 {}
-            Ok(())
+            Ok(Some(e))
         }
-        None if stop.load(Ordering::SeqCst) != 0 => Ok(()),
+        None if stop.load(Ordering::SeqCst) != 0 => Ok(None),
         None => {
             let auth = match wire {
                 Wire::Stamp { key: Some(_), .. } => " and holds the same --auth-key",
@@ -907,6 +952,7 @@ pub fn execute(
         protocol: remote.protocol(),
         key,
         stateless_reflector: false,
+        shared_clock: false,
     };
     let cfg = ProbeConfig {
         port,
