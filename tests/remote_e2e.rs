@@ -79,7 +79,9 @@ impl Pair {
 
     fn clear_filters(&self) {
         for (ns, dev) in [(&self.a, &self.va), (&self.b, &self.vb)] {
-            let _ = sh(&format!("ip netns exec {ns} tc qdisc del dev {dev} root 2>/dev/null"));
+            let _ = sh(&format!(
+                "ip netns exec {ns} tc qdisc del dev {dev} root 2>/dev/null"
+            ));
         }
     }
 }
@@ -218,13 +220,22 @@ fn clean_run(protocol: &str, port: &str) {
     assert_eq!(t.rows.len() as u64, N);
     assert_eq!(t.meta.testbed, "remote");
     let split = &t.json["extra"]["loss_split"];
-    assert_eq!((split["forward"].as_u64(), split["return"].as_u64()), (Some(0), Some(0)), "{split}");
+    assert_eq!(
+        (split["forward"].as_u64(), split["return"].as_u64()),
+        (Some(0), Some(0)),
+        "{split}"
+    );
     assert_eq!(t.json["extra"]["reflector"]["protocol"], protocol);
     // RTT is always there; one-way only with both clocks synchronised.
     assert_eq!(t.json["rtt_ns"]["count"], N);
     let clock = &t.json["extra"]["clock"];
     if clock["one_way_shown"] == false {
-        assert!(t.stdout.contains("clocks not synchronised: one-way not shown"), "{}", t.stdout);
+        assert!(
+            t.stdout
+                .contains("clocks not synchronised: one-way not shown"),
+            "{}",
+            t.stdout
+        );
         assert!(t.json["one_way_ns"]["p50"].is_null());
         // Nor in the CSV (column 8, one_way_ns); the raw stamps stay.
         assert!(t.rows.iter().all(|r| r[8].is_empty()), "one-way in the CSV");
@@ -235,11 +246,17 @@ fn clean_run(protocol: &str, port: &str) {
     assert!(t.json["extra"]["reflector"]["echoes"].as_u64() == Some(N));
     let c = &refl["counters"];
     assert_counters_add_up(c);
-    assert!(c["reflected"].as_u64().unwrap() > N, "probes + warm-up + status: {c}");
+    assert!(
+        c["reflected"].as_u64().unwrap() > N,
+        "probes + warm-up + status: {c}"
+    );
     assert_eq!(c["malformed"], 0, "{c}");
     assert!(log.contains("new session"), "{log}");
     if protocol == "stamp" {
-        assert_eq!(t.json["extra"]["reflector"]["sender_ttl_min"], 64, "one veth hop");
+        assert_eq!(
+            t.json["extra"]["reflector"]["sender_ttl_min"], 64,
+            "one veth hop"
+        );
     }
 }
 
@@ -309,7 +326,11 @@ fn split_run(protocol: &str, port: &str, forward: bool) {
     } else {
         assert_eq!((f, r_, u), (Some(0), Some(lost), Some(0)), "{}", t.stdout);
     }
-    assert!(t.stdout.contains("loss by direction: forward"), "{}", t.stdout);
+    assert!(
+        t.stdout.contains("loss by direction: forward"),
+        "{}",
+        t.stdout
+    );
     assert_counters_add_up(&refl["counters"]);
 }
 
@@ -381,7 +402,10 @@ fn authenticated_stamp_good_key_answered_wrong_key_counted() {
     let c = &refl["counters"];
     assert_counters_add_up(c);
     // The wrong key's warm-ups, every 100 ms for 3 s, all refused.
-    assert!((25..=31).contains(&c["auth_failed"].as_u64().unwrap()), "{c}");
+    assert!(
+        (25..=31).contains(&c["auth_failed"].as_u64().unwrap()),
+        "{c}"
+    );
     assert!(c["reflected"].as_u64().unwrap() >= 200, "{c}");
 }
 
@@ -415,7 +439,14 @@ fn malformed_flood_changes_counters_only() {
         // Still answering after the flood.
         let t = target(
             &p,
-            &["--target", &format!("{B_IP}:{port}"), "--protocol", protocol, "--count", "100"],
+            &[
+                "--target",
+                &format!("{B_IP}:{port}"),
+                "--protocol",
+                protocol,
+                "--count",
+                "100",
+            ],
         );
         let (refl, _) = r.stop();
         assert_eq!(t.code, 0, "{}{}", t.stderr, t.stdout);
@@ -547,7 +578,10 @@ fn scapy_sender_against_reflect_and_scapy_reflector_against_target() {
         assert_ne!(r["ee"]["multiplier"], 0);
         assert_eq!(r["ttl"], 64);
         let (ts, rx) = (r["ts"].as_u64().unwrap(), r["rx"].as_u64().unwrap());
-        assert!(ts <= rx && rx - ts < (1u64 << 32), "send time before arrival: {r}");
+        assert!(
+            ts <= rx && rx - ts < (1u64 << 32),
+            "send time before arrival: {r}"
+        );
     }
     // scapy's reflector numbers its replies 0..: no forward loss told.
     let split = &t.json["extra"]["loss_split"];
@@ -579,7 +613,10 @@ fn stamp_testbed(reflector: &str) -> Run {
     assert_eq!(r.rows.len() as u64, N);
     assert_eq!(r.json["extra"]["reflector"]["kind"], reflector);
     assert_eq!(r.json["extra"]["reflector"]["protocol"], "stamp");
-    assert_eq!(r.json["extra"]["clock"]["one_way_shown"], true, "one host clock");
+    assert_eq!(
+        r.json["extra"]["clock"]["one_way_shown"], true,
+        "one host clock"
+    );
     assert_eq!(r.json["one_way_ns"]["count"], N, "{}", r.stdout);
     r
 }
@@ -632,13 +669,26 @@ fn reflect_kernel_answers_from_xdp() {
         va = p.va
     ));
     let r = Reflector::start(&p, &["--kernel", "--listen", &format!("{B_IP}:5061")]);
-    let t = target(&p, &["--target", B_IP, "--count", &N.to_string(), "--interval", "1ms"]);
+    let t = target(
+        &p,
+        &[
+            "--target",
+            B_IP,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
     let (refl, log) = r.stop();
     assert!(log.contains("in-kernel reflector on"), "{log}");
     assert_eq!(t.code, 0, "{}{}", t.stderr, t.stdout);
     assert_eq!(t.json["lost"], 0, "{}", t.stdout);
     let k = &refl["kernel_counters"];
-    assert!(k["reflected_rtprobe"]["packets"].as_u64().unwrap() >= N, "{k}");
+    assert!(
+        k["reflected_rtprobe"]["packets"].as_u64().unwrap() >= N,
+        "{k}"
+    );
     // The kernel answered first: the socket saw none of the probes.
     assert_eq!(refl["counters"]["reflected"], 0, "{refl}");
 }

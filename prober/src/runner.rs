@@ -8,11 +8,11 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     cli::{ReflectorArg, XdpModeArg},
-    spec::remote::{ProtocolArg, RemoteOptions},
     config::RunOptions,
     ebpf::XdpSetup,
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig},
+    spec::remote::{ProtocolArg, RemoteOptions},
     stats::Summary,
     testbed::{Kind, Testbed},
     tune,
@@ -108,11 +108,18 @@ fn probe_on(
         .map(crate::spec::remote::read_key)
         .transpose()?;
     if key.is_some() && opts.reflector == Some(ReflectorArg::Kernel) {
-        bail!("--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user");
+        bail!(
+            "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user"
+        );
     }
     let user_only = key.is_some().then_some(ReflectorArg::User);
-    let (kernel_reflector, mut reflector_info) =
-        choose_reflector(&mut xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
+    let (kernel_reflector, mut reflector_info) = choose_reflector(
+        &mut xdp,
+        testbed,
+        opts,
+        user_only,
+        stamp.then_some(stamp_port),
+    )?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
         port: if stamp { stamp_port } else { opts.probe.port },
@@ -222,8 +229,7 @@ fn probe_on(
                 progress,
             )
             .map(|o| {
-                *stamp_outcome.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((o.loss, o.info));
+                *stamp_outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some((o.loss, o.info));
                 o.session
             })
         } else {
@@ -272,15 +278,20 @@ fn probe_on(
         let report = r.stop()?;
         reflector_info["counters"] = serde_json::to_value(&report.counters).unwrap_or_default();
     }
-    if let Some((loss, info)) = stamp_outcome.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    if let Some((loss, info)) = stamp_outcome
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
         if let (serde_json::Value::Object(r), serde_json::Value::Object(i)) =
             (&mut reflector_info, info)
         {
             r.extend(i);
         }
-        summary
-            .extra
-            .insert("loss_split".into(), serde_json::to_value(loss).unwrap_or_default());
+        summary.extra.insert(
+            "loss_split".into(),
+            serde_json::to_value(loss).unwrap_or_default(),
+        );
     }
     summary.extra.insert("reflector".into(), reflector_info);
     summary.extra.insert(
@@ -366,10 +377,12 @@ fn choose_reflector(
             if !path_ok {
                 bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
             }
-            let mode = xdp.attach_reflector_ports(testbed, probe_port, stamp_port).context(
-                "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
+            let mode = xdp
+                .attach_reflector_ports(testbed, probe_port, stamp_port)
+                .context(
+                    "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
                  interface (use --reflector user, or --xdp-mode off in NIC-pair mode)",
-            )?;
+                )?;
             Ok((true, kernel(mode)))
         }
         None if !path_ok => {

@@ -231,17 +231,25 @@ pub fn pace(
     ev: &mpsc::Sender<Vec<Event>>,
 ) -> Result<Pacing> {
     let flow = cfg.flow;
-    pace_with(sock, dst, cfg, stop, attempts, ev, &mut |seq, send_ns, buf| {
-        Probe {
-            session,
-            seq,
-            flow,
-            echo: false,
-            send_ns,
-            kernel_times: None,
-        }
-        .encode(buf)
-    })
+    pace_with(
+        sock,
+        dst,
+        cfg,
+        stop,
+        attempts,
+        ev,
+        &mut |seq, send_ns, buf| {
+            Probe {
+                session,
+                seq,
+                flow,
+                echo: false,
+                send_ns,
+                kernel_times: None,
+            }
+            .encode(buf)
+        },
+    )
 }
 
 /// [`pace`] with the probe's bytes written by `encode(seq, send_ns, buf)`

@@ -106,7 +106,9 @@ pub enum Drop {
 pub enum Verdict {
     /// The buffer now holds the reply (same length as the request).
     /// `new_session` is set on the first probe of a session.
-    Reply { new_session: Option<u64> },
+    Reply {
+        new_session: Option<u64>,
+    },
     Drop(Drop),
 }
 
@@ -372,7 +374,10 @@ fn unsynced() -> ClockSync {
 
 /// Forgets the entry seen longest ago. O(n) but only when the table is
 /// full, and n is bounded.
-fn evict_oldest<K: Clone + Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>, age: impl Fn(&V) -> i64) {
+fn evict_oldest<K: Clone + Eq + std::hash::Hash, V>(
+    m: &mut HashMap<K, V>,
+    age: impl Fn(&V) -> i64,
+) {
     if let Some(k) = m.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
         m.remove(&k);
     }
@@ -381,7 +386,13 @@ fn evict_oldest<K: Clone + Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>, age: 
 /// Turns an rtprobe probe into its echo: the echo flag, the reflector's
 /// receive and transmit times where there is room (as the in-kernel
 /// reflector writes them), and its state where there is room for that.
-pub fn write_rtprobe_echo(buf: &mut [u8], rx_ns: i64, tx_ns: i64, received: u64, ee: ErrorEstimate) {
+pub fn write_rtprobe_echo(
+    buf: &mut [u8],
+    rx_ns: i64,
+    tx_ns: i64,
+    received: u64,
+    ee: ErrorEstimate,
+) {
     buf[5] |= FLAG_ECHO;
     if buf.len() >= super::packet::KTIMES_MIN_LEN {
         buf[5] |= FLAG_KERNEL_TIMES;
@@ -495,7 +506,9 @@ pub fn serve(
         super::socket::poll_any(&refs, 100).context("reflector poll")?;
         for sock in socks {
             loop {
-                let n = sock.recv_batch(&mut batch, false).context("reflector receive")?;
+                let n = sock
+                    .recv_batch(&mut batch, false)
+                    .context("reflector receive")?;
                 if n == 0 {
                     break;
                 }
@@ -591,6 +604,195 @@ fn drain_tx_stamps(
     }
 }
 
+/// The interface holding `addr` in this namespace (for `--kernel`).
+fn interface_of(addr: std::net::Ipv4Addr) -> Result<String> {
+    let addrs = nix::ifaddrs::getifaddrs().context("getifaddrs")?;
+    for a in addrs {
+        if let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in())
+            && sin.ip() == addr
+        {
+            return Ok(a.interface_name);
+        }
+    }
+    anyhow::bail!("no interface in this namespace has the address {addr}")
+}
+
+/// `--kernel`: the in-kernel reflector on the interface of the one
+/// `--listen` address, or why not.
+fn attach_kernel(
+    listen: &[SocketAddrV4],
+    protocol: ProtocolArg,
+    key: bool,
+) -> Result<crate::ebpf::reflector::Reflector> {
+    let [a] = listen else {
+        anyhow::bail!(
+            "give exactly one --listen address: the kernel reflector goes on its interface"
+        );
+    };
+    if a.ip().is_unspecified() {
+        anyhow::bail!(
+            "--listen {a} names no interface: give the address of the interface to attach to"
+        );
+    }
+    if key {
+        anyhow::bail!("the in-kernel reflector answers unauthenticated STAMP only");
+    }
+    let ifname = interface_of(*a.ip())?;
+    let (probe_port, stamp_port) = match protocol {
+        ProtocolArg::Rtprobe => (a.port(), 0),
+        ProtocolArg::Stamp => (0, a.port()),
+    };
+    // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
+    // runs (an XDP program there, or GRO requested): replies are
+    // redirected to the interface itself, as in rtprobe's own testbed.
+    let veth = crate::testbed::ethtool::driver(&ifname).is_ok_and(|d| d == "veth");
+    let reply_ifindex = if veth {
+        nix::net::if_::if_nametoindex(ifname.as_str()).context("ifindex")?
+    } else {
+        0
+    };
+    let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex)?;
+    let ns = crate::testbed::Netns::current()?;
+    let mode = r
+        .attach(&ns, &ifname, crate::cli::XdpModeArg::Auto)
+        .with_context(|| format!("attach to {ifname}"))?;
+    eprintln!("rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode)");
+    if veth {
+        eprintln!(
+            "rtprobe reflect: {ifname} is a veth: its peer receives the kernel's replies only with GRO \
+             requested and sends probes with full UDP checksums, which rtprobe cannot set from here: \
+             on the peer run `ethtool -K PEER gro off; ethtool -K PEER gro on; ethtool -K PEER tx off`"
+        );
+    }
+    Ok(r)
+}
+
+/// `rtprobe reflect`.
+pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::ExitCode> {
+    use crate::spec::remote::{DEFAULT_RATE_LIMIT_PPS, read_key};
+    let protocol = args.protocol.unwrap_or_default();
+    if args.auth_key.is_some() && protocol != ProtocolArg::Stamp {
+        anyhow::bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
+    }
+    if args.stateless && protocol != ProtocolArg::Stamp {
+        anyhow::bail!("--stateless is a STAMP reflector mode: add --protocol stamp");
+    }
+    if args.duration.is_some_and(|d| d.is_zero()) {
+        anyhow::bail!(
+            "--duration 0 answers nothing: give e.g. 10min, or leave it out to run until Ctrl-C"
+        );
+    }
+    if let Some(j) = &args.json
+        && let Some(dir) = j.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        anyhow::bail!(
+            "--json {}: directory {} does not exist",
+            j.display(),
+            dir.display()
+        );
+    }
+    let key = args.auth_key.as_deref().map(read_key).transpose()?;
+    let listen = if args.listen.is_empty() {
+        vec![SocketAddrV4::new(
+            std::net::Ipv4Addr::UNSPECIFIED,
+            protocol.default_port(),
+        )]
+    } else {
+        args.listen.clone()
+    };
+    let socks = bind(&listen)?;
+    let kernel = if args.kernel {
+        match attach_kernel(&listen, protocol, key.is_some()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!(
+                    "rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let policy = Policy {
+        protocol,
+        key,
+        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
+        stateful: !args.stateless,
+    };
+    let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
+    eprintln!(
+        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per source; Ctrl-C to stop",
+        protocol.name(),
+        names.join(", "),
+        if policy.key.is_some() {
+            " (authenticated)"
+        } else {
+            ""
+        },
+        if kernel.is_some() {
+            ", in-kernel reflector attached"
+        } else {
+            ""
+        },
+        policy.rate_limit_pps,
+    );
+    let (quiet, duration) = (args.quiet, args.duration);
+    let mut report = crate::app::with_signals(true, move |stop| {
+        let mut core = Core::new(policy);
+        serve(&socks, &mut core, &stop, duration, |s| {
+            if !quiet {
+                eprintln!("rtprobe reflect: new session {} from {}", s.id, s.source);
+            }
+        })
+    })?;
+    report.listen = names;
+    let kcounters = match &kernel {
+        Some(r) => Some(
+            r.counters()
+                .context("read the in-kernel reflector's counters")?,
+        ),
+        None => None,
+    };
+    drop(kernel);
+    let c = &report.counters;
+    println!(
+        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
+        c.datagrams,
+        report.duration_s,
+        c.sessions,
+        c.reflected,
+        c.malformed,
+        c.rate_limited,
+        c.auth_failed,
+        c.send_errors
+    );
+    if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
+        println!(
+            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs",
+            p50 as f64 / 1e3,
+            p99 as f64 / 1e3
+        );
+    }
+    if let Some(k) = &kcounters {
+        println!(
+            "  in-kernel reflector: {}",
+            serde_json::to_string(k).unwrap_or_default()
+        );
+    }
+    if let Some(j) = &args.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(k) = kcounters {
+            v["kernel_counters"] = serde_json::to_value(k)?;
+        }
+        std::fs::write(j, serde_json::to_string_pretty(&v)? + "\n")
+            .with_context(|| format!("cannot write {}", j.display()))?;
+        println!("  wrote {}", j.display());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -670,10 +872,16 @@ mod tests {
         c.handle(&mut w, src(1), None, None, NOW);
         assert_eq!(read_rtprobe_state(&w).unwrap().0, 3);
         let mut short = probe(7, 9, 32);
-        assert!(matches!(c.handle(&mut short, src(1), None, None, NOW), Verdict::Reply { .. }));
+        assert!(matches!(
+            c.handle(&mut short, src(1), None, None, NOW),
+            Verdict::Reply { .. }
+        ));
         assert_eq!(short[5], FLAG_ECHO);
         let k = &c.counters;
-        assert_eq!(k.datagrams, k.reflected + k.malformed + k.rate_limited + k.auth_failed);
+        assert_eq!(
+            k.datagrams,
+            k.reflected + k.malformed + k.rate_limited + k.auth_failed
+        );
         assert_eq!((k.sessions, k.reflected, k.malformed), (1, 5, 3));
     }
 
@@ -703,9 +911,15 @@ mod tests {
             assert!(r.error_estimate.synchronized());
         }
         let mut short = vec![0u8; 43];
-        assert_eq!(c.handle(&mut short, src(2), None, None, NOW), Verdict::Drop(Drop::Malformed));
+        assert_eq!(
+            c.handle(&mut short, src(2), None, None, NOW),
+            Verdict::Drop(Drop::Malformed)
+        );
         let mut huge = vec![0u8; MAX_REQUEST_BYTES + 1];
-        assert_eq!(c.handle(&mut huge, src(2), None, None, NOW), Verdict::Drop(Drop::Malformed));
+        assert_eq!(
+            c.handle(&mut huge, src(2), None, None, NOW),
+            Verdict::Drop(Drop::Malformed)
+        );
         assert_eq!(c.counters.sessions, 1);
     }
 
@@ -727,14 +941,23 @@ mod tests {
             b
         };
         let mut b = pkt(&bad);
-        assert_eq!(c.handle(&mut b, src(3), None, None, NOW), Verdict::Drop(Drop::AuthFailed));
+        assert_eq!(
+            c.handle(&mut b, src(3), None, None, NOW),
+            Verdict::Drop(Drop::AuthFailed)
+        );
         let mut b = pkt(&good);
-        assert!(matches!(c.handle(&mut b, src(3), None, None, NOW), Verdict::Reply { .. }));
+        assert!(matches!(
+            c.handle(&mut b, src(3), None, None, NOW),
+            Verdict::Reply { .. }
+        ));
         let r = ReflectorPacket::decode(&b, Mode::Authenticated(&good)).unwrap();
         assert_eq!((r.seq, r.sender_seq), (0, 5));
         // A 44-byte unauthenticated packet is too short for this mode.
         let mut u = vec![0u8; 44];
-        assert_eq!(c.handle(&mut u, src(3), None, None, NOW), Verdict::Drop(Drop::Malformed));
+        assert_eq!(
+            c.handle(&mut u, src(3), None, None, NOW),
+            Verdict::Drop(Drop::Malformed)
+        );
         assert_eq!(c.counters.auth_failed, 1);
     }
 
@@ -744,7 +967,10 @@ mod tests {
         let mut answered = 0;
         for i in 0..100 {
             let mut b = probe(1, i, 64);
-            if matches!(c.handle(&mut b, src(4), None, None, NOW), Verdict::Reply { .. }) {
+            if matches!(
+                c.handle(&mut b, src(4), None, None, NOW),
+                Verdict::Reply { .. }
+            ) {
                 answered += 1;
             }
         }
@@ -753,7 +979,10 @@ mod tests {
         // Another source has its own bucket; a second later the first refilled.
         let mut b = probe(2, 0, 64);
         let other = SocketAddr::from(([192, 0, 2, 2], 4));
-        assert!(matches!(c.handle(&mut b, other, None, None, NOW), Verdict::Reply { .. }));
+        assert!(matches!(
+            c.handle(&mut b, other, None, None, NOW),
+            Verdict::Reply { .. }
+        ));
         let mut b = probe(1, 200, 64);
         assert!(matches!(
             c.handle(&mut b, src(4), None, None, NOW + 1_000_000_000),
@@ -793,169 +1022,4 @@ mod tests {
             }
         }
     }
-}
-
-/// The interface holding `addr` in this namespace (for `--kernel`).
-fn interface_of(addr: std::net::Ipv4Addr) -> Result<String> {
-    let addrs = nix::ifaddrs::getifaddrs().context("getifaddrs")?;
-    for a in addrs {
-        if let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in())
-            && sin.ip() == addr
-        {
-            return Ok(a.interface_name);
-        }
-    }
-    anyhow::bail!("no interface in this namespace has the address {addr}")
-}
-
-/// `--kernel`: the in-kernel reflector on the interface of the one
-/// `--listen` address, or why not.
-fn attach_kernel(
-    listen: &[SocketAddrV4],
-    protocol: ProtocolArg,
-    key: bool,
-) -> Result<crate::ebpf::reflector::Reflector> {
-    let [a] = listen else {
-        anyhow::bail!("give exactly one --listen address: the kernel reflector goes on its interface");
-    };
-    if a.ip().is_unspecified() {
-        anyhow::bail!(
-            "--listen {a} names no interface: give the address of the interface to attach to"
-        );
-    }
-    if key {
-        anyhow::bail!("the in-kernel reflector answers unauthenticated STAMP only");
-    }
-    let ifname = interface_of(*a.ip())?;
-    let (probe_port, stamp_port) = match protocol {
-        ProtocolArg::Rtprobe => (a.port(), 0),
-        ProtocolArg::Stamp => (0, a.port()),
-    };
-    // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
-    // runs (an XDP program there, or GRO requested): replies are
-    // redirected to the interface itself, as in rtprobe's own testbed.
-    let veth = crate::testbed::ethtool::driver(&ifname).is_ok_and(|d| d == "veth");
-    let reply_ifindex = if veth {
-        nix::net::if_::if_nametoindex(ifname.as_str()).context("ifindex")?
-    } else {
-        0
-    };
-    let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex)?;
-    let ns = crate::testbed::Netns::current()?;
-    let mode = r
-        .attach(&ns, &ifname, crate::cli::XdpModeArg::Auto)
-        .with_context(|| format!("attach to {ifname}"))?;
-    eprintln!("rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode)");
-    if veth {
-        eprintln!(
-            "rtprobe reflect: {ifname} is a veth: its peer receives the kernel's replies only with GRO \
-             requested and sends probes with full UDP checksums, which rtprobe cannot set from here: \
-             on the peer run `ethtool -K PEER gro off; ethtool -K PEER gro on; ethtool -K PEER tx off`"
-        );
-    }
-    Ok(r)
-}
-
-/// `rtprobe reflect`.
-pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::ExitCode> {
-    use crate::spec::remote::{DEFAULT_RATE_LIMIT_PPS, read_key};
-    let protocol = args.protocol.unwrap_or_default();
-    if args.auth_key.is_some() && protocol != ProtocolArg::Stamp {
-        anyhow::bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
-    }
-    if args.stateless && protocol != ProtocolArg::Stamp {
-        anyhow::bail!("--stateless is a STAMP reflector mode: add --protocol stamp");
-    }
-    if args.duration.is_some_and(|d| d.is_zero()) {
-        anyhow::bail!("--duration 0 answers nothing: give e.g. 10min, or leave it out to run until Ctrl-C");
-    }
-    if let Some(j) = &args.json
-        && let Some(dir) = j.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.is_dir()
-    {
-        anyhow::bail!("--json {}: directory {} does not exist", j.display(), dir.display());
-    }
-    let key = args.auth_key.as_deref().map(read_key).transpose()?;
-    let listen = if args.listen.is_empty() {
-        vec![SocketAddrV4::new(
-            std::net::Ipv4Addr::UNSPECIFIED,
-            protocol.default_port(),
-        )]
-    } else {
-        args.listen.clone()
-    };
-    let socks = bind(&listen)?;
-    let kernel = if args.kernel {
-        match attach_kernel(&listen, protocol, key.is_some()) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                eprintln!("rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let policy = Policy {
-        protocol,
-        key,
-        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
-        stateful: !args.stateless,
-    };
-    let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
-    eprintln!(
-        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per source; Ctrl-C to stop",
-        protocol.name(),
-        names.join(", "),
-        if policy.key.is_some() { " (authenticated)" } else { "" },
-        if kernel.is_some() { ", in-kernel reflector attached" } else { "" },
-        policy.rate_limit_pps,
-    );
-    let (quiet, duration) = (args.quiet, args.duration);
-    let mut report = crate::app::with_signals(true, move |stop| {
-        let mut core = Core::new(policy);
-        serve(&socks, &mut core, &stop, duration, |s| {
-            if !quiet {
-                eprintln!("rtprobe reflect: new session {} from {}", s.id, s.source);
-            }
-        })
-    })?;
-    report.listen = names;
-    let kcounters = match &kernel {
-        Some(r) => Some(r.counters().context("read the in-kernel reflector's counters")?),
-        None => None,
-    };
-    drop(kernel);
-    let c = &report.counters;
-    println!(
-        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
-        c.datagrams,
-        report.duration_s,
-        c.sessions,
-        c.reflected,
-        c.malformed,
-        c.rate_limited,
-        c.auth_failed,
-        c.send_errors
-    );
-    if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
-        println!(
-            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs",
-            p50 as f64 / 1e3,
-            p99 as f64 / 1e3
-        );
-    }
-    if let Some(k) = &kcounters {
-        println!("  in-kernel reflector: {}", serde_json::to_string(k).unwrap_or_default());
-    }
-    if let Some(j) = &args.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let Some(k) = kcounters {
-            v["kernel_counters"] = serde_json::to_value(k)?;
-        }
-        std::fs::write(j, serde_json::to_string_pretty(&v)? + "\n")
-            .with_context(|| format!("cannot write {}", j.display()))?;
-        println!("  wrote {}", j.display());
-    }
-    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -39,8 +39,8 @@ use super::{
     HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, collect,
     events::{self, EventBatch},
     matcher::{Event, NoHwClocks},
-    packet::{HEADER_LEN, KernelTimes, Probe},
     pacer,
+    packet::{HEADER_LEN, KernelTimes, Probe},
     reflect::{FLAG_WARMUP, read_rtprobe_state},
     socket::{self, ProbeSocket, RecvBatch, TsFlags},
     stamp::{ClockSync, ErrorEstimate, HmacKey, Mode, ReflectorPacket, SenderPacket, Timestamp},
@@ -85,7 +85,10 @@ impl RecordSink for OneWaySink<'_> {
 /// How the probes of one session look on the wire.
 #[derive(Debug, Clone)]
 enum Wire {
-    Rtprobe { session: u64, flow: u8 },
+    Rtprobe {
+        session: u64,
+        flow: u8,
+    },
     Stamp {
         ssid: u16,
         key: Option<HmacKey>,
@@ -158,7 +161,11 @@ impl Wire {
                     seq: seq as u32,
                     timestamp: ts,
                     error_estimate: *ee,
-                    ssid: if warmup { ssid | SSID_WARMUP_BIT } else { *ssid },
+                    ssid: if warmup {
+                        ssid | SSID_WARMUP_BIT
+                    } else {
+                        *ssid
+                    },
                 };
                 // The length was checked against the mode before the run.
                 if p.encode(self.mode(), buf.len(), scratch).is_ok() {
@@ -264,9 +271,18 @@ impl Ledger {
 
     fn echoed_through(&self, seq: u64) -> u64 {
         let full = (seq / 64) as usize;
-        let mut n: u64 = self.echoed.iter().take(full).map(|w| w.count_ones() as u64).sum();
+        let mut n: u64 = self
+            .echoed
+            .iter()
+            .take(full)
+            .map(|w| w.count_ones() as u64)
+            .sum();
         if let Some(w) = self.echoed.get(full) {
-            let mask = if seq % 64 == 63 { u64::MAX } else { (1u64 << (seq % 64 + 1)) - 1 };
+            let mask = if seq % 64 == 63 {
+                u64::MAX
+            } else {
+                (1u64 << (seq % 64 + 1)) - 1
+            };
             n += (w & mask).count_ones() as u64;
         }
         n
@@ -287,7 +303,13 @@ pub struct LossSplit {
 }
 
 /// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector said.
-fn split_loss(l: &Ledger, sent: u64, lost: u64, protocol: ProtocolArg, stateless: bool) -> LossSplit {
+fn split_loss(
+    l: &Ledger,
+    sent: u64,
+    lost: u64,
+    protocol: ProtocolArg,
+    stateless: bool,
+) -> LossSplit {
     let unknown = |basis: &str| LossSplit {
         forward: None,
         r#return: None,
@@ -300,8 +322,10 @@ fn split_loss(l: &Ledger, sent: u64, lost: u64, protocol: ProtocolArg, stateless
         ProtocolArg::Stamp => t.reflector_seq.map(u64::from),
     });
     // A stateless reflector answers the status probe with its own number.
-    let mirrored_status = protocol == ProtocolArg::Stamp && final_count == Some(STAMP_STATUS_SEQ as u64);
-    let mirrored_run = protocol == ProtocolArg::Stamp && final_count.is_none() && l.stamp_seq_mirrored && lost > 0;
+    let mirrored_status =
+        protocol == ProtocolArg::Stamp && final_count == Some(STAMP_STATUS_SEQ as u64);
+    let mirrored_run =
+        protocol == ProtocolArg::Stamp && final_count.is_none() && l.stamp_seq_mirrored && lost > 0;
     if protocol == ProtocolArg::Stamp && (stateless || mirrored_status || mirrored_run) {
         return unknown(
             "the STAMP reflector echoes the sender's sequence numbers (stateless), which do not tell forward from return loss",
@@ -324,7 +348,9 @@ fn split_loss(l: &Ledger, sent: u64, lost: u64, protocol: ProtocolArg, stateless
         ProtocolArg::Stamp => refl_seq.map(|r| r as u64 + 1),
     };
     let Some(received) = count else {
-        return unknown("the echoes carry no count of probes received (an in-kernel reflector, or probes under 64 bytes)");
+        return unknown(
+            "the echoes carry no count of probes received (an in-kernel reflector, or probes under 64 bytes)",
+        );
     };
     let through = seq + 1;
     let lost_through = through.saturating_sub(l.echoed_through(seq));
@@ -368,7 +394,9 @@ pub fn clock_verdict(local: &ClockSync, remote: Option<ErrorEstimate>) -> ClockV
             let why = match (local.synchronized, r_sync) {
                 (false, _) => "this host's clock is not synchronised (adjtimex STA_UNSYNC)",
                 (true, None) => "the reflector does not say whether its clock is synchronised",
-                (true, Some(false)) => "the reflector's clock is not synchronised (its Error Estimate's S bit is 0)",
+                (true, Some(false)) => {
+                    "the reflector's clock is not synchronised (its Error Estimate's S bit is 0)"
+                }
                 (true, Some(true)) => "the reflector's error estimate is invalid",
             };
             format!("{NOT_SYNCED_NOTE} ({why}); RTT needs one clock only and is shown")
@@ -487,9 +515,17 @@ pub fn run_session(
                 .name("rtprobe-sender".into())
                 .spawn_scoped(s, move || {
                     let mut scratch = Vec::with_capacity(cfg.size);
-                    pacer::pace_with(sock_ref, dst, cfg, stop, attempts_ref, &ev, &mut |seq, send_ns, buf| {
-                        wire_ref.encode(seq, send_ns, false, buf, &mut scratch)
-                    })
+                    pacer::pace_with(
+                        sock_ref,
+                        dst,
+                        cfg,
+                        stop,
+                        attempts_ref,
+                        &ev,
+                        &mut |seq, send_ns, buf| {
+                            wire_ref.encode(seq, send_ns, false, buf, &mut scratch)
+                        },
+                    )
                 })
                 .context("spawn sender thread")?;
             let hw = HwSetup {
@@ -502,7 +538,15 @@ pub fn run_session(
                 kernel_reflector: true,
                 ..cfg.clone()
             };
-            let out = collect(ev_rx, &kcfg, hw, csv, stop, &|| sender.is_finished(), &mut progress);
+            let out = collect(
+                ev_rx,
+                &kcfg,
+                hw,
+                csv,
+                stop,
+                &|| sender.is_finished(),
+                &mut progress,
+            );
             if out.is_err() {
                 stop.fetch_max(STOP_NOW, Ordering::SeqCst);
             }
@@ -522,13 +566,21 @@ pub fn run_session(
     stats.set_attempts(attempts.load(Ordering::SeqCst));
     let sent = attempts.load(Ordering::SeqCst);
     // The status probe: the reflector's final count of this session.
-    let mut ledger = ledger.into_inner().map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
+    let mut ledger = ledger
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
     let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
     if target.protocol == ProtocolArg::Rtprobe || stateful_stamp {
         ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
     }
     let lost = stats.lost();
-    let loss = split_loss(&ledger, sent, lost, target.protocol, target.stateless_reflector);
+    let loss = split_loss(
+        &ledger,
+        sent,
+        lost,
+        target.protocol,
+        target.stateless_reflector,
+    );
     let clock = if target.shared_clock {
         ClockVerdict {
             one_way_shown: true,
@@ -576,7 +628,13 @@ pub fn run_session(
 
 /// Sends warm-up probes every 100 ms until one is answered (3 s at most):
 /// resolves neighbours and proves that something answers at all.
-fn warm_up(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize, stop: &AtomicU8) -> Result<Option<Echo>> {
+fn warm_up(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    wire: &Wire,
+    size: usize,
+    stop: &AtomicU8,
+) -> Result<Option<Echo>> {
     match exchange(sock, dst, wire, size, u32::MAX as u64 - 1, stop, 30) {
         Some(e) => {
             // Let late duplicates and the warm-up's TX stamps drain.
@@ -647,7 +705,13 @@ fn exchange(
 /// warm-up-marked probe of the session (answered, not counted); a stateful
 /// STAMP reflector numbers one more packet of the SSID, whose reply
 /// carries the count before it.
-fn status_probe(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize, stop: &AtomicU8) -> Option<Echo> {
+fn status_probe(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    wire: &Wire,
+    size: usize,
+    stop: &AtomicU8,
+) -> Option<Echo> {
     match wire {
         Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, 3),
         Wire::Stamp { .. } => {
@@ -680,14 +744,24 @@ fn status_probe(sock: &ProbeSocket, dst: SocketAddrV4, wire: &Wire, size: usize,
 
 /// Takes TX stamps and echoes from the one socket and hands them over in
 /// batches; notes what the echoes said in `ledger`.
-fn io_loop(sock: &ProbeSocket, wire: &Wire, done: &AtomicBool, ev: &mpsc::Sender<Vec<Event>>, ledger: &Mutex<Ledger>) {
+fn io_loop(
+    sock: &ProbeSocket,
+    wire: &Wire,
+    done: &AtomicBool,
+    ev: &mpsc::Sender<Vec<Event>>,
+    ledger: &Mutex<Ledger>,
+) {
     let mut batch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
     let mut out = EventBatch::new();
     let mut seen = Vec::with_capacity(64);
     loop {
         let finishing = done.load(Ordering::Relaxed);
-        let wait = if finishing { 0 } else { out.wait_ms(clock::realtime_ns(), 20) };
+        let wait = if finishing {
+            0
+        } else {
+            out.wait_ms(clock::realtime_ns(), 20)
+        };
         if let Err(e) = socket::poll_any(&[sock], wait) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
@@ -700,7 +774,14 @@ fn io_loop(sock: &ProbeSocket, wire: &Wire, done: &AtomicBool, ev: &mpsc::Sender
             for i in 0..n_err {
                 let (_, _, c) = errq.get(i);
                 if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
-                    out.push(Event::TxTimestamp { opt_id, kind, ts_ns }, now);
+                    out.push(
+                        Event::TxTimestamp {
+                            opt_id,
+                            kind,
+                            ts_ns,
+                        },
+                        now,
+                    );
                 }
             }
             let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
@@ -762,7 +843,129 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
         s.one_way_dominant = None;
         s.rtt_dominant = None;
     }
-    s.extra.insert("clock".into(), serde_json::to_value(v).unwrap_or_default());
+    s.extra
+        .insert("clock".into(), serde_json::to_value(v).unwrap_or_default());
+}
+
+/// Checks the options of a `--target` run that only a testbed can use.
+pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
+    if opts.tx_if.is_some() {
+        bail!(
+            "--target probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other"
+        );
+    }
+    if !opts.extra_flows.is_empty() {
+        bail!("--flow is for testbed runs; with --target run one rtprobe per flow");
+    }
+    if opts.reflector.is_some() {
+        bail!(
+            "--reflector chooses the testbed's reflector; with --target the remote host's answers"
+        );
+    }
+    if opts.xdp_mode != crate::cli::XdpModeArg::Auto {
+        bail!("--xdp-mode sets the testbed's router; with --target there is none");
+    }
+    let mut k = opts.knobs.clone();
+    (k.rt_priority, k.mlockall, k.pin_cpu) = (None, None, None);
+    if !k.is_empty() {
+        bail!(
+            "with --target only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu) apply; \
+             the other knobs change a testbed's interfaces"
+        );
+    }
+    Ok(())
+}
+
+/// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
+/// written and summarised as a testbed run is.
+pub fn execute(
+    opts: &crate::config::RunOptions,
+    remote: &crate::spec::remote::RemoteOptions,
+    stop: &AtomicU8,
+    progress: impl FnMut(u64),
+) -> Result<crate::runner::RunOutcome> {
+    use crate::export::{CsvWriter, RunMeta};
+    remote.check()?;
+    check_target_options(opts)?;
+    let port = remote.port(opts.probe.port);
+    let addr = remote
+        .target_addr(port)?
+        .context("internal: execute without --target")?;
+    let key = remote
+        .auth_key
+        .as_deref()
+        .map(crate::spec::remote::read_key)
+        .transpose()?;
+    let target = Target {
+        addr,
+        protocol: remote.protocol(),
+        key,
+        stateless_reflector: false,
+        shared_clock: false,
+    };
+    let cfg = ProbeConfig {
+        port,
+        ..opts.probe.clone()
+    };
+    let meta = RunMeta {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        label: opts.label.clone(),
+        testbed: "remote".into(),
+        testbed_id: String::new(),
+        tx_if: Some("this host".into()),
+        rx_if: Some(addr.to_string()),
+        xdp_mode_requested: "none".into(),
+        xdp_mode_attached: "none".into(),
+        xdp_action: "none".into(),
+        reflector: format!("remote {}", target.protocol.name()),
+        size: cfg.size as u32,
+        interval_ns: cfg.interval.as_nanos() as u64,
+        count: cfg.count,
+        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
+        tos: cfg.tos,
+        port: addr.port(),
+        timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
+        knobs: Default::default(),
+        extra_flows: Vec::new(),
+    };
+    if cfg.timestamps == crate::cli::TimestampArg::Hardware {
+        bail!("--timestamps hardware is for testbed runs; with --target use software or auto");
+    }
+    let mut csv = CsvWriter::create(&opts.out, &meta)?;
+    let o = run_session(&target, &cfg, None, &mut csv, stop, progress)?;
+    let rows = csv.rows();
+    let summary = summarise(&o, "remote");
+    Ok(crate::runner::RunOutcome {
+        summary,
+        meta,
+        rows,
+        interrupted: o.session.interrupted,
+    })
+}
+
+/// The summary of a session against a reflector, with its clock rule,
+/// loss split and protocol facts.
+pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
+    let mut s = o.session.stats.summary();
+    s.xdp_mode_requested = "none".into();
+    s.xdp_mode_attached = "none".into();
+    apply_clock_rule(&mut s, &o.clock);
+    let mut r = o.info.clone();
+    r["kind"] = kind.into();
+    s.extra.insert("reflector".into(), r);
+    s.extra.insert(
+        "loss_split".into(),
+        serde_json::to_value(&o.loss).unwrap_or_default(),
+    );
+    s.extra
+        .insert("late_arrivals".into(), o.session.late_arrivals.into());
+    s.extra
+        .insert("peak_rss_kib".into(), crate::runner::peak_rss_kib().into());
+    if o.session.interrupted {
+        s.extra.insert("interrupted".into(), true.into());
+    }
+    s
 }
 
 #[cfg(test)]
@@ -891,128 +1094,19 @@ mod tests {
                 crate::probe::reflect::Verdict::Reply { .. }
             ));
             let e = wire.decode(&buf).unwrap();
-            assert_eq!((e.seq, e.warmup, e.reflector_seq, e.ttl), (5, false, Some(0), Some(64)));
+            assert_eq!(
+                (e.seq, e.warmup, e.reflector_seq, e.ttl),
+                (5, false, Some(0), Some(64))
+            );
             let t = e.times.unwrap();
-            assert!((t.rx_ns - (now + 1000)).abs() < 1000, "NTP keeps ns within 1 ns: {t:?}");
+            assert!(
+                (t.rx_ns - (now + 1000)).abs() < 1000,
+                "NTP keeps ns within 1 ns: {t:?}"
+            );
             // A warm-up has its own SSID and is told apart.
             wire.encode(1, now, true, &mut buf, &mut scratch);
             core.handle(&mut buf, src, None, None, now);
             assert!(wire.decode(&buf).unwrap().warmup);
         }
     }
-}
-
-/// Checks the options of a `--target` run that only a testbed can use.
-pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
-    if opts.tx_if.is_some() {
-        bail!("--target probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other");
-    }
-    if !opts.extra_flows.is_empty() {
-        bail!("--flow is for testbed runs; with --target run one rtprobe per flow");
-    }
-    if opts.reflector.is_some() {
-        bail!("--reflector chooses the testbed's reflector; with --target the remote host's answers");
-    }
-    if opts.xdp_mode != crate::cli::XdpModeArg::Auto {
-        bail!("--xdp-mode sets the testbed's router; with --target there is none");
-    }
-    let mut k = opts.knobs.clone();
-    (k.rt_priority, k.mlockall, k.pin_cpu) = (None, None, None);
-    if !k.is_empty() {
-        bail!(
-            "with --target only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu) apply; \
-             the other knobs change a testbed's interfaces"
-        );
-    }
-    Ok(())
-}
-
-/// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
-/// written and summarised as a testbed run is.
-pub fn execute(
-    opts: &crate::config::RunOptions,
-    remote: &crate::spec::remote::RemoteOptions,
-    stop: &AtomicU8,
-    progress: impl FnMut(u64),
-) -> Result<crate::runner::RunOutcome> {
-    use crate::export::{CsvWriter, RunMeta};
-    remote.check()?;
-    check_target_options(opts)?;
-    let port = remote.port(opts.probe.port);
-    let addr = remote
-        .target_addr(port)?
-        .context("internal: execute without --target")?;
-    let key = remote
-        .auth_key
-        .as_deref()
-        .map(crate::spec::remote::read_key)
-        .transpose()?;
-    let target = Target {
-        addr,
-        protocol: remote.protocol(),
-        key,
-        stateless_reflector: false,
-        shared_clock: false,
-    };
-    let cfg = ProbeConfig {
-        port,
-        ..opts.probe.clone()
-    };
-    let meta = RunMeta {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        label: opts.label.clone(),
-        testbed: "remote".into(),
-        testbed_id: String::new(),
-        tx_if: Some("this host".into()),
-        rx_if: Some(addr.to_string()),
-        xdp_mode_requested: "none".into(),
-        xdp_mode_attached: "none".into(),
-        xdp_action: "none".into(),
-        reflector: format!("remote {}", target.protocol.name()),
-        size: cfg.size as u32,
-        interval_ns: cfg.interval.as_nanos() as u64,
-        count: cfg.count,
-        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
-        tos: cfg.tos,
-        port: addr.port(),
-        timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
-        knobs: Default::default(),
-        extra_flows: Vec::new(),
-    };
-    if cfg.timestamps == crate::cli::TimestampArg::Hardware {
-        bail!("--timestamps hardware is for testbed runs; with --target use software or auto");
-    }
-    let mut csv = CsvWriter::create(&opts.out, &meta)?;
-    let o = run_session(&target, &cfg, None, &mut csv, stop, progress)?;
-    let rows = csv.rows();
-    let summary = summarise(&o, "remote");
-    Ok(crate::runner::RunOutcome {
-        summary,
-        meta,
-        rows,
-        interrupted: o.session.interrupted,
-    })
-}
-
-/// The summary of a session against a reflector, with its clock rule,
-/// loss split and protocol facts.
-pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
-    let mut s = o.session.stats.summary();
-    s.xdp_mode_requested = "none".into();
-    s.xdp_mode_attached = "none".into();
-    apply_clock_rule(&mut s, &o.clock);
-    let mut r = o.info.clone();
-    r["kind"] = kind.into();
-    s.extra.insert("reflector".into(), r);
-    s.extra
-        .insert("loss_split".into(), serde_json::to_value(&o.loss).unwrap_or_default());
-    s.extra
-        .insert("late_arrivals".into(), o.session.late_arrivals.into());
-    s.extra
-        .insert("peak_rss_kib".into(), crate::runner::peak_rss_kib().into());
-    if o.session.interrupted {
-        s.extra.insert("interrupted".into(), true.into());
-    }
-    s
 }

@@ -20,7 +20,15 @@ pub const MIN_KEY_BYTES: usize = 32;
 
 /// Which probes go on the wire.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum ProtocolArg {
@@ -108,16 +116,18 @@ pub fn resolve_v4(target: &str, default_port: u16) -> Result<SocketAddrV4> {
         bail!("--target is empty: give HOST or HOST:PORT, e.g. 192.0.2.7:862");
     }
     if t.starts_with('[') || t.matches(':').count() > 1 {
-        bail!("--target {t}: IPv6 targets are not supported yet; give an IPv4 address or a name with one");
+        bail!(
+            "--target {t}: IPv6 targets are not supported yet; give an IPv4 address or a name with one"
+        );
     }
     let with_port = if t.contains(':') {
         t.to_string()
     } else {
         format!("{t}:{default_port}")
     };
-    let addrs = with_port
-        .to_socket_addrs()
-        .with_context(|| format!("--target {t}: cannot resolve it (give HOST[:PORT], e.g. 192.0.2.7:862)"))?;
+    let addrs = with_port.to_socket_addrs().with_context(|| {
+        format!("--target {t}: cannot resolve it (give HOST[:PORT], e.g. 192.0.2.7:862)")
+    })?;
     let a = addrs
         .filter_map(|a| match a {
             std::net::SocketAddr::V4(v4) => Some(v4),
@@ -162,13 +172,15 @@ pub fn parse_rate(s: &str) -> Result<u32, String> {
 /// `rtprobe reflect`.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-#[command(after_help = "Runs until Ctrl-C or SIGTERM (or --duration), prints one line per new \
+#[command(
+    after_help = "Runs until Ctrl-C or SIGTERM (or --duration), prints one line per new \
     client session and the counters on exit.\n\n\
     Examples:\n  \
     rtprobe reflect --listen 0.0.0.0:5061\n  \
     rtprobe reflect --protocol stamp --listen 192.0.2.7:862 --json reflector.json\n  \
     rtprobe reflect --protocol stamp --auth-key stamp.key --rate-limit 2000/s\n\n\
-    Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]")]
+    Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]"
+)]
 pub struct ReflectArgs {
     /// Address and port to answer on (repeatable) [default: 0.0.0.0 and the protocol's port:
     /// 5061 for rtprobe, 862 for stamp]. Ports below 1024 need root or CAP_NET_BIND_SERVICE.
@@ -246,7 +258,12 @@ mod tests {
         );
         assert!(resolve_v4("", 1).is_err());
         assert!(resolve_v4("192.0.2.7:0", 1).is_err());
-        assert!(resolve_v4("[2001:db8::1]:862", 1).unwrap_err().to_string().contains("IPv6"));
+        assert!(
+            resolve_v4("[2001:db8::1]:862", 1)
+                .unwrap_err()
+                .to_string()
+                .contains("IPv6")
+        );
     }
 
     #[test]
@@ -257,7 +274,12 @@ mod tests {
         assert!(parse_rate("fast").is_err());
         let dir = std::env::temp_dir().join(format!("rtprobe-key-{}", std::process::id()));
         std::fs::write(&dir, b"short").unwrap();
-        assert!(read_key(&dir).unwrap_err().to_string().contains("at least 32"));
+        assert!(
+            read_key(&dir)
+                .unwrap_err()
+                .to_string()
+                .contains("at least 32")
+        );
         std::fs::write(&dir, [7u8; 32]).unwrap();
         assert!(read_key(&dir).is_ok());
         let _ = std::fs::remove_file(&dir);
@@ -265,6 +287,11 @@ mod tests {
             auth_key: Some("k".into()),
             ..Default::default()
         };
-        assert!(o.check().unwrap_err().to_string().contains("--protocol stamp"));
+        assert!(
+            o.check()
+                .unwrap_err()
+                .to_string()
+                .contains("--protocol stamp")
+        );
     }
 }
