@@ -62,6 +62,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Some(Command::Run(args)) => run_scenario_command(args),
         Some(Command::Cleanup(args)) => crate::testbed::record::cleanup_command(&args),
+        Some(Command::Reflect(args)) => crate::probe::reflect::command(&args),
         Some(Command::Compare(args)) => compare_command(&args),
         Some(Command::Completions(args)) => {
             use std::io::Write;
@@ -88,7 +89,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// signal stops sending and lets probes in flight land, the second stops at
 /// once. Either way the run ends through its normal path, so the CSV is
 /// complete and the testbed is torn down.
-fn with_signals<T: Send + 'static>(
+pub(crate) fn with_signals<T: Send + 'static>(
     quiet: bool,
     f: impl FnOnce(Arc<AtomicU8>) -> Result<T> + Send + 'static,
 ) -> Result<T> {
@@ -239,7 +240,10 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    crate::testbed::require_root()?;
+    // A remote target needs no testbed, so no root (knobs say if they do).
+    if opts.remote.target.is_none() {
+        crate::testbed::require_root()?;
+    }
     let quiet = opts.quiet;
     let outcome = with_signals(quiet, move |stop| {
         let bar = progress_bar(&opts);

@@ -69,6 +69,9 @@ pub enum Command {
     /// Remove the testbeds of runs that died (SIGKILL, crash): their namespaces, and give
     /// NIC-pair interfaces back as they were.
     Cleanup(crate::testbed::record::CleanupArgs),
+    /// Answer probes from other hosts (rtprobe's protocol or STAMP) in this network namespace,
+    /// until Ctrl-C; `rtprobe --target` on the other host sends them.
+    Reflect(crate::spec::remote::ReflectArgs),
     /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
     /// xtask man` runs it.
     #[command(hide = true)]

@@ -10,7 +10,10 @@ use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig},
-    spec::RunOptions,
+    spec::{
+        RunOptions,
+        remote::{ProtocolArg, RemoteOptions},
+    },
     stats::Summary,
     testbed::{Kind, Testbed},
     tune,
@@ -40,6 +43,16 @@ pub fn execute(
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
+    // `--target` probes a remote reflector (no testbed); `--protocol stamp`
+    // sends STAMP through the testbed.
+    let remote = &opts.remote;
+    if remote.target.is_some() {
+        return crate::probe::remote::execute(opts, remote, stop, live);
+    }
+    remote.check()?;
+    if remote.protocol() == ProtocolArg::Stamp && !opts.extra_flows.is_empty() {
+        bail!("--flow works with the rtprobe protocol only: drop --flow or --protocol stamp");
+    }
     crate::testbed::require_root()?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
         (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
@@ -52,7 +65,7 @@ pub fn execute(
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
-    let out = probe_on(&testbed, opts, stop, live)?;
+    let out = probe_on(&testbed, opts, remote, stop, live)?;
     // Explicit, so a failure to give interfaces back is reported.
     testbed.teardown()?;
     Ok(out)
@@ -63,6 +76,7 @@ pub fn execute(
 fn probe_on(
     testbed: &Testbed,
     opts: &RunOptions,
+    remote: &RemoteOptions,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
@@ -80,10 +94,48 @@ fn probe_on(
     check_stop(stop)?;
     let mut xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
     check_stop(stop)?;
-    let (kernel_reflector, mut reflector_info) = choose_reflector(&mut xdp, testbed, opts)?;
+    let stamp = remote.protocol() == ProtocolArg::Stamp;
+    let stamp_port = remote.port(opts.probe.port);
+    let key = remote
+        .auth_key
+        .as_deref()
+        .map(crate::spec::remote::read_key)
+        .transpose()?;
+    if key.is_some() && opts.reflector == Some(ReflectorKind::Kernel) {
+        bail!(
+            "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user"
+        );
+    }
+    let user_only = key.is_some().then_some(ReflectorKind::User);
+    let (kernel_reflector, mut reflector_info) = choose_reflector(
+        &mut xdp,
+        testbed,
+        opts,
+        user_only,
+        stamp.then_some(stamp_port),
+    )?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
+        port: if stamp { stamp_port } else { opts.probe.port },
         ..opts.probe.clone()
+    };
+    // STAMP through the testbed: rtprobe's session-sender in the sender
+    // namespace; at the receiver the in-kernel reflector or the same
+    // user-space reflector `rtprobe reflect` runs.
+    let stamp_reflector = if stamp && !kernel_reflector {
+        let addr = std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, stamp_port);
+        let socks = testbed
+            .receiver
+            .run(|| crate::probe::reflect::bind(&[addr]))?;
+        let policy = crate::probe::reflect::Policy {
+            protocol: ProtocolArg::Stamp,
+            key: key.clone(),
+            rate_limit_pps: 0,
+            stateful: true,
+        };
+        Some(StampReflector::spawn(socks, policy)?)
+    } else {
+        None
     };
 
     let meta = RunMeta {
@@ -110,7 +162,7 @@ fn probe_on(
         count: opts.probe.count,
         duration_ns: opts.probe.duration.map(|d| d.as_nanos() as u64),
         tos: opts.probe.tos,
-        port: opts.probe.port,
+        port: main_cfg.port,
         timestamps_requested: opts.probe.timestamps.as_str().into(),
         knobs: {
             let mut k = applied.as_ref().map(|a| a.metadata()).unwrap_or_default();
@@ -145,6 +197,8 @@ fn probe_on(
         sender_if: &testbed.sender_if,
         receiver_if: &testbed.receiver_if,
     };
+    let stamp_outcome = std::sync::Mutex::new(None);
+    let stamp_outcome = &stamp_outcome;
     // Every flow is its own session (sockets, reflector, matcher) on its
     // own port, all writing rows into one CSV.
     let mut outcomes = std::thread::scope(|s| {
@@ -165,7 +219,29 @@ fn probe_on(
             })
             .collect();
         let mut sink = csv;
-        let main = probe::run_session(ep, &main_cfg, &mut sink, stop, &mut main_observer);
+        let main = if stamp {
+            let target = crate::probe::remote::Target {
+                addr: std::net::SocketAddrV4::new(ep.receiver_if.addr, stamp_port),
+                protocol: ProtocolArg::Stamp,
+                key: key.clone(),
+                stateless_reflector: kernel_reflector,
+                shared_clock: true,
+            };
+            crate::probe::remote::run_session(
+                &target,
+                &main_cfg,
+                Some(ep.sender_ns),
+                &mut sink,
+                stop,
+                &mut main_observer,
+            )
+            .map(|o| {
+                *stamp_outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some((o.loss, o.info));
+                o.session
+            })
+        } else {
+            probe::run_session(ep, &main_cfg, &mut sink, stop, &mut main_observer)
+        };
         if main.is_err() {
             stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
         }
@@ -206,7 +282,30 @@ fn probe_on(
         let c = c.context("read the in-kernel reflector's counters")?;
         reflector_info["counters"] = serde_json::to_value(c).unwrap_or_default();
     }
+    if let Some(r) = stamp_reflector {
+        let report = r.stop()?;
+        reflector_info["counters"] = serde_json::to_value(&report.counters).unwrap_or_default();
+    }
+    if let Some((loss, info)) = stamp_outcome
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
+        if let (serde_json::Value::Object(r), serde_json::Value::Object(i)) =
+            (&mut reflector_info, info)
+        {
+            r.extend(i);
+        }
+        summary.extra.insert(
+            "loss_split".into(),
+            serde_json::to_value(loss).unwrap_or_default(),
+        );
+    }
     summary.extra.insert("reflector".into(), reflector_info);
+    summary.extra.insert(
+        "clock".into(),
+        serde_json::json!({"one_way_shown": true, "note": ONE_CLOCK_NOTE}),
+    );
     summary
         .extra
         .insert("late_arrivals".into(), outcome.late_arrivals.into());
@@ -276,7 +375,14 @@ fn choose_reflector(
     xdp: &mut XdpSetup,
     testbed: &Testbed,
     opts: &RunOptions,
+    forced: Option<ReflectorKind>,
+    stamp_port: Option<u16>,
 ) -> Result<(bool, serde_json::Value)> {
+    // STAMP only: the kernel answers STAMP on its port and no rtprobe probes.
+    let (probe_port, stamp_port) = match stamp_port {
+        Some(p) => (0, p),
+        None => (opts.probe.port, 0),
+    };
     const KERNEL_LOSS_NOTE: &str = "the in-kernel reflector answers without a socket: a probe \
         counts as arrived when its echo comes back, so loss on the way out and on the way back \
         cannot be told apart (echoes lost is always 0)";
@@ -285,16 +391,18 @@ fn choose_reflector(
     const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
         the veth testbed's router, where rtprobe does not prepare the peer to take the \
         in-kernel reflector's replies (use the veth testbed)";
-    match opts.reflector {
+    match forced.or(opts.reflector) {
         Some(ReflectorKind::User) => Ok((false, serde_json::json!({"kind": "user"}))),
         Some(ReflectorKind::Kernel) => {
             if !path_ok {
                 bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
             }
-            let mode = xdp.attach_reflector(testbed, opts.probe.port).context(
-                "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
+            let mode = xdp
+                .attach_reflector_ports(testbed, probe_port, stamp_port)
+                .context(
+                    "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
                  interface (use --reflector user, or --xdp-mode off in NIC-pair mode)",
-            )?;
+                )?;
             Ok((true, kernel(mode)))
         }
         None if !path_ok => {
@@ -302,7 +410,7 @@ fn choose_reflector(
             log::info!("{note}");
             Ok((false, serde_json::json!({"kind": "user", "note": note})))
         }
-        None => match xdp.attach_reflector(testbed, opts.probe.port) {
+        None => match xdp.attach_reflector_ports(testbed, probe_port, stamp_port) {
             Ok(mode) => Ok((true, kernel(mode))),
             Err(e) => {
                 let note = format!(
@@ -418,5 +526,40 @@ impl crate::config::FigureMaker for PlotFigures {
                     .unwrap_or(f)
             })
             .collect())
+    }
+}
+
+/// The testbed's sender and receiver read the same kernel clock.
+const ONE_CLOCK_NOTE: &str = "sender and receiver share this host's clock (namespaces): \
+    one-way needs no synchronisation";
+
+/// The user-space STAMP reflector of a testbed run, in its own thread.
+struct StampReflector {
+    stop: std::sync::Arc<AtomicU8>,
+    thread: std::thread::JoinHandle<Result<crate::probe::reflect::ServeReport>>,
+}
+
+impl StampReflector {
+    fn spawn(
+        socks: Vec<crate::probe::socket::ProbeSocket>,
+        policy: crate::probe::reflect::Policy,
+    ) -> Result<Self> {
+        let stop = std::sync::Arc::new(AtomicU8::new(0));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rtprobe-reflect".into())
+            .spawn(move || {
+                let mut core = crate::probe::reflect::Core::new(policy);
+                crate::probe::reflect::serve(&socks, &mut core, &s, None, |_| {})
+            })
+            .context("spawn the STAMP reflector thread")?;
+        Ok(Self { stop, thread })
+    }
+
+    fn stop(self) -> Result<crate::probe::reflect::ServeReport> {
+        self.stop.store(1, Ordering::SeqCst);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the STAMP reflector thread panicked"))?
     }
 }

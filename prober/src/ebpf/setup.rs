@@ -148,6 +148,17 @@ impl XdpSetup {
     /// when another XDP program holds the interface (the router in NIC-pair
     /// mode).
     pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
+        self.attach_reflector_ports(tb, port, 0)
+    }
+
+    /// [`Self::attach_reflector`] answering rtprobe probes to `port` (0:
+    /// none) and STAMP session-sender packets to `stamp_port` (0: none).
+    pub fn attach_reflector_ports(
+        &mut self,
+        tb: &Testbed,
+        port: u16,
+        stamp_port: u16,
+    ) -> Result<AttachedMode> {
         let mut reply_ifindex = 0;
         if self
             .offloads
@@ -163,7 +174,7 @@ impl XdpSetup {
                 .receiver
                 .run(|| super::ifindex_of(name, tb.receiver.name()))?;
         }
-        let mut r = Reflector::load(port, 0, reply_ifindex)?;
+        let mut r = Reflector::load(port, stamp_port, reply_ifindex)?;
         let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpMode::Auto)?;
         self.reflector = Some((r, mode));
         Ok(mode)

@@ -59,12 +59,33 @@ fn pacing_words(p: &Pacing) -> String {
     }
 }
 
+/// ", protocol stamp, SSID 12, sender TTL 64" for a session against a
+/// reflector; empty otherwise.
+fn protocol_words(r: &serde_json::Value) -> String {
+    let Some(p) = r["protocol"].as_str() else {
+        return String::new();
+    };
+    let mut w = format!(", protocol {p}");
+    if let Some(ssid) = r["ssid"].as_u64() {
+        w += &format!(", SSID {ssid}");
+    }
+    if r["authenticated"].as_bool() == Some(true) {
+        w += ", authenticated (HMAC-SHA-256)";
+    }
+    match (r["sender_ttl_min"].as_u64(), r["sender_ttl_max"].as_u64()) {
+        (Some(a), Some(b)) if a == b => w += &format!(", probes arrived with TTL {a}"),
+        (Some(a), Some(b)) => w += &format!(", probes arrived with TTL {a}..{b}"),
+        _ => {}
+    }
+    w
+}
+
 pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     let mut o = String::new();
     let interval = humantime::format_duration(std::time::Duration::from_nanos(m.interval_ns));
     let _ = writeln!(
         o,
-        "rtprobe{}: {} B probes every {interval}, TOS {:#04x}, port {}, {} testbed ({} -> {})",
+        "rtprobe{}: {} B probes every {interval}, TOS {:#04x}, port {}, {} ({} -> {})",
         m.label
             .as_deref()
             .map(|l| format!(" [{l}]"))
@@ -72,7 +93,11 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         m.size,
         m.tos,
         m.port,
-        m.testbed,
+        if m.testbed == "remote" {
+            "remote reflector".to_string()
+        } else {
+            format!("{} testbed", m.testbed)
+        },
         m.tx_if.as_deref().unwrap_or("?"),
         m.rx_if.as_deref().unwrap_or("?"),
     );
@@ -112,7 +137,21 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             .as_str()
             .map(|n| format!("; {n}"))
             .unwrap_or_default();
-        let _ = writeln!(o, "  reflector: {kind}{mode}{note}");
+        let _ = writeln!(o, "  reflector: {kind}{mode}{note}{}", protocol_words(r));
+    }
+    if let Some(l) = s.extra.get("loss_split") {
+        let n = |v: &serde_json::Value| v.as_u64().map_or("?".to_string(), |x| x.to_string());
+        let _ = writeln!(
+            o,
+            "  loss by direction: forward {}  return {}  unknown {} ({})",
+            n(&l["forward"]),
+            n(&l["return"]),
+            n(&l["unknown"]),
+            l["basis"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(note) = s.extra.get("clock").and_then(|c| c["note"].as_str()) {
+        let _ = writeln!(o, "  clock: {note}");
     }
     if let Some(line) = drops_line(s) {
         let _ = writeln!(o, "{line}");

@@ -45,6 +45,8 @@ pub struct Cmsgs {
     /// ts[2]: raw hardware timestamp (NIC clock) ns.
     pub hw_ns: Option<i64>,
     pub ext_err: Option<ExtErr>,
+    /// IP_TTL (with IP_RECVTTL on): the TTL the datagram arrived with.
+    pub ttl: Option<u8>,
 }
 
 impl Cmsgs {
@@ -134,6 +136,9 @@ pub fn parse(control: &[u8]) -> Cmsgs {
                 };
                 out.sw_ns = ts(0);
                 out.hw_ns = ts(2);
+            }
+            (libc::SOL_IP, libc::IP_TTL) if data.len() >= 4 => {
+                out.ttl = u8::try_from(read_i32(data)).ok();
             }
             (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR)
                 if data.len() >= 16 =>

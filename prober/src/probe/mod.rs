@@ -20,6 +20,8 @@ pub mod matcher;
 pub mod pacer;
 pub mod packet;
 pub mod phc;
+pub mod reflect;
+pub mod remote;
 pub mod socket;
 pub mod stamp;
 pub mod timestamps;
@@ -539,6 +541,8 @@ struct ReflectBufs {
     ids: Vec<u32>,
     /// (seq, software RX, hardware RX) of this wake-up's probes.
     arrivals: Vec<(u64, Option<i64>, Option<i64>)>,
+    /// The reflector's decisions, the same as `rtprobe reflect`'s.
+    core: reflect::Core,
 }
 
 /// Receiver side of one wake-up: takes the probes queued at the receiver
@@ -558,6 +562,7 @@ fn reflect_queued(
         echo,
         ids,
         arrivals,
+        core,
     } = bufs;
     let n = match rx.recv_batch(batch, false) {
         Ok(n) => n,
@@ -571,19 +576,27 @@ fn reflect_queued(
     ids.clear();
     arrivals.clear();
     for i in 0..n {
-        let (payload, _, c) = batch.get(i);
-        match Probe::decode(payload, session) {
-            Ok(p) if !p.echo => {
-                let warmup = payload[5] & FLAG_WARMUP != 0;
-                payload[5] |= FLAG_ECHO;
+        let (payload, src, c) = batch.get(i);
+        // Read before the reply is written over it.
+        let probe = Probe::decode(payload, session);
+        let warmup = payload.len() > 5 && payload[5] & FLAG_WARMUP != 0;
+        let verdict = core.handle(payload, std::net::SocketAddr::V4(src), c.sw_ns, c.ttl, now);
+        match (verdict, probe) {
+            (reflect::Verdict::Reply { .. }, Ok(p)) => {
                 echo.push(i);
                 ids.push(p.seq as u32);
                 if !warmup {
                     arrivals.push((p.seq, c.sw_ns, c.hw_ns));
                 }
             }
-            Ok(_) => {}
-            Err(_) => out.push(Event::Foreign, now),
+            (reflect::Verdict::Reply { .. }, Err(_)) => {
+                // Another run's probe: answered, as any reflector would.
+                echo.push(i);
+                ids.push(u32::MAX - 2);
+                out.push(Event::Foreign, now);
+            }
+            (reflect::Verdict::Drop(_), Ok(_)) => {}
+            (reflect::Verdict::Drop(_), Err(_)) => out.push(Event::Foreign, now),
         }
     }
     let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
@@ -700,6 +713,13 @@ fn io_loop(
         echo: Vec::with_capacity(64),
         ids: Vec::with_capacity(64),
         arrivals: Vec::with_capacity(64),
+        // No rate limit: the testbed's own probes may come at any rate.
+        core: reflect::Core::new(reflect::Policy {
+            protocol: crate::spec::remote::ProtocolArg::Rtprobe,
+            key: None,
+            rate_limit_pps: 0,
+            stateful: true,
+        }),
     };
     let mut sbatch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);

@@ -230,6 +230,39 @@ pub fn pace(
     attempts: &AtomicU64,
     ev: &mpsc::Sender<Vec<Event>>,
 ) -> Result<Pacing> {
+    let flow = cfg.flow;
+    pace_with(
+        sock,
+        dst,
+        cfg,
+        stop,
+        attempts,
+        ev,
+        &mut |seq, send_ns, buf| {
+            Probe {
+                session,
+                seq,
+                flow,
+                echo: false,
+                send_ns,
+                kernel_times: None,
+            }
+            .encode(buf)
+        },
+    )
+}
+
+/// [`pace`] with the probe's bytes written by `encode(seq, send_ns, buf)`
+/// (another protocol, e.g. STAMP).
+pub fn pace_with(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    cfg: &ProbeConfig,
+    stop: &AtomicU8,
+    attempts: &AtomicU64,
+    ev: &mpsc::Sender<Vec<Event>>,
+    encode: &mut dyn FnMut(u64, i64, &mut [u8]),
+) -> Result<Pacing> {
     tight_timer_slack();
     // Kept for the whole loop: dropping it puts the thread's policy back.
     let _rt = if cfg.rt.is_empty() {
@@ -268,15 +301,7 @@ pub fn pace(
         let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
         batch.clear();
         for s in seq..end {
-            Probe {
-                session,
-                seq: s,
-                flow: cfg.flow,
-                echo: false,
-                send_ns,
-                kernel_times: None,
-            }
-            .encode(batch.push(s as u32));
+            encode(s, send_ns, batch.push(s as u32));
         }
         let mut i = 0;
         while i < batch.len() {

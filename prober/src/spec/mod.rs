@@ -35,6 +35,7 @@ pub mod output;
 pub mod pacing;
 pub mod plan;
 pub mod probe;
+pub mod remote;
 pub mod values;
 pub mod xdp;
 
@@ -70,6 +71,9 @@ pub struct RunSpec {
     #[command(flatten)]
     #[serde(flatten)]
     pub continuous: continuous::ContinuousArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub remote: remote::RemoteOptions,
 }
 
 impl RunSpec {

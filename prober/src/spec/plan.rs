@@ -51,6 +51,8 @@ pub struct RunOptions {
     pub extra_flows: Vec<ProbeConfig>,
     /// Forever, CSV rotation, interval reports, metrics, HDR log.
     pub continuous: super::continuous::ContinuousPlan,
+    /// Probe protocol, remote target (no testbed), STAMP key.
+    pub remote: super::remote::RemoteOptions,
 }
 
 /// An option that cannot work: its spec key (`size`, `link_rate`) and why.
@@ -308,6 +310,7 @@ pub fn validate(
         queue_csv,
         extra_flows,
         continuous,
+        remote: run.remote.clone(),
     })
 }
 

@@ -297,6 +297,12 @@ fn every_spec_round_trips_through_merge() {
         "127.0.0.1:0",
         "--hdr-log",
         "x.hlog",
+        "--target",
+        "192.0.2.7:862",
+        "--protocol",
+        "stamp",
+        "--auth-key",
+        "key.bin",
     ])
     .unwrap()
     .probe;

@@ -81,6 +81,19 @@ impl Netns {
         })
     }
 
+    /// The calling thread's namespace, not owned (never deleted): for
+    /// attaching programs where rtprobe runs (`rtprobe reflect --kernel`).
+    pub fn current() -> Result<Self> {
+        let path = PathBuf::from("/proc/thread-self/ns/net");
+        let file = File::open(&path).context("open this thread's network namespace")?;
+        Ok(Self {
+            name: "(current)".into(),
+            path,
+            file,
+            owned: false,
+        })
+    }
+
     /// The namespace the calling process started in (for giving interfaces back).
     pub fn host() -> Result<File> {
         File::open("/proc/1/ns/net")

@@ -1,0 +1,1025 @@
+//! The user-space reflector: answers rtprobe probes or STAMP session-sender
+//! packets (RFC 8762 §4.3, stateless or stateful, unauthenticated or
+//! authenticated). [`Core`] decides per datagram and rewrites the reply in
+//! place (pure, unit-tested); [`serve`] is the socket loop that `rtprobe
+//! reflect` and testbed runs with `--protocol stamp` both run.
+//!
+//! Safe to leave running on a network:
+//! - only well-formed probes of the served protocol are answered (with a
+//!   key: only valid HMACs); echoes are never answered again;
+//! - a reply is the request's own buffer rewritten, never longer;
+//! - a token bucket per source address limits answers (counted);
+//! - the session and source tables are bounded ([`MAX_SESSIONS`],
+//!   [`MAX_SOURCES`]): a full table evicts its least recently seen entry.
+//!
+//! Every datagram is counted exactly once: reflected, malformed,
+//! rate_limited or auth_failed.
+//!
+//! rtprobe-protocol echoes carry, beyond the in-kernel reflector's times
+//! (flag bit 2, bytes 32..48), the reflector's state (flag bit 3, payload
+//! of at least 64 bytes):
+//!
+//! ```text
+//! 48                56       58
+//! | received (u64)  | EE u16 | zero
+//! ```
+//! `received`: probes of this session (not warm-ups) the reflector has
+//! seen, this one included, so the sender can tell forward from return
+//! loss; EE: the reflector clock's STAMP Error Estimate (RFC 4656 §4.1.2).
+//!
+//! Kernel interfaces (in [`serve`]): UDP sockets with SO_TIMESTAMPING
+//! (software RX and TX stamps, Linux >= 2.6.30) and IP_RECVTTL.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr, SocketAddrV4},
+    sync::atomic::{AtomicU8, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::{
+    clock,
+    packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, MAGIC, VERSION},
+    socket::{ProbeSocket, RecvBatch, TsFlags},
+    stamp::{self, ClockSync, ErrorEstimate, HmacKey, Mode, ReflectParams, Sequencing},
+};
+use crate::spec::remote::ProtocolArg;
+
+/// Echo flag bit: bytes [`STATE_OFFSET`].. hold the reflector's state.
+pub const FLAG_REFLECTOR_STATE: u8 = 8;
+/// Warm-up probes (see `probe/mod.rs`): answered, not counted.
+pub const FLAG_WARMUP: u8 = 2;
+pub const STATE_OFFSET: usize = 48;
+/// Smallest payload the state is written into.
+pub const STATE_MIN_LEN: usize = 64;
+/// Sessions (source + session id or SSID) remembered at once.
+pub const MAX_SESSIONS: usize = 4096;
+/// Sources with a rate-limit bucket at once.
+pub const MAX_SOURCES: usize = 4096;
+/// Largest datagram answered: a jumbo frame's payload. Anything longer is
+/// malformed (no probe rtprobe or a STAMP sender builds is that long).
+pub const MAX_REQUEST_BYTES: usize = 9000;
+
+/// How the reflector answers.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub protocol: ProtocolArg,
+    /// STAMP authenticated mode.
+    pub key: Option<HmacKey>,
+    /// Answers per second per source address; 0: no limit.
+    pub rate_limit_pps: u32,
+    /// STAMP: per-session sequence numbers (RFC 8762 §4.3 stateful).
+    pub stateful: bool,
+}
+
+/// What the reflector did, by datagram.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Datagrams received (= reflected + malformed + rate_limited + auth_failed).
+    pub datagrams: u64,
+    pub sessions: u64,
+    pub reflected: u64,
+    pub malformed: u64,
+    pub rate_limited: u64,
+    pub auth_failed: u64,
+    /// Sessions forgotten to make room in a full table.
+    pub sessions_evicted: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Replies the kernel refused to send.
+    pub send_errors: u64,
+}
+
+/// Why a datagram was not answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drop {
+    Malformed,
+    RateLimited,
+    AuthFailed,
+}
+
+/// The answer to one datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The buffer now holds the reply (same length as the request).
+    /// `new_session` is set on the first probe of a session.
+    Reply {
+        new_session: Option<u64>,
+    },
+    Drop(Drop),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    received: u64,
+    next_seq: u32,
+    last_ns: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    last_ns: i64,
+}
+
+/// One new session, for the log and the JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    pub source: String,
+    /// rtprobe session id (hex) or STAMP SSID.
+    pub id: String,
+    pub first_seen: String,
+}
+
+/// The reflector's decisions and bounded state.
+pub struct Core {
+    policy: Policy,
+    sessions: HashMap<(SocketAddr, u64), Session>,
+    buckets: HashMap<IpAddr, Bucket>,
+    pub counters: Counters,
+    clock: ClockSync,
+    clock_read_ns: i64,
+    scratch: Vec<u8>,
+}
+
+impl Core {
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            sessions: HashMap::new(),
+            buckets: HashMap::new(),
+            counters: Counters::default(),
+            clock: unsynced(),
+            clock_read_ns: i64::MIN,
+            scratch: Vec::with_capacity(2048),
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The clock state replies carry, read from the kernel at most once a
+    /// second (a leap or a daemon's update changes it).
+    pub fn clock(&mut self, now_ns: i64) -> ClockSync {
+        if now_ns.saturating_sub(self.clock_read_ns) >= 1_000_000_000 {
+            self.clock = ClockSync::read_kernel().unwrap_or_else(|_| unsynced());
+            self.clock_read_ns = now_ns;
+        }
+        self.clock
+    }
+
+    /// Sets the clock state instead of reading the kernel (tests).
+    pub fn set_clock(&mut self, c: ClockSync, now_ns: i64) {
+        self.clock = c;
+        self.clock_read_ns = now_ns;
+    }
+
+    /// Decides on one datagram of `len` bytes at the start of `buf` and,
+    /// for an answer, rewrites it into the reply. `rx_ns`: its kernel RX
+    /// stamp (else `now_ns`), `ttl`: the TTL it arrived with.
+    pub fn handle(
+        &mut self,
+        buf: &mut [u8],
+        src: SocketAddr,
+        rx_ns: Option<i64>,
+        ttl: Option<u8>,
+        now_ns: i64,
+    ) -> Verdict {
+        self.counters.datagrams += 1;
+        self.counters.bytes_in += buf.len() as u64;
+        let v = self.decide(buf, src, rx_ns.unwrap_or(now_ns), ttl, now_ns);
+        match v {
+            Verdict::Reply { new_session } => {
+                self.counters.reflected += 1;
+                self.counters.bytes_out += buf.len() as u64;
+                if new_session.is_some() {
+                    self.counters.sessions += 1;
+                }
+            }
+            Verdict::Drop(Drop::Malformed) => self.counters.malformed += 1,
+            Verdict::Drop(Drop::RateLimited) => self.counters.rate_limited += 1,
+            Verdict::Drop(Drop::AuthFailed) => self.counters.auth_failed += 1,
+        }
+        v
+    }
+
+    fn decide(
+        &mut self,
+        buf: &mut [u8],
+        src: SocketAddr,
+        rx_ns: i64,
+        ttl: Option<u8>,
+        now_ns: i64,
+    ) -> Verdict {
+        if buf.len() > MAX_REQUEST_BYTES {
+            return Verdict::Drop(Drop::Malformed);
+        }
+        match self.policy.protocol {
+            ProtocolArg::Rtprobe => self.rtprobe(buf, src, rx_ns, now_ns),
+            ProtocolArg::Stamp => self.stamp(buf, src, rx_ns, ttl, now_ns),
+        }
+    }
+
+    fn rtprobe(&mut self, buf: &mut [u8], src: SocketAddr, rx_ns: i64, now_ns: i64) -> Verdict {
+        if buf.len() < HEADER_LEN || buf[0..4] != MAGIC || buf[4] != VERSION {
+            return Verdict::Drop(Drop::Malformed);
+        }
+        // Echoes (and anything claiming to carry a reflector's fields) are
+        // never answered: two reflectors must not play ping-pong.
+        if buf[5] & (FLAG_ECHO | FLAG_KERNEL_TIMES | FLAG_REFLECTOR_STATE) != 0 {
+            return Verdict::Drop(Drop::Malformed);
+        }
+        if !self.admit(src.ip(), now_ns) {
+            return Verdict::Drop(Drop::RateLimited);
+        }
+        let id = u64::from_be_bytes(buf[8..16].try_into().expect("8 bytes"));
+        let warmup = buf[5] & FLAG_WARMUP != 0;
+        let (s, new) = self.session(src, id, now_ns);
+        if !warmup {
+            s.received += 1;
+        }
+        let received = s.received;
+        let ee = ErrorEstimate::from_clock_sync(&self.clock(now_ns), false);
+        write_rtprobe_echo(buf, rx_ns, clock::realtime_ns(), received, ee);
+        Verdict::Reply {
+            new_session: new.then_some(id),
+        }
+    }
+
+    fn stamp(
+        &mut self,
+        buf: &mut [u8],
+        src: SocketAddr,
+        rx_ns: i64,
+        ttl: Option<u8>,
+        now_ns: i64,
+    ) -> Verdict {
+        let key = self.policy.key.clone();
+        let mode = match &key {
+            Some(k) => Mode::Authenticated(k),
+            None => Mode::Unauthenticated,
+        };
+        if buf.len() < mode.base_len_bytes() {
+            return Verdict::Drop(Drop::Malformed);
+        }
+        if !self.admit(src.ip(), now_ns) {
+            return Verdict::Drop(Drop::RateLimited);
+        }
+        let clock = self.clock(now_ns);
+        let params = ReflectParams {
+            rx_realtime_ns: rx_ns,
+            tx_realtime_ns: clock::realtime_ns(),
+            // No IP_TTL control message: the TTL is unknown, which RFC 8762
+            // has no value for; 0 cannot be a TTL a packet arrived with.
+            ttl: ttl.unwrap_or(0),
+            error_estimate: ErrorEstimate::from_clock_sync(&clock, false),
+            tai_offset_s: clock.tai_offset_s,
+        };
+        let mut reply = std::mem::take(&mut self.scratch);
+        let r = stamp::reflect(buf, mode, Sequencing::Stateless, &params, &mut reply);
+        let verdict = match r {
+            Err(stamp::StampError::BadHmac) => Verdict::Drop(Drop::AuthFailed),
+            Err(_) => Verdict::Drop(Drop::Malformed),
+            Ok(()) => {
+                // The SSID sits at 14 (unauthenticated) or 26 (authenticated).
+                let at = if key.is_some() { 26 } else { 14 };
+                let ssid = u16::from_be_bytes([buf[at], buf[at + 1]]);
+                let stateful = self.policy.stateful;
+                let (s, new) = self.session(src, ssid as u64, now_ns);
+                s.received += 1;
+                if stateful {
+                    // RFC 8762 §4.3: the reflector's own counter per session.
+                    let seq = s.next_seq;
+                    s.next_seq = seq.wrapping_add(1);
+                    reply[0..4].copy_from_slice(&seq.to_be_bytes());
+                    if let Some(k) = &key {
+                        let tag = k.tag(&reply[..stamp::HMAC_COVERED_BYTES]);
+                        reply[stamp::HMAC_COVERED_BYTES..stamp::AUTH_LEN_BYTES]
+                            .copy_from_slice(&tag);
+                    }
+                }
+                debug_assert_eq!(reply.len(), buf.len());
+                buf.copy_from_slice(&reply[..buf.len()]);
+                Verdict::Reply {
+                    new_session: new.then_some(ssid as u64),
+                }
+            }
+        };
+        self.scratch = reply;
+        verdict
+    }
+
+    /// Takes a token from `ip`'s bucket (burst: a tenth of a second's worth,
+    /// at least 16).
+    fn admit(&mut self, ip: IpAddr, now_ns: i64) -> bool {
+        let rate = self.policy.rate_limit_pps;
+        if rate == 0 {
+            return true;
+        }
+        let burst = (rate as f64 / 10.0).max(16.0);
+        if !self.buckets.contains_key(&ip) && self.buckets.len() >= MAX_SOURCES {
+            evict_oldest(&mut self.buckets, |b| b.last_ns);
+        }
+        let b = self.buckets.entry(ip).or_insert(Bucket {
+            tokens: burst,
+            last_ns: now_ns,
+        });
+        let dt_s = (now_ns - b.last_ns).max(0) as f64 / 1e9;
+        b.tokens = (b.tokens + dt_s * rate as f64).min(burst);
+        b.last_ns = now_ns;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn session(&mut self, src: SocketAddr, id: u64, now_ns: i64) -> (&mut Session, bool) {
+        let key = (src, id);
+        let new = !self.sessions.contains_key(&key);
+        if new && self.sessions.len() >= MAX_SESSIONS {
+            evict_oldest(&mut self.sessions, |s| s.last_ns);
+            self.counters.sessions_evicted += 1;
+        }
+        let s = self.sessions.entry(key).or_insert(Session {
+            received: 0,
+            next_seq: 0,
+            last_ns: now_ns,
+        });
+        s.last_ns = now_ns;
+        (s, new)
+    }
+
+    pub fn sessions_held(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn sources_held(&self) -> usize {
+        self.buckets.len()
+    }
+}
+
+fn unsynced() -> ClockSync {
+    ClockSync {
+        synchronized: false,
+        max_error_ns: 0,
+        tai_offset_s: 0,
+    }
+}
+
+/// Forgets the entry seen longest ago. O(n) but only when the table is
+/// full, and n is bounded.
+fn evict_oldest<K: Clone + Eq + std::hash::Hash, V>(
+    m: &mut HashMap<K, V>,
+    age: impl Fn(&V) -> i64,
+) {
+    if let Some(k) = m.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
+        m.remove(&k);
+    }
+}
+
+/// Turns an rtprobe probe into its echo: the echo flag, the reflector's
+/// receive and transmit times where there is room (as the in-kernel
+/// reflector writes them), and its state where there is room for that.
+pub fn write_rtprobe_echo(
+    buf: &mut [u8],
+    rx_ns: i64,
+    tx_ns: i64,
+    received: u64,
+    ee: ErrorEstimate,
+) {
+    buf[5] |= FLAG_ECHO;
+    if buf.len() >= super::packet::KTIMES_MIN_LEN {
+        buf[5] |= FLAG_KERNEL_TIMES;
+        buf[32..40].copy_from_slice(&rx_ns.to_be_bytes());
+        buf[40..48].copy_from_slice(&tx_ns.to_be_bytes());
+    }
+    if buf.len() >= STATE_MIN_LEN {
+        buf[5] |= FLAG_REFLECTOR_STATE;
+        buf[48..56].copy_from_slice(&received.to_be_bytes());
+        buf[56..58].copy_from_slice(&ee.to_bits().to_be_bytes());
+        buf[58..64].fill(0);
+    }
+}
+
+/// The reflector state in an rtprobe echo, if it carries one.
+pub fn read_rtprobe_state(buf: &[u8]) -> Option<(u64, ErrorEstimate)> {
+    if buf.len() < STATE_MIN_LEN || buf[5] & FLAG_REFLECTOR_STATE == 0 {
+        return None;
+    }
+    Some((
+        u64::from_be_bytes(buf[48..56].try_into().expect("8 bytes")),
+        ErrorEstimate::from_bits(u16::from_be_bytes([buf[56], buf[57]])),
+    ))
+}
+
+/// What [`serve`] reports when it returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServeReport {
+    pub protocol: &'static str,
+    pub listen: Vec<String>,
+    pub authenticated: bool,
+    pub stateful: bool,
+    pub rate_limit_pps: u32,
+    pub duration_s: f64,
+    pub counters: Counters,
+    /// From the probe's kernel RX stamp to the echo's kernel TX stamp.
+    pub turnaround_ns: crate::stats::Latency,
+    /// Sessions seen, first ones first (at most 1000 kept).
+    pub session_list: Vec<SessionInfo>,
+    /// The clock state replies carried at the end.
+    pub clock_synchronized: bool,
+    pub clock_max_error_ns: u64,
+}
+
+/// Sessions listed in the JSON at most.
+const SESSION_LIST_MAX: usize = 1000;
+/// RX stamps kept for matching TX stamps (OPT_ID modulo this).
+const TURNAROUND_RING: usize = 4096;
+
+/// Binds the reflector's sockets (in the calling thread's namespace).
+pub fn bind(listen: &[SocketAddrV4]) -> Result<Vec<ProbeSocket>> {
+    listen
+        .iter()
+        .map(|&a| {
+            let s = ProbeSocket::bind(
+                a,
+                0,
+                TsFlags {
+                    tx: true,
+                    rx: true,
+                    hardware: false,
+                },
+                32 << 20,
+            )
+            .with_context(|| {
+                if a.port() < 1024 {
+                    format!("cannot answer on {a}: ports below 1024 need root or CAP_NET_BIND_SERVICE (or use --listen with another port)")
+                } else {
+                    format!("cannot answer on {a}")
+                }
+            })?;
+            let on: libc::c_int = 1;
+            // SAFETY: plain setsockopt on an owned socket with a live int.
+            let r = unsafe {
+                libc::setsockopt(
+                    s.fd(),
+                    libc::IPPROTO_IP,
+                    libc::IP_RECVTTL,
+                    (&on as *const libc::c_int).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                log::warn!("IP_RECVTTL on {a}: {}", std::io::Error::last_os_error());
+            }
+            Ok(s)
+        })
+        .collect()
+}
+
+/// Answers on `socks` until `stop` is set or `duration` passes. `on_session`
+/// is called for every new session.
+pub fn serve(
+    socks: &[ProbeSocket],
+    core: &mut Core,
+    stop: &AtomicU8,
+    duration: Option<Duration>,
+    mut on_session: impl FnMut(&SessionInfo),
+) -> Result<ServeReport> {
+    let start = std::time::Instant::now();
+    let mut batch = RecvBatch::new(64, 65536);
+    let mut errq = RecvBatch::new(64, 256);
+    let mut echo = Vec::with_capacity(64);
+    let mut ids = Vec::with_capacity(64);
+    let mut ring = vec![0i64; TURNAROUND_RING];
+    let mut next_id = 0u32;
+    let mut turnaround = hdrhistogram::Histogram::<u64>::new(3).context("histogram")?;
+    let mut sessions = Vec::new();
+    let refs: Vec<&ProbeSocket> = socks.iter().collect();
+    while stop.load(Ordering::SeqCst) == 0 && duration.is_none_or(|d| start.elapsed() < d) {
+        super::socket::poll_any(&refs, 100).context("reflector poll")?;
+        for sock in socks {
+            loop {
+                let n = sock
+                    .recv_batch(&mut batch, false)
+                    .context("reflector receive")?;
+                if n == 0 {
+                    break;
+                }
+                let now = clock::realtime_ns();
+                echo.clear();
+                ids.clear();
+                for i in 0..n {
+                    let (payload, src, c) = batch.get(i);
+                    let v = core.handle(payload, SocketAddr::V4(src), c.sw_ns, c.ttl, now);
+                    if let Verdict::Reply { new_session } = v {
+                        if let Some(id) = new_session {
+                            let info = SessionInfo {
+                                source: src.to_string(),
+                                id: match core.policy.protocol {
+                                    ProtocolArg::Rtprobe => format!("{id:#018x}"),
+                                    ProtocolArg::Stamp => format!("ssid {id}"),
+                                },
+                                first_seen: humantime::format_rfc3339_seconds(
+                                    std::time::SystemTime::now(),
+                                )
+                                .to_string(),
+                            };
+                            on_session(&info);
+                            if sessions.len() < SESSION_LIST_MAX {
+                                sessions.push(info);
+                            }
+                        }
+                        ring[next_id as usize % TURNAROUND_RING] = c.sw_ns.unwrap_or(0);
+                        ids.push(next_id);
+                        next_id = next_id.wrapping_add(1);
+                        echo.push(i);
+                    }
+                }
+                if !echo.is_empty() {
+                    match sock.send_back(&mut batch, &echo, &ids) {
+                        Ok(sent) => core.counters.send_errors += (echo.len() - sent) as u64,
+                        Err(e) => {
+                            log::debug!("reflector send: {e}");
+                            core.counters.send_errors += echo.len() as u64;
+                        }
+                    }
+                }
+                drain_tx_stamps(sock, &mut errq, &ring, next_id, &mut turnaround);
+                if n < batch.capacity() {
+                    break;
+                }
+            }
+            drain_tx_stamps(sock, &mut errq, &ring, next_id, &mut turnaround);
+        }
+    }
+    let clock = core.clock(clock::realtime_ns());
+    Ok(ServeReport {
+        protocol: core.policy.protocol.name(),
+        listen: Vec::new(),
+        authenticated: core.policy.key.is_some(),
+        stateful: core.policy.stateful || core.policy.protocol == ProtocolArg::Rtprobe,
+        rate_limit_pps: core.policy.rate_limit_pps,
+        duration_s: start.elapsed().as_secs_f64(),
+        counters: core.counters.clone(),
+        turnaround_ns: crate::stats::Latency::from_hist(&turnaround),
+        session_list: sessions,
+        clock_synchronized: clock.synchronized,
+        clock_max_error_ns: clock.max_error_ns,
+    })
+}
+
+/// Echo TX stamps: turnaround = TX stamp - the probe's RX stamp (matched
+/// by OPT_ID; only the recent ring of them, which is all a live queue holds).
+fn drain_tx_stamps(
+    sock: &ProbeSocket,
+    errq: &mut RecvBatch,
+    ring: &[i64],
+    next_id: u32,
+    h: &mut hdrhistogram::Histogram<u64>,
+) {
+    loop {
+        let got = sock.recv_batch(errq, true).unwrap_or(0);
+        for i in 0..got {
+            let (_, _, c) = errq.get(i);
+            if let Some((id, super::cmsg::TxKind::Software, tx_ns)) = c.tx_stamp()
+                && sock.per_send_opt_id()
+                && next_id.wrapping_sub(id) as usize <= TURNAROUND_RING
+            {
+                let rx = ring[id as usize % TURNAROUND_RING];
+                if rx > 0 && tx_ns >= rx {
+                    let _ = h.record((tx_ns - rx) as u64);
+                }
+            }
+        }
+        if got < errq.capacity() {
+            break;
+        }
+    }
+}
+
+/// The interface holding `addr` in this namespace (for `--kernel`).
+fn interface_of(addr: std::net::Ipv4Addr) -> Result<String> {
+    let addrs = nix::ifaddrs::getifaddrs().context("getifaddrs")?;
+    for a in addrs {
+        if let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in())
+            && sin.ip() == addr
+        {
+            return Ok(a.interface_name);
+        }
+    }
+    anyhow::bail!("no interface in this namespace has the address {addr}")
+}
+
+/// `--kernel`: the in-kernel reflector on the interface of the one
+/// `--listen` address, or why not.
+fn attach_kernel(
+    listen: &[SocketAddrV4],
+    protocol: ProtocolArg,
+    key: bool,
+) -> Result<crate::ebpf::reflector::Reflector> {
+    let [a] = listen else {
+        anyhow::bail!(
+            "give exactly one --listen address: the kernel reflector goes on its interface"
+        );
+    };
+    if a.ip().is_unspecified() {
+        anyhow::bail!(
+            "--listen {a} names no interface: give the address of the interface to attach to"
+        );
+    }
+    if key {
+        anyhow::bail!("the in-kernel reflector answers unauthenticated STAMP only");
+    }
+    let ifname = interface_of(*a.ip())?;
+    let (probe_port, stamp_port) = match protocol {
+        ProtocolArg::Rtprobe => (a.port(), 0),
+        ProtocolArg::Stamp => (0, a.port()),
+    };
+    // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
+    // runs (an XDP program there, or GRO requested): replies are
+    // redirected to the interface itself, as in rtprobe's own testbed.
+    let veth = crate::testbed::ethtool::driver(&ifname).is_ok_and(|d| d == "veth");
+    let reply_ifindex = if veth {
+        nix::net::if_::if_nametoindex(ifname.as_str()).context("ifindex")?
+    } else {
+        0
+    };
+    let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex)?;
+    let ns = crate::testbed::Netns::current()?;
+    let mode = r
+        .attach(&ns, &ifname, crate::ebpf::XdpMode::Auto)
+        .with_context(|| format!("attach to {ifname}"))?;
+    eprintln!("rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode)");
+    if veth {
+        eprintln!(
+            "rtprobe reflect: {ifname} is a veth: its peer receives the kernel's replies only with GRO \
+             requested and sends probes with full UDP checksums, which rtprobe cannot set from here: \
+             on the peer run `ethtool -K PEER gro off; ethtool -K PEER gro on; ethtool -K PEER tx off`"
+        );
+    }
+    Ok(r)
+}
+
+/// `rtprobe reflect`.
+pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::ExitCode> {
+    use crate::spec::remote::{DEFAULT_RATE_LIMIT_PPS, read_key};
+    let protocol = args.protocol.unwrap_or_default();
+    if args.auth_key.is_some() && protocol != ProtocolArg::Stamp {
+        anyhow::bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
+    }
+    if args.stateless && protocol != ProtocolArg::Stamp {
+        anyhow::bail!("--stateless is a STAMP reflector mode: add --protocol stamp");
+    }
+    if args.duration.is_some_and(|d| d.is_zero()) {
+        anyhow::bail!(
+            "--duration 0 answers nothing: give e.g. 10min, or leave it out to run until Ctrl-C"
+        );
+    }
+    if let Some(j) = &args.json
+        && let Some(dir) = j.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        anyhow::bail!(
+            "--json {}: directory {} does not exist",
+            j.display(),
+            dir.display()
+        );
+    }
+    let key = args.auth_key.as_deref().map(read_key).transpose()?;
+    let listen = if args.listen.is_empty() {
+        vec![SocketAddrV4::new(
+            std::net::Ipv4Addr::UNSPECIFIED,
+            protocol.default_port(),
+        )]
+    } else {
+        args.listen.clone()
+    };
+    let socks = bind(&listen)?;
+    let kernel = if args.kernel {
+        match attach_kernel(&listen, protocol, key.is_some()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!(
+                    "rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let policy = Policy {
+        protocol,
+        key,
+        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
+        stateful: !args.stateless,
+    };
+    let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
+    eprintln!(
+        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per source; Ctrl-C to stop",
+        protocol.name(),
+        names.join(", "),
+        if policy.key.is_some() {
+            " (authenticated)"
+        } else {
+            ""
+        },
+        if kernel.is_some() {
+            ", in-kernel reflector attached"
+        } else {
+            ""
+        },
+        policy.rate_limit_pps,
+    );
+    let (quiet, duration) = (args.quiet, args.duration);
+    let mut report = crate::app::with_signals(true, move |stop| {
+        let mut core = Core::new(policy);
+        serve(&socks, &mut core, &stop, duration, |s| {
+            if !quiet {
+                eprintln!("rtprobe reflect: new session {} from {}", s.id, s.source);
+            }
+        })
+    })?;
+    report.listen = names;
+    let kcounters = match &kernel {
+        Some(r) => Some(
+            r.counters()
+                .context("read the in-kernel reflector's counters")?,
+        ),
+        None => None,
+    };
+    drop(kernel);
+    let c = &report.counters;
+    println!(
+        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
+        c.datagrams,
+        report.duration_s,
+        c.sessions,
+        c.reflected,
+        c.malformed,
+        c.rate_limited,
+        c.auth_failed,
+        c.send_errors
+    );
+    if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
+        println!(
+            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs",
+            p50 as f64 / 1e3,
+            p99 as f64 / 1e3
+        );
+    }
+    if let Some(k) = &kcounters {
+        println!(
+            "  in-kernel reflector: {}",
+            serde_json::to_string(k).unwrap_or_default()
+        );
+    }
+    if let Some(j) = &args.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(k) = kcounters {
+            v["kernel_counters"] = serde_json::to_value(k)?;
+        }
+        std::fs::write(j, serde_json::to_string_pretty(&v)? + "\n")
+            .with_context(|| format!("cannot write {}", j.display()))?;
+        println!("  wrote {}", j.display());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::{
+        packet::Probe,
+        stamp::{ReflectorPacket, SenderPacket, Timestamp},
+    };
+
+    const NOW: i64 = 1_763_850_000_000_000_000;
+
+    fn core(protocol: ProtocolArg, key: Option<HmacKey>, rate: u32, stateful: bool) -> Core {
+        let mut c = Core::new(Policy {
+            protocol,
+            key,
+            rate_limit_pps: rate,
+            stateful,
+        });
+        c.set_clock(
+            ClockSync {
+                synchronized: true,
+                max_error_ns: 1_000_000,
+                tai_offset_s: 37,
+            },
+            NOW,
+        );
+        c
+    }
+
+    fn src(port: u16) -> SocketAddr {
+        SocketAddr::from(([192, 0, 2, 1], port))
+    }
+
+    fn probe(session: u64, seq: u64, size: usize) -> Vec<u8> {
+        let mut b = vec![0u8; size];
+        Probe {
+            session,
+            seq,
+            flow: 0,
+            echo: false,
+            send_ns: NOW,
+            kernel_times: None,
+        }
+        .encode(&mut b);
+        b
+    }
+
+    #[test]
+    fn rtprobe_echo_counts_the_session_and_never_grows() {
+        let mut c = core(ProtocolArg::Rtprobe, None, 0, false);
+        for seq in 0..3 {
+            let mut b = probe(7, seq, 64);
+            let v = c.handle(&mut b, src(1), Some(NOW + 10), None, NOW + 20);
+            assert_eq!(
+                v,
+                Verdict::Reply {
+                    new_session: (seq == 0).then_some(7)
+                }
+            );
+            assert_eq!(b.len(), 64);
+            let p = Probe::decode(&b, 7).unwrap();
+            assert!(p.echo);
+            assert_eq!(p.seq, seq);
+            assert_eq!(p.kernel_times.unwrap().rx_ns, NOW + 10);
+            let (received, ee) = read_rtprobe_state(&b).unwrap();
+            assert_eq!(received, seq + 1);
+            assert!(ee.synchronized());
+            assert!(ee.to_error_ns().unwrap() >= 1_000_000);
+            // The echo is not answered again.
+            assert_eq!(
+                c.handle(&mut b, src(1), None, None, NOW),
+                Verdict::Drop(Drop::Malformed)
+            );
+        }
+        // Warm-ups are answered but not counted; a 32-byte probe gets no fields.
+        let mut w = probe(7, u64::MAX, 64);
+        w[5] = FLAG_WARMUP;
+        c.handle(&mut w, src(1), None, None, NOW);
+        assert_eq!(read_rtprobe_state(&w).unwrap().0, 3);
+        let mut short = probe(7, 9, 32);
+        assert!(matches!(
+            c.handle(&mut short, src(1), None, None, NOW),
+            Verdict::Reply { .. }
+        ));
+        assert_eq!(short[5], FLAG_ECHO);
+        let k = &c.counters;
+        assert_eq!(
+            k.datagrams,
+            k.reflected + k.malformed + k.rate_limited + k.auth_failed
+        );
+        assert_eq!((k.sessions, k.reflected, k.malformed), (1, 5, 3));
+    }
+
+    #[test]
+    fn stamp_stateful_counts_per_session_and_copies_ttl_and_padding() {
+        let mut c = core(ProtocolArg::Stamp, None, 0, true);
+        for (i, sender_seq) in [10u32, 11, 13].into_iter().enumerate() {
+            let mut b = Vec::new();
+            SenderPacket {
+                seq: sender_seq,
+                timestamp: Timestamp::from_realtime_ns(NOW, false, 0).unwrap(),
+                error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                ssid: 0x1234,
+            }
+            .encode(Mode::Unauthenticated, 100, &mut b)
+            .unwrap();
+            b[60] = 0xAB;
+            let v = c.handle(&mut b, src(2), Some(NOW + 5), Some(63), NOW + 9);
+            assert!(matches!(v, Verdict::Reply { .. }));
+            assert_eq!(b.len(), 100);
+            assert_eq!(b[60], 0xAB, "padding mirrored");
+            let r = ReflectorPacket::decode(&b, Mode::Unauthenticated).unwrap();
+            assert_eq!(r.seq, i as u32, "the reflector's own count");
+            assert_eq!(r.sender_seq, sender_seq);
+            assert_eq!(r.ssid, 0x1234);
+            assert_eq!(r.sender_ttl, 63);
+            assert!(r.error_estimate.synchronized());
+        }
+        let mut short = vec![0u8; 43];
+        assert_eq!(
+            c.handle(&mut short, src(2), None, None, NOW),
+            Verdict::Drop(Drop::Malformed)
+        );
+        let mut huge = vec![0u8; MAX_REQUEST_BYTES + 1];
+        assert_eq!(
+            c.handle(&mut huge, src(2), None, None, NOW),
+            Verdict::Drop(Drop::Malformed)
+        );
+        assert_eq!(c.counters.sessions, 1);
+    }
+
+    #[test]
+    fn stamp_authenticated_answers_only_the_right_key() {
+        let good = HmacKey::new(&[1u8; 32]).unwrap();
+        let bad = HmacKey::new(&[2u8; 32]).unwrap();
+        let mut c = core(ProtocolArg::Stamp, Some(good.clone()), 0, true);
+        let pkt = |k: &HmacKey| {
+            let mut b = Vec::new();
+            SenderPacket {
+                seq: 5,
+                timestamp: Timestamp::from_realtime_ns(NOW, false, 0).unwrap(),
+                error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                ssid: 9,
+            }
+            .encode(Mode::Authenticated(k), 112, &mut b)
+            .unwrap();
+            b
+        };
+        let mut b = pkt(&bad);
+        assert_eq!(
+            c.handle(&mut b, src(3), None, None, NOW),
+            Verdict::Drop(Drop::AuthFailed)
+        );
+        let mut b = pkt(&good);
+        assert!(matches!(
+            c.handle(&mut b, src(3), None, None, NOW),
+            Verdict::Reply { .. }
+        ));
+        let r = ReflectorPacket::decode(&b, Mode::Authenticated(&good)).unwrap();
+        assert_eq!((r.seq, r.sender_seq), (0, 5));
+        // A 44-byte unauthenticated packet is too short for this mode.
+        let mut u = vec![0u8; 44];
+        assert_eq!(
+            c.handle(&mut u, src(3), None, None, NOW),
+            Verdict::Drop(Drop::Malformed)
+        );
+        assert_eq!(c.counters.auth_failed, 1);
+    }
+
+    #[test]
+    fn rate_limit_per_source_refills_with_time() {
+        let mut c = core(ProtocolArg::Rtprobe, None, 100, false);
+        let mut answered = 0;
+        for i in 0..100 {
+            let mut b = probe(1, i, 64);
+            if matches!(
+                c.handle(&mut b, src(4), None, None, NOW),
+                Verdict::Reply { .. }
+            ) {
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, 16, "the burst");
+        assert_eq!(c.counters.rate_limited, 84);
+        // Another source has its own bucket; a second later the first refilled.
+        let mut b = probe(2, 0, 64);
+        let other = SocketAddr::from(([192, 0, 2, 2], 4));
+        assert!(matches!(
+            c.handle(&mut b, other, None, None, NOW),
+            Verdict::Reply { .. }
+        ));
+        let mut b = probe(1, 200, 64);
+        assert!(matches!(
+            c.handle(&mut b, src(4), None, None, NOW + 1_000_000_000),
+            Verdict::Reply { .. }
+        ));
+    }
+
+    #[test]
+    fn tables_stay_bounded_under_a_flood_of_sessions_and_sources() {
+        let mut c = core(ProtocolArg::Rtprobe, None, 1000, false);
+        for i in 0..(MAX_SESSIONS as u64 * 3) {
+            let mut b = probe(i, 0, 64);
+            let ip = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 9));
+            c.handle(&mut b, ip, None, None, NOW + i as i64);
+        }
+        assert!(c.sessions_held() <= MAX_SESSIONS);
+        assert!(c.sources_held() <= MAX_SOURCES);
+        assert_eq!(c.counters.sessions_evicted, MAX_SESSIONS as u64 * 2);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_are_counted_once_and_never_grow(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+            stamp in proptest::bool::ANY,
+        ) {
+            let proto = if stamp { ProtocolArg::Stamp } else { ProtocolArg::Rtprobe };
+            let mut c = core(proto, None, 0, true);
+            let mut b = bytes.clone();
+            let v = c.handle(&mut b, src(5), None, None, NOW);
+            proptest::prop_assert_eq!(b.len(), bytes.len());
+            let k = &c.counters;
+            proptest::prop_assert_eq!(k.datagrams, 1);
+            proptest::prop_assert_eq!(k.reflected + k.malformed + k.rate_limited + k.auth_failed, 1);
+            if let Verdict::Reply { .. } = v {
+                proptest::prop_assert!(bytes.len() >= 32);
+            }
+        }
+    }
+}

@@ -1,0 +1,1123 @@
+//! The session-sender towards a reflector that is not ours to drive: a
+//! remote host (`rtprobe --target`), or the receiver of a testbed run with
+//! `--protocol stamp`. One socket sends the paced probes and takes the TX
+//! stamps and the echoes; the reflector's receive and transmit times come
+//! from the echo (rtprobe echoes: bytes 32..48; STAMP: T2 and T3), as with
+//! the in-kernel reflector, so the same matcher, CSV and summary serve.
+//!
+//! Loss by direction: the reflector says how many probes of the session it
+//! received (rtprobe echoes: the state field, see [`super::reflect`];
+//! STAMP stateful reflectors: their own sequence number, RFC 8762 §4.3).
+//! After the run one more probe (a warm-up, not counted by rtprobe's
+//! reflector) asks for the final count: forward loss = sent - received
+//! there, return loss = the rest. A stateless STAMP reflector echoes the
+//! sender's numbers, which say nothing about the way out: then the split
+//! is "unknown".
+//!
+//! Clocks: one-way figures compare the reflector's clock with ours. They
+//! are shown only when both kernels say their clock is synchronised
+//! (`adjtimex`: no STA_UNSYNC; the reflector's state comes in its Error
+//! Estimate), with the sum of both maximum errors as their bound.
+//!
+//! Kernel interfaces: a UDP socket with SO_TIMESTAMPING (software RX/TX
+//! stamps, no privilege), `adjtimex(2)` read only.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::{
+    HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, collect,
+    events::{self, EventBatch},
+    matcher::{Event, NoHwClocks},
+    pacer,
+    packet::{HEADER_LEN, KernelTimes, Probe},
+    reflect::{FLAG_WARMUP, read_rtprobe_state},
+    socket::{self, ProbeSocket, RecvBatch, TsFlags},
+    stamp::{ClockSync, ErrorEstimate, HmacKey, Mode, ReflectorPacket, SenderPacket, Timestamp},
+};
+use crate::{spec::remote::ProtocolArg, testbed::Netns};
+
+/// Where the probes go and how they look.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub addr: SocketAddrV4,
+    pub protocol: ProtocolArg,
+    pub key: Option<HmacKey>,
+    /// The reflector is known to answer STAMP statelessly (rtprobe's
+    /// in-kernel one): its sequence numbers tell nothing of forward loss.
+    pub stateless_reflector: bool,
+    /// Sender and reflector read the same clock (the namespace testbed):
+    /// one-way needs no synchronisation.
+    pub shared_clock: bool,
+}
+
+/// Writes records with the one-way column left empty when the clocks do
+/// not allow it (the raw stamps stay).
+struct OneWaySink<'a> {
+    inner: &'a mut dyn RecordSink,
+    show: bool,
+}
+
+impl RecordSink for OneWaySink<'_> {
+    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+        if self.show {
+            return self.inner.write(r);
+        }
+        let mut r = r.clone();
+        r.one_way_ns = None;
+        self.inner.write(&r)
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// How the probes of one session look on the wire.
+#[derive(Debug, Clone)]
+enum Wire {
+    Rtprobe {
+        session: u64,
+        flow: u8,
+    },
+    Stamp {
+        ssid: u16,
+        key: Option<HmacKey>,
+        ee: ErrorEstimate,
+        tai_offset_s: i32,
+    },
+}
+
+/// What one echo said.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Echo {
+    seq: u64,
+    warmup: bool,
+    times: Option<KernelTimes>,
+    /// rtprobe: probes of the session the reflector received so far.
+    received: Option<u64>,
+    /// STAMP: the reflector's own sequence number.
+    reflector_seq: Option<u32>,
+    ee: Option<ErrorEstimate>,
+    ttl: Option<u8>,
+}
+
+/// SSIDs of warm-up packets have the top bit set; the session's do not.
+const SSID_WARMUP_BIT: u16 = 0x8000;
+/// The STAMP status probe's sequence number: a stateful reflector answers
+/// with its count instead, a stateless one with this number.
+const STAMP_STATUS_SEQ: u32 = u32::MAX - 2;
+
+impl Wire {
+    fn mode(&self) -> Mode<'_> {
+        match self {
+            Wire::Stamp { key: Some(k), .. } => Mode::Authenticated(k),
+            _ => Mode::Unauthenticated,
+        }
+    }
+
+    fn min_len(&self) -> usize {
+        match self {
+            Wire::Rtprobe { .. } => HEADER_LEN,
+            Wire::Stamp { .. } => self.mode().base_len_bytes(),
+        }
+    }
+
+    /// Writes probe `seq` into `buf` (its length is the probe's size).
+    fn encode(&self, seq: u64, send_ns: i64, warmup: bool, buf: &mut [u8], scratch: &mut Vec<u8>) {
+        match self {
+            Wire::Rtprobe { session, flow } => {
+                Probe {
+                    session: *session,
+                    seq,
+                    flow: *flow,
+                    echo: false,
+                    send_ns,
+                    kernel_times: None,
+                }
+                .encode(buf);
+                if warmup {
+                    buf[5] = FLAG_WARMUP;
+                }
+            }
+            Wire::Stamp {
+                ssid,
+                ee,
+                tai_offset_s,
+                ..
+            } => {
+                let ts = Timestamp::from_realtime_ns(send_ns, ee.ptp(), *tai_offset_s)
+                    .unwrap_or(Timestamp::from_bits(0, false).expect("zero NTP timestamp"));
+                let p = SenderPacket {
+                    seq: seq as u32,
+                    timestamp: ts,
+                    error_estimate: *ee,
+                    ssid: if warmup {
+                        ssid | SSID_WARMUP_BIT
+                    } else {
+                        *ssid
+                    },
+                };
+                // The length was checked against the mode before the run.
+                if p.encode(self.mode(), buf.len(), scratch).is_ok() {
+                    buf.copy_from_slice(scratch);
+                }
+            }
+        }
+    }
+
+    /// The echo of one of this session's probes, or None (foreign).
+    fn decode(&self, buf: &[u8]) -> Option<Echo> {
+        match self {
+            Wire::Rtprobe { session, .. } => {
+                let p = Probe::decode(buf, *session).ok()?;
+                if !p.echo {
+                    return None;
+                }
+                let state = read_rtprobe_state(buf);
+                Some(Echo {
+                    seq: p.seq,
+                    warmup: buf[5] & FLAG_WARMUP != 0,
+                    times: p.kernel_times,
+                    received: state.map(|s| s.0),
+                    reflector_seq: None,
+                    ee: state.map(|s| s.1),
+                    ttl: None,
+                })
+            }
+            Wire::Stamp {
+                ssid, tai_offset_s, ..
+            } => {
+                let r = ReflectorPacket::decode(buf, self.mode()).ok()?;
+                let warmup = r.ssid == ssid | SSID_WARMUP_BIT;
+                if r.ssid != *ssid && !warmup {
+                    return None;
+                }
+                Some(Echo {
+                    seq: r.sender_seq as u64,
+                    warmup,
+                    times: Some(KernelTimes {
+                        rx_ns: r.receive_timestamp.to_realtime_ns(*tai_offset_s),
+                        tx_ns: r.timestamp.to_realtime_ns(*tai_offset_s),
+                    }),
+                    received: None,
+                    reflector_seq: Some(r.seq),
+                    ee: Some(r.error_estimate),
+                    ttl: Some(r.sender_ttl),
+                })
+            }
+        }
+    }
+}
+
+/// What the echoes told beyond the records.
+#[derive(Debug, Default)]
+struct Ledger {
+    echoed: Vec<u64>,
+    echoes: u64,
+    /// Highest seq echoed, with the reflector's count (rtprobe) or its own
+    /// sequence number (STAMP) in that echo.
+    last: Option<(u64, Option<u64>, Option<u32>)>,
+    /// STAMP: every reflector sequence number equalled the sender's.
+    stamp_seq_mirrored: bool,
+    ee: Option<ErrorEstimate>,
+    ttl_min: Option<u8>,
+    ttl_max: Option<u8>,
+    /// The answer to the trailing status probe.
+    trailer: Option<Echo>,
+}
+
+impl Ledger {
+    fn on_echo(&mut self, e: &Echo) {
+        if e.ee.is_some() {
+            self.ee = e.ee;
+        }
+        if let Some(t) = e.ttl {
+            self.ttl_min = Some(self.ttl_min.map_or(t, |m| m.min(t)));
+            self.ttl_max = Some(self.ttl_max.map_or(t, |m| m.max(t)));
+        }
+        if e.warmup {
+            return;
+        }
+        let (w, b) = ((e.seq / 64) as usize, e.seq % 64);
+        // Bounded by the number of probes sent: a bit each.
+        if w < (1 << 26) {
+            if self.echoed.len() <= w {
+                self.echoed.resize(w + 1, 0);
+            }
+            if self.echoed[w] & (1 << b) == 0 {
+                self.echoed[w] |= 1 << b;
+                self.echoes += 1;
+            }
+        }
+        if let Some(rs) = e.reflector_seq
+            && rs as u64 != e.seq
+        {
+            self.stamp_seq_mirrored = false;
+        }
+        if self.last.is_none_or(|(s, _, _)| e.seq > s) {
+            self.last = Some((e.seq, e.received, e.reflector_seq));
+        }
+    }
+
+    fn echoed_through(&self, seq: u64) -> u64 {
+        let full = (seq / 64) as usize;
+        let mut n: u64 = self
+            .echoed
+            .iter()
+            .take(full)
+            .map(|w| w.count_ones() as u64)
+            .sum();
+        if let Some(w) = self.echoed.get(full) {
+            let mask = if seq % 64 == 63 {
+                u64::MAX
+            } else {
+                (1u64 << (seq % 64 + 1)) - 1
+            };
+            n += (w & mask).count_ones() as u64;
+        }
+        n
+    }
+}
+
+/// Loss split by direction, as far as the reflector told.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LossSplit {
+    /// Probes that never reached the reflector.
+    pub forward: Option<u64>,
+    /// Probes the reflector received whose echo did not come back.
+    pub r#return: Option<u64>,
+    /// Lost probes of which the direction is not known.
+    pub unknown: u64,
+    /// How the split was made, in words.
+    pub basis: String,
+}
+
+/// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector said.
+fn split_loss(
+    l: &Ledger,
+    sent: u64,
+    lost: u64,
+    protocol: ProtocolArg,
+    stateless: bool,
+) -> LossSplit {
+    let unknown = |basis: &str| LossSplit {
+        forward: None,
+        r#return: None,
+        unknown: lost,
+        basis: basis.into(),
+    };
+    // Reflector's count of this session's probes at the trailer, if it answered.
+    let final_count = l.trailer.and_then(|t| match protocol {
+        ProtocolArg::Rtprobe => t.received,
+        ProtocolArg::Stamp => t.reflector_seq.map(u64::from),
+    });
+    // A stateless reflector answers the status probe with its own number.
+    let mirrored_status =
+        protocol == ProtocolArg::Stamp && final_count == Some(STAMP_STATUS_SEQ as u64);
+    let mirrored_run =
+        protocol == ProtocolArg::Stamp && final_count.is_none() && l.stamp_seq_mirrored && lost > 0;
+    if protocol == ProtocolArg::Stamp && (stateless || mirrored_status || mirrored_run) {
+        return unknown(
+            "the STAMP reflector echoes the sender's sequence numbers (stateless), which do not tell forward from return loss",
+        );
+    }
+    if let Some(received) = final_count {
+        let forward = sent.saturating_sub(received).min(lost);
+        return LossSplit {
+            forward: Some(forward),
+            r#return: Some(lost - forward),
+            unknown: 0,
+            basis: "the reflector's count of probes received, asked after the run".into(),
+        };
+    }
+    let Some((seq, received, refl_seq)) = l.last else {
+        return unknown("no echo came back: nothing tells where the probes were lost");
+    };
+    let count = match protocol {
+        ProtocolArg::Rtprobe => received,
+        ProtocolArg::Stamp => refl_seq.map(|r| r as u64 + 1),
+    };
+    let Some(received) = count else {
+        return unknown(
+            "the echoes carry no count of probes received (an in-kernel reflector, or probes under 64 bytes)",
+        );
+    };
+    let through = seq + 1;
+    let lost_through = through.saturating_sub(l.echoed_through(seq));
+    let forward = through.saturating_sub(received).min(lost_through);
+    LossSplit {
+        forward: Some(forward),
+        r#return: Some(lost_through - forward),
+        unknown: lost.saturating_sub(lost_through),
+        basis: "the reflector's count in the last echo; probes after it are unknown (the status probe after the run got no answer)".into(),
+    }
+}
+
+/// The one-way verdict from both clocks.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClockVerdict {
+    pub one_way_shown: bool,
+    /// Sum of both maximum errors, when shown.
+    pub bound_ns: Option<u64>,
+    pub sender_synchronized: bool,
+    pub sender_max_error_ns: u64,
+    pub reflector_synchronized: Option<bool>,
+    pub reflector_error_ns: Option<u64>,
+    pub note: String,
+}
+
+pub const NOT_SYNCED_NOTE: &str = "clocks not synchronised: one-way not shown";
+
+pub fn clock_verdict(local: &ClockSync, remote: Option<ErrorEstimate>) -> ClockVerdict {
+    let r_sync = remote.map(|e| e.synchronized());
+    let r_err = remote.and_then(|e| e.to_error_ns());
+    let shown = local.synchronized && r_sync == Some(true) && r_err.is_some();
+    let bound = shown.then(|| local.max_error_ns.saturating_add(r_err.unwrap_or(0)));
+    let note = match bound {
+        Some(b) => format!(
+            "one-way between two clocks: each figure is within ±{} of the truth (sender's maximum error {} + reflector's {})",
+            fmt_ns(b),
+            fmt_ns(local.max_error_ns),
+            fmt_ns(r_err.unwrap_or(0))
+        ),
+        None => {
+            let why = match (local.synchronized, r_sync) {
+                (false, _) => "this host's clock is not synchronised (adjtimex STA_UNSYNC)",
+                (true, None) => "the reflector does not say whether its clock is synchronised",
+                (true, Some(false)) => {
+                    "the reflector's clock is not synchronised (its Error Estimate's S bit is 0)"
+                }
+                (true, Some(true)) => "the reflector's error estimate is invalid",
+            };
+            format!("{NOT_SYNCED_NOTE} ({why}); RTT needs one clock only and is shown")
+        }
+    };
+    ClockVerdict {
+        one_way_shown: shown,
+        bound_ns: bound,
+        sender_synchronized: local.synchronized,
+        sender_max_error_ns: local.max_error_ns,
+        reflector_synchronized: r_sync,
+        reflector_error_ns: r_err,
+        note,
+    }
+}
+
+fn fmt_ns(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 => format!("{:.1} s", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} ms", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} µs", n as f64 / 1e3),
+        n => format!("{n} ns"),
+    }
+}
+
+/// What a session against a reflector learned besides the records.
+pub struct RemoteOutcome {
+    pub session: SessionOutcome,
+    pub loss: LossSplit,
+    pub clock: ClockVerdict,
+    /// Protocol facts for the summary (SSID, TTLs seen, echoes).
+    pub info: serde_json::Value,
+}
+
+/// Runs one session against `target`, from namespace `ns` (None: the
+/// calling thread's).
+pub fn run_session(
+    target: &Target,
+    cfg: &ProbeConfig,
+    ns: Option<&Netns>,
+    csv: &mut dyn RecordSink,
+    stop: &AtomicU8,
+    observer: &mut dyn super::SessionObserver,
+) -> Result<RemoteOutcome> {
+    let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
+        synchronized: false,
+        max_error_ns: 0,
+        tai_offset_s: 0,
+    });
+    let wire = match target.protocol {
+        ProtocolArg::Rtprobe => Wire::Rtprobe {
+            session: super::new_session_id(),
+            flow: cfg.flow,
+        },
+        ProtocolArg::Stamp => Wire::Stamp {
+            ssid: (rand::random::<u16>() & !SSID_WARMUP_BIT).max(1),
+            key: target.key.clone(),
+            ee: ErrorEstimate::from_clock_sync(&local_clock, false),
+            tai_offset_s: local_clock.tai_offset_s,
+        },
+    };
+    if cfg.size < wire.min_len() {
+        bail!(
+            "--size {} is too small for {} probes: use at least {} bytes",
+            cfg.size,
+            target.protocol.name(),
+            wire.min_len()
+        );
+    }
+    let bind = || {
+        ProbeSocket::bind(
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            cfg.tos,
+            TsFlags {
+                tx: true,
+                rx: true,
+                hardware: false,
+            },
+            socket::rcvbuf_bytes(cfg.interval, cfg.timeout),
+        )
+    };
+    let sock = match ns {
+        Some(ns) => ns.run(bind)?,
+        None => bind()?,
+    };
+    let dst = target.addr;
+    let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
+    // The clocks as the run starts decide the CSV's one-way column.
+    let early = clock_verdict(&local_clock, first.and_then(|e| e.ee));
+    let mut csv = OneWaySink {
+        inner: csv,
+        show: target.shared_clock || early.one_way_shown,
+    };
+    let csv: &mut dyn RecordSink = &mut csv;
+    let ledger = Mutex::new(Ledger {
+        stamp_seq_mirrored: true,
+        ..Ledger::default()
+    });
+    let done = AtomicBool::new(false);
+    let attempts = AtomicU64::new(0);
+    let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
+    let (sock_ref, done_ref, attempts_ref, wire_ref, ledger_ref) =
+        (&sock, &done, &attempts, &wire, &ledger);
+    let result = std::thread::scope(|s| {
+        let ev = ev_tx.clone();
+        let io = std::thread::Builder::new()
+            .name("rtprobe-io".into())
+            .spawn_scoped(s, move || {
+                pacer::share_fifo_priority(&cfg.rt);
+                io_loop(sock_ref, wire_ref, done_ref, &ev, ledger_ref)
+            })
+            .context("spawn the probe I/O thread")?;
+        let run = (|| {
+            let ev = ev_tx.clone();
+            let sender = std::thread::Builder::new()
+                .name("rtprobe-sender".into())
+                .spawn_scoped(s, move || {
+                    let mut scratch = Vec::with_capacity(cfg.size);
+                    pacer::pace_with(
+                        sock_ref,
+                        dst,
+                        cfg,
+                        stop,
+                        attempts_ref,
+                        &ev,
+                        &mut |seq, send_ns, buf| {
+                            wire_ref.encode(seq, send_ns, false, buf, &mut scratch)
+                        },
+                    )
+                })
+                .context("spawn sender thread")?;
+            let hw = HwSetup {
+                echo_stamps: false,
+                sender_tx: false,
+                receiver_tx: false,
+                clocks: Box::new(NoHwClocks),
+            };
+            let kcfg = ProbeConfig {
+                kernel_reflector: true,
+                ..cfg.clone()
+            };
+            let out = collect(
+                ev_rx,
+                &kcfg,
+                hw,
+                csv,
+                stop,
+                &|| sender.is_finished(),
+                observer,
+            );
+            if out.is_err() {
+                stop.fetch_max(STOP_NOW, Ordering::SeqCst);
+            }
+            let pacing = sender
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")))?;
+            out.map(|(mut stats, late, output_error)| {
+                stats.set_pacing(pacing);
+                (stats, late, output_error)
+            })
+        })();
+        done_ref.store(true, Ordering::SeqCst);
+        let _ = io.join();
+        run
+    });
+    let (mut stats, late_arrivals, output_error) = result?;
+    stats.set_attempts(attempts.load(Ordering::SeqCst));
+    let sent = attempts.load(Ordering::SeqCst);
+    // The status probe: the reflector's final count of this session.
+    let mut ledger = ledger
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
+    let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
+    if target.protocol == ProtocolArg::Rtprobe || stateful_stamp {
+        ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
+    }
+    let lost = stats.lost();
+    let loss = split_loss(
+        &ledger,
+        sent,
+        lost,
+        target.protocol,
+        target.stateless_reflector,
+    );
+    let clock = if target.shared_clock {
+        ClockVerdict {
+            one_way_shown: true,
+            bound_ns: None,
+            sender_synchronized: local_clock.synchronized,
+            sender_max_error_ns: local_clock.max_error_ns,
+            reflector_synchronized: None,
+            reflector_error_ns: None,
+            note: "sender and reflector share this host's clock (namespaces): one-way needs no synchronisation".into(),
+        }
+    } else if !early.one_way_shown {
+        early
+    } else {
+        clock_verdict(&local_clock, ledger.ee)
+    };
+    let mut info = serde_json::json!({
+        "protocol": target.protocol.name(),
+        "target": dst.to_string(),
+        "echoes": ledger.echoes,
+    });
+    match &wire {
+        Wire::Rtprobe { session, .. } => info["session"] = format!("{session:#018x}").into(),
+        Wire::Stamp { ssid, key, .. } => {
+            info["ssid"] = (*ssid).into();
+            info["authenticated"] = key.is_some().into();
+            info["sender_ttl_min"] = ledger.ttl_min.into();
+            info["sender_ttl_max"] = ledger.ttl_max.into();
+        }
+    }
+    Ok(RemoteOutcome {
+        session: SessionOutcome {
+            stats,
+            hardware_tx: false,
+            hardware_rx: false,
+            late_arrivals,
+            interrupted: stop.load(Ordering::SeqCst) != 0,
+            kernel_drops: serde_json::Value::Null,
+            hw_clocks: serde_json::Value::Object(Default::default()),
+            output_error,
+        },
+        loss,
+        clock,
+        info,
+    })
+}
+
+/// Sends warm-up probes every 100 ms until one is answered (3 s at most):
+/// resolves neighbours and proves that something answers at all.
+fn warm_up(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    wire: &Wire,
+    size: usize,
+    stop: &AtomicU8,
+) -> Result<Option<Echo>> {
+    match exchange(sock, dst, wire, size, u32::MAX as u64 - 1, stop, 30) {
+        Some(e) => {
+            // Let late duplicates and the warm-up's TX stamps drain.
+            std::thread::sleep(Duration::from_millis(20));
+            let mut batch = RecvBatch::new(16, 65536);
+            while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
+            while sock.recv_batch(&mut batch, false).unwrap_or(0) > 0 {}
+            Ok(Some(e))
+        }
+        None if stop.load(Ordering::SeqCst) != 0 => Ok(None),
+        None => {
+            let auth = match wire {
+                Wire::Stamp { key: Some(_), .. } => " and holds the same --auth-key",
+                _ => "",
+            };
+            let what = match wire {
+                Wire::Rtprobe { .. } => "`rtprobe reflect`",
+                Wire::Stamp { .. } => "a STAMP reflector (`rtprobe reflect --protocol stamp`)",
+            };
+            bail!(
+                "no answer from {dst} within 3 s: check that {what} runs there on that port{auth}, and that no firewall drops UDP"
+            )
+        }
+    }
+}
+
+/// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
+/// returns the first answer to it.
+fn exchange(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    wire: &Wire,
+    size: usize,
+    seq: u64,
+    stop: &AtomicU8,
+    tries: u32,
+) -> Option<Echo> {
+    let mut buf = vec![0u8; size];
+    let mut scratch = Vec::with_capacity(size);
+    let mut batch = RecvBatch::new(16, 65536);
+    for _ in 0..tries {
+        if stop.load(Ordering::SeqCst) >= STOP_NOW {
+            return None;
+        }
+        wire.encode(seq, clock::realtime_ns(), true, &mut buf, &mut scratch);
+        if let Err(e) = sock.send_to(&buf, dst, u32::MAX - 1) {
+            log::debug!("warm-up send to {dst}: {e}");
+        }
+        let until = clock::realtime_ns() + 100_000_000;
+        while clock::realtime_ns() < until {
+            let _ = socket::poll_any(&[sock], 10);
+            while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
+            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
+            for i in 0..n {
+                if let Some(e) = wire.decode(batch.get(i).0)
+                    && e.warmup
+                    && e.seq == seq
+                {
+                    return Some(e);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Asks the reflector for its final count of the session: rtprobe sends a
+/// warm-up-marked probe of the session (answered, not counted); a stateful
+/// STAMP reflector numbers one more packet of the SSID, whose reply
+/// carries the count before it.
+fn status_probe(
+    sock: &ProbeSocket,
+    dst: SocketAddrV4,
+    wire: &Wire,
+    size: usize,
+    stop: &AtomicU8,
+) -> Option<Echo> {
+    match wire {
+        Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, 3),
+        Wire::Stamp { .. } => {
+            // One try only: a retry would be counted again by the reflector,
+            // and the answer to the first would then not give the count.
+            let mut buf = vec![0u8; size];
+            let mut scratch = Vec::with_capacity(size);
+            let mut batch = RecvBatch::new(16, 65536);
+            let seq = STAMP_STATUS_SEQ as u64;
+            wire.encode(seq, clock::realtime_ns(), false, &mut buf, &mut scratch);
+            let _ = sock.send_to(&buf, dst, u32::MAX - 1);
+            let until = clock::realtime_ns() + 500_000_000;
+            while clock::realtime_ns() < until && stop.load(Ordering::SeqCst) < STOP_NOW {
+                let _ = socket::poll_any(&[sock], 10);
+                while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
+                let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
+                for i in 0..n {
+                    if let Some(e) = wire.decode(batch.get(i).0)
+                        && !e.warmup
+                        && e.seq == seq
+                    {
+                        return Some(e);
+                    }
+                }
+            }
+            None
+        }
+    }
+}
+
+/// Takes TX stamps and echoes from the one socket and hands them over in
+/// batches; notes what the echoes said in `ledger`.
+fn io_loop(
+    sock: &ProbeSocket,
+    wire: &Wire,
+    done: &AtomicBool,
+    ev: &mpsc::Sender<Vec<Event>>,
+    ledger: &Mutex<Ledger>,
+) {
+    let mut batch = RecvBatch::new(64, 65536);
+    let mut errq = RecvBatch::new(64, 256);
+    let mut out = EventBatch::new();
+    let mut seen = Vec::with_capacity(64);
+    loop {
+        let finishing = done.load(Ordering::Relaxed);
+        let wait = if finishing {
+            0
+        } else {
+            out.wait_ms(clock::realtime_ns(), 20)
+        };
+        if let Err(e) = socket::poll_any(&[sock], wait) {
+            log::warn!("probe I/O poll: {e}");
+            out.flush(ev);
+            return;
+        }
+        let mut got = 0;
+        loop {
+            let now = clock::realtime_ns();
+            let n_err = sock.recv_batch(&mut errq, true).unwrap_or(0);
+            for i in 0..n_err {
+                let (_, _, c) = errq.get(i);
+                if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
+                    out.push(
+                        Event::TxTimestamp {
+                            opt_id,
+                            kind,
+                            ts_ns,
+                        },
+                        now,
+                    );
+                }
+            }
+            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
+            let read_ns = clock::realtime_ns();
+            seen.clear();
+            for i in 0..n {
+                let (payload, _, c) = batch.get(i);
+                match wire.decode(payload) {
+                    Some(e) => {
+                        seen.push(e);
+                        if !e.warmup {
+                            out.push(
+                                Event::Echoed {
+                                    seq: e.seq,
+                                    sw_ns: c.sw_ns,
+                                    hw_ns: None,
+                                    user_ns: read_ns,
+                                    reflector: e.times,
+                                },
+                                now,
+                            );
+                        }
+                    }
+                    None => out.push(Event::Foreign, now),
+                }
+            }
+            if !seen.is_empty()
+                && let Ok(mut l) = ledger.lock()
+            {
+                for e in &seen {
+                    l.on_echo(e);
+                }
+            }
+            got += n + n_err;
+            if n + n_err == 0 || out.len() >= events::MAX_LEN {
+                break;
+            }
+        }
+        if (finishing || out.due(clock::realtime_ns())) && !out.flush(ev) {
+            return;
+        }
+        if finishing && got == 0 {
+            out.flush(ev);
+            return;
+        }
+    }
+}
+
+/// The clock-related fields of a summary when the clocks are not shown to
+/// agree: one-way figures and the two stages that cross between the clocks
+/// (path, return path) are cleared, and what was said about them. RTT,
+/// the stages on one host, and IPDV (a difference of one-way delays, in
+/// which a constant offset cancels) are kept.
+pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
+    if !v.one_way_shown {
+        s.one_way_ns = Default::default();
+        s.stages_ns.path = Default::default();
+        s.stages_ns.return_path = Default::default();
+        s.one_way_dominant = None;
+        s.rtt_dominant = None;
+    }
+    s.extra
+        .insert("clock".into(), serde_json::to_value(v).unwrap_or_default());
+}
+
+/// Checks the options of a `--target` run that only a testbed can use.
+pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
+    if opts.tx_if.is_some() {
+        bail!(
+            "--target probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other"
+        );
+    }
+    if !opts.extra_flows.is_empty() {
+        bail!("--flow is for testbed runs; with --target run one rtprobe per flow");
+    }
+    if opts.reflector.is_some() {
+        bail!(
+            "--reflector chooses the testbed's reflector; with --target the remote host's answers"
+        );
+    }
+    if opts.xdp_mode != crate::ebpf::XdpMode::Auto {
+        bail!("--xdp-mode sets the testbed's router; with --target there is none");
+    }
+    let mut k = opts.knobs.clone();
+    (k.rt_priority, k.mlockall, k.pin_cpu) = (None, None, None);
+    if !k.is_empty() {
+        bail!(
+            "with --target only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu) apply; \
+             the other knobs change a testbed's interfaces"
+        );
+    }
+    Ok(())
+}
+
+/// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
+/// written and summarised as a testbed run is.
+pub fn execute(
+    opts: &crate::spec::RunOptions,
+    remote: &crate::spec::remote::RemoteOptions,
+    stop: &AtomicU8,
+    live: &mut crate::export::live::Live,
+) -> Result<crate::runner::RunOutcome> {
+    use crate::export::{CsvWriter, RunMeta};
+    remote.check()?;
+    check_target_options(opts)?;
+    let port = remote.port(opts.probe.port);
+    let addr = remote
+        .target_addr(port)?
+        .context("internal: execute without --target")?;
+    let key = remote
+        .auth_key
+        .as_deref()
+        .map(crate::spec::remote::read_key)
+        .transpose()?;
+    let target = Target {
+        addr,
+        protocol: remote.protocol(),
+        key,
+        stateless_reflector: false,
+        shared_clock: false,
+    };
+    let cfg = ProbeConfig {
+        port,
+        ..opts.probe.clone()
+    };
+    let meta = RunMeta {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        label: opts.label.clone(),
+        testbed: "remote".into(),
+        testbed_id: String::new(),
+        tx_if: Some("this host".into()),
+        rx_if: Some(addr.to_string()),
+        xdp_mode_requested: "none".into(),
+        xdp_mode_attached: "none".into(),
+        xdp_action: "none".into(),
+        reflector: format!("remote {}", target.protocol.name()),
+        size: cfg.size as u32,
+        interval_ns: cfg.interval.as_nanos() as u64,
+        count: cfg.count,
+        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
+        tos: cfg.tos,
+        port: addr.port(),
+        timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
+        knobs: Default::default(),
+        extra_flows: Vec::new(),
+    };
+    if cfg.timestamps == crate::probe::TimestampSource::Hardware {
+        bail!("--timestamps hardware is for testbed runs; with --target use software or auto");
+    }
+    let mut csv = CsvWriter::create_rotated(&opts.out, &meta, opts.continuous.rotation)?;
+    live.set_run(&meta);
+    let mut observer = live.main_observer(&cfg, &addr.to_string(), &meta)?;
+    let o = run_session(&target, &cfg, None, &mut csv, stop, &mut observer)?;
+    drop(observer);
+    let rows = csv.rows();
+    let output_error = o.session.output_error.clone();
+    let mut summary = summarise(&o, "remote");
+    if let Some(e) = &output_error {
+        summary
+            .extra
+            .insert("output_error".into(), e.clone().into());
+    }
+    Ok(crate::runner::RunOutcome {
+        summary,
+        meta,
+        rows,
+        interrupted: o.session.interrupted,
+        output_error,
+    })
+}
+
+/// The summary of a session against a reflector, with its clock rule,
+/// loss split and protocol facts.
+pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
+    let mut s = o.session.stats.summary();
+    s.xdp_mode_requested = "none".into();
+    s.xdp_mode_attached = "none".into();
+    apply_clock_rule(&mut s, &o.clock);
+    let mut r = o.info.clone();
+    r["kind"] = kind.into();
+    s.extra.insert("reflector".into(), r);
+    s.extra.insert(
+        "loss_split".into(),
+        serde_json::to_value(&o.loss).unwrap_or_default(),
+    );
+    s.extra
+        .insert("late_arrivals".into(), o.session.late_arrivals.into());
+    s.extra
+        .insert("peak_rss_kib".into(), crate::runner::peak_rss_kib().into());
+    if o.session.interrupted {
+        s.extra.insert("interrupted".into(), true.into());
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(echoed: &[u64], last_received: Option<u64>) -> Ledger {
+        let mut l = Ledger {
+            stamp_seq_mirrored: true,
+            ..Ledger::default()
+        };
+        for &s in echoed {
+            l.on_echo(&Echo {
+                seq: s,
+                warmup: false,
+                times: None,
+                received: last_received,
+                reflector_seq: None,
+                ee: None,
+                ttl: None,
+            });
+        }
+        l
+    }
+
+    #[test]
+    fn trailer_count_splits_loss_exactly() {
+        // 10 sent, 7 echoed; the reflector got 9: 1 forward, 2 return.
+        let mut l = ledger(&[0, 1, 2, 4, 5, 6, 8], None);
+        l.trailer = Some(Echo {
+            seq: u64::MAX - 1,
+            warmup: true,
+            times: None,
+            received: Some(9),
+            reflector_seq: None,
+            ee: None,
+            ttl: None,
+        });
+        let s = split_loss(&l, 10, 3, ProtocolArg::Rtprobe, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(2), 0));
+    }
+
+    #[test]
+    fn without_trailer_the_tail_is_unknown() {
+        // Echoes up to seq 8 said 8 received; 10 sent, lost: 3, 7, 9.
+        let l = ledger(&[0, 1, 2, 4, 5, 6, 8], Some(8));
+        assert_eq!(l.echoed_through(8), 7);
+        let s = split_loss(&l, 10, 3, ProtocolArg::Rtprobe, false);
+        // Through seq 8: 9 sent, 8 received -> 1 forward, 1 return; seq 9 unknown.
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(1), 1));
+        let none = split_loss(&Ledger::default(), 10, 10, ProtocolArg::Rtprobe, false);
+        assert_eq!((none.forward, none.unknown), (None, 10));
+    }
+
+    #[test]
+    fn stateless_stamp_gives_no_split() {
+        let mut l = ledger(&[0, 1], None);
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, true);
+        assert_eq!((s.forward, s.unknown), (None, 1));
+        // Not known beforehand: the status probe's number came back as sent.
+        let status = |refl: u32| Echo {
+            seq: STAMP_STATUS_SEQ as u64,
+            warmup: false,
+            times: None,
+            received: None,
+            reflector_seq: Some(refl),
+            ee: None,
+            ttl: None,
+        };
+        l.trailer = Some(status(STAMP_STATUS_SEQ));
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, false);
+        assert_eq!((s.forward, s.unknown), (None, 1));
+        // A stateful reflector counted 3 of 3: the loss was on the way back.
+        l.trailer = Some(status(3));
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(0), Some(1), 0));
+    }
+
+    #[test]
+    fn one_way_only_with_both_clocks_synchronised() {
+        let synced = ClockSync {
+            synchronized: true,
+            max_error_ns: 2_000_000,
+            tai_offset_s: 37,
+        };
+        let unsynced = ClockSync {
+            synchronized: false,
+            ..synced
+        };
+        let ee = ErrorEstimate::from_error_ns(true, 1_000_000, false);
+        let v = clock_verdict(&synced, Some(ee));
+        assert!(v.one_way_shown);
+        assert!(v.bound_ns.unwrap() >= 3_000_000);
+        let v = clock_verdict(&unsynced, Some(ee));
+        assert!(!v.one_way_shown);
+        assert!(v.note.starts_with(NOT_SYNCED_NOTE));
+        let v = clock_verdict(&synced, Some(ErrorEstimate::from_error_ns(false, 0, false)));
+        assert!(!v.one_way_shown && v.note.contains("reflector's clock"));
+        assert!(!clock_verdict(&synced, None).one_way_shown);
+    }
+
+    #[test]
+    fn stamp_wire_round_trips_through_the_reflector_core() {
+        use crate::probe::reflect::{Core, Policy};
+        let key = HmacKey::new(&[3u8; 32]).unwrap();
+        for k in [None, Some(key)] {
+            let wire = Wire::Stamp {
+                ssid: 77,
+                key: k.clone(),
+                ee: ErrorEstimate::from_error_ns(false, 0, false),
+                tai_offset_s: 0,
+            };
+            let mut core = Core::new(Policy {
+                protocol: ProtocolArg::Stamp,
+                key: k,
+                rate_limit_pps: 0,
+                stateful: true,
+            });
+            let mut buf = vec![0u8; 120];
+            let mut scratch = Vec::new();
+            let now = 1_763_850_000_000_000_000;
+            wire.encode(5, now, false, &mut buf, &mut scratch);
+            let src = std::net::SocketAddr::from(([192, 0, 2, 9], 1));
+            assert!(matches!(
+                core.handle(&mut buf, src, Some(now + 1000), Some(64), now + 2000),
+                crate::probe::reflect::Verdict::Reply { .. }
+            ));
+            let e = wire.decode(&buf).unwrap();
+            assert_eq!(
+                (e.seq, e.warmup, e.reflector_seq, e.ttl),
+                (5, false, Some(0), Some(64))
+            );
+            let t = e.times.unwrap();
+            assert!(
+                (t.rx_ns - (now + 1000)).abs() < 1000,
+                "NTP keeps ns within 1 ns: {t:?}"
+            );
+            // A warm-up has its own SSID and is told apart.
+            wire.encode(1, now, true, &mut buf, &mut scratch);
+            core.handle(&mut buf, src, None, None, now);
+            assert!(wire.decode(&buf).unwrap().warmup);
+        }
+    }
+}

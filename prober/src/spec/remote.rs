@@ -1,0 +1,296 @@
+//! Probing a reflector on another host (`--target`), the probe protocol
+//! (`--protocol`), STAMP authentication (`--auth-key`), and the
+//! `rtprobe reflect` command's options. Pure: no sockets.
+
+use std::{
+    net::{SocketAddrV4, ToSocketAddrs},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+/// STAMP's well-known port (RFC 8762 §4.1, IANA "stamp").
+pub const STAMP_PORT: u16 = 862;
+/// rtprobe's own protocol's default port.
+pub const RTPROBE_PORT: u16 = 5061;
+/// Shortest key accepted from a key file: RFC 4868 §2.1.1 wants the
+/// HMAC-SHA-256 key as long as its output.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// Which probes go on the wire.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ProtocolArg {
+    /// rtprobe's own probes (magic RTPB, 64-bit session id and sequence).
+    #[default]
+    Rtprobe,
+    /// STAMP (RFC 8762) session-sender packets, SSID (RFC 8972) + sequence number.
+    Stamp,
+}
+
+impl ProtocolArg {
+    pub fn default_port(self) -> u16 {
+        match self {
+            ProtocolArg::Rtprobe => RTPROBE_PORT,
+            ProtocolArg::Stamp => STAMP_PORT,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ProtocolArg::Rtprobe => "rtprobe",
+            ProtocolArg::Stamp => "stamp",
+        }
+    }
+}
+
+/// Remote target and protocol options of a probe run.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[command(next_help_heading = "Remote target and protocol")]
+pub struct RemoteOptions {
+    /// Probe a reflector on another host instead of building a testbed: `rtprobe reflect` there,
+    /// or any STAMP reflector with --protocol stamp. HOST[:PORT]; the port defaults to --port
+    /// (862 with --protocol stamp). Needs no root with software timestamps.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub target: Option<String>,
+
+    /// Probe protocol, on testbed runs and with --target [default: rtprobe]. With stamp the
+    /// default port is 862.
+    #[arg(long, value_enum)]
+    pub protocol: Option<ProtocolArg>,
+
+    /// STAMP authenticated mode (RFC 8762 §4.2.2, 112-byte packets, HMAC-SHA-256): the key is
+    /// this file's bytes (at least 32). The reflector needs the same key.
+    #[arg(long, value_name = "FILE")]
+    pub auth_key: Option<PathBuf>,
+}
+
+impl RemoteOptions {
+    pub fn protocol(&self) -> ProtocolArg {
+        self.protocol.unwrap_or_default()
+    }
+
+    /// The UDP port probes go to: the target's own, else `--port` unless
+    /// left at rtprobe's default with STAMP, which then uses 862.
+    pub fn port(&self, port_arg: u16) -> u16 {
+        if self.protocol() == ProtocolArg::Stamp && port_arg == RTPROBE_PORT {
+            STAMP_PORT
+        } else {
+            port_arg
+        }
+    }
+
+    /// Resolves `--target` to one IPv4 address (the probe sockets are
+    /// IPv4). `port` is what [`Self::port`] chose.
+    pub fn target_addr(&self, port: u16) -> Result<Option<SocketAddrV4>> {
+        let Some(t) = &self.target else {
+            return Ok(None);
+        };
+        resolve_v4(t, port).map(Some)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        if self.auth_key.is_some() && self.protocol() != ProtocolArg::Stamp {
+            bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
+        }
+        Ok(())
+    }
+}
+
+/// HOST, HOST:PORT, or an IPv4 literal; the first IPv4 address it names.
+pub fn resolve_v4(target: &str, default_port: u16) -> Result<SocketAddrV4> {
+    let t = target.trim();
+    if t.is_empty() {
+        bail!("--target is empty: give HOST or HOST:PORT, e.g. 192.0.2.7:862");
+    }
+    if t.starts_with('[') || t.matches(':').count() > 1 {
+        bail!(
+            "--target {t}: IPv6 targets are not supported yet; give an IPv4 address or a name with one"
+        );
+    }
+    let with_port = if t.contains(':') {
+        t.to_string()
+    } else {
+        format!("{t}:{default_port}")
+    };
+    let addrs = with_port.to_socket_addrs().with_context(|| {
+        format!("--target {t}: cannot resolve it (give HOST[:PORT], e.g. 192.0.2.7:862)")
+    })?;
+    let a = addrs
+        .filter_map(|a| match a {
+            std::net::SocketAddr::V4(v4) => Some(v4),
+            _ => None,
+        })
+        .next()
+        .with_context(|| format!("--target {t} has no IPv4 address"))?;
+    if a.port() == 0 {
+        bail!("--target {t}: port 0 is not a usable UDP port");
+    }
+    Ok(a)
+}
+
+/// Reads an HMAC key file: every byte of it is the key (a trailing newline
+/// too: `head -c 32 /dev/urandom > key` gives none). Never logged.
+pub fn read_key(path: &Path) -> Result<crate::probe::stamp::HmacKey> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read the key file {}", path.display()))?;
+    if bytes.len() < MIN_KEY_BYTES {
+        bail!(
+            "key file {} holds {} bytes: give at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom > {})",
+            path.display(),
+            bytes.len(),
+            path.display()
+        );
+    }
+    crate::probe::stamp::HmacKey::new(&bytes).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// `--rate-limit 1000/s`, `1000`: datagrams per second from one source.
+pub fn parse_rate(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let n = t.strip_suffix("/s").unwrap_or(t);
+    match n.trim().parse::<u32>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!(
+            "invalid rate {s:?}: give datagrams per second from one source, e.g. 10000/s"
+        )),
+    }
+}
+
+/// `rtprobe reflect`.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[command(
+    after_help = "Runs until Ctrl-C or SIGTERM (or --duration), prints one line per new \
+    client session and the counters on exit.\n\n\
+    Examples:\n  \
+    rtprobe reflect --listen 0.0.0.0:5061\n  \
+    rtprobe reflect --protocol stamp --listen 192.0.2.7:862 --json reflector.json\n  \
+    rtprobe reflect --protocol stamp --auth-key stamp.key --rate-limit 2000/s\n\n\
+    Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]"
+)]
+pub struct ReflectArgs {
+    /// Address and port to answer on (repeatable) [default: 0.0.0.0 and the protocol's port:
+    /// 5061 for rtprobe, 862 for stamp]. Ports below 1024 need root or CAP_NET_BIND_SERVICE.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Vec<std::net::SocketAddrV4>,
+
+    /// Protocol to answer [default: rtprobe].
+    #[arg(long, value_enum)]
+    pub protocol: Option<ProtocolArg>,
+
+    /// Stop after this long, e.g. 10min [default: until Ctrl-C or SIGTERM].
+    #[arg(long, value_parser = crate::cli::parse_duration)]
+    #[serde(default, with = "crate::tune::units::humane_duration::option")]
+    pub duration: Option<Duration>,
+
+    /// Write the counters (and the session list) as JSON to this file on exit.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// STAMP authenticated mode: answer only 112-byte packets whose HMAC-SHA-256 matches this
+    /// key file (at least 32 bytes).
+    #[arg(long, value_name = "FILE")]
+    pub auth_key: Option<PathBuf>,
+
+    /// Most datagrams per second answered from one source address, e.g. 10000/s; the rest
+    /// are counted as rate-limited [default: 10000/s].
+    #[arg(long, value_name = "N/s", value_parser = parse_rate)]
+    pub rate_limit: Option<u32>,
+
+    /// STAMP: answer statelessly (the reply's sequence number is the sender's) instead of
+    /// counting per session (RFC 8762 §4.3; stateful lets the sender split loss by direction).
+    #[arg(long)]
+    #[serde(default)]
+    pub stateless: bool,
+
+    /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single)
+    /// --listen address, so the kernel answers before any socket (needs root; says why not).
+    #[arg(long)]
+    #[serde(default)]
+    pub kernel: bool,
+
+    /// No line per new session.
+    #[arg(short, long)]
+    #[serde(default)]
+    pub quiet: bool,
+}
+
+/// Default rate limit per source.
+pub const DEFAULT_RATE_LIMIT_PPS: u32 = 10_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamp_defaults_to_862_unless_a_port_was_chosen() {
+        let o = RemoteOptions {
+            protocol: Some(ProtocolArg::Stamp),
+            ..Default::default()
+        };
+        assert_eq!(o.port(RTPROBE_PORT), 862);
+        assert_eq!(o.port(4000), 4000);
+        assert_eq!(RemoteOptions::default().port(RTPROBE_PORT), 5061);
+    }
+
+    #[test]
+    fn targets_resolve_with_and_without_port() {
+        assert_eq!(
+            resolve_v4("192.0.2.7", 862).unwrap(),
+            "192.0.2.7:862".parse().unwrap()
+        );
+        assert_eq!(
+            resolve_v4("192.0.2.7:9000", 862).unwrap(),
+            "192.0.2.7:9000".parse().unwrap()
+        );
+        assert!(resolve_v4("", 1).is_err());
+        assert!(resolve_v4("192.0.2.7:0", 1).is_err());
+        assert!(
+            resolve_v4("[2001:db8::1]:862", 1)
+                .unwrap_err()
+                .to_string()
+                .contains("IPv6")
+        );
+    }
+
+    #[test]
+    fn rates_and_keys() {
+        assert_eq!(parse_rate("2000/s"), Ok(2000));
+        assert_eq!(parse_rate("7"), Ok(7));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("fast").is_err());
+        let dir = std::env::temp_dir().join(format!("rtprobe-key-{}", std::process::id()));
+        std::fs::write(&dir, b"short").unwrap();
+        assert!(
+            read_key(&dir)
+                .unwrap_err()
+                .to_string()
+                .contains("at least 32")
+        );
+        std::fs::write(&dir, [7u8; 32]).unwrap();
+        assert!(read_key(&dir).is_ok());
+        let _ = std::fs::remove_file(&dir);
+        let o = RemoteOptions {
+            auth_key: Some("k".into()),
+            ..Default::default()
+        };
+        assert!(
+            o.check()
+                .unwrap_err()
+                .to_string()
+                .contains("--protocol stamp")
+        );
+    }
+}

@@ -1,0 +1,694 @@
+//! End-to-end: `rtprobe reflect` in one namespace, `rtprobe --target` (as
+//! the unprivileged user nobody) in another, joined by a veth pair this
+//! test creates and removes; with the rtprobe protocol and STAMP, loss
+//! split by direction under a tc filter, authenticated STAMP with a good
+//! and a wrong key, a flood of malformed datagrams, scapy's STAMP on the
+//! wire in both roles, and STAMP through the testbed answered by the
+//! in-kernel and the user-space reflector. Needs root; run by `cargo xtask
+//! test` with `--ignored --test-threads=1`.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use common::*;
+
+const N: u64 = 500;
+const A_IP: &str = "10.77.0.1";
+const B_IP: &str = "10.77.0.2";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Two namespaces joined by a veth pair: A (sender) 10.77.0.1, B
+/// (reflector) 10.77.0.2. Deleted on drop (the veth goes with them).
+struct Pair {
+    a: String,
+    b: String,
+    va: String,
+    vb: String,
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let p = Pair {
+            a: unique("rmA"),
+            b: unique("rmB"),
+            va: unique("rva"),
+            vb: unique("rvb"),
+        };
+        sh_ok(&format!("ip netns add {}", p.a));
+        sh_ok(&format!("ip netns add {}", p.b));
+        sh_ok(&format!(
+            "ip link add {} netns {} type veth peer name {} netns {}",
+            p.va, p.a, p.vb, p.b
+        ));
+        sh_ok(&format!(
+            "ip -n {a} addr add {A_IP}/24 dev {va} && ip -n {a} link set {va} up && ip -n {a} link set lo up",
+            a = p.a,
+            va = p.va
+        ));
+        sh_ok(&format!(
+            "ip -n {b} addr add {B_IP}/24 dev {vb} && ip -n {b} link set {vb} up && ip -n {b} link set lo up",
+            b = p.b,
+            vb = p.vb
+        ));
+        p
+    }
+
+    /// Drops the UDP datagrams leaving `dev` (in `ns`) whose byte at
+    /// `offset` from the IP header has its low 4 bits zero: a u32 filter
+    /// classifies them into an HTB class whose leaf is a blackhole qdisc
+    /// (no tc action modules needed).
+    fn drop_low_nibble_zero(&self, ns: &str, dev: &str, offset: u32) {
+        sh_ok(&format!(
+            "ip netns exec {ns} sh -c 'tc qdisc add dev {dev} root handle 1: htb default 10 && \
+             tc class add dev {dev} parent 1: classid 1:10 htb rate 10gbit && \
+             tc class add dev {dev} parent 1: classid 1:20 htb rate 10gbit && \
+             tc qdisc add dev {dev} parent 1:20 handle 20: blackhole && \
+             tc filter add dev {dev} parent 1: protocol ip u32 match ip protocol 17 0xff \
+             match u8 0 0x0f at {offset} flowid 1:20' 2>/dev/null"
+        ));
+    }
+
+    fn clear_filters(&self) {
+        for (ns, dev) in [(&self.a, &self.va), (&self.b, &self.vb)] {
+            let _ = sh(&format!(
+                "ip netns exec {ns} tc qdisc del dev {dev} root 2>/dev/null"
+            ));
+        }
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip netns del {}", self.a));
+        let _ = sh(&format!("ip netns del {}", self.b));
+    }
+}
+
+/// `rtprobe reflect` in namespace B; stopped with SIGTERM by [`Reflector::stop`]
+/// (killed on drop if a test fails first).
+struct Reflector {
+    child: Option<Child>,
+    json: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Reflector {
+    fn start(p: &Pair, args: &[&str]) -> Reflector {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("reflector.json");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &p.b])
+            .arg(bin())
+            .arg("reflect")
+            .args(["--json", json.to_str().unwrap()])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rtprobe reflect");
+        // Bound before the first probe: the warm-up retries for 3 s anyway.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Reflector {
+            child: Some(child),
+            json,
+            _dir: dir,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM, wait, and the counters it wrote.
+    fn stop(mut self) -> (serde_json::Value, String) {
+        let child = self.child.take().unwrap();
+        sh_ok(&format!("kill -TERM {}", child.id()));
+        let o = child.wait_with_output().unwrap();
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "rtprobe reflect failed: {out}");
+        let j = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("{e}: {out}"));
+        (serde_json::from_str(&j).unwrap(), out)
+    }
+}
+
+impl Drop for Reflector {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `rtprobe --target` in namespace A as user nobody (no privileges).
+fn target(p: &Pair, args: &[&str]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    sh_ok(&format!("chmod 777 {}", dir.path().display()));
+    let csv = dir.path().join("out.csv");
+    let json = dir.path().join("out.json");
+    let o = Command::new("ip")
+        .args(["netns", "exec", &p.a, "runuser", "-u", "nobody", "--"])
+        .arg(bin())
+        .args(["--quiet", "--out", csv.to_str().unwrap(), "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .expect("run rtprobe --target");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    // The CSV is created before the first probe, so even a failed run has one.
+    assert!(csv.exists(), "no CSV written: {stderr}");
+    let (meta, rows) = read_csv(&csv);
+    let json = std::fs::read_to_string(&json)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+        json,
+        meta,
+        rows,
+    }
+}
+
+fn assert_counters_add_up(c: &serde_json::Value) {
+    let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
+    assert_eq!(
+        n("datagrams"),
+        n("reflected") + n("malformed") + n("rate_limited") + n("auth_failed"),
+        "{c}"
+    );
+    assert!(n("bytes_out") <= n("bytes_in"), "{c}");
+}
+
+/// 500 probes at 1 ms through `rtprobe reflect`: none lost, split 0/0, the
+/// reflector saw one session and answered every probe.
+fn clean_run(protocol: &str, port: &str) {
+    let p = Pair::new();
+    let r = Reflector::start(&p, &["--protocol", protocol]);
+    let t = target(
+        &p,
+        &[
+            "--target",
+            &format!("{B_IP}:{port}"),
+            "--protocol",
+            protocol,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    let (refl, log) = r.stop();
+    assert_eq!(t.code, 0, "stderr: {}\nstdout: {}", t.stderr, t.stdout);
+    assert_eq!(t.json["sent"], N, "{}", t.stdout);
+    assert_eq!(t.json["lost"], 0, "{}", t.stdout);
+    assert_eq!(t.rows.len() as u64, N);
+    assert_eq!(t.meta.testbed, "remote");
+    let split = &t.json["extra"]["loss_split"];
+    assert_eq!(
+        (split["forward"].as_u64(), split["return"].as_u64()),
+        (Some(0), Some(0)),
+        "{split}"
+    );
+    assert_eq!(t.json["extra"]["reflector"]["protocol"], protocol);
+    // RTT is always there; one-way only with both clocks synchronised.
+    assert_eq!(t.json["rtt_ns"]["count"], N);
+    let clock = &t.json["extra"]["clock"];
+    if clock["one_way_shown"] == false {
+        assert!(
+            t.stdout
+                .contains("clocks not synchronised: one-way not shown"),
+            "{}",
+            t.stdout
+        );
+        assert!(t.json["one_way_ns"]["p50"].is_null());
+        // Nor in the CSV (column 8, one_way_ns); the raw stamps stay.
+        assert!(t.rows.iter().all(|r| r[8].is_empty()), "one-way in the CSV");
+        assert!(t.rows.iter().all(|r| !r[6].is_empty()), "rx_ns kept");
+    } else {
+        assert!(clock["bound_ns"].as_u64().is_some(), "{clock}");
+    }
+    assert!(t.json["extra"]["reflector"]["echoes"].as_u64() == Some(N));
+    let c = &refl["counters"];
+    assert_counters_add_up(c);
+    assert!(
+        c["reflected"].as_u64().unwrap() > N,
+        "probes + warm-up + status: {c}"
+    );
+    assert_eq!(c["malformed"], 0, "{c}");
+    assert!(log.contains("new session"), "{log}");
+    if protocol == "stamp" {
+        assert_eq!(
+            t.json["extra"]["reflector"]["sender_ttl_min"], 64,
+            "one veth hop"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn rtprobe_protocol_to_reflect_500_probes_none_lost_as_nobody() {
+    if !is_root("rtprobe_protocol_to_reflect_500_probes_none_lost_as_nobody") {
+        return;
+    }
+    clean_run("rtprobe", "5061");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn stamp_to_reflect_500_probes_none_lost_as_nobody() {
+    if !is_root("stamp_to_reflect_500_probes_none_lost_as_nobody") {
+        return;
+    }
+    clean_run("stamp", "862");
+}
+
+/// The probes whose sequence number is a multiple of 16 are dropped one
+/// way (32 of 500; warm-ups and the status probe are not): the loss lands
+/// on that direction only.
+fn split_run(protocol: &str, port: &str, forward: bool) {
+    let p = Pair::new();
+    let r = Reflector::start(&p, &["--protocol", protocol]);
+    // The low byte of the sequence number, from the IP header: rtprobe's
+    // seq (u64 at payload 16) in probes and echoes alike; STAMP's sender
+    // seq (u32 at payload 0), which the reply carries at payload 24.
+    let offset = match (protocol, forward) {
+        ("rtprobe", _) => 20 + 8 + 23,
+        ("stamp", true) => 20 + 8 + 3,
+        _ => 20 + 8 + 27,
+    };
+    if forward {
+        p.drop_low_nibble_zero(&p.a, &p.va, offset);
+    } else {
+        p.drop_low_nibble_zero(&p.b, &p.vb, offset);
+    }
+    let t = target(
+        &p,
+        &[
+            "--target",
+            &format!("{B_IP}:{port}"),
+            "--protocol",
+            protocol,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    p.clear_filters();
+    let (refl, _) = r.stop();
+    assert_eq!(t.code, 0, "stderr: {}\nstdout: {}", t.stderr, t.stdout);
+    let lost = t.json["lost"].as_u64().unwrap();
+    assert_eq!(lost, N.div_ceil(16), "seq 0, 16, .. 496: {}", t.stdout);
+    let split = &t.json["extra"]["loss_split"];
+    let (f, r_, u) = (
+        split["forward"].as_u64(),
+        split["return"].as_u64(),
+        split["unknown"].as_u64(),
+    );
+    if forward {
+        assert_eq!((f, r_, u), (Some(lost), Some(0), Some(0)), "{}", t.stdout);
+    } else {
+        assert_eq!((f, r_, u), (Some(0), Some(lost), Some(0)), "{}", t.stdout);
+    }
+    assert!(
+        t.stdout.contains("loss by direction: forward"),
+        "{}",
+        t.stdout
+    );
+    assert_counters_add_up(&refl["counters"]);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn loss_split_forward_and_return_rtprobe() {
+    if !is_root("loss_split_forward_and_return_rtprobe") {
+        return;
+    }
+    split_run("rtprobe", "5061", true);
+    split_run("rtprobe", "5061", false);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn loss_split_forward_and_return_stamp() {
+    if !is_root("loss_split_forward_and_return_stamp") {
+        return;
+    }
+    split_run("stamp", "862", true);
+    split_run("stamp", "862", false);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn authenticated_stamp_good_key_answered_wrong_key_counted() {
+    if !is_root("authenticated_stamp_good_key_answered_wrong_key_counted") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    sh_ok(&format!("chmod 755 {}", dir.path().display()));
+    let (good, bad) = (dir.path().join("good.key"), dir.path().join("bad.key"));
+    std::fs::write(&good, [0x5au8; 32]).unwrap();
+    std::fs::write(&bad, [0xa5u8; 32]).unwrap();
+    sh_ok(&format!("chmod 644 {} {}", good.display(), bad.display()));
+    let p = Pair::new();
+    let r = Reflector::start(
+        &p,
+        &["--protocol", "stamp", "--auth-key", good.to_str().unwrap()],
+    );
+    let base = |key: &Path, count: &str| {
+        target(
+            &p,
+            &[
+                "--target",
+                B_IP,
+                "--protocol",
+                "stamp",
+                "--auth-key",
+                key.to_str().unwrap(),
+                "--size",
+                "112",
+                "--count",
+                count,
+                "--interval",
+                "1ms",
+            ],
+        )
+    };
+    let ok = base(&good, "200");
+    let wrong = base(&bad, "50");
+    let (refl, _) = r.stop();
+    assert_eq!(ok.code, 0, "{}{}", ok.stderr, ok.stdout);
+    assert_eq!(ok.json["lost"], 0, "{}", ok.stdout);
+    assert_eq!(ok.json["extra"]["reflector"]["authenticated"], true);
+    assert_ne!(wrong.code, 0, "the wrong key got answers: {}", wrong.stdout);
+    assert!(wrong.stderr.contains("no answer from"), "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("--auth-key"), "{}", wrong.stderr);
+    let c = &refl["counters"];
+    assert_counters_add_up(c);
+    // The wrong key's warm-ups, every 100 ms for 3 s, all refused.
+    assert!(
+        (25..=31).contains(&c["auth_failed"].as_u64().unwrap()),
+        "{c}"
+    );
+    assert!(c["reflected"].as_u64().unwrap() >= 200, "{c}");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    // The reflector runs under `ip netns exec`, which execs it: same pid.
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn malformed_flood_changes_counters_only() {
+    if !is_root("malformed_flood_changes_counters_only") {
+        return;
+    }
+    for (protocol, port) in [("rtprobe", "5061"), ("stamp", "862")] {
+        let p = Pair::new();
+        let r = Reflector::start(&p, &["--protocol", protocol, "--quiet"]);
+        let rss_before = rss_kib(r.pid());
+        let o = sh_ok(&format!(
+            "ip netns exec {} python3 {} {B_IP} {port} 7",
+            p.a,
+            fixture("reflector_flood.py").display()
+        ));
+        let flood: serde_json::Value = serde_json::from_str(&o).unwrap();
+        let rss_after = rss_kib(r.pid());
+        // Still answering after the flood.
+        let t = target(
+            &p,
+            &[
+                "--target",
+                &format!("{B_IP}:{port}"),
+                "--protocol",
+                protocol,
+                "--count",
+                "100",
+            ],
+        );
+        let (refl, _) = r.stop();
+        assert_eq!(t.code, 0, "{}{}", t.stderr, t.stdout);
+        assert_eq!(t.json["lost"], 0, "{}", t.stdout);
+        let c = &refl["counters"];
+        assert_counters_add_up(c);
+        let sent = flood["sent"].as_u64().unwrap();
+        // Every flood datagram is in the counters (the run after it adds
+        // its probes, warm-up and status probe to `reflected`).
+        let replies = flood["replies"].as_array().unwrap();
+        let flood_answered = replies.len() as u64;
+        assert_eq!(
+            c["datagrams"].as_u64().unwrap(),
+            sent + c["reflected"].as_u64().unwrap() - flood_answered,
+            "{protocol}: {c}, flood sent {sent}, answered {flood_answered}"
+        );
+        // No reply longer than a request, none without its request's length.
+        let mut lengths: Vec<u64> = flood["lengths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        for r in replies {
+            let len = r.as_u64().unwrap();
+            let i = lengths
+                .iter()
+                .position(|&l| l == len)
+                .unwrap_or_else(|| panic!("{protocol}: a {len}-byte reply matches no request"));
+            lengths.swap_remove(i);
+        }
+        if protocol == "rtprobe" {
+            assert_eq!(flood_answered, 0, "random bytes are no rtprobe probe");
+            assert_eq!(c["malformed"].as_u64().unwrap(), sent, "{c}");
+        } else {
+            // 44+ random bytes with a valid NTP timestamp are a STAMP packet.
+            assert!(c["malformed"].as_u64().unwrap() >= 43 + 4 + 5, "{c}");
+        }
+        assert!(
+            rss_after < rss_before + 16 * 1024,
+            "{protocol}: RSS grew from {rss_before} to {rss_after} KiB"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn scapy_sender_against_reflect_and_scapy_reflector_against_target() {
+    if !is_root("scapy_sender_against_reflect_and_scapy_reflector_against_target") {
+        return;
+    }
+    let p = Pair::new();
+    // scapy's session-sender -> rtprobe reflect --protocol stamp.
+    let r = Reflector::start(&p, &["--protocol", "stamp"]);
+    let o = sh_ok(&format!(
+        "ip netns exec {} python3 {} send {B_IP} 862 20",
+        p.a,
+        fixture("stamp_wire.py").display()
+    ));
+    let (refl, _) = r.stop();
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    let sent = v["sent"].as_array().unwrap();
+    let replies = v["replies"].as_array().unwrap();
+    assert_eq!(replies.len(), 20, "{o}");
+    for (i, (s, r)) in sent.iter().zip(replies).enumerate() {
+        assert_eq!(r["len"], s["len"], "reply {i}: same length as the request");
+        assert_eq!(r["seq"], i as u64, "stateful: the reflector's own count");
+        assert_eq!(r["seq_sender"], s["seq"]);
+        assert_eq!(r["ts_sender"], s["ts"], "sender's timestamp copied");
+        assert_eq!(r["ssid"], 0x2A2A);
+        assert_eq!(r["ttl_sender"], 64, "one veth hop from TTL 64");
+        assert_eq!(r["padding"], s["padding"], "padding mirrored");
+        assert_eq!(r["ee_sender"]["multiplier"], 1);
+        // T2 <= T3, both within a second of scapy's clock (the same host).
+        let (t2, t3, now) = (
+            r["ts_rx"].as_u64().unwrap(),
+            r["ts"].as_u64().unwrap(),
+            r["now"].as_u64().unwrap(),
+        );
+        assert!(t2 <= t3 && t3 <= now && now - t2 < (1u64 << 32), "{r}");
+        assert_ne!(r["ee"]["multiplier"], 0, "RFC 4656: never 0");
+        assert_eq!(r["ee"]["Z"], 0, "NTP timestamps");
+    }
+    assert_counters_add_up(&refl["counters"]);
+
+    // rtprobe --target --protocol stamp -> scapy's session-reflector.
+    let n = 200;
+    let scapy = Command::new("ip")
+        .args(["netns", "exec", &p.b, "python3"])
+        .arg(fixture("stamp_wire.py"))
+        .args(["reflect", B_IP, "9862", &n.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let t = target(
+        &p,
+        &[
+            "--target",
+            &format!("{B_IP}:9862"),
+            "--protocol",
+            "stamp",
+            "--size",
+            "80",
+            "--count",
+            &n.to_string(),
+        ],
+    );
+    let o = scapy.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(t.code, 0, "{}{}", t.stderr, t.stdout);
+    assert_eq!(t.json["lost"], 0, "{}", t.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let got: Vec<&serde_json::Value> = v["received"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["ssid"].as_u64().unwrap() & 0x8000 == 0)
+        .collect();
+    assert_eq!(got.len(), n);
+    let ssid = t.json["extra"]["reflector"]["ssid"].as_u64().unwrap();
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r["len"], 80, "--size");
+        assert_eq!(r["seq"], i as u64, "rtprobe numbers from 0");
+        assert_eq!(r["ssid"], ssid, "the SSID rtprobe reports");
+        assert_eq!(r["padding_zero"], true);
+        assert_eq!(r["ee"]["Z"], 0);
+        assert_ne!(r["ee"]["multiplier"], 0);
+        assert_eq!(r["ttl"], 64);
+        let (ts, rx) = (r["ts"].as_u64().unwrap(), r["rx"].as_u64().unwrap());
+        assert!(
+            ts <= rx && rx - ts < (1u64 << 32),
+            "send time before arrival: {r}"
+        );
+    }
+    // scapy's reflector numbers its replies 0..: no forward loss told.
+    let split = &t.json["extra"]["loss_split"];
+    assert_eq!(split["forward"], 0, "{split}");
+}
+
+/// STAMP through the testbed: rtprobe's session-sender answered by the
+/// in-kernel reflector (stateless) or the user-space one (stateful).
+fn stamp_testbed(reflector: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--protocol",
+            "stamp",
+            "--reflector",
+            reflector,
+            "--xdp-mode",
+            "native",
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    assert_eq!(r.code, 0, "stderr: {}\nstdout: {}", r.stderr, r.stdout);
+    assert_eq!(r.json["sent"], N, "{}", r.stdout);
+    assert_eq!(r.json["lost"], 0, "{}", r.stdout);
+    assert_eq!(r.rows.len() as u64, N);
+    assert_eq!(r.json["extra"]["reflector"]["kind"], reflector);
+    assert_eq!(r.json["extra"]["reflector"]["protocol"], "stamp");
+    assert_eq!(
+        r.json["extra"]["clock"]["one_way_shown"], true,
+        "one host clock"
+    );
+    assert_eq!(r.json["one_way_ns"]["count"], N, "{}", r.stdout);
+    r
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn stamp_testbed_run_answered_by_the_kernel_reflector() {
+    if !is_root("stamp_testbed_run_answered_by_the_kernel_reflector") {
+        return;
+    }
+    let r = stamp_testbed("kernel");
+    let c = &r.json["extra"]["reflector"]["counters"];
+    assert!(
+        c["reflected_stamp"]["packets"].as_u64().unwrap() >= N,
+        "the kernel answered the STAMP packets: {c}"
+    );
+    assert_eq!(c["reflected_rtprobe"]["packets"], 0, "{c}");
+    assert_eq!(
+        r.json["extra"]["loss_split"]["forward"],
+        serde_json::Value::Null,
+        "a stateless reflector tells no direction"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn stamp_testbed_run_answered_by_the_user_reflector() {
+    if !is_root("stamp_testbed_run_answered_by_the_user_reflector") {
+        return;
+    }
+    let r = stamp_testbed("user");
+    let c = &r.json["extra"]["reflector"]["counters"];
+    assert!(c["reflected"].as_u64().unwrap() > N, "{c}");
+    assert_eq!(r.json["extra"]["loss_split"]["forward"], 0);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflect_kernel_answers_from_xdp() {
+    if !is_root("reflect_kernel_answers_from_xdp") {
+        return;
+    }
+    let p = Pair::new();
+    // What a veth peer needs to take the in-kernel reflector's replies
+    // (rtprobe reflect --kernel says so when it attaches to a veth).
+    sh_ok(&format!(
+        "ip netns exec {a} ethtool -K {va} gro off && ip netns exec {a} ethtool -K {va} gro on \
+         && ip netns exec {a} ethtool -K {va} tx off >/dev/null",
+        a = p.a,
+        va = p.va
+    ));
+    let r = Reflector::start(&p, &["--kernel", "--listen", &format!("{B_IP}:5061")]);
+    let t = target(
+        &p,
+        &[
+            "--target",
+            B_IP,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    let (refl, log) = r.stop();
+    assert!(log.contains("in-kernel reflector on"), "{log}");
+    assert_eq!(t.code, 0, "{}{}", t.stderr, t.stdout);
+    assert_eq!(t.json["lost"], 0, "{}", t.stdout);
+    let k = &refl["kernel_counters"];
+    assert!(
+        k["reflected_rtprobe"]["packets"].as_u64().unwrap() >= N,
+        "{k}"
+    );
+    // The kernel answered first: the socket saw none of the probes.
+    assert_eq!(refl["counters"]["reflected"], 0, "{refl}");
+}
