@@ -550,7 +550,7 @@ impl StampReflector {
             .name("rtprobe-reflect".into())
             .spawn(move || {
                 let mut core = crate::probe::reflect::Core::new(policy);
-                crate::probe::reflect::serve(&socks, &mut core, &s, None, |_| {})
+                crate::probe::reflect::serve(&socks, &mut core, &s, None, |_| {}, |_| {})
             })
             .context("spawn the STAMP reflector thread")?;
         Ok(Self { stop, thread })

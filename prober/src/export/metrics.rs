@@ -131,6 +131,26 @@ pub struct Metrics {
     unaccounted: Family<FlowLabels, Counter>,
     xdp_mode: Family<XdpLabels, Gauge>,
     timestamp_source: Family<SourceLabels, Gauge>,
+    /// `rtprobe reflect`: datagrams by what the reflector did with them.
+    reflector_datagrams: Family<OutcomeLabels, Counter>,
+    reflector_sessions: Counter,
+}
+
+/// What the reflector did with a datagram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+/// The reflector's cumulative counts, as `rtprobe reflect` keeps them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReflectorCounts {
+    pub sessions: u64,
+    pub reflected: u64,
+    pub malformed: u64,
+    pub rate_limited: u64,
+    pub auth_failed: u64,
+    pub send_errors: u64,
 }
 
 impl Default for Metrics {
@@ -160,8 +180,21 @@ impl Metrics {
             unaccounted: Family::default(),
             xdp_mode: Family::default(),
             timestamp_source: Family::default(),
+            reflector_datagrams: Family::default(),
+            reflector_sessions: Counter::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "reflector_datagrams",
+            "rtprobe reflect: datagrams received, by outcome (reflected, malformed, rate_limited, \
+             auth_failed; send_error: a reply the kernel refused)",
+            m.reflector_datagrams.clone(),
+        );
+        registry.register(
+            "reflector_sessions",
+            "rtprobe reflect: client sessions seen",
+            m.reflector_sessions.clone(),
+        );
         registry.register_with_unit(
             "one_way",
             "One-way delay: the receiver's RX stamp minus the probe's entry into the sender's stack",
@@ -283,6 +316,27 @@ impl Metrics {
                 attached: attached.into(),
             })
             .set(1);
+    }
+
+    /// Brings the reflector's counters up to `now` (cumulative counts; `last`
+    /// is what was published before, updated in place).
+    pub fn reflector_update(&self, last: &mut ReflectorCounts, now: ReflectorCounts) {
+        let outcomes = [
+            ("reflected", last.reflected, now.reflected),
+            ("malformed", last.malformed, now.malformed),
+            ("rate_limited", last.rate_limited, now.rate_limited),
+            ("auth_failed", last.auth_failed, now.auth_failed),
+            ("send_error", last.send_errors, now.send_errors),
+        ];
+        for (outcome, before, after) in outcomes {
+            let c = self.reflector_datagrams.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+            c.inc_by(after.saturating_sub(before));
+        }
+        self.reflector_sessions
+            .inc_by(now.sessions.saturating_sub(last.sessions));
+        *last = now;
     }
 
     /// The OpenMetrics text exposition (ends with `# EOF`).
@@ -574,6 +628,40 @@ mod tests {
             rtt_ns: Some(2 * one_way_us * 1000),
             path_ns: Some(one_way_us * 500),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reflector_counts_are_published_as_deltas_of_cumulative_counts() {
+        let m = Metrics::new();
+        let mut last = ReflectorCounts::default();
+        let now = ReflectorCounts {
+            sessions: 2,
+            reflected: 500,
+            malformed: 7,
+            rate_limited: 1,
+            auth_failed: 3,
+            send_errors: 0,
+        };
+        m.reflector_update(&mut last, now);
+        m.reflector_update(&mut last, now); // nothing new: unchanged
+        m.reflector_update(
+            &mut last,
+            ReflectorCounts {
+                reflected: 510,
+                ..now
+            },
+        );
+        assert_eq!(last.reflected, 510);
+        let text = m.encode();
+        for line in [
+            "rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 510",
+            "rtprobe_reflector_datagrams_total{outcome=\"malformed\"} 7",
+            "rtprobe_reflector_datagrams_total{outcome=\"auth_failed\"} 3",
+            "rtprobe_reflector_datagrams_total{outcome=\"send_error\"} 0",
+            "rtprobe_reflector_sessions_total 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
     }
 

@@ -491,8 +491,10 @@ pub fn serve(
     stop: &AtomicU8,
     duration: Option<Duration>,
     mut on_session: impl FnMut(&SessionInfo),
+    mut on_tick: impl FnMut(&Counters),
 ) -> Result<ServeReport> {
     let start = std::time::Instant::now();
+    let mut last_tick = start;
     let mut batch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
     let mut echo = Vec::with_capacity(64);
@@ -558,7 +560,12 @@ pub fn serve(
             }
             drain_tx_stamps(sock, &mut errq, &ring, next_id, &mut turnaround);
         }
+        if last_tick.elapsed() >= Duration::from_millis(250) {
+            last_tick = std::time::Instant::now();
+            on_tick(&core.counters);
+        }
     }
+    on_tick(&core.counters);
     let clock = core.clock(clock::realtime_ns());
     Ok(ServeReport {
         protocol: core.policy.protocol.name(),
@@ -738,14 +745,50 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         },
         policy.rate_limit_pps,
     );
+    let metrics = match args.metrics_listen {
+        Some(addr) => {
+            let m = std::sync::Arc::new(crate::export::metrics::Metrics::new());
+            let server = crate::export::metrics::MetricsServer::start(addr, m.clone())?;
+            eprintln!(
+                "rtprobe reflect: serving metrics at http://{}/metrics",
+                server.local_addr()
+            );
+            Some((m, server))
+        }
+        None => None,
+    };
     let (quiet, duration) = (args.quiet, args.duration);
     let mut report = crate::app::with_signals(true, move |stop| {
         let mut core = Core::new(policy);
-        serve(&socks, &mut core, &stop, duration, |s| {
-            if !quiet {
-                eprintln!("rtprobe reflect: new session {} from {}", s.id, s.source);
-            }
-        })
+        let mut published = crate::export::metrics::ReflectorCounts::default();
+        let report = serve(
+            &socks,
+            &mut core,
+            &stop,
+            duration,
+            |s| {
+                if !quiet {
+                    eprintln!("rtprobe reflect: new session {} from {}", s.id, s.source);
+                }
+            },
+            |c| {
+                if let Some((m, _)) = &metrics {
+                    m.reflector_update(
+                        &mut published,
+                        crate::export::metrics::ReflectorCounts {
+                            sessions: c.sessions,
+                            reflected: c.reflected,
+                            malformed: c.malformed,
+                            rate_limited: c.rate_limited,
+                            auth_failed: c.auth_failed,
+                            send_errors: c.send_errors,
+                        },
+                    );
+                }
+            },
+        );
+        drop(metrics);
+        report
     })?;
     report.listen = names;
     let kcounters = match &kernel {

@@ -225,6 +225,13 @@ pub struct ReflectArgs {
     #[arg(short, long)]
     #[serde(default)]
     pub quiet: bool,
+
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while reflecting:
+    /// datagrams by outcome (reflected, malformed, rate-limited, auth-failed) and sessions.
+    /// Port 0 picks a free one (printed).
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Default rate limit per source.
