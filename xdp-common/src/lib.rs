@@ -482,6 +482,7 @@ mod tests {
     extern crate std;
     use super::*;
     use proptest::prelude::*;
+    use std::format;
 
     /// A real header: 45 00 00 73 00 00 40 00 40 11 b8 61 c0 a8 00 01 c0 a8 00 c7
     /// (the classic Wikipedia example, checksum 0xb861).
