@@ -531,6 +531,7 @@ mod tests {
     extern crate std;
     use super::*;
     use proptest::prelude::*;
+    use std::format;
 
     #[test]
     fn bench_header_packs_as_the_generator_writes_it() {

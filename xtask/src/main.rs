@@ -155,9 +155,33 @@ fn setup() -> Result<()> {
     setup_apt()?;
     setup_toolchain()?;
     setup_bpf_linker()?;
+    setup_clippy()?;
     setup_scapy();
     eprintln!("xtask: setup complete");
     Ok(())
+}
+
+/// clippy, which `cargo xtask test` runs first (rustup's minimal profile
+/// leaves it out).
+fn setup_clippy() -> Result<()> {
+    let cargo = cargo();
+    let present = Command::new(&cargo)
+        .args(["clippy", "--version"])
+        .current_dir(workspace_root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if present {
+        eprintln!("xtask: clippy present, skipped");
+        return Ok(());
+    }
+    if output_of("rustup", &["--version"]).is_none() {
+        bail!("cargo clippy not found and no rustup: install clippy for your Rust toolchain");
+    }
+    run(Command::new("rustup")
+        .args(["component", "add", "clippy"])
+        .current_dir(workspace_root()))
 }
 
 /// scapy, the independent STAMP implementation rtprobe's interop tests
@@ -456,6 +480,7 @@ fn demo(out_dir: &Path, count: u64) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     setup()?;
     let root = workspace_root();
+    run(&mut clippy_command(&root))?;
     let mut unit = Command::new(cargo());
     unit.current_dir(&root).arg("test");
     if !args.is_empty() {
@@ -481,6 +506,16 @@ fn test(args: &[String]) -> Result<()> {
     run(&mut rooted)?;
     eprintln!("xtask: all tests passed (unit and root)");
     Ok(())
+}
+
+/// Clippy over every default member and target; any warning (the
+/// workspace lints included: undocumented unsafe, unsafe ops in unsafe fns)
+/// fails the test run.
+fn clippy_command(root: &Path) -> Command {
+    let mut c = Command::new(cargo());
+    c.current_dir(root)
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"]);
+    c
 }
 
 /// `CI=true` (or 1), as GitHub Actions, GitLab and most CI services set it.
@@ -531,6 +566,17 @@ mod tests {
         let a = args(&man_command(root, Some(Path::new("pages"))));
         let cwd = env::current_dir().unwrap();
         assert_eq!(a.last(), Some(&cwd.join("pages").display().to_string()));
+    }
+
+    #[test]
+    fn clippy_denies_warnings_on_all_targets() {
+        let c = clippy_command(Path::new("/ws"));
+        assert_eq!(c.get_current_dir(), Some(Path::new("/ws")));
+        let a: Vec<_> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(a, ["clippy", "--all-targets", "--", "-D", "warnings"]);
     }
 
     #[test]

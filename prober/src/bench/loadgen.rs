@@ -199,7 +199,10 @@ pub struct SocketGen {
     hdrs: Vec<libc::mmsghdr>,
 }
 
-// The raw pointers only point into the generator's own buffers.
+// SAFETY: the raw pointers in `iovs` and `hdrs` only point into the heap
+// buffers of `bufs` and `iovs`, which the generator owns, never resizes after
+// `new` and shares with no one; moving it to another thread moves them along
+// (a Vec's heap buffer does not move when the Vec does).
 unsafe impl Send for SocketGen {}
 
 impl SocketGen {

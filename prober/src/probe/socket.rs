@@ -417,7 +417,10 @@ impl ZeroedPod for libc::mmsghdr {}
 impl ZeroedPod for libc::iovec {}
 impl ZeroedPod for libc::sockaddr_in {}
 
-// The raw pointers only point into the batch's own buffers.
+// SAFETY: the raw pointers in the headers only point into the batch's own
+// buffers, which nothing else shares, and `prepare`/`prepare_echo` rewrite
+// them (under `&mut self`) right before every recvmmsg/sendmmsg that reads
+// them; no pointer made on one thread is used after a move to another.
 unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
@@ -529,7 +532,10 @@ pub struct SendBatch {
     len: usize,
 }
 
-// The raw pointers only point into the batch's own buffers.
+// SAFETY: the raw pointers in the headers only point into the batch's own
+// buffers (and `dst`), which nothing else shares, and `prepare` rewrites them
+// (under `&mut self`) right before every sendmmsg that reads them, so a move
+// to another thread leaves no pointer to the old place in use.
 unsafe impl Send for SendBatch {}
 
 impl SendBatch {

@@ -96,7 +96,8 @@ impl RtSettings {
             guard.prev_affinity = Some(prev);
         }
         if let Some(prio) = self.fifo_priority {
-            // SAFETY: plain syscalls on the calling thread with valid pointers.
+            // SAFETY: all-zero is a valid sched_param (plain integers); pid 0 is the calling
+            // thread, and `p` is a live sched_param the kernel writes into.
             let (policy, mut prev_param) = unsafe {
                 let mut p: libc::sched_param = std::mem::zeroed();
                 let pol = libc::sched_getscheduler(0);
@@ -106,7 +107,8 @@ impl RtSettings {
             let param = libc::sched_param {
                 sched_priority: prio as i32,
             };
-            // SAFETY: as above.
+            // SAFETY: pid 0 is the calling thread; `param` is a live sched_param the
+            // kernel only reads.
             let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
             if r != 0 {
                 let e = Errno::last();
@@ -176,7 +178,8 @@ impl Drop for RtGuard {
 
 /// The calling thread's scheduling policy and priority (for tests/reports).
 pub fn current_policy() -> (i32, i32) {
-    // SAFETY: plain syscalls on the calling thread.
+    // SAFETY: all-zero is a valid sched_param (plain integers); pid 0 is the calling
+    // thread, and `p` is a live sched_param the kernel writes into.
     unsafe {
         let mut p: libc::sched_param = std::mem::zeroed();
         libc::sched_getparam(0, &mut p);
