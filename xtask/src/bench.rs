@@ -1196,7 +1196,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 6] = [
+    let sections: [(Section, &str, Rows); 7] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt_rows),
         (Section::Pacing, "pacing", pacing_rows),
         (Section::Rate, "max probe rate", rate_rows),
