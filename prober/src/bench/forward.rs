@@ -43,7 +43,6 @@ use crate::{
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     probe::TimestampSource as TimestampArg,
     export::{CsvWriter, RunMeta},
-    probe::TimestampSource as TimestampArg,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,
