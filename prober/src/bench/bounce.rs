@@ -522,5 +522,24 @@ mod tests {
         assert!(t.contains("most bounced/s from 2 queue(s) on"), "{t}");
         assert!(t.contains("at most 2 queue(s) ever did work"), "{t}");
         assert!(t.contains("45/45"), "{t}");
+        assert!(!t.contains("af_xdp"), "{t}");
+    }
+
+    #[test]
+    fn afxdp_rows_next_to_xdp_tx() {
+        let mut rows = vec![row(1, 2.0e6), row(2, 2.05e6)];
+        for (q, pps) in [(1, 0.5e6), (2, 0.8e6)] {
+            let mut r = row(q, pps);
+            r.hook = BounceHook::Afxdp;
+            r.to_sockets = Some(pps as u64 * 2);
+            rows.push(r);
+        }
+        let t = format_table(&rows, 2);
+        assert!(t.contains("\naf_xdp "), "{t}");
+        assert!(t.contains("af_xdp: within 5 % of the most bounced/s from 2 queue(s)"), "{t}");
+        assert!(
+            t.contains("AF_XDP's best queue count (2) differs from native XDP_TX's (1)"),
+            "{t}"
+        );
     }
 }
