@@ -5,7 +5,9 @@
 //! `bench_bounce` (swap the MACs, XDP_TX: every frame goes back out where
 //! it came in) in generic or native XDP; the generator end runs the sink,
 //! which counts and drops what comes back. The load is XDP live frames
-//! from one generator thread per CPU.
+//! from one generator thread per CPU. `afxdp` instead runs `bench_xsk`
+//! (native XDP) on the DUT, which hands every frame to an AF_XDP socket of
+//! its queue, and a user-space thread per queue bounces it ([`super::afxdp`]).
 //!
 //! Queue spreading on veth: a frame redirected into a veth lands on the
 //! peer's receive queue `smp_processor_id() % real_num_rx_queues`
