@@ -246,8 +246,9 @@ fn high_rate_probes_are_all_accounted_for() {
 }
 
 /// The XDP thesis's axes as relations: more work per packet forwards less,
-/// native XDP_TX bounces at least about as much as generic, and the bounce
-/// device's namespaces go away.
+/// native XDP_TX bounces at least about as much as generic, AF_XDP forwards
+/// what its sockets got (and no more), and the bounce device's namespaces go
+/// away.
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn bench_forward_work_and_bounce_relations() {
@@ -277,7 +278,7 @@ fn bench_forward_work_and_bounce_relations() {
             "--load",
             "100",
             "--bounce",
-            "skb,native",
+            "skb,native,afxdp",
             "--queues",
             "1",
             "--rt-priority",
@@ -325,6 +326,21 @@ fn bench_forward_work_and_bounce_relations() {
         assert!(n > 0 && n <= g, "bounced {n} of {g}: {b:#}");
         assert!(r <= n, "more came back ({r}) than was bounced ({n})");
     }
+    let afxdp = hook("afxdp");
+    let (g, to_sockets, n, r) = (
+        afxdp["generated"].as_u64().unwrap(),
+        afxdp["to_sockets"].as_u64().expect("afxdp reports to_sockets"),
+        afxdp["bounced"].as_u64().unwrap(),
+        afxdp["returned"].as_u64().unwrap(),
+    );
+    assert!(n > 0, "AF_XDP sent nothing back: {afxdp:#}");
+    assert!(
+        to_sockets <= g && n <= to_sockets && r <= n,
+        "AF_XDP frames not accounted for (generated {g} >= to sockets {to_sockets} >= \
+         sent back {n} >= returned {r}): {afxdp:#}"
+    );
+    assert!(r > 0, "nothing AF_XDP sent came back to the generator: {afxdp:#}");
+    assert!(skb["to_sockets"].is_null(), "{skb:#}");
     let rate = |b: &serde_json::Value| b["bounced_pps"].as_f64().unwrap();
     assert!(
         rate(native) >= 0.8 * rate(skb),

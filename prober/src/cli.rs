@@ -143,8 +143,9 @@ pub struct BenchForwardArgs {
     #[arg(long, value_delimiter = ',')]
     pub work: Vec<u32>,
 
-    /// Also measure the XDP thesis's baseline, a device that bounces every frame back (XDP_TX,
-    /// MACs swapped), with these hooks (skb, native), flat out, per queue count.
+    /// Also measure the XDP thesis's baseline, a device that bounces every frame back (MACs
+    /// swapped), with these hooks (skb, native: XDP_TX; afxdp: an AF_XDP socket and thread per
+    /// queue in user space), flat out, per queue count.
     #[arg(long, value_parser = bench_choice!(BounceHook), value_delimiter = ',')]
     pub bounce: Vec<BounceHook>,
 

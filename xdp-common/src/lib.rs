@@ -486,10 +486,16 @@ pub mod bench {
     pub const SINK_PROGRAM: &str = "bench_sink";
     /// The XDP thesis's baseline: MACs swapped, XDP_TX.
     pub const BOUNCE_PROGRAM: &str = "bench_bounce";
+    /// Redirect to the AF_XDP socket of the receive queue.
+    pub const XSK_PROGRAM: &str = "bench_xsk";
     /// The router with extra work per frame (in the router's object).
     pub const ROUTER_WORK_PROGRAM: &str = "xdp_router_work";
     /// Per-CPU array of one [`crate::Counter`]: what a bench program handled.
     pub const COUNTERS_MAP: &str = "BENCH_COUNTERS";
+    /// XSKMAP of `bench_xsk`, indexed by receive queue.
+    pub const XSKS_MAP: &str = "BENCH_XSKS";
+    /// Capacity of [`XSKS_MAP`].
+    pub const XSKS_MAX_ENTRIES: u32 = 64;
     pub const LOAD_IFINDEX_GLOBAL: &str = "LOAD_IFINDEX";
     pub const LOAD_KEEP_GLOBAL: &str = "LOAD_KEEP";
     pub const LOAD_HEADER_GLOBAL: &str = "LOAD_HEADER";

@@ -14,11 +14,13 @@
 //! - `bench_bounce`: the XDP thesis's baseline: swap the MACs and XDP_TX
 //!   every frame back out of the interface it came in on, after
 //!   `BOUNCE_WORK` memory accesses.
+//! - `bench_xsk`: hands every frame to the AF_XDP socket bound to its
+//!   receive queue (XSKMAP), XDP_PASS where none is.
 //!
 //! Each counts what it handled in `BENCH_COUNTERS` (per CPU, no atomics).
 //!
-//! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX, bpf_redirect),
-//! bpf_get_prandom_u32, per-CPU
+//! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX, bpf_redirect,
+//! bpf_redirect_map on an XSKMAP: 4.18), bpf_get_prandom_u32, per-CPU
 //! arrays, read-only global data set at load time (5.2); the generator
 //! needs BPF_F_TEST_XDP_LIVE_FRAMES (5.18). Minimum kernel: 5.18.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -30,7 +32,7 @@ use aya_ebpf::{
     bindings::xdp_action,
     helpers::{bpf_get_prandom_u32, bpf_redirect},
     macros::{map, xdp},
-    maps::PerCpuArray,
+    maps::{PerCpuArray, XskMap},
     programs::XdpContext,
 };
 use busy::Scratch;
@@ -59,6 +61,9 @@ static BENCH_COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(1, 0
 
 #[map(name = "BENCH_SCRATCH")]
 static BENCH_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "BENCH_XSKS")]
+static BENCH_XSKS: XskMap = XskMap::with_max_entries(64, 0);
 
 const ETH_HLEN: usize = 14;
 
@@ -179,6 +184,18 @@ fn try_bounce(ctx: &XdpContext) -> Result<u32, u32> {
     }
     count(frame_len(ctx));
     Ok(xdp_action::XDP_TX)
+}
+
+#[xdp]
+pub fn bench_xsk(ctx: XdpContext) -> u32 {
+    let len = frame_len(&ctx);
+    match BENCH_XSKS.redirect(ctx.rx_queue_index(), xdp_action::XDP_PASS as u64) {
+        Ok(action) => {
+            count(len);
+            action
+        }
+        Err(action) => action,
+    }
 }
 
 #[cfg(target_arch = "bpf")]

@@ -1030,7 +1030,7 @@ fn forward_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 
 /// The XDP thesis's other axes (STUDY.md §3) in one bench-forward run:
 /// the router's work variant at growing memory accesses per packet, and the
-/// XDP_TX bounce device in generic and native XDP at 1..8 queues, with
+/// bounce device (XDP_TX in generic and native XDP, AF_XDP) at 1..8 queues, with
 /// `perf stat` where the machine counts. Rows state relations measured
 /// side by side, not absolute targets.
 fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
@@ -1053,7 +1053,7 @@ fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         "--load",
         "100",
         "--bounce",
-        "skb,native",
+        "skb,native,afxdp",
         "--queues",
         queues,
         "--perf-stat",
@@ -1096,7 +1096,7 @@ fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         }
     }
     let bounce = j["bounce"].as_array().cloned().unwrap_or_default();
-    for hook in ["skb", "native"] {
+    for hook in ["skb", "native", "afxdp"] {
         let per_q: Vec<String> = bounce
             .iter()
             .filter(|b| b["hook"] == hook)
@@ -1110,7 +1110,11 @@ fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             .collect();
         if !per_q.is_empty() {
             rows.push(row(
-                &format!("XDP_TX bounce, {hook}"),
+                &if hook == "afxdp" {
+                    "AF_XDP bounce (user space, copy mode)".to_string()
+                } else {
+                    format!("XDP_TX bounce, {hook}")
+                },
                 per_q.join(", "),
                 "-".into(),
                 "-",

@@ -5,7 +5,9 @@
 //! `bench_bounce` (swap the MACs, XDP_TX: every frame goes back out where
 //! it came in) in generic or native XDP; the generator end runs the sink,
 //! which counts and drops what comes back. The load is XDP live frames
-//! from one generator thread per CPU.
+//! from one generator thread per CPU. `afxdp` instead runs `bench_xsk`
+//! (native XDP) on the DUT, which hands every frame to an AF_XDP socket of
+//! its queue, and a user-space thread per queue bounces it ([`super::afxdp`]).
 //!
 //! Queue spreading on veth: a frame redirected into a veth lands on the
 //! peer's receive queue `smp_processor_id() % real_num_rx_queues`
@@ -29,6 +31,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{
+    afxdp,
     cpu::{self, CoreUse},
     forward::{Plan, opt},
     frame::{self, FrameSpec},
@@ -59,9 +62,14 @@ pub struct BounceStep {
     pub generated: u64,
     pub bounced: u64,
     pub returned: u64,
+    /// afxdp only: frames `bench_xsk` redirected to the sockets (those a
+    /// full socket RX ring could not take were dropped and are counted
+    /// here too); `bounced` is what user space sent back of them.
+    pub to_sockets: Option<u64>,
     pub generated_pps: f64,
     pub bounced_pps: f64,
-    /// CPU of the DUT's NAPI threads together, in percent of one core.
+    /// CPU of the DUT's NAPI threads (and, for afxdp, its forwarding
+    /// threads) together, in percent of one core.
     pub dut_cpu_pct: f64,
     /// The same per queue, in queue order.
     pub dut_cpu_pct_per_queue: Vec<f64>,
@@ -96,6 +104,7 @@ struct BounceBed {
     gen_if: String,
     dut_if: String,
     gen_ifindex: u32,
+    dut_ifindex: u32,
     gen_mac: [u8; 6],
     dut_mac: [u8; 6],
     /// DUT NAPI threads, one per queue, in queue order.
@@ -154,7 +163,12 @@ impl BounceBed {
         let gen_ifindex = gen_ns.run(move || {
             nix::net::if_::if_nametoindex(gi.as_str()).context("generator interface")
         })?;
+        let di = dut_if.clone();
+        let dut_ifindex = dut_ns.run(move || {
+            nix::net::if_::if_nametoindex(di.as_str()).context("DUT interface")
+        })?;
         Ok(Self {
+            dut_ifindex,
             gen_ns,
             dut_ns,
             gen_if,
@@ -195,17 +209,28 @@ fn step(
     let bed = BounceBed::build(queues, seq)?;
     let mut sink = BenchProgram::sink(LOAD_PORT)?;
     sink.attach(&bed.gen_ns, &bed.gen_if, Hook::Native)?;
-    let mut dut = BenchProgram::bounce(0)?;
-    let dut_hook = match hook {
-        BounceHook::Skb => Hook::Skb,
-        BounceHook::Native => Hook::Native,
+    let (mut dut, dut_hook) = match hook {
+        BounceHook::Skb => (BenchProgram::bounce(0)?, Hook::Skb),
+        BounceHook::Native => (BenchProgram::bounce(0)?, Hook::Native),
+        BounceHook::Afxdp => (BenchProgram::xsk()?, Hook::Native),
     };
     dut.attach(&bed.dut_ns, &bed.dut_if, dut_hook)?;
-    if let Some(p) = plan.rt_priority {
-        // The DUT's threads one above the generator, as if it had its own
-        // cores: they take the CPU whenever frames wait.
+    // The DUT's threads one above the generator, as if it had its own
+    // cores: they take the CPU whenever frames wait.
+    let dut_prio = plan.rt_priority.map(|p| p.saturating_add(1).min(99));
+    let xsk = match hook {
+        BounceHook::Afxdp => Some(afxdp::Forwarders::start(
+            bed.dut_ns.path(),
+            bed.dut_ifindex,
+            queues,
+            dut_prio,
+            |q, fd| dut.set_xsk(q, fd),
+        )?),
+        _ => None,
+    };
+    if let Some(p) = dut_prio {
         for &tid in &bed.napi_tids {
-            links::set_fifo(tid, p.saturating_add(1).min(99))?;
+            links::set_fifo(tid, p)?;
         }
     }
     let frame = frame::build(&FrameSpec {
@@ -220,11 +245,22 @@ fn step(
     let generator = BenchProgram::loadgen(bed.gen_ifindex, &frame, 1.0)?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
 
-    let napi_before: Vec<f64> = bed
+    // Per queue: its NAPI thread and, for afxdp, its forwarding thread.
+    let queue_tids: Vec<(i32, Option<i32>)> = bed
         .napi_tids
         .iter()
-        .map(|&t| cpu::task_cpu_secs(t).unwrap_or(0.0))
+        .enumerate()
+        .map(|(q, &t)| (t, xsk.as_ref().and_then(|x| x.tids.get(q)).copied()))
         .collect();
+    let all_tids: Vec<i32> = queue_tids
+        .iter()
+        .flat_map(|&(n, x)| std::iter::once(n).chain(x))
+        .collect();
+    let queue_cpu = |&(napi, xsk): &(i32, Option<i32>)| -> f64 {
+        cpu::task_cpu_secs(napi).unwrap_or(0.0)
+            + xsk.map_or(0.0, |t| cpu::own_thread_cpu_secs(t).unwrap_or(0.0))
+    };
+    let napi_before: Vec<f64> = queue_tids.iter().map(queue_cpu).collect();
     let cores_before = cpu::sample()?;
     let halt = AtomicBool::new(false);
     let started = Instant::now();
@@ -254,7 +290,7 @@ fn step(
         }
         let perf = plan
             .perf_stat
-            .then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
+            .then(|| s.spawn(|| perf::stat(&all_tids, plan.step.mul_f64(0.9))));
         while gens.iter().any(|h| !h.is_finished()) {
             if stop.load(Ordering::Relaxed) != 0 {
                 halt.store(true, Ordering::Relaxed);
@@ -276,16 +312,18 @@ fn step(
     })?;
     let secs = started.elapsed().as_secs_f64();
     let cores_after = cpu::sample()?;
-    let per_queue: Vec<f64> = bed
-        .napi_tids
+    let per_queue: Vec<f64> = queue_tids
         .iter()
         .zip(&napi_before)
-        .map(|(&t, b)| 100.0 * (cpu::task_cpu_secs(t).unwrap_or(*b) - b) / secs)
+        .map(|(t, b)| 100.0 * (queue_cpu(t) - b).max(0.0) / secs)
         .collect();
     // Let the rings drain before reading the counters.
     std::thread::sleep(Duration::from_millis(100));
     let generated = generator.handled()?;
-    let bounced = dut.handled()?;
+    let (bounced, to_sockets) = match xsk {
+        Some(x) => (x.stop()?, Some(dut.handled()?)),
+        None => (dut.handled()?, None),
+    };
     let returned = sink.handled()?;
     drop((generator, dut, sink));
     drop(bed);
@@ -300,6 +338,7 @@ fn step(
         generated,
         bounced,
         returned,
+        to_sockets,
         generated_pps: generated as f64 / secs,
         bounced_pps,
         dut_cpu_pct,
@@ -349,6 +388,15 @@ pub fn table_header() -> String {
     )
 }
 
+/// The name of a bounce hook in the table. Pure.
+pub fn hook_label(h: BounceHook) -> &'static str {
+    match h {
+        BounceHook::Skb => "xdp-skb",
+        BounceHook::Native => "xdp-native",
+        BounceHook::Afxdp => "af_xdp",
+    }
+}
+
 /// One table row. Pure.
 pub fn format_step(b: &BounceStep) -> String {
     let per_q: Vec<String> = b
@@ -363,7 +411,7 @@ pub fn format_step(b: &BounceStep) -> String {
         .collect();
     format!(
         "{:<14}{:>7}{:>6}{:>11.0}{:>11.0}{:>11.0}{:>8.0}  {:<24}{:>12}  {}",
-        format!("xdp-{}", b.hook),
+        hook_label(b.hook),
         b.queues,
         b.queues_busy,
         b.generated_pps,
@@ -380,7 +428,7 @@ pub fn format_step(b: &BounceStep) -> String {
 pub fn format_table(steps: &[BounceStep], cpus: usize) -> String {
     use std::fmt::Write as _;
     let mut o = format!(
-        "bounce (XDP_TX, MACs swapped), {} B, generator on every CPU:\n{}\n",
+        "bounce (MACs swapped; XDP_TX, or AF_XDP sockets in user space), {} B, generator on every CPU:\n{}\n",
         BOUNCE_IP_SIZE,
         table_header()
     );
@@ -395,17 +443,36 @@ pub fn format_table(steps: &[BounceStep], cpus: usize) -> String {
         if let Some(best) = best_queue_count(&rows) {
             let _ = writeln!(
                 o,
-                "  xdp-{h}: within 5 % of the most bounced/s from {best} queue(s) on; at most {busy_max} \
+                "  {}: within 5 % of the most bounced/s from {best} queue(s) on; at most {busy_max} \
                  queue(s) ever did work: a veth feeds queue CPU % queues and this machine has {cpus} \
-                 CPU(s), so queues beyond {cpus} cannot help"
+                 CPU(s), so queues beyond {cpus} cannot help",
+                hook_label(h)
             );
         }
+    }
+    let best = |h: BounceHook| {
+        let rows: Vec<&BounceStep> = steps.iter().filter(|b| b.hook == h).collect();
+        best_queue_count(&rows)
+    };
+    if let (Some(a), Some(n)) = (best(BounceHook::Afxdp), best(BounceHook::Native)) {
+        let _ = writeln!(
+            o,
+            "  AF_XDP's best queue count ({a}) {} native XDP_TX's ({n})",
+            if a == n { "is the same as" } else { "differs from" }
+        );
     }
     let _ = writeln!(
         o,
         "  busy: queues whose NAPI thread used > 5 % of a core; dut%: the DUT's NAPI threads in percent of one core;\n  \
          bounced/s/core: bounced per second per core the DUT used"
     );
+    if steps.iter().any(|b| b.hook == BounceHook::Afxdp) {
+        let _ = writeln!(
+            o,
+            "  af_xdp: bench_xsk (native XDP) redirects each frame to its queue's AF_XDP socket (copy mode); a\n  \
+             pinned user-space thread per queue swaps the MACs and sends it back; dut% adds those threads"
+        );
+    }
     o
 }
 
@@ -436,6 +503,7 @@ mod tests {
             generated: pps as u64,
             bounced: pps as u64,
             returned: pps as u64,
+            to_sockets: None,
             generated_pps: pps,
             bounced_pps: pps,
             dut_cpu_pct: 90.0,
@@ -456,5 +524,24 @@ mod tests {
         assert!(t.contains("most bounced/s from 2 queue(s) on"), "{t}");
         assert!(t.contains("at most 2 queue(s) ever did work"), "{t}");
         assert!(t.contains("45/45"), "{t}");
+        assert!(!t.contains("af_xdp"), "{t}");
+    }
+
+    #[test]
+    fn afxdp_rows_next_to_xdp_tx() {
+        let mut rows = vec![row(1, 2.0e6), row(2, 2.05e6)];
+        for (q, pps) in [(1, 0.5e6), (2, 0.8e6)] {
+            let mut r = row(q, pps);
+            r.hook = BounceHook::Afxdp;
+            r.to_sockets = Some(pps as u64 * 2);
+            rows.push(r);
+        }
+        let t = format_table(&rows, 2);
+        assert!(t.contains("\naf_xdp "), "{t}");
+        assert!(t.contains("af_xdp: within 5 % of the most bounced/s from 2 queue(s)"), "{t}");
+        assert!(
+            t.contains("AF_XDP's best queue count (2) differs from native XDP_TX's (1)"),
+            "{t}"
+        );
     }
 }

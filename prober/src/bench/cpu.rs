@@ -111,8 +111,20 @@ pub fn parse_task_ticks(stat: &str) -> Option<u64> {
 }
 
 /// CPU time a task (process or kernel thread) has used so far, in seconds.
+/// For a thread of this process this is the whole process's: use
+/// [`own_thread_cpu_secs`].
 pub fn task_cpu_secs(pid: i32) -> Option<f64> {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_secs(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time one thread of this process has used so far, in seconds
+/// (/proc/self/task/TID/stat: /proc/TID/stat sums the whole thread group).
+pub fn own_thread_cpu_secs(tid: i32) -> Option<f64> {
+    stat_cpu_secs(&format!("/proc/self/task/{tid}/stat"))
+}
+
+fn stat_cpu_secs(path: &str) -> Option<f64> {
+    let t = std::fs::read_to_string(path).ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
     Some(parse_task_ticks(&t)? as f64 / hz as f64)

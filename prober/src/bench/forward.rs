@@ -42,7 +42,6 @@ use crate::{
     cli::BenchForwardArgs,
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     export::{CsvWriter, RunMeta},
-    probe::TimestampSource as TimestampArg,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,

@@ -110,12 +110,16 @@ pub enum BounceHook {
     Skb,
     /// `bench_bounce` (XDP_TX) in native XDP.
     Native,
+    /// `bench_xsk` in native XDP hands every frame to an AF_XDP socket
+    /// (copy mode) of its queue; a user-space thread per queue swaps the
+    /// MACs and sends it back out through the same socket.
+    Afxdp,
 }
 
 named_enum!(
     BounceHook,
     "bounce hook",
-    [(Skb, "skb"), (Native, "native")]
+    [(Skb, "skb"), (Native, "native"), (Afxdp, "afxdp")]
 );
 
 #[cfg(test)]

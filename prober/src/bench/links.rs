@@ -1,16 +1,18 @@
-//! What `bench-forward` reads and sets on the testbed's interfaces:
-//! packet counters and MAC addresses (rtnetlink RTM_GETLINK with
-//! IFLA_STATS64, Linux 2.6.35 or later), GRO (`testbed::ethtool`,
-//! 2.6.39 or later; a veth needs GRO or an XDP program to accept frames
-//! redirected into it) and threaded NAPI (/sys/class/net/DEV/threaded,
+//! What `bench-forward` reads and sets on the testbed's interfaces, all
+//! through the kernel layer ([`crate::sys`], the namespace's own sysfs
+//! view and ethtool): packet counters (/sys/class/net/DEV/statistics, the
+//! same `dev_get_stats` figures as IFLA_STATS64) and MAC address, GRO
+//! (a veth needs GRO or an XDP program to accept frames redirected into
+//! it; Linux >= 2.6.39) and threaded NAPI (/sys/class/net/DEV/threaded,
 //! 5.12 or later), which runs a device's NAPI polling in its own kernel
 //! thread so the router's work can run on another core than the generator's.
 
 use anyhow::{Context, Result, bail};
-use futures::TryStreamExt;
-use netlink_packet_route::link::LinkAttribute;
 
-use crate::testbed::{Netns, netlink::with_netlink};
+use crate::{
+    sys::{self, Ns, Offload, Sys},
+    testbed::Netns,
+};
 
 /// Counters of one interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,39 +34,39 @@ impl LinkCounters {
     }
 }
 
-/// Counters and MAC address of `ifname` in `ns`.
-pub fn link_state(ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
-    let name = ifname.to_string();
-    with_netlink(Some(ns), |h| async move {
-        let mut links = h.link().get().match_name(name.clone()).execute();
-        let msg = links
-            .try_next()
-            .await
-            .with_context(|| format!("read the counters of {name}"))?
-            .with_context(|| format!("interface {name} not found"))?;
-        let mut c = LinkCounters::default();
-        let mut mac = [0u8; 6];
-        for a in &msg.attributes {
-            match a {
-                LinkAttribute::Stats64(s) => {
-                    c = LinkCounters {
-                        rx_packets: s.rx_packets,
-                        tx_packets: s.tx_packets,
-                        rx_dropped: s.rx_dropped,
-                        tx_dropped: s.tx_dropped,
-                    }
-                }
-                LinkAttribute::Address(a) if a.len() == 6 => mac.copy_from_slice(a),
-                _ => {}
-            }
-        }
-        Ok((c, mac))
-    })
+/// Parses "aa:bb:cc:dd:ee:ff" (sysfs `address`).
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.trim().split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
 }
 
-/// Switches GRO on or off on `ifname` in `ns` (through `testbed::ethtool`).
+/// Counters and MAC address of `ifname` in `ns`.
+pub fn link_state(ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
+    let (sys, ns) = (sys::linux_static(), Ns::Named(ns.name()));
+    let stat = |name: &str| -> Result<u64> {
+        let v = sys.sysfs_read(ns, &sys::netdev_attr(ifname, &format!("statistics/{name}")))?;
+        v.parse()
+            .with_context(|| format!("{ifname} {name} is not a number: {v:?}"))
+    };
+    let c = LinkCounters {
+        rx_packets: stat("rx_packets")?,
+        tx_packets: stat("tx_packets")?,
+        rx_dropped: stat("rx_dropped")?,
+        tx_dropped: stat("tx_dropped")?,
+    };
+    let a = sys.sysfs_read(ns, &sys::netdev_attr(ifname, "address"))?;
+    let mac = parse_mac(&a).with_context(|| format!("{ifname} has no MAC address ({a:?})"))?;
+    Ok((c, mac))
+}
+
+/// Switches GRO on or off on `ifname` in `ns`.
 pub fn set_gro(ns: &Netns, ifname: &str, on: bool) -> Result<()> {
-    ns.run(|| crate::testbed::ethtool::set_gro(ifname, on))
+    sys::linux_static()
+        .set_offload(Ns::Named(ns.name()), ifname, Offload::Gro, on)
         .with_context(|| format!("GRO {} on {ifname}", if on { "on" } else { "off" }))
 }
 
@@ -98,39 +100,33 @@ pub fn set_fifo(tid: i32, prio: u8) -> Result<()> {
     Ok(())
 }
 
-/// Turns threaded NAPI on or off for `ifname` in `ns`. sysfs shows the
-/// devices of the namespace it was mounted in, so this mounts a fresh
-/// sysfs in a private mount namespace of a short-lived thread (as
-/// `ip netns exec` does) and writes `threaded` there.
+/// Turns threaded NAPI on or off for `ifname` in `ns` (written in the
+/// namespace's own sysfs view, which lists its devices).
 pub fn set_threaded_napi(ns: &Netns, ifname: &str, on: bool) -> Result<()> {
-    use nix::{
-        mount::{MsFlags, mount},
-        sched::{CloneFlags, unshare},
-    };
     if ifname.contains('/') {
         bail!("bad interface name {ifname}");
     }
-    ns.run(|| {
-        unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
-        // Nothing mounted here may leak back to the host.
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_SLAVE,
-            None::<&str>,
+    sys::linux_static()
+        .sysfs_write(
+            Ns::Named(ns.name()),
+            &sys::netdev_attr(ifname, "threaded"),
+            if on { "1" } else { "0" },
         )
-        .context("make the private mount namespace a slave")?;
-        mount(
-            Some("sysfs"),
-            "/sys",
-            Some("sysfs"),
-            MsFlags::empty(),
-            None::<&str>,
-        )
-        .context("mount sysfs for the namespace")?;
-        let path = format!("/sys/class/net/{ifname}/threaded");
-        std::fs::write(&path, if on { "1" } else { "0" })
-            .with_context(|| format!("write {path} (threaded NAPI needs Linux >= 5.12)"))
-    })
+        .context("threaded NAPI needs Linux >= 5.12")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_mac;
+
+    #[test]
+    fn mac_from_sysfs() {
+        assert_eq!(
+            parse_mac("02:1a:ff:00:9B:0c\n"),
+            Some([0x02, 0x1a, 0xff, 0x00, 0x9b, 0x0c])
+        );
+        assert_eq!(parse_mac("02:1a:ff:00:9b"), None);
+        assert_eq!(parse_mac("02:1a:ff:00:9b:0c:01"), None);
+        assert_eq!(parse_mac("zz:1a:ff:00:9b:0c"), None);
+    }
 }

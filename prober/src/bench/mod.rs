@@ -3,6 +3,7 @@
 //! each XDP mode, with probe latency under the rising load) and the hidden
 //! `rtprobe testbed` that keeps a testbed up for other tools.
 
+pub mod afxdp;
 pub mod bounce;
 pub mod cpu;
 pub mod forward;

@@ -6,8 +6,8 @@
 //!
 //! Kernel interfaces: bpf(2) through aya: BPF_PROG_LOAD of XDP programs with
 //! global data (5.2), BPF_LINK_CREATE for XDP (5.9), BPF_PROG_TEST_RUN with
-//! BPF_F_TEST_XDP_LIVE_FRAMES (5.18), per-CPU arrays, DEVMAP_HASH (5.4).
-//! Minimum kernel: 5.18.
+//! BPF_F_TEST_XDP_LIVE_FRAMES (5.18), per-CPU arrays, DEVMAP_HASH (5.4),
+//! XSKMAP (4.18). Minimum kernel: 5.18.
 //!
 //! A program attached here stays attached until its [`BenchProgram`] is
 //! dropped (aya detaches the links of a dropped program), so drop it before
@@ -16,7 +16,7 @@
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::DevMapHash,
+    maps::{DevMapHash, XskMap},
     programs::{ProgramError, TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
 };
 use xdp_common::{
@@ -158,6 +158,11 @@ impl BenchProgram {
         )
     }
 
+    /// Redirects every frame to the AF_XDP socket of its receive queue.
+    pub fn xsk() -> Result<Self> {
+        load(bench_object(), names::XSK_PROGRAM, &[])
+    }
+
     /// The router with `work` memory accesses per frame before its usual
     /// work (`xdp_router_work`, in the router's object).
     pub fn router_work(work: u32) -> Result<Self> {
@@ -248,6 +253,18 @@ impl BenchProgram {
             xdp_common::COUNTERS_MAP,
             Outcome::ALL.iter().map(|o| (o.index(), o.name())),
         )
+    }
+
+    /// Puts the AF_XDP socket `fd` (bound to receive queue `queue`) in
+    /// `bench_xsk`'s XSKMAP, so that queue's frames go to it.
+    pub fn set_xsk(&mut self, queue: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
+        if queue >= names::XSKS_MAX_ENTRIES {
+            bail!("queue {queue} is above the XSKMAP's {} entries", names::XSKS_MAX_ENTRIES);
+        }
+        let map = self.ebpf.map_mut(names::XSKS_MAP).context("no XSKMAP")?;
+        let mut xsks = XskMap::try_from(map).context("XSKMAP type")?;
+        xsks.set(queue, fd, 0)
+            .with_context(|| format!("putting the AF_XDP socket of queue {queue} in the XSKMAP"))
     }
 }
 

@@ -18,7 +18,8 @@
 //! probe's own sockets and timestamping ioctls (`probe`), the TCP load's
 //! congestion-control sysctl reads (`tune::load`), the queue sampler's own
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]) and
-//! `bench` (its sysfs view can be [`private_sysfs`] or [`LinuxSys::on`]).
+//! `bench`'s own veth set-up and AF_XDP sockets (its link counters, GRO and
+//! threaded NAPI do go through [`linux_static`]).
 //!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.

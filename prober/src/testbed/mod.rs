@@ -14,7 +14,6 @@
 //! (Linux >= 2.6.24).
 
 pub mod ethtool;
-pub mod netlink;
 pub mod netns;
 pub mod nicpair;
 pub mod record;
