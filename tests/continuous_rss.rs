@@ -26,7 +26,11 @@ fn every_driven_probe_is_received_lost_or_named() {
     assert_eq!(o.output_error, None);
     assert_eq!(s.sent, o.driven, "one record per driven probe");
     assert_eq!(s.received + s.lost, s.sent);
-    assert_eq!(s.lost, i.send_failed + i.forward_lost + i.late_arrivals, "{i:?}");
+    assert_eq!(
+        s.lost,
+        i.send_failed + i.forward_lost + i.late_arrivals,
+        "{i:?}"
+    );
     assert_eq!(o.late_arrivals, i.late_arrivals);
     assert_eq!(s.echo_lost, i.return_lost);
     assert_eq!(s.duplicates, i.duplicate_arrivals);
@@ -36,7 +40,12 @@ fn every_driven_probe_is_received_lost_or_named() {
     assert_eq!(s.unaccounted, 0);
     // Reordering is what delayed arrivals cause (a delayed one can still
     // come first when its successors were lost or delayed too).
-    assert!(s.reordered > 0 && s.reordered <= i.delayed, "{} of {}", s.reordered, i.delayed);
+    assert!(
+        s.reordered > 0 && s.reordered <= i.delayed,
+        "{} of {}",
+        s.reordered,
+        i.delayed
+    );
     // Every kind of fault was exercised.
     for (name, n) in [
         ("send failed", i.send_failed),

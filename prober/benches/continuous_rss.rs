@@ -40,9 +40,7 @@ fn main() -> Result<()> {
             "--json" => json = Some(args.next().context("--json needs a path")?.into()),
             // Passed by `cargo bench`.
             "--bench" => {}
-            other => bail!(
-                "unknown argument {other}: use --probes N, --dir DIR, --json FILE"
-            ),
+            other => bail!("unknown argument {other}: use --probes N, --dir DIR, --json FILE"),
         }
     }
     if probes < 30 {
@@ -130,7 +128,7 @@ fn main() -> Result<()> {
         o.progress_calls
     );
     println!(
-        "RSS            {third:.1} MiB at 1/3, {end:.1} MiB at the end, peak after 1/3 {peak:.1} MiB: \
+        "RSS            {third:.1} MiB at 1/3, {end:.1} MiB at the last probe, peak from 1/3 {peak:.1} MiB: \
          growth {growth:+.2} MiB (target < {MAX_GROWTH_MIB} MiB): {}",
         if met { "MET" } else { "NOT MET" }
     );

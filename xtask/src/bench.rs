@@ -974,7 +974,15 @@ fn continuous_synthetic_row(ctx: &Ctx, quick: bool) -> Result<Row> {
     let json = ctx.out.join("continuous-synthetic.json");
     let mut c = Command::new(super::cargo());
     c.current_dir(super::workspace_root())
-        .args(["bench", "-q", "-p", "rtprobe", "--bench", "continuous_rss", "--"])
+        .args([
+            "bench",
+            "-q",
+            "-p",
+            "rtprobe",
+            "--bench",
+            "continuous_rss",
+            "--",
+        ])
         .args(["--probes", &probes.to_string(), "--json"])
         .arg(&json);
     let text = output_text(c, "cargo bench --bench continuous_rss")?;
@@ -997,7 +1005,7 @@ fn continuous_synthetic_row(ctx: &Ctx, quick: bool) -> Result<Row> {
         ),
         format!("{:.1} MiB", f("rss_end_mib")),
         format!(
-            "{:.1} MiB at 1/3, peak after {:.1} MiB; {:.2} M probes/s for {:.0} s, no network; \
+            "{:.1} MiB at 1/3, peak from there {:.1} MiB; {:.2} M probes/s for {:.0} s, no network; \
              CSV rotated at 16 MiB keep 2 + HDR log: {} files, {:.0} MiB on disk; \
              sent {} lost {} unaccounted {}",
             f("rss_third_mib"),
@@ -1010,7 +1018,7 @@ fn continuous_synthetic_row(ctx: &Ctx, quick: bool) -> Result<Row> {
             j["lost"],
             j["unaccounted"]
         ),
-        &format!("growth after 1/3 < {} MiB", j["max_growth_mib"]),
+        &format!("growth after 1/3 < {:.0} MiB", f("max_growth_mib")),
         Some(j["met"].as_bool() == Some(true)),
     ))
 }

@@ -19,8 +19,8 @@ use anyhow::{Context, Result};
 use rtprobe::{
     export::{CsvWriter, RunMeta, live::Live},
     probe::{
-        Collector, ProbeConfig, TimestampSource, cmsg::TxKind, matcher::Event,
-        matcher::Expect, matcher::NoHwClocks,
+        Collector, ProbeConfig, TimestampSource, cmsg::TxKind, matcher::Event, matcher::Expect,
+        matcher::NoHwClocks,
     },
     spec::continuous::{ContinuousPlan, Rotate, Rotation},
     stats::Summary,
@@ -163,8 +163,7 @@ const TIMEOUT_NS: i64 = 1_000_000_000;
 const BATCH: u64 = 64;
 
 pub fn drive(plan: &Plan) -> Result<Outcome> {
-    std::fs::create_dir_all(&plan.dir)
-        .with_context(|| format!("create {}", plan.dir.display()))?;
+    std::fs::create_dir_all(&plan.dir).with_context(|| format!("create {}", plan.dir.display()))?;
     let cfg = ProbeConfig {
         size: 64,
         interval: Duration::from_nanos(plan.interval_ns as u64),
@@ -249,7 +248,11 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
         }
         let mut hold = |at_ns: i64, ev: Event| {
             held_n += 1;
-            held.push(Held { at_ns, n: held_n, ev });
+            held.push(Held {
+                at_ns,
+                n: held_n,
+                ev,
+            });
         };
         let send_ns = t + 2_000 + rng.below(3_000) as i64;
         if rng.chance(100) {
@@ -357,7 +360,9 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
             c.on_events(batch.drain(..));
             c.drain(now, false, &mut csv, &mut observer, &stop);
         }
-        if (seq + 1) % sample_every == 0 {
+        // Sampled while the run is live: the end-of-run flush frees the
+        // matcher, which would hide a leak in it.
+        if (seq + 1) % sample_every == 0 || seq + 1 == plan.probes {
             if let Some(r) = vm_rss_mib() {
                 rss.push((seq + 1, r));
             }
@@ -373,9 +378,6 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
     }
     c.drain(now + TIMEOUT_NS, true, &mut csv, &mut observer, &stop);
     let (stats, late_arrivals, output_error) = c.finish(&mut csv, &mut observer, &stop);
-    if let Some(r) = vm_rss_mib() {
-        rss.push((plan.probes, r));
-    }
     let wall = started.elapsed();
     drop(observer);
     drop(live);

@@ -787,9 +787,14 @@ impl Collector {
         clocks: Box<dyn matcher::HwClocks>,
         now_ns: i64,
     ) -> Self {
-        let m = Matcher::new(cfg.size as u32, cfg.flow, cfg.timeout.as_nanos() as i64, expect)
-            .with_hw_clocks(clocks)
-            .with_kernel_reflector(cfg.kernel_reflector);
+        let m = Matcher::new(
+            cfg.size as u32,
+            cfg.flow,
+            cfg.timeout.as_nanos() as i64,
+            expect,
+        )
+        .with_hw_clocks(clocks)
+        .with_kernel_reflector(cfg.kernel_reflector);
         Self {
             stats: RunStats::with_interval(cfg.interval.as_nanos() as i64),
             m,
