@@ -329,7 +329,9 @@ fn bench_forward_work_and_bounce_relations() {
     let afxdp = hook("afxdp");
     let (g, to_sockets, n, r) = (
         afxdp["generated"].as_u64().unwrap(),
-        afxdp["to_sockets"].as_u64().expect("afxdp reports to_sockets"),
+        afxdp["to_sockets"]
+            .as_u64()
+            .expect("afxdp reports to_sockets"),
         afxdp["bounced"].as_u64().unwrap(),
         afxdp["returned"].as_u64().unwrap(),
     );
@@ -339,7 +341,10 @@ fn bench_forward_work_and_bounce_relations() {
         "AF_XDP frames not accounted for (generated {g} >= to sockets {to_sockets} >= \
          sent back {n} >= returned {r}): {afxdp:#}"
     );
-    assert!(r > 0, "nothing AF_XDP sent came back to the generator: {afxdp:#}");
+    assert!(
+        r > 0,
+        "nothing AF_XDP sent came back to the generator: {afxdp:#}"
+    );
     assert!(skb["to_sockets"].is_null(), "{skb:#}");
     let rate = |b: &serde_json::Value| b["bounced_pps"].as_f64().unwrap();
     assert!(

@@ -21,8 +21,9 @@ use std::{
     path::Path,
     ptr::NonNull,
     sync::{
-        Arc, mpsc,
+        Arc,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        mpsc,
     },
 };
 
@@ -89,7 +90,9 @@ impl<T> Ring<T> {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(errno_ctx(&format!("mmap an AF_XDP ring (offset {pgoff:#x})")));
+            return Err(errno_ctx(&format!(
+                "mmap an AF_XDP ring (offset {pgoff:#x})"
+            )));
         }
         let base = p.cast::<u8>();
         // SAFETY: the offsets come from XDP_MMAP_OFFSETS and lie inside the mapping.
@@ -134,7 +137,8 @@ impl<T> Ring<T> {
     }
 
     fn submit(&self, prod: u32, n: u32) {
-        self.producer().store(prod.wrapping_add(n), Ordering::Release);
+        self.producer()
+            .store(prod.wrapping_add(n), Ordering::Release);
     }
 
     /// Consumer side: up to `want` ready entries from index `cons`.
@@ -145,7 +149,8 @@ impl<T> Ring<T> {
     }
 
     fn release(&self, cons: u32, n: u32) {
-        self.consumer().store(cons.wrapping_add(n), Ordering::Release);
+        self.consumer()
+            .store(cons.wrapping_add(n), Ordering::Release);
     }
 }
 
@@ -230,8 +235,18 @@ impl Xsk {
             reg.len = umem_len as u64;
             reg.chunk_size = FRAME_SIZE;
             setsockopt(fdb, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG")?;
-            setsockopt(fdb, libc::XDP_UMEM_FILL_RING, &FILL_SIZE, "XDP_UMEM_FILL_RING")?;
-            setsockopt(fdb, libc::XDP_UMEM_COMPLETION_RING, &COMP_SIZE, "XDP_UMEM_COMPLETION_RING")?;
+            setsockopt(
+                fdb,
+                libc::XDP_UMEM_FILL_RING,
+                &FILL_SIZE,
+                "XDP_UMEM_FILL_RING",
+            )?;
+            setsockopt(
+                fdb,
+                libc::XDP_UMEM_COMPLETION_RING,
+                &COMP_SIZE,
+                "XDP_UMEM_COMPLETION_RING",
+            )?;
             setsockopt(fdb, libc::XDP_RX_RING, &RX_SIZE, "XDP_RX_RING")?;
             setsockopt(fdb, libc::XDP_TX_RING, &TX_SIZE, "XDP_TX_RING")?;
             // SAFETY: all-zero is a valid xdp_mmap_offsets.

@@ -164,9 +164,8 @@ impl BounceBed {
             nix::net::if_::if_nametoindex(gi.as_str()).context("generator interface")
         })?;
         let di = dut_if.clone();
-        let dut_ifindex = dut_ns.run(move || {
-            nix::net::if_::if_nametoindex(di.as_str()).context("DUT interface")
-        })?;
+        let dut_ifindex = dut_ns
+            .run(move || nix::net::if_::if_nametoindex(di.as_str()).context("DUT interface"))?;
         Ok(Self {
             dut_ifindex,
             gen_ns,
@@ -458,7 +457,11 @@ pub fn format_table(steps: &[BounceStep], cpus: usize) -> String {
         let _ = writeln!(
             o,
             "  AF_XDP's best queue count ({a}) {} native XDP_TX's ({n})",
-            if a == n { "is the same as" } else { "differs from" }
+            if a == n {
+                "is the same as"
+            } else {
+                "differs from"
+            }
         );
     }
     let _ = writeln!(
@@ -538,7 +541,10 @@ mod tests {
         }
         let t = format_table(&rows, 2);
         assert!(t.contains("\naf_xdp "), "{t}");
-        assert!(t.contains("af_xdp: within 5 % of the most bounced/s from 2 queue(s)"), "{t}");
+        assert!(
+            t.contains("af_xdp: within 5 % of the most bounced/s from 2 queue(s)"),
+            "{t}"
+        );
         assert!(
             t.contains("AF_XDP's best queue count (2) differs from native XDP_TX's (1)"),
             "{t}"

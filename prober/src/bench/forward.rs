@@ -42,7 +42,7 @@ use crate::{
     cli::BenchForwardArgs,
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     export::{CsvWriter, RunMeta},
-    probe::{self, Endpoints, ProbeConfig, STOP_NOW},
+    probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,
 };

@@ -259,7 +259,10 @@ impl BenchProgram {
     /// `bench_xsk`'s XSKMAP, so that queue's frames go to it.
     pub fn set_xsk(&mut self, queue: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
         if queue >= names::XSKS_MAX_ENTRIES {
-            bail!("queue {queue} is above the XSKMAP's {} entries", names::XSKS_MAX_ENTRIES);
+            bail!(
+                "queue {queue} is above the XSKMAP's {} entries",
+                names::XSKS_MAX_ENTRIES
+            );
         }
         let map = self.ebpf.map_mut(names::XSKS_MAP).context("no XSKMAP")?;
         let mut xsks = XskMap::try_from(map).context("XSKMAP type")?;

@@ -781,80 +781,97 @@ struct HwSetup {
     clocks: Box<dyn matcher::HwClocks>,
 }
 
-fn collect(
-    ev_rx: mpsc::Receiver<Vec<Event>>,
-    cfg: &ProbeConfig,
-    hw: HwSetup,
-    csv: &mut dyn RecordSink,
-    stop: &AtomicU8,
-    sender_finished: &dyn Fn() -> bool,
-    observer: &mut dyn SessionObserver,
-) -> Result<(RunStats, u64, Option<String>)> {
-    let mut stats = RunStats::with_interval(cfg.interval.as_nanos() as i64);
-    let mut m = Matcher::new(
-        cfg.size as u32,
-        cfg.flow,
-        cfg.timeout.as_nanos() as i64,
-        matcher::Expect {
-            tx: true,
-            tx_hw: hw.sender_tx,
-            echo_tx: hw.echo_stamps && !cfg.kernel_reflector,
-            echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !cfg.kernel_reflector,
-        },
-    )
-    .with_hw_clocks(hw.clocks)
-    .with_kernel_reflector(cfg.kernel_reflector);
-    let mut last_flush = clock::realtime_ns();
-    let mut sender_done_at: Option<i64> = None;
-    let mut write_err: Option<anyhow::Error> = None;
-    // A failed output (disk full, file removed) ends the run the way a
-    // first Ctrl-C does: no more sends, probes in flight still counted.
-    let mut output_error: Option<String> = None;
-    let mut csv_ok = true;
-    let fail = |why: String, output_error: &mut Option<String>| {
+/// The per-probe state of a session between the event sources and the
+/// outputs: the matcher, the run's statistics, the CSV and the observer
+/// (interval histograms, HDR log, metrics). `run_session` feeds it the
+/// sockets' events; anything else that produces [`Event`]s (e.g. the
+/// continuous-run memory bench) drives the same code. Times are the
+/// events' clock (CLOCK_REALTIME ns), passed in by the caller.
+pub struct Collector {
+    stats: RunStats,
+    m: Matcher,
+    timeout_ns: i64,
+    last_flush: i64,
+    /// A failed output (disk full, file removed) ends the run the way a
+    /// first Ctrl-C does: no more sends, probes in flight still counted.
+    output_error: Option<String>,
+    csv_ok: bool,
+}
+
+impl Collector {
+    /// `expect`: the stamps a record waits for; `clocks` puts hardware
+    /// stamps on the system clock; `now_ns` starts the flush clock.
+    pub fn new(
+        cfg: &ProbeConfig,
+        expect: matcher::Expect,
+        clocks: Box<dyn matcher::HwClocks>,
+        now_ns: i64,
+    ) -> Self {
+        let m = Matcher::new(
+            cfg.size as u32,
+            cfg.flow,
+            cfg.timeout.as_nanos() as i64,
+            expect,
+        )
+        .with_hw_clocks(clocks)
+        .with_kernel_reflector(cfg.kernel_reflector);
+        Self {
+            stats: RunStats::with_interval(cfg.interval.as_nanos() as i64),
+            m,
+            timeout_ns: cfg.timeout.as_nanos() as i64,
+            last_flush: now_ns,
+            output_error: None,
+            csv_ok: true,
+        }
+    }
+
+    /// Feeds events in arrival order.
+    pub fn on_events(&mut self, evs: impl IntoIterator<Item = Event>) {
+        for e in evs {
+            self.m.on_event(e, &mut self.stats);
+        }
+    }
+
+    /// Probes in flight (not yet finalized).
+    pub fn in_flight(&self) -> usize {
+        self.m.in_flight()
+    }
+
+    /// The run's statistics so far.
+    pub fn stats(&self) -> &RunStats {
+        &self.stats
+    }
+
+    /// Probes that arrived after they had been given up as lost.
+    pub fn late_arrivals(&self) -> u64 {
+        self.m.late_arrivals()
+    }
+
+    /// The first output that failed, if one did.
+    pub fn output_error(&self) -> Option<&str> {
+        self.output_error.as_deref()
+    }
+
+    fn fail(&mut self, why: String, stop: &AtomicU8) {
         log::warn!("{why}: stopping the run");
-        output_error.get_or_insert(why);
+        self.output_error.get_or_insert(why);
         stop.fetch_max(STOP_SENDING, Ordering::SeqCst);
-    };
-    loop {
-        // Looked at before taking events: once it is true every event of
-        // the sender is already in the channel, so none can be missed below.
-        let sender_done = sender_finished();
-        match ev_rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(evs) => {
-                for e in evs {
-                    m.on_event(e, &mut stats);
-                }
-                // Take whatever else is queued before draining.
-                while let Ok(evs) = ev_rx.try_recv() {
-                    for e in evs {
-                        m.on_event(e, &mut stats);
-                    }
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {}
-        }
-        let now = clock::realtime_ns();
-        if sender_done_at.is_none() && sender_done {
-            sender_done_at = Some(now);
-        }
-        let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
-            || sender_done_at.is_some_and(|t| now - t > cfg.timeout.as_nanos() as i64 + 50_000_000);
-        if finish_now {
-            // The sender may still be stopping (it looks at `stop` at least
-            // every 100 ms); its last events must not be lost.
-            let give_up = std::time::Instant::now() + Duration::from_secs(2);
-            while !sender_finished() && std::time::Instant::now() < give_up {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            while let Ok(evs) = ev_rx.try_recv() {
-                for e in evs {
-                    m.on_event(e, &mut stats);
-                }
-            }
-        }
-        m.drain(now, finish_now, |r| {
+    }
+
+    /// Finalizes what is complete or timed out at `now_ns` (everything
+    /// with `flush_all`) into the statistics, the observer and the CSV;
+    /// then, about every [`TICK_NS`], flushes the CSV and ticks the observer.
+    pub fn drain(
+        &mut self,
+        now_ns: i64,
+        flush_all: bool,
+        csv: &mut dyn RecordSink,
+        observer: &mut dyn SessionObserver,
+        stop: &AtomicU8,
+    ) {
+        let mut write_err: Option<anyhow::Error> = None;
+        let (stats, csv_ok) = (&mut self.stats, self.csv_ok);
+        self.m.drain(now_ns, flush_all, |r| {
             stats.on_record(&r);
             observer.on_record(&r);
             if csv_ok
@@ -865,36 +882,104 @@ fn collect(
             }
         });
         if let Some(e) = write_err.take() {
-            csv_ok = false;
-            fail(format!("{e:#}"), &mut output_error);
+            self.csv_ok = false;
+            self.fail(format!("{e:#}"), stop);
         }
-        if now - last_flush > TICK_NS {
-            if csv_ok && let Err(e) = csv.flush() {
-                csv_ok = false;
-                fail(format!("{e:#}"), &mut output_error);
+        if now_ns - self.last_flush > TICK_NS {
+            if self.csv_ok
+                && let Err(e) = csv.flush()
+            {
+                self.csv_ok = false;
+                self.fail(format!("{e:#}"), stop);
             }
-            last_flush = now;
-            stats.set_unmatched(m.unmatched());
-            if let Err(e) = observer.on_tick(&stats, false) {
-                fail(e, &mut output_error);
+            self.last_flush = now_ns;
+            self.stats.set_unmatched(self.m.unmatched());
+            if let Err(e) = observer.on_tick(&self.stats, false) {
+                self.fail(e, stop);
             }
         }
-        if finish_now || (sender_done_at.is_some() && m.in_flight() == 0) {
+    }
+
+    /// Flushes the CSV and ticks the observer a last time: the run's
+    /// statistics, its late arrivals and the first output that failed.
+    pub fn finish(
+        mut self,
+        csv: &mut dyn RecordSink,
+        observer: &mut dyn SessionObserver,
+        stop: &AtomicU8,
+    ) -> (RunStats, u64, Option<String>) {
+        if self.csv_ok
+            && let Err(e) = csv.flush()
+        {
+            self.fail(format!("{e:#}"), stop);
+        }
+        self.stats.set_unmatched(self.m.unmatched());
+        if let Err(e) = observer.on_tick(&self.stats, true) {
+            self.fail(e, stop);
+        }
+        if self.m.hw_unconverted() > 0 {
+            log::warn!(
+                "{} hardware timestamps could not be put on the system clock and were left out",
+                self.m.hw_unconverted()
+            );
+        }
+        (self.stats, self.m.late_arrivals(), self.output_error)
+    }
+}
+
+fn collect(
+    ev_rx: mpsc::Receiver<Vec<Event>>,
+    cfg: &ProbeConfig,
+    hw: HwSetup,
+    csv: &mut dyn RecordSink,
+    stop: &AtomicU8,
+    sender_finished: &dyn Fn() -> bool,
+    observer: &mut dyn SessionObserver,
+) -> Result<(RunStats, u64, Option<String>)> {
+    let expect = matcher::Expect {
+        tx: true,
+        tx_hw: hw.sender_tx,
+        echo_tx: hw.echo_stamps && !cfg.kernel_reflector,
+        echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !cfg.kernel_reflector,
+    };
+    let mut c = Collector::new(cfg, expect, hw.clocks, clock::realtime_ns());
+    let mut sender_done_at: Option<i64> = None;
+    loop {
+        // Looked at before taking events: once it is true every event of
+        // the sender is already in the channel, so none can be missed below.
+        let sender_done = sender_finished();
+        match ev_rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(evs) => {
+                c.on_events(evs);
+                // Take whatever else is queued before draining.
+                while let Ok(evs) = ev_rx.try_recv() {
+                    c.on_events(evs);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        let now = clock::realtime_ns();
+        if sender_done_at.is_none() && sender_done {
+            sender_done_at = Some(now);
+        }
+        let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
+            || sender_done_at.is_some_and(|t| now - t > c.timeout_ns + 50_000_000);
+        if finish_now {
+            // The sender may still be stopping (it looks at `stop` at least
+            // every 100 ms); its last events must not be lost.
+            let give_up = std::time::Instant::now() + Duration::from_secs(2);
+            while !sender_finished() && std::time::Instant::now() < give_up {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            while let Ok(evs) = ev_rx.try_recv() {
+                c.on_events(evs);
+            }
+        }
+        c.drain(now, finish_now, csv, observer, stop);
+        if finish_now || (sender_done_at.is_some() && c.in_flight() == 0) {
             break;
         }
     }
-    if csv_ok && let Err(e) = csv.flush() {
-        fail(format!("{e:#}"), &mut output_error);
-    }
-    stats.set_unmatched(m.unmatched());
-    if let Err(e) = observer.on_tick(&stats, true) {
-        fail(e, &mut output_error);
-    }
-    if m.hw_unconverted() > 0 {
-        log::warn!(
-            "{} hardware timestamps could not be put on the system clock and were left out",
-            m.hw_unconverted()
-        );
-    }
-    Ok((stats, m.late_arrivals(), output_error))
+    Ok(c.finish(csv, observer, stop))
 }
