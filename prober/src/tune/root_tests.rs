@@ -511,8 +511,12 @@ fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
         "offered {offered} Mbit/s"
     );
     assert!((expected - 36.2).abs() < 1.0, "expected {expected}");
+    // 2 points: the shaper may deliver down to 93 Mbit/s (the bound on
+    // `achieved` below) when the 150 % sender and htb's softirq share the
+    // two vCPUs, which is 37.9 % loss; on a quiet machine runs land within
+    // 0.5 points of the calculation.
     assert!(
-        (loss - expected).abs() <= 1.5,
+        (loss - expected).abs() <= 2.0,
         "measured loss {loss:.2} % vs calculated {expected:.2} %"
     );
     // The link delivered its payload capacity, 95.7 Mbit/s.
