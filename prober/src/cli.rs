@@ -25,7 +25,8 @@ pub use crate::tune::units::{MAX_DURATION, parse_duration, parse_u8_maybe_hex};
         Without a subcommand rtprobe builds a testbed (network namespaces sender -> router -> \
         receiver joined by veth pairs, or two existing interfaces with --tx-if/--rx-if), attaches \
         its XDP router in the requested mode, sends timestamped UDP probes that the receiver \
-        echoes back, and writes one CSV row per probe plus a summary. Needs root.",
+        echoes back, and writes one CSV row per probe plus a summary. Needs root, except \
+        `--target HOST` (probe a remote `rtprobe reflect` or STAMP reflector: no testbed).",
     after_help = "Examples:\n  \
         sudo rtprobe --xdp-mode native --size 64 --interval 1ms --count 2000\n  \
         sudo rtprobe --xdp-mode off --duration 30s --out baseline.csv --json baseline.json\n  \
