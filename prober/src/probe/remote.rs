@@ -61,8 +61,10 @@ pub struct Target {
     pub shared_clock: bool,
 }
 
-/// Writes records with the one-way column left empty when the clocks do
-/// not allow it (the raw stamps stay).
+/// Writes records with the one-way column and the two stages that cross
+/// hosts (path: sender TX -> reflector RX; return path: reflector TX ->
+/// sender RX) left empty when the clocks do not allow them (the raw stamps
+/// stay).
 struct OneWaySink<'a> {
     inner: &'a mut dyn RecordSink,
     show: bool,
@@ -75,6 +77,8 @@ impl RecordSink for OneWaySink<'_> {
         }
         let mut r = r.clone();
         r.one_way_ns = None;
+        r.path_ns = None;
+        r.return_ns = None;
         self.inner.write(&r)
     }
     fn flush(&mut self) -> Result<()> {
