@@ -718,6 +718,10 @@ fn build_runs(csvs: Vec<CsvRun>, opts: &PlotOptions) -> Result<Vec<Run>> {
                 .size
                 .or_else(|| meta.as_ref().map(|m| m.size).filter(|&s| s > 0));
             let mode = meta.as_ref().and_then(|m| {
+                // A --target run crosses no router of rtprobe's: no XDP mode.
+                if m.testbed == "remote" {
+                    return None;
+                }
                 let mode = if m.xdp_mode_attached.is_empty() {
                     &m.xdp_mode_requested
                 } else {
