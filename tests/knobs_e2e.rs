@@ -104,9 +104,38 @@ fn udp_rate_sweep_loss_matches_the_calculation_at_150_percent() {
         flow["sent_packets"].as_u64().unwrap(),
         flow["received_packets"].as_u64().unwrap() + flow["lost_packets"].as_u64().unwrap()
     );
+    // The kernel's witness: the router's shaper dropped the load's lost
+    // datagrams and the lost probes (the queue's 1000 packets at each
+    // window edge are the slack).
+    let q = &j["extra"]["load"]["bottleneck"];
+    let dropped = q["dropped_packets"].as_u64().unwrap();
+    let ours = flow["lost_packets"].as_u64().unwrap() + j["lost"].as_u64().unwrap();
+    eprintln!(
+        "kernel at {} ({}): {dropped} dropped, {} Mbit/s of frames; rtprobe lost {ours} (probes {})",
+        q["dev"],
+        q["qdisc"],
+        q["delivered_bps"].as_f64().unwrap() / 1e6,
+        j["lost"]
+    );
+    assert_eq!(q["dev"], "veth-rout", "the router's egress: {q}");
     assert!(
-        (measured - calculated).abs() <= 1.5,
-        "measured {measured:.2} % vs calculated {calculated:.2} %"
+        ours.abs_diff(dropped) <= 2000,
+        "rtprobe lost {ours}, the shaper dropped {dropped}"
+    );
+    // Never below the calculation (a shaper does not beat its rate); above
+    // it by the probes' share of the link (about 1 %, the calculation
+    // leaves them out) and by what the shaper fell short of its rate on a
+    // busy machine, which its own counters show (every frame with the
+    // 24 B of wire overhead the shaper charges, over the link rate).
+    let wire_bits =
+        (q["sent_bytes"].as_f64().unwrap() + 24.0 * q["sent_packets"].as_f64().unwrap()) * 8.0;
+    let share = wire_bits / q["seconds"].as_f64().unwrap() / 100e6;
+    let shortfall_pts = (1.0 - share).max(0.0) * 100.0 / 1.5;
+    assert!(
+        measured >= calculated - 0.5 && measured - calculated <= 1.5 + shortfall_pts,
+        "measured {measured:.2} % vs calculated {calculated:.2} % (the shaper delivered \
+         {:.1} % of the link)",
+        share * 100.0
     );
 }
 

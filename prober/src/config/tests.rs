@@ -335,6 +335,7 @@ impl CellRunner for FakeRunner {
         let mut extra = BTreeMap::new();
         if !cell.knobs.loads().is_empty() {
             let rep = LoadReport {
+                bottleneck: None,
                 flows: vec![FlowReport {
                     kind: "udp".into(),
                     spec: "udp:150%,size=1470".into(),

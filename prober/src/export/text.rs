@@ -294,6 +294,24 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             let _ = writeln!(o, "{line}");
         }
     }
+    if let Some(q) = s
+        .extra
+        .get("load")
+        .and_then(|l| l.get("bottleneck"))
+        .and_then(|v| serde_json::from_value::<crate::tune::load::QueueWindow>(v.clone()).ok())
+    {
+        let _ = writeln!(
+            o,
+            "  bottleneck {} ({}, the kernel's counters over the window, probes included): \
+             {:.1} Mbit/s of frames sent, {} dropped of {} ({:.2} %)",
+            q.dev,
+            q.qdisc,
+            q.delivered_bps / 1e6,
+            q.dropped_packets,
+            q.dropped_packets + q.sent_packets,
+            q.drop_pct
+        );
+    }
     if let Some(serde_json::Value::Array(skipped)) = s.extra.get("skipped") {
         for k in skipped {
             let _ = writeln!(o, "  SKIPPED: {}", k.as_str().unwrap_or("?"));

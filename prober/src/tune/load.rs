@@ -481,6 +481,63 @@ pub struct LoadReport {
     pub flows: Vec<FlowReport>,
     /// Sum of achieved_bps over all flows.
     pub total_achieved_bps: f64,
+    /// The kernel's count of the same window at the bottleneck's root
+    /// qdisc (None: no qdisc there to ask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bottleneck: Option<QueueWindow>,
+}
+
+/// What the bottleneck's root qdisc counted from the load's mark to the
+/// senders' stop: the kernel's witness of the loss and of the rate the
+/// shaper delivered. It counts every packet through the qdisc, the
+/// probes' among them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueWindow {
+    pub dev: String,
+    /// The root qdisc's kind and handle, e.g. "htb 1:".
+    pub qdisc: String,
+    pub seconds: f64,
+    /// Packets and bytes the qdisc handed to the device (frames from the
+    /// Ethernet header on, as the kernel counts them).
+    pub sent_packets: u64,
+    pub sent_bytes: u64,
+    /// Packets the qdisc (or a qdisc below it) dropped.
+    pub dropped_packets: u64,
+    /// sent_bytes over the window, bits per second.
+    pub delivered_bps: f64,
+    /// dropped / (dropped + sent), %.
+    pub drop_pct: f64,
+}
+
+impl QueueWindow {
+    /// The difference of two readings of the same qdisc `elapsed` apart.
+    pub fn between(
+        dev: &str,
+        before: &crate::sys::QdiscInfo,
+        after: &crate::sys::QdiscInfo,
+        elapsed: Duration,
+    ) -> Self {
+        let sent_packets = after.sent_packets.saturating_sub(before.sent_packets);
+        let sent_bytes = after.sent_bytes.saturating_sub(before.sent_bytes);
+        // The kernel keeps drops in 32 bits: a wrap is one lap.
+        let dropped_packets = u64::from(after.drops.wrapping_sub(before.drops));
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        let offered = sent_packets + dropped_packets;
+        Self {
+            dev: dev.to_string(),
+            qdisc: format!("{} {}", after.kind, after.handle),
+            seconds,
+            sent_packets,
+            sent_bytes,
+            dropped_packets,
+            delivered_bps: sent_bytes as f64 * 8.0 / seconds,
+            drop_pct: if offered == 0 {
+                0.0
+            } else {
+                100.0 * dropped_packets as f64 / offered as f64
+            },
+        }
+    }
 }
 
 /// Counters a flow's threads share.
@@ -1618,6 +1675,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn queue_window_is_the_difference_of_two_readings() {
+        let q = |sent_packets, sent_bytes, drops| crate::sys::QdiscInfo {
+            ifindex: 3,
+            kind: "htb".into(),
+            handle: "1:".into(),
+            parent: "root".into(),
+            qlen: 0,
+            backlog_bytes: 0,
+            drops,
+            overlimits: 0,
+            requeues: 0,
+            sent_bytes,
+            sent_packets,
+        };
+        let w = QueueWindow::between(
+            "rtp-r",
+            &q(1000, 1_512_000, u32::MAX - 9),
+            &q(3000, 4_536_000, 990),
+            Duration::from_secs(2),
+        );
+        assert_eq!(w.qdisc, "htb 1:");
+        assert_eq!((w.sent_packets, w.sent_bytes), (2000, 3_024_000));
+        // 10 drops up to the wrap and 990 after it.
+        assert_eq!(w.dropped_packets, 1000);
+        assert!((w.drop_pct - 100.0 / 3.0).abs() < 1e-9);
+        assert!((w.delivered_bps - 12.096e6).abs() < 1.0);
+        let idle = QueueWindow::between("d", &q(5, 5, 5), &q(5, 5, 5), Duration::ZERO);
+        assert_eq!(idle.drop_pct, 0.0);
+    }
+
+    #[test]
     fn parses_load_specs() {
         assert_eq!(
             "tcp".parse::<LoadSpec>().unwrap(),
@@ -1742,6 +1830,7 @@ mod tests {
     #[test]
     fn report_round_trips_through_json() {
         let r = LoadReport {
+            bottleneck: None,
             flows: vec![FlowReport {
                 kind: "udp".into(),
                 spec: "udp:150mbit,size=1470".into(),

@@ -60,7 +60,10 @@ mod sys_tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
@@ -78,7 +81,7 @@ pub use self::{
 };
 use crate::{
     error::Error,
-    sys::Ns,
+    sys::{Ns, QdiscInfo},
     testbed::{Netns, Testbed},
 };
 
@@ -485,6 +488,9 @@ pub struct Applied<'tb> {
     queue_sample: Option<Duration>,
     bottleneck_ns: &'tb Netns,
     bottleneck_dev: String,
+    sys: &'tb dyn crate::sys::Sys,
+    /// The bottleneck's root qdisc counters when the load's window opened.
+    queue_at_mark: Option<(Instant, QdiscInfo)>,
     restored: bool,
 }
 
@@ -556,14 +562,36 @@ impl<'tb> Applied<'tb> {
         if let Some(s) = &mut self.sampler {
             s.stop()?;
         }
+        // The kernel's side of the load's window, read while the senders
+        // still run: the window ends at their last datagram.
+        let queue = match (&self.load, self.queue_at_mark.take()) {
+            (Some(_), Some((at, before))) => self.root_qdisc().map(|now| {
+                load::QueueWindow::between(&self.bottleneck_dev, &before, &now, at.elapsed())
+            }),
+            _ => None,
+        };
         if let Some(l) = &mut self.load {
-            let rep = l.stop()?;
+            let mut rep = l.stop()?;
+            rep.bottleneck = queue;
             m.insert("load".into(), serde_json::to_value(rep)?);
         }
         if !self.skipped.is_empty() {
             m.insert("skipped".into(), json!(self.skipped));
         }
         Ok(m)
+    }
+
+    /// The bottleneck's root qdisc, None (logged) if the kernel has none
+    /// there or cannot say.
+    fn root_qdisc(&self) -> Option<QdiscInfo> {
+        let ns = Ns::Named(self.bottleneck_ns.name());
+        match crate::sys::root_qdisc(self.sys, ns, &self.bottleneck_dev) {
+            Ok(q) => q,
+            Err(e) => {
+                log::warn!("bottleneck counters of {}: {e:#}", self.bottleneck_dev);
+                None
+            }
+        }
     }
 
     /// Undoes everything now; the first error is returned, the rest logged,
@@ -684,6 +712,8 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         queue_sample: knobs.queue_sample,
         bottleneck_ns: ns,
         bottleneck_dev: dev.clone(),
+        sys: tb.sys(),
+        queue_at_mark: None,
         restored: false,
     };
     a.notes.insert(
@@ -799,6 +829,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         let warmup = knobs.load_warmup.unwrap_or(DEFAULT_LOAD_WARMUP);
         std::thread::sleep(warmup);
         l.mark();
+        a.queue_at_mark = a.root_qdisc().map(|q| (Instant::now(), q));
         let measured_from_ns = crate::probe::clock::realtime_ns();
         a.notes.insert(
             "load".into(),

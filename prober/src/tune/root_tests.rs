@@ -511,17 +511,53 @@ fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
         "offered {offered} Mbit/s"
     );
     assert!((expected - 36.2).abs() < 1.0, "expected {expected}");
-    // 2 points: the shaper may deliver down to 93 Mbit/s (the bound on
-    // `achieved` below) when the 150 % sender and htb's softirq share the
-    // two vCPUs, which is 37.9 % loss; on a quiet machine runs land within
-    // 0.5 points of the calculation.
-    assert!(
-        (loss - expected).abs() <= 2.0,
-        "measured loss {loss:.2} % vs calculated {expected:.2} %"
+    // The kernel's witness: the shaper's own drop counter over the same
+    // window. Only the load crosses it here (no probes are sent), and
+    // each window edge is off by at most the queue (100 datagrams).
+    let q = r.bottleneck.as_ref().expect("the shaper's counters");
+    eprintln!(
+        "kernel at {} ({}): {} dropped, {} sent, {:.2} % dropped, {:.2} Mbit/s of frames",
+        q.dev,
+        q.qdisc,
+        q.dropped_packets,
+        q.sent_packets,
+        q.drop_pct,
+        q.delivered_bps / 1e6
     );
-    // The link delivered its payload capacity, 95.7 Mbit/s.
+    assert!(q.qdisc.starts_with("htb"), "{q:?}");
     assert!(
-        (93.0..=97.0).contains(&achieved),
+        lost.abs_diff(q.dropped_packets) <= 2 * 100 + f.socket_drops.unwrap_or(0),
+        "lost {lost} datagrams, the shaper dropped {}",
+        q.dropped_packets
+    );
+    assert!(
+        (loss - q.drop_pct).abs() <= 0.5,
+        "measured loss {loss:.2} % vs the shaper's {:.2} %",
+        q.drop_pct
+    );
+    // Against the calculation: a shaper never delivers more than its rate,
+    // so the loss is never below the calculated one. Above it by what the
+    // shaper fell short of its rate: on a quiet machine a few tenths of a
+    // point; when the 150 % sender and htb's softirq fight over the two
+    // vCPUs, htb loses tokens (its bucket holds 1 ms) and delivers a few
+    // per cent less, which the kernel's sent counter shows.
+    let frame = 1470.0 + 28.0 + 14.0;
+    let link_frames = 100e6 / 8.0 / (frame + 24.0);
+    let delivered_share = q.sent_packets as f64 / q.seconds / link_frames;
+    let expected_at_delivered = 100.0 - (100.0 - expected) * delivered_share;
+    assert!(
+        loss >= expected - 0.5,
+        "measured loss {loss:.2} % is below the calculated {expected:.2} %"
+    );
+    assert!(
+        (loss - expected_at_delivered).abs() <= 1.0,
+        "measured loss {loss:.2} % vs {expected_at_delivered:.2} % calculated at the \
+         {:.1} % of the link rate the shaper delivered",
+        delivered_share * 100.0
+    );
+    // The shaper works: at least 85 % of its rate (95.7 Mbit/s of payload).
+    assert!(
+        (85.0..=97.0).contains(&achieved),
         "achieved {achieved:.2} Mbit/s"
     );
     // Below the link: no loss.
