@@ -17,6 +17,7 @@ use crate::{
 };
 
 pub fn main_entry() -> ExitCode {
+    crate::heap::limit_arenas();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -16,6 +16,7 @@ pub mod docs;
 pub mod ebpf;
 pub mod error;
 pub mod export;
+pub mod heap;
 pub mod probe;
 pub mod spec;
 pub mod stats;

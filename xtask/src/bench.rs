@@ -900,20 +900,28 @@ fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             .ok()?;
         Some(kib / 1024.0)
     };
-    // Sampled every 2 s; the baseline is a third into the run (past the
-    // testbed, the warm-up, the first rotation and the first stalls).
+    // Sampled every 2 s. Memory in use rises and falls with the probes in
+    // flight (a stall fills the matcher's window: rate x timeout slots)
+    // and the run trims the heap every 10 s, so a single sample lands on a
+    // peak or a floor by chance: compare floors, the least RSS of the
+    // middle third (past the testbed, the warm-up and the first
+    // rotations) against the least of the last third.
     let mut samples = Vec::new();
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(2));
         samples.push((t0.elapsed().as_secs(), rss_mib()));
     }
-    let start = samples
-        .iter()
-        .find(|(t, _)| *t >= secs / 3)
-        .and_then(|&(_, r)| r);
+    let floor = |from: u64, to: u64| {
+        samples
+            .iter()
+            .filter(|(t, _)| (from..to).contains(t))
+            .filter_map(|&(_, r)| r)
+            .reduce(f64::min)
+    };
     let start_at = secs / 3;
-    let end = samples.last().and_then(|&(_, r)| r);
+    let start = floor(start_at, 2 * secs / 3);
+    let end = floor(2 * secs / 3, secs + 1);
     let peak = samples.iter().filter_map(|&(_, r)| r).fold(0.0, f64::max);
     let _ = Command::new("kill")
         .args(["-INT", &pid.to_string()])
@@ -943,8 +951,9 @@ fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         ),
         format!("{end:.1} MiB"),
         format!(
-            "{start:.1} MiB at {start_at} s, peak {peak:.1} MiB; every {interval_us} us for {secs} s \
-             (sent {:.0}/s), rotated CSV, HDR log, metrics on; lost {}, unaccounted {}",
+            "least RSS of the last third; {start:.1} MiB least of the middle third, peak {peak:.1} MiB; \
+             every {interval_us} us for {secs} s (sent {:.0}/s), rotated CSV, HDR log, metrics on; \
+             lost {}, unaccounted {}",
             s["send_rate_pps"].as_f64().unwrap_or(0.0),
             s["lost"],
             s["unaccounted"]

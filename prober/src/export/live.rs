@@ -7,7 +7,7 @@
 
 use std::{
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Result;
@@ -169,9 +169,13 @@ impl Live {
             error: None,
             print: &mut self.print,
             progress: &mut self.progress,
+            trimmed_at: Instant::now(),
         })
     }
 }
+
+/// How often a run hands the allocator's free memory back to the kernel.
+const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 fn now_ns() -> i64 {
     SystemTime::now()
@@ -191,6 +195,8 @@ pub struct MainObserver<'a> {
     error: Option<String>,
     print: &'a mut Print,
     progress: &'a mut ShowProgress,
+    /// When the heap was last trimmed ([`crate::heap::trim`]).
+    trimmed_at: Instant,
 }
 
 /// Writes a complete interval to the outputs that take intervals.
@@ -264,6 +270,10 @@ impl SessionObserver for MainObserver<'_> {
             counts: stats.counts(),
             interval: self.intervals.display(),
         });
+        if self.trimmed_at.elapsed() >= TRIM_EVERY {
+            crate::heap::trim();
+            self.trimmed_at = Instant::now();
+        }
         // Reported once: the failed output is closed by now.
         match self.error.take() {
             Some(e) => Err(e),
