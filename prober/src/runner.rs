@@ -123,7 +123,7 @@ fn probe_on(
     // namespace; at the receiver the in-kernel reflector or the same
     // user-space reflector `rtprobe reflect` runs.
     let stamp_reflector = if stamp && !kernel_reflector {
-        let addr = std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, stamp_port);
+        let addr = std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), stamp_port);
         let socks = testbed
             .receiver
             .run(|| crate::probe::reflect::bind(&[addr]))?;
@@ -196,6 +196,7 @@ fn probe_on(
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
         receiver_if: &testbed.receiver_if,
+        ip: crate::testbed::IpVersion::V4,
     };
     let stamp_outcome = std::sync::Mutex::new(None);
     let stamp_outcome = &stamp_outcome;
@@ -221,7 +222,7 @@ fn probe_on(
         let mut sink = csv;
         let main = if stamp {
             let target = crate::probe::remote::Target {
-                addr: std::net::SocketAddrV4::new(ep.receiver_if.addr, stamp_port),
+                addr: std::net::SocketAddr::new(ep.receiver_if.addr.into(), stamp_port),
                 protocol: ProtocolArg::Stamp,
                 key: key.clone(),
                 stateless_reflector: kernel_reflector,

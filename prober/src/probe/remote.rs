@@ -23,7 +23,7 @@
 //! stamps, no privilege), `adjtimex(2)` read only.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{
         Mutex,
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
@@ -50,7 +50,7 @@ use crate::{spec::remote::ProtocolArg, testbed::Netns};
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]
 pub struct Target {
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     pub protocol: ProtocolArg,
     pub key: Option<HmacKey>,
     /// The reflector is known to answer STAMP statelessly (rtprobe's
@@ -472,7 +472,14 @@ pub fn run_session(
     }
     let bind = || {
         ProbeSocket::bind(
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            // The target's family: an IPv6 target gets an AF_INET6 socket.
+            SocketAddr::new(
+                match target.addr {
+                    SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                },
+                0,
+            ),
             cfg.tos,
             TsFlags {
                 tx: true,
@@ -635,7 +642,7 @@ pub fn run_session(
 /// resolves neighbours and proves that something answers at all.
 fn warm_up(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     wire: &Wire,
     size: usize,
     stop: &AtomicU8,
@@ -670,7 +677,7 @@ fn warm_up(
 /// returns the first answer to it.
 fn exchange(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     wire: &Wire,
     size: usize,
     seq: u64,
@@ -712,7 +719,7 @@ fn exchange(
 /// carries the count before it.
 fn status_probe(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     wire: &Wire,
     size: usize,
     stop: &AtomicU8,

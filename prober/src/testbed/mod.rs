@@ -24,7 +24,7 @@ pub(crate) mod testutil;
 
 pub use netns::Netns;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Result, bail};
 
@@ -38,6 +38,65 @@ pub struct Iface {
     pub ifindex: u32,
     pub addr: Ipv4Addr,
     pub prefix_len: u8,
+    /// Its unique-local IPv6 address (/64) on a dual-stack testbed.
+    pub addr6: Option<Ipv6Addr>,
+}
+
+impl Iface {
+    /// Its address of family `ip`, or why it has none.
+    pub fn ip(&self, ip: IpVersion) -> Result<IpAddr> {
+        match ip {
+            IpVersion::V4 => Ok(IpAddr::V4(self.addr)),
+            IpVersion::V6 => match self.addr6 {
+                Some(a) => Ok(IpAddr::V6(a)),
+                None => bail!(
+                    "{} has no IPv6 address: give it one (e.g. `ip -6 addr add fd00::1/64 dev {}`) or leave out --ip 6",
+                    self.name,
+                    self.name
+                ),
+            },
+        }
+    }
+}
+
+/// The address family probes use on a testbed (`--ip 4|6`). The testbed
+/// carries both; the choice is the probes'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IpVersion {
+    #[default]
+    V4,
+    V6,
+}
+
+impl IpVersion {
+    pub fn number(self) -> u8 {
+        match self {
+            IpVersion::V4 => 4,
+            IpVersion::V6 => 6,
+        }
+    }
+
+    pub fn from_number(n: i64) -> Option<Self> {
+        match n {
+            4 => Some(IpVersion::V4),
+            6 => Some(IpVersion::V6),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for IpVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IPv{}", self.number())
+    }
+}
+
+/// The unspecified address (`0.0.0.0` or `::`) of `a`'s family.
+pub fn unspecified(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
 }
 
 /// Which kind of path the testbed is.
@@ -362,6 +421,7 @@ impl Testbed {
             ifindex,
             addr,
             prefix_len: 24,
+            addr6: None,
         };
         Ok(Self {
             id,
@@ -398,12 +458,14 @@ impl Testbed {
                 ifindex: l.sender_if,
                 addr: PAIR_TX_ADDR,
                 prefix_len: 24,
+                addr6: None,
             },
             receiver_if: Iface {
                 name: rx_if.into(),
                 ifindex: l.receiver_if,
                 addr: PAIR_RX_ADDR,
                 prefix_len: 24,
+                addr6: None,
             },
             router_in: None,
             router_out: None,
