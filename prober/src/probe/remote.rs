@@ -462,6 +462,14 @@ pub fn run_session(
             tai_offset_s: local_clock.tai_offset_s,
         },
     };
+    if target.addr.is_ipv6() && cfg.size > crate::spec::plan::MAX_PAYLOAD_1500_IPV6 {
+        bail!(
+            "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {}: use at most {} bytes",
+            cfg.size,
+            target.addr,
+            crate::spec::plan::MAX_PAYLOAD_1500_IPV6
+        );
+    }
     if cfg.size < wire.min_len() {
         bail!(
             "--size {} is too small for {} probes: use at least {} bytes",
