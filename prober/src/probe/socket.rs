@@ -102,11 +102,12 @@ impl RawAddr {
 }
 
 fn sockaddr(a: SocketAddr) -> RawAddr {
-    // SAFETY: sockaddr_storage, sockaddr_in and sockaddr_in6 are plain old
-    // data; storage is large and aligned enough for either.
+    // SAFETY: sockaddr_storage is plain old data, valid when zeroed.
     let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
     let len = match a {
         SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for a
+            // sockaddr_in, plain old data, and borrowed only here.
             let s = unsafe {
                 &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
             };
@@ -116,6 +117,7 @@ fn sockaddr(a: SocketAddr) -> RawAddr {
             size_of::<libc::sockaddr_in>()
         }
         SocketAddr::V6(a) => {
+            // SAFETY: as above, for a sockaddr_in6.
             let s = unsafe {
                 &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
             };
@@ -804,6 +806,7 @@ mod addr_tests {
         }
         // Network byte order, as the kernel reads it.
         let raw = sockaddr("[2001:db8::2]:862".parse().unwrap());
+        // SAFETY: raw.ptr() points to raw.storage, at least raw.len bytes.
         let bytes: &[u8] =
             unsafe { std::slice::from_raw_parts(raw.ptr().cast::<u8>(), raw.len as usize) };
         assert_eq!(&bytes[2..4], &862u16.to_be_bytes());
