@@ -321,3 +321,39 @@ fn continuous_options_fail_with_one_line_before_touching_the_system() {
         assert!(!err.contains("panicked"));
     }
 }
+
+#[test]
+fn reflect_refuses_a_port_already_in_use() {
+    // A port that was free a moment ago, on loopback (no root needed).
+    for host in ["127.0.0.1", "[::1]"] {
+        let probe = std::net::UdpSocket::bind(format!("{host}:0")).unwrap();
+        let addr = probe.local_addr().unwrap().to_string();
+        drop(probe);
+        let mut first = Command::new(bin())
+            .args(["reflect", "--listen", &addr, "--duration", "20s"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Until the first one answers on the port (it binds before it prints).
+        let mut taken = false;
+        for _ in 0..100 {
+            if std::net::UdpSocket::bind(&addr).is_err() {
+                taken = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let second = run(&["reflect", "--listen", &addr, "--duration", "1s"]);
+        let _ = first.kill();
+        let out = first.wait_with_output().unwrap();
+        assert!(taken, "the first reflector never bound {addr}: {out:?}");
+        let (code, stdout, stderr) = second;
+        assert_ne!(code, 0, "a second reflector bound {addr}: {stdout}{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(&addr), "{stderr}");
+        assert!(stderr.contains("already in use"), "{stderr}");
+        assert!(stderr.contains("--listen"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

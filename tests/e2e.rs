@@ -146,6 +146,97 @@ fn xdp_auto_mode_reports_what_it_got() {
     }
 }
 
+/// `--ip 6` on the dual-stack testbed with the router in XDP mode `mode`:
+/// no probe lost; every IPv6 probe and echo crosses the router once,
+/// counted by its IPv6 counters (nothing IPv4 is forwarded).
+fn ipv6_mode_run(mode: &str, expect_attached: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--ip",
+            "6",
+            "--xdp-mode",
+            mode,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    assert_clean_run(&r, N);
+    let ip = &r.json["extra"]["ip"];
+    assert_eq!(ip["version"], 6, "{ip}");
+    assert_eq!(ip["sender"], "fd71:1::2", "{ip}");
+    assert_eq!(ip["receiver"], "fd71:2::2", "{ip}");
+    // The in-kernel reflector is IPv4 only: the user-space one answers, and says why.
+    let refl = &r.json["extra"]["reflector"];
+    assert_eq!(refl["kind"], "user", "{refl}");
+    assert!(
+        refl["note"].as_str().unwrap_or("").contains("IPv4 only"),
+        "{refl}"
+    );
+    assert_eq!(r.meta.reflector, "user");
+    assert_eq!(r.json["xdp_mode_attached"], expect_attached, "{}", r.stdout);
+    if mode == "off" {
+        assert!(
+            r.json["xdp_counters"]
+                .as_object()
+                .is_none_or(|m| m.is_empty())
+        );
+        return r;
+    }
+    let bytes = |name: &str| r.json["xdp_counters"][name]["bytes"].as_u64().unwrap_or(0);
+    let redirected = counter(&r, "ipv6_redirected");
+    assert!(
+        (2 * N..=2 * N + 20).contains(&redirected),
+        "ipv6_redirected {redirected}, want {} (probes + echoes) + a few warm-ups",
+        2 * N
+    );
+    // Each of them one 64-byte probe in a frame: 14 Ethernet + 40 IPv6 + 8 UDP.
+    assert_eq!(
+        bytes("ipv6_redirected"),
+        redirected * (14 + 40 + 8 + 64),
+        "only probe frames were forwarded"
+    );
+    assert_eq!(counter(&r, "redirected"), 0, "no IPv4 forwarded in XDP");
+    assert_eq!(counter(&r, "ipv6_dropped_unreachable"), 0);
+    assert_eq!(counter(&r, "ipv6_malformed"), 0);
+    r
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn ipv6_xdp_off_kernel_forwards() {
+    if is_root("ipv6_xdp_off_kernel_forwards") {
+        let _ = ipv6_mode_run("off", "none");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn ipv6_xdp_skb_mode() {
+    if is_root("ipv6_xdp_skb_mode") {
+        let _ = ipv6_mode_run("skb", "skb");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn ipv6_xdp_native_mode() {
+    if is_root("ipv6_xdp_native_mode") {
+        let _ = ipv6_mode_run("native", "native");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn ipv6_xdp_auto_mode() {
+    if is_root("ipv6_xdp_auto_mode") {
+        let _ = ipv6_mode_run("auto", "native");
+    }
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn xdp_pass_only_variant_forwards_in_the_kernel() {

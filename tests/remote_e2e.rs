@@ -19,6 +19,9 @@ use common::*;
 const N: u64 = 500;
 const A_IP: &str = "10.77.0.1";
 const B_IP: &str = "10.77.0.2";
+/// The same pair over IPv6 (unique-local, no DAD: usable at once).
+const A_IP6: &str = "fd77::1";
+const B_IP6: &str = "fd77::2";
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -26,8 +29,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Two namespaces joined by a veth pair: A (sender) 10.77.0.1, B
-/// (reflector) 10.77.0.2. Deleted on drop (the veth goes with them).
+/// Two namespaces joined by a veth pair: A (sender) 10.77.0.1 and
+/// fd77::1, B (reflector) 10.77.0.2 and fd77::2. Deleted on drop (the veth
+/// goes with them).
 struct Pair {
     a: String,
     b: String,
@@ -50,12 +54,14 @@ impl Pair {
             p.va, p.a, p.vb, p.b
         ));
         sh_ok(&format!(
-            "ip -n {a} addr add {A_IP}/24 dev {va} && ip -n {a} link set {va} up && ip -n {a} link set lo up",
+            "ip -n {a} addr add {A_IP}/24 dev {va} && ip -n {a} addr add {A_IP6}/64 dev {va} nodad \
+             && ip -n {a} link set {va} up && ip -n {a} link set lo up",
             a = p.a,
             va = p.va
         ));
         sh_ok(&format!(
-            "ip -n {b} addr add {B_IP}/24 dev {vb} && ip -n {b} link set {vb} up && ip -n {b} link set lo up",
+            "ip -n {b} addr add {B_IP}/24 dev {vb} && ip -n {b} addr add {B_IP6}/64 dev {vb} nodad \
+             && ip -n {b} link set {vb} up && ip -n {b} link set lo up",
             b = p.b,
             vb = p.vb
         ));
@@ -196,15 +202,26 @@ fn assert_counters_add_up(c: &serde_json::Value) {
 }
 
 /// 500 probes at 1 ms through `rtprobe reflect`: none lost, split 0/0, the
-/// reflector saw one session and answered every probe.
-fn clean_run(protocol: &str, port: &str) {
+/// reflector saw one session and answered every probe. Over IPv6 the
+/// reflector listens on `[::]:PORT` and the target is `[fd77::2]:PORT`.
+fn clean_run(protocol: &str, port: &str, ipv6: bool) {
     let p = Pair::new();
-    let r = Reflector::start(&p, &["--protocol", protocol]);
+    let listen = format!("[::]:{port}");
+    let r = if ipv6 {
+        Reflector::start(&p, &["--protocol", protocol, "--listen", &listen])
+    } else {
+        Reflector::start(&p, &["--protocol", protocol])
+    };
+    let dst = if ipv6 {
+        format!("[{B_IP6}]:{port}")
+    } else {
+        format!("{B_IP}:{port}")
+    };
     let t = target(
         &p,
         &[
             "--target",
-            &format!("{B_IP}:{port}"),
+            &dst,
             "--protocol",
             protocol,
             "--count",
@@ -219,6 +236,11 @@ fn clean_run(protocol: &str, port: &str) {
     assert_eq!(t.json["lost"], 0, "{}", t.stdout);
     assert_eq!(t.rows.len() as u64, N);
     assert_eq!(t.meta.testbed, "remote");
+    assert_eq!(
+        t.meta.rx_if.as_deref(),
+        Some(dst.as_str()),
+        "the target, in the CSV meta"
+    );
     let split = &t.json["extra"]["loss_split"];
     assert_eq!(
         (split["forward"].as_u64(), split["return"].as_u64()),
@@ -252,6 +274,10 @@ fn clean_run(protocol: &str, port: &str) {
     );
     assert_eq!(c["malformed"], 0, "{c}");
     assert!(log.contains("new session"), "{log}");
+    if ipv6 {
+        // The session line names the IPv6 source.
+        assert!(log.contains(&format!("from [{A_IP6}]:")), "{log}");
+    }
     if protocol == "stamp" {
         assert_eq!(
             t.json["extra"]["reflector"]["sender_ttl_min"], 64,
@@ -266,7 +292,25 @@ fn rtprobe_protocol_to_reflect_500_probes_none_lost_as_nobody() {
     if !is_root("rtprobe_protocol_to_reflect_500_probes_none_lost_as_nobody") {
         return;
     }
-    clean_run("rtprobe", "5061");
+    clean_run("rtprobe", "5061", false);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn rtprobe_protocol_over_ipv6_500_probes_none_lost() {
+    if !is_root("rtprobe_protocol_over_ipv6_500_probes_none_lost") {
+        return;
+    }
+    clean_run("rtprobe", "5061", true);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn stamp_over_ipv6_500_probes_none_lost() {
+    if !is_root("stamp_over_ipv6_500_probes_none_lost") {
+        return;
+    }
+    clean_run("stamp", "862", true);
 }
 
 #[test]
@@ -275,7 +319,7 @@ fn stamp_to_reflect_500_probes_none_lost_as_nobody() {
     if !is_root("stamp_to_reflect_500_probes_none_lost_as_nobody") {
         return;
     }
-    clean_run("stamp", "862");
+    clean_run("stamp", "862", false);
 }
 
 /// The probes whose sequence number is a multiple of 16 are dropped one
@@ -360,6 +404,21 @@ fn authenticated_stamp_good_key_answered_wrong_key_counted() {
     if !is_root("authenticated_stamp_good_key_answered_wrong_key_counted") {
         return;
     }
+    auth_run(false);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn authenticated_stamp_over_ipv6_good_key_answered_wrong_key_counted() {
+    if !is_root("authenticated_stamp_over_ipv6_good_key_answered_wrong_key_counted") {
+        return;
+    }
+    auth_run(true);
+}
+
+/// Authenticated STAMP: 500 probes with the reflector's key, none lost; 50
+/// with another key, none answered and every one counted as auth_failed.
+fn auth_run(ipv6: bool) {
     let dir = tempfile::tempdir().unwrap();
     sh_ok(&format!("chmod 755 {}", dir.path().display()));
     let (good, bad) = (dir.path().join("good.key"), dir.path().join("bad.key"));
@@ -367,16 +426,22 @@ fn authenticated_stamp_good_key_answered_wrong_key_counted() {
     std::fs::write(&bad, [0xa5u8; 32]).unwrap();
     sh_ok(&format!("chmod 644 {} {}", good.display(), bad.display()));
     let p = Pair::new();
-    let r = Reflector::start(
-        &p,
-        &["--protocol", "stamp", "--auth-key", good.to_str().unwrap()],
-    );
+    let mut args = vec!["--protocol", "stamp", "--auth-key", good.to_str().unwrap()];
+    if ipv6 {
+        args.extend(["--listen", "[::]:862"]);
+    }
+    let r = Reflector::start(&p, &args);
+    let dst = if ipv6 {
+        format!("[{B_IP6}]")
+    } else {
+        B_IP.to_string()
+    };
     let base = |key: &Path, count: &str| {
         target(
             &p,
             &[
                 "--target",
-                B_IP,
+                &dst,
                 "--protocol",
                 "stamp",
                 "--auth-key",
@@ -390,10 +455,11 @@ fn authenticated_stamp_good_key_answered_wrong_key_counted() {
             ],
         )
     };
-    let ok = base(&good, "200");
+    let ok = base(&good, &N.to_string());
     let wrong = base(&bad, "50");
     let (refl, _) = r.stop();
     assert_eq!(ok.code, 0, "{}{}", ok.stderr, ok.stdout);
+    assert_eq!(ok.json["sent"], N, "{}", ok.stdout);
     assert_eq!(ok.json["lost"], 0, "{}", ok.stdout);
     assert_eq!(ok.json["extra"]["reflector"]["authenticated"], true);
     assert_ne!(wrong.code, 0, "the wrong key got answers: {}", wrong.stdout);
@@ -406,7 +472,7 @@ fn authenticated_stamp_good_key_answered_wrong_key_counted() {
         (25..=31).contains(&c["auth_failed"].as_u64().unwrap()),
         "{c}"
     );
-    assert!(c["reflected"].as_u64().unwrap() >= 200, "{c}");
+    assert!(c["reflected"].as_u64().unwrap() >= N, "{c}");
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -498,11 +564,31 @@ fn scapy_sender_against_reflect_and_scapy_reflector_against_target() {
     if !is_root("scapy_sender_against_reflect_and_scapy_reflector_against_target") {
         return;
     }
+    scapy_both_roles(false);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn scapy_stamp_over_ipv6_both_roles() {
+    if !is_root("scapy_stamp_over_ipv6_both_roles") {
+        return;
+    }
+    scapy_both_roles(true);
+}
+
+/// scapy's session-sender against `rtprobe reflect`, then `rtprobe
+/// --target` against scapy's session-reflector, over IPv4 or IPv6.
+fn scapy_both_roles(ipv6: bool) {
     let p = Pair::new();
+    let b_ip = if ipv6 { B_IP6 } else { B_IP };
     // scapy's session-sender -> rtprobe reflect --protocol stamp.
-    let r = Reflector::start(&p, &["--protocol", "stamp"]);
+    let r = if ipv6 {
+        Reflector::start(&p, &["--protocol", "stamp", "--listen", "[::]:862"])
+    } else {
+        Reflector::start(&p, &["--protocol", "stamp"])
+    };
     let o = sh_ok(&format!(
-        "ip netns exec {} python3 {} send {B_IP} 862 20",
+        "ip netns exec {} python3 {} send {b_ip} 862 20",
         p.a,
         fixture("stamp_wire.py").display()
     ));
@@ -537,7 +623,7 @@ fn scapy_sender_against_reflect_and_scapy_reflector_against_target() {
     let scapy = Command::new("ip")
         .args(["netns", "exec", &p.b, "python3"])
         .arg(fixture("stamp_wire.py"))
-        .args(["reflect", B_IP, "9862", &n.to_string()])
+        .args(["reflect", b_ip, "9862", &n.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -547,7 +633,11 @@ fn scapy_sender_against_reflect_and_scapy_reflector_against_target() {
         &p,
         &[
             "--target",
-            &format!("{B_IP}:9862"),
+            &if ipv6 {
+                format!("[{b_ip}]:9862")
+            } else {
+                format!("{b_ip}:9862")
+            },
             "--protocol",
             "stamp",
             "--size",

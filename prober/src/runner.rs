@@ -107,6 +107,9 @@ fn probe_on(
         );
     }
     let user_only = key.is_some().then_some(ReflectorKind::User);
+    // The probes' addresses (`--ip`): the receiver's is where they go.
+    let ip = opts.ip;
+    let (src_ip, dst_ip) = (testbed.sender_if.ip(ip)?, testbed.receiver_if.ip(ip)?);
     let (kernel_reflector, mut reflector_info) = choose_reflector(
         &mut xdp,
         testbed,
@@ -123,7 +126,7 @@ fn probe_on(
     // namespace; at the receiver the in-kernel reflector or the same
     // user-space reflector `rtprobe reflect` runs.
     let stamp_reflector = if stamp && !kernel_reflector {
-        let addr = std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, stamp_port);
+        let addr = std::net::SocketAddr::new(crate::testbed::unspecified(dst_ip), stamp_port);
         let socks = testbed
             .receiver
             .run(|| crate::probe::reflect::bind(&[addr]))?;
@@ -184,7 +187,7 @@ fn probe_on(
         opts.continuous.rotation,
     )?);
     live.set_run(&meta);
-    let target = |cfg: &ProbeConfig| format!("{}:{}", testbed.receiver_if.addr, cfg.port);
+    let target = |cfg: &ProbeConfig| std::net::SocketAddr::new(dst_ip, cfg.port).to_string();
     let mut flow_observers: Vec<_> = opts
         .extra_flows
         .iter()
@@ -196,6 +199,7 @@ fn probe_on(
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
         receiver_if: &testbed.receiver_if,
+        ip,
     };
     let stamp_outcome = std::sync::Mutex::new(None);
     let stamp_outcome = &stamp_outcome;
@@ -221,7 +225,7 @@ fn probe_on(
         let mut sink = csv;
         let main = if stamp {
             let target = crate::probe::remote::Target {
-                addr: std::net::SocketAddrV4::new(ep.receiver_if.addr, stamp_port),
+                addr: std::net::SocketAddr::new(dst_ip, stamp_port),
                 protocol: ProtocolArg::Stamp,
                 key: key.clone(),
                 stateless_reflector: kernel_reflector,
@@ -302,6 +306,11 @@ fn probe_on(
         );
     }
     summary.extra.insert("reflector".into(), reflector_info);
+    summary.extra.insert(
+        "ip".into(),
+        serde_json::json!({"version": ip.number(), "sender": src_ip.to_string(),
+            "receiver": dst_ip.to_string()}),
+    );
     summary.extra.insert(
         "clock".into(),
         serde_json::json!({"one_way_shown": true, "note": ONE_CLOCK_NOTE}),
@@ -388,6 +397,14 @@ fn choose_reflector(
         cannot be told apart (echoes lost is always 0)";
     let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE});
     let path_ok = xdp.reflector_replies_get_through(testbed);
+    // The in-kernel reflector parses IPv4 only (validate refuses `--ip 6
+    // --reflector kernel`): IPv6 probes are the user-space reflector's.
+    if opts.ip == crate::testbed::IpVersion::V6 && forced.or(opts.reflector).is_none() {
+        let note = "the in-kernel reflector answers IPv4 only: the user-space reflector answers \
+                    these IPv6 probes";
+        log::info!("{note}");
+        return Ok((false, serde_json::json!({"kind": "user", "note": note})));
+    }
     const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
         the veth testbed's router, where rtprobe does not prepare the peer to take the \
         in-kernel reflector's replies (use the veth testbed)";

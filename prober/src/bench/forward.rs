@@ -607,6 +607,7 @@ fn run_probe(
         receiver_ns: &tb.receiver,
         sender_if: &tb.sender_if,
         receiver_if: &tb.receiver_if,
+        ip: crate::testbed::IpVersion::V4,
     };
     let o = probe::run_session(&ep, &cfg, &mut csv, stop, &mut probe::NoObserver)?;
     let mut s = o.stats.summary();

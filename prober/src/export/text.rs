@@ -112,6 +112,16 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             format!(" ({})", m.xdp_action)
         }
     );
+    // IPv4 testbed runs say nothing here, as before `--ip`.
+    if let Some(ip) = s.extra.get("ip").filter(|ip| ip["version"] == 6) {
+        let _ = writeln!(
+            o,
+            "  IPv6: {} -> {} ({} B IP packets: 40-byte IPv6 + 8-byte UDP header)",
+            ip["sender"].as_str().unwrap_or("?"),
+            ip["receiver"].as_str().unwrap_or("?"),
+            m.size + 48
+        );
+    }
     let _ = writeln!(
         o,
         "  sent {}  received {}  lost {} ({:.2} %)  reordered {}  duplicates {}  echoes lost {}",

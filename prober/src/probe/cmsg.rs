@@ -45,7 +45,8 @@ pub struct Cmsgs {
     /// ts[2]: raw hardware timestamp (NIC clock) ns.
     pub hw_ns: Option<i64>,
     pub ext_err: Option<ExtErr>,
-    /// IP_TTL (with IP_RECVTTL on): the TTL the datagram arrived with.
+    /// IP_TTL (with IP_RECVTTL on) or IPV6_HOPLIMIT (with IPV6_RECVHOPLIMIT):
+    /// the TTL or hop limit the datagram arrived with.
     pub ttl: Option<u8>,
 }
 
@@ -137,7 +138,10 @@ pub fn parse(control: &[u8]) -> Cmsgs {
                 out.sw_ns = ts(0);
                 out.hw_ns = ts(2);
             }
-            (libc::SOL_IP, libc::IP_TTL) if data.len() >= 4 => {
+            // IPv4's TTL (IP_RECVTTL) or IPv6's hop limit (IPV6_RECVHOPLIMIT).
+            (libc::SOL_IP, libc::IP_TTL) | (libc::SOL_IPV6, libc::IPV6_HOPLIMIT)
+                if data.len() >= 4 =>
+            {
                 out.ttl = u8::try_from(read_i32(data)).ok();
             }
             (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR)
@@ -191,6 +195,47 @@ pub fn encode_for_test(ts: Option<[(i64, i64); 3]>, ext: Option<ExtErr>) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One control message as the kernel lays it out.
+    fn one_cmsg(level: i32, ty: i32, data: &[u8]) -> Vec<u8> {
+        let len = DATA_OFF + data.len();
+        let mut m = vec![0u8; cmsg_align(len)];
+        m[..ALIGN].copy_from_slice(&len.to_ne_bytes());
+        m[ALIGN..ALIGN + 4].copy_from_slice(&level.to_ne_bytes());
+        m[ALIGN + 4..ALIGN + 8].copy_from_slice(&ty.to_ne_bytes());
+        m[DATA_OFF..DATA_OFF + data.len()].copy_from_slice(data);
+        m
+    }
+
+    #[test]
+    fn ipv6_error_queue_and_hop_limit() {
+        // IPv6 sockets get their TX stamps' identity as SOL_IPV6/IPV6_RECVERR
+        // and the arrival hop limit as SOL_IPV6/IPV6_HOPLIMIT.
+        let mut ee = [0u8; 16];
+        ee[..4].copy_from_slice(&(libc::ENOMSG as u32).to_ne_bytes());
+        ee[4] = SO_EE_ORIGIN_TIMESTAMPING;
+        ee[8..12].copy_from_slice(&SCM_TSTAMP_SCHED.to_ne_bytes());
+        ee[12..16].copy_from_slice(&41u32.to_ne_bytes());
+        let mut b = one_cmsg(libc::SOL_IPV6, libc::IPV6_RECVERR, &ee);
+        b.extend(encode_for_test(Some([(6, 0), (0, 0), (0, 0)]), None));
+        let c = parse(&b);
+        assert_eq!(c.tx_stamp(), Some((41, TxKind::Sched, 6_000_000_000)));
+        let c = parse(&one_cmsg(
+            libc::SOL_IPV6,
+            libc::IPV6_HOPLIMIT,
+            &63i32.to_ne_bytes(),
+        ));
+        assert_eq!(c.ttl, Some(63));
+        let c = parse(&one_cmsg(libc::SOL_IP, libc::IP_TTL, &64i32.to_ne_bytes()));
+        assert_eq!(c.ttl, Some(64));
+        // IPV6_HOPLIMIT on the IPv4 level is another option: ignored.
+        let c = parse(&one_cmsg(
+            libc::SOL_IP,
+            libc::IPV6_HOPLIMIT,
+            &9i32.to_ne_bytes(),
+        ));
+        assert_eq!(c.ttl, None);
+    }
 
     #[test]
     fn software_rx_timestamp() {

@@ -30,7 +30,7 @@ pub mod wake;
 pub use timestamps::TimestampSource;
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::SocketAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
@@ -161,6 +161,8 @@ pub struct Endpoints<'a> {
     pub receiver_ns: &'a Netns,
     pub sender_if: &'a Iface,
     pub receiver_if: &'a Iface,
+    /// The address family of the probes (`--ip`).
+    pub ip: crate::testbed::IpVersion,
 }
 
 /// What the session learned besides the records.
@@ -307,11 +309,13 @@ pub fn run_session(
             .map(|c| c.conv.clone()),
     };
 
-    let any = Ipv4Addr::UNSPECIFIED;
+    // The family of the run (`--ip`): both sockets and the destination.
+    let dst = SocketAddr::new(ep.receiver_if.ip(ep.ip)?, cfg.port);
+    let any = SocketAddr::new(crate::testbed::unspecified(dst.ip()), cfg.port);
     let rcvbuf_bytes = socket::rcvbuf_bytes(cfg.interval, cfg.timeout);
     let tx_sock = ep.sender_ns.run(|| {
         ProbeSocket::bind(
-            SocketAddrV4::new(any, cfg.port),
+            any,
             cfg.tos,
             TsFlags {
                 tx: true,
@@ -325,7 +329,7 @@ pub fn run_session(
     // two kernel-stamped legs, without the reflector's user-space time.
     let rx_sock = ep.receiver_ns.run(|| {
         ProbeSocket::bind(
-            SocketAddrV4::new(any, cfg.port),
+            any,
             cfg.tos,
             TsFlags {
                 tx: true,
@@ -335,7 +339,6 @@ pub fn run_session(
             rcvbuf_bytes,
         )
     })?;
-    let dst = SocketAddrV4::new(ep.receiver_if.addr, cfg.port);
     let done = AtomicBool::new(false);
     let attempts = AtomicU64::new(0);
     let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
@@ -447,7 +450,7 @@ pub fn run_session(
 fn warm_up(
     tx: &ProbeSocket,
     rx: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     session: u64,
     size: usize,
     stop: &AtomicU8,
@@ -580,7 +583,7 @@ fn reflect_queued(
         // Read before the reply is written over it.
         let probe = Probe::decode(payload, session);
         let warmup = payload.len() > 5 && payload[5] & FLAG_WARMUP != 0;
-        let verdict = core.handle(payload, std::net::SocketAddr::V4(src), c.sw_ns, c.ttl, now);
+        let verdict = core.handle(payload, src, c.sw_ns, c.ttl, now);
         match (verdict, probe) {
             (reflect::Verdict::Reply { .. }, Ok(p)) => {
                 echo.push(i);

@@ -17,7 +17,7 @@
 //! the rest of the real-time settings are `tune::rt`'s), sendmmsg(2) (>= 3.0).
 
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     sync::{
         atomic::{AtomicU8, AtomicU64, Ordering},
         mpsc,
@@ -223,7 +223,7 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
 /// unaccounted-probe check). Returns how the pacing went.
 pub fn pace(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     session: u64,
     cfg: &ProbeConfig,
     stop: &AtomicU8,
@@ -256,7 +256,7 @@ pub fn pace(
 /// (another protocol, e.g. STAMP).
 pub fn pace_with(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     cfg: &ProbeConfig,
     stop: &AtomicU8,
     attempts: &AtomicU64,

@@ -28,11 +28,12 @@
 //! loss; EE: the reflector clock's STAMP Error Estimate (RFC 4656 §4.1.2).
 //!
 //! Kernel interfaces (in [`serve`]): UDP sockets with SO_TIMESTAMPING
-//! (software RX and TX stamps, Linux >= 2.6.30) and IP_RECVTTL.
+//! (software RX and TX stamps, Linux >= 2.6.30) and IP_RECVTTL or
+//! IPV6_RECVHOPLIMIT (IPv6 sockets, `--listen [::]:862`).
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     sync::atomic::{AtomicU8, Ordering},
     time::Duration,
 };
@@ -443,7 +444,7 @@ const SESSION_LIST_MAX: usize = 1000;
 const TURNAROUND_RING: usize = 4096;
 
 /// Binds the reflector's sockets (in the calling thread's namespace).
-pub fn bind(listen: &[SocketAddrV4]) -> Result<Vec<ProbeSocket>> {
+pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
     listen
         .iter()
         .map(|&a| {
@@ -457,26 +458,44 @@ pub fn bind(listen: &[SocketAddrV4]) -> Result<Vec<ProbeSocket>> {
                 },
                 32 << 20,
             )
-            .with_context(|| {
-                if a.port() < 1024 {
-                    format!("cannot answer on {a}: ports below 1024 need root or CAP_NET_BIND_SERVICE (or use --listen with another port)")
-                } else {
-                    format!("cannot answer on {a}")
+            .map_err(|e| {
+                let errno = e
+                    .chain()
+                    .find_map(|c| c.downcast_ref::<std::io::Error>())
+                    .and_then(|io| io.raw_os_error());
+                match errno {
+                    // One line that says what to do, not the socket's chain.
+                    Some(libc::EADDRINUSE) => anyhow::anyhow!(
+                        "cannot answer on {a}: the port is already in use (another `rtprobe reflect`?): stop that program or answer on another port with --listen ADDR:PORT"
+                    ),
+                    Some(libc::EACCES) if a.port() < 1024 => anyhow::anyhow!(
+                        "cannot answer on {a}: ports below 1024 need root or CAP_NET_BIND_SERVICE (or use --listen with another port)"
+                    ),
+                    _ => e.context(format!("cannot answer on {a}")),
                 }
             })?;
             let on: libc::c_int = 1;
+            // The arrival TTL (IPv4) or hop limit (IPv6) for STAMP's reply.
+            let (level, name, what) = match a {
+                SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_RECVTTL, "IP_RECVTTL"),
+                SocketAddr::V6(_) => (
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_RECVHOPLIMIT,
+                    "IPV6_RECVHOPLIMIT",
+                ),
+            };
             // SAFETY: plain setsockopt on an owned socket with a live int.
             let r = unsafe {
                 libc::setsockopt(
                     s.fd(),
-                    libc::IPPROTO_IP,
-                    libc::IP_RECVTTL,
+                    level,
+                    name,
                     (&on as *const libc::c_int).cast(),
                     size_of::<libc::c_int>() as libc::socklen_t,
                 )
             };
             if r != 0 {
-                log::warn!("IP_RECVTTL on {a}: {}", std::io::Error::last_os_error());
+                log::warn!("{what} on {a}: {}", std::io::Error::last_os_error());
             }
             Ok(s)
         })
@@ -519,7 +538,7 @@ pub fn serve(
                 ids.clear();
                 for i in 0..n {
                     let (payload, src, c) = batch.get(i);
-                    let v = core.handle(payload, SocketAddr::V4(src), c.sw_ns, c.ttl, now);
+                    let v = core.handle(payload, src, c.sw_ns, c.ttl, now);
                     if let Verdict::Reply { new_session } = v {
                         if let Some(id) = new_session {
                             let info = SessionInfo {
@@ -612,12 +631,18 @@ fn drain_tx_stamps(
 }
 
 /// The interface holding `addr` in this namespace (for `--kernel`).
-fn interface_of(addr: std::net::Ipv4Addr) -> Result<String> {
+fn interface_of(addr: IpAddr) -> Result<String> {
     let addrs = nix::ifaddrs::getifaddrs().context("getifaddrs")?;
     for a in addrs {
-        if let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in())
-            && sin.ip() == addr
-        {
+        let Some(s) = a.address.as_ref() else {
+            continue;
+        };
+        let ip = match (s.as_sockaddr_in(), s.as_sockaddr_in6()) {
+            (Some(v4), _) => IpAddr::V4(v4.ip()),
+            (_, Some(v6)) => IpAddr::V6(v6.ip()),
+            _ => continue,
+        };
+        if ip == addr {
             return Ok(a.interface_name);
         }
     }
@@ -627,7 +652,7 @@ fn interface_of(addr: std::net::Ipv4Addr) -> Result<String> {
 /// `--kernel`: the in-kernel reflector on the interface of the one
 /// `--listen` address, or why not.
 fn attach_kernel(
-    listen: &[SocketAddrV4],
+    listen: &[SocketAddr],
     protocol: ProtocolArg,
     key: bool,
 ) -> Result<crate::ebpf::reflector::Reflector> {
@@ -644,7 +669,10 @@ fn attach_kernel(
     if key {
         anyhow::bail!("the in-kernel reflector answers unauthenticated STAMP only");
     }
-    let ifname = interface_of(*a.ip())?;
+    if a.is_ipv6() {
+        anyhow::bail!("the in-kernel reflector answers IPv4 only: --listen {a} is IPv6");
+    }
+    let ifname = interface_of(a.ip())?;
     let (probe_port, stamp_port) = match protocol {
         ProtocolArg::Rtprobe => (a.port(), 0),
         ProtocolArg::Stamp => (0, a.port()),
@@ -701,8 +729,8 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
     }
     let key = args.auth_key.as_deref().map(read_key).transpose()?;
     let listen = if args.listen.is_empty() {
-        vec![SocketAddrV4::new(
-            std::net::Ipv4Addr::UNSPECIFIED,
+        vec![SocketAddr::new(
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
             protocol.default_port(),
         )]
     } else {

@@ -23,7 +23,7 @@
 //! stamps, no privilege), `adjtimex(2)` read only.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{
         Mutex,
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
@@ -50,7 +50,7 @@ use crate::{spec::remote::ProtocolArg, testbed::Netns};
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]
 pub struct Target {
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     pub protocol: ProtocolArg,
     pub key: Option<HmacKey>,
     /// The reflector is known to answer STAMP statelessly (rtprobe's
@@ -462,6 +462,14 @@ pub fn run_session(
             tai_offset_s: local_clock.tai_offset_s,
         },
     };
+    if target.addr.is_ipv6() && cfg.size > crate::spec::plan::MAX_PAYLOAD_1500_IPV6 {
+        bail!(
+            "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {}: use at most {} bytes",
+            cfg.size,
+            target.addr,
+            crate::spec::plan::MAX_PAYLOAD_1500_IPV6
+        );
+    }
     if cfg.size < wire.min_len() {
         bail!(
             "--size {} is too small for {} probes: use at least {} bytes",
@@ -472,7 +480,14 @@ pub fn run_session(
     }
     let bind = || {
         ProbeSocket::bind(
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            // The target's family: an IPv6 target gets an AF_INET6 socket.
+            SocketAddr::new(
+                match target.addr {
+                    SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                },
+                0,
+            ),
             cfg.tos,
             TsFlags {
                 tx: true,
@@ -635,7 +650,7 @@ pub fn run_session(
 /// resolves neighbours and proves that something answers at all.
 fn warm_up(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     wire: &Wire,
     size: usize,
     stop: &AtomicU8,
@@ -670,7 +685,7 @@ fn warm_up(
 /// returns the first answer to it.
 fn exchange(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     wire: &Wire,
     size: usize,
     seq: u64,
@@ -712,7 +727,7 @@ fn exchange(
 /// carries the count before it.
 fn status_probe(
     sock: &ProbeSocket,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     wire: &Wire,
     size: usize,
     stop: &AtomicU8,

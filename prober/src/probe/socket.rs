@@ -11,7 +11,7 @@
 use std::{
     io,
     mem::{size_of, zeroed},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed},
 };
@@ -88,20 +88,76 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> i
     .map(drop)
 }
 
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    // SAFETY: sockaddr_in is plain old data.
-    let mut s: libc::sockaddr_in = unsafe { zeroed() };
-    s.sin_family = libc::AF_INET as libc::sa_family_t;
-    s.sin_port = a.port().to_be();
-    s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-    s
+/// A socket address of either family as the kernel takes it, with its length.
+#[derive(Clone, Copy)]
+struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
 }
 
-fn from_sockaddr(s: &libc::sockaddr_in) -> SocketAddrV4 {
-    SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
-        u16::from_be(s.sin_port),
-    )
+impl RawAddr {
+    fn ptr(&self) -> *const libc::sockaddr {
+        (&self.storage as *const libc::sockaddr_storage).cast()
+    }
+}
+
+fn sockaddr(a: SocketAddr) -> RawAddr {
+    // SAFETY: sockaddr_storage is plain old data, valid when zeroed.
+    let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match a {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for a
+            // sockaddr_in, plain old data, and borrowed only here.
+            let s = unsafe {
+                &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = a.port().to_be();
+            s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for a sockaddr_in6.
+            let s = unsafe {
+                &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = a.port().to_be();
+            s.sin6_addr.s6_addr = a.ip().octets();
+            s.sin6_flowinfo = a.flowinfo().to_be();
+            s.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    RawAddr {
+        storage,
+        len: len as libc::socklen_t,
+    }
+}
+
+/// The address the kernel wrote; an unknown family reads as 0.0.0.0:0.
+fn from_sockaddr(s: &libc::sockaddr_storage) -> SocketAddr {
+    match s.ss_family as libc::c_int {
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 (family AF_INET6).
+            let s = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(s.sin6_addr.s6_addr),
+                u16::from_be(s.sin6_port),
+                u32::from_be(s.sin6_flowinfo),
+                s.sin6_scope_id,
+            ))
+        }
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (family AF_INET).
+            let s = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
+                u16::from_be(s.sin_port),
+            ))
+        }
+        _ => SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+    }
 }
 
 /// A UDP socket with kernel timestamping. Create it on a thread inside the
@@ -140,17 +196,33 @@ pub fn rcvbuf_bytes(interval: std::time::Duration, timeout: std::time::Duration)
 
 impl ProbeSocket {
     /// `rcvbuf_bytes`: the receive buffer to force (see [`rcvbuf_bytes`]).
-    pub fn bind(addr: SocketAddrV4, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
+    /// The family follows `addr`: an IPv6 socket takes IPv6 only
+    /// (IPV6_V6ONLY), so `[::]` and `0.0.0.0` on one port can coexist;
+    /// `tos` is its traffic class. The port must be free: no SO_REUSEADDR,
+    /// which for UDP would let two sockets share it and split the datagrams.
+    pub fn bind(addr: SocketAddr, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
+        let (family, family_name) = match addr {
+            SocketAddr::V4(_) => (libc::AF_INET, "AF_INET"),
+            SocketAddr::V6(_) => (libc::AF_INET6, "AF_INET6"),
+        };
         // SAFETY: plain socket(2) call.
-        let fd =
-            cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
-                .context("socket(AF_INET, SOCK_DGRAM)")?;
+        let fd = cvt(unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
+            .with_context(|| {
+                format!("socket({family_name}, SOCK_DGRAM): is this protocol family enabled?")
+            })?;
         // SAFETY: fd was just returned by socket(2) and is owned here.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
-        setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
-        setsockopt(raw, libc::IPPROTO_IP, libc::IP_TOS, &(tos as i32))
-            .context("setsockopt(IP_TOS)")?;
+        match addr {
+            SocketAddr::V4(_) => setsockopt(raw, libc::IPPROTO_IP, libc::IP_TOS, &(tos as i32))
+                .context("setsockopt(IP_TOS)")?,
+            SocketAddr::V6(_) => {
+                setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &1i32)
+                    .context("setsockopt(IPV6_V6ONLY)")?;
+                setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, &(tos as i32))
+                    .context("setsockopt(IPV6_TCLASS)")?;
+            }
+        }
         // Room for a stalled receive thread at high probe rates, sized by
         // the caller from the rate (see rcvbuf_bytes). Charged only when used.
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &rcvbuf_bytes);
@@ -159,16 +231,16 @@ impl ProbeSocket {
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &flags)
             .context("setsockopt(SO_TIMESTAMPING): this kernel lacks socket timestamping")?;
         let sa = sockaddr(addr);
-        // SAFETY: sa is a valid sockaddr_in.
-        cvt(unsafe {
-            libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_in).cast(),
-                size_of::<libc::sockaddr_in>() as u32,
-            )
-        })
-        .with_context(|| {
-            format!("bind UDP {addr}: is another program using the port? pick one with --port")
+        // SAFETY: sa holds a valid sockaddr of sa.len bytes.
+        cvt(unsafe { libc::bind(raw, sa.ptr(), sa.len) }).map_err(|e| {
+            let what = if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                "another program already uses this port: stop it or pick another port"
+            } else if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) {
+                "no interface here has this address: give one of this host's addresses"
+            } else {
+                "pick another port"
+            };
+            anyhow::Error::from(e).context(format!("bind UDP {addr}: {what}"))
         })?;
         Ok(Self {
             fd,
@@ -182,7 +254,7 @@ impl ProbeSocket {
     }
 
     /// Sends one datagram and returns the OPT_ID its TX timestamp will carry.
-    pub fn send_to(&self, buf: &[u8], dst: SocketAddrV4, opt_id: u32) -> io::Result<u32> {
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddr, opt_id: u32) -> io::Result<u32> {
         let sa = sockaddr(dst);
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut _,
@@ -192,8 +264,8 @@ impl ProbeSocket {
         let mut control = [0u64; 4];
         // SAFETY: msghdr is POD.
         let mut msg: libc::msghdr = unsafe { zeroed() };
-        msg.msg_name = (&sa as *const libc::sockaddr_in) as *mut _;
-        msg.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+        msg.msg_name = sa.ptr() as *mut _;
+        msg.msg_namelen = sa.len;
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         if self.per_send_opt_id.load(Relaxed) {
@@ -397,14 +469,14 @@ pub struct RecvBatch {
     iovs: Vec<libc::iovec>,
     bufs: Vec<Vec<u8>>,
     controls: Vec<[u64; CONTROL_LEN / 8]>,
-    addrs: Vec<libc::sockaddr_in>,
+    addrs: Vec<libc::sockaddr_storage>,
     filled: usize,
     echo_hdrs: Vec<libc::mmsghdr>,
     echo_iovs: Vec<libc::iovec>,
     echo_controls: Vec<[u64; 4]>,
 }
 
-/// `n` all-zero C structs (msghdr, mmsghdr, iovec, sockaddr_in: all-zero
+/// `n` all-zero C structs (msghdr, mmsghdr, iovec, sockaddr_storage: all-zero
 /// is a valid, empty value for each of them).
 fn zeroed_vec<T: ZeroedPod>(n: usize) -> Vec<T> {
     // SAFETY: ZeroedPod is only implemented for C structs valid when zeroed.
@@ -415,7 +487,7 @@ fn zeroed_vec<T: ZeroedPod>(n: usize) -> Vec<T> {
 trait ZeroedPod {}
 impl ZeroedPod for libc::mmsghdr {}
 impl ZeroedPod for libc::iovec {}
-impl ZeroedPod for libc::sockaddr_in {}
+impl ZeroedPod for libc::sockaddr_storage {}
 
 // SAFETY: the raw pointers in the headers only point into the batch's own
 // buffers, which nothing else shares, and `prepare`/`prepare_echo` rewrite
@@ -448,8 +520,9 @@ impl RecvBatch {
                 iov_len: len,
             };
             let h = &mut self.echo_hdrs[k].msg_hdr;
-            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+            // The length the kernel wrote on receive (the source's family).
+            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = self.hdrs[i].msg_hdr.msg_namelen;
             h.msg_iov = &mut self.echo_iovs[k];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
@@ -483,8 +556,8 @@ impl RecvBatch {
                 iov_len: self.bufs[i].len(),
             };
             let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
             h.msg_control = self.controls[i].as_mut_ptr().cast();
@@ -508,7 +581,7 @@ impl RecvBatch {
     }
 
     /// Payload, source address and parsed control messages of message `i`.
-    pub fn get(&mut self, i: usize) -> (&mut [u8], SocketAddrV4, Cmsgs) {
+    pub fn get(&mut self, i: usize) -> (&mut [u8], SocketAddr, Cmsgs) {
         let h = &self.hdrs[i];
         let len = (h.msg_len as usize).min(self.bufs[i].len());
         let clen = h.msg_hdr.msg_controllen.min(CONTROL_LEN);
@@ -528,7 +601,7 @@ pub struct SendBatch {
     bufs: Vec<Vec<u8>>,
     controls: Vec<[u64; 4]>,
     opt_ids: Vec<u32>,
-    dst: libc::sockaddr_in,
+    dst: RawAddr,
     len: usize,
 }
 
@@ -540,7 +613,7 @@ unsafe impl Send for SendBatch {}
 
 impl SendBatch {
     /// Room for `cap` probes of `size` bytes (zero padded) to `dst`.
-    pub fn new(cap: usize, size: usize, dst: SocketAddrV4) -> Self {
+    pub fn new(cap: usize, size: usize, dst: SocketAddr) -> Self {
         Self {
             hdrs: zeroed_vec(cap),
             iovs: zeroed_vec(cap),
@@ -589,8 +662,8 @@ impl SendBatch {
                 iov_len: self.bufs[i].len(),
             };
             let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.dst as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+            h.msg_name = (&mut self.dst.storage as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = self.dst.len;
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
@@ -704,6 +777,50 @@ impl Drop for HwTimestamping {
                 self.ifname
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod addr_tests {
+    use std::net::SocketAddr;
+
+    use super::{from_sockaddr, sockaddr};
+
+    #[test]
+    fn both_families_round_trip_through_the_kernel_layout() {
+        for a in [
+            "192.0.2.7:862",
+            "0.0.0.0:0",
+            "[2001:db8::2]:862",
+            "[::]:5061",
+            "[fe80::1%3]:9",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            let raw = sockaddr(a);
+            let want = match a {
+                SocketAddr::V4(_) => size_of::<libc::sockaddr_in>(),
+                SocketAddr::V6(_) => size_of::<libc::sockaddr_in6>(),
+            };
+            assert_eq!(raw.len as usize, want, "{a}");
+            assert_eq!(from_sockaddr(&raw.storage), a);
+        }
+        // Network byte order, as the kernel reads it.
+        let raw = sockaddr("[2001:db8::2]:862".parse().unwrap());
+        // SAFETY: raw.ptr() points to raw.storage, at least raw.len bytes.
+        let bytes: &[u8] =
+            unsafe { std::slice::from_raw_parts(raw.ptr().cast::<u8>(), raw.len as usize) };
+        assert_eq!(&bytes[2..4], &862u16.to_be_bytes());
+        assert_eq!(&bytes[8..12], &[0x20, 0x01, 0x0d, 0xb8]);
+    }
+
+    #[test]
+    fn an_unknown_family_reads_as_unspecified() {
+        // SAFETY: all-zero is a valid sockaddr_storage (family AF_UNSPEC).
+        let s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(
+            from_sockaddr(&s),
+            "0.0.0.0:0".parse::<SocketAddr>().unwrap()
+        );
     }
 }
 

@@ -15,6 +15,8 @@ use super::{FlowSpec, KnobSpec, OutputSpec, RunSpec, flag_of};
 
 /// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
 pub const MAX_PAYLOAD_1500: usize = 1472;
+/// The same over IPv6 (1500 - 40 IPv6 - 8 UDP).
+pub const MAX_PAYLOAD_1500_IPV6: usize = 1452;
 /// Default probe count when neither count nor duration is given.
 pub const DEFAULT_COUNT: u64 = 1000;
 /// Most extra flows next to the main one.
@@ -53,6 +55,8 @@ pub struct RunOptions {
     pub continuous: super::continuous::ContinuousPlan,
     /// Probe protocol, remote target (no testbed), STAMP key.
     pub remote: super::remote::RemoteOptions,
+    /// The probes' address family on a testbed run (`--ip`).
+    pub ip: crate::testbed::IpVersion,
 }
 
 /// An option that cannot work: its spec key (`size`, `link_rate`) and why.
@@ -207,6 +211,7 @@ pub fn validate(
 
     let mut k = Knobs::from(knobs.clone());
     k.set_probe(port, size, interval);
+    k.probe.ipv6 = p.ip == Some(crate::testbed::IpVersion::V6);
     k.validate_with_probe()
         .map_err(|ke| SpecError::new(ke.key, ke.message))?;
     let xdp_mode = run.xdp.xdp_mode.unwrap_or_default();
@@ -294,6 +299,38 @@ pub fn validate(
         .enumerate()
         .map(|(i, f)| flow_config(f, &probe, (i + 1) as u8))
         .collect::<Result<Vec<_>, _>>()?;
+    let ip = p.ip.unwrap_or_default();
+    if p.ip.is_some() && run.remote.target.is_some() {
+        return e(
+            "ip",
+            "is for testbed runs: with --target the address gives the family (an IPv6 target \
+             is written [2001:db8::2]:862)"
+                .into(),
+        );
+    }
+    if ip == crate::testbed::IpVersion::V6 {
+        if run.xdp.reflector == Some(ReflectorKind::Kernel) {
+            return e(
+                "reflector",
+                "kernel with ip 6: the in-kernel reflector answers IPv4 only; use reflector \
+                 user (the default with ip 6)"
+                    .into(),
+            );
+        }
+        if let Some(big) = std::iter::once(&probe)
+            .chain(&extra_flows)
+            .map(|c| c.size)
+            .find(|&s| s > MAX_PAYLOAD_1500_IPV6)
+        {
+            return e(
+                "size",
+                format!(
+                    "{big} does not fit a 1500-byte MTU over IPv6 (40-byte header): use at most \
+                     {MAX_PAYLOAD_1500_IPV6} bytes with ip 6"
+                ),
+            );
+        }
+    }
     Ok(RunOptions {
         probe,
         xdp_mode,
@@ -311,6 +348,7 @@ pub fn validate(
         extra_flows,
         continuous,
         remote: run.remote.clone(),
+        ip,
     })
 }
 

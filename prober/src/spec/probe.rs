@@ -40,6 +40,11 @@ pub struct ProbeSpec {
     #[arg(long)]
     pub port: Option<u16>,
 
+    /// Address family of the probes on a testbed run, 4 or 6: the testbed carries both (IPv4
+    /// and unique-local IPv6 on every link) [default: 4]. With --target its address decides.
+    #[arg(long, value_enum)]
+    pub ip: Option<crate::testbed::IpVersion>,
+
     /// Timestamp source to ask for [default: auto].
     #[arg(long, value_enum)]
     pub timestamps: Option<TimestampSource>,

@@ -3,7 +3,7 @@
 //! `rtprobe reflect` command's options. Pure: no sockets.
 
 use std::{
-    net::{SocketAddrV4, ToSocketAddrs},
+    net::{IpAddr, SocketAddr, ToSocketAddrs},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -60,8 +60,9 @@ impl ProtocolArg {
 #[command(next_help_heading = "Remote target and protocol")]
 pub struct RemoteOptions {
     /// Probe a reflector on another host instead of building a testbed: `rtprobe reflect` there,
-    /// or any STAMP reflector with --protocol stamp. HOST[:PORT]; the port defaults to --port
-    /// (862 with --protocol stamp). Needs no root with software timestamps.
+    /// or any STAMP reflector with --protocol stamp. HOST[:PORT], IPv4 or IPv6
+    /// ([2001:db8::2]:862); the port defaults to --port (862 with --protocol stamp). Needs no
+    /// root with software timestamps.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub target: Option<String>,
 
@@ -91,13 +92,13 @@ impl RemoteOptions {
         }
     }
 
-    /// Resolves `--target` to one IPv4 address (the probe sockets are
-    /// IPv4). `port` is what [`Self::port`] chose.
-    pub fn target_addr(&self, port: u16) -> Result<Option<SocketAddrV4>> {
+    /// Resolves `--target` to one address (IPv4 or IPv6). `port` is what
+    /// [`Self::port`] chose.
+    pub fn target_addr(&self, port: u16) -> Result<Option<SocketAddr>> {
         let Some(t) = &self.target else {
             return Ok(None);
         };
-        resolve_v4(t, port).map(Some)
+        resolve(t, port).map(Some)
     }
 
     pub fn check(&self) -> Result<()> {
@@ -108,32 +109,47 @@ impl RemoteOptions {
     }
 }
 
-/// HOST, HOST:PORT, or an IPv4 literal; the first IPv4 address it names.
-pub fn resolve_v4(target: &str, default_port: u16) -> Result<SocketAddrV4> {
+/// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one
+/// in brackets with a port (`[2001:db8::2]:862`). A name gives its first
+/// IPv4 address, else its first IPv6 one.
+pub fn resolve(target: &str, default_port: u16) -> Result<SocketAddr> {
     let t = target.trim();
     if t.is_empty() {
-        bail!("--target is empty: give HOST or HOST:PORT, e.g. 192.0.2.7:862");
+        bail!("--target is empty: give HOST or HOST:PORT, e.g. 192.0.2.7:862 or [2001:db8::2]:862");
     }
-    if t.starts_with('[') || t.matches(':').count() > 1 {
+    let a = if let Ok(ip) = t.parse::<IpAddr>() {
+        SocketAddr::new(ip, default_port)
+    } else if let Ok(a) = t.parse::<SocketAddr>() {
+        a
+    } else if let Some(ip) = t
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|r| r.parse::<std::net::Ipv6Addr>().ok())
+    {
+        SocketAddr::new(IpAddr::V6(ip), default_port)
+    } else if t.starts_with('[') || t.matches(':').count() > 1 {
         bail!(
-            "--target {t}: IPv6 targets are not supported yet; give an IPv4 address or a name with one"
+            "--target {t}: not an IPv6 address with a port; write it as [2001:db8::2]:862 (or without the port)"
         );
-    }
-    let with_port = if t.contains(':') {
-        t.to_string()
     } else {
-        format!("{t}:{default_port}")
+        let with_port = if t.contains(':') {
+            t.to_string()
+        } else {
+            format!("{t}:{default_port}")
+        };
+        let addrs: Vec<SocketAddr> = with_port
+            .to_socket_addrs()
+            .with_context(|| {
+                format!("--target {t}: cannot resolve it (give HOST[:PORT], e.g. 192.0.2.7:862)")
+            })?
+            .collect();
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or_else(|| addrs.first())
+            .copied()
+            .with_context(|| format!("--target {t} resolves to no address"))?
     };
-    let addrs = with_port.to_socket_addrs().with_context(|| {
-        format!("--target {t}: cannot resolve it (give HOST[:PORT], e.g. 192.0.2.7:862)")
-    })?;
-    let a = addrs
-        .filter_map(|a| match a {
-            std::net::SocketAddr::V4(v4) => Some(v4),
-            _ => None,
-        })
-        .next()
-        .with_context(|| format!("--target {t} has no IPv4 address"))?;
     if a.port() == 0 {
         bail!("--target {t}: port 0 is not a usable UDP port");
     }
@@ -177,14 +193,17 @@ pub fn parse_rate(s: &str) -> Result<u32, String> {
     Examples:\n  \
     rtprobe reflect --listen 0.0.0.0:5061\n  \
     rtprobe reflect --protocol stamp --listen 192.0.2.7:862 --json reflector.json\n  \
-    rtprobe reflect --protocol stamp --auth-key stamp.key --rate-limit 2000/s\n\n\
-    Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]"
+    rtprobe reflect --protocol stamp --auth-key stamp.key --rate-limit 2000/s\n  \
+    rtprobe reflect --protocol stamp --listen [::]:862 --listen 0.0.0.0:862\n\n\
+    Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]\n\
+    or over IPv6: rtprobe --target [2001:db8::7]:862 --protocol stamp"
 )]
 pub struct ReflectArgs {
-    /// Address and port to answer on (repeatable) [default: 0.0.0.0 and the protocol's port:
-    /// 5061 for rtprobe, 862 for stamp]. Ports below 1024 need root or CAP_NET_BIND_SERVICE.
+    /// Address and port to answer on (repeatable; IPv6 as [::]:862) [default: 0.0.0.0 and the
+    /// protocol's port: 5061 for rtprobe, 862 for stamp]. The port must be free. Ports below 1024
+    /// need root or CAP_NET_BIND_SERVICE.
     #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: Vec<std::net::SocketAddrV4>,
+    pub listen: Vec<std::net::SocketAddr>,
 
     /// Protocol to answer [default: rtprobe].
     #[arg(long, value_enum)]
@@ -215,7 +234,7 @@ pub struct ReflectArgs {
     #[serde(default)]
     pub stateless: bool,
 
-    /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single)
+    /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single, IPv4)
     /// --listen address, so the kernel answers before any socket (needs root; says why not).
     #[arg(long)]
     #[serde(default)]
@@ -255,21 +274,36 @@ mod tests {
     #[test]
     fn targets_resolve_with_and_without_port() {
         assert_eq!(
-            resolve_v4("192.0.2.7", 862).unwrap(),
+            resolve("192.0.2.7", 862).unwrap(),
             "192.0.2.7:862".parse().unwrap()
         );
         assert_eq!(
-            resolve_v4("192.0.2.7:9000", 862).unwrap(),
+            resolve("192.0.2.7:9000", 862).unwrap(),
             "192.0.2.7:9000".parse().unwrap()
         );
-        assert!(resolve_v4("", 1).is_err());
-        assert!(resolve_v4("192.0.2.7:0", 1).is_err());
+        assert!(resolve("", 1).is_err());
+        assert!(resolve("192.0.2.7:0", 1).is_err());
+        assert!(resolve("[2001:db8::1]:0", 1).is_err());
+        assert_eq!(
+            resolve("[2001:db8::1]:9000", 1).unwrap(),
+            "[2001:db8::1]:9000".parse().unwrap()
+        );
+        assert_eq!(
+            resolve("[2001:db8::1]", 862).unwrap(),
+            "[2001:db8::1]:862".parse().unwrap()
+        );
+        assert_eq!(
+            resolve("2001:db8::1", 862).unwrap(),
+            "[2001:db8::1]:862".parse().unwrap()
+        );
+        assert_eq!(resolve("::1", 5061).unwrap(), "[::1]:5061".parse().unwrap());
         assert!(
-            resolve_v4("[2001:db8::1]:862", 1)
+            resolve("[2001:db8::1:862", 1)
                 .unwrap_err()
                 .to_string()
-                .contains("IPv6")
+                .contains("[2001:db8::2]:862")
         );
+        assert!(resolve("localhost", 5061).unwrap().ip().is_loopback());
     }
 
     #[test]

@@ -207,6 +207,49 @@ fn merge_precedence_file_then_set_then_command_line() {
 }
 
 #[test]
+fn ip_version_on_the_command_line_and_in_toml() {
+    use crate::testbed::IpVersion;
+    assert_eq!(opts(&[]).unwrap().ip, IpVersion::V4);
+    let o = opts(&["--ip", "6"]).unwrap();
+    assert_eq!(o.ip, IpVersion::V6);
+    // The knobs learn the 40-byte header for the probe class's rate.
+    assert!(o.knobs.probe.ipv6);
+    assert!(!opts(&["--ip", "4"]).unwrap().knobs.probe.ipv6);
+    let e = |args: &[&str]| opts(args).unwrap_err().to_string();
+    let m = e(&["--ip", "6", "--size", "1472"]);
+    assert!(
+        m.starts_with("--size 1472 does not fit") && m.contains("1452"),
+        "{m}"
+    );
+    assert!(opts(&["--ip", "6", "--size", "1452"]).is_ok());
+    let m = e(&["--ip", "6", "--flow", "port=5070,size=1460"]);
+    assert!(m.contains("1460") && m.contains("IPv6"), "{m}");
+    let m = e(&["--ip", "6", "--reflector", "kernel"]);
+    assert!(
+        m.starts_with("--reflector kernel with ip 6") && m.contains("user"),
+        "{m}"
+    );
+    assert!(opts(&["--ip", "6", "--reflector", "user"]).is_ok());
+    let m = e(&["--ip", "6", "--target", "192.0.2.7"]);
+    assert!(m.starts_with("--ip is for testbed runs"), "{m}");
+    assert!(Cli::try_parse_from(["t", "--ip", "5"]).is_err());
+    // TOML: `ip = 6` or "6"; anything else names the key.
+    for v in ["6", "\"6\""] {
+        let sc = crate::config::Scenario::parse(
+            std::path::Path::new("t.toml"),
+            &format!("[probe]\nip = {v}\n"),
+        )
+        .unwrap();
+        let cells = sc.cells(std::path::Path::new("/o"));
+        assert_eq!(cells[0].run.ip, IpVersion::V6, "ip = {v}");
+    }
+    let err = crate::config::Scenario::parse(std::path::Path::new("t.toml"), "[probe]\nip = 5\n")
+        .map(|_| ())
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("use 4 or 6"), "{err:#}");
+}
+
+#[test]
 fn every_spec_round_trips_through_merge() {
     // Every option set to a value that is not its default: merging it over
     // an empty spec, or an empty spec over it, must give it back unchanged.
@@ -222,6 +265,8 @@ fn every_spec_round_trips_through_merge() {
         "0xC0",
         "--port",
         "6000",
+        "--ip",
+        "6",
         "--timestamps",
         "software",
         "--timeout",

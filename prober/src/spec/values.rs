@@ -33,6 +33,11 @@ value_enum!(XdpMode {
     XdpMode::Auto => "auto": "Let the kernel choose (native if the driver has it, else generic); the attached mode is reported",
 });
 
+value_enum!(crate::testbed::IpVersion {
+    crate::testbed::IpVersion::V4 => "4": "IPv4 (10.71.x.x on the testbed)",
+    crate::testbed::IpVersion::V6 => "6": "IPv6 (unique-local fd71:x::/64 on the testbed)",
+});
+
 value_enum!(XdpAction {
     XdpAction::Redirect => "redirect": "bpf_fib_lookup + MAC rewrite + XDP_REDIRECT (the router)",
     XdpAction::Pass => "pass": "XDP_PASS every packet to the kernel stack (the study's \"pass by default\" variant)",

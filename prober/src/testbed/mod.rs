@@ -24,7 +24,7 @@ pub(crate) mod testutil;
 
 pub use netns::Netns;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Result, bail};
 
@@ -38,6 +38,100 @@ pub struct Iface {
     pub ifindex: u32,
     pub addr: Ipv4Addr,
     pub prefix_len: u8,
+    /// Its unique-local IPv6 address (/64) on a dual-stack testbed.
+    pub addr6: Option<Ipv6Addr>,
+}
+
+impl Iface {
+    /// Its address of family `ip`, or why it has none.
+    pub fn ip(&self, ip: IpVersion) -> Result<IpAddr> {
+        match ip {
+            IpVersion::V4 => Ok(IpAddr::V4(self.addr)),
+            IpVersion::V6 => match self.addr6 {
+                Some(a) => Ok(IpAddr::V6(a)),
+                None => bail!(
+                    "{} has no IPv6 address: give it one (e.g. `ip -6 addr add fd00::1/64 dev {}`) or leave out --ip 6",
+                    self.name,
+                    self.name
+                ),
+            },
+        }
+    }
+}
+
+/// The address family probes use on a testbed (`--ip 4|6`). The testbed
+/// carries both; the choice is the probes'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IpVersion {
+    #[default]
+    V4,
+    V6,
+}
+
+impl IpVersion {
+    pub fn number(self) -> u8 {
+        match self {
+            IpVersion::V4 => 4,
+            IpVersion::V6 => 6,
+        }
+    }
+
+    pub fn from_number(n: i64) -> Option<Self> {
+        match n {
+            4 => Some(IpVersion::V4),
+            6 => Some(IpVersion::V6),
+            _ => None,
+        }
+    }
+}
+
+/// `ip = 6` in a scenario file (also `"6"`); written as the number.
+impl serde::Serialize for IpVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_u8(self.number())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for IpVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de;
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = IpVersion;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the IP version: 4 or 6")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<IpVersion, E> {
+                IpVersion::from_number(v)
+                    .ok_or_else(|| E::custom(format!("IP version {v}: use 4 or 6")))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<IpVersion, E> {
+                self.visit_i64(v.min(i64::MAX as u64) as i64)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<IpVersion, E> {
+                match v.trim() {
+                    "4" => Ok(IpVersion::V4),
+                    "6" => Ok(IpVersion::V6),
+                    _ => Err(E::custom(format!("IP version {v:?}: use 4 or 6"))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl std::fmt::Display for IpVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IPv{}", self.number())
+    }
+}
+
+/// The unspecified address (`0.0.0.0` or `::`) of `a`'s family.
+pub fn unspecified(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
 }
 
 /// Which kind of path the testbed is.
@@ -80,6 +174,15 @@ pub const RECEIVER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 2, 2);
 /// NIC-pair addresses (one /24 across the cable).
 pub const PAIR_TX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 1);
 pub const PAIR_RX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 2);
+/// The same links' unique-local IPv6 addresses (RFC 4193, one /64 per
+/// link): fd71:1::/64 sender side, fd71:2::/64 receiver side, fd71::/64
+/// across a NIC pair.
+pub const SENDER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 1, 0, 0, 0, 0, 0, 2);
+pub const ROUTER_IN_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 1, 0, 0, 0, 0, 0, 1);
+pub const ROUTER_OUT_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 2, 0, 0, 0, 0, 0, 1);
+pub const RECEIVER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 2, 0, 0, 0, 0, 0, 2);
+pub const PAIR_TX_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 0, 0, 0, 0, 0, 0, 1);
+pub const PAIR_RX_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 0, 0, 0, 0, 0, 0, 2);
 
 pub const SENDER_VETH: &str = "veth-snd";
 pub const ROUTER_IN_VETH: &str = "veth-rin";
@@ -210,19 +313,44 @@ pub fn undo_step(sys: &dyn Sys, host: Ns, step: &Step, lenient: bool) -> Result<
     }
 }
 
-/// Host-side settings of a fresh namespace: loopback up, no IPv6 chatter
-/// (router solicitations would show up as non-IPv4 XDP traffic).
-fn prepare_ns(sys: &dyn Sys, ns: &str) -> Result<()> {
+/// IPv6 settings of a fresh namespace (its `default` holds for the veths
+/// made or moved there later): IPv6 on, addresses usable at once (no DAD),
+/// and no router solicitations or advertisements taken, which would cross
+/// the router as IPv6 traffic nobody asked for.
+const IPV6_SYSCTLS: [(&str, &str); 6] = [
+    ("net.ipv6.conf.all.disable_ipv6", "0"),
+    ("net.ipv6.conf.default.disable_ipv6", "0"),
+    ("net.ipv6.conf.all.accept_dad", "0"),
+    ("net.ipv6.conf.default.accept_dad", "0"),
+    ("net.ipv6.conf.default.router_solicitations", "0"),
+    ("net.ipv6.conf.default.accept_ra", "0"),
+];
+
+/// Host-side settings of a fresh namespace: loopback up, IPv6 as
+/// [`IPV6_SYSCTLS`]. Returns whether IPv6 is there: best effort, a kernel
+/// without IPv6 (no /proc/sys/net/ipv6) gives an IPv4-only testbed.
+fn prepare_ns(sys: &dyn Sys, ns: &str) -> Result<bool> {
     let ns = Ns::Named(ns);
-    let _ = sys.set_sysctl(ns, "net.ipv6.conf.all.disable_ipv6", "1");
-    let _ = sys.set_sysctl(ns, "net.ipv6.conf.default.disable_ipv6", "1");
-    sys.set_up(ns, "lo", true)
+    let mut ipv6 = true;
+    for (key, value) in IPV6_SYSCTLS {
+        // Once one failed the rest would too: no point asking.
+        ipv6 = ipv6 && sys.set_sysctl(ns, key, value).is_ok();
+    }
+    sys.set_up(ns, "lo", true)?;
+    Ok(ipv6)
 }
 
 fn v4(a: Ipv4Addr) -> Addr {
     Addr {
         addr: IpAddr::V4(a),
         prefix_len: 24,
+    }
+}
+
+fn v6(a: Ipv6Addr) -> Addr {
+    Addr {
+        addr: IpAddr::V6(a),
+        prefix_len: 64,
     }
 }
 
@@ -236,6 +364,8 @@ pub struct VethLayout {
     pub router_in: u32,
     pub router_out: u32,
     pub receiver_if: u32,
+    /// The IPv6 addresses are on too (the kernel has IPv6).
+    pub ipv6: bool,
 }
 
 fn ifindex_of(sys: &dyn Sys, ns: Ns, name: &str) -> Result<u32> {
@@ -248,30 +378,57 @@ fn ifindex_of(sys: &dyn Sys, ns: Ns, name: &str) -> Result<u32> {
 pub fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<VethLayout> {
     let name = |role: &str| format!("{NS_PREFIX}{id}-{role}");
     let (s, r, d) = (name("sender"), name("router"), name("receiver"));
+    let mut ipv6 = true;
     for ns in [&s, &r, &d] {
         undo.create_netns(sys, ns)?;
-        prepare_ns(sys, ns)?;
+        ipv6 &= prepare_ns(sys, ns)?;
     }
     let (sn, rn, dn) = (Ns::Named(&s), Ns::Named(&r), Ns::Named(&d));
     sys.add_veth(rn, ROUTER_IN_VETH, SENDER_VETH)?;
     sys.add_veth(rn, ROUTER_OUT_VETH, RECEIVER_VETH)?;
     sys.move_link(rn, SENDER_VETH, sn)?;
     sys.move_link(rn, RECEIVER_VETH, dn)?;
-    for (dev, addr) in [
-        (ROUTER_IN_VETH, ROUTER_IN_ADDR),
-        (ROUTER_OUT_VETH, ROUTER_OUT_ADDR),
+    for (dev, addr, addr6) in [
+        (ROUTER_IN_VETH, ROUTER_IN_ADDR, ROUTER_IN_ADDR6),
+        (ROUTER_OUT_VETH, ROUTER_OUT_ADDR, ROUTER_OUT_ADDR6),
     ] {
         sys.add_addr(rn, dev, v4(addr))?;
+        if ipv6 {
+            sys.add_addr(rn, dev, v6(addr6))?;
+        }
         sys.set_up(rn, dev, true)?;
     }
     sys.set_sysctl(rn, "net.ipv4.ip_forward", "1")?;
-    for (ns, dev, addr, gw) in [
-        (sn, SENDER_VETH, SENDER_ADDR, ROUTER_IN_ADDR),
-        (dn, RECEIVER_VETH, RECEIVER_ADDR, ROUTER_OUT_ADDR),
+    if ipv6 {
+        sys.set_sysctl(rn, "net.ipv6.conf.all.forwarding", "1")?;
+    }
+    for (ns, dev, addr, gw, addr6, gw6) in [
+        (
+            sn,
+            SENDER_VETH,
+            SENDER_ADDR,
+            ROUTER_IN_ADDR,
+            SENDER_ADDR6,
+            ROUTER_IN_ADDR6,
+        ),
+        (
+            dn,
+            RECEIVER_VETH,
+            RECEIVER_ADDR,
+            ROUTER_OUT_ADDR,
+            RECEIVER_ADDR6,
+            ROUTER_OUT_ADDR6,
+        ),
     ] {
         sys.add_addr(ns, dev, v4(addr))?;
+        if ipv6 {
+            sys.add_addr(ns, dev, v6(addr6))?;
+        }
         sys.set_up(ns, dev, true)?;
         sys.add_route(ns, &Route::default_via(IpAddr::V4(gw)))?;
+        if ipv6 {
+            sys.add_route(ns, &Route::default_via(IpAddr::V6(gw6)))?;
+        }
     }
     Ok(VethLayout {
         sender_if: ifindex_of(sys, sn, SENDER_VETH)?,
@@ -281,6 +438,7 @@ pub fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<VethLayout
         sender: s,
         router: r,
         receiver: d,
+        ipv6,
     })
 }
 
@@ -291,6 +449,8 @@ pub struct PairLayout {
     pub receiver: String,
     pub sender_if: u32,
     pub receiver_if: u32,
+    /// The IPv6 addresses are on too (the kernel has IPv6).
+    pub ipv6: bool,
 }
 
 /// Moves `tx_if`/`rx_if` into fresh sender/receiver namespaces through
@@ -320,14 +480,15 @@ pub fn build_nic_pair(
     }
     let name = |role: &str| format!("{NS_PREFIX}{id}-{role}");
     let (s, d) = (name("sender"), name("receiver"));
+    let mut ipv6 = true;
     for ns in [&s, &d] {
         undo.create_netns(sys, ns)?;
-        prepare_ns(sys, ns)?;
+        ipv6 &= prepare_ns(sys, ns)?;
     }
-    for (mut b, (ns, addr)) in before
-        .into_iter()
-        .zip([(&s, PAIR_TX_ADDR), (&d, PAIR_RX_ADDR)])
-    {
+    for (mut b, (ns, addr, addr6)) in before.into_iter().zip([
+        (&s, PAIR_TX_ADDR, PAIR_TX_ADDR6),
+        (&d, PAIR_RX_ADDR, PAIR_RX_ADDR6),
+    ]) {
         b.netns = ns.clone();
         let dev = b.name.clone();
         undo.borrow(b)?;
@@ -338,6 +499,9 @@ pub fn build_nic_pair(
             ))
         })?;
         sys.add_addr(Ns::Named(ns), &dev, v4(addr))?;
+        if ipv6 {
+            sys.add_addr(Ns::Named(ns), &dev, v6(addr6))?;
+        }
         sys.set_up(Ns::Named(ns), &dev, true)?;
     }
     Ok(PairLayout {
@@ -345,6 +509,7 @@ pub fn build_nic_pair(
         receiver_if: ifindex_of(sys, Ns::Named(&d), rx_if)?,
         sender: s,
         receiver: d,
+        ipv6,
     })
 }
 
@@ -357,19 +522,30 @@ impl Testbed {
         let id = new_id();
         let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::Veth)?));
         let l = build_veth(sys.as_ref(), &id, &mut undo)?;
-        let iface = |name: &str, ifindex, addr| Iface {
+        let iface = |name: &str, ifindex, addr, addr6| Iface {
             name: name.to_string(),
             ifindex,
             addr,
             prefix_len: 24,
+            addr6: l.ipv6.then_some(addr6),
         };
         Ok(Self {
             id,
             kind: Kind::Veth,
-            sender_if: iface(SENDER_VETH, l.sender_if, SENDER_ADDR),
-            receiver_if: iface(RECEIVER_VETH, l.receiver_if, RECEIVER_ADDR),
-            router_in: Some(iface(ROUTER_IN_VETH, l.router_in, ROUTER_IN_ADDR)),
-            router_out: Some(iface(ROUTER_OUT_VETH, l.router_out, ROUTER_OUT_ADDR)),
+            sender_if: iface(SENDER_VETH, l.sender_if, SENDER_ADDR, SENDER_ADDR6),
+            receiver_if: iface(RECEIVER_VETH, l.receiver_if, RECEIVER_ADDR, RECEIVER_ADDR6),
+            router_in: Some(iface(
+                ROUTER_IN_VETH,
+                l.router_in,
+                ROUTER_IN_ADDR,
+                ROUTER_IN_ADDR6,
+            )),
+            router_out: Some(iface(
+                ROUTER_OUT_VETH,
+                l.router_out,
+                ROUTER_OUT_ADDR,
+                ROUTER_OUT_ADDR6,
+            )),
             sender: Netns::open(&l.sender)?,
             receiver: Netns::open(&l.receiver)?,
             router: Some(Netns::open(&l.router)?),
@@ -398,12 +574,14 @@ impl Testbed {
                 ifindex: l.sender_if,
                 addr: PAIR_TX_ADDR,
                 prefix_len: 24,
+                addr6: l.ipv6.then_some(PAIR_TX_ADDR6),
             },
             receiver_if: Iface {
                 name: rx_if.into(),
                 ifindex: l.receiver_if,
                 addr: PAIR_RX_ADDR,
                 prefix_len: 24,
+                addr6: l.ipv6.then_some(PAIR_RX_ADDR6),
             },
             router_in: None,
             router_out: None,

@@ -44,17 +44,31 @@ fn veth_build_makes_these_calls_in_this_order() {
         h("rtprobe-abc-receiver"),
     );
     let prep = |ns: &String| {
-        vec![
-            Call::CreateNetns(ns.clone()),
-            Call::SetSysctl(ns.clone(), h("net.ipv6.conf.all.disable_ipv6"), h("1")),
-            Call::SetSysctl(ns.clone(), h("net.ipv6.conf.default.disable_ipv6"), h("1")),
-            Call::SetUp(ns.clone(), h("lo"), true),
-        ]
+        let mut v = vec![Call::CreateNetns(ns.clone())];
+        for (k, val) in [
+            ("net.ipv6.conf.all.disable_ipv6", "0"),
+            ("net.ipv6.conf.default.disable_ipv6", "0"),
+            ("net.ipv6.conf.all.accept_dad", "0"),
+            ("net.ipv6.conf.default.accept_dad", "0"),
+            ("net.ipv6.conf.default.router_solicitations", "0"),
+            ("net.ipv6.conf.default.accept_ra", "0"),
+        ] {
+            v.push(Call::SetSysctl(ns.clone(), h(k), h(val)));
+        }
+        v.push(Call::SetUp(ns.clone(), h("lo"), true));
+        v
     };
     let a = |ip: [u8; 4]| Addr {
         addr: IpAddr::V4(Ipv4Addr::from(ip)),
         prefix_len: 24,
     };
+    // One unique-local /64 per link next to each IPv4 /24.
+    let a6 = |link: u16, host: u16| Addr {
+        addr: IpAddr::V6(Ipv6Addr::new(0xfd71, link, 0, 0, 0, 0, 0, host)),
+        prefix_len: 64,
+    };
+    let gw6 =
+        |link: u16| Route::default_via(IpAddr::V6(Ipv6Addr::new(0xfd71, link, 0, 0, 0, 0, 0, 1)));
     let mut want = Vec::new();
     for ns in [&s, &r, &d] {
         want.extend(prep(ns));
@@ -65,17 +79,25 @@ fn veth_build_makes_these_calls_in_this_order() {
         Call::MoveLink(r.clone(), h("veth-snd"), s.clone()),
         Call::MoveLink(r.clone(), h("veth-rcv"), d.clone()),
         Call::AddAddr(r.clone(), h("veth-rin"), a([10, 71, 1, 1])),
+        Call::AddAddr(r.clone(), h("veth-rin"), a6(1, 1)),
         Call::SetUp(r.clone(), h("veth-rin"), true),
         Call::AddAddr(r.clone(), h("veth-rout"), a([10, 71, 2, 1])),
+        Call::AddAddr(r.clone(), h("veth-rout"), a6(2, 1)),
         Call::SetUp(r.clone(), h("veth-rout"), true),
         Call::SetSysctl(r.clone(), h("net.ipv4.ip_forward"), h("1")),
+        Call::SetSysctl(r.clone(), h("net.ipv6.conf.all.forwarding"), h("1")),
         Call::AddAddr(s.clone(), h("veth-snd"), a([10, 71, 1, 2])),
+        Call::AddAddr(s.clone(), h("veth-snd"), a6(1, 2)),
         Call::SetUp(s.clone(), h("veth-snd"), true),
         Call::AddRoute(s.clone(), Route::default_via(IpAddr::V4(ROUTER_IN_ADDR))),
+        Call::AddRoute(s.clone(), gw6(1)),
         Call::AddAddr(d.clone(), h("veth-rcv"), a([10, 71, 2, 2])),
+        Call::AddAddr(d.clone(), h("veth-rcv"), a6(2, 2)),
         Call::SetUp(d.clone(), h("veth-rcv"), true),
         Call::AddRoute(d.clone(), Route::default_via(IpAddr::V4(ROUTER_OUT_ADDR))),
+        Call::AddRoute(d.clone(), gw6(2)),
     ]);
+    assert!(l.ipv6);
     assert_eq!(sys.changes(), want);
     // Dropping the undo list removes the namespaces, newest first.
     drop(undo);
@@ -111,12 +133,21 @@ fn veth_build_failing_at_any_step_removes_what_it_made_in_reverse() {
                 err.to_string().contains("injected failure"),
                 "step {k}: {err:#}"
             ),
-            // Switching IPv6 off is best effort (a kernel without IPv6).
-            Ok(_) => assert!(
-                matches!(&sys.changes()[k], Call::SetSysctl(_, key, _) if key.contains("ipv6")),
-                "step {k} failed and the build went on: {:?}",
-                sys.changes()[k]
-            ),
+            // Preparing IPv6 is best effort (a kernel without IPv6): the
+            // testbed is then IPv4 only, with no IPv6 address anywhere.
+            Ok(l) => {
+                assert!(
+                    matches!(&sys.changes()[k], Call::SetSysctl(_, key, _) if key.contains("ipv6.conf")),
+                    "step {k} failed and the build went on: {:?}",
+                    sys.changes()[k]
+                );
+                assert!(!l.ipv6, "step {k}");
+                assert!(
+                    !sys.changes().iter().any(|c| matches!(c,
+                        Call::AddAddr(_, _, a) if a.addr.is_ipv6())),
+                    "step {k}: IPv6 addresses on an IPv4-only testbed"
+                );
+            }
         }
         let created: Vec<String> = sys
             .changes()

@@ -165,6 +165,8 @@ pub struct ProbeContext {
     /// UDP payload bytes.
     pub size: usize,
     pub interval: Duration,
+    /// The probes go over IPv6 (`--ip 6`): a 40-byte IP header, not 20.
+    pub ipv6: bool,
 }
 
 impl Default for ProbeContext {
@@ -174,6 +176,7 @@ impl Default for ProbeContext {
             port: 5061,
             size: 64,
             interval: Duration::from_millis(1),
+            ipv6: false,
         }
     }
 }
@@ -181,8 +184,14 @@ impl Default for ProbeContext {
 impl ProbeContext {
     /// Bits per second the probe flow puts on an Ethernet wire.
     pub fn wire_rate(&self, overhead_bytes: u32) -> Rate {
-        let per_pkt =
-            self.size as u64 + shaping::UDP_IPV4_ETH_HEADERS as u64 + overhead_bytes as u64;
+        let ip_extra = if self.ipv6 {
+            shaping::IPV6_EXTRA_HEADER_BYTES
+        } else {
+            0
+        };
+        let per_pkt = self.size as u64
+            + (shaping::UDP_IPV4_ETH_HEADERS + ip_extra) as u64
+            + overhead_bytes as u64;
         let secs = self.interval.as_secs_f64().max(1e-9);
         Rate::from_bps((per_pkt as f64 * 8.0 / secs).round() as u64)
     }
@@ -258,6 +267,7 @@ impl Knobs {
             port,
             size,
             interval,
+            ipv6: false,
         };
     }
 
@@ -908,11 +918,15 @@ mod tests {
 
     #[test]
     fn probe_wire_rate() {
-        let p = ProbeContext {
+        let mut p = ProbeContext {
             port: 5061,
             size: 1470,
             interval: Duration::from_millis(1),
+            ipv6: false,
         };
         assert_eq!(p.wire_rate(24).bps, 1536 * 8 * 1000);
+        // IPv6's header is 20 bytes longer.
+        p.ipv6 = true;
+        assert_eq!(p.wire_rate(24).bps, 1556 * 8 * 1000);
     }
 }

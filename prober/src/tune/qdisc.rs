@@ -1321,6 +1321,7 @@ mod tests {
                 port: 5061,
                 size: 200,
                 interval: Duration::from_millis(10),
+                ipv6: false,
             },
         }
     }

@@ -52,6 +52,8 @@ pub const DEFAULT_WIRE_OVERHEAD: u32 = 24;
 /// L2 header (14) + IPv4 (20) + UDP (8): what a UDP payload costs on top
 /// in the frame the shaper sees.
 pub const UDP_IPV4_ETH_HEADERS: u32 = 14 + 20 + 8;
+/// What an IPv6 header (40) adds over IPv4's (20).
+pub const IPV6_EXTRA_HEADER_BYTES: u32 = 20;
 
 /// A full-size Ethernet frame without FCS, as the qdisc sees it.
 pub const MTU_FRAME: u64 = 1514;

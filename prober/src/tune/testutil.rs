@@ -63,6 +63,7 @@ fn iface(ns: &Netns, name: &str, addr: Ipv4Addr) -> Result<Iface> {
         ifindex,
         addr,
         prefix_len: 24,
+        addr6: None,
     })
 }
 
