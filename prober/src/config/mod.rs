@@ -406,6 +406,12 @@ fn toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     if let Some(located) = probe_key_error(file, text) {
         return located;
     }
+    located_toml_error(file, text, e)
+}
+
+/// "FILE:LINE:COL: key: message" for any TOML file read with serde (the
+/// bench-forward sweep files too): the error's span, and the key around it.
+pub(crate) fn located_toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     let msg = e.message().trim().replace('\n', " ");
     match e.span() {
         Some(s) => {

@@ -18,6 +18,7 @@
 //! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
 pub mod axis;
+pub mod bench;
 pub mod dist;
 pub mod draw;
 pub mod hdrlog;
@@ -327,6 +328,16 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
     for p in &opts.inputs {
         read::check_input(p)?;
     }
+    let reports = opts.inputs.iter().filter(|p| is_bench_report(p)).count();
+    if reports == opts.inputs.len() {
+        return bench::plot(opts);
+    }
+    if reports > 0 {
+        bail!(
+            "a bench-forward JSON report and probe CSVs were given together: plot the report on \
+             its own (rtprobe plot FILE.json)"
+        );
+    }
     prepare_out_dir(&opts.out_dir)?;
 
     let want = |m: Metric| {
@@ -500,6 +511,15 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
 }
 
 /// Creates the output directory and proves it writable before any work.
+/// Whether a file starts as a `bench-forward --json` report.
+fn is_bench_report(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(512);
+    fs::File::open(path)
+        .and_then(|f| f.take(512).read_to_end(&mut head))
+        .is_ok_and(|_| bench::sniff(&head))
+}
+
 fn prepare_out_dir(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| {
         format!(
