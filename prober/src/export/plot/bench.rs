@@ -26,13 +26,21 @@ use super::{
     draw::{FAMILY, Ticked, color, font, register_font},
 };
 
-/// Whether the start of a file is a bench-forward JSON report (its first
-/// keys: `machine`, then `testbed_ids`).
-pub fn sniff(head: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(head);
-    text.trim_start().starts_with('{')
-        && text.contains("\"machine\"")
-        && text.contains("\"testbed_ids\"")
+/// Whether a file's text is a bench-forward JSON report: a JSON object
+/// with its `machine`, `testbed_ids` and `steps` (in any order).
+pub fn sniff(text: &[u8]) -> bool {
+    let starts_as_object = text
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'{');
+    starts_as_object
+        && serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(text).is_ok_and(
+            |m| {
+                ["machine", "testbed_ids", "steps"]
+                    .iter()
+                    .all(|k| m.contains_key(*k))
+            },
+        )
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -192,7 +200,7 @@ pub fn panels(r: &Report) -> Vec<Panel> {
                 let mut points: Vec<(f64, f64)> = plain
                     .iter()
                     .filter(|s| s.mode == m)
-                    .map(|s| (s.size as f64, s.forwarded_pps / MPPS))
+                    .map(|s| ((s.size as f64).log2(), s.forwarded_pps / MPPS))
                     .collect();
                 points.sort_by(|a, b| a.0.total_cmp(&b.0));
                 Line {
@@ -203,14 +211,16 @@ pub fn panels(r: &Report) -> Vec<Panel> {
                 }
             })
             .collect();
-        let (lo, hi) = (sizes[0] as f64, *sizes.last().expect("not empty") as f64);
-        let pad = ((hi - lo) * 0.05).max(20.0);
+        // Log2: the thesis's sizes (64, 128 ... 1500) evenly apart.
+        let sizes: Vec<f64> = sizes.into_iter().map(|s| s as f64).collect();
+        let (lo, hi) = (sizes[0].log2(), sizes.last().expect("not empty").log2());
+        let pad = ((hi - lo) * 0.05).max(0.15);
         out.push(Panel {
             title: "Router hop by packet size".into(),
-            x_desc: "IP packet size (bytes)".into(),
+            x_desc: "IP packet size (bytes, log2 scale)".into(),
             y_desc: "Forwarded (million packets/s)".into(),
             x_range: (lo - pad, hi + pad),
-            x_ticks: sizes.iter().map(|&s| (s as f64, s.to_string())).collect(),
+            x_ticks: log_ticks(&sizes, 2.0),
             y_max: y_top(&lines, lines.len()),
             lines,
             dashed_means: None,
@@ -325,8 +335,13 @@ pub fn notes(r: &Report) -> Vec<String> {
         }
     )];
     if let Some(p) = &r.perf_note {
-        let first = p.split(" (").next().unwrap_or(p);
-        n.push(first.to_string());
+        n.push(if p.contains("no hardware event") {
+            "perf stat: this machine counts no hardware event (no PMU in this VM), so IPC, \
+             branch and L1 misses are unknown"
+                .to_string()
+        } else {
+            p.chars().take(160).collect()
+        });
     }
     n
 }
@@ -551,7 +566,7 @@ mod tests {
                 loadavg_at_start: 3.5,
             },
             rt_priority: Some(50),
-            perf_note: Some("perf stat ran, but no PMU (details)".into()),
+            perf_note: Some("perf stat ran, but this machine counts no hardware event (x)".into()),
             steps: vec![
                 step("off", None, 64, 300e3),
                 step("native", None, 64, 700e3),
@@ -576,7 +591,10 @@ mod tests {
     #[test]
     fn sniffs_bench_reports_only() {
         assert!(sniff(
-            b"{\n  \"machine\": {\"cpus\": 2},\n  \"testbed_ids\": []"
+            b" {\"steps\": [], \"machine\": {\"cpus\": 2}, \"testbed_ids\": []}"
+        ));
+        assert!(!sniff(
+            b"{\"machine\": {}, \"testbed_ids\": [], \"steps\": "
         ));
         assert!(!sniff(b"# rtprobe 0.1\nseq,flow\n"));
         assert!(!sniff(b"{\"sent\": 10, \"received\": 9}"));
@@ -589,7 +607,11 @@ mod tests {
         // Sizes: flat-out steps of the router itself, per mode, by size.
         assert_eq!(p[0].lines.len(), 2);
         assert_eq!(p[0].lines[1].label, "XDP native");
-        assert_eq!(p[0].lines[1].points, vec![(64.0, 0.7), (1500.0, 0.6)]);
+        assert_eq!(
+            p[0].lines[1].points,
+            vec![(6.0, 0.7), (1500f64.log2(), 0.6)]
+        );
+        assert_eq!(p[0].x_ticks[0], (6.0, "64".into()));
         assert_eq!(p[0].x_ticks.len(), 2);
         // Work: the smallest size with work steps, log10 x, paced steps left out.
         assert_eq!(p[1].title, "Per-packet work, 64 B packets");
@@ -627,7 +649,7 @@ mod tests {
             "AF_XDP (user space)",
             "dashed: per core the device used",
             "load average 3.50",
-            "perf stat ran, but no PMU",
+            "no hardware event (no PMU in this VM)",
             "Forwarded (million packets/s)",
         ] {
             assert!(svg.contains(text), "{text} missing");

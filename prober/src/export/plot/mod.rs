@@ -511,13 +511,18 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
 }
 
 /// Creates the output directory and proves it writable before any work.
-/// Whether a file starts as a `bench-forward --json` report.
+/// Whether a file is a `bench-forward --json` report (only a file that
+/// starts with `{` is read whole: CSVs and logs are told at once).
 fn is_bench_report(path: &Path) -> bool {
     use std::io::Read;
-    let mut head = Vec::with_capacity(512);
-    fs::File::open(path)
-        .and_then(|f| f.take(512).read_to_end(&mut head))
-        .is_ok_and(|_| bench::sniff(&head))
+    let Ok(mut f) = fs::File::open(path) else {
+        return false;
+    };
+    let mut first = [0u8; 1];
+    if f.read(&mut first).map_or(true, |n| n == 0) || first[0] != b'{' {
+        return false;
+    }
+    fs::read(path).is_ok_and(|text| bench::sniff(&text))
 }
 
 fn prepare_out_dir(dir: &Path) -> Result<()> {
