@@ -137,12 +137,12 @@ fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode
     })?;
     crate::testbed::require_root()?;
     // Before the run, not after minutes of it.
-    if let Some(dir) = plan.json.as_deref().and_then(|j| j.parent()) {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).with_context(|| {
-                format!("cannot create {} for --json: check the path", dir.display())
-            })?;
-        }
+    if let Some(dir) = plan.json.as_deref().and_then(|j| j.parent())
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!("cannot create {} for --json: check the path", dir.display())
+        })?;
     }
     let quiet = plan.quiet;
     let p = plan.clone();
