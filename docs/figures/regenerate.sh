@@ -28,7 +28,7 @@ count=${COUNT:-5000}
 #    example-one-way-percentiles.svg, example-stages.svg
 
 # docs/STUDIES.md, study 3 (the XDP thesis's axes): THESIS=1 reruns the
-# sweep of configs/xdp-thesis.toml (about 6 minutes); otherwise the figure
+# sweep of configs/xdp-thesis.toml (about 5 minutes); otherwise the figure
 # is redrawn from the stored report, which needs no root.
 if [ "${THESIS:-0}" = 1 ]; then
     "$rtprobe" bench-forward --config "$here/../../configs/xdp-thesis.toml" \

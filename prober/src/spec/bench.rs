@@ -151,7 +151,19 @@ impl BenchForwardArgs {
 
     /// Parses a sweep file's text (no system access).
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
-        toml::from_str::<Self>(text).map_err(|e| crate::config::located_toml_error(path, text, &e))
+        toml::from_str::<Self>(text).map_err(|e| {
+            let scenario = toml::from_str::<toml::Table>(text)
+                .is_ok_and(|t| ["probe", "knobs", "set"].iter().any(|k| t.contains_key(*k)));
+            if scenario {
+                anyhow::anyhow!(
+                    "{} is a scenario file, not a bench-forward sweep: run `rtprobe run {}`",
+                    path.display(),
+                    path.display()
+                )
+            } else {
+                crate::config::located_toml_error(path, text, &e)
+            }
+        })
     }
 }
 
@@ -211,6 +223,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("t.toml:2:") && e.contains("step"), "{e}");
+        let e = BenchForwardArgs::parse(Path::new("s.toml"), "[probe]\nsizes = [64]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("scenario file") && e.contains("rtprobe run s.toml"),
+            "{e}"
+        );
         // The config flag is not a key of the file.
         assert!(BenchForwardArgs::parse(Path::new("t.toml"), "config = \"x\"\n").is_err());
     }
