@@ -357,3 +357,91 @@ fn reflect_refuses_a_port_already_in_use() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn bench_forward_config_errors_name_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(&file, "step = \"2s\"\nperf_stats = true\n").unwrap();
+    let f = file.to_str().unwrap();
+    let (code, _, err) = run(&["bench-forward", "--config", f]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("sweep.toml:2:1: perf_stats: unknown field"),
+        "{err}"
+    );
+    // A bad value in the file is refused before anything runs; the same
+    // key given on the command line wins over the file.
+    std::fs::write(&file, "modes = [\"native\"]\nwork = [0]\n").unwrap();
+    let (code, _, err) = run(&["bench-forward", "--config", f]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--work 0 is out of range"), "{err}");
+    let (code, _, err) = run(&[
+        "bench-forward",
+        "--config",
+        f,
+        "--work",
+        "1",
+        "--step",
+        "1ms",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--step 1ms is too short"), "{err}");
+    let (code, _, err) = run(&["bench-forward", "--config", "/nonexistent/sweep.toml"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("check the path"), "{err}");
+}
+
+#[test]
+fn plot_draws_a_bench_forward_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("thesis.json");
+    let step = |mode: &str, work: Option<u32>, size: u32, pps: f64| {
+        serde_json::json!({"mode": mode, "work": work, "size": size, "load_pct": 100,
+                           "forwarded_pps": pps})
+    };
+    let bounce = |hook: &str, queues: u32, pps: f64| {
+        serde_json::json!({"hook": hook, "queues": queues, "size": 64, "bounced_pps": pps,
+                           "bounced_pps_per_core": pps * 1.2})
+    };
+    let report = serde_json::json!({
+        "machine": {"cpus": 2, "cpu_model": "Test CPU", "kernel": "6.18", "loadavg_at_start": 2.5},
+        "testbed_ids": ["t1"],
+        "rt_priority": 50,
+        "steps": [step("off", None, 64, 3e5), step("native", None, 64, 7e5),
+                  step("native", Some(1), 64, 6e5), step("native", Some(12800), 64, 4e4)],
+        "bounce": [bounce("native", 1, 2e6), bounce("native", 2, 2.9e6),
+                   bounce("afxdp", 1, 4e5), bounce("afxdp", 2, 5e5)],
+        "perf_note": null
+    });
+    std::fs::write(&json, serde_json::to_string_pretty(&report).unwrap()).unwrap();
+    let out = dir.path().join("fig");
+    let (code, stdout, err) = run(&[
+        "plot",
+        json.to_str().unwrap(),
+        "--format",
+        "svg,png",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let svg = out.join("thesis-forwarding.svg");
+    assert!(stdout.contains(svg.to_str().unwrap()), "{stdout}");
+    assert!(out.join("thesis-forwarding.png").is_file(), "{stdout}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for want in [
+        "Memory accesses per packet (log scale)",
+        "12800",
+        "AF_XDP (user space)",
+        "load average 2.50",
+    ] {
+        assert!(text.contains(want), "{want} missing from the figure");
+    }
+    // A report is drawn on its own, not mixed with probe CSVs.
+    let csv = dir.path().join("x.csv");
+    std::fs::write(&csv, "seq\n").unwrap();
+    let (code, _, err) = run(&["plot", json.to_str().unwrap(), csv.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("on its own"), "{err}");
+}

@@ -26,3 +26,14 @@ count=${COUNT:-5000}
     --out-dir "$here" --prefix example --metric one-way
 # -> example-one-way-box.svg, example-one-way-cdf.svg, example-one-way-time.svg,
 #    example-one-way-percentiles.svg, example-stages.svg
+
+# docs/STUDIES.md, study 3 (the XDP thesis's axes): THESIS=1 reruns the
+# sweep of configs/xdp-thesis.toml (about 5 minutes); otherwise the figure
+# is redrawn from the stored report, which needs no root.
+if [ "${THESIS:-0}" = 1 ]; then
+    "$rtprobe" bench-forward --config "$here/../../configs/xdp-thesis.toml" \
+        --json "$here/xdp-thesis.json"
+fi
+"$rtprobe" plot "$here/xdp-thesis.json" --out-dir "$here" --format svg,png \
+    --figure-size 1500x560
+# -> xdp-thesis-forwarding.svg, xdp-thesis-forwarding.png

@@ -131,8 +131,20 @@ pub(crate) fn with_signals<T: Send + 'static>(
 
 fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode> {
     use crate::bench::forward;
-    let plan = forward::Plan::from_args(args)?;
+    let merged = args.with_config_file()?;
+    let plan = forward::Plan::from_args(&merged).with_context(|| match &args.config {
+        Some(f) => format!("{} with the command line over it", f.display()),
+        None => "bench-forward".into(),
+    })?;
     crate::testbed::require_root()?;
+    // Before the run, not after minutes of it.
+    if let Some(dir) = plan.json.as_deref().and_then(|j| j.parent())
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!("cannot create {} for --json: check the path", dir.display())
+        })?;
+    }
     let quiet = plan.quiet;
     let p = plan.clone();
     let report = with_signals(quiet, move |stop| {

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::bench::kinds::{BounceHook, ForwardMode, Generator, Sink};
 use crate::{
     ebpf::{XdpAction, XdpMode},
     export::plot::{FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency},
@@ -96,96 +95,8 @@ pub struct ProbeArgs {
     pub knobs: spec::KnobSpec,
 }
 
-/// A clap parser for a bench choice: the possible values show in --help,
-/// the value becomes the domain type.
-macro_rules! bench_choice {
-    ($ty:ty) => {{
-        use clap::builder::TypedValueParser as _;
-        clap::builder::PossibleValuesParser::new(<$ty>::NAMES)
-            .map(|s| s.parse::<$ty>().expect("a listed name parses"))
-    }};
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct BenchForwardArgs {
-    /// Forwarding variants to measure, in this order.
-    #[arg(long, value_parser = bench_choice!(ForwardMode), value_delimiter = ',', default_values = ["off", "skb", "native", "native-pass"])]
-    pub modes: Vec<ForwardMode>,
-
-    /// IP packet sizes in bytes (64..1500; 1500 fills the MTU).
-    #[arg(long, value_delimiter = ',', default_values_t = [64, 512, 1500])]
-    pub sizes: Vec<usize>,
-
-    /// Load steps: 100 = the generator flat out; below that, percent of what the hop forwarded
-    /// flat out in that mode and size; 0 = probes only.
-    #[arg(long, value_delimiter = ',', default_values_t = [0, 25, 50, 100])]
-    pub load: Vec<u32>,
-
-    /// How long each step lasts.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub step: std::time::Duration,
-
-    /// Load generator: xdp = frames built in the kernel (BPF_PROG_TEST_RUN live frames, as
-    /// xdp-trafficgen does), socket = UDP sendmmsg.
-    #[arg(long, value_parser = bench_choice!(Generator), default_value = "xdp")]
-    pub generator: Generator,
-
-    /// Generator threads.
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
-
-    /// What takes the load at the receiver: xdp = a native XDP program drops it (only the
-    /// router's cost is measured), stack = the receiver's stack.
-    #[arg(long, value_parser = bench_choice!(Sink), default_value = "xdp")]
-    pub sink: Sink,
-
-    /// Per-packet work: memory accesses per packet (1..12800) for a variant of the router that
-    /// does them before forwarding; each value adds a run of every skb/native mode with it.
-    #[arg(long, value_delimiter = ',')]
-    pub work: Vec<u32>,
-
-    /// Also measure the XDP thesis's baseline, a device that bounces every frame back (MACs
-    /// swapped), with these hooks (skb, native: XDP_TX; afxdp: an AF_XDP socket and thread per
-    /// queue in user space), flat out, per queue count.
-    #[arg(long, value_parser = bench_choice!(BounceHook), value_delimiter = ',')]
-    pub bounce: Vec<BounceHook>,
-
-    /// RX/TX queue counts of the bounce device's veth (1..64), each with threaded NAPI.
-    #[arg(long, value_delimiter = ',', default_values_t = [1])]
-    pub queues: Vec<u32>,
-
-    /// Count IPC, branch misses and L1 data-cache misses of the router's (or bounce
-    /// device's) threads with `perf stat` during every flat-out step (skipped with a note
-    /// where perf or the hardware counters are missing).
-    #[arg(long)]
-    pub perf_stat: bool,
-
-    /// Interval of the latency probe that runs during every step.
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
-    pub probe_interval: std::time::Duration,
-
-    /// Keep the router's NAPI polling in softirq on the generator's core instead of a kernel
-    /// thread of its own (the default lets the scheduler put the router on another core).
-    #[arg(long)]
-    pub no_threaded_napi: bool,
-
-    /// Run the generator threads and the router's NAPI thread SCHED_FIFO at this priority (the
-    /// probe's threads one above), so other work on the machine does not take the cores.
-    #[arg(long)]
-    pub rt_priority: Option<u8>,
-
-    /// Write every step's figures as JSON to this path.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-
-    /// Keep each step's probe CSV in this directory.
-    #[arg(long)]
-    pub csv_dir: Option<PathBuf>,
-
-    /// Print only the final table.
-    #[arg(short, long)]
-    pub quiet: bool,
-}
+/// `bench-forward`'s options: one spec for the command line and `--config FILE`.
+pub use crate::spec::bench::BenchForwardArgs;
 
 #[derive(Debug, Clone, Args)]
 pub struct TestbedArgs {
@@ -281,11 +192,14 @@ pub struct ManArgs {
         rtprobe plot baseline.csv fq_codel.csv --kind stages,percentiles --format png\n  \
         rtprobe plot baseline.csv xdp.csv --label 'XDP off' --label 'XDP native' --log\n  \
         rtprobe plot runs/*.csv --group-by interval --split-by size --metric rtt --kind box\n  \
-        rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms"
+        rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms\n  \
+        rtprobe plot results/xdp-thesis.json --format svg,png"
 )]
 pub struct PlotArgs {
     /// rtprobe CSV files, or HdrHistogram interval logs (told apart by their content); several
-    /// are drawn on the same axes (first red, second blue).
+    /// are drawn on the same axes (first red, second blue). A `bench-forward --json` report is
+    /// drawn on its own as PREFIX-forwarding: packets/s by size, by per-packet work and by
+    /// queue count (panels at least 480 px wide each).
     #[arg(required = true, value_name = "CSV")]
     pub csv: Vec<PathBuf>,
 

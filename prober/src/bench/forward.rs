@@ -84,8 +84,62 @@ pub struct Plan {
     pub quiet: bool,
 }
 
+/// `bench-forward`'s options with every default filled in.
+struct Resolved {
+    modes: Vec<ForwardMode>,
+    sizes: Vec<usize>,
+    load: Vec<u32>,
+    step: Duration,
+    generator: Generator,
+    threads: usize,
+    sink: Sink,
+    work: Vec<u32>,
+    bounce: Vec<BounceHook>,
+    queues: Vec<u32>,
+    perf_stat: bool,
+    probe_interval: Duration,
+    threaded_napi: bool,
+    rt_priority: Option<u8>,
+    json: Option<PathBuf>,
+    csv_dir: Option<PathBuf>,
+    quiet: bool,
+}
+
+impl Resolved {
+    /// The defaults `--help` states.
+    fn of(a: &BenchForwardArgs) -> Self {
+        use ForwardMode::{Native, NativePass, Off, Skb};
+        Self {
+            modes: a
+                .modes
+                .clone()
+                .unwrap_or_else(|| vec![Off, Skb, Native, NativePass]),
+            sizes: a.sizes.clone().unwrap_or_else(|| vec![64, 512, 1500]),
+            load: a.load.clone().unwrap_or_else(|| vec![0, 25, 50, 100]),
+            step: a.step.unwrap_or(Duration::from_secs(2)),
+            generator: a.generator.unwrap_or(Generator::Xdp),
+            threads: a.threads.unwrap_or(1),
+            sink: a.sink.unwrap_or(Sink::Xdp),
+            work: a.work.clone().unwrap_or_default(),
+            bounce: a.bounce.clone().unwrap_or_default(),
+            queues: a.queues.clone().unwrap_or_else(|| vec![1]),
+            perf_stat: a.perf_stat.unwrap_or(false),
+            probe_interval: a.probe_interval.unwrap_or(Duration::from_millis(1)),
+            threaded_napi: !a.no_threaded_napi.unwrap_or(false),
+            rt_priority: a.rt_priority,
+            json: a.json.clone(),
+            csv_dir: a.csv_dir.clone(),
+            quiet: a.quiet.unwrap_or(false),
+        }
+    }
+}
+
 impl Plan {
+    /// Fills in the defaults of what `a` leaves unset and validates. `a`
+    /// is the command line with its `--config` file already under it
+    /// ([`BenchForwardArgs::with_config_file`]).
     pub fn from_args(a: &BenchForwardArgs) -> Result<Self> {
+        let a = Resolved::of(a);
         if a.modes.is_empty() {
             bail!("--modes is empty: give e.g. off,skb,native");
         }
@@ -176,17 +230,17 @@ impl Plan {
             bounce,
             queues,
             perf_stat: a.perf_stat,
-            sizes: a.sizes.clone(),
+            sizes: a.sizes,
             loads,
             step: a.step,
             generator: a.generator,
             threads: a.threads,
             sink: a.sink,
             probe_interval: a.probe_interval,
-            threaded_napi: !a.no_threaded_napi,
+            threaded_napi: a.threaded_napi,
             rt_priority: a.rt_priority,
-            json: a.json.clone(),
-            csv_dir: a.csv_dir.clone(),
+            json: a.json,
+            csv_dir: a.csv_dir,
             quiet: a.quiet,
         })
     }

@@ -26,6 +26,14 @@ macro_rules! named_enum {
             }
         }
 
+        /// Read from its name, with the command line's error words.
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <String as serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
         impl FromStr for $ty {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {

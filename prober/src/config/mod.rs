@@ -406,6 +406,12 @@ fn toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     if let Some(located) = probe_key_error(file, text) {
         return located;
     }
+    located_toml_error(file, text, e)
+}
+
+/// "FILE:LINE:COL: key: message" for any TOML file read with serde (the
+/// bench-forward sweep files too): the error's span, and the key around it.
+pub(crate) fn located_toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     let msg = e.message().trim().replace('\n', " ");
     match e.span() {
         Some(s) => {
@@ -469,7 +475,18 @@ impl Scenario {
     /// cell that cannot run is refused here, naming the key and line (or
     /// the flag), before anything is built.
     pub fn parse_with(path: &Path, text: &str, over: &Overrides) -> Result<Self> {
-        let f: ScenarioFile = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
+        let f: ScenarioFile = toml::from_str(text).map_err(|e| {
+            if crate::spec::bench::BenchForwardArgs::parse(path, text).is_ok() {
+                anyhow!(
+                    "{} is a bench-forward sweep, not a scenario: run `sudo rtprobe \
+                     bench-forward --config {}`",
+                    path.display(),
+                    path.display()
+                )
+            } else {
+                toml_error(path, text, &e)
+            }
+        })?;
         let loc = |p: &[&str], m: &dyn fmt::Display| located(path, text, p, m);
         // serde hands every key of [probe] to the catch-all; the specs' own
         // keys are not unknown.

@@ -28,6 +28,7 @@
 //! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
 //! [`values`].
 
+pub mod bench;
 pub mod continuous;
 pub mod flows;
 pub mod knobs;

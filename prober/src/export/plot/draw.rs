@@ -32,9 +32,9 @@ use super::{
 /// backend has no font of its own, and shipping one keeps rtprobe a single
 /// file that renders the same everywhere.
 static FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
-const FAMILY: &str = "sans-serif";
+pub(super) const FAMILY: &str = "sans-serif";
 
-fn register_font() {
+pub(super) fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The bytes are a font we ship; failing to parse them is a build
@@ -214,14 +214,14 @@ pub fn percentile_ticks(x_max: f64) -> Vec<(f64, String)> {
 /// positions (category centres, 1-2-5 ticks, log decades): plotters'
 /// `WithKeyPoints` cannot take a label formatter, this can.
 #[derive(Debug, Clone)]
-struct Ticked {
+pub(super) struct Ticked {
     lo: f64,
     hi: f64,
     ticks: Vec<f64>,
 }
 
 impl Ticked {
-    fn new(lo: f64, hi: f64, ticks: Vec<f64>) -> Self {
+    pub(super) fn new(lo: f64, hi: f64, ticks: Vec<f64>) -> Self {
         Self { lo, hi, ticks }
     }
 }
@@ -305,7 +305,7 @@ fn caption_style(title: &str, width_px: u32) -> TextStyle<'static> {
     (FAMILY, fit.clamp(11.0, 20.0)).into_font().color(&BLACK)
 }
 
-fn font(size: f64) -> TextStyle<'static> {
+pub(super) fn font(size: f64) -> TextStyle<'static> {
     (FAMILY, size).into_font().color(&BLACK)
 }
 

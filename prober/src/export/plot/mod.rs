@@ -18,6 +18,7 @@
 //! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
 pub mod axis;
+pub mod bench;
 pub mod dist;
 pub mod draw;
 pub mod hdrlog;
@@ -327,6 +328,16 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
     for p in &opts.inputs {
         read::check_input(p)?;
     }
+    let reports = opts.inputs.iter().filter(|p| is_bench_report(p)).count();
+    if reports == opts.inputs.len() {
+        return bench::plot(opts);
+    }
+    if reports > 0 {
+        bail!(
+            "a bench-forward JSON report and probe CSVs were given together: plot the report on \
+             its own (rtprobe plot FILE.json)"
+        );
+    }
     prepare_out_dir(&opts.out_dir)?;
 
     let want = |m: Metric| {
@@ -500,6 +511,20 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
 }
 
 /// Creates the output directory and proves it writable before any work.
+/// Whether a file is a `bench-forward --json` report (only a file that
+/// starts with `{` is read whole: CSVs and logs are told at once).
+fn is_bench_report(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = fs::File::open(path) else {
+        return false;
+    };
+    let mut first = [0u8; 1];
+    if f.read(&mut first).map_or(true, |n| n == 0) || first[0] != b'{' {
+        return false;
+    }
+    fs::read(path).is_ok_and(|text| bench::sniff(&text))
+}
+
 fn prepare_out_dir(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| {
         format!(
