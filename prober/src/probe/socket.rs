@@ -755,3 +755,77 @@ mod rcvbuf_tests {
         assert_eq!(rcvbuf_bytes(Duration::ZERO, s), 512 << 20);
     }
 }
+
+#[cfg(test)]
+mod connected_tests {
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    use super::{ProbeSocket, RecvBatch, SendBatch, TsFlags};
+
+    fn local_port(s: &ProbeSocket) -> u16 {
+        // SAFETY: sockaddr_in is plain old data.
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: getsockname fills a sockaddr_in of the given size.
+        let r = unsafe {
+            libc::getsockname(s.fd(), (&mut sa as *mut libc::sockaddr_in).cast(), &mut len)
+        };
+        assert_eq!(r, 0);
+        u16::from_be(sa.sin_port)
+    }
+
+    #[test]
+    fn a_connected_socket_sends_batches_without_an_address_and_keeps_every_stamp() {
+        let lo = Ipv4Addr::LOCALHOST;
+        let ts = TsFlags {
+            tx: true,
+            rx: true,
+            hardware: false,
+        };
+        let rx = ProbeSocket::bind(SocketAddrV4::new(lo, 0), 0, ts, 1 << 20).unwrap();
+        let dst = SocketAddrV4::new(lo, local_port(&rx));
+        let tx = ProbeSocket::bind(SocketAddrV4::new(lo, 0), 0, ts, 1 << 20).unwrap();
+        tx.connect(dst).unwrap();
+        let mut batch = SendBatch::new(4, 32, dst);
+        for id in [7u32, 8, 9] {
+            batch.push(id)[0] = id as u8;
+        }
+        let mut sent = 0;
+        while sent < batch.len() {
+            sent += tx.send_batch(&mut batch, sent).unwrap();
+        }
+        // Headers without a destination: the socket's own is used.
+        assert!(batch.hdrs[0].msg_hdr.msg_name.is_null());
+        assert_eq!(batch.hdrs[0].msg_hdr.msg_namelen, 0);
+        let mut got = RecvBatch::new(8, 64);
+        let mut payloads = Vec::new();
+        for _ in 0..100 {
+            let n = rx.recv_batch(&mut got, false).unwrap();
+            payloads.extend((0..n).map(|i| got.get(i).0[0]));
+            if payloads.len() == 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(payloads, [7, 8, 9]);
+        // Every datagram's TX stamps carry its own OPT_ID (or the kernel's
+        // counter, 0.. on kernels without per-send ids).
+        let want: Vec<u32> = if tx.per_send_opt_id() {
+            vec![7, 8, 9]
+        } else {
+            vec![0, 1, 2]
+        };
+        let mut ids = Vec::new();
+        for _ in 0..100 {
+            let n = tx.recv_batch(&mut got, true).unwrap();
+            ids.extend((0..n).filter_map(|i| got.get(i).2.tx_stamp().map(|(id, _, _)| id)));
+            if n == 0 && !ids.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids, want);
+    }
+}
