@@ -339,6 +339,10 @@ pub fn run_session(
             rcvbuf_bytes,
         )
     })?;
+    // Every probe goes to `dst` and every echo comes from it.
+    if let Err(e) = tx_sock.connect(dst) {
+        log::info!("probe socket not connected to {dst} ({e}): a route lookup per probe");
+    }
     let done = AtomicBool::new(false);
     let attempts = AtomicU64::new(0);
     let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
