@@ -14,7 +14,12 @@
 //!   can be told to fail chosen ones, so the orchestration above is tested
 //!   without root (the shape of youki's `TestHelperSyscall`).
 //!
-//! Not behind the trait yet: attaching XDP programs (aya, in `ebpf`), the
+//! XDP programs are loaded by `ebpf` (aya) and handed to the trait as a
+//! [`BpfObject`]: attaching, detaching and the device-map entries the
+//! kernel resolves in the caller's namespace all run on the namespace's
+//! worker.
+//!
+//! Not behind the trait yet: the
 //! probe's own sockets and timestamping ioctls (`probe`), the TCP load's
 //! congestion-control sysctl reads (`tune::load`), the queue sampler's own
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]) and
@@ -31,13 +36,17 @@ pub mod netlink;
 mod real;
 pub mod tc;
 
-use std::{fmt, net::IpAddr, sync::Arc};
+use std::{
+    fmt,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
-pub use real::{LinuxSys, NsCtx, linux, linux_static, private_sysfs, release_worker};
+pub use real::{LinuxSys, NsCtx, bpf_errno, linux, linux_static, private_sysfs, release_worker};
 pub use tc::{TcCmd, TcError};
 
 /// Which network namespace a call acts in.
@@ -190,6 +199,91 @@ impl XdpState {
     }
 }
 
+/// The mode flag an XDP attach asks the kernel for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum XdpFlags {
+    /// XDP_FLAGS_SKB_MODE: generic XDP, any driver.
+    Skb,
+    /// XDP_FLAGS_DRV_MODE: in the driver; refused by drivers without it.
+    Drv,
+    /// No mode flag: the kernel picks native where the driver has it.
+    Any,
+}
+
+/// A loaded eBPF object (aya's `Ebpf`), shared with the kernel layer so
+/// that its worker of a namespace can attach the object's XDP programs and
+/// write its device maps there. Tests use a stand-in holding no object.
+#[derive(Clone)]
+pub struct BpfObject(Arc<Mutex<Option<aya::Ebpf>>>);
+
+impl BpfObject {
+    pub fn new(ebpf: aya::Ebpf) -> Self {
+        Self(Arc::new(Mutex::new(Some(ebpf))))
+    }
+
+    /// An object that was never loaded, for orchestration tests against
+    /// the fake (which never looks inside).
+    #[cfg(test)]
+    pub fn stand_in() -> Self {
+        Self(Arc::new(Mutex::new(None)))
+    }
+
+    /// Runs `f` on the loaded object.
+    pub fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_mut() {
+            Some(e) => f(e),
+            None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
+        }
+    }
+}
+
+impl fmt::Debug for BpfObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BpfObject")
+    }
+}
+
+/// One XDP program of a loaded object.
+#[derive(Debug, Clone)]
+pub struct XdpProg {
+    pub obj: BpfObject,
+    /// Its name in the object.
+    pub name: &'static str,
+    /// The kernel's program id (what IFLA_XDP reports once attached).
+    pub id: u32,
+}
+
+/// An XDP attachment made by [`Sys::xdp_attach`]; [`Sys::xdp_detach`]
+/// takes it back. Dropped without that, a bpf_link attachment (Linux >=
+/// 5.9) detaches as its fd closes; a netlink one stays.
+#[derive(Debug)]
+pub struct XdpLink {
+    /// The namespace's name, None for the host.
+    pub netns: Option<String>,
+    pub dev: String,
+    pub ifindex: u32,
+    pub prog_id: u32,
+    /// aya's link (None from the fake).
+    pub(crate) link: Option<aya::programs::xdp::XdpLink>,
+}
+
+impl XdpLink {
+    pub fn ns(&self) -> Ns<'_> {
+        self.netns.as_deref().map_or(Ns::Host, Ns::Named)
+    }
+}
+
+/// Why the kernel refused an XDP attach, with its errno where there is one
+/// (callers choose a fallback or an explanation by it).
+#[derive(Debug, thiserror::Error)]
+#[error("attaching XDP to {dev}: {message}")]
+pub struct XdpAttachError {
+    pub dev: String,
+    pub errno: Option<i32>,
+    pub message: String,
+}
+
 /// An offload feature switched through ethtool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Offload {
@@ -266,6 +360,20 @@ pub trait Sys: Send + Sync {
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String>;
     fn qdiscs(&self, ns: Ns, dev: &str) -> Result<Vec<QdiscInfo>>;
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState>;
+
+    /// Attaches `prog` to `dev` in `ns` (BPF_LINK_CREATE, netlink IFLA_XDP
+    /// before Linux 5.9). A refusal by the kernel is an [`XdpAttachError`];
+    /// a missing `dev` is `Error::InterfaceNotFound`.
+    fn xdp_attach(&self, ns: Ns, dev: &str, prog: &XdpProg, flags: XdpFlags) -> Result<XdpLink>;
+    /// Detaches what [`Sys::xdp_attach`] attached (inside its namespace;
+    /// if the namespace is gone, where the link still lives).
+    fn xdp_detach(&self, link: XdpLink) -> Result<()>;
+    /// Puts `dev`'s ifindex into the DEVMAP_HASH `map` of `obj` (key and
+    /// value) and returns it: the kernel resolves the device in the
+    /// namespace of the writing thread, so this runs in `ns`.
+    fn devmap_insert(&self, ns: Ns, obj: &BpfObject, map: &str, dev: &str) -> Result<u32>;
+    /// Removes `ifindex` from `map`; an absent key is not an error.
+    fn devmap_remove(&self, obj: &BpfObject, map: &str, ifindex: u32) -> Result<()>;
 }
 
 /// The shared handle the orchestration passes around.
