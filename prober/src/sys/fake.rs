@@ -39,11 +39,13 @@ pub enum Call {
     SysfsRead(String, String),
     SysfsWrite(String, String, String),
     SysfsList(String, String),
+    ProcNet(String, String),
     Offload(String, String, Offload),
     SetOffload(String, String, Offload, bool),
     Ring(String, String),
     SetTxRing(String, String, u32),
     Driver(String, String),
+    PhcIndex(String, String),
     Tc(String, String),
     Qdiscs(String, String),
     XdpState(String, u32),
@@ -55,6 +57,7 @@ pub enum Call {
     DevmapInsert(String, String, String),
     /// Map, ifindex.
     DevmapRemove(String, u32),
+    MissingQdiscKinds(Vec<String>),
 }
 
 impl Call {
@@ -68,11 +71,14 @@ impl Call {
                 | Call::Sysctl(..)
                 | Call::SysfsRead(..)
                 | Call::SysfsList(..)
+                | Call::ProcNet(..)
                 | Call::Offload(..)
                 | Call::Ring(..)
                 | Call::Driver(..)
+                | Call::PhcIndex(..)
                 | Call::Qdiscs(..)
                 | Call::XdpState(..)
+                | Call::MissingQdiscKinds(..)
         )
     }
 }
@@ -85,6 +91,8 @@ pub struct FakeLink {
     pub addrs: Vec<Addr>,
     pub offloads: BTreeMap<Offload, bool>,
     pub driver: String,
+    /// Its PTP hardware clock's index.
+    pub phc: Option<u32>,
     pub xdp: XdpState,
     /// The errno a native (or unflagged) XDP attach gets; None: the driver
     /// has native XDP. EOPNOTSUPP makes an unflagged attach generic.
@@ -97,8 +105,10 @@ pub struct Model {
     /// (namespace, link name) -> link.
     pub links: BTreeMap<(String, String), FakeLink>,
     pub routes: BTreeMap<String, Vec<Route>>,
-    /// (namespace, "sysctl:KEY" or "sysfs:PATH") -> value.
+    /// (namespace, "sysctl:KEY", "sysfs:PATH" or "procnet:FILE") -> value.
     pub files: BTreeMap<(String, String), String>,
+    /// Qdisc kinds (and "u32") the fake kernel lacks.
+    pub missing_qdisc_kinds: BTreeSet<String>,
     /// Device map name -> ifindexes in it.
     pub devmaps: BTreeMap<String, BTreeSet<u32>>,
     next_index: u32,
@@ -157,6 +167,7 @@ impl FakeSys {
                 addrs: Vec::new(),
                 offloads,
                 driver: "fake".into(),
+                phc: None,
                 xdp: XdpState::default(),
                 refuse_native: None,
             },
@@ -422,6 +433,12 @@ impl Sys for FakeSys {
         Ok(v)
     }
 
+    fn proc_net(&self, ns: Ns, file: &str) -> Result<String> {
+        self.record(Call::ProcNet(key(ns), file.into()))?;
+        self.file(ns, &format!("procnet:{file}"))
+            .ok_or_else(|| anyhow!("read /proc/thread-self/net/{file}: no such file"))
+    }
+
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool> {
         self.record(Call::Offload(key(ns), dev.into(), what))?;
         self.with_link_mut(ns, dev, |l| l.offloads.get(&what).copied().unwrap_or(false))
@@ -452,6 +469,11 @@ impl Sys for FakeSys {
         self.with_link_mut(ns, dev, |l| l.driver.clone())
     }
 
+    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
+        self.record(Call::PhcIndex(key(ns), dev.into()))?;
+        self.with_link_mut(ns, dev, |l| l.phc)
+    }
+
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
         self.record(Call::Tc(key(ns), cmd.0.join(" ")))?;
         Ok(String::new())
@@ -470,6 +492,20 @@ impl Sys for FakeSys {
             .find(|((n, _), l)| *n == key(ns) && l.index == ifindex)
             .map(|(_, l)| l.xdp)
             .unwrap_or_default())
+    }
+
+    fn missing_qdisc_kinds(&self, kinds: &[&str]) -> Result<Vec<String>> {
+        self.record(Call::MissingQdiscKinds(
+            kinds.iter().map(|k| k.to_string()).collect(),
+        ))?;
+        let m = self.model.lock().unwrap();
+        let mut v: Vec<String> = kinds
+            .iter()
+            .filter(|k| m.missing_qdisc_kinds.contains(**k))
+            .map(|k| k.to_string())
+            .collect();
+        v.dedup();
+        Ok(v)
     }
 
     fn xdp_attach(&self, ns: Ns, dev: &str, prog: &XdpProg, flags: XdpFlags) -> Result<XdpLink> {

@@ -2,9 +2,11 @@
 //!
 //! Everything testbed, tune and ebpf change in the kernel goes through
 //! [`Sys`]: links, addresses and routes (netlink), qdiscs (netlink to read,
-//! the `tc` command to build trees, see [`tc`]), offloads and rings
-//! (ethtool ioctl, [`ethtool`]), sysctls (/proc/sys) and sysfs attributes,
-//! and the XDP state of a link. Two implementations:
+//! the `tc` command to build trees and to find the kinds the kernel lacks,
+//! see [`tc`]), offloads, rings and the PHC index (ethtool ioctl,
+//! [`ethtool`]), sysctls (/proc/sys), /proc/net counters and sysfs
+//! attributes, and XDP: attach, detach, the attached state and the device
+//! maps the kernel resolves in the caller's namespace. Two implementations:
 //!
 //! - [`LinuxSys`] (`real.rs`): one worker thread per network namespace
 //!   that entered it once, owns one NETLINK_ROUTE socket and a private
@@ -14,17 +16,18 @@
 //!   can be told to fail chosen ones, so the orchestration above is tested
 //!   without root (the shape of youki's `TestHelperSyscall`).
 //!
-//! XDP programs are loaded by `ebpf` (aya) and handed to the trait as a
-//! [`BpfObject`]: attaching, detaching and the device-map entries the
-//! kernel resolves in the caller's namespace all run on the namespace's
-//! worker.
+//! XDP programs are loaded by `ebpf` (aya) and handed over as a
+//! [`BpfObject`]; the worker attaches them (BPF_LINK_CREATE) and returns
+//! an [`XdpLink`] the caller's undo list gives back to [`Sys::xdp_detach`].
 //!
-//! Not behind the trait yet: the
-//! probe's own sockets and timestamping ioctls (`probe`), the TCP load's
-//! congestion-control sysctl reads (`tune::load`), the queue sampler's own
-//! netlink socket on its thread (`tune::sampler`, code in [`netlink`]) and
-//! `bench`'s own veth set-up and AF_XDP sockets (its link counters, GRO and
-//! threaded NAPI do go through [`linux_static`]).
+//! Not behind the trait: the probe's own sockets and their timestamping
+//! ioctls (SIOCSHWTSTAMP, `probe::socket`) and the PHC reads
+//! (`probe::phc`, /dev/ptpN), which act on sockets and devices the probe
+//! owns rather than on network configuration; the queue sampler's own
+//! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
+//! sample through the worker costs ten times as much); `bench`'s own veth
+//! set-up and AF_XDP sockets (its link counters, GRO and threaded NAPI do
+//! go through [`linux_static`]).
 //!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
@@ -346,6 +349,8 @@ pub trait Sys: Send + Sync {
     fn sysfs_write(&self, ns: Ns, path: &str, value: &str) -> Result<()>;
     /// Entries of a sysfs directory, sorted.
     fn sysfs_list(&self, ns: Ns, dir: &str) -> Result<Vec<String>>;
+    /// A file of the namespace's /proc/net ("snmp", "softnet_stat").
+    fn proc_net(&self, ns: Ns, file: &str) -> Result<String>;
 
     /// Is this offload on? A driver without it: `ethtool::Unsupported`.
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool>;
@@ -354,11 +359,18 @@ pub trait Sys: Send + Sync {
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring>;
     fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()>;
     fn driver(&self, ns: Ns, dev: &str) -> Result<String>;
+    /// The index N of `dev`'s PTP hardware clock (/dev/ptpN), None if it
+    /// has none (ETHTOOL_GET_TS_INFO).
+    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>>;
 
     /// Runs one `tc` command in the namespace; the error is a [`TcError`]
     /// (downcast it to branch on an unknown qdisc kind).
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String>;
     fn qdiscs(&self, ns: Ns, dev: &str) -> Result<Vec<QdiscInfo>>;
+    /// Which of `kinds` (qdisc kinds, "u32" for the classifier) this
+    /// kernel lacks, found by trying each in a scratch namespace; the
+    /// answer is kept for the life of the handle.
+    fn missing_qdisc_kinds(&self, kinds: &[&str]) -> Result<Vec<String>>;
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState>;
 
     /// Attaches `prog` to `dev` in `ns` (BPF_LINK_CREATE, netlink IFLA_XDP

@@ -9,7 +9,8 @@
 //!
 //! Kernel interfaces: setns(2) and unshare(2) (Linux >= 3.8), mount(2) of
 //! sysfs, NETLINK_ROUTE ([`super::netlink`]), SIOCETHTOOL
-//! ([`super::ethtool`]), `tc` ([`super::tc`]), files under /proc/sys,
+//! ([`super::ethtool`]), `tc` ([`super::tc`]), files under /proc/sys and
+//! /proc/thread-self/net,
 //! bpf(2) through aya for XDP attach (BPF_LINK_CREATE, Linux >= 5.9; aya
 //! falls back to netlink IFLA_XDP) and DEVMAP_HASH updates (5.4).
 
@@ -67,6 +68,8 @@ impl Drop for Worker {
 #[derive(Default)]
 pub struct LinuxSys {
     workers: Mutex<HashMap<String, Arc<Worker>>>,
+    /// Qdisc kind -> does the kernel have it (probing takes a namespace).
+    qdisc_kinds: Mutex<HashMap<String, bool>>,
 }
 
 /// The process-wide [`LinuxSys`].
@@ -349,6 +352,15 @@ impl Sys for LinuxSys {
         })
     }
 
+    fn proc_net(&self, ns: Ns, file: &str) -> Result<String> {
+        let file = file.to_string();
+        self.on(ns, move |_| {
+            // thread-self: /proc/net is the main thread's namespace's view.
+            let p = format!("/proc/thread-self/net/{file}");
+            std::fs::read_to_string(&p).with_context(|| format!("read {p}"))
+        })
+    }
+
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool> {
         let dev = dev.to_string();
         self.on(ns, move |_| ethtool::offload(&dev, what))
@@ -374,6 +386,11 @@ impl Sys for LinuxSys {
         self.on(ns, move |_| ethtool::driver(&dev))
     }
 
+    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::phc_index(&dev))
+    }
+
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
         let cmd = cmd.clone();
         self.on(ns, move |_| tc::run(&cmd).map_err(anyhow::Error::new))
@@ -389,6 +406,38 @@ impl Sys for LinuxSys {
 
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState> {
         self.on(ns, move |c| c.nl.xdp_state(ifindex))
+    }
+
+    fn missing_qdisc_kinds(&self, kinds: &[&str]) -> Result<Vec<String>> {
+        let known = |k: &str| {
+            self.qdisc_kinds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(k)
+                .copied()
+        };
+        let unknown: Vec<&str> = kinds
+            .iter()
+            .copied()
+            .filter(|k| known(k).is_none())
+            .collect();
+        if !unknown.is_empty() {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(crate::error::Error::NotRoot.into());
+            }
+            let found = tc::probe_kinds(self, &unknown)?;
+            self.qdisc_kinds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(found);
+        }
+        let mut missing: Vec<String> = kinds
+            .iter()
+            .filter(|k| known(k) == Some(false))
+            .map(|k| k.to_string())
+            .collect();
+        missing.dedup();
+        Ok(missing)
     }
 
     fn xdp_attach(&self, ns: Ns, dev: &str, prog: &XdpProg, flags: XdpFlags) -> Result<XdpLink> {
