@@ -9,18 +9,20 @@
 //!   BPF_LINK_CREATE for XDP (5.9; aya falls back to netlink
 //!   IFLA_XDP on older kernels), BPF_PROG_TEST_RUN with an `xdp_md`
 //!   context (5.15) in the tests. Minimum kernel: 5.4.
-//! - rtnetlink RTM_GETLINK / IFLA_XDP (see [`query`]) to read back the
-//!   attach mode.
-//! - setrlimit(RLIMIT_MEMLOCK): kernels before 5.11 charge BPF memory to it.
+//! - rtnetlink RTM_GETLINK / IFLA_XDP ([`crate::sys::Sys::xdp_state`]) to
+//!   read back the attach mode.
 //!
-//! Namespaces matter: interface names and indexes, aya's netlink fallback
-//! and the DEVMAP_HASH update (the kernel resolves the ifindex in the
-//! caller's namespace) all act in the calling *thread's* namespace, so
-//! attach and detach run on a thread inside the interface's namespace.
+//! Attach, detach, the read-back and the egress map's DEVMAP updates go
+//! through [`crate::sys::Sys`]: interface names and indexes, aya's netlink
+//! fallback and the DEVMAP_HASH update (the kernel resolves the ifindex in
+//! the caller's namespace) all act in the calling *thread's* namespace, and
+//! the kernel layer runs them on its worker inside the interface's
+//! namespace. So the orchestration here and in [`setup`] is tested against
+//! the recording fake without root.
+//! - setrlimit(RLIMIT_MEMLOCK): kernels before 5.11 charge BPF memory to it.
 
 pub mod klog;
 pub mod mode;
-pub mod query;
 pub mod reflector;
 mod setup;
 
@@ -29,15 +31,14 @@ mod reflector_tests;
 #[cfg(test)]
 mod tests;
 
-use std::{fmt, fs::File, os::fd::AsFd, os::unix::fs::MetadataExt};
+use std::fmt;
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
-    maps::{DevMapHash, MapData, MapError, PerCpuArray},
-    programs::{ProgramError, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
+    maps::{MapData, MapError, PerCpuArray},
+    programs::{ProgramError, Xdp},
 };
-use nix::sched::{CloneFlags, setns};
 use serde::Serialize;
 use xdp_common::{
     COUNTERS_MAP, COUNTERS6_MAP, Counter, EGRESS_MAP, LOG_RARE_GLOBAL, Outcome, PASS_ONLY_GLOBAL,
@@ -47,11 +48,11 @@ use xdp_common::{
 use crate::{
     error::Error,
     stats::{XdpCounters, summary::PacketsBytes},
-    testbed::Netns,
+    sys::{BpfObject, Ns, Sys, SysRef, XdpAttachError, XdpFlags, XdpLink, XdpProg},
 };
 
+pub use crate::sys::XdpState;
 pub use mode::{ReflectorKind, XdpAction, XdpMode};
-pub use query::XdpState;
 pub use reflector::Reflector;
 pub use setup::{XdpSetup, attach_for_testbed};
 
@@ -86,37 +87,25 @@ impl fmt::Display for AttachedMode {
     }
 }
 
-/// One interface the router is attached to.
-#[derive(Debug)]
-struct Attachment {
-    /// The interface's namespace, kept open so detaching can enter it even
-    /// after the `Netns` was dropped (and for NIC pairs before they are
-    /// given back to the host).
-    ns: File,
-    ns_name: String,
-    ifname: String,
-    ifindex: u32,
-    link: XdpLinkId,
-}
-
 /// The loaded XDP router. Dropping it detaches it everywhere.
 ///
-/// It keeps the namespaces it is attached in open (to detach inside them
-/// later), so detach or drop it before tearing the testbed down, and in
+/// Attach, detach and the egress map go through the kernel layer
+/// ([`crate::sys::Sys`]), which runs them on the worker of the interface's
+/// namespace; detach or drop it before tearing the testbed down, and in
 /// particular before giving NIC-pair interfaces back to the host.
 ///
 /// It changes nothing on the interfaces besides the XDP attachment. Native
 /// redirect into a veth needs GRO (or an XDP program) on that veth's peer,
 /// and UDP from local sockets needs TX checksum offload off on the sending
-/// veth: see [`crate::testbed::ethtool`].
+/// veth: see [`XdpSetup`].
 pub struct Router {
-    ebpf: Ebpf,
-    prog_id: u32,
+    sys: SysRef,
+    prog: XdpProg,
     pass_only: bool,
-    attachments: Vec<Attachment>,
-    /// Interfaces in the EGRESS map as (namespace inode, ifindex). All
-    /// must be in one namespace: ifindexes are only unique within one.
-    egress: Vec<(u64, u32)>,
+    attachments: Vec<XdpLink>,
+    /// Interfaces in the EGRESS map as (namespace, ifindex). All must be
+    /// in one namespace: ifindexes are only unique within one.
+    egress: Vec<(String, u32)>,
     /// The program's rare-path log, when `-vv` asked for it.
     _log: Option<klog::KernelLog>,
 }
@@ -124,7 +113,7 @@ pub struct Router {
 impl fmt::Debug for Router {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Router")
-            .field("prog_id", &self.prog_id)
+            .field("prog_id", &self.prog.id)
             .field("pass_only", &self.pass_only)
             .field("attachments", &self.attachments)
             .finish_non_exhaustive()
@@ -177,8 +166,12 @@ impl Router {
             .context("reading the loaded XDP router's id")?
             .id();
         Ok(Router {
-            ebpf,
-            prog_id,
+            sys: crate::sys::linux(),
+            prog: XdpProg {
+                obj: BpfObject::new(ebpf),
+                name: PROGRAM_NAME,
+                id: prog_id,
+            },
             pass_only,
             attachments: Vec::new(),
             egress: Vec::new(),
@@ -186,9 +179,33 @@ impl Router {
         })
     }
 
+    /// A router that was never loaded, with program id `prog_id`, for
+    /// orchestration tests against the fake kernel.
+    #[cfg(test)]
+    pub(crate) fn stand_in(sys: SysRef, pass_only: bool, prog_id: u32) -> Self {
+        Router {
+            sys,
+            prog: XdpProg {
+                obj: BpfObject::stand_in(),
+                name: PROGRAM_NAME,
+                id: prog_id,
+            },
+            pass_only,
+            attachments: Vec::new(),
+            egress: Vec::new(),
+            _log: None,
+        }
+    }
+
+    /// Attaches and detaches through `sys` from now on.
+    pub(crate) fn using(mut self, sys: SysRef) -> Self {
+        self.sys = sys;
+        self
+    }
+
     /// The kernel's id of the loaded program (as `bpftool prog` shows it).
     pub fn prog_id(&self) -> u32 {
-        self.prog_id
+        self.prog.id
     }
 
     pub fn pass_only(&self) -> bool {
@@ -200,126 +217,94 @@ impl Router {
     /// reports. `auto` passes no mode flag (native where the driver can,
     /// else generic); if the driver refuses native, it falls back to skb
     /// and says so in the log. `off` is the caller's business.
-    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpMode) -> Result<AttachedMode> {
-        let xdp_mode = match mode {
-            XdpMode::Skb => AyaXdpMode::Skb,
-            XdpMode::Native => AyaXdpMode::Driver,
-            XdpMode::Auto => AyaXdpMode::Default,
-            XdpMode::Off => bail!("XDP mode off: there is nothing to attach"),
-        };
+    pub fn attach<'a>(
+        &mut self,
+        ns: impl Into<Ns<'a>>,
+        ifname: &str,
+        mode: XdpMode,
+    ) -> Result<AttachedMode> {
+        let ns = ns.into();
+        let flags = attach_flags(mode)?;
         if self
             .attachments
             .iter()
-            .any(|a| a.ifname == ifname && a.ns_name == ns.name())
+            .any(|a| a.dev == ifname && a.ns() == ns)
         {
-            bail!(
-                "the XDP router is already attached to {ifname} in namespace {}",
-                ns.name()
-            );
+            bail!("the XDP router is already attached to {ifname} in namespace {ns}");
         }
-        let ns_file = ns
-            .file()
-            .try_clone()
-            .with_context(|| format!("duplicate the handle of namespace {}", ns.name()))?;
-        let ns_ino = ns_file.metadata().context("stat the namespace")?.ino();
-        self.check_one_namespace(ns_ino, ns.name())?;
-
-        let prog_id = self.prog_id;
-        let Router { ebpf, egress, .. } = self;
-        let (ifindex, link, attached) = ns.run(|| {
-            let ifindex = ifindex_of(ifname, ns.name())?;
-            // Allowed as egress first, so the first packet the program sees
-            // can already be redirected back out of this interface.
-            insert_egress(ebpf, ifindex)
-                .with_context(|| format!("allowing redirects to {ifname}"))?;
-            let forget_egress = |ebpf: &mut Ebpf| {
-                if !egress.contains(&(ns_ino, ifindex))
-                    && let Ok(mut m) = egress_map(ebpf)
-                {
-                    let _ = m.remove(ifindex);
-                }
-            };
-            let prog = xdp_program(ebpf)?;
-            let attempt = match prog.attach_to_if_index(ifindex, xdp_mode) {
-                Err(e) if mode == XdpMode::Auto && may_fall_back(&e) => {
-                    log::warn!(
-                        "native XDP refused on {ifname} ({}); attaching in skb mode",
-                        describe_errno(&e).unwrap_or_else(|| e.to_string())
-                    );
-                    prog.attach_to_if_index(ifindex, AyaXdpMode::Skb)
-                        .map_err(|e| attach_error(e, XdpMode::Skb, ifname))
-                }
-                other => other.map_err(|e| attach_error(e, mode, ifname)),
-            };
-            let link = match attempt {
-                Ok(link) => link,
-                Err(e) => {
-                    forget_egress(ebpf);
-                    return Err(e);
-                }
-            };
-            // Read back what the kernel did rather than trusting the request.
-            let attached = match query::xdp_state(ifindex) {
-                Ok(st) if st.drv_prog_id == Some(prog_id) => Ok(AttachedMode::Native),
-                Ok(st) if st.skb_prog_id == Some(prog_id) => Ok(AttachedMode::Skb),
-                Ok(st) => Err(anyhow!(
-                    "attached the XDP router to {ifname} but the kernel reports another \
-                     program there ({st:?}, ours is id {prog_id})"
-                )),
-                Err(e) => Err(e.context(format!("reading back the XDP mode of {ifname}"))),
-            };
-            match attached {
-                Ok(attached) => Ok((ifindex, link, attached)),
-                Err(e) => {
-                    if let Ok(prog) = xdp_program(ebpf) {
-                        let _ = prog.detach(link);
-                    }
-                    forget_egress(ebpf);
-                    Err(e)
-                }
+        let ns_key = ns.label();
+        self.check_one_namespace(&ns_key)?;
+        let sys = self.sys.clone();
+        // Allowed as egress first, so the first packet the program sees
+        // can already be redirected back out of this interface.
+        let ifindex = sys
+            .devmap_insert(ns, &self.prog.obj, EGRESS_MAP, ifname)
+            .map_err(|e| in_namespace(e, ns))
+            .with_context(|| format!("allowing redirects to {ifname}"))?;
+        let known = self.egress.contains(&(ns_key.clone(), ifindex));
+        let forget_egress = || {
+            if !known {
+                let _ = sys.devmap_remove(&self.prog.obj, EGRESS_MAP, ifindex);
             }
-        })?;
-        if !self.egress.contains(&(ns_ino, ifindex)) {
-            self.egress.push((ns_ino, ifindex));
+        };
+        let attempt = match sys.xdp_attach(ns, ifname, &self.prog, flags) {
+            Err(e) if mode == XdpMode::Auto && may_fall_back(&e) => {
+                log::warn!("native XDP refused on {ifname} ({e:#}); attaching in skb mode");
+                sys.xdp_attach(ns, ifname, &self.prog, XdpFlags::Skb)
+                    .map_err(|e| attach_error(e, XdpMode::Skb, ifname))
+            }
+            other => other.map_err(|e| attach_error(e, mode, ifname)),
+        };
+        let link = match attempt {
+            Ok(link) => link,
+            Err(e) => {
+                forget_egress();
+                return Err(e);
+            }
+        };
+        // Read back what the kernel did rather than trusting the request.
+        let attached = match read_back(sys.as_ref(), ns, &link, "the XDP router") {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = sys.xdp_detach(link);
+                forget_egress();
+                return Err(e);
+            }
+        };
+        if !known {
+            self.egress.push((ns_key, ifindex));
         }
         log::info!(
-            "XDP router (prog id {prog_id}) attached to {ifname} (ifindex {ifindex}) in namespace {} in {attached} mode",
-            ns.name()
+            "XDP router (prog id {}) attached to {ifname} (ifindex {ifindex}) in namespace {ns} in {attached} mode",
+            self.prog.id
         );
-        self.attachments.push(Attachment {
-            ns: ns_file,
-            ns_name: ns.name().to_string(),
-            ifname: ifname.to_string(),
-            ifindex,
-            link,
-        });
+        self.attachments.push(link);
         Ok(attached)
     }
 
     /// Lets the router redirect out of `ifname` (in `ns`) without
     /// attaching to it. `attach` does this for the interfaces it attaches
     /// to. Returns the interface's ifindex.
-    pub fn add_egress(&mut self, ns: &Netns, ifname: &str) -> Result<u32> {
-        let ns_ino = ns.file().metadata().context("stat the namespace")?.ino();
-        self.check_one_namespace(ns_ino, ns.name())?;
-        let ebpf = &mut self.ebpf;
-        let ifindex = ns.run(|| {
-            let ifindex = ifindex_of(ifname, ns.name())?;
-            insert_egress(ebpf, ifindex)
-                .with_context(|| format!("allowing redirects to {ifname}"))?;
-            Ok(ifindex)
-        })?;
-        if !self.egress.contains(&(ns_ino, ifindex)) {
-            self.egress.push((ns_ino, ifindex));
+    pub fn add_egress<'a>(&mut self, ns: impl Into<Ns<'a>>, ifname: &str) -> Result<u32> {
+        let ns = ns.into();
+        let ns_key = ns.label();
+        self.check_one_namespace(&ns_key)?;
+        let ifindex = self
+            .sys
+            .devmap_insert(ns, &self.prog.obj, EGRESS_MAP, ifname)
+            .map_err(|e| in_namespace(e, ns))
+            .with_context(|| format!("allowing redirects to {ifname}"))?;
+        if !self.egress.contains(&(ns_key.clone(), ifindex)) {
+            self.egress.push((ns_key, ifindex));
         }
         Ok(ifindex)
     }
 
-    fn check_one_namespace(&self, ns_ino: u64, ns_name: &str) -> Result<()> {
-        if self.egress.iter().any(|&(ino, _)| ino != ns_ino) {
+    fn check_one_namespace(&self, ns_key: &str) -> Result<()> {
+        if self.egress.iter().any(|(k, _)| k != ns_key) {
             bail!(
                 "one XDP router serves one namespace (ifindexes are per namespace); \
-                 load another Router for namespace {ns_name}"
+                 load another Router for namespace {ns_key}"
             );
         }
         Ok(())
@@ -329,7 +314,7 @@ impl Router {
     pub fn attached_to(&self) -> Vec<(String, String)> {
         self.attachments
             .iter()
-            .map(|a| (a.ns_name.clone(), a.ifname.clone()))
+            .map(|a| (a.ns().label(), a.dev.clone()))
             .collect()
     }
 
@@ -337,63 +322,34 @@ impl Router {
     /// outcomes under their names, IPv6 ones prefixed `ipv6_`. Every
     /// outcome is present, zero or not.
     pub fn counters(&self) -> Result<XdpCounters> {
-        let mut all = read_counters(
-            &self.ebpf,
-            COUNTERS_MAP,
-            Outcome::ALL.iter().map(|o| (o.index(), o.name())),
-        )?;
-        all.extend(read_counters(
-            &self.ebpf,
-            COUNTERS6_MAP,
-            Outcome::IPV6.iter().map(|o| (o.index(), o.name6())),
-        )?);
-        Ok(all)
+        self.prog.obj.with(|ebpf| {
+            let mut all = read_counters(
+                ebpf,
+                COUNTERS_MAP,
+                Outcome::ALL.iter().map(|o| (o.index(), o.name())),
+            )?;
+            all.extend(read_counters(
+                ebpf,
+                COUNTERS6_MAP,
+                Outcome::IPV6.iter().map(|o| (o.index(), o.name6())),
+            )?);
+            Ok(all)
+        })
     }
 
     /// Detaches the router from every interface, each inside its own
     /// namespace, and empties the egress map. Tries them all and reports
     /// the first failure.
     pub fn detach_all(&mut self) -> Result<()> {
-        let Router {
-            ebpf,
-            prog_id,
-            attachments,
-            egress,
-            ..
-        } = self;
+        let sys = self.sys.clone();
         let mut first_err = None;
-        for a in attachments.drain(..) {
-            let res = run_in_ns(&a.ns, &a.ns_name, || {
-                let prog = xdp_program(ebpf)?;
-                match prog.detach(a.link) {
-                    Ok(()) | Err(ProgramError::NotAttached) => {}
-                    Err(e) => return Err(anyhow!(e).context("bpf link detach")),
-                }
-                // The interface may be gone with its namespace: nothing is left then.
-                let Ok(ifindex) = ifindex_of(&a.ifname, &a.ns_name) else {
-                    return Ok(());
-                };
-                if ifindex != a.ifindex {
-                    return Ok(());
-                }
-                let state = query::xdp_state(ifindex)?;
-                if state.skb_prog_id == Some(*prog_id) || state.drv_prog_id == Some(*prog_id) {
-                    bail!("the kernel still reports the XDP router attached ({state:?})");
-                }
-                Ok(())
-            })
-            .with_context(|| {
-                format!(
-                    "detaching the XDP router from {} in namespace {}",
-                    a.ifname, a.ns_name
-                )
-            });
+        for a in self.attachments.drain(..) {
+            let (netns, dev) = (a.netns.clone(), a.dev.clone());
+            let ns = netns.as_deref().map_or(Ns::Host, Ns::Named);
+            let res = detach_checked(sys.as_ref(), a)
+                .with_context(|| format!("detaching the XDP router from {dev} in namespace {ns}"));
             match res {
-                Ok(()) => log::info!(
-                    "XDP router detached from {} in namespace {}",
-                    a.ifname,
-                    a.ns_name
-                ),
+                Ok(()) => log::info!("XDP router detached from {dev} in namespace {ns}"),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -401,23 +357,12 @@ impl Router {
         }
         // Entries of deleted interfaces vanish by themselves; the rest go
         // now so a later attach starts clean.
-        if let Ok(mut map) = egress_map(ebpf) {
-            for (_, ifindex) in egress.drain(..) {
-                match map.remove(ifindex) {
-                    Ok(()) => {}
-                    Err(MapError::KeyNotFound) => {}
-                    Err(MapError::SyscallError(e))
-                        if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                    Err(e) => {
-                        first_err.get_or_insert(anyhow!(e).context("emptying the XDP egress map"));
-                    }
-                }
+        for (_, ifindex) in self.egress.drain(..) {
+            if let Err(e) = sys.devmap_remove(&self.prog.obj, EGRESS_MAP, ifindex) {
+                first_err.get_or_insert(e.context("emptying the XDP egress map"));
             }
         }
-        match first_err {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
+        first_err.map_or(Ok(()), Err)
     }
 }
 
@@ -435,11 +380,17 @@ impl Drop for Router {
 /// The XDP mode the kernel reports for `ifname` in `ns` (any program, not
 /// only rtprobe's), or None if no XDP program is attached. If programs are
 /// attached in both modes, native is reported.
-pub fn attached_mode(ns: &Netns, ifname: &str) -> Result<Option<AttachedMode>> {
-    let state = ns.run(|| {
-        let ifindex = ifindex_of(ifname, ns.name())?;
-        query::xdp_state(ifindex)
-    })?;
+pub fn attached_mode<'a>(
+    sys: &dyn Sys,
+    ns: impl Into<Ns<'a>>,
+    ifname: &str,
+) -> Result<Option<AttachedMode>> {
+    let ns = ns.into();
+    let ifindex = sys
+        .link(ns, ifname)?
+        .ok_or_else(|| Error::InterfaceNotFound(format!("{ifname} (in namespace {ns})")))?
+        .index;
+    let state = sys.xdp_state(ns, ifindex)?;
     if state.hw_prog_id.is_some() {
         bail!("{ifname} has an XDP program offloaded to hardware, a mode rtprobe does not use");
     }
@@ -450,6 +401,66 @@ pub fn attached_mode(ns: &Netns, ifname: &str) -> Result<Option<AttachedMode>> {
     } else {
         None
     })
+}
+
+/// The attach flag for a mode; `off` attaches nothing.
+fn attach_flags(mode: XdpMode) -> Result<XdpFlags> {
+    Ok(match mode {
+        XdpMode::Skb => XdpFlags::Skb,
+        XdpMode::Native => XdpFlags::Drv,
+        XdpMode::Auto => XdpFlags::Any,
+        XdpMode::Off => bail!("XDP mode off: there is nothing to attach"),
+    })
+}
+
+/// The mode the kernel reports for the program of `link`, or an error if
+/// another program is there.
+fn read_back(sys: &dyn Sys, ns: Ns, link: &XdpLink, what: &str) -> Result<AttachedMode> {
+    let (ifname, prog_id) = (&link.dev, link.prog_id);
+    match sys.xdp_state(ns, link.ifindex) {
+        Ok(st) if st.drv_prog_id == Some(prog_id) => Ok(AttachedMode::Native),
+        Ok(st) if st.skb_prog_id == Some(prog_id) => Ok(AttachedMode::Skb),
+        Ok(st) => Err(anyhow!(
+            "attached {what} to {ifname} but the kernel reports another \
+             program there ({st:?}, ours is id {prog_id})"
+        )),
+        Err(e) => Err(e.context(format!("reading back the XDP mode of {ifname}"))),
+    }
+}
+
+/// Detaches `link` and checks the kernel no longer reports its program on
+/// the interface (if the interface is still there, in its namespace).
+fn detach_checked(sys: &dyn Sys, link: XdpLink) -> Result<()> {
+    let (netns, dev, ifindex, prog_id) = (
+        link.netns.clone(),
+        link.dev.clone(),
+        link.ifindex,
+        link.prog_id,
+    );
+    let ns = netns.as_deref().map_or(Ns::Host, Ns::Named);
+    sys.xdp_detach(link)?;
+    // The interface may be gone with its namespace: nothing is left then.
+    let Ok(Some(l)) = sys.link(ns, &dev) else {
+        return Ok(());
+    };
+    if l.index != ifindex {
+        return Ok(());
+    }
+    let state = sys.xdp_state(ns, ifindex)?;
+    if state.skb_prog_id == Some(prog_id) || state.drv_prog_id == Some(prog_id) {
+        bail!("the kernel still reports the program attached ({state:?})");
+    }
+    Ok(())
+}
+
+/// An interface missing from `ns` says which namespace it was looked for in.
+fn in_namespace(e: anyhow::Error, ns: Ns) -> anyhow::Error {
+    match e.downcast_ref::<Error>() {
+        Some(Error::InterfaceNotFound(n)) if !n.contains("namespace") => {
+            Error::InterfaceNotFound(format!("{n} (in namespace {ns})")).into()
+        }
+        _ => e,
+    }
 }
 
 /// Packets and bytes per outcome of a per-CPU counter map of `ebpf`,
@@ -486,39 +497,6 @@ fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
         .with_context(|| format!("{PROGRAM_NAME} is not an XDP program"))
 }
 
-fn egress_map(ebpf: &mut Ebpf) -> Result<DevMapHash<&mut MapData>> {
-    let map = ebpf
-        .map_mut(EGRESS_MAP)
-        .with_context(|| format!("the XDP router object has no {EGRESS_MAP} map"))?;
-    DevMapHash::try_from(map).context("the egress map has an unexpected type")
-}
-
-/// Must run in the interface's namespace: the kernel resolves the ifindex
-/// of a DEVMAP entry in the namespace of the thread that writes it.
-fn insert_egress(ebpf: &mut Ebpf, ifindex: u32) -> Result<()> {
-    egress_map(ebpf)?
-        .insert(ifindex, ifindex, None, 0)
-        .context("updating the XDP egress map")
-}
-
-fn ifindex_of(ifname: &str, ns_name: &str) -> Result<u32> {
-    nix::net::if_::if_nametoindex(ifname)
-        .map_err(|_| Error::InterfaceNotFound(format!("{ifname} (in namespace {ns_name})")).into())
-}
-
-/// Runs `f` on a thread inside the namespace `ns` (an open namespace file).
-fn run_in_ns<T: Send>(ns: &File, name: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("cannot enter network namespace {name}"))?;
-            f()
-        })
-        .join()
-        .map_err(|_| anyhow!("thread in namespace {name} panicked"))?
-    })
-}
-
 /// Kernels before 5.11 account BPF maps and programs against
 /// RLIMIT_MEMLOCK, whose default (64 KiB or 8 MiB) is too small.
 fn raise_memlock_limit() {
@@ -529,30 +507,23 @@ fn raise_memlock_limit() {
     }
 }
 
-/// The errno at the bottom of an aya program error, if any.
-fn errno_of(e: &ProgramError) -> Option<i32> {
-    match e {
-        ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
-        ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),
-        ProgramError::XdpError(aya::programs::XdpError::NetlinkError(n)) => n.raw_os_error(),
-        _ => None,
-    }
-}
-
-fn describe_errno(e: &ProgramError) -> Option<String> {
-    errno_of(e).map(|n| std::io::Error::from_raw_os_error(n).to_string())
-}
-
 /// Errors for which `auto` retries in skb mode: the driver cannot run this
 /// program natively (no ndo_bpf, MTU too large, queue layout, ...).
-fn may_fall_back(e: &ProgramError) -> bool {
+fn may_fall_back(e: &anyhow::Error) -> bool {
     matches!(
-        errno_of(e),
+        attach_errno(e),
         Some(libc::EOPNOTSUPP | libc::ERANGE | libc::EINVAL | libc::ENOSPC | libc::E2BIG)
     )
 }
 
-fn attach_error(e: ProgramError, mode: XdpMode, ifname: &str) -> anyhow::Error {
+/// The kernel's errno of a refused attach (None for other failures).
+fn attach_errno(e: &anyhow::Error) -> Option<i32> {
+    e.downcast_ref::<XdpAttachError>().and_then(|a| a.errno)
+}
+
+/// Explains a failed attach; failures that are not a kernel refusal
+/// (a missing interface, a worker that could not start) pass unchanged.
+fn attach_error(e: anyhow::Error, mode: XdpMode, ifname: &str) -> anyhow::Error {
     let mode_name = match mode {
         XdpMode::Skb => "skb",
         XdpMode::Native => "native",
@@ -567,7 +538,10 @@ fn attach_error(e: ProgramError, mode: XdpMode, ifname: &str) -> anyhow::Error {
         }
         .into()
     };
-    match errno_of(&e) {
+    let Some(refused) = e.downcast_ref::<XdpAttachError>() else {
+        return e;
+    };
+    match refused.errno {
         Some(libc::EOPNOTSUPP) => unsupported(if mode == XdpMode::Skb {
             "the kernel refuses generic XDP on this device"
         } else {
@@ -577,22 +551,21 @@ fn attach_error(e: ProgramError, mode: XdpMode, ifname: &str) -> anyhow::Error {
         Some(libc::ENOSPC) => unsupported(
             "the device has fewer RX queues than its peer has TX queues (veth: give it as many)",
         ),
-        Some(libc::EINVAL) | Some(libc::E2BIG) => {
-            unsupported(&format!("the driver rejected the program ({e})"))
-        }
+        Some(libc::EINVAL) | Some(libc::E2BIG) => unsupported(&format!(
+            "the driver rejected the program ({})",
+            refused.message
+        )),
         Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow!(
             "another XDP program is already attached to {ifname}; detach it first \
              (see `ip link show {ifname}`)"
         ),
         Some(libc::EPERM) | Some(libc::EACCES) => Error::NotRoot.into(),
-        _ => anyhow!(e).context(format!(
-            "attaching the XDP router to {ifname} in {mode_name} mode"
-        )),
+        _ => e.context(format!("attaching to {ifname} in {mode_name} mode")),
     }
 }
 
 fn explain_program_error(e: ProgramError, what: &str) -> anyhow::Error {
-    match errno_of(&e) {
+    match crate::sys::bpf_errno(&e) {
         Some(libc::ENOSYS) => anyhow!(
             "{what}: this kernel has no bpf() system call (needs CONFIG_BPF_SYSCALL and Linux >= 5.4)"
         ),

@@ -10,7 +10,6 @@
 //! Minimum kernel: 6.1.
 
 use std::{
-    fs::File,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -19,11 +18,11 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData},
-    programs::{ProgramError, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
+    programs::Xdp,
 };
 use xdp_common::{
     LOG_RARE_GLOBAL, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
@@ -32,15 +31,15 @@ use xdp_common::{
 };
 
 use super::{
-    AttachedMode, attach_error, explain_load_error, explain_program_error, ifindex_of, query,
-    raise_memlock_limit, read_counters, router_object, run_in_ns,
+    AttachedMode, attach_error, attach_flags, detach_checked, explain_load_error,
+    explain_program_error, raise_memlock_limit, read_back, read_counters, router_object,
 };
 use crate::{
     ebpf::XdpMode,
     error::Error,
     probe::stamp::{ClockSync, ErrorEstimate},
     stats::XdpCounters,
-    testbed::Netns,
+    sys::{BpfObject, Ns, SysRef, XdpLink, XdpProg},
 };
 
 /// How often the TAI offset is read again (a leap second changes it).
@@ -64,18 +63,11 @@ pub fn current_clock() -> ReflectorClock {
     }
 }
 
-struct Attached {
-    ns: File,
-    ns_name: String,
-    ifname: String,
-    link: XdpLinkId,
-}
-
 /// The loaded in-kernel reflector.
 pub struct Reflector {
-    ebpf: Ebpf,
-    prog_id: u32,
-    attached: Option<Attached>,
+    sys: SysRef,
+    prog: XdpProg,
+    attached: Option<XdpLink>,
     stop: Arc<AtomicBool>,
     refresher: Option<JoinHandle<()>>,
     /// The program's rare-path log, when `-vv` asked for it.
@@ -143,8 +135,12 @@ impl Reflector {
                 .context("starting the reflector's clock thread")?
         };
         Ok(Reflector {
-            ebpf,
-            prog_id,
+            sys: crate::sys::linux(),
+            prog: XdpProg {
+                obj: BpfObject::new(ebpf),
+                name: REFLECTOR_PROGRAM_NAME,
+                id: prog_id,
+            },
             attached: None,
             stop,
             refresher: Some(refresher),
@@ -152,71 +148,75 @@ impl Reflector {
         })
     }
 
+    /// A reflector that was never loaded, for orchestration tests against
+    /// the fake kernel.
+    #[cfg(test)]
+    pub(crate) fn stand_in(sys: SysRef, prog_id: u32) -> Self {
+        Reflector {
+            sys,
+            prog: XdpProg {
+                obj: BpfObject::stand_in(),
+                name: REFLECTOR_PROGRAM_NAME,
+                id: prog_id,
+            },
+            attached: None,
+            stop: Arc::new(AtomicBool::new(false)),
+            refresher: None,
+            _log: None,
+        }
+    }
+
+    /// Attaches and detaches through `sys` from now on.
+    pub(crate) fn using(mut self, sys: SysRef) -> Self {
+        self.sys = sys;
+        self
+    }
+
     pub fn prog_id(&self) -> u32 {
-        self.prog_id
+        self.prog.id
     }
 
     /// Attaches to `ifname` in `ns` in `mode` (native, skb or auto) and
     /// returns the mode the kernel reports.
-    pub fn attach(&mut self, ns: &Netns, ifname: &str, mode: XdpMode) -> Result<AttachedMode> {
-        let xdp_mode = match mode {
-            XdpMode::Skb => AyaXdpMode::Skb,
-            XdpMode::Native => AyaXdpMode::Driver,
-            XdpMode::Auto => AyaXdpMode::Default,
-            XdpMode::Off => bail!("XDP mode off: there is nothing to attach"),
-        };
+    pub fn attach<'a>(
+        &mut self,
+        ns: impl Into<Ns<'a>>,
+        ifname: &str,
+        mode: XdpMode,
+    ) -> Result<AttachedMode> {
+        let ns = ns.into();
+        let flags = attach_flags(mode)?;
         if self.attached.is_some() {
             bail!("the in-kernel reflector is already attached");
         }
-        let ns_file = ns
-            .file()
-            .try_clone()
-            .with_context(|| format!("duplicate the handle of namespace {}", ns.name()))?;
-        let prog_id = self.prog_id;
-        let ebpf = &mut self.ebpf;
-        let (link, got) = ns.run(|| {
-            let ifindex = ifindex_of(ifname, ns.name())?;
-            let prog = program(ebpf)?;
-            let link = prog
-                .attach_to_if_index(ifindex, xdp_mode)
-                .map_err(|e| attach_error(e, mode, ifname))?;
-            let got = match query::xdp_state(ifindex) {
-                Ok(st) if st.drv_prog_id == Some(prog_id) => Ok(AttachedMode::Native),
-                Ok(st) if st.skb_prog_id == Some(prog_id) => Ok(AttachedMode::Skb),
-                Ok(st) => Err(anyhow!(
-                    "attached the reflector to {ifname} but the kernel reports another program \
-                     there ({st:?}, ours is id {prog_id})"
-                )),
-                Err(e) => Err(e.context(format!("reading back the XDP mode of {ifname}"))),
-            };
-            match got {
-                Ok(got) => Ok((link, got)),
-                Err(e) => {
-                    let _ = program(ebpf).map(|p| p.detach(link));
-                    Err(e)
-                }
+        let link = self
+            .sys
+            .xdp_attach(ns, ifname, &self.prog, flags)
+            .map_err(|e| attach_error(e, mode, ifname))?;
+        let got = match read_back(self.sys.as_ref(), ns, &link, "the reflector") {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.sys.xdp_detach(link);
+                return Err(e);
             }
-        })?;
+        };
         log::info!(
-            "in-kernel reflector (prog id {prog_id}) attached to {ifname} in namespace {} in {got} mode",
-            ns.name()
+            "in-kernel reflector (prog id {}) attached to {ifname} in namespace {ns} in {got} mode",
+            self.prog.id
         );
-        self.attached = Some(Attached {
-            ns: ns_file,
-            ns_name: ns.name().to_string(),
-            ifname: ifname.to_string(),
-            link,
-        });
+        self.attached = Some(link);
         Ok(got)
     }
 
     /// Packets and bytes per outcome, summed over CPUs, every outcome present.
     pub fn counters(&self) -> Result<XdpCounters> {
-        read_counters(
-            &self.ebpf,
-            REFLECTOR_COUNTERS_MAP,
-            ReflectorOutcome::ALL.iter().map(|o| (o.index(), o.name())),
-        )
+        self.prog.obj.with(|ebpf| {
+            read_counters(
+                ebpf,
+                REFLECTOR_COUNTERS_MAP,
+                ReflectorOutcome::ALL.iter().map(|o| (o.index(), o.name())),
+            )
+        })
     }
 
     /// Detaches from the interface (inside its namespace), if attached.
@@ -224,26 +224,23 @@ impl Reflector {
         let Some(a) = self.attached.take() else {
             return Ok(());
         };
-        let ebpf = &mut self.ebpf;
-        run_in_ns(&a.ns, &a.ns_name, || match program(ebpf)?.detach(a.link) {
-            Ok(()) | Err(ProgramError::NotAttached) => Ok(()),
-            Err(e) => Err(anyhow!(e).context("bpf link detach")),
-        })
-        .with_context(|| {
-            format!(
-                "detaching the in-kernel reflector from {} in namespace {}",
-                a.ifname, a.ns_name
-            )
-        })
+        let what = format!(
+            "detaching the in-kernel reflector from {} in namespace {}",
+            a.dev,
+            a.ns()
+        );
+        detach_checked(self.sys.as_ref(), a).context(what)
     }
 
+    /// Runs `f` on the loaded program (BPF_PROG_TEST_RUN in the tests).
     #[cfg(test)]
-    pub(super) fn xdp(&self) -> Result<&Xdp> {
-        Ok(self
-            .ebpf
-            .program(REFLECTOR_PROGRAM_NAME)
-            .context("program")?
-            .try_into()?)
+    pub(super) fn with_xdp<T>(&self, f: impl FnOnce(&Xdp) -> Result<T>) -> Result<T> {
+        self.prog.obj.with(|ebpf| {
+            f(ebpf
+                .program(REFLECTOR_PROGRAM_NAME)
+                .context("program")?
+                .try_into()?)
+        })
     }
 }
 

@@ -139,13 +139,14 @@ fn stamp_payload(len: usize) -> Vec<u8> {
 }
 
 fn run(r: &Reflector, frame: &[u8]) -> (u32, Vec<u8>) {
-    let prog = r.xdp().unwrap();
     let mut out = vec![0u8; frame.len() + 64];
-    let res = prog
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..TestRunOptions::new()
+    let res = r
+        .with_xdp(|prog| {
+            Ok(prog.test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })?)
         })
         .expect("BPF_PROG_TEST_RUN");
     out.truncate(res.data_size_out as usize);

@@ -3,8 +3,10 @@
 //! checksum offload off on veths that send UDP from local sockets). Every
 //! offload it changes is put back on `detach()` (and on drop), which
 //! matters for NIC-pair interfaces that go back to the host afterwards.
-//! Kernel interfaces: see [`super`] (bpf, rtnetlink); offloads through
-//! [`crate::sys::Sys`] (SIOCETHTOOL).
+//! Kernel interfaces: see [`super`] (bpf, rtnetlink); attach, detach and
+//! offloads all through [`crate::sys::Sys`], so the order of the calls and
+//! the undo on error and on drop are tested against the fake (the programs
+//! themselves come from a [`Loader`], stand-ins in those tests).
 
 use anyhow::{Context, Result};
 
@@ -13,8 +15,72 @@ use crate::{
     ebpf::{XdpAction, XdpMode},
     stats::XdpCounters,
     sys::{Ns, Offload, SysRef},
-    testbed::{Netns, Testbed},
+    testbed::Testbed,
 };
+
+/// Where the programs go: namespace and interface names of a testbed.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// (namespace, interface) of the sender.
+    sender: (String, String),
+    receiver: (String, String),
+    /// The router's namespace, its interface towards the sender and the
+    /// one towards the receiver (None in NIC-pair mode).
+    router: Option<(String, String, String)>,
+}
+
+impl Layout {
+    fn of(tb: &Testbed) -> Result<Self> {
+        let router = match &tb.router {
+            Some(ns) => {
+                let rin = tb
+                    .router_in
+                    .as_ref()
+                    .context("veth testbed without router_in")?;
+                let rout = tb
+                    .router_out
+                    .as_ref()
+                    .context("veth testbed without router_out")?;
+                Some((ns.name().into(), rin.name.clone(), rout.name.clone()))
+            }
+            None => None,
+        };
+        Ok(Self {
+            sender: (tb.sender.name().into(), tb.sender_if.name.clone()),
+            receiver: (tb.receiver.name().into(), tb.receiver_if.name.clone()),
+            router,
+        })
+    }
+}
+
+/// Loads the programs: aya in a run, stand-ins in the orchestration tests.
+pub(crate) trait Loader {
+    fn router(&mut self, pass_only: bool) -> Result<Router>;
+    fn reflector(
+        &mut self,
+        probe_port: u16,
+        stamp_port: u16,
+        reply_ifindex: u32,
+    ) -> Result<Reflector>;
+}
+
+/// The real programs, attached through `sys`.
+struct KernelLoader(SysRef);
+
+impl Loader for KernelLoader {
+    fn router(&mut self, pass_only: bool) -> Result<Router> {
+        Ok(Router::load(pass_only)?.using(self.0.clone()))
+    }
+
+    fn reflector(
+        &mut self,
+        probe_port: u16,
+        stamp_port: u16,
+        reply_ifindex: u32,
+    ) -> Result<Reflector> {
+        Ok(Reflector::load(probe_port, stamp_port, reply_ifindex)?.using(self.0.clone()))
+    }
+}
 
 /// An offload setting to put back: namespace, interface, feature, old value.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,6 +193,16 @@ pub struct XdpSetup {
     reflector: Option<(Reflector, AttachedMode)>,
 }
 
+impl std::fmt::Debug for XdpSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpSetup")
+            .field("routers", &self.routers)
+            .field("modes", &self.modes)
+            .field("reflector", &self.reflector.as_ref().map(|(_, m)| m))
+            .finish_non_exhaustive()
+    }
+}
+
 impl XdpSetup {
     fn none(sys: SysRef) -> Self {
         Self {
@@ -159,23 +235,39 @@ impl XdpSetup {
         port: u16,
         stamp_port: u16,
     ) -> Result<AttachedMode> {
+        let mut loader = KernelLoader(self.offloads.sys.clone());
+        self.attach_reflector_with(&Layout::of(tb)?, port, stamp_port, &mut loader)
+    }
+
+    pub(crate) fn attach_reflector_with(
+        &mut self,
+        l: &Layout,
+        port: u16,
+        stamp_port: u16,
+        loader: &mut dyn Loader,
+    ) -> Result<AttachedMode> {
+        let (rcv_ns, rcv_if) = (&l.receiver.0, &l.receiver.1);
         let mut reply_ifindex = 0;
-        if self
-            .offloads
-            .is_veth(tb.receiver.name(), &tb.receiver_if.name)
-        {
-            if let (Some(ns), Some(peer)) = (&tb.router, &tb.router_out) {
-                self.offloads.request_gro(ns.name(), &peer.name)?;
+        if self.offloads.is_veth(rcv_ns, rcv_if) {
+            // The router's veth towards the receiver takes the replies.
+            if let Some((ns, _, peer)) = &l.router {
+                self.offloads.request_gro(ns, peer)?;
             }
             self.offloads
-                .set(tb.sender.name(), &tb.sender_if.name, Offload::TxCsum, false)?;
-            let name = &tb.receiver_if.name;
-            reply_ifindex = tb
-                .receiver
-                .run(|| super::ifindex_of(name, tb.receiver.name()))?;
+                .set(&l.sender.0, &l.sender.1, Offload::TxCsum, false)?;
+            reply_ifindex = self
+                .offloads
+                .sys
+                .link(Ns::Named(rcv_ns), rcv_if)?
+                .ok_or_else(|| {
+                    crate::error::Error::InterfaceNotFound(format!(
+                        "{rcv_if} (in namespace {rcv_ns})"
+                    ))
+                })?
+                .index;
         }
-        let mut r = Reflector::load(port, stamp_port, reply_ifindex)?;
-        let mode = r.attach(&tb.receiver, &tb.receiver_if.name, XdpMode::Auto)?;
+        let mut r = loader.reflector(port, stamp_port, reply_ifindex)?;
+        let mode = r.attach(Ns::Named(rcv_ns), rcv_if, XdpMode::Auto)?;
         self.reflector = Some((r, mode));
         Ok(mode)
     }
@@ -195,10 +287,11 @@ impl XdpSetup {
     /// router; a veth without one (a NIC pair made of a veth pair) is not
     /// prepared, so it is not trusted.
     pub fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
-        !self
-            .offloads
-            .is_veth(tb.receiver.name(), &tb.receiver_if.name)
-            || tb.router_out.is_some()
+        Layout::of(tb).is_ok_and(|l| self.replies_get_through(&l))
+    }
+
+    fn replies_get_through(&self, l: &Layout) -> bool {
+        !self.offloads.is_veth(&l.receiver.0, &l.receiver.1) || l.router.is_some()
     }
 
     /// The in-kernel reflector's counters, if it is attached.
@@ -267,45 +360,50 @@ impl Drop for XdpSetup {
 /// in the veth testbed, on both NICs in NIC-pair mode (where the kernel
 /// delivers locally and the router passes).
 pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Result<XdpSetup> {
-    let mut setup = XdpSetup::none(tb.sys_ref());
+    let sys = tb.sys_ref();
+    let mut loader = KernelLoader(sys.clone());
+    attach_with(sys, &Layout::of(tb)?, mode, action, &mut loader)
+}
+
+/// [`attach_for_testbed`] on a layout, with the programs from `loader`.
+/// On an error everything done so far is undone (the routers detached,
+/// then the offloads put back), as on drop.
+pub(crate) fn attach_with(
+    sys: SysRef,
+    l: &Layout,
+    mode: XdpMode,
+    action: XdpAction,
+    loader: &mut dyn Loader,
+) -> Result<XdpSetup> {
+    let mut setup = XdpSetup::none(sys);
     if mode == XdpMode::Off {
         return Ok(setup);
     }
     let pass_only = action == XdpAction::Pass;
     let native_possible = matches!(mode, XdpMode::Native | XdpMode::Auto);
     // (namespace, interface) groups, one router per namespace.
-    let groups: Vec<(&Netns, Vec<&str>)> = match &tb.router {
-        Some(router_ns) => {
-            let rin = tb
-                .router_in
-                .as_ref()
-                .context("veth testbed without router_in")?;
-            let rout = tb
-                .router_out
-                .as_ref()
-                .context("veth testbed without router_out")?;
-            vec![(router_ns, vec![rin.name.as_str(), rout.name.as_str()])]
-        }
+    let groups: Vec<(&str, Vec<&str>)> = match &l.router {
+        Some((ns, rin, rout)) => vec![(ns.as_str(), vec![rin.as_str(), rout.as_str()])],
         None => vec![
-            (&tb.sender, vec![tb.sender_if.name.as_str()]),
-            (&tb.receiver, vec![tb.receiver_if.name.as_str()]),
+            (l.sender.0.as_str(), vec![l.sender.1.as_str()]),
+            (l.receiver.0.as_str(), vec![l.receiver.1.as_str()]),
         ],
     };
     if native_possible {
+        setup.offloads.prepare_native(&l.sender.0, &l.sender.1)?;
         setup
             .offloads
-            .prepare_native(tb.sender.name(), &tb.sender_if.name)?;
-        setup
-            .offloads
-            .prepare_native(tb.receiver.name(), &tb.receiver_if.name)?;
+            .prepare_native(&l.receiver.0, &l.receiver.1)?;
     }
     for (ns, ifaces) in groups {
-        let mut router = Router::load(pass_only)?;
+        // Kept by the setup before its first attach, so that a failure
+        // detaches it before the offloads are put back.
+        setup.routers.push(loader.router(pass_only)?);
+        let router = setup.routers.last_mut().expect("just pushed");
         for ifname in ifaces {
-            let got = router.attach(ns, ifname, mode)?;
+            let got = router.attach(Ns::Named(ns), ifname, mode)?;
             setup.modes.push((ifname.to_string(), got));
         }
-        setup.routers.push(router);
     }
     Ok(setup)
 }
@@ -368,5 +466,453 @@ mod tests {
             f.offload(Ns::Named("snd"), "veth-snd", Offload::TxCsum)
                 .unwrap()
         );
+    }
+}
+
+/// The orchestration against the recording fake: which calls, in which
+/// order, and what is undone on error and on drop.
+#[cfg(test)]
+mod fake_tests {
+    use std::sync::Arc;
+
+    use xdp_common::EGRESS_MAP;
+
+    use super::*;
+    use crate::{
+        error::Error,
+        sys::{
+            Sys, XdpFlags, XdpState,
+            fake::{Call, FakeSys},
+        },
+    };
+
+    /// Programs that were never loaded, with ids 101, 102, ...
+    struct StandIns {
+        sys: Arc<FakeSys>,
+        next_id: u32,
+        /// pass_only of each router asked for.
+        routers: Vec<bool>,
+        /// (probe port, STAMP port, reply ifindex) of each reflector.
+        reflectors: Vec<(u16, u16, u32)>,
+    }
+
+    impl StandIns {
+        fn new(sys: &Arc<FakeSys>) -> Self {
+            Self {
+                sys: sys.clone(),
+                next_id: 100,
+                routers: Vec::new(),
+                reflectors: Vec::new(),
+            }
+        }
+    }
+
+    impl Loader for StandIns {
+        fn router(&mut self, pass_only: bool) -> Result<Router> {
+            self.next_id += 1;
+            self.routers.push(pass_only);
+            Ok(Router::stand_in(self.sys.clone(), pass_only, self.next_id))
+        }
+
+        fn reflector(&mut self, probe: u16, stamp: u16, reply_ifindex: u32) -> Result<Reflector> {
+            self.next_id += 1;
+            self.reflectors.push((probe, stamp, reply_ifindex));
+            Ok(Reflector::stand_in(self.sys.clone(), self.next_id))
+        }
+    }
+
+    fn n(s: &str) -> Ns<'_> {
+        Ns::Named(s)
+    }
+
+    fn s(x: &str) -> String {
+        x.to_string()
+    }
+
+    /// sender "snd" veth-snd -- veth-rin "rtr" veth-rout -- veth-rcv "rcv",
+    /// all veths, GRO off on the sender's veth.
+    fn veth_testbed() -> (Arc<FakeSys>, Layout) {
+        let f = Arc::new(FakeSys::new());
+        for (ns, devs) in [
+            ("snd", &["veth-snd"][..]),
+            ("rtr", &["veth-rin", "veth-rout"][..]),
+            ("rcv", &["veth-rcv"][..]),
+        ] {
+            f.create_netns(ns).unwrap();
+            for d in devs {
+                f.with_link(n(ns), d, true, 1500)
+                    .edit_link(n(ns), d, |l| l.driver = s("veth"));
+            }
+        }
+        f.edit_link(n("snd"), "veth-snd", |l| {
+            l.offloads.insert(Offload::Gro, false);
+        });
+        let l = Layout {
+            sender: (s("snd"), s("veth-snd")),
+            receiver: (s("rcv"), s("veth-rcv")),
+            router: Some((s("rtr"), s("veth-rin"), s("veth-rout"))),
+        };
+        f.clear_calls();
+        (f, l)
+    }
+
+    /// Two physical NICs moved into "snd" and "rcv".
+    fn nic_pair() -> (Arc<FakeSys>, Layout) {
+        let f = Arc::new(FakeSys::new());
+        for (ns, d) in [("snd", "eth1"), ("rcv", "eth2")] {
+            f.create_netns(ns).unwrap();
+            f.with_link(n(ns), d, true, 1500);
+        }
+        let l = Layout {
+            sender: (s("snd"), s("eth1")),
+            receiver: (s("rcv"), s("eth2")),
+            router: None,
+        };
+        f.clear_calls();
+        (f, l)
+    }
+
+    /// A link of the model: namespace, name, XDP state, offloads.
+    type LinkView = (String, String, XdpState, Vec<(Offload, bool)>);
+
+    /// Every link of the model.
+    fn links(f: &FakeSys) -> Vec<LinkView> {
+        f.model
+            .lock()
+            .unwrap()
+            .links
+            .iter()
+            .map(|((ns, d), l)| {
+                let o = l.offloads.iter().map(|(k, v)| (*k, *v)).collect();
+                (ns.clone(), d.clone(), l.xdp, o)
+            })
+            .collect()
+    }
+
+    fn devmap(f: &FakeSys) -> Vec<u32> {
+        f.model
+            .lock()
+            .unwrap()
+            .devmaps
+            .get(EGRESS_MAP)
+            .map(|m| m.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn index(f: &FakeSys, ns: &str, dev: &str) -> u32 {
+        f.link_state(n(ns), dev).unwrap().index
+    }
+
+    fn offload(ns: &str, d: &str, what: Offload, on: bool) -> Call {
+        Call::SetOffload(s(ns), s(d), what, on)
+    }
+
+    fn attach(ns: &str, d: &str, id: u32, flags: XdpFlags) -> Call {
+        Call::XdpAttach(s(ns), s(d), id, flags)
+    }
+
+    fn detach(ns: &str, d: &str, id: u32) -> Call {
+        Call::XdpDetach(s(ns), s(d), id)
+    }
+
+    fn insert(ns: &str, d: &str) -> Call {
+        Call::DevmapInsert(s(ns), s(EGRESS_MAP), s(d))
+    }
+
+    #[test]
+    fn native_on_the_veth_testbed_makes_these_calls_in_this_order_and_undoes_them() {
+        let (f, l) = veth_testbed();
+        let before = links(&f);
+        let mut ld = StandIns::new(&f);
+        let setup =
+            attach_with(f.clone(), &l, XdpMode::Native, XdpAction::Redirect, &mut ld).unwrap();
+        assert_eq!(ld.routers, vec![false], "one router, redirecting");
+        assert_eq!(
+            f.changes(),
+            vec![
+                // What native XDP on veth needs, before anything is attached.
+                offload("snd", "veth-snd", Offload::Gro, true),
+                offload("snd", "veth-snd", Offload::TxCsum, false),
+                offload("rcv", "veth-rcv", Offload::TxCsum, false),
+                // Each interface allowed as egress before the program sees a packet.
+                insert("rtr", "veth-rin"),
+                attach("rtr", "veth-rin", 101, XdpFlags::Drv),
+                insert("rtr", "veth-rout"),
+                attach("rtr", "veth-rout", 101, XdpFlags::Drv),
+            ]
+        );
+        // The mode is read back from the kernel, not assumed.
+        let rin = index(&f, "rtr", "veth-rin");
+        assert!(f.calls().contains(&Call::XdpState(s("rtr"), rin)));
+        assert_eq!(setup.attached_mode_name(), "native");
+        let rin_state = f.link_state(n("rtr"), "veth-rin").unwrap().xdp;
+        assert_eq!(rin_state.drv_prog_id, Some(101));
+        assert_eq!(devmap(&f).len(), 2);
+
+        let k = f.changes().len();
+        setup.detach().unwrap();
+        let rout = index(&f, "rtr", "veth-rout");
+        assert_eq!(
+            f.changes()[k..].to_vec(),
+            vec![
+                detach("rtr", "veth-rin", 101),
+                detach("rtr", "veth-rout", 101),
+                Call::DevmapRemove(s(EGRESS_MAP), rin),
+                Call::DevmapRemove(s(EGRESS_MAP), rout),
+                // Offloads back newest first, after the programs are gone.
+                offload("rcv", "veth-rcv", Offload::TxCsum, true),
+                offload("snd", "veth-snd", Offload::TxCsum, true),
+                offload("snd", "veth-snd", Offload::Gro, false),
+            ]
+        );
+        assert_eq!(links(&f), before, "every link as it was");
+        assert!(devmap(&f).is_empty());
+    }
+
+    #[test]
+    fn off_touches_nothing_and_skb_changes_no_offload() {
+        let (f, l) = veth_testbed();
+        let mut ld = StandIns::new(&f);
+        let setup = attach_with(f.clone(), &l, XdpMode::Off, XdpAction::Redirect, &mut ld).unwrap();
+        assert!(f.calls().is_empty() && ld.routers.is_empty());
+        assert_eq!(setup.attached_mode_name(), "none");
+        drop(setup);
+        assert!(f.calls().is_empty());
+
+        let setup = attach_with(f.clone(), &l, XdpMode::Skb, XdpAction::Pass, &mut ld).unwrap();
+        assert_eq!(ld.routers, vec![true], "pass-only router");
+        assert!(
+            !f.changes()
+                .iter()
+                .any(|c| matches!(c, Call::SetOffload(..))),
+            "{:?}",
+            f.changes()
+        );
+        assert_eq!(setup.attached_mode_name(), "skb");
+    }
+
+    #[test]
+    fn a_failure_on_the_second_interface_detaches_the_first_and_gives_offloads_back() {
+        let (f, l) = veth_testbed();
+        let before = links(&f);
+        f.fail_when(|c| matches!(c, Call::XdpAttach(_, d, _, _) if d == "veth-rout"));
+        let mut ld = StandIns::new(&f);
+        let e =
+            attach_with(f.clone(), &l, XdpMode::Native, XdpAction::Redirect, &mut ld).unwrap_err();
+        assert!(format!("{e:#}").contains("injected failure"), "{e:#}");
+        let changes = f.changes();
+        let failed = changes
+            .iter()
+            .position(|c| *c == attach("rtr", "veth-rout", 101, XdpFlags::Drv))
+            .unwrap();
+        let (rin, rout) = (index(&f, "rtr", "veth-rin"), index(&f, "rtr", "veth-rout"));
+        assert_eq!(
+            changes[failed + 1..].to_vec(),
+            vec![
+                // The failed interface's egress entry goes at once ...
+                Call::DevmapRemove(s(EGRESS_MAP), rout),
+                // ... then the first interface is detached ...
+                detach("rtr", "veth-rin", 101),
+                Call::DevmapRemove(s(EGRESS_MAP), rin),
+                // ... and only then the offloads come back.
+                offload("rcv", "veth-rcv", Offload::TxCsum, true),
+                offload("snd", "veth-snd", Offload::TxCsum, true),
+                offload("snd", "veth-snd", Offload::Gro, false),
+            ]
+        );
+        assert_eq!(links(&f), before);
+        assert!(devmap(&f).is_empty());
+    }
+
+    #[test]
+    fn a_failed_offload_change_undoes_the_ones_before_and_attaches_nothing() {
+        let (f, l) = veth_testbed();
+        let before = links(&f);
+        f.fail_when(|c| *c == offload("rcv", "veth-rcv", Offload::TxCsum, false));
+        let mut ld = StandIns::new(&f);
+        let e =
+            attach_with(f.clone(), &l, XdpMode::Auto, XdpAction::Redirect, &mut ld).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("native XDP on veth needs TX checksumming off on veth-rcv"),
+            "{e:#}"
+        );
+        assert!(ld.routers.is_empty(), "no program loaded");
+        assert!(!f.changes().iter().any(|c| matches!(c, Call::XdpAttach(..))));
+        assert_eq!(links(&f), before);
+    }
+
+    #[test]
+    fn auto_falls_back_to_skb_where_the_driver_refuses_native() {
+        let (f, l) = veth_testbed();
+        f.edit_link(n("rtr"), "veth-rin", |l| {
+            l.refuse_native = Some(libc::ERANGE)
+        });
+        let mut ld = StandIns::new(&f);
+        let setup =
+            attach_with(f.clone(), &l, XdpMode::Auto, XdpAction::Redirect, &mut ld).unwrap();
+        let attaches: Vec<Call> = f
+            .changes()
+            .into_iter()
+            .filter(|c| matches!(c, Call::XdpAttach(..)))
+            .collect();
+        assert_eq!(
+            attaches,
+            vec![
+                attach("rtr", "veth-rin", 101, XdpFlags::Any),
+                attach("rtr", "veth-rin", 101, XdpFlags::Skb),
+                attach("rtr", "veth-rout", 101, XdpFlags::Any),
+            ]
+        );
+        assert_eq!(
+            setup.attached_mode_name(),
+            "mixed (veth-rin skb, veth-rout native)"
+        );
+    }
+
+    #[test]
+    fn native_refused_is_a_typed_error_and_leaves_nothing_attached() {
+        let (f, l) = veth_testbed();
+        let before = links(&f);
+        f.edit_link(n("rtr"), "veth-rin", |l| {
+            l.refuse_native = Some(libc::EOPNOTSUPP)
+        });
+        let mut ld = StandIns::new(&f);
+        let e =
+            attach_with(f.clone(), &l, XdpMode::Native, XdpAction::Redirect, &mut ld).unwrap_err();
+        match e.downcast_ref::<Error>() {
+            Some(Error::XdpModeUnsupported { mode, ifname, .. }) => {
+                assert_eq!((mode.as_str(), ifname.as_str()), ("native", "veth-rin"));
+            }
+            other => panic!("expected XdpModeUnsupported, got {other:?}: {e:#}"),
+        }
+        // No fallback for an explicit mode.
+        assert_eq!(
+            f.changes()
+                .iter()
+                .filter(|c| matches!(c, Call::XdpAttach(..)))
+                .count(),
+            1
+        );
+        assert_eq!(links(&f), before);
+        assert!(devmap(&f).is_empty());
+    }
+
+    #[test]
+    fn nic_pair_gets_one_router_per_namespace_and_drop_detaches_both() {
+        let (f, l) = nic_pair();
+        let before = links(&f);
+        let mut ld = StandIns::new(&f);
+        let setup = attach_with(f.clone(), &l, XdpMode::Auto, XdpAction::Pass, &mut ld).unwrap();
+        assert_eq!(ld.routers, vec![true, true]);
+        assert_eq!(
+            f.changes(),
+            vec![
+                insert("snd", "eth1"),
+                attach("snd", "eth1", 101, XdpFlags::Any),
+                insert("rcv", "eth2"),
+                attach("rcv", "eth2", 102, XdpFlags::Any),
+            ],
+            "not veths: no offload changed"
+        );
+        let k = f.changes().len();
+        drop(setup);
+        let detaches: Vec<Call> = f.changes()[k..]
+            .iter()
+            .filter(|c| matches!(c, Call::XdpDetach(..)))
+            .cloned()
+            .collect();
+        assert_eq!(
+            detaches,
+            vec![detach("snd", "eth1", 101), detach("rcv", "eth2", 102)]
+        );
+        assert_eq!(links(&f), before);
+    }
+
+    #[test]
+    fn a_failed_detach_still_detaches_the_rest_and_restores_offloads() {
+        let (f, l) = veth_testbed();
+        let before = links(&f);
+        let mut ld = StandIns::new(&f);
+        let setup =
+            attach_with(f.clone(), &l, XdpMode::Native, XdpAction::Redirect, &mut ld).unwrap();
+        f.fail_when(|c| matches!(c, Call::XdpDetach(_, d, _) if d == "veth-rin"));
+        let e = setup.detach().unwrap_err();
+        assert!(
+            format!("{e:#}").contains("detaching the XDP router from veth-rin in namespace rtr"),
+            "{e:#}"
+        );
+        assert!(f.changes().contains(&detach("rtr", "veth-rout", 101)));
+        // Everything but the refused detach is back.
+        let now = links(&f);
+        for (was, is) in before.iter().zip(&now) {
+            assert_eq!(was.3, is.3, "offloads of {}", was.1);
+        }
+        assert_eq!(
+            f.link_state(n("rtr"), "veth-rin").unwrap().xdp.drv_prog_id,
+            Some(101)
+        );
+    }
+
+    #[test]
+    fn reflector_on_a_veth_prepares_the_replies_path_and_undoes_it() {
+        let (f, l) = veth_testbed();
+        let before = links(&f);
+        let mut ld = StandIns::new(&f);
+        let mut setup =
+            attach_with(f.clone(), &l, XdpMode::Off, XdpAction::Redirect, &mut ld).unwrap();
+        let mode = setup.attach_reflector_with(&l, 5000, 862, &mut ld).unwrap();
+        assert_eq!(mode, AttachedMode::Native);
+        // Replies are redirected to the receiver's own veth.
+        assert_eq!(
+            ld.reflectors,
+            vec![(5000, 862, index(&f, "rcv", "veth-rcv"))]
+        );
+        assert_eq!(
+            f.changes(),
+            vec![
+                // GRO requested (off, on) on the router's veth that takes the replies.
+                offload("rtr", "veth-rout", Offload::Gro, false),
+                offload("rtr", "veth-rout", Offload::Gro, true),
+                offload("snd", "veth-snd", Offload::TxCsum, false),
+                attach("rcv", "veth-rcv", 101, XdpFlags::Any),
+            ]
+        );
+        assert!(setup.replies_get_through(&l));
+        let k = f.changes().len();
+        drop(setup);
+        assert_eq!(
+            f.changes()[k..].to_vec(),
+            vec![
+                detach("rcv", "veth-rcv", 101),
+                offload("snd", "veth-snd", Offload::TxCsum, true),
+                offload("rtr", "veth-rout", Offload::Gro, true),
+            ]
+        );
+        assert_eq!(links(&f), before);
+    }
+
+    #[test]
+    fn reflector_refused_beside_the_router_leaves_the_router_and_nothing_else() {
+        let (f, l) = nic_pair();
+        let mut ld = StandIns::new(&f);
+        let mut setup =
+            attach_with(f.clone(), &l, XdpMode::Skb, XdpAction::Redirect, &mut ld).unwrap();
+        let e = setup
+            .attach_reflector_with(&l, 5000, 0, &mut ld)
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("another XDP program is already attached to eth2"),
+            "{e:#}"
+        );
+        assert_eq!(
+            ld.reflectors,
+            vec![(5000, 0, 0)],
+            "a NIC transmits XDP_TX itself: no redirect"
+        );
+        assert!(setup.replies_get_through(&l));
+        let st = f.link_state(n("rcv"), "eth2").unwrap().xdp;
+        assert_eq!(st.skb_prog_id, Some(102), "the router stays");
+        drop(setup);
+        assert!(f.link_state(n("rcv"), "eth2").unwrap().xdp.is_empty());
     }
 }

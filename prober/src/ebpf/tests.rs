@@ -11,7 +11,7 @@ use aya::programs::{TestRun, TestRunOptions};
 
 use super::*;
 use crate::testbed::{
-    ethtool,
+    Netns, ethtool,
     testutil::{exec, ifindex, ip, mac, netns, require_root},
 };
 
@@ -202,21 +202,19 @@ fn test_run(
     for v in [0u32, frame.len() as u32, 0, ingress_ifindex, 0, 0] {
         ctx.extend_from_slice(&v.to_ne_bytes());
     }
-    let prog: &Xdp = router
-        .ebpf
-        .program(PROGRAM_NAME)
-        .context("program")?
-        .try_into()?;
-    ns.run(|| {
-        let mut out = vec![0u8; frame.len() + 64];
-        let res = prog.test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ctx_in: Some(&ctx),
-            ..TestRunOptions::new()
-        })?;
-        out.truncate(res.data_size_out as usize);
-        Ok((res.return_value, out))
+    router.prog.obj.with(|ebpf| {
+        let prog: &Xdp = ebpf.program(PROGRAM_NAME).context("program")?.try_into()?;
+        ns.run(|| {
+            let mut out = vec![0u8; frame.len() + 64];
+            let res = prog.test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::new()
+            })?;
+            out.truncate(res.data_size_out as usize);
+            Ok((res.return_value, out))
+        })
     })
 }
 
@@ -798,7 +796,10 @@ fn attach_reports_kernel_mode_and_detaches() {
     ip(&ns, "link set veth-a up");
     ip(&ns, "link set veth-b up");
     let mut router = Router::load(false).unwrap();
-    assert_eq!(attached_mode(&ns, "veth-a").unwrap(), None);
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &ns, "veth-a").unwrap(),
+        None
+    );
 
     for (mode, want) in [
         (XdpMode::Skb, AttachedMode::Skb),
@@ -808,7 +809,10 @@ fn attach_reports_kernel_mode_and_detaches() {
     ] {
         let got = router.attach(&ns, "veth-a", mode).unwrap();
         assert_eq!(got, want, "{mode:?}");
-        assert_eq!(attached_mode(&ns, "veth-a").unwrap(), Some(want));
+        assert_eq!(
+            attached_mode(crate::sys::linux_static(), &ns, "veth-a").unwrap(),
+            Some(want)
+        );
         assert_eq!(
             router.attached_to(),
             vec![(ns.name().to_string(), "veth-a".to_string())]
@@ -817,7 +821,7 @@ fn attach_reports_kernel_mode_and_detaches() {
         assert!(router.attach(&ns, "veth-a", mode).is_err());
         router.detach_all().unwrap();
         assert_eq!(
-            attached_mode(&ns, "veth-a").unwrap(),
+            attached_mode(crate::sys::linux_static(), &ns, "veth-a").unwrap(),
             None,
             "{mode:?} left behind"
         );
@@ -835,8 +839,14 @@ fn attach_reports_kernel_mode_and_detaches() {
     );
     // Dropping the router detaches it (from the test's own namespace).
     drop(router);
-    assert_eq!(attached_mode(&ns, "veth-a").unwrap(), None);
-    assert_eq!(attached_mode(&ns, "veth-b").unwrap(), None);
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &ns, "veth-a").unwrap(),
+        None
+    );
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &ns, "veth-b").unwrap(),
+        None
+    );
 }
 
 #[test]
@@ -856,7 +866,7 @@ fn native_on_loopback_is_unsupported_and_auto_falls_back() {
     let msg = e.to_string();
     assert!(msg.contains("try --xdp-mode auto, skb or off"), "{msg}");
     assert_eq!(
-        attached_mode(&ns, "lo").unwrap(),
+        attached_mode(crate::sys::linux_static(), &ns, "lo").unwrap(),
         None,
         "nothing left after a failure"
     );
@@ -866,9 +876,15 @@ fn native_on_loopback_is_unsupported_and_auto_falls_back() {
         router.attach(&ns, "lo", XdpMode::Auto).unwrap(),
         AttachedMode::Skb
     );
-    assert_eq!(attached_mode(&ns, "lo").unwrap(), Some(AttachedMode::Skb));
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &ns, "lo").unwrap(),
+        Some(AttachedMode::Skb)
+    );
     router.detach_all().unwrap();
-    assert_eq!(attached_mode(&ns, "lo").unwrap(), None);
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &ns, "lo").unwrap(),
+        None
+    );
 
     let e = router.attach(&ns, "nosuch0", XdpMode::Skb).unwrap_err();
     assert!(
@@ -888,7 +904,10 @@ fn one_router_one_namespace() {
     router.attach(&a, "lo", XdpMode::Skb).unwrap();
     let e = router.attach(&b, "lo", XdpMode::Skb).unwrap_err();
     assert!(e.to_string().contains("one namespace"), "{e:#}");
-    assert_eq!(attached_mode(&b, "lo").unwrap(), None);
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &b, "lo").unwrap(),
+        None
+    );
     router.detach_all().unwrap();
 }
 
@@ -1025,8 +1044,14 @@ fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
         .sum();
     assert_eq!(pass_ipv4, 0, "{c:?}");
     router.detach_all().unwrap();
-    assert_eq!(attached_mode(&rtr, "r0").unwrap(), None);
-    assert_eq!(attached_mode(&rtr, "r1").unwrap(), None);
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &rtr, "r0").unwrap(),
+        None
+    );
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &rtr, "r1").unwrap(),
+        None
+    );
     // The kernel forwards again without the router.
     round_trip(N + 1);
 }

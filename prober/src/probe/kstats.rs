@@ -1,13 +1,17 @@
 //! Kernel drop counters that say where lost probes went: UDP receive-buffer
-//! overflows of a namespace (`/proc/thread-self/net/snmp`, read on a thread
-//! inside the namespace) and the per-CPU input backlog drops
-//! (`/proc/net/softnet_stat`, host-wide: other traffic on the machine
-//! counts too). Parsing is pure; reading needs only procfs (any Linux).
+//! overflows of a namespace (`/proc/thread-self/net/snmp`, read by the
+//! kernel layer's worker inside the namespace) and the per-CPU input
+//! backlog drops (`/proc/net/softnet_stat`, host-wide: other traffic on the
+//! machine counts too). Parsing is pure; reading needs only procfs (any
+//! Linux) and goes through [`crate::sys::Sys::proc_net`].
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::testbed::Netns;
+use crate::{
+    sys::{Ns, Sys},
+    testbed::Netns,
+};
 
 /// The `Udp:` line of /proc/net/snmp (the fields rtprobe reports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -69,18 +73,25 @@ pub fn parse_softnet_dropped(text: &str) -> u64 {
 
 /// UDP counters of the namespace `ns`.
 pub fn read_udp(ns: &Netns) -> Result<UdpCounters> {
-    ns.run(|| {
-        let t = std::fs::read_to_string("/proc/thread-self/net/snmp")
-            .context("read /proc/thread-self/net/snmp")?;
-        parse_snmp_udp(&t).context("no Udp: line in /proc/net/snmp")
-    })
+    read_udp_in(crate::sys::linux_static(), ns.into())
+}
+
+/// UDP counters of the namespace `ns`, through `sys`.
+pub fn read_udp_in(sys: &dyn Sys, ns: Ns) -> Result<UdpCounters> {
+    let t = sys.proc_net(ns, "snmp")?;
+    parse_snmp_udp(&t).context("no Udp: line in /proc/net/snmp")
 }
 
 /// Host-wide backlog drops so far.
 pub fn read_softnet_dropped() -> Result<u64> {
-    let t =
-        std::fs::read_to_string("/proc/net/softnet_stat").context("read /proc/net/softnet_stat")?;
-    Ok(parse_softnet_dropped(&t))
+    read_softnet_dropped_in(crate::sys::linux_static())
+}
+
+/// Host-wide backlog drops so far, through `sys`.
+pub fn read_softnet_dropped_in(sys: &dyn Sys) -> Result<u64> {
+    Ok(parse_softnet_dropped(
+        &sys.proc_net(Ns::Host, "softnet_stat")?,
+    ))
 }
 
 /// The counters of both ends, sampled before and after a run. A counter
@@ -96,14 +107,19 @@ impl DropSnapshot {
     /// Samples both namespaces; what cannot be read is logged and left
     /// unknown (it only explains losses, it does not make them).
     pub fn take(sender: &Netns, receiver: &Netns) -> Self {
+        Self::take_in(crate::sys::linux_static(), sender.into(), receiver.into())
+    }
+
+    /// [`Self::take`] through `sys`.
+    pub fn take_in(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
         fn known<T>(what: &str, r: Result<T>) -> Option<T> {
             r.map_err(|e| log::info!("kernel drop counters of the {what}: {e:#}"))
                 .ok()
         }
         Self {
-            sender: known("sender", read_udp(sender)),
-            receiver: known("receiver", read_udp(receiver)),
-            backlog_drops: known("host", read_softnet_dropped()),
+            sender: known("sender", read_udp_in(sys, sender)),
+            receiver: known("receiver", read_udp_in(sys, receiver)),
+            backlog_drops: known("host", read_softnet_dropped_in(sys)),
         }
     }
 
@@ -180,6 +196,30 @@ mod tests {
         };
         assert_eq!(c.since(&before).rcvbuf_errors, 7);
         assert_eq!(c.since(&before).in_datagrams, 0);
+    }
+
+    /// Through the fake kernel: a namespace whose snmp cannot be read and
+    /// a missing softnet_stat are null in the report, the rest counted.
+    #[test]
+    fn snapshots_through_sys_leave_what_cannot_be_read_unknown() {
+        use crate::sys::fake::{Call, FakeSys};
+        let f = FakeSys::new();
+        f.create_netns("snd").unwrap();
+        f.create_netns("rcv").unwrap();
+        f.with_file(Ns::Named("rcv"), "procnet:snmp", SNMP);
+        let before = DropSnapshot::take_in(&f, Ns::Named("snd"), Ns::Named("rcv"));
+        let bumped = SNMP.replace("Udp: 1200 3 40 1100 37 2", "Udp: 1300 3 41 1100 45 2");
+        f.with_file(Ns::Named("rcv"), "procnet:snmp", &bumped);
+        let after = DropSnapshot::take_in(&f, Ns::Named("snd"), Ns::Named("rcv"));
+        let r = after.report_since(&before);
+        assert_eq!(r["receiver_rcvbuf_errors"], 8);
+        assert_eq!(r["receiver_in_errors"], 1);
+        assert!(r["sender_rcvbuf_errors"].is_null(), "{r}");
+        assert!(r["host_backlog_drops"].is_null(), "{r}");
+        assert!(
+            f.calls()
+                .contains(&Call::ProcNet("host".into(), "softnet_stat".into()))
+        );
     }
 
     #[test]

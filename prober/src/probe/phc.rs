@@ -7,9 +7,8 @@
 //! every hardware stamp through the measured offset.
 //!
 //! Kernel interfaces:
-//! - `SIOCETHTOOL` / `ETHTOOL_GET_TS_INFO` (linux/ethtool.h, Linux >= 3.5):
-//!   which `/dev/ptpN` belongs to an interface. Looked up by name in the
-//!   calling thread's network namespace.
+//! - `SIOCETHTOOL` / `ETHTOOL_GET_TS_INFO` (linux/ethtool.h, Linux >= 3.5,
+//!   in [`crate::sys::ethtool`]): which `/dev/ptpN` belongs to an interface.
 //! - `/dev/ptpN` with `PTP_SYS_OFFSET_EXTENDED` (linux/ptp_clock.h,
 //!   Linux >= 5.0 and a driver with `gettimex64`; its `clockid` field needs
 //!   Linux >= 6.12, older kernels require the same bytes to be zero, which
@@ -34,39 +33,14 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::testbed::ethtool;
-
-const ETHTOOL_GET_TS_INFO: u32 = 0x41;
-
-/// `struct ethtool_ts_info` (linux/ethtool.h), 44 bytes.
-#[repr(C)]
-#[derive(Default)]
-struct EthtoolTsInfo {
-    cmd: u32,
-    so_timestamping: u32,
-    /// -1 when the interface has no PHC.
-    phc_index: i32,
-    tx_types: u32,
-    tx_reserved: [u32; 3],
-    rx_filters: u32,
-    rx_reserved: [u32; 3],
-}
+use crate::sys::ethtool;
 
 /// The index N of the interface's PHC (`/dev/ptpN`), or None when it has
-/// none (veth, loopback, NICs without hardware timestamping). Run it inside
-/// the interface's network namespace (`Netns::run`).
+/// none (veth, loopback, NICs without hardware timestamping), in the
+/// calling thread's network namespace (`Netns::run`); the kernel layer's
+/// [`crate::sys::Sys::phc_index`] asks in a named one.
 pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
-    let mut info = EthtoolTsInfo {
-        cmd: ETHTOOL_GET_TS_INFO,
-        ..Default::default()
-    };
-    match ethtool::ioctl(ifname, &mut info, "timestamping info") {
-        Ok(()) => Ok(u32::try_from(info.phc_index).ok()),
-        // Kernels fill in a software-only answer for drivers without the
-        // operation; a driver refusing it outright has no PHC either.
-        Err(e) if e.downcast_ref::<ethtool::Unsupported>().is_some() => Ok(None),
-        Err(e) => Err(e),
-    }
+    ethtool::phc_index(ifname)
 }
 
 const PTP_CLK_MAGIC: u8 = b'=';
@@ -753,7 +727,6 @@ mod tests {
     #[test]
     fn struct_layouts_match_the_kernel() {
         use std::mem::size_of;
-        assert_eq!(size_of::<EthtoolTsInfo>(), 44);
         assert_eq!(size_of::<PtpClockTime>(), 16);
         // 16-byte header + 51 times.
         assert_eq!(size_of::<PtpSysOffset>(), 16 + 51 * 16);

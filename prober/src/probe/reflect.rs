@@ -680,16 +680,19 @@ fn attach_kernel(
     // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
     // runs (an XDP program there, or GRO requested): replies are
     // redirected to the interface itself, as in rtprobe's own testbed.
-    let veth = crate::testbed::ethtool::driver(&ifname).is_ok_and(|d| d == "veth");
+    use crate::sys::{Ns, Sys};
+    let sys = crate::sys::linux();
+    let veth = sys.driver(Ns::Host, &ifname).is_ok_and(|d| d == "veth");
     let reply_ifindex = if veth {
-        nix::net::if_::if_nametoindex(ifname.as_str()).context("ifindex")?
+        sys.link(Ns::Host, &ifname)?
+            .with_context(|| format!("{ifname} is gone"))?
+            .index
     } else {
         0
     };
     let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex)?;
-    let ns = crate::testbed::Netns::current()?;
     let mode = r
-        .attach(&ns, &ifname, crate::ebpf::XdpMode::Auto)
+        .attach(Ns::Host, &ifname, crate::ebpf::XdpMode::Auto)
         .with_context(|| format!("attach to {ifname}"))?;
     eprintln!("rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode)");
     if veth {

@@ -286,9 +286,39 @@ fn set_value(ifname: &str, cmd: u32, data: u32, what: &'static str) -> Result<()
     ioctl(ifname, &mut v, what)
 }
 
+const ETHTOOL_GET_TS_INFO: u32 = 0x41;
+
+/// `struct ethtool_ts_info` (linux/ethtool.h), 44 bytes.
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolTsInfo {
+    cmd: u32,
+    so_timestamping: u32,
+    /// -1 when the interface has no PHC.
+    phc_index: i32,
+    tx_types: u32,
+    tx_reserved: [u32; 3],
+    rx_filters: u32,
+    rx_reserved: [u32; 3],
+}
+
+/// The index N of the interface's PHC (`/dev/ptpN`), or None when it has
+/// none (veth, loopback, NICs without hardware timestamping).
+pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
+    let mut info = EthtoolTsInfo {
+        cmd: ETHTOOL_GET_TS_INFO,
+        ..Default::default()
+    };
+    match ioctl(ifname, &mut info, "timestamping info") {
+        Ok(()) => Ok(u32::try_from(info.phc_index).ok()),
+        // Kernels fill in a software-only answer for drivers without the
+        // operation; a driver refusing it outright has no PHC either.
+        Err(e) if e.downcast_ref::<Unsupported>().is_some() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// SIOCETHTOOL with `arg` (an ethtool command struct starting with `cmd`).
-/// Crate-visible so other ethtool queries (the PHC index in
-/// `probe::phc`) share its name checks and error mapping.
 pub(crate) fn ioctl<T>(ifname: &str, arg: &mut T, what: &'static str) -> Result<()> {
     let name = ifname.as_bytes();
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
@@ -338,6 +368,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<EthtoolValue>(), 8);
         assert_eq!(std::mem::size_of::<EthtoolRingparam>(), 36);
         assert_eq!(std::mem::size_of::<EthtoolDrvinfo>(), 196);
+        assert_eq!(std::mem::size_of::<EthtoolTsInfo>(), 44);
     }
 
     #[test]

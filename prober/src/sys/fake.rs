@@ -3,6 +3,9 @@
 //! and sysfs files. Every call is recorded in order; [`FakeSys::fail_when`]
 //! makes chosen calls fail (still recorded), to test the undo paths.
 //! Moving a link drops its addresses and routes, as the kernel does.
+//! XDP: attaching sets the link's program id in the mode the kernel would
+//! choose (native unless the link is told to refuse it), one program per
+//! link; device maps are sets of ifindexes per map name.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,7 +14,10 @@ use std::{
 
 use anyhow::{Result, anyhow, bail};
 
-use super::{Addr, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpState};
+use super::{
+    Addr, BpfObject, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
+    XdpFlags, XdpLink, XdpProg, XdpState,
+};
 
 /// One recorded call; the namespace is "host" or its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,14 +39,25 @@ pub enum Call {
     SysfsRead(String, String),
     SysfsWrite(String, String, String),
     SysfsList(String, String),
+    ProcNet(String, String),
     Offload(String, String, Offload),
     SetOffload(String, String, Offload, bool),
     Ring(String, String),
     SetTxRing(String, String, u32),
     Driver(String, String),
+    PhcIndex(String, String),
     Tc(String, String),
     Qdiscs(String, String),
     XdpState(String, u32),
+    /// Namespace, device, program id, flags.
+    XdpAttach(String, String, u32, XdpFlags),
+    /// Namespace, device, program id.
+    XdpDetach(String, String, u32),
+    /// Namespace, map, device.
+    DevmapInsert(String, String, String),
+    /// Map, ifindex.
+    DevmapRemove(String, u32),
+    MissingQdiscKinds(Vec<String>),
 }
 
 impl Call {
@@ -54,11 +71,14 @@ impl Call {
                 | Call::Sysctl(..)
                 | Call::SysfsRead(..)
                 | Call::SysfsList(..)
+                | Call::ProcNet(..)
                 | Call::Offload(..)
                 | Call::Ring(..)
                 | Call::Driver(..)
+                | Call::PhcIndex(..)
                 | Call::Qdiscs(..)
                 | Call::XdpState(..)
+                | Call::MissingQdiscKinds(..)
         )
     }
 }
@@ -70,6 +90,13 @@ pub struct FakeLink {
     pub mtu: u32,
     pub addrs: Vec<Addr>,
     pub offloads: BTreeMap<Offload, bool>,
+    pub driver: String,
+    /// Its PTP hardware clock's index.
+    pub phc: Option<u32>,
+    pub xdp: XdpState,
+    /// The errno a native (or unflagged) XDP attach gets; None: the driver
+    /// has native XDP. EOPNOTSUPP makes an unflagged attach generic.
+    pub refuse_native: Option<i32>,
 }
 
 #[derive(Default)]
@@ -78,8 +105,12 @@ pub struct Model {
     /// (namespace, link name) -> link.
     pub links: BTreeMap<(String, String), FakeLink>,
     pub routes: BTreeMap<String, Vec<Route>>,
-    /// (namespace, "sysctl:KEY" or "sysfs:PATH") -> value.
+    /// (namespace, "sysctl:KEY", "sysfs:PATH" or "procnet:FILE") -> value.
     pub files: BTreeMap<(String, String), String>,
+    /// Qdisc kinds (and "u32") the fake kernel lacks.
+    pub missing_qdisc_kinds: BTreeSet<String>,
+    /// Device map name -> ifindexes in it.
+    pub devmaps: BTreeMap<String, BTreeSet<u32>>,
     next_index: u32,
 }
 
@@ -111,6 +142,11 @@ impl FakeSys {
         self.calls.lock().unwrap().clone()
     }
 
+    /// Forgets the calls so far (those that built a test's starting state).
+    pub fn clear_calls(&self) {
+        self.calls.lock().unwrap().clear();
+    }
+
     /// The calls that change state, in order.
     pub fn changes(&self) -> Vec<Call> {
         self.calls().into_iter().filter(Call::is_change).collect()
@@ -130,8 +166,18 @@ impl FakeSys {
                 mtu,
                 addrs: Vec::new(),
                 offloads,
+                driver: "fake".into(),
+                phc: None,
+                xdp: XdpState::default(),
+                refuse_native: None,
             },
         );
+        self
+    }
+
+    /// Changes a link of the model (driver, native XDP refusal, ...).
+    pub fn edit_link(&self, ns: Ns, name: &str, f: impl FnOnce(&mut FakeLink)) -> &Self {
+        self.with_link_mut(ns, name, f).expect("with_link first");
         self
     }
 
@@ -387,6 +433,12 @@ impl Sys for FakeSys {
         Ok(v)
     }
 
+    fn proc_net(&self, ns: Ns, file: &str) -> Result<String> {
+        self.record(Call::ProcNet(key(ns), file.into()))?;
+        self.file(ns, &format!("procnet:{file}"))
+            .ok_or_else(|| anyhow!("read /proc/thread-self/net/{file}: no such file"))
+    }
+
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool> {
         self.record(Call::Offload(key(ns), dev.into(), what))?;
         self.with_link_mut(ns, dev, |l| l.offloads.get(&what).copied().unwrap_or(false))
@@ -414,7 +466,12 @@ impl Sys for FakeSys {
 
     fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
         self.record(Call::Driver(key(ns), dev.into()))?;
-        Ok("fake".into())
+        self.with_link_mut(ns, dev, |l| l.driver.clone())
+    }
+
+    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
+        self.record(Call::PhcIndex(key(ns), dev.into()))?;
+        self.with_link_mut(ns, dev, |l| l.phc)
     }
 
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
@@ -429,6 +486,95 @@ impl Sys for FakeSys {
 
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState> {
         self.record(Call::XdpState(key(ns), ifindex))?;
-        Ok(XdpState::default())
+        let m = self.model.lock().unwrap();
+        Ok(m.links
+            .iter()
+            .find(|((n, _), l)| *n == key(ns) && l.index == ifindex)
+            .map(|(_, l)| l.xdp)
+            .unwrap_or_default())
+    }
+
+    fn missing_qdisc_kinds(&self, kinds: &[&str]) -> Result<Vec<String>> {
+        self.record(Call::MissingQdiscKinds(
+            kinds.iter().map(|k| k.to_string()).collect(),
+        ))?;
+        let m = self.model.lock().unwrap();
+        let mut v: Vec<String> = kinds
+            .iter()
+            .filter(|k| m.missing_qdisc_kinds.contains(**k))
+            .map(|k| k.to_string())
+            .collect();
+        v.dedup();
+        Ok(v)
+    }
+
+    fn xdp_attach(&self, ns: Ns, dev: &str, prog: &XdpProg, flags: XdpFlags) -> Result<XdpLink> {
+        self.record(Call::XdpAttach(key(ns), dev.into(), prog.id, flags))?;
+        self.ns_exists(ns)?;
+        let refuse = |errno: i32, what: &str| -> anyhow::Error {
+            XdpAttachError {
+                dev: dev.into(),
+                errno: Some(errno),
+                message: what.into(),
+            }
+            .into()
+        };
+        let ifindex = self.with_link_mut(ns, dev, |l| {
+            if !l.xdp.is_empty() {
+                return Err(refuse(libc::EBUSY, "another XDP program is attached"));
+            }
+            match (flags, l.refuse_native) {
+                (XdpFlags::Skb, _) => l.xdp.skb_prog_id = Some(prog.id),
+                (XdpFlags::Any, Some(libc::EOPNOTSUPP)) => l.xdp.skb_prog_id = Some(prog.id),
+                (_, Some(errno)) => return Err(refuse(errno, "the driver refuses native XDP")),
+                (_, None) => l.xdp.drv_prog_id = Some(prog.id),
+            }
+            Ok(l.index)
+        })??;
+        Ok(XdpLink {
+            netns: match ns {
+                Ns::Host => None,
+                Ns::Named(n) => Some(n.to_string()),
+            },
+            dev: dev.into(),
+            ifindex,
+            prog_id: prog.id,
+            link: None,
+        })
+    }
+
+    fn xdp_detach(&self, link: XdpLink) -> Result<()> {
+        let ns = link.ns();
+        self.record(Call::XdpDetach(key(ns), link.dev.clone(), link.prog_id))?;
+        // Gone with its namespace: nothing left to detach.
+        let _ = self.with_link_mut(ns, &link.dev, |l| {
+            for slot in [&mut l.xdp.skb_prog_id, &mut l.xdp.drv_prog_id] {
+                if *slot == Some(link.prog_id) {
+                    *slot = None;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn devmap_insert(&self, ns: Ns, _obj: &BpfObject, map: &str, dev: &str) -> Result<u32> {
+        self.record(Call::DevmapInsert(key(ns), map.into(), dev.into()))?;
+        let ifindex = self.with_link_mut(ns, dev, |l| l.index)?;
+        self.model
+            .lock()
+            .unwrap()
+            .devmaps
+            .entry(map.into())
+            .or_default()
+            .insert(ifindex);
+        Ok(ifindex)
+    }
+
+    fn devmap_remove(&self, _obj: &BpfObject, map: &str, ifindex: u32) -> Result<()> {
+        self.record(Call::DevmapRemove(map.into(), ifindex))?;
+        if let Some(s) = self.model.lock().unwrap().devmaps.get_mut(map) {
+            s.remove(&ifindex);
+        }
+        Ok(())
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! Everything testbed, tune and ebpf change in the kernel goes through
 //! [`Sys`]: links, addresses and routes (netlink), qdiscs (netlink to read,
-//! the `tc` command to build trees, see [`tc`]), offloads and rings
-//! (ethtool ioctl, [`ethtool`]), sysctls (/proc/sys) and sysfs attributes,
-//! and the XDP state of a link. Two implementations:
+//! the `tc` command to build trees and to find the kinds the kernel lacks,
+//! see [`tc`]), offloads, rings and the PHC index (ethtool ioctl,
+//! [`ethtool`]), sysctls (/proc/sys), /proc/net counters and sysfs
+//! attributes, and XDP: attach, detach, the attached state and the device
+//! maps the kernel resolves in the caller's namespace. Two implementations:
 //!
 //! - [`LinuxSys`] (`real.rs`): one worker thread per network namespace
 //!   that entered it once, owns one NETLINK_ROUTE socket and a private
@@ -14,12 +16,18 @@
 //!   can be told to fail chosen ones, so the orchestration above is tested
 //!   without root (the shape of youki's `TestHelperSyscall`).
 //!
-//! Not behind the trait yet: attaching XDP programs (aya, in `ebpf`), the
-//! probe's own sockets and timestamping ioctls (`probe`), the TCP load's
-//! congestion-control sysctl reads (`tune::load`), the queue sampler's own
-//! netlink socket on its thread (`tune::sampler`, code in [`netlink`]) and
-//! `bench`'s own veth set-up and AF_XDP sockets (its link counters, GRO and
-//! threaded NAPI do go through [`linux_static`]).
+//! XDP programs are loaded by `ebpf` (aya) and handed over as a
+//! [`BpfObject`]; the worker attaches them (BPF_LINK_CREATE) and returns
+//! an [`XdpLink`] the caller's undo list gives back to [`Sys::xdp_detach`].
+//!
+//! Not behind the trait: the probe's own sockets and their timestamping
+//! ioctls (SIOCSHWTSTAMP, `probe::socket`) and the PHC reads
+//! (`probe::phc`, /dev/ptpN), which act on sockets and devices the probe
+//! owns rather than on network configuration; the queue sampler's own
+//! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
+//! sample through the worker costs ten times as much); `bench`'s own veth
+//! set-up and AF_XDP sockets (its link counters, GRO and threaded NAPI do
+//! go through [`linux_static`]).
 //!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
@@ -31,13 +39,17 @@ pub mod netlink;
 mod real;
 pub mod tc;
 
-use std::{fmt, net::IpAddr, sync::Arc};
+use std::{
+    fmt,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
-pub use real::{LinuxSys, NsCtx, linux, linux_static, private_sysfs, release_worker};
+pub use real::{LinuxSys, NsCtx, bpf_errno, linux, linux_static, private_sysfs, release_worker};
 pub use tc::{TcCmd, TcError};
 
 /// Which network namespace a call acts in.
@@ -190,6 +202,91 @@ impl XdpState {
     }
 }
 
+/// The mode flag an XDP attach asks the kernel for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum XdpFlags {
+    /// XDP_FLAGS_SKB_MODE: generic XDP, any driver.
+    Skb,
+    /// XDP_FLAGS_DRV_MODE: in the driver; refused by drivers without it.
+    Drv,
+    /// No mode flag: the kernel picks native where the driver has it.
+    Any,
+}
+
+/// A loaded eBPF object (aya's `Ebpf`), shared with the kernel layer so
+/// that its worker of a namespace can attach the object's XDP programs and
+/// write its device maps there. Tests use a stand-in holding no object.
+#[derive(Clone)]
+pub struct BpfObject(Arc<Mutex<Option<aya::Ebpf>>>);
+
+impl BpfObject {
+    pub fn new(ebpf: aya::Ebpf) -> Self {
+        Self(Arc::new(Mutex::new(Some(ebpf))))
+    }
+
+    /// An object that was never loaded, for orchestration tests against
+    /// the fake (which never looks inside).
+    #[cfg(test)]
+    pub fn stand_in() -> Self {
+        Self(Arc::new(Mutex::new(None)))
+    }
+
+    /// Runs `f` on the loaded object.
+    pub fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_mut() {
+            Some(e) => f(e),
+            None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
+        }
+    }
+}
+
+impl fmt::Debug for BpfObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BpfObject")
+    }
+}
+
+/// One XDP program of a loaded object.
+#[derive(Debug, Clone)]
+pub struct XdpProg {
+    pub obj: BpfObject,
+    /// Its name in the object.
+    pub name: &'static str,
+    /// The kernel's program id (what IFLA_XDP reports once attached).
+    pub id: u32,
+}
+
+/// An XDP attachment made by [`Sys::xdp_attach`]; [`Sys::xdp_detach`]
+/// takes it back. Dropped without that, a bpf_link attachment (Linux >=
+/// 5.9) detaches as its fd closes; a netlink one stays.
+#[derive(Debug)]
+pub struct XdpLink {
+    /// The namespace's name, None for the host.
+    pub netns: Option<String>,
+    pub dev: String,
+    pub ifindex: u32,
+    pub prog_id: u32,
+    /// aya's link (None from the fake).
+    pub(crate) link: Option<aya::programs::xdp::XdpLink>,
+}
+
+impl XdpLink {
+    pub fn ns(&self) -> Ns<'_> {
+        self.netns.as_deref().map_or(Ns::Host, Ns::Named)
+    }
+}
+
+/// Why the kernel refused an XDP attach, with its errno where there is one
+/// (callers choose a fallback or an explanation by it).
+#[derive(Debug, thiserror::Error)]
+#[error("attaching XDP to {dev}: {message}")]
+pub struct XdpAttachError {
+    pub dev: String,
+    pub errno: Option<i32>,
+    pub message: String,
+}
+
 /// An offload feature switched through ethtool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Offload {
@@ -252,6 +349,8 @@ pub trait Sys: Send + Sync {
     fn sysfs_write(&self, ns: Ns, path: &str, value: &str) -> Result<()>;
     /// Entries of a sysfs directory, sorted.
     fn sysfs_list(&self, ns: Ns, dir: &str) -> Result<Vec<String>>;
+    /// A file of the namespace's /proc/net ("snmp", "softnet_stat").
+    fn proc_net(&self, ns: Ns, file: &str) -> Result<String>;
 
     /// Is this offload on? A driver without it: `ethtool::Unsupported`.
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool>;
@@ -260,12 +359,33 @@ pub trait Sys: Send + Sync {
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring>;
     fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()>;
     fn driver(&self, ns: Ns, dev: &str) -> Result<String>;
+    /// The index N of `dev`'s PTP hardware clock (/dev/ptpN), None if it
+    /// has none (ETHTOOL_GET_TS_INFO).
+    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>>;
 
     /// Runs one `tc` command in the namespace; the error is a [`TcError`]
     /// (downcast it to branch on an unknown qdisc kind).
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String>;
     fn qdiscs(&self, ns: Ns, dev: &str) -> Result<Vec<QdiscInfo>>;
+    /// Which of `kinds` (qdisc kinds, "u32" for the classifier) this
+    /// kernel lacks, found by trying each in a scratch namespace; the
+    /// answer is kept for the life of the handle.
+    fn missing_qdisc_kinds(&self, kinds: &[&str]) -> Result<Vec<String>>;
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState>;
+
+    /// Attaches `prog` to `dev` in `ns` (BPF_LINK_CREATE, netlink IFLA_XDP
+    /// before Linux 5.9). A refusal by the kernel is an [`XdpAttachError`];
+    /// a missing `dev` is `Error::InterfaceNotFound`.
+    fn xdp_attach(&self, ns: Ns, dev: &str, prog: &XdpProg, flags: XdpFlags) -> Result<XdpLink>;
+    /// Detaches what [`Sys::xdp_attach`] attached (inside its namespace;
+    /// if the namespace is gone, where the link still lives).
+    fn xdp_detach(&self, link: XdpLink) -> Result<()>;
+    /// Puts `dev`'s ifindex into the DEVMAP_HASH `map` of `obj` (key and
+    /// value) and returns it: the kernel resolves the device in the
+    /// namespace of the writing thread, so this runs in `ns`.
+    fn devmap_insert(&self, ns: Ns, obj: &BpfObject, map: &str, dev: &str) -> Result<u32>;
+    /// Removes `ifindex` from `map`; an absent key is not an error.
+    fn devmap_remove(&self, obj: &BpfObject, map: &str, ifindex: u32) -> Result<()>;
 }
 
 /// The shared handle the orchestration passes around.

@@ -9,7 +9,10 @@
 //!
 //! Kernel interfaces: setns(2) and unshare(2) (Linux >= 3.8), mount(2) of
 //! sysfs, NETLINK_ROUTE ([`super::netlink`]), SIOCETHTOOL
-//! ([`super::ethtool`]), `tc` ([`super::tc`]), files under /proc/sys.
+//! ([`super::ethtool`]), `tc` ([`super::tc`]), files under /proc/sys and
+//! /proc/thread-self/net,
+//! bpf(2) through aya for XDP attach (BPF_LINK_CREATE, Linux >= 5.9; aya
+//! falls back to netlink IFLA_XDP) and DEVMAP_HASH updates (5.4).
 
 use std::{
     collections::HashMap,
@@ -26,9 +29,14 @@ use nix::{
     sched::{CloneFlags, setns, unshare},
 };
 
+use aya::{
+    maps::{DevMapHash, MapData, MapError},
+    programs::{Link as _, ProgramError, Xdp, XdpMode},
+};
+
 use super::{
-    Addr, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpState, ethtool,
-    netlink::NlSocket, tc,
+    Addr, BpfObject, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
+    XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, tc,
 };
 use crate::testbed::netns;
 
@@ -60,6 +68,8 @@ impl Drop for Worker {
 #[derive(Default)]
 pub struct LinuxSys {
     workers: Mutex<HashMap<String, Arc<Worker>>>,
+    /// Qdisc kind -> does the kernel have it (probing takes a namespace).
+    qdisc_kinds: Mutex<HashMap<String, bool>>,
 }
 
 /// The process-wide [`LinuxSys`].
@@ -342,6 +352,15 @@ impl Sys for LinuxSys {
         })
     }
 
+    fn proc_net(&self, ns: Ns, file: &str) -> Result<String> {
+        let file = file.to_string();
+        self.on(ns, move |_| {
+            // thread-self: /proc/net is the main thread's namespace's view.
+            let p = format!("/proc/thread-self/net/{file}");
+            std::fs::read_to_string(&p).with_context(|| format!("read {p}"))
+        })
+    }
+
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool> {
         let dev = dev.to_string();
         self.on(ns, move |_| ethtool::offload(&dev, what))
@@ -367,6 +386,11 @@ impl Sys for LinuxSys {
         self.on(ns, move |_| ethtool::driver(&dev))
     }
 
+    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::phc_index(&dev))
+    }
+
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
         let cmd = cmd.clone();
         self.on(ns, move |_| tc::run(&cmd).map_err(anyhow::Error::new))
@@ -382,6 +406,136 @@ impl Sys for LinuxSys {
 
     fn xdp_state(&self, ns: Ns, ifindex: u32) -> Result<XdpState> {
         self.on(ns, move |c| c.nl.xdp_state(ifindex))
+    }
+
+    fn missing_qdisc_kinds(&self, kinds: &[&str]) -> Result<Vec<String>> {
+        let known = |k: &str| {
+            self.qdisc_kinds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(k)
+                .copied()
+        };
+        let unknown: Vec<&str> = kinds
+            .iter()
+            .copied()
+            .filter(|k| known(k).is_none())
+            .collect();
+        if !unknown.is_empty() {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(crate::error::Error::NotRoot.into());
+            }
+            let found = tc::probe_kinds(self, &unknown)?;
+            self.qdisc_kinds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(found);
+        }
+        let mut missing: Vec<String> = kinds
+            .iter()
+            .filter(|k| known(k) == Some(false))
+            .map(|k| k.to_string())
+            .collect();
+        missing.dedup();
+        Ok(missing)
+    }
+
+    fn xdp_attach(&self, ns: Ns, dev: &str, prog: &XdpProg, flags: XdpFlags) -> Result<XdpLink> {
+        let (obj, name, d) = (prog.obj.clone(), prog.name, dev.to_string());
+        let (ifindex, link) = self.on(ns, move |c| {
+            let ifindex = c.nl.require_link(&d)?.index;
+            let link = obj.with(|ebpf| {
+                let xdp: &mut Xdp = ebpf
+                    .program_mut(name)
+                    .with_context(|| format!("the eBPF object has no program {name}"))?
+                    .try_into()
+                    .with_context(|| format!("{name} is not an XDP program"))?;
+                let mode = match flags {
+                    XdpFlags::Skb => XdpMode::Skb,
+                    XdpFlags::Drv => XdpMode::Driver,
+                    XdpFlags::Any => XdpMode::Default,
+                };
+                let id = xdp
+                    .attach_to_if_index(ifindex, mode)
+                    .map_err(|e| XdpAttachError {
+                        dev: d.clone(),
+                        errno: bpf_errno(&e),
+                        message: format!("{:#}", anyhow::Error::new(e)),
+                    })?;
+                // Owned by the caller from here: its undo list detaches it.
+                xdp.take_link(id).context("take the XDP link from aya")
+            })?;
+            Ok((ifindex, link))
+        })?;
+        Ok(XdpLink {
+            netns: match ns {
+                Ns::Host => None,
+                Ns::Named(n) => Some(n.to_string()),
+            },
+            dev: dev.to_string(),
+            ifindex,
+            prog_id: prog.id,
+            link: Some(link),
+        })
+    }
+
+    fn xdp_detach(&self, link: XdpLink) -> Result<()> {
+        let netns = link.netns.clone();
+        let ns = netns.as_deref().map_or(Ns::Host, Ns::Named);
+        let Some(l) = link.link else {
+            return Ok(());
+        };
+        let detach = move |l: aya::programs::xdp::XdpLink| match l.detach() {
+            Ok(()) | Err(ProgramError::NotAttached) => Ok(()),
+            Err(e) => Err(anyhow!(e).context("bpf link detach")),
+        };
+        match self.worker(ns) {
+            Ok(_) => self.on(ns, move |_| detach(l)),
+            // The namespace is gone (and with it a veth); a bpf_link
+            // detaches wherever its fd is closed, e.g. on a NIC that went
+            // back to the host.
+            Err(_) => detach(l),
+        }
+    }
+
+    fn devmap_insert(&self, ns: Ns, obj: &BpfObject, map: &str, dev: &str) -> Result<u32> {
+        let (obj, map, dev) = (obj.clone(), map.to_string(), dev.to_string());
+        self.on(ns, move |c| {
+            let ifindex = c.nl.require_link(&dev)?.index;
+            obj.with(|ebpf| {
+                devmap(ebpf, &map)?
+                    .insert(ifindex, ifindex, None, 0)
+                    .with_context(|| format!("updating the XDP map {map} with {dev}"))
+            })?;
+            Ok(ifindex)
+        })
+    }
+
+    fn devmap_remove(&self, obj: &BpfObject, map: &str, ifindex: u32) -> Result<()> {
+        obj.with(|ebpf| match devmap(ebpf, map)?.remove(ifindex) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
+            Err(e) => Err(anyhow!(e).context(format!("removing {ifindex} from the XDP map {map}"))),
+        })
+    }
+}
+
+fn devmap<'a>(ebpf: &'a mut aya::Ebpf, map: &str) -> Result<DevMapHash<&'a mut MapData>> {
+    let m = ebpf
+        .map_mut(map)
+        .with_context(|| format!("the eBPF object has no {map} map"))?;
+    DevMapHash::try_from(m).with_context(|| format!("the {map} map is not a DEVMAP_HASH"))
+}
+
+/// The errno at the bottom of an aya program error, if any.
+pub fn bpf_errno(e: &ProgramError) -> Option<i32> {
+    match e {
+        ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
+        ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),
+        ProgramError::XdpError(aya::programs::XdpError::NetlinkError(n)) => n.raw_os_error(),
+        _ => None,
     }
 }
 

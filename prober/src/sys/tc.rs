@@ -1,6 +1,6 @@
 //! The one place rtprobe runs `tc` (iproute2). Qdisc trees with options
 //! (htb classes, u32 filters, fq_codel parameters) are what tc is for;
-//! reading them back is done over netlink (`nl`). Every call checks the
+//! reading them back is done over netlink ([`super::netlink`]). Every call checks the
 //! exit status and shows the command line and tc's message on error.
 //!
 //! Kernel interface: rtnetlink RTM_NEWQDISC/RTM_NEWTCLASS/RTM_NEWTFILTER
@@ -10,7 +10,9 @@
 
 use std::process::{Command, Stdio};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
+
+use super::{Ns, Sys};
 
 /// One tc invocation, as the words after `tc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +107,58 @@ pub fn run_all(cmds: &[TcCmd]) -> Result<()> {
         run(c).map_err(|e| anyhow!(e))?;
     }
     Ok(())
+}
+
+/// The smallest valid command adding `kind` on lo.
+fn probe_commands(kind: &str) -> Vec<TcCmd> {
+    match kind {
+        "u32" => vec![
+            TcCmd::parse("qdisc add dev lo clsact"),
+            TcCmd::parse(
+                "filter add dev lo egress protocol ip prio 1 u32 match ip dport 5061 0xffff classid 1:1",
+            ),
+        ],
+        "tbf" => vec![TcCmd::parse(
+            "qdisc add dev lo root handle 1: tbf rate 1mbit burst 1600 limit 3000",
+        )],
+        k => vec![TcCmd::new([
+            "qdisc", "add", "dev", "lo", "root", "handle", "1:", k,
+        ])],
+    }
+}
+
+/// Whether the kernel has each of `kinds` (qdisc kinds, "u32" for the
+/// classifier): each is tried on lo of a scratch namespace made and
+/// deleted through `sys`, so the user's interfaces are never touched.
+pub(super) fn probe_kinds(sys: &dyn Sys, kinds: &[&str]) -> Result<Vec<(String, bool)>> {
+    let name = format!("rtpq-{}-{:04x}", std::process::id(), rand::random::<u16>());
+    sys.create_netns(&name)
+        .context("create a scratch namespace to check qdiscs")?;
+    let ns = Ns::Named(&name);
+    let res = (|| {
+        let mut out = Vec::new();
+        for k in kinds {
+            let mut ok = true;
+            for c in probe_commands(k) {
+                if let Err(e) = sys.tc(ns, &c) {
+                    if e.downcast_ref::<TcError>()
+                        .is_some_and(TcError::is_unknown_kind)
+                    {
+                        ok = false;
+                        break;
+                    }
+                    return Err(e.context(format!("checking whether the kernel has {k}")));
+                }
+            }
+            // Leave lo clean for the next kind.
+            let _ = sys.tc(ns, &TcCmd::parse("qdisc del dev lo root"));
+            let _ = sys.tc(ns, &TcCmd::parse("qdisc del dev lo clsact"));
+            out.push((k.to_string(), ok));
+        }
+        Ok(out)
+    })();
+    sys.delete_netns(&name)?;
+    res
 }
 
 #[cfg(test)]

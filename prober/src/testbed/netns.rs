@@ -160,6 +160,13 @@ impl Netns {
     }
 }
 
+/// The kernel layer's name of a named namespace (not of `Netns::current`).
+impl<'a> From<&'a Netns> for crate::sys::Ns<'a> {
+    fn from(n: &'a Netns) -> Self {
+        crate::sys::Ns::Named(n.name())
+    }
+}
+
 /// Deletes the named namespace `name` (what `ip netns del` does).
 pub fn remove(name: &str) -> Result<()> {
     // A namespace worker of the kernel layer would keep it alive.

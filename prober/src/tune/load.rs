@@ -89,7 +89,7 @@ use super::{
     shaping::Shaping,
     units::{self, Bytes, LoadRate, Rate},
 };
-use crate::testbed::Netns;
+use crate::{sys::Sys, testbed::Netns};
 
 /// First port of the load flows (iperf's).
 pub const DEFAULT_LOAD_PORT: u16 = 5201;
@@ -386,10 +386,13 @@ impl<'de> Deserialize<'de> for LoadSpec {
     }
 }
 
-/// Congestion controls the kernel has (as seen from the calling thread).
+/// Congestion controls the kernel has (the list is the same in every
+/// namespace: it names the registered modules).
 pub fn available_cc() -> Result<Vec<String>> {
-    let p = "/proc/sys/net/ipv4/tcp_available_congestion_control";
-    let s = std::fs::read_to_string(p).with_context(|| format!("read {p}"))?;
+    let s = crate::sys::linux_static().sysctl(
+        crate::sys::Ns::Host,
+        "net.ipv4.tcp_available_congestion_control",
+    )?;
     Ok(s.split_whitespace().map(str::to_string).collect())
 }
 
@@ -875,7 +878,7 @@ fn start_tcp(
             kind: "tcp",
             spec: spec.to_string(),
             port,
-            cc: cc.clone().or_else(|| default_cc().ok()),
+            cc: cc.clone().or_else(|| default_cc(t.sender).ok()),
             target_bps: per_flow.map(|r| r.bps),
             udp_size: 0,
             counters: c,
@@ -952,7 +955,7 @@ fn start_fetch(
         kind: "fetch",
         spec: spec.to_string(),
         port,
-        cc: p_cc_or_default(spec),
+        cc: p_cc_or_default(spec, t.sender),
         target_bps: None,
         udp_size: 0,
         counters: c,
@@ -968,8 +971,10 @@ fn start_fetch(
     Ok(())
 }
 
-fn p_cc_or_default(spec: &LoadSpec) -> Option<String> {
-    spec.cc().map(str::to_string).or_else(|| default_cc().ok())
+fn p_cc_or_default(spec: &LoadSpec, sender: &Netns) -> Option<String> {
+    spec.cc()
+        .map(str::to_string)
+        .or_else(|| default_cc(sender).ok())
 }
 
 /// Serves one fetch at a time: reads the 8-byte request (the page size,
@@ -1143,9 +1148,10 @@ fn fetch_once(
     }
 }
 
-fn default_cc() -> Result<String> {
-    let p = "/proc/sys/net/ipv4/tcp_congestion_control";
-    Ok(std::fs::read_to_string(p)?.trim().to_string())
+/// The congestion control new TCP sockets of `ns` get (per namespace
+/// since Linux 4.15).
+fn default_cc(ns: &Netns) -> Result<String> {
+    crate::sys::linux_static().sysctl(ns.into(), "net.ipv4.tcp_congestion_control")
 }
 
 fn tcp_writer(mut s: TcpStream, _c: &Counters, stop: &AtomicBool) -> Result<()> {

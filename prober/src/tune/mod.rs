@@ -40,7 +40,6 @@ pub mod bql;
 pub mod gso;
 pub mod load;
 mod load_acct;
-pub mod nl;
 pub mod qdisc;
 pub mod ring;
 pub mod rt;
@@ -693,6 +692,38 @@ fn nic_speed(at: At<'_>, dev: &str) -> Result<Option<Rate>> {
         .map(|m| Rate::mbit(m as u64)))
 }
 
+/// The qdisc to install: the one asked for, or None if there is none or
+/// the kernel lacks what it needs and `missing = skip` (then with the
+/// reason to report). With `missing = fail` that is a `QdiscUnavailable`
+/// error naming the first missing kind.
+fn decide_qdisc(
+    sys: &dyn crate::sys::Sys,
+    knobs: &Knobs,
+) -> Result<(Option<QdiscSpec>, Option<String>)> {
+    let Some(q) = &knobs.qdisc else {
+        return Ok((None, None));
+    };
+    let missing = sys.missing_qdisc_kinds(&q.requirements())?;
+    let Some(first) = missing.first() else {
+        return Ok((Some(q.clone()), None));
+    };
+    match knobs.missing() {
+        MissingPolicy::Fail => Err(anyhow::Error::new(Error::QdiscUnavailable {
+            kind: first.clone(),
+        })
+        .context(format!(
+            "qdisc {} needs {} (set missing = skip / --missing skip to run without it)",
+            q.kind(),
+            missing.join(", ")
+        ))),
+        MissingPolicy::Skip => {
+            let why = format!("qdisc {q} skipped: the kernel lacks {}", missing.join(", "));
+            log::warn!("{why}");
+            Ok((None, Some(why)))
+        }
+    }
+}
+
 /// Applies `knobs` to the testbed. On error everything applied so far is
 /// restored before returning.
 pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
@@ -732,30 +763,8 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
     );
 
     // Decide about the qdisc before touching anything.
-    let mut qdisc = knobs.qdisc.clone();
-    if let Some(q) = &knobs.qdisc {
-        let missing = qdisc::missing_kinds(&q.requirements())?;
-        if let Some(first) = missing.first() {
-            match knobs.missing() {
-                MissingPolicy::Fail => {
-                    return Err(anyhow::Error::new(Error::QdiscUnavailable {
-                        kind: first.clone(),
-                    })
-                    .context(format!(
-                        "qdisc {} needs {} (set missing = skip / --missing skip to run without it)",
-                        q.kind(),
-                        missing.join(", ")
-                    )));
-                }
-                MissingPolicy::Skip => {
-                    let why = format!("qdisc {q} skipped: the kernel lacks {}", missing.join(", "));
-                    log::warn!("{why}");
-                    a.skipped.push(why);
-                    qdisc = None;
-                }
-            }
-        }
-    }
+    let (qdisc, skipped) = decide_qdisc(tb.sys(), knobs)?;
+    a.skipped.extend(skipped);
     let shaping = knobs.shaping();
 
     if let Some(n) = knobs.txqueuelen {

@@ -83,13 +83,7 @@
 //! snapshot and verify; sch_* modules as named above; Linux >= 3.5
 //! (fq_codel), 4.x for everything else used here.
 
-use std::{
-    collections::HashMap,
-    fmt,
-    str::FromStr,
-    sync::{Mutex, OnceLock},
-    time::Duration,
-};
+use std::{fmt, str::FromStr, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -102,7 +96,7 @@ use super::{
     tc::{self, TcCmd},
     units::{Bytes, Rate, fmt_duration, parse_duration, tc_time},
 };
-use crate::{error::Error, sys::Sys};
+use crate::sys::Sys;
 
 /// Handle of the chosen qdisc, at the root or under the shaper.
 pub const QDISC_HANDLE: &str = "10:";
@@ -1228,85 +1222,10 @@ impl Drop for QdiscTree<'_> {
     }
 }
 
-/// Whether the kernel has a qdisc kind (or "u32" for the classifier).
-/// Results are cached for the life of the process.
+/// Which of `kinds` (qdisc kinds, "u32" for the classifier) this kernel
+/// lacks; see [`Sys::missing_qdisc_kinds`]. Cached for the life of the process.
 pub fn missing_kinds(kinds: &[&str]) -> Result<Vec<String>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let unknown: Vec<&str> = {
-        let c = cache.lock().unwrap_or_else(|e| e.into_inner());
-        kinds
-            .iter()
-            .copied()
-            .filter(|k| !c.contains_key(*k))
-            .collect()
-    };
-    if !unknown.is_empty() {
-        let found = probe_kinds(&unknown)?;
-        let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
-        c.extend(found);
-    }
-    let c = cache.lock().unwrap_or_else(|e| e.into_inner());
-    let mut missing: Vec<String> = kinds
-        .iter()
-        .filter(|k| c.get(**k) == Some(&false))
-        .map(|k| k.to_string())
-        .collect();
-    missing.dedup();
-    Ok(missing)
-}
-
-/// The smallest valid command adding `kind` on lo.
-fn probe_commands(kind: &str) -> Vec<TcCmd> {
-    match kind {
-        "u32" => vec![
-            TcCmd::parse("qdisc add dev lo clsact"),
-            TcCmd::parse(
-                "filter add dev lo egress protocol ip prio 1 u32 match ip dport 5061 0xffff classid 1:1",
-            ),
-        ],
-        "tbf" => vec![TcCmd::parse(
-            "qdisc add dev lo root handle 1: tbf rate 1mbit burst 1600 limit 3000",
-        )],
-        k => vec![TcCmd::new([
-            "qdisc", "add", "dev", "lo", "root", "handle", "1:", k,
-        ])],
-    }
-}
-
-fn probe_kinds(kinds: &[&str]) -> Result<Vec<(String, bool)>> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(Error::NotRoot.into());
-    }
-    let name = format!("rtpq-{}-{:04x}", std::process::id(), rand::random::<u16>());
-    let sys = crate::sys::linux_static();
-    sys.create_netns(&name)
-        .context("create a scratch namespace to check qdiscs")?;
-    let ns = crate::sys::Ns::Named(&name);
-    let res = (|| {
-        let mut out = Vec::new();
-        for k in kinds {
-            let mut ok = true;
-            for c in probe_commands(k) {
-                if let Err(e) = sys.tc(ns, &c) {
-                    if e.downcast_ref::<tc::TcError>()
-                        .is_some_and(tc::TcError::is_unknown_kind)
-                    {
-                        ok = false;
-                        break;
-                    }
-                    return Err(e.context(format!("checking whether the kernel has {k}")));
-                }
-            }
-            // Leave lo clean for the next kind.
-            let _ = sys.tc(ns, &TcCmd::parse("qdisc del dev lo root"));
-            let _ = sys.tc(ns, &TcCmd::parse("qdisc del dev lo clsact"));
-            out.push((k.to_string(), ok));
-        }
-        Ok(out)
-    })();
-    sys.delete_netns(&name)?;
-    res
+    crate::sys::linux_static().missing_qdisc_kinds(kinds)
 }
 
 #[cfg(test)]

@@ -151,9 +151,9 @@ fn tx_ring_on_veth_is_reported() {
 }
 
 fn qdisc_kinds(ns: &crate::testbed::Netns, dev: &str) -> Vec<String> {
-    let d = dev.to_string();
-    let mut v: Vec<String> = ns
-        .run(|| nl::RouteSocket::new()?.qdiscs(nl::ifindex(&d)?))
+    use crate::sys::Sys as _;
+    let mut v: Vec<String> = crate::sys::linux_static()
+        .qdiscs(ns.into(), dev)
         .unwrap()
         .into_iter()
         .map(|q| format!("{} {} {}", q.kind, q.handle, q.parent))

@@ -189,3 +189,52 @@ fn qdisc_tree_failing_midway_is_taken_down() {
         ]
     );
 }
+
+fn knobs_with(qdisc: &str, missing: super::MissingPolicy) -> super::Knobs {
+    super::Knobs {
+        qdisc: Some(qdisc.parse().unwrap()),
+        missing: Some(missing),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_qdisc_the_kernel_has_is_installed() {
+    let f = fake();
+    f.clear_calls();
+    let k = knobs_with("prio", super::MissingPolicy::Fail);
+    let (q, skipped) = super::decide_qdisc(&f, &k).unwrap();
+    assert_eq!(q, k.qdisc);
+    assert_eq!(skipped, None);
+    assert_eq!(
+        f.calls(),
+        vec![Call::MissingQdiscKinds(vec![s("prio"), s("sfq"), s("u32")])]
+    );
+}
+
+#[test]
+fn a_missing_qdisc_fails_before_anything_is_touched_or_is_skipped_when_asked() {
+    let f = fake();
+    f.clear_calls();
+    f.model.lock().unwrap().missing_qdisc_kinds.insert(s("u32"));
+    let e = super::decide_qdisc(&f, &knobs_with("prio", super::MissingPolicy::Fail)).unwrap_err();
+    assert!(
+        matches!(
+            e.downcast_ref::<crate::error::Error>(),
+            Some(crate::error::Error::QdiscUnavailable { kind }) if kind == "u32"
+        ),
+        "{e:#}"
+    );
+    assert!(
+        format!("{e:#}").contains("qdisc prio needs u32 (set missing = skip"),
+        "{e:#}"
+    );
+    assert!(f.changes().is_empty());
+
+    let (q, skipped) =
+        super::decide_qdisc(&f, &knobs_with("prio", super::MissingPolicy::Skip)).unwrap();
+    assert_eq!(q, None);
+    let why = skipped.unwrap();
+    assert!(why.contains("the kernel lacks u32"), "{why}");
+    assert!(f.changes().is_empty());
+}

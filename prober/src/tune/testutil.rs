@@ -7,7 +7,6 @@ use std::{net::Ipv4Addr, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use super::nl;
 use crate::testbed::{Iface, Netns, Testbed};
 
 /// True as root; under CI a failure, elsewhere a visible SKIPPED line (see
@@ -56,8 +55,11 @@ pub fn exec(ns: &Netns, args: &[&str]) -> Result<String> {
 }
 
 fn iface(ns: &Netns, name: &str, addr: Ipv4Addr) -> Result<Iface> {
-    let n = name.to_string();
-    let ifindex = ns.run(|| nl::ifindex(&n))?;
+    use crate::sys::Sys as _;
+    let ifindex = crate::sys::linux_static()
+        .link(ns.into(), name)?
+        .with_context(|| format!("{name} not found in {}", ns.name()))?
+        .index;
     Ok(Iface {
         name: name.to_string(),
         ifindex,
