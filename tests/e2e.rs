@@ -309,6 +309,50 @@ fn nic_pair_mode_gives_interfaces_back() {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+fn nic_pair_mode_over_ipv6() {
+    if !is_root("nic_pair_mode_over_ipv6") {
+        return;
+    }
+    let a = unique("rtp6a");
+    let b = unique("rtp6b");
+    sh_ok(&format!("ip link add {a} type veth peer name {b}"));
+    let _ga = LinkGuard(a.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--tx-if",
+            &a,
+            "--rx-if",
+            &b,
+            "--xdp-mode",
+            "off",
+            "--ip",
+            "6",
+            "--count",
+            &N.to_string(),
+        ],
+    );
+    assert_clean_run(&r, N);
+    assert_eq!(r.meta.testbed, "nic-pair");
+    let ip = &r.json["extra"]["ip"];
+    assert_eq!(
+        (ip["sender"].as_str(), ip["receiver"].as_str()),
+        (Some("fd71::1"), Some("fd71::2")),
+        "{ip}"
+    );
+    // Given back without the testbed's addresses.
+    for dev in [&a, &b] {
+        let after = sh_ok(&format!("ip -br addr show dev {dev}"));
+        assert!(
+            !after.contains("fd71:"),
+            "{dev} kept a testbed address: {after}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
 fn missing_interface_is_a_clear_error() {
     if !is_root("missing_interface_is_a_clear_error") {
         return;
