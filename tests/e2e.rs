@@ -239,6 +239,46 @@ fn ipv6_xdp_auto_mode() {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+fn ipv6_stamp_through_the_testbed() {
+    if !is_root("ipv6_stamp_through_the_testbed") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--ip",
+            "6",
+            "--protocol",
+            "stamp",
+            "--xdp-mode",
+            "native",
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
+    );
+    assert_eq!(r.code, 0, "stderr: {}\nstdout: {}", r.stderr, r.stdout);
+    assert_eq!(r.json["sent"], N, "{}", r.stdout);
+    assert_eq!(r.json["lost"], 0, "{}", r.stdout);
+    let refl = &r.json["extra"]["reflector"];
+    assert_eq!(refl["kind"], "user", "{refl}");
+    assert_eq!(refl["protocol"], "stamp", "{refl}");
+    // The stateful user-space reflector counts: the split is known.
+    let split = &r.json["extra"]["loss_split"];
+    assert_eq!(
+        (split["forward"].as_u64(), split["return"].as_u64()),
+        (Some(0), Some(0)),
+        "{split}"
+    );
+    // One router hop from the default hop limit 64.
+    assert_eq!(refl["sender_ttl_min"], 63, "{refl}");
+    assert!(counter(&r, "ipv6_redirected") >= 2 * N, "{}", r.stdout);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
 fn xdp_pass_only_variant_forwards_in_the_kernel() {
     if !is_root("xdp_pass_only_variant_forwards_in_the_kernel") {
         return;
@@ -305,6 +345,50 @@ fn nic_pair_mode_gives_interfaces_back() {
         !sh_ok(&format!("ip link show dev {b}")).contains(",UP"),
         "{b} was down before"
     );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn nic_pair_mode_over_ipv6() {
+    if !is_root("nic_pair_mode_over_ipv6") {
+        return;
+    }
+    let a = unique("rtp6a");
+    let b = unique("rtp6b");
+    sh_ok(&format!("ip link add {a} type veth peer name {b}"));
+    let _ga = LinkGuard(a.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let r = probe(
+        dir.path(),
+        &[
+            "--tx-if",
+            &a,
+            "--rx-if",
+            &b,
+            "--xdp-mode",
+            "off",
+            "--ip",
+            "6",
+            "--count",
+            &N.to_string(),
+        ],
+    );
+    assert_clean_run(&r, N);
+    assert_eq!(r.meta.testbed, "nic-pair");
+    let ip = &r.json["extra"]["ip"];
+    assert_eq!(
+        (ip["sender"].as_str(), ip["receiver"].as_str()),
+        (Some("fd71::1"), Some("fd71::2")),
+        "{ip}"
+    );
+    // Given back without the testbed's addresses.
+    for dev in [&a, &b] {
+        let after = sh_ok(&format!("ip -br addr show dev {dev}"));
+        assert!(
+            !after.contains("fd71:"),
+            "{dev} kept a testbed address: {after}"
+        );
+    }
 }
 
 #[test]
