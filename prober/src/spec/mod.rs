@@ -31,7 +31,6 @@
 pub mod bench;
 pub mod continuous;
 pub mod flows;
-pub mod knobs;
 pub mod output;
 pub mod pacing;
 pub mod plan;
@@ -42,9 +41,10 @@ pub mod xdp;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+pub use crate::tune::KnobSpec;
+
 pub use self::{
     flows::{FlowSpec, FlowsSpec},
-    knobs::KnobSpec,
     output::OutputSpec,
     pacing::PacingSpec,
     plan::{RunOptions, SpecError},

@@ -38,6 +38,7 @@
 mod at;
 pub mod bql;
 pub mod gso;
+mod knob_spec;
 pub mod load;
 mod load_acct;
 pub mod qdisc;
@@ -70,6 +71,7 @@ use serde_json::{Map, Value, json};
 
 pub use self::{
     at::At,
+    knob_spec::KnobSpec,
     load::{FlowReport, LoadReport, LoadSpec},
     load_acct::FetchTimes,
     qdisc::QdiscSpec,
@@ -199,48 +201,46 @@ impl ProbeContext {
 /// Default warm-up between starting the load and starting the probes.
 pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 
-/// The knobs of one run, as the option model's `KnobSpec` asked for them (the
-/// command line's flags or a scenario's merged `[knobs]` and `[set.NAME]`),
-/// checked by [`Knobs::validate`]. Every field is optional; the accessors
-/// give the defaults.
+/// The knobs of one run: the option model's [`KnobSpec`] as asked for
+/// (the command line's flags or a scenario's merged `[knobs]` and
+/// `[set.NAME]`), checked by [`Knobs::validate`], plus what the runner
+/// knows about the probe flow. Its fields are the spec's (through
+/// `Deref`): a knob is declared once, in `KnobSpec`. Every field is
+/// optional; the accessors give the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "KnobSpec", into = "KnobSpec")]
 pub struct Knobs {
-    pub bottleneck: Option<Bottleneck>,
-    pub link_rate: Option<Rate>,
-    pub shaper: Option<ShaperKind>,
-    pub queue_limit: Option<QueueLimit>,
-    pub burst: Option<Bytes>,
-    pub wire_overhead: Option<u32>,
-    pub qdisc: Option<QdiscSpec>,
-    pub missing: Option<MissingPolicy>,
-    pub bql_limit_max: Option<Bytes>,
-    pub tsq: Option<Bytes>,
-    pub txqueuelen: Option<u32>,
-    pub tx_ring: Option<u32>,
-    pub gso: Option<bool>,
-    pub device_unsupported: Option<DevicePolicy>,
-    pub load: Option<Vec<LoadSpec>>,
-    #[serde(
-        default,
-        with = "units::humane_duration::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub load_warmup: Option<Duration>,
-    pub stress: Option<u32>,
-    pub stress_tool: Option<StressTool>,
-    pub rt_priority: Option<u8>,
-    pub mlockall: Option<bool>,
-    pub pin_cpu: Option<usize>,
-    #[serde(
-        default,
-        with = "units::humane_duration::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub queue_sample: Option<Duration>,
+    spec: KnobSpec,
     /// Not from the user: set by the runner from the probe options.
-    #[serde(skip)]
     pub probe: ProbeContext,
+}
+
+impl From<KnobSpec> for Knobs {
+    fn from(spec: KnobSpec) -> Self {
+        Self {
+            spec,
+            probe: ProbeContext::default(),
+        }
+    }
+}
+
+impl From<Knobs> for KnobSpec {
+    fn from(k: Knobs) -> Self {
+        k.spec
+    }
+}
+
+impl std::ops::Deref for Knobs {
+    type Target = KnobSpec;
+    fn deref(&self) -> &KnobSpec {
+        &self.spec
+    }
+}
+
+impl std::ops::DerefMut for Knobs {
+    fn deref_mut(&mut self) -> &mut KnobSpec {
+        &mut self.spec
+    }
 }
 
 /// A knob setting that cannot work, with the key to blame.
@@ -310,9 +310,7 @@ impl Knobs {
 
     /// Does this set change anything at all?
     pub fn is_empty(&self) -> bool {
-        let mut k = self.clone();
-        k.probe = ProbeContext::default();
-        k == Knobs::default()
+        self.spec == KnobSpec::default()
     }
 
     /// Kernel features the qdisc needs (kinds and "u32").
@@ -872,42 +870,42 @@ mod tests {
 
     #[test]
     fn cross_field_validation() {
-        let k = Knobs {
+        let k = Knobs::from(KnobSpec {
             queue_limit: Some(QueueLimit::Packets(20)),
             ..Default::default()
-        };
+        });
         assert_eq!(k.validate().unwrap_err().key, "queue_limit");
-        let k = Knobs {
+        let k = Knobs::from(KnobSpec {
             link_rate: Some(Rate::mbit(100)),
             queue_limit: Some(QueueLimit::Packets(20)),
             qdisc: Some("fq_codel".parse().unwrap()),
             ..Default::default()
-        };
+        });
         assert!(
             k.validate()
                 .unwrap_err()
                 .message
                 .contains("fq_codel its own limit")
         );
-        let k = Knobs {
+        let k = Knobs::from(KnobSpec {
             stress_tool: Some(StressTool::StressNg),
             ..Default::default()
-        };
+        });
         assert_eq!(k.validate().unwrap_err().key, "stress_tool");
-        let k = Knobs {
+        let k = Knobs::from(KnobSpec {
             rt_priority: Some(0),
             ..Default::default()
-        };
+        });
         assert_eq!(k.validate().unwrap_err().key, "rt_priority");
-        let k = Knobs {
+        let k = Knobs::from(KnobSpec {
             bottleneck: Some(Bottleneck::Router),
             ..Default::default()
-        };
+        });
         assert_eq!(k.validate().unwrap_err().key, "bottleneck");
-        let mut k = Knobs {
+        let mut k = Knobs::from(KnobSpec {
             load: Some(vec!["tcp,port=5061".parse().unwrap()]),
             ..Default::default()
-        };
+        });
         k.validate().unwrap();
         assert_eq!(k.validate_with_probe().unwrap_err().key, "load");
         k.set_probe(6000, 64, Duration::from_millis(1));

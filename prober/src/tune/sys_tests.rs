@@ -191,11 +191,11 @@ fn qdisc_tree_failing_midway_is_taken_down() {
 }
 
 fn knobs_with(qdisc: &str, missing: super::MissingPolicy) -> super::Knobs {
-    super::Knobs {
+    super::Knobs::from(super::KnobSpec {
         qdisc: Some(qdisc.parse().unwrap()),
         missing: Some(missing),
         ..Default::default()
-    }
+    })
 }
 
 #[test]

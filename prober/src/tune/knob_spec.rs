@@ -1,14 +1,16 @@
-//! Kernel knobs applied for a run and restored afterwards: the command
-//! line's knob flags, a scenario's `[knobs]` table and each `[set.NAME]`.
-//! What each one does is in [`crate::tune`]; this is how it is asked for.
+//! Kernel knobs applied for a run and restored afterwards, as the option
+//! model (`crate::spec`) asks for them: the command line's knob flags, a
+//! scenario's `[knobs]` table and each `[set.NAME]`. A knob is one field
+//! here; [`Knobs`](super::Knobs) is this spec checked, and the rest of
+//! `tune` applies it.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::tune::{
-    Bottleneck, Bytes, DevicePolicy, Knobs, LoadSpec, MissingPolicy, ProbeContext, QdiscSpec,
-    QueueLimit, Rate, ShaperKind, StressTool,
+use super::{
+    Bottleneck, Bytes, DevicePolicy, LoadSpec, MissingPolicy, QdiscSpec, QueueLimit, Rate,
+    ShaperKind, StressTool,
     units::{self, humane_duration},
 };
 
@@ -72,7 +74,7 @@ pub struct KnobSpec {
     /// TSO+GSO on the sender's interface: off sends MTU-size frames, so a queue at the router
     /// (--bottleneck router) counts wire frames. TCP queues 64 KiB GSO packets at the sender's
     /// own qdisc either way: limit that queue in bytes.
-    #[arg(long, value_parser = crate::tune::parse_on_off, value_name = "on|off")]
+    #[arg(long, value_parser = super::parse_on_off, value_name = "on|off")]
     pub gso: Option<bool>,
 
     /// If the device cannot do a knob (BQL or TX ring on veth): report it, or fail.
@@ -113,60 +115,4 @@ pub struct KnobSpec {
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
     pub queue_sample: Option<Duration>,
-}
-
-impl From<KnobSpec> for Knobs {
-    /// Field for field; written out (not `..`) so a knob added to the spec
-    /// and not to [`Knobs`] does not compile.
-    fn from(s: KnobSpec) -> Knobs {
-        let KnobSpec {
-            bottleneck,
-            link_rate,
-            shaper,
-            queue_limit,
-            burst,
-            wire_overhead,
-            qdisc,
-            missing,
-            bql_limit_max,
-            tsq,
-            txqueuelen,
-            tx_ring,
-            gso,
-            device_unsupported,
-            load,
-            load_warmup,
-            stress,
-            stress_tool,
-            rt_priority,
-            mlockall,
-            pin_cpu,
-            queue_sample,
-        } = s;
-        Knobs {
-            bottleneck,
-            link_rate,
-            shaper,
-            queue_limit,
-            burst,
-            wire_overhead,
-            qdisc,
-            missing,
-            bql_limit_max,
-            tsq,
-            txqueuelen,
-            tx_ring,
-            gso,
-            device_unsupported,
-            load,
-            load_warmup,
-            stress,
-            stress_tool,
-            rt_priority,
-            mlockall,
-            pin_cpu,
-            queue_sample,
-            probe: ProbeContext::default(),
-        }
-    }
 }
