@@ -59,9 +59,9 @@ fn pacing_words(p: &Pacing) -> String {
     }
 }
 
-/// ", protocol stamp, SSID 12, sender TTL 64" for a session against a
-/// reflector; empty otherwise.
-fn protocol_words(r: &serde_json::Value) -> String {
+/// ", protocol stamp, SSID 12, probes arrived with TTL 64" for a session
+/// against a reflector (hop limit over IPv6); empty otherwise.
+fn protocol_words(r: &serde_json::Value, ipv6: bool) -> String {
     let Some(p) = r["protocol"].as_str() else {
         return String::new();
     };
@@ -72,9 +72,10 @@ fn protocol_words(r: &serde_json::Value) -> String {
     if r["authenticated"].as_bool() == Some(true) {
         w += ", authenticated (HMAC-SHA-256)";
     }
+    let ttl = if ipv6 { "hop limit" } else { "TTL" };
     match (r["sender_ttl_min"].as_u64(), r["sender_ttl_max"].as_u64()) {
-        (Some(a), Some(b)) if a == b => w += &format!(", probes arrived with TTL {a}"),
-        (Some(a), Some(b)) => w += &format!(", probes arrived with TTL {a}..{b}"),
+        (Some(a), Some(b)) if a == b => w += &format!(", probes arrived with {ttl} {a}"),
+        (Some(a), Some(b)) => w += &format!(", probes arrived with {ttl} {a}..{b}"),
         _ => {}
     }
     w
@@ -147,7 +148,14 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             .as_str()
             .map(|n| format!("; {n}"))
             .unwrap_or_default();
-        let _ = writeln!(o, "  reflector: {kind}{mode}{note}{}", protocol_words(r));
+        // A testbed run says its family; a --target run's address shows it.
+        let ipv6 = s.extra.get("ip").and_then(|i| i["version"].as_u64()) == Some(6)
+            || r["target"].as_str().is_some_and(|t| t.starts_with('['));
+        let _ = writeln!(
+            o,
+            "  reflector: {kind}{mode}{note}{}",
+            protocol_words(r, ipv6)
+        );
     }
     if let Some(l) = s.extra.get("loss_split") {
         let n = |v: &serde_json::Value| v.as_u64().map_or("?".to_string(), |x| x.to_string());
@@ -459,6 +467,18 @@ fn drops_line(s: &Summary) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamp_words_say_hop_limit_over_ipv6() {
+        let r = serde_json::json!({"protocol": "stamp", "ssid": 7,
+            "authenticated": false, "sender_ttl_min": 63, "sender_ttl_max": 64});
+        assert_eq!(
+            protocol_words(&r, false),
+            ", protocol stamp, SSID 7, probes arrived with TTL 63..64"
+        );
+        assert!(protocol_words(&r, true).ends_with("with hop limit 63..64"));
+        assert_eq!(protocol_words(&serde_json::json!({}), true), "");
+    }
 
     #[test]
     fn unknown_drop_counters_and_memory_show_as_a_dash() {
