@@ -26,7 +26,6 @@ pub const MIN_KEY_BYTES: usize = 32;
     Default,
     PartialEq,
     Eq,
-    clap::ValueEnum,
     serde::Serialize,
     serde::Deserialize,
 )]

@@ -38,6 +38,11 @@ value_enum!(crate::testbed::IpVersion {
     crate::testbed::IpVersion::V6 => "6": "IPv6 (unique-local fd71:x::/64 on the testbed)",
 });
 
+value_enum!(super::remote::ProtocolArg {
+    super::remote::ProtocolArg::Rtprobe => "rtprobe": "rtprobe's own probes (magic RTPB, 64-bit session id and sequence)",
+    super::remote::ProtocolArg::Stamp => "stamp": "STAMP (RFC 8762) session-sender packets, SSID (RFC 8972) + sequence number",
+});
+
 value_enum!(XdpAction {
     XdpAction::Redirect => "redirect": "bpf_fib_lookup + MAC rewrite + XDP_REDIRECT (the router)",
     XdpAction::Pass => "pass": "XDP_PASS every packet to the kernel stack (the study's \"pass by default\" variant)",
