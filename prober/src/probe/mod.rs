@@ -388,27 +388,7 @@ pub fn run_session(
                 receiver_tx: hardware_rx,
                 clocks: Box::new(clocks),
             };
-            let out = collect(
-                ev_rx,
-                cfg,
-                hw,
-                csv,
-                stop,
-                &|| sender.is_finished(),
-                observer,
-            );
-            // Stop the sender too if collecting failed.
-            if out.is_err() {
-                stop.fetch_max(STOP_NOW, Ordering::SeqCst);
-            }
-            let paced = sender
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")));
-            let pacing = paced?;
-            out.map(|(mut stats, late, failed)| {
-                stats.set_pacing(pacing);
-                (stats, late, failed)
-            })
+            collect_and_join(ev_rx, cfg, hw, csv, stop, sender, observer)
         })();
         done_ref.store(true, Ordering::SeqCst);
         let _ = io.join();
@@ -932,6 +912,39 @@ impl Collector {
         }
         (self.stats, self.m.late_arrivals(), self.output_error)
     }
+}
+
+/// Collects until the sender has finished (stopping it if collecting
+/// fails), joins it and puts its pacing figures into the statistics:
+/// the run's statistics, late arrivals and the output that failed.
+fn collect_and_join(
+    ev_rx: mpsc::Receiver<Vec<Event>>,
+    cfg: &ProbeConfig,
+    hw: HwSetup,
+    csv: &mut dyn RecordSink,
+    stop: &AtomicU8,
+    sender: std::thread::ScopedJoinHandle<'_, Result<crate::stats::Pacing>>,
+    observer: &mut dyn SessionObserver,
+) -> Result<(RunStats, u64, Option<String>)> {
+    let out = collect(
+        ev_rx,
+        cfg,
+        hw,
+        csv,
+        stop,
+        &|| sender.is_finished(),
+        observer,
+    );
+    if out.is_err() {
+        stop.fetch_max(STOP_NOW, Ordering::SeqCst);
+    }
+    let pacing = sender
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")))?;
+    out.map(|(mut stats, late, failed)| {
+        stats.set_pacing(pacing);
+        (stats, late, failed)
+    })
 }
 
 fn collect(

@@ -36,7 +36,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, collect,
+    HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, collect_and_join,
     events::{self, EventBatch},
     matcher::{Event, NoHwClocks},
     pacer,
@@ -557,25 +557,7 @@ pub fn run_session(
                 kernel_reflector: true,
                 ..cfg.clone()
             };
-            let out = collect(
-                ev_rx,
-                &kcfg,
-                hw,
-                csv,
-                stop,
-                &|| sender.is_finished(),
-                observer,
-            );
-            if out.is_err() {
-                stop.fetch_max(STOP_NOW, Ordering::SeqCst);
-            }
-            let pacing = sender
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")))?;
-            out.map(|(mut stats, late, output_error)| {
-                stats.set_pacing(pacing);
-                (stats, late, output_error)
-            })
+            collect_and_join(ev_rx, &kcfg, hw, csv, stop, sender, observer)
         })();
         done_ref.store(true, Ordering::SeqCst);
         let _ = io.join();

@@ -19,16 +19,7 @@ pub const RTPROBE_PORT: u16 = 5061;
 pub const MIN_KEY_BYTES: usize = 32;
 
 /// Which probes go on the wire.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProtocolArg {
     /// rtprobe's own probes (magic RTPB, 64-bit session id and sequence).
