@@ -65,6 +65,17 @@ impl Pair {
             b = p.b,
             vb = p.vb
         ));
+        // Until the kernel's link watcher has seen the carrier (up to 1 s
+        // after "up"), the veth's qdisc is noop and drops what is sent,
+        // neighbour solicitations included: a test's first datagram then
+        // arrives a second late. Wait for both families to answer.
+        for dst in [B_IP, B_IP6] {
+            sh_ok(&format!(
+                "for i in $(seq 50); do ip netns exec {a} ping -c1 -W1 {dst} >/dev/null 2>&1 && exit 0; \
+                 sleep 0.1; done; echo '{dst} unreachable from {a}' >&2; exit 1",
+                a = p.a
+            ));
+        }
         p
     }
 

@@ -15,14 +15,13 @@
 //! a machine with C CPUs feeds at most C queues. The report says how many
 //! queues did work.
 //!
-//! Kernel interfaces: `ip link add ... type veth` with queue counts
-//! (iproute2 over rtnetlink; the one `ip` call is wrapped here), threaded
+//! Kernel interfaces, through [`crate::sys`]: a veth pair with queue
+//! counts (RTM_NEWLINK with IFLA_NUM_TX_QUEUES/IFLA_NUM_RX_QUEUES), threaded
 //! NAPI (/sys/class/net/DEV/threaded, 5.12), SIOCETHTOOL (GRO), those of
 //! [`super::xdp`] and `sched_setaffinity(2)`. Minimum kernel: 5.18.
 
 use std::{
     net::Ipv4Addr,
-    process::Command,
     sync::atomic::{AtomicBool, AtomicU8, Ordering},
     time::{Duration, Instant},
 };
@@ -80,22 +79,6 @@ pub struct BounceStep {
     pub perf: Option<PerfFigures>,
 }
 
-/// Runs `ip ARGS`; the command and its stderr on failure.
-fn ip(args: &[&str]) -> Result<()> {
-    let o = Command::new("ip")
-        .args(args)
-        .output()
-        .with_context(|| format!("running ip {} (iproute2 installed?)", args.join(" ")))?;
-    if !o.status.success() {
-        bail!(
-            "ip {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
 /// The two namespaces and the veth between them; removed on drop (the
 /// veth goes with its namespaces).
 struct BounceBed {
@@ -120,31 +103,16 @@ impl BounceBed {
         // NAPI threads are named after them).
         let tag = format!("{:x}{seq}", pid % 0xffff);
         let (gen_if, dut_if) = (format!("xbg{tag}"), format!("xbd{tag}"));
-        let q = queues.to_string();
-        ip(&[
-            "-n",
-            gen_ns.name(),
-            "link",
-            "add",
-            &gen_if,
-            "numtxqueues",
-            &q,
-            "numrxqueues",
-            &q,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &dut_if,
-            "netns",
-            dut_ns.name(),
-            "numtxqueues",
-            &q,
-            "numrxqueues",
-            &q,
-        ])?;
-        ip(&["-n", gen_ns.name(), "link", "set", &gen_if, "up"])?;
-        ip(&["-n", dut_ns.name(), "link", "set", &dut_if, "up"])?;
+        use crate::sys::Sys as _;
+        let sys = crate::sys::linux_static();
+        let (g, d) = (
+            crate::sys::Ns::Named(gen_ns.name()),
+            crate::sys::Ns::Named(dut_ns.name()),
+        );
+        sys.add_veth_queues(g, &gen_if, &dut_if, queues)?;
+        sys.move_link(g, &dut_if, d)?;
+        sys.set_up(g, &gen_if, true)?;
+        sys.set_up(d, &dut_if, true)?;
         // NAPI on the DUT end (GRO, as on the router's ingress), so frames
         // redirected into the pair are taken in every hook, and one
         // kernel thread per queue.

@@ -26,6 +26,7 @@ pub enum Call {
     DeleteNetns(String),
     Link(String, String),
     AddVeth(String, String, String),
+    AddVethQueues(String, String, String, u32),
     DeleteLink(String, String),
     SetUp(String, String, bool),
     SetMtu(String, String, u32),
@@ -318,6 +319,19 @@ impl Sys for FakeSys {
 
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()> {
         self.record(Call::AddVeth(key(ns), name.into(), peer.into()))?;
+        self.ns_exists(ns)?;
+        self.with_link(ns, name, false, 1500);
+        self.with_link(ns, peer, false, 1500);
+        Ok(())
+    }
+
+    fn add_veth_queues(&self, ns: Ns, name: &str, peer: &str, queues: u32) -> Result<()> {
+        self.record(Call::AddVethQueues(
+            key(ns),
+            name.into(),
+            peer.into(),
+            queues,
+        ))?;
         self.ns_exists(ns)?;
         self.with_link(ns, name, false, 1500);
         self.with_link(ns, peer, false, 1500);

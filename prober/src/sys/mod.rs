@@ -327,6 +327,8 @@ pub trait Sys: Send + Sync {
 
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>>;
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;
+    /// A veth pair with `queues` TX and RX queues on each end.
+    fn add_veth_queues(&self, ns: Ns, name: &str, peer: &str, queues: u32) -> Result<()>;
     fn delete_link(&self, ns: Ns, name: &str) -> Result<()>;
     fn set_up(&self, ns: Ns, name: &str, up: bool) -> Result<()>;
     fn set_mtu(&self, ns: Ns, name: &str, mtu: u32) -> Result<()>;

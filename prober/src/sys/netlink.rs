@@ -23,7 +23,9 @@ use netlink_packet_core::{
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
-    link::{LinkAttribute, LinkFlags, LinkMessage, LinkXdp, XdpAttached},
+    link::{
+        InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, LinkXdp, XdpAttached,
+    },
     route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage},
     tc::{TcAttribute, TcHandle, TcMessage, TcStats2},
 };
@@ -176,6 +178,39 @@ impl NlSocket {
             RouteNetlinkMessage::NewLink(LinkVeth::new(name, peer).build()),
             NLM_F_CREATE | NLM_F_EXCL,
             format!("create veth pair {name}/{peer} (is the veth driver available?)"),
+        )
+    }
+
+    /// A veth pair whose ends have `queues` TX and RX queues each (what
+    /// `ip link add NAME numtxqueues Q numrxqueues Q type veth peer name
+    /// PEER numtxqueues Q numrxqueues Q` asks for).
+    pub fn add_veth_queues(&mut self, name: &str, peer: &str, queues: u32) -> Result<()> {
+        let mut m = LinkVeth::new(name, peer).build();
+        let q = [
+            LinkAttribute::NumTxQueues(queues),
+            LinkAttribute::NumRxQueues(queues),
+        ];
+        m.attributes.extend(q.clone());
+        let mut peer_set = false;
+        for a in &mut m.attributes {
+            if let LinkAttribute::LinkInfo(infos) = a {
+                for i in infos {
+                    if let LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(p))) = i {
+                        p.attributes.extend(q.clone());
+                        peer_set = true;
+                    }
+                }
+            }
+        }
+        if !peer_set {
+            return Err(anyhow!(
+                "veth {name}/{peer}: the request has no peer to give {queues} queues"
+            ));
+        }
+        self.change(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL,
+            format!("create veth pair {name}/{peer} with {queues} queues (is the veth driver available?)"),
         )
     }
 

@@ -264,6 +264,11 @@ impl Sys for LinuxSys {
         self.on(ns, move |c| c.nl.add_veth(&name, &peer))
     }
 
+    fn add_veth_queues(&self, ns: Ns, name: &str, peer: &str, queues: u32) -> Result<()> {
+        let (name, peer) = (name.to_string(), peer.to_string());
+        self.on(ns, move |c| c.nl.add_veth_queues(&name, &peer, queues))
+    }
+
     fn delete_link(&self, ns: Ns, name: &str) -> Result<()> {
         let name = name.to_string();
         self.on(ns, move |c| c.nl.delete_link(&name))
