@@ -356,8 +356,11 @@ fn bench_forward_work_and_bounce_relations() {
         afxdp["returned"].as_u64().unwrap(),
     );
     assert!(n > 0, "AF_XDP sent nothing back: {afxdp:#}");
+    // The device's XDP program hands the sockets every frame that comes
+    // in: the generator's, and now and then one of the fresh veth's own
+    // (IPv6 neighbour and listener reports; 2 seen in one CI run).
     assert!(
-        to_sockets <= g && n <= to_sockets && r <= n,
+        to_sockets <= g + 8 && n <= to_sockets && r <= n,
         "AF_XDP frames not accounted for (generated {g} >= to sockets {to_sockets} >= \
          sent back {n} >= returned {r}): {afxdp:#}"
     );
@@ -366,16 +369,19 @@ fn bench_forward_work_and_bounce_relations() {
         "nothing AF_XDP sent came back to the generator: {afxdp:#}"
     );
     assert!(skb["to_sockets"].is_null(), "{skb:#}");
+    // The thesis compares hooks per core. The totals are printed, not
+    // asserted: the generator runs on both CPUs next to the device, so
+    // which hook gets more CPU moves the total (native 0.79-2.9x generic
+    // in CI runs here) while the per-core figure holds.
     let rate = |b: &serde_json::Value| b["bounced_pps"].as_f64().unwrap();
-    assert!(
-        rate(native) >= 0.8 * rate(skb),
-        "native XDP_TX bounces at least about as much as generic: {} vs {}",
+    eprintln!(
+        "bounced/s native {:.0} vs generic {:.0}; per core {:?} vs {:?}",
         rate(native),
-        rate(skb)
+        rate(skb),
+        native["bounced_pps_per_core"],
+        skb["bounced_pps_per_core"]
     );
-    // Per core the device used, native is clearly ahead (measured here
-    // 1.9-2.5x at one queue); the total alone is not, when the generator
-    // shares the two CPUs with the device (1.03-2.9x).
+    assert!(rate(native) > 0.0 && rate(skb) > 0.0);
     let per_core = |b: &serde_json::Value| b["bounced_pps_per_core"].as_f64().unwrap_or(0.0);
     assert!(
         per_core(native) > 1.3 * per_core(skb),
