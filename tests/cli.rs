@@ -57,6 +57,10 @@ fn bad_flags_give_one_line_errors() {
             "too large: at most 100 years",
         ),
         (&["--timeout=-1s"][..], "invalid duration"),
+        (
+            &["--cpu-dma-latency", "low"][..],
+            "expected microseconds (0, 10us) or off",
+        ),
     ] {
         let (code, _, err) = run(args);
         assert_eq!(code, 2, "{args:?}");

@@ -276,6 +276,8 @@ pub struct Cyclic {
     pub p999: u64,
     pub max: u64,
     pub overflows: u64,
+    /// The host's steal while it ran, in percent of all CPU time.
+    pub steal_pct: Option<f64>,
 }
 
 /// Parses cyclictest's histogram (`-h`): `000034 000005` lines (latency
@@ -322,6 +324,7 @@ pub fn parse_cyclictest(out: &str) -> Option<Cyclic> {
         p999: at(0.999),
         max,
         overflows,
+        steal_pct: None,
     })
 }
 
@@ -739,6 +742,40 @@ fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 
 /// Runs `cyclictest` for `loops` wake-ups at 1 ms (`-m`, and SCHED_FIFO
 /// at `prio` if given) and parses its histogram.
+/// The host's steal over a stretch of time: the share of all this
+/// machine's CPU time the hypervisor took (the `steal` column of
+/// /proc/stat's `cpu` line against the line's total).
+struct StealMeter(Option<(u64, u64)>);
+
+impl StealMeter {
+    fn start() -> Self {
+        StealMeter(read_steal())
+    }
+
+    fn pct(&self) -> Option<f64> {
+        let ((s0, t0), (s1, t1)) = (self.0?, read_steal()?);
+        (t1 > t0).then(|| 100.0 * s1.saturating_sub(s0) as f64 / (t1 - t0) as f64)
+    }
+}
+
+fn read_steal() -> Option<(u64, u64)> {
+    parse_steal(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// (steal, total) ticks of /proc/stat's aggregate `cpu` line.
+fn parse_steal(proc_stat: &str) -> Option<(u64, u64)> {
+    let line = proc_stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("cpu"))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    // guest and guest_nice (9th, 10th) are already inside user and nice.
+    Some((*v.get(7)?, v.iter().take(8).sum()))
+}
+
 fn cyclictest(ctx: &Ctx, name: &str, loops: u64, prio: Option<u8>) -> Result<Cyclic> {
     if !have("cyclictest") {
         bail!("not installed (apt-get install rt-tests, or cargo xtask setup)");
@@ -757,14 +794,26 @@ fn cyclictest(ctx: &Ctx, name: &str, loops: u64, prio: Option<u8>) -> Result<Cyc
     if let Some(p) = prio {
         c.args(["-p", &p.to_string()]);
     }
+    let steal = StealMeter::start();
     let t = output_text(c, "cyclictest")?;
     std::fs::write(ctx.out.join(format!("{name}.txt")), &t)?;
-    parse_cyclictest(&t).context("no histogram in cyclictest's output")
+    let mut c = parse_cyclictest(&t).context("no histogram in cyclictest's output")?;
+    c.steal_pct = steal.pct();
+    Ok(c)
 }
 
 fn fmt_cyclic(c: &Result<Cyclic>) -> String {
     match c {
-        Ok(c) => format!("{} / {} / {} / {} µs", c.p50, c.p99, c.p999, c.max),
+        Ok(c) => format!(
+            "{} / {} / {} / {} µs{}",
+            c.p50,
+            c.p99,
+            c.p999,
+            c.max,
+            c.steal_pct
+                .map(|p| format!(" (host steal {p:.1} %)"))
+                .unwrap_or_default()
+        ),
         Err(e) => format!("n/a ({e:#})"),
     }
 }
@@ -799,7 +848,16 @@ fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             let interval_label = format!("{interval}{tag}");
             let s = ctx.probe_rt(
                 &format!("pacing-{interval}{}", if rt.is_some() { "-rt" } else { "" }),
-                &["--count", &count.to_string(), "--interval", interval],
+                // cyclictest holds /dev/cpu_dma_latency at 0 in both of its
+                // runs; so does each of these (the RT one by default).
+                &[
+                    "--count",
+                    &count.to_string(),
+                    "--interval",
+                    interval,
+                    "--cpu-dma-latency",
+                    "0",
+                ],
                 *rt,
             )?;
             let interval = interval_label.as_str();
@@ -814,7 +872,7 @@ fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             rows.push(row(
                 &format!("send error p50/p99/max, {interval}"),
                 format!("{} / {} / {}", us(p50), us(p99), us(e["max"].as_u64())),
-                format!("{count} probes"),
+                format!("{count} probes; cpu_dma_latency 0 held, as cyclictest does"),
                 &if targets.is_empty() {
                     "-".to_string()
                 } else {
@@ -854,6 +912,20 @@ fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
                 "-",
                 None,
             ));
+            rows.push(row(
+                &format!("sender not running, {interval}"),
+                waits_text(&p["waits"]),
+                format!(
+                    "cyclictest SCHED_FIFO {RT_PRIORITY}'s run: host steal {}",
+                    cyc_rt
+                        .as_ref()
+                        .ok()
+                        .and_then(|c| c.steal_pct)
+                        .map_or("-".into(), |p| format!("{p:.1} %"))
+                ),
+                "-",
+                None,
+            ));
         }
     }
     let cyc = cyclictest(ctx, "cyclictest-plain", loops, None);
@@ -865,6 +937,26 @@ fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         None,
     ));
     Ok(rows)
+}
+
+/// "run queue 4.6 ms (0.09 %), host steal 9.9 % of CPUs [0, 1]" from a
+/// summary's `pacing.waits`: why a woken sender was still late.
+fn waits_text(w: &Value) -> String {
+    let over = w["over_ns"].as_f64().filter(|&o| o > 0.0);
+    let runq = match (w["runq_wait_ns"].as_f64(), over) {
+        (Some(r), Some(o)) => format!("run queue {:.1} ms ({:.2} %)", r / 1e6, 100.0 * r / o),
+        _ => "run queue -".into(),
+    };
+    let cpus = w["cpus"].as_array().map_or(0, |c| c.len());
+    let steal = match (w["steal_ns"].as_f64(), over) {
+        (Some(st), Some(o)) if cpus > 0 => format!(
+            "host steal {:.1} % of CPUs {}",
+            100.0 * st / (o * cpus as f64),
+            w["cpus"]
+        ),
+        _ => "host steal -".into(),
+    };
+    format!("{runq}, {steal}")
 }
 
 fn rate_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
@@ -990,8 +1082,9 @@ fn high_rate_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             &metric,
             high_rate_text(&s, TARGET_RATE_PPS),
             format!(
-                "CPU/probe: sender {sender_us}, process {process_us:.1} µs; {:.0} % of ticks late; load {load}",
-                100.0 * missed
+                "CPU/probe: sender {sender_us}, process {process_us:.1} µs; {:.0} % of ticks late; sender {}; load {load}",
+                100.0 * missed,
+                waits_text(&s["pacing"]["waits"])
             ),
             target,
             Some(sustained(TARGET_RATE_PPS, &s)),
@@ -1621,6 +1714,21 @@ mod tests {
     }
 
     #[test]
+    fn steal_from_proc_stat_and_waits_in_words() {
+        let stat = "cpu  100 5 50 800 10 0 5 30 7 0\ncpu0 50 2 25 400 5 0 2 15 3 0\n";
+        assert_eq!(parse_steal(stat), Some((30, 1000)));
+        assert_eq!(parse_steal("cpu0 1 2 3\n"), None);
+        assert_eq!(parse_steal("cpu  1 2 3\n"), None);
+        let w = serde_json::json!({"over_ns": 5e9, "runq_wait_ns": 4.6e6,
+                                   "steal_ns": 9.9e8, "cpus": [0, 1]});
+        assert_eq!(
+            waits_text(&w),
+            "run queue 4.6 ms (0.09 %), host steal 9.9 % of CPUs [0,1]"
+        );
+        assert_eq!(waits_text(&Value::Null), "run queue -, host steal -");
+    }
+
+    #[test]
     fn pacing_targets_against_cyclictest() {
         let cyc = Cyclic {
             loops: 5000,
@@ -1629,6 +1737,7 @@ mod tests {
             p999: 2600,
             max: 4000,
             overflows: 0,
+            steal_pct: None,
         };
         // SCHED_FIFO: p50 <= 1 µs and p99 <= 13.9 µs.
         let t = pacing_targets(true, 800, 13_000, &cyc);

@@ -59,6 +59,58 @@ fn pacing_words(p: &Pacing) -> String {
     }
 }
 
+/// "waited for a CPU 1.25 ms (0.06 % of the sending); the hypervisor stole
+/// 40 ms from CPUs 0-1 (1.00 %)", None when neither counter was readable.
+fn waits_words(w: &crate::stats::CpuWaits) -> Option<String> {
+    let runq = w.runq_wait_ns.map(|ns| {
+        format!(
+            "waited for a CPU {} ({:.2} % of the sending)",
+            format_duration_ns(ns as f64),
+            w.runq_wait_pct().unwrap_or(0.0)
+        )
+    });
+    let steal = w.steal_ns.map(|ns| {
+        format!(
+            "the hypervisor stole {} from {} ({:.2} %)",
+            if ns == 0 {
+                "nothing".to_string()
+            } else {
+                format_duration_ns(ns as f64)
+            },
+            cpu_list(&w.cpus),
+            w.steal_pct().unwrap_or(0.0)
+        )
+    });
+    let parts: Vec<String> = runq.into_iter().chain(steal).collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// "CPU 3", "CPUs 0-1", "CPUs 0,2-3".
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &c in cpus {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == c => *end = c,
+            _ => runs.push((c, c)),
+        }
+    }
+    let words: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect();
+    format!(
+        "CPU{} {}",
+        if cpus.len() == 1 { "" } else { "s" },
+        words.join(",")
+    )
+}
+
 /// ", protocol stamp, SSID 12, probes arrived with TTL 64" for a session
 /// against a reflector (hop limit over IPv6); empty otherwise.
 fn protocol_words(r: &serde_json::Value, ipv6: bool) -> String {
@@ -247,6 +299,21 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
                 String::new()
             },
         );
+    }
+    if let Some(w) = s.pacing.as_ref().and_then(|p| p.waits.as_ref())
+        && let Some(line) = waits_words(w)
+    {
+        // Steal on a VM whose idle CPUs halt: the knob that keeps them running.
+        let hint = if w.steal_pct().unwrap_or(0.0) >= 1.0
+            && s.extra
+                .get("knobs")
+                .is_some_and(|k| k["rt"]["cpu_dma_latency_us"].is_null())
+        {
+            " (--cpu-dma-latency 0 keeps idle vCPUs from halting and handing the CPU back)"
+        } else {
+            ""
+        };
+        let _ = writeln!(o, "  sender not running: {line}{hint}");
     }
     if !s.xdp_counters.is_empty() {
         let parts: Vec<String> = s
@@ -481,6 +548,48 @@ mod tests {
     }
 
     #[test]
+    fn cpu_lists_and_unknown_waits() {
+        assert_eq!(cpu_list(&[3]), "CPU 3");
+        assert_eq!(cpu_list(&[0, 1]), "CPUs 0-1");
+        assert_eq!(cpu_list(&[0, 2, 3, 5]), "CPUs 0,2-3,5");
+        let mut w = crate::stats::CpuWaits {
+            over_ns: 1_000_000_000,
+            runq_wait_ns: None,
+            steal_ns: Some(0),
+            cpus: vec![1],
+        };
+        assert_eq!(
+            waits_words(&w).unwrap(),
+            "the hypervisor stole nothing from CPU 1 (0.00 %)"
+        );
+        w.steal_ns = None;
+        assert_eq!(waits_words(&w), None);
+        // 2 % steal without a latency limit held: the summary names the knob.
+        let mut s = Summary {
+            pacing: Some(Pacing {
+                waits: Some(crate::stats::CpuWaits {
+                    over_ns: 1_000_000_000,
+                    runq_wait_ns: Some(0),
+                    steal_ns: Some(20_000_000),
+                    cpus: vec![0],
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        s.extra
+            .insert("knobs".into(), serde_json::json!({"rt": {"cpu": null}}));
+        let m = RunMeta::default();
+        let hinted = |s: &Summary| format_summary(s, &m).contains("--cpu-dma-latency 0 keeps");
+        assert!(hinted(&s));
+        s.extra.insert(
+            "knobs".into(),
+            serde_json::json!({"rt": {"cpu_dma_latency_us": 0}}),
+        );
+        assert!(!hinted(&s), "held already");
+    }
+
+    #[test]
     fn unknown_drop_counters_and_memory_show_as_a_dash() {
         let mut s = Summary::default();
         assert_eq!(drops_line(&s), None, "nothing measured, nothing said");
@@ -568,6 +677,12 @@ mod tests {
             spin_cpu_pct: 1.39,
             sender_cpu_pct: Some(3.25),
             clock_steps: 0,
+            waits: Some(crate::stats::CpuWaits {
+                over_ns: 2_000_000_000,
+                runq_wait_ns: Some(1_250_000),
+                steal_ns: Some(40_000_000),
+                cpus: vec![0, 1],
+            }),
         });
         let t = format_summary(&s, &m);
         for needle in [
@@ -575,6 +690,7 @@ mod tests {
             "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
             "pacing (timer + adaptive spin: margin 142 µs, spin 13.9 µs/probe = 1.39 % of a CPU)",
             "sender wake-ups: late p50 34 µs / p99 139 µs / max 2.6 ms (10 sleeps, 1 overslept the send); sender thread 3.2 % of a CPU",
+            "  sender not running: waited for a CPU 1.25 ms (0.06 % of the sending); the hypervisor stole 40 ms from CPUs 0-1 (1.00 %)",
             "sent 10",
             "received 9",
             "lost 1 (10.00 %)",

@@ -14,6 +14,7 @@
 
 pub mod clock;
 pub mod cmsg;
+pub mod cpu_wait;
 pub mod events;
 pub mod kstats;
 pub mod matcher;

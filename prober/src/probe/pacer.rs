@@ -31,6 +31,7 @@ use crate::{stats::Pacing, tune::rt::RtSettings};
 use super::{
     ProbeConfig,
     clock::{self, PaceClock, RealtimeMap, SystemClock},
+    cpu_wait,
     events::{self, EventBatch},
     matcher::Event,
     packet::Probe,
@@ -278,6 +279,7 @@ pub fn pace_with(
     let interval_ns = cfg.interval.as_nanos() as i64;
     let loop_start_ns = c.monotonic_ns();
     let cpu_start_ns = clock::thread_cpu_ns();
+    let waits_start = cpu_wait::Snapshot::now();
     // Start a little ahead so the first probe is paced too.
     let start_ns = loop_start_ns + 10_000_000;
     let sched = Schedule {
@@ -350,7 +352,9 @@ pub fn pace_with(
     pending.flush(ev);
     let elapsed_ns = c.monotonic_ns() - loop_start_ns;
     let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
-    Ok(ticker.report(elapsed_ns, tried, Some(cpu_ns)))
+    let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
+    report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -868,10 +868,11 @@ pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
         bail!("--xdp-mode sets the testbed's router; with --target there is none");
     }
     let mut k = opts.knobs.clone();
-    (k.rt_priority, k.mlockall, k.pin_cpu) = (None, None, None);
+    (k.rt_priority, k.mlockall, k.pin_cpu, k.cpu_dma_latency) = (None, None, None, None);
     if !k.is_empty() {
         bail!(
-            "with --target only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu) apply; \
+            "with --target only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu, \
+             --cpu-dma-latency) apply; \
              the other knobs change a testbed's interfaces"
         );
     }

@@ -222,6 +222,7 @@ impl Waiter {
             spin_cpu_pct: pct(self.spin_ns),
             sender_cpu_pct: thread_cpu_ns.map(pct),
             clock_steps,
+            waits: None,
         }
     }
 }

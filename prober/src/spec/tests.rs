@@ -329,6 +329,8 @@ fn every_spec_round_trips_through_merge() {
         "--mlockall",
         "--pin-cpu",
         "1",
+        "--cpu-dma-latency",
+        "10",
         "--queue-sample",
         "10ms",
         "--forever",

@@ -6,4 +6,6 @@ pub mod chain;
 pub mod interval;
 pub mod summary;
 
-pub use summary::{Counts, Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters};
+pub use summary::{
+    Counts, CpuWaits, Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters,
+};

@@ -248,6 +248,42 @@ pub struct Pacing {
     /// Steps of CLOCK_REALTIME seen while sending (the schedule runs on
     /// CLOCK_MONOTONIC and ignored them; the stamps followed).
     pub clock_steps: u64,
+    /// Run-queue wait and hypervisor steal over the sending.
+    pub waits: Option<CpuWaits>,
+}
+
+/// Where the sender thread's time went while it was not running, over
+/// the sending (see `probe::cpu_wait`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CpuWaits {
+    /// The time the waits were counted over.
+    pub over_ns: u64,
+    /// Time the thread was runnable but not running (another task had
+    /// its CPU); None when the kernel lacks schedstat.
+    pub runq_wait_ns: Option<u64>,
+    /// CPU time the hypervisor took from `cpus` (10 ms resolution with
+    /// the usual USER_HZ of 100); None when /proc/stat has no steal column.
+    pub steal_ns: Option<u64>,
+    /// The CPUs the steal was summed over: those the thread may run on.
+    pub cpus: Vec<usize>,
+}
+
+impl CpuWaits {
+    /// Steal as a share of the time the CPUs had.
+    pub fn steal_pct(&self) -> Option<f64> {
+        let cpu_ns = self.over_ns as f64 * self.cpus.len() as f64;
+        self.steal_ns
+            .filter(|_| cpu_ns > 0.0)
+            .map(|s| 100.0 * s as f64 / cpu_ns)
+    }
+
+    /// Run-queue wait as a share of the time counted over.
+    pub fn runq_wait_pct(&self) -> Option<f64> {
+        self.runq_wait_ns
+            .filter(|_| self.over_ns > 0)
+            .map(|w| 100.0 * w as f64 / self.over_ns as f64)
+    }
 }
 
 /// A send `late_ns` after its schedule missed its tick when it went out

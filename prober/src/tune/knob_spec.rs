@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Bottleneck, Bytes, DevicePolicy, LoadSpec, MissingPolicy, QdiscSpec, QueueLimit, Rate,
-    ShaperKind, StressTool,
+    Bottleneck, Bytes, CpuDmaLatency, DevicePolicy, LoadSpec, MissingPolicy, QdiscSpec, QueueLimit,
+    Rate, ShaperKind, StressTool,
     units::{self, humane_duration},
 };
 
@@ -110,6 +110,12 @@ pub struct KnobSpec {
     /// Pin the probe sender to this CPU.
     #[arg(long)]
     pub pin_cpu: Option<usize>,
+
+    /// Hold this CPU idle-latency limit (µs, /dev/cpu_dma_latency) while probing, or off; 0 keeps
+    /// the CPUs out of idle states that halt (on a VM, halting hands the vCPU back to the host)
+    /// [default: 0 with --rt-priority, as cyclictest does; else off].
+    #[arg(long)]
+    pub cpu_dma_latency: Option<CpuDmaLatency>,
 
     /// Sample the bottleneck's qdisc backlog/qlen this often into a CSV next to the run.
     #[arg(long, value_parser = units::parse_duration)]

@@ -78,7 +78,7 @@ pub use self::{
     rt::{RtGuard, RtSettings},
     shaping::{ShaperKind, Shaping},
     stress::StressTool,
-    units::{Bytes, LoadRate, QueueLimit, Rate},
+    units::{Bytes, CpuDmaLatency, LoadRate, QueueLimit, Rate},
 };
 use crate::{
     error::Error,
@@ -305,6 +305,13 @@ impl Knobs {
             fifo_priority: self.rt_priority,
             mlockall: self.mlockall.unwrap_or(false),
             cpu: self.pin_cpu,
+            // As cyclictest does: a real-time sender on a CPU that halts
+            // when idle waits for the halt's exit (on a VM, for the host).
+            cpu_dma_latency_us: match (self.cpu_dma_latency, self.rt_priority) {
+                (Some(CpuDmaLatency::Us(us)), _) => Some(us),
+                (None, Some(_)) => Some(0),
+                (Some(CpuDmaLatency::Off), _) | (None, None) => None,
+            },
         }
     }
 
@@ -892,6 +899,20 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(k.validate().unwrap_err().key, "stress_tool");
+        // A real-time sender holds the CPU latency limit at 0 unless told.
+        let rt = |rt_priority, cpu_dma_latency| {
+            Knobs::from(KnobSpec {
+                rt_priority,
+                cpu_dma_latency,
+                ..Default::default()
+            })
+            .rt()
+            .cpu_dma_latency_us
+        };
+        assert_eq!(rt(Some(80), None), Some(0));
+        assert_eq!(rt(Some(80), Some(CpuDmaLatency::Off)), None);
+        assert_eq!(rt(None, None), None);
+        assert_eq!(rt(None, Some(CpuDmaLatency::Us(5))), Some(5));
         let k = Knobs::from(KnobSpec {
             rt_priority: Some(0),
             ..Default::default()

@@ -36,11 +36,17 @@ pub struct RtSettings {
     pub mlockall: bool,
     /// Pin the thread to this CPU.
     pub cpu: Option<usize>,
+    /// Hold this CPU idle-latency limit (PM QoS, µs) while the guard lives.
+    #[serde(default)]
+    pub cpu_dma_latency_us: Option<u32>,
 }
 
 impl RtSettings {
     pub fn is_empty(&self) -> bool {
-        self.fifo_priority.is_none() && !self.mlockall && self.cpu.is_none()
+        self.fifo_priority.is_none()
+            && !self.mlockall
+            && self.cpu.is_none()
+            && self.cpu_dma_latency_us.is_none()
     }
 
     /// Checks ranges without touching the system.
@@ -65,6 +71,7 @@ impl RtSettings {
             "sched_fifo_priority": self.fifo_priority,
             "mlockall": self.mlockall,
             "cpu": self.cpu,
+            "cpu_dma_latency_us": self.cpu_dma_latency_us,
         })
     }
 
@@ -75,8 +82,12 @@ impl RtSettings {
             prev_sched: None,
             prev_affinity: None,
             locked: false,
+            pm_qos: None,
             _not_send: PhantomData,
         };
+        if let Some(us) = self.cpu_dma_latency_us {
+            guard.pm_qos = Some(hold_cpu_dma_latency(us)?);
+        }
         if let Some(cpu) = self.cpu {
             let prev = sched_getaffinity(Pid::from_raw(0))?;
             if !prev.is_set(cpu).unwrap_or(false) {
@@ -144,12 +155,41 @@ impl RtSettings {
     }
 }
 
+/// Holds a PM QoS CPU latency request of `us` µs: the cpuidle governor
+/// then skips idle states whose exit latency is longer (Linux >= 2.6.19;
+/// Documentation/power/pm_qos_interface.rst). The request lasts while the
+/// returned file is open.
+pub fn hold_cpu_dma_latency(us: u32) -> Result<std::fs::File> {
+    use std::io::Write;
+    let path = "/dev/cpu_dma_latency";
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
+                "cannot open {path} to hold a CPU latency limit ({e}): run as root or pass \
+                 --cpu-dma-latency off"
+            ),
+            std::io::ErrorKind::NotFound => anyhow::anyhow!(
+                "{path} is missing (a kernel without PM QoS?): pass --cpu-dma-latency off"
+            ),
+            _ => anyhow::anyhow!("cannot open {path}: {e}"),
+        })?;
+    // The binary form: one native-endian s32.
+    f.write_all(&(us.min(i32::MAX as u32) as i32).to_ne_bytes())
+        .map_err(|e| anyhow::anyhow!("writing {us} µs to {path} failed: {e}"))?;
+    Ok(f)
+}
+
 /// Puts the thread back as it was. Not Send: it must drop on the thread
 /// it was made on, because policy and affinity are per thread.
 pub struct RtGuard {
     prev_sched: Option<(i32, libc::sched_param)>,
     prev_affinity: Option<CpuSet>,
     locked: bool,
+    /// The open /dev/cpu_dma_latency: the kernel drops the request when
+    /// it closes, also if the process dies.
+    pm_qos: Option<std::fs::File>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -208,9 +248,11 @@ mod tests {
             fifo_priority: Some(80),
             mlockall: true,
             cpu: Some(0),
+            cpu_dma_latency_us: Some(0),
         };
         assert!(s.validate().is_ok());
         assert_eq!(s.metadata()["sched_fifo_priority"], 80);
+        assert_eq!(s.metadata()["cpu_dma_latency_us"], 0);
     }
 
     #[test]
@@ -220,13 +262,20 @@ mod tests {
             eprintln!("SKIPPED: needs root");
             return;
         }
-        std::thread::spawn(|| {
+        // The kernel's aggregate CPU latency target (an s32 read back).
+        let target = || {
+            let b = std::fs::read("/dev/cpu_dma_latency").unwrap();
+            i32::from_ne_bytes(b[..4].try_into().unwrap())
+        };
+        let before_target = target();
+        std::thread::spawn(move || {
             let before_pol = current_policy();
             let before_aff = sched_getaffinity(Pid::from_raw(0)).unwrap();
             let s = RtSettings {
                 fifo_priority: Some(10),
                 mlockall: true,
                 cpu: Some(0),
+                cpu_dma_latency_us: Some(0),
             };
             {
                 let _g = s.apply_to_current_thread().unwrap();
@@ -239,7 +288,9 @@ mod tests {
                         .count(),
                     1
                 );
+                assert_eq!(target(), 0, "the PM QoS request is held");
             }
+            assert_eq!(target(), before_target, "and released with the guard");
             assert_eq!(current_policy(), before_pol);
             assert_eq!(sched_getaffinity(Pid::from_raw(0)).unwrap(), before_aff);
         })

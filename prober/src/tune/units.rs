@@ -251,6 +251,45 @@ impl FromStr for LoadRate {
     }
 }
 
+/// A CPU idle-latency limit held through `/dev/cpu_dma_latency` (PM QoS)
+/// while probing: `off`, or the most wake-up latency in µs the CPUs' idle
+/// states may add (`0`: never enter a state that halts, as cyclictest does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuDmaLatency {
+    Off,
+    Us(u32),
+}
+
+impl fmt::Display for CpuDmaLatency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CpuDmaLatency::Off => f.write_str("off"),
+            CpuDmaLatency::Us(us) => write!(f, "{us}us"),
+        }
+    }
+}
+
+impl FromStr for CpuDmaLatency {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        if t == "off" {
+            return Ok(CpuDmaLatency::Off);
+        }
+        let num = t.strip_suffix("us").unwrap_or(&t);
+        // PM QoS takes an s32; 2000 s is "no limit" (PM_QOS_DEFAULT_VALUE).
+        num.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&v| v <= i32::MAX as u32)
+            .map(CpuDmaLatency::Us)
+            .ok_or_else(|| {
+                format!("invalid CPU DMA latency {s:?}: expected microseconds (0, 10us) or off")
+            })
+    }
+}
+
 /// The longest duration rtprobe takes. Stamps are i64 nanoseconds since
 /// 1970, which end in 2262, so "now + duration" must stay below that; a
 /// century is beyond any run and any interval. (humantime's year is 365.25
@@ -392,6 +431,9 @@ serde_via_str!(
     "packets (100) or a string such as \"100p\" or \"64KiB\"",
     |v| v.to_string().parse()
 );
+serde_via_str!(CpuDmaLatency, "microseconds (0) or \"off\"", |v| v
+    .to_string()
+    .parse());
 serde_via_str!(LoadRate, "a share (\"50%\") or a rate (\"50mbit\")", |_| {
     Err("write a load rate as a string such as \"50%\" or \"50mbit\"".to_string())
 });
@@ -479,6 +521,22 @@ mod tests {
         assert!("0".parse::<QueueLimit>().is_err());
         assert!("10b".parse::<QueueLimit>().is_err());
         assert_eq!(QueueLimit::Packets(20).to_string(), "20p");
+    }
+
+    #[test]
+    fn cpu_dma_latencies() {
+        assert_eq!("off".parse(), Ok(CpuDmaLatency::Off));
+        assert_eq!("0".parse(), Ok(CpuDmaLatency::Us(0)));
+        assert_eq!(" 10us".parse(), Ok(CpuDmaLatency::Us(10)));
+        for bad in ["-1", "1ms", "on", "", "3000000000"] {
+            let e = bad.parse::<CpuDmaLatency>().unwrap_err();
+            assert!(e.contains("microseconds (0, 10us) or off"), "{bad}: {e}");
+        }
+        assert_eq!(
+            CpuDmaLatency::Us(10).to_string().parse(),
+            Ok(CpuDmaLatency::Us(10))
+        );
+        assert_eq!(CpuDmaLatency::Off.to_string(), "off");
     }
 
     #[test]
