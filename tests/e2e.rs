@@ -169,14 +169,15 @@ fn ipv6_mode_run(mode: &str, expect_attached: &str) -> Run {
     assert_eq!(ip["version"], 6, "{ip}");
     assert_eq!(ip["sender"], "fd71:1::2", "{ip}");
     assert_eq!(ip["receiver"], "fd71:2::2", "{ip}");
-    // The in-kernel reflector is IPv4 only: the user-space one answers, and says why.
+    // The in-kernel reflector answers IPv6 probes too, with its times.
     let refl = &r.json["extra"]["reflector"];
-    assert_eq!(refl["kind"], "user", "{refl}");
+    assert_eq!(refl["kind"], "kernel", "{refl}");
+    assert_eq!(r.meta.reflector, "kernel");
+    let turnaround = &r.json["reflector_turnaround_ns"];
     assert!(
-        refl["note"].as_str().unwrap_or("").contains("IPv4 only"),
-        "{refl}"
+        turnaround["count"].as_u64() == Some(N) && turnaround["p50"].as_u64().is_some(),
+        "every echo carries the reflector's times: {turnaround}"
     );
-    assert_eq!(r.meta.reflector, "user");
     assert_eq!(r.json["xdp_mode_attached"], expect_attached, "{}", r.stdout);
     if mode == "off" {
         assert!(
@@ -251,6 +252,10 @@ fn ipv6_stamp_through_the_testbed() {
             "6",
             "--protocol",
             "stamp",
+            // The stateful one, which counts per session (the in-kernel
+            // one: remote_e2e's stamp_over_ipv6_testbed_...).
+            "--reflector",
+            "user",
             "--xdp-mode",
             "native",
             "--count",

@@ -691,7 +691,7 @@ fn scapy_both_roles(ipv6: bool) {
 
 /// STAMP through the testbed: rtprobe's session-sender answered by the
 /// in-kernel reflector (stateless) or the user-space one (stateful).
-fn stamp_testbed(reflector: &str) -> Run {
+fn stamp_testbed(reflector: &str, ip: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let r = probe(
         dir.path(),
@@ -700,6 +700,8 @@ fn stamp_testbed(reflector: &str) -> Run {
             "stamp",
             "--reflector",
             reflector,
+            "--ip",
+            ip,
             "--xdp-mode",
             "native",
             "--count",
@@ -728,7 +730,23 @@ fn stamp_testbed_run_answered_by_the_kernel_reflector() {
     if !is_root("stamp_testbed_run_answered_by_the_kernel_reflector") {
         return;
     }
-    let r = stamp_testbed("kernel");
+    check_kernel_stamp(&stamp_testbed("kernel", "4"));
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn stamp_over_ipv6_testbed_answered_by_the_kernel_reflector() {
+    if !is_root("stamp_over_ipv6_testbed_answered_by_the_kernel_reflector") {
+        return;
+    }
+    let r = stamp_testbed("kernel", "6");
+    check_kernel_stamp(&r);
+    assert_eq!(r.json["extra"]["ip"]["version"], 6);
+    // The Session-Sender TTL field carries the hop limit it arrived with.
+    assert_eq!(r.json["extra"]["reflector"]["sender_ttl_min"], 63);
+}
+
+fn check_kernel_stamp(r: &Run) {
     let c = &r.json["extra"]["reflector"]["counters"];
     assert!(
         c["reflected_stamp"]["packets"].as_u64().unwrap() >= N,
@@ -748,7 +766,7 @@ fn stamp_testbed_run_answered_by_the_user_reflector() {
     if !is_root("stamp_testbed_run_answered_by_the_user_reflector") {
         return;
     }
-    let r = stamp_testbed("user");
+    let r = stamp_testbed("user", "4");
     let c = &r.json["extra"]["reflector"]["counters"];
     assert!(c["reflected"].as_u64().unwrap() > N, "{c}");
     assert_eq!(r.json["extra"]["loss_split"]["forward"], 0);
@@ -760,6 +778,21 @@ fn reflect_kernel_answers_from_xdp() {
     if !is_root("reflect_kernel_answers_from_xdp") {
         return;
     }
+    reflect_kernel_run(B_IP);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflect_kernel_answers_from_xdp_over_ipv6() {
+    if !is_root("reflect_kernel_answers_from_xdp_over_ipv6") {
+        return;
+    }
+    reflect_kernel_run(&format!("[{B_IP6}]"));
+}
+
+/// `rtprobe reflect --kernel --listen ADDR:5061` answered from XDP, a
+/// client probing ADDR.
+fn reflect_kernel_run(addr: &str) {
     let p = Pair::new();
     // What a veth peer needs to take the in-kernel reflector's replies
     // (rtprobe reflect --kernel says so when it attaches to a veth).
@@ -769,12 +802,12 @@ fn reflect_kernel_answers_from_xdp() {
         a = p.a,
         va = p.va
     ));
-    let r = Reflector::start(&p, &["--kernel", "--listen", &format!("{B_IP}:5061")]);
+    let r = Reflector::start(&p, &["--kernel", "--listen", &format!("{addr}:5061")]);
     let t = target(
         &p,
         &[
             "--target",
-            B_IP,
+            addr,
             "--count",
             &N.to_string(),
             "--interval",

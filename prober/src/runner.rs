@@ -397,14 +397,6 @@ fn choose_reflector(
         cannot be told apart (echoes lost is always 0)";
     let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE});
     let path_ok = xdp.reflector_replies_get_through(testbed);
-    // The in-kernel reflector parses IPv4 only (validate refuses `--ip 6
-    // --reflector kernel`): IPv6 probes are the user-space reflector's.
-    if opts.ip == crate::testbed::IpVersion::V6 && forced.or(opts.reflector).is_none() {
-        let note = "the in-kernel reflector answers IPv4 only: the user-space reflector answers \
-                    these IPv6 probes";
-        log::info!("{note}");
-        return Ok((false, serde_json::json!({"kind": "user", "note": note})));
-    }
     const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
         the veth testbed's router, where rtprobe does not prepare the peer to take the \
         in-kernel reflector's replies (use the veth testbed)";

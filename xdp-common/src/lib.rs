@@ -256,8 +256,9 @@ pub enum ReflectorOutcome {
     ReflectedRtprobe = 0,
     /// A STAMP session-sender packet answered with XDP_TX.
     ReflectedStamp = 1,
-    /// XDP_PASS: IPv4 but not for the reflector (other protocol or port,
-    /// not an rtprobe payload, a fragment, IP options).
+    /// XDP_PASS: IPv4 or IPv6 but not for the reflector (other protocol
+    /// or port, not an rtprobe payload, a fragment, IP options, IPv6
+    /// extension headers).
     NotProbe = 2,
     /// XDP_PASS of an rtprobe echo (never reflected again).
     Echo = 3,
@@ -266,8 +267,8 @@ pub enum ReflectorOutcome {
     /// An rtprobe probe answered without times: shorter than
     /// [`RTPB_KTIMES_MIN_LEN`] (also counted as reflected).
     NoRoomForTimes = 5,
-    /// XDP_PASS of anything that is not IPv4 (IPv6, ARP, VLAN...).
-    NonIpv4 = 6,
+    /// XDP_PASS of anything that is neither IPv4 nor IPv6 (ARP, VLAN...).
+    NotIp = 6,
 }
 
 /// Number of [`ReflectorOutcome`]s (the size of [`REFLECTOR_COUNTERS_MAP`]).
@@ -281,7 +282,7 @@ impl ReflectorOutcome {
         ReflectorOutcome::Echo,
         ReflectorOutcome::Malformed,
         ReflectorOutcome::NoRoomForTimes,
-        ReflectorOutcome::NonIpv4,
+        ReflectorOutcome::NotIp,
     ];
 
     pub const fn index(self) -> u32 {
@@ -297,7 +298,7 @@ impl ReflectorOutcome {
             ReflectorOutcome::Echo => "echo_passed",
             ReflectorOutcome::Malformed => "malformed",
             ReflectorOutcome::NoRoomForTimes => "no_room_for_times",
-            ReflectorOutcome::NonIpv4 => "non_ipv4",
+            ReflectorOutcome::NotIp => "not_ip",
         }
     }
 }

@@ -84,11 +84,11 @@ static EGRESS: DevMapHash = DevMapHash::with_max_entries(EGRESS_MAX_ENTRIES, 0);
 pub(crate) const ETH_HLEN: usize = 14;
 const ETH_ALEN: usize = 6;
 pub(crate) const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 pub(crate) const IPV4_HLEN: usize = 20;
-const IPV6_HLEN: usize = 40;
+pub(crate) const IPV6_HLEN: usize = 40;
 
 #[repr(C)]
 pub(crate) struct EthHdr {
@@ -103,7 +103,7 @@ pub(crate) struct EthHdr {
 pub(crate) type Ipv4Hdr = [u8; IPV4_HLEN];
 
 /// The fixed 40 bytes of an IPv6 header.
-type Ipv6Hdr = [u8; IPV6_HLEN];
+pub(crate) type Ipv6Hdr = [u8; IPV6_HLEN];
 
 #[xdp]
 pub fn xdp_router(ctx: XdpContext) -> u32 {

@@ -9,18 +9,22 @@
 //! goes through `ndo_xdp_xmit`, whose flush wakes the peer's NAPI whenever
 //! it exists (an XDP program or GRO on the peer).
 //!
-//! For each frame: bounds-checked Ethernet + IPv4 + UDP parse (no options,
-//! no fragments); UDP to `REFLECT_PORT` with an rtprobe probe payload, or to
-//! `STAMP_PORT` with at least 44 bytes, is rewritten in place: MACs, IP
-//! addresses and UDP ports swapped, TTL set to 64, the payload turned into
-//! the reply with the reflector's receive and transmit times. Echoes and
-//! everything else go to the kernel (XDP_PASS). Every frame is counted per
-//! outcome in a per-CPU array; nothing is logged per packet.
+//! For each frame: bounds-checked Ethernet + IPv4 (no options, no
+//! fragments) or IPv6 (UDP right after the fixed header, no extension
+//! headers) + UDP parse; UDP to `REFLECT_PORT` with an rtprobe probe
+//! payload, or to `STAMP_PORT` with at least 44 bytes, is rewritten in
+//! place: MACs, IP addresses and UDP ports swapped, TTL / hop limit set to
+//! 64, the payload turned into the reply with the reflector's receive and
+//! transmit times. Echoes and everything else go to the kernel (XDP_PASS).
+//! Every frame is counted per outcome in a per-CPU array; nothing is logged
+//! per packet.
 //!
 //! Checksums: swapping addresses and ports leaves both sums unchanged (the
-//! same words, reordered). The IP checksum is updated incrementally for the
-//! TTL word; the UDP checksum incrementally for every payload word the
-//! reflector changes (RFC 1624), and a zero UDP checksum (none) stays zero.
+//! same words, reordered; the IPv6 pseudo-header too). The IPv4 checksum is
+//! updated incrementally for the TTL word (IPv6 has none, and the hop limit
+//! is not in the pseudo-header); the UDP checksum incrementally for every
+//! payload word the reflector changes (RFC 1624). Over IPv4 a zero UDP
+//! checksum (none) stays zero; over IPv6 it is malformed (RFC 8200 §8.1).
 //! The incoming UDP checksum is not verified (that needs a loop over the
 //! payload): a bad one stays bad. Frames must carry full checksums, so the
 //! sending veth needs TX checksum offload off (as the router's setup does).
@@ -41,13 +45,15 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_common::{
-    Counter, REFLECT_TTL, REFLECTOR_OUTCOME_COUNT, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
+    Counter, CsumDelta, REFLECT_TTL, REFLECTOR_OUTCOME_COUNT, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
     RTPB_KTIMES_MIN_LEN, RTPB_KTIMES_OFFSET, RTPB_MAGIC, RTPB_VERSION, ReflectorClock,
     ReflectorOutcome, STAMP_UNAUTH_LEN, csum_replace2, realtime_ns_to_ntp, rtpb_mark_echo,
     rtpb_write_times, stamp_reflect,
 };
 
-use crate::{ETH_HLEN, ETH_P_IP, EthHdr, IPV4_HLEN, Ipv4Hdr, ptr_at};
+use crate::{
+    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_HLEN, IPV6_HLEN, Ipv4Hdr, Ipv6Hdr, ptr_at,
+};
 use aya_log_ebpf::{debug, warn};
 
 /// UDP destination port of rtprobe probes (host order), set at load time.
@@ -70,8 +76,10 @@ static REFLECTOR_CLOCK: Array<ReflectorClock> = Array::with_max_entries(1, 0);
 
 const UDP_HLEN: usize = 8;
 const IPPROTO_UDP: u8 = 17;
-/// Offset of the UDP payload in a frame without IP options.
-const PAYLOAD_OFF: usize = ETH_HLEN + IPV4_HLEN + UDP_HLEN;
+/// Offset of the UDP payload in an IPv4 frame without options.
+const PAYLOAD_OFF_V4: usize = ETH_HLEN + IPV4_HLEN + UDP_HLEN;
+/// Offset of the UDP payload in an IPv6 frame without extension headers.
+const PAYLOAD_OFF_V6: usize = ETH_HLEN + IPV6_HLEN + UDP_HLEN;
 
 /// UDP header: ports, length, checksum, network byte order.
 type UdpHdr = [u8; UDP_HLEN];
@@ -90,20 +98,28 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
     // SAFETY: a helper without arguments.
     let rx_tai_ns = unsafe { bpf_ktime_get_tai_ns() } as i64;
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let malformed = || {
-        if crate::log_rare() {
-            warn!(ctx, "reflector: malformed frame of {} bytes refused", len);
-        }
-        count(ReflectorOutcome::Malformed, len, xdp_action::XDP_PASS)
-    };
-    let pass = |o| Ok(count(o, len, xdp_action::XDP_PASS));
-
-    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or_else(malformed)?;
+    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or_else(|| malformed(ctx, len))?;
     // SAFETY: ptr_at checked that the whole header is inside the frame.
-    if u16::from_be_bytes(unsafe { (*eth).proto }) != ETH_P_IP {
-        return pass(ReflectorOutcome::NonIpv4);
+    match u16::from_be_bytes(unsafe { (*eth).proto }) {
+        ETH_P_IP => reflect_ipv4(ctx, eth, rx_tai_ns, len),
+        ETH_P_IPV6 => reflect_ipv6(ctx, eth, rx_tai_ns, len),
+        _ => Ok(count(ReflectorOutcome::NotIp, len, xdp_action::XDP_PASS)),
     }
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(malformed)?;
+}
+
+/// Counts a malformed frame and returns XDP_PASS.
+#[inline(always)]
+fn malformed(ctx: &XdpContext, len: u64) -> u32 {
+    if crate::log_rare() {
+        warn!(ctx, "reflector: malformed frame of {} bytes refused", len);
+    }
+    count(ReflectorOutcome::Malformed, len, xdp_action::XDP_PASS)
+}
+
+#[inline(always)]
+fn reflect_ipv4(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) -> Result<u32, u32> {
+    let pass = |o| Ok(count(o, len, xdp_action::XDP_PASS));
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(|| malformed(ctx, len))?;
     // SAFETY: the 20 bytes are inside the frame (checked by ptr_at).
     let hdr: &mut Ipv4Hdr = unsafe { &mut *ip };
     let tot_len = u16::from_be_bytes([hdr[2], hdr[3]]) as usize;
@@ -112,7 +128,7 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
         || tot_len < IPV4_HLEN
         || (ETH_HLEN + tot_len) as u64 > len
     {
-        return Err(malformed());
+        return Err(malformed(ctx, len));
     }
     if hdr[9] != IPPROTO_UDP {
         return pass(ReflectorOutcome::NotProbe);
@@ -123,92 +139,18 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
         return pass(ReflectorOutcome::NotProbe);
     }
     if !xdp_common::ipv4_checksum_ok(hdr) {
-        return Err(malformed());
+        return Err(malformed(ctx, len));
     }
-    let udp: *mut UdpHdr = ptr_at(ctx, ETH_HLEN + IPV4_HLEN).ok_or_else(malformed)?;
+    let udp: *mut UdpHdr = ptr_at(ctx, ETH_HLEN + IPV4_HLEN).ok_or_else(|| malformed(ctx, len))?;
     // SAFETY: inside the frame (checked by ptr_at).
     let uh: &mut UdpHdr = unsafe { &mut *udp };
     let udp_len = u16::from_be_bytes([uh[4], uh[5]]) as usize;
     if udp_len < UDP_HLEN || udp_len > tot_len - IPV4_HLEN {
-        return Err(malformed());
+        return Err(malformed(ctx, len));
     }
-    let payload_len = udp_len - UDP_HLEN;
-    let dport = u16::from_be_bytes([uh[2], uh[3]]);
-    // SAFETY: read-only globals; volatile so the compiler does not fold
-    // them to their initial values.
-    let (probe_port, stamp_port) = unsafe {
-        (
-            core::ptr::read_volatile(&REFLECT_PORT),
-            core::ptr::read_volatile(&STAMP_PORT),
-        )
-    };
-
-    let clock = REFLECTOR_CLOCK.get(0).copied().unwrap_or_default();
-    let rx_ns = rx_tai_ns + clock.tai_to_realtime_ns;
-    let (delta, outcome) = if dport == probe_port && probe_port != 0 {
-        if payload_len < RTPB_HEADER_LEN {
-            return pass(ReflectorOutcome::NotProbe);
-        }
-        let p: *mut [u8; RTPB_HEADER_LEN] = ptr_at(ctx, PAYLOAD_OFF).ok_or_else(malformed)?;
-        // SAFETY: inside the frame (checked by ptr_at).
-        let probe = unsafe { &mut *p };
-        if probe[0..4] != RTPB_MAGIC || probe[4] != RTPB_VERSION {
-            return pass(ReflectorOutcome::NotProbe);
-        }
-        if probe[5] & RTPB_FLAG_ECHO != 0 {
-            return pass(ReflectorOutcome::Echo);
-        }
-        if payload_len >= RTPB_KTIMES_MIN_LEN {
-            let t: *mut [u8; 16] =
-                ptr_at(ctx, PAYLOAD_OFF + RTPB_KTIMES_OFFSET).ok_or_else(malformed)?;
-            let d = rtpb_mark_echo(probe, true);
-            // SAFETY: ktime helper; t is inside the frame (checked by ptr_at).
-            let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
-            let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
-            (d.merge(w), ReflectorOutcome::ReflectedRtprobe)
-        } else {
-            if crate::log_rare() {
-                debug!(
-                    ctx,
-                    "reflector: {}-byte probe has no room for kernel times", payload_len
-                );
-            }
-            count(ReflectorOutcome::NoRoomForTimes, len, 0);
-            (
-                rtpb_mark_echo(probe, false),
-                ReflectorOutcome::ReflectedRtprobe,
-            )
-        }
-    } else if dport == stamp_port && stamp_port != 0 {
-        if payload_len < STAMP_UNAUTH_LEN {
-            return Err(malformed());
-        }
-        let p: *mut [u8; STAMP_UNAUTH_LEN] = ptr_at(ctx, PAYLOAD_OFF).ok_or_else(malformed)?;
-        // SAFETY: ktime helper; p is inside the frame (checked by ptr_at).
-        let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
-        let d = stamp_reflect(
-            unsafe { &mut *p },
-            hdr[8],
-            clock.stamp_error_estimate,
-            realtime_ns_to_ntp(rx_ns),
-            realtime_ns_to_ntp(tx_ns),
-        );
-        (d, ReflectorOutcome::ReflectedStamp)
-    } else {
-        return pass(ReflectorOutcome::NotProbe);
-    };
-
-    // The reply: swap addresses and ports (sums unchanged), fresh TTL.
-    let check = u16::from_be_bytes([uh[6], uh[7]]);
-    let udp_check = delta.apply_udp(check).to_be_bytes();
-    let (sport, dport_b) = ([uh[0], uh[1]], [uh[2], uh[3]]);
-    uh[0] = dport_b[0];
-    uh[1] = dport_b[1];
-    uh[2] = sport[0];
-    uh[3] = sport[1];
-    uh[6] = udp_check[0];
-    uh[7] = udp_check[1];
-
+    let (delta, outcome) =
+        reflect_payload::<PAYLOAD_OFF_V4>(ctx, uh, udp_len - UDP_HLEN, hdr[8], rx_tai_ns, len)?;
+    // Fresh TTL, with the IP checksum updated for its word.
     let ip_check = u16::from_be_bytes([hdr[10], hdr[11]]);
     let new_ip_check = csum_replace2(
         ip_check,
@@ -225,6 +167,151 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
         hdr.swap(i, i + 4);
         i += 1;
     }
+    // IPv4: a zero UDP checksum means none and stays zero.
+    let check = u16::from_be_bytes([uh[6], uh[7]]);
+    Ok(reply(eth, uh, delta.apply_udp(check), outcome, len))
+}
+
+#[inline(always)]
+fn reflect_ipv6(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) -> Result<u32, u32> {
+    let pass = |o| Ok(count(o, len, xdp_action::XDP_PASS));
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN).ok_or_else(|| malformed(ctx, len))?;
+    // SAFETY: the 40 bytes are inside the frame (checked by ptr_at).
+    let hdr: &mut Ipv6Hdr = unsafe { &mut *ip };
+    let payload_len = u16::from_be_bytes([hdr[4], hdr[5]]) as usize;
+    if hdr[0] >> 4 != 6 || (ETH_HLEN + IPV6_HLEN + payload_len) as u64 > len {
+        return Err(malformed(ctx, len));
+    }
+    // UDP right after the fixed header only: an extension header (hop by
+    // hop, routing, fragment...) is the kernel's, the user-space
+    // reflector answers what it delivers.
+    if hdr[6] != IPPROTO_UDP {
+        return pass(ReflectorOutcome::NotProbe);
+    }
+    let udp: *mut UdpHdr = ptr_at(ctx, ETH_HLEN + IPV6_HLEN).ok_or_else(|| malformed(ctx, len))?;
+    // SAFETY: inside the frame (checked by ptr_at).
+    let uh: &mut UdpHdr = unsafe { &mut *udp };
+    let udp_len = u16::from_be_bytes([uh[4], uh[5]]) as usize;
+    // A zero checksum is not allowed over IPv6 (RFC 8200 §8.1): the
+    // kernel drops such a datagram, and so the reflector does not answer it.
+    if udp_len < UDP_HLEN || udp_len > payload_len || (uh[6] == 0 && uh[7] == 0) {
+        return Err(malformed(ctx, len));
+    }
+    let (delta, outcome) =
+        reflect_payload::<PAYLOAD_OFF_V6>(ctx, uh, udp_len - UDP_HLEN, hdr[7], rx_tai_ns, len)?;
+    // Fresh hop limit (no header checksum, not in the pseudo-header).
+    hdr[7] = REFLECT_TTL;
+    // Source and destination address: bytes 8..24 and 24..40.
+    let mut i = 8;
+    while i < 24 {
+        hdr.swap(i, i + 16);
+        i += 1;
+    }
+    let check = u16::from_be_bytes([uh[6], uh[7]]);
+    let new = match delta.apply(check) {
+        0 => 0xffff,
+        c => c,
+    };
+    Ok(reply(eth, uh, new, outcome, len))
+}
+
+/// Turns the payload at `OFF` (after the UDP header `uh`) into the reply:
+/// an rtprobe probe to the probe port, a STAMP session-sender packet to the
+/// STAMP port (`ttl`: the one it arrived with). Returns the payload's
+/// checksum change; `Err` is the action for a frame it does not answer.
+#[inline(always)]
+fn reflect_payload<const OFF: usize>(
+    ctx: &XdpContext,
+    uh: &UdpHdr,
+    payload_len: usize,
+    ttl: u8,
+    rx_tai_ns: i64,
+    len: u64,
+) -> Result<(CsumDelta, ReflectorOutcome), u32> {
+    let not_ours = |o| Err(count(o, len, xdp_action::XDP_PASS));
+    let dport = u16::from_be_bytes([uh[2], uh[3]]);
+    // SAFETY: read-only globals; volatile so the compiler does not fold
+    // them to their initial values.
+    let (probe_port, stamp_port) = unsafe {
+        (
+            core::ptr::read_volatile(&REFLECT_PORT),
+            core::ptr::read_volatile(&STAMP_PORT),
+        )
+    };
+    let clock = REFLECTOR_CLOCK.get(0).copied().unwrap_or_default();
+    let rx_ns = rx_tai_ns + clock.tai_to_realtime_ns;
+    if dport == probe_port && probe_port != 0 {
+        if payload_len < RTPB_HEADER_LEN {
+            return not_ours(ReflectorOutcome::NotProbe);
+        }
+        let p: *mut [u8; RTPB_HEADER_LEN] = ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
+        // SAFETY: inside the frame (checked by ptr_at).
+        let probe = unsafe { &mut *p };
+        if probe[0..4] != RTPB_MAGIC || probe[4] != RTPB_VERSION {
+            return not_ours(ReflectorOutcome::NotProbe);
+        }
+        if probe[5] & RTPB_FLAG_ECHO != 0 {
+            return not_ours(ReflectorOutcome::Echo);
+        }
+        if payload_len >= RTPB_KTIMES_MIN_LEN {
+            let t: *mut [u8; 16] =
+                ptr_at(ctx, OFF + RTPB_KTIMES_OFFSET).ok_or_else(|| malformed(ctx, len))?;
+            let d = rtpb_mark_echo(probe, true);
+            // SAFETY: ktime helper; t is inside the frame (checked by ptr_at).
+            let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+            let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
+            Ok((d.merge(w), ReflectorOutcome::ReflectedRtprobe))
+        } else {
+            if crate::log_rare() {
+                debug!(
+                    ctx,
+                    "reflector: {}-byte probe has no room for kernel times", payload_len
+                );
+            }
+            count(ReflectorOutcome::NoRoomForTimes, len, 0);
+            Ok((
+                rtpb_mark_echo(probe, false),
+                ReflectorOutcome::ReflectedRtprobe,
+            ))
+        }
+    } else if dport == stamp_port && stamp_port != 0 {
+        if payload_len < STAMP_UNAUTH_LEN {
+            return Err(malformed(ctx, len));
+        }
+        let p: *mut [u8; STAMP_UNAUTH_LEN] = ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
+        // SAFETY: ktime helper; p is inside the frame (checked by ptr_at).
+        let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+        let d = stamp_reflect(
+            unsafe { &mut *p },
+            ttl,
+            clock.stamp_error_estimate,
+            realtime_ns_to_ntp(rx_ns),
+            realtime_ns_to_ntp(tx_ns),
+        );
+        Ok((d, ReflectorOutcome::ReflectedStamp))
+    } else {
+        not_ours(ReflectorOutcome::NotProbe)
+    }
+}
+
+/// The rest of the reply for either family: UDP ports swapped (sums
+/// unchanged) with the new checksum, MACs swapped, and the action.
+#[inline(always)]
+fn reply(
+    eth: *mut EthHdr,
+    uh: &mut UdpHdr,
+    udp_check: u16,
+    outcome: ReflectorOutcome,
+    len: u64,
+) -> u32 {
+    let udp_check = udp_check.to_be_bytes();
+    let (sport, dport_b) = ([uh[0], uh[1]], [uh[2], uh[3]]);
+    uh[0] = dport_b[0];
+    uh[1] = dport_b[1];
+    uh[2] = sport[0];
+    uh[3] = sport[1];
+    uh[6] = udp_check[0];
+    uh[7] = udp_check[1];
     // SAFETY: eth is inside the frame (checked by ptr_at), and src and dst
     // are two distinct fields of it.
     unsafe { core::mem::swap(&mut (*eth).src, &mut (*eth).dst) };
@@ -237,7 +324,7 @@ fn try_reflector(ctx: &XdpContext) -> Result<u32, u32> {
         // or XDP_ABORTED (flags 0) when the ifindex is bad.
         unsafe { bpf_redirect(reply_ifindex, 0) as u32 }
     };
-    Ok(count(outcome, len, action))
+    count(outcome, len, action)
 }
 
 /// Counts the frame under `outcome` and returns `action`.

@@ -24,6 +24,8 @@ const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
 const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0xbb];
 const IP_A: [u8; 4] = [10, 9, 0, 2];
 const IP_B: [u8; 4] = [10, 9, 0, 1];
+const IP6_A: [u8; 16] = [0xfd, 0x71, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+const IP6_B: [u8; 16] = [0xfd, 0x71, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 const SPORT: u16 = 40_000;
 
 fn sum16(data: &[u8]) -> u32 {
@@ -40,21 +42,23 @@ fn fold(mut s: u32) -> u16 {
 }
 
 /// The UDP checksum of `udp` (header + payload, checksum field zeroed)
-/// from scratch, pseudo-header included (RFC 768).
-fn udp_checksum(src: [u8; 4], dst: [u8; 4], udp: &[u8]) -> u16 {
+/// from scratch, pseudo-header included (RFC 768; over IPv6 with 16-byte
+/// addresses, RFC 8200 §8.1: the same sum).
+fn udp_checksum(src: &[u8], dst: &[u8], udp: &[u8]) -> u16 {
     let mut u = udp.to_vec();
     u[6] = 0;
     u[7] = 0;
-    let pseudo = sum16(&src) + sum16(&dst) + 17 + udp.len() as u32;
+    let pseudo = sum16(src) + sum16(dst) + 17 + udp.len() as u32;
     match !fold(pseudo + sum16(&u)) {
         0 => 0xffff,
         c => c,
     }
 }
 
-/// Options of one IPv4/UDP test frame from A to B.
+/// Options of one IPv4/UDP (or IPv6/UDP) test frame from A to B.
 #[derive(Clone)]
 struct Frame {
+    v6: bool,
     dport: u16,
     payload: Vec<u8>,
     ttl: u8,
@@ -66,6 +70,7 @@ struct Frame {
 impl Frame {
     fn new(dport: u16, payload: Vec<u8>) -> Self {
         Frame {
+            v6: false,
             dport,
             payload,
             ttl: 63,
@@ -75,7 +80,22 @@ impl Frame {
         }
     }
 
+    fn v6(dport: u16, payload: Vec<u8>) -> Self {
+        Frame {
+            v6: true,
+            ..Frame::new(dport, payload)
+        }
+    }
+
+    /// Where the UDP payload starts.
+    fn payload_off(&self) -> usize {
+        if self.v6 { 14 + 40 + 8 } else { 42 }
+    }
+
     fn bytes(&self) -> Vec<u8> {
+        if self.v6 {
+            return self.bytes_v6();
+        }
         let hlen = 20 + self.options.len();
         let udp_len = 8 + self.payload.len();
         let tot = hlen + udp_len;
@@ -96,16 +116,39 @@ impl Frame {
         let c = !fold(sum16(&ip));
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         f.extend_from_slice(&ip);
+        f.extend_from_slice(&self.udp(&IP_A, &IP_B));
+        f
+    }
+
+    /// The UDP header and payload, with the checksum over `src` and `dst`
+    /// if asked for.
+    fn udp(&self, src: &[u8], dst: &[u8]) -> Vec<u8> {
         let mut udp = vec![0u8; 8];
         udp[0..2].copy_from_slice(&SPORT.to_be_bytes());
         udp[2..4].copy_from_slice(&self.dport.to_be_bytes());
-        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        udp[4..6].copy_from_slice(&((8 + self.payload.len()) as u16).to_be_bytes());
         udp.extend_from_slice(&self.payload);
         if self.with_udp_csum {
-            let c = udp_checksum(IP_A, IP_B, &udp);
+            let c = udp_checksum(src, dst, &udp);
             udp[6..8].copy_from_slice(&c.to_be_bytes());
         }
-        f.extend_from_slice(&udp);
+        udp
+    }
+
+    fn bytes_v6(&self) -> Vec<u8> {
+        let udp_len = 8 + self.payload.len();
+        let mut f = Vec::new();
+        f.extend_from_slice(&MAC_B);
+        f.extend_from_slice(&MAC_A);
+        f.extend_from_slice(&0x86ddu16.to_be_bytes());
+        let mut ip = vec![0x60, 0x0a, 0xbc, 0xde];
+        ip.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        ip.push(17);
+        ip.push(self.ttl);
+        ip.extend_from_slice(&IP6_A);
+        ip.extend_from_slice(&IP6_B);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&self.udp(&IP6_A, &IP6_B));
         f
     }
 }
@@ -164,6 +207,9 @@ fn now_ns() -> i64 {
 /// and ports swapped, TTL 64, valid IP checksum, valid UDP checksum
 /// (recomputed from scratch) or none when the probe had none.
 fn check_reply_headers(input: &[u8], out: &[u8], with_udp_csum: bool) {
+    if input[12..14] == [0x86, 0xdd] {
+        return check_reply_headers_v6(input, out);
+    }
     assert_eq!(out.len(), input.len(), "same length");
     assert_eq!(&out[0..6], &MAC_A, "dst MAC = the sender's");
     assert_eq!(&out[6..12], &MAC_B, "src MAC = ours");
@@ -183,10 +229,39 @@ fn check_reply_headers(input: &[u8], out: &[u8], with_udp_csum: bool) {
     assert_eq!(&udp[4..6], &input[38..40], "UDP length unchanged");
     let check = u16::from_be_bytes([udp[6], udp[7]]);
     if with_udp_csum {
-        assert_eq!(check, udp_checksum(IP_B, IP_A, udp), "UDP checksum");
+        assert_eq!(check, udp_checksum(&IP_B, &IP_A, udp), "UDP checksum");
     } else {
         assert_eq!(check, 0, "no UDP checksum stays none");
     }
+}
+
+/// As [`check_reply_headers`] over IPv6: addresses swapped, hop limit 64,
+/// the rest of the fixed header (flow label, length, next header)
+/// unchanged, the UDP checksum valid (never zero over IPv6).
+fn check_reply_headers_v6(input: &[u8], out: &[u8]) {
+    assert_eq!(out.len(), input.len(), "same length");
+    assert_eq!(&out[0..6], &MAC_A, "dst MAC = the sender's");
+    assert_eq!(&out[6..12], &MAC_B, "src MAC = ours");
+    assert_eq!(&out[12..14], &[0x86, 0xdd]);
+    let ip = &out[14..54];
+    assert_eq!(
+        &ip[0..7],
+        &input[14..21],
+        "version, flow label, length, next header"
+    );
+    assert_eq!(ip[7], 64, "fresh hop limit");
+    assert_eq!(&ip[8..24], &IP6_B, "src IP swapped");
+    assert_eq!(&ip[24..40], &IP6_A, "dst IP swapped");
+    let udp = &out[54..];
+    assert_eq!(
+        &udp[0..2],
+        &input[56..58],
+        "src port = the probe's dst port"
+    );
+    assert_eq!(u16::from_be_bytes([udp[2], udp[3]]), SPORT);
+    assert_eq!(&udp[4..6], &input[58..60], "UDP length unchanged");
+    let check = u16::from_be_bytes([udp[6], udp[7]]);
+    assert_eq!(check, udp_checksum(&IP6_B, &IP6_A, udp), "UDP checksum");
 }
 
 fn counter(r: &Reflector, o: ReflectorOutcome) -> u64 {
@@ -200,15 +275,17 @@ fn reflector_test_run_table() {
     let r = Reflector::load(PROBE_PORT, STAMP_PORT, 0).expect("load the reflector");
     let t0 = now_ns();
 
-    // A good probe with room for the times.
-    for with_csum in [true, false] {
+    // A good probe with room for the times: IPv4 with and without a UDP
+    // checksum, IPv6 (where it is mandatory).
+    for (v6, with_csum) in [(false, true), (false, false), (true, true)] {
         let mut f = Frame::new(PROBE_PORT, probe_payload(64, false));
+        f.v6 = v6;
         f.with_udp_csum = with_csum;
         let input = f.bytes();
         let (action, out) = run(&r, &input);
-        assert_eq!(action, XDP_TX, "good probe is answered");
+        assert_eq!(action, XDP_TX, "good probe is answered (IPv6: {v6})");
         check_reply_headers(&input, &out, with_csum);
-        let p = &out[42..];
+        let p = &out[f.payload_off()..];
         let echo = Probe::decode(p, 0x0102_0304_0506_0708).expect("still a probe");
         assert!(echo.echo);
         let kt = echo.kernel_times.expect("kernel times decoded");
@@ -230,26 +307,31 @@ fn reflector_test_run_table() {
         assert!(tx - rx < 1_000_000, "turnaround {} ns", tx - rx);
         assert_eq!(&p[48..], &[0u8; 16], "padding after the times untouched");
     }
-    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 2);
-
-    // A probe too short for the times: answered, marked, counted.
-    let f = Frame::new(PROBE_PORT, probe_payload(40, false));
-    let input = f.bytes();
-    let (action, out) = run(&r, &input);
-    assert_eq!(action, XDP_TX);
-    check_reply_headers(&input, &out, true);
-    assert_eq!(out[42 + 5], RTPB_FLAG_ECHO, "echo, no kernel times");
-    assert_eq!(
-        &out[42 + 6..],
-        &input[42 + 6..],
-        "rest of the payload unchanged"
-    );
-    assert_eq!(counter(&r, ReflectorOutcome::NoRoomForTimes), 1);
     assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 3);
 
-    // STAMP, 44 bytes and padded to 60.
-    for len in [44, 60] {
+    // A probe too short for the times: answered, marked, counted.
+    for v6 in [false, true] {
+        let mut f = Frame::new(PROBE_PORT, probe_payload(40, false));
+        f.v6 = v6;
+        let input = f.bytes();
+        let (action, out) = run(&r, &input);
+        assert_eq!(action, XDP_TX);
+        check_reply_headers(&input, &out, true);
+        let off = f.payload_off();
+        assert_eq!(out[off + 5], RTPB_FLAG_ECHO, "echo, no kernel times");
+        assert_eq!(
+            &out[off + 6..],
+            &input[off + 6..],
+            "rest of the payload unchanged"
+        );
+    }
+    assert_eq!(counter(&r, ReflectorOutcome::NoRoomForTimes), 2);
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 5);
+
+    // STAMP, 44 bytes and padded to 60, over both families.
+    for (v6, len) in [(false, 44), (false, 60), (true, 44), (true, 60)] {
         let mut f = Frame::new(STAMP_PORT, stamp_payload(len));
+        f.v6 = v6;
         f.ttl = 61;
         let input = f.bytes();
         let t_before = now_ns();
@@ -257,8 +339,9 @@ fn reflector_test_run_table() {
         let t_after = now_ns();
         assert_eq!(action, XDP_TX, "STAMP {len}");
         check_reply_headers(&input, &out, true);
-        let sender = SenderPacket::decode(&input[42..], Mode::Unauthenticated).unwrap();
-        let refl = ReflectorPacket::decode(&out[42..], Mode::Unauthenticated).unwrap();
+        let off = f.payload_off();
+        let sender = SenderPacket::decode(&input[off..], Mode::Unauthenticated).unwrap();
+        let refl = ReflectorPacket::decode(&out[off..], Mode::Unauthenticated).unwrap();
         assert_eq!(refl.seq, sender.seq, "stateless: the sender's seq");
         assert_eq!(refl.sender_seq, sender.seq);
         assert_eq!(refl.sender_timestamp, sender.timestamp);
@@ -271,9 +354,9 @@ fn reflector_test_run_table() {
         assert!(t2 <= t3, "T2 {t2} <= T3 {t3}");
         // NTP fractions are truncated: 1 ns slack each side.
         assert!(t2 >= t_before - 1_000_001 && t3 <= t_after + 1_000_001);
-        assert_eq!(&out[42 + 44..], &input[42 + 44..], "padding copied");
+        assert_eq!(&out[off + 44..], &input[off + 44..], "padding copied");
     }
-    assert_eq!(counter(&r, ReflectorOutcome::ReflectedStamp), 2);
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedStamp), 4);
 
     // Frames the reflector must pass unchanged.
     let mut bad_magic = probe_payload(64, false);
@@ -298,10 +381,23 @@ fn reflector_test_run_table() {
     ip_only_udp[24..26].copy_from_slice(&c.to_be_bytes());
     let mut bad_ip_csum = full.clone();
     bad_ip_csum[24] ^= 0xff;
-    let mut ipv6 = full[..12].to_vec();
-    ipv6.extend_from_slice(&0x86ddu16.to_be_bytes());
-    ipv6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
-    ipv6.extend_from_slice(&[0u8; 40]);
+    let mut arp = full[..12].to_vec();
+    arp.extend_from_slice(&0x0806u16.to_be_bytes());
+    arp.extend_from_slice(&[0u8; 28]);
+    let good6 = Frame::v6(PROBE_PORT, probe_payload(64, false)).bytes();
+    // A hop-by-hop options header before UDP: the kernel's.
+    let mut ext6 = good6[..54].to_vec();
+    ext6[20] = 0;
+    ext6.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
+    ext6.extend_from_slice(&good6[54..]);
+    let len6 = (good6.len() - 54 + 8) as u16;
+    ext6[18..20].copy_from_slice(&len6.to_be_bytes());
+    let mut not_v6 = good6.clone();
+    not_v6[14] = 0x40;
+    let mut udp_len_past_v6 = good6.clone();
+    udp_len_past_v6[58..60].copy_from_slice(&200u16.to_be_bytes());
+    let mut no_csum_v6 = Frame::v6(PROBE_PORT, probe_payload(64, false));
+    no_csum_v6.with_udp_csum = false;
     let mut tcp = full.clone();
     tcp[23] = 6;
     tcp[24] = 0;
@@ -345,7 +441,35 @@ fn reflector_test_run_table() {
         ("IP options", options.bytes(), NotProbe),
         ("first fragment", first_frag.bytes(), NotProbe),
         ("later fragment", later_frag.bytes(), NotProbe),
-        ("IPv6", ipv6, NonIpv4),
+        ("ARP", arp, NotIp),
+        (
+            "IPv6 echo",
+            Frame::v6(PROBE_PORT, probe_payload(64, true)).bytes(),
+            Echo,
+        ),
+        (
+            "IPv6 other port",
+            Frame::v6(5062, probe_payload(64, false)).bytes(),
+            NotProbe,
+        ),
+        ("IPv6 extension header before UDP", ext6, NotProbe),
+        ("IPv6 ethertype, version 4", not_v6, Malformed),
+        (
+            "truncated IPv6 header",
+            good6[..14 + 30].to_vec(),
+            Malformed,
+        ),
+        (
+            "IPv6 payload length past the frame",
+            good6[..good6.len() - 8].to_vec(),
+            Malformed,
+        ),
+        (
+            "IPv6 UDP length past the payload",
+            udp_len_past_v6,
+            Malformed,
+        ),
+        ("IPv6 UDP without a checksum", no_csum_v6.bytes(), Malformed),
         // BPF_PROG_TEST_RUN (like a driver) refuses frames shorter than an
         // Ethernet header, so the shortest frame is a bare header.
         ("Ethernet header only", full[..14].to_vec(), Malformed),

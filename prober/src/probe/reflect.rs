@@ -669,9 +669,6 @@ fn attach_kernel(
     if key {
         anyhow::bail!("the in-kernel reflector answers unauthenticated STAMP only");
     }
-    if a.is_ipv6() {
-        anyhow::bail!("the in-kernel reflector answers IPv4 only: --listen {a} is IPv6");
-    }
     let ifname = interface_of(a.ip())?;
     let (probe_port, stamp_port) = match protocol {
         ProtocolArg::Rtprobe => (a.port(), 0),

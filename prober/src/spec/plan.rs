@@ -308,28 +308,19 @@ pub fn validate(
                 .into(),
         );
     }
-    if ip == crate::testbed::IpVersion::V6 {
-        if run.xdp.reflector == Some(ReflectorKind::Kernel) {
-            return e(
-                "reflector",
-                "kernel with ip 6: the in-kernel reflector answers IPv4 only; use reflector \
-                 user (the default with ip 6)"
-                    .into(),
-            );
-        }
-        if let Some(big) = std::iter::once(&probe)
+    if ip == crate::testbed::IpVersion::V6
+        && let Some(big) = std::iter::once(&probe)
             .chain(&extra_flows)
             .map(|c| c.size)
             .find(|&s| s > MAX_PAYLOAD_1500_IPV6)
-        {
-            return e(
-                "size",
-                format!(
-                    "{big} does not fit a 1500-byte MTU over IPv6 (40-byte header): use at most \
-                     {MAX_PAYLOAD_1500_IPV6} bytes with ip 6"
-                ),
-            );
-        }
+    {
+        return e(
+            "size",
+            format!(
+                "{big} does not fit a 1500-byte MTU over IPv6 (40-byte header): use at most \
+                 {MAX_PAYLOAD_1500_IPV6} bytes with ip 6"
+            ),
+        );
     }
     Ok(RunOptions {
         probe,

@@ -224,11 +224,7 @@ fn ip_version_on_the_command_line_and_in_toml() {
     assert!(opts(&["--ip", "6", "--size", "1452"]).is_ok());
     let m = e(&["--ip", "6", "--flow", "port=5070,size=1460"]);
     assert!(m.contains("1460") && m.contains("IPv6"), "{m}");
-    let m = e(&["--ip", "6", "--reflector", "kernel"]);
-    assert!(
-        m.starts_with("--reflector kernel with ip 6") && m.contains("user"),
-        "{m}"
-    );
+    assert!(opts(&["--ip", "6", "--reflector", "kernel"]).is_ok());
     assert!(opts(&["--ip", "6", "--reflector", "user"]).is_ok());
     let m = e(&["--ip", "6", "--target", "192.0.2.7"]);
     assert!(m.starts_with("--ip is for testbed runs"), "{m}");
