@@ -573,6 +573,35 @@ fn peer_rtts(ctx: &Ctx, count: u64, xdp_mode: &str) -> Result<Vec<(String, Resul
         ))
     };
     out.push(("ping".to_string(), ping));
+    // The same over IPv6, to the receiver's unique-local address.
+    let addr6 = tb.s("receiver_addr6");
+    let ping6 = if !have("ping") {
+        Err(anyhow::anyhow!(
+            "not installed (apt-get install iputils-ping)"
+        ))
+    } else if addr6.is_empty() {
+        Err(anyhow::anyhow!("the testbed has no IPv6 address"))
+    } else {
+        let mut c = in_ns(&snd, "ping");
+        c.args([
+            "-6",
+            "-n",
+            "-i",
+            "0.001",
+            "-s",
+            "64",
+            "-W",
+            "1",
+            "-c",
+            &count.to_string(),
+            &addr6,
+        ]);
+        output_text(c, "ping -6").and_then(|t| {
+            std::fs::write(ctx.out.join("ping6.txt"), &t)?;
+            median(&mut parse_ping_rtts_us(&t)).context("ping -6 printed no replies")
+        })
+    };
+    out.push(("ping -6".to_string(), ping6));
 
     // irtt: user-space client and server with the server's processing time
     // taken out of the RTT (dual server timestamps), as rtprobe's `rtt net`.
@@ -689,6 +718,24 @@ fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let net = s["rtt_net_ns"]["p50"].as_u64();
     let k_raw = k["rtt_ns"]["p50"].as_u64();
     let k_turn = k["reflector_turnaround_ns"]["p50"].as_u64();
+    // The same over IPv6: the in-kernel reflector answers there too.
+    let k6 = ctx.probe_on(
+        "rtt-kernel-ipv6",
+        "native",
+        &[
+            "--count",
+            &n,
+            "--interval",
+            "1ms",
+            "--reflector",
+            "kernel",
+            "--ip",
+            "6",
+        ],
+        ctx.rt_priority,
+    )?;
+    let k6_raw = k6["rtt_ns"]["p50"].as_u64();
+    let k6_turn = k6["reflector_turnaround_ns"]["p50"].as_u64();
     let peers = peer_rtts(ctx, count, "native")?;
     let ping = peers
         .iter()
@@ -698,10 +745,15 @@ fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         .iter()
         .map(|(n, r)| format!("{n} {}", fmt_peer(r)))
         .collect();
-    let le_ping = |v: Option<u64>| match (v, ping) {
+    let ping6 = peers
+        .iter()
+        .find(|(n, _)| n == "ping -6")
+        .and_then(|(_, r)| r.as_ref().ok().copied());
+    let le = |v: Option<u64>, peer: Option<f64>| match (v, peer) {
         (Some(n), Some(p)) => Some(n as f64 / 1000.0 <= p),
         _ => None,
     };
+    let le_ping = |v: Option<u64>| le(v, ping);
     Ok(vec![
         row(
             "RTT median, raw, in-kernel reflector (XDP), 1 ms, 64 B",
@@ -721,9 +773,25 @@ fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             k_turn.map(|t| t <= TURNAROUND_TARGET_NS),
         ),
         row(
+            "RTT median, raw, in-kernel reflector, IPv6 (--ip 6)",
+            us(k6_raw),
+            format!(
+                "ping -6 {}; turnaround p50 {}",
+                ping6.map_or("n/a".into(), |p| format!("{p:.1} µs")),
+                us(k6_turn)
+            ),
+            "<= ping -6",
+            le(k6_raw, ping6),
+        ),
+        row(
             "RTT median, user-space reflector, turnaround taken out",
             us(net),
-            peer_text.join("; "),
+            peer_text
+                .iter()
+                .filter(|t| !t.starts_with("ping -6"))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; "),
             "<= ping",
             le_ping(net),
         ),
@@ -740,8 +808,6 @@ fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     ])
 }
 
-/// Runs `cyclictest` for `loops` wake-ups at 1 ms (`-m`, and SCHED_FIFO
-/// at `prio` if given) and parses its histogram.
 /// The host's steal over a stretch of time: the share of all this
 /// machine's CPU time the hypervisor took (the `steal` column of
 /// /proc/stat's `cpu` line against the line's total).
@@ -776,6 +842,9 @@ fn parse_steal(proc_stat: &str) -> Option<(u64, u64)> {
     Some((*v.get(7)?, v.iter().take(8).sum()))
 }
 
+/// Runs `cyclictest` for `loops` wake-ups at 1 ms (`-m`, and SCHED_FIFO
+/// at `prio` if given) and parses its histogram, with the host's steal
+/// while it ran.
 fn cyclictest(ctx: &Ctx, name: &str, loops: u64, prio: Option<u8>) -> Result<Cyclic> {
     if !have("cyclictest") {
         bail!("not installed (apt-get install rt-tests, or cargo xtask setup)");

@@ -36,8 +36,15 @@ pub struct HeldTestbed {
     pub router_out: String,
     pub sender_addr: String,
     pub receiver_addr: String,
+    /// The same interfaces' IPv6 addresses ("" on a testbed without IPv6).
+    pub sender_addr6: String,
+    pub receiver_addr6: String,
     pub xdp_mode_requested: String,
     pub xdp_mode_attached: String,
+}
+
+fn addr6(i: &Iface) -> String {
+    i.addr6.map(|a| a.to_string()).unwrap_or_default()
 }
 
 fn name(i: &Option<Iface>) -> String {
@@ -63,6 +70,8 @@ pub fn hold(args: &TestbedArgs, stop: &AtomicU8) -> Result<()> {
         router_out: name(&tb.router_out),
         sender_addr: tb.sender_if.addr.to_string(),
         receiver_addr: tb.receiver_if.addr.to_string(),
+        sender_addr6: addr6(&tb.sender_if),
+        receiver_addr6: addr6(&tb.receiver_if),
         xdp_mode_requested: mode_name(args.xdp_mode).to_string(),
         xdp_mode_attached: xdp.attached_mode_name(),
     };

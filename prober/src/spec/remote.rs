@@ -224,8 +224,9 @@ pub struct ReflectArgs {
     #[serde(default)]
     pub stateless: bool,
 
-    /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single, IPv4)
-    /// --listen address, so the kernel answers before any socket (needs root; says why not).
+    /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single, IPv4 or
+    /// IPv6) --listen address, so the kernel answers before any socket (needs root; says why
+    /// not).
     #[arg(long)]
     #[serde(default)]
     pub kernel: bool,

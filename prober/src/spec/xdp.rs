@@ -17,8 +17,7 @@ pub struct XdpSpec {
     #[arg(long, value_enum)]
     pub xdp_action: Option<XdpAction>,
 
-    /// Who echoes the probes [default: kernel where it attaches (IPv4 probes only), else user,
-    /// with a note].
+    /// Who echoes the probes [default: kernel where it attaches, else user, with a note].
     #[arg(long, value_enum)]
     pub reflector: Option<ReflectorKind>,
 }
