@@ -162,15 +162,19 @@ fn held_testbed_lives_until_stdin_closes() {
     // The path works for another tool while it is held.
     let sender = info["sender_ns"].as_str().unwrap();
     let addr = info["receiver_addr"].as_str().unwrap();
+    let addr6 = info["receiver_addr6"].as_str().unwrap();
+    assert_eq!(addr6, "fd71:2::2", "{info}");
     if sh("command -v ping").status.success() {
-        let ping = sh(&format!(
-            "ip netns exec {sender} ping -n -c 3 -i 0.2 -W 1 {addr}"
-        ));
-        assert!(
-            ping.status.success(),
-            "ping across the held testbed: {}",
-            String::from_utf8_lossy(&ping.stdout)
-        );
+        for a in [addr, addr6] {
+            let ping = sh(&format!(
+                "ip netns exec {sender} ping -n -c 3 -i 0.2 -W 1 {a}"
+            ));
+            assert!(
+                ping.status.success(),
+                "ping {a} across the held testbed: {}",
+                String::from_utf8_lossy(&ping.stdout)
+            );
+        }
     }
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
