@@ -535,6 +535,32 @@ fn output_text(mut c: Command, what: &str) -> Result<String> {
 
 /// RTT medians of the peers, in µs, measured inside a held testbed with
 /// the XDP router in `xdp_mode`.
+/// ping's median RTT to `addr` from namespace `ns`, `count` echoes at 1 ms
+/// (`ping -6` with `ipv6`); its output saved as ping.txt / ping6.txt. The
+/// RTT runs from the user-space send time to the kernel's RX timestamp of
+/// the reply (SO_TIMESTAMP); 64 bytes of ICMP payload make the same IP size
+/// as a 64-byte rtprobe UDP probe.
+fn ping_median(ctx: &Ctx, ns: &str, addr: &str, count: u64, ipv6: bool) -> Result<f64> {
+    if !have("ping") {
+        bail!("not installed (apt-get install iputils-ping)");
+    }
+    let (name, file) = if ipv6 {
+        ("ping -6", "ping6.txt")
+    } else {
+        ("ping", "ping.txt")
+    };
+    let mut c = in_ns(ns, "ping");
+    if ipv6 {
+        c.arg("-6");
+    }
+    c.args(["-n", "-i", "0.001", "-s", "64", "-W", "1", "-c"])
+        .arg(count.to_string())
+        .arg(addr);
+    let t = output_text(c, name)?;
+    std::fs::write(ctx.out.join(file), &t)?;
+    median(&mut parse_ping_rtts_us(&t)).with_context(|| format!("{name} printed no replies"))
+}
+
 fn peer_rtts(ctx: &Ctx, count: u64, xdp_mode: &str) -> Result<Vec<(String, Result<f64>)>> {
     let tb = HeldTestbed::start(&ctx.bin, xdp_mode)?;
     let (snd, rcv, addr) = (
@@ -545,61 +571,17 @@ fn peer_rtts(ctx: &Ctx, count: u64, xdp_mode: &str) -> Result<Vec<(String, Resul
     let secs = (count / 1000).max(1);
     let mut out = Vec::new();
 
-    // ping: ICMP echo answered by the receiver's kernel; RTT from the
-    // user-space send time to the kernel's RX timestamp of the reply
-    // (SO_TIMESTAMP). 64 bytes of ICMP payload: the same IP size as a
-    // 64-byte rtprobe UDP probe.
-    let ping = if have("ping") {
-        let mut c = in_ns(&snd, "ping");
-        c.args([
-            "-n",
-            "-i",
-            "0.001",
-            "-s",
-            "64",
-            "-W",
-            "1",
-            "-c",
-            &count.to_string(),
-            &addr,
-        ]);
-        output_text(c, "ping").and_then(|t| {
-            std::fs::write(ctx.out.join("ping.txt"), &t)?;
-            median(&mut parse_ping_rtts_us(&t)).context("ping printed no replies")
-        })
-    } else {
-        Err(anyhow::anyhow!(
-            "not installed (apt-get install iputils-ping)"
-        ))
-    };
-    out.push(("ping".to_string(), ping));
-    // The same over IPv6, to the receiver's unique-local address.
+    // ping: ICMP echo answered by the receiver's kernel, over IPv4 and to
+    // the receiver's unique-local IPv6 address.
+    out.push((
+        "ping".to_string(),
+        ping_median(ctx, &snd, &addr, count, false),
+    ));
     let addr6 = tb.s("receiver_addr6");
-    let ping6 = if !have("ping") {
-        Err(anyhow::anyhow!(
-            "not installed (apt-get install iputils-ping)"
-        ))
-    } else if addr6.is_empty() {
+    let ping6 = if addr6.is_empty() {
         Err(anyhow::anyhow!("the testbed has no IPv6 address"))
     } else {
-        let mut c = in_ns(&snd, "ping");
-        c.args([
-            "-6",
-            "-n",
-            "-i",
-            "0.001",
-            "-s",
-            "64",
-            "-W",
-            "1",
-            "-c",
-            &count.to_string(),
-            &addr6,
-        ]);
-        output_text(c, "ping -6").and_then(|t| {
-            std::fs::write(ctx.out.join("ping6.txt"), &t)?;
-            median(&mut parse_ping_rtts_us(&t)).context("ping -6 printed no replies")
-        })
+        ping_median(ctx, &snd, &addr6, count, true)
     };
     out.push(("ping -6".to_string(), ping6));
 
