@@ -217,12 +217,8 @@ fn assert_counters_add_up(c: &serde_json::Value) {
 /// reflector listens on `[::]:PORT` and the target is `[fd77::2]:PORT`.
 fn clean_run(protocol: &str, port: &str, ipv6: bool) {
     let p = Pair::new();
-    let listen = format!("[::]:{port}");
-    let r = if ipv6 {
-        Reflector::start(&p, &["--protocol", protocol, "--listen", &listen])
-    } else {
-        Reflector::start(&p, &["--protocol", protocol])
-    };
+    // No --listen: the default answers both families on the port.
+    let r = Reflector::start(&p, &["--protocol", protocol]);
     let dst = if ipv6 {
         format!("[{B_IP6}]:{port}")
     } else {
@@ -245,6 +241,11 @@ fn clean_run(protocol: &str, port: &str, ipv6: bool) {
     assert_eq!(t.code, 0, "stderr: {}\nstdout: {}", t.stderr, t.stdout);
     assert_eq!(t.json["sent"], N, "{}", t.stdout);
     assert_eq!(t.json["lost"], 0, "{}", t.stdout);
+    assert_eq!(
+        refl["listen"],
+        serde_json::json!([format!("0.0.0.0:{port}"), format!("[::]:{port}")]),
+        "{refl}"
+    );
     assert_eq!(t.rows.len() as u64, N);
     assert_eq!(t.meta.testbed, "remote");
     assert_eq!(

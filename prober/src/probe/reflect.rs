@@ -443,6 +443,40 @@ const SESSION_LIST_MAX: usize = 1000;
 /// RX stamps kept for matching TX stamps (OPT_ID modulo this).
 const TURNAROUND_RING: usize = 4096;
 
+/// The errno under an error's chain, if an OS call failed.
+fn errno_of(e: &anyhow::Error) -> Option<i32> {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .and_then(|io| io.raw_os_error())
+}
+
+/// The default `--listen`: `0.0.0.0:PORT` and `[::]:PORT` (each socket
+/// answers its own family), or IPv4 alone on a host without IPv6, which it
+/// says.
+fn bind_both_families(port: u16) -> Result<(Vec<SocketAddr>, Vec<ProbeSocket>)> {
+    bind_both_families_with(port, bind)
+}
+
+fn bind_both_families_with<S>(
+    port: u16,
+    bind: impl Fn(&[SocketAddr]) -> Result<Vec<S>>,
+) -> Result<(Vec<SocketAddr>, Vec<S>)> {
+    let v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port);
+    let v6 = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port);
+    let mut socks = bind(&[v4])?;
+    match bind(&[v6]) {
+        Ok(s) => {
+            socks.extend(s);
+            Ok((vec![v4, v6], socks))
+        }
+        Err(e) if matches!(errno_of(&e), Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)) => {
+            eprintln!("rtprobe reflect: this host has no IPv6 ({e:#}): answering IPv4 only");
+            Ok((vec![v4], socks))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Binds the reflector's sockets (in the calling thread's namespace).
 pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
     listen
@@ -459,11 +493,7 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
                 32 << 20,
             )
             .map_err(|e| {
-                let errno = e
-                    .chain()
-                    .find_map(|c| c.downcast_ref::<std::io::Error>())
-                    .and_then(|io| io.raw_os_error());
-                match errno {
+                match errno_of(&e) {
                     // One line that says what to do, not the socket's chain.
                     Some(libc::EADDRINUSE) => anyhow::anyhow!(
                         "cannot answer on {a}: the port is already in use (another `rtprobe reflect`?): stop that program or answer on another port with --listen ADDR:PORT"
@@ -728,15 +758,11 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         );
     }
     let key = args.auth_key.as_deref().map(read_key).transpose()?;
-    let listen = if args.listen.is_empty() {
-        vec![SocketAddr::new(
-            std::net::Ipv4Addr::UNSPECIFIED.into(),
-            protocol.default_port(),
-        )]
+    let (listen, socks) = if args.listen.is_empty() {
+        bind_both_families(protocol.default_port())?
     } else {
-        args.listen.clone()
+        (args.listen.clone(), bind(&args.listen)?)
     };
-    let socks = bind(&listen)?;
     let kernel = if args.kernel {
         match attach_kernel(&listen, protocol, key.is_some()) {
             Ok(r) => Some(r),
@@ -867,6 +893,38 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_listen_is_both_families_or_ipv4_without_ipv6() {
+        let os = |errno| Err(anyhow::Error::new(std::io::Error::from_raw_os_error(errno)));
+        let both = bind_both_families_with(862, |a| Ok(vec![a[0]])).unwrap();
+        assert_eq!(
+            both.0.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            ["0.0.0.0:862", "[::]:862"]
+        );
+        assert_eq!(both.0, both.1);
+        // No IPv6 on this host: IPv4 alone.
+        let v4 = bind_both_families_with(862, |a| {
+            if a[0].is_ipv6() {
+                os(libc::EAFNOSUPPORT)
+            } else {
+                Ok(vec![a[0]])
+            }
+        })
+        .unwrap();
+        assert_eq!(v4.0.len(), 1);
+        // Any other failure (the IPv6 port taken) is the user's to see.
+        let taken = bind_both_families_with(862, |a| {
+            if a[0].is_ipv6() {
+                os(libc::EADDRINUSE)
+            } else {
+                Ok(vec![a[0]])
+            }
+        });
+        assert!(taken.is_err());
+        // IPv4 first: its failure stops everything.
+        assert!(bind_both_families_with(862, |_| os(libc::EACCES)).is_err());
+    }
     use crate::probe::{
         packet::Probe,
         stamp::{ReflectorPacket, SenderPacket, Timestamp},

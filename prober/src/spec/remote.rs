@@ -189,9 +189,9 @@ pub fn parse_rate(s: &str) -> Result<u32, String> {
     or over IPv6: rtprobe --target [2001:db8::7]:862 --protocol stamp"
 )]
 pub struct ReflectArgs {
-    /// Address and port to answer on (repeatable; IPv6 as [::]:862) [default: 0.0.0.0 and the
-    /// protocol's port: 5061 for rtprobe, 862 for stamp]. The port must be free. Ports below 1024
-    /// need root or CAP_NET_BIND_SERVICE.
+    /// Address and port to answer on (repeatable; IPv6 as [::]:862) [default: 0.0.0.0 and [::]
+    /// on the protocol's port, 5061 for rtprobe, 862 for stamp; IPv4 alone on a host without
+    /// IPv6]. The port must be free. Ports below 1024 need root or CAP_NET_BIND_SERVICE.
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Vec<std::net::SocketAddr>,
 
