@@ -112,8 +112,9 @@ pub struct KnobSpec {
     pub pin_cpu: Option<usize>,
 
     /// Hold this CPU idle-latency limit (µs, /dev/cpu_dma_latency) while probing, or off; 0 keeps
-    /// the CPUs out of idle states that halt (on a VM, halting hands the vCPU back to the host)
-    /// [default: 0 with --rt-priority, as cyclictest does; else off].
+    /// the CPUs out of idle states that halt (on a VM, halting hands the vCPU back to the host),
+    /// at the price of idle CPUs polling instead of sleeping [default: 0 with --rt-priority, as
+    /// cyclictest does; else off].
     #[arg(long)]
     pub cpu_dma_latency: Option<CpuDmaLatency>,
 
