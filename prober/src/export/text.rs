@@ -304,11 +304,11 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         && let Some(line) = waits_words(w)
     {
         // Steal on a VM whose idle CPUs halt: the knob that keeps them running.
-        let hint = if w.steal_pct().unwrap_or(0.0) >= 1.0
-            && s.extra
-                .get("knobs")
-                .is_some_and(|k| k["rt"]["cpu_dma_latency_us"].is_null())
-        {
+        let held = s
+            .extra
+            .get("knobs")
+            .is_some_and(|k| !k["rt"]["cpu_dma_latency_us"].is_null());
+        let hint = if w.steal_pct().unwrap_or(0.0) >= 1.0 && !held {
             " (--cpu-dma-latency 0 keeps idle vCPUs from halting and handing the CPU back)"
         } else {
             ""
@@ -582,6 +582,10 @@ mod tests {
         let m = RunMeta::default();
         let hinted = |s: &Summary| format_summary(s, &m).contains("--cpu-dma-latency 0 keeps");
         assert!(hinted(&s));
+        // A run without any knob has no knobs entry: hinted too.
+        let mut plain = s.clone();
+        plain.extra.remove("knobs");
+        assert!(hinted(&plain));
         s.extra.insert(
             "knobs".into(),
             serde_json::json!({"rt": {"cpu_dma_latency_us": 0}}),
