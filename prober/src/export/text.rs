@@ -304,14 +304,14 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         && let Some(line) = waits_words(w)
     {
         // Steal on a VM whose idle CPUs halt: the knob that keeps them running.
-        let held = s
-            .extra
-            .get("knobs")
-            .is_some_and(|k| !k["rt"]["cpu_dma_latency_us"].is_null());
-        let hint = if w.steal_pct().unwrap_or(0.0) >= 1.0 && !held {
-            " (--cpu-dma-latency 0 keeps idle vCPUs from halting and handing the CPU back)"
-        } else {
-            ""
+        let held = s.pacing.as_ref().and_then(|p| p.cpu_dma_latency_us);
+        let hint = match held {
+            Some(us) => format!("; CPU idle-latency limit {us} µs held"),
+            None if w.steal_pct().unwrap_or(0.0) >= 1.0 => {
+                " (--cpu-dma-latency 0 keeps idle vCPUs from halting and handing the CPU back)"
+                    .into()
+            }
+            None => String::new(),
         };
         let _ = writeln!(o, "  sender not running: {line}{hint}");
     }
@@ -577,20 +577,12 @@ mod tests {
             }),
             ..Default::default()
         };
-        s.extra
-            .insert("knobs".into(), serde_json::json!({"rt": {"cpu": null}}));
         let m = RunMeta::default();
         let hinted = |s: &Summary| format_summary(s, &m).contains("--cpu-dma-latency 0 keeps");
         assert!(hinted(&s));
-        // A run without any knob has no knobs entry: hinted too.
-        let mut plain = s.clone();
-        plain.extra.remove("knobs");
-        assert!(hinted(&plain));
-        s.extra.insert(
-            "knobs".into(),
-            serde_json::json!({"rt": {"cpu_dma_latency_us": 0}}),
-        );
+        s.pacing.as_mut().unwrap().cpu_dma_latency_us = Some(0);
         assert!(!hinted(&s), "held already");
+        assert!(format_summary(&s, &m).contains("; CPU idle-latency limit 0 µs held"));
     }
 
     #[test]
@@ -687,6 +679,7 @@ mod tests {
                 steal_ns: Some(40_000_000),
                 cpus: vec![0, 1],
             }),
+            cpu_dma_latency_us: None,
         });
         let t = format_summary(&s, &m);
         for needle in [

@@ -266,7 +266,7 @@ pub fn pace_with(
 ) -> Result<Pacing> {
     tight_timer_slack();
     // Kept for the whole loop: dropping it puts the thread's policy back.
-    let _rt = if cfg.rt.is_empty() {
+    let rt = if cfg.rt.is_empty() {
         None
     } else {
         Some(
@@ -354,6 +354,7 @@ pub fn pace_with(
     let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
     let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
     report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
+    report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
     Ok(report)
 }
 

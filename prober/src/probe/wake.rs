@@ -223,6 +223,7 @@ impl Waiter {
             sender_cpu_pct: thread_cpu_ns.map(pct),
             clock_steps,
             waits: None,
+            cpu_dma_latency_us: None,
         }
     }
 }

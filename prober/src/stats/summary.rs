@@ -250,6 +250,9 @@ pub struct Pacing {
     pub clock_steps: u64,
     /// Run-queue wait and hypervisor steal over the sending.
     pub waits: Option<CpuWaits>,
+    /// The CPU idle-latency limit (PM QoS, µs) held while sending; None
+    /// when none was.
+    pub cpu_dma_latency_us: Option<u32>,
 }
 
 /// Where the sender thread's time went while it was not running, over

@@ -312,6 +312,7 @@ impl Knobs {
                 (None, Some(_)) => Some(0),
                 (Some(CpuDmaLatency::Off), _) | (None, None) => None,
             },
+            cpu_dma_latency_explicit: self.cpu_dma_latency.is_some(),
         }
     }
 
@@ -913,6 +914,18 @@ mod tests {
         assert_eq!(rt(Some(80), Some(CpuDmaLatency::Off)), None);
         assert_eq!(rt(None, None), None);
         assert_eq!(rt(None, Some(CpuDmaLatency::Us(5))), Some(5));
+        // Only a limit asked for is one that must be held.
+        let explicit = |c| {
+            Knobs::from(KnobSpec {
+                rt_priority: Some(80),
+                cpu_dma_latency: c,
+                ..Default::default()
+            })
+            .rt()
+            .cpu_dma_latency_explicit
+        };
+        assert!(!explicit(None));
+        assert!(explicit(Some(CpuDmaLatency::Us(0))));
         let k = Knobs::from(KnobSpec {
             rt_priority: Some(0),
             ..Default::default()

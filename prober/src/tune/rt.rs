@@ -39,6 +39,11 @@ pub struct RtSettings {
     /// Hold this CPU idle-latency limit (PM QoS, µs) while the guard lives.
     #[serde(default)]
     pub cpu_dma_latency_us: Option<u32>,
+    /// The limit was asked for (`--cpu-dma-latency`): failing to hold it is
+    /// an error. Otherwise it is the real-time default, and a process that
+    /// may not open /dev/cpu_dma_latency (it is root's) runs without it.
+    #[serde(default)]
+    pub cpu_dma_latency_explicit: bool,
 }
 
 impl RtSettings {
@@ -86,7 +91,13 @@ impl RtSettings {
             _not_send: PhantomData,
         };
         if let Some(us) = self.cpu_dma_latency_us {
-            guard.pm_qos = Some(hold_cpu_dma_latency(us)?);
+            match hold_cpu_dma_latency(us) {
+                Ok(f) => guard.pm_qos = Some((f, us)),
+                Err(e) if !self.cpu_dma_latency_explicit => {
+                    log::warn!("{e:#}; the sender runs without a CPU latency limit")
+                }
+                Err(e) => return Err(e),
+            }
         }
         if let Some(cpu) = self.cpu {
             let prev = sched_getaffinity(Pid::from_raw(0))?;
@@ -187,10 +198,17 @@ pub struct RtGuard {
     prev_sched: Option<(i32, libc::sched_param)>,
     prev_affinity: Option<CpuSet>,
     locked: bool,
-    /// The open /dev/cpu_dma_latency: the kernel drops the request when
-    /// it closes, also if the process dies.
-    pm_qos: Option<std::fs::File>,
+    /// The open /dev/cpu_dma_latency and the limit written: the kernel
+    /// drops the request when it closes, also if the process dies.
+    pm_qos: Option<(std::fs::File, u32)>,
     _not_send: PhantomData<*const ()>,
+}
+
+impl RtGuard {
+    /// The CPU latency limit this guard holds, in µs.
+    pub fn cpu_dma_latency_us(&self) -> Option<u32> {
+        self.pm_qos.as_ref().map(|(_, us)| *us)
+    }
 }
 
 impl Drop for RtGuard {
@@ -249,6 +267,7 @@ mod tests {
             mlockall: true,
             cpu: Some(0),
             cpu_dma_latency_us: Some(0),
+            cpu_dma_latency_explicit: true,
         };
         assert!(s.validate().is_ok());
         assert_eq!(s.metadata()["sched_fifo_priority"], 80);
@@ -276,9 +295,11 @@ mod tests {
                 mlockall: true,
                 cpu: Some(0),
                 cpu_dma_latency_us: Some(0),
+                cpu_dma_latency_explicit: true,
             };
             {
-                let _g = s.apply_to_current_thread().unwrap();
+                let g = s.apply_to_current_thread().unwrap();
+                assert_eq!(g.cpu_dma_latency_us(), Some(0));
                 assert_eq!(current_policy(), (libc::SCHED_FIFO, 10));
                 let aff = sched_getaffinity(Pid::from_raw(0)).unwrap();
                 assert!(aff.is_set(0).unwrap());
