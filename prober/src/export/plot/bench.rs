@@ -184,6 +184,28 @@ fn log_ticks(values: &[f64], base: f64) -> Vec<(f64, String)> {
         .collect()
 }
 
+/// One line per mode of `steps`: forwarded Mpps against `x` of each step
+/// (steps without an x are left out), sorted by x.
+fn mode_lines(steps: &[&Step], x: impl Fn(&Step) -> Option<f64>) -> Vec<Line> {
+    distinct(steps.iter().map(|s| s.mode.as_str()))
+        .into_iter()
+        .map(|m| {
+            let mut points: Vec<(f64, f64)> = steps
+                .iter()
+                .filter(|s| s.mode == m)
+                .filter_map(|s| Some((x(s)?, s.forwarded_pps / MPPS)))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Line {
+                label: mode_name(m),
+                color: color_of(m),
+                dashed: false,
+                points,
+            }
+        })
+        .collect()
+}
+
 /// The panels a report has data for, in order: sizes, work, bounce. Pure.
 pub fn panels(r: &Report) -> Vec<Panel> {
     let mut out = Vec::new();
@@ -194,23 +216,7 @@ pub fn panels(r: &Report) -> Vec<Panel> {
     if !plain.is_empty() {
         let mut sizes = distinct(plain.iter().map(|s| s.size));
         sizes.sort_unstable();
-        let lines: Vec<Line> = distinct(plain.iter().map(|s| s.mode.as_str()))
-            .into_iter()
-            .map(|m| {
-                let mut points: Vec<(f64, f64)> = plain
-                    .iter()
-                    .filter(|s| s.mode == m)
-                    .map(|s| ((s.size as f64).log2(), s.forwarded_pps / MPPS))
-                    .collect();
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                Line {
-                    label: mode_name(m),
-                    color: color_of(m),
-                    dashed: false,
-                    points,
-                }
-            })
-            .collect();
+        let lines = mode_lines(&plain, |s| Some((s.size as f64).log2()));
         // Log2: the thesis's sizes (64, 128 ... 1500) evenly apart.
         let sizes: Vec<f64> = sizes.into_iter().map(|s| s as f64).collect();
         let (lo, hi) = (sizes[0].log2(), sizes.last().expect("not empty").log2());
@@ -236,23 +242,7 @@ pub fn panels(r: &Report) -> Vec<Panel> {
             .map(f64::from)
             .collect();
         works.sort_by(f64::total_cmp);
-        let lines: Vec<Line> = distinct(at.iter().map(|s| s.mode.as_str()))
-            .into_iter()
-            .map(|m| {
-                let mut points: Vec<(f64, f64)> = at
-                    .iter()
-                    .filter(|s| s.mode == m)
-                    .filter_map(|s| Some((f64::from(s.work?).log10(), s.forwarded_pps / MPPS)))
-                    .collect();
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                Line {
-                    label: mode_name(m),
-                    color: color_of(m),
-                    dashed: false,
-                    points,
-                }
-            })
-            .collect();
+        let lines = mode_lines(&at, |s| Some(f64::from(s.work?).log10()));
         let (lo, hi) = (works[0].log10(), works.last().expect("not empty").log10());
         let pad = ((hi - lo) * 0.04).max(0.1);
         out.push(Panel {
