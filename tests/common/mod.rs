@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod pair;
+
 use std::{path::PathBuf, process::Command};
 
 pub fn bin() -> PathBuf {

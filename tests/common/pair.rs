@@ -1,0 +1,358 @@
+//! Two namespaces joined by a veth pair, `rtprobe reflect` in one and
+//! `rtprobe --target` in the other, and a sender of UDP datagrams with
+//! forged source addresses: the pieces the remote and hostile-network
+//! end-to-end tests share.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use super::*;
+
+pub const A_IP: &str = "10.77.0.1";
+pub const B_IP: &str = "10.77.0.2";
+/// The same pair over IPv6 (unique-local, no DAD: usable at once).
+pub const A_IP6: &str = "fd77::1";
+pub const B_IP6: &str = "fd77::2";
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Two namespaces joined by a veth pair: A (sender) 10.77.0.1 and
+/// fd77::1, B (reflector) 10.77.0.2 and fd77::2. Deleted on drop (the veth
+/// goes with them).
+pub struct Pair {
+    pub a: String,
+    pub b: String,
+    pub va: String,
+    pub vb: String,
+}
+
+impl Pair {
+    pub fn new() -> Pair {
+        let p = Pair {
+            a: unique("rmA"),
+            b: unique("rmB"),
+            va: unique("rva"),
+            vb: unique("rvb"),
+        };
+        sh_ok(&format!("ip netns add {}", p.a));
+        sh_ok(&format!("ip netns add {}", p.b));
+        sh_ok(&format!(
+            "ip link add {} netns {} type veth peer name {} netns {}",
+            p.va, p.a, p.vb, p.b
+        ));
+        sh_ok(&format!(
+            "ip -n {a} addr add {A_IP}/24 dev {va} && ip -n {a} addr add {A_IP6}/64 dev {va} nodad \
+             && ip -n {a} link set {va} up && ip -n {a} link set lo up",
+            a = p.a,
+            va = p.va
+        ));
+        sh_ok(&format!(
+            "ip -n {b} addr add {B_IP}/24 dev {vb} && ip -n {b} addr add {B_IP6}/64 dev {vb} nodad \
+             && ip -n {b} link set {vb} up && ip -n {b} link set lo up",
+            b = p.b,
+            vb = p.vb
+        ));
+        // Until the kernel's link watcher has seen the carrier (up to 1 s
+        // after "up"), the veth's qdisc is noop and drops what is sent,
+        // neighbour solicitations included: a test's first datagram then
+        // arrives a second late. Wait for both families to answer.
+        for dst in [B_IP, B_IP6] {
+            sh_ok(&format!(
+                "for i in $(seq 50); do ip netns exec {a} ping -c1 -W1 {dst} >/dev/null 2>&1 && exit 0; \
+                 sleep 0.1; done; echo '{dst} unreachable from {a}' >&2; exit 1",
+                a = p.a
+            ));
+        }
+        p
+    }
+
+    /// Drops the UDP datagrams leaving `dev` (in `ns`) whose byte at
+    /// `offset` from the IP header has its low 4 bits zero: a u32 filter
+    /// classifies them into an HTB class whose leaf is a blackhole qdisc
+    /// (no tc action modules needed).
+    pub fn drop_low_nibble_zero(&self, ns: &str, dev: &str, offset: u32) {
+        sh_ok(&format!(
+            "ip netns exec {ns} sh -c 'tc qdisc add dev {dev} root handle 1: htb default 10 && \
+             tc class add dev {dev} parent 1: classid 1:10 htb rate 10gbit && \
+             tc class add dev {dev} parent 1: classid 1:20 htb rate 10gbit && \
+             tc qdisc add dev {dev} parent 1:20 handle 20: blackhole && \
+             tc filter add dev {dev} parent 1: protocol ip u32 match ip protocol 17 0xff \
+             match u8 0 0x0f at {offset} flowid 1:20' 2>/dev/null"
+        ));
+    }
+
+    pub fn clear_filters(&self) {
+        for (ns, dev) in [(&self.a, &self.va), (&self.b, &self.vb)] {
+            let _ = sh(&format!(
+                "ip netns exec {ns} tc qdisc del dev {dev} root 2>/dev/null"
+            ));
+        }
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip netns del {}", self.a));
+        let _ = sh(&format!("ip netns del {}", self.b));
+    }
+}
+
+/// `rtprobe reflect` in namespace B; stopped with SIGTERM by [`Reflector::stop`]
+/// (killed on drop if a test fails first).
+pub struct Reflector {
+    child: Option<Child>,
+    json: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Reflector {
+    pub fn start(p: &Pair, args: &[&str]) -> Reflector {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("reflector.json");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &p.b])
+            .arg(bin())
+            .arg("reflect")
+            .args(["--json", json.to_str().unwrap()])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rtprobe reflect");
+        // Bound before the first probe: the warm-up retries for 3 s anyway.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Reflector {
+            child: Some(child),
+            json,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM, wait, and the counters it wrote.
+    pub fn stop(mut self) -> (serde_json::Value, String) {
+        let child = self.child.take().unwrap();
+        sh_ok(&format!("kill -TERM {}", child.id()));
+        let o = child.wait_with_output().unwrap();
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "rtprobe reflect failed: {out}");
+        let j = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("{e}: {out}"));
+        (serde_json::from_str(&j).unwrap(), out)
+    }
+}
+
+impl Drop for Reflector {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `rtprobe --target` in namespace A as user nobody (no privileges).
+pub fn target(p: &Pair, args: &[&str]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    sh_ok(&format!("chmod 777 {}", dir.path().display()));
+    let csv = dir.path().join("out.csv");
+    let json = dir.path().join("out.json");
+    let o = Command::new("ip")
+        .args(["netns", "exec", &p.a, "runuser", "-u", "nobody", "--"])
+        .arg(bin())
+        .args(["--quiet", "--out", csv.to_str().unwrap(), "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .expect("run rtprobe --target");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    // The CSV is created before the first probe, so even a failed run has one.
+    assert!(csv.exists(), "no CSV written: {stderr}");
+    let (meta, rows) = read_csv(&csv);
+    let json = std::fs::read_to_string(&json)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+        json,
+        meta,
+        rows,
+    }
+}
+
+pub fn rss_kib(pid: u32) -> u64 {
+    // The reflector runs under `ip netns exec`, which execs it: same pid.
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Makes every address of `range` (e.g. `10.78.0.0/16`) an address of
+/// namespace A (a `local` route on lo) and routes it from B through A: a
+/// reply to a forged source from that range goes back to the test's own
+/// namespace and nowhere else.
+pub fn own_range(p: &Pair, range: &str) {
+    sh_ok(&format!(
+        "ip -n {a} route add local {range} dev lo && ip -n {b} route add {range} via {A_IP}",
+        a = p.a,
+        b = p.b
+    ));
+}
+
+/// One forged datagram: source address and port, UDP payload.
+pub struct Forged {
+    pub src: SocketAddrV4,
+    pub payload: Vec<u8>,
+}
+
+/// Sends `count` UDP datagrams to `dst` from inside namespace `ns` through
+/// a raw IPv4 socket (the IP header is ours, so the source is whatever
+/// `forge(i)` says), `pps` a second (0: as fast as it goes). Returns how
+/// many the kernel took; stops early after `max_s` seconds.
+pub fn send_forged(
+    ns: &str,
+    dst: SocketAddrV4,
+    count: u32,
+    pps: u32,
+    max_s: f64,
+    forge: impl Fn(u32) -> Forged + Sync,
+) -> u64 {
+    use std::{os::fd::AsRawFd, time::Instant};
+    let ns_file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            // SAFETY: plain socket(2) call; the fd is closed below.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+            assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+            // SAFETY: fd is ours and open; from here the OwnedFd closes it.
+            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let to = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: dst.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*dst.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let start = Instant::now();
+            let mut sent = 0u64;
+            for i in 0..count {
+                if pps > 0 {
+                    let due = start + std::time::Duration::from_secs_f64(i as f64 / pps as f64);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                }
+                if start.elapsed().as_secs_f64() > max_s {
+                    break;
+                }
+                let f = forge(i);
+                let frame = ipv4_udp(f.src, dst, &f.payload);
+                // SAFETY: frame and to outlive the call; lengths are theirs.
+                let n = unsafe {
+                    libc::sendto(
+                        fd.as_raw_fd(),
+                        frame.as_ptr().cast(),
+                        frame.len(),
+                        0,
+                        (&to as *const libc::sockaddr_in).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as u32,
+                    )
+                };
+                if n == frame.len() as isize {
+                    sent += 1;
+                }
+            }
+            sent
+        })
+        .join()
+        .expect("forging thread")
+    })
+}
+
+/// An IPv4 header (no options, TTL 64) and a UDP header with a correct
+/// checksum in front of `payload`.
+pub fn ipv4_udp(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    let udp_len = 8 + payload.len();
+    let total = 20 + udp_len;
+    let mut f = Vec::with_capacity(total);
+    f.extend_from_slice(&[
+        0x45,
+        0,
+        (total >> 8) as u8,
+        total as u8,
+        0,
+        0,
+        0x40,
+        0,
+        64,
+        17,
+        0,
+        0,
+    ]);
+    f.extend_from_slice(&src.ip().octets());
+    f.extend_from_slice(&dst.ip().octets());
+    let ip_sum = !fold(sum16(&f[..20]));
+    f[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+    f.extend_from_slice(&src.port().to_be_bytes());
+    f.extend_from_slice(&dst.port().to_be_bytes());
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend_from_slice(&src.ip().octets());
+    pseudo.extend_from_slice(&dst.ip().octets());
+    pseudo.extend_from_slice(&[0, 17, (udp_len >> 8) as u8, udp_len as u8]);
+    let mut udp_sum = !fold(sum16(&pseudo) + sum16(&f[20..]));
+    if udp_sum == 0 {
+        udp_sum = 0xffff;
+    }
+    f[26..28].copy_from_slice(&udp_sum.to_be_bytes());
+    f
+}
+
+fn sum16(b: &[u8]) -> u32 {
+    b.chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// Where forged sources come from: give it to [`own_range`].
+pub const FORGED_RANGE: &str = "10.64.0.0/10";
+
+/// The `i`-th address of [`FORGED_RANGE`] (host bytes .1 to .254; over
+/// 4 M distinct): forged sources that [`own_range`] routes back to A.
+pub fn forged_source(i: u32) -> Ipv4Addr {
+    let host = i % 254 + 1;
+    let mid = (i / 254) % 256;
+    let top = 64 + (i / (254 * 256)) % 64;
+    Ipv4Addr::new(10, top as u8, mid as u8, host as u8)
+}
