@@ -19,8 +19,14 @@
 //! (`adjtimex`: no STA_UNSYNC; the reflector's state comes in its Error
 //! Estimate), with the sum of both maximum errors as their bound.
 //!
-//! Kernel interfaces: a UDP socket with SO_TIMESTAMPING (software RX/TX
-//! stamps, no privilege), `adjtimex(2)` read only.
+//! Trust: the socket is connected to the target, so the kernel delivers
+//! only its datagrams; an echo then counts only if it is of this session,
+//! for a seq already sent (the pacer counts a probe before sending it) and
+//! while the matcher still awaits it. Foreign, never-sent and late echoes
+//! are counted apart, and nothing kept grows with the seqs that arrive.
+//!
+//! Kernel interfaces: a connected UDP socket with SO_TIMESTAMPING
+//! (software RX/TX stamps, no privilege), `adjtimex(2)` read only.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
