@@ -128,6 +128,8 @@ pub struct Metrics {
     reordered: Family<FlowLabels, Counter>,
     duplicates: Family<FlowLabels, Counter>,
     foreign: Family<FlowLabels, Counter>,
+    never_sent: Family<FlowLabels, Counter>,
+    late_echoes: Family<FlowLabels, Counter>,
     unaccounted: Family<FlowLabels, Counter>,
     xdp_mode: Family<XdpLabels, Gauge>,
     timestamp_source: Family<SourceLabels, Gauge>,
@@ -177,6 +179,8 @@ impl Metrics {
             reordered: Family::default(),
             duplicates: Family::default(),
             foreign: Family::default(),
+            never_sent: Family::default(),
+            late_echoes: Family::default(),
             unaccounted: Family::default(),
             xdp_mode: Family::default(),
             timestamp_source: Family::default(),
@@ -240,8 +244,19 @@ impl Metrics {
         );
         registry.register(
             "foreign_packets",
-            "Datagrams on the probe port that were not this run's probes",
+            "Datagrams on the probe port that were not this run's: another session, undecodable, \
+             or an echo from an address other than the target",
             m.foreign.clone(),
+        );
+        registry.register(
+            "echoes_never_sent",
+            "Datagrams of this session whose seq was never sent (forged), refused",
+            m.never_sent.clone(),
+        );
+        registry.register(
+            "echoes_late",
+            "Echoes that came after their probe was given up as lost, refused",
+            m.late_echoes.clone(),
         );
         registry.register(
             "probes_unaccounted",
@@ -299,6 +314,8 @@ impl Metrics {
             reordered: self.reordered.get_or_create(&labels).clone(),
             duplicates: self.duplicates.get_or_create(&labels).clone(),
             foreign: self.foreign.get_or_create(&labels).clone(),
+            never_sent: self.never_sent.get_or_create(&labels).clone(),
+            late_echoes: self.late_echoes.get_or_create(&labels).clone(),
             unaccounted: self.unaccounted.get_or_create(&labels).clone(),
             labels,
             counted: Counts::default(),
@@ -363,6 +380,8 @@ pub struct FlowMetrics {
     reordered: Counter,
     duplicates: Counter,
     foreign: Counter,
+    never_sent: Counter,
+    late_echoes: Counter,
     unaccounted: Counter,
     /// The counts already added to the counters.
     counted: Counts,
@@ -407,6 +426,8 @@ impl FlowMetrics {
         add(&self.reordered, c.reordered, was.reordered);
         add(&self.duplicates, c.duplicates, was.duplicates);
         add(&self.foreign, c.foreign, was.foreign);
+        add(&self.never_sent, c.never_sent, was.never_sent);
+        add(&self.late_echoes, c.late_echoes, was.late_echoes);
         add(&self.unaccounted, c.unaccounted, was.unaccounted);
         self.counted = Counts {
             sent: c.sent.max(was.sent),
@@ -416,6 +437,8 @@ impl FlowMetrics {
             reordered: c.reordered.max(was.reordered),
             duplicates: c.duplicates.max(was.duplicates),
             foreign: c.foreign.max(was.foreign),
+            never_sent: c.never_sent.max(was.never_sent),
+            late_echoes: c.late_echoes.max(was.late_echoes),
             unaccounted: c.unaccounted.max(was.unaccounted),
         };
         if self.source != timestamp_source {
@@ -692,6 +715,9 @@ mod tests {
                 lost: 1,
                 echo_lost: 2,
                 reordered: 1,
+                foreign: 3,
+                never_sent: 2,
+                late_echoes: 1,
                 ..Default::default()
             },
             "hardware",
@@ -709,6 +735,9 @@ mod tests {
             format!("rtprobe_probes_lost_total{{{labels},direction=\"return\"}} 2"),
             format!("rtprobe_probes_reordered_total{{{labels}}} 1"),
             format!("rtprobe_probes_unaccounted_total{{{labels}}} 0"),
+            format!("rtprobe_foreign_packets_total{{{labels}}} 3"),
+            format!("rtprobe_echoes_never_sent_total{{{labels}}} 2"),
+            format!("rtprobe_echoes_late_total{{{labels}}} 1"),
             format!("rtprobe_timestamp_source_info{{{labels},source=\"hardware\"}} 1"),
             "rtprobe_xdp_mode_info{requested=\"auto\",attached=\"native\"} 1".into(),
             format!("rtprobe_stage_seconds_count{{{labels},stage=\"path\"}} 4"),

@@ -182,13 +182,17 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     );
     let _ = writeln!(
         o,
-        "  timestamps: {} (requested {}); TX timestamps missing {}, duplicate {}, late {}; foreign packets {}",
+        "  timestamps: {} (requested {}); TX timestamps missing {}, duplicate {}, late {}",
         s.timestamp_source,
         m.timestamps_requested,
         s.tx_timestamp_missing,
         s.tx_timestamp_duplicates,
         s.tx_timestamp_late,
-        s.foreign_packets
+    );
+    let _ = writeln!(
+        o,
+        "  refused: foreign packets {}, never-sent seqs {}, late echoes {}",
+        s.foreign_packets, s.never_sent, s.late_echoes
     );
     if let Some(r) = s.extra.get("reflector") {
         let kind = r["kind"].as_str().unwrap_or("user");

@@ -69,6 +69,10 @@ pub enum Event {
     },
     /// A datagram on the probe port that is not one of this run's probes.
     Foreign,
+    /// A datagram of this session (an echo, or a probe at the receiver)
+    /// whose seq had not been sent when it was read: forged. The thread
+    /// that read it tells, as only it knows what had been sent by then.
+    NeverSent,
 }
 
 /// Puts raw hardware (PHC) stamps on CLOCK_REALTIME: the sender's NIC for
@@ -297,6 +301,14 @@ impl Matcher {
         self.window.get_mut(idx)
     }
 
+    /// The slot of `seq` if the window already holds it. Events keyed by
+    /// a seq from the wire that cannot come before the probe's send or
+    /// arrival use this: they never grow the window.
+    fn slot_held(&mut self, seq: u64) -> Option<&mut Slot> {
+        let idx = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        self.window.get_mut(idx)
+    }
+
     fn remember_finalized(&mut self, opt_id: u32, kinds: u8) {
         if self.finalized.insert(opt_id, kinds).is_none() {
             self.finalized_order.push_back(opt_id);
@@ -399,8 +411,9 @@ impl Matcher {
                 kind,
                 ts_ns,
             } => {
+                // Sent after the probe's arrival, which made its slot.
                 if let Some(seq) = self.seq_of_low_bits(opt_id)
-                    && let Some(s) = self.slot(seq)
+                    && let Some(s) = self.slot_held(seq)
                     && !s.echo_tx.put(kind, ts_ns)
                 {
                     stats.on_echo_tx_duplicate();
@@ -417,10 +430,13 @@ impl Matcher {
                     if self.kernel_reflector {
                         self.late_arrivals += 1;
                     }
+                    stats.on_late_echo();
                     return;
                 }
                 let kernel = self.kernel_reflector;
                 let Some(s) = self.slot(seq) else {
+                    // Further ahead than any window of probes in flight.
+                    stats.on_never_sent();
                     return;
                 };
                 if s.echoed.is_some() {
@@ -444,6 +460,7 @@ impl Matcher {
                 }
             }
             Event::Foreign => stats.on_foreign_packet(),
+            Event::NeverSent => stats.on_never_sent(),
         }
     }
 
@@ -944,6 +961,37 @@ mod tests {
         m.drain(i64::MAX, true, |_| {});
         m.on_event(kernel_echo(0, None), &mut st);
         assert_eq!(m.late_arrivals(), 1);
+    }
+
+    #[test]
+    fn late_and_never_sent_echoes_are_counted_apart_and_grow_nothing() {
+        let mut m = Matcher::new(64, 0, 1_000, ALL).with_kernel_reflector(true);
+        let mut st = RunStats::new();
+        m.on_event(sent(0), &mut st);
+        m.on_event(echoed(0, Some(5)), &mut st);
+        m.drain(i64::MAX, true, |_| {});
+        // The record of seq 0 is written: its echo again is late.
+        m.on_event(echoed(0, Some(6)), &mut st);
+        // Told by the reader, and beyond any window: both never sent.
+        m.on_event(Event::NeverSent, &mut st);
+        m.on_event(echoed(u64::MAX, Some(7)), &mut st);
+        // An echo's TX stamp for a seq the window does not hold.
+        m.on_event(
+            Event::EchoTx {
+                opt_id: 1 << 20,
+                kind: TxKind::Software,
+                ts_ns: 9,
+            },
+            &mut st,
+        );
+        let s = st.summary();
+        assert_eq!((s.late_echoes, s.never_sent, s.foreign_packets), (1, 2, 0));
+        assert_eq!(
+            m.in_flight(),
+            0,
+            "nothing keyed by a seq from the wire was kept"
+        );
+        assert!(m.window.capacity() <= KEEP_CAPACITY);
     }
 
     #[test]

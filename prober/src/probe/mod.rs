@@ -366,10 +366,14 @@ pub fn run_session(
             .spawn_scoped(s, move || {
                 pacer::share_fifo_priority(&cfg.rt);
                 io_loop(
-                    tx_sock,
-                    rx_sock,
+                    Sides {
+                        tx: tx_sock,
+                        rx: rx_sock,
+                        dst,
+                    },
                     session,
                     cfg.kernel_reflector,
+                    attempts_ref,
                     done_ref,
                     &ev,
                 )
@@ -541,6 +545,7 @@ fn reflect_queued(
     rx: &ProbeSocket,
     bufs: &mut ReflectBufs,
     session: u64,
+    issued: &AtomicU64,
     finishing: bool,
     out: &mut EventBatch,
 ) -> usize {
@@ -560,6 +565,8 @@ fn reflect_queued(
         }
     };
     let now = clock::realtime_ns();
+    // Read after the datagrams: every probe sent before them is below it.
+    let sent_end = issued.load(Ordering::SeqCst);
     echo.clear();
     ids.clear();
     arrivals.clear();
@@ -573,8 +580,12 @@ fn reflect_queued(
             (reflect::Verdict::Reply { .. }, Ok(p)) => {
                 echo.push(i);
                 ids.push(p.seq as u32);
-                if !warmup {
+                if !warmup && p.seq < sent_end {
                     arrivals.push((p.seq, c.sw_ns, c.hw_ns));
+                } else if !warmup {
+                    // Answered (its echo is refused at the sender too), but
+                    // kept out of the matcher, whose window it would grow.
+                    out.push(Event::NeverSent, now);
                 }
             }
             (reflect::Verdict::Reply { .. }, Err(_)) => {
@@ -640,12 +651,14 @@ fn reflect_queued(
 /// Sender side of one wake-up: TX timestamps from the error queue and
 /// echoes. Returns how many messages it took.
 fn drain_sender(
-    tx: &ProbeSocket,
+    sides: &Sides<'_>,
     batch: &mut RecvBatch,
     errq: &mut RecvBatch,
     session: u64,
+    issued: &AtomicU64,
     out: &mut EventBatch,
 ) -> usize {
+    let tx = sides.tx;
     let now = clock::realtime_ns();
     let n_err = tx.recv_batch(errq, true).unwrap_or(0);
     for i in 0..n_err {
@@ -663,9 +676,17 @@ fn drain_sender(
     }
     let n = tx.recv_batch(batch, false).unwrap_or(0);
     let read_ns = clock::realtime_ns();
+    let sent_end = issued.load(Ordering::SeqCst);
     for i in 0..n {
-        let (payload, _, c) = batch.get(i);
+        let (payload, src, c) = batch.get(i);
+        if !socket::same_endpoint(src, sides.dst) {
+            out.push(Event::Foreign, now);
+            continue;
+        }
         match Probe::decode(payload, session) {
+            Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 && p.seq >= sent_end => {
+                out.push(Event::NeverSent, now)
+            }
             Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => out.push(
                 Event::Echoed {
                     seq: p.seq,
@@ -687,14 +708,22 @@ fn drain_sender(
 /// the sender's queues (both the error queue and data on every wake-up; a
 /// TX timestamp left queued is charged to the receive buffer), and hands
 /// events over in batches.
+/// The testbed's two sockets and where the probes go.
+struct Sides<'a> {
+    tx: &'a ProbeSocket,
+    rx: &'a ProbeSocket,
+    dst: SocketAddr,
+}
+
 fn io_loop(
-    tx: &ProbeSocket,
-    rx: &ProbeSocket,
+    sides: Sides<'_>,
     session: u64,
     kernel_reflector: bool,
+    issued: &AtomicU64,
     done: &AtomicBool,
     ev: &mpsc::Sender<Vec<Event>>,
 ) {
+    let rx = sides.rx;
     let mut reflect = ReflectBufs {
         batch: RecvBatch::new(64, 65536),
         errq: RecvBatch::new(64, 256),
@@ -740,8 +769,8 @@ fn io_loop(
         }
         let mut got = 0;
         loop {
-            let n = reflect_queued(rx, &mut reflect, session, finishing, &mut out)
-                + drain_sender(tx, &mut sbatch, &mut errq, session, &mut out);
+            let n = reflect_queued(rx, &mut reflect, session, issued, finishing, &mut out)
+                + drain_sender(&sides, &mut sbatch, &mut errq, session, issued, &mut out);
             got += n;
             if n == 0 || out.len() >= events::MAX_LEN {
                 break;

@@ -221,7 +221,9 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
 
 /// Sends the probe stream. Every probe it tries to send produces exactly
 /// one `Sent` or `SendFailed` event and one count in `attempts` (for the
-/// unaccounted-probe check). Returns how the pacing went.
+/// unaccounted-probe check), counted just before its send: seqs are
+/// 0, 1, 2..., so `attempts` is also the first seq not yet sent. Returns
+/// how the pacing went.
 pub fn pace(
     sock: &ProbeSocket,
     dst: SocketAddr,
@@ -305,6 +307,9 @@ pub fn pace_with(
         for s in seq..end {
             encode(s, send_ns, batch.push(s as u32));
         }
+        // Counted before the send: a seq at or above `attempts` has not
+        // left this host, so the receive paths refuse an echo of it as forged.
+        attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
         let mut i = 0;
         while i < batch.len() {
             match sock.send_batch(&mut batch, i) {
@@ -338,7 +343,6 @@ pub fn pace_with(
                 }
             }
         }
-        attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
         tried += batch.len() as u64;
         ticker.sent_until(end);
         // Hand over when due, or now if the sender is about to sleep past it.

@@ -19,8 +19,14 @@
 //! (`adjtimex`: no STA_UNSYNC; the reflector's state comes in its Error
 //! Estimate), with the sum of both maximum errors as their bound.
 //!
-//! Kernel interfaces: a UDP socket with SO_TIMESTAMPING (software RX/TX
-//! stamps, no privilege), `adjtimex(2)` read only.
+//! Trust: the socket is connected to the target, so the kernel delivers
+//! only its datagrams; an echo then counts only if it is of this session,
+//! for a seq already sent (the pacer counts a probe before sending it) and
+//! while the matcher still awaits it. Foreign, never-sent and late echoes
+//! are counted apart, and nothing kept grows with the seqs that arrive.
+//!
+//! Kernel interfaces: a connected UDP socket with SO_TIMESTAMPING
+//! (software RX/TX stamps, no privilege), `adjtimex(2)` read only.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -120,6 +126,8 @@ const SSID_WARMUP_BIT: u16 = 0x8000;
 /// The STAMP status probe's sequence number: a stateful reflector answers
 /// with its count instead, a stateless one with this number.
 const STAMP_STATUS_SEQ: u32 = u32::MAX - 2;
+/// The warm-up probes' sequence number (both protocols).
+const WARMUP_SEQ: u64 = u32::MAX as u64 - 1;
 
 impl Wire {
     fn mode(&self) -> Mode<'_> {
@@ -223,11 +231,11 @@ impl Wire {
     }
 }
 
-/// What the echoes told beyond the records.
+/// What the echoes told beyond the records. Constant size: it keeps no
+/// per-seq state, whatever seqs arrive (how many probes came back is the
+/// records' count, see [`split_loss`]).
 #[derive(Debug, Default)]
 struct Ledger {
-    echoed: Vec<u64>,
-    echoes: u64,
     /// Highest seq echoed, with the reflector's count (rtprobe) or its own
     /// sequence number (STAMP) in that echo.
     last: Option<(u64, Option<u64>, Option<u32>)>,
@@ -241,6 +249,8 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Notes an echo from the target of this session for a seq that was
+    /// sent (the I/O loop refuses the others before they get here).
     fn on_echo(&mut self, e: &Echo) {
         if e.ee.is_some() {
             self.ee = e.ee;
@@ -252,17 +262,6 @@ impl Ledger {
         if e.warmup {
             return;
         }
-        let (w, b) = ((e.seq / 64) as usize, e.seq % 64);
-        // Bounded by the number of probes sent: a bit each.
-        if w < (1 << 26) {
-            if self.echoed.len() <= w {
-                self.echoed.resize(w + 1, 0);
-            }
-            if self.echoed[w] & (1 << b) == 0 {
-                self.echoed[w] |= 1 << b;
-                self.echoes += 1;
-            }
-        }
         if let Some(rs) = e.reflector_seq
             && rs as u64 != e.seq
         {
@@ -271,25 +270,6 @@ impl Ledger {
         if self.last.is_none_or(|(s, _, _)| e.seq > s) {
             self.last = Some((e.seq, e.received, e.reflector_seq));
         }
-    }
-
-    fn echoed_through(&self, seq: u64) -> u64 {
-        let full = (seq / 64) as usize;
-        let mut n: u64 = self
-            .echoed
-            .iter()
-            .take(full)
-            .map(|w| w.count_ones() as u64)
-            .sum();
-        if let Some(w) = self.echoed.get(full) {
-            let mask = if seq % 64 == 63 {
-                u64::MAX
-            } else {
-                (1u64 << (seq % 64 + 1)) - 1
-            };
-            n += (w & mask).count_ones() as u64;
-        }
-        n
     }
 }
 
@@ -306,7 +286,10 @@ pub struct LossSplit {
     pub basis: String,
 }
 
-/// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector said.
+/// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector
+/// said. The probes that came back are the records' count, `sent - lost`:
+/// every one of them is at or below the highest seq echoed, so that count
+/// is also how many came back up to it.
 fn split_loss(
     l: &Ledger,
     sent: u64,
@@ -357,7 +340,7 @@ fn split_loss(
         );
     };
     let through = seq + 1;
-    let lost_through = through.saturating_sub(l.echoed_through(seq));
+    let lost_through = through.saturating_sub(sent.saturating_sub(lost));
     let forward = through.saturating_sub(received).min(lost_through);
     LossSplit {
         forward: Some(forward),
@@ -502,6 +485,11 @@ pub fn run_session(
         None => bind()?,
     };
     let dst = target.addr;
+    // The kernel then delivers only datagrams from the target: an off-path
+    // sender's forged echoes never reach this socket.
+    sock.connect(dst).with_context(|| {
+        format!("connect the probe socket to {dst}: check that this host has a route to it")
+    })?;
     let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
     // The clocks as the run starts decide the CSV's one-way column.
     let early = clock_verdict(&local_clock, first.and_then(|e| e.ee));
@@ -519,13 +507,19 @@ pub fn run_session(
     let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
     let (sock_ref, done_ref, attempts_ref, wire_ref, ledger_ref) =
         (&sock, &done, &attempts, &wire, &ledger);
+    let echo_rules = EchoRules {
+        wire: &wire,
+        target: dst,
+        issued: &attempts,
+    };
+    let rules_ref = &echo_rules;
     let result = std::thread::scope(|s| {
         let ev = ev_tx.clone();
         let io = std::thread::Builder::new()
             .name("rtprobe-io".into())
             .spawn_scoped(s, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                io_loop(sock_ref, wire_ref, done_ref, &ev, ledger_ref)
+                io_loop(sock_ref, rules_ref, done_ref, &ev, ledger_ref)
             })
             .context("spawn the probe I/O thread")?;
         let run = (|| {
@@ -600,7 +594,7 @@ pub fn run_session(
     let mut info = serde_json::json!({
         "protocol": target.protocol.name(),
         "target": dst.to_string(),
-        "echoes": ledger.echoes,
+        "echoes": stats.counts().received,
     });
     match &wire {
         Wire::Rtprobe { session, .. } => info["session"] = format!("{session:#018x}").into(),
@@ -637,7 +631,7 @@ fn warm_up(
     size: usize,
     stop: &AtomicU8,
 ) -> Result<Option<Echo>> {
-    match exchange(sock, dst, wire, size, u32::MAX as u64 - 1, stop, 30) {
+    match exchange(sock, dst, wire, size, WARMUP_SEQ, stop, 30) {
         Some(e) => {
             // Let late duplicates and the warm-up's TX stamps drain.
             std::thread::sleep(Duration::from_millis(20));
@@ -691,7 +685,9 @@ fn exchange(
             while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
             let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
             for i in 0..n {
-                if let Some(e) = wire.decode(batch.get(i).0)
+                let (payload, src, _) = batch.get(i);
+                if socket::same_endpoint(src, dst)
+                    && let Some(e) = wire.decode(payload)
                     && e.warmup
                     && e.seq == seq
                 {
@@ -731,7 +727,9 @@ fn status_probe(
                 while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
                 let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
                 for i in 0..n {
-                    if let Some(e) = wire.decode(batch.get(i).0)
+                    let (payload, src, _) = batch.get(i);
+                    if socket::same_endpoint(src, dst)
+                        && let Some(e) = wire.decode(payload)
                         && !e.warmup
                         && e.seq == seq
                     {
@@ -744,11 +742,48 @@ fn status_probe(
     }
 }
 
+/// Which datagrams on the probe socket are echoes of this run.
+struct EchoRules<'a> {
+    wire: &'a Wire,
+    target: SocketAddr,
+    /// The pacer's count of probes tried, raised before each send: the
+    /// first seq not yet sent.
+    issued: &'a AtomicU64,
+}
+
+/// What one datagram on the probe socket is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Verdict {
+    /// An echo of a probe of the run (the matcher tells whether it is late).
+    Probe(Echo),
+    /// A late copy of the warm-up's echo: its clock and TTL facts only.
+    WarmUp(Echo),
+    /// From elsewhere, of another session, or not an echo at all.
+    Foreign,
+    /// Of this session, but its seq had not been sent when it was read.
+    NeverSent,
+}
+
+impl EchoRules<'_> {
+    /// `sent_end`: the issued count read after the datagram was.
+    fn judge(&self, payload: &[u8], src: SocketAddr, sent_end: u64) -> Verdict {
+        if !socket::same_endpoint(src, self.target) {
+            return Verdict::Foreign;
+        }
+        match self.wire.decode(payload) {
+            None => Verdict::Foreign,
+            Some(e) if e.warmup && e.seq == WARMUP_SEQ => Verdict::WarmUp(e),
+            Some(e) if !e.warmup && e.seq < sent_end => Verdict::Probe(e),
+            Some(_) => Verdict::NeverSent,
+        }
+    }
+}
+
 /// Takes TX stamps and echoes from the one socket and hands them over in
-/// batches; notes what the echoes said in `ledger`.
+/// batches; notes what the accepted echoes said in `ledger`.
 fn io_loop(
     sock: &ProbeSocket,
-    wire: &Wire,
+    rules: &EchoRules<'_>,
     done: &AtomicBool,
     ev: &mpsc::Sender<Vec<Event>>,
     ledger: &Mutex<Ledger>,
@@ -788,26 +823,27 @@ fn io_loop(
             }
             let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
             let read_ns = clock::realtime_ns();
+            let sent_end = rules.issued.load(Ordering::SeqCst);
             seen.clear();
             for i in 0..n {
-                let (payload, _, c) = batch.get(i);
-                match wire.decode(payload) {
-                    Some(e) => {
+                let (payload, src, c) = batch.get(i);
+                match rules.judge(payload, src, sent_end) {
+                    Verdict::Probe(e) => {
                         seen.push(e);
-                        if !e.warmup {
-                            out.push(
-                                Event::Echoed {
-                                    seq: e.seq,
-                                    sw_ns: c.sw_ns,
-                                    hw_ns: None,
-                                    user_ns: read_ns,
-                                    reflector: e.times,
-                                },
-                                now,
-                            );
-                        }
+                        out.push(
+                            Event::Echoed {
+                                seq: e.seq,
+                                sw_ns: c.sw_ns,
+                                hw_ns: None,
+                                user_ns: read_ns,
+                                reflector: e.times,
+                            },
+                            now,
+                        );
                     }
-                    None => out.push(Event::Foreign, now),
+                    Verdict::WarmUp(e) => seen.push(e),
+                    Verdict::Foreign => out.push(Event::Foreign, now),
+                    Verdict::NeverSent => out.push(Event::NeverSent, now),
                 }
             }
             if !seen.is_empty()
@@ -1025,12 +1061,144 @@ mod tests {
     fn without_trailer_the_tail_is_unknown() {
         // Echoes up to seq 8 said 8 received; 10 sent, lost: 3, 7, 9.
         let l = ledger(&[0, 1, 2, 4, 5, 6, 8], Some(8));
-        assert_eq!(l.echoed_through(8), 7);
         let s = split_loss(&l, 10, 3, ProtocolArg::Rtprobe, false);
         // Through seq 8: 9 sent, 8 received -> 1 forward, 1 return; seq 9 unknown.
         assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(1), 1));
         let none = split_loss(&Ledger::default(), 10, 10, ProtocolArg::Rtprobe, false);
         assert_eq!((none.forward, none.unknown), (None, 10));
+    }
+
+    #[test]
+    fn the_ledger_keeps_no_state_per_seq_and_splits_by_the_records() {
+        // The echoes that once grew a bitmap to 512 MiB leave it as it was.
+        let mut l = ledger(&[0, 1, 2, 4], Some(4));
+        let before = format!("{l:?}").len();
+        for seq in [0xFFFF_FFFF, 0x7FFF_FFFF, u64::MAX] {
+            l.on_echo(&Echo {
+                seq,
+                warmup: true,
+                times: None,
+                received: Some(1),
+                reflector_seq: None,
+                ee: None,
+                ttl: None,
+            });
+        }
+        assert_eq!(
+            format!("{l:?}").len(),
+            before,
+            "warm-ups only touch clock facts"
+        );
+        // 6 sent, 4 came back (3 and 5 lost): through seq 4, 5 sent and the
+        // reflector got 4 -> 1 lost forward, none on return; seq 5 unknown.
+        let s = split_loss(&l, 6, 2, ProtocolArg::Rtprobe, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(0), 1));
+    }
+
+    fn rules_check(protocol: ProtocolArg) {
+        let wire = match protocol {
+            ProtocolArg::Rtprobe => Wire::Rtprobe {
+                session: 0x1234,
+                flow: 0,
+            },
+            ProtocolArg::Stamp => Wire::Stamp {
+                ssid: 77,
+                key: None,
+                ee: ErrorEstimate::from_error_ns(false, 0, false),
+                tai_offset_s: 0,
+            },
+        };
+        let target: SocketAddr = "192.0.2.1:862".parse().unwrap();
+        let issued = AtomicU64::new(10);
+        let rules = EchoRules {
+            wire: &wire,
+            target,
+            issued: &issued,
+        };
+        let echo = |w: &Wire, seq: u64, warmup: bool| {
+            let mut buf = vec![0u8; 64];
+            let mut scratch = Vec::new();
+            w.encode(
+                seq,
+                1_763_850_000_000_000_000,
+                warmup,
+                &mut buf,
+                &mut scratch,
+            );
+            match w {
+                // The reflector's answer: the echo flag (rtprobe); STAMP's
+                // reflector packet carries the sender's seq and SSID.
+                Wire::Rtprobe { .. } => buf[5] |= crate::probe::packet::FLAG_ECHO,
+                Wire::Stamp { ssid, .. } => {
+                    let ssid = if warmup {
+                        ssid | SSID_WARMUP_BIT
+                    } else {
+                        *ssid
+                    };
+                    let r = ReflectorPacket {
+                        seq: 0,
+                        timestamp: Timestamp::from_bits(0, false).unwrap(),
+                        error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                        ssid,
+                        receive_timestamp: Timestamp::from_bits(0, false).unwrap(),
+                        sender_seq: seq as u32,
+                        sender_timestamp: Timestamp::from_bits(0, false).unwrap(),
+                        sender_error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                        sender_ttl: 64,
+                    };
+                    r.encode(Mode::Unauthenticated, 64, &mut scratch).unwrap();
+                    buf.copy_from_slice(&scratch);
+                }
+            }
+            buf
+        };
+        let judge = |b: &[u8], src: SocketAddr| rules.judge(b, src, issued.load(Ordering::SeqCst));
+        assert!(matches!(judge(&echo(&wire, 9, false), target), Verdict::Probe(e) if e.seq == 9));
+        assert!(matches!(
+            judge(&echo(&wire, WARMUP_SEQ, true), target),
+            Verdict::WarmUp(_)
+        ));
+        // Foreign: another source (even with the right session), another
+        // session, bytes that decode as nothing.
+        let elsewhere: SocketAddr = "192.0.2.99:862".parse().unwrap();
+        let other_port: SocketAddr = "192.0.2.1:863".parse().unwrap();
+        assert_eq!(judge(&echo(&wire, 1, false), elsewhere), Verdict::Foreign);
+        assert_eq!(judge(&echo(&wire, 1, false), other_port), Verdict::Foreign);
+        let other = match &wire {
+            Wire::Rtprobe { flow, .. } => Wire::Rtprobe {
+                session: 0x4321,
+                flow: *flow,
+            },
+            Wire::Stamp { ee, .. } => Wire::Stamp {
+                ssid: 78,
+                key: None,
+                ee: *ee,
+                tai_offset_s: 0,
+            },
+        };
+        assert_eq!(judge(&echo(&other, 1, false), target), Verdict::Foreign);
+        assert_eq!(judge(&[0u8; 7], target), Verdict::Foreign);
+        // Never sent: at or past the pacer's count, or a warm-up-marked
+        // echo of another seq.
+        for seq in [10, 0x7FFF_FFFF, 0xFFFF_FFFF] {
+            assert_eq!(
+                judge(&echo(&wire, seq, false), target),
+                Verdict::NeverSent,
+                "{seq}"
+            );
+        }
+        assert_eq!(judge(&echo(&wire, 3, true), target), Verdict::NeverSent);
+        issued.store(11, Ordering::SeqCst);
+        assert!(matches!(
+            judge(&echo(&wire, 10, false), target),
+            Verdict::Probe(_)
+        ));
+    }
+
+    #[test]
+    fn echoes_only_from_the_target_of_this_session_for_a_seq_sent() {
+        rules_check(ProtocolArg::Rtprobe);
+        rules_check(ProtocolArg::Stamp);
     }
 
     #[test]

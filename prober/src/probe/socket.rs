@@ -135,6 +135,12 @@ fn sockaddr(a: SocketAddr) -> RawAddr {
     }
 }
 
+/// Whether a datagram from `src` comes from `peer`: same address and
+/// port (an IPv6 flow label or scope id the kernel adds does not matter).
+pub fn same_endpoint(src: SocketAddr, peer: SocketAddr) -> bool {
+    src.ip() == peer.ip() && src.port() == peer.port()
+}
+
 /// The address the kernel wrote; an unknown family reads as 0.0.0.0:0.
 fn from_sockaddr(s: &libc::sockaddr_storage) -> SocketAddr {
     match s.ss_family as libc::c_int {

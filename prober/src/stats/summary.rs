@@ -159,8 +159,18 @@ pub struct Summary {
     /// Extra TX timestamps of the reflector's echoes (kept the first).
     #[serde(default)]
     pub echo_tx_duplicates: u64,
-    /// UDP datagrams on the probe port without this run's session id.
+    /// UDP datagrams on the probe port that are not this run's: another
+    /// session, undecodable, or (at the sender) from an address other than
+    /// the one probed.
     pub foreign_packets: u64,
+    /// Datagrams of this session whose seq was never sent (echoes at the
+    /// sender, probes at a testbed's receiver): forged, so refused.
+    #[serde(default)]
+    pub never_sent: u64,
+    /// Echoes of sent probes that came after the probe's record was
+    /// written (given up as lost at the timeout): refused, the probe stays lost.
+    #[serde(default)]
+    pub late_echoes: u64,
     /// "hardware", "software" or "mixed": where the one-way figures came from.
     pub timestamp_source: String,
     pub xdp_mode_requested: String,
@@ -305,6 +315,8 @@ pub struct Counts {
     pub reordered: u64,
     pub duplicates: u64,
     pub foreign: u64,
+    pub never_sent: u64,
+    pub late_echoes: u64,
     pub unaccounted: u64,
 }
 
@@ -347,6 +359,8 @@ pub struct RunStats {
     /// Matcher slots dropped without a record (see `set_unmatched`).
     unmatched: u64,
     foreign: u64,
+    never_sent: u64,
+    late_echoes: u64,
     sources: [u64; 3],
     pacing: Option<Pacing>,
 }
@@ -389,6 +403,8 @@ impl RunStats {
             echo_tx_duplicates: 0,
             unmatched: 0,
             foreign: 0,
+            never_sent: 0,
+            late_echoes: 0,
             sources: [0; 3],
             pacing: None,
         }
@@ -453,6 +469,16 @@ impl RunStats {
 
     pub fn on_foreign_packet(&mut self) {
         self.foreign += 1;
+    }
+
+    /// A datagram of this session whose seq was never sent.
+    pub fn on_never_sent(&mut self) {
+        self.never_sent += 1;
+    }
+
+    /// An echo that came after its probe's record was written.
+    pub fn on_late_echo(&mut self) {
+        self.late_echoes += 1;
     }
 
     /// A finalized probe (seq order).
@@ -532,6 +558,8 @@ impl RunStats {
             reordered: self.reordered,
             duplicates: self.duplicates,
             foreign: self.foreign,
+            never_sent: self.never_sent,
+            late_echoes: self.late_echoes,
             unaccounted: self.unaccounted(),
         }
     }
@@ -600,6 +628,8 @@ impl RunStats {
             tx_timestamp_late: self.tx_ts_late,
             echo_tx_duplicates: self.echo_tx_duplicates,
             foreign_packets: self.foreign,
+            never_sent: self.never_sent,
+            late_echoes: self.late_echoes,
             timestamp_source: self.timestamp_source().into(),
             one_way_start: self.one_way_start().into(),
             one_way_ns: Latency::from_hist(&self.one_way),
