@@ -159,6 +159,8 @@ pub struct Core {
     pub counters: Counters,
     /// `None`: adjtimex failed, the clock's state is unknown.
     clock: Option<ClockSync>,
+    /// What replies carry, worked out once per clock read, not per reply.
+    error_estimate: ErrorEstimate,
     clock_read_ns: i64,
     scratch: Vec<u8>,
 }
@@ -177,6 +179,7 @@ impl Core {
             buckets: LruCache::new(cap(sources)),
             counters: Counters::default(),
             clock: None,
+            error_estimate: estimate_of(None),
             clock_read_ns: i64::MIN,
             scratch: Vec::with_capacity(2048),
         }
@@ -191,8 +194,7 @@ impl Core {
     /// kernel would not say.
     pub fn clock(&mut self, now_ns: i64) -> Option<ClockSync> {
         if now_ns.saturating_sub(self.clock_read_ns) >= 1_000_000_000 {
-            self.clock = ClockSync::read_kernel().ok();
-            self.clock_read_ns = now_ns;
+            self.set_clock(ClockSync::read_kernel().ok(), now_ns);
         }
         self.clock
     }
@@ -201,16 +203,13 @@ impl Core {
     /// as if adjtimex failed).
     pub fn set_clock(&mut self, c: Option<ClockSync>, now_ns: i64) {
         self.clock = c;
+        self.error_estimate = estimate_of(c);
         self.clock_read_ns = now_ns;
     }
 
-    /// The Error Estimate replies carry: an unknown clock is unsynchronised
-    /// with the largest error the field holds, never a small one.
     fn error_estimate(&mut self, now_ns: i64) -> ErrorEstimate {
-        match self.clock(now_ns) {
-            Some(c) => ErrorEstimate::from_clock_sync(&c, false),
-            None => ErrorEstimate::from_error_ns(false, u64::MAX, false),
-        }
+        self.clock(now_ns);
+        self.error_estimate
     }
 
     /// Decides on one datagram of `len` bytes at the start of `buf` and,
@@ -364,49 +363,51 @@ impl Core {
             let dt_s = (now_ns - b.last_ns).max(0) as f64 / 1e9;
             (b.tokens + dt_s * rate).min(burst)
         };
-        if !self.buckets.contains(&ip) {
-            if self.buckets.len() >= self.buckets.cap().get() {
-                let refilled = self
-                    .buckets
-                    .peek_lru()
-                    .is_some_and(|(_, b)| refill(b) >= burst);
-                if !refilled {
-                    return false;
-                }
-                self.buckets.pop_lru();
+        let take = |b: &mut Bucket| {
+            b.tokens = refill(b);
+            b.last_ns = now_ns;
+            let ok = b.tokens >= 1.0;
+            if ok {
+                b.tokens -= 1.0;
             }
-            self.buckets.push(
-                ip,
-                Bucket {
-                    tokens: burst,
-                    last_ns: now_ns,
-                },
-            );
+            ok
+        };
+        if let Some(b) = self.buckets.get_mut(&ip) {
+            return take(b);
         }
-        let b = self.buckets.get_mut(&ip).expect("present");
-        b.tokens = refill(b);
-        b.last_ns = now_ns;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            true
-        } else {
-            false
+        if self.buckets.len() >= self.buckets.cap().get() {
+            let refilled = self
+                .buckets
+                .peek_lru()
+                .is_some_and(|(_, b)| refill(b) >= burst);
+            if !refilled {
+                return false;
+            }
+            self.buckets.pop_lru();
         }
+        let mut b = Bucket {
+            tokens: burst,
+            last_ns: now_ns,
+        };
+        let ok = take(&mut b);
+        self.buckets.push(ip, b);
+        ok
     }
 
     fn session(&mut self, src: SocketAddr, id: u64) -> (&mut Session, bool) {
-        let key = (src, id);
-        let new = !self.sessions.contains(&key);
-        if new {
-            let fresh = Session {
+        let full = self.sessions.len() >= self.sessions.cap().get();
+        let mut new = false;
+        let s = self.sessions.get_or_insert_mut((src, id), || {
+            new = true;
+            Session {
                 received: 0,
                 next_seq: 0,
-            };
-            if self.sessions.push(key, fresh).is_some() {
-                self.counters.sessions_evicted += 1;
             }
+        });
+        if new && full {
+            self.counters.sessions_evicted += 1;
         }
-        (self.sessions.get_mut(&key).expect("present"), new)
+        (s, new)
     }
 
     pub fn sessions_held(&self) -> usize {
@@ -415,6 +416,15 @@ impl Core {
 
     pub fn sources_held(&self) -> usize {
         self.buckets.len()
+    }
+}
+
+/// The Error Estimate replies carry: an unknown clock is unsynchronised
+/// with the largest error the field holds, never a small one.
+fn estimate_of(clock: Option<ClockSync>) -> ErrorEstimate {
+    match clock {
+        Some(c) => ErrorEstimate::from_clock_sync(&c, false),
+        None => ErrorEstimate::from_error_ns(false, u64::MAX, false),
     }
 }
 
@@ -880,7 +890,9 @@ fn attach_kernel(
 fn check_json_path(path: &std::path::Path) -> Result<()> {
     let shown = path.display();
     if path.as_os_str().is_empty() || path.is_dir() {
-        anyhow::bail!("--json {shown:?} is a directory, not a file: give e.g. --json reflector.json");
+        anyhow::bail!(
+            "--json {shown:?} is a directory, not a file: give e.g. --json reflector.json"
+        );
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
