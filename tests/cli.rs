@@ -362,6 +362,41 @@ fn reflect_refuses_a_port_already_in_use() {
     }
 }
 
+/// Bad `rtprobe reflect` options fail in one line before anything is bound
+/// or served: `--json /` (once only found at exit, losing every counter)
+/// and a STAMP-only flag, each with `--metrics-listen`.
+#[test]
+fn reflect_checks_options_and_the_json_path_before_serving() {
+    let free = || {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap().to_string()
+    };
+    let cases: [(&[&str], &str); 3] = [
+        (&["--json", "/"], "is a directory"),
+        (&["--json", "/no/such/dir/r.json"], "does not exist"),
+        (&["--stateless"], "--protocol stamp"),
+    ];
+    for (extra, says) in cases {
+        let (listen, metrics) = (free(), free());
+        let mut args = vec![
+            "reflect",
+            "--listen",
+            &listen,
+            "--metrics-listen",
+            &metrics,
+            "--duration",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = run(&args);
+        assert_ne!(code, 0, "{extra:?}: {stdout}{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("serving metrics"), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("answering"), "{extra:?}: {stderr}");
+    }
+}
+
 #[test]
 fn bench_forward_config_errors_name_file_line_and_key() {
     let dir = tempfile::tempdir().unwrap();

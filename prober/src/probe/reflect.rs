@@ -10,7 +10,13 @@
 //! - a reply is the request's own buffer rewritten, never longer;
 //! - a token bucket per source address limits answers (counted);
 //! - the session and source tables are bounded ([`MAX_SESSIONS`],
-//!   [`MAX_SOURCES`]): a full table evicts its least recently seen entry.
+//!   [`MAX_SOURCES`]) LRU maps: constant work per datagram at any number
+//!   of sources. A full session table forgets its least recently seen
+//!   session; a full source table forgets its least recently seen source
+//!   only once that source's bucket has refilled (so forgetting it gives
+//!   it nothing), else the new source is refused (counted rate-limited);
+//! - "new session" lines and receive errors are logged at most
+//!   [`LOG_LINES_PER_S`] a second, with a count of those held back.
 //!
 //! Every datagram is counted exactly once: reflected, malformed,
 //! rate_limited or auth_failed.
@@ -32,13 +38,14 @@
 //! IPV6_RECVHOPLIMIT (IPv6 sockets, `--listen [::]:862`).
 
 use std::{
-    collections::HashMap,
     net::{IpAddr, SocketAddr},
+    num::NonZeroUsize,
     sync::atomic::{AtomicU8, Ordering},
     time::Duration,
 };
 
 use anyhow::{Context, Result};
+use lru::LruCache;
 use serde::Serialize;
 
 use super::{
@@ -56,10 +63,16 @@ pub const FLAG_WARMUP: u8 = 2;
 pub const STATE_OFFSET: usize = 48;
 /// Smallest payload the state is written into.
 pub const STATE_MIN_LEN: usize = 64;
-/// Sessions (source + session id or SSID) remembered at once.
-pub const MAX_SESSIONS: usize = 4096;
-/// Sources with a rate-limit bucket at once.
-pub const MAX_SOURCES: usize = 4096;
+/// Sessions (source + session id or SSID) remembered at once. About 130
+/// bytes each (see `table_memory_per_entry`): 8.5 MiB when full.
+pub const MAX_SESSIONS: usize = 65_536;
+/// Sources with a rate-limit bucket at once: the per-source limit holds
+/// for this many sources seen within a bucket's refill time. About 100
+/// bytes each (see `table_memory_per_entry`): 13 MiB when full.
+pub const MAX_SOURCES: usize = 131_072;
+/// "new session" lines (and, separately, receive errors) logged a second
+/// at most; the rest are counted in one line.
+pub const LOG_LINES_PER_S: u32 = 10;
 /// Largest datagram answered: a jumbo frame's payload. Anything longer is
 /// malformed (no probe rtprobe or a STAMP sender builds is that long).
 pub const MAX_REQUEST_BYTES: usize = 9000;
@@ -92,6 +105,9 @@ pub struct Counters {
     pub bytes_out: u64,
     /// Replies the kernel refused to send.
     pub send_errors: u64,
+    /// Receive calls that failed (other than "nothing to read"); the
+    /// reflector logs them and goes on.
+    pub recv_errors: u64,
 }
 
 /// Why a datagram was not answered.
@@ -113,11 +129,11 @@ pub enum Verdict {
     Drop(Drop),
 }
 
+/// Recency lives in the LRU order, not here.
 #[derive(Debug, Clone, Copy)]
 struct Session {
     received: u64,
     next_seq: u32,
-    last_ns: i64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -138,22 +154,32 @@ pub struct SessionInfo {
 /// The reflector's decisions and bounded state.
 pub struct Core {
     policy: Policy,
-    sessions: HashMap<(SocketAddr, u64), Session>,
-    buckets: HashMap<IpAddr, Bucket>,
+    sessions: LruCache<(SocketAddr, u64), Session>,
+    buckets: LruCache<IpAddr, Bucket>,
     pub counters: Counters,
-    clock: ClockSync,
+    /// `None`: adjtimex failed, the clock's state is unknown.
+    clock: Option<ClockSync>,
+    /// What replies carry, worked out once per clock read, not per reply.
+    error_estimate: ErrorEstimate,
     clock_read_ns: i64,
     scratch: Vec<u8>,
 }
 
 impl Core {
     pub fn new(policy: Policy) -> Self {
+        Self::with_capacity(policy, MAX_SESSIONS, MAX_SOURCES)
+    }
+
+    /// Smaller tables (tests of what a full table does).
+    pub fn with_capacity(policy: Policy, sessions: usize, sources: usize) -> Self {
+        let cap = |n: usize| NonZeroUsize::new(n.max(1)).expect("at least 1");
         Self {
             policy,
-            sessions: HashMap::new(),
-            buckets: HashMap::new(),
+            sessions: LruCache::new(cap(sessions)),
+            buckets: LruCache::new(cap(sources)),
             counters: Counters::default(),
-            clock: unsynced(),
+            clock: None,
+            error_estimate: estimate_of(None),
             clock_read_ns: i64::MIN,
             scratch: Vec::with_capacity(2048),
         }
@@ -164,19 +190,26 @@ impl Core {
     }
 
     /// The clock state replies carry, read from the kernel at most once a
-    /// second (a leap or a daemon's update changes it).
-    pub fn clock(&mut self, now_ns: i64) -> ClockSync {
+    /// second (a leap or a daemon's update changes it); `None` when the
+    /// kernel would not say.
+    pub fn clock(&mut self, now_ns: i64) -> Option<ClockSync> {
         if now_ns.saturating_sub(self.clock_read_ns) >= 1_000_000_000 {
-            self.clock = ClockSync::read_kernel().unwrap_or_else(|_| unsynced());
-            self.clock_read_ns = now_ns;
+            self.set_clock(ClockSync::read_kernel().ok(), now_ns);
         }
         self.clock
     }
 
-    /// Sets the clock state instead of reading the kernel (tests).
-    pub fn set_clock(&mut self, c: ClockSync, now_ns: i64) {
+    /// Sets the clock state instead of reading the kernel (tests; `None`:
+    /// as if adjtimex failed).
+    pub fn set_clock(&mut self, c: Option<ClockSync>, now_ns: i64) {
         self.clock = c;
+        self.error_estimate = estimate_of(c);
         self.clock_read_ns = now_ns;
+    }
+
+    fn error_estimate(&mut self, now_ns: i64) -> ErrorEstimate {
+        self.clock(now_ns);
+        self.error_estimate
     }
 
     /// Decides on one datagram of `len` bytes at the start of `buf` and,
@@ -239,12 +272,12 @@ impl Core {
         }
         let id = u64::from_be_bytes(buf[8..16].try_into().expect("8 bytes"));
         let warmup = buf[5] & FLAG_WARMUP != 0;
-        let (s, new) = self.session(src, id, now_ns);
+        let (s, new) = self.session(src, id);
         if !warmup {
             s.received += 1;
         }
         let received = s.received;
-        let ee = ErrorEstimate::from_clock_sync(&self.clock(now_ns), false);
+        let ee = self.error_estimate(now_ns);
         write_rtprobe_echo(buf, rx_ns, clock::realtime_ns(), received, ee);
         Verdict::Reply {
             new_session: new.then_some(id),
@@ -270,15 +303,14 @@ impl Core {
         if !self.admit(src.ip(), now_ns) {
             return Verdict::Drop(Drop::RateLimited);
         }
-        let clock = self.clock(now_ns);
         let params = ReflectParams {
             rx_realtime_ns: rx_ns,
             tx_realtime_ns: clock::realtime_ns(),
             // No IP_TTL control message: the TTL is unknown, which RFC 8762
             // has no value for; 0 cannot be a TTL a packet arrived with.
             ttl: ttl.unwrap_or(0),
-            error_estimate: ErrorEstimate::from_clock_sync(&clock, false),
-            tai_offset_s: clock.tai_offset_s,
+            error_estimate: self.error_estimate(now_ns),
+            tai_offset_s: self.clock(now_ns).map_or(0, |c| c.tai_offset_s),
         };
         let mut reply = std::mem::take(&mut self.scratch);
         let r = stamp::reflect(buf, mode, Sequencing::Stateless, &params, &mut reply);
@@ -290,7 +322,7 @@ impl Core {
                 let at = if key.is_some() { 26 } else { 14 };
                 let ssid = u16::from_be_bytes([buf[at], buf[at + 1]]);
                 let stateful = self.policy.stateful;
-                let (s, new) = self.session(src, ssid as u64, now_ns);
+                let (s, new) = self.session(src, ssid as u64);
                 s.received += 1;
                 if stateful {
                     // RFC 8762 §4.3: the reflector's own counter per session.
@@ -315,44 +347,66 @@ impl Core {
     }
 
     /// Takes a token from `ip`'s bucket (burst: a tenth of a second's worth,
-    /// at least 16).
+    /// at least 16). A new source takes the least recently seen source's
+    /// place in a full table only if that bucket has refilled: forgetting
+    /// it then changes nothing, while forgetting a half-empty bucket would
+    /// hand its source a fresh burst. Otherwise the new source is refused
+    /// until one has.
     fn admit(&mut self, ip: IpAddr, now_ns: i64) -> bool {
         let rate = self.policy.rate_limit_pps;
         if rate == 0 {
             return true;
         }
-        let burst = (rate as f64 / 10.0).max(16.0);
-        if !self.buckets.contains_key(&ip) && self.buckets.len() >= MAX_SOURCES {
-            evict_oldest(&mut self.buckets, |b| b.last_ns);
+        let rate = rate as f64;
+        let burst = (rate / 10.0).max(16.0);
+        let refill = |b: &Bucket| {
+            let dt_s = (now_ns - b.last_ns).max(0) as f64 / 1e9;
+            (b.tokens + dt_s * rate).min(burst)
+        };
+        let take = |b: &mut Bucket| {
+            b.tokens = refill(b);
+            b.last_ns = now_ns;
+            let ok = b.tokens >= 1.0;
+            if ok {
+                b.tokens -= 1.0;
+            }
+            ok
+        };
+        if let Some(b) = self.buckets.get_mut(&ip) {
+            return take(b);
         }
-        let b = self.buckets.entry(ip).or_insert(Bucket {
+        if self.buckets.len() >= self.buckets.cap().get() {
+            let refilled = self
+                .buckets
+                .peek_lru()
+                .is_some_and(|(_, b)| refill(b) >= burst);
+            if !refilled {
+                return false;
+            }
+            self.buckets.pop_lru();
+        }
+        let mut b = Bucket {
             tokens: burst,
             last_ns: now_ns,
-        });
-        let dt_s = (now_ns - b.last_ns).max(0) as f64 / 1e9;
-        b.tokens = (b.tokens + dt_s * rate as f64).min(burst);
-        b.last_ns = now_ns;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        };
+        let ok = take(&mut b);
+        self.buckets.push(ip, b);
+        ok
     }
 
-    fn session(&mut self, src: SocketAddr, id: u64, now_ns: i64) -> (&mut Session, bool) {
-        let key = (src, id);
-        let new = !self.sessions.contains_key(&key);
-        if new && self.sessions.len() >= MAX_SESSIONS {
-            evict_oldest(&mut self.sessions, |s| s.last_ns);
+    fn session(&mut self, src: SocketAddr, id: u64) -> (&mut Session, bool) {
+        let full = self.sessions.len() >= self.sessions.cap().get();
+        let mut new = false;
+        let s = self.sessions.get_or_insert_mut((src, id), || {
+            new = true;
+            Session {
+                received: 0,
+                next_seq: 0,
+            }
+        });
+        if new && full {
             self.counters.sessions_evicted += 1;
         }
-        let s = self.sessions.entry(key).or_insert(Session {
-            received: 0,
-            next_seq: 0,
-            last_ns: now_ns,
-        });
-        s.last_ns = now_ns;
         (s, new)
     }
 
@@ -365,22 +419,12 @@ impl Core {
     }
 }
 
-fn unsynced() -> ClockSync {
-    ClockSync {
-        synchronized: false,
-        max_error_ns: 0,
-        tai_offset_s: 0,
-    }
-}
-
-/// Forgets the entry seen longest ago. O(n) but only when the table is
-/// full, and n is bounded.
-fn evict_oldest<K: Clone + Eq + std::hash::Hash, V>(
-    m: &mut HashMap<K, V>,
-    age: impl Fn(&V) -> i64,
-) {
-    if let Some(k) = m.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
-        m.remove(&k);
+/// The Error Estimate replies carry: an unknown clock is unsynchronised
+/// with the largest error the field holds, never a small one.
+fn estimate_of(clock: Option<ClockSync>) -> ErrorEstimate {
+    match clock {
+        Some(c) => ErrorEstimate::from_clock_sync(&c, false),
+        None => ErrorEstimate::from_error_ns(false, u64::MAX, false),
     }
 }
 
@@ -433,9 +477,75 @@ pub struct ServeReport {
     pub turnaround_ns: crate::stats::Latency,
     /// Sessions seen, first ones first (at most 1000 kept).
     pub session_list: Vec<SessionInfo>,
-    /// The clock state replies carried at the end.
+    /// The clock state replies carried at the end: unknown (adjtimex
+    /// failed) is unsynchronised with `clock_max_error_ns` null, never 0.
     pub clock_synchronized: bool,
-    pub clock_max_error_ns: u64,
+    pub clock_max_error_ns: Option<u64>,
+}
+
+impl ServeReport {
+    /// One line on the clock, for the exit summary.
+    pub fn clock_line(&self) -> String {
+        let state = if self.clock_synchronized {
+            "synchronised"
+        } else {
+            "unsynchronised"
+        };
+        match self.clock_max_error_ns {
+            Some(ns) => format!("{state}, max error {:.3} ms", ns as f64 / 1e6),
+            None => format!("{state}, max error unknown (adjtimex failed)"),
+        }
+    }
+}
+
+/// Lets at most `per_s` log lines through in each second and counts the
+/// rest, so that a flood cannot turn the log into the bottleneck (or fill
+/// the disk) while the log still says how much was held back.
+#[derive(Debug, Clone)]
+pub struct LineLimit {
+    per_s: u32,
+    window_start_ns: i64,
+    shown: u32,
+    held_back: u64,
+}
+
+impl LineLimit {
+    pub fn new(per_s: u32) -> Self {
+        Self {
+            per_s,
+            window_start_ns: i64::MIN,
+            shown: 0,
+            held_back: 0,
+        }
+    }
+
+    /// Starts a new window once a second has passed: returns how many
+    /// lines the window that ended held back, if any (to be said first).
+    pub fn roll(&mut self, now_ns: i64) -> Option<u64> {
+        if now_ns.saturating_sub(self.window_start_ns) < 1_000_000_000 {
+            return None;
+        }
+        self.window_start_ns = now_ns;
+        self.shown = 0;
+        Some(std::mem::take(&mut self.held_back)).filter(|&k| k > 0)
+    }
+
+    /// Whether one more line may be shown in this window (call
+    /// [`Self::roll`] first); a refused line is counted as held back.
+    pub fn admit(&mut self) -> bool {
+        if self.shown < self.per_s {
+            self.shown += 1;
+            true
+        } else {
+            self.held_back += 1;
+            false
+        }
+    }
+
+    /// Lines held back and not yet reported (at exit).
+    pub fn take_held_back(&mut self) -> Option<u64> {
+        Some(std::mem::take(&mut self.held_back)).filter(|&k| k > 0)
+    }
 }
 
 /// Sessions listed in the JSON at most.
@@ -532,14 +642,16 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
         .collect()
 }
 
-/// Answers on `socks` until `stop` is set or `duration` passes. `on_session`
-/// is called for every new session.
+/// Answers on `socks` until `stop` is set or `duration` passes.
+/// `session_line` gets the "new session ... from ..." lines, at most
+/// [`LOG_LINES_PER_S`] a second, then one "... not shown" line for the rest.
+/// A failed receive is counted, logged (as often) and survived.
 pub fn serve(
     socks: &[ProbeSocket],
     core: &mut Core,
     stop: &AtomicU8,
     duration: Option<Duration>,
-    mut on_session: impl FnMut(&SessionInfo),
+    mut session_line: impl FnMut(&str),
     mut on_tick: impl FnMut(&Counters),
 ) -> Result<ServeReport> {
     let start = std::time::Instant::now();
@@ -552,14 +664,30 @@ pub fn serve(
     let mut next_id = 0u32;
     let mut turnaround = hdrhistogram::Histogram::<u64>::new(3).context("histogram")?;
     let mut sessions = Vec::new();
+    let mut session_lines = LineLimit::new(LOG_LINES_PER_S);
+    let mut error_lines = LineLimit::new(LOG_LINES_PER_S);
+    let held_back_line = |k: u64| format!("{k} more new sessions in the last second not shown");
     let refs: Vec<&ProbeSocket> = socks.iter().collect();
     while stop.load(Ordering::SeqCst) == 0 && duration.is_none_or(|d| start.elapsed() < d) {
         super::socket::poll_any(&refs, 100).context("reflector poll")?;
         for sock in socks {
             loop {
-                let n = sock
-                    .recv_batch(&mut batch, false)
-                    .context("reflector receive")?;
+                let n = match sock.recv_batch(&mut batch, false) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // E.g. ENOMEM, or an error a socket option queued:
+                        // the next datagram may well be fine.
+                        core.counters.recv_errors += 1;
+                        let now = clock::realtime_ns();
+                        if let Some(k) = error_lines.roll(now) {
+                            log::warn!("reflector: {k} more receive errors in the last second");
+                        }
+                        if error_lines.admit() {
+                            log::warn!("reflector: receive failed ({e}); going on");
+                        }
+                        break;
+                    }
+                };
                 if n == 0 {
                     break;
                 }
@@ -571,20 +699,24 @@ pub fn serve(
                     let v = core.handle(payload, src, c.sw_ns, c.ttl, now);
                     if let Verdict::Reply { new_session } = v {
                         if let Some(id) = new_session {
-                            let info = SessionInfo {
-                                source: src.to_string(),
-                                id: match core.policy.protocol {
-                                    ProtocolArg::Rtprobe => format!("{id:#018x}"),
-                                    ProtocolArg::Stamp => format!("ssid {id}"),
-                                },
-                                first_seen: humantime::format_rfc3339_seconds(
-                                    std::time::SystemTime::now(),
-                                )
-                                .to_string(),
-                            };
-                            on_session(&info);
-                            if sessions.len() < SESSION_LIST_MAX {
-                                sessions.push(info);
+                            if let Some(k) = session_lines.roll(now) {
+                                session_line(&held_back_line(k));
+                            }
+                            let show = session_lines.admit();
+                            // Built only when used: under a flood of new
+                            // sessions, formatting each would cost more
+                            // than answering it.
+                            if show || sessions.len() < SESSION_LIST_MAX {
+                                let info = session_info(core.policy.protocol, src, id);
+                                if show {
+                                    session_line(&format!(
+                                        "new session {} from {}",
+                                        info.id, info.source
+                                    ));
+                                }
+                                if sessions.len() < SESSION_LIST_MAX {
+                                    sessions.push(info);
+                                }
                             }
                         }
                         ring[next_id as usize % TURNAROUND_RING] = c.sw_ns.unwrap_or(0);
@@ -612,7 +744,17 @@ pub fn serve(
         if last_tick.elapsed() >= Duration::from_millis(250) {
             last_tick = std::time::Instant::now();
             on_tick(&core.counters);
+            // A flood that stopped still gets its count said.
+            if let Some(k) = session_lines.roll(clock::realtime_ns()) {
+                session_line(&held_back_line(k));
+            }
         }
+    }
+    if let Some(k) = session_lines.take_held_back() {
+        session_line(&held_back_line(k));
+    }
+    if let Some(k) = error_lines.take_held_back() {
+        log::warn!("reflector: {k} more receive errors not shown");
     }
     on_tick(&core.counters);
     let clock = core.clock(clock::realtime_ns());
@@ -626,9 +768,20 @@ pub fn serve(
         counters: core.counters.clone(),
         turnaround_ns: crate::stats::Latency::from_hist(&turnaround),
         session_list: sessions,
-        clock_synchronized: clock.synchronized,
-        clock_max_error_ns: clock.max_error_ns,
+        clock_synchronized: clock.is_some_and(|c| c.synchronized),
+        clock_max_error_ns: clock.map(|c| c.max_error_ns),
     })
+}
+
+fn session_info(protocol: ProtocolArg, src: SocketAddr, id: u64) -> SessionInfo {
+    SessionInfo {
+        source: src.to_string(),
+        id: match protocol {
+            ProtocolArg::Rtprobe => format!("{id:#018x}"),
+            ProtocolArg::Stamp => format!("ssid {id}"),
+        },
+        first_seen: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    }
 }
 
 /// Echo TX stamps: turnaround = TX stamp - the probe's RX stamp (matched
@@ -732,6 +885,37 @@ fn attach_kernel(
     Ok(r)
 }
 
+/// `--json FILE` is written only at exit: find out now whether it can be,
+/// rather than lose every counter then. Leaves no file behind.
+fn check_json_path(path: &std::path::Path) -> Result<()> {
+    let shown = path.display();
+    if path.as_os_str().is_empty() || path.is_dir() {
+        anyhow::bail!(
+            "--json {shown:?} is a directory, not a file: give e.g. --json reflector.json"
+        );
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        anyhow::bail!(
+            "--json {shown}: directory {} does not exist: create it or give another path",
+            dir.display()
+        );
+    }
+    let existed = path.exists();
+    let opened = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path);
+    if let Err(e) = opened {
+        anyhow::bail!("--json {shown}: cannot write it ({e}): give a writable path");
+    }
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 /// `rtprobe reflect`.
 pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::ExitCode> {
     use crate::spec::remote::{DEFAULT_RATE_LIMIT_PPS, read_key};
@@ -747,15 +931,8 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
             "--duration 0 answers nothing: give e.g. 10min, or leave it out to run until Ctrl-C"
         );
     }
-    if let Some(j) = &args.json
-        && let Some(dir) = j.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.is_dir()
-    {
-        anyhow::bail!(
-            "--json {}: directory {} does not exist",
-            j.display(),
-            dir.display()
-        );
+    if let Some(j) = &args.json {
+        check_json_path(j)?;
     }
     let key = args.auth_key.as_deref().map(read_key).transpose()?;
     let (listen, socks) = if args.listen.is_empty() {
@@ -820,9 +997,9 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
             &mut core,
             &stop,
             duration,
-            |s| {
+            |line| {
                 if !quiet {
-                    eprintln!("rtprobe reflect: new session {} from {}", s.id, s.source);
+                    eprintln!("rtprobe reflect: {line}");
                 }
             },
             |c| {
@@ -865,6 +1042,10 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         c.auth_failed,
         c.send_errors
     );
+    if c.recv_errors > 0 {
+        println!("  receive errors: {} (logged, survived)", c.recv_errors);
+    }
+    println!("  clock: {}", report.clock_line());
     if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
         println!(
             "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs",
@@ -940,11 +1121,11 @@ mod tests {
             stateful,
         });
         c.set_clock(
-            ClockSync {
+            Some(ClockSync {
                 synchronized: true,
                 max_error_ns: 1_000_000,
                 tai_offset_s: 37,
-            },
+            }),
             NOW,
         );
         c
@@ -1121,15 +1302,214 @@ mod tests {
 
     #[test]
     fn tables_stay_bounded_under_a_flood_of_sessions_and_sources() {
-        let mut c = core(ProtocolArg::Rtprobe, None, 1000, false);
-        for i in 0..(MAX_SESSIONS as u64 * 3) {
+        let policy = core(ProtocolArg::Rtprobe, None, 1000, false).policy;
+        let mut c = Core::with_capacity(policy, 64, 128);
+        for i in 0..(64 * 3) {
             let mut b = probe(i, 0, 64);
-            let ip = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 9));
-            c.handle(&mut b, ip, None, None, NOW + i as i64);
+            let ip = SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 9));
+            // A second apart: every bucket has refilled when it is forgotten.
+            c.handle(&mut b, ip, None, None, NOW + i as i64 * 1_000_000_000);
         }
-        assert!(c.sessions_held() <= MAX_SESSIONS);
+        assert_eq!(c.sessions_held(), 64);
+        assert_eq!(c.sources_held(), 128);
+        assert_eq!(c.counters.sessions_evicted, 64 * 2);
+        assert_eq!(c.counters.reflected, 64 * 3);
+    }
+
+    /// Bytes one table entry costs: the LRU's boxed node (key, value, two
+    /// links; rounded up to malloc's 16-byte chunks plus its 8-byte
+    /// header) and the hash table's slot (key pointer, node pointer, one
+    /// control byte) at hashbrown's worst load of 7/16.
+    fn table_memory_per_entry<K, V>() -> usize {
+        let node = size_of::<K>() + size_of::<V>() + 2 * size_of::<usize>();
+        let malloc = (node + 8).div_ceil(16) * 16;
+        let slot = (2 * size_of::<usize>() + 1) * 16 / 7;
+        malloc + slot
+    }
+
+    #[test]
+    fn table_memory_is_what_the_docs_say() {
+        let per_source = table_memory_per_entry::<IpAddr, Bucket>();
+        let per_session = table_memory_per_entry::<(SocketAddr, u64), Session>();
+        eprintln!("bytes per entry: source {per_source}, session {per_session}");
+        assert!(per_source <= 110, "{per_source}");
+        assert!(per_session <= 140, "{per_session}");
+        assert!(per_source * MAX_SOURCES <= 14 << 20);
+        assert!(per_session * MAX_SESSIONS <= 9 << 20);
+    }
+
+    /// 100 k sources, 17 datagrams each in turn within 2 ms, 1/s each: every
+    /// source gets its burst of 16 and no more, and each keeps its own
+    /// bucket (the old 4096-entry table forgot them and gave each a new
+    /// burst: nothing was limited).
+    #[test]
+    fn per_source_limit_holds_at_100k_sources() {
+        const SOURCES: u32 = 100_000;
+        let mut c = core(ProtocolArg::Rtprobe, None, 1, false);
+        let template = probe(1, 0, 32);
+        let mut b = template.clone();
+        let t0 = std::time::Instant::now();
+        for round in 0..17u32 {
+            for i in 0..SOURCES {
+                b.copy_from_slice(&template);
+                let ip = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 9));
+                let now = NOW + (round * SOURCES + i) as i64;
+                c.handle(&mut b, ip, None, None, now);
+            }
+        }
+        let k = &c.counters;
+        eprintln!(
+            "100k sources x 17: {:?}; reflected {} rate_limited {} sources held {}",
+            t0.elapsed(),
+            k.reflected,
+            k.rate_limited,
+            c.sources_held()
+        );
+        assert_eq!(k.reflected, 16 * SOURCES as u64);
+        assert_eq!(k.rate_limited, SOURCES as u64);
+        assert_eq!(c.sources_held(), SOURCES as usize);
         assert!(c.sources_held() <= MAX_SOURCES);
-        assert_eq!(c.counters.sessions_evicted, MAX_SESSIONS as u64 * 2);
+        assert!(c.sessions_held() <= MAX_SESSIONS);
+    }
+
+    /// A full source table takes a new source only in place of one whose
+    /// bucket has refilled; until then the newcomer is refused, so cycling
+    /// through more sources than the table holds earns no extra bursts.
+    #[test]
+    fn a_full_source_table_refuses_newcomers_until_a_bucket_refilled() {
+        let policy = core(ProtocolArg::Rtprobe, None, 10, false).policy;
+        let mut c = Core::with_capacity(policy, 16, 4);
+        let ip = |i: u8| SocketAddr::from(([10, 1, 0, i], 9));
+        for i in 0..4 {
+            // Each spends its whole burst.
+            for seq in 0..16 {
+                let mut b = probe(1, seq, 64);
+                assert!(matches!(
+                    c.handle(&mut b, ip(i), None, None, NOW),
+                    Verdict::Reply { .. }
+                ));
+            }
+        }
+        let mut b = probe(1, 0, 64);
+        assert_eq!(
+            c.handle(&mut b, ip(9), None, None, NOW + 1_000_000_000),
+            Verdict::Drop(Drop::RateLimited),
+            "burst 16 at 10/s: 1.6 s to refill"
+        );
+        let mut b = probe(1, 0, 64);
+        assert!(matches!(
+            c.handle(&mut b, ip(9), None, None, NOW + 2_000_000_000),
+            Verdict::Reply { .. }
+        ));
+        assert_eq!(c.sources_held(), 4);
+        assert_eq!(c.counters.rate_limited, 1);
+    }
+
+    #[test]
+    fn line_limit_shows_per_second_then_counts_the_rest() {
+        let mut l = LineLimit::new(3);
+        assert_eq!(l.roll(NOW), None);
+        let shown = (0..10).filter(|_| l.admit()).count();
+        assert_eq!(shown, 3);
+        assert_eq!(l.roll(NOW + 999_999_999), None, "same second");
+        assert!(!l.admit());
+        assert_eq!(l.roll(NOW + 1_000_000_000), Some(8));
+        assert!(l.admit());
+        assert_eq!(l.take_held_back(), None);
+        assert!(l.admit() && l.admit() && !l.admit());
+        assert_eq!(l.take_held_back(), Some(1));
+        assert_eq!(l.roll(NOW + 2_000_000_000), None, "already reported");
+    }
+
+    #[test]
+    fn an_unknown_clock_is_unsynchronised_and_never_a_small_error() {
+        let huge = |ee: ErrorEstimate| {
+            !ee.synchronized() && ee.to_error_ns().is_some_and(|ns| ns >= 1_000_000_000_000)
+        };
+        let mut c = core(ProtocolArg::Rtprobe, None, 0, false);
+        c.set_clock(None, NOW);
+        let mut b = probe(7, 0, 64);
+        c.handle(&mut b, src(1), None, None, NOW);
+        let (_, ee) = read_rtprobe_state(&b).unwrap();
+        assert!(huge(ee), "{ee:?}");
+
+        let mut c = core(ProtocolArg::Stamp, None, 0, true);
+        c.set_clock(None, NOW);
+        let mut b = Vec::new();
+        SenderPacket {
+            seq: 1,
+            timestamp: Timestamp::from_realtime_ns(NOW, false, 0).unwrap(),
+            error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+            ssid: 1,
+        }
+        .encode(Mode::Unauthenticated, 44, &mut b)
+        .unwrap();
+        c.handle(&mut b, src(1), None, None, NOW);
+        let r = ReflectorPacket::decode(&b, Mode::Unauthenticated).unwrap();
+        assert!(huge(r.error_estimate), "{:?}", r.error_estimate);
+
+        // The report: null and "unsynchronised", never 0.
+        let mut c = core(ProtocolArg::Rtprobe, None, 0, false);
+        c.set_clock(None, clock::realtime_ns());
+        let report = serve(&[], &mut c, &AtomicU8::new(1), None, |_| {}, |_| {}).unwrap();
+        let v = serde_json::to_value(&report).unwrap();
+        assert_eq!(v["clock_max_error_ns"], serde_json::Value::Null);
+        assert_eq!(v["clock_synchronized"], false);
+        assert_eq!(
+            report.clock_line(),
+            "unsynchronised, max error unknown (adjtimex failed)"
+        );
+    }
+
+    /// A reply the kernel refuses counts as a send error (the socket is
+    /// shut down for writing: every send fails with EPIPE), not as sent.
+    #[test]
+    fn refused_replies_count_as_send_errors() {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let port = std::net::UdpSocket::bind(any)
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let at = SocketAddr::from(([127, 0, 0, 1], port));
+        let socks = bind(&[at]).unwrap();
+        // SAFETY: shutdown on an fd the ProbeSocket owns and keeps open.
+        unsafe { libc::shutdown(socks[0].fd(), libc::SHUT_WR) };
+        let client = std::net::UdpSocket::bind(any).unwrap();
+        for seq in 0..3 {
+            client.send_to(&probe(5, seq, 64), at).unwrap();
+        }
+        let mut c = core(ProtocolArg::Rtprobe, None, 0, false);
+        let stop = AtomicU8::new(0);
+        let report = serve(
+            &socks,
+            &mut c,
+            &stop,
+            Some(Duration::from_millis(300)),
+            |_| {},
+            |_| {},
+        )
+        .unwrap();
+        let k = &report.counters;
+        assert_eq!((k.reflected, k.send_errors), (3, 3), "{k:?}");
+    }
+
+    #[test]
+    fn json_path_is_checked_at_start_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = check_json_path(std::path::Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        assert_eq!(e.to_string().lines().count(), 1);
+        let e = check_json_path(&dir.path().join("no/such/r.json")).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let e = check_json_path(std::path::Path::new("/proc/rtprobe-reflect.json")).unwrap_err();
+        assert!(e.to_string().contains("cannot write it"), "{e}");
+        let fresh = dir.path().join("r.json");
+        check_json_path(&fresh).unwrap();
+        assert!(!fresh.exists(), "a check leaves nothing behind");
+        std::fs::write(&fresh, "kept").unwrap();
+        check_json_path(&fresh).unwrap();
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "kept");
     }
 
     proptest::proptest! {

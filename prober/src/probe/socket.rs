@@ -371,6 +371,7 @@ impl ProbeSocket {
         let mut per_send = self.per_send_opt_id.load(Relaxed);
         batch.prepare_echo(idx, per_send.then_some(opt_ids));
         let mut done = 0;
+        let mut failed = 0;
         let mut first_err = None;
         while done < idx.len() {
             // SAFETY: the echo headers point into `batch`'s own buffers.
@@ -395,13 +396,13 @@ impl ProbeSocket {
                     continue;
                 }
                 first_err.get_or_insert(e);
-                // Skip the datagram that failed and go on with the rest.
+                // Skip the datagram that failed (counted) and go on with the rest.
                 done += 1;
+                failed += 1;
             } else {
                 done += r as usize;
             }
         }
-        let failed = idx.len() - done.min(idx.len());
         match first_err {
             Some(e) if failed == idx.len() => Err(e),
             _ => Ok(idx.len() - failed),

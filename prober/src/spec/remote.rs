@@ -179,7 +179,7 @@ pub fn parse_rate(s: &str) -> Result<u32, String> {
 #[serde(deny_unknown_fields)]
 #[command(
     after_help = "Runs until Ctrl-C or SIGTERM (or --duration), prints one line per new \
-    client session and the counters on exit.\n\n\
+    client session (at most 10 a second, then a count of the rest) and the counters on exit.\n\n\
     Examples:\n  \
     rtprobe reflect --listen 0.0.0.0:5061\n  \
     rtprobe reflect --protocol stamp --listen 192.0.2.7:862 --json reflector.json\n  \
@@ -204,7 +204,8 @@ pub struct ReflectArgs {
     #[serde(default, with = "crate::tune::units::humane_duration::option")]
     pub duration: Option<Duration>,
 
-    /// Write the counters (and the session list) as JSON to this file on exit.
+    /// Write the counters (and the session list) as JSON to this file on exit (checked
+    /// writable at start).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
