@@ -485,11 +485,20 @@ impl MetricsServer {
             .enable_time()
             .build()
             .context("the metrics server's runtime")?;
-        let listener = {
+        let listening = {
             let _in = runtime.enter();
-            listen(addr).with_context(|| {
-                format!("--metrics-listen {addr}: cannot listen there (is the port in use? pick another, or port 0 for a free one)")
-            })?
+            listen(addr)
+        };
+        let listener = match listening {
+            Ok(l) => l,
+            Err(e) => {
+                // A runtime dropped the ordinary way panics in an async
+                // context, and a caller may be in one.
+                runtime.shutdown_background();
+                return Err(e).with_context(|| {
+                    format!("--metrics-listen {addr}: cannot listen there (is the port in use? pick another, or port 0 for a free one)")
+                });
+            }
         };
         let addr = listener
             .local_addr()
