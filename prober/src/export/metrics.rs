@@ -1178,12 +1178,12 @@ mod tests {
             .map(|_| TcpStream::connect(addr).unwrap())
             .collect();
         std::thread::sleep(Duration::from_millis(300));
-        let closed: Vec<bool> = held.iter().map(|c| closed_now(c)).collect();
+        let closed: Vec<bool> = held.iter().map(closed_now).collect();
         let early = closed.iter().filter(|&&c| c).count();
         let took = scrape_times(addr, 10);
         let during = t0.elapsed();
         let max = took.iter().max().copied().unwrap_or_default();
-        let after: Vec<bool> = held.iter().map(|c| closed_now(c)).collect();
+        let after: Vec<bool> = held.iter().map(closed_now).collect();
         let closed_after = after.iter().filter(|&&c| c).count();
         eprintln!(
             "cap {MAX_CONNECTIONS}: {} connections opened, {early} closed within 300 ms \
