@@ -5,6 +5,8 @@
 //! root for the testbed; run by `cargo xtask test` with `--ignored
 //! --test-threads=1`. Without the prometheus binary it prints SKIPPED, and
 //! fails under CI=true (`cargo xtask setup` installs it).
+//! The check that a rejected run never binds its metrics port needs
+//! neither root nor Prometheus.
 
 mod common;
 
@@ -192,4 +194,71 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     let (meta, _) = read_csv(&csv);
     let _sweep = NsSweep(meta.testbed_id.clone());
     assert!(namespaces_of(&meta.testbed_id).is_empty());
+}
+
+/// Issue 18: `--metrics-listen` bound its port before the run's own option
+/// checks rejected it. With the port taken by this test, a run that binds
+/// first says the port is in use; one that checks first names the bad
+/// option. No root: `--target` runs need none, and nothing is sent.
+#[test]
+fn a_rejected_run_never_binds_its_metrics_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let key = dir.path().join("key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(bin())
+            .args(["--quiet", "--count", "1"])
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--out")
+            .arg(dir.path().join("out.csv"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let in_use = "cannot listen there";
+    // The control: a valid run does try the port, and is told it is taken.
+    let (code, err) = run(&["--target", "127.0.0.1:9"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains(in_use), "a valid run binds: {err}");
+    let key = key.to_str().unwrap();
+    for (bad, says) in [
+        (
+            &["--target", "127.0.0.1:9", "--xdp-mode", "native"][..],
+            "--xdp-mode",
+        ),
+        (
+            &["--target", "127.0.0.1:9", "--timestamps", "hardware"],
+            "--timestamps",
+        ),
+        (
+            &["--target", "127.0.0.1:9", "--auth-key", key],
+            "--auth-key",
+        ),
+        (&["--target", "127.0.0.1:0"], "port 0"),
+        (
+            &[
+                "--target",
+                "127.0.0.1:9",
+                "--protocol",
+                "stamp",
+                "--auth-key",
+                "/nonexistent/k",
+            ],
+            "key file",
+        ),
+    ] {
+        let (code, err) = run(bad);
+        eprintln!("{bad:?}: exit {code:?}: {}", err.trim());
+        assert_ne!(code, Some(0), "{bad:?}");
+        assert!(err.contains(says), "{bad:?} names the option: {err}");
+        assert!(!err.contains(in_use), "{bad:?} bound the port first: {err}");
+    }
 }

@@ -257,6 +257,8 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     if opts.remote.target.is_none() {
         crate::testbed::require_root()?;
     }
+    // Every option is checked before --metrics-listen binds its port.
+    crate::runner::check(&opts)?;
     let quiet = opts.quiet;
     let outcome = with_signals(quiet, move |stop| {
         let bar = progress_bar(&opts);

@@ -36,6 +36,37 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
     Ok(())
 }
 
+/// The checks of a run's options that the spec's validator leaves to the
+/// run (they span the remote and testbed options, read the key file,
+/// resolve the target). Callers run it before they start anything that
+/// outlives a rejection, the `--metrics-listen` server first: a bad option
+/// must never leave a port listening. [`execute`] runs it again, so a
+/// caller that forgets still gets the error, only later.
+pub fn check(opts: &RunOptions) -> Result<()> {
+    let remote = &opts.remote;
+    remote.check()?;
+    if remote.target.is_some() {
+        crate::probe::remote::check_target_options(opts)?;
+        remote.target_addr(remote.port(opts.probe.port))?;
+    } else {
+        if remote.protocol() == ProtocolArg::Stamp && !opts.extra_flows.is_empty() {
+            bail!("--flow works with the rtprobe protocol only: drop --flow or --protocol stamp");
+        }
+        if opts.tx_if.is_some() != opts.rx_if.is_some() {
+            bail!("NIC-pair mode needs both --tx-if and --rx-if");
+        }
+        if remote.auth_key.is_some() && opts.reflector == Some(ReflectorKind::Kernel) {
+            bail!(
+                "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user"
+            );
+        }
+    }
+    if let Some(path) = &remote.auth_key {
+        crate::spec::remote::read_key(path)?;
+    }
+    Ok(())
+}
+
 /// Runs one probe session as `opts` says; `live` shows and serves it
 /// while it runs.
 pub fn execute(
@@ -43,21 +74,18 @@ pub fn execute(
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
+    check(opts)?;
     // `--target` probes a remote reflector (no testbed); `--protocol stamp`
     // sends STAMP through the testbed.
     let remote = &opts.remote;
     if remote.target.is_some() {
         return crate::probe::remote::execute(opts, remote, stop, live);
     }
-    remote.check()?;
-    if remote.protocol() == ProtocolArg::Stamp && !opts.extra_flows.is_empty() {
-        bail!("--flow works with the rtprobe protocol only: drop --flow or --protocol stamp");
-    }
     crate::testbed::require_root()?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
         (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
         (None, None) => Testbed::veth()?,
-        _ => bail!("NIC-pair mode needs both --tx-if and --rx-if"),
+        _ => bail!("internal: NIC-pair mode without both interfaces passed `check`"),
     };
     log::info!(
         "testbed {} ready: namespaces {}",
@@ -101,11 +129,6 @@ fn probe_on(
         .as_deref()
         .map(crate::spec::remote::read_key)
         .transpose()?;
-    if key.is_some() && opts.reflector == Some(ReflectorKind::Kernel) {
-        bail!(
-            "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user"
-        );
-    }
     let user_only = key.is_some().then_some(ReflectorKind::User);
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;
@@ -482,6 +505,8 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         let opts = &cell.run;
         // The cell's live outputs: metrics (served while it runs), HDR log
         // and CSV rotation as the scenario asks; no lines, no bar of its own.
+        // Before the metrics server binds: a rejected cell leaves no port.
+        check(opts)?;
         let mut live =
             crate::export::live::Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
         let out = execute(opts, self.stop, &mut live)?;

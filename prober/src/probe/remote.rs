@@ -903,6 +903,9 @@ pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
     if opts.xdp_mode != crate::ebpf::XdpMode::Auto {
         bail!("--xdp-mode sets the testbed's router; with --target there is none");
     }
+    if opts.probe.timestamps == crate::probe::TimestampSource::Hardware {
+        bail!("--timestamps hardware is for testbed runs; with --target use software or auto");
+    }
     let mut k = opts.knobs.clone();
     (k.rt_priority, k.mlockall, k.pin_cpu, k.cpu_dma_latency) = (None, None, None, None);
     if !k.is_empty() {
@@ -968,9 +971,6 @@ pub fn execute(
         knobs: Default::default(),
         extra_flows: Vec::new(),
     };
-    if cfg.timestamps == crate::probe::TimestampSource::Hardware {
-        bail!("--timestamps hardware is for testbed runs; with --target use software or auto");
-    }
     let mut csv = CsvWriter::create_rotated(&opts.out, &meta, opts.continuous.rotation)?;
     live.set_run(&meta);
     let mut observer = live.main_observer(&cfg, &addr.to_string(), &meta)?;
