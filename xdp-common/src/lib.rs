@@ -417,7 +417,7 @@ pub enum ReflectorOutcome {
     /// MAC other than its own (broadcast, multicast, another host's) or a
     /// destination IP that is not one of its addresses.
     NotForUs = 7,
-    /// XDP_PASS of a probe whose source could not take a unicast reply:
+    /// XDP_DROP of a probe whose source could not take a unicast reply:
     /// a group (broadcast/multicast) source MAC, or a source IP that is
     /// broadcast (255.255.255.255, a subnet broadcast of the interface),
     /// multicast, loopback, unspecified, reserved, or one of the

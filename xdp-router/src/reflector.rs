@@ -25,7 +25,10 @@
 //! unicast reply: not a group MAC, not broadcast (limited or a subnet's),
 //! multicast, loopback, unspecified or one of its own addresses. User
 //! space fills both maps before attaching; empty, nothing is answered.
-//! The rest pass to the kernel, counted as `not_for_us` / `bad_source`.
+//! Probes to another MAC or address pass to the kernel, counted as
+//! `not_for_us`; probes from a bad source are dropped, counted as
+//! `bad_source` (the kernel would hand some, a subnet broadcast source,
+//! to `rtprobe reflect`'s socket on the same port).
 //!
 //! Rate limits (load-time globals; zero interval: none): a token bucket per
 //! source address in an LRU hash (`REFLECTOR_SOURCES`), then one global
@@ -341,9 +344,9 @@ fn classify<const OFF: usize>(
 /// answered: addressed to this interface's MAC and one of its addresses,
 /// from a unicast source that is none of them, within the source's rate
 /// and the global cap. `Err` is the (counted) action of a refusal:
-/// XDP_PASS of a frame not for the reflector (the kernel drops martian
-/// sources itself and delivers broadcasts only to sockets that asked),
-/// XDP_DROP of a probe over a limit.
+/// XDP_PASS of a frame for another host or address (the kernel forwards or
+/// drops it as it would without the reflector), XDP_DROP of a probe from a
+/// bad source or over a limit.
 #[inline(always)]
 fn admit(
     eth: *const EthHdr,
@@ -367,8 +370,14 @@ fn admit(
     // A group MAC (bit 0 of the first byte: broadcast, multicast) or an
     // address of ours (or a subnet broadcast) as source would turn the
     // reply into a broadcast or send it to ourselves.
+    // Dropped, not passed: the kernel would deliver some of them (a subnet
+    // broadcast source is no martian) to a user-space reflector.
     if src_mac[0] & 1 != 0 || src_bad || REFLECTOR_ADDRS.get_ptr(src).is_some() {
-        return refuse(ReflectorOutcome::BadSource);
+        return Err(count(
+            ReflectorOutcome::BadSource,
+            len,
+            xdp_action::XDP_DROP,
+        ));
     }
     // SAFETY: read-only globals, volatile as above.
     let (source, global) = unsafe {
