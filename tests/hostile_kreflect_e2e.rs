@@ -49,6 +49,21 @@ fn prepare_peer(p: &Pair) {
     ));
 }
 
+/// `rtprobe reflect --kernel` in B, once its XDP program is on B's veth
+/// (it fills in B's MAC and addresses before attaching): a loaded machine
+/// can take longer than [`Reflector::start`]'s wait, and a probe before
+/// that would reach the user-space reflector.
+fn start_kernel_reflector(p: &Pair, args: &[&str]) -> Reflector {
+    let r = Reflector::start(p, args);
+    sh_ok(&format!(
+        "for i in $(seq 100); do ip -n {b} link show {vb} | grep -q 'prog/xdp' && exit 0; \
+         sleep 0.05; done; echo 'no XDP program on {vb}' >&2; exit 1",
+        b = p.b,
+        vb = p.vb
+    ));
+    r
+}
+
 fn rx_packets(ns: &str, dev: &str) -> u64 {
     sh_ok(&format!(
         "ip netns exec {ns} cat /sys/class/net/{dev}/statistics/rx_packets"
@@ -74,7 +89,7 @@ fn flood(sources: u32, secs: f64, args: &[&str]) -> Flood {
     let listen = format!("{B_IP}:{PORT}");
     let mut all = vec!["--kernel", "--listen", &listen, "-q"];
     all.extend_from_slice(args);
-    let r = Reflector::start(&p, &all);
+    let r = start_kernel_reflector(&p, &all);
     let payload = probe_payload();
     let dst: SocketAddrV4 = listen.parse().unwrap();
     let rx0 = rx_packets(&p.a, &p.va);
@@ -350,7 +365,7 @@ fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
     }
     let p = Pair::new();
     prepare_peer(&p);
-    let r = Reflector::start(
+    let r = start_kernel_reflector(
         &p,
         &["--kernel", "--listen", &format!("{B_IP}:{PORT}"), "-q"],
     );
