@@ -418,7 +418,10 @@ fn choose_reflector(
     const KERNEL_LOSS_NOTE: &str = "the in-kernel reflector answers without a socket: a probe \
         counts as arrived when its echo comes back, so loss on the way out and on the way back \
         cannot be told apart (echoes lost is always 0)";
-    let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE});
+    // No rate limit (see `XdpSetup::attach_reflector`): said in the summary.
+    const KERNEL_LIMIT_NOTE: &str = "none: the testbed's reflector answers only the testbed's \
+        own sender, at the run's rate";
+    let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE, "rate_limit": KERNEL_LIMIT_NOTE});
     let path_ok = xdp.reflector_replies_get_through(testbed);
     const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
         the veth testbed's router, where rtprobe does not prepare the peer to take the \

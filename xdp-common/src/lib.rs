@@ -225,6 +225,150 @@ pub const STAMP_PORT_GLOBAL: &str = "STAMP_PORT";
 /// `u32` global: ifindex the reflector sends its replies out of by
 /// `bpf_redirect` (its own interface); 0 sends them with XDP_TX.
 pub const REPLY_IFINDEX_GLOBAL: &str = "REPLY_IFINDEX";
+/// ARRAY of one [`ReflectorIface`]: the MAC frames must be addressed to.
+/// All zero (as loaded) answers nothing.
+pub const REFLECTOR_IFACE_MAP: &str = "REFLECTOR_IFACE";
+/// HASH of [`AddrKey`] -> [`AddrKind`] as `u8`: the interface's own
+/// addresses (the only destinations answered, never a source) and its
+/// IPv4 subnets' broadcast and network addresses (never a source).
+pub const REFLECTOR_ADDRS_MAP: &str = "REFLECTOR_ADDRS";
+/// Capacity of [`REFLECTOR_ADDRS_MAP`].
+pub const REFLECTOR_ADDRS_MAX: u32 = 256;
+/// LRU_HASH of [`AddrKey`] -> `u64`: each source's token bucket, kept as
+/// the GCRA's theoretical arrival time in `bpf_ktime_get_ns` ns (see
+/// [`Gcra::admit`]).
+pub const REFLECTOR_SOURCES_MAP: &str = "REFLECTOR_SOURCES";
+/// Capacity of [`REFLECTOR_SOURCES_MAP`]: sources tracked at once. A flood
+/// from more sources evicts the least recently seen, whose next probe
+/// starts with a full burst again; the global cap bounds that case.
+pub const REFLECTOR_SOURCES_MAX: u32 = 65_536;
+/// ARRAY of one `u64`: the global bucket's theoretical arrival time.
+pub const REFLECTOR_GLOBAL_MAP: &str = "REFLECTOR_GLOBAL";
+/// `u64` globals: the per-source limit as a [`Gcra`] (0 interval: none).
+pub const SOURCE_INTERVAL_GLOBAL: &str = "SOURCE_INTERVAL_NS";
+pub const SOURCE_TOLERANCE_GLOBAL: &str = "SOURCE_TOLERANCE_NS";
+/// `u64` globals: the global cap as a [`Gcra`] (0 interval: none).
+pub const GLOBAL_INTERVAL_GLOBAL: &str = "GLOBAL_INTERVAL_NS";
+pub const GLOBAL_TOLERANCE_GLOBAL: &str = "GLOBAL_TOLERANCE_NS";
+
+/// The interface the reflector answers for, the one entry of
+/// [`REFLECTOR_IFACE_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReflectorIface {
+    pub mac: [u8; 6],
+    /// Explicit padding to 8 bytes, zero.
+    pub _pad: [u8; 2],
+}
+
+// SAFETY: 8 bytes, no implicit padding, every bit pattern valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ReflectorIface {}
+
+/// An address as a map key: IPv6 as is, IPv4 as IPv4-mapped IPv6
+/// (`::ffff:a.b.c.d`), so one map holds both families.
+pub type AddrKey = [u8; 16];
+
+/// The key of an IPv4 address (network byte order).
+#[inline(always)]
+pub const fn addr_key_v4(a: [u8; 4]) -> AddrKey {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+    ]
+}
+
+/// What an entry of [`REFLECTOR_ADDRS_MAP`] is.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddrKind {
+    /// One of the interface's addresses: answered as destination.
+    Own = 1,
+    /// A subnet's broadcast or network address: never answered.
+    Broadcast = 2,
+}
+
+/// An IPv4 source no unicast reply may go to: "this network" 0/8
+/// (unspecified), loopback 127/8, multicast 224/4, reserved 240/4 and the
+/// limited broadcast 255.255.255.255 in it.
+#[inline(always)]
+pub const fn ipv4_bad_source(a: [u8; 4]) -> bool {
+    a[0] == 0 || a[0] == 127 || a[0] >= 224
+}
+
+/// An IPv6 source no unicast reply may go to: unspecified `::`, loopback
+/// `::1`, multicast ff00::/8, and IPv4-mapped ::ffff:0:0/96 (never on the
+/// wire, RFC 4291 §2.5.5.2).
+#[inline(always)]
+pub fn ipv6_bad_source(a: &[u8; 16]) -> bool {
+    if a[0] == 0xff {
+        return true;
+    }
+    let mut i = 0;
+    while i < 10 {
+        if a[i] != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    let (w5, w6, w7) = (
+        u16::from_be_bytes([a[10], a[11]]),
+        u16::from_be_bytes([a[12], a[13]]),
+        u16::from_be_bytes([a[14], a[15]]),
+    );
+    w5 == 0xffff || (w5 == 0 && w6 == 0 && w7 <= 1)
+}
+
+/// A token bucket as the GCRA (ITU-T I.371 virtual scheduling) keeps it:
+/// one word, the theoretical arrival time (TAT) of the next conforming
+/// packet, instead of a token count and a time. One word is what lets many
+/// CPUs share a bucket with one compare-and-swap. Integers only.
+///
+/// A packet at `now` conforms when `TAT - now <= tolerance`; it then moves
+/// TAT to `max(TAT, now) + interval`. With `interval = ceil(1 s / rate)`
+/// and `tolerance = (burst - 1) * interval`, any window of `S` seconds
+/// admits at most `burst + S / interval <= burst + rate * S` packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gcra {
+    /// ns per token (0: no limit).
+    pub interval_ns: u64,
+    /// How far TAT may run ahead of now: `(burst - 1)` intervals.
+    pub tolerance_ns: u64,
+}
+
+impl Gcra {
+    /// `rate_pps` packets a second with bursts of `burst` (at least 1);
+    /// `rate_pps` 0 is no limit. The interval is rounded up, so the rate
+    /// never comes out higher than asked.
+    pub const fn per_second(rate_pps: u32, burst: u32) -> Self {
+        if rate_pps == 0 {
+            return Gcra {
+                interval_ns: 0,
+                tolerance_ns: 0,
+            };
+        }
+        let interval_ns = 1_000_000_000u64.div_ceil(rate_pps as u64);
+        let burst = if burst == 0 { 1 } else { burst };
+        Gcra {
+            interval_ns,
+            tolerance_ns: (burst as u64 - 1) * interval_ns,
+        }
+    }
+
+    /// The new TAT if a packet at `now_ns` conforms to a bucket whose TAT
+    /// is `tat_ns` (0: a fresh bucket, full), else None. No limit admits
+    /// everything and leaves TAT as it is.
+    #[inline(always)]
+    pub const fn admit(self, tat_ns: u64, now_ns: u64) -> Option<u64> {
+        if self.interval_ns == 0 {
+            return Some(tat_ns);
+        }
+        if tat_ns > now_ns && tat_ns - now_ns > self.tolerance_ns {
+            return None;
+        }
+        let base = if tat_ns > now_ns { tat_ns } else { now_ns };
+        Some(base + self.interval_ns)
+    }
+}
 
 /// rtprobe payload (see rtprobe's `probe/packet.rs`): magic, version, flags.
 pub const RTPB_MAGIC: [u8; 4] = *b"RTPB";
@@ -269,10 +413,25 @@ pub enum ReflectorOutcome {
     NoRoomForTimes = 5,
     /// XDP_PASS of anything that is neither IPv4 nor IPv6 (ARP, VLAN...).
     NotIp = 6,
+    /// XDP_PASS of a probe not addressed to this interface: a destination
+    /// MAC other than its own (broadcast, multicast, another host's) or a
+    /// destination IP that is not one of its addresses.
+    NotForUs = 7,
+    /// XDP_DROP of a probe whose source could not take a unicast reply:
+    /// a group (broadcast/multicast) source MAC, or a source IP that is
+    /// broadcast (255.255.255.255, a subnet broadcast of the interface),
+    /// multicast, loopback, unspecified, reserved, or one of the
+    /// interface's own addresses.
+    BadSource = 8,
+    /// XDP_DROP of a probe over its source's `--rate-limit` (dropped, so
+    /// that no user-space reflector on the port answers it either).
+    RateLimited = 9,
+    /// XDP_DROP of a probe over the reflector's global cap on replies.
+    GlobalLimited = 10,
 }
 
 /// Number of [`ReflectorOutcome`]s (the size of [`REFLECTOR_COUNTERS_MAP`]).
-pub const REFLECTOR_OUTCOME_COUNT: u32 = 7;
+pub const REFLECTOR_OUTCOME_COUNT: u32 = 11;
 
 impl ReflectorOutcome {
     pub const ALL: [ReflectorOutcome; REFLECTOR_OUTCOME_COUNT as usize] = [
@@ -283,6 +442,10 @@ impl ReflectorOutcome {
         ReflectorOutcome::Malformed,
         ReflectorOutcome::NoRoomForTimes,
         ReflectorOutcome::NotIp,
+        ReflectorOutcome::NotForUs,
+        ReflectorOutcome::BadSource,
+        ReflectorOutcome::RateLimited,
+        ReflectorOutcome::GlobalLimited,
     ];
 
     pub const fn index(self) -> u32 {
@@ -299,6 +462,10 @@ impl ReflectorOutcome {
             ReflectorOutcome::Malformed => "malformed",
             ReflectorOutcome::NoRoomForTimes => "no_room_for_times",
             ReflectorOutcome::NotIp => "not_ip",
+            ReflectorOutcome::NotForUs => "not_for_us",
+            ReflectorOutcome::BadSource => "bad_source",
+            ReflectorOutcome::RateLimited => "rate_limited",
+            ReflectorOutcome::GlobalLimited => "global_limited",
         }
     }
 }
@@ -679,6 +846,97 @@ mod tests {
             }
         }
         assert_eq!(core::mem::size_of::<ReflectorClock>(), 16);
+    }
+
+    #[test]
+    fn bad_sources() {
+        for a in [
+            [0, 0, 0, 0],
+            [0, 1, 2, 3],
+            [127, 0, 0, 1],
+            [224, 0, 0, 1],
+            [239, 255, 255, 250],
+            [240, 0, 0, 1],
+            [255, 255, 255, 255],
+        ] {
+            assert!(ipv4_bad_source(a), "{a:?}");
+        }
+        for a in [
+            [10, 77, 0, 1],
+            [192, 0, 2, 255],
+            [1, 1, 1, 1],
+            [223, 255, 255, 254],
+        ] {
+            assert!(!ipv4_bad_source(a), "{a:?}");
+        }
+        let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        for a in ["::", "::1", "ff02::1", "ff05::2", "::ffff:10.0.0.1"] {
+            assert!(ipv6_bad_source(&v6(a)), "{a}");
+        }
+        for a in [
+            "fd77::1",
+            "fe80::1",
+            "2001:db8::2",
+            "::2",
+            "::1:0:0:1",
+            "64:ff9b::a00:1",
+        ] {
+            assert!(!ipv6_bad_source(&v6(a)), "{a}");
+        }
+        assert_eq!(addr_key_v4([10, 0, 0, 1]), v6("::ffff:10.0.0.1"));
+    }
+
+    #[test]
+    fn gcra_burst_then_rate() {
+        let g = Gcra::per_second(10, 3);
+        assert_eq!(g.interval_ns, 100_000_000);
+        let t0 = 5_000_000_000u64;
+        let mut tat = 0;
+        let mut ok = 0;
+        for _ in 0..10 {
+            if let Some(t) = g.admit(tat, t0) {
+                tat = t;
+                ok += 1;
+            }
+        }
+        assert_eq!(ok, 3, "a full bucket gives the burst at once");
+        assert_eq!(g.admit(tat, t0 + 99_999_999), None);
+        assert!(
+            g.admit(tat, t0 + 100_000_000).is_some(),
+            "one token a tenth"
+        );
+        assert_eq!(
+            Gcra::per_second(0, 5).admit(u64::MAX - 1, 0),
+            Some(u64::MAX - 1)
+        );
+        // A rate that does not divide a second: rounded to fewer, not more.
+        assert_eq!(Gcra::per_second(3, 1).interval_ns, 333_333_334);
+    }
+
+    proptest! {
+        /// Whatever the arrivals, a window of S ns admits at most
+        /// burst + rate * S / 1e9 packets.
+        #[test]
+        fn gcra_never_admits_more_than_rate_and_burst(
+            rate in 1u32..2_000_000, burst in 1u32..100,
+            gaps in proptest::collection::vec(0u64..3_000_000, 1..400),
+        ) {
+            let g = Gcra::per_second(rate, burst);
+            let mut tat = 0u64;
+            let mut now = 1_000_000_000u64;
+            let start = now;
+            let mut admitted = 0u64;
+            for gap in gaps {
+                now += gap;
+                if let Some(t) = g.admit(tat, now) {
+                    tat = t;
+                    admitted += 1;
+                }
+            }
+            let span = now - start;
+            let bound = burst as u128 + (rate as u128 * span as u128) / 1_000_000_000;
+            prop_assert!(admitted as u128 <= bound, "{admitted} > {bound}");
+        }
     }
 
     #[test]

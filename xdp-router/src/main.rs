@@ -24,6 +24,10 @@
 //! build-ebpf`); on the host it type-checks and its `main` says so.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// BPF_CMPXCHG for the reflector's rate limit (see `reflector::compare_and_swap`);
+// the eBPF crate is only built with its pinned nightly.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 mod busy;
 mod reflector;

@@ -19,6 +19,28 @@
 //! Every frame is counted per outcome in a per-CPU array; nothing is logged
 //! per packet.
 //!
+//! Only probes addressed to the interface are answered: destination MAC
+//! the interface's own (`REFLECTOR_IFACE`), destination IP one of its
+//! addresses (`REFLECTOR_ADDRS`), and from a source that can take a
+//! unicast reply: not a group MAC, not broadcast (limited or a subnet's),
+//! multicast, loopback, unspecified or one of its own addresses. User
+//! space fills both maps before attaching; empty, nothing is answered.
+//! Probes to another MAC or address pass to the kernel, counted as
+//! `not_for_us`; probes from a bad source are dropped, counted as
+//! `bad_source` (the kernel would hand some, a subnet broadcast source,
+//! to `rtprobe reflect`'s socket on the same port).
+//!
+//! Rate limits (load-time globals; zero interval: none): a token bucket per
+//! source address in an LRU hash (`REFLECTOR_SOURCES`), then one global
+//! bucket (`REFLECTOR_GLOBAL`), both as GCRA theoretical arrival times in
+//! `bpf_ktime_get_ns` (monotonic) ns: integers only, one word per bucket.
+//! Every CPU shares them; a token is taken by one BPF_CMPXCHG of the word
+//! it read, so a concurrent update makes the swap fail and the probe is
+//! refused (after one retry): races only ever refuse more, and no window
+//! of S seconds gets more than `burst + rate * S` replies from one bucket.
+//! Probes over a limit are dropped (XDP_DROP), counted as `rate_limited` /
+//! `global_limited`.
+//!
 //! Checksums: swapping addresses and ports leaves both sums unchanged (the
 //! same words, reordered; the IPv6 pseudo-header too). The IPv4 checksum is
 //! updated incrementally for the TTL word (IPv6 has none, and the hop limit
@@ -34,21 +56,23 @@
 //! `REFLECTOR_CLOCK` (a leap second changes it).
 //!
 //! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX, bpf_redirect), bpf_ktime_get_tai_ns
-//! (6.1), per-CPU arrays, read-only global data set at load time (5.2).
-//! Minimum kernel: 6.1.
+//! (6.1), bpf_ktime_get_ns, per-CPU arrays, HASH and LRU_HASH maps, BPF_CMPXCHG on map
+//! values (5.12), read-only global data set at load time (5.2). Minimum kernel: 6.1.
 
 use aya_ebpf::{
-    bindings::xdp_action,
-    helpers::{bpf_ktime_get_tai_ns, bpf_redirect},
+    bindings::{BPF_NOEXIST, xdp_action},
+    helpers::{bpf_ktime_get_ns, bpf_ktime_get_tai_ns, bpf_redirect},
     macros::{map, xdp},
-    maps::{Array, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
 use xdp_common::{
-    Counter, CsumDelta, REFLECT_TTL, REFLECTOR_OUTCOME_COUNT, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
+    AddrKey, AddrKind, Counter, CsumDelta, Gcra, REFLECT_TTL, REFLECTOR_ADDRS_MAX,
+    REFLECTOR_OUTCOME_COUNT, REFLECTOR_SOURCES_MAX, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
     RTPB_KTIMES_MIN_LEN, RTPB_KTIMES_OFFSET, RTPB_MAGIC, RTPB_VERSION, ReflectorClock,
-    ReflectorOutcome, STAMP_UNAUTH_LEN, csum_replace2, realtime_ns_to_ntp, rtpb_mark_echo,
-    rtpb_write_times, stamp_reflect,
+    ReflectorIface, ReflectorOutcome, STAMP_UNAUTH_LEN, addr_key_v4, csum_replace2,
+    ipv4_bad_source, ipv6_bad_source, realtime_ns_to_ntp, rtpb_mark_echo, rtpb_write_times,
+    stamp_reflect,
 };
 
 use crate::{
@@ -66,6 +90,35 @@ static STAMP_PORT: u16 = 0;
 /// Interface to redirect replies to (its own), set at load time; 0: XDP_TX.
 #[unsafe(no_mangle)]
 static REPLY_IFINDEX: u32 = 0;
+
+/// The per-source limit (see [`Gcra`]), set at load time; interval 0: none.
+#[unsafe(no_mangle)]
+static SOURCE_INTERVAL_NS: u64 = 0;
+#[unsafe(no_mangle)]
+static SOURCE_TOLERANCE_NS: u64 = 0;
+/// The global cap on replies, set at load time; interval 0: none.
+#[unsafe(no_mangle)]
+static GLOBAL_INTERVAL_NS: u64 = 0;
+#[unsafe(no_mangle)]
+static GLOBAL_TOLERANCE_NS: u64 = 0;
+
+/// The interface's MAC, filled by user space before attaching (all zero:
+/// nothing is answered).
+#[map(name = "REFLECTOR_IFACE")]
+static REFLECTOR_IFACE: Array<ReflectorIface> = Array::with_max_entries(1, 0);
+
+/// The interface's addresses and its subnets' broadcasts ([`AddrKind`]).
+#[map(name = "REFLECTOR_ADDRS")]
+static REFLECTOR_ADDRS: HashMap<AddrKey, u8> = HashMap::with_max_entries(REFLECTOR_ADDRS_MAX, 0);
+
+/// Each source's bucket (GCRA theoretical arrival time, monotonic ns).
+#[map(name = "REFLECTOR_SOURCES")]
+static REFLECTOR_SOURCES: LruHashMap<AddrKey, u64> =
+    LruHashMap::with_max_entries(REFLECTOR_SOURCES_MAX, 0);
+
+/// The global bucket.
+#[map(name = "REFLECTOR_GLOBAL")]
+static REFLECTOR_GLOBAL: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map(name = "REFLECTOR_COUNTERS")]
 static REFLECTOR_COUNTERS: PerCpuArray<Counter> =
@@ -148,8 +201,19 @@ fn reflect_ipv4(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) ->
     if udp_len < UDP_HLEN || udp_len > tot_len - IPV4_HLEN {
         return Err(malformed(ctx, len));
     }
+    let payload_len = udp_len - UDP_HLEN;
+    let kind = classify::<PAYLOAD_OFF_V4>(ctx, uh, payload_len, len)?;
+    let src = [hdr[12], hdr[13], hdr[14], hdr[15]];
+    let dst = [hdr[16], hdr[17], hdr[18], hdr[19]];
+    admit(
+        eth,
+        &addr_key_v4(dst),
+        &addr_key_v4(src),
+        ipv4_bad_source(src),
+        len,
+    )?;
     let (delta, outcome) =
-        reflect_payload::<PAYLOAD_OFF_V4>(ctx, uh, udp_len - UDP_HLEN, hdr[8], rx_tai_ns, len)?;
+        rewrite::<PAYLOAD_OFF_V4>(ctx, kind, payload_len, hdr[8], rx_tai_ns, len)?;
     // Fresh TTL, with the IP checksum updated for its word.
     let ip_check = u16::from_be_bytes([hdr[10], hdr[11]]);
     let new_ip_check = csum_replace2(
@@ -197,8 +261,15 @@ fn reflect_ipv6(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) ->
     if udp_len < UDP_HLEN || udp_len > payload_len || (uh[6] == 0 && uh[7] == 0) {
         return Err(malformed(ctx, len));
     }
+    let payload_len = udp_len - UDP_HLEN;
+    let kind = classify::<PAYLOAD_OFF_V6>(ctx, uh, payload_len, len)?;
+    let mut src: AddrKey = [0; 16];
+    let mut dst: AddrKey = [0; 16];
+    src.copy_from_slice(&hdr[8..24]);
+    dst.copy_from_slice(&hdr[24..40]);
+    admit(eth, &dst, &src, ipv6_bad_source(&src), len)?;
     let (delta, outcome) =
-        reflect_payload::<PAYLOAD_OFF_V6>(ctx, uh, udp_len - UDP_HLEN, hdr[7], rx_tai_ns, len)?;
+        rewrite::<PAYLOAD_OFF_V6>(ctx, kind, payload_len, hdr[7], rx_tai_ns, len)?;
     // Fresh hop limit (no header checksum, not in the pseudo-header).
     hdr[7] = REFLECT_TTL;
     // Source and destination address: bytes 8..24 and 24..40.
@@ -215,19 +286,24 @@ fn reflect_ipv6(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) ->
     Ok(reply(eth, uh, new, outcome, len))
 }
 
-/// Turns the payload at `OFF` (after the UDP header `uh`) into the reply:
-/// an rtprobe probe to the probe port, a STAMP session-sender packet to the
-/// STAMP port (`ttl`: the one it arrived with). Returns the payload's
-/// checksum change; `Err` is the action for a frame it does not answer.
+/// What an answerable payload is.
+#[derive(Clone, Copy)]
+enum Kind {
+    Rtprobe,
+    Stamp,
+}
+
+/// Whether the payload at `OFF` (after the UDP header `uh`) is one the
+/// reflector answers: an rtprobe probe to the probe port, a STAMP
+/// session-sender packet to the STAMP port. Reads only; `Err` is the
+/// (counted) action for a frame it does not answer.
 #[inline(always)]
-fn reflect_payload<const OFF: usize>(
+fn classify<const OFF: usize>(
     ctx: &XdpContext,
     uh: &UdpHdr,
     payload_len: usize,
-    ttl: u8,
-    rx_tai_ns: i64,
     len: u64,
-) -> Result<(CsumDelta, ReflectorOutcome), u32> {
+) -> Result<Kind, u32> {
     let not_ours = |o| Err(count(o, len, xdp_action::XDP_PASS));
     let dport = u16::from_be_bytes([uh[2], uh[3]]);
     // SAFETY: read-only globals; volatile so the compiler does not fold
@@ -238,59 +314,246 @@ fn reflect_payload<const OFF: usize>(
             core::ptr::read_volatile(&STAMP_PORT),
         )
     };
-    let clock = REFLECTOR_CLOCK.get(0).copied().unwrap_or_default();
-    let rx_ns = rx_tai_ns + clock.tai_to_realtime_ns;
     if dport == probe_port && probe_port != 0 {
         if payload_len < RTPB_HEADER_LEN {
             return not_ours(ReflectorOutcome::NotProbe);
         }
-        let p: *mut [u8; RTPB_HEADER_LEN] = ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
+        let p: *const [u8; RTPB_HEADER_LEN] =
+            ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
         // SAFETY: inside the frame (checked by ptr_at).
-        let probe = unsafe { &mut *p };
+        let probe = unsafe { &*p };
         if probe[0..4] != RTPB_MAGIC || probe[4] != RTPB_VERSION {
             return not_ours(ReflectorOutcome::NotProbe);
         }
         if probe[5] & RTPB_FLAG_ECHO != 0 {
             return not_ours(ReflectorOutcome::Echo);
         }
-        if payload_len >= RTPB_KTIMES_MIN_LEN {
-            let t: *mut [u8; 16] =
-                ptr_at(ctx, OFF + RTPB_KTIMES_OFFSET).ok_or_else(|| malformed(ctx, len))?;
-            let d = rtpb_mark_echo(probe, true);
-            // SAFETY: ktime helper; t is inside the frame (checked by ptr_at).
-            let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
-            let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
-            Ok((d.merge(w), ReflectorOutcome::ReflectedRtprobe))
-        } else {
-            if crate::log_rare() {
-                debug!(
-                    ctx,
-                    "reflector: {}-byte probe has no room for kernel times", payload_len
-                );
-            }
-            count(ReflectorOutcome::NoRoomForTimes, len, 0);
-            Ok((
-                rtpb_mark_echo(probe, false),
-                ReflectorOutcome::ReflectedRtprobe,
-            ))
-        }
+        Ok(Kind::Rtprobe)
     } else if dport == stamp_port && stamp_port != 0 {
         if payload_len < STAMP_UNAUTH_LEN {
             return Err(malformed(ctx, len));
         }
-        let p: *mut [u8; STAMP_UNAUTH_LEN] = ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
-        // SAFETY: ktime helper; p is inside the frame (checked by ptr_at).
-        let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
-        let d = stamp_reflect(
-            unsafe { &mut *p },
-            ttl,
-            clock.stamp_error_estimate,
-            realtime_ns_to_ntp(rx_ns),
-            realtime_ns_to_ntp(tx_ns),
-        );
-        Ok((d, ReflectorOutcome::ReflectedStamp))
+        Ok(Kind::Stamp)
     } else {
         not_ours(ReflectorOutcome::NotProbe)
+    }
+}
+
+/// Whether a probe from `src` to `dst` (map keys; `src_bad`: a source
+/// class no unicast reply may go to) in the frame at `eth` may be
+/// answered: addressed to this interface's MAC and one of its addresses,
+/// from a unicast source that is none of them, within the source's rate
+/// and the global cap. `Err` is the (counted) action of a refusal:
+/// XDP_PASS of a frame for another host or address (the kernel forwards or
+/// drops it as it would without the reflector), XDP_DROP of a probe from a
+/// bad source or over a limit.
+#[inline(always)]
+fn admit(
+    eth: *const EthHdr,
+    dst: &AddrKey,
+    src: &AddrKey,
+    src_bad: bool,
+    len: u64,
+) -> Result<(), u32> {
+    let refuse = |o| Err(count(o, len, xdp_action::XDP_PASS));
+    // SAFETY: eth is inside the frame (checked by ptr_at).
+    let (dst_mac, src_mac) = unsafe { ((*eth).dst, (*eth).src) };
+    let own_mac = REFLECTOR_IFACE.get(0).map(|i| i.mac).unwrap_or([0; 6]);
+    // An unset MAC (all zero, as loaded) answers nothing.
+    if own_mac == [0; 6] || dst_mac != own_mac {
+        return refuse(ReflectorOutcome::NotForUs);
+    }
+    // SAFETY: the map's values are plain bytes, read once.
+    if unsafe { REFLECTOR_ADDRS.get(dst) }.copied() != Some(AddrKind::Own as u8) {
+        return refuse(ReflectorOutcome::NotForUs);
+    }
+    // A group MAC (bit 0 of the first byte: broadcast, multicast) or an
+    // address of ours (or a subnet broadcast) as source would turn the
+    // reply into a broadcast or send it to ourselves.
+    // Dropped, not passed: the kernel would deliver some of them (a subnet
+    // broadcast source is no martian) to a user-space reflector.
+    if src_mac[0] & 1 != 0 || src_bad || REFLECTOR_ADDRS.get_ptr(src).is_some() {
+        return Err(count(
+            ReflectorOutcome::BadSource,
+            len,
+            xdp_action::XDP_DROP,
+        ));
+    }
+    // SAFETY: read-only globals, volatile as above.
+    let (source, global) = unsafe {
+        (
+            Gcra {
+                interval_ns: core::ptr::read_volatile(&SOURCE_INTERVAL_NS),
+                tolerance_ns: core::ptr::read_volatile(&SOURCE_TOLERANCE_NS),
+            },
+            Gcra {
+                interval_ns: core::ptr::read_volatile(&GLOBAL_INTERVAL_NS),
+                tolerance_ns: core::ptr::read_volatile(&GLOBAL_TOLERANCE_NS),
+            },
+        )
+    };
+    if source.interval_ns == 0 && global.interval_ns == 0 {
+        return Ok(());
+    }
+    // Monotonic, unlike the TAI time in the reply: a clock step must not
+    // refill or drain the buckets.
+    // SAFETY: a helper without arguments.
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    // The source's bucket first: a source over its own limit must not
+    // spend the global budget the others share.
+    // Dropped, not passed: passed, the probe would reach `rtprobe
+    // reflect`'s socket on the same port and be answered there too.
+    let drop = |o| Err(count(o, len, xdp_action::XDP_DROP));
+    if source.interval_ns != 0 && !take_source(src, now_ns, source) {
+        return drop(ReflectorOutcome::RateLimited);
+    }
+    if global.interval_ns != 0 {
+        let taken = match REFLECTOR_GLOBAL.get_ptr_mut(0) {
+            Some(tat) => take(tat, now_ns, global),
+            None => false,
+        };
+        if !taken {
+            return drop(ReflectorOutcome::GlobalLimited);
+        }
+    }
+    Ok(())
+}
+
+/// Takes a token from `src`'s bucket, creating it (full) on its first probe.
+#[inline(always)]
+fn take_source(src: &AddrKey, now_ns: u64, g: Gcra) -> bool {
+    if let Some(tat) = REFLECTOR_SOURCES.get_ptr_mut(src) {
+        return take(tat, now_ns, g);
+    }
+    // A full bucket less this probe's token. NOEXIST: if another CPU
+    // created it meanwhile, take from that one instead of resetting it.
+    let first = now_ns + g.interval_ns;
+    if REFLECTOR_SOURCES
+        .insert(src, first, BPF_NOEXIST as u64)
+        .is_ok()
+    {
+        return true;
+    }
+    match REFLECTOR_SOURCES.get_ptr_mut(src) {
+        Some(tat) => take(tat, now_ns, g),
+        None => false,
+    }
+}
+
+/// Takes a token from the bucket whose theoretical arrival time is at
+/// `tat`, shared by every CPU. The update is one compare-and-swap of the
+/// word read (BPF_CMPXCHG, fully ordered): if another CPU changed it in
+/// between, the swap fails and the token is not taken, so concurrent
+/// probes can only be refused more, never answered beyond the bucket.
+/// One retry keeps a legitimate source's rare collision from refusing it.
+#[inline(always)]
+fn take(tat: *mut u64, now_ns: u64, g: Gcra) -> bool {
+    let mut tries = 0;
+    while tries < 2 {
+        // An aligned 8-byte load is one instruction, never torn (LLVM's
+        // BPF backend selects no atomic load below CPU v4).
+        // SAFETY: a map value of 8 bytes, 8-byte aligned, alive while the
+        // program runs.
+        let old = unsafe { core::ptr::read_volatile(tat) };
+        let Some(new) = g.admit(old, now_ns) else {
+            return false;
+        };
+        // SAFETY: as above.
+        if unsafe { compare_and_swap(tat, old, new) } {
+            return true;
+        }
+        tries += 1;
+    }
+    false
+}
+
+/// Stores `new` at `p` if it still holds `old`; true if it did.
+///
+/// The eBPF target declares no compare-and-swap to Rust (its spec has
+/// `atomic_cas: false`, so `AtomicU64::compare_exchange` does not exist
+/// there), although BPF has had BPF_CMPXCHG since Linux 5.12 and LLVM
+/// emits it for the default CPU (v3): the intrinsic behind
+/// `compare_exchange` gives that instruction.
+///
+/// # Safety
+/// `p` is valid, aligned and only accessed atomically.
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+unsafe fn compare_and_swap(p: *mut u64, old: u64, new: u64) -> bool {
+    use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+    // SAFETY: the caller's.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new).1
+    }
+}
+
+/// The host build (type-checking only) has the stable operation.
+#[cfg(not(target_arch = "bpf"))]
+#[inline(always)]
+unsafe fn compare_and_swap(p: *mut u64, old: u64, new: u64) -> bool {
+    use core::sync::atomic::{AtomicU64, Ordering};
+    // SAFETY: the caller's.
+    unsafe { AtomicU64::from_ptr(p) }
+        .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+}
+
+/// Turns the payload at `OFF`, classified as `kind`, into the reply
+/// (`ttl`: the one the probe arrived with). Returns the payload's checksum
+/// change and the outcome to count.
+#[inline(always)]
+fn rewrite<const OFF: usize>(
+    ctx: &XdpContext,
+    kind: Kind,
+    payload_len: usize,
+    ttl: u8,
+    rx_tai_ns: i64,
+    len: u64,
+) -> Result<(CsumDelta, ReflectorOutcome), u32> {
+    let clock = REFLECTOR_CLOCK.get(0).copied().unwrap_or_default();
+    let rx_ns = rx_tai_ns + clock.tai_to_realtime_ns;
+    match kind {
+        Kind::Rtprobe => {
+            let p: *mut [u8; RTPB_HEADER_LEN] =
+                ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
+            // SAFETY: inside the frame (checked by ptr_at).
+            let probe = unsafe { &mut *p };
+            if payload_len >= RTPB_KTIMES_MIN_LEN {
+                let t: *mut [u8; 16] =
+                    ptr_at(ctx, OFF + RTPB_KTIMES_OFFSET).ok_or_else(|| malformed(ctx, len))?;
+                let d = rtpb_mark_echo(probe, true);
+                // SAFETY: ktime helper; t is inside the frame (checked by ptr_at).
+                let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+                let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
+                Ok((d.merge(w), ReflectorOutcome::ReflectedRtprobe))
+            } else {
+                if crate::log_rare() {
+                    debug!(
+                        ctx,
+                        "reflector: {}-byte probe has no room for kernel times", payload_len
+                    );
+                }
+                count(ReflectorOutcome::NoRoomForTimes, len, 0);
+                Ok((
+                    rtpb_mark_echo(probe, false),
+                    ReflectorOutcome::ReflectedRtprobe,
+                ))
+            }
+        }
+        Kind::Stamp => {
+            let p: *mut [u8; STAMP_UNAUTH_LEN] =
+                ptr_at(ctx, OFF).ok_or_else(|| malformed(ctx, len))?;
+            // SAFETY: ktime helper; p is inside the frame (checked by ptr_at).
+            let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+            let d = stamp_reflect(
+                unsafe { &mut *p },
+                ttl,
+                clock.stamp_error_estimate,
+                realtime_ns_to_ntp(rx_ns),
+                realtime_ns_to_ntp(tx_ns),
+            );
+            Ok((d, ReflectorOutcome::ReflectedStamp))
+        }
     }
 }
 

@@ -1,17 +1,29 @@
 //! Loads rtprobe's in-kernel reflector (`xdp_reflector`, in the same
-//! embedded object as the router), sets its ports at load time, keeps its
-//! TAI -> REALTIME offset current, attaches it to one interface and reads
-//! its per-outcome counters. Dropping it detaches it.
+//! embedded object as the router), sets its ports and rate limits at load
+//! time, keeps its TAI -> REALTIME offset current, tells it which MAC and
+//! addresses it answers for, attaches it to one interface and reads its
+//! per-outcome counters. Dropping it detaches it.
+//!
+//! What it answers for: before attaching, the interface's MAC (sysfs
+//! `address`) and addresses (rtnetlink RTM_GETADDR) go into the program's
+//! maps, with each IPv4 subnet's broadcast and network address as sources
+//! never to answer. The clock thread reads them again every second while
+//! attached, so an address added, removed or changed later is followed
+//! within about a second (until then a new address is not answered and a
+//! removed one still is); a MAC change likewise.
 //!
 //! Kernel interfaces: bpf(2) (BPF_PROG_LOAD, per-CPU and plain arrays,
-//! global data set at load time, BPF_LINK_CREATE for XDP), the program's
-//! `bpf_ktime_get_tai_ns` (Linux >= 6.1), `adjtimex(2)` (read only) for
-//! the kernel's TAI offset, rtnetlink IFLA_XDP to read back the mode.
-//! Minimum kernel: 6.1.
+//! HASH and LRU_HASH maps, global data set at load time, BPF_LINK_CREATE
+//! for XDP), the program's `bpf_ktime_get_tai_ns` (Linux >= 6.1) and
+//! BPF_CMPXCHG (5.12), `adjtimex(2)` (read only) for the kernel's TAI
+//! offset, rtnetlink IFLA_XDP to read back the mode and RTM_GETADDR for
+//! the addresses, sysfs for the MAC. Minimum kernel: 6.1.
 
 use std::{
+    collections::BTreeMap,
+    net::IpAddr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
@@ -21,13 +33,15 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData},
+    maps::{Array, HashMap, MapData},
     programs::Xdp,
 };
 use xdp_common::{
-    LOG_RARE_GLOBAL, REFLECT_PORT_GLOBAL, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
-    REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL, ReflectorClock, ReflectorOutcome,
-    STAMP_PORT_GLOBAL,
+    AddrKey, AddrKind, GLOBAL_INTERVAL_GLOBAL, GLOBAL_TOLERANCE_GLOBAL, Gcra, LOG_RARE_GLOBAL,
+    REFLECT_PORT_GLOBAL, REFLECTOR_ADDRS_MAP, REFLECTOR_ADDRS_MAX, REFLECTOR_CLOCK_MAP,
+    REFLECTOR_COUNTERS_MAP, REFLECTOR_IFACE_MAP, REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL,
+    ReflectorClock, ReflectorIface, ReflectorOutcome, SOURCE_INTERVAL_GLOBAL,
+    SOURCE_TOLERANCE_GLOBAL, STAMP_PORT_GLOBAL, addr_key_v4,
 };
 
 use super::{
@@ -39,11 +53,204 @@ use crate::{
     error::Error,
     probe::stamp::{ClockSync, ErrorEstimate},
     stats::XdpCounters,
-    sys::{BpfObject, Ns, SysRef, XdpLink, XdpProg},
+    sys::{BpfObject, Ns, Sys, SysRef, XdpLink, XdpProg},
 };
 
-/// How often the TAI offset is read again (a leap second changes it).
+/// How often the TAI offset (a leap second changes it) and the
+/// interface's MAC and addresses are read again.
 const CLOCK_REFRESH: Duration = Duration::from_secs(1);
+
+/// The reflector's rate limits in replies per second; None: no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RateLimits {
+    /// Per source address (an LRU map of token buckets).
+    pub per_source_pps: Option<u32>,
+    /// Over all sources together.
+    pub global_pps: Option<u32>,
+}
+
+impl RateLimits {
+    /// No limit at all: rtprobe's own testbed, whose reflector answers only
+    /// the testbed's sender inside its namespaces, at whatever rate the run
+    /// asks for.
+    pub const NONE: RateLimits = RateLimits {
+        per_source_pps: None,
+        global_pps: None,
+    };
+
+    /// The bucket depth for `rate_pps`: a tenth of a second's worth, at
+    /// least 16 (as the user-space reflector's).
+    pub fn burst(rate_pps: u32) -> u32 {
+        (rate_pps / 10).max(16)
+    }
+
+    fn gcra(rate_pps: Option<u32>) -> Gcra {
+        rate_pps.map_or(Gcra::default(), |r| Gcra::per_second(r, Self::burst(r)))
+    }
+}
+
+/// What the reflector answers for: one interface's MAC and addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub mac: [u8; 6],
+    pub addrs: Vec<crate::sys::Addr>,
+}
+
+impl Identity {
+    /// `ifname`'s MAC (sysfs) and addresses (rtnetlink) in `ns`.
+    pub fn read(sys: &dyn Sys, ns: Ns, ifname: &str) -> Result<Self> {
+        let text = sys
+            .sysfs_read(ns, &crate::sys::netdev_attr(ifname, "address"))
+            .with_context(|| format!("reading the MAC of {ifname}"))?;
+        let mac = parse_mac(text.trim())
+            .with_context(|| format!("{ifname} has no Ethernet MAC ({:?})", text.trim()))?;
+        let addrs = sys
+            .addrs(ns, ifname)
+            .with_context(|| format!("reading the addresses of {ifname}"))?;
+        Ok(Identity { mac, addrs })
+    }
+
+    /// The address map's entries: every address of the interface as its
+    /// own, and for IPv4 subnets wider than /31 the broadcast and network
+    /// address (both broadcasts to hosts of old) as never a source. An own
+    /// address wins over a broadcast that happens to equal it.
+    pub fn entries(&self) -> BTreeMap<AddrKey, AddrKind> {
+        let mut out = BTreeMap::new();
+        for a in &self.addrs {
+            if let IpAddr::V4(v4) = a.addr
+                && a.prefix_len < 31
+            {
+                let mask = u32::MAX << (32 - a.prefix_len);
+                let ip = u32::from(v4);
+                for b in [ip | !mask, ip & mask] {
+                    out.entry(addr_key_v4(b.to_be_bytes()))
+                        .or_insert(AddrKind::Broadcast);
+                }
+            }
+        }
+        for a in &self.addrs {
+            let key = match a.addr {
+                IpAddr::V4(v4) => addr_key_v4(v4.octets()),
+                IpAddr::V6(v6) => v6.octets(),
+            };
+            out.insert(key, AddrKind::Own);
+        }
+        out
+    }
+}
+
+/// "aa:bb:cc:dd:ee:ff" as six bytes; None for anything else (a tunnel
+/// without a MAC, an InfiniBand address).
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// The program's view of its interface: the maps and what was last written.
+struct IdentityMaps {
+    iface: Array<MapData, ReflectorIface>,
+    addrs: HashMap<MapData, AddrKey, u8>,
+    written: BTreeMap<AddrKey, AddrKind>,
+}
+
+impl IdentityMaps {
+    /// Writes `id` into the maps, removing entries that are gone. Refused
+    /// whole when it does not fit, before anything is changed.
+    fn write(&mut self, id: &Identity) -> Result<()> {
+        let want = id.entries();
+        if want.len() > REFLECTOR_ADDRS_MAX as usize {
+            bail!(
+                "the interface has {} addresses and subnet broadcasts; the in-kernel reflector                  holds at most {REFLECTOR_ADDRS_MAX}",
+                want.len()
+            );
+        }
+        for k in self.written.keys().filter(|k| !want.contains_key(*k)) {
+            self.addrs
+                .remove(k)
+                .context("removing an address from the reflector's map")?;
+        }
+        for (k, v) in &want {
+            self.addrs
+                .insert(k, *v as u8, 0)
+                .context("writing an address into the reflector's map")?;
+        }
+        self.written = want;
+        self.iface
+            .set(
+                0,
+                ReflectorIface {
+                    mac: id.mac,
+                    _pad: [0; 2],
+                },
+                0,
+            )
+            .context("writing the reflector's MAC")
+    }
+}
+
+/// The interface the refresher follows once attached.
+struct Watch {
+    sys: SysRef,
+    netns: Option<String>,
+    ifname: String,
+    last: Identity,
+}
+
+#[derive(Default)]
+struct IdentityState {
+    maps: Option<IdentityMaps>,
+    watch: Option<Watch>,
+}
+
+impl IdentityState {
+    /// Reads the watched interface again and writes what changed.
+    fn refresh(&mut self) {
+        let (Some(maps), Some(w)) = (self.maps.as_mut(), self.watch.as_mut()) else {
+            return;
+        };
+        let ns = w.netns.as_deref().map_or(Ns::Host, Ns::Named);
+        match Identity::read(w.sys.as_ref(), ns, &w.ifname) {
+            Ok(now) if now != w.last => match maps.write(&now) {
+                Ok(()) => {
+                    log::info!(
+                        "in-kernel reflector: {} changed, now answering for {}",
+                        w.ifname,
+                        describe(&now)
+                    );
+                    w.last = now;
+                }
+                Err(e) => log::warn!("in-kernel reflector: {e:#}"),
+            },
+            Ok(_) => {}
+            // The interface may be going away with its namespace.
+            Err(e) => log::debug!("in-kernel reflector: {e:#}"),
+        }
+    }
+}
+
+/// "02:..:bb, 10.0.0.1/24 fd00::1/64" for the log.
+fn describe(id: &Identity) -> String {
+    let m = id.mac;
+    let addrs: Vec<String> = id.addrs.iter().map(|a| a.to_string()).collect();
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, {}",
+        m[0],
+        m[1],
+        m[2],
+        m[3],
+        m[4],
+        m[5],
+        addrs.join(" ")
+    )
+}
 
 /// The reflector's clock parameters as the kernel states them now: the
 /// TAI offset from `adjtimex(2)` (CLOCK_TAI = CLOCK_REALTIME + tai, whole
@@ -70,6 +277,8 @@ pub struct Reflector {
     attached: Option<XdpLink>,
     stop: Arc<AtomicBool>,
     refresher: Option<JoinHandle<()>>,
+    identity: Arc<Mutex<IdentityState>>,
+    limits: RateLimits,
     /// The program's rare-path log, when `-vv` asked for it.
     _log: Option<super::klog::KernelLog>,
 }
@@ -79,8 +288,14 @@ impl Reflector {
     /// and STAMP to `stamp_port` (0: none), with the clock offset written
     /// and a thread that keeps it current. Replies leave by XDP_TX, or with
     /// `reply_ifindex` non-zero by a redirect to that interface (the one it
-    /// is attached to: what a veth needs, see [`super::XdpSetup`]).
-    pub fn load(probe_port: u16, stamp_port: u16, reply_ifindex: u32) -> Result<Self> {
+    /// is attached to: what a veth needs, see [`super::XdpSetup`]). It
+    /// answers nothing until [`Self::attach`] tells it its interface.
+    pub fn load(
+        probe_port: u16,
+        stamp_port: u16,
+        reply_ifindex: u32,
+        limits: RateLimits,
+    ) -> Result<Self> {
         let object = router_object();
         if object.is_empty() {
             bail!(
@@ -92,7 +307,15 @@ impl Reflector {
             return Err(Error::NotRoot.into());
         }
         raise_memlock_limit();
+        let (source, global) = (
+            RateLimits::gcra(limits.per_source_pps),
+            RateLimits::gcra(limits.global_pps),
+        );
         let mut ebpf = EbpfLoader::new()
+            .override_global(SOURCE_INTERVAL_GLOBAL, &source.interval_ns, true)
+            .override_global(SOURCE_TOLERANCE_GLOBAL, &source.tolerance_ns, true)
+            .override_global(GLOBAL_INTERVAL_GLOBAL, &global.interval_ns, true)
+            .override_global(GLOBAL_TOLERANCE_GLOBAL, &global.tolerance_ns, true)
             .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
             .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
             .override_global(REPLY_IFINDEX_GLOBAL, &reply_ifindex, true)
@@ -117,9 +340,25 @@ impl Reflector {
         clock
             .set(0, current_clock(), 0)
             .context("writing the reflector's clock offset")?;
+        let take = |ebpf: &mut Ebpf, name: &str| {
+            ebpf.take_map(name)
+                .with_context(|| format!("the object has no {name} map"))
+        };
+        let maps = IdentityMaps {
+            iface: Array::try_from(take(&mut ebpf, REFLECTOR_IFACE_MAP)?)
+                .context("the reflector's interface map has an unexpected type")?,
+            addrs: HashMap::try_from(take(&mut ebpf, REFLECTOR_ADDRS_MAP)?)
+                .context("the reflector's address map has an unexpected type")?,
+            written: BTreeMap::new(),
+        };
+        let identity = Arc::new(Mutex::new(IdentityState {
+            maps: Some(maps),
+            watch: None,
+        }));
         let stop = Arc::new(AtomicBool::new(false));
         let refresher = {
             let stop = Arc::clone(&stop);
+            let identity = Arc::clone(&identity);
             std::thread::Builder::new()
                 .name("kreflect-clock".into())
                 .spawn(move || {
@@ -130,6 +369,7 @@ impl Reflector {
                         if now != last && clock.set(0, now, 0).is_ok() {
                             last = now;
                         }
+                        identity.lock().unwrap_or_else(|e| e.into_inner()).refresh();
                     }
                 })
                 .context("starting the reflector's clock thread")?
@@ -144,6 +384,8 @@ impl Reflector {
             attached: None,
             stop,
             refresher: Some(refresher),
+            identity,
+            limits,
             _log: log,
         })
     }
@@ -162,6 +404,8 @@ impl Reflector {
             attached: None,
             stop: Arc::new(AtomicBool::new(false)),
             refresher: None,
+            identity: Arc::default(),
+            limits: RateLimits::NONE,
             _log: None,
         }
     }
@@ -174,6 +418,21 @@ impl Reflector {
 
     pub fn prog_id(&self) -> u32 {
         self.prog.id
+    }
+
+    /// The limits it was loaded with.
+    pub fn limits(&self) -> RateLimits {
+        self.limits
+    }
+
+    /// Answers for `id` from now on (BPF_PROG_TEST_RUN tests; [`Self::attach`]
+    /// reads the interface's own).
+    pub(crate) fn set_identity(&self, id: &Identity) -> Result<()> {
+        let mut st = self.identity.lock().unwrap_or_else(|e| e.into_inner());
+        match st.maps.as_mut() {
+            Some(m) => m.write(id),
+            None => Ok(()),
+        }
     }
 
     /// Attaches to `ifname` in `ns` in `mode` (native, skb or auto) and
@@ -189,6 +448,24 @@ impl Reflector {
         if self.attached.is_some() {
             bail!("the in-kernel reflector is already attached");
         }
+        // Its MAC and addresses first, so the first probe is judged by them.
+        let has_maps = self
+            .identity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .maps
+            .is_some();
+        let id = if has_maps {
+            let id = Identity::read(self.sys.as_ref(), ns, ifname)?;
+            self.set_identity(&id)?;
+            log::info!(
+                "in-kernel reflector answers for {ifname}: {}",
+                describe(&id)
+            );
+            Some(id)
+        } else {
+            None
+        };
         let link = self
             .sys
             .xdp_attach(ns, ifname, &self.prog, flags)
@@ -205,6 +482,20 @@ impl Reflector {
             self.prog.id
         );
         self.attached = Some(link);
+        if let Some(last) = id {
+            self.identity
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .watch = Some(Watch {
+                sys: self.sys.clone(),
+                netns: match ns {
+                    Ns::Host => None,
+                    Ns::Named(n) => Some(n.to_string()),
+                },
+                ifname: ifname.to_string(),
+                last,
+            });
+        }
         Ok(got)
     }
 
@@ -224,6 +515,10 @@ impl Reflector {
         let Some(a) = self.attached.take() else {
             return Ok(());
         };
+        self.identity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .watch = None;
         let what = format!(
             "detaching the in-kernel reflector from {} in namespace {}",
             a.dev,
@@ -262,4 +557,77 @@ fn program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
         .with_context(|| format!("the XDP object has no program {REFLECTOR_PROGRAM_NAME}"))?
         .try_into()
         .with_context(|| format!("{REFLECTOR_PROGRAM_NAME} is not an XDP program"))
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+    use crate::sys::Addr;
+
+    fn key(s: &str) -> AddrKey {
+        match s.parse::<IpAddr>().unwrap() {
+            IpAddr::V4(v4) => addr_key_v4(v4.octets()),
+            IpAddr::V6(v6) => v6.octets(),
+        }
+    }
+
+    #[test]
+    fn entries_hold_own_addresses_and_subnet_broadcasts() {
+        let a = |s: &str, p| Addr {
+            addr: s.parse().unwrap(),
+            prefix_len: p,
+        };
+        let id = Identity {
+            mac: [2, 0, 0, 0, 0, 1],
+            addrs: vec![
+                a("10.77.0.2", 24),
+                a("192.0.2.9", 31),
+                a("198.51.100.7", 32),
+                a("fd77::2", 64),
+                a("10.9.0.0", 16),
+            ],
+        };
+        let e = id.entries();
+        let want = [
+            ("10.77.0.2", AddrKind::Own),
+            ("10.77.0.255", AddrKind::Broadcast),
+            ("10.77.0.0", AddrKind::Broadcast),
+            ("192.0.2.9", AddrKind::Own),
+            ("198.51.100.7", AddrKind::Own),
+            ("fd77::2", AddrKind::Own),
+            ("10.9.255.255", AddrKind::Broadcast),
+            // The network address assigned as an address stays answerable.
+            ("10.9.0.0", AddrKind::Own),
+        ];
+        for (k, v) in want {
+            assert_eq!(e.get(&key(k)), Some(&v), "{k}");
+        }
+        assert_eq!(e.len(), want.len(), "/31 and /32 have no broadcast: {e:?}");
+    }
+
+    #[test]
+    fn macs_parse_or_say_none() {
+        assert_eq!(
+            parse_mac("02:0a:ff:00:01:bb"),
+            Some([2, 0x0a, 0xff, 0, 1, 0xbb])
+        );
+        for bad in [
+            "",
+            "02:0a:ff:00:01",
+            "02:0a:ff:00:01:bb:cc",
+            "2:0a:ff:00:01:bb",
+            "zz:0a:ff:00:01:bb",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_follow_the_user_space_burst() {
+        assert_eq!(RateLimits::burst(10_000), 1000);
+        assert_eq!(RateLimits::burst(50), 16);
+        let g = RateLimits::gcra(Some(10_000));
+        assert_eq!((g.interval_ns, g.tolerance_ns), (100_000, 999 * 100_000));
+        assert_eq!(RateLimits::gcra(None), Gcra::default());
+    }
 }

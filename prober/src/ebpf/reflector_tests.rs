@@ -7,12 +7,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aya::programs::{TestRun, TestRunOptions};
 use xdp_common::{RTPB_FLAG_ECHO, RTPB_FLAG_KERNEL_TIMES, ReflectorOutcome, ipv4_checksum_ok};
 
-use super::Reflector;
+use super::{
+    Reflector,
+    reflector::{Identity, RateLimits},
+};
 use crate::{
     probe::{
         packet::Probe,
         stamp::{ErrorEstimate, Mode, ReflectorPacket, SenderPacket, Timestamp},
     },
+    sys::Addr,
     testbed::testutil::require_root,
 };
 
@@ -65,6 +69,12 @@ struct Frame {
     options: Vec<u8>,
     frag: u16,
     with_udp_csum: bool,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 4],
+    dst: [u8; 4],
+    src6: [u8; 16],
+    dst6: [u8; 16],
 }
 
 impl Frame {
@@ -77,6 +87,12 @@ impl Frame {
             options: vec![],
             frag: 0x4000,
             with_udp_csum: true,
+            src_mac: MAC_A,
+            dst_mac: MAC_B,
+            src: IP_A,
+            dst: IP_B,
+            src6: IP6_A,
+            dst6: IP6_B,
         }
     }
 
@@ -100,8 +116,8 @@ impl Frame {
         let udp_len = 8 + self.payload.len();
         let tot = hlen + udp_len;
         let mut f = Vec::new();
-        f.extend_from_slice(&MAC_B);
-        f.extend_from_slice(&MAC_A);
+        f.extend_from_slice(&self.dst_mac);
+        f.extend_from_slice(&self.src_mac);
         f.extend_from_slice(&0x0800u16.to_be_bytes());
         let mut ip = vec![0u8; hlen];
         ip[0] = 0x40 | (hlen / 4) as u8;
@@ -110,13 +126,13 @@ impl Frame {
         ip[6..8].copy_from_slice(&self.frag.to_be_bytes());
         ip[8] = self.ttl;
         ip[9] = 17;
-        ip[12..16].copy_from_slice(&IP_A);
-        ip[16..20].copy_from_slice(&IP_B);
+        ip[12..16].copy_from_slice(&self.src);
+        ip[16..20].copy_from_slice(&self.dst);
         ip[20..].copy_from_slice(&self.options);
         let c = !fold(sum16(&ip));
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         f.extend_from_slice(&ip);
-        f.extend_from_slice(&self.udp(&IP_A, &IP_B));
+        f.extend_from_slice(&self.udp(&self.src, &self.dst));
         f
     }
 
@@ -138,17 +154,17 @@ impl Frame {
     fn bytes_v6(&self) -> Vec<u8> {
         let udp_len = 8 + self.payload.len();
         let mut f = Vec::new();
-        f.extend_from_slice(&MAC_B);
-        f.extend_from_slice(&MAC_A);
+        f.extend_from_slice(&self.dst_mac);
+        f.extend_from_slice(&self.src_mac);
         f.extend_from_slice(&0x86ddu16.to_be_bytes());
         let mut ip = vec![0x60, 0x0a, 0xbc, 0xde];
         ip.extend_from_slice(&(udp_len as u16).to_be_bytes());
         ip.push(17);
         ip.push(self.ttl);
-        ip.extend_from_slice(&IP6_A);
-        ip.extend_from_slice(&IP6_B);
+        ip.extend_from_slice(&self.src6);
+        ip.extend_from_slice(&self.dst6);
         f.extend_from_slice(&ip);
-        f.extend_from_slice(&self.udp(&IP6_A, &IP6_B));
+        f.extend_from_slice(&self.udp(&self.src6, &self.dst6));
         f
     }
 }
@@ -268,11 +284,36 @@ fn counter(r: &Reflector, o: ReflectorOutcome) -> u64 {
     r.counters().unwrap()[o.name()].packets
 }
 
+/// B's identity: MAC_B, IP_B/24, IP6_B/64.
+fn identity_b() -> Identity {
+    Identity {
+        mac: MAC_B,
+        addrs: vec![
+            Addr {
+                addr: std::net::Ipv4Addr::from(IP_B).into(),
+                prefix_len: 24,
+            },
+            Addr {
+                addr: std::net::Ipv6Addr::from(IP6_B).into(),
+                prefix_len: 64,
+            },
+        ],
+    }
+}
+
+/// A reflector answering for B, with `limits`.
+fn load_b(reply_ifindex: u32, limits: RateLimits) -> Reflector {
+    let r =
+        Reflector::load(PROBE_PORT, STAMP_PORT, reply_ifindex, limits).expect("load the reflector");
+    r.set_identity(&identity_b()).expect("identity");
+    r
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn reflector_test_run_table() {
     require_root();
-    let r = Reflector::load(PROBE_PORT, STAMP_PORT, 0).expect("load the reflector");
+    let r = load_b(0, RateLimits::NONE);
     let t0 = now_ns();
 
     // A good probe with room for the times: IPv4 with and without a UDP
@@ -513,7 +554,7 @@ fn reflector_redirects_replies_when_given_an_ifindex() {
     // XDP_REDIRECT from bpf_redirect; the test run does not send it.
     const XDP_REDIRECT: u32 = 4;
     // Loopback's ifindex, 1 in every namespace; any existing one would do.
-    let r = Reflector::load(PROBE_PORT, STAMP_PORT, 1).expect("load the reflector");
+    let r = load_b(1, RateLimits::NONE);
     let input = Frame::new(PROBE_PORT, probe_payload(64, false)).bytes();
     let (action, out) = run(&r, &input);
     assert_eq!(action, XDP_REDIRECT, "good probe is answered by a redirect");
@@ -521,4 +562,245 @@ fn reflector_redirects_replies_when_given_an_ifindex() {
     assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 1);
     let echo = Frame::new(PROBE_PORT, probe_payload(64, true)).bytes();
     assert_eq!(run(&r, &echo).0, XDP_PASS, "echoes still pass");
+}
+
+/// Probes not addressed to B (passed) or from sources no reply may go to
+/// (dropped): each unchanged and counted under its reason; a good probe
+/// after them is still answered.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_refuses_probes_not_for_it_and_bad_sources() {
+    require_root();
+    let good = || Frame::new(PROBE_PORT, probe_payload(64, false));
+    let good6 = || Frame::v6(PROBE_PORT, probe_payload(64, false));
+
+    // Loaded but never told its interface: answers nothing.
+    let blank = Reflector::load(PROBE_PORT, STAMP_PORT, 0, RateLimits::NONE).unwrap();
+    let (action, _) = run(&blank, &good().bytes());
+    assert_eq!(action, XDP_PASS, "no identity, no answer");
+    assert_eq!(counter(&blank, ReflectorOutcome::NotForUs), 1);
+
+    let r = load_b(0, RateLimits::NONE);
+    let with = |f: &dyn Fn(&mut Frame)| {
+        let mut fr = good();
+        f(&mut fr);
+        fr.bytes()
+    };
+    let with6 = |f: &dyn Fn(&mut Frame)| {
+        let mut fr = good6();
+        f(&mut fr);
+        fr.bytes()
+    };
+    let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    use ReflectorOutcome::*;
+    let table: Vec<(&str, Vec<u8>, ReflectorOutcome)> = vec![
+        (
+            "broadcast MAC and 255.255.255.255",
+            with(&|f| {
+                f.dst_mac = [0xff; 6];
+                f.dst = [255; 4];
+            }),
+            NotForUs,
+        ),
+        (
+            "broadcast MAC to our IP",
+            with(&|f| f.dst_mac = [0xff; 6]),
+            NotForUs,
+        ),
+        (
+            "multicast MAC",
+            with(&|f| f.dst_mac = [0x01, 0, 0x5e, 0, 0, 1]),
+            NotForUs,
+        ),
+        (
+            "another host's MAC",
+            with(&|f| f.dst_mac = [2, 0, 0, 0, 0, 0xcc]),
+            NotForUs,
+        ),
+        (
+            "an IP B does not own",
+            with(&|f| f.dst = [10, 9, 0, 77]),
+            NotForUs,
+        ),
+        (
+            "B's subnet broadcast as destination",
+            with(&|f| f.dst = [10, 9, 0, 255]),
+            NotForUs,
+        ),
+        (
+            "IPv6: an address B does not own",
+            with6(&|f| f.dst6 = v6("fd71:9::77")),
+            NotForUs,
+        ),
+        (
+            "IPv6: all-nodes multicast",
+            with6(&|f| {
+                f.dst6 = v6("ff02::1");
+                f.dst_mac = [0x33, 0x33, 0, 0, 0, 1];
+            }),
+            NotForUs,
+        ),
+        (
+            "from the subnet broadcast",
+            with(&|f| f.src = [10, 9, 0, 255]),
+            BadSource,
+        ),
+        (
+            "from the subnet's network address",
+            with(&|f| f.src = [10, 9, 0, 0]),
+            BadSource,
+        ),
+        (
+            "from 255.255.255.255",
+            with(&|f| f.src = [255; 4]),
+            BadSource,
+        ),
+        (
+            "from 224.0.0.1",
+            with(&|f| f.src = [224, 0, 0, 1]),
+            BadSource,
+        ),
+        (
+            "from loopback",
+            with(&|f| f.src = [127, 0, 0, 1]),
+            BadSource,
+        ),
+        ("from 0.0.0.0", with(&|f| f.src = [0; 4]), BadSource),
+        ("from B itself", with(&|f| f.src = IP_B), BadSource),
+        (
+            "from a multicast MAC",
+            with(&|f| f.src_mac = [0x01, 0, 0x5e, 0, 0, 1]),
+            BadSource,
+        ),
+        (
+            "IPv6 from ff02::1",
+            with6(&|f| f.src6 = v6("ff02::1")),
+            BadSource,
+        ),
+        ("IPv6 from ::1", with6(&|f| f.src6 = v6("::1")), BadSource),
+        ("IPv6 from ::", with6(&|f| f.src6 = v6("::")), BadSource),
+        ("IPv6 from B itself", with6(&|f| f.src6 = IP6_B), BadSource),
+        (
+            "STAMP from 224.0.0.1",
+            {
+                let mut f = Frame::new(STAMP_PORT, stamp_payload(44));
+                f.src = [224, 0, 0, 1];
+                f.bytes()
+            },
+            BadSource,
+        ),
+    ];
+    let before = r.counters().unwrap();
+    for (name, frame, why) in &table {
+        let (action, out) = run(&r, frame);
+        // For another host or address: the kernel's, as without us. From a
+        // bad source: dropped, so no socket on the port answers it either.
+        let want = if *why == BadSource {
+            XDP_DROP
+        } else {
+            XDP_PASS
+        };
+        assert_eq!(action, want, "{name}: action");
+        assert_eq!(&out, frame, "{name}: unchanged");
+    }
+    let after = r.counters().unwrap();
+    for o in ReflectorOutcome::ALL {
+        let want = table.iter().filter(|(_, _, w)| *w == o).count() as u64;
+        assert_eq!(
+            after[o.name()].packets - before[o.name()].packets,
+            want,
+            "counter {}",
+            o.name()
+        );
+    }
+    for f in [good(), good6()] {
+        let input = f.bytes();
+        let (action, out) = run(&r, &input);
+        assert_eq!(action, XDP_TX, "a good probe is still answered");
+        check_reply_headers(&input, &out, true);
+    }
+}
+
+/// Sends `n` probes from `src` as fast as BPF_PROG_TEST_RUN goes; returns
+/// (answered, dropped, seconds it took).
+fn burst_from(r: &Reflector, src: [u8; 4], n: u32) -> (u64, u64, f64) {
+    let mut f = Frame::new(PROBE_PORT, probe_payload(64, false));
+    f.src = src;
+    let frame = f.bytes();
+    let t0 = std::time::Instant::now();
+    let (mut tx, mut dropped) = (0, 0);
+    for _ in 0..n {
+        match run(r, &frame).0 {
+            XDP_TX => tx += 1,
+            XDP_DROP => dropped += 1,
+            a => panic!("action {a}"),
+        }
+    }
+    (tx, dropped, t0.elapsed().as_secs_f64())
+}
+
+const XDP_DROP: u32 = 1;
+
+/// The per-source bucket: a burst, then the rate; another source has its
+/// own bucket; what is over the limit is dropped and counted.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_limits_each_source() {
+    require_root();
+    // 10/s: a token every 100 ms, so the loop below gets the burst alone.
+    let rate = 10;
+    let burst = u64::from(RateLimits::burst(rate));
+    let r = load_b(
+        0,
+        RateLimits {
+            per_source_pps: Some(rate),
+            global_pps: None,
+        },
+    );
+    let (tx, dropped, secs) = burst_from(&r, IP_A, 100);
+    eprintln!(
+        "per source {rate}/s, burst {burst}: {tx} answered, {dropped} dropped in {secs:.3} s"
+    );
+    let bound = burst + (secs * f64::from(rate)).ceil() as u64;
+    assert!(
+        tx >= burst && tx <= bound,
+        "{tx} answered, {burst}..={bound}"
+    );
+    assert_eq!(counter(&r, ReflectorOutcome::RateLimited), dropped);
+    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), tx);
+    let (tx2, _, _) = burst_from(&r, [10, 9, 0, 3], 100);
+    assert!(tx2 >= burst, "another source has its own bucket: {tx2}");
+    assert_eq!(counter(&r, ReflectorOutcome::GlobalLimited), 0);
+}
+
+/// The global cap over many sources, each under its own limit.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_caps_all_sources_together() {
+    require_root();
+    let global = 20;
+    let burst = u64::from(RateLimits::burst(global));
+    let r = load_b(
+        0,
+        RateLimits {
+            per_source_pps: Some(10_000),
+            global_pps: Some(global),
+        },
+    );
+    let t0 = std::time::Instant::now();
+    let (mut tx, mut dropped) = (0, 0);
+    for i in 0..100u8 {
+        let (t, d, _) = burst_from(&r, [10, 9, 1, i], 1);
+        tx += t;
+        dropped += d;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("global {global}/s, burst {burst}: {tx} answered, {dropped} dropped in {secs:.3} s");
+    let bound = burst + (secs * f64::from(global)).ceil() as u64;
+    assert!(
+        tx >= burst && tx <= bound,
+        "{tx} answered, {burst}..={bound}"
+    );
+    assert_eq!(counter(&r, ReflectorOutcome::GlobalLimited), dropped);
+    assert_eq!(counter(&r, ReflectorOutcome::RateLimited), 0);
 }

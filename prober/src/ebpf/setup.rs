@@ -78,7 +78,11 @@ impl Loader for KernelLoader {
         stamp_port: u16,
         reply_ifindex: u32,
     ) -> Result<Reflector> {
-        Ok(Reflector::load(probe_port, stamp_port, reply_ifindex)?.using(self.0.clone()))
+        // No rate limit: the testbed's reflector answers only the testbed's
+        // own sender, inside its namespaces, at the rate the run asks for
+        // (benches probe far above any per-source default).
+        let limits = super::reflector::RateLimits::NONE;
+        Ok(Reflector::load(probe_port, stamp_port, reply_ifindex, limits)?.using(self.0.clone()))
     }
 }
 
@@ -220,9 +224,11 @@ impl XdpSetup {
     /// receives the replies; TX checksum offload off at the sender, so
     /// probes carry full UDP checksums), put back with everything else, and
     /// has the reflector redirect its replies to its own veth rather than
-    /// XDP_TX them (see [`Self::reflector_replies_get_through`]). Fails
-    /// when another XDP program holds the interface (the router in NIC-pair
-    /// mode).
+    /// XDP_TX them (see [`Self::reflector_replies_get_through`]). It
+    /// answers only probes to the receiver interface's MAC and addresses,
+    /// without a rate limit: only the testbed's own sender reaches it, at
+    /// whatever rate the run (a bench) asks for. Fails when another XDP
+    /// program holds the interface (the router in NIC-pair mode).
     pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
         self.attach_reflector_ports(tb, port, 0)
     }

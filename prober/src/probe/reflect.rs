@@ -838,6 +838,7 @@ fn attach_kernel(
     listen: &[SocketAddr],
     protocol: ProtocolArg,
     key: bool,
+    limits: crate::ebpf::reflector::RateLimits,
 ) -> Result<crate::ebpf::reflector::Reflector> {
     let [a] = listen else {
         anyhow::bail!(
@@ -870,11 +871,16 @@ fn attach_kernel(
     } else {
         0
     };
-    let mut r = crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex)?;
+    let mut r =
+        crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex, limits)?;
     let mode = r
         .attach(Ns::Host, &ifname, crate::ebpf::XdpMode::Auto)
         .with_context(|| format!("attach to {ifname}"))?;
-    eprintln!("rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode)");
+    eprintln!(
+        "rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode): answers only unicast \
+         probes to {ifname}'s MAC and addresses from unicast sources; {}",
+        kernel_limits_text(limits)
+    );
     if veth {
         eprintln!(
             "rtprobe reflect: {ifname} is a veth: its peer receives the kernel's replies only with GRO \
@@ -916,9 +922,23 @@ fn check_json_path(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// What the in-kernel reflector's limits are, for its banner.
+fn kernel_limits_text(l: crate::ebpf::reflector::RateLimits) -> String {
+    use crate::ebpf::reflector::RateLimits;
+    let one = |what: &str, pps: Option<u32>| match pps {
+        Some(r) => format!("at most {r}/s {what} (bursts of {})", RateLimits::burst(r)),
+        None => format!("no limit {what}"),
+    };
+    format!(
+        "{}, {}; probes over a limit are dropped",
+        one("per source", l.per_source_pps),
+        one("in total", l.global_pps)
+    )
+}
+
 /// `rtprobe reflect`.
 pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::ExitCode> {
-    use crate::spec::remote::{DEFAULT_RATE_LIMIT_PPS, read_key};
+    use crate::spec::remote::{DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS, read_key};
     let protocol = args.protocol.unwrap_or_default();
     if args.auth_key.is_some() && protocol != ProtocolArg::Stamp {
         anyhow::bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
@@ -941,7 +961,14 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         (args.listen.clone(), bind(&args.listen)?)
     };
     let kernel = if args.kernel {
-        match attach_kernel(&listen, protocol, key.is_some()) {
+        let limits = crate::ebpf::reflector::RateLimits {
+            per_source_pps: Some(args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS)),
+            global_pps: Some(
+                args.global_rate_limit
+                    .unwrap_or(DEFAULT_GLOBAL_RATE_LIMIT_PPS),
+            ),
+        };
+        match attach_kernel(&listen, protocol, key.is_some(), limits) {
             Ok(r) => Some(r),
             Err(e) => {
                 eprintln!(

@@ -219,6 +219,12 @@ pub struct ReflectArgs {
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
     pub rate_limit: Option<u32>,
 
+    /// With --kernel: most replies per second the in-kernel reflector sends over all sources
+    /// together (it drops the rest, counted as global_limited); bounds what a flood from many
+    /// forged sources gets [default: 100000/s].
+    #[arg(long, value_name = "N/s", value_parser = parse_rate, requires = "kernel")]
+    pub global_rate_limit: Option<u32>,
+
     /// STAMP: answer statelessly (the reply's sequence number is the sender's) instead of
     /// counting per session (RFC 8762 §4.3; stateful lets the sender split loss by direction).
     #[arg(long)]
@@ -227,7 +233,8 @@ pub struct ReflectArgs {
 
     /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single, IPv4 or
     /// IPv6) --listen address, so the kernel answers before any socket (needs root; says why
-    /// not).
+    /// not). It answers only unicast probes to that interface's MAC and addresses from unicast
+    /// sources, at most --rate-limit per source and --global-rate-limit in total.
     #[arg(long)]
     #[serde(default)]
     pub kernel: bool,
@@ -247,6 +254,10 @@ pub struct ReflectArgs {
 
 /// Default rate limit per source.
 pub const DEFAULT_RATE_LIMIT_PPS: u32 = 10_000;
+/// Default cap on the in-kernel reflector's replies over all sources: ten
+/// sources at the full per-source rate (about 1.2 Gbit/s of 1500-byte
+/// replies), far below what XDP could send.
+pub const DEFAULT_GLOBAL_RATE_LIMIT_PPS: u32 = 100_000;
 
 #[cfg(test)]
 mod tests {
