@@ -1002,8 +1002,7 @@ pub fn run_scenario(
         )
     })?;
     // The scenario as run, next to its results.
-    std::fs::write(out_dir.join("scenario.toml"), &sc.source)
-        .with_context(|| format!("write {}", out_dir.join("scenario.toml").display()))?;
+    crate::export::atomic::write(&out_dir.join("scenario.toml"), sc.source.as_bytes())?;
     let cells = sc.cells(out_dir);
     let started = Instant::now();
     let mut results: Vec<Result<CellResult, String>> = Vec::with_capacity(cells.len());
@@ -1057,8 +1056,7 @@ pub fn run_scenario(
         figure_errors: &fig_errors,
     });
     let report_path = out_dir.join("report.md");
-    std::fs::write(&report_path, text)
-        .with_context(|| format!("write {}", report_path.display()))?;
+    crate::export::atomic::write(&report_path, text.as_bytes())?;
     let failed = results.iter().filter(|r| r.is_err()).count();
     Ok(RunOutcome {
         out_dir: out_dir.to_path_buf(),
@@ -1144,9 +1142,7 @@ fn write_results_json(
         "probe": sc.probe,
         "cells": rows,
     });
-    let p = out_dir.join("results.json");
-    std::fs::write(&p, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("write {}", p.display()))
+    Ok(crate::export::json::write_value(&out_dir.join("results.json"), &doc)?)
 }
 
 /// What `--check` prints: the matrix and the knob sets.
