@@ -66,6 +66,7 @@ pub fn execute(
         bail!("--flow works with the rtprobe protocol only: drop --flow or --protocol stamp");
     }
     crate::testbed::require_root()?;
+    check_stop(stop)?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
         (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
         (None, None) => Testbed::veth()?,
