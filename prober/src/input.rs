@@ -4,8 +4,8 @@
 //! log) costs at most the cap in memory, and text must be UTF-8. Every
 //! refusal is one line that names the file and says what to do.
 //!
-//! Streamed inputs (probe CSVs, HDR logs) do not come through here: they
-//! are read a row at a time.
+//! Streamed inputs (probe CSVs, HDR logs) are read a row at a time; a CSV
+//! reader holds a whole row, so [`LineCapped`] bounds how long one may be.
 
 use std::{
     fmt,
@@ -161,6 +161,55 @@ pub fn read_text(path: &Path, what: &'static str, cap_bytes: u64) -> Result<Stri
     })
 }
 
+/// Longest line of a probe CSV read (rows are a few hundred bytes; the
+/// metadata line is capped at the same 64 KiB).
+pub const MAX_CSV_LINE_BYTES: u64 = 64 * 1024;
+
+/// A reader that fails (InvalidData) once a line runs longer than
+/// `max_line_bytes`, so a parser that buffers a line (the csv crate's
+/// record) stays bounded on a file with no newlines.
+pub struct LineCapped<R> {
+    inner: R,
+    max_line_bytes: u64,
+    line_bytes: u64,
+    line: u64,
+}
+
+impl<R> LineCapped<R> {
+    pub fn new(inner: R, max_line_bytes: u64) -> Self {
+        Self {
+            inner,
+            max_line_bytes,
+            line_bytes: 0,
+            line: 1,
+        }
+    }
+}
+
+impl<R: Read> Read for LineCapped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                self.line += 1;
+                self.line_bytes = 0;
+            } else {
+                self.line_bytes += 1;
+                if self.line_bytes > self.max_line_bytes {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "line {} is longer than {} bytes: this is not a CSV rtprobe wrote",
+                            self.line, self.max_line_bytes
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +260,21 @@ mod tests {
         assert!(e.starts_with("cannot read scenario file ") && e.ends_with("check the path"), "{e}");
         let e = read_text(dir.path(), "scenario file", 10).unwrap_err().to_string();
         assert!(e.contains("it is a directory"), "{e}");
+    }
+
+    #[test]
+    fn a_line_over_the_cap_fails_the_read_naming_the_line() {
+        let text = format!("a,b\n{}\n", "x".repeat(100));
+        let mut out = String::new();
+        let e = LineCapped::new(text.as_bytes(), 99)
+            .read_to_string(&mut out)
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().starts_with("line 2 is longer than 99 bytes"), "{e}");
+        let mut out = String::new();
+        LineCapped::new(text.as_bytes(), 100)
+            .read_to_string(&mut out)
+            .unwrap();
+        assert_eq!(out, text);
     }
 }

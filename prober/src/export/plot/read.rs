@@ -308,6 +308,8 @@ pub fn read_csv<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<Csv
     };
     let io_err = |line: Option<u64>, e: io::Error| err(line, None, format!("read failed: {e}"));
 
+    // A file without newlines must not become one record in memory.
+    let input = crate::input::LineCapped::new(input, crate::input::MAX_CSV_LINE_BYTES);
     let mut buf = BufReader::with_capacity(64 * 1024, LastByte::new(input));
     let mut first = Vec::new();
     (&mut buf)
