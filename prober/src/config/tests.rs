@@ -797,3 +797,18 @@ fn a_scenario_over_the_size_cap_is_refused_unread() {
     assert!(e.contains("over the 1048576-byte limit of a scenario file"), "{e}");
     assert!(!e.contains('\n'), "{e}");
 }
+
+#[test]
+fn the_run_help_states_the_cell_and_size_limits() {
+    use clap::CommandFactory;
+    let mut cmd = crate::cli::Cli::command();
+    let run = cmd.find_subcommand_mut("run").unwrap();
+    let help = run
+        .get_arguments()
+        .find(|a| a.get_id() == "config")
+        .and_then(|a| a.get_help())
+        .unwrap()
+        .to_string();
+    assert!(help.contains(&format!("at most {MAX_CELLS} cells")), "{help}");
+    assert_eq!(crate::input::MAX_CONFIG_BYTES, 1024 * 1024, "the help says 1 MiB");
+}
