@@ -28,6 +28,8 @@ struct Finished {
 }
 
 /// Runs `cmd` to the end, killed after `limit` (the test then fails).
+// The child is reaped by wait4 (for its own rusage), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
 fn run_bounded(cmd: &mut Command, limit: Duration) -> Finished {
     use std::io::Read;
     let started = Instant::now();
@@ -56,6 +58,7 @@ fn run_bounded(cmd: &mut Command, limit: Duration) -> Finished {
         assert!(r == 0, "wait4: {}", std::io::Error::last_os_error());
         if started.elapsed() > limit {
             let _ = child.kill();
+            let _ = child.wait();
             panic!("rtprobe ran longer than {limit:?}: killed");
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -132,7 +135,8 @@ fn a_scenario_that_is_not_utf8_says_so_in_one_line() {
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
     assert!(
-        r.stderr.contains("not UTF-8 (byte 0xe9 at offset 22, line 3)"),
+        r.stderr
+            .contains("not UTF-8 (byte 0xe9 at offset 22, line 3)"),
         "{}",
         r.stderr
     );
@@ -157,7 +161,8 @@ fn a_20_character_interface_name_is_one_line_naming_the_limit() {
         assert_eq!(r.code, Some(2), "a usage error: {}", r.stderr);
         assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
         assert!(
-            r.stderr.starts_with(&format!("Error: {flag} {long} is 20 bytes"))
+            r.stderr
+                .starts_with(&format!("Error: {flag} {long} is 20 bytes"))
                 && r.stderr.contains("at most 15 bytes"),
             "{}",
             r.stderr
@@ -209,7 +214,13 @@ fn a_full_disk_keeps_whole_rows_and_the_earlier_json_and_names_both_files() {
         rows.len(),
         r.stderr.trim()
     );
-    assert_eq!(r.code, Some(1), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(
+        r.code,
+        Some(1),
+        "stdout: {}\nstderr: {}",
+        r.stdout,
+        r.stderr
+    );
     // The summary was printed.
     assert!(
         r.stdout.contains("sent ") && r.stdout.contains("one-way"),
@@ -258,7 +269,9 @@ fn a_full_disk_keeps_whole_rows_and_the_earlier_json_and_names_both_files() {
 
 /// Starts a testbed run with `-v`, sends SIGINT once its stderr shows
 /// `after_line` (or at once), and returns the run's outputs.
-fn interrupt_during_setup(after_line: Option<&str>) -> (Finished, String, Vec<Vec<String>>, serde_json::Value) {
+fn interrupt_during_setup(
+    after_line: Option<&str>,
+) -> (Finished, String, Vec<Vec<String>>, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let (csv, json) = (dir.path().join("out.csv"), dir.path().join("out.json"));
     let started = Instant::now();
@@ -309,7 +322,11 @@ fn interrupt_during_setup(after_line: Option<&str>) -> (Finished, String, Vec<Ve
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let rows = if csv.exists() { read_csv(&csv).1 } else { Vec::new() };
+    let rows = if csv.exists() {
+        read_csv(&csv).1
+    } else {
+        Vec::new()
+    };
     let summary = std::fs::read_to_string(&json)
         .map(|t| serde_json::from_str(&t).unwrap())
         .unwrap_or(serde_json::Value::Null);
@@ -332,7 +349,11 @@ fn interrupt_during_setup(after_line: Option<&str>) -> (Finished, String, Vec<Ve
     let id = f
         .stderr
         .lines()
-        .find_map(|l| l.split(" ready: namespaces ").next().filter(|_| l.contains(" ready: namespaces ")))
+        .find_map(|l| {
+            l.split(" ready: namespaces ")
+                .next()
+                .filter(|_| l.contains(" ready: namespaces "))
+        })
         .and_then(|head| head.rsplit(' ').next())
         .unwrap_or("")
         .to_string();
@@ -356,7 +377,12 @@ fn sigint_during_setup_sends_no_probe_and_leaves_no_namespace() {
             r.code,
             r.stderr
         );
-        assert!(rows.is_empty(), "{} probes in the CSV: {}", rows.len(), r.stderr);
+        assert!(
+            rows.is_empty(),
+            "{} probes in the CSV: {}",
+            rows.len(),
+            r.stderr
+        );
         if !summary.is_null() {
             assert_eq!(summary["sent"], 0, "{summary}");
         }

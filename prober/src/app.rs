@@ -290,16 +290,16 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
     }
     // Written even when the CSV failed: on a full disk the atomic write
     // leaves the earlier file or none, and the error below names both.
-    let json = opts
-        .json
-        .as_ref()
-        .and_then(|j| match crate::export::json::write_summary(j, &o.summary) {
-            Ok(()) => {
-                println!("  wrote summary to {}", j.display());
-                None
-            }
-            Err(e) => Some(e),
-        });
+    let json =
+        opts.json.as_ref().and_then(
+            |j| match crate::export::json::write_summary(j, &o.summary) {
+                Ok(()) => {
+                    println!("  wrote summary to {}", j.display());
+                    None
+                }
+                Err(e) => Some(e),
+            },
+        );
     if let Some(failed) = crate::runner::failed_outputs(o.output_error.as_deref(), json.as_ref()) {
         let how = if o.output_error.is_some() {
             "the run stopped at the first; "

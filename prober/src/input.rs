@@ -56,19 +56,13 @@ impl fmt::Display for InputError {
             InputError::Io { path, what, source } => {
                 let hint = match source.kind() {
                     std::io::ErrorKind::NotFound => "check the path",
-                    std::io::ErrorKind::PermissionDenied => {
-                        "make it readable or run as its owner"
-                    }
+                    std::io::ErrorKind::PermissionDenied => "make it readable or run as its owner",
                     _ if source.raw_os_error() == Some(libc::EISDIR) => {
                         "it is a directory: give the file in it"
                     }
                     _ => "check the path and the file",
                 };
-                write!(
-                    f,
-                    "cannot read {what} {}: {source}: {hint}",
-                    path.display()
-                )
+                write!(f, "cannot read {what} {}: {source}: {hint}", path.display())
             }
             InputError::TooLarge {
                 path,
@@ -220,8 +214,13 @@ mod tests {
         let p = dir.path().join("big.toml");
         std::fs::write(&p, vec![b'#'; 2000]).unwrap();
         assert_eq!(read_capped(&p, "scenario file", 2000).unwrap().len(), 2000);
-        let e = read_text(&p, "scenario file", 1999).unwrap_err().to_string();
-        assert!(e.starts_with(&format!("{}: 2000 bytes, over the 1999-byte", p.display())), "{e}");
+        let e = read_text(&p, "scenario file", 1999)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("{}: 2000 bytes, over the 1999-byte", p.display())),
+            "{e}"
+        );
         assert!(e.contains("scenario file") && !e.contains('\n'), "{e}");
     }
 
@@ -230,7 +229,10 @@ mod tests {
         let e = read_capped(Path::new("/dev/zero"), "key file", 4096)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("/dev/zero: more, over the 4096-byte limit"), "{e}");
+        assert!(
+            e.starts_with("/dev/zero: more, over the 4096-byte limit"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -257,8 +259,13 @@ mod tests {
         let e = read_text(&dir.path().join("nope.toml"), "scenario file", 10)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("cannot read scenario file ") && e.ends_with("check the path"), "{e}");
-        let e = read_text(dir.path(), "scenario file", 10).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cannot read scenario file ") && e.ends_with("check the path"),
+            "{e}"
+        );
+        let e = read_text(dir.path(), "scenario file", 10)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("it is a directory"), "{e}");
     }
 
@@ -270,7 +277,10 @@ mod tests {
             .read_to_string(&mut out)
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
-        assert!(e.to_string().starts_with("line 2 is longer than 99 bytes"), "{e}");
+        assert!(
+            e.to_string().starts_with("line 2 is longer than 99 bytes"),
+            "{e}"
+        );
         let mut out = String::new();
         LineCapped::new(text.as_bytes(), 100)
             .read_to_string(&mut out)

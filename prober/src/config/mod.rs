@@ -1142,7 +1142,10 @@ fn write_results_json(
         "probe": sc.probe,
         "cells": rows,
     });
-    Ok(crate::export::json::write_value(&out_dir.join("results.json"), &doc)?)
+    Ok(crate::export::json::write_value(
+        &out_dir.join("results.json"),
+        &doc,
+    )?)
 }
 
 /// What `--check` prints: the matrix and the knob sets.

@@ -742,7 +742,14 @@ fn a_matrix_over_the_cell_limit_is_refused_before_any_cell_is_built() {
 #[test]
 fn the_cell_count_is_checked_arithmetic_up_to_the_limit() {
     let p = Path::new("t.toml");
-    let axes = |n| [(n, "sizes"), (1, "intervals"), (1, "XDP modes"), (1, "sets")];
+    let axes = |n| {
+        [
+            (n, "sizes"),
+            (1, "intervals"),
+            (1, "XDP modes"),
+            (1, "sets"),
+        ]
+    };
     assert!(check_cell_count(p, axes(MAX_CELLS as usize)).is_ok());
     assert!(check_cell_count(p, axes(MAX_CELLS as usize + 1)).is_err());
     let e = check_cell_count(
@@ -768,7 +775,10 @@ fn the_cell_count_is_checked_arithmetic_up_to_the_limit() {
     );
     assert!(Scenario::parse_with(p, &text, &Overrides::default()).is_err());
     assert_eq!(
-        Scenario::parse_with(p, &text, &over).unwrap().cells(Path::new("o")).len(),
+        Scenario::parse_with(p, &text, &over)
+            .unwrap()
+            .cells(Path::new("o"))
+            .len(),
         1
     );
 }
@@ -780,7 +790,9 @@ fn a_scenario_that_is_not_utf8_says_so_and_where() {
     std::fs::write(&p, b"[probe]\ncount = 10\n# d\xe9lai\n").unwrap();
     let e = Scenario::load(&p).unwrap_err().to_string();
     assert!(
-        e.ends_with("not UTF-8 (byte 0xe9 at offset 22, line 3): save the scenario file as UTF-8 text"),
+        e.ends_with(
+            "not UTF-8 (byte 0xe9 at offset 22, line 3): save the scenario file as UTF-8 text"
+        ),
         "{e}"
     );
     assert!(!e.contains("check the path"), "{e}");
@@ -794,7 +806,10 @@ fn a_scenario_over_the_size_cap_is_refused_unread() {
     // Sparse: the size is what is refused, nothing is read.
     f.set_len(crate::input::MAX_CONFIG_BYTES + 1).unwrap();
     let e = Scenario::load(&p).unwrap_err().to_string();
-    assert!(e.contains("over the 1048576-byte limit of a scenario file"), "{e}");
+    assert!(
+        e.contains("over the 1048576-byte limit of a scenario file"),
+        "{e}"
+    );
     assert!(!e.contains('\n'), "{e}");
 }
 
@@ -809,6 +824,13 @@ fn the_run_help_states_the_cell_and_size_limits() {
         .and_then(|a| a.get_help())
         .unwrap()
         .to_string();
-    assert!(help.contains(&format!("at most {MAX_CELLS} cells")), "{help}");
-    assert_eq!(crate::input::MAX_CONFIG_BYTES, 1024 * 1024, "the help says 1 MiB");
+    assert!(
+        help.contains(&format!("at most {MAX_CELLS} cells")),
+        "{help}"
+    );
+    assert_eq!(
+        crate::input::MAX_CONFIG_BYTES,
+        1024 * 1024,
+        "the help says 1 MiB"
+    );
 }

@@ -140,7 +140,10 @@ mod tests {
         std::fs::write(blocked.join("x"), "").unwrap();
         let e = write(&blocked, b"new\n").unwrap_err();
         assert!(e.kept_previous);
-        assert!(e.to_string().starts_with(&format!("{}: not written (", blocked.display())));
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: not written (", blocked.display()))
+        );
         assert_eq!(entries(dir.path()), ["out.json", "sub"]);
         // No directory at all: nothing is created.
         let e = write(&dir.path().join("nope/out.json"), b"x").unwrap_err();
@@ -158,6 +161,10 @@ mod tests {
             source: e,
             kept_previous: false,
         };
-        assert!(nw.to_string().starts_with("out.json: not written (disk full: "), "{nw}");
+        assert!(
+            nw.to_string()
+                .starts_with("out.json: not written (disk full: "),
+            "{nw}"
+        );
     }
 }

@@ -107,7 +107,10 @@ pub fn bad_interface_name(name: &str) -> Option<String> {
             name.len()
         ));
     }
-    if name == "." || name == ".." || name.contains(['/', ':']) || name.contains(char::is_whitespace)
+    if name == "."
+        || name == ".."
+        || name.contains(['/', ':'])
+        || name.contains(char::is_whitespace)
     {
         return Some(format!(
             "{shown} is not an interface name (no '/', ':' or spaces, not . or ..): check the \
