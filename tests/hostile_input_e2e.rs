@@ -181,6 +181,12 @@ fn a_full_disk_keeps_whole_rows_and_the_earlier_json_and_names_both_files() {
     if !is_root("a_full_disk_keeps_whole_rows_and_the_earlier_json_and_names_both_files") {
         return;
     }
+    // With an earlier JSON (kept as it was) and without one (none left).
+    full_disk_run(Some("{\"sent\": 7, \"from\": \"an earlier run\"}\n"));
+    full_disk_run(None);
+}
+
+fn full_disk_run(previous: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
     let ok = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=64k", "rtprobe-hostile-test"])
@@ -190,8 +196,9 @@ fn a_full_disk_keeps_whole_rows_and_the_earlier_json_and_names_both_files() {
     assert!(ok.success(), "mount a 64 KiB tmpfs");
     let _mount = Mount(dir.path().to_path_buf());
     let (csv, json) = (dir.path().join("out.csv"), dir.path().join("out.json"));
-    let previous = "{\"sent\": 7, \"from\": \"an earlier run\"}\n";
-    std::fs::write(&json, previous).unwrap();
+    if let Some(p) = previous {
+        std::fs::write(&json, p).unwrap();
+    }
     let r = run_bounded(
         Command::new(bin())
             .args(["--xdp-mode", "off", "--count", "2000", "--interval", "1ms"])
@@ -251,19 +258,30 @@ fn a_full_disk_keeps_whole_rows_and_the_earlier_json_and_names_both_files() {
         )),
         "{line}"
     );
+    let kept = if previous.is_some() {
+        "the earlier file there is unchanged"
+    } else {
+        "no file left behind"
+    };
     assert!(
         line.contains(&format!("{}: not written (disk full", json.display()))
-            && line.contains("the earlier file there is unchanged"),
+            && line.contains(kept),
         "{line}"
     );
-    // No torn JSON: the earlier one is there as it was, and no temporary.
-    assert_eq!(std::fs::read_to_string(&json).unwrap(), previous);
+    // No torn JSON: the earlier one is there as it was (or none), and no
+    // temporary.
+    assert_eq!(std::fs::read_to_string(&json).ok().as_deref(), previous);
     let mut names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["out.csv", "out.json"]);
+    let want: &[&str] = if previous.is_some() {
+        &["out.csv", "out.json"]
+    } else {
+        &["out.csv"]
+    };
+    assert_eq!(names, want);
     assert!(namespaces_of(&meta.testbed_id).is_empty());
 }
 
@@ -301,6 +319,7 @@ fn interrupt_during_setup(
             if l.contains(want) {
                 break;
             }
+            assert!(!l.is_empty(), "no {want:?} in: {seen}");
             assert!(started.elapsed() < Duration::from_secs(20), "{seen}");
         },
     }
@@ -366,9 +385,15 @@ fn sigint_during_setup_sends_no_probe_and_leaves_no_namespace() {
     if !is_root("sigint_during_setup_sends_no_probe_and_leaves_no_namespace") {
         return;
     }
-    // At once (before the testbed exists), and once it is built (XDP,
-    // sockets and the warm-up still to come).
-    for after in [None, Some("ready: namespaces")] {
+    // At once (before the testbed exists), once it is built (XDP,
+    // sockets and the warm-up still to come), and once the receiver's
+    // timestamping is set (the sockets, warm-up and sender to come: past
+    // every set-up check, only the warm-up and the pacer see the stop).
+    for after in [
+        None,
+        Some("ready: namespaces"),
+        Some("veth-rcv: no hardware timestamping"),
+    ] {
         let (r, id, rows, summary) = interrupt_during_setup(after);
         let _sweep = NsSweep(id.clone());
         assert!(

@@ -302,7 +302,7 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
         );
     if let Some(failed) = crate::runner::failed_outputs(o.output_error.as_deref(), json.as_ref()) {
         let how = if o.output_error.is_some() {
-            "the run stopped at the first; "
+            "the run stopped at the first failure; "
         } else {
             ""
         };
