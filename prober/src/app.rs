@@ -172,8 +172,7 @@ fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode
     })?;
     print!("{}", forward::format_report(&report));
     if let Some(j) = &plan.json {
-        std::fs::write(j, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("cannot write {}", j.display()))?;
+        crate::export::json::write_value(j, &report)?;
         println!("  wrote {}", j.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -191,12 +190,7 @@ fn compare_command(a: &crate::cli::CompareArgs) -> Result<ExitCode> {
     let c = compare::compare(&a.base, &a.others, &settings)?;
     print!("{}", compare::render(&c));
     if let Some(j) = &a.json {
-        std::fs::write(j, serde_json::to_string_pretty(&c)? + "\n").with_context(|| {
-            format!(
-                "cannot write {}: check that its directory exists",
-                j.display()
-            )
-        })?;
+        crate::export::json::write_value(j, &c)?;
         println!("\n  wrote {}", j.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -296,13 +290,28 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
         ),
         None => println!("  wrote {} rows to {}", o.rows, opts.out.display()),
     }
-    if let Some(j) = &opts.json {
-        crate::export::json::write_summary(j, &o.summary)?;
-        println!("  wrote summary to {}", j.display());
-    }
-    if let Some(e) = &o.output_error {
-        // Everything else was written; the run stopped early because of it.
-        eprintln!("Error: {e} (the run stopped there; the summary above covers every probe sent)");
+    // Written even when the CSV failed: on a full disk the atomic write
+    // leaves the earlier file or none, and the error below names both.
+    let json =
+        opts.json.as_ref().and_then(
+            |j| match crate::export::json::write_summary(j, &o.summary) {
+                Ok(()) => {
+                    println!("  wrote summary to {}", j.display());
+                    None
+                }
+                Err(e) => Some(e),
+            },
+        );
+    if let Some(failed) = crate::runner::failed_outputs(o.output_error.as_deref(), json.as_ref()) {
+        let how = if o.output_error.is_some() {
+            "the run stopped at the first failure; "
+        } else {
+            ""
+        };
+        eprintln!(
+            "Error: {failed} ({how}the summary above covers all {} probes sent)",
+            o.summary.sent
+        );
         return Ok(ExitCode::FAILURE);
     }
     // 130 = interrupted, as shells report SIGINT; the data is complete.

@@ -284,7 +284,8 @@ pub struct PlotArgs {
     Every option of the probe command can be given in the file ([probe], [knobs], [set.NAME]) \
     and on this command line, which overrides the file for every cell.")]
 pub struct RunArgs {
-    /// Scenario file (see configs/).
+    /// Scenario file (see configs/): UTF-8, at most 1 MiB, a matrix of at most 10000 cells
+    /// (sizes x intervals x XDP modes x sets).
     pub config: PathBuf,
 
     /// Output folder [default: the file's `output`, else results/NAME].

@@ -17,6 +17,7 @@ pub mod ebpf;
 pub mod error;
 pub mod export;
 pub mod heap;
+pub mod input;
 pub mod probe;
 pub mod spec;
 pub mod stats;

@@ -29,6 +29,18 @@ pub struct RunOutcome {
     pub output_error: Option<String>,
 }
 
+/// One line naming every output that failed and what each holds: the one
+/// that stopped the run (CSV, HDR log: its message says where it ends) and
+/// the JSON summary written after it. None when all were written.
+pub fn failed_outputs(
+    output_error: Option<&str>,
+    json: Option<&crate::export::atomic::NotWritten>,
+) -> Option<String> {
+    let mut parts: Vec<String> = output_error.map(str::to_string).into_iter().collect();
+    parts.extend(json.map(|e| e.to_string()));
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 fn check_stop(stop: &AtomicU8) -> Result<()> {
     if stop.load(Ordering::SeqCst) != 0 {
         bail!("interrupted before probing started; nothing was measured (the testbed was removed)");
@@ -82,6 +94,7 @@ pub fn execute(
         return crate::probe::remote::execute(opts, remote, stop, live);
     }
     crate::testbed::require_root()?;
+    check_stop(stop)?;
     let testbed = match (&opts.tx_if, &opts.rx_if) {
         (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
         (None, None) => Testbed::veth()?,
@@ -513,9 +526,9 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         let mut live =
             crate::export::live::Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
         let out = execute(opts, self.stop, &mut live)?;
-        crate::export::json::write_summary(&cell.json, &out.summary)?;
-        if let Some(e) = &out.output_error {
-            bail!("{e} (the summary is complete)");
+        let json = crate::export::json::write_summary(&cell.json, &out.summary).err();
+        if let Some(e) = failed_outputs(out.output_error.as_deref(), json.as_ref()) {
+            bail!("{e} (the summary covers every probe sent)");
         }
         if out.interrupted {
             bail!(

@@ -67,6 +67,12 @@ use crate::{
 /// Largest UDP payload that fits a 1500-byte MTU (the veth testbed's).
 pub const MAX_PROBE_SIZE: usize = MAX_PAYLOAD_1500;
 
+/// Most cells a scenario may have (sizes x intervals x XDP modes x sets).
+/// Each cell is a validated plan kept in memory and a probe run of its
+/// own; the shipped studies have at most a few hundred. Counted before
+/// any cell is built, so an oversized matrix costs nothing.
+pub const MAX_CELLS: u64 = 10_000;
+
 // ---------------------------------------------------------------- file --
 
 #[derive(Debug, Deserialize)]
@@ -452,6 +458,28 @@ fn probe_key_error(file: &Path, text: &str) -> Option<anyhow::Error> {
 
 // ------------------------------------------------------------- parsing --
 
+/// Refuses a matrix of more than [`MAX_CELLS`] cells, from the lengths of
+/// its axes alone (checked products: no length can wrap the count).
+fn check_cell_count(path: &Path, axes: [(usize, &str); 4]) -> Result<()> {
+    let cells = axes
+        .iter()
+        .try_fold(1u64, |n, &(len, _)| n.checked_mul(len as u64));
+    if cells.is_some_and(|n| n <= MAX_CELLS) {
+        return Ok(());
+    }
+    let count = cells.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
+    let product = axes
+        .iter()
+        .map(|(len, what)| format!("{len} {what}"))
+        .collect::<Vec<_>>()
+        .join(" x ");
+    bail!(
+        "{}: the matrix has {count} cells ({product}), over the limit of {MAX_CELLS}: \
+         shorten the lists or split the scenario into several files",
+        path.display()
+    )
+}
+
 impl Scenario {
     /// Reads and validates a scenario file (no system access).
     pub fn load(path: &Path) -> Result<Self> {
@@ -460,8 +488,7 @@ impl Scenario {
 
     /// Reads a scenario file with the command line's options over it.
     pub fn load_with(path: &Path, over: &Overrides) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read scenario {}: check the path", path.display()))?;
+        let text = crate::input::read_text(path, "scenario file", crate::input::MAX_CONFIG_BYTES)?;
         Self::parse_with(path, &text, over)
     }
 
@@ -558,6 +585,15 @@ impl Scenario {
         } else {
             f.set.0
         };
+        check_cell_count(
+            path,
+            [
+                (sizes.len(), "sizes"),
+                (intervals.len(), "intervals"),
+                (xdp_modes.len(), "XDP modes"),
+                (raw_sets.len(), "sets"),
+            ],
+        )?;
         let mut merged_sets = Vec::new();
         for (set_name, k) in &raw_sets {
             if set_name.is_empty()
@@ -966,8 +1002,7 @@ pub fn run_scenario(
         )
     })?;
     // The scenario as run, next to its results.
-    std::fs::write(out_dir.join("scenario.toml"), &sc.source)
-        .with_context(|| format!("write {}", out_dir.join("scenario.toml").display()))?;
+    crate::export::atomic::write(&out_dir.join("scenario.toml"), sc.source.as_bytes())?;
     let cells = sc.cells(out_dir);
     let started = Instant::now();
     let mut results: Vec<Result<CellResult, String>> = Vec::with_capacity(cells.len());
@@ -1021,8 +1056,7 @@ pub fn run_scenario(
         figure_errors: &fig_errors,
     });
     let report_path = out_dir.join("report.md");
-    std::fs::write(&report_path, text)
-        .with_context(|| format!("write {}", report_path.display()))?;
+    crate::export::atomic::write(&report_path, text.as_bytes())?;
     let failed = results.iter().filter(|r| r.is_err()).count();
     Ok(RunOutcome {
         out_dir: out_dir.to_path_buf(),
@@ -1108,9 +1142,10 @@ fn write_results_json(
         "probe": sc.probe,
         "cells": rows,
     });
-    let p = out_dir.join("results.json");
-    std::fs::write(&p, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("write {}", p.display()))
+    Ok(crate::export::json::write_value(
+        &out_dir.join("results.json"),
+        &doc,
+    )?)
 }
 
 /// What `--check` prints: the matrix and the knob sets.

@@ -712,3 +712,125 @@ fn continuous_keys_work_per_cell_and_forever_is_refused() {
     let e = err("[probe]\nsizes = [64]\nduration = \"0s\"\n");
     assert!(e.contains("never end"), "{e}");
 }
+
+/// 14.4 M cells from a 27 KB file used to be built (and abort at 4 GB);
+/// the axes' lengths refuse it before one cell exists.
+#[test]
+fn a_matrix_over_the_cell_limit_is_refused_before_any_cell_is_built() {
+    let sizes: Vec<String> = (0..2000).map(|i| (64 + i % 1400).to_string()).collect();
+    let intervals: Vec<String> = (1..=1800).map(|i| format!("\"{i}us\"")).collect();
+    let text = format!(
+        "[probe]\nsizes = [{}]\nintervals = [{}]\nxdp_modes = [\"off\", \"skb\", \"native\", \"auto\"]\n",
+        sizes.join(","),
+        intervals.join(",")
+    );
+    let started = std::time::Instant::now();
+    let e = err(&text);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        e,
+        "configs/demo.toml: the matrix has 14400000 cells (2000 sizes x 1800 intervals x 4 XDP modes x \
+         1 sets), over the limit of 10000: shorten the lists or split the scenario into \
+         several files"
+    );
+}
+
+#[test]
+fn the_cell_count_is_checked_arithmetic_up_to_the_limit() {
+    let p = Path::new("t.toml");
+    let axes = |n| {
+        [
+            (n, "sizes"),
+            (1, "intervals"),
+            (1, "XDP modes"),
+            (1, "sets"),
+        ]
+    };
+    assert!(check_cell_count(p, axes(MAX_CELLS as usize)).is_ok());
+    assert!(check_cell_count(p, axes(MAX_CELLS as usize + 1)).is_err());
+    let e = check_cell_count(
+        p,
+        [
+            (usize::MAX, "sizes"),
+            (usize::MAX, "intervals"),
+            (2, "XDP modes"),
+            (1, "sets"),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("more than 2^64 cells"), "{e}");
+    // Command-line overrides shrink the axes before the count.
+    let mut over = Overrides::default();
+    over.run.probe.size = Some(64);
+    over.run.probe.interval = Some(std::time::Duration::from_millis(1));
+    let text = format!(
+        "[probe]\ncount = 10\nsizes = [{}]\nintervals = [{}]\n",
+        vec!["64"; 200].join(","),
+        vec!["\"1ms\""; 200].join(",")
+    );
+    assert!(Scenario::parse_with(p, &text, &Overrides::default()).is_err());
+    assert_eq!(
+        Scenario::parse_with(p, &text, &over)
+            .unwrap()
+            .cells(Path::new("o"))
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn a_scenario_that_is_not_utf8_says_so_and_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("latin1.toml");
+    std::fs::write(&p, b"[probe]\ncount = 10\n# d\xe9lai\n").unwrap();
+    let e = Scenario::load(&p).unwrap_err().to_string();
+    assert!(
+        e.ends_with(
+            "not UTF-8 (byte 0xe9 at offset 22, line 3): save the scenario file as UTF-8 text"
+        ),
+        "{e}"
+    );
+    assert!(!e.contains("check the path"), "{e}");
+}
+
+#[test]
+fn a_scenario_over_the_size_cap_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("huge.toml");
+    let f = std::fs::File::create(&p).unwrap();
+    // Sparse: the size is what is refused, nothing is read.
+    f.set_len(crate::input::MAX_CONFIG_BYTES + 1).unwrap();
+    let e = Scenario::load(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("over the 1048576-byte limit of a scenario file"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn the_run_help_states_the_cell_and_size_limits() {
+    use clap::CommandFactory;
+    let mut cmd = crate::cli::Cli::command();
+    let run = cmd.find_subcommand_mut("run").unwrap();
+    let help = run
+        .get_arguments()
+        .find(|a| a.get_id() == "config")
+        .and_then(|a| a.get_help())
+        .unwrap()
+        .to_string();
+    assert!(
+        help.contains(&format!("at most {MAX_CELLS} cells")),
+        "{help}"
+    );
+    assert_eq!(
+        crate::input::MAX_CONFIG_BYTES,
+        1024 * 1024,
+        "the help says 1 MiB"
+    );
+}

@@ -130,7 +130,10 @@ pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
         .has_headers(true)
         .flexible(true)
         .comment(Some(b'#'))
-        .from_reader(BufReader::with_capacity(64 * 1024, file));
+        .from_reader(BufReader::with_capacity(
+            64 * 1024,
+            crate::input::LineCapped::new(file, crate::input::MAX_CSV_LINE_BYTES),
+        ));
     let header = rdr
         .byte_headers()
         .with_context(|| format!("{name}: cannot read the CSV header"))?

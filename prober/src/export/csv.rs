@@ -238,10 +238,12 @@ const BUF_BYTES: usize = 64 * 1024;
 ///
 /// With a [`Rotation`] the file is rotated by size or age (see
 /// [`super::rotate`]); every file starts with the metadata and header.
-/// When a write fails (disk full) or the file disappears, the writer cuts
-/// the file back to its last flushed row, so it ends on a whole row, and
-/// every later call returns the same error, which says where the CSV
-/// stops: "CSV ends at probe 41999: No space left on device".
+/// When a write fails (disk full) the writer keeps every whole row the
+/// kernel took and cuts off a torn last one; when the file disappears it
+/// stops with the rows handed over. Every later call returns the same
+/// error, which names the file, what it holds and where it stops:
+/// "out.csv: disk full after 42000 rows, the rows written are whole (CSV
+/// ends at probe 41999: No space left on device (os error 28))".
 pub struct CsvWriter {
     path: PathBuf,
     /// The metadata and header lines every file starts with.
@@ -250,9 +252,9 @@ pub struct CsvWriter {
     /// Rows not yet handed to the kernel, whole rows only, so that what
     /// the file holds always ends on a row this writer knows.
     buf: Vec<u8>,
-    /// The seq of the last row in `buf`.
-    buf_seq: Option<u64>,
-    buf_rows: u64,
+    /// Where each row in `buf` ends, and its seq: after a short write the
+    /// rows that made it whole are known without parsing.
+    buf_rows: Vec<(usize, u64)>,
     /// (device, inode) of the file being written, to notice it removed.
     id: (u64, u64),
     rotated: Option<Rotated>,
@@ -297,8 +299,7 @@ impl CsvWriter {
             head,
             out: None,
             buf: Vec::with_capacity(BUF_BYTES + 512),
-            buf_seq: None,
-            buf_rows: 0,
+            buf_rows: Vec::with_capacity(BUF_BYTES / 64),
             id: (0, 0),
             rotated,
             opened: Instant::now(),
@@ -337,37 +338,79 @@ impl CsvWriter {
     }
 
     /// Hands the buffered rows to the kernel. On success every one of them
-    /// is in the file; on a failure the file is cut back by [`Self::fail`].
+    /// is in the file; on a failure the file keeps the whole rows the
+    /// kernel took (see [`Self::fail`]).
     fn write_out(&mut self) -> Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let written = match self.out.as_mut() {
-            Some(out) => out.write_all(&self.buf),
-            None => Err(std::io::Error::other("the CSV is not open")),
+        let Some(out) = self.out.as_mut() else {
+            let e = std::io::Error::other("the CSV is not open");
+            return Err(self.fail(0, &e));
         };
-        if let Err(e) = written {
-            return Err(self.fail(e.to_string()));
+        // By hand, not write_all: on a full disk the kernel takes part of
+        // the buffer, and the whole rows in that part are kept.
+        let mut done = 0;
+        while done < self.buf.len() {
+            match out.write(&self.buf[done..]) {
+                Ok(0) => {
+                    let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
+                    return Err(self.fail(done, &e));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.fail(done, &e)),
+            }
         }
         self.flushed_bytes += self.buf.len() as u64;
-        self.flushed_rows += self.buf_rows;
-        self.flushed_seq = self.buf_seq.or(self.flushed_seq);
+        self.flushed_rows += self.buf_rows.len() as u64;
+        self.flushed_seq = self.buf_rows.last().map(|r| r.1).or(self.flushed_seq);
         self.buf.clear();
-        self.buf_rows = 0;
+        self.buf_rows.clear();
         Ok(())
     }
 
-    /// Stops writing for good: cuts the file back to its last flushed row
-    /// and remembers why, in words that say where the CSV ends.
-    fn fail(&mut self, why: String) -> anyhow::Error {
+    /// Stops writing for good. `taken` bytes of the buffer reached the
+    /// file: its whole rows are kept and a torn last one is cut off. The
+    /// message names the file, what it holds and where it ends.
+    fn fail(&mut self, taken: usize, e: &std::io::Error) -> anyhow::Error {
+        let whole = whole_rows(&self.buf_rows, taken);
+        let keep_bytes = whole.checked_sub(1).map_or(0, |i| self.buf_rows[i].0);
+        self.flushed_bytes += keep_bytes as u64;
+        self.flushed_rows += whole as u64;
+        if whole > 0 {
+            self.flushed_seq = Some(self.buf_rows[whole - 1].1);
+        }
         if let Some(file) = self.out.take() {
-            // A write that failed half-way left part of a row behind.
+            // Cutting back frees nothing on a full disk (the blocks are
+            // the same), but the file then ends on a whole row.
             let _ = file.set_len(self.flushed_bytes);
         }
         self.buf.clear();
+        self.buf_rows.clear();
+        let what = if super::atomic::is_disk_full(e) {
+            "disk full"
+        } else {
+            "write failed"
+        };
+        self.stop_with(what, e.to_string())
+    }
+
+    /// Stops writing for good with the rows flushed so far: `what`
+    /// happened ("disk full"), `why` is the detail.
+    fn stop_with(&mut self, what: &str, why: String) -> anyhow::Error {
+        self.buf.clear();
+        self.buf_rows.clear();
+        let (path, rows) = (self.path.display(), self.flushed_rows);
         let msg = match self.flushed_seq {
-            Some(seq) => format!("CSV ends at probe {seq}: {why}"),
-            None => format!("CSV has no rows (it ends before the first probe): {why}"),
+            Some(seq) => format!(
+                "{path}: {what} after {rows} rows, the rows written are whole (CSV ends at \
+                 probe {seq}: {why})"
+            ),
+            None => format!(
+                "{path}: {what} before the first row: it holds the metadata and header only \
+                 ({why})"
+            ),
         };
         self.failed = Some(msg.clone());
         anyhow::anyhow!(msg)
@@ -395,8 +438,7 @@ impl CsvWriter {
             self.rotate()?;
         }
         self.buf.extend_from_slice(self.line.as_bytes());
-        self.buf_rows += 1;
-        self.buf_seq = Some(r.seq);
+        self.buf_rows.push((self.buf.len(), r.seq));
         self.rows += 1;
         self.file_rows += 1;
         self.file_bytes += len;
@@ -415,11 +457,11 @@ impl CsvWriter {
         if !same {
             // Nobody can open the file any more: the CSV ended with the
             // last rows handed to it.
-            let why = format!(
-                "{} was removed or replaced during the run",
-                self.path.display()
-            );
-            return Err(self.fail(why));
+            drop(self.out.take());
+            return Err(self.stop_with(
+                "removed or replaced during the run",
+                "nothing more can be added to it".into(),
+            ));
         }
         self.write_out()?;
         Ok(())
@@ -435,7 +477,7 @@ impl CsvWriter {
             None => Ok(()),
         };
         if let Err(e) = shifted.and_then(|()| self.open()) {
-            return Err(self.fail(format!("cannot rotate {}: {e}", self.path.display())));
+            return Err(self.stop_with("rotation failed", e.to_string()));
         }
         self.rotations += 1;
         Ok(())
@@ -463,6 +505,12 @@ impl Drop for CsvWriter {
             let _ = self.write_out();
         }
     }
+}
+
+/// How many of the buffered rows (end offset, seq) lie wholly within the
+/// first `taken` bytes.
+fn whole_rows(rows: &[(usize, u64)], taken: usize) -> usize {
+    rows.partition_point(|r| r.0 <= taken)
 }
 
 /// Formats one CSV row (with trailing newline) into `line`.
@@ -670,8 +718,14 @@ mod tests {
         })
         .unwrap();
         let e = w.flush().unwrap_err().to_string();
-        assert!(e.starts_with("CSV ends at probe 4: "), "{e}");
-        assert!(e.contains("was removed or replaced during the run"), "{e}");
+        assert!(
+            e.starts_with(&format!(
+                "{}: removed or replaced during the run after 5 rows, the rows written are whole \
+                 (CSV ends at probe 4: ",
+                p.display()
+            )),
+            "{e}"
+        );
         let again = w
             .write(&ProbeRecord {
                 seq: 6,
@@ -680,6 +734,16 @@ mod tests {
             .unwrap_err();
         assert_eq!(again.to_string(), e, "every later call says the same");
         assert_eq!(w.rows(), 5);
+    }
+
+    #[test]
+    fn a_short_write_keeps_the_rows_it_holds_whole() {
+        let rows = [(37, 0), (74, 1), (112, 2)];
+        assert_eq!(whole_rows(&rows, 0), 0);
+        assert_eq!(whole_rows(&rows, 36), 0);
+        assert_eq!(whole_rows(&rows, 37), 1);
+        assert_eq!(whole_rows(&rows, 111), 2);
+        assert_eq!(whole_rows(&rows, 112), 3);
     }
 
     #[test]
@@ -744,8 +808,10 @@ mod tests {
         }
         let e = err.expect("a 64 KiB disk fills up");
         assert!(e.contains("No space left on device"), "{e}");
+        assert!(e.contains("disk full after"), "{e}");
         let n: u64 = e
-            .strip_prefix("CSV ends at probe ")
+            .split("CSV ends at probe ")
+            .nth(1)
             .and_then(|t| t.split(':').next())
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("{e}"));
@@ -758,5 +824,10 @@ mod tests {
         assert_eq!(rows.len() as u64, n + 1);
         assert_eq!(w.rows(), n + 1);
         assert!(std::fs::read_to_string(&p).unwrap().ends_with('\n'));
+        // Every row that fit was kept: the file fills the disk but for
+        // less than a page (tmpfs counts whole pages) and a row.
+        let len = std::fs::metadata(&p).unwrap().len();
+        eprintln!("CSV on a 64 KiB tmpfs: {len} bytes, {} rows", n + 1);
+        assert!(len > 64 * 1024 - 4096 - 64, "{len}");
     }
 }

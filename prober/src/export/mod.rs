@@ -1,6 +1,7 @@
 //! Everything rtprobe writes: the per-probe CSV (streamed), the JSON summary
 //! and the plots. Pure: no kernel access.
 
+pub mod atomic;
 pub mod compare;
 pub mod csv;
 pub mod hdrlog;

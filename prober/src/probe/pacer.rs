@@ -302,6 +302,13 @@ pub fn pace_with(
             Next::Slice => continue,
             Next::Due(t) => t,
         };
+        // A stop that came during the wait sends nothing more. The first
+        // wait matters most: a Ctrl-C during set-up can land in it, and a
+        // sender thread that starts late would then send every probe
+        // already due in one batch.
+        if stop.load(Ordering::Relaxed) != 0 {
+            break;
+        }
         let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
         batch.clear();
         for s in seq..end {

@@ -1091,8 +1091,7 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         if let Some(k) = kcounters {
             v["kernel_counters"] = serde_json::to_value(k)?;
         }
-        std::fs::write(j, serde_json::to_string_pretty(&v)? + "\n")
-            .with_context(|| format!("cannot write {}", j.display()))?;
+        crate::export::json::write_value(j, &v)?;
         println!("  wrote {}", j.display());
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -10,7 +10,7 @@
 
 use std::{path::Path, path::PathBuf, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -140,12 +140,11 @@ impl BenchForwardArgs {
 
     /// Reads a sweep file; errors name the file, line, column and key.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "cannot read bench-forward config {}: check the path",
-                path.display()
-            )
-        })?;
+        let text = crate::input::read_text(
+            path,
+            "bench-forward sweep file",
+            crate::input::MAX_CONFIG_BYTES,
+        )?;
         Self::parse(path, &text)
     }
 

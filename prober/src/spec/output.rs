@@ -13,7 +13,8 @@ pub struct OutputSpec {
     #[arg(long)]
     pub out: Option<PathBuf>,
 
-    /// Also write the summary as JSON to this path.
+    /// Also write the summary as JSON to this path (whole or not at all: a temporary file renamed
+    /// into place).
     #[arg(long)]
     pub json: Option<PathBuf>,
 

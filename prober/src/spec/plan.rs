@@ -90,6 +90,36 @@ impl fmt::Display for SpecError {
 
 impl std::error::Error for SpecError {}
 
+/// Longest interface name Linux takes: IFNAMSIZ (16) less the NUL.
+pub const MAX_IFNAME_BYTES: usize = 15;
+
+/// Why the kernel would refuse `name` as an interface name (its
+/// `dev_valid_name`), said before anything is built; None if it is valid.
+pub fn bad_interface_name(name: &str) -> Option<String> {
+    let shown = name.escape_debug();
+    if name.is_empty() {
+        return Some("is empty: name an existing interface (see `ip link`)".into());
+    }
+    if name.len() > MAX_IFNAME_BYTES {
+        return Some(format!(
+            "{shown} is {} bytes: Linux interface names are at most {MAX_IFNAME_BYTES} bytes \
+             (IFNAMSIZ - 1); check the name with `ip link`",
+            name.len()
+        ));
+    }
+    if name == "."
+        || name == ".."
+        || name.contains(['/', ':'])
+        || name.contains(char::is_whitespace)
+    {
+        return Some(format!(
+            "{shown} is not an interface name (no '/', ':' or spaces, not . or ..): check the \
+             name with `ip link`"
+        ));
+    }
+    None
+}
+
 /// The merged specs of one run -> its plan. No system access except
 /// reading whether real-time throttling is on (busy-poll with
 /// rt-priority); output paths are checked by [`check_output_paths`].
@@ -158,6 +188,11 @@ pub fn validate(
             "port",
             "0 is not a usable UDP port: pick 1..65535 (default 5061)".into(),
         );
+    }
+    for (key, name) in [("tx_if", &p.tx_if), ("rx_if", &p.rx_if)] {
+        if let Some(why) = name.as_deref().and_then(bad_interface_name) {
+            return e(key, why);
+        }
     }
     match (&p.tx_if, &p.rx_if) {
         (Some(t), Some(r)) if t == r => {

@@ -54,8 +54,8 @@ pub struct ProbeSpec {
     #[serde(default, with = "humane_duration::option")]
     pub timeout: Option<Duration>,
 
-    /// Existing interface to send from (NIC-pair mode; needs --rx-if). It is moved into the
-    /// sender namespace for the run and given back afterwards.
+    /// Existing interface to send from (NIC-pair mode; needs --rx-if; at most 15 bytes). It is
+    /// moved into the sender namespace for the run and given back afterwards.
     #[arg(long, requires = "rx_if")]
     pub tx_if: Option<String>,
 

@@ -149,8 +149,7 @@ pub fn resolve(target: &str, default_port: u16) -> Result<SocketAddr> {
 /// Reads an HMAC key file: every byte of it is the key (a trailing newline
 /// too: `head -c 32 /dev/urandom > key` gives none). Never logged.
 pub fn read_key(path: &Path) -> Result<crate::probe::stamp::HmacKey> {
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("cannot read the key file {}", path.display()))?;
+    let bytes = crate::input::read_capped(path, "key file", crate::input::MAX_KEY_BYTES)?;
     if bytes.len() < MIN_KEY_BYTES {
         bail!(
             "key file {} holds {} bytes: give at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom > {})",

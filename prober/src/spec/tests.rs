@@ -597,3 +597,30 @@ mod never_panic {
         }
     }
 }
+
+/// The kernel refuses names of 16 bytes or more with ERANGE, which read
+/// "Numerical result out of range" twice; validation says it first.
+#[test]
+fn interface_names_over_15_bytes_are_refused_in_one_line() {
+    let long = "enp0s31f6abcdefghij"; // 19 bytes
+    let e = opts(&["--tx-if", long, "--rx-if", "eth1"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "--tx-if {long} is 19 bytes: Linux interface names are at most 15 bytes \
+             (IFNAMSIZ - 1); check the name with `ip link`"
+        )
+    );
+    let e = opts(&["--tx-if", "eth0", "--rx-if", "a/b"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("--rx-if a/b is not an interface name"), "{e}");
+    let fifteen = "abcdefghijklmno";
+    assert!(bad_interface_name(fifteen).is_none());
+    assert!(bad_interface_name(&format!("{fifteen}p")).is_some());
+    // Bytes, not characters: 8 two-byte characters are 16 bytes.
+    assert!(bad_interface_name("éééééééé").is_some());
+    assert!(bad_interface_name("").is_some() && bad_interface_name("..").is_some());
+}

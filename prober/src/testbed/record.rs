@@ -143,7 +143,9 @@ pub fn load_all(dir: &Path) -> Vec<Record> {
         if p.extension().is_none_or(|x| x != "json") {
             continue;
         }
-        match std::fs::read(&p)
+        // rtprobe's own small records; the cap only guards against a
+        // stray file in the directory.
+        match crate::input::read_capped(&p, "testbed record", crate::input::MAX_RECORD_BYTES)
             .map_err(anyhow::Error::from)
             .and_then(|b| Ok(serde_json::from_slice::<Record>(&b)?))
         {

@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use plotters::{coord::Shift, element::DashedPathElement, prelude::*};
 use serde::Deserialize;
 
@@ -84,8 +84,11 @@ pub struct Bounce {
 
 /// Reads a bench-forward JSON report.
 pub fn read(path: &Path) -> Result<Report> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {}: check the path", path.display()))?;
+    let text = crate::input::read_text(
+        path,
+        "bench-forward JSON report",
+        crate::input::MAX_REPORT_BYTES,
+    )?;
     serde_json::from_str(&text).map_err(|e| {
         anyhow!(
             "{}:{}:{}: not a bench-forward JSON report ({e}): give the file `rtprobe \

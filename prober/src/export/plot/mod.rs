@@ -522,7 +522,12 @@ fn is_bench_report(path: &Path) -> bool {
     if f.read(&mut first).map_or(true, |n| n == 0) || first[0] != b'{' {
         return false;
     }
-    fs::read(path).is_ok_and(|text| bench::sniff(&text))
+    crate::input::read_capped(
+        path,
+        "bench-forward JSON report",
+        crate::input::MAX_REPORT_BYTES,
+    )
+    .is_ok_and(|text| bench::sniff(&text))
 }
 
 fn prepare_out_dir(dir: &Path) -> Result<()> {

@@ -308,6 +308,8 @@ pub fn read_csv<R: Read>(name: &str, input: R, opts: &ReadOptions) -> Result<Csv
     };
     let io_err = |line: Option<u64>, e: io::Error| err(line, None, format!("read failed: {e}"));
 
+    // A file without newlines must not become one record in memory.
+    let input = crate::input::LineCapped::new(input, crate::input::MAX_CSV_LINE_BYTES);
     let mut buf = BufReader::with_capacity(64 * 1024, LastByte::new(input));
     let mut first = Vec::new();
     (&mut buf)
@@ -510,11 +512,18 @@ fn sniff_foreign(first: &[u8]) -> Option<String> {
         "an SVG/XML file (a figure?)"
     } else if first.starts_with(b"{") || first.starts_with(b"[") {
         "JSON (the --json summary?)"
-    } else if first.contains(&0)
-        // error_len() is None for a character cut by the 64 KiB limit.
-        || std::str::from_utf8(first).is_err_and(|e| e.error_len().is_some())
-    {
+    } else if first.contains(&0) {
         "binary data"
+    } else if let Err(e) = std::str::from_utf8(first)
+        // error_len() is None for a character cut by the 64 KiB limit.
+        && e.error_len().is_some()
+    {
+        let at = e.valid_up_to();
+        return Some(format!(
+            "not UTF-8 (byte 0x{:02x} at offset {at}): rtprobe writes UTF-8; convert the file \
+             (e.g. iconv -f latin1 -t utf-8) or pass the CSV rtprobe wrote",
+            first[at]
+        ));
     } else {
         return None;
     };
@@ -975,6 +984,17 @@ pub(crate) mod tests {
 
     fn read_err(text: &[u8]) -> String {
         read(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_first_line_that_is_not_utf8_says_so_and_where() {
+        let e = super::sniff_foreign(b"seq,fl\xe9w\n").unwrap();
+        assert!(e.starts_with("not UTF-8 (byte 0xe9 at offset 6)"), "{e}");
+        assert!(
+            super::sniff_foreign(b"seq\0flow\n")
+                .unwrap()
+                .contains("binary data")
+        );
     }
 
     #[test]
