@@ -566,7 +566,7 @@ fn stages_name_the_run_without_stage_columns() {
 /// A small HdrHistogram interval log committed to the repository, written
 /// by the hdrhistogram crate's `IntervalLogWriter` (V2-deflate, as
 /// HdrHistogram's `HistogramLogWriter` writes); regenerate with
-/// `cargo test -p rtprobe --test plot_golden -- --ignored write_hdr_log_fixture`.
+/// `RTPROBE_WRITE_FIXTURES=1 cargo test -p rtprobe --test plot_golden hdr_log_fixture_is`.
 const HDR_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/interval.hlog");
 
 /// Ten one-second intervals tagged one-way and rtt: 200 samples each
@@ -607,12 +607,6 @@ fn write_hdr_log(path: &Path) {
     }
     drop(w);
     std::fs::write(path, out).unwrap();
-}
-
-#[test]
-#[ignore = "writes the committed fixture"]
-fn write_hdr_log_fixture() {
-    write_hdr_log(Path::new(HDR_FIXTURE));
 }
 
 #[test]
@@ -669,8 +663,15 @@ fn hdr_log_fixture_draws_every_kind_by_content_not_name() {
     assert_eq!(svg.lines().filter(|l| l.starts_with("<polygon")).count(), 1);
 }
 
+/// Also the fixture's writer, but only when asked with
+/// `RTPROBE_WRITE_FIXTURES=1`: no test run (root runs with `--ignored`
+/// included) rewrites a committed file.
 #[test]
 fn hdr_log_fixture_is_what_the_crate_writes() {
+    if std::env::var("RTPROBE_WRITE_FIXTURES").is_ok_and(|v| v == "1") {
+        write_hdr_log(Path::new(HDR_FIXTURE));
+        eprintln!("RTPROBE_WRITE_FIXTURES=1: wrote {HDR_FIXTURE}");
+    }
     let dir = tempfile::tempdir().unwrap();
     let fresh = dir.path().join("fresh.hlog");
     write_hdr_log(&fresh);

@@ -1,12 +1,15 @@
 //! `cargo xtask`: the project's explicit build and set-up steps.
 //!
 //! - `setup`: installs, idempotently, what a fresh Debian machine lacks
-//!   (apt packages, the pinned nightly with rust-src, bpf-linker, scapy).
+//!   (apt packages, the pinned nightly with rust-src and clippy,
+//!   bpf-linker, cargo-fuzz, scapy).
 //! - `build-ebpf`: builds the XDP router object and prints its path
 //!   (`cargo build` does the same through `prober/build.rs`).
 //! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
 //!   prints their paths.
-//! - `test`: setup, the unit tests, then the root/netns tests when root.
+//! - `test`: setup, `cargo fmt --check`, clippy (the workspace and the eBPF
+//!   crate), the unit tests, every fuzz target for a bounded time, then the
+//!   root/netns tests when root.
 
 use std::{
     env,
@@ -37,9 +40,24 @@ const APT_PACKAGES: &[&str] = &[
     "iputils-ping", // the ping column of cargo xtask bench
     "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
     "prometheus",   // the metrics e2e test scrapes a probe run with a real server
+    "g++",          // libFuzzer (cargo fuzz) is C++
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";
+/// The cargo-fuzz release `cargo xtask setup` installs (any patch level).
+const CARGO_FUZZ_MINOR: &str = "0.13";
+/// The fuzz targets in fuzz/ (one per parser that faces a file or the
+/// network) and the committed seed directories each starts from, relative
+/// to the workspace root. New inputs go to `fuzz/corpus/TARGET`
+/// (git-ignored), crashes to `fuzz/artifacts/TARGET`.
+const FUZZ_TARGETS: &[(&str, &[&str])] = &[
+    ("csv_reader", &["fuzz/seeds/csv_reader"]),
+    ("scenario", &["fuzz/seeds/scenario", "configs"]),
+    ("sender_echo", &["fuzz/seeds/sender_echo"]),
+    ("reflector", &["fuzz/seeds/reflector"]),
+];
+/// Seconds each fuzz target runs in `cargo xtask test`.
+const FUZZ_SECONDS_DEFAULT: u64 = 20;
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "rtprobe build and set-up tasks")]
@@ -50,7 +68,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install what is missing: apt packages, the pinned nightly with rust-src, bpf-linker, scapy.
+    /// Install what is missing: apt packages, the pinned nightly with rust-src and clippy,
+    /// bpf-linker, cargo-fuzz, scapy.
     Setup,
     /// Build the XDP router object (release, bpfel-unknown-none) and print its path.
     BuildEbpf,
@@ -73,8 +92,12 @@ enum Task {
     },
     /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
     Bench(bench::BenchArgs),
-    /// Setup, `cargo test`, then the root/netns tests (`--ignored`) when run as root.
+    /// Setup, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then the
+    /// root/netns tests (`--ignored`) when run as root.
     Test {
+        /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
+        #[arg(long, env = "RTPROBE_FUZZ_SECONDS", default_value_t = FUZZ_SECONDS_DEFAULT)]
+        fuzz_seconds: u64,
         /// Passed to the test binaries (e.g. a test name filter).
         #[arg(last = true)]
         args: Vec<String>,
@@ -86,7 +109,7 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Task::Setup => setup(),
         Task::BuildEbpf => build_ebpf().map(|p| println!("{}", p.display())),
-        Task::Test { args } => test(&args),
+        Task::Test { fuzz_seconds, args } => test(fuzz_seconds, &args),
         Task::Demo { out_dir, count } => demo(&out_dir, count),
         Task::Man { out_dir } => man(out_dir.as_deref()),
         Task::Bench(args) => bench::bench(&args),
@@ -155,33 +178,69 @@ fn setup() -> Result<()> {
     setup_apt()?;
     setup_toolchain()?;
     setup_bpf_linker()?;
-    setup_clippy()?;
+    setup_component("clippy", "clippy")?;
+    setup_component("fmt", "rustfmt")?;
+    setup_cargo_fuzz()?;
     setup_scapy();
     eprintln!("xtask: setup complete");
     Ok(())
 }
 
-/// clippy, which `cargo xtask test` runs first (rustup's minimal profile
-/// leaves it out).
-fn setup_clippy() -> Result<()> {
-    let cargo = cargo();
-    let present = Command::new(&cargo)
-        .args(["clippy", "--version"])
+/// A component of the workspace's toolchain that `cargo xtask test` runs
+/// (`cargo clippy`, `cargo fmt`; rustup's minimal profile leaves them out).
+fn setup_component(subcommand: &str, component: &str) -> Result<()> {
+    let present = Command::new(cargo())
+        .args([subcommand, "--version"])
         .current_dir(workspace_root())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if present {
-        eprintln!("xtask: clippy present, skipped");
+        eprintln!("xtask: {component} present, skipped");
         return Ok(());
     }
     if output_of("rustup", &["--version"]).is_none() {
-        bail!("cargo clippy not found and no rustup: install clippy for your Rust toolchain");
+        bail!(
+            "cargo {subcommand} not found and no rustup: install {component} for your Rust toolchain"
+        );
     }
     run(Command::new("rustup")
-        .args(["component", "add", "clippy"])
+        .args(["component", "add", component])
         .current_dir(workspace_root()))
+}
+
+/// `cargo-fuzz 0.13.2` -> true when it is the pinned minor release.
+fn cargo_fuzz_version_ok(version_line: &str) -> bool {
+    version_line
+        .strip_prefix("cargo-fuzz ")
+        .is_some_and(|v| v.starts_with(&format!("{CARGO_FUZZ_MINOR}.")))
+}
+
+/// cargo-fuzz, which builds and runs the targets in fuzz/ on the pinned
+/// nightly (libFuzzer's instrumentation needs `-Z` flags).
+fn setup_cargo_fuzz() -> Result<()> {
+    let current = output_of(
+        "rustup",
+        &["run", EBPF_TOOLCHAIN, "cargo", "fuzz", "--version"],
+    );
+    if let Some(v) = &current
+        && cargo_fuzz_version_ok(v)
+    {
+        eprintln!("xtask: {v} present, skipped");
+        return Ok(());
+    }
+    let version_req = format!("~{CARGO_FUZZ_MINOR}");
+    let mut install = nightly_cargo();
+    install.args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        &version_req,
+        "--locked",
+        "--force",
+    ]);
+    run(&mut install)
 }
 
 /// scapy, the independent STAMP implementation rtprobe's interop tests
@@ -264,20 +323,8 @@ fn setup_toolchain() -> Result<()> {
     }
     // RUSTUP_AUTO_INSTALL=0 may be set: `rustup run` then fails instead of
     // installing, which is exactly the check we want.
-    let installed = output_of("rustup", &["run", EBPF_TOOLCHAIN, "rustc", "-V"]);
-    match installed {
-        Some(v) if rust_src_present(EBPF_TOOLCHAIN) => {
-            eprintln!("xtask: toolchain {EBPF_TOOLCHAIN} with rust-src present ({v}), skipped");
-            Ok(())
-        }
-        Some(_) => run(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            EBPF_TOOLCHAIN,
-        ])),
-        None => run(Command::new("rustup").args([
+    let Some(v) = output_of("rustup", &["run", EBPF_TOOLCHAIN, "rustc", "-V"]) else {
+        return run(Command::new("rustup").args([
             "toolchain",
             "install",
             EBPF_TOOLCHAIN,
@@ -285,9 +332,35 @@ fn setup_toolchain() -> Result<()> {
             "minimal",
             "--component",
             "rust-src",
+            "--component",
+            "clippy",
             "--no-self-update",
-        ])),
+        ]));
+    };
+    // rust-src for -Z build-std; clippy lints the eBPF crate, which only
+    // this toolchain builds.
+    let mut missing = Vec::new();
+    if !rust_src_present(EBPF_TOOLCHAIN) {
+        missing.push("rust-src");
     }
+    if output_of(
+        "rustup",
+        &["run", EBPF_TOOLCHAIN, "cargo-clippy", "--version"],
+    )
+    .is_none()
+    {
+        missing.push("clippy");
+    }
+    if missing.is_empty() {
+        eprintln!(
+            "xtask: toolchain {EBPF_TOOLCHAIN} with rust-src and clippy present ({v}), skipped"
+        );
+        return Ok(());
+    }
+    run(Command::new("rustup")
+        .args(["component", "add"])
+        .args(&missing)
+        .args(["--toolchain", EBPF_TOOLCHAIN]))
 }
 
 /// `bpf-linker 0.13.0` -> true when it is the pinned minor release.
@@ -350,6 +423,37 @@ fn bpf_target_arch() -> &'static str {
     }
 }
 
+/// `cargo` of the pinned nightly. The stable toolchain running xtask must
+/// not leak into it.
+fn nightly_cargo() -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", EBPF_TOOLCHAIN, "cargo"])
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO");
+    cmd
+}
+
+/// `cargo SUBCOMMAND` over the eBPF crate as the eBPF build does it: the
+/// pinned nightly, bpfel-unknown-none, `-Z build-std=core` and the flags
+/// aya-build uses from prober/build.rs.
+fn ebpf_cargo(root: &Path, subcommand: &str) -> Command {
+    let rustflags = [
+        format!("--cfg=bpf_target_arch=\"{}\"", bpf_target_arch()),
+        "-Cdebuginfo=2".to_string(),
+        "-Clink-arg=--btf".to_string(),
+    ]
+    .join("\x1f");
+    let mut cmd = nightly_cargo();
+    cmd.current_dir(root)
+        .arg(subcommand)
+        .args(["--package", EBPF_PACKAGE, "--bins", "--release"])
+        .args(["--target", EBPF_TARGET, "-Z", "build-std=core"])
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags);
+    cmd
+}
+
 fn build_ebpf() -> Result<PathBuf> {
     if output_of("rustup", &["run", EBPF_TOOLCHAIN, "rustc", "-V"]).is_none()
         || !rust_src_present(EBPF_TOOLCHAIN)
@@ -359,25 +463,8 @@ fn build_ebpf() -> Result<PathBuf> {
     if output_of("bpf-linker", &["--version"]).is_none() {
         bail!("bpf-linker is not on PATH: run `cargo xtask setup`");
     }
-    // Same flags as aya-build uses from prober/build.rs.
-    let rustflags = [
-        format!("--cfg=bpf_target_arch=\"{}\"", bpf_target_arch()),
-        "-Cdebuginfo=2".to_string(),
-        "-Clink-arg=--btf".to_string(),
-    ]
-    .join("\x1f");
-    let mut cmd = Command::new("rustup");
-    cmd.current_dir(workspace_root())
-        .args(["run", EBPF_TOOLCHAIN, "cargo", "build"])
-        .args(["--package", EBPF_PACKAGE, "--bins", "--release"])
-        .args(["--target", EBPF_TARGET, "-Z", "build-std=core"])
-        .arg("--message-format=json-render-diagnostics")
-        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
-        // The stable toolchain running xtask must not leak into the nightly build.
-        .env_remove("RUSTC")
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("CARGO")
+    let mut cmd = ebpf_cargo(&workspace_root(), "build");
+    cmd.arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped());
     eprintln!("xtask: running {}", show(&cmd));
     let mut child = cmd
@@ -477,16 +564,23 @@ fn demo(out_dir: &Path, count: u64) -> Result<()> {
 
 // ---------------------------------------------------------------- test
 
-fn test(args: &[String]) -> Result<()> {
+fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
     setup()?;
     let root = workspace_root();
+    for mut fmt in fmt_check_commands(&root) {
+        run(&mut fmt).context(
+            "run `cargo fmt --all && cargo fmt --manifest-path fuzz/Cargo.toml` to format the code",
+        )?;
+    }
     run(&mut clippy_command(&root))?;
+    run(&mut clippy_ebpf_command(&root))?;
     let mut unit = Command::new(cargo());
     unit.current_dir(&root).arg("test");
     if !args.is_empty() {
         unit.arg("--").args(args);
     }
     run(&mut unit)?;
+    fuzz(&root, fuzz_seconds)?;
 
     if !is_root() {
         return root_tests_not_run(under_ci());
@@ -516,6 +610,103 @@ fn clippy_command(root: &Path) -> Command {
     c.current_dir(root)
         .args(["clippy", "--all-targets", "--", "-D", "warnings"]);
     c
+}
+
+/// `cargo fmt --check` over the whole workspace (the eBPF crate too) and
+/// over the fuzz crate, which is not a member.
+fn fmt_check_commands(root: &Path) -> [Command; 2] {
+    [&["--all"][..], &["--manifest-path", "fuzz/Cargo.toml"][..]].map(|which| {
+        let mut c = Command::new(cargo());
+        c.current_dir(root)
+            .arg("fmt")
+            .args(which)
+            .args(["--", "--check"]);
+        c
+    })
+}
+
+/// Clippy over the eBPF crate, which only the pinned nightly builds for
+/// bpfel-unknown-none (so the workspace clippy leaves it out); the
+/// workspace lints apply and any warning fails.
+fn clippy_ebpf_command(root: &Path) -> Command {
+    let mut c = ebpf_cargo(root, "clippy");
+    c.args(["--", "-D", "warnings"]);
+    c
+}
+
+// ---------------------------------------------------------------- fuzz
+
+/// cargo fuzz over fuzz/ on the pinned nightly. The targets fuzz parsers,
+/// not the XDP programs: `AYA_BUILD_SKIP` keeps prober/build.rs from
+/// building the eBPF object under the sanitizer's flags.
+fn cargo_fuzz(root: &Path, subcommand: &str) -> Command {
+    let mut c = nightly_cargo();
+    c.current_dir(root)
+        .args(["fuzz", subcommand, "--fuzz-dir", "fuzz"])
+        .env("AYA_BUILD_SKIP", "1");
+    c
+}
+
+/// Runs `target` for `seconds` from its corpus and seed directories. A
+/// crash, a leak, a unit slower than 10 s or over 2 GiB RSS fails it and
+/// leaves the input in fuzz/artifacts/TARGET/.
+fn fuzz_run_command(root: &Path, target: &str, seeds: &[&str], seconds: u64) -> Command {
+    let mut c = cargo_fuzz(root, "run");
+    // The first directory receives the new inputs; the seeds are only read.
+    c.arg(target)
+        .arg(Path::new("fuzz/corpus").join(target))
+        .args(seeds)
+        .arg("--")
+        .arg(format!("-max_total_time={seconds}"))
+        .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"]);
+    c
+}
+
+fn files_in(dir: &Path) -> std::collections::BTreeSet<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default()
+}
+
+/// Every fuzz target for `seconds` each; 0 skips them (said on stdout).
+fn fuzz(root: &Path, seconds: u64) -> Result<()> {
+    if seconds == 0 {
+        println!("SKIPPED: fuzzing (--fuzz-seconds 0 or RTPROBE_FUZZ_SECONDS=0)");
+        return Ok(());
+    }
+    // fuzz/ is its own workspace: build it with the versions the
+    // workspace's lock file pins (cargo adds only libFuzzer's crates).
+    let lock = root.join("fuzz/Cargo.lock");
+    std::fs::copy(root.join("Cargo.lock"), &lock)
+        .with_context(|| format!("cannot write {}", lock.display()))?;
+    run(&mut cargo_fuzz(root, "build"))?;
+    for (target, seeds) in FUZZ_TARGETS {
+        let corpus = root.join("fuzz/corpus").join(target);
+        std::fs::create_dir_all(&corpus)
+            .with_context(|| format!("cannot create {}", corpus.display()))?;
+        let artifacts = root.join("fuzz/artifacts").join(target);
+        let before = files_in(&artifacts);
+        if let Err(e) = run(&mut fuzz_run_command(root, target, seeds, seconds)) {
+            let found: Vec<String> = files_in(&artifacts)
+                .difference(&before)
+                .map(|p| p.display().to_string())
+                .collect();
+            let Some(first) = found.first() else {
+                return Err(e.context(format!("fuzz target {target} failed without an artifact")));
+            };
+            bail!(
+                "fuzz target {target} failed on {}: reproduce with `rustup run {EBPF_TOOLCHAIN} \
+                 cargo fuzz run --fuzz-dir fuzz {target} {first}`, fix the parser and add the \
+                 input to its unit tests",
+                found.join(", ")
+            );
+        }
+    }
+    eprintln!(
+        "xtask: {} fuzz targets ran {seconds} s each without a failure",
+        FUZZ_TARGETS.len()
+    );
+    Ok(())
 }
 
 /// `CI=true` (or 1), as GitHub Actions, GitLab and most CI services set it.
@@ -577,6 +768,144 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         assert_eq!(a, ["clippy", "--all-targets", "--", "-D", "warnings"]);
+    }
+
+    fn args_of(c: &Command) -> Vec<String> {
+        c.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn env_of(c: &Command, key: &str) -> Option<String> {
+        c.get_envs()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    #[test]
+    fn fmt_checks_the_whole_workspace_and_the_fuzz_crate() {
+        let [all, fuzz] = fmt_check_commands(Path::new("/ws"));
+        assert_eq!(all.get_current_dir(), Some(Path::new("/ws")));
+        assert_eq!(args_of(&all), ["fmt", "--all", "--", "--check"]);
+        assert_eq!(fuzz.get_current_dir(), Some(Path::new("/ws")));
+        assert_eq!(
+            args_of(&fuzz),
+            ["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]
+        );
+    }
+
+    #[test]
+    fn ebpf_clippy_is_the_ebpf_build_with_warnings_denied() {
+        let c = clippy_ebpf_command(Path::new("/ws"));
+        assert_eq!(c.get_program(), "rustup");
+        assert_eq!(c.get_current_dir(), Some(Path::new("/ws")));
+        let a = args_of(&c);
+        assert_eq!(a[..4], ["run", EBPF_TOOLCHAIN, "cargo", "clippy"]);
+        assert_eq!(
+            a[4..],
+            [
+                "--package",
+                EBPF_PACKAGE,
+                "--bins",
+                "--release",
+                "--target",
+                EBPF_TARGET,
+                "-Z",
+                "build-std=core",
+                "--",
+                "-D",
+                "warnings"
+            ]
+        );
+        // The same flags as the build, so clippy sees the same cfg.
+        let build = ebpf_cargo(Path::new("/ws"), "build");
+        let flags = env_of(&c, "CARGO_ENCODED_RUSTFLAGS").unwrap();
+        assert_eq!(
+            Some(&flags),
+            env_of(&build, "CARGO_ENCODED_RUSTFLAGS").as_ref()
+        );
+        assert!(flags.contains("bpf_target_arch"), "{flags}");
+        // Stable's cargo must not leak into the nightly one.
+        for var in ["RUSTC", "RUSTUP_TOOLCHAIN", "CARGO"] {
+            assert!(
+                c.get_envs().any(|(k, v)| k == var && v.is_none()),
+                "{var} not removed"
+            );
+        }
+    }
+
+    #[test]
+    fn fuzz_run_is_bounded_and_keeps_seeds_read_only() {
+        let c = fuzz_run_command(
+            Path::new("/ws"),
+            "scenario",
+            &["fuzz/seeds/scenario", "configs"],
+            25,
+        );
+        assert_eq!(c.get_current_dir(), Some(Path::new("/ws")));
+        assert_eq!(env_of(&c, "AYA_BUILD_SKIP").as_deref(), Some("1"));
+        let a = args_of(&c);
+        assert_eq!(a[..3], ["run", EBPF_TOOLCHAIN, "cargo"]);
+        assert_eq!(
+            a[3..],
+            [
+                "fuzz",
+                "run",
+                "--fuzz-dir",
+                "fuzz",
+                "scenario",
+                // New inputs go to the first (git-ignored) directory.
+                "fuzz/corpus/scenario",
+                "fuzz/seeds/scenario",
+                "configs",
+                "--",
+                "-max_total_time=25",
+                "-timeout=10",
+                "-rss_limit_mb=2048",
+                "-print_final_stats=1"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_fuzz_target_is_in_the_fuzz_crate_with_its_seeds() {
+        let root = workspace_root();
+        let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).unwrap();
+        let declared = manifest.matches("[[bin]]").count();
+        assert_eq!(declared, FUZZ_TARGETS.len(), "a target xtask does not run");
+        for (target, seeds) in FUZZ_TARGETS {
+            assert!(
+                manifest.contains(&format!("name = \"{target}\"")),
+                "{target}"
+            );
+            for s in *seeds {
+                assert!(root.join(s).is_dir(), "{target}: no seed directory {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn fuzz_seconds_come_from_the_flag_or_the_environment() {
+        let secs = |argv: &[&str]| match Cli::try_parse_from(argv).unwrap().command {
+            Task::Test { fuzz_seconds, .. } => fuzz_seconds,
+            other => panic!("{other:?}"),
+        };
+        let from_env = env::var("RTPROBE_FUZZ_SECONDS").ok();
+        let expected = from_env.map_or(FUZZ_SECONDS_DEFAULT, |v| v.parse().unwrap());
+        assert_eq!(secs(&["xtask", "test"]), expected);
+        assert_eq!(secs(&["xtask", "test", "--fuzz-seconds", "0"]), 0);
+        assert_eq!(
+            secs(&["xtask", "test", "--fuzz-seconds", "7", "--", "x"]),
+            7
+        );
+    }
+
+    #[test]
+    fn cargo_fuzz_version_check() {
+        assert!(cargo_fuzz_version_ok("cargo-fuzz 0.13.2"));
+        assert!(!cargo_fuzz_version_ok("cargo-fuzz 0.12.0"));
+        assert!(!cargo_fuzz_version_ok("cargo-fuzz 0.130.0"));
+        assert!(!cargo_fuzz_version_ok("something else"));
     }
 
     #[test]
