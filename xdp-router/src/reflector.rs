@@ -524,6 +524,7 @@ fn rewrite<const OFF: usize>(
                 let d = rtpb_mark_echo(probe, true);
                 // SAFETY: ktime helper; t is inside the frame (checked by ptr_at).
                 let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
+                // SAFETY: t is inside the frame (checked by ptr_at), nothing else refers to it.
                 let w = rtpb_write_times(unsafe { &mut *t }, rx_ns, tx_ns);
                 Ok((d.merge(w), ReflectorOutcome::ReflectedRtprobe))
             } else {
@@ -546,6 +547,7 @@ fn rewrite<const OFF: usize>(
             // SAFETY: ktime helper; p is inside the frame (checked by ptr_at).
             let tx_ns = unsafe { bpf_ktime_get_tai_ns() } as i64 + clock.tai_to_realtime_ns;
             let d = stamp_reflect(
+                // SAFETY: p is inside the frame (checked by ptr_at), nothing else refers to it.
                 unsafe { &mut *p },
                 ttl,
                 clock.stamp_error_estimate,
