@@ -213,14 +213,25 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
 
     assert_eq!(client.code, 0, "{}\n{}", client.stderr, client.stdout);
     assert_eq!(sent, 2000, "{}", client.stdout);
-    // The flood must have been the flood asked for, or nothing was shown.
-    for f in [&base, &hostile, &after] {
+    // The hostile flood must have been the flood asked for, or nothing was
+    // shown. The 1000-source floods are only the reference for CPU per
+    // datagram: they need the hostile flood's rate (within a quarter, as
+    // batching changes with the rate), not the issue's, which a loaded
+    // machine's forging thread does not always reach.
+    let rate = |f: &Flood| f.sent as f64 / f.elapsed_s;
+    assert!(
+        hostile.sent as f64 >= 0.9 * count as f64 && rate(&hostile) >= 0.8 * FLOOD_PPS as f64,
+        "the forging thread fell short: {} datagrams in {:.2} s",
+        hostile.sent,
+        hostile.elapsed_s
+    );
+    for f in [&base, &after] {
         assert!(
             f.sent as f64 >= 0.9 * count as f64
-                && f.sent as f64 / f.elapsed_s >= 0.8 * FLOOD_PPS as f64,
-            "the forging thread fell short: {} datagrams in {:.2} s",
-            f.sent,
-            f.elapsed_s
+                && (0.75..=1.0 / 0.75).contains(&(rate(f) / rate(&hostile))),
+            "the 1000-source reference ran at {:.0}/s against {:.0}/s",
+            rate(f),
+            rate(&hostile)
         );
     }
     assert!(
@@ -242,8 +253,10 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
     // Stamps stay within their budget: a sample, not one per reply.
     let stamp_most = (2000.0 * (refl["duration_s"].as_f64().unwrap() + 1.0)) as u64;
     assert!(n(&refl, "turnaround_sampled") <= stamp_most, "{refl}");
-    // 21 k sessions, a few lines a second and a count of the rest.
-    assert!(n(c, "sessions") >= 21_000, "{c}");
+    // 20 k forged sessions (the 1000 sources' among them: same source and
+    // session id) and the client's; a few lines a second and a count of
+    // the rest.
+    assert!(n(c, "sessions") > 20_000, "{c}");
     let run_s = refl["duration_s"].as_f64().unwrap();
     assert!(
         lines <= LINES_PER_S * (run_s.ceil() as usize + 1),

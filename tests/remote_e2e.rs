@@ -115,7 +115,9 @@ fn clean_run(protocol: &str, port: &str, ipv6: bool) {
     assert_eq!(refl["turnaround_ns"]["count"], sampled, "{refl}");
     assert!(refl["turnaround_ns"]["p50"].as_u64().unwrap() > 0, "{refl}");
     assert!(
-        log.contains(&format!("over {sampled} of {sampled} replies stamped (at most 2000/s)")),
+        log.contains(&format!(
+            "over {sampled} of {sampled} replies stamped (at most 2000/s)"
+        )),
         "the summary names the sample: {log}"
     );
     assert!(log.contains("new session"), "{log}");

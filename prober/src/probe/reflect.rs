@@ -783,9 +783,7 @@ pub fn serve(
                             }
                         }
                         // Only a reply with an RX stamp can give a turnaround.
-                        let stamp = c.sw_ns.is_some()
-                            && sock.per_send_opt_id()
-                            && budget.take(now);
+                        let stamp = c.sw_ns.is_some() && sock.per_send_opt_id() && budget.take(now);
                         if stamp {
                             ring[next_id as usize % TURNAROUND_RING] = c.sw_ns.unwrap_or(0);
                             stamps.push(Some(next_id));

@@ -250,7 +250,14 @@ impl ProbeSocket {
         rx: bool,
         rcvbuf_bytes: i32,
     ) -> Result<Self> {
-        Self::bind_flags(addr, tos, TsFlags::on_request_bits(rx), true, true, rcvbuf_bytes)
+        Self::bind_flags(
+            addr,
+            tos,
+            TsFlags::on_request_bits(rx),
+            true,
+            true,
+            rcvbuf_bytes,
+        )
     }
 
     fn bind_flags(
@@ -1124,7 +1131,10 @@ mod on_request_tests {
         assert_eq!(n, 4, "all four arrive in one batch on loopback");
         let idx = [0, 1, 2, 3];
         let stamps = [Some(10), None, Some(12), None];
-        assert_eq!(refl.send_back_stamping(&mut batch, &idx, &stamps).unwrap(), 4);
+        assert_eq!(
+            refl.send_back_stamping(&mut batch, &idx, &stamps).unwrap(),
+            4
+        );
         let got = tx_stamps(&refl, 2);
         if refl.per_send_opt_id() {
             // One driver stamp per stamped echo, no SCHED stamp.
@@ -1178,7 +1188,11 @@ mod on_request_tests {
         eprintln!("kernel OPT_IDs of the three stamped sends out of six: {got:?}");
         assert_eq!(
             got,
-            [(0, TxKind::Software), (1, TxKind::Software), (2, TxKind::Software)]
+            [
+                (0, TxKind::Software),
+                (1, TxKind::Software),
+                (2, TxKind::Software)
+            ]
         );
     }
 }
