@@ -3,10 +3,11 @@
 //! sent from namespace A through a raw socket (the forged range is routed
 //! back into A, so no reply leaves the test). 20 k forged sources leave a
 //! legitimate `rtprobe --target` client at most 1 % loss and cost the
-//! reflector about the CPU time of the same rate from 1000 sources; the
+//! reflector at most twice the CPU per datagram of the same rate from 1000
+//! sources, measured just before and just after; the
 //! per-source limit holds with more sources than the old 4096-entry table;
 //! "new session" lines are rate-limited. Needs root; run by `cargo xtask
-//! test` with `--ignored --test-threads=1`. Each test takes about 15 s.
+//! test` with `--ignored --test-threads=1`. Each test takes 15-25 s.
 
 mod common;
 
@@ -53,12 +54,51 @@ fn cpu_s(pid: u32) -> (f64, f64) {
     (s(11), s(12))
 }
 
+/// UDP `InDatagrams` (read by a socket) and `RcvbufErrors` (dropped on a
+/// full receive buffer) of `pid`'s namespace: in B only the reflector
+/// receives UDP.
+fn udp_counts(pid: u32) -> (u64, u64) {
+    let snmp = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).unwrap();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let names: Vec<&str> = udp.next().unwrap().split_whitespace().collect();
+    let values: Vec<&str> = udp.next().unwrap().split_whitespace().collect();
+    let get = |k: &str| {
+        let i = names.iter().position(|n| *n == k).unwrap();
+        values[i].parse::<u64>().unwrap()
+    };
+    (get("InDatagrams"), get("RcvbufErrors"))
+}
+
 struct Flood {
     sent: u64,
     elapsed_s: f64,
     /// The reflector's user + system CPU time, and the user part.
     cpu_s: f64,
     user_s: f64,
+    /// Datagrams the reflector read, and those its full buffer dropped.
+    read: u64,
+    dropped: u64,
+}
+
+impl Flood {
+    /// The reflector's CPU per datagram it read, µs.
+    fn cpu_us_per_datagram(&self) -> f64 {
+        self.cpu_s * 1e6 / self.read.max(1) as f64
+    }
+
+    fn line(&self, what: &str) -> String {
+        format!(
+            "{what}: {} datagrams in {:.2} s ({:.0}/s), reflector read {} dropped {} (full buffer), CPU {:.2} s (user {:.2} s; {:.2} µs/datagram read)",
+            self.sent,
+            self.elapsed_s,
+            self.sent as f64 / self.elapsed_s,
+            self.read,
+            self.dropped,
+            self.cpu_s,
+            self.user_s,
+            self.cpu_us_per_datagram()
+        )
+    }
 }
 
 /// `count` probes at `pps` from `sources` forged sources taking turns
@@ -67,6 +107,7 @@ struct Flood {
 fn flood(p: &Pair, pid: u32, sources: u32, count: u32, pps: u32) -> Flood {
     let dst = SocketAddrV4::new(B_IP.parse().unwrap(), PORT);
     let cpu0 = cpu_s(pid);
+    let udp0 = udp_counts(pid);
     let start = Instant::now();
     let max_s = count as f64 / pps as f64 + 3.0;
     let sent = send_forged(&p.a, dst, count, pps, max_s, |i| Forged {
@@ -76,11 +117,14 @@ fn flood(p: &Pair, pid: u32, sources: u32, count: u32, pps: u32) -> Flood {
     let elapsed_s = start.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_millis(300));
     let cpu1 = cpu_s(pid);
+    let udp1 = udp_counts(pid);
     Flood {
         sent,
         elapsed_s,
         cpu_s: cpu1.0 + cpu1.1 - cpu0.0 - cpu0.1,
         user_s: cpu1.0 - cpu0.0,
+        read: udp1.0 - udp0.0,
+        dropped: udp1.1 - udp0.1,
     }
 }
 
@@ -120,6 +164,9 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
         (h.join().unwrap(), t)
     });
     let flood_s = t_start.elapsed().as_secs_f64();
+    // The same 1000 sources again: the machine's load moves, so the
+    // hostile flood is judged against the 1000-source cost on both sides.
+    let after = flood(&p, r.pid(), 1000, count, FLOOD_PPS);
     let (refl, log) = r.stop();
     let c = &refl["counters"];
 
@@ -135,51 +182,56 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
             .unwrap_or_default()
             .trim()
     );
+    eprintln!("{}", base.line("1000 sources before"));
+    eprintln!("{}", hostile.line("20000 sources + client"));
+    eprintln!("{}", after.line("1000 sources after"));
+    let base_us = (base.cpu_us_per_datagram() + after.cpu_us_per_datagram()) / 2.0;
+    let ratio = hostile.cpu_us_per_datagram() / base_us;
     eprintln!(
-        "1000 sources: {} datagrams in {:.2} s ({:.0}/s), reflector CPU {:.2} s (user {:.2} s; {:.2} µs/datagram)",
-        base.sent,
-        base.elapsed_s,
-        base.sent as f64 / base.elapsed_s,
-        base.cpu_s,
-        base.user_s,
-        base.cpu_s * 1e6 / base.sent as f64
-    );
-    eprintln!(
-        "20000 sources: {} datagrams in {:.2} s ({:.0}/s), reflector CPU {:.2} s (user {:.2} s; {:.2} µs/datagram)",
-        hostile.sent,
-        hostile.elapsed_s,
-        hostile.sent as f64 / hostile.elapsed_s,
-        hostile.cpu_s,
-        hostile.user_s,
-        hostile.cpu_s * 1e6 / hostile.sent as f64
+        "CPU per datagram: 20000 sources {:.2} µs against {base_us:.2} µs from 1000 (mean of before and after): x{ratio:.2}",
+        hostile.cpu_us_per_datagram()
     );
     eprintln!(
         "legit client during the flood: sent {sent} lost {lost} ({loss_pct:.2} %), RTT p50 {} ns p99 {} ns",
         client.json["rtt_ns"]["p50"], client.json["rtt_ns"]["p99"]
     );
     eprintln!(
-        "reflector: datagrams {} of {} sent (the rest overflowed its socket) reflected {} rate_limited {} sessions {} evicted {} send_errors {} recv_errors {}; {lines} session lines in {:.1} s",
+        "reflector: datagrams {} of {} sent (the rest overflowed its socket) reflected {} rate_limited {} sessions {} evicted {} send_errors {} recv_errors {}; turnaround over {} of {} stamped replies (at most {}/s); {lines} session lines in {:.1} s",
         n(c, "datagrams"),
-        base.sent + hostile.sent + 2000,
+        base.sent + hostile.sent + after.sent + 2000,
         n(c, "reflected"),
         n(c, "rate_limited"),
         n(c, "sessions"),
         n(c, "sessions_evicted"),
         n(c, "send_errors"),
         c["recv_errors"],
+        refl["turnaround_ns"]["count"],
+        refl["turnaround_sampled"],
+        refl["turnaround_stamps_per_s"],
         refl["duration_s"].as_f64().unwrap_or(0.0)
     );
 
     assert_eq!(client.code, 0, "{}\n{}", client.stderr, client.stdout);
     assert_eq!(sent, 2000, "{}", client.stdout);
-    // The flood must have been the flood asked for, or nothing was shown.
-    for f in [&base, &hostile] {
+    // The hostile flood must have been the flood asked for, or nothing was
+    // shown. The 1000-source floods are only the reference for CPU per
+    // datagram: they need the hostile flood's rate (within a quarter, as
+    // batching changes with the rate), not the issue's, which a loaded
+    // machine's forging thread does not always reach.
+    let rate = |f: &Flood| f.sent as f64 / f.elapsed_s;
+    assert!(
+        hostile.sent as f64 >= 0.9 * count as f64 && rate(&hostile) >= 0.8 * FLOOD_PPS as f64,
+        "the forging thread fell short: {} datagrams in {:.2} s",
+        hostile.sent,
+        hostile.elapsed_s
+    );
+    for f in [&base, &after] {
         assert!(
             f.sent as f64 >= 0.9 * count as f64
-                && f.sent as f64 / f.elapsed_s >= 0.8 * FLOOD_PPS as f64,
-            "the forging thread fell short: {} datagrams in {:.2} s",
-            f.sent,
-            f.elapsed_s
+                && (0.75..=1.0 / 0.75).contains(&(rate(f) / rate(&hostile))),
+            "the 1000-source reference ran at {:.0}/s against {:.0}/s",
+            rate(f),
+            rate(&hostile)
         );
     }
     assert!(
@@ -188,14 +240,23 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
     );
     assert!(loss_pct <= 1.0, "legit client lost {loss_pct:.2} %");
     // Constant work per datagram: 20 k sources cost about what 1000 do.
+    // Per datagram read, so that a reflector starved of CPU (which reads
+    // fewer) is not judged by the load around it; twice is room for the
+    // larger tables' cache misses and the machine's noise. The O(n)
+    // eviction this replaced took 98.6 % of a CPU against 25-29 % for the
+    // same rate from 1000 sources, over 3.4 times, while reading less.
     assert!(
-        hostile.cpu_s <= 2.0 * base.cpu_s + 0.5,
-        "20 k sources: {:.2} s CPU against {:.2} s from 1000",
-        hostile.cpu_s,
-        base.cpu_s
+        ratio <= 2.0,
+        "20 k sources: {:.2} µs CPU per datagram against {base_us:.2} µs from 1000",
+        hostile.cpu_us_per_datagram()
     );
-    // 21 k sessions, a few lines a second and a count of the rest.
-    assert!(n(c, "sessions") >= 21_000, "{c}");
+    // Stamps stay within their budget: a sample, not one per reply.
+    let stamp_most = (2000.0 * (refl["duration_s"].as_f64().unwrap() + 1.0)) as u64;
+    assert!(n(&refl, "turnaround_sampled") <= stamp_most, "{refl}");
+    // 20 k forged sessions (the 1000 sources' among them: same source and
+    // session id) and the client's; a few lines a second and a count of
+    // the rest.
+    assert!(n(c, "sessions") > 20_000, "{c}");
     let run_s = refl["duration_s"].as_f64().unwrap();
     assert!(
         lines <= LINES_PER_S * (run_s.ceil() as usize + 1),

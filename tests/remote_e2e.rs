@@ -101,6 +101,25 @@ fn clean_run(protocol: &str, port: &str, ipv6: bool) {
         "probes + warm-up + status: {c}"
     );
     assert_eq!(c["malformed"], 0, "{c}");
+    // A 1 kHz client is inside the stamp budget: every reply stamped, and
+    // every stamp came back as a turnaround.
+    let sampled = refl["turnaround_sampled"].as_u64().unwrap();
+    eprintln!(
+        "reflector turnaround: {} of {sampled} stamped replies (budget {}/s), p50 {} ns p99 {} ns",
+        refl["turnaround_ns"]["count"],
+        refl["turnaround_stamps_per_s"],
+        refl["turnaround_ns"]["p50"],
+        refl["turnaround_ns"]["p99"]
+    );
+    assert_eq!(sampled, c["reflected"].as_u64().unwrap(), "{refl}");
+    assert_eq!(refl["turnaround_ns"]["count"], sampled, "{refl}");
+    assert!(refl["turnaround_ns"]["p50"].as_u64().unwrap() > 0, "{refl}");
+    assert!(
+        log.contains(&format!(
+            "over {sampled} of {sampled} replies stamped (at most 2000/s)"
+        )),
+        "the summary names the sample: {log}"
+    );
     assert!(log.contains("new session"), "{log}");
     if ipv6 {
         // The session line names the IPv6 source.

@@ -34,8 +34,18 @@
 //! loss; EE: the reflector clock's STAMP Error Estimate (RFC 4656 §4.1.2).
 //!
 //! Kernel interfaces (in [`serve`]): UDP sockets with SO_TIMESTAMPING
-//! (software RX and TX stamps, Linux >= 2.6.30) and IP_RECVTTL or
-//! IPV6_RECVHOPLIMIT (IPv6 sockets, `--listen [::]:862`).
+//! (software RX stamps, Linux >= 2.6.30; a software TX stamp asked for per
+//! reply, >= 4.6, with its id set per reply, SCM_TS_OPT_ID, >= 6.13: older
+//! kernels get no turnaround) and IP_RECVTTL or IPV6_RECVHOPLIMIT (IPv6
+//! sockets, `--listen [::]:862`).
+//!
+//! The turnaround (probe RX stamp to reply TX stamp) is sampled: at most
+//! [`TX_STAMPS_PER_S`] replies a second are TX-stamped ([`StampBudget`]).
+//! Every stamp is an error-queue message charged to the receive buffer the
+//! probes arrive in; stamping every reply let a flood fill that buffer
+//! with stamps (measured: a CPU-starved reflector received 387-447 k of
+//! 570 k datagrams and a legitimate client lost 25-100 %; 572 k and 0 %
+//! without stamps).
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -51,7 +61,7 @@ use serde::Serialize;
 use super::{
     clock,
     packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, MAGIC, VERSION},
-    socket::{ProbeSocket, RecvBatch, TsFlags},
+    socket::{ProbeSocket, RecvBatch},
     stamp::{self, ClockSync, ErrorEstimate, HmacKey, Mode, ReflectParams, Sequencing},
 };
 use crate::spec::remote::ProtocolArg;
@@ -73,6 +83,12 @@ pub const MAX_SOURCES: usize = 131_072;
 /// "new session" lines (and, separately, receive errors) logged a second
 /// at most; the rest are counted in one line.
 pub const LOG_LINES_PER_S: u32 = 10;
+/// Replies TX-stamped a second at most (for the turnaround): a client at
+/// 1 kHz keeps every stamp; a flood adds at most this many error-queue
+/// messages a second, whatever its rate.
+pub const TX_STAMPS_PER_S: u32 = 2000;
+/// Stamps that may be taken at once after a quiet spell (0.1 s worth).
+pub const TX_STAMP_BURST: u32 = TX_STAMPS_PER_S / 10;
 /// Largest datagram answered: a jumbo frame's payload. Anything longer is
 /// malformed (no probe rtprobe or a STAMP sender builds is that long).
 pub const MAX_REQUEST_BYTES: usize = 9000;
@@ -473,8 +489,14 @@ pub struct ServeReport {
     pub rate_limit_pps: u32,
     pub duration_s: f64,
     pub counters: Counters,
-    /// From the probe's kernel RX stamp to the echo's kernel TX stamp.
+    /// From the probe's kernel RX stamp to the echo's kernel TX stamp,
+    /// over the replies that were stamped and whose stamp came back.
     pub turnaround_ns: crate::stats::Latency,
+    /// Replies sent with a TX stamp asked for: at most
+    /// `turnaround_stamps_per_s` a second, so under a flood a sample.
+    pub turnaround_sampled: u64,
+    /// The stamp budget ([`TX_STAMPS_PER_S`]).
+    pub turnaround_stamps_per_s: u32,
     /// Sessions seen, first ones first (at most 1000 kept).
     pub session_list: Vec<SessionInfo>,
     /// The clock state replies carried at the end: unknown (adjtimex
@@ -548,6 +570,53 @@ impl LineLimit {
     }
 }
 
+/// A token bucket of TX stamps: which replies get one. Shared by every
+/// source (the point is to bound the reflector's own error queue, not to
+/// be fair): under a flood the stamped replies are a sample of all.
+#[derive(Debug, Clone)]
+pub struct StampBudget {
+    /// Time one stamp costs, ns.
+    cost_ns: i64,
+    /// Credit saved up to the burst, ns; `last_ns` is when it was.
+    credit_ns: i64,
+    cap_ns: i64,
+    last_ns: Option<i64>,
+}
+
+impl StampBudget {
+    /// `per_s` stamps a second after a first `burst`; `per_s` 0: none.
+    pub fn new(per_s: u32, burst: u32) -> Self {
+        let cost_ns = if per_s == 0 {
+            i64::MAX
+        } else {
+            1_000_000_000 / i64::from(per_s)
+        };
+        let cap_ns = cost_ns.saturating_mul(i64::from(burst.max(1)));
+        Self {
+            cost_ns,
+            credit_ns: if per_s == 0 { 0 } else { cap_ns },
+            cap_ns,
+            last_ns: None,
+        }
+    }
+
+    /// Whether a reply sent at `now_ns` may be stamped (and takes the stamp).
+    pub fn take(&mut self, now_ns: i64) -> bool {
+        if let Some(last) = self.last_ns {
+            // A clock stepped back refills nothing.
+            let refill = now_ns.saturating_sub(last).max(0);
+            self.credit_ns = self.credit_ns.saturating_add(refill).min(self.cap_ns);
+        }
+        self.last_ns = Some(now_ns);
+        if self.credit_ns >= self.cost_ns {
+            self.credit_ns -= self.cost_ns;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// Sessions listed in the JSON at most.
 const SESSION_LIST_MAX: usize = 1000;
 /// RX stamps kept for matching TX stamps (OPT_ID modulo this).
@@ -592,16 +661,8 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
     listen
         .iter()
         .map(|&a| {
-            let s = ProbeSocket::bind(
-                a,
-                0,
-                TsFlags {
-                    tx: true,
-                    rx: true,
-                    hardware: false,
-                },
-                32 << 20,
-            )
+            // TX stamps only for the replies serve() samples.
+            let s = ProbeSocket::bind_tx_on_request(a, 0, true, 32 << 20)
             .map_err(|e| {
                 match errno_of(&e) {
                     // One line that says what to do, not the socket's chain.
@@ -659,9 +720,11 @@ pub fn serve(
     let mut batch = RecvBatch::new(64, 65536);
     let mut errq = RecvBatch::new(64, 256);
     let mut echo = Vec::with_capacity(64);
-    let mut ids = Vec::with_capacity(64);
+    let mut stamps = Vec::with_capacity(64);
     let mut ring = vec![0i64; TURNAROUND_RING];
     let mut next_id = 0u32;
+    let mut budget = StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST);
+    let mut sampled = 0u64;
     let mut turnaround = hdrhistogram::Histogram::<u64>::new(3).context("histogram")?;
     let mut sessions = Vec::new();
     let mut session_lines = LineLimit::new(LOG_LINES_PER_S);
@@ -693,7 +756,7 @@ pub fn serve(
                 }
                 let now = clock::realtime_ns();
                 echo.clear();
-                ids.clear();
+                stamps.clear();
                 for i in 0..n {
                     let (payload, src, c) = batch.get(i);
                     let v = core.handle(payload, src, c.sw_ns, c.ttl, now);
@@ -719,15 +782,28 @@ pub fn serve(
                                 }
                             }
                         }
-                        ring[next_id as usize % TURNAROUND_RING] = c.sw_ns.unwrap_or(0);
-                        ids.push(next_id);
-                        next_id = next_id.wrapping_add(1);
+                        // Only a reply with an RX stamp can give a turnaround.
+                        let stamp = c.sw_ns.is_some() && sock.per_send_opt_id() && budget.take(now);
+                        if stamp {
+                            ring[next_id as usize % TURNAROUND_RING] = c.sw_ns.unwrap_or(0);
+                            stamps.push(Some(next_id));
+                            next_id = next_id.wrapping_add(1);
+                        } else {
+                            stamps.push(None);
+                        }
                         echo.push(i);
                     }
                 }
                 if !echo.is_empty() {
-                    match sock.send_back(&mut batch, &echo, &ids) {
-                        Ok(sent) => core.counters.send_errors += (echo.len() - sent) as u64,
+                    match sock.send_back_stamping(&mut batch, &echo, &stamps) {
+                        Ok(sent) => {
+                            core.counters.send_errors += (echo.len() - sent) as u64;
+                            // Asked for (a kernel without per-send ids was
+                            // asked for none); a refused send gets no stamp.
+                            if sock.per_send_opt_id() {
+                                sampled += stamps.iter().flatten().count() as u64;
+                            }
+                        }
                         Err(e) => {
                             log::debug!("reflector send: {e}");
                             core.counters.send_errors += echo.len() as u64;
@@ -767,6 +843,8 @@ pub fn serve(
         duration_s: start.elapsed().as_secs_f64(),
         counters: core.counters.clone(),
         turnaround_ns: crate::stats::Latency::from_hist(&turnaround),
+        turnaround_sampled: sampled,
+        turnaround_stamps_per_s: TX_STAMPS_PER_S,
         session_list: sessions,
         clock_synchronized: clock.is_some_and(|c| c.synchronized),
         clock_max_error_ns: clock.map(|c| c.max_error_ns),
@@ -1075,10 +1153,15 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
     println!("  clock: {}", report.clock_line());
     if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
         println!(
-            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs",
+            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs over {} of {} replies stamped (at most {}/s)",
             p50 as f64 / 1e3,
-            p99 as f64 / 1e3
+            p99 as f64 / 1e3,
+            report.turnaround_ns.count,
+            report.turnaround_sampled,
+            report.turnaround_stamps_per_s
         );
+    } else if c.reflected > 0 && report.turnaround_sampled == 0 {
+        println!("  turnaround: not measured (needs per-send TX stamp ids, Linux >= 6.13)");
     }
     if let Some(k) = &kcounters {
         println!(
@@ -1429,6 +1512,54 @@ mod tests {
         ));
         assert_eq!(c.sources_held(), 4);
         assert_eq!(c.counters.rate_limited, 1);
+    }
+
+    /// How many of `count` replies at `pps` from `start_ns` get a stamp.
+    fn stamped(b: &mut StampBudget, start_ns: i64, count: u64, pps: u64) -> u64 {
+        let gap_ns = 1_000_000_000 / pps as i64;
+        (0..count)
+            .filter(|&i| b.take(start_ns + i as i64 * gap_ns))
+            .count() as u64
+    }
+
+    #[test]
+    fn stamp_budget_keeps_every_stamp_of_a_1khz_client() {
+        let mut b = StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST);
+        assert_eq!(stamped(&mut b, NOW, 10_000, 1000), 10_000);
+        // Up to the budget itself, still every one.
+        let mut b = StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST);
+        assert_eq!(stamped(&mut b, NOW, 10_000, 2000), 10_000);
+    }
+
+    #[test]
+    fn stamp_budget_holds_a_flood_to_its_rate_plus_the_burst() {
+        // The hostile test's flood: 57 k replies/s for 5 s.
+        let mut b = StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST);
+        let got = stamped(&mut b, NOW, 285_000, 57_000);
+        let most = u64::from(TX_STAMP_BURST) + 5 * u64::from(TX_STAMPS_PER_S);
+        assert!(got <= most && got >= most - 2, "{got} of at most {most}");
+        // A batch arriving at one instant: the burst, then nothing.
+        let mut b = StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST);
+        let at_once = (0..1000).filter(|_| b.take(NOW)).count();
+        assert_eq!(at_once, TX_STAMP_BURST as usize);
+    }
+
+    #[test]
+    fn stamp_budget_saves_up_only_a_burst_and_survives_clock_steps() {
+        let mut b = StampBudget::new(1000, 10);
+        assert_eq!((0..20).filter(|_| b.take(NOW)).count(), 10);
+        // An hour of quiet buys the burst, not an hour of stamps.
+        let later = NOW + 3_600_000_000_000;
+        assert_eq!((0..20).filter(|_| b.take(later)).count(), 10);
+        // The clock stepped back: nothing refilled, nothing panics.
+        assert!(!b.take(NOW));
+        assert!(!b.take(i64::MIN));
+        assert!(b.take(i64::MIN + 1_000_000));
+        // Back to the far future: a burst again, no overflow.
+        assert_eq!((0..20).filter(|_| b.take(i64::MAX)).count(), 10);
+        // No budget: no stamps.
+        let mut none = StampBudget::new(0, 10);
+        assert_eq!(stamped(&mut none, NOW, 1000, 1000), 0);
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! Kernel interfaces: SO_TIMESTAMPING (Linux >= 2.6.30), SOF_TIMESTAMPING_TX_SCHED
 //! (>= 3.17), SOF_TIMESTAMPING_OPT_ID
 //! and OPT_TSONLY (>= 4.0), SCM_TS_OPT_ID to set the id per send (>= 6.13;
-//! older kernels fall back to the socket's own counter), recvmmsg (>= 2.6.33),
-//! sendmmsg (>= 3.0), SIOCSHWTSTAMP / SIOCGHWTSTAMP (>= 2.6.30).
+//! older kernels fall back to the socket's own counter), a TX stamp asked
+//! for per send with an SO_TIMESTAMPING control message (>= 4.6; the
+//! reflector's sampled stamps, [`ProbeSocket::bind_tx_on_request`]),
+//! recvmmsg (>= 2.6.33), sendmmsg (>= 3.0), SIOCSHWTSTAMP / SIOCGHWTSTAMP
+//! (>= 2.6.30).
 
 use std::{
     io,
@@ -22,6 +25,13 @@ use super::cmsg::{self, Cmsgs};
 
 /// `SCM_TS_OPT_ID` from asm-generic/socket.h (Linux 6.13).
 const SCM_TS_OPT_ID: libc::c_int = 81;
+/// What a send on a [`ProbeSocket::bind_tx_on_request`] socket asks for in
+/// its SO_TIMESTAMPING control message: the driver's software stamp only
+/// (no SCHED stamp: one error-queue message per stamped send).
+const TX_ON_REQUEST: u32 = libc::SOF_TIMESTAMPING_TX_SOFTWARE;
+/// Control buffer per echo: room for SO_TIMESTAMPING and SCM_TS_OPT_ID,
+/// each CMSG_SPACE(4) = 24 bytes on 64-bit (checked in a test).
+const ECHO_CONTROL_U64S: usize = 8;
 const SIOCGHWTSTAMP: libc::c_ulong = 0x89b1;
 const HWTSTAMP_TX_OFF: libc::c_int = 0;
 const HWTSTAMP_TX_ON: libc::c_int = 1;
@@ -37,6 +47,19 @@ pub struct TsFlags {
 }
 
 impl TsFlags {
+    /// Flags for a socket that reports software stamps with OPT_ID but
+    /// generates a TX stamp only for a send that asks for one
+    /// ([`TX_ON_REQUEST`] in its control message): RX stamps if `rx`.
+    fn on_request_bits(rx: bool) -> u32 {
+        let mut f = libc::SOF_TIMESTAMPING_SOFTWARE
+            | libc::SOF_TIMESTAMPING_OPT_ID
+            | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+        if rx {
+            f |= libc::SOF_TIMESTAMPING_RX_SOFTWARE;
+        }
+        f
+    }
+
     fn bits(self) -> u32 {
         let mut f = libc::SOF_TIMESTAMPING_SOFTWARE;
         if self.rx {
@@ -177,6 +200,8 @@ pub struct ProbeSocket {
     next_opt_id: AtomicU32,
     /// Connected to the one destination of its batches ([`Self::connect`]).
     connected: AtomicBool,
+    /// TX stamps only for sends that ask ([`Self::bind_tx_on_request`]).
+    tx_on_request: bool,
 }
 
 /// Receive buffer assumed per probe in flight: the echo plus its SCHED
@@ -209,6 +234,40 @@ impl ProbeSocket {
     /// `tos` is its traffic class. The port must be free: no SO_REUSEADDR,
     /// which for UDP would let two sockets share it and split the datagrams.
     pub fn bind(addr: SocketAddr, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
+        Self::bind_flags(addr, tos, ts.bits(), ts.tx, false, rcvbuf_bytes)
+    }
+
+    /// Like [`Self::bind`], but no send is TX-timestamped unless it asks:
+    /// only the echoes [`Self::send_back_stamping`] is given an OPT_ID for
+    /// get one software stamp each. The socket still reports software
+    /// stamps with their OPT_ID (and RX stamps if `rx`). Each TX stamp is
+    /// an error-queue message charged to the receive buffer the datagrams
+    /// arrive in: a reflector that stamped every reply lost datagrams to
+    /// its own stamps under a flood, so it stamps a bounded sample.
+    pub fn bind_tx_on_request(
+        addr: SocketAddr,
+        tos: u8,
+        rx: bool,
+        rcvbuf_bytes: i32,
+    ) -> Result<Self> {
+        Self::bind_flags(
+            addr,
+            tos,
+            TsFlags::on_request_bits(rx),
+            true,
+            true,
+            rcvbuf_bytes,
+        )
+    }
+
+    fn bind_flags(
+        addr: SocketAddr,
+        tos: u8,
+        flags: u32,
+        opt_id: bool,
+        tx_on_request: bool,
+        rcvbuf_bytes: i32,
+    ) -> Result<Self> {
         let (family, family_name) = match addr {
             SocketAddr::V4(_) => (libc::AF_INET, "AF_INET"),
             SocketAddr::V6(_) => (libc::AF_INET6, "AF_INET6"),
@@ -235,7 +294,6 @@ impl ProbeSocket {
         // the caller from the rate (see rcvbuf_bytes). Charged only when used.
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &rcvbuf_bytes);
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &(8 << 20i32));
-        let flags = ts.bits();
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &flags)
             .context("setsockopt(SO_TIMESTAMPING): this kernel lacks socket timestamping")?;
         let sa = sockaddr(addr);
@@ -252,9 +310,10 @@ impl ProbeSocket {
         })?;
         Ok(Self {
             fd,
-            per_send_opt_id: AtomicBool::new(ts.tx),
+            per_send_opt_id: AtomicBool::new(opt_id),
             next_opt_id: AtomicU32::new(0),
             connected: AtomicBool::new(false),
+            tx_on_request,
         })
     }
 
@@ -368,8 +427,38 @@ impl ProbeSocket {
         idx: &[usize],
         opt_ids: &[u32],
     ) -> io::Result<usize> {
+        self.echo(batch, idx, |k| opt_ids.get(k).copied())
+    }
+
+    /// [`Self::send_back`] for a socket bound with
+    /// [`Self::bind_tx_on_request`]: echo `k` gets a TX stamp, with OPT_ID
+    /// `stamps[k]`, only if that is `Some`. On a kernel without per-send
+    /// OPT_IDs (< 6.13) nothing is stamped (see [`Self::per_send_opt_id`]):
+    /// the socket's counter would count only stamped sends, but a send the
+    /// kernel refused after numbering it would shift every later id, and
+    /// a shifted id pairs a stamp with another probe's arrival.
+    pub fn send_back_stamping(
+        &self,
+        batch: &mut RecvBatch,
+        idx: &[usize],
+        stamps: &[Option<u32>],
+    ) -> io::Result<usize> {
+        self.echo(batch, idx, |k| stamps.get(k).copied().flatten())
+    }
+
+    fn echo(
+        &self,
+        batch: &mut RecvBatch,
+        idx: &[usize],
+        opt_id: impl Fn(usize) -> Option<u32>,
+    ) -> io::Result<usize> {
         let mut per_send = self.per_send_opt_id.load(Relaxed);
-        batch.prepare_echo(idx, per_send.then_some(opt_ids));
+        let no_id = |_| None;
+        if per_send {
+            batch.prepare_echo(idx, self.tx_on_request, &opt_id);
+        } else {
+            batch.prepare_echo(idx, false, &no_id);
+        }
         let mut done = 0;
         let mut failed = 0;
         let mut first_err = None;
@@ -392,7 +481,7 @@ impl ProbeSocket {
                     // Kernel older than 6.13: no per-send OPT_ID.
                     per_send = false;
                     self.per_send_opt_id.store(false, Relaxed);
-                    batch.prepare_echo(idx, None);
+                    batch.prepare_echo(idx, false, &no_id);
                     continue;
                 }
                 first_err.get_or_insert(e);
@@ -487,6 +576,30 @@ pub fn poll_any(socks: &[&ProbeSocket], timeout_ms: i32) -> io::Result<()> {
 
 const CONTROL_LEN: usize = 256;
 
+/// Writes SOL_SOCKET control messages of one u32 each (type, value) into
+/// `h.msg_control` and sets `h.msg_controllen`.
+///
+/// # Safety
+/// `h.msg_control` must point to 8-byte aligned memory of at least
+/// `cmsgs.len() * CMSG_SPACE(4)` bytes that nothing else uses meanwhile.
+unsafe fn write_u32_cmsgs(h: &mut libc::msghdr, cmsgs: &[(libc::c_int, u32)]) {
+    // SAFETY: the caller vouches for the buffer. Each header is placed at
+    // k * CMSG_SPACE(4) (what CMSG_NXTHDR would give) without reading the
+    // stale length CMSG_NXTHDR looks at.
+    unsafe {
+        let space = libc::CMSG_SPACE(4) as usize;
+        h.msg_controllen = cmsgs.len() * space;
+        let base = h.msg_control.cast::<u8>();
+        for (k, &(ty, v)) in cmsgs.iter().enumerate() {
+            let c = base.add(k * space).cast::<libc::cmsghdr>();
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = ty;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u32>(), v);
+        }
+    }
+}
+
 /// Buffers for one recvmmsg() call (and for echoing what it received).
 pub struct RecvBatch {
     hdrs: Vec<libc::mmsghdr>,
@@ -497,7 +610,7 @@ pub struct RecvBatch {
     filled: usize,
     echo_hdrs: Vec<libc::mmsghdr>,
     echo_iovs: Vec<libc::iovec>,
-    echo_controls: Vec<[u64; 4]>,
+    echo_controls: Vec<[u64; ECHO_CONTROL_U64S]>,
 }
 
 /// `n` all-zero C structs (msghdr, mmsghdr, iovec, sockaddr_storage: all-zero
@@ -530,13 +643,19 @@ impl RecvBatch {
             filled: 0,
             echo_hdrs: zeroed_vec(n),
             echo_iovs: zeroed_vec(n),
-            echo_controls: vec![[0u64; 4]; n],
+            echo_controls: vec![[0u64; ECHO_CONTROL_U64S]; n],
         }
     }
 
-    /// Headers for sending received messages `idx` back to their sources,
-    /// each with its OPT_ID when `opt_ids` is given.
-    fn prepare_echo(&mut self, idx: &[usize], opt_ids: Option<&[u32]>) {
+    /// Headers for sending received messages `idx` back to their sources;
+    /// echo `k` carries OPT_ID `opt_id(k)` if it is `Some`, and with
+    /// `request_tx` also asks for its TX stamp ([`TX_ON_REQUEST`]).
+    fn prepare_echo(
+        &mut self,
+        idx: &[usize],
+        request_tx: bool,
+        opt_id: &dyn Fn(usize) -> Option<u32>,
+    ) {
         for (k, &i) in idx.iter().enumerate() {
             let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
             self.echo_iovs[k] = libc::iovec {
@@ -550,18 +669,14 @@ impl RecvBatch {
             h.msg_iov = &mut self.echo_iovs[k];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
-            match opt_ids.and_then(|ids| ids.get(k)) {
-                Some(&id) => {
+            match opt_id(k) {
+                Some(id) => {
                     h.msg_control = self.echo_controls[k].as_mut_ptr().cast();
-                    // SAFETY: echo_controls[k] is 32 aligned bytes, enough for CMSG_SPACE(4).
-                    unsafe {
-                        h.msg_controllen = libc::CMSG_SPACE(4) as usize;
-                        let c = libc::CMSG_FIRSTHDR(h);
-                        (*c).cmsg_level = libc::SOL_SOCKET;
-                        (*c).cmsg_type = SCM_TS_OPT_ID;
-                        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u32>(), id);
-                    }
+                    let cmsgs = [(SCM_TS_OPT_ID, id), (libc::SO_TIMESTAMPING, TX_ON_REQUEST)];
+                    let n = if request_tx { 2 } else { 1 };
+                    // SAFETY: echo_controls[k] is ECHO_CONTROL_U64S * 8
+                    // aligned bytes, enough for two CMSG_SPACE(4) (tested).
+                    unsafe { write_u32_cmsgs(h, &cmsgs[..n]) };
                 }
                 None => {
                     h.msg_control = std::ptr::null_mut();
@@ -880,7 +995,7 @@ mod connected_tests {
 
     use super::{ProbeSocket, RecvBatch, SendBatch, TsFlags};
 
-    fn local_port(s: &ProbeSocket) -> u16 {
+    pub(super) fn local_port(s: &ProbeSocket) -> u16 {
         // SAFETY: sockaddr_in is plain old data.
         let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
@@ -945,5 +1060,139 @@ mod connected_tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids, want);
+    }
+}
+
+#[cfg(test)]
+mod on_request_tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    use super::{
+        ECHO_CONTROL_U64S, ProbeSocket, RecvBatch, SendBatch, TX_ON_REQUEST, TsFlags,
+        connected_tests::local_port, write_u32_cmsgs,
+    };
+    use crate::probe::cmsg::TxKind;
+
+    fn lo(port: u16) -> SocketAddr {
+        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)
+    }
+
+    /// Every TX stamp on `s`'s error queue, waiting up to about 300 ms for
+    /// `want` of them (and 30 ms more for any extra).
+    fn tx_stamps(s: &ProbeSocket, want: usize) -> Vec<(u32, TxKind)> {
+        let mut got = RecvBatch::new(16, 256);
+        let mut out = Vec::new();
+        for round in 0..40 {
+            let n = s.recv_batch(&mut got, true).unwrap();
+            out.extend((0..n).filter_map(|i| got.get(i).2.tx_stamp().map(|(id, k, _)| (id, k))));
+            if out.len() >= want && round > 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        out.sort_unstable_by_key(|&(id, _)| id);
+        out
+    }
+
+    #[test]
+    fn two_cmsgs_fit_the_echo_control_buffer() {
+        // SAFETY: CMSG_SPACE is arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(4) } as usize;
+        assert!(2 * space <= ECHO_CONTROL_U64S * 8, "{space}");
+    }
+
+    #[test]
+    fn only_the_echoes_asked_for_are_stamped_once_each_with_their_ids() {
+        let plain = TsFlags {
+            tx: false,
+            rx: false,
+            hardware: false,
+        };
+        let refl = ProbeSocket::bind_tx_on_request(lo(0), 0, true, 1 << 20).unwrap();
+        let client = ProbeSocket::bind(lo(0), 0, plain, 1 << 20).unwrap();
+        let dst = lo(local_port(&refl));
+        let mut out = SendBatch::new(4, 32, dst);
+        for id in 0..4u32 {
+            out.push(id)[0] = id as u8;
+        }
+        let mut sent = 0;
+        while sent < out.len() {
+            sent += client.send_batch(&mut out, sent).unwrap();
+        }
+        let mut batch = RecvBatch::new(8, 64);
+        let mut n = 0;
+        for _ in 0..100 {
+            n = refl.recv_batch(&mut batch, false).unwrap();
+            if n > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(n, 4, "all four arrive in one batch on loopback");
+        let idx = [0, 1, 2, 3];
+        let stamps = [Some(10), None, Some(12), None];
+        assert_eq!(
+            refl.send_back_stamping(&mut batch, &idx, &stamps).unwrap(),
+            4
+        );
+        let got = tx_stamps(&refl, 2);
+        if refl.per_send_opt_id() {
+            // One driver stamp per stamped echo, no SCHED stamp.
+            assert_eq!(got, [(10, TxKind::Software), (12, TxKind::Software)]);
+        } else {
+            // Kernel < 6.13: the fallback stamps nothing.
+            assert_eq!(got, []);
+        }
+        // Stamped or not, every echo went out.
+        let mut echoes = 0;
+        for _ in 0..100 {
+            echoes += client.recv_batch(&mut batch, false).unwrap();
+            if echoes == 4 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(echoes, 4);
+    }
+
+    /// What the OPT_ID fallback would rely on, checked on this kernel: the
+    /// socket's counter numbers only the sends that asked for a stamp.
+    #[test]
+    fn the_kernels_opt_id_counter_counts_only_stamped_sends() {
+        let refl = ProbeSocket::bind_tx_on_request(lo(0), 0, false, 1 << 20).unwrap();
+        let sink = ProbeSocket::bind_tx_on_request(lo(0), 0, false, 1 << 20).unwrap();
+        let dst = super::sockaddr(lo(local_port(&sink)));
+        for k in 0..6u8 {
+            let buf = [k; 8];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_ptr() as *mut _,
+                iov_len: buf.len(),
+            };
+            let mut control = [0u64; ECHO_CONTROL_U64S];
+            // SAFETY: msghdr is POD.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_name = dst.ptr() as *mut _;
+            msg.msg_namelen = dst.len;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            // Sends 1, 3 and 4 ask for a stamp, without an id of their own.
+            if matches!(k, 1 | 3 | 4) {
+                msg.msg_control = control.as_mut_ptr().cast();
+                // SAFETY: control is 64 aligned bytes, room for one cmsg.
+                unsafe { write_u32_cmsgs(&mut msg, &[(libc::SO_TIMESTAMPING, TX_ON_REQUEST)]) };
+            }
+            // SAFETY: msg points to live buffers for the call.
+            assert_eq!(unsafe { libc::sendmsg(refl.fd(), &msg, 0) }, 8);
+        }
+        let got = tx_stamps(&refl, 3);
+        eprintln!("kernel OPT_IDs of the three stamped sends out of six: {got:?}");
+        assert_eq!(
+            got,
+            [
+                (0, TxKind::Software),
+                (1, TxKind::Software),
+                (2, TxKind::Software)
+            ]
+        );
     }
 }
