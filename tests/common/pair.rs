@@ -109,14 +109,29 @@ impl Drop for Pair {
 pub struct Reflector {
     child: Option<Child>,
     json: PathBuf,
+    /// Its stderr so far, kept by a thread that drains it to the end.
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
+/// The line `rtprobe reflect` prints once its sockets are bound and, with
+/// `--kernel`, its XDP program attached: from then on it answers.
+const READY_LINE: &str = "rtprobe reflect: answering ";
+
+/// How long a reflector may take to say it is ready (an XDP attach on a
+/// loaded machine takes some 100s of ms).
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Reflector {
+    /// Starts it and returns once it has said it answers (panics if it
+    /// exits first or stays silent for [`READY_WITHIN`]).
     pub fn start(p: &Pair, args: &[&str]) -> Reflector {
+        use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("reflector.json");
-        let child = Command::new("ip")
+        let started = std::time::Instant::now();
+        let mut child = Command::new("ip")
             .args(["netns", "exec", &p.b])
             .arg(bin())
             .arg("reflect")
@@ -126,12 +141,45 @@ impl Reflector {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start rtprobe reflect");
-        // Bound before the first probe: the warm-up retries for 3 s anyway.
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        Reflector {
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<bool>();
+        let pipe = child.stderr.take().unwrap();
+        let kept = stderr.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(pipe);
+            let mut line = String::new();
+            while lines.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.starts_with(READY_LINE) {
+                    let _ = ready_tx.send(true);
+                }
+                kept.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+            let _ = ready_tx.send(false);
+        });
+        let mut r = Reflector {
             child: Some(child),
             json,
+            stderr,
+            stderr_reader: Some(stderr_reader),
             _dir: dir,
+        };
+        match ready_rx.recv_timeout(READY_WITHIN) {
+            Ok(true) => {
+                eprintln!("reflector ready after {:?}", started.elapsed());
+                r
+            }
+            Ok(false) => {
+                let status = r.child.as_mut().unwrap().wait();
+                panic!(
+                    "rtprobe reflect {args:?} ended before it was ready ({status:?}): {}",
+                    r.stderr_text()
+                )
+            }
+            Err(_) => panic!(
+                "rtprobe reflect {args:?} not ready within {READY_WITHIN:?}: {}",
+                r.stderr_text()
+            ),
         }
     }
 
@@ -139,16 +187,20 @@ impl Reflector {
         self.child.as_ref().unwrap().id()
     }
 
+    /// What it has written to stderr so far.
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// SIGTERM, wait, and the counters it wrote.
     pub fn stop(mut self) -> (serde_json::Value, String) {
         let child = self.child.take().unwrap();
         sh_ok(&format!("kill -TERM {}", child.id()));
         let o = child.wait_with_output().unwrap();
-        let out = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        if let Some(t) = self.stderr_reader.take() {
+            let _ = t.join();
+        }
+        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), self.stderr_text());
         assert!(o.status.success(), "rtprobe reflect failed: {out}");
         let j = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("{e}: {out}"));
         (serde_json::from_str(&j).unwrap(), out)
