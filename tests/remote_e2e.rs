@@ -22,7 +22,12 @@ fn assert_counters_add_up(c: &serde_json::Value) {
     let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
     assert_eq!(
         n("datagrams"),
-        n("reflected") + n("malformed") + n("rate_limited") + n("auth_failed"),
+        n("reflected")
+            + n("not_for_us")
+            + n("bad_source")
+            + n("malformed")
+            + n("rate_limited")
+            + n("auth_failed"),
         "{c}"
     );
     assert!(n("bytes_out") <= n("bytes_in"), "{c}");

@@ -145,6 +145,8 @@ struct OutcomeLabels {
 pub struct ReflectorCounts {
     pub sessions: u64,
     pub reflected: u64,
+    pub not_for_us: u64,
+    pub bad_source: u64,
     pub malformed: u64,
     pub rate_limited: u64,
     pub auth_failed: u64,
@@ -186,8 +188,8 @@ impl Metrics {
         };
         registry.register(
             "reflector_datagrams",
-            "rtprobe reflect: datagrams received, by outcome (reflected, malformed, rate_limited, \
-             auth_failed; send_error: a reply the kernel refused)",
+            "rtprobe reflect: datagrams received, by outcome (reflected, not_for_us, bad_source, \
+             malformed, rate_limited, auth_failed; send_error: a reply the kernel refused)",
             m.reflector_datagrams.clone(),
         );
         registry.register(
@@ -336,6 +338,8 @@ impl Metrics {
     pub fn reflector_update(&self, last: &mut ReflectorCounts, now: ReflectorCounts) {
         let outcomes = [
             ("reflected", last.reflected, now.reflected),
+            ("not_for_us", last.not_for_us, now.not_for_us),
+            ("bad_source", last.bad_source, now.bad_source),
             ("malformed", last.malformed, now.malformed),
             ("rate_limited", last.rate_limited, now.rate_limited),
             ("auth_failed", last.auth_failed, now.auth_failed),
@@ -821,6 +825,8 @@ mod tests {
         let now = ReflectorCounts {
             sessions: 2,
             reflected: 500,
+            not_for_us: 4,
+            bad_source: 5,
             malformed: 7,
             rate_limited: 1,
             auth_failed: 3,
@@ -840,6 +846,8 @@ mod tests {
         for line in [
             "rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 510",
             "rtprobe_reflector_datagrams_total{outcome=\"malformed\"} 7",
+            "rtprobe_reflector_datagrams_total{outcome=\"not_for_us\"} 4",
+            "rtprobe_reflector_datagrams_total{outcome=\"bad_source\"} 5",
             "rtprobe_reflector_datagrams_total{outcome=\"auth_failed\"} 3",
             "rtprobe_reflector_datagrams_total{outcome=\"send_error\"} 0",
             "rtprobe_reflector_sessions_total 2",
