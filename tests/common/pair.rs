@@ -5,6 +5,7 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
 };
@@ -288,7 +289,7 @@ pub fn send_forged(
     max_s: f64,
     forge: impl Fn(u32) -> Forged + Sync,
 ) -> u64 {
-    use std::{os::fd::AsRawFd, time::Instant};
+    use std::time::Instant;
     let ns_file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -297,7 +298,7 @@ pub fn send_forged(
             let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
             assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
             // SAFETY: fd is ours and open; from here the OwnedFd closes it.
-            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             let to = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,
                 sin_port: dst.port().to_be(),
@@ -407,4 +408,77 @@ pub fn forged_source(i: u32) -> Ipv4Addr {
     let mid = (i / 254) % 256;
     let top = 64 + (i / (254 * 256)) % 64;
     Ipv4Addr::new(10, top as u8, mid as u8, host as u8)
+}
+
+/// Runs `f` on a thread inside namespace `ns`.
+pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("namespace thread")
+    })
+}
+
+pub fn mac_of(ns: &str, dev: &str) -> [u8; 6] {
+    let s = sh_ok(&format!(
+        "ip netns exec {ns} cat /sys/class/net/{dev}/address"
+    ));
+    let mut m = [0u8; 6];
+    for (b, p) in m.iter_mut().zip(s.trim().split(':')) {
+        *b = u8::from_str_radix(p, 16).unwrap();
+    }
+    m
+}
+
+/// A packet socket on `dev` of the calling thread's namespace, reading
+/// every frame (ETH_P_ALL), with a 50 ms receive timeout.
+pub fn packet_socket(dev: &str) -> (OwnedFd, libc::sockaddr_ll) {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket(2); the fd goes into an OwnedFd at once.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+    assert!(
+        fd >= 0,
+        "packet socket: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: fd is ours and open.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let name = std::ffi::CString::new(dev).unwrap();
+    // SAFETY: a NUL-terminated name.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert!(ifindex > 0, "{dev}");
+    // SAFETY: all-zero is a valid sockaddr_ll.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = ifindex as i32;
+    sll.sll_halen = 6;
+    // SAFETY: sll lives through the call; its size is passed.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 50_000,
+    };
+    // SAFETY: tv lives through the call; its size is passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    (fd, sll)
 }
