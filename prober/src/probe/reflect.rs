@@ -1128,9 +1128,13 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         None => None,
     };
     let (quiet, duration) = (args.quiet, args.duration);
-    let mut report = crate::app::with_signals(true, move |stop| {
+    // The in-kernel reflector goes along into the serving thread, whose
+    // tick publishes its counters too, and comes back to be read last.
+    let (mut report, kernel) = crate::app::with_signals(true, move |stop| {
         let mut core = Core::new(policy);
         let mut published = crate::export::metrics::ReflectorCounts::default();
+        let mut kernel_published = crate::stats::XdpCounters::new();
+        let mut kernel_error_said = false;
         let report = serve(
             &socks,
             &mut core,
@@ -1156,11 +1160,21 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
                             send_errors: c.send_errors,
                         },
                     );
+                    if let Some(k) = &kernel {
+                        match k.counters() {
+                            Ok(now) => m.kernel_reflector_update(&mut kernel_published, &now),
+                            Err(e) if !kernel_error_said => {
+                                kernel_error_said = true;
+                                log::warn!("metrics: the in-kernel reflector's counters: {e:#}");
+                            }
+                            Err(_) => {}
+                        }
+                    }
                 }
             },
         );
         drop(metrics);
-        report
+        report.map(|r| (r, kernel))
     })?;
     report.listen = names;
     let kcounters = match &kernel {
