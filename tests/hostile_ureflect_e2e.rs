@@ -300,7 +300,12 @@ fn send_frames_and_catch_replies(p: &Pair, frames: &[Frame], each: usize) -> Vec
                         std::mem::size_of::<libc::sockaddr_ll>() as u32,
                     )
                 };
-                assert_eq!(n, frame.len() as isize, "{}", std::io::Error::last_os_error());
+                assert_eq!(
+                    n,
+                    frame.len() as isize,
+                    "{}",
+                    std::io::Error::last_os_error()
+                );
             }
         }
         let mut got = Vec::new();

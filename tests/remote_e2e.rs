@@ -668,7 +668,14 @@ fn reflect_kernel_metrics_count_frames_by_outcome() {
     );
     let t = target(
         &p,
-        &["--target", B_IP, "--count", &N.to_string(), "--interval", "1ms"],
+        &[
+            "--target",
+            B_IP,
+            "--count",
+            &N.to_string(),
+            "--interval",
+            "1ms",
+        ],
     );
     assert_eq!(t.code, 0, "{}{}", t.stderr, t.stdout);
     // The reflector publishes on its 250 ms tick.
@@ -690,8 +697,8 @@ fn reflect_kernel_metrics_count_frames_by_outcome() {
         })
         .expect("run promtool");
     let (refl, _) = r.stop();
-    let lint_out = String::from_utf8_lossy(&lint.stdout).into_owned()
-        + &String::from_utf8_lossy(&lint.stderr);
+    let lint_out =
+        String::from_utf8_lossy(&lint.stdout).into_owned() + &String::from_utf8_lossy(&lint.stderr);
     let frames = |outcome: &str| -> u64 {
         let want = format!("rtprobe_kernel_reflector_frames_total{{outcome=\"{outcome}\"}} ");
         scrape

@@ -201,7 +201,11 @@ impl Reflector {
         if let Some(t) = self.stderr_reader.take() {
             let _ = t.join();
         }
-        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), self.stderr_text());
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            self.stderr_text()
+        );
         assert!(o.status.success(), "rtprobe reflect failed: {out}");
         let j = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("{e}: {out}"));
         (serde_json::from_str(&j).unwrap(), out)

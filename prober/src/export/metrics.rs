@@ -927,7 +927,11 @@ mod tests {
         );
         let text = m.encode();
         assert!(text.contains("rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 1"));
-        assert!(text.contains("rtprobe_kernel_reflector_frames_total{outcome=\"reflected_rtprobe\"} 250"));
+        assert!(
+            text.contains(
+                "rtprobe_kernel_reflector_frames_total{outcome=\"reflected_rtprobe\"} 250"
+            )
+        );
     }
 
     #[test]

@@ -218,7 +218,14 @@ mod tests {
         ] {
             assert!(n.is_not_for_us(Some(ip(not))), "{not}");
         }
-        for ours in ["10.77.0.2", "10.9.0.1", "127.0.0.1", "192.0.2.9", "fd77::2", "::1"] {
+        for ours in [
+            "10.77.0.2",
+            "10.9.0.1",
+            "127.0.0.1",
+            "192.0.2.9",
+            "fd77::2",
+            "::1",
+        ] {
             assert!(!n.is_not_for_us(Some(ip(ours))), "{ours}");
         }
         assert!(!n.is_not_for_us(None));

@@ -265,7 +265,11 @@ mod tests {
         let c = parse(&one_cmsg(libc::SOL_IP, libc::IP_PKTINFO, &v4));
         assert_eq!(c.dst, Some("10.77.0.255".parse().unwrap()));
         assert_eq!(c.ifindex, Some(3));
-        let mut v6 = "ff02::1".parse::<std::net::Ipv6Addr>().unwrap().octets().to_vec();
+        let mut v6 = "ff02::1"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets()
+            .to_vec();
         v6.extend(4u32.to_ne_bytes());
         let mut b = encode_for_test(Some([(6, 0), (0, 0), (0, 0)]), None);
         b.extend(one_cmsg(libc::SOL_IPV6, libc::IPV6_PKTINFO, &v6));

@@ -55,9 +55,9 @@ use lru::LruCache;
 use serde::Serialize;
 
 use super::{
+    addresses::LocalNets,
     clock,
     packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, MAGIC, VERSION},
-    addresses::LocalNets,
     socket::{ProbeSocket, RecvBatch, TsFlags},
     stamp::{self, ClockSync, ErrorEstimate, HmacKey, Mode, ReflectParams, Sequencing},
 };
@@ -1450,7 +1450,13 @@ mod tests {
                 "{dst}"
             );
         }
-        for src in ["10.77.0.255", "224.0.0.1", "255.255.255.255", "0.0.0.0", "240.1.1.1"] {
+        for src in [
+            "10.77.0.255",
+            "224.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "240.1.1.1",
+        ] {
             assert_eq!(
                 go(at(src, "10.77.0.2", 3)),
                 Verdict::Drop(Drop::BadSource),
@@ -1467,7 +1473,12 @@ mod tests {
         assert_eq!((n.not_for_us, n.bad_source, n.reflected), (3, 6, 2));
         assert_eq!(
             n.datagrams,
-            n.reflected + n.not_for_us + n.bad_source + n.malformed + n.rate_limited + n.auth_failed
+            n.reflected
+                + n.not_for_us
+                + n.bad_source
+                + n.malformed
+                + n.rate_limited
+                + n.auth_failed
         );
         // Refused before the rate limit: no bucket, no session for them.
         assert_eq!((c.sources_held(), c.sessions_held()), (2, 2));

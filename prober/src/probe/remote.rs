@@ -42,7 +42,8 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_NOW, STOP_SENDING, SessionOutcome, clock, collect_and_join,
+    HwSetup, ProbeConfig, RecordSink, STOP_NOW, STOP_SENDING, SessionOutcome, clock,
+    collect_and_join,
     events::{self, EventBatch},
     matcher::{Event, NoHwClocks},
     pacer,
