@@ -198,8 +198,10 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
         hostile.cpu_s,
         base.cpu_s
     );
-    // 21 k sessions, a few lines a second and a count of the rest.
-    assert!(n(c, "sessions") >= 21_000, "{c}");
+    // 20 k sessions (the 1000 of the first flood are the first 1000 of
+    // these: same source, same session) and the client's; a few lines a
+    // second and a count of the rest.
+    assert!(n(c, "sessions") > 20_000, "{c}");
     let run_s = refl["duration_s"].as_f64().unwrap();
     assert!(
         lines <= LINES_PER_S * (run_s.ceil() as usize + 1),
