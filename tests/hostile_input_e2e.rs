@@ -425,3 +425,152 @@ fn sigint_during_setup_sends_no_probe_and_leaves_no_namespace() {
         let _ = &r.stdout;
     }
 }
+
+/// `rtprobe --target` started in namespace `ns` (by setns before exec, so
+/// the pid is rtprobe's own from the start: no `ip netns exec` in between
+/// that a SIGINT would kill).
+fn spawn_target_in(ns: &str, dir: &std::path::Path, args: &[&str]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let ns_file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(["--quiet", "--out"])
+        .arg(dir.join("out.csv"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setns is a plain syscall, safe between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn().expect("start rtprobe --target")
+}
+
+/// Whether `pid` has a handler for SIGINT (its SigCgt mask in /proc).
+fn catches_sigint(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0)
+}
+
+/// SIGINT, then the child's exit code and stderr (killed after 10 s: the
+/// test then fails).
+fn interrupt_and_wait(child: &mut std::process::Child) -> (Option<i32>, String, Duration) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let sent = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if sent.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("rtprobe --target did not end within 10 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code(), err, sent.elapsed())
+}
+
+/// Packets B's veth has received (every frame: UDP, ARP and all).
+fn rx_packets(p: &pair::Pair) -> u64 {
+    sh_ok(&format!(
+        "ip netns exec {} cat /sys/class/net/{}/statistics/rx_packets",
+        p.b, p.vb
+    ))
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+fn assert_one_line_interrupted(code: Option<i32>, err: &str) {
+    assert_eq!(code, Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("interrupted before probing started"),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn sigint_before_target_probing_sends_nothing() {
+    if !is_root("sigint_before_target_probing_sends_nothing") {
+        return;
+    }
+    let p = pair::Pair::new();
+    let r = pair::Reflector::start(&p, &["--listen", "0.0.0.0:5061"]);
+    let target = format!("{}:5061", pair::B_IP);
+    // SIGINT as soon as rtprobe handles it (set-up still to come: the
+    // socket, the warm-up, the pacer).
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_target_in(&p.a, dir.path(), &["--target", &target, "--count", "100"]);
+    let started = Instant::now();
+    while !catches_sigint(child.id()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "rtprobe never installed its SIGINT handler"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let at = started.elapsed();
+    let (code, err, took) = interrupt_and_wait(&mut child);
+    let (refl, log) = r.stop();
+    let c = &refl["counters"];
+    eprintln!(
+        "--target, SIGINT {at:?} after start: exit {code:?} after {took:?}, the reflector got {} datagrams; stderr: {}",
+        c["datagrams"],
+        err.trim()
+    );
+    assert_eq!(c["datagrams"], 0, "{refl} {log}");
+    assert_one_line_interrupted(code, &err);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn sigint_during_target_warm_up_stops_it() {
+    if !is_root("sigint_during_target_warm_up_stops_it") {
+        return;
+    }
+    let p = pair::Pair::new();
+    // Nothing answers rtprobe probes on the port (a STAMP reflector takes
+    // them as malformed, and no ICMP comes back): the warm-up goes on
+    // trying, every 100 ms, for 3 s.
+    let r = pair::Reflector::start(
+        &p,
+        &["--protocol", "stamp", "--listen", "0.0.0.0:5061", "-q"],
+    );
+    let target = format!("{}:5061", pair::B_IP);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_target_in(&p.a, dir.path(), &["--target", &target, "--count", "100"]);
+    // Three or four tries in.
+    std::thread::sleep(Duration::from_millis(350));
+    let before = rx_packets(&p);
+    let (code, err, took) = interrupt_and_wait(&mut child);
+    // Anything sent after the signal is on B's veth by now.
+    std::thread::sleep(Duration::from_millis(50));
+    let after = rx_packets(&p);
+    let (refl, log) = r.stop();
+    let c = &refl["counters"];
+    eprintln!(
+        "--target, SIGINT 350 ms into an unanswered warm-up: exit {code:?} after {took:?}; \
+         B received {} packets after the signal, the reflector {} datagrams in all; stderr: {}",
+        after - before,
+        c["datagrams"],
+        err.trim()
+    );
+    assert!(c["datagrams"].as_u64().unwrap() >= 1, "{refl} {log}");
+    assert_eq!(after, before, "datagrams sent after SIGINT");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    assert_one_line_interrupted(code, &err);
+}

@@ -13,7 +13,7 @@ mod common;
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::AsRawFd,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -271,79 +271,6 @@ fn kernel_reflector_caps_replies_over_all_sources() {
         out.refl
     );
     check_flood("1000 sources under --global-rate-limit 5000/s", &out, bound);
-}
-
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread")
-    })
-}
-
-fn mac_of(ns: &str, dev: &str) -> [u8; 6] {
-    let s = sh_ok(&format!(
-        "ip netns exec {ns} cat /sys/class/net/{dev}/address"
-    ));
-    let mut m = [0u8; 6];
-    for (b, p) in m.iter_mut().zip(s.trim().split(':')) {
-        *b = u8::from_str_radix(p, 16).unwrap();
-    }
-    m
-}
-
-/// A packet socket on `dev` of the calling thread's namespace, reading
-/// every frame (ETH_P_ALL), with a 50 ms receive timeout.
-fn packet_socket(dev: &str) -> (OwnedFd, libc::sockaddr_ll) {
-    let proto = (libc::ETH_P_ALL as u16).to_be();
-    // SAFETY: plain socket(2); the fd goes into an OwnedFd at once.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
-    assert!(
-        fd >= 0,
-        "packet socket: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: fd is ours and open.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let name = std::ffi::CString::new(dev).unwrap();
-    // SAFETY: a NUL-terminated name.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert!(ifindex > 0, "{dev}");
-    // SAFETY: all-zero is a valid sockaddr_ll.
-    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_protocol = proto;
-    sll.sll_ifindex = ifindex as i32;
-    sll.sll_halen = 6;
-    // SAFETY: sll lives through the call; its size is passed.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sll as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        )
-    };
-    assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
-    let tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 50_000,
-    };
-    // SAFETY: tv lives through the call; its size is passed.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        )
-    };
-    (fd, sll)
 }
 
 /// One hostile (or legitimate) probe: its name, Ethernet destination,

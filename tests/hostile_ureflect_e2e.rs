@@ -6,13 +6,17 @@
 //! reflector at most twice the CPU per datagram of the same rate from 1000
 //! sources, measured just before and just after; the
 //! per-source limit holds with more sources than the old 4096-entry table;
-//! "new session" lines are rate-limited. Needs root; run by `cargo xtask
-//! test` with `--ignored --test-threads=1`. Each test takes 15-25 s.
+//! "new session" lines are rate-limited; probes to a broadcast or
+//! multicast destination, or from a subnet-broadcast or multicast source,
+//! get no reply and are counted, while a legitimate one and 127.0.0.1 on
+//! loopback are answered. Needs root; run by `cargo xtask test` with
+//! `--ignored --test-threads=1`. Each test takes 15-25 s.
 
 mod common;
 
 use std::{
-    net::SocketAddrV4,
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::AsRawFd,
     time::{Duration, Instant},
 };
 
@@ -312,4 +316,176 @@ fn per_source_limit_holds_past_the_old_table_size() {
         n(c, "rate_limited") >= f.sent - SOURCES as u64 * per_source_max,
         "{c}"
     );
+}
+
+/// One probe sent as a raw Ethernet frame from A: its name, Ethernet
+/// destination, IPv4 source and destination, and the UDP source port that
+/// tells its replies apart.
+struct Frame {
+    name: &'static str,
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+}
+
+/// Sends each frame `each` times from A's veth and returns, by the
+/// probe's source port, the replies from the reflector's port seen there
+/// within 700 ms (broadcast and multicast replies included: a packet
+/// socket sees every frame).
+fn send_frames_and_catch_replies(p: &Pair, frames: &[Frame], each: usize) -> Vec<u16> {
+    let mac_a = mac_of(&p.a, &p.va);
+    let payload = probe(0x5eed, 1);
+    let va = p.va.clone();
+    in_ns(&p.a, || {
+        let (fd, sll) = packet_socket(&va);
+        for f in frames {
+            let mut frame = Vec::new();
+            frame.extend_from_slice(&f.dst_mac);
+            frame.extend_from_slice(&mac_a);
+            frame.extend_from_slice(&0x0800u16.to_be_bytes());
+            frame.extend_from_slice(&ipv4_udp(
+                SocketAddrV4::new(f.src, f.sport),
+                SocketAddrV4::new(f.dst, PORT),
+                &payload,
+            ));
+            for _ in 0..each {
+                // SAFETY: frame and sll live through the call.
+                let n = unsafe {
+                    libc::sendto(
+                        fd.as_raw_fd(),
+                        frame.as_ptr().cast(),
+                        frame.len(),
+                        0,
+                        (&sll as *const libc::sockaddr_ll).cast(),
+                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    )
+                };
+                assert_eq!(
+                    n,
+                    frame.len() as isize,
+                    "{}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        let deadline = Instant::now() + Duration::from_millis(700);
+        while Instant::now() < deadline {
+            // SAFETY: buf outlives the call; its length is passed.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 42 {
+                continue;
+            }
+            let f = &buf[..n as usize];
+            // IPv4, UDP, from the reflector's port, sent by B: a reply.
+            if f[12..14] == [0x08, 0x00]
+                && f[23] == 17
+                && f[34..36] == PORT.to_be_bytes()
+                && f[6..12] != mac_a
+            {
+                got.push(u16::from_be_bytes([f[36], f[37]]));
+            }
+        }
+        got
+    })
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn user_reflector_answers_only_unicast_probes_from_good_sources() {
+    if !is_root("user_reflector_answers_only_unicast_probes_from_good_sources") {
+        return;
+    }
+    let p = Pair::new();
+    // The wildcard address: the socket the kernel hands broadcasts to.
+    let r = Reflector::start(&p, &["--listen", &format!("0.0.0.0:{PORT}"), "-q"]);
+    let mac_b = mac_of(&p.b, &p.vb);
+    let (a, b): (Ipv4Addr, Ipv4Addr) = (A_IP.parse().unwrap(), B_IP.parse().unwrap());
+    let bcast: Ipv4Addr = "10.77.0.255".parse().unwrap();
+    let all_hosts: Ipv4Addr = "224.0.0.1".parse().unwrap();
+    let frames = [
+        Frame {
+            name: "to 255.255.255.255 (ff:ff:ff:ff:ff:ff)",
+            dst_mac: [0xff; 6],
+            src: a,
+            dst: Ipv4Addr::BROADCAST,
+            sport: 41_001,
+        },
+        Frame {
+            name: "to the subnet broadcast 10.77.0.255",
+            dst_mac: [0xff; 6],
+            src: a,
+            dst: bcast,
+            sport: 41_002,
+        },
+        Frame {
+            name: "to multicast 224.0.0.1 (01:00:5e:00:00:01)",
+            dst_mac: [0x01, 0x00, 0x5e, 0, 0, 1],
+            src: a,
+            dst: all_hosts,
+            sport: 41_003,
+        },
+        Frame {
+            name: "from the subnet broadcast 10.77.0.255",
+            dst_mac: mac_b,
+            src: bcast,
+            dst: b,
+            sport: 41_004,
+        },
+        Frame {
+            name: "from multicast 224.0.0.1",
+            dst_mac: mac_b,
+            src: all_hosts,
+            dst: b,
+            sport: 41_005,
+        },
+        Frame {
+            name: "legitimate",
+            dst_mac: mac_b,
+            src: a,
+            dst: b,
+            sport: 41_006,
+        },
+    ];
+    const EACH: usize = 5;
+    let replies = send_frames_and_catch_replies(&p, &frames, EACH);
+    // 127.0.0.1 to 127.0.0.1 inside B: loopback on loopback is answered.
+    let lo = sh(&format!(
+        "ip netns exec {} {} --quiet --out /tmp/{}.csv --target 127.0.0.1:{PORT} --count 20 --interval 1ms",
+        p.b,
+        bin().display(),
+        unique("ulo")
+    ));
+    let lo_err = String::from_utf8_lossy(&lo.stderr).into_owned();
+    let _ = sh("rm -f /tmp/ulo*.csv");
+    let (refl, log) = r.stop();
+    let c = &refl["counters"];
+    for f in &frames {
+        let got = replies.iter().filter(|&&port| port == f.sport).count();
+        eprintln!("{}: {got} replies to {EACH} probes", f.name);
+        let want = if f.name == "legitimate" { EACH } else { 0 };
+        assert_eq!(got, want, "{}: {refl}", f.name);
+    }
+    eprintln!(
+        "reflector counters: datagrams {}, reflected {}, not_for_us {}, bad_source {}; 127.0.0.1 -> 127.0.0.1: exit {:?}",
+        c["datagrams"],
+        c["reflected"],
+        c["not_for_us"],
+        c["bad_source"],
+        lo.status.code()
+    );
+    assert!(lo.status.success(), "loopback run: {lo_err}");
+    assert_eq!(n(c, "not_for_us"), 3 * EACH as u64, "{refl} {log}");
+    // The kernel itself drops a multicast source (a martian): the subnet
+    // broadcast source is the one it delivers.
+    assert!(n(c, "bad_source") >= EACH as u64, "{refl}");
+    assert_eq!(
+        n(c, "datagrams"),
+        n(c, "reflected") + n(c, "not_for_us") + n(c, "bad_source"),
+        "{refl}"
+    );
+    // The legitimate frames, and the loopback run's warm-up, 20 probes and status probe.
+    assert_eq!(n(c, "reflected"), EACH as u64 + 22, "{refl}");
 }

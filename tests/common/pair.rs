@@ -5,6 +5,7 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
 };
@@ -109,14 +110,29 @@ impl Drop for Pair {
 pub struct Reflector {
     child: Option<Child>,
     json: PathBuf,
+    /// Its stderr so far, kept by a thread that drains it to the end.
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
+/// The line `rtprobe reflect` prints once its sockets are bound and, with
+/// `--kernel`, its XDP program attached: from then on it answers.
+const READY_LINE: &str = "rtprobe reflect: answering ";
+
+/// How long a reflector may take to say it is ready (an XDP attach on a
+/// loaded machine takes some 100s of ms).
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Reflector {
+    /// Starts it and returns once it has said it answers (panics if it
+    /// exits first or stays silent for [`READY_WITHIN`]).
     pub fn start(p: &Pair, args: &[&str]) -> Reflector {
+        use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("reflector.json");
-        let child = Command::new("ip")
+        let started = std::time::Instant::now();
+        let mut child = Command::new("ip")
             .args(["netns", "exec", &p.b])
             .arg(bin())
             .arg("reflect")
@@ -126,12 +142,45 @@ impl Reflector {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start rtprobe reflect");
-        // Bound before the first probe: the warm-up retries for 3 s anyway.
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        Reflector {
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<bool>();
+        let pipe = child.stderr.take().unwrap();
+        let kept = stderr.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(pipe);
+            let mut line = String::new();
+            while lines.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.starts_with(READY_LINE) {
+                    let _ = ready_tx.send(true);
+                }
+                kept.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+            let _ = ready_tx.send(false);
+        });
+        let mut r = Reflector {
             child: Some(child),
             json,
+            stderr,
+            stderr_reader: Some(stderr_reader),
             _dir: dir,
+        };
+        match ready_rx.recv_timeout(READY_WITHIN) {
+            Ok(true) => {
+                eprintln!("reflector ready after {:?}", started.elapsed());
+                r
+            }
+            Ok(false) => {
+                let status = r.child.as_mut().unwrap().wait();
+                panic!(
+                    "rtprobe reflect {args:?} ended before it was ready ({status:?}): {}",
+                    r.stderr_text()
+                )
+            }
+            Err(_) => panic!(
+                "rtprobe reflect {args:?} not ready within {READY_WITHIN:?}: {}",
+                r.stderr_text()
+            ),
         }
     }
 
@@ -139,15 +188,23 @@ impl Reflector {
         self.child.as_ref().unwrap().id()
     }
 
+    /// What it has written to stderr so far.
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// SIGTERM, wait, and the counters it wrote.
     pub fn stop(mut self) -> (serde_json::Value, String) {
         let child = self.child.take().unwrap();
         sh_ok(&format!("kill -TERM {}", child.id()));
         let o = child.wait_with_output().unwrap();
+        if let Some(t) = self.stderr_reader.take() {
+            let _ = t.join();
+        }
         let out = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
+            self.stderr_text()
         );
         assert!(o.status.success(), "rtprobe reflect failed: {out}");
         let j = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -236,7 +293,7 @@ pub fn send_forged(
     max_s: f64,
     forge: impl Fn(u32) -> Forged + Sync,
 ) -> u64 {
-    use std::{os::fd::AsRawFd, time::Instant};
+    use std::time::Instant;
     let ns_file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -245,7 +302,7 @@ pub fn send_forged(
             let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
             assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
             // SAFETY: fd is ours and open; from here the OwnedFd closes it.
-            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             let to = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,
                 sin_port: dst.port().to_be(),
@@ -355,4 +412,77 @@ pub fn forged_source(i: u32) -> Ipv4Addr {
     let mid = (i / 254) % 256;
     let top = 64 + (i / (254 * 256)) % 64;
     Ipv4Addr::new(10, top as u8, mid as u8, host as u8)
+}
+
+/// Runs `f` on a thread inside namespace `ns`.
+pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("namespace thread")
+    })
+}
+
+pub fn mac_of(ns: &str, dev: &str) -> [u8; 6] {
+    let s = sh_ok(&format!(
+        "ip netns exec {ns} cat /sys/class/net/{dev}/address"
+    ));
+    let mut m = [0u8; 6];
+    for (b, p) in m.iter_mut().zip(s.trim().split(':')) {
+        *b = u8::from_str_radix(p, 16).unwrap();
+    }
+    m
+}
+
+/// A packet socket on `dev` of the calling thread's namespace, reading
+/// every frame (ETH_P_ALL), with a 50 ms receive timeout.
+pub fn packet_socket(dev: &str) -> (OwnedFd, libc::sockaddr_ll) {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket(2); the fd goes into an OwnedFd at once.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+    assert!(
+        fd >= 0,
+        "packet socket: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: fd is ours and open.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let name = std::ffi::CString::new(dev).unwrap();
+    // SAFETY: a NUL-terminated name.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert!(ifindex > 0, "{dev}");
+    // SAFETY: all-zero is a valid sockaddr_ll.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = ifindex as i32;
+    sll.sll_halen = 6;
+    // SAFETY: sll lives through the call; its size is passed.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 50_000,
+    };
+    // SAFETY: tv lives through the call; its size is passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    (fd, sll)
 }

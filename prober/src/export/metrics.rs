@@ -32,7 +32,7 @@ use prometheus_client::{
 use crate::{
     export::ProbeRecord,
     probe::SessionObserver,
-    stats::{Counts, RunStats, chain::Stage},
+    stats::{Counts, RunStats, XdpCounters, chain::Stage},
 };
 
 /// The smallest bucket bound, in seconds (1 µs).
@@ -132,6 +132,8 @@ pub struct Metrics {
     /// `rtprobe reflect`: datagrams by what the reflector did with them.
     reflector_datagrams: Family<OutcomeLabels, Counter>,
     reflector_sessions: Counter,
+    /// `rtprobe reflect --kernel`: frames the XDP reflector saw, by outcome.
+    kernel_reflector_frames: Family<OutcomeLabels, Counter>,
 }
 
 /// What the reflector did with a datagram.
@@ -145,6 +147,8 @@ struct OutcomeLabels {
 pub struct ReflectorCounts {
     pub sessions: u64,
     pub reflected: u64,
+    pub not_for_us: u64,
+    pub bad_source: u64,
     pub malformed: u64,
     pub rate_limited: u64,
     pub auth_failed: u64,
@@ -182,18 +186,26 @@ impl Metrics {
             timestamp_source: Family::default(),
             reflector_datagrams: Family::default(),
             reflector_sessions: Counter::default(),
+            kernel_reflector_frames: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
             "reflector_datagrams",
-            "rtprobe reflect: datagrams received, by outcome (reflected, malformed, rate_limited, \
-             auth_failed; send_error: a reply the kernel refused)",
+            "rtprobe reflect: datagrams received, by outcome (reflected, not_for_us, bad_source, \
+             malformed, rate_limited, auth_failed; send_error: a reply the kernel refused)",
             m.reflector_datagrams.clone(),
         );
         registry.register(
             "reflector_sessions",
             "rtprobe reflect: client sessions seen",
             m.reflector_sessions.clone(),
+        );
+        registry.register(
+            "kernel_reflector_frames",
+            "rtprobe reflect --kernel: frames the in-kernel (XDP) reflector saw, by outcome \
+             (reflected_rtprobe, reflected_stamp, not_for_us, bad_source, rate_limited, \
+             global_limited, malformed, ...; the rest pass to the kernel)",
+            m.kernel_reflector_frames.clone(),
         );
         registry.register_with_unit(
             "one_way",
@@ -336,6 +348,8 @@ impl Metrics {
     pub fn reflector_update(&self, last: &mut ReflectorCounts, now: ReflectorCounts) {
         let outcomes = [
             ("reflected", last.reflected, now.reflected),
+            ("not_for_us", last.not_for_us, now.not_for_us),
+            ("bad_source", last.bad_source, now.bad_source),
             ("malformed", last.malformed, now.malformed),
             ("rate_limited", last.rate_limited, now.rate_limited),
             ("auth_failed", last.auth_failed, now.auth_failed),
@@ -350,6 +364,22 @@ impl Metrics {
         self.reflector_sessions
             .inc_by(now.sessions.saturating_sub(last.sessions));
         *last = now;
+    }
+
+    /// Brings the in-kernel reflector's frame counters up to `now`
+    /// (cumulative, by outcome; `last` is what was published before,
+    /// updated in place). Every outcome is published, zero or not, so a
+    /// scrape shows which exist.
+    pub fn kernel_reflector_update(&self, last: &mut XdpCounters, now: &XdpCounters) {
+        for (outcome, c) in now {
+            let before = last.get(outcome).map_or(0, |b| b.packets);
+            self.kernel_reflector_frames
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.clone(),
+                })
+                .inc_by(c.packets.saturating_sub(before));
+        }
+        last.clone_from(now);
     }
 
     /// The OpenMetrics text exposition (ends with `# EOF`).
@@ -821,6 +851,8 @@ mod tests {
         let now = ReflectorCounts {
             sessions: 2,
             reflected: 500,
+            not_for_us: 4,
+            bad_source: 5,
             malformed: 7,
             rate_limited: 1,
             auth_failed: 3,
@@ -840,12 +872,66 @@ mod tests {
         for line in [
             "rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 510",
             "rtprobe_reflector_datagrams_total{outcome=\"malformed\"} 7",
+            "rtprobe_reflector_datagrams_total{outcome=\"not_for_us\"} 4",
+            "rtprobe_reflector_datagrams_total{outcome=\"bad_source\"} 5",
             "rtprobe_reflector_datagrams_total{outcome=\"auth_failed\"} 3",
             "rtprobe_reflector_datagrams_total{outcome=\"send_error\"} 0",
             "rtprobe_reflector_sessions_total 2",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn kernel_reflector_frames_are_a_counter_family_by_outcome() {
+        use crate::stats::summary::PacketsBytes;
+        let m = Metrics::new();
+        let counts = |reflected: u64, bad: u64| -> XdpCounters {
+            [
+                ("reflected_rtprobe", reflected),
+                ("bad_source", bad),
+                ("global_limited", 0),
+            ]
+            .into_iter()
+            .map(|(k, packets)| {
+                (
+                    k.to_string(),
+                    PacketsBytes {
+                        packets,
+                        bytes: packets * 64,
+                    },
+                )
+            })
+            .collect()
+        };
+        let mut last = XdpCounters::new();
+        m.kernel_reflector_update(&mut last, &counts(100, 3));
+        m.kernel_reflector_update(&mut last, &counts(100, 3)); // nothing new
+        m.kernel_reflector_update(&mut last, &counts(250, 10));
+        let text = m.encode();
+        for line in [
+            "# TYPE rtprobe_kernel_reflector_frames counter",
+            "rtprobe_kernel_reflector_frames_total{outcome=\"reflected_rtprobe\"} 250",
+            "rtprobe_kernel_reflector_frames_total{outcome=\"bad_source\"} 10",
+            "rtprobe_kernel_reflector_frames_total{outcome=\"global_limited\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        // The user-space reflector's family is there too, and apart.
+        m.reflector_update(
+            &mut ReflectorCounts::default(),
+            ReflectorCounts {
+                reflected: 1,
+                ..Default::default()
+            },
+        );
+        let text = m.encode();
+        assert!(text.contains("rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 1"));
+        assert!(
+            text.contains(
+                "rtprobe_kernel_reflector_frames_total{outcome=\"reflected_rtprobe\"} 250"
+            )
+        );
     }
 
     #[test]

@@ -48,6 +48,13 @@ pub struct Cmsgs {
     /// IP_TTL (with IP_RECVTTL on) or IPV6_HOPLIMIT (with IPV6_RECVHOPLIMIT):
     /// the TTL or hop limit the datagram arrived with.
     pub ttl: Option<u8>,
+    /// IP_PKTINFO's `ipi_addr` or IPV6_PKTINFO's `ipi6_addr` (with
+    /// IP_PKTINFO or IPV6_RECVPKTINFO on): the destination in the
+    /// datagram's IP header, which tells a broadcast or multicast
+    /// datagram from one sent to this host's own address.
+    pub dst: Option<std::net::IpAddr>,
+    /// The interface it arrived on (the same control message).
+    pub ifindex: Option<u32>,
 }
 
 impl Cmsgs {
@@ -144,6 +151,18 @@ pub fn parse(control: &[u8]) -> Cmsgs {
             {
                 out.ttl = u8::try_from(read_i32(data)).ok();
             }
+            // struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
+            (libc::SOL_IP, libc::IP_PKTINFO) if data.len() >= 12 => {
+                let a: [u8; 4] = data[8..12].try_into().expect("4 bytes");
+                out.dst = Some(std::net::Ipv4Addr::from(a).into());
+                out.ifindex = Some(read_u32(data));
+            }
+            // struct in6_pktinfo { in6_addr addr; unsigned int ifindex; }
+            (libc::SOL_IPV6, libc::IPV6_PKTINFO) if data.len() >= 20 => {
+                let a: [u8; 16] = data[..16].try_into().expect("16 bytes");
+                out.dst = Some(std::net::Ipv6Addr::from(a).into());
+                out.ifindex = Some(read_u32(&data[16..]));
+            }
             (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR)
                 if data.len() >= 16 =>
             {
@@ -235,6 +254,32 @@ mod tests {
             &9i32.to_ne_bytes(),
         ));
         assert_eq!(c.ttl, None);
+    }
+
+    #[test]
+    fn packet_info_gives_the_header_destination_and_interface() {
+        let mut v4 = Vec::new();
+        v4.extend(3i32.to_ne_bytes());
+        v4.extend([10, 77, 0, 2]); // spec_dst: the local address routing picked
+        v4.extend([10, 77, 0, 255]); // the header's destination
+        let c = parse(&one_cmsg(libc::SOL_IP, libc::IP_PKTINFO, &v4));
+        assert_eq!(c.dst, Some("10.77.0.255".parse().unwrap()));
+        assert_eq!(c.ifindex, Some(3));
+        let mut v6 = "ff02::1"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets()
+            .to_vec();
+        v6.extend(4u32.to_ne_bytes());
+        let mut b = encode_for_test(Some([(6, 0), (0, 0), (0, 0)]), None);
+        b.extend(one_cmsg(libc::SOL_IPV6, libc::IPV6_PKTINFO, &v6));
+        let c = parse(&b);
+        assert_eq!(c.dst, Some("ff02::1".parse().unwrap()));
+        assert_eq!(c.ifindex, Some(4));
+        assert_eq!(c.sw_ns, Some(6_000_000_000));
+        // Truncated: ignored, not misread.
+        let c = parse(&one_cmsg(libc::SOL_IP, libc::IP_PKTINFO, &v4[..8]));
+        assert_eq!((c.dst, c.ifindex), (None, None));
     }
 
     #[test]

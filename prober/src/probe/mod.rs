@@ -12,6 +12,7 @@
 //!     +------> [collector: Matcher] <--+ -> CSV rows, RunStats
 //! ```
 
+pub mod addresses;
 pub mod clock;
 pub mod cmsg;
 pub mod cpu_wait;

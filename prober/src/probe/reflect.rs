@@ -5,6 +5,11 @@
 //! reflect` and testbed runs with `--protocol stamp` both run.
 //!
 //! Safe to leave running on a network:
+//! - only datagrams addressed to one of this host's unicast addresses
+//!   (not broadcast or multicast, told by IP_PKTINFO / IPV6_RECVPKTINFO)
+//!   from a source one host can have (not broadcast, multicast,
+//!   unspecified, 0/8, 240/4 or a subnet broadcast of this host; loopback
+//!   only on loopback) are looked at: [`super::addresses`];
 //! - only well-formed probes of the served protocol are answered (with a
 //!   key: only valid HMACs); echoes are never answered again;
 //! - a reply is the request's own buffer rewritten, never longer;
@@ -18,8 +23,8 @@
 //! - "new session" lines and receive errors are logged at most
 //!   [`LOG_LINES_PER_S`] a second, with a count of those held back.
 //!
-//! Every datagram is counted exactly once: reflected, malformed,
-//! rate_limited or auth_failed.
+//! Every datagram is counted exactly once: reflected, not_for_us,
+//! bad_source, malformed, rate_limited or auth_failed.
 //!
 //! rtprobe-protocol echoes carry, beyond the in-kernel reflector's times
 //! (flag bit 2, bytes 32..48), the reflector's state (flag bit 3, payload
@@ -36,8 +41,9 @@
 //! Kernel interfaces (in [`serve`]): UDP sockets with SO_TIMESTAMPING
 //! (software RX stamps, Linux >= 2.6.30; a software TX stamp asked for per
 //! reply, >= 4.6, with its id set per reply, SCM_TS_OPT_ID, >= 6.13: older
-//! kernels get no turnaround) and IP_RECVTTL or IPV6_RECVHOPLIMIT (IPv6
-//! sockets, `--listen [::]:862`).
+//! kernels get no turnaround), IP_RECVTTL or IPV6_RECVHOPLIMIT (IPv6
+//! sockets, `--listen [::]:862`), and IP_PKTINFO or IPV6_RECVPKTINFO (each
+//! datagram's destination and interface).
 //!
 //! The turnaround (probe RX stamp to reply TX stamp) is sampled: at most
 //! [`TX_STAMPS_PER_S`] replies a second are TX-stamped ([`StampBudget`]).
@@ -59,6 +65,7 @@ use lru::LruCache;
 use serde::Serialize;
 
 use super::{
+    addresses::LocalNets,
     clock,
     packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, MAGIC, VERSION},
     socket::{ProbeSocket, RecvBatch},
@@ -108,10 +115,15 @@ pub struct Policy {
 /// What the reflector did, by datagram.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
-    /// Datagrams received (= reflected + malformed + rate_limited + auth_failed).
+    /// Datagrams received (= reflected + not_for_us + bad_source +
+    /// malformed + rate_limited + auth_failed).
     pub datagrams: u64,
     pub sessions: u64,
     pub reflected: u64,
+    /// Sent to a broadcast or multicast destination.
+    pub not_for_us: u64,
+    /// From a source no single host can have (or loopback from outside).
+    pub bad_source: u64,
     pub malformed: u64,
     pub rate_limited: u64,
     pub auth_failed: u64,
@@ -129,6 +141,8 @@ pub struct Counters {
 /// Why a datagram was not answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drop {
+    NotForUs,
+    BadSource,
     Malformed,
     RateLimited,
     AuthFailed,
@@ -158,6 +172,16 @@ struct Bucket {
     last_ns: i64,
 }
 
+/// Where a datagram came from and was sent to, as its socket said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addressing {
+    pub src: SocketAddr,
+    /// The destination in its IP header (None: the kernel did not say).
+    pub dst: Option<IpAddr>,
+    /// The interface it arrived on (None: not known).
+    pub ifindex: Option<u32>,
+}
+
 /// One new session, for the log and the JSON.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionInfo {
@@ -172,6 +196,9 @@ pub struct Core {
     policy: Policy,
     sessions: LruCache<(SocketAddr, u64), Session>,
     buckets: LruCache<IpAddr, Bucket>,
+    /// This host's subnet broadcasts and loopback interfaces (empty until
+    /// [`Core::set_local_nets`]: only the fixed rules apply).
+    nets: LocalNets,
     pub counters: Counters,
     /// `None`: adjtimex failed, the clock's state is unknown.
     clock: Option<ClockSync>,
@@ -193,6 +220,7 @@ impl Core {
             policy,
             sessions: LruCache::new(cap(sessions)),
             buckets: LruCache::new(cap(sources)),
+            nets: LocalNets::default(),
             counters: Counters::default(),
             clock: None,
             error_estimate: estimate_of(None),
@@ -203,6 +231,12 @@ impl Core {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// What this host's interfaces are now ([`serve`] reads them at most
+    /// once a second).
+    pub fn set_local_nets(&mut self, nets: LocalNets) {
+        self.nets = nets;
     }
 
     /// The clock state replies carry, read from the kernel at most once a
@@ -228,9 +262,8 @@ impl Core {
         self.error_estimate
     }
 
-    /// Decides on one datagram of `len` bytes at the start of `buf` and,
-    /// for an answer, rewrites it into the reply. `rx_ns`: its kernel RX
-    /// stamp (else `now_ns`), `ttl`: the TTL it arrived with.
+    /// [`Core::handle_addressed`] for a datagram from `src` whose
+    /// destination and interface are not known.
     pub fn handle(
         &mut self,
         buf: &mut [u8],
@@ -239,9 +272,36 @@ impl Core {
         ttl: Option<u8>,
         now_ns: i64,
     ) -> Verdict {
+        let at = Addressing {
+            src,
+            dst: None,
+            ifindex: None,
+        };
+        self.handle_addressed(buf, at, rx_ns, ttl, now_ns)
+    }
+
+    /// Decides on one datagram of `len` bytes at the start of `buf` and,
+    /// for an answer, rewrites it into the reply. `rx_ns`: its kernel RX
+    /// stamp (else `now_ns`), `ttl`: the TTL it arrived with.
+    pub fn handle_addressed(
+        &mut self,
+        buf: &mut [u8],
+        at: Addressing,
+        rx_ns: Option<i64>,
+        ttl: Option<u8>,
+        now_ns: i64,
+    ) -> Verdict {
         self.counters.datagrams += 1;
         self.counters.bytes_in += buf.len() as u64;
-        let v = self.decide(buf, src, rx_ns.unwrap_or(now_ns), ttl, now_ns);
+        // Before anything else: such a datagram must not even take a token
+        // from a bucket or open a session.
+        let v = if self.nets.is_not_for_us(at.dst) {
+            Verdict::Drop(Drop::NotForUs)
+        } else if self.nets.is_bad_source(at.src.ip(), at.ifindex) {
+            Verdict::Drop(Drop::BadSource)
+        } else {
+            self.decide(buf, at.src, rx_ns.unwrap_or(now_ns), ttl, now_ns)
+        };
         match v {
             Verdict::Reply { new_session } => {
                 self.counters.reflected += 1;
@@ -250,6 +310,8 @@ impl Core {
                     self.counters.sessions += 1;
                 }
             }
+            Verdict::Drop(Drop::NotForUs) => self.counters.not_for_us += 1,
+            Verdict::Drop(Drop::BadSource) => self.counters.bad_source += 1,
             Verdict::Drop(Drop::Malformed) => self.counters.malformed += 1,
             Verdict::Drop(Drop::RateLimited) => self.counters.rate_limited += 1,
             Verdict::Drop(Drop::AuthFailed) => self.counters.auth_failed += 1,
@@ -675,6 +737,7 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
                     _ => e.context(format!("cannot answer on {a}")),
                 }
             })?;
+            enable_packet_info(&s, a)?;
             let on: libc::c_int = 1;
             // The arrival TTL (IPv4) or hop limit (IPv6) for STAMP's reply.
             let (level, name, what) = match a {
@@ -701,6 +764,39 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
             Ok(s)
         })
         .collect()
+}
+
+/// Asks for each datagram's destination and interface (IP_PKTINFO,
+/// IPV6_RECVPKTINFO): a socket bound to the wildcard address also gets
+/// broadcasts, and only this tells them apart. Without it the reflector
+/// could not keep its promise, so a failure is an error.
+fn enable_packet_info(s: &ProbeSocket, a: SocketAddr) -> Result<()> {
+    let on: libc::c_int = 1;
+    let (level, name, what) = match a {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO, "IP_PKTINFO"),
+        SocketAddr::V6(_) => (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVPKTINFO,
+            "IPV6_RECVPKTINFO",
+        ),
+    };
+    // SAFETY: plain setsockopt on an owned socket with a live int.
+    let r = unsafe {
+        libc::setsockopt(
+            s.fd(),
+            level,
+            name,
+            (&on as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        anyhow::bail!(
+            "cannot answer on {a}: {what}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
 }
 
 /// Answers on `socks` until `stop` is set or `duration` passes.
@@ -731,8 +827,19 @@ pub fn serve(
     let mut error_lines = LineLimit::new(LOG_LINES_PER_S);
     let held_back_line = |k: u64| format!("{k} more new sessions in the last second not shown");
     let refs: Vec<&ProbeSocket> = socks.iter().collect();
+    core.set_local_nets(LocalNets::read().context("read this host's addresses")?);
+    let mut nets_read = start;
     while stop.load(Ordering::SeqCst) == 0 && duration.is_none_or(|d| start.elapsed() < d) {
         super::socket::poll_any(&refs, 100).context("reflector poll")?;
+        // Addresses come and go (DHCP, a new interface): a subnet broadcast
+        // may be new. Once a second bounds both the cost and the window.
+        if nets_read.elapsed() >= Duration::from_secs(1) {
+            nets_read = std::time::Instant::now();
+            match LocalNets::read() {
+                Ok(n) => core.set_local_nets(n),
+                Err(e) => log::warn!("reflector: {e:#}; keeping the addresses read before"),
+            }
+        }
         for sock in socks {
             loop {
                 let n = match sock.recv_batch(&mut batch, false) {
@@ -759,7 +866,12 @@ pub fn serve(
                 stamps.clear();
                 for i in 0..n {
                     let (payload, src, c) = batch.get(i);
-                    let v = core.handle(payload, src, c.sw_ns, c.ttl, now);
+                    let at = Addressing {
+                        src,
+                        dst: c.dst,
+                        ifindex: c.ifindex,
+                    };
+                    let v = core.handle_addressed(payload, at, c.sw_ns, c.ttl, now);
                     if let Verdict::Reply { new_session } = v {
                         if let Some(id) = new_session {
                             if let Some(k) = session_lines.roll(now) {
@@ -1094,9 +1206,13 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
         None => None,
     };
     let (quiet, duration) = (args.quiet, args.duration);
-    let mut report = crate::app::with_signals(true, move |stop| {
+    // The in-kernel reflector goes along into the serving thread, whose
+    // tick publishes its counters too, and comes back to be read last.
+    let (mut report, kernel) = crate::app::with_signals(true, move |stop| {
         let mut core = Core::new(policy);
         let mut published = crate::export::metrics::ReflectorCounts::default();
+        let mut kernel_published = crate::stats::XdpCounters::new();
+        let mut kernel_error_said = false;
         let report = serve(
             &socks,
             &mut core,
@@ -1114,17 +1230,29 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
                         crate::export::metrics::ReflectorCounts {
                             sessions: c.sessions,
                             reflected: c.reflected,
+                            not_for_us: c.not_for_us,
+                            bad_source: c.bad_source,
                             malformed: c.malformed,
                             rate_limited: c.rate_limited,
                             auth_failed: c.auth_failed,
                             send_errors: c.send_errors,
                         },
                     );
+                    if let Some(k) = &kernel {
+                        match k.counters() {
+                            Ok(now) => m.kernel_reflector_update(&mut kernel_published, &now),
+                            Err(e) if !kernel_error_said => {
+                                kernel_error_said = true;
+                                log::warn!("metrics: the in-kernel reflector's counters: {e:#}");
+                            }
+                            Err(_) => {}
+                        }
+                    }
                 }
             },
         );
         drop(metrics);
-        report
+        report.map(|r| (r, kernel))
     })?;
     report.listen = names;
     let kcounters = match &kernel {
@@ -1137,11 +1265,13 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
     drop(kernel);
     let c = &report.counters;
     println!(
-        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
+        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
         c.datagrams,
         report.duration_s,
         c.sessions,
         c.reflected,
+        c.not_for_us,
+        c.bad_source,
         c.malformed,
         c.rate_limited,
         c.auth_failed,
@@ -1378,6 +1508,63 @@ mod tests {
             Verdict::Drop(Drop::Malformed)
         );
         assert_eq!(c.counters.auth_failed, 1);
+    }
+
+    #[test]
+    fn only_unicast_datagrams_from_good_sources_are_looked_at() {
+        let mut c = core(ProtocolArg::Rtprobe, None, 100, false);
+        c.set_local_nets(LocalNets::new(
+            [("10.77.0.2".parse().unwrap(), 24, None)],
+            vec![1],
+        ));
+        let at = |src: &str, dst: &str, ifindex: u32| Addressing {
+            src: SocketAddr::new(src.parse().unwrap(), 9),
+            dst: Some(dst.parse().unwrap()),
+            ifindex: Some(ifindex),
+        };
+        let mut go = |a: Addressing| c.handle_addressed(&mut probe(1, 0, 64), a, None, None, NOW);
+        let reply = Verdict::Reply {
+            new_session: Some(1),
+        };
+        for dst in ["255.255.255.255", "10.77.0.255", "224.0.0.1"] {
+            assert_eq!(
+                go(at("10.77.0.1", dst, 3)),
+                Verdict::Drop(Drop::NotForUs),
+                "{dst}"
+            );
+        }
+        for src in [
+            "10.77.0.255",
+            "224.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "240.1.1.1",
+        ] {
+            assert_eq!(
+                go(at(src, "10.77.0.2", 3)),
+                Verdict::Drop(Drop::BadSource),
+                "{src}"
+            );
+        }
+        assert_eq!(
+            go(at("127.0.0.1", "10.77.0.2", 3)),
+            Verdict::Drop(Drop::BadSource)
+        );
+        assert_eq!(go(at("10.77.0.1", "10.77.0.2", 3)), reply);
+        assert_eq!(go(at("127.0.0.1", "127.0.0.1", 1)), reply);
+        let n = &c.counters;
+        assert_eq!((n.not_for_us, n.bad_source, n.reflected), (3, 6, 2));
+        assert_eq!(
+            n.datagrams,
+            n.reflected
+                + n.not_for_us
+                + n.bad_source
+                + n.malformed
+                + n.rate_limited
+                + n.auth_failed
+        );
+        // Refused before the rate limit: no bucket, no session for them.
+        assert_eq!((c.sources_held(), c.sessions_held()), (2, 2));
     }
 
     #[test]

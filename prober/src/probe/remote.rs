@@ -42,7 +42,8 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, collect_and_join,
+    HwSetup, ProbeConfig, RecordSink, STOP_NOW, STOP_SENDING, SessionOutcome, clock,
+    collect_and_join,
     events::{self, EventBatch},
     matcher::{Event, NoHwClocks},
     pacer,
@@ -491,6 +492,10 @@ pub fn run_session(
         format!("connect the probe socket to {dst}: check that this host has a route to it")
     })?;
     let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
+    if stop.load(Ordering::SeqCst) != 0 {
+        // Before the pacer: no probe of the run has been sent, and none will.
+        bail!("interrupted before probing started; nothing was measured");
+    }
     // The clocks as the run starts decide the CSV's one-way column.
     let early = clock_verdict(&local_clock, first.and_then(|e| e.ee));
     let mut csv = OneWaySink {
@@ -565,7 +570,9 @@ pub fn run_session(
         .into_inner()
         .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
     let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
-    if target.protocol == ProtocolArg::Rtprobe || stateful_stamp {
+    // Nothing sent (a stop came between the warm-up and the first probe):
+    // nothing to count, so nothing to ask.
+    if sent > 0 && (target.protocol == ProtocolArg::Rtprobe || stateful_stamp) {
         ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
     }
     let lost = stats.lost();
@@ -631,7 +638,10 @@ fn warm_up(
     size: usize,
     stop: &AtomicU8,
 ) -> Result<Option<Echo>> {
-    match exchange(sock, dst, wire, size, WARMUP_SEQ, stop, 30) {
+    // Any stop request ends the warm-up: it is set-up, and a run stopped
+    // before probing sends nothing (the status probe, after a run, waits
+    // for a second signal instead).
+    match exchange(sock, dst, wire, size, WARMUP_SEQ, stop, STOP_SENDING, 30) {
         Some(e) => {
             // Let late duplicates and the warm-up's TX stamps drain.
             std::thread::sleep(Duration::from_millis(20));
@@ -658,7 +668,9 @@ fn warm_up(
 }
 
 /// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
-/// returns the first answer to it.
+/// returns the first answer to it. Gives up, sending nothing more, once
+/// the stop level reaches `give_up_at`.
+#[allow(clippy::too_many_arguments)]
 fn exchange(
     sock: &ProbeSocket,
     dst: SocketAddr,
@@ -666,13 +678,15 @@ fn exchange(
     size: usize,
     seq: u64,
     stop: &AtomicU8,
+    give_up_at: u8,
     tries: u32,
 ) -> Option<Echo> {
     let mut buf = vec![0u8; size];
     let mut scratch = Vec::with_capacity(size);
     let mut batch = RecvBatch::new(16, 65536);
+    let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
     for _ in 0..tries {
-        if stop.load(Ordering::SeqCst) >= STOP_NOW {
+        if given_up() {
             return None;
         }
         wire.encode(seq, clock::realtime_ns(), true, &mut buf, &mut scratch);
@@ -680,7 +694,7 @@ fn exchange(
             log::debug!("warm-up send to {dst}: {e}");
         }
         let until = clock::realtime_ns() + 100_000_000;
-        while clock::realtime_ns() < until {
+        while clock::realtime_ns() < until && !given_up() {
             let _ = socket::poll_any(&[sock], 10);
             while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
             let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
@@ -711,7 +725,7 @@ fn status_probe(
     stop: &AtomicU8,
 ) -> Option<Echo> {
     match wire {
-        Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, 3),
+        Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, STOP_NOW, 3),
         Wire::Stamp { .. } => {
             // One try only: a retry would be counted again by the reflector,
             // and the answer to the first would then not give the count.
@@ -1038,6 +1052,74 @@ mod tests {
             });
         }
         l
+    }
+
+    /// A probe socket connected to a plain UDP socket on loopback that
+    /// plays a silent reflector, and the session's wire.
+    fn silent_peer() -> (ProbeSocket, std::net::UdpSocket, SocketAddr, Wire) {
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let dst = peer.local_addr().unwrap();
+        let sock = ProbeSocket::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            0,
+            TsFlags {
+                tx: false,
+                rx: false,
+                hardware: false,
+            },
+            0,
+        )
+        .unwrap();
+        sock.connect(dst).unwrap();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        (sock, peer, dst, wire)
+    }
+
+    fn datagrams_at(peer: &std::net::UdpSocket) -> usize {
+        let mut buf = [0u8; 2048];
+        std::iter::from_fn(|| peer.recv(&mut buf).ok()).count()
+    }
+
+    #[test]
+    fn one_stop_request_ends_the_warm_up_before_it_sends() {
+        let (sock, peer, dst, wire) = silent_peer();
+        let stop = AtomicU8::new(STOP_SENDING);
+        let t = std::time::Instant::now();
+        assert!(warm_up(&sock, dst, &wire, 64, &stop).unwrap().is_none());
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        assert_eq!(datagrams_at(&peer), 0);
+    }
+
+    #[test]
+    fn one_stop_request_ends_the_warm_up_within_a_wait() {
+        let (sock, peer, dst, wire) = silent_peer();
+        let stop = AtomicU8::new(0);
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                stop.store(STOP_SENDING, Ordering::SeqCst);
+            });
+            assert!(warm_up(&sock, dst, &wire, 64, &stop).unwrap().is_none());
+        });
+        // The first try went out; its 100 ms wait ended at the stop.
+        assert!(t.elapsed() < Duration::from_millis(90), "{:?}", t.elapsed());
+        assert_eq!(datagrams_at(&peer), 1);
+    }
+
+    #[test]
+    fn the_status_probe_still_goes_out_after_one_stop_request() {
+        let (sock, peer, dst, wire) = silent_peer();
+        let stop = AtomicU8::new(STOP_SENDING);
+        assert!(status_probe(&sock, dst, &wire, 64, &stop).is_none());
+        assert_eq!(datagrams_at(&peer), 3, "3 tries, none answered");
+        let stop = AtomicU8::new(STOP_NOW);
+        assert!(status_probe(&sock, dst, &wire, 64, &stop).is_none());
+        assert_eq!(datagrams_at(&peer), 0);
     }
 
     #[test]

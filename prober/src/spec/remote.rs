@@ -244,8 +244,9 @@ pub struct ReflectArgs {
     pub quiet: bool,
 
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while reflecting:
-    /// datagrams by outcome (reflected, malformed, rate-limited, auth-failed) and sessions.
-    /// Port 0 picks a free one (printed).
+    /// datagrams by outcome (reflected, not-for-us, bad-source, malformed, rate-limited,
+    /// auth-failed) and sessions; with --kernel also the in-kernel reflector's frames by
+    /// outcome. Port 0 picks a free one (printed).
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
