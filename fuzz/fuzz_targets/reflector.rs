@@ -105,7 +105,7 @@ fn run(input: &mut Input<'_>) {
         tai_offset_s: i16::from_be_bytes(input.be()).into(),
     };
     // Read at the end of time: the reflector never reads the kernel's.
-    core.set_clock(clock, i64::MAX);
+    core.set_clock(Some(clock), i64::MAX);
     let mode = if keyed {
         Mode::Authenticated(&key)
     } else {
