@@ -668,6 +668,40 @@ fn files_in(dir: &Path) -> std::collections::BTreeSet<PathBuf> {
         .unwrap_or_default()
 }
 
+/// Runs `cmd` with its output in `log` (libFuzzer prints a line per new
+/// input: thousands a run); shows the run's final figures, or on failure
+/// the last lines, and where the whole log is.
+fn run_logged(cmd: &mut Command, log: &Path) -> Result<()> {
+    eprintln!("xtask: running {} (output in {})", show(cmd), log.display());
+    let out =
+        std::fs::File::create(log).with_context(|| format!("cannot write {}", log.display()))?;
+    let err = out.try_clone().context("duplicate the log file")?;
+    let status = cmd
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .with_context(|| format!("cannot run {}", show(cmd)))?;
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    if status.success() {
+        for l in lines
+            .iter()
+            .filter(|l| l.starts_with("Done ") || l.starts_with("stat::"))
+        {
+            eprintln!("xtask:   {l}");
+        }
+        return Ok(());
+    }
+    for l in &lines[lines.len().saturating_sub(40)..] {
+        eprintln!("{l}");
+    }
+    bail!(
+        "`{}` failed ({status}); whole output in {}",
+        show(cmd),
+        log.display()
+    )
+}
+
 /// Every fuzz target for `seconds` each; 0 skips them (said on stdout).
 fn fuzz(root: &Path, seconds: u64) -> Result<()> {
     if seconds == 0 {
@@ -686,7 +720,12 @@ fn fuzz(root: &Path, seconds: u64) -> Result<()> {
             .with_context(|| format!("cannot create {}", corpus.display()))?;
         let artifacts = root.join("fuzz/artifacts").join(target);
         let before = files_in(&artifacts);
-        if let Err(e) = run(&mut fuzz_run_command(root, target, seeds, seconds)) {
+        // Beside the build (ignored by git), not among the artifacts.
+        let logs = root.join("fuzz/target/logs");
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
+        let log = logs.join(format!("{target}.log"));
+        if let Err(e) = run_logged(&mut fuzz_run_command(root, target, seeds, seconds), &log) {
             let found: Vec<String> = files_in(&artifacts)
                 .difference(&before)
                 .map(|p| p.display().to_string())
