@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerates the README's example figures (one of each kind: boxplot, CDF,
+# Regenerates docs/OUTPUTS.md's example figures (one of each kind: boxplot, CDF,
 # time series, percentiles, stages) from a real run on rtprobe's own veth testbed: kernel
 # forwarding (XDP off, red) against the XDP router in native mode (blue).
 #
