@@ -234,9 +234,9 @@ pub const REFLECTOR_IFACE_MAP: &str = "REFLECTOR_IFACE";
 pub const REFLECTOR_ADDRS_MAP: &str = "REFLECTOR_ADDRS";
 /// Capacity of [`REFLECTOR_ADDRS_MAP`].
 pub const REFLECTOR_ADDRS_MAX: u32 = 256;
-/// LRU_HASH of [`AddrKey`] -> `u64`: each source's token bucket, kept as
-/// the GCRA's theoretical arrival time in `bpf_ktime_get_ns` ns (see
-/// [`Gcra::admit`]).
+/// LRU_HASH of [`rate_key`] -> `u64`: each source's (IPv6: each /64's)
+/// token bucket, kept as the GCRA's theoretical arrival time in
+/// `bpf_ktime_get_ns` ns (see [`Gcra::admit`]).
 pub const REFLECTOR_SOURCES_MAP: &str = "REFLECTOR_SOURCES";
 /// Capacity of [`REFLECTOR_SOURCES_MAP`]: sources tracked at once. A flood
 /// from more sources evicts the least recently seen, whose next probe
@@ -275,6 +275,55 @@ pub const fn addr_key_v4(a: [u8; 4]) -> AddrKey {
     [
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
     ]
+}
+
+/// The key of an address of either family: IPv4 as [`addr_key_v4`], IPv6
+/// as is.
+#[inline(always)]
+pub const fn addr_key(a: core::net::IpAddr) -> AddrKey {
+    match a {
+        core::net::IpAddr::V4(v4) => addr_key_v4(v4.octets()),
+        core::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Bytes of an IPv6 source that name its rate-limit bucket: the /64.
+pub const RATE_PREFIX6_BYTES: usize = 8;
+
+/// The key of the rate-limit bucket a source (an [`AddrKey`]) draws from,
+/// in both reflectors: an IPv4 source by its address, an IPv6 source by
+/// its /64 prefix (the rest zero). One IPv6 host owns a whole /64 (SLAAC,
+/// privacy addresses, RFC 8981), so a bucket per address would give a
+/// host rotating through its /64 a fresh burst per address. IPv4-mapped
+/// keys (`::ffff:a.b.c.d`, also what a dual-stack socket reports for an
+/// IPv4 peer) stay whole: their /64 is `::`, every IPv4 source at once.
+/// A masked IPv6 key never equals an IPv4 one (bytes 10..12 stay 0 in
+/// it, 0xffff in those).
+#[inline(always)]
+pub const fn rate_key(src: &AddrKey) -> AddrKey {
+    let mut k = *src;
+    if addr_key_is_v4(src) {
+        return k;
+    }
+    let mut i = RATE_PREFIX6_BYTES;
+    while i < 16 {
+        k[i] = 0;
+        i += 1;
+    }
+    k
+}
+
+/// True for an IPv4-mapped key (`::ffff:0:0/96`).
+#[inline(always)]
+pub const fn addr_key_is_v4(k: &AddrKey) -> bool {
+    let mut i = 0;
+    while i < 10 {
+        if k[i] != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    k[10] == 0xff && k[11] == 0xff
 }
 
 /// What an entry of [`REFLECTOR_ADDRS_MAP`] is.
@@ -884,6 +933,114 @@ mod tests {
             assert!(!ipv6_bad_source(&v6(a)), "{a}");
         }
         assert_eq!(addr_key_v4([10, 0, 0, 1]), v6("::ffff:10.0.0.1"));
+    }
+
+    fn v6(s: &str) -> AddrKey {
+        s.parse::<std::net::Ipv6Addr>().unwrap().octets()
+    }
+
+    /// `n` addresses inside `prefix`'s /64 (the interface identifiers a
+    /// host rotating privacy addresses would pick).
+    fn addrs_in_64(prefix: &str, n: u64) -> std::vec::Vec<AddrKey> {
+        let base = v6(prefix);
+        (0..n)
+            .map(|i| {
+                let mut a = base;
+                let iid = 0x5eed_0000_0000_0000u64 ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                a[8..].copy_from_slice(&iid.to_be_bytes());
+                a
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rate_key_is_the_64_for_ipv6_and_the_address_for_ipv4() {
+        let one = addrs_in_64("2001:db8:1:2::", 1000);
+        assert_eq!(
+            one.iter()
+                .map(rate_key)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            1,
+            "1000 addresses of one /64 share one key"
+        );
+        assert_eq!(rate_key(&one[0]), v6("2001:db8:1:2::"));
+        assert_ne!(
+            rate_key(&v6("2001:db8:1:2::1")),
+            rate_key(&v6("2001:db8:1:3::1")),
+            "the next /64 is another host"
+        );
+        assert_eq!(rate_key(&v6("fe80::1")), rate_key(&v6("fe80::2")));
+        // IPv4, as a map key or as a dual-stack socket reports it: unchanged.
+        let a = addr_key_v4([10, 0, 0, 1]);
+        assert_eq!(rate_key(&a), a);
+        assert_eq!(rate_key(&v6("::ffff:10.0.0.1")), a);
+        assert_ne!(rate_key(&a), rate_key(&addr_key_v4([10, 0, 0, 2])));
+        assert!(addr_key_is_v4(&a) && !addr_key_is_v4(&v6("::1:0:0:1")));
+        // The IPv6 /64 that holds the IPv4-mapped range is not an IPv4 key.
+        assert_ne!(rate_key(&v6("::1")), rate_key(&a));
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(addr_key(ip("10.0.0.1")), a);
+        assert_eq!(addr_key(ip("2001:db8::7")), v6("2001:db8::7"));
+    }
+
+    /// The reflectors' per-source limit as both run it, one bucket per
+    /// `key(source)`: a flood of `count` probes spread evenly over
+    /// `sources` and `secs` seconds; returns the probes answered.
+    fn flood(
+        g: Gcra,
+        key: fn(&AddrKey) -> AddrKey,
+        sources: &[AddrKey],
+        count: u64,
+        secs: u64,
+    ) -> u64 {
+        let mut tats = std::collections::HashMap::new();
+        let gap_ns = secs * 1_000_000_000 / count;
+        let start_ns = 1_000_000_000u64;
+        let mut answered = 0;
+        for i in 0..count {
+            let src = &sources[(i % sources.len() as u64) as usize];
+            let tat = tats.entry(key(src)).or_insert(0u64);
+            if let Some(t) = g.admit(*tat, start_ns + i * gap_ns) {
+                *tat = t;
+                answered += 1;
+            }
+        }
+        answered
+    }
+
+    #[test]
+    fn a_64_rotating_addresses_draws_from_one_bucket() {
+        let (rate, burst, secs) = (100u32, 10u32, 2u64);
+        let g = Gcra::per_second(rate, burst);
+        let bound = u64::from(burst) + u64::from(rate) * secs;
+        let one = addrs_in_64("2001:db8:1:2::", 1000);
+        let count = 20_000;
+        let by_64 = flood(g, rate_key, &one, count, secs);
+        let by_address = flood(g, |k| *k, &one, count, secs);
+        std::eprintln!(
+            "1000 addresses of one /64, {count} probes in {secs} s at {rate}/s burst {burst}: \
+             {by_64} answered by /64 (bound {bound}), {by_address} by address"
+        );
+        assert!(by_64 <= bound, "{by_64} > {bound}");
+        assert!(by_64 >= bound - 1, "the /64 still gets its rate: {by_64}");
+        assert!(by_address > 5 * bound, "keyed by address: {by_address}");
+
+        // Two /64s: a bucket each.
+        let mut two = addrs_in_64("2001:db8:1:2::", 500);
+        two.extend(addrs_in_64("2001:db8:1:3::", 500));
+        let answered = flood(g, rate_key, &two, count, secs);
+        std::eprintln!("two /64s: {answered} answered (bound {})", 2 * bound);
+        assert!(answered > bound && answered <= 2 * bound, "{answered}");
+
+        // IPv4 unchanged: 1000 addresses, a bucket each.
+        let v4: std::vec::Vec<AddrKey> = (0..1000u32)
+            .map(|i| addr_key_v4([10, 1, (i >> 8) as u8, i as u8]))
+            .collect();
+        assert_eq!(
+            flood(g, rate_key, &v4, count, secs),
+            flood(g, |k| *k, &v4, count, secs)
+        );
     }
 
     #[test]

@@ -31,7 +31,9 @@
 //! to `rtprobe reflect`'s socket on the same port).
 //!
 //! Rate limits (load-time globals; zero interval: none): a token bucket per
-//! source address in an LRU hash (`REFLECTOR_SOURCES`), then one global
+//! source in an LRU hash (`REFLECTOR_SOURCES`), keyed by `rate_key`: the
+//! address for IPv4, the /64 for IPv6 (one host owns a /64, so rotating
+//! addresses inside it buys no fresh burst), then one global
 //! bucket (`REFLECTOR_GLOBAL`), both as GCRA theoretical arrival times in
 //! `bpf_ktime_get_ns` (monotonic) ns: integers only, one word per bucket.
 //! Every CPU shares them; a token is taken by one BPF_CMPXCHG of the word
@@ -71,8 +73,8 @@ use xdp_common::{
     REFLECTOR_OUTCOME_COUNT, REFLECTOR_SOURCES_MAX, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
     RTPB_KTIMES_MIN_LEN, RTPB_KTIMES_OFFSET, RTPB_MAGIC, RTPB_VERSION, ReflectorClock,
     ReflectorIface, ReflectorOutcome, STAMP_UNAUTH_LEN, addr_key_v4, csum_replace2,
-    ipv4_bad_source, ipv6_bad_source, realtime_ns_to_ntp, rtpb_mark_echo, rtpb_write_times,
-    stamp_reflect,
+    ipv4_bad_source, ipv6_bad_source, rate_key, realtime_ns_to_ntp, rtpb_mark_echo,
+    rtpb_write_times, stamp_reflect,
 };
 
 use crate::{
@@ -111,7 +113,8 @@ static REFLECTOR_IFACE: Array<ReflectorIface> = Array::with_max_entries(1, 0);
 #[map(name = "REFLECTOR_ADDRS")]
 static REFLECTOR_ADDRS: HashMap<AddrKey, u8> = HashMap::with_max_entries(REFLECTOR_ADDRS_MAX, 0);
 
-/// Each source's bucket (GCRA theoretical arrival time, monotonic ns).
+/// Each source's bucket (GCRA theoretical arrival time, monotonic ns),
+/// keyed by `rate_key` (IPv6: the /64).
 #[map(name = "REFLECTOR_SOURCES")]
 static REFLECTOR_SOURCES: LruHashMap<AddrKey, u64> =
     LruHashMap::with_max_entries(REFLECTOR_SOURCES_MAX, 0);
@@ -404,7 +407,8 @@ fn admit(
     // Dropped, not passed: passed, the probe would reach `rtprobe
     // reflect`'s socket on the same port and be answered there too.
     let drop = |o| Err(count(o, len, xdp_action::XDP_DROP));
-    if source.interval_ns != 0 && !take_source(src, now_ns, source) {
+    // Keyed by the /64 for IPv6 (one host's worth), by address for IPv4.
+    if source.interval_ns != 0 && !take_source(&rate_key(src), now_ns, source) {
         return drop(ReflectorOutcome::RateLimited);
     }
     if global.interval_ns != 0 {
@@ -419,22 +423,23 @@ fn admit(
     Ok(())
 }
 
-/// Takes a token from `src`'s bucket, creating it (full) on its first probe.
+/// Takes a token from the bucket under `key` (a [`rate_key`]), creating
+/// it (full) on its first probe.
 #[inline(always)]
-fn take_source(src: &AddrKey, now_ns: u64, g: Gcra) -> bool {
-    if let Some(tat) = REFLECTOR_SOURCES.get_ptr_mut(src) {
+fn take_source(key: &AddrKey, now_ns: u64, g: Gcra) -> bool {
+    if let Some(tat) = REFLECTOR_SOURCES.get_ptr_mut(key) {
         return take(tat, now_ns, g);
     }
     // A full bucket less this probe's token. NOEXIST: if another CPU
     // created it meanwhile, take from that one instead of resetting it.
     let first = now_ns + g.interval_ns;
     if REFLECTOR_SOURCES
-        .insert(src, first, BPF_NOEXIST as u64)
+        .insert(key, first, BPF_NOEXIST as u64)
         .is_ok()
     {
         return true;
     }
-    match REFLECTOR_SOURCES.get_ptr_mut(src) {
+    match REFLECTOR_SOURCES.get_ptr_mut(key) {
         Some(tat) => take(tat, now_ns, g),
         None => false,
     }

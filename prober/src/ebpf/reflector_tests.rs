@@ -726,11 +726,21 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
 fn burst_from(r: &Reflector, src: [u8; 4], n: u32) -> (u64, u64, f64) {
     let mut f = Frame::new(PROBE_PORT, probe_payload(64, false));
     f.src = src;
-    let frame = f.bytes();
+    burst_of(r, &f.bytes(), n)
+}
+
+/// [`burst_from`] over IPv6 from `src6`.
+fn burst_from6(r: &Reflector, src6: [u8; 16], n: u32) -> (u64, u64, f64) {
+    let mut f = Frame::v6(PROBE_PORT, probe_payload(64, false));
+    f.src6 = src6;
+    burst_of(r, &f.bytes(), n)
+}
+
+fn burst_of(r: &Reflector, frame: &[u8], n: u32) -> (u64, u64, f64) {
     let t0 = std::time::Instant::now();
     let (mut tx, mut dropped) = (0, 0);
     for _ in 0..n {
-        match run(r, &frame).0 {
+        match run(r, frame).0 {
             XDP_TX => tx += 1,
             XDP_DROP => dropped += 1,
             a => panic!("action {a}"),
@@ -803,4 +813,45 @@ fn reflector_caps_all_sources_together() {
     );
     assert_eq!(counter(&r, ReflectorOutcome::GlobalLimited), dropped);
     assert_eq!(counter(&r, ReflectorOutcome::RateLimited), 0);
+}
+
+/// Over IPv6 the bucket is the source's /64 (one host's worth): a second
+/// address of the same /64 draws from the bucket the first emptied;
+/// another /64 has its own.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_limits_each_ipv6_64() {
+    require_root();
+    let rate = 10;
+    let burst = u64::from(RateLimits::burst(rate));
+    let r = load_b(
+        0,
+        RateLimits {
+            per_source_pps: Some(rate),
+            global_pps: None,
+        },
+    );
+    // fd71:9::2 and fd71:9::5eed:1:2:3, both in fd71:9::/64 (B's too).
+    let a1 = IP6_A;
+    let mut a2 = IP6_A;
+    a2[8..].copy_from_slice(&[0, 0, 0x5e, 0xed, 0, 1, 0, 2]);
+    let t0 = std::time::Instant::now();
+    let (tx1, _, _) = burst_from6(&r, a1, 100);
+    let (tx2, _, _) = burst_from6(&r, a2, 100);
+    let secs = t0.elapsed().as_secs_f64();
+    let bound = burst + (secs * f64::from(rate)).ceil() as u64;
+    eprintln!(
+        "per /64 {rate}/s, burst {burst}: {tx1} + {tx2} answered from two addresses of one /64 \
+         in {secs:.3} s (bound {bound})"
+    );
+    assert!(tx1 >= burst, "the first address gets the burst: {tx1}");
+    assert!(tx1 + tx2 <= bound, "{tx1} + {tx2} answered, bound {bound}");
+    assert_eq!(counter(&r, ReflectorOutcome::RateLimited), 200 - tx1 - tx2);
+    // fd71:9:0:1::2: the next /64, its own bucket.
+    let mut other = IP6_A;
+    other[7] = 1;
+    let (tx3, _, _) = burst_from6(&r, other, 100);
+    eprintln!("another /64: {tx3} answered");
+    assert!(tx3 >= burst, "another /64 has its own bucket: {tx3}");
+    assert_eq!(counter(&r, ReflectorOutcome::GlobalLimited), 0);
 }

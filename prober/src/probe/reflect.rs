@@ -13,7 +13,11 @@
 //! - only well-formed probes of the served protocol are answered (with a
 //!   key: only valid HMACs); echoes are never answered again;
 //! - a reply is the request's own buffer rewritten, never longer;
-//! - a token bucket per source address limits answers (counted);
+//! - a token bucket per source limits answers (counted): per address for
+//!   IPv4, per /64 for IPv6, since one host owns a /64 (SLAAC, privacy
+//!   addresses) and could otherwise rotate through it for fresh buckets
+//!   (`xdp_common::rate_key`, the in-kernel reflector's rule too);
+//!   sessions stay per full source address;
 //! - the session and source tables are bounded ([`MAX_SESSIONS`],
 //!   [`MAX_SOURCES`]) LRU maps: constant work per datagram at any number
 //!   of sources. A full session table forgets its least recently seen
@@ -63,6 +67,7 @@ use std::{
 use anyhow::{Context, Result};
 use lru::LruCache;
 use serde::Serialize;
+use xdp_common::{AddrKey, addr_key, rate_key};
 
 use super::{
     addresses::LocalNets,
@@ -106,7 +111,7 @@ pub struct Policy {
     pub protocol: ProtocolArg,
     /// STAMP authenticated mode.
     pub key: Option<HmacKey>,
-    /// Answers per second per source address; 0: no limit.
+    /// Answers per second per source (IPv4 address, IPv6 /64); 0: no limit.
     pub rate_limit_pps: u32,
     /// STAMP: per-session sequence numbers (RFC 8762 §4.3 stateful).
     pub stateful: bool,
@@ -195,7 +200,8 @@ pub struct SessionInfo {
 pub struct Core {
     policy: Policy,
     sessions: LruCache<(SocketAddr, u64), Session>,
-    buckets: LruCache<IpAddr, Bucket>,
+    /// Keyed by [`rate_key`]: an IPv4 address or an IPv6 /64.
+    buckets: LruCache<AddrKey, Bucket>,
     /// This host's subnet broadcasts and loopback interfaces (empty until
     /// [`Core::set_local_nets`]: only the fixed rules apply).
     nets: LocalNets,
@@ -424,8 +430,8 @@ impl Core {
         verdict
     }
 
-    /// Takes a token from `ip`'s bucket (burst: a tenth of a second's worth,
-    /// at least 16). A new source takes the least recently seen source's
+    /// Takes a token from the bucket of `ip`'s [`rate_key`] (IPv6: its
+    /// /64; burst: a tenth of a second's worth, at least 16). A new source takes the least recently seen source's
     /// place in a full table only if that bucket has refilled: forgetting
     /// it then changes nothing, while forgetting a half-empty bucket would
     /// hand its source a fresh burst. Otherwise the new source is refused
@@ -450,7 +456,8 @@ impl Core {
             }
             ok
         };
-        if let Some(b) = self.buckets.get_mut(&ip) {
+        let key = rate_key(&addr_key(ip));
+        if let Some(b) = self.buckets.get_mut(&key) {
             return take(b);
         }
         if self.buckets.len() >= self.buckets.cap().get() {
@@ -468,7 +475,7 @@ impl Core {
             last_ns: now_ns,
         };
         let ok = take(&mut b);
-        self.buckets.push(ip, b);
+        self.buckets.push(key, b);
         ok
     }
 
@@ -1121,7 +1128,7 @@ fn kernel_limits_text(l: crate::ebpf::reflector::RateLimits) -> String {
     };
     format!(
         "{}, {}; probes over a limit are dropped",
-        one("per source", l.per_source_pps),
+        one("per IPv4 address or IPv6 /64", l.per_source_pps),
         one("in total", l.global_pps)
     )
 }
@@ -1178,7 +1185,7 @@ pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::
     };
     let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
     eprintln!(
-        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per source; Ctrl-C to stop",
+        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per IPv4 address or IPv6 /64; Ctrl-C to stop",
         protocol.name(),
         names.join(", "),
         if policy.key.is_some() {
@@ -1625,7 +1632,7 @@ mod tests {
 
     #[test]
     fn table_memory_is_what_the_docs_say() {
-        let per_source = table_memory_per_entry::<IpAddr, Bucket>();
+        let per_source = table_memory_per_entry::<AddrKey, Bucket>();
         let per_session = table_memory_per_entry::<(SocketAddr, u64), Session>();
         eprintln!("bytes per entry: source {per_source}, session {per_session}");
         assert!(per_source <= 110, "{per_source}");
@@ -1666,6 +1673,92 @@ mod tests {
         assert_eq!(c.sources_held(), SOURCES as usize);
         assert!(c.sources_held() <= MAX_SOURCES);
         assert!(c.sessions_held() <= MAX_SESSIONS);
+    }
+
+    /// `count` probes from `sources` in turn, evenly over `secs` seconds;
+    /// returns how many were answered.
+    fn flood(c: &mut Core, sources: &[IpAddr], count: u64, secs: u64) -> u64 {
+        let gap_ns = (secs * 1_000_000_000 / count) as i64;
+        let template = probe(7, 0, 32);
+        let mut b = template.clone();
+        let before = c.counters.reflected;
+        for i in 0..count {
+            b.copy_from_slice(&template);
+            let ip = sources[(i % sources.len() as u64) as usize];
+            c.handle(
+                &mut b,
+                SocketAddr::new(ip, 9),
+                None,
+                None,
+                NOW + i as i64 * gap_ns,
+            );
+        }
+        c.counters.reflected - before
+    }
+
+    /// `n` addresses of the /64 `prefix` (a host rotating privacy addresses).
+    fn addrs_in_64(prefix: &str, n: u64) -> Vec<IpAddr> {
+        let base = prefix.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        (0..n)
+            .map(|i| {
+                let mut a = base;
+                let iid = 0x5eed_0000_0000_0000u64 ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                a[8..].copy_from_slice(&iid.to_be_bytes());
+                IpAddr::from(a)
+            })
+            .collect()
+    }
+
+    /// One IPv6 host owns a /64: 1000 of its addresses draw from one
+    /// bucket (at most rate x seconds + burst answered), another /64 has
+    /// its own, IPv4 stays per address, sessions stay per full address.
+    #[test]
+    fn ipv6_sources_are_limited_per_64() {
+        let (rate, secs, count) = (100u32, 2u64, 20_000u64);
+        let burst = 16; // a tenth of a second's worth, at least 16
+        let bound = u64::from(rate) * secs + burst;
+        let one = addrs_in_64("2001:db8:1:2::", 1000);
+        let mut c = core(ProtocolArg::Rtprobe, None, rate, false);
+        let answered = flood(&mut c, &one, count, secs);
+        eprintln!(
+            "1000 addresses of one /64, {count} probes in {secs} s at {rate}/s: \
+             {answered} answered (bound {bound}), {} rate-limited, {} bucket(s), {} sessions",
+            c.counters.rate_limited,
+            c.sources_held(),
+            c.counters.sessions
+        );
+        assert!(answered <= bound && answered >= bound - 1, "{answered}");
+        assert_eq!(c.sources_held(), 1);
+        // The same session id from two addresses of the /64: two sessions.
+        let mut c = core(ProtocolArg::Rtprobe, None, rate, false);
+        assert_eq!(flood(&mut c, &one[..2], 2, 1), 2);
+        assert_eq!((c.counters.sessions, c.sources_held()), (2, 1));
+
+        let mut two = addrs_in_64("2001:db8:1:2::", 500);
+        two.extend(addrs_in_64("2001:db8:1:3::", 500));
+        let mut c = core(ProtocolArg::Rtprobe, None, rate, false);
+        let answered = flood(&mut c, &two, count, secs);
+        eprintln!("two /64s: {answered} answered (bound {})", 2 * bound);
+        assert!(answered > bound && answered <= 2 * bound, "{answered}");
+        assert_eq!(c.sources_held(), 2);
+
+        // IPv4, and IPv4 as a dual-stack socket reports it: per address.
+        for mapped in [false, true] {
+            let v4: Vec<IpAddr> = (0..1000u32)
+                .map(|i| {
+                    let a = std::net::Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8);
+                    if mapped {
+                        IpAddr::V6(a.to_ipv6_mapped())
+                    } else {
+                        IpAddr::V4(a)
+                    }
+                })
+                .collect();
+            let mut c = core(ProtocolArg::Rtprobe, None, rate, false);
+            let answered = flood(&mut c, &v4, count, secs);
+            assert_eq!(answered, count, "20 each in 2 s: within each burst");
+            assert_eq!(c.sources_held(), 1000, "mapped: {mapped}");
+        }
     }
 
     /// A full source table takes a new source only in place of one whose

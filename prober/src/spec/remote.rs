@@ -213,8 +213,9 @@ pub struct ReflectArgs {
     #[arg(long, value_name = "FILE")]
     pub auth_key: Option<PathBuf>,
 
-    /// Most datagrams per second answered from one source address, e.g. 10000/s; the rest
-    /// are counted as rate-limited [default: 10000/s].
+    /// Most datagrams per second answered from one source, e.g. 10000/s: one IPv4 address, or
+    /// one IPv6 /64 (one host's addresses: rotating them buys nothing; hosts sharing a /64
+    /// share this limit); the rest are counted as rate-limited [default: 10000/s].
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
     pub rate_limit: Option<u32>,
 
