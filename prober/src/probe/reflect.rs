@@ -744,49 +744,36 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
                     _ => e.context(format!("cannot answer on {a}")),
                 }
             })?;
-            enable_packet_info(&s, a)?;
-            let on: libc::c_int = 1;
+            // Each datagram's destination and interface (IP_PKTINFO,
+            // IPV6_RECVPKTINFO): a socket bound to the wildcard address
+            // also gets broadcasts, and only this tells them apart.
+            // Without it the reflector could not keep its promise, so a
+            // failure is an error.
+            let pktinfo = match a {
+                SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO, "IP_PKTINFO"),
+                SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, "IPV6_RECVPKTINFO"),
+            };
+            turn_on(&s, pktinfo)
+                .map_err(|e| anyhow::anyhow!("cannot answer on {a}: {}: {e}", pktinfo.2))?;
             // The arrival TTL (IPv4) or hop limit (IPv6) for STAMP's reply.
-            let (level, name, what) = match a {
+            let ttl = match a {
                 SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_RECVTTL, "IP_RECVTTL"),
-                SocketAddr::V6(_) => (
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_RECVHOPLIMIT,
-                    "IPV6_RECVHOPLIMIT",
-                ),
+                SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, "IPV6_RECVHOPLIMIT"),
             };
-            // SAFETY: plain setsockopt on an owned socket with a live int.
-            let r = unsafe {
-                libc::setsockopt(
-                    s.fd(),
-                    level,
-                    name,
-                    (&on as *const libc::c_int).cast(),
-                    size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if r != 0 {
-                log::warn!("{what} on {a}: {}", std::io::Error::last_os_error());
+            if let Err(e) = turn_on(&s, ttl) {
+                log::warn!("{} on {a}: {e}", ttl.2);
             }
             Ok(s)
         })
         .collect()
 }
 
-/// Asks for each datagram's destination and interface (IP_PKTINFO,
-/// IPV6_RECVPKTINFO): a socket bound to the wildcard address also gets
-/// broadcasts, and only this tells them apart. Without it the reflector
-/// could not keep its promise, so a failure is an error.
-fn enable_packet_info(s: &ProbeSocket, a: SocketAddr) -> Result<()> {
+/// Sets the integer socket option `(level, name, _)` to 1.
+fn turn_on(
+    s: &ProbeSocket,
+    (level, name, _): (libc::c_int, libc::c_int, &str),
+) -> std::io::Result<()> {
     let on: libc::c_int = 1;
-    let (level, name, what) = match a {
-        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO, "IP_PKTINFO"),
-        SocketAddr::V6(_) => (
-            libc::IPPROTO_IPV6,
-            libc::IPV6_RECVPKTINFO,
-            "IPV6_RECVPKTINFO",
-        ),
-    };
     // SAFETY: plain setsockopt on an owned socket with a live int.
     let r = unsafe {
         libc::setsockopt(
@@ -798,10 +785,7 @@ fn enable_packet_info(s: &ProbeSocket, a: SocketAddr) -> Result<()> {
         )
     };
     if r != 0 {
-        anyhow::bail!(
-            "cannot answer on {a}: {what}: {}",
-            std::io::Error::last_os_error()
-        );
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
