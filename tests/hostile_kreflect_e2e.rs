@@ -276,14 +276,6 @@ fn kernel_reflector_caps_replies_over_all_sources() {
 /// One hostile (or legitimate) probe: its name, Ethernet destination,
 /// IPv4 source and destination, and the UDP source port that tells its
 /// replies apart.
-struct Case {
-    name: &'static str,
-    dst_mac: [u8; 6],
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    sport: u16,
-}
-
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
@@ -299,35 +291,35 @@ fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
     let (mac_a, mac_b) = (mac_of(&p.a, &p.va), mac_of(&p.b, &p.vb));
     let (a, b): (Ipv4Addr, Ipv4Addr) = (A_IP.parse().unwrap(), B_IP.parse().unwrap());
     let cases = [
-        Case {
+        Frame {
             name: "broadcast (ff:ff:ff:ff:ff:ff, 255.255.255.255)",
             dst_mac: [0xff; 6],
             src: a,
             dst: Ipv4Addr::BROADCAST,
             sport: 41_001,
         },
-        Case {
+        Frame {
             name: "to an address B does not own (10.77.0.99)",
             dst_mac: mac_b,
             src: a,
             dst: "10.77.0.99".parse().unwrap(),
             sport: 41_002,
         },
-        Case {
+        Frame {
             name: "from the subnet broadcast (10.77.0.255)",
             dst_mac: mac_b,
             src: "10.77.0.255".parse().unwrap(),
             dst: b,
             sport: 41_003,
         },
-        Case {
+        Frame {
             name: "from multicast (224.0.0.1)",
             dst_mac: mac_b,
             src: "224.0.0.1".parse().unwrap(),
             dst: b,
             sport: 41_004,
         },
-        Case {
+        Frame {
             name: "legitimate",
             dst_mac: mac_b,
             src: a,
@@ -337,58 +329,9 @@ fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
     ];
     const EACH: usize = 5;
     let payload = probe_payload();
-    let va = p.va.clone();
     // Replies by the probe's source port (their destination port), and the
     // frames of each, seen at A's veth.
-    let replies: Vec<(u16, Vec<u8>)> = in_ns(&p.a, || {
-        let (fd, sll) = packet_socket(&va);
-        for c in &cases {
-            let mut frame = Vec::new();
-            frame.extend_from_slice(&c.dst_mac);
-            frame.extend_from_slice(&mac_a);
-            frame.extend_from_slice(&0x0800u16.to_be_bytes());
-            frame.extend_from_slice(&ipv4_udp(
-                SocketAddrV4::new(c.src, c.sport),
-                SocketAddrV4::new(c.dst, PORT),
-                &payload,
-            ));
-            for _ in 0..EACH {
-                // SAFETY: frame and sll live through the call.
-                let n = unsafe {
-                    libc::sendto(
-                        fd.as_raw_fd(),
-                        frame.as_ptr().cast(),
-                        frame.len(),
-                        0,
-                        (&sll as *const libc::sockaddr_ll).cast(),
-                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                    )
-                };
-                assert_eq!(
-                    n,
-                    frame.len() as isize,
-                    "{}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-        let mut got = Vec::new();
-        let mut buf = [0u8; 2048];
-        let deadline = Instant::now() + Duration::from_millis(700);
-        while Instant::now() < deadline {
-            // SAFETY: buf outlives the call; its length is passed.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 42 {
-                continue;
-            }
-            let f = &buf[..n as usize];
-            // IPv4, UDP, from the reflector's port: a reply.
-            if f[12..14] == [0x08, 0x00] && f[23] == 17 && f[34..36] == PORT.to_be_bytes() {
-                got.push((u16::from_be_bytes([f[36], f[37]]), f.to_vec()));
-            }
-        }
-        got
-    });
+    let replies = send_frames_and_catch_replies(&p, PORT, &cases, &payload, EACH);
     let (refl, _) = r.stop();
     for c in &cases {
         let n = replies.iter().filter(|(port, _)| *port == c.sport).count();

@@ -16,7 +16,6 @@ mod common;
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
-    os::fd::AsRawFd,
     time::{Duration, Instant},
 };
 
@@ -321,77 +320,6 @@ fn per_source_limit_holds_past_the_old_table_size() {
 /// One probe sent as a raw Ethernet frame from A: its name, Ethernet
 /// destination, IPv4 source and destination, and the UDP source port that
 /// tells its replies apart.
-struct Frame {
-    name: &'static str,
-    dst_mac: [u8; 6],
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    sport: u16,
-}
-
-/// Sends each frame `each` times from A's veth and returns, by the
-/// probe's source port, the replies from the reflector's port seen there
-/// within 700 ms (broadcast and multicast replies included: a packet
-/// socket sees every frame).
-fn send_frames_and_catch_replies(p: &Pair, frames: &[Frame], each: usize) -> Vec<u16> {
-    let mac_a = mac_of(&p.a, &p.va);
-    let payload = probe(0x5eed, 1);
-    let va = p.va.clone();
-    in_ns(&p.a, || {
-        let (fd, sll) = packet_socket(&va);
-        for f in frames {
-            let mut frame = Vec::new();
-            frame.extend_from_slice(&f.dst_mac);
-            frame.extend_from_slice(&mac_a);
-            frame.extend_from_slice(&0x0800u16.to_be_bytes());
-            frame.extend_from_slice(&ipv4_udp(
-                SocketAddrV4::new(f.src, f.sport),
-                SocketAddrV4::new(f.dst, PORT),
-                &payload,
-            ));
-            for _ in 0..each {
-                // SAFETY: frame and sll live through the call.
-                let n = unsafe {
-                    libc::sendto(
-                        fd.as_raw_fd(),
-                        frame.as_ptr().cast(),
-                        frame.len(),
-                        0,
-                        (&sll as *const libc::sockaddr_ll).cast(),
-                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                    )
-                };
-                assert_eq!(
-                    n,
-                    frame.len() as isize,
-                    "{}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-        let mut got = Vec::new();
-        let mut buf = [0u8; 2048];
-        let deadline = Instant::now() + Duration::from_millis(700);
-        while Instant::now() < deadline {
-            // SAFETY: buf outlives the call; its length is passed.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 42 {
-                continue;
-            }
-            let f = &buf[..n as usize];
-            // IPv4, UDP, from the reflector's port, sent by B: a reply.
-            if f[12..14] == [0x08, 0x00]
-                && f[23] == 17
-                && f[34..36] == PORT.to_be_bytes()
-                && f[6..12] != mac_a
-            {
-                got.push(u16::from_be_bytes([f[36], f[37]]));
-            }
-        }
-        got
-    })
-}
-
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn user_reflector_answers_only_unicast_probes_from_good_sources() {
@@ -450,7 +378,7 @@ fn user_reflector_answers_only_unicast_probes_from_good_sources() {
         },
     ];
     const EACH: usize = 5;
-    let replies = send_frames_and_catch_replies(&p, &frames, EACH);
+    let replies = send_frames_and_catch_replies(&p, PORT, &frames, &probe(0x5eed, 1), EACH);
     // 127.0.0.1 to 127.0.0.1 inside B: loopback on loopback is answered.
     let lo = sh(&format!(
         "ip netns exec {} {} --quiet --out /tmp/{}.csv --target 127.0.0.1:{PORT} --count 20 --interval 1ms",
@@ -463,7 +391,7 @@ fn user_reflector_answers_only_unicast_probes_from_good_sources() {
     let (refl, log) = r.stop();
     let c = &refl["counters"];
     for f in &frames {
-        let got = replies.iter().filter(|&&port| port == f.sport).count();
+        let got = replies.iter().filter(|(port, _)| *port == f.sport).count();
         eprintln!("{}: {got} replies to {EACH} probes", f.name);
         let want = if f.name == "legitimate" { EACH } else { 0 };
         assert_eq!(got, want, "{}: {refl}", f.name);

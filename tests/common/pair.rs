@@ -486,3 +486,81 @@ pub fn packet_socket(dev: &str) -> (OwnedFd, libc::sockaddr_ll) {
     };
     (fd, sll)
 }
+
+/// One probe frame sent from A's veth: Ethernet to `dst_mac`, IPv4/UDP
+/// from `src:sport` to `dst` (the reflector's port).
+pub struct Frame {
+    pub name: &'static str,
+    pub dst_mac: [u8; 6],
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub sport: u16,
+}
+
+/// Sends each frame `each` times from A's veth with `payload` to UDP
+/// `port`, and returns the replies seen there within 700 ms: UDP over IPv4
+/// from `port`, sent by another MAC than A's (broadcast and multicast
+/// replies included: a packet socket sees every frame), each with its
+/// destination port (the probe's source port) and the whole frame.
+pub fn send_frames_and_catch_replies(
+    p: &Pair,
+    port: u16,
+    frames: &[Frame],
+    payload: &[u8],
+    each: usize,
+) -> Vec<(u16, Vec<u8>)> {
+    use std::{
+        os::fd::AsRawFd,
+        time::{Duration, Instant},
+    };
+    let mac_a = mac_of(&p.a, &p.va);
+    let va = p.va.clone();
+    in_ns(&p.a, || {
+        let (fd, sll) = packet_socket(&va);
+        for f in frames {
+            let mut frame = Vec::new();
+            frame.extend_from_slice(&f.dst_mac);
+            frame.extend_from_slice(&mac_a);
+            frame.extend_from_slice(&0x0800u16.to_be_bytes());
+            frame.extend_from_slice(&ipv4_udp(
+                SocketAddrV4::new(f.src, f.sport),
+                SocketAddrV4::new(f.dst, port),
+                payload,
+            ));
+            for _ in 0..each {
+                // SAFETY: frame and sll live through the call.
+                let n = unsafe {
+                    libc::sendto(
+                        fd.as_raw_fd(),
+                        frame.as_ptr().cast(),
+                        frame.len(),
+                        0,
+                        (&sll as *const libc::sockaddr_ll).cast(),
+                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    )
+                };
+                let err = std::io::Error::last_os_error();
+                assert_eq!(n, frame.len() as isize, "{err}");
+            }
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        let deadline = Instant::now() + Duration::from_millis(700);
+        while Instant::now() < deadline {
+            // SAFETY: buf outlives the call; its length is passed.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 42 {
+                continue;
+            }
+            let f = &buf[..n as usize];
+            if f[12..14] == [0x08, 0x00]
+                && f[23] == 17
+                && f[34..36] == port.to_be_bytes()
+                && f[6..12] != mac_a
+            {
+                got.push((u16::from_be_bytes([f[36], f[37]]), f.to_vec()));
+            }
+        }
+        got
+    })
+}
