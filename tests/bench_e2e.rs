@@ -249,6 +249,43 @@ fn high_rate_probes_are_all_accounted_for() {
     }
 }
 
+/// The native step of `bench-forward --work` with `w` accesses per packet.
+fn work_step(j: &serde_json::Value, w: u64) -> &serde_json::Value {
+    j["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["mode"] == "native" && s["work"].as_u64() == Some(w))
+        .unwrap_or_else(|| panic!("no native step with work {w}: {j:#}"))
+}
+
+/// More work per packet forwards less. Measured here (64 B): 1 000
+/// accesses 0.4-0.5x of 1, 12 800 about 1/5 of 1 000 and 1/10-1/13 of 1
+/// (docs/STUDIES.md, study 3); the factors are generous.
+fn work_relations(j: &serde_json::Value) -> Result<(), String> {
+    let pps = |w| work_step(j, w)["forwarded_pps"].as_f64().unwrap();
+    let (light, mid, heavy) = (pps(1), pps(1000), pps(12800));
+    if light <= 0.0 {
+        return Err(format!("nothing forwarded with 1 access: {j:#}"));
+    }
+    if mid >= 1.3 * light {
+        return Err(format!(
+            "1000 accesses per packet do not forward more than 1: {mid} vs {light}"
+        ));
+    }
+    if heavy >= 0.6 * mid {
+        return Err(format!(
+            "12800 accesses forward clearly less than 1000: {heavy} vs {mid}"
+        ));
+    }
+    if heavy >= 0.25 * light {
+        return Err(format!(
+            "12800 accesses forward under a quarter of 1: {heavy} vs {light}"
+        ));
+    }
+    Ok(())
+}
+
 /// The XDP thesis's axes as relations, through the shipped sweep file
 /// (configs/xdp-thesis.toml) cut down on the command line: throughput
 /// falls as work per packet grows (by a clear factor at 12 800 accesses),
@@ -273,21 +310,33 @@ fn bench_forward_work_and_bounce_relations() {
     let before = bounce_ns();
     let dir = tempfile::tempdir().unwrap();
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/xdp-thesis.toml");
-    let j = bench_forward(
-        dir.path(),
-        &[
-            "--config",
-            config,
-            "--modes",
-            "native",
-            "--work",
-            "1,1000,12800",
-            "--sizes",
-            "64",
-            "--queues",
-            "1",
-        ],
-    );
+    let run = || {
+        bench_forward(
+            dir.path(),
+            &[
+                "--config",
+                config,
+                "--modes",
+                "native",
+                "--work",
+                "1,1000,12800",
+                "--sizes",
+                "64",
+                "--queues",
+                "1",
+            ],
+        )
+    };
+    // The relations are rates measured one after the other on a shared
+    // 2-vCPU VM: one CI run saw the 1-access step at 0.7x of the
+    // 1000-access one (steal in its seconds). A relation must hold in one
+    // of two runs; a cost model that is wrong fails both.
+    let mut j = run();
+    if let Err(e) = work_relations(&j) {
+        eprintln!("work relations did not hold in the first run ({e}); running it again");
+        j = run();
+        work_relations(&j).unwrap_or_else(|e| panic!("{e}"));
+    }
     // The file's keys the command line left alone apply.
     assert_eq!(j["rt_priority"], 50, "rt_priority from the file");
     let steps = j["steps"].as_array().unwrap();
@@ -297,35 +346,7 @@ fn bench_forward_work_and_bounce_relations() {
             .all(|s| s["load_pct"] == 100 && s["size"] == 64),
         "the file's load, the command line's size: {j:#}"
     );
-    let work = |w: u64| {
-        steps
-            .iter()
-            .find(|s| s["mode"] == "native" && s["work"].as_u64() == Some(w))
-            .unwrap_or_else(|| panic!("no native step with work {w}: {j:#}"))
-    };
-    let (light, mid, heavy) = (work(1), work(1000), work(12800));
-    let pps = |s: &serde_json::Value| s["forwarded_pps"].as_f64().unwrap();
-    assert!(pps(light) > 0.0, "{light:#}");
-    // Measured here (64 B): 1 000 accesses 0.4-0.5x of 1, 12 800 about 1/5
-    // of 1 000 and 1/10-1/13 of 1 (docs/STUDIES.md, study 3).
-    assert!(
-        pps(mid) < 1.3 * pps(light),
-        "1000 accesses per packet do not forward more than 1: {} vs {}",
-        pps(mid),
-        pps(light)
-    );
-    assert!(
-        pps(heavy) < 0.6 * pps(mid),
-        "12800 accesses forward clearly less than 1000: {} vs {}",
-        pps(heavy),
-        pps(mid)
-    );
-    assert!(
-        pps(heavy) < 0.25 * pps(light),
-        "12800 accesses forward under a quarter of 1: {} vs {}",
-        pps(heavy),
-        pps(light)
-    );
+    let light = work_step(&j, 1);
     assert!(
         light["xdp_counters"]["redirected"]["packets"]
             .as_u64()
