@@ -512,7 +512,7 @@ fn sigint_before_target_probing_sends_nothing() {
     let r = pair::Reflector::start(&p, &["--listen", "0.0.0.0:5061"]);
     let target = format!("{}:5061", pair::B_IP);
     // SIGINT as soon as rtprobe handles it (set-up still to come: the
-    // socket, the warm-up, the pacer).
+    // socket, the warm-up, the pacer; the first warm-up try may race it).
     let dir = tempfile::tempdir().unwrap();
     let mut child = spawn_target_in(&p.a, dir.path(), &["--target", &target, "--count", "100"]);
     let started = Instant::now();
@@ -532,7 +532,14 @@ fn sigint_before_target_probing_sends_nothing() {
         c["datagrams"],
         err.trim()
     );
-    assert_eq!(c["datagrams"], 0, "{refl} {log}");
+    // rtprobe checks the stop flag before each send, but the signal is sent
+    // once the handler is in place and can land just after the first
+    // warm-up try left (CI saw that once): that one try may arrive, no
+    // second try and no probe of the run (100 of them) may.
+    assert!(
+        c["datagrams"].as_u64().unwrap() <= 1,
+        "a datagram was sent after the signal: {refl} {log}"
+    );
     assert_one_line_interrupted(code, &err);
 }
 
