@@ -40,7 +40,6 @@ pub mod bql;
 pub mod gso;
 mod knob_spec;
 pub mod load;
-mod load_acct;
 pub mod qdisc;
 pub mod ring;
 pub mod rt;
@@ -72,8 +71,7 @@ use serde_json::{Map, Value, json};
 pub use self::{
     at::At,
     knob_spec::KnobSpec,
-    load::{FlowReport, LoadReport, LoadSpec},
-    load_acct::FetchTimes,
+    load::{FetchTimes, FlowReport, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
     rt::{RtGuard, RtSettings},
     shaping::{ShaperKind, Shaping},
