@@ -65,6 +65,10 @@
 //! (CAP_SYS_NICE) for the UDP sender, SO_TIMESTAMPNS (>= 2.6.22)
 //! and SO_RXQ_OVFL (>= 2.6.33) on the UDP receiver, and
 //! /proc/sys/net/ipv4/tcp_available_congestion_control.
+//!
+//! Layout: `spec` parses the `--load` entries; `tcp`, `udp` and `fetch`
+//! start each kind's threads; `acct` counts the measuring window; `report`
+//! holds what `stop()` returns. This file starts and stops the whole load.
 
 mod acct;
 mod fetch;
@@ -110,7 +114,9 @@ use crate::testbed::Netns;
 pub const DEFAULT_LOAD_PORT: u16 = 5201;
 /// Upper bound of TCP connections + UDP flows in one run.
 pub const MAX_FLOWS: u32 = 32;
+/// How often every load thread looks at its stop flag.
 const POLL: Duration = Duration::from_millis(100);
+
 /// Counters a flow's threads share.
 struct Counters {
     rx_bytes: AtomicU64,

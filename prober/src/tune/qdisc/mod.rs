@@ -82,6 +82,10 @@
 //! Kernel interface: tc (rtnetlink) for changes, RTM_GETQDISC (`nl`) to
 //! snapshot and verify; sch_* modules as named above; Linux >= 3.5
 //! (fq_codel), 4.x for everything else used here.
+//!
+//! Layout: this file holds the kinds, their presets and the guard that
+//! installs a tree; `parse` the text form above (and serde through it);
+//! `render` the tc commands of each kind and of the whole tree.
 
 mod parse;
 mod render;
