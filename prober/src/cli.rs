@@ -56,7 +56,7 @@ pub enum Command {
     Run(RunArgs),
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
-    BenchForward(BenchForwardArgs),
+    BenchForward(spec::bench::BenchForwardArgs),
     /// Tell whether runs differ from a baseline: p50/p99/p99.9 changes with 95 % confidence
     /// intervals, in words.
     Compare(CompareArgs),
@@ -90,9 +90,6 @@ pub struct ProbeArgs {
     #[command(flatten)]
     pub knobs: spec::KnobSpec,
 }
-
-/// `bench-forward`'s options: one spec for the command line and `--config FILE`.
-pub use crate::spec::bench::BenchForwardArgs;
 
 #[derive(Debug, Clone, Args)]
 pub struct TestbedArgs {

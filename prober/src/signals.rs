@@ -15,7 +15,7 @@ use crate::probe::STOP_NOW;
 /// signal stops sending and lets probes in flight land, the second stops at
 /// once. Either way the run ends through its normal path, so the CSV is
 /// complete and the testbed is torn down.
-pub fn with_signals<T: Send + 'static>(
+pub(crate) fn with_signals<T: Send + 'static>(
     quiet: bool,
     f: impl FnOnce(Arc<AtomicU8>) -> Result<T> + Send + 'static,
 ) -> Result<T> {

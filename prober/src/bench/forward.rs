@@ -39,11 +39,11 @@ use super::{
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    cli::BenchForwardArgs,
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     export::CsvWriter,
     model::run::RunMeta,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
+    spec::bench::BenchForwardArgs,
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,
 };
