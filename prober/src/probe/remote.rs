@@ -900,7 +900,7 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
 }
 
 /// Checks the options of a `--target` run that only a testbed can use.
-pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
+pub fn check_target_options(opts: &crate::spec::RunOptions) -> Result<()> {
     if opts.tx_if.is_some() {
         bail!(
             "--target probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other"
