@@ -798,6 +798,10 @@ mod tests {
             mod tests { use crate::nope::e; fn g() { crate::nope::f(); } }
             #[cfg(test)]
             mod helpers;
+            #[cfg(test)]
+            pub mod fake;
+            #[cfg(test)]
+            pub(crate) mod more_tests { use crate::nope::g; }
             mod inner { use super::super::up::X; }
         "##;
         let sc = scan(code);
@@ -814,7 +818,7 @@ mod tests {
         ];
         want.sort();
         assert_eq!(got, want);
-        assert_eq!(sc.test_mods, vec!["helpers".to_string()]);
+        assert_eq!(sc.test_mods, s(&["helpers", "fake"]));
     }
 
     fn graph(files: &[(&str, &str)]) -> Graph {
