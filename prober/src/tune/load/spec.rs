@@ -10,8 +10,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::MAX_FLOWS;
 use crate::{
+    model::units,
     sys::Sys,
-    tune::units::{self, Bytes, LoadRate},
+    tune::units::{Bytes, LoadRate},
 };
 
 /// One `--load` entry.

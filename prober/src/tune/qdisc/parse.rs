@@ -6,7 +6,10 @@ use std::{fmt, str::FromStr, time::Duration};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{AutoRate, FqCodel, HfscParams, HtbParams, HtbPrioParams, Leaf, QdiscSpec};
-use crate::tune::units::{Bytes, fmt_duration, parse_duration};
+use crate::{
+    model::units::{fmt_duration, parse_duration},
+    tune::units::Bytes,
+};
 
 impl fmt::Display for QdiscSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -346,7 +349,7 @@ impl HtbPrioParams {
                 p.hp_tos = match need(k, v)? {
                     "none" => None,
                     t => Some(
-                        crate::tune::units::parse_u8_maybe_hex(t)
+                        crate::model::units::parse_u8_maybe_hex(t)
                             .map_err(|e| format!("hp_tos: {e}"))?,
                     ),
                 }

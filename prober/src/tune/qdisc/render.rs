@@ -8,11 +8,14 @@ use serde_json::{Value, json};
 use super::{
     AutoRate, FqCodel, HfscParams, HtbParams, HtbPrioParams, Leaf, QDISC_HANDLE, QdiscSpec,
 };
-use crate::tune::{
-    ProbeContext,
-    shaping::{SHAPER_CLASS, Shaping},
-    tc::TcCmd,
-    units::{Bytes, Rate, fmt_duration, tc_time},
+use crate::{
+    model::units::fmt_duration,
+    tune::{
+        ProbeContext,
+        shaping::{SHAPER_CLASS, Shaping},
+        tc::TcCmd,
+        units::{Bytes, Rate, tc_time},
+    },
 };
 
 /// Where the qdisc goes.
