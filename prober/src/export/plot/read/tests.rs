@@ -1,8 +1,15 @@
 //! The CSV reader's tests; `samples` and `fuzz` are shared with the
 //! HdrHistogram log reader's tests.
 
-use super::*;
+use super::{row::*, *};
 use crate::export::csv::{HEADER, ProbeRecord, TsSource, format_row};
+use crate::{
+    export::plot::{
+        dist::Dist,
+        run_data::{FlowData, Series, Want, XSource},
+    },
+    stats::chain::Stage,
+};
 
 fn row(seq: u64, one_way: Option<i64>, rtt: Option<i64>) -> ProbeRecord {
     let lost = one_way.is_none();
