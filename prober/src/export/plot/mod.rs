@@ -244,7 +244,7 @@ pub fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
     if s.trim().trim_start_matches('0').is_empty() {
         return Ok(Duration::ZERO);
     }
-    crate::tune::units::parse_duration(s)
+    crate::model::units::parse_duration(s)
 }
 
 /// Validated `rtprobe plot` options.

@@ -9,7 +9,7 @@
 use std::fmt;
 
 use super::dist::{self, Dist, TimeGrid};
-use crate::{export::csv::RunMeta, stats::chain::Stage};
+use crate::{model::run::RunMeta, stats::chain::Stage};
 
 /// How many stages the chain splits into.
 pub const STAGES: usize = Stage::ALL.len();

@@ -13,7 +13,7 @@ use super::{
     run_data::{self, CsvRun, Series, XSource},
     stem,
 };
-use crate::export::csv::RunMeta;
+use crate::model::run::RunMeta;
 
 /// What the time series' x axis shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

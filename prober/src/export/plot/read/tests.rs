@@ -2,7 +2,10 @@
 //! HdrHistogram log reader's tests.
 
 use super::{row::*, *};
-use crate::export::csv::{HEADER, ProbeRecord, TsSource, format_row};
+use crate::{
+    export::csv::{HEADER, format_row},
+    model::record::{ProbeRecord, TsSource},
+};
 use crate::{
     export::plot::{
         dist::Dist,
