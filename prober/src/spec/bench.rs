@@ -160,7 +160,7 @@ impl BenchForwardArgs {
                     path.display()
                 )
             } else {
-                crate::config::located_toml_error(path, text, &e)
+                super::located::located_toml_error(path, text, &e)
             }
         })
     }
