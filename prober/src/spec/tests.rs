@@ -427,7 +427,7 @@ fn the_same_limits_on_the_command_line_and_in_toml() {
             t.starts_with(&format!("s.toml:3:1: probe.sizes: {size} is out of range")),
             "{t}"
         );
-        assert!(t.ends_with(&e["--size ".len()..]), "same words: {t} / {e}");
+        assert!(t.contains(&e["--size ".len()..]), "same words: {t} / {e}");
         let t = toml_err(&format!("[probe]\n\nsize = {size}\n"));
         assert!(t.starts_with("s.toml:3:1: probe.size:"), "{t}");
     }
@@ -477,9 +477,9 @@ fn command_line_overrides_a_scenario_and_is_blamed_by_flag() {
         (cells[0].run.probe.count, cells[0].run.probe.duration),
         (Some(5), None)
     );
-    assert_eq!(cells[0].knobs.link_rate, Some(Rate::mbit(100)));
+    assert_eq!(cells[0].run.knobs.link_rate, Some(Rate::mbit(100)));
     assert_eq!(
-        cells[0].knobs.qdisc.as_ref().map(|q| q.kind()),
+        cells[0].run.knobs.qdisc.as_ref().map(|q| q.kind()),
         Some("pfifo")
     );
     let bad = Cli::try_parse_from(["t", "--size", "8"]).unwrap().probe;
@@ -634,7 +634,7 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
             "--auth-key is STAMP's authenticated mode: add --protocol stamp",
         ),
         (
-            &["--protocol", "stamp", "--auth-key", "k", "--reflector", "kernel"][..],
+            &["--protocol", "stamp", "--auth-key", "k", "--size", "112", "--reflector", "kernel"][..],
             "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use \
              --reflector user",
         ),
