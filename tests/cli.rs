@@ -553,7 +553,16 @@ fn run_check_refuses_cells_that_break_the_remote_stamp_and_auth_rules() {
 fn probe_refuses_remote_stamp_and_auth_combinations_as_usage_errors() {
     for (args, says) in [
         (
-            &["--protocol", "stamp", "--auth-key", "k", "--size", "112", "--reflector", "kernel"][..],
+            &[
+                "--protocol",
+                "stamp",
+                "--auth-key",
+                "k",
+                "--size",
+                "112",
+                "--reflector",
+                "kernel",
+            ][..],
             "Error: --reflector kernel answers unauthenticated STAMP only",
         ),
         (

@@ -32,7 +32,7 @@ use serde::Serialize;
 use super::{
     cpu::{self, CoreUse},
     frame::{self, FrameSpec},
-    kinds::{BounceHook, ForwardMode, Generator, Sink},
+    kinds::{ForwardMode, Generator, Sink},
     links::{self, LinkCounters},
     loadgen::{self, LiveTarget, Offered, SocketGen},
     perf::{self, PerfFigures},
@@ -1024,56 +1024,6 @@ mod tests {
         assert_eq!(classify(50, 500_000, 400_000), Limit::Router);
         assert_eq!(classify(50, 500_000, 500_000), Limit::None);
         assert_eq!(classify(0, 0, 0), Limit::None);
-    }
-
-    #[test]
-    fn plan_validation() {
-        use crate::cli::{Cli, Command};
-        use clap::Parser;
-        let plan = |args: &[&str]| {
-            let mut v = vec!["rtprobe", "bench-forward"];
-            v.extend_from_slice(args);
-            match Cli::try_parse_from(v).unwrap().command {
-                Some(Command::BenchForward(a)) => Plan::from_args(&a),
-                _ => unreachable!(),
-            }
-        };
-        let p = plan(&[]).unwrap();
-        assert_eq!(p.loads, vec![0, 25, 50, 100]);
-        assert_eq!(p.sizes, vec![64, 512, 1500]);
-        assert!(p.threaded_napi);
-        let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
-        assert_eq!(p.loads, vec![0, 50, 100]);
-        assert_eq!(p.modes, vec![ForwardMode::Native, ForwardMode::Off]);
-        assert!(plan(&["--sizes", "63"]).is_err());
-        assert!(plan(&["--sizes", "1501"]).is_err());
-        assert!(plan(&["--load", "150"]).is_err());
-        assert!(plan(&["--step", "10ms"]).is_err());
-        assert!(plan(&["--threads", "0"]).is_err());
-        assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
-        // --work adds the work variant of each redirecting mode, after the modes.
-        let p = plan(&["--modes", "off,native,native-pass", "--work", "1,100"]).unwrap();
-        let v: Vec<(ForwardMode, Option<u32>)> =
-            p.variants.iter().map(|v| (v.mode, v.work)).collect();
-        assert_eq!(
-            v,
-            vec![
-                (ForwardMode::Off, None),
-                (ForwardMode::Native, None),
-                (ForwardMode::NativePass, None),
-                (ForwardMode::Native, Some(1)),
-                (ForwardMode::Native, Some(100)),
-            ]
-        );
-        assert!(plan(&["--work", "0"]).is_err());
-        assert!(plan(&["--work", "12801"]).is_err());
-        assert!(plan(&["--modes", "off", "--work", "10"]).is_err());
-        assert!(plan(&["--queues", "0"]).is_err());
-        assert!(plan(&["--queues", "65"]).is_err());
-        let p = plan(&["--bounce", "native,skb,native", "--queues", "1,2,4,8"]).unwrap();
-        assert_eq!(p.bounce, vec![BounceHook::Native, BounceHook::Skb]);
-        assert_eq!(p.queues, vec![1, 2, 4, 8]);
-        assert!(Cli::try_parse_from(["rtprobe", "bench-forward", "--bounce", "offload"]).is_err());
     }
 
     #[test]

@@ -56,7 +56,8 @@ const STUDY: [(StudyCell, StudyCell, f64, f64); 4] = [
 pub fn fetch_cells(rows: &[ReportRow<'_>]) -> Vec<FetchCell> {
     let mut out = Vec::new();
     for r in rows {
-        let (Ok(res), Some(QueueLimit::Packets(q))) = (r.result, r.cell.run.knobs.queue_limit) else {
+        let (Ok(res), Some(QueueLimit::Packets(q))) = (r.result, r.cell.run.knobs.queue_limit)
+        else {
             continue;
         };
         let Some(rep) = res

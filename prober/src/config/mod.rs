@@ -244,7 +244,9 @@ impl Cell {
         let warmup = if knobs.loads().is_empty() {
             Duration::ZERO
         } else {
-            knobs.load_warmup.unwrap_or(crate::tune::DEFAULT_LOAD_WARMUP)
+            knobs
+                .load_warmup
+                .unwrap_or(crate::tune::DEFAULT_LOAD_WARMUP)
         };
         probing + warmup + p.timeout + Duration::from_secs(1)
     }

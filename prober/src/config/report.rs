@@ -506,7 +506,9 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
             s.push('\n');
         }
         s.push('\n');
-        let idle = group.iter().find(|&&j| ok[j].0.run.knobs.loads().is_empty());
+        let idle = group
+            .iter()
+            .find(|&&j| ok[j].0.run.knobs.loads().is_empty());
         let Some(&idle) = idle else {
             let _ = writeln!(s, "No run without load in this group: no verdict.\n");
             continue;

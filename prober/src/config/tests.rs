@@ -77,7 +77,10 @@ fn cells_cover_the_matrix_with_one_folder_of_outputs() {
     assert_eq!(cells[4].id, "s64-i10ms-off-baseline");
     assert_eq!(cells[15].id, "s1472-i10ms-off-idle");
     assert_eq!(cells[0].csv(), Path::new("/out/s64-i1ms-off-baseline.csv"));
-    assert_eq!(cells[0].json(), Path::new("/out/s64-i1ms-off-baseline.json"));
+    assert_eq!(
+        cells[0].json(),
+        Path::new("/out/s64-i1ms-off-baseline.json")
+    );
     assert_eq!(
         cells[2].run.queue_csv.as_deref(),
         Some(Path::new("/out/s64-i1ms-off-small-queue-queue.csv"))
@@ -88,7 +91,10 @@ fn cells_cover_the_matrix_with_one_folder_of_outputs() {
     assert_eq!(cells[15].run.probe.interval, Duration::from_millis(10));
     // The knobs know the cell's probe flow (filters, probe class).
     assert_eq!(cells[15].run.knobs.probe.size, 1472);
-    assert_eq!(cells[15].run.knobs.probe.interval, Duration::from_millis(10));
+    assert_eq!(
+        cells[15].run.knobs.probe.interval,
+        Duration::from_millis(10)
+    );
     assert_eq!(cells[15].run.knobs.probe.port, 5061);
     assert!(cells.iter().all(|c| c.total == 16));
     let ids: std::collections::HashSet<_> = cells.iter().map(|c| &c.id).collect();

@@ -414,4 +414,45 @@ mod tests {
         );
         assert!(plan.sizes.len() >= 3);
     }
+
+    #[test]
+    fn plan_validation() {
+        let plan = |args: &[&str]| Plan::from_args(&cli(args));
+        let p = plan(&[]).unwrap();
+        assert_eq!(p.loads, vec![0, 25, 50, 100]);
+        assert_eq!(p.sizes, vec![64, 512, 1500]);
+        assert!(p.threaded_napi);
+        let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
+        assert_eq!(p.loads, vec![0, 50, 100]);
+        assert_eq!(p.modes, vec![ForwardMode::Native, ForwardMode::Off]);
+        assert!(plan(&["--sizes", "63"]).is_err());
+        assert!(plan(&["--sizes", "1501"]).is_err());
+        assert!(plan(&["--load", "150"]).is_err());
+        assert!(plan(&["--step", "10ms"]).is_err());
+        assert!(plan(&["--threads", "0"]).is_err());
+        assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
+        // --work adds the work variant of each redirecting mode, after the modes.
+        let p = plan(&["--modes", "off,native,native-pass", "--work", "1,100"]).unwrap();
+        let v: Vec<(ForwardMode, Option<u32>)> =
+            p.variants.iter().map(|v| (v.mode, v.work)).collect();
+        assert_eq!(
+            v,
+            vec![
+                (ForwardMode::Off, None),
+                (ForwardMode::Native, None),
+                (ForwardMode::NativePass, None),
+                (ForwardMode::Native, Some(1)),
+                (ForwardMode::Native, Some(100)),
+            ]
+        );
+        assert!(plan(&["--work", "0"]).is_err());
+        assert!(plan(&["--work", "12801"]).is_err());
+        assert!(plan(&["--modes", "off", "--work", "10"]).is_err());
+        assert!(plan(&["--queues", "0"]).is_err());
+        assert!(plan(&["--queues", "65"]).is_err());
+        let p = plan(&["--bounce", "native,skb,native", "--queues", "1,2,4,8"]).unwrap();
+        assert_eq!(p.bounce, vec![BounceHook::Native, BounceHook::Skb]);
+        assert_eq!(p.queues, vec![1, 2, 4, 8]);
+        assert!(Cli::try_parse_from(["rtprobe", "bench-forward", "--bounce", "offload"]).is_err());
+    }
 }

@@ -64,7 +64,12 @@ pub(crate) fn key_span(text: &str, path: &[&str]) -> Option<std::ops::Range<usiz
 }
 
 /// "FILE:LINE:COL: key: message" for a problem at `path` in the file.
-pub(crate) fn located(file: &Path, text: &str, path: &[&str], msg: impl fmt::Display) -> anyhow::Error {
+pub(crate) fn located(
+    file: &Path,
+    text: &str,
+    path: &[&str],
+    msg: impl fmt::Display,
+) -> anyhow::Error {
     let key = path.join(".");
     match key_span(text, path) {
         Some(s) => {

@@ -634,7 +634,16 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
             "--auth-key is STAMP's authenticated mode: add --protocol stamp",
         ),
         (
-            &["--protocol", "stamp", "--auth-key", "k", "--size", "112", "--reflector", "kernel"][..],
+            &[
+                "--protocol",
+                "stamp",
+                "--auth-key",
+                "k",
+                "--size",
+                "112",
+                "--reflector",
+                "kernel",
+            ][..],
             "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use \
              --reflector user",
         ),
@@ -680,7 +689,18 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
         assert!(e.starts_with(line), "{args:?}: {e}");
     }
     // What a remote run may use; the key file is read at run time.
-    let o = opts(&["--target", "192.0.2.7", "--protocol", "stamp", "--auth-key", "k", "--size", "112", "--rt-priority", "50"]);
+    let o = opts(&[
+        "--target",
+        "192.0.2.7",
+        "--protocol",
+        "stamp",
+        "--auth-key",
+        "k",
+        "--size",
+        "112",
+        "--rt-priority",
+        "50",
+    ]);
     assert!(o.is_ok(), "{o:?}");
     assert!(opts(&["--protocol", "stamp", "--size", "44"]).is_ok());
 }
