@@ -84,7 +84,7 @@ pub fn execute(
     let testbed = match (&opts.tx_if, &opts.rx_if) {
         (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
         (None, None) => Testbed::veth()?,
-        _ => bail!("internal: NIC-pair mode without both interfaces passed `check`"),
+        _ => bail!("internal: NIC-pair mode without both interfaces passed the validator"),
     };
     log::info!(
         "testbed {} ready: namespaces {}",
