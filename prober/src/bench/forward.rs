@@ -41,7 +41,8 @@ use super::{
 pub use crate::spec::bench::{Plan, Variant};
 use crate::{
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
-    export::{CsvWriter, RunMeta},
+    export::CsvWriter,
+    model::run::RunMeta,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,
@@ -479,7 +480,13 @@ fn run_probe(
         receiver_if: &tb.receiver_if,
         ip: crate::testbed::IpVersion::V4,
     };
-    let o = probe::run_session(&ep, &cfg, &mut csv, stop, &mut probe::NoObserver)?;
+    let o = probe::run_session(
+        &ep,
+        &cfg,
+        &mut csv,
+        stop,
+        &mut crate::model::observer::NoObserver,
+    )?;
     let mut s = o.stats.summary();
     s.extra.insert("kernel_drops".into(), o.kernel_drops);
     Ok(s)

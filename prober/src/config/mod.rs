@@ -58,12 +58,13 @@ use serde_json::{Map, Value};
 
 use crate::{
     ebpf::XdpMode,
+    model::units,
     spec::{
         self, KnobSpec, OutputSpec, RunSpec, SpecError,
         located::{key_span, line_col, located, located_toml_error},
     },
     stats::Summary,
-    tune::{Knobs, MissingPolicy, StressTool, units},
+    tune::{Knobs, MissingPolicy, StressTool},
 };
 
 /// Largest UDP payload that fits a 1500-byte MTU (the veth testbed's).

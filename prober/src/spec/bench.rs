@@ -18,7 +18,7 @@ use crate::{
         frame::MAX_IP_SIZE,
         kinds::{BounceHook, ForwardMode, Generator, Sink},
     },
-    tune::units::{self, humane_duration},
+    model::units::{self, humane_duration},
 };
 
 /// A clap parser for a bench choice: the possible values show in --help,
