@@ -35,7 +35,7 @@ use super::{
     kinds::{ForwardMode, Generator, Sink},
     links::{self, LinkCounters},
     loadgen::{self, LiveTarget, Offered, SocketGen},
-    perf::{self, PerfFigures},
+    perf::{self, PerfFigures, opt},
     xdp::{BenchProgram, Hook},
 };
 pub use crate::spec::bench::{Plan, Variant};
@@ -1012,11 +1012,6 @@ pub fn format_report(r: &ForwardReport) -> String {
         let _ = writeln!(o, "  {n}");
     }
     o
-}
-
-/// A figure with `digits` decimals, or "-" when unknown.
-pub fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
 #[cfg(test)]
