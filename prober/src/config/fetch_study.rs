@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::ReportRow;
+use super::ReportRow;
 use crate::tune::{FetchTimes, LoadReport, QueueLimit};
 
 /// ", fetch 0.512 ± 0.101 s (p50 0.490, p99 0.800, n 12, 0 failed)".

@@ -272,6 +272,18 @@ pub struct CellResult {
     pub knobs: Map<String, Value>,
 }
 
+/// One cell as the report sees it.
+pub struct ReportRow<'a> {
+    pub cell: &'a Cell,
+    /// The cell's result, or why it failed.
+    pub result: Result<&'a CellResult, &'a str>,
+    /// Comparison figures against the baseline (paths under the output dir).
+    pub figures: Vec<std::path::PathBuf>,
+    /// p50/p99 against the baseline with confidence intervals, in words
+    /// (`export::compare`), for variants whose CSVs could be compared.
+    pub vs_baseline: Option<String>,
+}
+
 /// Executes one cell: build the testbed, attach XDP, apply the knobs, probe,
 /// write `cell.csv` and `cell.json`, restore.
 pub trait CellRunner {
@@ -1164,8 +1176,6 @@ pub fn plan(sc: &Scenario, cells: &[Cell], out_dir: &Path, notes: &[String]) -> 
 
 pub mod fetch_study;
 pub mod report;
-
-use report::ReportRow;
 
 #[cfg(test)]
 mod tests;

@@ -16,17 +16,7 @@ use crate::{
     tune::LoadReport,
 };
 
-/// One cell as the report sees it.
-pub struct ReportRow<'a> {
-    pub cell: &'a Cell,
-    /// The cell's result, or why it failed.
-    pub result: Result<&'a CellResult, &'a str>,
-    /// Comparison figures against the baseline (paths under the output dir).
-    pub figures: Vec<std::path::PathBuf>,
-    /// p50/p99 against the baseline with confidence intervals, in words
-    /// (`export::compare`), for variants whose CSVs could be compared.
-    pub vs_baseline: Option<String>,
-}
+pub use super::ReportRow;
 
 pub struct ReportInput<'a> {
     pub scenario: &'a Scenario,
