@@ -32,15 +32,17 @@ use serde::Serialize;
 use super::{
     afxdp,
     cpu::{self, CoreUse},
-    forward::{Plan, opt},
     frame::{self, FrameSpec},
     kinds::BounceHook,
     links,
     loadgen::next_repeat,
-    perf::{self, PerfFigures},
+    perf::{self, PerfFigures, opt},
     xdp::{BenchProgram, Hook},
 };
-use crate::testbed::{NS_PREFIX, Netns};
+use crate::{
+    spec::bench::Plan,
+    testbed::{NS_PREFIX, Netns},
+};
 
 const LOAD_PORT: u16 = 9;
 /// Packet size of the bounce steps (the thesis's smallest, where the
