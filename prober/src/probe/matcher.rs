@@ -328,16 +328,7 @@ impl Matcher {
                 opt_id,
                 sched_ns,
                 send_ns,
-            } => {
-                let early = self.early_tx.remove(&opt_id);
-                if let Some(s) = self.slot(seq) {
-                    s.sent = Some((sched_ns, send_ns, opt_id));
-                    if let Some(tx) = early {
-                        s.tx = tx;
-                    }
-                    self.opt_to_seq.insert(opt_id, seq);
-                }
-            }
+            } => self.on_sent(seq, opt_id, sched_ns, send_ns),
             Event::SendFailed {
                 seq,
                 sched_ns,
@@ -352,33 +343,7 @@ impl Matcher {
                 opt_id,
                 kind,
                 ts_ns,
-            } => {
-                if let Some(kinds) = self.finalized.get_mut(&opt_id) {
-                    // Its record is written: a kind it had is a duplicate
-                    // (e.g. skb-mode redirect stamps the send a second
-                    // time), a kind it lacked came too late to be used.
-                    if *kinds & kind_bit(kind) != 0 {
-                        stats.on_tx_timestamp_duplicate();
-                    } else {
-                        *kinds |= kind_bit(kind);
-                        self.late_tx += 1;
-                        stats.on_tx_timestamp_late();
-                    }
-                    return;
-                }
-                let fresh = match self.opt_to_seq.get(&opt_id).copied() {
-                    Some(seq) => self.slot(seq).is_none_or(|s| s.tx.put(kind, ts_ns)),
-                    None => match self.early_tx.entry(opt_id) {
-                        Entry::Vacant(v) => v.insert(TxStamps::default()).put(kind, ts_ns),
-                        Entry::Occupied(mut o) => o.get_mut().put(kind, ts_ns),
-                    },
-                };
-                if !fresh {
-                    // Keep the first: a second stamp of the same kind comes
-                    // from a later hop (skb-mode redirect out of a veth).
-                    stats.on_tx_timestamp_duplicate();
-                }
-            }
+            } => self.on_tx_timestamp(opt_id, kind, ts_ns, stats),
             Event::Arrived {
                 seq,
                 sw_ns,
@@ -386,25 +351,13 @@ impl Matcher {
                 user_ns,
                 echo_send_ns,
             } => {
-                if seq < self.base {
-                    self.late_arrivals += 1;
-                    return;
-                }
-                match self.slot(seq) {
-                    Some(s) => {
-                        let first = s.arrived.is_none();
-                        if first {
-                            s.arrived = Some(Arrival {
-                                sw_ns,
-                                hw_ns,
-                                user_ns: Some(user_ns),
-                                echo_send_ns,
-                            });
-                        }
-                        stats.on_arrival(seq, first);
-                    }
-                    None => stats.on_foreign_packet(),
-                }
+                let arrival = Arrival {
+                    sw_ns,
+                    hw_ns,
+                    user_ns: Some(user_ns),
+                    echo_send_ns,
+                };
+                self.on_arrived(seq, arrival, stats);
             }
             Event::EchoTx {
                 opt_id,
@@ -425,42 +378,107 @@ impl Matcher {
                 hw_ns,
                 user_ns,
                 reflector,
-            } => {
-                if seq < self.base {
-                    if self.kernel_reflector {
-                        self.late_arrivals += 1;
-                    }
-                    stats.on_late_echo();
-                    return;
-                }
-                let kernel = self.kernel_reflector;
-                let Some(s) = self.slot(seq) else {
-                    // Further ahead than any window of probes in flight.
-                    stats.on_never_sent();
-                    return;
-                };
-                if s.echoed.is_some() {
-                    if kernel {
-                        stats.on_arrival(seq, false);
-                    }
-                    return;
-                }
-                s.echoed = Some((sw_ns, hw_ns, user_ns));
-                if kernel && s.arrived.is_none() {
-                    s.arrived = Some(Arrival {
-                        sw_ns: reflector.map(|k| k.rx_ns),
-                        hw_ns: None,
-                        user_ns: None,
-                        echo_send_ns: None,
-                    });
-                    if let Some(k) = reflector {
-                        s.echo_tx.sw.get_or_insert(k.tx_ns);
-                    }
-                    stats.on_arrival(seq, true);
-                }
-            }
+            } => self.on_echoed(seq, (sw_ns, hw_ns, user_ns), reflector, stats),
             Event::Foreign => stats.on_foreign_packet(),
             Event::NeverSent => stats.on_never_sent(),
+        }
+    }
+
+    fn on_sent(&mut self, seq: u64, opt_id: u32, sched_ns: i64, send_ns: i64) {
+        let early = self.early_tx.remove(&opt_id);
+        if let Some(s) = self.slot(seq) {
+            s.sent = Some((sched_ns, send_ns, opt_id));
+            if let Some(tx) = early {
+                s.tx = tx;
+            }
+            self.opt_to_seq.insert(opt_id, seq);
+        }
+    }
+
+    fn on_tx_timestamp(&mut self, opt_id: u32, kind: TxKind, ts_ns: i64, stats: &mut RunStats) {
+        if let Some(kinds) = self.finalized.get_mut(&opt_id) {
+            // Its record is written: a kind it had is a duplicate
+            // (e.g. skb-mode redirect stamps the send a second
+            // time), a kind it lacked came too late to be used.
+            if *kinds & kind_bit(kind) != 0 {
+                stats.on_tx_timestamp_duplicate();
+            } else {
+                *kinds |= kind_bit(kind);
+                self.late_tx += 1;
+                stats.on_tx_timestamp_late();
+            }
+            return;
+        }
+        let fresh = match self.opt_to_seq.get(&opt_id).copied() {
+            Some(seq) => self.slot(seq).is_none_or(|s| s.tx.put(kind, ts_ns)),
+            None => match self.early_tx.entry(opt_id) {
+                Entry::Vacant(v) => v.insert(TxStamps::default()).put(kind, ts_ns),
+                Entry::Occupied(mut o) => o.get_mut().put(kind, ts_ns),
+            },
+        };
+        if !fresh {
+            // Keep the first: a second stamp of the same kind comes
+            // from a later hop (skb-mode redirect out of a veth).
+            stats.on_tx_timestamp_duplicate();
+        }
+    }
+
+    fn on_arrived(&mut self, seq: u64, arrival: Arrival, stats: &mut RunStats) {
+        if seq < self.base {
+            self.late_arrivals += 1;
+            return;
+        }
+        match self.slot(seq) {
+            Some(s) => {
+                let first = s.arrived.is_none();
+                if first {
+                    s.arrived = Some(arrival);
+                }
+                stats.on_arrival(seq, first);
+            }
+            None => stats.on_foreign_packet(),
+        }
+    }
+
+    /// `echoed`: the echo's software and hardware RX stamps and when it was read.
+    fn on_echoed(
+        &mut self,
+        seq: u64,
+        echoed: (Option<i64>, Option<i64>, i64),
+        reflector: Option<KernelTimes>,
+        stats: &mut RunStats,
+    ) {
+        if seq < self.base {
+            if self.kernel_reflector {
+                self.late_arrivals += 1;
+            }
+            stats.on_late_echo();
+            return;
+        }
+        let kernel = self.kernel_reflector;
+        let Some(s) = self.slot(seq) else {
+            // Further ahead than any window of probes in flight.
+            stats.on_never_sent();
+            return;
+        };
+        if s.echoed.is_some() {
+            if kernel {
+                stats.on_arrival(seq, false);
+            }
+            return;
+        }
+        s.echoed = Some(echoed);
+        if kernel && s.arrived.is_none() {
+            s.arrived = Some(Arrival {
+                sw_ns: reflector.map(|k| k.rx_ns),
+                hw_ns: None,
+                user_ns: None,
+                echo_send_ns: None,
+            });
+            if let Some(k) = reflector {
+                s.echo_tx.sw.get_or_insert(k.tx_ns);
+            }
+            stats.on_arrival(seq, true);
         }
     }
 
