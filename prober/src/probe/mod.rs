@@ -19,6 +19,7 @@ pub mod cpu_wait;
 pub mod events;
 pub mod kstats;
 pub mod matcher;
+pub(crate) mod meta;
 pub mod pacer;
 pub mod packet;
 pub mod phc;

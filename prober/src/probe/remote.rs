@@ -940,7 +940,7 @@ pub fn execute(
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<crate::runner::RunOutcome> {
-    use crate::export::{CsvWriter, RunMeta};
+    use crate::export::CsvWriter;
     remote.check()?;
     check_target_options(opts)?;
     let port = remote.port(opts.probe.port);
@@ -963,28 +963,17 @@ pub fn execute(
         port,
         ..opts.probe.clone()
     };
-    let meta = RunMeta {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        label: opts.label.clone(),
+    let place = super::meta::Place {
         testbed: "remote".into(),
-        testbed_id: String::new(),
         tx_if: Some("this host".into()),
         rx_if: Some(addr.to_string()),
         xdp_mode_requested: "none".into(),
         xdp_mode_attached: "none".into(),
         xdp_action: "none".into(),
         reflector: format!("remote {}", target.protocol.name()),
-        size: cfg.size as u32,
-        interval_ns: cfg.interval.as_nanos() as u64,
-        count: cfg.count,
-        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
-        tos: cfg.tos,
-        port: addr.port(),
-        timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
-        knobs: Default::default(),
-        extra_flows: Vec::new(),
+        ..Default::default()
     };
+    let meta = super::meta::run_meta(&cfg, opts.label.clone(), place);
     let mut csv = CsvWriter::create_rotated(&opts.out, &meta, opts.continuous.rotation)?;
     live.set_run(&meta);
     let mut observer = live.main_observer(&cfg, &addr.to_string(), &meta)?;
