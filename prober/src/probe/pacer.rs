@@ -85,17 +85,10 @@ impl Schedule {
 /// as promptly as probes are sent. A failure is logged, not fatal: the
 /// sender's own settings already failed loudly if they could not be had.
 pub fn share_fifo_priority(rt: &RtSettings) {
-    if let Some(prio) = rt.fifo_priority {
-        let param = libc::sched_param {
-            sched_priority: prio.into(),
-        };
-        // SAFETY: plain syscall on the calling thread with a valid pointer.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-            log::warn!(
-                "SCHED_FIFO {prio} for a probe receive thread: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if let Some(prio) = rt.fifo_priority
+        && let Err(e) = crate::tune::rt::set_fifo(0, prio)
+    {
+        log::warn!("SCHED_FIFO {prio} for a probe receive thread: {e}");
     }
 }
 
