@@ -34,7 +34,6 @@ use super::{
     cpu_wait,
     events::{self, EventBatch},
     matcher::Event,
-    packet::Probe,
     socket::{ProbeSocket, SendBatch},
     wake::{Waiter, WakeMargin, WakeMode},
 };
@@ -212,44 +211,12 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
     }
 }
 
-/// Sends the probe stream. Every probe it tries to send produces exactly
+/// Sends the probe stream, each probe's bytes written by
+/// `encode(seq, send_ns, buf)` (see [`super::wire::Wire`]). Every probe it tries to send produces exactly
 /// one `Sent` or `SendFailed` event and one count in `attempts` (for the
 /// unaccounted-probe check), counted just before its send: seqs are
 /// 0, 1, 2..., so `attempts` is also the first seq not yet sent. Returns
 /// how the pacing went.
-pub fn pace(
-    sock: &ProbeSocket,
-    dst: SocketAddr,
-    session: u64,
-    cfg: &ProbeConfig,
-    stop: &AtomicU8,
-    attempts: &AtomicU64,
-    ev: &mpsc::Sender<Vec<Event>>,
-) -> Result<Pacing> {
-    let flow = cfg.flow;
-    pace_with(
-        sock,
-        dst,
-        cfg,
-        stop,
-        attempts,
-        ev,
-        &mut |seq, send_ns, buf| {
-            Probe {
-                session,
-                seq,
-                flow,
-                echo: false,
-                send_ns,
-                kernel_times: None,
-            }
-            .encode(buf)
-        },
-    )
-}
-
-/// [`pace`] with the probe's bytes written by `encode(seq, send_ns, buf)`
-/// (another protocol, e.g. STAMP).
 pub fn pace_with(
     sock: &ProbeSocket,
     dst: SocketAddr,
