@@ -45,9 +45,11 @@ pub(crate) enum Reflector<'a> {
     /// rtprobe's reflector in this process, at the receiver's socket
     /// (its namespace), for the probes of `session`.
     InProcess { sock: &'a ProbeSocket, session: u64 },
-    /// rtprobe's in-kernel reflector (XDP) at the receiver: nothing reaches
-    /// `sock` (the receiver's), so waiting on it only paces the I/O loop.
-    Kernel { sock: &'a ProbeSocket },
+    /// rtprobe's in-kernel reflector (XDP) at the receiver. Its probes
+    /// never reach `sock` (the receiver's); what it passes up (another
+    /// run's datagrams) does, and is read and counted there as
+    /// [`Reflector::InProcess`] would.
+    Kernel { sock: &'a ProbeSocket, session: u64 },
     /// Another process or host: only the sender's socket sees anything.
     Remote,
 }
@@ -146,7 +148,7 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
         target: s.dst,
         issued,
     };
-    let mut reflect = matches!(s.reflector, Reflector::InProcess { .. }).then(ReflectBufs::new);
+    let mut reflect = (!matches!(s.reflector, Reflector::Remote)).then(ReflectBufs::new);
     let mut sender = SenderBufs {
         batch: RecvBatch::new(64, 65536),
         errq: RecvBatch::new(64, 256),
@@ -166,7 +168,7 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
     // receive buffer, at least 32 MiB, holds far more).
     let (polled, max_wait_ms) = match s.reflector {
         Reflector::InProcess { sock, .. } => (sock, None),
-        Reflector::Kernel { sock } => (sock, Some(1)),
+        Reflector::Kernel { sock, .. } => (sock, Some(1)),
         Reflector::Remote => (s.sock, None),
     };
     let mut out = EventBatch::new();
@@ -186,9 +188,10 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
         let mut got = 0;
         loop {
             let reflected = match (&s.reflector, reflect.as_mut()) {
-                (Reflector::InProcess { sock, session }, Some(b)) => {
-                    reflect_queued(sock, b, *session, issued, finishing, &mut out)
-                }
+                (
+                    Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session },
+                    Some(b),
+                ) => reflect_queued(sock, b, *session, issued, finishing, &mut out),
                 _ => 0,
             };
             let n = reflected + drain_sender(s, &rules, &mut sender, &mut out);

@@ -420,7 +420,10 @@ pub fn run_session(
             flow: cfg.flow,
         };
         let reflector = if cfg.kernel_reflector {
-            engine::Reflector::Kernel { sock: &rx_sock }
+            engine::Reflector::Kernel {
+                sock: &rx_sock,
+                session,
+            }
         } else {
             engine::Reflector::InProcess {
                 sock: &rx_sock,
