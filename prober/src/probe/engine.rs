@@ -24,19 +24,20 @@ use std::{
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
         mpsc,
     },
+    time::Duration,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, SessionObserver, clock, collect_and_join,
+    HwSetup, ProbeConfig, RecordSink, STOP_SENDING, SessionObserver, clock, collect_and_join,
     events::{self, EventBatch},
     matcher::{EchoRules, Event, Verdict},
     pacer,
-    packet::Probe,
+    packet::{FLAG_ECHO, Probe},
     reflect::{self, FLAG_WARMUP},
     socket::{self, ProbeSocket, RecvBatch},
-    wire::{Echo, Wire},
+    wire::{Echo, WARMUP_SEQ, Wire},
 };
 use crate::stats::RunStats;
 
@@ -127,6 +128,196 @@ pub(crate) fn drive(
         let _ = io.join();
         run
     })
+}
+
+/// What a warm-up found.
+pub(crate) struct WarmedUp {
+    /// The answer (None: stopped before one came).
+    pub echo: Option<Echo>,
+    /// Datagrams of other sessions at a testbed's receiver meanwhile.
+    pub foreign: u64,
+}
+
+/// Sends warm-up probes every 100 ms until one is answered (3 s at most):
+/// resolves neighbours on every hop before the run and proves that
+/// something answers at all. Any stop request ends it: it is set-up, and a
+/// run stopped before probing sends nothing (`echo` is None then).
+pub(crate) fn warm_up(s: &Session<'_>, size: usize, stop: &AtomicU8) -> Result<WarmedUp> {
+    let w = exchange(s, size, WARMUP_SEQ, stop, STOP_SENDING, 30)?;
+    if w.echo.is_some() {
+        let foreign = settle(s)?;
+        return Ok(WarmedUp {
+            echo: w.echo,
+            foreign: w.foreign + foreign,
+        });
+    }
+    if stop.load(Ordering::SeqCst) != 0 {
+        return Ok(w);
+    }
+    let dst = s.dst;
+    match (&s.reflector, s.wire) {
+        (Reflector::Remote, wire) => {
+            let auth = match wire {
+                Wire::Stamp { key: Some(_), .. } => " and holds the same --auth-key",
+                _ => "",
+            };
+            let what = match wire {
+                Wire::Rtprobe { .. } => "`rtprobe reflect`",
+                Wire::Stamp { .. } => "a STAMP reflector (`rtprobe reflect --protocol stamp`)",
+            };
+            bail!(
+                "no answer from {dst} within 3 s: check that {what} runs there on that port{auth}, and that no firewall drops UDP"
+            )
+        }
+        _ => bail!(
+            "no warm-up probe came back from {dst} within 3 s: the path through the testbed is broken (run with -v for details, check `ip netns` and XDP counters)"
+        ),
+    }
+}
+
+/// The receiver's socket where the reflector is ours, and its session.
+fn testbed_receiver<'a>(s: &Session<'a>) -> Option<(&'a ProbeSocket, u64)> {
+    match s.reflector {
+        Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session } => {
+            Some((sock, session))
+        }
+        Reflector::Remote => None,
+    }
+}
+
+/// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
+/// returns the first answer to it. Where the reflector is ours it echoes
+/// warm-ups itself (the I/O thread is not running yet); with the in-kernel
+/// reflector the kernel answers first and the receiver's socket sees only
+/// others' datagrams, which are counted. Gives up, sending nothing more,
+/// once the stop level reaches `give_up_at`. On a testbed a failed send or
+/// receive is an error (nothing else explains it); towards a remote
+/// reflector the next try follows.
+pub(crate) fn exchange(
+    s: &Session<'_>,
+    size: usize,
+    seq: u64,
+    stop: &AtomicU8,
+    give_up_at: u8,
+    tries: u32,
+) -> Result<WarmedUp> {
+    let receiver = testbed_receiver(s);
+    let strict = receiver.is_some();
+    let mut buf = vec![0u8; size];
+    let mut scratch = Vec::with_capacity(size);
+    let mut batch = RecvBatch::new(16, size.max(65536));
+    let mut foreign = 0u64;
+    let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
+    let mut polled = vec![s.sock];
+    polled.extend(receiver.map(|(rx, _)| rx));
+    for _ in 0..tries {
+        if given_up() {
+            break;
+        }
+        s.wire
+            .encode(seq, clock::realtime_ns(), true, &mut buf, &mut scratch);
+        if let Err(e) = s.sock.send_to(&buf, s.dst, u32::MAX - 1) {
+            if strict {
+                return Err(e).with_context(|| format!("send warm-up probe to {}", s.dst));
+            }
+            log::debug!("warm-up send to {}: {e}", s.dst);
+        }
+        let until = clock::realtime_ns() + 100_000_000;
+        while clock::realtime_ns() < until && !given_up() {
+            let polled_ok = socket::poll_any(&polled, 10);
+            if strict {
+                polled_ok?;
+            }
+            if let Some((rx, session)) = receiver {
+                foreign += echo_warm_ups(rx, &mut batch, session)?;
+            }
+            let echo = answer_at_sender(s, &mut batch, seq, strict)?;
+            if echo.is_some() {
+                return Ok(WarmedUp { echo, foreign });
+            }
+        }
+    }
+    Ok(WarmedUp {
+        echo: None,
+        foreign,
+    })
+}
+
+/// The reflector's part of a testbed warm-up: echoes the warm-up probes of
+/// `session` queued at `rx` and throws their TX stamps away. Returns how
+/// many datagrams of other sessions it saw.
+fn echo_warm_ups(rx: &ProbeSocket, batch: &mut RecvBatch, session: u64) -> Result<u64> {
+    let mut foreign = 0;
+    let n = rx.recv_batch(batch, false)?;
+    let mut echo = Vec::new();
+    for i in 0..n {
+        let (p, _, _) = batch.get(i);
+        match Probe::decode(p, session) {
+            Ok(pr) if !pr.echo && p[5] & FLAG_WARMUP != 0 => {
+                p[5] |= FLAG_ECHO;
+                echo.push(i);
+            }
+            Ok(_) => {}
+            Err(_) => foreign += 1,
+        }
+    }
+    if !echo.is_empty() {
+        let ids = vec![u32::MAX - 1; echo.len()];
+        rx.send_back(batch, &echo, &ids)
+            .context("echo a warm-up probe")?;
+        while rx.recv_batch(batch, true)? > 0 {}
+    }
+    Ok(foreign)
+}
+
+/// The sender's part: throws the warm-up's TX stamps away and returns the
+/// answer to probe `seq`, if it came.
+fn answer_at_sender(
+    s: &Session<'_>,
+    batch: &mut RecvBatch,
+    seq: u64,
+    strict: bool,
+) -> Result<Option<Echo>> {
+    let recv = |batch: &mut RecvBatch, errq: bool| match s.sock.recv_batch(batch, errq) {
+        Err(e) if strict => Err(e),
+        r => Ok(r.unwrap_or(0)),
+    };
+    while recv(batch, true)? > 0 {}
+    let n = recv(batch, false)?;
+    for i in 0..n {
+        let (payload, src, _) = batch.get(i);
+        if socket::same_endpoint(src, s.dst)
+            && let Some(e) = s.wire.decode(payload)
+            && e.warmup
+            && e.seq == seq
+        {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
+}
+
+/// Lets late duplicates and the warm-up's TX stamps drain after its answer.
+/// Returns how many datagrams of other sessions came to a testbed's receiver.
+fn settle(s: &Session<'_>) -> Result<u64> {
+    std::thread::sleep(Duration::from_millis(20));
+    let mut batch = RecvBatch::new(16, 65536);
+    let mut foreign = 0;
+    if let Some((rx, session)) = testbed_receiver(s) {
+        loop {
+            let n = rx.recv_batch(&mut batch, false)?;
+            if n == 0 {
+                break;
+            }
+            foreign += (0..n)
+                .filter(|&i| Probe::decode(batch.get(i).0, session).is_err())
+                .count() as u64;
+        }
+        while rx.recv_batch(&mut batch, true)? > 0 {}
+    }
+    while s.sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
+    while s.sock.recv_batch(&mut batch, false).unwrap_or(0) > 0 {}
+    Ok(foreign)
 }
 
 /// The sender's reusable buffers.

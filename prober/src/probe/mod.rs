@@ -1,16 +1,9 @@
-//! The probe session: a paced sender, one I/O thread that echoes every
-//! probe at the receiver and collects TX timestamps and echoes at the
-//! sender (one wake-up serves both ends: on a 2-core VM wake-ups, not
-//! packets, are what a probe costs), and the calling thread matching
-//! everything into records.
-//!
-//! ```text
-//! sender ns                                 receiver ns
-//!  [pacer] --probe--> (path) --> [io: reflect] --echo--> (path) --+
-//!     |                          [io: errqueue TX stamps, echoes] <+
-//!     | Sent (batched)                 | Arrived / TxTimestamp / Echoed (batched)
-//!     +------> [collector: Matcher] <--+ -> CSV rows, RunStats
-//! ```
+//! Probing: sockets and their stamps, the pacer, the matcher, the
+//! reflectors and the wire formats (rtprobe, STAMP). Every session runs
+//! through one engine ([`engine`]): its warm-up, its I/O loop and its
+//! threads. This file holds the testbed's and NIC pair's side of it
+//! (hardware timestamping, the two sockets in their namespaces) and the
+//! collector that turns the engine's events into records.
 
 pub mod addresses;
 pub mod clock;
@@ -44,7 +37,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::{
     export::CsvWriter,
@@ -52,9 +45,8 @@ use crate::{
     testbed::{Iface, Netns},
 };
 use matcher::{Event, Matcher};
-use packet::{FLAG_ECHO, HEADER_LEN, Probe};
-use reflect::FLAG_WARMUP;
-use socket::{HwTimestamping, ProbeSocket, RecvBatch, TsFlags};
+use packet::HEADER_LEN;
+use socket::{HwTimestamping, ProbeSocket, TsFlags};
 
 /// Stop levels set by the signal handler: 1 = stop sending and wait for
 /// probes in flight, 2 = finish at once.
@@ -406,38 +398,41 @@ pub fn run_session(
     let (tx_sock, rx_sock, dst) = bind_sides(ep, cfg, &stamping)?;
     let attempts = AtomicU64::new(0);
     let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let wire = wire::Wire::Rtprobe {
+        session,
+        flow: cfg.flow,
+    };
+    let reflector = if cfg.kernel_reflector {
+        engine::Reflector::Kernel {
+            sock: &rx_sock,
+            session,
+        }
+    } else {
+        engine::Reflector::InProcess {
+            sock: &rx_sock,
+            session,
+        }
+    };
+    let mut s = engine::Session {
+        sock: &tx_sock,
+        dst,
+        wire: &wire,
+        reflector,
+        on_echoes: None,
+        foreign_before: 0,
+    };
     let result = (|| {
-        let foreign = warm_up(&tx_sock, &rx_sock, dst, session, cfg.size, stop)?;
+        // A stop during the warm-up lets the run go on: the pacer sends
+        // nothing and the summary says it was interrupted.
+        let w = engine::warm_up(&s, cfg.size, stop)?;
+        // Datagrams on the probe port during the warm-up are counted too.
+        s.foreign_before = w.foreign;
         let hw = HwSetup {
             // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
             echo_stamps: rx_sock.per_send_opt_id(),
             sender_tx: hardware_tx,
             receiver_tx: hardware_rx,
             clocks: Box::new(stamping.phc_clocks()),
-        };
-        let wire = wire::Wire::Rtprobe {
-            session,
-            flow: cfg.flow,
-        };
-        let reflector = if cfg.kernel_reflector {
-            engine::Reflector::Kernel {
-                sock: &rx_sock,
-                session,
-            }
-        } else {
-            engine::Reflector::InProcess {
-                sock: &rx_sock,
-                session,
-            }
-        };
-        let s = engine::Session {
-            sock: &tx_sock,
-            dst,
-            wire: &wire,
-            reflector,
-            on_echoes: None,
-            // Datagrams on the probe port during the warm-up are counted too.
-            foreign_before: foreign,
         };
         engine::drive(&s, cfg, hw, &attempts, csv, stop, observer)
     })();
@@ -456,99 +451,6 @@ pub fn run_session(
         hw_clocks,
         output_error,
     })
-}
-
-/// Sends a few warm-up datagrams so neighbour resolution on every hop
-/// happens before the run, and checks that the path works at all. It
-/// echoes them itself (the I/O thread starts after it); with the in-kernel
-/// reflector the kernel answers them first and the receiver's socket sees
-/// nothing, which works the same: the sender waits for any echo.
-fn warm_up(
-    tx: &ProbeSocket,
-    rx: &ProbeSocket,
-    dst: SocketAddr,
-    session: u64,
-    size: usize,
-    stop: &AtomicU8,
-) -> Result<u64> {
-    let mut foreign = 0u64;
-    let mut buf = vec![0u8; size];
-    Probe {
-        session,
-        seq: wire::WARMUP_SEQ,
-        flow: 0,
-        echo: false,
-        send_ns: 0,
-        kernel_times: None,
-    }
-    .encode(&mut buf);
-    buf[5] = FLAG_WARMUP;
-    let mut batch = RecvBatch::new(8, size.max(2048));
-    let deadline = clock::realtime_ns() + 3_000_000_000;
-    let mut next_send = 0i64;
-    let mut echo = Vec::new();
-    while clock::realtime_ns() < deadline && stop.load(Ordering::SeqCst) == 0 {
-        if clock::realtime_ns() >= next_send {
-            tx.send_to(&buf, dst, u32::MAX - 1)
-                .with_context(|| format!("send warm-up probe to {dst}"))?;
-            next_send = clock::realtime_ns() + 100_000_000;
-        }
-        socket::poll_any(&[tx, rx], 20)?;
-        // The reflector's part: echo warm-up probes of this session.
-        let n = rx.recv_batch(&mut batch, false)?;
-        echo.clear();
-        for i in 0..n {
-            let (p, _, _) = batch.get(i);
-            match Probe::decode(p, session) {
-                Ok(pr) if !pr.echo && p[5] & FLAG_WARMUP != 0 => {
-                    p[5] |= FLAG_ECHO;
-                    echo.push(i);
-                }
-                Ok(_) => {}
-                Err(_) => foreign += 1,
-            }
-        }
-        if !echo.is_empty() {
-            let ids = vec![u32::MAX - 1; echo.len()];
-            rx.send_back(&mut batch, &echo, &ids)
-                .context("echo a warm-up probe")?;
-            // Throw away the echoes' TX timestamps.
-            while rx.recv_batch(&mut batch, true)? > 0 {}
-        }
-        // Throw away warm-up TX timestamps.
-        while tx.recv_batch(&mut batch, true)? > 0 {}
-        let mut got_echo = false;
-        let n = tx.recv_batch(&mut batch, false)?;
-        for i in 0..n {
-            let (p, _, _) = batch.get(i);
-            if Probe::decode(p, session).is_ok_and(|pr| pr.echo) && p[5] & FLAG_WARMUP != 0 {
-                got_echo = true;
-            }
-        }
-        if got_echo {
-            // Let late duplicates and timestamps of the warm-up drain.
-            std::thread::sleep(Duration::from_millis(20));
-            loop {
-                let n = rx.recv_batch(&mut batch, false)?;
-                if n == 0 {
-                    break;
-                }
-                foreign += (0..n)
-                    .filter(|&i| Probe::decode(batch.get(i).0, session).is_err())
-                    .count() as u64;
-            }
-            while rx.recv_batch(&mut batch, true)? > 0 {}
-            while tx.recv_batch(&mut batch, true)? > 0 {}
-            while tx.recv_batch(&mut batch, false)? > 0 {}
-            return Ok(foreign);
-        }
-    }
-    if stop.load(Ordering::SeqCst) != 0 {
-        return Ok(foreign);
-    }
-    bail!(
-        "no warm-up probe came back from {dst} within 3 s: the path through the testbed is broken (run with -v for details, check `ip netns` and XDP counters)"
-    )
 }
 
 /// Hardware timestamping of a session, as the matcher needs it.

@@ -34,18 +34,17 @@ use std::{
         Mutex,
         atomic::{AtomicU8, AtomicU64, Ordering},
     },
-    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_NOW, STOP_SENDING, SessionOutcome, clock, engine,
+    HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, engine,
     matcher::NoHwClocks,
     socket::{self, ProbeSocket, RecvBatch, TsFlags},
     stamp::{ClockSync, ErrorEstimate, HmacKey},
-    wire::{Echo, SSID_WARMUP_BIT, WARMUP_SEQ, Wire},
+    wire::{Echo, SSID_WARMUP_BIT, Wire},
 };
 use crate::{spec::remote::ProtocolArg, testbed::Netns};
 
@@ -497,8 +496,21 @@ fn protocol_info(target: &Target, wire: &Wire, ledger: &Ledger, echoes: u64) -> 
     info
 }
 
-/// Sends warm-up probes every 100 ms until one is answered (3 s at most):
-/// resolves neighbours and proves that something answers at all.
+/// The engine's view of a session towards `dst` (no ledger: the warm-up
+/// and the status probe read their answers themselves).
+fn towards<'a>(sock: &'a ProbeSocket, dst: SocketAddr, wire: &'a Wire) -> engine::Session<'a> {
+    engine::Session {
+        sock,
+        dst,
+        wire,
+        reflector: engine::Reflector::Remote,
+        on_echoes: None,
+        foreign_before: 0,
+    }
+}
+
+/// The engine's warm-up towards the reflector: its answer, None if a stop
+/// request ended it first.
 fn warm_up(
     sock: &ProbeSocket,
     dst: SocketAddr,
@@ -506,79 +518,7 @@ fn warm_up(
     size: usize,
     stop: &AtomicU8,
 ) -> Result<Option<Echo>> {
-    // Any stop request ends the warm-up: it is set-up, and a run stopped
-    // before probing sends nothing (the status probe, after a run, waits
-    // for a second signal instead).
-    match exchange(sock, dst, wire, size, WARMUP_SEQ, stop, STOP_SENDING, 30) {
-        Some(e) => {
-            // Let late duplicates and the warm-up's TX stamps drain.
-            std::thread::sleep(Duration::from_millis(20));
-            let mut batch = RecvBatch::new(16, 65536);
-            while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
-            while sock.recv_batch(&mut batch, false).unwrap_or(0) > 0 {}
-            Ok(Some(e))
-        }
-        None if stop.load(Ordering::SeqCst) != 0 => Ok(None),
-        None => {
-            let auth = match wire {
-                Wire::Stamp { key: Some(_), .. } => " and holds the same --auth-key",
-                _ => "",
-            };
-            let what = match wire {
-                Wire::Rtprobe { .. } => "`rtprobe reflect`",
-                Wire::Stamp { .. } => "a STAMP reflector (`rtprobe reflect --protocol stamp`)",
-            };
-            bail!(
-                "no answer from {dst} within 3 s: check that {what} runs there on that port{auth}, and that no firewall drops UDP"
-            )
-        }
-    }
-}
-
-/// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
-/// returns the first answer to it. Gives up, sending nothing more, once
-/// the stop level reaches `give_up_at`.
-#[allow(clippy::too_many_arguments)]
-fn exchange(
-    sock: &ProbeSocket,
-    dst: SocketAddr,
-    wire: &Wire,
-    size: usize,
-    seq: u64,
-    stop: &AtomicU8,
-    give_up_at: u8,
-    tries: u32,
-) -> Option<Echo> {
-    let mut buf = vec![0u8; size];
-    let mut scratch = Vec::with_capacity(size);
-    let mut batch = RecvBatch::new(16, 65536);
-    let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
-    for _ in 0..tries {
-        if given_up() {
-            return None;
-        }
-        wire.encode(seq, clock::realtime_ns(), true, &mut buf, &mut scratch);
-        if let Err(e) = sock.send_to(&buf, dst, u32::MAX - 1) {
-            log::debug!("warm-up send to {dst}: {e}");
-        }
-        let until = clock::realtime_ns() + 100_000_000;
-        while clock::realtime_ns() < until && !given_up() {
-            let _ = socket::poll_any(&[sock], 10);
-            while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
-            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
-            for i in 0..n {
-                let (payload, src, _) = batch.get(i);
-                if socket::same_endpoint(src, dst)
-                    && let Some(e) = wire.decode(payload)
-                    && e.warmup
-                    && e.seq == seq
-                {
-                    return Some(e);
-                }
-            }
-        }
-    }
-    None
+    Ok(engine::warm_up(&towards(sock, dst, wire), size, stop)?.echo)
 }
 
 /// Asks the reflector for its final count of the session: rtprobe sends a
@@ -593,7 +533,16 @@ fn status_probe(
     stop: &AtomicU8,
 ) -> Option<Echo> {
     match wire {
-        Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, STOP_NOW, 3),
+        Wire::Rtprobe { .. } => engine::exchange(
+            &towards(sock, dst, wire),
+            size,
+            u64::MAX - 1,
+            stop,
+            STOP_NOW,
+            3,
+        )
+        .ok()
+        .and_then(|w| w.echo),
         Wire::Stamp { .. } => {
             // One try only: a retry would be counted again by the reflector,
             // and the answer to the first would then not give the count.
@@ -765,6 +714,8 @@ pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::STOP_SENDING;
+    use std::time::Duration;
 
     fn ledger(echoed: &[u64], last_received: Option<u64>) -> Ledger {
         let mut l = Ledger {
