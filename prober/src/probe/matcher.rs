@@ -19,7 +19,7 @@ use super::{
     socket,
     wire::{Echo, WARMUP_SEQ, Wire},
 };
-use crate::export::ProbeRecord;
+use crate::model::record::ProbeRecord;
 use crate::stats::{RunStats, chain};
 
 /// A probe further ahead of the oldest unfinished one than this is not ours.
@@ -632,7 +632,7 @@ impl EchoRules<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::{StartSrc, TsSource};
+    use crate::model::record::{StartSrc, TsSource};
 
     const ALL: Expect = Expect {
         tx: true,

@@ -90,13 +90,6 @@ impl RemoteOptions {
         };
         resolve(t, port).map(Some)
     }
-
-    pub fn check(&self) -> Result<()> {
-        if self.auth_key.is_some() && self.protocol() != ProtocolArg::Stamp {
-            bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
-        }
-        Ok(())
-    }
 }
 
 /// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one
@@ -199,8 +192,8 @@ pub struct ReflectArgs {
     pub protocol: Option<ProtocolArg>,
 
     /// Stop after this long, e.g. 10min [default: until Ctrl-C or SIGTERM].
-    #[arg(long, value_parser = crate::cli::parse_duration)]
-    #[serde(default, with = "crate::tune::units::humane_duration::option")]
+    #[arg(long, value_parser = crate::model::units::parse_duration)]
+    #[serde(default, with = "crate::model::units::humane_duration::option")]
     pub duration: Option<Duration>,
 
     /// Write the counters (and the session list) as JSON to this file on exit (checked
@@ -327,15 +320,5 @@ mod tests {
         std::fs::write(&dir, [7u8; 32]).unwrap();
         assert!(read_key(&dir).is_ok());
         let _ = std::fs::remove_file(&dir);
-        let o = RemoteOptions {
-            auth_key: Some("k".into()),
-            ..Default::default()
-        };
-        assert!(
-            o.check()
-                .unwrap_err()
-                .to_string()
-                .contains("--protocol stamp")
-        );
     }
 }
