@@ -665,7 +665,7 @@ fn run_probe(
     };
     let o = probe::run_session(&ep, &cfg, &mut csv, stop, &mut probe::NoObserver)?;
     let mut s = o.stats.summary();
-    s.extra.insert("kernel_drops".into(), o.kernel_drops);
+    s.report.kernel_drops = o.kernel_drops;
     Ok(s)
 }
 

@@ -12,7 +12,7 @@ use super::{Cell, CellResult, Scenario};
 use crate::{
     export::plot::axis::format_duration_ns,
     stats::{Summary, chain::Stage},
-    tune::{LoadReport, units},
+    tune::units,
 };
 
 /// One cell as the report sees it.
@@ -60,11 +60,8 @@ fn mbit(bps: f64) -> String {
 
 /// The load column: per flow, achieved throughput (and UDP loss).
 pub fn load_cell(s: &Summary) -> String {
-    let Some(v) = s.extra.get("load") else {
+    let Some(rep) = &s.report.load else {
         return "–".into();
-    };
-    let Ok(rep) = serde_json::from_value::<LoadReport>(v.clone()) else {
-        return "(unreadable)".into();
     };
     let parts: Vec<String> = rep
         .flows
@@ -101,16 +98,13 @@ pub fn load_cell(s: &Summary) -> String {
 /// Skipped and unsupported knobs of a cell, in words.
 fn notes(r: &CellResult) -> String {
     let mut n = Vec::new();
-    let skipped = r
-        .knobs
-        .get("skipped")
-        .or_else(|| r.summary.extra.get("skipped"));
-    if let Some(serde_json::Value::Array(a)) = skipped {
-        for s in a {
-            if let Some(s) = s.as_str() {
-                n.push(format!("**SKIPPED** {s}"));
-            }
-        }
+    // The knobs' metadata says what they skipped; the summary what the load did.
+    let skipped: Vec<&str> = match r.knobs.get("skipped") {
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|s| s.as_str()).collect(),
+        _ => r.summary.report.skipped.iter().map(String::as_str).collect(),
+    };
+    for s in skipped {
+        n.push(format!("**SKIPPED** {s}"));
     }
     if let Some(serde_json::Value::Object(u)) = r.knobs.get("unsupported") {
         for (k, v) in u {
@@ -391,29 +385,25 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
 /// this.
 pub const BOUND_TOLERANCE_US: f64 = 500.0;
 
-/// One flow of a cell, as `extra.flows` in the summary has it.
+/// One flow of a cell, as the run report's `flows` has it.
 struct FlowFigures {
-    flow: u64,
-    port: u64,
-    tos: u64,
+    flow: u8,
+    port: u16,
+    tos: u8,
     p99: Option<u64>,
     max: Option<u64>,
 }
 
 fn flow_figures(sum: &Summary) -> Vec<FlowFigures> {
-    let Some(serde_json::Value::Array(a)) = sum.extra.get("flows") else {
-        return Vec::new();
-    };
-    a.iter()
-        .map(|f| {
-            let ow = &f["summary"]["one_way_ns"];
-            FlowFigures {
-                flow: f["flow"].as_u64().unwrap_or(0),
-                port: f["port"].as_u64().unwrap_or(0),
-                tos: f["tos"].as_u64().unwrap_or(0),
-                p99: ow["p99"].as_u64(),
-                max: ow["max"].as_u64(),
-            }
+    sum.report
+        .flows
+        .iter()
+        .map(|f| FlowFigures {
+            flow: f.flow,
+            port: f.port,
+            tos: f.tos,
+            p99: f.summary.one_way_ns.p99,
+            max: f.summary.one_way_ns.max,
         })
         .collect()
 }
