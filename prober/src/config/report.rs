@@ -101,7 +101,13 @@ fn notes(r: &CellResult) -> String {
     // The knobs' metadata says what they skipped; the summary what the load did.
     let skipped: Vec<&str> = match r.knobs.get("skipped") {
         Some(serde_json::Value::Array(a)) => a.iter().filter_map(|s| s.as_str()).collect(),
-        _ => r.summary.report.skipped.iter().map(String::as_str).collect(),
+        _ => r
+            .summary
+            .report
+            .skipped
+            .iter()
+            .map(String::as_str)
+            .collect(),
     };
     for s in skipped {
         n.push(format!("**SKIPPED** {s}"));

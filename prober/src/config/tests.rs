@@ -1,19 +1,14 @@
 //! Scenario parsing, validation, matrix expansion and report generation,
 //! with a fake cell runner, a fake figure maker and a fake kernel.
 
-use std::{
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use serde_json::json;
 
 use super::*;
 use crate::{
-    stats::{
-        Latency, RunReport,
-        report::FlowSummary,
-    },
+    stats::{Latency, RunReport, report::FlowSummary},
     tune::{FlowReport, LoadReport, QueueLimit, Rate},
 };
 

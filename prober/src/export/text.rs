@@ -269,7 +269,10 @@ fn clock_lines(o: &mut String, s: &Summary) {
         return;
     };
     let sides = [("receiver", &clocks.receiver), ("sender", &clocks.sender)];
-    for (side, c) in sides.into_iter().filter_map(|(n, c)| Some((n, c.as_ref()?))) {
+    for (side, c) in sides
+        .into_iter()
+        .filter_map(|(n, c)| Some((n, c.as_ref()?)))
+    {
         let line = match c {
             HardwareClock::Failed { error } => format!("{side} NIC: {error}"),
             HardwareClock::Sampled(c) => {
@@ -504,8 +507,7 @@ fn flows_table(o: &mut String, flows: &[FlowSummary]) {
     );
     for f in flows {
         let fs = &f.summary;
-        let interval =
-            humantime::format_duration(std::time::Duration::from_nanos(f.interval_ns));
+        let interval = humantime::format_duration(std::time::Duration::from_nanos(f.interval_ns));
         let _ = writeln!(
             o,
             "  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",

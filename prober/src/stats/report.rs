@@ -5,8 +5,8 @@
 //! checked in as docs/run-report.schema.json (see [`run_report_schema`]).
 //! Pure data: the layers that measure these facts fill them in.
 
-use serde::{Deserialize, Deserializer, Serialize};
 use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{Summary, XdpCounters};
 
@@ -266,10 +266,18 @@ pub struct ReflectorReport {
     pub rate_limit: Option<String>,
     /// STAMP: the TTL (hop limit) the probes arrived with, null when no
     /// echo said.
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     #[schemars(with = "Option<u8>")]
     pub sender_ttl_max: Option<Option<u8>>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     #[schemars(with = "Option<u8>")]
     pub sender_ttl_min: Option<Option<u8>>,
     /// rtprobe protocol: the session id, hex.
@@ -489,7 +497,10 @@ mod tests {
     use super::*;
 
     /// The schema file next to the docs that describe it.
-    const SCHEMA_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/run-report.schema.json");
+    const SCHEMA_FILE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/run-report.schema.json"
+    );
 
     fn schema_text() -> String {
         serde_json::to_string_pretty(&run_report_schema()).unwrap() + "\n"
@@ -563,7 +574,10 @@ mod tests {
             ..Default::default()
         };
         let mut knobs = serde_json::Map::new();
-        knobs.insert("qdisc_tree".into(), serde_json::json!({"status": "applied"}));
+        knobs.insert(
+            "qdisc_tree".into(),
+            serde_json::json!({"status": "applied"}),
+        );
         let report = RunReport {
             clock: Some(ClockReport::OneClock(OneClock {
                 note: "one clock".into(),
@@ -662,7 +676,10 @@ mod tests {
             // Said of the optional field that holds the wrong part.
             "/extra/hardware_clocks",
         ] {
-            assert!(errors.iter().any(|e| e.starts_with(at)), "{at}: {errors:#?}");
+            assert!(
+                errors.iter().any(|e| e.starts_with(at)),
+                "{at}: {errors:#?}"
+            );
         }
     }
 
