@@ -361,7 +361,7 @@ fn probe_on(
         note: ONE_CLOCK_NOTE.into(),
     }));
     r.late_arrivals = Some(outcome.late_arrivals);
-    r.kernel_drops = outcome.kernel_drops.clone();
+    r.kernel_drops = Some(outcome.kernel_drops.clone());
     r.peak_rss_kib = Some(peak_rss_kib());
     r.hardware_timestamping = Some(HardwareTimestamping {
         sender: outcome.hardware_tx,

@@ -665,7 +665,7 @@ fn run_probe(
     };
     let o = probe::run_session(&ep, &cfg, &mut csv, stop, &mut probe::NoObserver)?;
     let mut s = o.stats.summary();
-    s.report.kernel_drops = o.kernel_drops;
+    s.report.kernel_drops = Some(o.kernel_drops);
     Ok(s)
 }
 

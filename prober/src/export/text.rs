@@ -568,6 +568,7 @@ fn drops_line(s: &Summary) -> Option<String> {
     if d.is_none() && rss.is_none() {
         return None;
     }
+    let d = d.and_then(Option::as_ref);
     let v = |x: Option<u64>| x.map_or("-".into(), |n| n.to_string());
     let k = |f: fn(&KernelDrops) -> Option<u64>| v(d.and_then(f));
     Some(format!(
@@ -645,12 +646,12 @@ mod tests {
     fn unknown_drop_counters_and_memory_show_as_a_dash() {
         let mut s = Summary::default();
         assert_eq!(drops_line(&s), None, "nothing measured, nothing said");
-        s.report.kernel_drops = Some(KernelDrops {
+        s.report.kernel_drops = Some(Some(KernelDrops {
             receiver_rcvbuf_errors: Some(0),
             receiver_in_errors: Some(2),
             host_backlog_drops: Some(7),
             ..Default::default()
-        });
+        }));
         s.report.peak_rss_kib = Some(None);
         let l = drops_line(&s).unwrap();
         assert_eq!(

@@ -36,9 +36,11 @@ pub struct RunReport {
     /// The probes' addresses (testbed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ip: Option<IpReport>,
-    /// Kernel counters that explain losses, over the run.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_drops: Option<KernelDrops>,
+    /// Kernel counters that explain losses, over the run (testbed runs);
+    /// null where the session sampled none (STAMP through the testbed).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    #[schemars(with = "Option<KernelDrops>")]
+    pub kernel_drops: Option<Option<KernelDrops>>,
     /// What each knob applied, by knob name (the same as the run
     /// metadata's `knobs`): its fields are the knob's own.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -605,10 +607,10 @@ mod tests {
                 sender: "10.77.0.1".into(),
                 version: 4,
             }),
-            kernel_drops: Some(KernelDrops {
+            kernel_drops: Some(Some(KernelDrops {
                 host_backlog_drops: Some(1),
                 ..Default::default()
-            }),
+            })),
             knobs: Some(knobs),
             late_arrivals: Some(0),
             load: Some(LoadReport {
