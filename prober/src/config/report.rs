@@ -11,8 +11,8 @@ use std::{fmt::Write, path::Path, time::Duration};
 use super::{Cell, CellResult, Scenario};
 use crate::{
     export::plot::axis::format_duration_ns,
+    model::units,
     stats::{Summary, chain::Stage},
-    tune::units,
 };
 
 /// One cell as the report sees it.

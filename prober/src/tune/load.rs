@@ -87,9 +87,9 @@ use super::{
     load_acct::{self, FetchStats, SeqWindow},
     rt::RtSettings,
     shaping::Shaping,
-    units::{self, Bytes, LoadRate, Rate},
+    units::{Bytes, LoadRate, Rate},
 };
-use crate::{sys::Sys, testbed::Netns};
+use crate::{model::units, sys::Sys, testbed::Netns};
 
 /// First port of the load flows (iperf's).
 pub const DEFAULT_LOAD_PORT: u16 = 5201;
