@@ -168,8 +168,11 @@ pub fn render(input: &ReportInput<'_>) -> String {
     }
 
     flows_section(&mut s, input.rows);
-    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(input.rows))
-    {
+    let ran = input.rows.iter().filter_map(|r| {
+        let res = r.result.ok()?;
+        Some((r.cell.knobs.queue_limit, &res.summary))
+    });
+    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(ran)) {
         s += &t;
     }
     figures_section(&mut s, input);
