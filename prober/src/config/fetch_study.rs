@@ -14,10 +14,8 @@
 
 use std::fmt::Write as _;
 
-use crate::{
-    stats::Summary,
-    tune::{FetchTimes, QueueLimit},
-};
+use super::ReportRow;
+use crate::tune::{FetchTimes, QueueLimit};
 
 /// ", fetch 0.512 ± 0.101 s (p50 0.490, p99 0.800, n 12, 0 failed)".
 pub fn fetch_cell(t: &FetchTimes) -> String {
@@ -54,17 +52,15 @@ const STUDY: [(StudyCell, StudyCell, f64, f64); 4] = [
     (("bbr", 100), ("reno", 100), 1.78, 9.96),
 ];
 
-/// The cells of a run that have a fetch load and a queue in packets,
-/// from each cell that ran: its queue limit and its summary.
-pub fn fetch_cells<'a>(
-    cells: impl IntoIterator<Item = (Option<QueueLimit>, &'a Summary)>,
-) -> Vec<FetchCell> {
+/// The cells of a run that have a fetch load and a queue in packets.
+pub fn fetch_cells(rows: &[ReportRow<'_>]) -> Vec<FetchCell> {
     let mut out = Vec::new();
-    for (queue, summary) in cells {
-        let Some(QueueLimit::Packets(q)) = queue else {
+    for r in rows {
+        let (Ok(res), Some(QueueLimit::Packets(q))) = (r.result, r.cell.run.knobs.queue_limit)
+        else {
             continue;
         };
-        let Some(rep) = &summary.report.load else {
+        let Some(rep) = &res.summary.report.load else {
             continue;
         };
         let Some(fetch) = rep.flows.iter().find(|f| f.kind == "fetch") else {

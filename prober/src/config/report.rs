@@ -15,17 +15,7 @@ use crate::{
     stats::{Summary, chain::Stage},
 };
 
-/// One cell as the report sees it.
-pub struct ReportRow<'a> {
-    pub cell: &'a Cell,
-    /// The cell's result, or why it failed.
-    pub result: Result<&'a CellResult, &'a str>,
-    /// Comparison figures against the baseline (paths under the output dir).
-    pub figures: Vec<std::path::PathBuf>,
-    /// p50/p99 against the baseline with confidence intervals, in words
-    /// (`export::compare`), for variants whose CSVs could be compared.
-    pub vs_baseline: Option<String>,
-}
+pub use super::ReportRow;
 
 pub struct ReportInput<'a> {
     pub scenario: &'a Scenario,
@@ -159,7 +149,8 @@ pub fn render(input: &ReportInput<'_>) -> String {
         let group: Vec<&ReportRow<'_>> = input.rows[i..]
             .iter()
             .take_while(|r| {
-                r.cell.probe.size == c0.probe.size && r.cell.probe.interval == c0.probe.interval
+                r.cell.run.probe.size == c0.run.probe.size
+                    && r.cell.run.probe.interval == c0.run.probe.interval
             })
             .collect();
         i += group.len();
@@ -168,11 +159,8 @@ pub fn render(input: &ReportInput<'_>) -> String {
     }
 
     flows_section(&mut s, input.rows);
-    let ran = input.rows.iter().filter_map(|r| {
-        let res = r.result.ok()?;
-        Some((r.cell.knobs.queue_limit, &res.summary))
-    });
-    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(ran)) {
+    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(input.rows))
+    {
         s += &t;
     }
     figures_section(&mut s, input);
@@ -204,7 +192,8 @@ fn header(s: &mut String, input: &ReportInput<'_>) {
         },
         humantime::format_duration(Duration::from_secs(input.elapsed.as_secs()))
     );
-    let p = &sc.probe;
+    let common = sc.common();
+    let p = &common.probe;
     let _ = writeln!(
         s,
         "- probes per cell: {}; TOS 0x{:02X}; port {}; XDP action {}",
@@ -215,12 +204,12 @@ fn header(s: &mut String, input: &ReportInput<'_>) {
         },
         p.tos,
         p.port,
-        format!("{:?}", p.xdp_action).to_lowercase()
+        format!("{:?}", common.xdp_action).to_lowercase()
     );
     let base = input
         .rows
         .first()
-        .map(|r| r.cell.label.clone())
+        .map(|r| r.cell.label().to_string())
         .unwrap_or_default();
     let _ = writeln!(
         s,
@@ -241,8 +230,8 @@ fn group_table(s: &mut String, out_dir: &Path, group: &[&ReportRow<'_>]) {
     let _ = writeln!(
         s,
         "### {} B every {}\n",
-        c0.probe.size,
-        units::fmt_duration(c0.probe.interval)
+        c0.run.probe.size,
+        units::fmt_duration(c0.run.probe.interval)
     );
     let _ = writeln!(
         s,
@@ -260,10 +249,10 @@ fn group_table(s: &mut String, out_dir: &Path, group: &[&ReportRow<'_>]) {
         let c = r.cell;
         let mut files = format!(
             "[csv]({}) [json]({})",
-            rel(out_dir, &c.csv),
-            rel(out_dir, &c.json)
+            rel(out_dir, c.csv()),
+            rel(out_dir, &c.json())
         );
-        if let Some(q) = &c.queue_csv {
+        if let Some(q) = &c.run.queue_csv {
             let _ = write!(files, " [queue]({})", rel(out_dir, q));
         }
         for f in &r.figures {
@@ -275,7 +264,7 @@ fn group_table(s: &mut String, out_dir: &Path, group: &[&ReportRow<'_>]) {
                 let _ = writeln!(
                     s,
                     "| {} | – | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
-                    md_escape(&c.label),
+                    md_escape(c.label()),
                     md_escape(e)
                 );
             }
@@ -307,7 +296,7 @@ fn result_row(
     let _ = writeln!(
         s,
         "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
-        md_escape(&c.label),
+        md_escape(c.label()),
         lat(ow.p50),
         lat(ow.p99),
         lat(ow.p999),
@@ -344,10 +333,10 @@ fn figures_section(s: &mut String, input: &ReportInput<'_>) {
             let _ = writeln!(
                 s,
                 "    rtprobe plot {} {} --label {} --label {}",
-                file_name(&b.csv),
-                file_name(&r.cell.csv),
-                shell_word(&b.label),
-                shell_word(&r.cell.label)
+                file_name(b.csv()),
+                file_name(r.cell.csv()),
+                shell_word(b.label()),
+                shell_word(r.cell.label())
             );
         }
         s.push('\n');
@@ -386,7 +375,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
     let _ = writeln!(s, " one-way p50 is mostly |");
     let _ = writeln!(s, "|---|{}---|", "---:|".repeat(stages.len()));
     for (cell, sum) in ok {
-        let _ = write!(s, "| {} |", md_escape(&cell.label));
+        let _ = write!(s, "| {} |", md_escape(cell.label()));
         for &st in &stages {
             let l = sum.stages_ns.get(st);
             let _ = write!(s, " {} / {} |", lat(l.p50), lat(l.p99));
@@ -472,10 +461,10 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
          in export/report.rs says why the tolerance is absolute).\n"
     );
     let key = |c: &Cell| {
-        let mut k = c.knobs.clone();
+        let mut k = c.run.knobs.clone();
         k.load = None;
         k.load_warmup = None;
-        (c.probe.size, c.probe.interval, k.describe())
+        (c.run.probe.size, c.run.probe.interval, k.describe())
     };
     let mut done = vec![false; ok.len()];
     for i in 0..ok.len() {
@@ -494,7 +483,7 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
 
 /// A cell's loads in words, "none" without.
 fn load_of(c: &Cell) -> String {
-    let l = c.knobs.loads();
+    let l = c.run.knobs.loads();
     if l.is_empty() {
         "none".to_string()
     } else {
@@ -532,7 +521,7 @@ fn flows_group(
         let _ = write!(
             s,
             "| {} | {} |",
-            md_escape(&c.label),
+            md_escape(c.label()),
             md_escape(&load_of(c))
         );
         for f in flows {
@@ -547,7 +536,7 @@ fn flows_group(
 /// Per flow: its idle p99 against its worst loaded one; for flow 0,
 /// whether the priority bound held.
 fn bound_verdicts(s: &mut String, group: &[&(&Cell, Vec<FlowFigures>)]) {
-    let Some(idle) = group.iter().position(|g| g.0.knobs.loads().is_empty()) else {
+    let Some(idle) = group.iter().position(|g| g.0.run.knobs.loads().is_empty()) else {
         let _ = writeln!(s, "No run without load in this group: no verdict.\n");
         return;
     };
