@@ -15,6 +15,10 @@ use crate::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
+    stats::report::{
+        ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
+        OneClock, ReflectorCounts, ReflectorReport,
+    },
     testbed::{Kind, Testbed},
     tune,
 };
@@ -246,17 +250,19 @@ fn probe_on(
         .into_inner()
         .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
         .rows();
-    let per_flow: Vec<serde_json::Value> = if opts.extra_flows.is_empty() {
+    let per_flow: Vec<FlowSummary> = if opts.extra_flows.is_empty() {
         Vec::new()
     } else {
         std::iter::once(&opts.probe)
             .chain(&opts.extra_flows)
             .zip(&outcomes)
-            .map(|(cfg, o)| {
-                serde_json::json!({
-                    "flow": cfg.flow, "port": cfg.port, "tos": cfg.tos, "size": cfg.size,
-                    "interval_ns": cfg.interval.as_nanos() as u64, "summary": o.stats.summary(),
-                })
+            .map(|(cfg, o)| FlowSummary {
+                flow: cfg.flow,
+                interval_ns: cfg.interval.as_nanos() as u64,
+                port: cfg.port,
+                size: cfg.size,
+                summary: o.stats.summary(),
+                tos: cfg.tos,
             })
             .collect()
     };
@@ -268,83 +274,59 @@ fn probe_on(
     summary.xdp_counters = xdp.counters().context("read XDP counters")?;
     if let Some(c) = xdp.reflector_counters() {
         let c = c.context("read the in-kernel reflector's counters")?;
-        reflector_info["counters"] = serde_json::to_value(c).unwrap_or_default();
+        reflector_info.counters = Some(ReflectorCounts::Kernel(c));
     }
     if let Some(r) = stamp_reflector {
         let report = r.stop()?;
-        reflector_info["counters"] = serde_json::to_value(&report.counters).unwrap_or_default();
+        reflector_info.counters = Some(ReflectorCounts::User(report.counters));
     }
     if let Some((loss, info)) = stamp_outcome
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take()
     {
-        if let (serde_json::Value::Object(r), serde_json::Value::Object(i)) =
-            (&mut reflector_info, info)
-        {
-            r.extend(i);
-        }
-        summary.extra.insert(
-            "loss_split".into(),
-            serde_json::to_value(loss).unwrap_or_default(),
-        );
+        reflector_info = ReflectorReport {
+            kind: reflector_info.kind,
+            note: reflector_info.note,
+            rate_limit: reflector_info.rate_limit,
+            xdp_mode: reflector_info.xdp_mode,
+            counters: reflector_info.counters,
+            ..info
+        };
+        summary.report.loss_split = Some(loss);
     }
-    summary.extra.insert("reflector".into(), reflector_info);
-    summary.extra.insert(
-        "ip".into(),
-        serde_json::json!({"version": ip.number(), "sender": src_ip.to_string(),
-            "receiver": dst_ip.to_string()}),
-    );
-    summary.extra.insert(
-        "clock".into(),
-        serde_json::json!({"one_way_shown": true, "note": ONE_CLOCK_NOTE}),
-    );
-    summary
-        .extra
-        .insert("late_arrivals".into(), outcome.late_arrivals.into());
-    summary
-        .extra
-        .insert("kernel_drops".into(), outcome.kernel_drops.clone());
-    summary
-        .extra
-        .insert("peak_rss_kib".into(), peak_rss_kib().into());
-    summary.extra.insert(
-        "hardware_timestamping".into(),
-        serde_json::json!({"sender": outcome.hardware_tx, "receiver": outcome.hardware_rx}),
-    );
-    if outcome.hw_clocks.as_object().is_some_and(|o| !o.is_empty()) {
-        summary
-            .extra
-            .insert("hardware_clocks".into(), outcome.hw_clocks.clone());
+    let r = &mut summary.report;
+    r.reflector = Some(reflector_info);
+    r.ip = Some(IpReport {
+        version: ip.number(),
+        sender: src_ip.to_string(),
+        receiver: dst_ip.to_string(),
+    });
+    r.clock = Some(ClockReport::OneClock(OneClock {
+        one_way_shown: true,
+        note: ONE_CLOCK_NOTE.into(),
+    }));
+    r.late_arrivals = Some(outcome.late_arrivals);
+    r.kernel_drops = Some(outcome.kernel_drops.clone());
+    r.peak_rss_kib = Some(peak_rss_kib());
+    r.hardware_timestamping = Some(HardwareTimestamping {
+        sender: outcome.hardware_tx,
+        receiver: outcome.hardware_rx,
+    });
+    if outcome.hw_clocks != HardwareClocks::default() {
+        r.hardware_clocks = Some(outcome.hw_clocks.clone());
     }
-    if outcome.interrupted {
-        summary.extra.insert("interrupted".into(), true.into());
-    }
-    if let Some(r) = &opts.continuous.rotation {
-        summary.extra.insert(
-            "csv_rotation".into(),
-            serde_json::json!({"when": r.when.to_string(), "keep": r.keep}),
-        );
-    }
-    if let Some(e) = &output_error {
-        summary
-            .extra
-            .insert("output_error".into(), e.clone().into());
-    }
-    if !per_flow.is_empty() {
-        summary
-            .extra
-            .insert("flows".into(), serde_json::Value::Array(per_flow));
-    }
+    r.interrupted = outcome.interrupted;
+    r.csv_rotation = opts.continuous.rotation.as_ref().map(|rot| CsvRotation {
+        when: rot.when.to_string(),
+        keep: rot.keep,
+    });
+    r.output_error = output_error.clone();
+    r.flows = per_flow;
     if let Some(a) = applied.as_mut() {
-        summary
-            .extra
-            .extend(a.stop_load().context("stop the competing load")?);
+        (r.load, r.skipped) = a.stop_load().context("stop the competing load")?;
         if !meta.knobs.is_empty() {
-            summary.extra.insert(
-                "knobs".into(),
-                serde_json::Value::Object(meta.knobs.clone()),
-            );
+            r.knobs = Some(meta.knobs.clone());
         }
     }
     xdp.detach().context("detach the XDP router")?;
@@ -415,7 +397,7 @@ fn choose_reflector(
     opts: &RunOptions,
     forced: Option<ReflectorKind>,
     stamp_port: Option<u16>,
-) -> Result<(bool, serde_json::Value)> {
+) -> Result<(bool, ReflectorReport)> {
     // STAMP only: the kernel answers STAMP on its port and no rtprobe probes.
     let (probe_port, stamp_port) = match stamp_port {
         Some(p) => (0, p),
@@ -427,13 +409,22 @@ fn choose_reflector(
     // No rate limit (see `XdpSetup::attach_reflector`): said in the summary.
     const KERNEL_LIMIT_NOTE: &str = "none: the testbed's reflector answers only the testbed's \
         own sender, at the run's rate";
-    let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE, "rate_limit": KERNEL_LIMIT_NOTE});
+    let kernel = |mode: crate::ebpf::AttachedMode| ReflectorReport {
+        xdp_mode: Some(mode.as_str().into()),
+        note: Some(KERNEL_LOSS_NOTE.into()),
+        rate_limit: Some(KERNEL_LIMIT_NOTE.into()),
+        ..ReflectorReport::of_kind("kernel")
+    };
+    let user = |note: Option<String>| ReflectorReport {
+        note,
+        ..ReflectorReport::of_kind("user")
+    };
     let path_ok = xdp.reflector_replies_get_through(testbed);
     const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
         the veth testbed's router, where rtprobe does not prepare the peer to take the \
         in-kernel reflector's replies (use the veth testbed)";
     match forced.or(opts.reflector) {
-        Some(ReflectorKind::User) => Ok((false, serde_json::json!({"kind": "user"}))),
+        Some(ReflectorKind::User) => Ok((false, user(None))),
         Some(ReflectorKind::Kernel) => {
             if !path_ok {
                 bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
@@ -449,7 +440,7 @@ fn choose_reflector(
         None if !path_ok => {
             let note = format!("the in-kernel one is not used here: {VETH_NEEDS_ROUTER}");
             log::info!("{note}");
-            Ok((false, serde_json::json!({"kind": "user", "note": note})))
+            Ok((false, user(Some(note))))
         }
         None => match xdp.attach_reflector_ports(testbed, probe_port, stamp_port) {
             Ok(mode) => Ok((true, kernel(mode))),
@@ -458,7 +449,7 @@ fn choose_reflector(
                     "in-kernel reflector not attached ({e:#}): the user-space reflector answers"
                 );
                 log::info!("{note}");
-                Ok((false, serde_json::json!({"kind": "user", "note": note})))
+                Ok((false, user(Some(note))))
             }
         },
     }

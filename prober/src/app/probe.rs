@@ -182,11 +182,7 @@ fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result
     let rows = csv.rows();
     let output_error = o.session.output_error.clone();
     let mut summary = summarise(&o, "remote");
-    if let Some(e) = &output_error {
-        summary
-            .extra
-            .insert("output_error".into(), e.clone().into());
-    }
+    summary.report.output_error = output_error.clone();
     Ok(RunOutcome {
         summary,
         meta,

@@ -482,7 +482,7 @@ fn run_probe(
         &mut crate::model::observer::NoObserver,
     )?;
     let mut s = o.stats.summary();
-    s.extra.insert("kernel_drops".into(), o.kernel_drops);
+    s.report.kernel_drops = Some(o.kernel_drops);
     Ok(s)
 }
 

@@ -265,8 +265,8 @@ fn cell_id(size: usize, interval: Duration, mode: XdpMode, set: &str) -> String 
 /// What the real runner hands back for a cell.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CellResult {
-    /// The run's summary; `extra` holds `load` (tune::LoadReport) and
-    /// `skipped` as `Applied::stop_load()` returned them.
+    /// The run's summary; its report holds `load` and `skipped` as
+    /// `Applied::stop_load()` returned them.
     pub summary: Summary,
     /// `Applied::metadata()`: what the knobs applied.
     pub knobs: Map<String, Value>,

@@ -41,7 +41,10 @@ use anyhow::{Result, bail};
 
 use crate::{
     model::{observer::SessionObserver, record::RecordSink},
-    stats::RunStats,
+    stats::{
+        RunStats,
+        report::{HardwareClock, HardwareClocks, KernelDrops, SampledClock},
+    },
     testbed::{Iface, Netns},
 };
 use matcher::{Event, Matcher};
@@ -126,10 +129,11 @@ pub struct SessionOutcome {
     pub late_arrivals: u64,
     pub interrupted: bool,
     /// Kernel counters that explain losses (receive-buffer and backlog drops).
-    pub kernel_drops: serde_json::Value,
+    /// None where no testbed's counters were sampled (a remote target).
+    pub kernel_drops: Option<KernelDrops>,
     /// Per NIC with hardware stamps: its PHC, the offset's uncertainty and
     /// drift against the system clock, or why its stamps were left out.
-    pub hw_clocks: serde_json::Value,
+    pub hw_clocks: HardwareClocks,
     /// An output (CSV, HDR log...) failed during the run and stopped it,
     /// in words: "CSV ends at probe 41999: No space left on device".
     pub output_error: Option<String>,
@@ -169,18 +173,23 @@ fn nic_clock(ns: &Netns, ifname: &str) -> Result<NicClock, String> {
 }
 
 impl NicClock {
-    /// Stops sampling; the converter's report as JSON.
-    fn finish(&mut self) -> serde_json::Value {
+    /// Stops sampling; the converter's report.
+    fn finish(&mut self) -> HardwareClock {
         let sampler = self.sampler.take().map(|s| s.stop());
-        let report = self.conv.lock().map(|c| c.report()).ok();
-        let mut v = serde_json::to_value(report).unwrap_or_default();
-        if let (serde_json::Value::Object(o), Some(Ok(st))) = (&mut v, sampler) {
-            o.insert("read_errors".into(), st.errors.into());
-            if let Some(e) = st.last_error {
-                o.insert("last_read_error".into(), e.into());
-            }
-        }
-        v
+        let Ok(phc) = self.conv.lock().map(|c| c.report()) else {
+            return HardwareClock::Failed {
+                error: "the PHC converter was poisoned by a panic".into(),
+            };
+        };
+        let (read_errors, last_read_error) = match sampler {
+            Some(Ok(st)) => (Some(st.errors), st.last_error),
+            _ => (None, None),
+        };
+        HardwareClock::Sampled(SampledClock {
+            phc,
+            read_errors,
+            last_read_error,
+        })
     }
 }
 
@@ -281,24 +290,17 @@ impl Stamping {
 
     /// Turns hardware timestamping off and stops the clocks: per side, its
     /// clock's report or why it had none.
-    fn finish(mut self) -> serde_json::Value {
+    fn finish(mut self) -> HardwareClocks {
         drop((self.hw_tx.take(), self.hw_rx.take()));
-        let mut hw_clocks = serde_json::Map::new();
-        for (side, c) in [
-            ("sender", &mut self.sender_clock),
-            ("receiver", &mut self.receiver_clock),
-        ] {
-            match c {
-                Some(Ok(c)) => {
-                    hw_clocks.insert(side.into(), c.finish());
-                }
-                Some(Err(why)) => {
-                    hw_clocks.insert(side.into(), serde_json::json!({ "error": why }));
-                }
-                None => {}
-            }
+        let report = |c: &mut Option<Result<NicClock, String>>| match c {
+            Some(Ok(c)) => Some(c.finish()),
+            Some(Err(why)) => Some(HardwareClock::Failed { error: why.clone() }),
+            None => None,
+        };
+        HardwareClocks {
+            sender: report(&mut self.sender_clock),
+            receiver: report(&mut self.receiver_clock),
         }
-        serde_json::Value::Object(hw_clocks)
     }
 }
 
@@ -406,7 +408,7 @@ pub fn run_session(
         late_arrivals,
         // A failed output stops the session too; that is no interruption.
         interrupted: stop.load(Ordering::SeqCst) != 0 && output_error.is_none(),
-        kernel_drops: drops_after.report_since(&drops_before),
+        kernel_drops: Some(drops_after.report_since(&drops_before)),
         hw_clocks,
         output_error,
     })

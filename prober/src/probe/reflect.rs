@@ -118,31 +118,7 @@ pub struct Policy {
     pub stateful: bool,
 }
 
-/// What the reflector did, by datagram.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Counters {
-    /// Datagrams received (= reflected + not_for_us + bad_source +
-    /// malformed + rate_limited + auth_failed).
-    pub datagrams: u64,
-    pub sessions: u64,
-    pub reflected: u64,
-    /// Sent to a broadcast or multicast destination.
-    pub not_for_us: u64,
-    /// From a source no single host can have (or loopback from outside).
-    pub bad_source: u64,
-    pub malformed: u64,
-    pub rate_limited: u64,
-    pub auth_failed: u64,
-    /// Sessions forgotten to make room in a full table.
-    pub sessions_evicted: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    /// Replies the kernel refused to send.
-    pub send_errors: u64,
-    /// Receive calls that failed (other than "nothing to read"); the
-    /// reflector logs them and goes on.
-    pub recv_errors: u64,
-}
+pub use crate::stats::report::ReflectorCounters as Counters;
 
 /// Why a datagram was not answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,10 @@
 pub mod bootstrap;
 pub mod chain;
 pub mod interval;
+pub mod report;
 pub mod summary;
 
+pub use report::RunReport;
 pub use summary::{
     Counts, CpuWaits, Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters,
 };

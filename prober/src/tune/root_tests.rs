@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{testutil::*, *};
 use crate::error::Error;
@@ -271,8 +271,8 @@ fn missing_qdisc_fails_or_skips_visibly() {
     let kinds = qdisc_kinds(&tb.sender, "rtp-s");
     assert!(kinds.contains(&"htb 1: root".to_string()), "{kinds:?}");
     assert!(!kinds.iter().any(|q| q.starts_with(kind)), "{kinds:?}");
-    let extra = a.stop_load().unwrap();
-    assert!(extra["skipped"][0].as_str().unwrap().contains(kind));
+    let (_, skipped) = a.stop_load().unwrap();
+    assert!(skipped[0].contains(kind), "{skipped:?}");
     a.restore().unwrap();
     assert_eq!(snapshot(&tb.sender, "rtp-s").unwrap(), before);
 }
@@ -368,8 +368,7 @@ fn everything_at_once_on_the_router_restores_every_namespace() {
     assert!(m["unsupported"]["tx_ring"].is_string());
     assert!(m["unsupported"]["bql"].is_string());
     assert_eq!(a.rt().fifo_priority, Some(10));
-    let extra = a.stop_load().unwrap();
-    let rep: LoadReport = serde_json::from_value(extra["load"].clone()).unwrap();
+    let rep: LoadReport = a.stop_load().unwrap().0.expect("a load report");
     assert_eq!(rep.flows.len(), 2);
     assert!(rep.flows.iter().all(|f| f.achieved_bps > 0.0), "{rep:?}");
     a.restore().unwrap();
@@ -385,9 +384,9 @@ fn shaped(tb: &Testbed, text: &str, hold: Duration) -> Result<LoadReport> {
     k.set_probe(5061, 64, Duration::from_millis(1));
     let mut a = apply(tb, &k)?;
     std::thread::sleep(hold);
-    let extra = a.stop_load()?;
+    let (load, _) = a.stop_load()?;
     a.restore()?;
-    Ok(serde_json::from_value(extra["load"].clone())?)
+    load.context("no load report")
 }
 
 #[test]
