@@ -40,7 +40,7 @@ use super::{
     perf::{self, PerfFigures},
     xdp::{BenchProgram, Hook},
 };
-use crate::testbed::{NS_PREFIX, Netns};
+use crate::{sys::Netns, testbed::NS_PREFIX};
 
 const LOAD_PORT: u16 = 9;
 /// Packet size of the bounce steps (the thesis's smallest, where the

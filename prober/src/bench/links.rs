@@ -9,10 +9,7 @@
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    sys::{self, Ns, Offload, Sys},
-    testbed::Netns,
-};
+use crate::sys::{self, Netns, Ns, Offload, Sys};
 
 /// Counters of one interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

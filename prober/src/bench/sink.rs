@@ -13,7 +13,7 @@
 use anyhow::{Context, Result};
 
 use super::xdp::{BenchProgram, Hook};
-use crate::testbed::Netns;
+use crate::sys::Netns;
 
 /// The sink attached to one interface; dropping it detaches it (the BPF
 /// link goes with the program).

@@ -24,7 +24,7 @@ use xdp_common::{
     bench::{self as names, MAX_WORK_ACCESSES},
 };
 
-use crate::{stats::XdpCounters, testbed::Netns};
+use crate::{stats::XdpCounters, sys::Netns};
 
 /// The `xdp-bench` object, built by `build.rs` (aya-build).
 fn bench_object() -> &'static [u8] {

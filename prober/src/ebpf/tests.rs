@@ -10,9 +10,12 @@ use std::{
 use aya::programs::{TestRun, TestRunOptions};
 
 use super::*;
-use crate::testbed::{
-    Netns, ethtool,
-    testutil::{exec, ifindex, ip, mac, netns, require_root},
+use crate::{
+    sys::Netns,
+    testbed::{
+        ethtool,
+        testutil::{exec, ifindex, ip, mac, netns, require_root},
+    },
 };
 
 const XDP_DROP: u32 = 1;

@@ -8,10 +8,7 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::{
-    sys::{Ns, Sys},
-    testbed::Netns,
-};
+use crate::sys::{Netns, Ns, Sys};
 
 /// The `Udp:` line of /proc/net/snmp (the fields rtprobe reports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -43,11 +43,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    export::CsvWriter,
-    stats::RunStats,
-    testbed::{Iface, Netns},
-};
+use crate::{export::CsvWriter, stats::RunStats, sys::Netns, testbed::Iface};
 use events::EventBatch;
 use matcher::{Event, Matcher};
 use packet::{FLAG_ECHO, HEADER_LEN, Probe};

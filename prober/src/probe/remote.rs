@@ -52,7 +52,7 @@ use super::{
     socket::{self, ProbeSocket, RecvBatch, TsFlags},
     stamp::{ClockSync, ErrorEstimate, HmacKey, Mode, ReflectorPacket, SenderPacket, Timestamp},
 };
-use crate::{spec::remote::ProtocolArg, testbed::Netns};
+use crate::{spec::remote::ProtocolArg, sys::Netns};
 
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]

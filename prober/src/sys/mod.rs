@@ -29,6 +29,10 @@
 //! set-up and AF_XDP sockets (its link counters, GRO and threaded NAPI do
 //! go through [`linux_static`]).
 //!
+//! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
+//! setns) are made in [`netns`], which [`LinuxSys`] uses for
+//! [`Sys::create_netns`] and whose [`Netns`] handles let a thread enter one.
+//!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
 
@@ -36,6 +40,7 @@ pub mod ethtool;
 #[cfg(test)]
 pub mod fake;
 pub mod netlink;
+pub mod netns;
 mod real;
 pub mod tc;
 
@@ -49,6 +54,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
+pub use netns::Netns;
 pub use real::{LinuxSys, NsCtx, bpf_errno, linux, linux_static, private_sysfs, release_worker};
 pub use tc::{TcCmd, TcError};
 

@@ -36,9 +36,8 @@ use aya::{
 
 use super::{
     Addr, BpfObject, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
-    XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, tc,
+    XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, netns, tc,
 };
-use crate::testbed::netns;
 
 /// What a worker holds while it runs a call.
 pub struct NsCtx {

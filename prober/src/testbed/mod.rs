@@ -8,13 +8,12 @@
 //! Each testbed also leaves a record of its owner and of what it borrowed
 //! in /run/rtprobe (see [`record`]) for `rtprobe cleanup` after a SIGKILL.
 //!
-//! Kernel interfaces: network namespaces (`netns`), netlink for links,
+//! Kernel interfaces: network namespaces ([`crate::sys::netns`]), netlink for links,
 //! addresses and routes, /proc/sys/net per namespace, ethtool offloads of
 //! NIC-pair interfaces (all through `sys`). veth needs CONFIG_VETH
 //! (Linux >= 2.6.24).
 
 pub mod ethtool;
-pub mod netns;
 pub mod nicpair;
 pub mod record;
 #[cfg(test)]
@@ -22,13 +21,11 @@ mod tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use netns::Netns;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Result, bail};
 
-use crate::sys::{Addr, Ns, Route, Sys, SysRef};
+use crate::sys::{Addr, Netns, Ns, Route, Sys, SysRef, netns};
 pub use nicpair::Borrowed;
 
 /// One interface of the testbed, in the namespace that holds it.

@@ -1,9 +1,6 @@
 //! Where a knob acts: a namespace, reached through the kernel layer.
 
-use crate::{
-    sys::{Ns, Sys},
-    testbed::Netns,
-};
+use crate::sys::{Netns, Ns, Sys};
 
 /// A namespace and the [`Sys`] that reaches it.
 #[derive(Clone, Copy)]

@@ -89,7 +89,7 @@ use super::{
     shaping::Shaping,
     units::{self, Bytes, LoadRate, Rate},
 };
-use crate::{sys::Sys, testbed::Netns};
+use crate::sys::{Netns, Sys};
 
 /// First port of the load flows (iperf's).
 pub const DEFAULT_LOAD_PORT: u16 = 5201;

@@ -82,8 +82,8 @@ pub use self::{
 };
 use crate::{
     error::Error,
-    sys::{Ns, QdiscInfo},
-    testbed::{Netns, Testbed},
+    sys::{Netns, Ns, QdiscInfo},
+    testbed::Testbed,
 };
 
 /// A knob that is in effect and can be undone.

@@ -150,7 +150,7 @@ fn tx_ring_on_veth_is_reported() {
     }
 }
 
-fn qdisc_kinds(ns: &crate::testbed::Netns, dev: &str) -> Vec<String> {
+fn qdisc_kinds(ns: &crate::sys::Netns, dev: &str) -> Vec<String> {
     use crate::sys::Sys as _;
     let mut v: Vec<String> = crate::sys::linux_static()
         .qdiscs(ns.into(), dev)

@@ -7,7 +7,10 @@ use std::{net::Ipv4Addr, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use crate::testbed::{Iface, Netns, Testbed};
+use crate::{
+    sys::Netns,
+    testbed::{Iface, Testbed},
+};
 
 /// True as root; under CI a failure, elsewhere a visible SKIPPED line (see
 /// [`crate::testbed::testutil::root_or_skip`]).
