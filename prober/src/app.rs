@@ -58,7 +58,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::BenchForward(args)) => bench_forward_command(&args),
         Some(Command::Testbed(args)) => {
             crate::testbed::require_root()?;
-            with_signals(true, move |stop| crate::bench::hold::hold(&args, &stop))?;
+            with_signals(true, move |stop| {
+                crate::bench::hold::hold(&args, crate::sys::linux(), &stop)
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Run(args)) => run_scenario_command(args),
@@ -154,6 +156,7 @@ fn bench_forward_command(args: &crate::cli::BenchForwardArgs) -> Result<ExitCode
         let mut bounce_header = !quiet;
         forward::run(
             &p,
+            crate::sys::linux(),
             &stop,
             |step| {
                 if !quiet {
@@ -203,7 +206,10 @@ fn run_scenario_command(args: crate::cli::RunArgs) -> Result<ExitCode> {
     }
     let quiet = args.quiet;
     with_signals(quiet, move |stop| {
-        let mut runner = crate::runner::ProbeCellRunner { stop: &stop };
+        let mut runner = crate::runner::ProbeCellRunner {
+            sys: crate::sys::linux(),
+            stop: &stop,
+        };
         let mut figures = crate::runner::PlotFigures;
         run_command(&args, Some(&mut runner), Some(&mut figures))?;
         Ok(if stop.load(Ordering::SeqCst) != 0 {
@@ -270,7 +276,7 @@ fn probe_command(args: &ProbeArgs) -> Result<ExitCode> {
         if let Some(url) = live.metrics_url() {
             eprintln!("rtprobe: serving metrics at {url}");
         }
-        let r = crate::runner::execute(&opts, &stop, &mut live);
+        let r = crate::runner::execute(&opts, crate::sys::linux(), &stop, &mut live);
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     })?;
@@ -347,7 +353,7 @@ fn run_command(
     sc.retain_sets(&args.sets)?;
     let is_root = nix::unistd::geteuid().is_root();
     let notes = if is_root {
-        sc.check_system(&mut crate::config::KernelCheck)?
+        sc.check_system(&mut crate::config::KernelCheck(crate::sys::linux()))?
     } else if args.check {
         vec!["kernel support (qdiscs) not checked: that needs root".to_string()]
     } else {

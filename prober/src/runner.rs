@@ -15,6 +15,7 @@ use crate::{
         remote::{ProtocolArg, RemoteOptions},
     },
     stats::Summary,
+    sys::SysRef,
     testbed::{Kind, Testbed},
     tune,
 };
@@ -79,10 +80,12 @@ pub fn check(opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs one probe session as `opts` says; `live` shows and serves it
-/// while it runs.
+/// Runs one probe session as `opts` says, every kernel change through
+/// `sys` (the real kernel from the command; the recording fake in tests
+/// of [`orchestrate`]); `live` shows and serves it while it runs.
 pub fn execute(
     opts: &RunOptions,
+    sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
@@ -94,47 +97,122 @@ pub fn execute(
         return crate::probe::remote::execute(opts, remote, stop, live);
     }
     crate::testbed::require_root()?;
-    check_stop(stop)?;
-    let testbed = match (&opts.tx_if, &opts.rx_if) {
-        (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
-        (None, None) => Testbed::veth()?,
+    let build = |sys: SysRef| match (&opts.tx_if, &opts.rx_if) {
+        (Some(t), Some(r)) => Testbed::nic_pair(sys, t, r, opts.force),
+        (None, None) => Testbed::veth(sys),
         _ => bail!("internal: NIC-pair mode without both interfaces passed `check`"),
     };
+    let mut loader = crate::ebpf::KernelLoader(sys.clone());
+    orchestrate(
+        sys,
+        &Frame::of(opts),
+        stop,
+        build,
+        &mut loader,
+        |testbed, prepared| probe_on(testbed, prepared, opts, remote, stop, live),
+    )
+}
+
+/// What the frame around a run's probe step takes from its options.
+pub(crate) struct Frame<'a> {
+    pub knobs: &'a tune::Knobs,
+    /// Where the queue sampler writes, if the knobs ask for one.
+    pub queue_csv: Option<&'a std::path::Path>,
+    pub xdp_mode: XdpMode,
+    pub xdp_action: crate::ebpf::XdpAction,
+}
+
+impl<'a> Frame<'a> {
+    pub(crate) fn of(opts: &'a RunOptions) -> Self {
+        Self {
+            knobs: &opts.knobs,
+            queue_csv: opts.queue_csv.as_deref(),
+            xdp_mode: opts.xdp_mode,
+            xdp_action: opts.xdp_action,
+        }
+    }
+}
+
+/// What the frame has set up on the testbed when the probe step runs.
+/// Fields drop in declaration order: on an error the XDP programs go
+/// first, then the knobs are put back (see [`on_testbed`]).
+pub(crate) struct Prepared<'tb> {
+    pub xdp: XdpSetup,
+    pub applied: Option<tune::Applied<'tb>>,
+}
+
+/// A testbed run end to end around its probe step: build the testbed
+/// (`build`, through `sys`), apply the knobs, attach XDP (programs from
+/// `loader`), run `probe`, detach, restore, tear down. Whatever it set up
+/// is undone on an error too, in the same order. [`execute`] runs it on
+/// the real kernel with the probe session; tests run it on the fake.
+pub(crate) fn orchestrate<T>(
+    sys: SysRef,
+    frame: &Frame<'_>,
+    stop: &AtomicU8,
+    build: impl FnOnce(SysRef) -> Result<Testbed>,
+    loader: &mut dyn crate::ebpf::Loader,
+    probe: impl for<'tb> FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<T>,
+) -> Result<T> {
+    check_stop(stop)?;
+    let testbed = build(sys)?;
     log::info!(
         "testbed {} ready: namespaces {}",
         testbed.id,
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
-    let out = probe_on(&testbed, opts, remote, stop, live)?;
+    let out = on_testbed(&testbed, frame, stop, loader, probe)?;
     // Explicit, so a failure to give interfaces back is reported.
     testbed.teardown()?;
     Ok(out)
 }
 
-/// Everything that happens on a built testbed: XDP, knobs, the probe
-/// session. Whatever it set up is undone before it returns, error or not.
-fn probe_on(
-    testbed: &Testbed,
+/// Knobs, XDP and the probe step on a built testbed. Whatever it set up
+/// is undone before it returns, error or not.
+fn on_testbed<'tb, T>(
+    testbed: &'tb Testbed,
+    frame: &Frame<'_>,
+    stop: &AtomicU8,
+    loader: &mut dyn crate::ebpf::Loader,
+    probe: impl FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<T>,
+) -> Result<T> {
+    // Knobs before XDP, undone after it: with a native XDP program on a
+    // veth the kernel pins some offloads (GSO), so they are changed and
+    // put back while no program is attached.
+    let mut applied = if frame.knobs.is_empty() {
+        None
+    } else {
+        Some(tune::apply(testbed, frame.knobs)?)
+    };
+    if let (Some(a), Some(q)) = (applied.as_mut(), frame.queue_csv) {
+        a.start_queue_sampler(q)?;
+    }
+    check_stop(stop)?;
+    let xdp =
+        crate::ebpf::attach_for_testbed_with(testbed, frame.xdp_mode, frame.xdp_action, loader)?;
+    let mut prepared = Prepared { xdp, applied };
+    check_stop(stop)?;
+    let out = probe(testbed, &mut prepared)?;
+    let Prepared { xdp, applied } = prepared;
+    xdp.detach().context("detach the XDP router")?;
+    if let Some(a) = applied {
+        a.restore().context("restore the knobs")?;
+    }
+    Ok(out)
+}
+
+/// The probe session on a testbed the frame prepared ([`orchestrate`]),
+/// and its summary.
+fn probe_on<'tb>(
+    testbed: &'tb Testbed,
+    prepared: &mut Prepared<'tb>,
     opts: &RunOptions,
     remote: &RemoteOptions,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
-    // Knobs before XDP, undone after it: with a native XDP program on a
-    // veth the kernel pins some offloads (GSO), so they are changed and
-    // put back while no program is attached.
-    let mut applied = if opts.knobs.is_empty() {
-        None
-    } else {
-        Some(tune::apply(testbed, &opts.knobs)?)
-    };
-    if let (Some(a), Some(q)) = (applied.as_mut(), &opts.queue_csv) {
-        a.start_queue_sampler(q)?;
-    }
-    check_stop(stop)?;
-    let mut xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
-    check_stop(stop)?;
+    let Prepared { xdp, applied } = prepared;
     let stamp = remote.protocol() == ProtocolArg::Stamp;
     let stamp_port = remote.port(opts.probe.port);
     let key = remote
@@ -146,13 +224,8 @@ fn probe_on(
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;
     let (src_ip, dst_ip) = (testbed.sender_if.ip(ip)?, testbed.receiver_if.ip(ip)?);
-    let (kernel_reflector, mut reflector_info) = choose_reflector(
-        &mut xdp,
-        testbed,
-        opts,
-        user_only,
-        stamp.then_some(stamp_port),
-    )?;
+    let (kernel_reflector, mut reflector_info) =
+        choose_reflector(xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
         port: if stamp { stamp_port } else { opts.probe.port },
@@ -231,6 +304,7 @@ fn probe_on(
         .collect();
     let mut main_observer = live.main_observer(&main_cfg, &target(&main_cfg), &meta)?;
     let ep = Endpoints {
+        sys: testbed.sys(),
         sender_ns: &testbed.sender,
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
@@ -399,10 +473,6 @@ fn probe_on(
             );
         }
     }
-    xdp.detach().context("detach the XDP router")?;
-    if let Some(a) = applied {
-        a.restore().context("restore the knobs")?;
-    }
     Ok(RunOutcome {
         summary,
         meta,
@@ -509,6 +579,7 @@ pub fn mode_name(m: XdpMode) -> &'static str {
 
 /// Runs scenario cells for `rtprobe run`: each cell is one [`execute`].
 pub struct ProbeCellRunner<'a> {
+    pub sys: SysRef,
     pub stop: &'a AtomicU8,
 }
 
@@ -525,7 +596,7 @@ impl crate::config::CellRunner for ProbeCellRunner<'_> {
         check(opts)?;
         let mut live =
             crate::export::live::Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
-        let out = execute(opts, self.stop, &mut live)?;
+        let out = execute(opts, self.sys.clone(), self.stop, &mut live)?;
         let json = crate::export::json::write_summary(&cell.json, &out.summary).err();
         if let Some(e) = failed_outputs(out.output_error.as_deref(), json.as_ref()) {
             bail!("{e} (the summary covers every probe sent)");

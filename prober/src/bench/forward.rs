@@ -44,6 +44,7 @@ use crate::{
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
+    sys::SysRef,
     testbed::Testbed,
 };
 
@@ -657,6 +658,7 @@ fn run_probe(
     };
     let mut csv = CsvWriter::create(&path, &meta)?;
     let ep = Endpoints {
+        sys: tb.sys(),
         sender_ns: &tb.sender,
         receiver_ns: &tb.receiver,
         sender_if: &tb.sender_if,
@@ -790,9 +792,9 @@ fn run_step(
 }
 
 /// Builds the testbed for one mode and prepares the receive paths.
-fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
+fn testbed_for(sys: SysRef, variant: Variant, plan: &Plan) -> Result<ModeBed> {
     let mode = variant.mode;
-    let tb = Testbed::veth()?;
+    let tb = Testbed::veth(sys)?;
     let router = tb
         .router
         .as_ref()
@@ -902,6 +904,7 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 /// Runs the whole plan. `progress` gets each step as it finishes.
 pub fn run(
     plan: &Plan,
+    sys: SysRef,
     stop: &AtomicU8,
     mut progress: impl FnMut(&StepResult),
     mut bounce_progress: impl FnMut(&super::bounce::BounceStep),
@@ -912,7 +915,7 @@ pub fn run(
     let mut testbed_ids = Vec::new();
     for &variant in &plan.variants {
         check_stop(stop)?;
-        let bed = testbed_for(variant, plan).with_context(|| {
+        let bed = testbed_for(sys.clone(), variant, plan).with_context(|| {
             format!(
                 "preparing the testbed for {}",
                 variant_label(variant.mode, variant.work)

@@ -52,8 +52,8 @@ fn name(i: &Option<Iface>) -> String {
 }
 
 /// Builds, announces, holds, tears down.
-pub fn hold(args: &TestbedArgs, stop: &AtomicU8) -> Result<()> {
-    let tb = Testbed::veth()?;
+pub fn hold(args: &TestbedArgs, sys: crate::sys::SysRef, stop: &AtomicU8) -> Result<()> {
+    let tb = Testbed::veth(sys)?;
     let xdp = crate::ebpf::attach_for_testbed(&tb, args.xdp_mode, args.xdp_action)?;
     let info = HeldTestbed {
         id: tb.id.clone(),

@@ -155,6 +155,8 @@ impl std::fmt::Debug for ProbeConfig {
 
 /// Where probes go from and to.
 pub struct Endpoints<'a> {
+    /// The kernel layer that reads the namespaces' drop counters.
+    pub sys: &'a dyn crate::sys::Sys,
     pub sender_ns: &'a Netns,
     pub receiver_ns: &'a Netns,
     pub sender_if: &'a Iface,
@@ -345,7 +347,8 @@ pub fn run_session(
     let attempts = AtomicU64::new(0);
     let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
     let (tx_sock, rx_sock, done_ref, attempts_ref) = (&tx_sock, &rx_sock, &done, &attempts);
-    let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let drops_before =
+        kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
 
     let result = std::thread::scope(|s| {
         let foreign = warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
@@ -413,7 +416,8 @@ pub fn run_session(
         }
     }
     let (mut stats, late_arrivals, output_error) = result?;
-    let drops_after = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let drops_after =
+        kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
     stats.set_attempts(attempts.load(Ordering::SeqCst));
     Ok(SessionOutcome {
         stats,

@@ -330,6 +330,9 @@ pub trait Sys: Send + Sync {
     fn delete_netns(&self, name: &str) -> Result<()>;
     /// Named namespaces present (what `ip netns list` shows).
     fn netns_list(&self) -> Vec<String>;
+    /// A handle on an existing named namespace (not owned: dropping it
+    /// deletes nothing), for threads that enter it (sockets, loads).
+    fn open_netns(&self, name: &str) -> Result<Netns>;
 
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>>;
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;

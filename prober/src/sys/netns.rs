@@ -81,6 +81,20 @@ impl Netns {
         })
     }
 
+    /// A handle named `name` on this process's own namespace, not owned:
+    /// what the fake kernel hands out for the namespaces of its model.
+    #[cfg(test)]
+    pub(crate) fn stand_in(name: &str) -> Result<Self> {
+        let path = PathBuf::from("/proc/self/ns/net");
+        let file = File::open(&path).context("open this process's network namespace")?;
+        Ok(Self {
+            name: name.to_string(),
+            path,
+            file,
+            owned: false,
+        })
+    }
+
     /// The calling thread's namespace, not owned (never deleted): for
     /// attaching programs where rtprobe runs (`rtprobe reflect --kernel`).
     pub fn current() -> Result<Self> {

@@ -253,6 +253,10 @@ impl Sys for LinuxSys {
         netns::list()
     }
 
+    fn open_netns(&self, name: &str) -> Result<netns::Netns> {
+        netns::Netns::open(name)
+    }
+
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>> {
         let name = name.to_string();
         self.on(ns, move |c| c.nl.link(&name))

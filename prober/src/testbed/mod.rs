@@ -511,13 +511,24 @@ pub fn build_nic_pair(
 }
 
 impl Testbed {
-    /// Builds sender -> router -> receiver with two veth pairs.
-    pub fn veth() -> Result<Self> {
+    /// Builds sender -> router -> receiver with two veth pairs through
+    /// `sys`, recorded in /run/rtprobe for `rtprobe cleanup`.
+    pub fn veth(sys: SysRef) -> Result<Self> {
         require_root()?;
-        let sys: SysRef = crate::sys::linux();
         record::mention_stale();
         let id = new_id();
-        let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::Veth)?));
+        let record = record::Record::new(&id, Kind::Veth)?;
+        Self::veth_recorded(sys, id, Some(record))
+    }
+
+    /// [`Testbed::veth`] with the id and the durable record (None: none)
+    /// chosen by the caller: what the orchestration tests build on the fake.
+    pub(crate) fn veth_recorded(
+        sys: SysRef,
+        id: String,
+        record: Option<record::Record>,
+    ) -> Result<Self> {
+        let mut undo = Undo::new(sys.clone(), record);
         let l = build_veth(sys.as_ref(), &id, &mut undo)?;
         let iface = |name: &str, ifindex, addr, addr6| Iface {
             name: name.to_string(),
@@ -543,9 +554,9 @@ impl Testbed {
                 ROUTER_OUT_ADDR,
                 ROUTER_OUT_ADDR6,
             )),
-            sender: Netns::open(&l.sender)?,
-            receiver: Netns::open(&l.receiver)?,
-            router: Some(Netns::open(&l.router)?),
+            sender: sys.open_netns(&l.sender)?,
+            receiver: sys.open_netns(&l.receiver)?,
+            router: Some(sys.open_netns(&l.router)?),
             undo,
             sys,
         })
@@ -556,9 +567,8 @@ impl Testbed {
     /// with their addresses (IPv4 and IPv6), routes, MTU, up/down state and
     /// offloads, when the testbed is dropped. An interface that carries a
     /// default route or the current SSH session is refused unless `force`.
-    pub fn nic_pair(tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
+    pub fn nic_pair(sys: SysRef, tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
         require_root()?;
-        let sys: SysRef = crate::sys::linux();
         record::mention_stale();
         let id = new_id();
         let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::NicPair)?));
@@ -582,8 +592,8 @@ impl Testbed {
             },
             router_in: None,
             router_out: None,
-            sender: Netns::open(&l.sender)?,
-            receiver: Netns::open(&l.receiver)?,
+            sender: sys.open_netns(&l.sender)?,
+            receiver: sys.open_netns(&l.receiver)?,
             router: None,
             undo,
             sys,
@@ -595,6 +605,7 @@ impl Testbed {
     #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_parts(
+        sys: SysRef,
         id: String,
         sender: Netns,
         receiver: Netns,
@@ -609,7 +620,6 @@ impl Testbed {
         } else {
             Kind::NicPair
         };
-        let sys: SysRef = crate::sys::linux();
         Self {
             id,
             kind,

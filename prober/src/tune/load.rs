@@ -388,8 +388,8 @@ impl<'de> Deserialize<'de> for LoadSpec {
 
 /// Congestion controls the kernel has (the list is the same in every
 /// namespace: it names the registered modules).
-pub fn available_cc() -> Result<Vec<String>> {
-    let s = crate::sys::linux_static().sysctl(
+pub fn available_cc(sys: &dyn Sys) -> Result<Vec<String>> {
+    let s = sys.sysctl(
         crate::sys::Ns::Host,
         "net.ipv4.tcp_available_congestion_control",
     )?;
@@ -632,6 +632,8 @@ pub struct Load {
 
 /// Where the load goes and what "100 %" is.
 pub struct LoadTarget<'a> {
+    /// The kernel layer, for the namespaces' congestion control settings.
+    pub sys: &'a dyn Sys,
     pub sender: &'a Netns,
     pub receiver: &'a Netns,
     pub dst: Ipv4Addr,
@@ -757,7 +759,7 @@ fn set_cc(fd: &impl AsRawFd, cc: &str) -> Result<()> {
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
-        let avail = available_cc().unwrap_or_default();
+        let avail = available_cc(crate::sys::linux_static()).unwrap_or_default();
         return Err(match check_cc(cc, &avail) {
             Err(m) => anyhow!(m),
             Ok(()) => anyhow!("TCP_CONGESTION {cc}: {e}"),
@@ -878,7 +880,7 @@ fn start_tcp(
             kind: "tcp",
             spec: spec.to_string(),
             port,
-            cc: cc.clone().or_else(|| default_cc(t.sender).ok()),
+            cc: cc.clone().or_else(|| default_cc(t.sys, t.sender).ok()),
             target_bps: per_flow.map(|r| r.bps),
             udp_size: 0,
             counters: c,
@@ -955,7 +957,7 @@ fn start_fetch(
         kind: "fetch",
         spec: spec.to_string(),
         port,
-        cc: p_cc_or_default(spec, t.sender),
+        cc: p_cc_or_default(spec, t.sys, t.sender),
         target_bps: None,
         udp_size: 0,
         counters: c,
@@ -971,10 +973,10 @@ fn start_fetch(
     Ok(())
 }
 
-fn p_cc_or_default(spec: &LoadSpec, sender: &Netns) -> Option<String> {
+fn p_cc_or_default(spec: &LoadSpec, sys: &dyn Sys, sender: &Netns) -> Option<String> {
     spec.cc()
         .map(str::to_string)
-        .or_else(|| default_cc(sender).ok())
+        .or_else(|| default_cc(sys, sender).ok())
 }
 
 /// Serves one fetch at a time: reads the 8-byte request (the page size,
@@ -1150,8 +1152,8 @@ fn fetch_once(
 
 /// The congestion control new TCP sockets of `ns` get (per namespace
 /// since Linux 4.15).
-fn default_cc(ns: &Netns) -> Result<String> {
-    crate::sys::linux_static().sysctl(ns.into(), "net.ipv4.tcp_congestion_control")
+fn default_cc(sys: &dyn Sys, ns: &Netns) -> Result<String> {
+    sys.sysctl(ns.into(), "net.ipv4.tcp_congestion_control")
 }
 
 fn tcp_writer(mut s: TcpStream, _c: &Counters, stop: &AtomicBool) -> Result<()> {

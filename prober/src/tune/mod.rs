@@ -839,6 +839,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             None => 1000 * 4096,
         };
         let target = load::LoadTarget {
+            sys: tb.sys(),
             sender: &tb.sender,
             receiver: &tb.receiver,
             dst: tb.receiver_if.addr,
