@@ -684,3 +684,6 @@ impl StampReflector {
             .map_err(|_| anyhow::anyhow!("the STAMP reflector thread panicked"))?
     }
 }
+
+#[cfg(test)]
+mod orchestrate_tests;
