@@ -40,7 +40,10 @@ use super::{
     perf::{self, PerfFigures},
     xdp::{BenchProgram, Hook},
 };
-use crate::{sys::Netns, testbed::NS_PREFIX};
+use crate::{
+    sys::{Netns, Ns, Sys},
+    testbed::NS_PREFIX,
+};
 
 const LOAD_PORT: u16 = 9;
 /// Packet size of the bounce steps (the thesis's smallest, where the
@@ -79,9 +82,32 @@ pub struct BounceStep {
     pub perf: Option<PerfFigures>,
 }
 
+/// A namespace the bench made through the kernel layer; deleted on drop.
+struct OwnedNs<'s> {
+    sys: &'s dyn Sys,
+    name: String,
+}
+
+impl<'s> OwnedNs<'s> {
+    fn create(sys: &'s dyn Sys, name: String) -> Result<Self> {
+        sys.create_netns(&name)?;
+        Ok(Self { sys, name })
+    }
+}
+
+impl Drop for OwnedNs<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.sys.delete_netns(&self.name) {
+            log::warn!("could not delete network namespace {}: {e:#}", self.name);
+        }
+    }
+}
+
 /// The two namespaces and the veth between them; removed on drop (the
 /// veth goes with its namespaces).
-struct BounceBed {
+struct BounceBed<'s> {
+    /// Deleted when the bed drops, after the handles below.
+    _owned: [OwnedNs<'s>; 2],
     gen_ns: Netns,
     dut_ns: Netns,
     gen_if: String,
@@ -94,21 +120,20 @@ struct BounceBed {
     napi_tids: Vec<i32>,
 }
 
-impl BounceBed {
-    fn build(queues: u32, seq: usize) -> Result<Self> {
+impl<'s> BounceBed<'s> {
+    fn build(sys: &'s dyn Sys, queues: u32, seq: usize) -> Result<Self> {
         let pid = std::process::id();
-        let gen_ns = Netns::create(&format!("{NS_PREFIX}bounce-{pid}-{seq}-gen"))?;
-        let dut_ns = Netns::create(&format!("{NS_PREFIX}bounce-{pid}-{seq}-dut"))?;
+        let owned = [
+            OwnedNs::create(sys, format!("{NS_PREFIX}bounce-{pid}-{seq}-gen"))?,
+            OwnedNs::create(sys, format!("{NS_PREFIX}bounce-{pid}-{seq}-dut"))?,
+        ];
+        let gen_ns = sys.open_netns(&owned[0].name)?;
+        let dut_ns = sys.open_netns(&owned[1].name)?;
         // Interface names: 15 bytes at most, unique on the machine (the
         // NAPI threads are named after them).
         let tag = format!("{:x}{seq}", pid % 0xffff);
         let (gen_if, dut_if) = (format!("xbg{tag}"), format!("xbd{tag}"));
-        use crate::sys::Sys as _;
-        let sys = crate::sys::linux_static();
-        let (g, d) = (
-            crate::sys::Ns::Named(gen_ns.name()),
-            crate::sys::Ns::Named(dut_ns.name()),
-        );
+        let (g, d) = (Ns::Named(gen_ns.name()), Ns::Named(dut_ns.name()));
         sys.add_veth_queues(g, &gen_if, &dut_if, queues)?;
         sys.move_link(g, &dut_if, d)?;
         sys.set_up(g, &gen_if, true)?;
@@ -116,25 +141,27 @@ impl BounceBed {
         // NAPI on the DUT end (GRO, as on the router's ingress), so frames
         // redirected into the pair are taken in every hook, and one
         // kernel thread per queue.
-        links::set_gro(&dut_ns, &dut_if, true)?;
+        links::set_gro(sys, &dut_ns, &dut_if, true)?;
         let before = links::napi_threads(&dut_if);
-        links::set_threaded_napi(&dut_ns, &dut_if, true)?;
+        links::set_threaded_napi(sys, &dut_ns, &dut_if, true)?;
         let mut napi_tids: Vec<i32> = links::napi_threads(&dut_if)
             .into_iter()
             .filter(|t| !before.contains(t))
             .collect();
         // Queue order is NAPI id order (`napi/DEV-ID`), not thread id order.
         napi_tids.sort_by_key(|&t| napi_id(t));
-        let gen_mac = links::link_state(&gen_ns, &gen_if)?.1;
-        let dut_mac = links::link_state(&dut_ns, &dut_if)?.1;
-        let gi = gen_if.clone();
-        let gen_ifindex = gen_ns.run(move || {
-            nix::net::if_::if_nametoindex(gi.as_str()).context("generator interface")
-        })?;
-        let di = dut_if.clone();
-        let dut_ifindex = dut_ns
-            .run(move || nix::net::if_::if_nametoindex(di.as_str()).context("DUT interface"))?;
+        let gen_mac = links::link_state(sys, &gen_ns, &gen_if)?.1;
+        let dut_mac = links::link_state(sys, &dut_ns, &dut_if)?.1;
+        let ifindex = |ns, dev: &str, what: &str| -> Result<u32> {
+            Ok(sys
+                .link(ns, dev)?
+                .with_context(|| format!("{what} interface {dev} not found"))?
+                .index)
+        };
+        let gen_ifindex = ifindex(g, &gen_if, "generator")?;
+        let dut_ifindex = ifindex(d, &dut_if, "DUT")?;
         Ok(Self {
+            _owned: owned,
             dut_ifindex,
             gen_ns,
             dut_ns,
@@ -168,12 +195,13 @@ fn pin_to(cpu: usize) -> Result<()> {
 /// One flat-out step: the generator on every CPU for `plan.step`.
 fn step(
     plan: &Plan,
+    sys: &dyn Sys,
     hook: BounceHook,
     queues: u32,
     seq: usize,
     stop: &AtomicU8,
 ) -> Result<BounceStep> {
-    let bed = BounceBed::build(queues, seq)?;
+    let bed = BounceBed::build(sys, queues, seq)?;
     let mut sink = BenchProgram::sink(LOAD_PORT)?;
     sink.attach(&bed.gen_ns, &bed.gen_if, Hook::Native)?;
     let (mut dut, dut_hook) = match hook {
@@ -319,6 +347,7 @@ fn step(
 /// Every hook at every queue count.
 pub fn run(
     plan: &Plan,
+    sys: &dyn Sys,
     stop: &AtomicU8,
     progress: &mut impl FnMut(&BounceStep),
 ) -> Result<Vec<BounceStep>> {
@@ -330,7 +359,7 @@ pub fn run(
                 bail!("interrupted; the bounce namespaces were removed");
             }
             seq += 1;
-            let r = step(plan, hook, queues, seq, stop)
+            let r = step(plan, sys, hook, queues, seq, stop)
                 .with_context(|| format!("bounce step {hook} with {queues} queue(s)"))?;
             progress(&r);
             out.push(r);

@@ -44,7 +44,7 @@ use crate::{
     export::{CsvWriter, RunMeta},
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
-    sys::SysRef,
+    sys::{Offload, SysRef},
     testbed::Testbed,
 };
 
@@ -482,8 +482,13 @@ impl ModeBed {
             .context("the veth testbed has a router")?;
         let rin = self.tb.router_in.as_ref().context("router ingress")?;
         Ok(Snapshot {
-            router_in: links::link_state(router, &rin.name)?.0,
-            receiver: links::link_state(&self.tb.receiver, &self.tb.receiver_if.name)?.0,
+            router_in: links::link_state(self.tb.sys(), router, &rin.name)?.0,
+            receiver: links::link_state(
+                self.tb.sys(),
+                &self.tb.receiver,
+                &self.tb.receiver_if.name,
+            )?
+            .0,
             xdp: match &self.work {
                 Some((prog, _)) => prog.router_counters()?,
                 None => self.xdp.counters()?,
@@ -544,6 +549,7 @@ fn run_load(
         keep: (pps / full.generator_pps.max(1.0)).min(1.0),
     });
     let tb = &bed.tb;
+    let sys = tb.sys();
     let router = tb
         .router
         .as_ref()
@@ -566,7 +572,7 @@ fn run_load(
                 let r = match plan.generator {
                     Generator::Xdp => {
                         loadgen::run_live(ifindex, frame_bytes, live_target, duration, halt, || {
-                            Ok(ingress_total(&links::link_state(router, rin)?.0))
+                            Ok(ingress_total(&links::link_state(sys, router, rin)?.0))
                         })
                         .map(|runs| {
                             count.fetch_add(runs, Ordering::Relaxed);
@@ -805,12 +811,12 @@ fn testbed_for(sys: SysRef, variant: Variant, plan: &Plan) -> Result<ModeBed> {
         .context("router ingress")?
         .name
         .clone();
-    links::set_gro(router, &rin, true)?;
-    links::set_gro(&tb.receiver, &tb.receiver_if.name, true)?;
+    links::set_gro(tb.sys(), router, &rin, true)?;
+    links::set_gro(tb.sys(), &tb.receiver, &tb.receiver_if.name, true)?;
     let mut napi_tids = Vec::new();
     if plan.threaded_napi {
         let before = links::napi_threads(&rin);
-        links::set_threaded_napi(router, &rin, true)?;
+        links::set_threaded_napi(tb.sys(), router, &rin, true)?;
         // Ours are the ones that were not there before (other testbeds
         // may have a veth of the same name).
         napi_tids = links::napi_threads(&rin)
@@ -836,9 +842,13 @@ fn testbed_for(sys: SysRef, variant: Variant, plan: &Plan) -> Result<ModeBed> {
         Sink::Xdp => {
             // Probes cross a native XDP program now: local UDP must leave
             // with a full checksum (the testbed goes away with the mode).
-            let snd = tb.sender_if.name.clone();
-            tb.sender
-                .run(|| crate::testbed::ethtool::set_tx_csum(&snd, false))
+            tb.sys()
+                .set_offload(
+                    (&tb.sender).into(),
+                    &tb.sender_if.name,
+                    Offload::TxCsum,
+                    false,
+                )
                 .context("TX checksum offload off on the sender (for the XDP sink)")?;
             Some(super::sink::Sink::attach(
                 &tb.receiver,
@@ -847,8 +857,8 @@ fn testbed_for(sys: SysRef, variant: Variant, plan: &Plan) -> Result<ModeBed> {
             )?)
         }
     };
-    let router_mac = links::link_state(router, &rin)?.1;
-    let sender_mac = links::link_state(&tb.sender, &tb.sender_if.name)?.1;
+    let router_mac = links::link_state(tb.sys(), router, &rin)?.1;
+    let sender_mac = links::link_state(tb.sys(), &tb.sender, &tb.sender_if.name)?.1;
     Ok(ModeBed {
         _sink: sink,
         work,
@@ -882,8 +892,9 @@ fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchPr
         (&tb.sender, &tb.sender_if.name),
         (&tb.receiver, &tb.receiver_if.name),
     ] {
-        links::set_gro(ns, ifname, true)?;
-        ns.run(|| crate::testbed::ethtool::set_tx_csum(ifname, false))
+        links::set_gro(tb.sys(), ns, ifname, true)?;
+        tb.sys()
+            .set_offload(ns.into(), ifname, Offload::TxCsum, false)
             .with_context(|| format!("TX checksum offload off on {ifname} (for native XDP)"))?;
     }
     let mut prog = BenchProgram::router_work(n)?;
@@ -958,7 +969,7 @@ pub fn run(
     }
     let mut bounce = Vec::new();
     if !plan.bounce.is_empty() {
-        bounce = super::bounce::run(plan, stop, &mut bounce_progress)?;
+        bounce = super::bounce::run(plan, sys.as_ref(), stop, &mut bounce_progress)?;
     }
     if stop.load(Ordering::SeqCst) >= STOP_NOW {
         bail!("interrupted");
