@@ -41,7 +41,7 @@ use super::{
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    sys::{Netns, Ns, Sys},
+    sys::{Netns, Ns, Sys, SysRef},
     testbed::NS_PREFIX,
 };
 
@@ -106,8 +106,6 @@ impl Drop for OwnedNs<'_> {
 /// The two namespaces and the veth between them; removed on drop (the
 /// veth goes with its namespaces).
 struct BounceBed<'s> {
-    /// Deleted when the bed drops, after the handles below.
-    _owned: [OwnedNs<'s>; 2],
     gen_ns: Netns,
     dut_ns: Netns,
     gen_if: String,
@@ -118,6 +116,8 @@ struct BounceBed<'s> {
     dut_mac: [u8; 6],
     /// DUT NAPI threads, one per queue, in queue order.
     napi_tids: Vec<i32>,
+    /// Deleted when the bed drops (fields drop in order: last).
+    _owned: [OwnedNs<'s>; 2],
 }
 
 impl<'s> BounceBed<'s> {
@@ -161,7 +161,6 @@ impl<'s> BounceBed<'s> {
         let gen_ifindex = ifindex(g, &gen_if, "generator")?;
         let dut_ifindex = ifindex(d, &dut_if, "DUT")?;
         Ok(Self {
-            _owned: owned,
             dut_ifindex,
             gen_ns,
             dut_ns,
@@ -171,6 +170,7 @@ impl<'s> BounceBed<'s> {
             gen_mac,
             dut_mac,
             napi_tids,
+            _owned: owned,
         })
     }
 }
@@ -195,21 +195,21 @@ fn pin_to(cpu: usize) -> Result<()> {
 /// One flat-out step: the generator on every CPU for `plan.step`.
 fn step(
     plan: &Plan,
-    sys: &dyn Sys,
+    sys: &SysRef,
     hook: BounceHook,
     queues: u32,
     seq: usize,
     stop: &AtomicU8,
 ) -> Result<BounceStep> {
-    let bed = BounceBed::build(sys, queues, seq)?;
+    let bed = BounceBed::build(sys.as_ref(), queues, seq)?;
     let mut sink = BenchProgram::sink(LOAD_PORT)?;
-    sink.attach(&bed.gen_ns, &bed.gen_if, Hook::Native)?;
+    sink.attach(sys.clone(), &bed.gen_ns, &bed.gen_if, Hook::Native)?;
     let (mut dut, dut_hook) = match hook {
         BounceHook::Skb => (BenchProgram::bounce(0)?, Hook::Skb),
         BounceHook::Native => (BenchProgram::bounce(0)?, Hook::Native),
         BounceHook::Afxdp => (BenchProgram::xsk()?, Hook::Native),
     };
-    dut.attach(&bed.dut_ns, &bed.dut_if, dut_hook)?;
+    dut.attach(sys.clone(), &bed.dut_ns, &bed.dut_if, dut_hook)?;
     // The DUT's threads one above the generator, as if it had its own
     // cores: they take the CPU whenever frames wait.
     let dut_prio = plan.rt_priority.map(|p| p.saturating_add(1).min(99));
@@ -347,7 +347,7 @@ fn step(
 /// Every hook at every queue count.
 pub fn run(
     plan: &Plan,
-    sys: &dyn Sys,
+    sys: &SysRef,
     stop: &AtomicU8,
     progress: &mut impl FnMut(&BounceStep),
 ) -> Result<Vec<BounceStep>> {

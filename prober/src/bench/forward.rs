@@ -851,6 +851,7 @@ fn testbed_for(sys: SysRef, variant: Variant, plan: &Plan) -> Result<ModeBed> {
                 )
                 .context("TX checksum offload off on the sender (for the XDP sink)")?;
             Some(super::sink::Sink::attach(
+                tb.sys_ref(),
                 &tb.receiver,
                 &tb.receiver_if.name,
                 SINK_PORT,
@@ -899,8 +900,8 @@ fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchPr
     }
     let mut prog = BenchProgram::router_work(n)?;
     for ifname in [rin, rout] {
-        prog.add_egress(router, ifname)?;
-        prog.attach(router, ifname, hook)?;
+        prog.add_egress(tb.sys(), router, ifname)?;
+        prog.attach(tb.sys_ref(), router, ifname, hook)?;
     }
     Ok(prog)
 }
@@ -969,7 +970,7 @@ pub fn run(
     }
     let mut bounce = Vec::new();
     if !plan.bounce.is_empty() {
-        bounce = super::bounce::run(plan, sys.as_ref(), stop, &mut bounce_progress)?;
+        bounce = super::bounce::run(plan, &sys, stop, &mut bounce_progress)?;
     }
     if stop.load(Ordering::SeqCst) >= STOP_NOW {
         bail!("interrupted");

@@ -25,9 +25,9 @@
 //! (`probe::phc`, /dev/ptpN), which act on sockets and devices the probe
 //! owns rather than on network configuration; the queue sampler's own
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
-//! sample through the worker costs ten times as much); `bench`'s own veth
-//! set-up and AF_XDP sockets (its link counters, GRO and threaded NAPI do
-//! go through [`linux_static`]).
+//! sample through the worker costs ten times as much); `bench`'s AF_XDP
+//! sockets, its load generator's BPF_PROG_TEST_RUN and the scheduling of
+//! its threads (affinity, SCHED_FIFO), which act on the calling thread.
 //!
 //! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
 //! setns) are made in [`netns`], which [`LinuxSys`] uses for
@@ -47,7 +47,7 @@ pub mod tc;
 use std::{
     fmt,
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, RwLock},
 };
 
 use anyhow::Result;
@@ -223,24 +223,34 @@ pub enum XdpFlags {
 /// that its worker of a namespace can attach the object's XDP programs and
 /// write its device maps there. Tests use a stand-in holding no object.
 #[derive(Clone)]
-pub struct BpfObject(Arc<Mutex<Option<aya::Ebpf>>>);
+pub struct BpfObject(Arc<RwLock<Option<aya::Ebpf>>>);
 
 impl BpfObject {
     pub fn new(ebpf: aya::Ebpf) -> Self {
-        Self(Arc::new(Mutex::new(Some(ebpf))))
+        Self(Arc::new(RwLock::new(Some(ebpf))))
     }
 
     /// An object that was never loaded, for orchestration tests against
     /// the fake (which never looks inside).
     #[cfg(test)]
     pub fn stand_in() -> Self {
-        Self(Arc::new(Mutex::new(None)))
+        Self(Arc::new(RwLock::new(None)))
     }
 
-    /// Runs `f` on the loaded object.
+    /// Runs `f` on the loaded object (attach, map updates: one at a time).
     pub fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.0.write().unwrap_or_else(|p| p.into_inner());
         match g.as_mut() {
+            Some(e) => f(e),
+            None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
+        }
+    }
+
+    /// Runs `f` on the loaded object without excluding other readers: the
+    /// bench's generator threads run one program side by side.
+    pub fn with_shared<T>(&self, f: impl FnOnce(&aya::Ebpf) -> Result<T>) -> Result<T> {
+        let g = self.0.read().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
             Some(e) => f(e),
             None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
         }
