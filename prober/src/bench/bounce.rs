@@ -548,3 +548,101 @@ mod tests {
         );
     }
 }
+
+/// The bounce device's set-up against the recording fake: no root.
+#[cfg(test)]
+mod fake_tests {
+    use super::*;
+    use crate::sys::{
+        Offload,
+        fake::{Call, FakeSys},
+    };
+
+    const SEQ: usize = 3;
+
+    /// The namespaces and interfaces `BounceBed::build` names for `SEQ`.
+    fn names() -> (String, String, String, String) {
+        let pid = std::process::id();
+        let tag = format!("{:x}{SEQ}", pid % 0xffff);
+        (
+            format!("{NS_PREFIX}bounce-{pid}-{SEQ}-gen"),
+            format!("{NS_PREFIX}bounce-{pid}-{SEQ}-dut"),
+            format!("xbg{tag}"),
+            format!("xbd{tag}"),
+        )
+    }
+
+    /// A fake kernel with the sysfs files the bed reads and writes.
+    fn kernel() -> FakeSys {
+        let f = FakeSys::new();
+        let (g, d, gi, di) = names();
+        for (ns, dev, mac) in [
+            (&g, &gi, "02:00:00:00:00:01"),
+            (&d, &di, "02:00:00:00:00:02"),
+        ] {
+            let ns = Ns::Named(ns);
+            for c in ["rx_packets", "tx_packets", "rx_dropped", "tx_dropped"] {
+                f.with_file(ns, &format!("sysfs:class/net/{dev}/statistics/{c}"), "0");
+            }
+            f.with_file(ns, &format!("sysfs:class/net/{dev}/address"), mac);
+        }
+        f.with_file(
+            Ns::Named(&d),
+            &format!("sysfs:class/net/{di}/threaded"),
+            "0",
+        );
+        f
+    }
+
+    #[test]
+    fn the_bed_is_built_and_removed_through_the_kernel_layer() {
+        let f = kernel();
+        let (g, d, gi, di) = names();
+        {
+            let bed = BounceBed::build(&f, 4, SEQ).unwrap();
+            assert_eq!(bed.dut_mac, [2, 0, 0, 0, 0, 2]);
+            assert_eq!(bed.gen_ns.name(), g);
+            assert_eq!(
+                (bed.gen_ifindex, bed.dut_ifindex),
+                (
+                    f.link_state(Ns::Named(&g), &gi).unwrap().index,
+                    f.link_state(Ns::Named(&d), &di).unwrap().index
+                )
+            );
+        }
+        assert_eq!(
+            f.changes(),
+            vec![
+                Call::CreateNetns(g.clone()),
+                Call::CreateNetns(d.clone()),
+                Call::AddVethQueues(g.clone(), gi.clone(), di.clone(), 4),
+                Call::MoveLink(g.clone(), di.clone(), d.clone()),
+                Call::SetUp(g.clone(), gi.clone(), true),
+                Call::SetUp(d.clone(), di.clone(), true),
+                Call::SetOffload(d.clone(), di.clone(), Offload::Gro, true),
+                Call::SysfsWrite(d.clone(), format!("class/net/{di}/threaded"), "1".into()),
+                Call::DeleteNetns(g),
+                Call::DeleteNetns(d),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_step_still_removes_both_namespaces() {
+        let f = kernel();
+        let (g, d, ..) = names();
+        f.fail_when(|c| matches!(c, Call::SysfsWrite(_, p, _) if p.ends_with("/threaded")));
+        let e = match BounceBed::build(&f, 1, SEQ) {
+            Err(e) => e,
+            Ok(_) => panic!("threaded NAPI was refused"),
+        };
+        assert!(format!("{e:#}").contains("Linux >= 5.12"), "{e:#}");
+        let deleted: Vec<Call> = f
+            .changes()
+            .into_iter()
+            .filter(|c| matches!(c, Call::DeleteNetns(_)))
+            .collect();
+        assert_eq!(deleted, vec![Call::DeleteNetns(g), Call::DeleteNetns(d)]);
+        assert!(f.netns_list().is_empty());
+    }
+}
