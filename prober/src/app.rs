@@ -64,7 +64,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Run(args)) => run_scenario_command(args),
-        Some(Command::Cleanup(args)) => crate::testbed::record::cleanup_command(&args),
+        Some(Command::Cleanup(args)) => {
+            crate::testbed::record::cleanup_command(&args, crate::sys::linux().as_ref())
+        }
         Some(Command::Reflect(args)) => crate::probe::reflect::command(&args),
         Some(Command::Compare(args)) => compare_command(&args),
         Some(Command::Completions(args)) => {

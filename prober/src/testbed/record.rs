@@ -265,13 +265,13 @@ pub struct CleanupArgs {
     pub dry_run: bool,
 }
 
-pub fn cleanup_command(args: &CleanupArgs) -> Result<std::process::ExitCode> {
+/// `rtprobe cleanup` through `sys`.
+pub fn cleanup_command(args: &CleanupArgs, sys: &dyn Sys) -> Result<std::process::ExitCode> {
     if !args.dry_run {
         super::require_root()?;
     }
-    let sys = crate::sys::linux();
     cleanup(
-        sys.as_ref(),
+        sys,
         Path::new(RUN_DIR),
         args.dry_run,
         &mut std::io::stdout().lock(),
