@@ -5,7 +5,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rtprobe::{
-    export::{ProbeRecord, TsSource, csv::format_row},
+    export::csv::format_row,
+    model::record::{ProbeRecord, TsSource},
     probe::{
         cmsg::{self, ExtErr, SCM_TSTAMP_SND, SO_EE_ORIGIN_TIMESTAMPING, TxKind},
         matcher::{Event, Expect, Matcher},

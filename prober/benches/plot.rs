@@ -27,9 +27,15 @@ use std::{
 };
 
 use criterion::{Criterion, SamplingMode, criterion_group};
-use rtprobe::export::{
-    csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, TsSource},
-    plot::{self, FigureKind, PlotOptions},
+use rtprobe::{
+    export::{
+        csv::{CsvWriter, META_PREFIX},
+        plot::{self, FigureKind, PlotOptions},
+    },
+    model::{
+        record::{ProbeRecord, TsSource},
+        run::RunMeta,
+    },
 };
 
 /// A realistic run: 1 ms interval, ~50 µs one-way with jitter, a 0.1 %

@@ -11,10 +11,6 @@ use crate::{
     spec,
 };
 
-/// The duration and TOS parsers every option uses (they live with the
-/// other units, below every module that parses options).
-pub use crate::tune::units::{MAX_DURATION, parse_duration, parse_u8_maybe_hex};
-
 #[derive(Debug, Parser)]
 #[command(
     name = "rtprobe",
@@ -60,7 +56,7 @@ pub enum Command {
     Run(RunArgs),
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
-    BenchForward(BenchForwardArgs),
+    BenchForward(spec::bench::BenchForwardArgs),
     /// Tell whether runs differ from a baseline: p50/p99/p99.9 changes with 95 % confidence
     /// intervals, in words.
     Compare(CompareArgs),
@@ -72,7 +68,7 @@ pub enum Command {
     Testbed(TestbedArgs),
     /// Remove the testbeds of runs that died (SIGKILL, crash): their namespaces, and give
     /// NIC-pair interfaces back as they were.
-    Cleanup(crate::testbed::record::CleanupArgs),
+    Cleanup(CleanupArgs),
     /// Answer probes from other hosts (rtprobe's protocol or STAMP) in this network namespace,
     /// until Ctrl-C; `rtprobe --target` on the other host sends them.
     Reflect(crate::spec::remote::ReflectArgs),
@@ -94,9 +90,6 @@ pub struct ProbeArgs {
     #[command(flatten)]
     pub knobs: spec::KnobSpec,
 }
-
-/// `bench-forward`'s options: one spec for the command line and `--config FILE`.
-pub use crate::spec::bench::BenchForwardArgs;
 
 #[derive(Debug, Clone, Args)]
 pub struct TestbedArgs {
@@ -173,6 +166,14 @@ pub struct CompletionsArgs {
     /// The shell to complete in.
     #[arg(value_enum)]
     pub shell: ShellArg,
+}
+
+/// `rtprobe cleanup`.
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Only list the testbeds of dead runs, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -314,70 +315,8 @@ pub struct RunArgs {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::items_after_test_module,
-    reason = "PlotArgs' impl below came in a merge; move it up when cli.rs is quiet"
-)]
 mod tests {
-    use proptest::prelude::*;
-
-    #[test]
-    fn durations_parse_with_fractions_and_refuse_what_the_clock_cannot_hold() {
-        use std::time::Duration;
-        let ok = |t: &str| super::parse_duration(t).unwrap();
-        assert_eq!(ok("1.5ms"), Duration::from_micros(1500));
-        assert_eq!(ok(" 100us "), Duration::from_micros(100));
-        assert_eq!(ok("100years"), super::MAX_DURATION);
-        for bad in ["99999999999999999999.5s", "300years", "101years"] {
-            let e = super::parse_duration(bad).unwrap_err();
-            assert!(e.contains("too large: at most 100 years"), "{bad}: {e}");
-        }
-        for bad in ["-1s", "soon", "", "1e3s", "5"] {
-            let e = super::parse_duration(bad).unwrap_err();
-            assert!(e.starts_with("invalid duration"), "{bad}: {e}");
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn duration_parser_never_panics(s in "\\PC*") {
-            let _ = super::parse_duration(&s);
-        }
-
-        #[test]
-        fn duration_parser_never_panics_on_number_unit_shapes(
-            n in "[0-9]{1,30}(\\.[0-9]{0,12})?",
-            unit in "(ns|us|µs|ms|s|sec|min|m|h|d|w|years|y|)",
-        ) {
-            if let Ok(d) = super::parse_duration(&format!("{n}{unit}")) {
-                prop_assert!(d <= super::MAX_DURATION);
-            }
-        }
-    }
-
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
-        assert_eq!(parse_duration("1ms").unwrap(), Duration::from_millis(1));
-        assert_eq!(
-            parse_duration("1.5ms").unwrap(),
-            Duration::from_micros(1500)
-        );
-        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("1.5parsecs").is_err());
-    }
-
-    #[test]
-    fn tos() {
-        assert_eq!(parse_u8_maybe_hex("0xC0").unwrap(), 0xc0);
-        assert_eq!(parse_u8_maybe_hex("192").unwrap(), 192);
-        assert!(parse_u8_maybe_hex("256").is_err());
-        assert!(parse_u8_maybe_hex("0xZZ").is_err());
-    }
 
     #[test]
     fn cli_parses_and_rejects() {
@@ -400,134 +339,4 @@ mod tests {
         assert!(Cli::try_parse_from(["rtprobe", "--tx-if", "a"]).is_err());
         assert!(Cli::try_parse_from(["rtprobe", "--count", "1", "--duration", "1s"]).is_err());
     }
-}
-
-use anyhow::bail;
-
-use crate::export::plot::{Dim, Metric, PlotOptions, Scale, default_prefix, dist};
-
-impl PlotArgs {
-    /// The plot module's options from the command line; checks what can be
-    /// checked without touching files.
-    pub fn options(&self) -> anyhow::Result<PlotOptions> {
-        let a = self;
-        if a.csv.is_empty() {
-            bail!("no CSV file given: rtprobe plot FILE.csv [FILE.csv ...]");
-        }
-        if !a.label.is_empty() && a.label.len() != a.csv.len() {
-            bail!(
-                "--label given {} time(s) for {} CSV file(s): give one --label per CSV, in the same order",
-                a.label.len(),
-                a.csv.len()
-            );
-        }
-        let group_by = a
-            .group_by
-            .as_deref()
-            .map(|s| Dim::parse("--group-by", s))
-            .transpose()?;
-        let split_by = match a.split_by.as_deref() {
-            Some(s) if s.trim().eq_ignore_ascii_case("none") => None,
-            Some(s) => Some(Dim::parse("--split-by", s)?),
-            None => None,
-        };
-        let auto_split = a.split_by.is_none();
-        if group_by.is_some() && group_by == split_by {
-            bail!(
-                "--group-by and --split-by name the same key: split by another one, or drop --split-by"
-            );
-        }
-        let (metrics, metric_required) = match a.metric {
-            None => (vec![Metric::OneWay, Metric::Rtt], false),
-            Some(MetricChoice::Both) => (vec![Metric::OneWay, Metric::Rtt], true),
-            Some(MetricChoice::OneWay) => (vec![Metric::OneWay], true),
-            Some(MetricChoice::Rtt) => (vec![Metric::Rtt], true),
-        };
-        let y_min_ns = a.y_min.map(|d| d.as_nanos() as f64);
-        let y_max_ns = a.y_max.map(|d| d.as_nanos() as f64);
-        if let (Some(lo), Some(hi)) = (y_min_ns, y_max_ns)
-            && lo >= hi
-        {
-            bail!("--y-min must be below --y-max");
-        }
-        if a.log && y_min_ns == Some(0.0) {
-            bail!("--log needs a positive --y-min, e.g. --y-min 1us");
-        }
-        if a.log && a.linear {
-            bail!("--log and --linear contradict each other: give one of them");
-        }
-        let scale = if a.log {
-            Scale::Log
-        } else if a.linear || y_min_ns == Some(0.0) {
-            // An axis from 0 is a linear axis.
-            Scale::Linear
-        } else {
-            Scale::Auto
-        };
-        let prefix = match &a.prefix {
-            Some(p) => {
-                if p.is_empty() || p.contains('/') || p == "." || p == ".." {
-                    bail!(
-                        "--prefix {p:?} must be a file name without '/': put the directory in --out-dir"
-                    );
-                }
-                p.clone()
-            }
-            None => default_prefix(&a.csv),
-        };
-        let out_dir = match &a.out_dir {
-            Some(d) => d.clone(),
-            None => match a.csv[0].parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            },
-        };
-        let mut kinds: Vec<FigureKind> = Vec::new();
-        let kinds_given = !a.kind.is_empty();
-        let asked = if kinds_given {
-            &a.kind[..]
-        } else {
-            &FigureKind::DEFAULT[..]
-        };
-        for k in asked {
-            if !kinds.contains(k) {
-                kinds.push(*k);
-            }
-        }
-        let mut formats: Vec<ImageFormat> = Vec::new();
-        for f in &a.format {
-            if !formats.contains(f) {
-                formats.push(*f);
-            }
-        }
-        Ok(PlotOptions {
-            inputs: a.csv.clone(),
-            labels: a.label.clone(),
-            out_dir,
-            prefix,
-            metrics,
-            metric_required,
-            kinds,
-            kinds_given,
-            group_by,
-            split_by,
-            auto_split,
-            scale,
-            formats,
-            size_px: a.figure_size,
-            y_min_ns,
-            y_max_ns,
-            title: a.title.clone(),
-            ignore_truncated: a.ignore_truncated,
-            exact_limit: dist::EXACT_LIMIT,
-        })
-    }
-}
-
-/// `rtprobe plot`: draws the figures and prints the path of each one.
-pub fn plot_command(args: &PlotArgs) -> anyhow::Result<()> {
-    for p in crate::export::plot::plot(&args.options()?)? {
-        println!("{}", p.display());
-    }
-    Ok(())
 }

@@ -1,13 +1,25 @@
 //! rtprobe: per-packet latency prober with its own XDP router.
 //!
-//! The data flows left to right: `cli` (what the user typed) -> `config`
-//! (validated options) -> `testbed` (namespaces, veths, NIC pairs) ->
-//! `ebpf` (load and attach the router) -> `probe` (timestamped UDP probes)
-//! -> `stats` (histograms, loss, reorder, jitter) -> `export` (CSV, JSON,
-//! plots). The network set-up of `testbed`, `tune` and `ebpf` reaches the
-//! kernel through `sys` (a trait with a recording fake, so its
-//! orchestration is unit-tested without root); `probe` talks to its own
-//! sockets; everything else is pure.
+//! Dependencies point down this list, never up (`cargo xtask graph`
+//! checks that no module imports one that imports it back):
+//! - `app`: one module per subcommand (what `main()` runs): it turns the
+//!   parsed `cli` (clap definitions only) into a plan through `spec`
+//!   (options and the one validator) and `config` (scenario files), calls
+//!   the domain once, prints, and picks the exit code; `signals` turns
+//!   Ctrl-C into the stop levels the domain watches;
+//! - `runner` (one probe run on a testbed) and `bench` (the router hop's
+//!   throughput) drive the domain: `testbed` (namespaces, veths, NIC
+//!   pairs), `tune` (knobs), `ebpf` (load and attach the router and the
+//!   reflector) and `probe` (timestamped UDP probes, the reflector);
+//! - `stats` (histograms, loss, reorder, jitter) and `export` (CSV, JSON,
+//!   metrics, plots) take plain result types;
+//! - `model` is the leaf every layer shares: the probe record, the session
+//!   observer, the run's metadata and outcome, durations.
+//!
+//! The network set-up of `testbed`, `tune` and `ebpf` reaches the kernel
+//! through `sys` (a trait with a recording fake, so its orchestration is
+//! unit-tested without root); `probe` talks to its own sockets and `app`
+//! to the terminal; everything else is pure.
 
 pub mod bench;
 pub mod cli;
@@ -18,6 +30,7 @@ pub mod error;
 pub mod export;
 pub mod heap;
 pub mod input;
+pub mod model;
 pub mod probe;
 pub mod spec;
 pub mod stats;
@@ -27,5 +40,6 @@ pub mod tune;
 
 mod app;
 pub mod runner;
+mod signals;
 
 pub use app::main_entry;

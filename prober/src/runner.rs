@@ -8,27 +8,17 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
-    export::{CsvWriter, RunMeta},
+    export::CsvWriter,
+    model::run::{RunMeta, RunOutcome, peak_rss_kib},
     probe::{self, Endpoints, ProbeConfig},
     spec::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
-    stats::Summary,
     sys::SysRef,
     testbed::{Kind, Testbed},
     tune,
 };
-
-/// The result of a run.
-pub struct RunOutcome {
-    pub summary: Summary,
-    pub meta: RunMeta,
-    pub rows: u64,
-    pub interrupted: bool,
-    /// An output failed and stopped the run (the rest is complete).
-    pub output_error: Option<String>,
-}
 
 /// One line naming every output that failed and what each holds: the one
 /// that stopped the run (CSV, HDR log: its message says where it ends) and
@@ -80,9 +70,10 @@ pub fn check(opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs one probe session as `opts` says, every kernel change through
-/// `sys` (the real kernel from the command; the recording fake in tests
-/// of [`orchestrate`]); `live` shows and serves it while it runs.
+/// Runs one probe session on a testbed as `opts` says, every kernel
+/// change through `sys` (the real kernel from the command; the recording
+/// fake in tests of [`orchestrate`]); `live` shows and serves it while it
+/// runs.
 pub fn execute(
     opts: &RunOptions,
     sys: SysRef,
@@ -90,11 +81,11 @@ pub fn execute(
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
     check(opts)?;
-    // `--target` probes a remote reflector (no testbed); `--protocol stamp`
-    // sends STAMP through the testbed.
+    // `--target` runs go to `app::probe`; `--protocol stamp` sends STAMP
+    // through the testbed.
     let remote = &opts.remote;
     if remote.target.is_some() {
-        return crate::probe::remote::execute(opts, remote, stop, live);
+        bail!("internal: a --target run reached the testbed runner");
     }
     crate::testbed::require_root()?;
     let build = |sys: SysRef| match (&opts.tx_if, &opts.rx_if) {
@@ -300,9 +291,13 @@ fn probe_on<'tb>(
     let mut flow_observers: Vec<_> = opts
         .extra_flows
         .iter()
-        .map(|cfg| live.flow_observer(cfg, &target(cfg)))
+        .map(|cfg| live.flow_observer(cfg.flow_labels(&target(cfg)), cfg.kernel_reflector))
         .collect();
-    let mut main_observer = live.main_observer(&main_cfg, &target(&main_cfg), &meta)?;
+    let mut main_observer = live.main_observer(
+        main_cfg.flow_labels(&target(&main_cfg)),
+        main_cfg.kernel_reflector,
+        &meta,
+    )?;
     let ep = Endpoints {
         sys: testbed.sys(),
         sender_ns: &testbed.sender,
@@ -560,94 +555,8 @@ fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value>
     m
 }
 
-/// The process's peak resident memory so far (VmHWM), in KiB; None
-/// (null in JSON, "-" in text) if unknown.
-pub fn peak_rss_kib() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-}
-
 pub fn mode_name(m: XdpMode) -> &'static str {
     m.as_str()
-}
-
-/// Runs scenario cells for `rtprobe run`: each cell is one [`execute`].
-pub struct ProbeCellRunner<'a> {
-    pub sys: SysRef,
-    pub stop: &'a AtomicU8,
-}
-
-impl crate::config::CellRunner for ProbeCellRunner<'_> {
-    fn run_cell(&mut self, cell: &crate::config::Cell) -> Result<crate::config::CellResult> {
-        if self.stop.load(Ordering::SeqCst) != 0 {
-            bail!("not run: the scenario was interrupted");
-        }
-        // The plan the scenario's validator made for this cell.
-        let opts = &cell.run;
-        // The cell's live outputs: metrics (served while it runs), HDR log
-        // and CSV rotation as the scenario asks; no lines, no bar of its own.
-        // Before the metrics server binds: a rejected cell leaves no port.
-        check(opts)?;
-        let mut live =
-            crate::export::live::Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
-        let out = execute(opts, self.sys.clone(), self.stop, &mut live)?;
-        let json = crate::export::json::write_summary(&cell.json, &out.summary).err();
-        if let Some(e) = failed_outputs(out.output_error.as_deref(), json.as_ref()) {
-            bail!("{e} (the summary covers every probe sent)");
-        }
-        if out.interrupted {
-            bail!(
-                "interrupted after {} probes (kept in {})",
-                out.summary.sent,
-                cell.csv.display()
-            );
-        }
-        Ok(crate::config::CellResult {
-            summary: out.summary,
-            knobs: out.meta.knobs,
-        })
-    }
-}
-
-/// Draws each scenario comparison (baseline red, variant blue) with the
-/// plot module, as `rtprobe plot BASE OTHER --label .. --label .. --metric
-/// both` would.
-pub struct PlotFigures;
-
-impl crate::config::FigureMaker for PlotFigures {
-    fn compare(
-        &mut self,
-        out_dir: &std::path::Path,
-        baseline: &crate::config::Cell,
-        other: &crate::config::Cell,
-    ) -> Result<Vec<std::path::PathBuf>> {
-        use crate::export::plot::{self, Metric, PlotOptions};
-        let opts = PlotOptions {
-            prefix: other.id.clone(),
-            labels: vec![baseline.label.clone(), other.label.clone()],
-            metrics: vec![Metric::OneWay, Metric::Rtt],
-            metric_required: true,
-            ..PlotOptions::new(
-                vec![baseline.csv.clone(), other.csv.clone()],
-                out_dir.to_path_buf(),
-            )
-        };
-        let files = plot::plot(&opts)?;
-        Ok(files
-            .into_iter()
-            .map(|f| {
-                f.strip_prefix(out_dir)
-                    .map(|p| p.to_path_buf())
-                    .unwrap_or(f)
-            })
-            .collect())
-    }
 }
 
 /// The testbed's sender and receiver read the same kernel clock.

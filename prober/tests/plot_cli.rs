@@ -7,7 +7,13 @@ use std::{
     process::{Command, Output},
 };
 
-use rtprobe::export::csv::{CsvWriter, ProbeRecord, RunMeta, TsSource};
+use rtprobe::{
+    export::csv::CsvWriter,
+    model::{
+        record::{ProbeRecord, TsSource},
+        run::RunMeta,
+    },
+};
 
 fn rtprobe(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rtprobe"))

@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use rtprobe::{
     cli::PlotArgs,
     export::{
-        csv::{CsvWriter, ProbeRecord, RunMeta, TsSource},
+        csv::CsvWriter,
         plot::{self, FigureKind, ImageFormat, draw},
+    },
+    model::{
+        record::{ProbeRecord, TsSource},
+        run::RunMeta,
     },
 };
 

@@ -91,7 +91,7 @@ impl Drop for NsSweep {
 }
 
 /// The run metadata (first CSV line) and data rows of an rtprobe CSV.
-pub fn read_csv(path: &std::path::Path) -> (rtprobe::export::RunMeta, Vec<Vec<String>>) {
+pub fn read_csv(path: &std::path::Path) -> (rtprobe::model::run::RunMeta, Vec<Vec<String>>) {
     let text = std::fs::read_to_string(path).expect("read csv");
     let mut lines = text.lines();
     let meta = lines
@@ -114,7 +114,7 @@ pub struct Run {
     pub stdout: String,
     pub stderr: String,
     pub json: serde_json::Value,
-    pub meta: rtprobe::export::RunMeta,
+    pub meta: rtprobe::model::run::RunMeta,
     pub rows: Vec<Vec<String>>,
 }
 

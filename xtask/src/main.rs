@@ -7,9 +7,11 @@
 //!   (`cargo build` does the same through `prober/build.rs`).
 //! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
 //!   prints their paths.
-//! - `test`: setup, `cargo fmt --check`, clippy (the workspace and the eBPF
-//!   crate), the unit tests, every fuzz target for a bounded time, then the
-//!   root/netns tests when root.
+//! - `test`: setup, the module graph's cycle check, `cargo fmt --check`,
+//!   clippy (the workspace and the eBPF crate), the unit tests, every fuzz
+//!   target for a bounded time, then the root/netns tests when root.
+//! - `graph`: the import cycles between prober's modules (`--edges`: every
+//!   dependency), see [`modgraph`].
 
 use std::{
     env,
@@ -23,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod modgraph;
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
 
 /// Debian packages rtprobe's build, tests and comparisons use.
@@ -92,7 +95,14 @@ enum Task {
     },
     /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
     Bench(bench::BenchArgs),
-    /// Setup, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then the
+    /// Print the import cycles between prober's modules (files), one per line as
+    /// `a -> b -> c -> a`; fails when there is one. `cargo xtask test` runs the same check.
+    Graph {
+        /// Also print every dependency between modules, `a -> b`, one per line.
+        #[arg(long)]
+        edges: bool,
+    },
+    /// Setup, the module graph's cycle check, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then the
     /// root/netns tests (`--ignored`) when run as root.
     Test {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
@@ -113,6 +123,7 @@ fn main() -> ExitCode {
         Task::Demo { out_dir, count } => demo(&out_dir, count),
         Task::Man { out_dir } => man(out_dir.as_deref()),
         Task::Bench(args) => bench::bench(&args),
+        Task::Graph { edges } => graph(edges),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -564,9 +575,46 @@ fn demo(out_dir: &Path, count: u64) -> Result<()> {
 
 // ---------------------------------------------------------------- test
 
+/// `cargo xtask graph`: prober's module cycles (and with `edges` every
+/// dependency); an error when there is a cycle.
+fn graph(edges: bool) -> Result<()> {
+    let g = modgraph::load(&workspace_root().join("prober/src"))?;
+    if edges {
+        for (from, tos) in &g.edges {
+            for to in tos {
+                println!("{} -> {to}", if from.is_empty() { "crate" } else { from });
+            }
+        }
+    }
+    check_module_graph(&g)
+}
+
+/// Fails on any import cycle between prober's modules, naming each.
+fn check_module_graph(g: &modgraph::Graph) -> Result<()> {
+    let cycles = modgraph::cycle_lines(g);
+    if cycles.is_empty() {
+        eprintln!(
+            "xtask: module graph: {} modules, no import cycle",
+            g.modules.len()
+        );
+        return Ok(());
+    }
+    for c in &cycles {
+        eprintln!("  {c}");
+    }
+    bail!(
+        "{} import cycle(s) between prober's modules (listed above): move what both sides \
+         need into a lower module (model/, a leaf), or the caller up into app/; \
+         docs/DEVELOPING.md explains the layers",
+        cycles.len()
+    )
+}
+
 fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
     setup()?;
     let root = workspace_root();
+    // Seconds, before the minutes of builds and tests below.
+    check_module_graph(&modgraph::load(&root.join("prober/src"))?)?;
     for mut fmt in fmt_check_commands(&root) {
         run(&mut fmt).context(
             "run `cargo fmt --all && cargo fmt --manifest-path fuzz/Cargo.toml` to format the code",

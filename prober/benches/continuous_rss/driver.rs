@@ -17,7 +17,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use rtprobe::{
-    export::{CsvWriter, RunMeta, live::Live},
+    export::{CsvWriter, live::Live},
+    model::run::RunMeta,
     probe::{
         Collector, ProbeConfig, TimestampSource, cmsg::TxKind, matcher::Event, matcher::Expect,
         matcher::NoHwClocks,
@@ -214,7 +215,8 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
     )?;
     let csv_path = plan.dir.join("out.csv");
     let mut csv = CsvWriter::create_rotated(&csv_path, &meta, Some(rotation))?;
-    let mut observer = live.main_observer(&cfg, "synthetic", &meta)?;
+    let mut observer =
+        live.main_observer(cfg.flow_labels("synthetic"), cfg.kernel_reflector, &meta)?;
     let stop = AtomicU8::new(0);
     let expect = Expect {
         tx: true,

@@ -39,10 +39,11 @@ use super::{
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    cli::BenchForwardArgs,
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
-    export::{CsvWriter, RunMeta},
+    export::CsvWriter,
+    model::run::RunMeta,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
+    spec::bench::BenchForwardArgs,
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     sys::{Offload, SysRef},
     testbed::Testbed,
@@ -671,7 +672,13 @@ fn run_probe(
         receiver_if: &tb.receiver_if,
         ip: crate::testbed::IpVersion::V4,
     };
-    let o = probe::run_session(&ep, &cfg, &mut csv, stop, &mut probe::NoObserver)?;
+    let o = probe::run_session(
+        &ep,
+        &cfg,
+        &mut csv,
+        stop,
+        &mut crate::model::observer::NoObserver,
+    )?;
     let mut s = o.stats.summary();
     s.extra.insert("kernel_drops".into(), o.kernel_drops);
     Ok(s)

@@ -1,14 +1,14 @@
 //! Measuring the router hop itself: `rtprobe bench-forward` (forwarded
 //! packets per second, drops and CPU per core for kernel forwarding and
-//! each XDP mode, with probe latency under the rising load) and the hidden
-//! `rtprobe testbed` that keeps a testbed up for other tools.
+//! each XDP mode, with probe latency under the rising load). The hidden
+//! `rtprobe testbed` that keeps a testbed up for other tools is
+//! `app::testbed`.
 
 pub mod afxdp;
 pub mod bounce;
 pub mod cpu;
 pub mod forward;
 pub mod frame;
-pub mod hold;
 pub mod kinds;
 pub mod links;
 pub mod loadgen;

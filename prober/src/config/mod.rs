@@ -58,10 +58,11 @@ use serde_json::{Map, Value};
 
 use crate::{
     ebpf::{XdpAction, XdpMode},
+    model::units,
     probe::TimestampSource,
     spec::{self, KnobSpec, OutputSpec, RunSpec, SpecError},
     stats::Summary,
-    tune::{Knobs, MissingPolicy, StressTool, units},
+    tune::{Knobs, MissingPolicy, StressTool},
 };
 
 /// Largest UDP payload that fits a 1500-byte MTU (the veth testbed's).

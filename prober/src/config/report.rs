@@ -11,8 +11,9 @@ use std::{fmt::Write, path::Path, time::Duration};
 use super::{Cell, CellResult, Scenario};
 use crate::{
     export::plot::axis::format_duration_ns,
+    model::units,
     stats::{Summary, chain::Stage},
-    tune::{LoadReport, units},
+    tune::LoadReport,
 };
 
 /// One cell as the report sees it.

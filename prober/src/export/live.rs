@@ -14,11 +14,14 @@ use anyhow::Result;
 
 use crate::{
     export::{
-        ProbeRecord, RunMeta,
         hdrlog::{HdrLog, TAG_ONE_WAY, TAG_RTT},
         metrics::{FlowLabels, FlowMetrics, Metrics, MetricsServer},
     },
-    probe::{NoObserver, ProbeConfig, SessionObserver},
+    model::{
+        observer::{NoObserver, SessionObserver},
+        record::ProbeRecord,
+        run::RunMeta,
+    },
     spec::continuous::ContinuousPlan,
     stats::{
         Counts, RunStats,
@@ -119,14 +122,11 @@ impl Live {
     /// The observer of a flow besides the main one: its metrics.
     pub fn flow_observer(
         &self,
-        cfg: &ProbeConfig,
-        target: &str,
+        labels: FlowLabels,
+        kernel_reflector: bool,
     ) -> Box<dyn SessionObserver + Send> {
         match &self.metrics {
-            Some(m) => Box::new(m.flow(
-                FlowLabels::new(target, cfg.flow, cfg.tos, cfg.size),
-                cfg.kernel_reflector,
-            )),
+            Some(m) => Box::new(m.flow(labels, kernel_reflector)),
             None => Box::new(NoObserver),
         }
     }
@@ -134,8 +134,8 @@ impl Live {
     /// The main flow's observer: metrics, interval lines, progress, HDR log.
     pub fn main_observer(
         &mut self,
-        cfg: &ProbeConfig,
-        target: &str,
+        labels: FlowLabels,
+        kernel_reflector: bool,
         meta: &RunMeta,
     ) -> Result<MainObserver<'_>> {
         let hdr = match &self.plan.hdr_log {
@@ -143,23 +143,21 @@ impl Live {
                 p,
                 SystemTime::now(),
                 &format!(
-                    "rtprobe {} {}: size {} B, interval {} ns, tos {:#04x}, xdp {}",
+                    "rtprobe {} {}: size {} B, interval {} ns, tos {}, xdp {}",
                     meta.version,
-                    target,
-                    cfg.size,
+                    labels.target,
+                    labels.size,
                     meta.interval_ns,
-                    cfg.tos,
+                    labels.tos,
                     meta.xdp_mode_attached
                 ),
             )?),
             None => None,
         };
-        let metrics = self.metrics.as_ref().map(|m| {
-            m.flow(
-                FlowLabels::new(target, cfg.flow, cfg.tos, cfg.size),
-                cfg.kernel_reflector,
-            )
-        });
+        let metrics = self
+            .metrics
+            .as_ref()
+            .map(|m| m.flow(labels, kernel_reflector));
         Ok(MainObserver {
             intervals: IntervalStats::new(self.plan.interval()),
             lines: self.plan.report_every.is_some(),
@@ -289,22 +287,9 @@ mod tests {
     use super::*;
     use crate::spec::continuous::ContinuousPlan;
 
-    fn cfg() -> ProbeConfig {
-        ProbeConfig {
-            size: 64,
-            interval: Duration::from_millis(1),
-            count: None,
-            duration: None,
-            tos: 0xc0,
-            port: 5061,
-            timestamps: crate::probe::TimestampSource::Software,
-            timeout: Duration::from_secs(1),
-            flow: 0,
-            spin: None,
-            busy_poll: false,
-            rt: Default::default(),
-            kernel_reflector: false,
-        }
+    /// The main flow of 64-byte probes, TOS 0xc0.
+    fn labels() -> FlowLabels {
+        FlowLabels::new("10.0.0.2:5061", 0, 0xc0, 64)
     }
 
     #[test]
@@ -335,7 +320,7 @@ mod tests {
         live.set_run(&meta);
         let mut stats = RunStats::new();
         {
-            let mut obs = live.main_observer(&cfg(), "10.0.0.2:5061", &meta).unwrap();
+            let mut obs = live.main_observer(labels(), false, &meta).unwrap();
             // 350 probes 1 ms apart: three whole 100 ms intervals and a half.
             for seq in 0..350u64 {
                 let r = ProbeRecord {

@@ -30,8 +30,7 @@ use prometheus_client::{
 };
 
 use crate::{
-    export::ProbeRecord,
-    probe::SessionObserver,
+    model::{observer::SessionObserver, record::ProbeRecord},
     stats::{Counts, RunStats, XdpCounters, chain::Stage},
 };
 

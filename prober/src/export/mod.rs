@@ -12,4 +12,4 @@ pub mod plot;
 pub mod rotate;
 pub mod text;
 
-pub use self::csv::{CsvWriter, META_PREFIX, ProbeRecord, RunMeta, StartSrc, TsSource};
+pub use self::csv::{CsvWriter, META_PREFIX};

@@ -3,10 +3,8 @@
 use std::fmt::Write as _;
 
 use crate::{
-    export::{
-        RunMeta,
-        plot::axis::{format_duration_ns, split_duration_ns},
-    },
+    export::plot::axis::{format_duration_ns, split_duration_ns},
+    model::run::RunMeta,
     stats::{Latency, Pacing, Summary, chain::Stage},
     tune::FetchTimes,
 };

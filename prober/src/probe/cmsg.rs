@@ -4,7 +4,7 @@
 //! benchmarked without sockets. Layout from linux/errqueue.h and
 //! Documentation/networking/timestamping.rst (Linux >= 2.6.30; OPT_ID >= 3.19).
 
-use crate::export::TsSource;
+use crate::model::record::TsSource;
 
 /// `SO_EE_ORIGIN_TIMESTAMPING` from linux/errqueue.h.
 pub const SO_EE_ORIGIN_TIMESTAMPING: u8 = 4;

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque, hash_map::Entry};
 
 use super::{cmsg::TxKind, packet::KernelTimes};
-use crate::export::ProbeRecord;
+use crate::model::record::ProbeRecord;
 use crate::stats::{RunStats, chain};
 
 /// A probe further ahead of the oldest unfinished one than this is not ours.
@@ -568,7 +568,7 @@ impl Matcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::{StartSrc, TsSource};
+    use crate::model::record::{StartSrc, TsSource};
 
     const ALL: Expect = Expect {
         tx: true,

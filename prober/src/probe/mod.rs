@@ -43,7 +43,12 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{export::CsvWriter, stats::RunStats, sys::Netns, testbed::Iface};
+use crate::{
+    model::{observer::SessionObserver, record::RecordSink},
+    stats::RunStats,
+    sys::Netns,
+    testbed::Iface,
+};
 use events::EventBatch;
 use matcher::{Event, Matcher};
 use packet::{FLAG_ECHO, HEADER_LEN, Probe};
@@ -57,53 +62,12 @@ pub const STOP_NOW: u8 = 2;
 /// Marks the warm-up datagrams that resolve neighbours before the run.
 const FLAG_WARMUP: u8 = 2;
 
-/// Where finalized records go: the CSV, or a CSV shared by several flows.
-pub trait RecordSink: Send {
-    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()>;
-    fn flush(&mut self) -> Result<()>;
-}
-
-impl RecordSink for CsvWriter {
-    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
-        CsvWriter::write(self, r)
-    }
-    fn flush(&mut self) -> Result<()> {
-        CsvWriter::flush(self)
+impl ProbeConfig {
+    /// The labels of this flow's metrics (and its HDR log's header).
+    pub fn flow_labels(&self, target: &str) -> crate::export::metrics::FlowLabels {
+        crate::export::metrics::FlowLabels::new(target, self.flow, self.tos, self.size)
     }
 }
-
-/// One CSV written by several concurrent flows (rows carry their flow id).
-impl RecordSink for &std::sync::Mutex<CsvWriter> {
-    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
-        self.lock()
-            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
-            .write(r)
-    }
-    fn flush(&mut self) -> Result<()> {
-        self.lock()
-            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
-            .flush()
-    }
-}
-
-/// Watches a session while it runs: every finalized record (seq order)
-/// and a tick a few times a second. Interval reports, the progress bar,
-/// metrics and the HDR log hang here (see `export::live`).
-pub trait SessionObserver {
-    /// A finalized record, whether or not the CSV could take it.
-    fn on_record(&mut self, _r: &crate::export::ProbeRecord) {}
-    /// About every [`TICK_NS`] and once more at the end (`last`). An error
-    /// is an output that failed: the session stops sending, ends cleanly
-    /// and reports it.
-    fn on_tick(&mut self, _stats: &RunStats, _last: bool) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// Watches nothing.
-pub struct NoObserver;
-
-impl SessionObserver for NoObserver {}
 
 /// How often the collector flushes the CSV and ticks the observer (~4x/s).
 pub const TICK_NS: i64 = 250_000_000;

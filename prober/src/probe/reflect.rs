@@ -2,7 +2,8 @@
 //! packets (RFC 8762 §4.3, stateless or stateful, unauthenticated or
 //! authenticated). [`Core`] decides per datagram and rewrites the reply in
 //! place (pure, unit-tested); [`serve`] is the socket loop that `rtprobe
-//! reflect` and testbed runs with `--protocol stamp` both run.
+//! reflect` (`app::reflect`) and testbed runs with `--protocol stamp` both
+//! run.
 //!
 //! Safe to leave running on a network:
 //! - only datagrams addressed to one of this host's unicast addresses
@@ -701,7 +702,7 @@ fn errno_of(e: &anyhow::Error) -> Option<i32> {
 /// The default `--listen`: `0.0.0.0:PORT` and `[::]:PORT` (each socket
 /// answers its own family), or IPv4 alone on a host without IPv6, which it
 /// says.
-fn bind_both_families(port: u16) -> Result<(Vec<SocketAddr>, Vec<ProbeSocket>)> {
+pub(crate) fn bind_both_families(port: u16) -> Result<(Vec<SocketAddr>, Vec<ProbeSocket>)> {
     bind_both_families_with(port, bind)
 }
 
@@ -1015,7 +1016,7 @@ fn interface_of(addr: IpAddr) -> Result<String> {
 
 /// `--kernel`: the in-kernel reflector on the interface of the one
 /// `--listen` address, or why not.
-fn attach_kernel(
+pub(crate) fn attach_kernel(
     sys: crate::sys::SysRef,
     listen: &[SocketAddr],
     protocol: ProtocolArg,
@@ -1077,37 +1078,6 @@ fn attach_kernel(
     Ok(r)
 }
 
-/// `--json FILE` is written only at exit: find out now whether it can be,
-/// rather than lose every counter then. Leaves no file behind.
-fn check_json_path(path: &std::path::Path) -> Result<()> {
-    let shown = path.display();
-    if path.as_os_str().is_empty() || path.is_dir() {
-        anyhow::bail!(
-            "--json {shown:?} is a directory, not a file: give e.g. --json reflector.json"
-        );
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.is_dir()
-    {
-        anyhow::bail!(
-            "--json {shown}: directory {} does not exist: create it or give another path",
-            dir.display()
-        );
-    }
-    let existed = path.exists();
-    let opened = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path);
-    if let Err(e) = opened {
-        anyhow::bail!("--json {shown}: cannot write it ({e}): give a writable path");
-    }
-    if !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(())
-}
-
 /// What the in-kernel reflector's limits are, for its banner.
 fn kernel_limits_text(l: crate::ebpf::reflector::RateLimits) -> String {
     use crate::ebpf::reflector::RateLimits;
@@ -1120,196 +1090,6 @@ fn kernel_limits_text(l: crate::ebpf::reflector::RateLimits) -> String {
         one("per IPv4 address or IPv6 /64", l.per_source_pps),
         one("in total", l.global_pps)
     )
-}
-
-/// `rtprobe reflect`.
-pub fn command(args: &crate::spec::remote::ReflectArgs) -> Result<std::process::ExitCode> {
-    use crate::spec::remote::{DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS, read_key};
-    let protocol = args.protocol.unwrap_or_default();
-    if args.auth_key.is_some() && protocol != ProtocolArg::Stamp {
-        anyhow::bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
-    }
-    if args.stateless && protocol != ProtocolArg::Stamp {
-        anyhow::bail!("--stateless is a STAMP reflector mode: add --protocol stamp");
-    }
-    if args.duration.is_some_and(|d| d.is_zero()) {
-        anyhow::bail!(
-            "--duration 0 answers nothing: give e.g. 10min, or leave it out to run until Ctrl-C"
-        );
-    }
-    if let Some(j) = &args.json {
-        check_json_path(j)?;
-    }
-    let key = args.auth_key.as_deref().map(read_key).transpose()?;
-    let (listen, socks) = if args.listen.is_empty() {
-        bind_both_families(protocol.default_port())?
-    } else {
-        (args.listen.clone(), bind(&args.listen)?)
-    };
-    let kernel = if args.kernel {
-        let limits = crate::ebpf::reflector::RateLimits {
-            per_source_pps: Some(args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS)),
-            global_pps: Some(
-                args.global_rate_limit
-                    .unwrap_or(DEFAULT_GLOBAL_RATE_LIMIT_PPS),
-            ),
-        };
-        match attach_kernel(
-            crate::sys::linux(),
-            &listen,
-            protocol,
-            key.is_some(),
-            limits,
-        ) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                eprintln!(
-                    "rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone"
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let policy = Policy {
-        protocol,
-        key,
-        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
-        stateful: !args.stateless,
-    };
-    let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
-    eprintln!(
-        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per IPv4 address or IPv6 /64; Ctrl-C to stop",
-        protocol.name(),
-        names.join(", "),
-        if policy.key.is_some() {
-            " (authenticated)"
-        } else {
-            ""
-        },
-        if kernel.is_some() {
-            ", in-kernel reflector attached"
-        } else {
-            ""
-        },
-        policy.rate_limit_pps,
-    );
-    let metrics = match args.metrics_listen {
-        Some(addr) => {
-            let m = std::sync::Arc::new(crate::export::metrics::Metrics::new());
-            let server = crate::export::metrics::MetricsServer::start(addr, m.clone())?;
-            eprintln!(
-                "rtprobe reflect: serving metrics at http://{}/metrics",
-                server.local_addr()
-            );
-            Some((m, server))
-        }
-        None => None,
-    };
-    let (quiet, duration) = (args.quiet, args.duration);
-    // The in-kernel reflector goes along into the serving thread, whose
-    // tick publishes its counters too, and comes back to be read last.
-    let (mut report, kernel) = crate::app::with_signals(true, move |stop| {
-        let mut core = Core::new(policy);
-        let mut published = crate::export::metrics::ReflectorCounts::default();
-        let mut kernel_published = crate::stats::XdpCounters::new();
-        let mut kernel_error_said = false;
-        let report = serve(
-            &socks,
-            &mut core,
-            &stop,
-            duration,
-            |line| {
-                if !quiet {
-                    eprintln!("rtprobe reflect: {line}");
-                }
-            },
-            |c| {
-                if let Some((m, _)) = &metrics {
-                    m.reflector_update(
-                        &mut published,
-                        crate::export::metrics::ReflectorCounts {
-                            sessions: c.sessions,
-                            reflected: c.reflected,
-                            not_for_us: c.not_for_us,
-                            bad_source: c.bad_source,
-                            malformed: c.malformed,
-                            rate_limited: c.rate_limited,
-                            auth_failed: c.auth_failed,
-                            send_errors: c.send_errors,
-                        },
-                    );
-                    if let Some(k) = &kernel {
-                        match k.counters() {
-                            Ok(now) => m.kernel_reflector_update(&mut kernel_published, &now),
-                            Err(e) if !kernel_error_said => {
-                                kernel_error_said = true;
-                                log::warn!("metrics: the in-kernel reflector's counters: {e:#}");
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                }
-            },
-        );
-        drop(metrics);
-        report.map(|r| (r, kernel))
-    })?;
-    report.listen = names;
-    let kcounters = match &kernel {
-        Some(r) => Some(
-            r.counters()
-                .context("read the in-kernel reflector's counters")?,
-        ),
-        None => None,
-    };
-    drop(kernel);
-    let c = &report.counters;
-    println!(
-        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
-        c.datagrams,
-        report.duration_s,
-        c.sessions,
-        c.reflected,
-        c.not_for_us,
-        c.bad_source,
-        c.malformed,
-        c.rate_limited,
-        c.auth_failed,
-        c.send_errors
-    );
-    if c.recv_errors > 0 {
-        println!("  receive errors: {} (logged, survived)", c.recv_errors);
-    }
-    println!("  clock: {}", report.clock_line());
-    if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
-        println!(
-            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs over {} of {} replies stamped (at most {}/s)",
-            p50 as f64 / 1e3,
-            p99 as f64 / 1e3,
-            report.turnaround_ns.count,
-            report.turnaround_sampled,
-            report.turnaround_stamps_per_s
-        );
-    } else if c.reflected > 0 && report.turnaround_sampled == 0 {
-        println!("  turnaround: not measured (needs per-send TX stamp ids, Linux >= 6.13)");
-    }
-    if let Some(k) = &kcounters {
-        println!(
-            "  in-kernel reflector: {}",
-            serde_json::to_string(k).unwrap_or_default()
-        );
-    }
-    if let Some(j) = &args.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let Some(k) = kcounters {
-            v["kernel_counters"] = serde_json::to_value(k)?;
-        }
-        crate::export::json::write_value(j, &v)?;
-        println!("  wrote {}", j.display());
-    }
-    Ok(std::process::ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
@@ -1924,24 +1704,6 @@ mod tests {
         .unwrap();
         let k = &report.counters;
         assert_eq!((k.reflected, k.send_errors), (3, 3), "{k:?}");
-    }
-
-    #[test]
-    fn json_path_is_checked_at_start_and_leaves_no_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = check_json_path(std::path::Path::new("/")).unwrap_err();
-        assert!(e.to_string().contains("is a directory"), "{e}");
-        assert_eq!(e.to_string().lines().count(), 1);
-        let e = check_json_path(&dir.path().join("no/such/r.json")).unwrap_err();
-        assert!(e.to_string().contains("does not exist"), "{e}");
-        let e = check_json_path(std::path::Path::new("/proc/rtprobe-reflect.json")).unwrap_err();
-        assert!(e.to_string().contains("cannot write it"), "{e}");
-        let fresh = dir.path().join("r.json");
-        check_json_path(&fresh).unwrap();
-        assert!(!fresh.exists(), "a check leaves nothing behind");
-        std::fs::write(&fresh, "kept").unwrap();
-        check_json_path(&fresh).unwrap();
-        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "kept");
     }
 
     proptest::proptest! {

@@ -78,7 +78,7 @@ struct OneWaySink<'a> {
 }
 
 impl RecordSink for OneWaySink<'_> {
-    fn write(&mut self, r: &crate::export::ProbeRecord) -> Result<()> {
+    fn write(&mut self, r: &crate::model::record::ProbeRecord) -> Result<()> {
         if self.show {
             return self.inner.write(r);
         }
@@ -427,7 +427,7 @@ pub fn run_session(
     ns: Option<&Netns>,
     csv: &mut dyn RecordSink,
     stop: &AtomicU8,
-    observer: &mut dyn super::SessionObserver,
+    observer: &mut dyn crate::model::observer::SessionObserver,
 ) -> Result<RemoteOutcome> {
     let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
         synchronized: false,
@@ -900,7 +900,7 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
 }
 
 /// Checks the options of a `--target` run that only a testbed can use.
-pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
+pub fn check_target_options(opts: &crate::spec::RunOptions) -> Result<()> {
     if opts.tx_if.is_some() {
         bail!(
             "--target probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other"
@@ -932,81 +932,6 @@ pub fn check_target_options(opts: &crate::config::RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
-/// written and summarised as a testbed run is.
-pub fn execute(
-    opts: &crate::spec::RunOptions,
-    remote: &crate::spec::remote::RemoteOptions,
-    stop: &AtomicU8,
-    live: &mut crate::export::live::Live,
-) -> Result<crate::runner::RunOutcome> {
-    use crate::export::{CsvWriter, RunMeta};
-    remote.check()?;
-    check_target_options(opts)?;
-    let port = remote.port(opts.probe.port);
-    let addr = remote
-        .target_addr(port)?
-        .context("internal: execute without --target")?;
-    let key = remote
-        .auth_key
-        .as_deref()
-        .map(crate::spec::remote::read_key)
-        .transpose()?;
-    let target = Target {
-        addr,
-        protocol: remote.protocol(),
-        key,
-        stateless_reflector: false,
-        shared_clock: false,
-    };
-    let cfg = ProbeConfig {
-        port,
-        ..opts.probe.clone()
-    };
-    let meta = RunMeta {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        label: opts.label.clone(),
-        testbed: "remote".into(),
-        testbed_id: String::new(),
-        tx_if: Some("this host".into()),
-        rx_if: Some(addr.to_string()),
-        xdp_mode_requested: "none".into(),
-        xdp_mode_attached: "none".into(),
-        xdp_action: "none".into(),
-        reflector: format!("remote {}", target.protocol.name()),
-        size: cfg.size as u32,
-        interval_ns: cfg.interval.as_nanos() as u64,
-        count: cfg.count,
-        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
-        tos: cfg.tos,
-        port: addr.port(),
-        timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
-        knobs: Default::default(),
-        extra_flows: Vec::new(),
-    };
-    let mut csv = CsvWriter::create_rotated(&opts.out, &meta, opts.continuous.rotation)?;
-    live.set_run(&meta);
-    let mut observer = live.main_observer(&cfg, &addr.to_string(), &meta)?;
-    let o = run_session(&target, &cfg, None, &mut csv, stop, &mut observer)?;
-    drop(observer);
-    let rows = csv.rows();
-    let output_error = o.session.output_error.clone();
-    let mut summary = summarise(&o, "remote");
-    if let Some(e) = &output_error {
-        summary
-            .extra
-            .insert("output_error".into(), e.clone().into());
-    }
-    Ok(crate::runner::RunOutcome {
-        summary,
-        meta,
-        rows,
-        interrupted: o.session.interrupted,
-        output_error,
-    })
-}
-
 /// The summary of a session against a reflector, with its clock rule,
 /// loss split and protocol facts.
 pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
@@ -1023,8 +948,10 @@ pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
     );
     s.extra
         .insert("late_arrivals".into(), o.session.late_arrivals.into());
-    s.extra
-        .insert("peak_rss_kib".into(), crate::runner::peak_rss_kib().into());
+    s.extra.insert(
+        "peak_rss_kib".into(),
+        crate::model::run::peak_rss_kib().into(),
+    );
     if o.session.interrupted {
         s.extra.insert("interrupted".into(), true.into());
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     bench::kinds::{BounceHook, ForwardMode, Generator, Sink},
-    tune::units::{self, humane_duration},
+    model::units::{self, humane_duration},
 };
 
 /// A clap parser for a bench choice: the possible values show in --help,

@@ -47,8 +47,8 @@ pub struct ContinuousArgs {
     /// Print an interval line every D (like iperf): probes sent and lost, one-way and RTT p50,
     /// p99 and max of the probes sent in that interval. Also the period of the HDR log's
     /// histograms [default: no lines; histograms per 1s].
-    #[arg(long, value_name = "DURATION", value_parser = crate::tune::units::parse_duration)]
-    #[serde(default, with = "crate::tune::units::humane_duration::option")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration)]
+    #[serde(default, with = "crate::model::units::humane_duration::option")]
     pub report_every: Option<Duration>,
 
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while probing
@@ -103,7 +103,7 @@ impl FromStr for Rotate {
             }
             return Err(format!("rotation size {s:?} is out of range"));
         }
-        match crate::tune::units::parse_duration(t) {
+        match crate::model::units::parse_duration(t) {
             Ok(d) => Ok(Rotate::Every(d)),
             Err(_) => Err(format!(
                 "invalid rotation {s:?}: give a size (e.g. 100MiB, 500MB) or a time (e.g. 1h, 10min)"

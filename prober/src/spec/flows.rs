@@ -4,7 +4,7 @@ use std::{fmt, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::tune::units;
+use crate::model::units;
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -18,8 +18,8 @@
 //! 1. write `spec/metrics.rs`: a struct with
 //!    `#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]`,
 //!    `#[serde(deny_unknown_fields)]` and `Option` fields (durations through
-//!    [`crate::tune::units::parse_duration`] and
-//!    `crate::tune::units::humane_duration::option`);
+//!    [`crate::model::units::parse_duration`] and
+//!    `crate::model::units::humane_duration::option`);
 //! 2. add `pub mod metrics;` below and one line to [`RunSpec`]:
 //!    `#[command(flatten)] #[serde(flatten)] pub metrics: metrics::MetricsSpec,`
 //!

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::tune::units::{self, humane_duration};
+use crate::model::units::{self, humane_duration};
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[command(next_help_heading = "Pacing")]

@@ -7,8 +7,9 @@ use std::{fmt, path::PathBuf, time::Duration};
 
 use crate::{
     ebpf::{ReflectorKind, XdpAction, XdpMode},
+    model::units::fmt_duration,
     probe::{ProbeConfig, packet::HEADER_LEN},
-    tune::{Bottleneck, Knobs, units::fmt_duration},
+    tune::{Bottleneck, Knobs},
 };
 
 use super::{FlowSpec, KnobSpec, OutputSpec, RunSpec, flag_of};

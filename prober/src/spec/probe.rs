@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::{
+    model::units::{self, humane_duration},
     probe::TimestampSource,
-    tune::units::{self, humane_duration},
 };
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]

@@ -199,8 +199,8 @@ pub struct ReflectArgs {
     pub protocol: Option<ProtocolArg>,
 
     /// Stop after this long, e.g. 10min [default: until Ctrl-C or SIGTERM].
-    #[arg(long, value_parser = crate::cli::parse_duration)]
-    #[serde(default, with = "crate::tune::units::humane_duration::option")]
+    #[arg(long, value_parser = crate::model::units::parse_duration)]
+    #[serde(default, with = "crate::model::units::humane_duration::option")]
     pub duration: Option<Duration>,
 
     /// Write the counters (and the session list) as JSON to this file on exit (checked

@@ -568,7 +568,7 @@ mod never_panic {
         #[test]
         fn flow_and_tos_parsers_take_any_string(s in "\\PC*") {
             let _ = super::FlowSpec::parse(&s);
-            let _ = crate::tune::units::parse_u8_maybe_hex(&s);
+            let _ = crate::model::units::parse_u8_maybe_hex(&s);
         }
 
         #[test]

@@ -21,7 +21,7 @@
 //! one-way = sender queue + driver + path (+ stack when the start is the
 //! user-space send time), RTT = one-way + receiver + reflector + return.
 
-use crate::export::{ProbeRecord, StartSrc, TsSource};
+use crate::model::record::{ProbeRecord, StartSrc, TsSource};
 
 /// Where a probe's time goes, in chain order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use crate::export::ProbeRecord;
+use crate::model::record::ProbeRecord;
 
 /// Same range and precision as the run's histograms (1 ns .. 100 s, 3 digits).
 fn new_hist() -> Histogram<u64> {

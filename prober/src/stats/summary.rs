@@ -6,7 +6,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use super::chain::Stage;
-use crate::export::{ProbeRecord, StartSrc};
+use crate::model::record::{ProbeRecord, StartSrc};
 
 /// Latencies are recorded in ns from 1 ns to 100 s at 3 significant digits
 /// (0.1 % resolution), which keeps a histogram at a few tens of KiB whatever
@@ -688,7 +688,7 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::TsSource;
+    use crate::model::record::TsSource;
 
     fn rec(seq: u64, ow: Option<i64>, rtt: Option<i64>) -> ProbeRecord {
         ProbeRecord {

@@ -256,25 +256,3 @@ pub fn cleanup(sys: &dyn Sys, dir: &Path, dry_run: bool, out: &mut dyn Write) ->
     }
     first_err.map_or(Ok(found.len()), Err)
 }
-
-/// `rtprobe cleanup`.
-#[derive(Debug, clap::Args)]
-pub struct CleanupArgs {
-    /// Only list the testbeds of dead runs, change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-/// `rtprobe cleanup` through `sys`.
-pub fn cleanup_command(args: &CleanupArgs, sys: &dyn Sys) -> Result<std::process::ExitCode> {
-    if !args.dry_run {
-        super::require_root()?;
-    }
-    cleanup(
-        sys,
-        Path::new(RUN_DIR),
-        args.dry_run,
-        &mut std::io::stdout().lock(),
-    )?;
-    Ok(std::process::ExitCode::SUCCESS)
-}

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::{
     Bottleneck, Bytes, CpuDmaLatency, DevicePolicy, LoadSpec, MissingPolicy, QdiscSpec, QueueLimit,
     Rate, ShaperKind, StressTool,
-    units::{self, humane_duration},
 };
+use crate::model::units::{self, humane_duration};
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[command(next_help_heading = "Knobs (applied for the run, restored afterwards)")]

@@ -87,9 +87,12 @@ use super::{
     load_acct::{self, FetchStats, FetchTimes, SeqWindow},
     rt::RtSettings,
     shaping::Shaping,
-    units::{self, Bytes, LoadRate, Rate},
+    units::{Bytes, LoadRate, Rate},
 };
-use crate::sys::{Netns, Sys};
+use crate::{
+    model::units,
+    sys::{Netns, Sys},
+};
 
 /// First port of the load flows (iperf's).
 pub const DEFAULT_LOAD_PORT: u16 = 5201;

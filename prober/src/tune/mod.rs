@@ -861,7 +861,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             "load".into(),
             json!({
                 "specs": knobs.loads().iter().map(|l| l.to_string()).collect::<Vec<_>>(),
-                "warmup": units::fmt_duration(warmup),
+                "warmup": crate::model::units::fmt_duration(warmup),
                 "link_rate": link_rate.map(|r| r.to_string()),
                 "receiver": tb.receiver_if.addr.to_string(),
                 "started_ns": started_ns,

@@ -94,8 +94,9 @@ use super::{
     at::At,
     shaping::{SHAPER_CLASS, Shaping},
     tc::{self, TcCmd},
-    units::{Bytes, Rate, fmt_duration, parse_duration, tc_time},
+    units::{Bytes, Rate, tc_time},
 };
+use crate::model::units::{fmt_duration, parse_duration};
 
 /// Handle of the chosen qdisc, at the root or under the shaper.
 pub const QDISC_HANDLE: &str = "10:";
@@ -994,7 +995,7 @@ impl QdiscSpec {
                     p.hp_tos = match need(k, v)? {
                         "none" => None,
                         t => Some(
-                            super::units::parse_u8_maybe_hex(t)
+                            crate::model::units::parse_u8_maybe_hex(t)
                                 .map_err(|e| format!("hp_tos: {e}"))?,
                         ),
                     }

@@ -164,7 +164,7 @@ impl QueueSampler {
     pub fn metadata(&self) -> Value {
         json!({
             "csv": self.path.display().to_string(),
-            "interval": super::units::fmt_duration(self.interval),
+            "interval": crate::model::units::fmt_duration(self.interval),
             "samples": self.samples,
         })
     }

@@ -36,10 +36,7 @@ use super::{
     dist::{Dist, TimeGrid},
     read::{CsvRun, FlowData, ReadError, ReadOptions, Series, TsCounts, Want, XSource},
 };
-use crate::{
-    export::csv::{META_PREFIX, RunMeta},
-    stats::chain::Stage,
-};
+use crate::{export::csv::META_PREFIX, model::run::RunMeta, stats::chain::Stage};
 
 /// Whether the first bytes of a file are an HdrHistogram interval log
 /// rather than a CSV: its `#[...]` header lines, its column legend, or a

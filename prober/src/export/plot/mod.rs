@@ -44,7 +44,7 @@ use self::{
     read::{CsvRun, ReadOptions, Series, Want, XSource},
     stats::{BoxStats, CdfPoint},
 };
-use crate::{export::csv::RunMeta, stats::chain::Stage};
+use crate::{model::run::RunMeta, stats::chain::Stage};
 
 /// Which latency to draw (`--metric`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -240,7 +240,7 @@ pub fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
     if s.trim().trim_start_matches('0').is_empty() {
         return Ok(Duration::ZERO);
     }
-    crate::tune::units::parse_duration(s)
+    crate::model::units::parse_duration(s)
 }
 
 /// Validated `rtprobe plot` options.

@@ -27,10 +27,7 @@ use std::{
 };
 
 use super::dist::{self, Dist, TimeGrid};
-use crate::{
-    export::csv::{META_PREFIX, RunMeta},
-    stats::chain::Stage,
-};
+use crate::{export::csv::META_PREFIX, model::run::RunMeta, stats::chain::Stage};
 
 /// How many stages the chain splits into.
 pub const STAGES: usize = Stage::ALL.len();
@@ -916,7 +913,10 @@ fn quote(raw: &[u8], max: usize) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::export::csv::{HEADER, ProbeRecord, TsSource, format_row};
+    use crate::{
+        export::csv::{HEADER, format_row},
+        model::record::{ProbeRecord, TsSource},
+    };
 
     fn row(seq: u64, one_way: Option<i64>, rtt: Option<i64>) -> ProbeRecord {
         let lost = one_way.is_none();

@@ -7,6 +7,7 @@
 
 use std::{
     io::{Read, Write},
+    process::ExitCode,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU8, Ordering},
@@ -19,13 +20,19 @@ use serde::Serialize;
 
 use crate::{
     cli::TestbedArgs,
-    runner::mode_name,
+    signals::with_signals,
     testbed::{Iface, Testbed},
 };
 
+pub(super) fn command(args: TestbedArgs) -> Result<ExitCode> {
+    crate::testbed::require_root()?;
+    with_signals(true, move |stop| hold(&args, crate::sys::linux(), &stop))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// What the JSON line says.
 #[derive(Debug, Serialize)]
-pub struct HeldTestbed {
+struct HeldTestbed {
     pub id: String,
     pub sender_ns: String,
     pub router_ns: String,
@@ -52,7 +59,7 @@ fn name(i: &Option<Iface>) -> String {
 }
 
 /// Builds, announces, holds, tears down.
-pub fn hold(args: &TestbedArgs, sys: crate::sys::SysRef, stop: &AtomicU8) -> Result<()> {
+fn hold(args: &TestbedArgs, sys: crate::sys::SysRef, stop: &AtomicU8) -> Result<()> {
     let tb = Testbed::veth(sys)?;
     let xdp = crate::ebpf::attach_for_testbed(&tb, args.xdp_mode, args.xdp_action)?;
     let info = HeldTestbed {
@@ -72,7 +79,7 @@ pub fn hold(args: &TestbedArgs, sys: crate::sys::SysRef, stop: &AtomicU8) -> Res
         receiver_addr: tb.receiver_if.addr.to_string(),
         sender_addr6: addr6(&tb.sender_if),
         receiver_addr6: addr6(&tb.receiver_if),
-        xdp_mode_requested: mode_name(args.xdp_mode).to_string(),
+        xdp_mode_requested: args.xdp_mode.as_str().to_string(),
         xdp_mode_attached: xdp.attached_mode_name(),
     };
     {

@@ -1,0 +1,315 @@
+//! `rtprobe reflect`: answers probes from other hosts until Ctrl-C (or
+//! `--duration`), optionally with the in-kernel reflector in front and a
+//! metrics endpoint beside it, then prints what it did.
+
+use std::{net::SocketAddr, path::Path, process::ExitCode, sync::Arc};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    ebpf::reflector::{RateLimits, Reflector},
+    export::metrics::{Metrics, MetricsServer, ReflectorCounts},
+    probe::{
+        reflect::{self, Core, Counters, Policy, ServeReport},
+        socket::ProbeSocket,
+    },
+    signals::with_signals,
+    spec::remote::{
+        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS, ProtocolArg, ReflectArgs, read_key,
+    },
+    stats::XdpCounters,
+};
+
+pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
+    let protocol = args.protocol.unwrap_or_default();
+    check_args(args, protocol)?;
+    let key = args.auth_key.as_deref().map(read_key).transpose()?;
+    let (listen, socks) = if args.listen.is_empty() {
+        reflect::bind_both_families(protocol.default_port())?
+    } else {
+        (args.listen.clone(), reflect::bind(&args.listen)?)
+    };
+    let kernel = if args.kernel {
+        attach_kernel(args, &listen, protocol, key.is_some())
+    } else {
+        None
+    };
+    let policy = Policy {
+        protocol,
+        key,
+        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
+        stateful: !args.stateless,
+    };
+    let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
+    announce(&policy, &names, kernel.is_some());
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some(Publisher::start(addr)?),
+        None => None,
+    };
+    let (mut report, kernel) = serve(socks, policy, args, metrics, kernel)?;
+    report.listen = names;
+    let kcounters = match &kernel {
+        Some(r) => Some(
+            r.counters()
+                .context("read the in-kernel reflector's counters")?,
+        ),
+        None => None,
+    };
+    drop(kernel);
+    print_report(&report, kcounters.as_ref());
+    if let Some(j) = &args.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(k) = kcounters {
+            v["kernel_counters"] = serde_json::to_value(k)?;
+        }
+        crate::export::json::write_value(j, &v)?;
+        println!("  wrote {}", j.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The flag combinations that make no sense, and a `--json` path that
+/// could not be written at exit.
+fn check_args(args: &ReflectArgs, protocol: ProtocolArg) -> Result<()> {
+    if args.auth_key.is_some() && protocol != ProtocolArg::Stamp {
+        bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
+    }
+    if args.stateless && protocol != ProtocolArg::Stamp {
+        bail!("--stateless is a STAMP reflector mode: add --protocol stamp");
+    }
+    if args.duration.is_some_and(|d| d.is_zero()) {
+        bail!("--duration 0 answers nothing: give e.g. 10min, or leave it out to run until Ctrl-C");
+    }
+    if let Some(j) = &args.json {
+        check_json_path(j)?;
+    }
+    Ok(())
+}
+
+/// `--json FILE` is written only at exit: find out now whether it can be,
+/// rather than lose every counter then. Leaves no file behind.
+fn check_json_path(path: &Path) -> Result<()> {
+    let shown = path.display();
+    if path.as_os_str().is_empty() || path.is_dir() {
+        bail!("--json {shown:?} is a directory, not a file: give e.g. --json reflector.json");
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        bail!(
+            "--json {shown}: directory {} does not exist: create it or give another path",
+            dir.display()
+        );
+    }
+    let existed = path.exists();
+    let opened = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path);
+    if let Err(e) = opened {
+        bail!("--json {shown}: cannot write it ({e}): give a writable path");
+    }
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// `--kernel`: the in-kernel reflector with the rate limits asked for, or
+/// (said on stderr) the user-space reflector alone.
+fn attach_kernel(
+    args: &ReflectArgs,
+    listen: &[SocketAddr],
+    protocol: ProtocolArg,
+    key: bool,
+) -> Option<Reflector> {
+    let limits = RateLimits {
+        per_source_pps: Some(args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS)),
+        global_pps: Some(
+            args.global_rate_limit
+                .unwrap_or(DEFAULT_GLOBAL_RATE_LIMIT_PPS),
+        ),
+    };
+    match reflect::attach_kernel(crate::sys::linux(), listen, protocol, key, limits) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!(
+                "rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone"
+            );
+            None
+        }
+    }
+}
+
+/// The line that says what is answered where.
+fn announce(policy: &Policy, names: &[String], kernel: bool) {
+    eprintln!(
+        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per IPv4 address or IPv6 /64; Ctrl-C to stop",
+        policy.protocol.name(),
+        names.join(", "),
+        if policy.key.is_some() {
+            " (authenticated)"
+        } else {
+            ""
+        },
+        if kernel {
+            ", in-kernel reflector attached"
+        } else {
+            ""
+        },
+        policy.rate_limit_pps,
+    );
+}
+
+/// Serves until a signal or `--duration`. The in-kernel reflector goes
+/// along into the serving thread, whose tick publishes its counters too,
+/// and comes back to be read last.
+fn serve(
+    socks: Vec<ProbeSocket>,
+    policy: Policy,
+    args: &ReflectArgs,
+    mut metrics: Option<Publisher>,
+    kernel: Option<Reflector>,
+) -> Result<(ServeReport, Option<Reflector>)> {
+    let (quiet, duration) = (args.quiet, args.duration);
+    with_signals(true, move |stop| {
+        let mut core = Core::new(policy);
+        let report = reflect::serve(
+            &socks,
+            &mut core,
+            &stop,
+            duration,
+            |line| {
+                if !quiet {
+                    eprintln!("rtprobe reflect: {line}");
+                }
+            },
+            |c| {
+                if let Some(m) = metrics.as_mut() {
+                    m.tick(c, kernel.as_ref());
+                }
+            },
+        );
+        drop(metrics);
+        report.map(|r| (r, kernel))
+    })
+}
+
+/// `--metrics-listen`: the server and what it last published.
+struct Publisher {
+    metrics: Arc<Metrics>,
+    _server: MetricsServer,
+    published: ReflectorCounts,
+    kernel_published: XdpCounters,
+    kernel_error_said: bool,
+}
+
+impl Publisher {
+    fn start(addr: SocketAddr) -> Result<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let server = MetricsServer::start(addr, metrics.clone())?;
+        eprintln!(
+            "rtprobe reflect: serving metrics at http://{}/metrics",
+            server.local_addr()
+        );
+        Ok(Self {
+            metrics,
+            _server: server,
+            published: ReflectorCounts::default(),
+            kernel_published: XdpCounters::new(),
+            kernel_error_said: false,
+        })
+    }
+
+    /// Publishes the reflector's counters, and the in-kernel one's.
+    fn tick(&mut self, c: &Counters, kernel: Option<&Reflector>) {
+        self.metrics.reflector_update(
+            &mut self.published,
+            ReflectorCounts {
+                sessions: c.sessions,
+                reflected: c.reflected,
+                not_for_us: c.not_for_us,
+                bad_source: c.bad_source,
+                malformed: c.malformed,
+                rate_limited: c.rate_limited,
+                auth_failed: c.auth_failed,
+                send_errors: c.send_errors,
+            },
+        );
+        if let Some(k) = kernel {
+            match k.counters() {
+                Ok(now) => self
+                    .metrics
+                    .kernel_reflector_update(&mut self.kernel_published, &now),
+                Err(e) if !self.kernel_error_said => {
+                    self.kernel_error_said = true;
+                    log::warn!("metrics: the in-kernel reflector's counters: {e:#}");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// The exit summary on stdout.
+fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
+    let c = &report.counters;
+    println!(
+        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
+        c.datagrams,
+        report.duration_s,
+        c.sessions,
+        c.reflected,
+        c.not_for_us,
+        c.bad_source,
+        c.malformed,
+        c.rate_limited,
+        c.auth_failed,
+        c.send_errors
+    );
+    if c.recv_errors > 0 {
+        println!("  receive errors: {} (logged, survived)", c.recv_errors);
+    }
+    println!("  clock: {}", report.clock_line());
+    if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
+        println!(
+            "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs over {} of {} replies stamped (at most {}/s)",
+            p50 as f64 / 1e3,
+            p99 as f64 / 1e3,
+            report.turnaround_ns.count,
+            report.turnaround_sampled,
+            report.turnaround_stamps_per_s
+        );
+    } else if c.reflected > 0 && report.turnaround_sampled == 0 {
+        println!("  turnaround: not measured (needs per-send TX stamp ids, Linux >= 6.13)");
+    }
+    if let Some(k) = kcounters {
+        println!(
+            "  in-kernel reflector: {}",
+            serde_json::to_string(k).unwrap_or_default()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_path_is_checked_at_start_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = check_json_path(std::path::Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        assert_eq!(e.to_string().lines().count(), 1);
+        let e = check_json_path(&dir.path().join("no/such/r.json")).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let e = check_json_path(std::path::Path::new("/proc/rtprobe-reflect.json")).unwrap_err();
+        assert!(e.to_string().contains("cannot write it"), "{e}");
+        let fresh = dir.path().join("r.json");
+        check_json_path(&fresh).unwrap();
+        assert!(!fresh.exists(), "a check leaves nothing behind");
+        std::fs::write(&fresh, "kept").unwrap();
+        check_json_path(&fresh).unwrap();
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "kept");
+    }
+}

@@ -1,0 +1,26 @@
+//! Watching a session while it runs (interval reports, the progress bar,
+//! metrics, the HDR log: see `export::live`), without the session knowing
+//! who watches.
+
+use anyhow::Result;
+
+use super::record::ProbeRecord;
+use crate::stats::RunStats;
+
+/// Watches a session while it runs: every finalized record (seq order)
+/// and a tick a few times a second.
+pub trait SessionObserver {
+    /// A finalized record, whether or not the CSV could take it.
+    fn on_record(&mut self, _r: &ProbeRecord) {}
+    /// A few times a second (the session's tick) and once more at the end
+    /// (`last`). An error is an output that failed: the session stops
+    /// sending, ends cleanly and reports it.
+    fn on_tick(&mut self, _stats: &RunStats, _last: bool) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Watches nothing.
+pub struct NoObserver;
+
+impl SessionObserver for NoObserver {}

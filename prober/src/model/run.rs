@@ -1,0 +1,63 @@
+//! A run as a whole: what was asked and set up ([`RunMeta`], the CSV's
+//! first line) and what came out ([`RunOutcome`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::Summary;
+
+/// Run metadata stored as the CSV's first line, so plots can be titled
+/// without flags. Every field is optional on read (older or foreign CSVs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunMeta {
+    pub version: String,
+    /// RFC 3339 start time.
+    pub started_at: String,
+    pub label: Option<String>,
+    /// "veth" (self-built namespaces) or "nic-pair".
+    pub testbed: String,
+    /// Unique id of the run's testbed: its namespaces are `rtprobe-<id>-<role>`.
+    pub testbed_id: String,
+    pub tx_if: Option<String>,
+    pub rx_if: Option<String>,
+    pub xdp_mode_requested: String,
+    pub xdp_mode_attached: String,
+    pub xdp_action: String,
+    /// Who echoed the probes: "kernel" (rtprobe's XDP reflector) or "user".
+    pub reflector: String,
+    pub size: u32,
+    pub interval_ns: u64,
+    pub count: Option<u64>,
+    pub duration_ns: Option<u64>,
+    pub tos: u8,
+    pub port: u16,
+    pub timestamps_requested: String,
+    /// Flows probed alongside the main one (flow id, port, tos, size, interval_ns).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra_flows: Vec<serde_json::Value>,
+    /// Knobs applied for this run (qdisc, BQL, load...), by name.
+    pub knobs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The result of a run.
+pub struct RunOutcome {
+    pub summary: Summary,
+    pub meta: RunMeta,
+    pub rows: u64,
+    pub interrupted: bool,
+    /// An output failed and stopped the run (the rest is complete).
+    pub output_error: Option<String>,
+}
+
+/// The process's peak resident memory so far (VmHWM), in KiB; None
+/// (null in JSON, "-" in text) if unknown.
+pub fn peak_rss_kib() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+}
