@@ -484,3 +484,98 @@ fn plot_draws_a_bench_forward_report() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("on its own"), "{err}");
 }
+
+/// Remote, STAMP and auth rules are the validator's: `run --check` refuses
+/// a scenario whose cells could not run, naming the key, its line and the
+/// cell, before anything is touched (no root needed).
+#[test]
+fn run_check_refuses_cells_that_break_the_remote_stamp_and_auth_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stamp.toml");
+    let f = file.to_str().unwrap();
+    for (toml, says) in [
+        (
+            "[probe]\ncount = 5\nsize = 112\nprotocol = \"stamp\"\nauth_key = \"k.key\"\n\
+             reflector = \"kernel\"\n",
+            "stamp.toml:6:1: probe.reflector: kernel answers unauthenticated STAMP only: drop \
+             --auth-key or use --reflector user (cell s112-i1ms-off-default)",
+        ),
+        (
+            "[probe]\ncount = 5\nprotocol = \"stamp\"\nflows = [\"port=5070\"]\n\
+             [set.base]\n[set.fifo]\nqdisc = \"pfifo,limit=20\"\n",
+            "stamp.toml:4:1: probe.flows: works with the rtprobe protocol only: drop --flow or \
+             --protocol stamp (cell s64-i1ms-off-base)",
+        ),
+        (
+            "[probe]\ncount = 5\nauth_key = \"k.key\"\n",
+            "stamp.toml:3:1: probe.auth_key: is STAMP's authenticated mode: add --protocol stamp",
+        ),
+        (
+            "[probe]\ncount = 5\nprotocol = \"stamp\"\nsizes = [64, 40]\n",
+            "stamp.toml:4:1: probe.sizes: 40 is too small for stamp probes: use at least 44 \
+             bytes (cell s40-i1ms-off-default)",
+        ),
+        (
+            "[probe]\ncount = 5\ntarget = \"192.0.2.7\"\nxdp_modes = [\"auto\"]\n\
+             [set.base]\n[set.shaped]\nlink_rate = \"10mbit\"\n",
+            "probe.target: takes only the sender's real-time knobs (--rt-priority, --mlockall, \
+             --pin-cpu, --cpu-dma-latency); the other knobs change a testbed's interfaces \
+             (cell s64-i1ms-auto-shaped)",
+        ),
+    ] {
+        std::fs::write(&file, toml).unwrap();
+        let (code, out, err) = run(&["run", "--check", f]);
+        eprintln!("exit {code}: {}", err.trim());
+        assert_eq!(code, 1, "{toml}: {out}{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{toml}: {err}");
+        assert!(out.is_empty(), "no plan printed: {out}");
+    }
+    // The command line's flag over a valid file: blamed on the flag.
+    std::fs::write(&file, "[probe]\ncount = 5\nprotocol = \"stamp\"\n").unwrap();
+    let (code, out, err) = run(&["run", "--check", f]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("OK"), "{out}");
+    let (code, _, err) = run(&["run", "--check", f, "--flow", "port=5070"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "--flow works with the rtprobe protocol only: drop --flow or --protocol stamp \
+             (on the command line)"
+        ),
+        "{err}"
+    );
+}
+
+/// The probe command refuses the same combinations as a usage error (exit
+/// 2) before it asks for root or touches anything.
+#[test]
+fn probe_refuses_remote_stamp_and_auth_combinations_as_usage_errors() {
+    for (args, says) in [
+        (
+            &[
+                "--protocol",
+                "stamp",
+                "--auth-key",
+                "k",
+                "--size",
+                "112",
+                "--reflector",
+                "kernel",
+            ][..],
+            "Error: --reflector kernel answers unauthenticated STAMP only",
+        ),
+        (
+            &["--protocol", "stamp", "--flow", "port=5070"][..],
+            "Error: --flow works with the rtprobe protocol only",
+        ),
+        (
+            &["--target", "192.0.2.7", "--tx-if", "a", "--rx-if", "b"][..],
+            "Error: --target probes a remote reflector",
+        ),
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.starts_with(says), "{args:?}: {err}");
+    }
+}

@@ -312,7 +312,8 @@ fn per_source_limit_holds_past_the_old_table_size() {
         "more answers than {SOURCES} x {per_source_max}: {c}"
     );
     assert!(
-        n(c, "rate_limited") >= f.sent - SOURCES as u64 * per_source_max,
+        // A slow forger (a loaded machine) may send less than the allowance.
+        n(c, "rate_limited") >= f.sent.saturating_sub(SOURCES as u64 * per_source_max),
         "{c}"
     );
 }

@@ -251,6 +251,8 @@ fn a_rejected_run_never_binds_its_metrics_port() {
                 "stamp",
                 "--auth-key",
                 "/nonexistent/k",
+                "--size",
+                "112",
             ],
             "key file",
         ),

@@ -7,7 +7,8 @@
 use libfuzzer_sys::fuzz_target;
 use rtprobe::export::plot::{
     dist as stats_dist,
-    read::{ReadOptions, read_csv},
+    read::read_csv,
+    run_data::ReadOptions,
     stats,
 };
 

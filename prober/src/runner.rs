@@ -39,30 +39,16 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
     Ok(())
 }
 
-/// The checks of a run's options that the spec's validator leaves to the
-/// run (they span the remote and testbed options, read the key file,
-/// resolve the target). Callers run it before they start anything that
-/// outlives a rejection, the `--metrics-listen` server first: a bad option
-/// must never leave a port listening. [`execute`] runs it again, so a
-/// caller that forgets still gets the error, only later.
+/// The checks of a run's options that need the system, which the spec's
+/// validator leaves to the run: the key file is read, the target
+/// resolved. Callers run it before they start anything that outlives a
+/// rejection, the `--metrics-listen` server first: a bad option must never
+/// leave a port listening. [`execute`] runs it again, so a caller that
+/// forgets still gets the error, only later.
 pub fn check(opts: &RunOptions) -> Result<()> {
     let remote = &opts.remote;
-    remote.check()?;
     if remote.target.is_some() {
-        crate::probe::remote::check_target_options(opts)?;
         remote.target_addr(remote.port(opts.probe.port))?;
-    } else {
-        if remote.protocol() == ProtocolArg::Stamp && !opts.extra_flows.is_empty() {
-            bail!("--flow works with the rtprobe protocol only: drop --flow or --protocol stamp");
-        }
-        if opts.tx_if.is_some() != opts.rx_if.is_some() {
-            bail!("NIC-pair mode needs both --tx-if and --rx-if");
-        }
-        if remote.auth_key.is_some() && opts.reflector == Some(ReflectorKind::Kernel) {
-            bail!(
-                "--reflector kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user"
-            );
-        }
     }
     if let Some(path) = &remote.auth_key {
         crate::spec::remote::read_key(path)?;
@@ -91,7 +77,7 @@ pub fn execute(
     let build = |sys: SysRef| match (&opts.tx_if, &opts.rx_if) {
         (Some(t), Some(r)) => Testbed::nic_pair(sys, t, r, opts.force),
         (None, None) => Testbed::veth(sys),
-        _ => bail!("internal: NIC-pair mode without both interfaces passed `check`"),
+        _ => bail!("internal: NIC-pair mode without both interfaces passed the validator"),
     };
     let mut loader = crate::ebpf::KernelLoader(sys.clone());
     orchestrate(

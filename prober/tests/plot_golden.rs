@@ -679,7 +679,7 @@ fn hdr_log_fixture_is_what_the_crate_writes() {
     let dir = tempfile::tempdir().unwrap();
     let fresh = dir.path().join("fresh.hlog");
     write_hdr_log(&fresh);
-    let opts = rtprobe::export::plot::read::ReadOptions::default();
+    let opts = rtprobe::export::plot::run_data::ReadOptions::default();
     let a = rtprobe::export::plot::read::read_input_file(Path::new(HDR_FIXTURE), &opts).unwrap();
     let b = rtprobe::export::plot::read::read_input_file(&fresh, &opts).unwrap();
     for run in [&a, &b] {
@@ -688,7 +688,7 @@ fn hdr_log_fixture_is_what_the_crate_writes() {
         assert_eq!(f.rtt.as_ref().unwrap().dist.n(), 2001);
         assert_eq!(f.one_way.as_ref().unwrap().time.finish().len(), 10);
     }
-    let q = |r: &rtprobe::export::plot::read::CsvRun| {
+    let q = |r: &rtprobe::export::plot::run_data::CsvRun| {
         r.flows[0]
             .one_way
             .as_ref()

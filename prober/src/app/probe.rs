@@ -12,7 +12,7 @@ use crate::{
     model::run::{RunMeta, RunOutcome},
     probe::{
         ProbeConfig,
-        remote::{Target, check_target_options, run_session, summarise},
+        remote::{Target, run_session, summarise},
     },
     signals::with_signals,
     spec::{RunOptions, SpecError, plan, remote::read_key},
@@ -158,8 +158,6 @@ pub(super) fn execute(
 /// written and summarised as a testbed run is.
 fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    remote.check()?;
-    check_target_options(opts)?;
     let port = remote.port(opts.probe.port);
     let addr = remote
         .target_addr(port)?

@@ -97,7 +97,7 @@ impl CellRunner for ProbeCellRunner<'_> {
         crate::runner::check(opts)?;
         let mut live = Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
         let out = super::probe::execute(opts, self.sys.clone(), self.stop, &mut live)?;
-        let json = crate::export::json::write_summary(&cell.json, &out.summary).err();
+        let json = crate::export::json::write_summary(&cell.json(), &out.summary).err();
         if let Some(e) = crate::runner::failed_outputs(out.output_error.as_deref(), json.as_ref()) {
             bail!("{e} (the summary covers every probe sent)");
         }
@@ -105,7 +105,7 @@ impl CellRunner for ProbeCellRunner<'_> {
             bail!(
                 "interrupted after {} probes (kept in {})",
                 out.summary.sent,
-                cell.csv.display()
+                cell.csv().display()
             );
         }
         Ok(CellResult {
@@ -130,11 +130,11 @@ impl FigureMaker for PlotFigures {
         use crate::export::plot::{self, Metric, PlotOptions};
         let opts = PlotOptions {
             prefix: other.id.clone(),
-            labels: vec![baseline.label.clone(), other.label.clone()],
+            labels: vec![baseline.label().to_string(), other.label().to_string()],
             metrics: vec![Metric::OneWay, Metric::Rtt],
             metric_required: true,
             ..PlotOptions::new(
-                vec![baseline.csv.clone(), other.csv.clone()],
+                vec![baseline.csv().to_path_buf(), other.csv().to_path_buf()],
                 out_dir.to_path_buf(),
             )
         };

@@ -193,114 +193,146 @@ fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, v: &T, what: &str) -> Res
     Ok(())
 }
 
+/// The four rings of one socket.
+struct Rings {
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    rx: Ring<libc::xdp_desc>,
+    tx: Ring<libc::xdp_desc>,
+}
+
+/// A fresh AF_XDP socket.
+fn open_xdp_socket() -> Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(errno_ctx(
+            "socket(AF_XDP) (needs Linux >= 4.18 with CONFIG_XDP_SOCKETS)",
+        ));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// The UMEM: an anonymous, page-aligned, populated mapping of `len` bytes.
+fn map_umem(len: usize) -> Result<NonNull<u8>> {
+    // SAFETY: a fresh anonymous mapping (page-aligned); checked below.
+    let area = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if area == libc::MAP_FAILED {
+        return Err(errno_ctx("mmap the AF_XDP UMEM"));
+    }
+    NonNull::new(area.cast::<u8>()).context("mmap returned null")
+}
+
+/// Registers the UMEM with the socket and sizes its four rings.
+fn register_umem(fd: BorrowedFd<'_>, umem: NonNull<u8>, umem_len: usize) -> Result<()> {
+    // SAFETY: all-zero is a valid xdp_umem_reg.
+    let mut reg: libc::xdp_umem_reg = unsafe { std::mem::zeroed() };
+    reg.addr = umem.as_ptr() as u64;
+    reg.len = umem_len as u64;
+    reg.chunk_size = FRAME_SIZE;
+    setsockopt(fd, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG")?;
+    setsockopt(
+        fd,
+        libc::XDP_UMEM_FILL_RING,
+        &FILL_SIZE,
+        "XDP_UMEM_FILL_RING",
+    )?;
+    setsockopt(
+        fd,
+        libc::XDP_UMEM_COMPLETION_RING,
+        &COMP_SIZE,
+        "XDP_UMEM_COMPLETION_RING",
+    )?;
+    setsockopt(fd, libc::XDP_RX_RING, &RX_SIZE, "XDP_RX_RING")?;
+    setsockopt(fd, libc::XDP_TX_RING, &TX_SIZE, "XDP_TX_RING")
+}
+
+/// Where the kernel put each ring's indexes, flags and descriptors.
+fn mmap_offsets(fd: BorrowedFd<'_>) -> Result<libc::xdp_mmap_offsets> {
+    // SAFETY: all-zero is a valid xdp_mmap_offsets.
+    let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+    // SAFETY: `off` is writable for `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_XDP,
+            libc::XDP_MMAP_OFFSETS,
+            (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(errno_ctx("XDP_MMAP_OFFSETS"));
+    }
+    if len as usize != std::mem::size_of::<libc::xdp_mmap_offsets>() {
+        bail!("this kernel's AF_XDP rings have no flags word (needs Linux >= 5.4)");
+    }
+    Ok(off)
+}
+
+fn map_rings(fd: BorrowedFd<'_>, off: &libc::xdp_mmap_offsets) -> Result<Rings> {
+    let fill = Ring::<u64>::map(fd, &off.fr, FILL_SIZE, libc::XDP_UMEM_PGOFF_FILL_RING)?;
+    let comp = Ring::<u64>::map(fd, &off.cr, COMP_SIZE, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
+    let rx = Ring::map(fd, &off.rx, RX_SIZE, libc::XDP_PGOFF_RX_RING as u64)?;
+    let tx = Ring::map(fd, &off.tx, TX_SIZE, libc::XDP_PGOFF_TX_RING as u64)?;
+    Ok(Rings { fill, comp, rx, tx })
+}
+
+/// Binds the socket to one queue of an interface, in copy mode.
+fn bind_queue(fd: BorrowedFd<'_>, ifindex: u32, queue: u32) -> Result<()> {
+    let sa = libc::sockaddr_xdp {
+        sxdp_family: libc::AF_XDP as u16,
+        sxdp_flags: libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP,
+        sxdp_ifindex: ifindex,
+        sxdp_queue_id: queue,
+        sxdp_shared_umem_fd: 0,
+    };
+    // SAFETY: a valid sockaddr_xdp of the size passed.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_xdp).cast(),
+            std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(errno_ctx(&format!(
+            "bind the AF_XDP socket to queue {queue} of interface {ifindex} (copy mode)"
+        )));
+    }
+    Ok(())
+}
+
 impl Xsk {
     /// Creates a socket bound to queue `queue` of `ifindex` (in the calling
     /// thread's network namespace), in copy mode, its fill ring full.
     pub fn bind(ifindex: u32, queue: u32) -> Result<Self> {
-        // SAFETY: plain syscall.
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(errno_ctx(
-                "socket(AF_XDP) (needs Linux >= 4.18 with CONFIG_XDP_SOCKETS)",
-            ));
-        }
-        // SAFETY: a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = open_xdp_socket()?;
         let umem_len = (FRAMES * FRAME_SIZE) as usize;
-        // SAFETY: a fresh anonymous mapping (page-aligned); checked below.
-        let area = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                umem_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if area == libc::MAP_FAILED {
-            return Err(errno_ctx("mmap the AF_XDP UMEM"));
-        }
-        let umem = NonNull::new(area.cast::<u8>()).context("mmap returned null")?;
-        let unmap = |e: anyhow::Error| {
-            // SAFETY: the area mapped above, not yet owned by an Xsk.
-            unsafe { libc::munmap(area, umem_len) };
-            e
-        };
+        let umem = map_umem(umem_len)?;
         let fdb = fd.as_fd();
         let rings = (|| -> Result<_> {
-            // SAFETY: all-zero is a valid xdp_umem_reg.
-            let mut reg: libc::xdp_umem_reg = unsafe { std::mem::zeroed() };
-            reg.addr = area as u64;
-            reg.len = umem_len as u64;
-            reg.chunk_size = FRAME_SIZE;
-            setsockopt(fdb, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG")?;
-            setsockopt(
-                fdb,
-                libc::XDP_UMEM_FILL_RING,
-                &FILL_SIZE,
-                "XDP_UMEM_FILL_RING",
-            )?;
-            setsockopt(
-                fdb,
-                libc::XDP_UMEM_COMPLETION_RING,
-                &COMP_SIZE,
-                "XDP_UMEM_COMPLETION_RING",
-            )?;
-            setsockopt(fdb, libc::XDP_RX_RING, &RX_SIZE, "XDP_RX_RING")?;
-            setsockopt(fdb, libc::XDP_TX_RING, &TX_SIZE, "XDP_TX_RING")?;
-            // SAFETY: all-zero is a valid xdp_mmap_offsets.
-            let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-            let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-            // SAFETY: `off` is writable for `len` bytes.
-            let r = unsafe {
-                libc::getsockopt(
-                    fdb.as_raw_fd(),
-                    libc::SOL_XDP,
-                    libc::XDP_MMAP_OFFSETS,
-                    (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-                    &mut len,
-                )
-            };
-            if r != 0 {
-                return Err(errno_ctx("XDP_MMAP_OFFSETS"));
-            }
-            if len as usize != std::mem::size_of::<libc::xdp_mmap_offsets>() {
-                bail!("this kernel's AF_XDP rings have no flags word (needs Linux >= 5.4)");
-            }
-            let fill = Ring::<u64>::map(fdb, &off.fr, FILL_SIZE, libc::XDP_UMEM_PGOFF_FILL_RING)?;
-            let comp = Ring::<u64>::map(
-                fdb,
-                &off.cr,
-                COMP_SIZE,
-                libc::XDP_UMEM_PGOFF_COMPLETION_RING,
-            )?;
-            let rx = Ring::map(fdb, &off.rx, RX_SIZE, libc::XDP_PGOFF_RX_RING as u64)?;
-            let tx = Ring::map(fdb, &off.tx, TX_SIZE, libc::XDP_PGOFF_TX_RING as u64)?;
-            let sa = libc::sockaddr_xdp {
-                sxdp_family: libc::AF_XDP as u16,
-                sxdp_flags: libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP,
-                sxdp_ifindex: ifindex,
-                sxdp_queue_id: queue,
-                sxdp_shared_umem_fd: 0,
-            };
-            // SAFETY: a valid sockaddr_xdp of the size passed.
-            let r = unsafe {
-                libc::bind(
-                    fdb.as_raw_fd(),
-                    (&sa as *const libc::sockaddr_xdp).cast(),
-                    std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-                )
-            };
-            if r != 0 {
-                return Err(errno_ctx(&format!(
-                    "bind the AF_XDP socket to queue {queue} of interface {ifindex} (copy mode)"
-                )));
-            }
-            Ok((fill, comp, rx, tx))
+            register_umem(fdb, umem, umem_len)?;
+            let rings = map_rings(fdb, &mmap_offsets(fdb)?)?;
+            bind_queue(fdb, ifindex, queue)?;
+            Ok(rings)
         })()
-        .map_err(unmap)?;
-        let (fill, comp, rx, tx) = rings;
+        .inspect_err(|_| {
+            // SAFETY: the area mapped above, not yet owned by an Xsk.
+            unsafe { libc::munmap(umem.as_ptr().cast(), umem_len) };
+        })?;
+        let Rings { fill, comp, rx, tx } = rings;
         let xsk = Xsk {
             fill,
             comp,
@@ -310,14 +342,18 @@ impl Xsk {
             umem_len,
             fd,
         };
-        // Every frame starts in the fill ring.
-        let (prod, n) = xsk.fill.reserve(FRAMES);
+        xsk.fill_every_frame();
+        Ok(xsk)
+    }
+
+    /// Every frame starts in the fill ring.
+    fn fill_every_frame(&self) {
+        let (prod, n) = self.fill.reserve(FRAMES);
         for i in 0..n {
             // SAFETY: a reserved slot.
-            unsafe { *xsk.fill.desc(prod.wrapping_add(i)) = u64::from(i * FRAME_SIZE) };
+            unsafe { *self.fill.desc(prod.wrapping_add(i)) = u64::from(i * FRAME_SIZE) };
         }
-        xsk.fill.submit(prod, n);
-        Ok(xsk)
+        self.fill.submit(prod, n);
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {

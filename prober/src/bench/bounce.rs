@@ -32,15 +32,15 @@ use serde::Serialize;
 use super::{
     afxdp,
     cpu::{self, CoreUse},
-    forward::{Plan, opt},
     frame::{self, FrameSpec},
     kinds::BounceHook,
     links,
     loadgen::next_repeat,
-    perf::{self, PerfFigures},
+    perf::{self, PerfFigures, opt},
     xdp::{BenchProgram, Hook},
 };
 use crate::{
+    spec::bench::Plan,
     sys::{Netns, Ns, Sys, SysRef},
     testbed::NS_PREFIX,
 };
@@ -192,100 +192,146 @@ fn pin_to(cpu: usize) -> Result<()> {
         .with_context(|| format!("pin a generator thread to CPU {cpu}"))
 }
 
-/// One flat-out step: the generator on every CPU for `plan.step`.
-fn step(
-    plan: &Plan,
-    sys: &SysRef,
-    hook: BounceHook,
-    queues: u32,
-    seq: usize,
-    stop: &AtomicU8,
-) -> Result<BounceStep> {
-    let bed = BounceBed::build(sys.as_ref(), queues, seq)?;
-    let mut sink = BenchProgram::sink(LOAD_PORT)?;
-    sink.attach(sys.clone(), &bed.gen_ns, &bed.gen_if, Hook::Native)?;
-    let (mut dut, dut_hook) = match hook {
-        BounceHook::Skb => (BenchProgram::bounce(0)?, Hook::Skb),
-        BounceHook::Native => (BenchProgram::bounce(0)?, Hook::Native),
-        BounceHook::Afxdp => (BenchProgram::xsk()?, Hook::Native),
-    };
-    dut.attach(sys.clone(), &bed.dut_ns, &bed.dut_if, dut_hook)?;
-    // The DUT's threads one above the generator, as if it had its own
-    // cores: they take the CPU whenever frames wait.
-    let dut_prio = plan.rt_priority.map(|p| p.saturating_add(1).min(99));
-    let xsk = match hook {
-        BounceHook::Afxdp => Some(afxdp::Forwarders::start(
-            bed.dut_ns.path(),
-            bed.dut_ifindex,
-            queues,
-            dut_prio,
-            |q, fd| dut.set_xsk(q, fd),
-        )?),
-        _ => None,
-    };
-    if let Some(p) = dut_prio {
-        for &tid in &bed.napi_tids {
-            links::set_fifo(tid, p)?;
-        }
-    }
-    let frame = frame::build(&FrameSpec {
-        dst_mac: bed.dut_mac,
-        src_mac: bed.gen_mac,
-        src: Ipv4Addr::new(10, 99, 0, 1),
-        dst: Ipv4Addr::new(10, 99, 0, 2),
-        src_port: 4000,
-        dst_port: LOAD_PORT,
-        ip_size: BOUNCE_IP_SIZE,
-    });
-    let generator = BenchProgram::loadgen(bed.gen_ifindex, &frame, 1.0)?;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+/// What runs on the bed besides the generator: the sink on the
+/// generator's end, the DUT's program and, for afxdp, its forwarding
+/// threads. Dropped in this order (the forwarders before the program that
+/// feeds them).
+struct Dut {
+    xsk: Option<afxdp::Forwarders>,
+    prog: BenchProgram,
+    sink: BenchProgram,
+}
 
-    // Per queue: its NAPI thread and, for afxdp, its forwarding thread.
-    let queue_tids: Vec<(i32, Option<i32>)> = bed
-        .napi_tids
-        .iter()
-        .enumerate()
-        .map(|(q, &t)| (t, xsk.as_ref().and_then(|x| x.tids.get(q)).copied()))
-        .collect();
-    let all_tids: Vec<i32> = queue_tids
-        .iter()
-        .flat_map(|&(n, x)| std::iter::once(n).chain(x))
-        .collect();
-    let queue_cpu = |&(napi, xsk): &(i32, Option<i32>)| -> f64 {
-        cpu::task_cpu_secs(napi).unwrap_or(0.0)
-            + xsk.map_or(0.0, |t| cpu::own_thread_cpu_secs(t).unwrap_or(0.0))
-    };
-    let napi_before: Vec<f64> = queue_tids.iter().map(queue_cpu).collect();
-    let cores_before = cpu::sample()?;
+impl Dut {
+    /// Attaches the sink and the DUT's program for `hook`, starts the
+    /// AF_XDP forwarders for afxdp, and gives the DUT's threads their
+    /// real-time priority.
+    fn start(
+        plan: &Plan,
+        sys: &SysRef,
+        hook: BounceHook,
+        queues: u32,
+        bed: &BounceBed,
+    ) -> Result<Self> {
+        let mut sink = BenchProgram::sink(LOAD_PORT)?;
+        sink.attach(sys.clone(), &bed.gen_ns, &bed.gen_if, Hook::Native)?;
+        let (mut prog, dut_hook) = match hook {
+            BounceHook::Skb => (BenchProgram::bounce(0)?, Hook::Skb),
+            BounceHook::Native => (BenchProgram::bounce(0)?, Hook::Native),
+            BounceHook::Afxdp => (BenchProgram::xsk()?, Hook::Native),
+        };
+        prog.attach(sys.clone(), &bed.dut_ns, &bed.dut_if, dut_hook)?;
+        // The DUT's threads one above the generator, as if it had its own
+        // cores: they take the CPU whenever frames wait.
+        let dut_prio = plan.rt_priority.map(|p| p.saturating_add(1).min(99));
+        let xsk = match hook {
+            BounceHook::Afxdp => Some(afxdp::Forwarders::start(
+                bed.dut_ns.path(),
+                bed.dut_ifindex,
+                queues,
+                dut_prio,
+                |q, fd| prog.set_xsk(q, fd),
+            )?),
+            _ => None,
+        };
+        if let Some(p) = dut_prio {
+            for &tid in &bed.napi_tids {
+                links::set_fifo(tid, p)?;
+            }
+        }
+        Ok(Self { xsk, prog, sink })
+    }
+}
+
+/// Per queue: its NAPI thread and, for afxdp, its forwarding thread; the
+/// DUT's cost is their CPU time.
+struct QueueThreads(Vec<(i32, Option<i32>)>);
+
+impl QueueThreads {
+    fn new(napi_tids: &[i32], xsk: Option<&afxdp::Forwarders>) -> Self {
+        Self(
+            napi_tids
+                .iter()
+                .enumerate()
+                .map(|(q, &t)| (t, xsk.and_then(|x| x.tids.get(q)).copied()))
+                .collect(),
+        )
+    }
+
+    fn all_tids(&self) -> Vec<i32> {
+        self.0
+            .iter()
+            .flat_map(|&(n, x)| std::iter::once(n).chain(x))
+            .collect()
+    }
+
+    /// CPU seconds used so far, per queue.
+    fn cpu_secs(&self) -> Vec<f64> {
+        self.0
+            .iter()
+            .map(|&(napi, xsk)| {
+                cpu::task_cpu_secs(napi).unwrap_or(0.0)
+                    + xsk.map_or(0.0, |t| cpu::own_thread_cpu_secs(t).unwrap_or(0.0))
+            })
+            .collect()
+    }
+}
+
+/// One generator thread: pinned to `cpu` in the generator's namespace,
+/// it sends live frames until the step's time is up or `halt` is set,
+/// sizing each batch to what is left.
+fn generate_on(
+    plan: &Plan,
+    generator: &BenchProgram,
+    frame: &[u8],
+    gen_ns: &Netns,
+    cpu: usize,
+    halt: &AtomicBool,
+    started: Instant,
+) -> Result<()> {
+    gen_ns.enter_current_thread()?;
+    pin_to(cpu)?;
+    if let Some(p) = plan.rt_priority {
+        links::set_fifo(0, p)?;
+    }
+    let mut repeat: u32 = 1 << 14;
+    while !halt.load(Ordering::Relaxed) {
+        let left = plan.step.saturating_sub(started.elapsed()).as_secs_f64();
+        if left <= 0.0 {
+            break;
+        }
+        let t0 = Instant::now();
+        generator.run_live(frame, repeat)?;
+        let secs = t0.elapsed().as_secs_f64().max(1e-6);
+        repeat = next_repeat(f64::from(repeat) / secs, left - secs, 0.1);
+    }
+    Ok(())
+}
+
+/// Runs a generator on every CPU (and `perf stat` on `perf_tids` if the
+/// plan asks) until the step ends or `stop` is raised.
+fn generate_flat_out(
+    plan: &Plan,
+    generator: &BenchProgram,
+    frame: &[u8],
+    gen_ns: &Netns,
+    perf_tids: &[i32],
+    stop: &AtomicU8,
+    started: Instant,
+) -> Result<Option<PerfFigures>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let halt = AtomicBool::new(false);
-    let started = Instant::now();
-    let perf = std::thread::scope(|s| -> Result<Option<PerfFigures>> {
+    std::thread::scope(|s| -> Result<Option<PerfFigures>> {
         let mut gens = Vec::new();
         for c in 0..cpus {
-            let (generator, frame, halt, gen_ns) = (&generator, &frame, &halt, &bed.gen_ns);
-            gens.push(s.spawn(move || -> Result<()> {
-                gen_ns.enter_current_thread()?;
-                pin_to(c)?;
-                if let Some(p) = plan.rt_priority {
-                    links::set_fifo(0, p)?;
-                }
-                let mut repeat: u32 = 1 << 14;
-                while !halt.load(Ordering::Relaxed) {
-                    let left = plan.step.saturating_sub(started.elapsed()).as_secs_f64();
-                    if left <= 0.0 {
-                        break;
-                    }
-                    let t0 = Instant::now();
-                    generator.run_live(frame, repeat)?;
-                    let secs = t0.elapsed().as_secs_f64().max(1e-6);
-                    repeat = next_repeat(f64::from(repeat) / secs, left - secs, 0.1);
-                }
-                Ok(())
-            }));
+            let halt = &halt;
+            gens.push(
+                s.spawn(move || generate_on(plan, generator, frame, gen_ns, c, halt, started)),
+            );
         }
         let perf = plan
             .perf_stat
-            .then(|| s.spawn(|| perf::stat(&all_tids, plan.step.mul_f64(0.9))));
+            .then(|| s.spawn(|| perf::stat(perf_tids, plan.step.mul_f64(0.9))));
         while gens.iter().any(|h| !h.is_finished()) {
             if stop.load(Ordering::Relaxed) != 0 {
                 halt.store(true, Ordering::Relaxed);
@@ -304,23 +350,62 @@ fn step(
             }
             None => Ok(None),
         }
-    })?;
+    })
+}
+
+/// One flat-out step: the generator on every CPU for `plan.step`.
+fn step(
+    plan: &Plan,
+    sys: &SysRef,
+    hook: BounceHook,
+    queues: u32,
+    seq: usize,
+    stop: &AtomicU8,
+) -> Result<BounceStep> {
+    let bed = BounceBed::build(sys.as_ref(), queues, seq)?;
+    let dut = Dut::start(plan, sys, hook, queues, &bed)?;
+    let frame = frame::build(&FrameSpec {
+        dst_mac: bed.dut_mac,
+        src_mac: bed.gen_mac,
+        src: Ipv4Addr::new(10, 99, 0, 1),
+        dst: Ipv4Addr::new(10, 99, 0, 2),
+        src_port: 4000,
+        dst_port: LOAD_PORT,
+        ip_size: BOUNCE_IP_SIZE,
+    });
+    let generator = BenchProgram::loadgen(bed.gen_ifindex, &frame, 1.0)?;
+
+    let threads = QueueThreads::new(&bed.napi_tids, dut.xsk.as_ref());
+    let napi_before = threads.cpu_secs();
+    let cores_before = cpu::sample()?;
+    let started = Instant::now();
+    let perf = generate_flat_out(
+        plan,
+        &generator,
+        &frame,
+        &bed.gen_ns,
+        &threads.all_tids(),
+        stop,
+        started,
+    )?;
     let secs = started.elapsed().as_secs_f64();
     let cores_after = cpu::sample()?;
-    let per_queue: Vec<f64> = queue_tids
+    let per_queue: Vec<f64> = threads
+        .cpu_secs()
         .iter()
         .zip(&napi_before)
-        .map(|(t, b)| 100.0 * (queue_cpu(t) - b).max(0.0) / secs)
+        .map(|(a, b)| 100.0 * (a - b).max(0.0) / secs)
         .collect();
     // Let the rings drain before reading the counters.
     std::thread::sleep(Duration::from_millis(100));
     let generated = generator.handled()?;
+    let Dut { xsk, prog, sink } = dut;
     let (bounced, to_sockets) = match xsk {
-        Some(x) => (x.stop()?, Some(dut.handled()?)),
-        None => (dut.handled()?, None),
+        Some(x) => (x.stop()?, Some(prog.handled()?)),
+        None => (prog.handled()?, None),
     };
     let returned = sink.handled()?;
-    drop((generator, dut, sink));
+    drop((generator, prog, sink));
     drop(bed);
     let dut_cpu_pct: f64 = per_queue.iter().sum();
     let bounced_pps = bounced as f64 / secs;

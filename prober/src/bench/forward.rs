@@ -32,18 +32,18 @@ use serde::Serialize;
 use super::{
     cpu::{self, CoreUse},
     frame::{self, FrameSpec},
-    kinds::{BounceHook, ForwardMode, Generator, Sink},
+    kinds::{ForwardMode, Generator, Sink},
     links::{self, LinkCounters},
     loadgen::{self, LiveTarget, Offered, SocketGen},
-    perf::{self, PerfFigures},
+    perf::{self, PerfFigures, opt},
     xdp::{BenchProgram, Hook},
 };
+pub use crate::spec::bench::{Plan, Variant};
 use crate::{
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     export::CsvWriter,
     model::run::RunMeta,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
-    spec::bench::BenchForwardArgs,
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     sys::{Offload, SysRef},
     testbed::Testbed,
@@ -53,200 +53,6 @@ use crate::{
 /// receiver drops it right after the UDP lookup.
 const SINK_PORT: u16 = 9;
 const PROBE_PORT: u16 = 5061;
-
-/// One run of the router hop: a mode, and for the router's work variant
-/// the memory accesses per packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variant {
-    pub mode: ForwardMode,
-    pub work: Option<u32>,
-}
-
-/// Validated `bench-forward` options.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    pub modes: Vec<ForwardMode>,
-    /// The modes, then each skb/native mode once per `--work` value.
-    pub variants: Vec<Variant>,
-    pub bounce: Vec<BounceHook>,
-    pub queues: Vec<u32>,
-    pub perf_stat: bool,
-    pub sizes: Vec<usize>,
-    /// Percent of full speed, ascending, without duplicates.
-    pub loads: Vec<u32>,
-    pub step: Duration,
-    pub generator: Generator,
-    pub threads: usize,
-    pub sink: Sink,
-    pub probe_interval: Duration,
-    pub threaded_napi: bool,
-    pub rt_priority: Option<u8>,
-    pub json: Option<PathBuf>,
-    pub csv_dir: Option<PathBuf>,
-    pub quiet: bool,
-}
-
-/// `bench-forward`'s options with every default filled in.
-struct Resolved {
-    modes: Vec<ForwardMode>,
-    sizes: Vec<usize>,
-    load: Vec<u32>,
-    step: Duration,
-    generator: Generator,
-    threads: usize,
-    sink: Sink,
-    work: Vec<u32>,
-    bounce: Vec<BounceHook>,
-    queues: Vec<u32>,
-    perf_stat: bool,
-    probe_interval: Duration,
-    threaded_napi: bool,
-    rt_priority: Option<u8>,
-    json: Option<PathBuf>,
-    csv_dir: Option<PathBuf>,
-    quiet: bool,
-}
-
-impl Resolved {
-    /// The defaults `--help` states.
-    fn of(a: &BenchForwardArgs) -> Self {
-        use ForwardMode::{Native, NativePass, Off, Skb};
-        Self {
-            modes: a
-                .modes
-                .clone()
-                .unwrap_or_else(|| vec![Off, Skb, Native, NativePass]),
-            sizes: a.sizes.clone().unwrap_or_else(|| vec![64, 512, 1500]),
-            load: a.load.clone().unwrap_or_else(|| vec![0, 25, 50, 100]),
-            step: a.step.unwrap_or(Duration::from_secs(2)),
-            generator: a.generator.unwrap_or(Generator::Xdp),
-            threads: a.threads.unwrap_or(1),
-            sink: a.sink.unwrap_or(Sink::Xdp),
-            work: a.work.clone().unwrap_or_default(),
-            bounce: a.bounce.clone().unwrap_or_default(),
-            queues: a.queues.clone().unwrap_or_else(|| vec![1]),
-            perf_stat: a.perf_stat.unwrap_or(false),
-            probe_interval: a.probe_interval.unwrap_or(Duration::from_millis(1)),
-            threaded_napi: !a.no_threaded_napi.unwrap_or(false),
-            rt_priority: a.rt_priority,
-            json: a.json.clone(),
-            csv_dir: a.csv_dir.clone(),
-            quiet: a.quiet.unwrap_or(false),
-        }
-    }
-}
-
-impl Plan {
-    /// Fills in the defaults of what `a` leaves unset and validates. `a`
-    /// is the command line with its `--config` file already under it
-    /// ([`BenchForwardArgs::with_config_file`]).
-    pub fn from_args(a: &BenchForwardArgs) -> Result<Self> {
-        let a = Resolved::of(a);
-        if a.modes.is_empty() {
-            bail!("--modes is empty: give e.g. off,skb,native");
-        }
-        for &s in &a.sizes {
-            if !(64..=frame::MAX_IP_SIZE).contains(&s) {
-                bail!("--sizes {s} is out of range: IP packet sizes are 64..1500 bytes");
-            }
-        }
-        if a.sizes.is_empty() {
-            bail!("--sizes is empty: give e.g. 64,512,1500");
-        }
-        if let Some(l) = a.load.iter().find(|&&l| l > 100) {
-            bail!("--load {l} is above 100 %: 100 is the generator flat out");
-        }
-        if a.load.is_empty() {
-            bail!("--load is empty: give e.g. 0,25,50,100");
-        }
-        if a.step < Duration::from_millis(300) {
-            bail!(
-                "--step {:?} is too short to measure: use at least 300ms",
-                a.step
-            );
-        }
-        if a.threads == 0 || a.threads > 64 {
-            bail!("--threads {} is out of range: use 1..64", a.threads);
-        }
-        if a.probe_interval < Duration::from_micros(10) {
-            bail!("--probe-interval must be at least 10us");
-        }
-        if let Some(p) = a.rt_priority
-            && !(1..=98).contains(&p)
-        {
-            bail!("--rt-priority {p} is out of range: use 1 to 98 (the probe runs one above)");
-        }
-        if let Some(d) = &a.csv_dir
-            && !d.is_dir()
-        {
-            bail!("--csv-dir {}: no such directory", d.display());
-        }
-        let mut loads = a.load.clone();
-        loads.sort_unstable();
-        loads.dedup();
-        let mut modes = Vec::new();
-        for m in &a.modes {
-            if !modes.contains(m) {
-                modes.push(*m);
-            }
-        }
-        let max = xdp_common::bench::MAX_WORK_ACCESSES;
-        if let Some(w) = a.work.iter().find(|&&w| w == 0 || w > max) {
-            bail!("--work {w} is out of range: use 1..{max} memory accesses per packet");
-        }
-        if !a.work.is_empty() && !modes.iter().any(|m| m.redirects_in_xdp()) {
-            bail!("--work applies to the skb and native modes: add one of them to --modes");
-        }
-        if let Some(q) = a.queues.iter().find(|&&q| q == 0 || q > 64) {
-            bail!("--queues {q} is out of range: use 1..64");
-        }
-        if a.queues.is_empty() {
-            bail!("--queues is empty: give e.g. 1,2,4,8");
-        }
-        let mut variants: Vec<Variant> = modes
-            .iter()
-            .map(|&mode| Variant { mode, work: None })
-            .collect();
-        for &w in &a.work {
-            for &mode in modes.iter().filter(|m| m.redirects_in_xdp()) {
-                let v = Variant {
-                    mode,
-                    work: Some(w),
-                };
-                if !variants.contains(&v) {
-                    variants.push(v);
-                }
-            }
-        }
-        let mut bounce = Vec::new();
-        for h in &a.bounce {
-            if !bounce.contains(h) {
-                bounce.push(*h);
-            }
-        }
-        let mut queues = a.queues.clone();
-        queues.dedup();
-        Ok(Self {
-            modes,
-            variants,
-            bounce,
-            queues,
-            perf_stat: a.perf_stat,
-            sizes: a.sizes,
-            loads,
-            step: a.step,
-            generator: a.generator,
-            threads: a.threads,
-            sink: a.sink,
-            probe_interval: a.probe_interval,
-            threaded_napi: a.threaded_napi,
-            rt_priority: a.rt_priority,
-            json: a.json,
-            csv_dir: a.csv_dir,
-            quiet: a.quiet,
-        })
-    }
-}
 
 /// What stopped the forwarded rate from going higher in a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -475,6 +281,16 @@ struct ModeBed {
 }
 
 impl ModeBed {
+    /// The XDP mode `mode`'s program runs in: the work router's as
+    /// attached for the mode, else what the kernel reports.
+    fn attached_mode(&self, mode: ForwardMode) -> String {
+        match &self.work {
+            Some(_) if mode == ForwardMode::Skb => "skb".into(),
+            Some(_) => "native".into(),
+            None => self.xdp.attached_mode_name(),
+        }
+    }
+
     fn snapshot(&self) -> Result<Snapshot> {
         let router = self
             .tb
@@ -684,6 +500,83 @@ fn run_probe(
     Ok(s)
 }
 
+/// The load one step offers: the frame, its IP size, the percentage of
+/// full speed and, below 100 %, the paced rate with the full-speed figures
+/// it derives from.
+struct Load<'a> {
+    frame: &'a [u8],
+    ip_size: usize,
+    pct: u32,
+    rate: Option<(f64, FullSpeed)>,
+}
+
+/// What one step measured while it ran.
+struct StepRun {
+    /// The probe session across the hop.
+    probe: Summary,
+    load: LoadRun,
+    /// CPU times as the load ended.
+    cpu_after: Vec<cpu::CpuTimes>,
+    /// The router's counters, on flat-out steps with `--perf-stat`.
+    perf: Option<PerfFigures>,
+}
+
+/// Runs the probe session, the load (or, at 0 %, a pause as long) and on
+/// flat-out steps `perf stat`, side by side for one step.
+fn probe_under_load(
+    bed: &ModeBed,
+    plan: &Plan,
+    load: Load<'_>,
+    csv_name: &str,
+    stop: &AtomicU8,
+) -> Result<StepRun> {
+    let count_perf = plan.perf_stat && load.pct >= 100;
+    let (probe, (run, cpu_after), perf) = std::thread::scope(|s| {
+        let probe = s.spawn(|| run_probe(&bed.tb, plan, plan.step, csv_name, stop));
+        // Counting stops a little before the load so that it covers load only.
+        let perf =
+            count_perf.then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
+        let run = (|| -> Result<(LoadRun, Vec<cpu::CpuTimes>)> {
+            let run = if load.pct == 0 {
+                std::thread::sleep(plan.step);
+                LoadRun {
+                    counted: 0,
+                    secs: plan.step.as_secs_f64(),
+                    cpu_secs: 0.0,
+                }
+            } else {
+                run_load(
+                    bed,
+                    plan,
+                    load.frame,
+                    load.ip_size,
+                    load.rate,
+                    plan.step,
+                    stop,
+                )?
+            };
+            Ok((run, cpu::sample()?))
+        })();
+        let probe = probe
+            .join()
+            .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?;
+        let perf = match perf {
+            Some(h) => Some(
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("the perf thread panicked"))??,
+            ),
+            None => None,
+        };
+        anyhow::Ok((probe, run?, perf))
+    })?;
+    Ok(StepRun {
+        probe: probe.context("the probe session during the step")?,
+        load: run,
+        cpu_after,
+        perf,
+    })
+}
+
 /// One step: load (unless 0 %) and a probe session side by side. `full`
 /// is None for the flat-out step.
 fn run_step(
@@ -713,38 +606,23 @@ fn run_step(
     let mode = variant.mode;
     let label = variant_label(mode, variant.work);
     let csv_name = format!("{label}-{ip_size}B-{load_pct}pct.csv");
-    let count_perf = plan.perf_stat && load_pct >= 100;
-    let (probe, (load, cpu_after), perf) = std::thread::scope(|s| {
-        let probe = s.spawn(|| run_probe(&bed.tb, plan, plan.step, &csv_name, stop));
-        // Counting stops a little before the load so that it covers load only.
-        let perf =
-            count_perf.then(|| s.spawn(|| perf::stat(&bed.napi_tids, plan.step.mul_f64(0.9))));
-        let load = (|| -> Result<(LoadRun, Vec<cpu::CpuTimes>)> {
-            let load = if load_pct == 0 {
-                std::thread::sleep(plan.step);
-                LoadRun {
-                    counted: 0,
-                    secs: plan.step.as_secs_f64(),
-                    cpu_secs: 0.0,
-                }
-            } else {
-                run_load(bed, plan, &frame_bytes, ip_size, rate, plan.step, stop)?
-            };
-            Ok((load, cpu::sample()?))
-        })();
-        let probe = probe
-            .join()
-            .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?;
-        let perf = match perf {
-            Some(h) => Some(
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("the perf thread panicked"))??,
-            ),
-            None => None,
-        };
-        anyhow::Ok((probe, load?, perf))
-    })?;
-    let probe = probe.context("the probe session during the step")?;
+    let StepRun {
+        probe,
+        load,
+        cpu_after,
+        perf,
+    } = probe_under_load(
+        bed,
+        plan,
+        Load {
+            frame: &frame_bytes,
+            ip_size,
+            pct: load_pct,
+            rate,
+        },
+        &csv_name,
+        stop,
+    )?;
     // Let what is still in the rings arrive before reading the counters.
     std::thread::sleep(Duration::from_millis(100));
     let after = bed.snapshot()?;
@@ -772,11 +650,7 @@ fn run_step(
     Ok(StepResult {
         mode,
         work: variant.work,
-        xdp_mode_attached: match &bed.work {
-            Some((_, _)) if mode == ForwardMode::Skb => "skb".into(),
-            Some((_, _)) => "native".into(),
-            None => bed.xdp.attached_mode_name(),
-        },
+        xdp_mode_attached: bed.attached_mode(mode),
         generator: plan.generator,
         size: ip_size,
         load_pct,
@@ -1155,11 +1029,6 @@ pub fn format_report(r: &ForwardReport) -> String {
     o
 }
 
-/// A figure with `digits` decimals, or "-" when unknown.
-pub fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("-".into(), |v| format!("{v:.digits$}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1172,56 +1041,6 @@ mod tests {
         assert_eq!(classify(50, 500_000, 400_000), Limit::Router);
         assert_eq!(classify(50, 500_000, 500_000), Limit::None);
         assert_eq!(classify(0, 0, 0), Limit::None);
-    }
-
-    #[test]
-    fn plan_validation() {
-        use crate::cli::{Cli, Command};
-        use clap::Parser;
-        let plan = |args: &[&str]| {
-            let mut v = vec!["rtprobe", "bench-forward"];
-            v.extend_from_slice(args);
-            match Cli::try_parse_from(v).unwrap().command {
-                Some(Command::BenchForward(a)) => Plan::from_args(&a),
-                _ => unreachable!(),
-            }
-        };
-        let p = plan(&[]).unwrap();
-        assert_eq!(p.loads, vec![0, 25, 50, 100]);
-        assert_eq!(p.sizes, vec![64, 512, 1500]);
-        assert!(p.threaded_napi);
-        let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
-        assert_eq!(p.loads, vec![0, 50, 100]);
-        assert_eq!(p.modes, vec![ForwardMode::Native, ForwardMode::Off]);
-        assert!(plan(&["--sizes", "63"]).is_err());
-        assert!(plan(&["--sizes", "1501"]).is_err());
-        assert!(plan(&["--load", "150"]).is_err());
-        assert!(plan(&["--step", "10ms"]).is_err());
-        assert!(plan(&["--threads", "0"]).is_err());
-        assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
-        // --work adds the work variant of each redirecting mode, after the modes.
-        let p = plan(&["--modes", "off,native,native-pass", "--work", "1,100"]).unwrap();
-        let v: Vec<(ForwardMode, Option<u32>)> =
-            p.variants.iter().map(|v| (v.mode, v.work)).collect();
-        assert_eq!(
-            v,
-            vec![
-                (ForwardMode::Off, None),
-                (ForwardMode::Native, None),
-                (ForwardMode::NativePass, None),
-                (ForwardMode::Native, Some(1)),
-                (ForwardMode::Native, Some(100)),
-            ]
-        );
-        assert!(plan(&["--work", "0"]).is_err());
-        assert!(plan(&["--work", "12801"]).is_err());
-        assert!(plan(&["--modes", "off", "--work", "10"]).is_err());
-        assert!(plan(&["--queues", "0"]).is_err());
-        assert!(plan(&["--queues", "65"]).is_err());
-        let p = plan(&["--bounce", "native,skb,native", "--queues", "1,2,4,8"]).unwrap();
-        assert_eq!(p.bounce, vec![BounceHook::Native, BounceHook::Skb]);
-        assert_eq!(p.queues, vec![1, 2, 4, 8]);
-        assert!(Cli::try_parse_from(["rtprobe", "bench-forward", "--bounce", "offload"]).is_err());
     }
 
     #[test]

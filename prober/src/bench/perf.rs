@@ -141,6 +141,12 @@ pub fn stat(tids: &[i32], duration: Duration) -> Result<PerfFigures> {
     Ok(parse(&String::from_utf8_lossy(&o.stderr)))
 }
 
+/// A figure with `digits` decimals, or "-" when unknown (a counter the
+/// machine cannot count, a rate with no time to divide by).
+pub fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::ReportRow;
+use super::ReportRow;
 use crate::tune::{FetchTimes, LoadReport, QueueLimit};
 
 /// ", fetch 0.512 ± 0.101 s (p50 0.490, p99 0.800, n 12, 0 failed)".
@@ -56,7 +56,8 @@ const STUDY: [(StudyCell, StudyCell, f64, f64); 4] = [
 pub fn fetch_cells(rows: &[ReportRow<'_>]) -> Vec<FetchCell> {
     let mut out = Vec::new();
     for r in rows {
-        let (Ok(res), Some(QueueLimit::Packets(q))) = (r.result, r.cell.knobs.queue_limit) else {
+        let (Ok(res), Some(QueueLimit::Packets(q))) = (r.result, r.cell.run.knobs.queue_limit)
+        else {
             continue;
         };
         let Some(rep) = res

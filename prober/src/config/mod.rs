@@ -57,10 +57,12 @@ use serde::{Deserialize, Deserializer, Serialize, de};
 use serde_json::{Map, Value};
 
 use crate::{
-    ebpf::{XdpAction, XdpMode},
+    ebpf::XdpMode,
     model::units,
-    probe::TimestampSource,
-    spec::{self, KnobSpec, OutputSpec, RunSpec, SpecError},
+    spec::{
+        self, KnobSpec, OutputSpec, RunSpec, SpecError,
+        located::{key_span, line_col, located, located_toml_error},
+    },
     stats::Summary,
     tune::{Knobs, MissingPolicy, StressTool},
 };
@@ -151,66 +153,12 @@ pub struct Overrides {
 
 // ----------------------------------------------------------- validated --
 
-/// The probe options shared by the matrix (sizes/intervals/modes vary).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ProbeMatrix {
+/// The matrix's axes: one cell per size x interval x XDP mode x knob set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Axes {
     pub sizes: Vec<usize>,
-    #[serde(serialize_with = "ser_durations")]
     pub intervals: Vec<Duration>,
     pub xdp_modes: Vec<XdpMode>,
-    pub count: Option<u64>,
-    #[serde(serialize_with = "ser_opt_duration")]
-    pub duration: Option<Duration>,
-    pub xdp_action: XdpAction,
-    pub tos: u8,
-    pub port: u16,
-    pub timestamps: TimestampSource,
-    #[serde(serialize_with = "ser_duration")]
-    pub timeout: Duration,
-    pub tx_if: Option<String>,
-    pub rx_if: Option<String>,
-    /// Extra probe flows (flow ids 1..), as `--flow` gives them.
-    pub flows: Vec<FlowSpec>,
-}
-
-fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&units::fmt_duration(*d))
-}
-
-fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_str(&units::fmt_duration(*d)),
-        None => s.serialize_none(),
-    }
-}
-
-fn ser_durations<S: serde::Serializer>(d: &[Duration], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(d.iter().map(|d| units::fmt_duration(*d)))
-}
-
-/// One probe run's options: what the probe engine needs for a cell.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ProbeOptions {
-    /// UDP payload bytes.
-    pub size: usize,
-    #[serde(serialize_with = "ser_duration")]
-    pub interval: Duration,
-    /// Exactly one of count and duration is set.
-    pub count: Option<u64>,
-    #[serde(serialize_with = "ser_opt_duration")]
-    pub duration: Option<Duration>,
-    pub xdp_mode: XdpMode,
-    pub xdp_action: XdpAction,
-    pub tos: u8,
-    pub port: u16,
-    pub timestamps: TimestampSource,
-    #[serde(serialize_with = "ser_duration")]
-    pub timeout: Duration,
-    /// NIC-pair mode when both are set.
-    pub tx_if: Option<String>,
-    pub rx_if: Option<String>,
-    /// Extra probe flows; unset fields follow this cell's size and interval.
-    pub flows: Vec<FlowSpec>,
 }
 
 /// A named knob set, merged over the file's `[knobs]`.
@@ -227,7 +175,10 @@ pub struct Scenario {
     pub description: Option<String>,
     /// Where results go unless --out-dir says otherwise.
     pub output: PathBuf,
-    pub probe: ProbeMatrix,
+    pub axes: Axes,
+    /// The file's `[probe]` options under the command line's, as every
+    /// cell starts from them (the axes then set size, interval and mode).
+    pub spec: RunSpec,
     /// In file order; the first is the baseline.
     pub sets: Vec<KnobSet>,
     /// The file's text and name, for error locations and the output copy.
@@ -244,7 +195,7 @@ struct CellPlan {
     run: RunOptions,
 }
 
-/// Everything one cell of the matrix needs.
+/// One cell of the matrix: its place, and the plan it runs.
 #[derive(Debug, Clone)]
 pub struct Cell {
     /// 0-based position in the run order.
@@ -256,37 +207,59 @@ pub struct Cell {
     pub set: String,
     /// Index of (xdp mode, set) among the variants; 0 is the baseline.
     pub variant: usize,
-    pub probe: ProbeOptions,
-    /// Merged knobs with the probe context set (`Knobs::set_probe`).
-    pub knobs: Knobs,
     /// What the cell runs: the plan the one validator made from the file's
-    /// specs (and the command line's), with this cell's output files.
+    /// specs (and the command line's), with this cell's output files
+    /// (`out`, `json`, `queue_csv`, `label`) and its knobs with the probe
+    /// context set (`Knobs::set_probe`).
     pub run: RunOptions,
-    /// Legend / RunMeta label: "bql-3000" or "bql-3000 (xdp skb)".
-    pub label: String,
-    pub csv: PathBuf,
-    pub json: PathBuf,
-    /// Set when the knobs ask for queue sampling (`queue_sample`).
-    pub queue_csv: Option<PathBuf>,
 }
 
 impl Cell {
+    /// Legend / RunMeta label: "bql-3000" or "bql-3000 (xdp skb)".
+    pub fn label(&self) -> &str {
+        self.run.label.as_deref().unwrap_or(&self.set)
+    }
+
+    /// The cell's probe CSV.
+    pub fn csv(&self) -> &Path {
+        &self.run.out
+    }
+
+    /// The cell's JSON summary, next to its CSV.
+    pub fn json(&self) -> PathBuf {
+        self.run
+            .json
+            .clone()
+            .unwrap_or_else(|| self.run.out.with_extension("json"))
+    }
+
     /// Rough wall time of the cell, for the progress bar's ETA.
     pub fn estimate(&self) -> Duration {
-        let probing = match (self.probe.count, self.probe.duration) {
+        let p = &self.run.probe;
+        let probing = match (p.count, p.duration) {
             (_, Some(d)) => d,
-            (Some(n), None) => self.probe.interval * n.min(u32::MAX as u64) as u32,
+            (Some(n), None) => p.interval * n.min(u32::MAX as u64) as u32,
             (None, None) => Duration::ZERO,
         };
-        let warmup = if self.knobs.loads().is_empty() {
+        let knobs = &self.run.knobs;
+        let warmup = if knobs.loads().is_empty() {
             Duration::ZERO
         } else {
-            self.knobs
+            knobs
                 .load_warmup
                 .unwrap_or(crate::tune::DEFAULT_LOAD_WARMUP)
         };
-        probing + warmup + self.probe.timeout + Duration::from_secs(1)
+        probing + warmup + p.timeout + Duration::from_secs(1)
     }
+}
+
+/// File stem of a cell's outputs: `s64-i1ms-off-bql-3000`.
+fn cell_id(size: usize, interval: Duration, mode: XdpMode, set: &str) -> String {
+    format!(
+        "s{size}-i{}-{}-{set}",
+        units::fmt_duration(interval),
+        mode.as_str()
+    )
 }
 
 /// What the real runner hands back for a cell.
@@ -297,6 +270,18 @@ pub struct CellResult {
     pub summary: Summary,
     /// `Applied::metadata()`: what the knobs applied.
     pub knobs: Map<String, Value>,
+}
+
+/// One cell as the report sees it.
+pub struct ReportRow<'a> {
+    pub cell: &'a Cell,
+    /// The cell's result, or why it failed.
+    pub result: Result<&'a CellResult, &'a str>,
+    /// Comparison figures against the baseline (paths under the output dir).
+    pub figures: Vec<std::path::PathBuf>,
+    /// p50/p99 against the baseline with confidence intervals, in words
+    /// (`export::compare`), for variants whose CSVs could be compared.
+    pub vs_baseline: Option<String>,
 }
 
 /// Executes one cell: build the testbed, attach XDP, apply the knobs, probe,
@@ -339,97 +324,12 @@ impl SystemCheck for KernelCheck {
 
 // ------------------------------------------------------ error locations --
 
-/// 1-based line and column of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    (line, col)
-}
-
-/// Dotted key path of the innermost entry around `offset`, and its key's span.
-fn key_at(text: &str, offset: usize) -> Option<(String, std::ops::Range<usize>)> {
-    use toml::de::{DeTable, DeValue};
-    fn walk(
-        t: &DeTable<'_>,
-        prefix: &str,
-        offset: usize,
-        best: &mut Option<(String, std::ops::Range<usize>)>,
-    ) {
-        for (k, v) in t.iter() {
-            let path = if prefix.is_empty() {
-                k.get_ref().to_string()
-            } else {
-                format!("{prefix}.{}", k.get_ref())
-            };
-            let (ks, vs) = (k.span(), v.span());
-            if let DeValue::Table(inner) = v.get_ref() {
-                walk(inner, &path, offset, best);
-            }
-            let inside = ks.start <= offset && offset <= vs.end.max(ks.end);
-            if inside && best.as_ref().is_none_or(|(_, s)| ks.start >= s.start) {
-                *best = Some((path, ks));
-            }
-        }
-    }
-    let doc = DeTable::parse(text).ok()?;
-    let mut best = None;
-    walk(doc.get_ref(), "", offset, &mut best);
-    best
-}
-
-/// Span of a dotted key path (e.g. "set.bql.qdisc").
-fn key_span(text: &str, path: &[&str]) -> Option<std::ops::Range<usize>> {
-    use toml::de::{DeTable, DeValue};
-    let doc = DeTable::parse(text).ok()?;
-    let mut t = doc.get_ref();
-    for (i, p) in path.iter().enumerate() {
-        let (k, v) = t.iter().find(|(k, _)| k.get_ref() == p)?;
-        if i + 1 == path.len() {
-            return Some(k.span());
-        }
-        match v.get_ref() {
-            DeValue::Table(inner) => t = inner,
-            _ => return Some(k.span()),
-        }
-    }
-    None
-}
-
-/// "FILE:LINE:COL: key: message" for a problem at `path` in the file.
-fn located(file: &Path, text: &str, path: &[&str], msg: impl fmt::Display) -> anyhow::Error {
-    let key = path.join(".");
-    match key_span(text, path) {
-        Some(s) => {
-            let (l, c) = line_col(text, s.start);
-            anyhow!("{}:{l}:{c}: {key}: {msg}", file.display())
-        }
-        None => anyhow!("{}: {key}: {msg}", file.display()),
-    }
-}
-
 /// One line for a toml parse/deserialize error: file, line, column, key.
 fn toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     if let Some(located) = probe_key_error(file, text) {
         return located;
     }
     located_toml_error(file, text, e)
-}
-
-/// "FILE:LINE:COL: key: message" for any TOML file read with serde (the
-/// bench-forward sweep files too): the error's span, and the key around it.
-pub(crate) fn located_toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
-    let msg = e.message().trim().replace('\n', " ");
-    match e.span() {
-        Some(s) => {
-            let (l, c) = line_col(text, s.start);
-            match key_at(text, s.start) {
-                Some((key, _)) => anyhow!("{}:{l}:{c}: {key}: {msg}", file.display()),
-                None => anyhow!("{}:{l}:{c}: {msg}", file.display()),
-            }
-        }
-        None => anyhow!("{}: {msg}", file.display()),
-    }
 }
 
 /// `[probe]` is read through serde's `flatten` (one spec per concept in
@@ -481,6 +381,161 @@ fn check_cell_count(path: &Path, axes: [(usize, &str); 4]) -> Result<()> {
     )
 }
 
+/// The file's tables, read with serde; a bench-forward sweep given here is
+/// named as such.
+fn read_file(path: &Path, text: &str) -> Result<ScenarioFile> {
+    toml::from_str(text).map_err(|e| {
+        if crate::spec::bench::BenchForwardArgs::parse(path, text).is_ok() {
+            anyhow!(
+                "{} is a bench-forward sweep, not a scenario: run `sudo rtprobe \
+                 bench-forward --config {}`",
+                path.display(),
+                path.display()
+            )
+        } else {
+            toml_error(path, text, &e)
+        }
+    })
+}
+
+/// Whether `name` can name files: letters, digits, '-', '_' or '.'.
+fn names_a_file(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// The matrix's axes (the file's lists or single values, the command
+/// line's value replacing a list) and the `[probe]` spec under the command
+/// line's, which every cell starts from.
+fn axes(
+    p: ProbeSection,
+    over: &Overrides,
+    loc: &dyn Fn(&[&str], &dyn fmt::Display) -> anyhow::Error,
+) -> Result<(Axes, RunSpec)> {
+    let one_of = |list: &'static str, one: &'static str| {
+        loc(&["probe", list], &format!("give {one} or {list}, not both"))
+    };
+    let sizes = match (p.sizes, p.run.probe.size) {
+        (Some(_), Some(_)) => return Err(one_of("sizes", "size")),
+        (Some(v), None) => v,
+        (None, s) => vec![s.unwrap_or(spec::plan::DEFAULT_SIZE)],
+    };
+    let intervals = match (p.intervals, p.run.probe.interval) {
+        (Some(_), Some(_)) => return Err(one_of("intervals", "interval")),
+        (Some(v), None) => v.into_iter().map(|h| h.0).collect(),
+        (None, i) => vec![i.unwrap_or(spec::plan::DEFAULT_INTERVAL)],
+    };
+    let xdp_modes = match (p.xdp_modes, p.run.xdp.xdp_mode) {
+        (Some(_), Some(_)) => return Err(one_of("xdp_modes", "xdp_mode")),
+        (Some(v), None) => v,
+        // The file's default is the baseline, not the CLI's auto.
+        (None, m) => vec![m.unwrap_or(XdpMode::Off)],
+    };
+    for (list, empty) in [
+        ("sizes", sizes.is_empty()),
+        ("intervals", intervals.is_empty()),
+        ("xdp_modes", xdp_modes.is_empty()),
+    ] {
+        if empty {
+            return Err(loc(&["probe", list], &"give at least one"));
+        }
+    }
+    // The command line's size/interval/mode replace the file's lists.
+    let axes = Axes {
+        sizes: over.run.probe.size.map_or(sizes, |s| vec![s]),
+        intervals: over.run.probe.interval.map_or(intervals, |i| vec![i]),
+        xdp_modes: over.run.xdp.xdp_mode.map_or(xdp_modes, |m| vec![m]),
+    };
+    Ok((axes, p.run.overridden_by(&over.run)?))
+}
+
+/// A `[set.NAME]` table: its own knobs, and those over `[knobs]` and under
+/// the command line's, which its cells run with.
+struct SetSpec<'a> {
+    name: String,
+    own: &'a KnobSpec,
+    merged: KnobSpec,
+}
+
+/// Every set's knobs merged `[knobs]` < set < command line; set names must
+/// name files and differ in more than case.
+fn merge_sets<'a>(
+    common: &KnobSpec,
+    raw: &'a [(String, KnobSpec)],
+    over: &KnobSpec,
+    loc: &dyn Fn(&[&str], &dyn fmt::Display) -> anyhow::Error,
+) -> Result<Vec<SetSpec<'a>>> {
+    let mut sets: Vec<SetSpec<'a>> = Vec::new();
+    for (name, own) in raw {
+        if !names_a_file(name) {
+            return Err(loc(
+                &["set", name],
+                &"set names name files: use letters, digits, '-', '_' or '.'",
+            ));
+        }
+        let merged = spec::merge(&spec::merge(common, own)?, over)?;
+        sets.push(SetSpec {
+            name: name.clone(),
+            own,
+            merged,
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for s in &sets {
+        if !seen.insert(s.name.to_ascii_lowercase()) {
+            return Err(loc(&["set", &s.name], &"two sets differ only in case"));
+        }
+    }
+    Ok(sets)
+}
+
+/// Every cell through the one validator, in run order: size, then
+/// interval, then XDP mode, then set.
+fn plan_cells(
+    axes: &Axes,
+    spec: &RunSpec,
+    sets: &[SetSpec<'_>],
+    blame: &Blame<'_>,
+) -> Result<Vec<CellPlan>> {
+    let mut plans = Vec::new();
+    for &size in &axes.sizes {
+        for &interval in &axes.intervals {
+            for &mode in &axes.xdp_modes {
+                for set in sets {
+                    let mut cell = spec.clone();
+                    cell.probe.size = Some(size);
+                    cell.probe.interval = Some(interval);
+                    cell.xdp.xdp_mode = Some(mode);
+                    let run = spec::plan::validate(&cell, &set.merged, &OutputSpec::default())
+                        .and_then(runs_to_an_end)
+                        .map_err(|e| {
+                            blame.error(e, set, &cell_id(size, interval, mode, &set.name))
+                        })?;
+                    plans.push(CellPlan {
+                        set: set.name.clone(),
+                        run,
+                    });
+                }
+            }
+        }
+    }
+    Ok(plans)
+}
+
+/// A scenario's cell must end for the next to start.
+fn runs_to_an_end(p: RunOptions) -> Result<RunOptions, SpecError> {
+    if p.continuous.forever {
+        return Err(SpecError::new(
+            "forever",
+            "would never end the first cell: give each cell a count or a duration (probe \
+             until stopped is for single runs)",
+        ));
+    }
+    Ok(p)
+}
+
 impl Scenario {
     /// Reads and validates a scenario file (no system access).
     pub fn load(path: &Path) -> Result<Self> {
@@ -501,20 +556,9 @@ impl Scenario {
     /// Parses `text`, lays the command line's `over` over it and validates
     /// every cell with the one validator ([`spec::plan::validate`]), so a
     /// cell that cannot run is refused here, naming the key and line (or
-    /// the flag), before anything is built.
+    /// the flag) and the cell, before anything is built.
     pub fn parse_with(path: &Path, text: &str, over: &Overrides) -> Result<Self> {
-        let f: ScenarioFile = toml::from_str(text).map_err(|e| {
-            if crate::spec::bench::BenchForwardArgs::parse(path, text).is_ok() {
-                anyhow!(
-                    "{} is a bench-forward sweep, not a scenario: run `sudo rtprobe \
-                     bench-forward --config {}`",
-                    path.display(),
-                    path.display()
-                )
-            } else {
-                toml_error(path, text, &e)
-            }
-        })?;
+        let f = read_file(path, text)?;
         let loc = |p: &[&str], m: &dyn fmt::Display| located(path, text, p, m);
         // serde hands every key of [probe] to the catch-all; the specs' own
         // keys are not unknown.
@@ -535,51 +579,13 @@ impl Scenario {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "scenario".into()),
         };
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
+        if !names_a_file(&name) {
             return Err(loc(
                 &["name"],
                 &"use letters, digits, '-', '_' or '.' (it names files)",
             ));
         }
-        let p = f.probe;
-        let one_of = |list: &'static str, one: &'static str| {
-            loc(&["probe", list], &format!("give {one} or {list}, not both"))
-        };
-        let sizes = match (p.sizes, p.run.probe.size) {
-            (Some(_), Some(_)) => return Err(one_of("sizes", "size")),
-            (Some(v), None) => v,
-            (None, s) => vec![s.unwrap_or(spec::plan::DEFAULT_SIZE)],
-        };
-        let intervals = match (p.intervals, p.run.probe.interval) {
-            (Some(_), Some(_)) => return Err(one_of("intervals", "interval")),
-            (Some(v), None) => v.into_iter().map(|h| h.0).collect(),
-            (None, i) => vec![i.unwrap_or(spec::plan::DEFAULT_INTERVAL)],
-        };
-        let xdp_modes = match (p.xdp_modes, p.run.xdp.xdp_mode) {
-            (Some(_), Some(_)) => return Err(one_of("xdp_modes", "xdp_mode")),
-            (Some(v), None) => v,
-            // The file's default is the baseline, not the CLI's auto.
-            (None, m) => vec![m.unwrap_or(XdpMode::Off)],
-        };
-        for (list, empty) in [
-            ("sizes", sizes.is_empty()),
-            ("intervals", intervals.is_empty()),
-            ("xdp_modes", xdp_modes.is_empty()),
-        ] {
-            if empty {
-                return Err(loc(&["probe", list], &"give at least one"));
-            }
-        }
-        // The command line's size/interval/mode replace the file's lists.
-        let sizes = over.run.probe.size.map_or(sizes, |s| vec![s]);
-        let intervals = over.run.probe.interval.map_or(intervals, |i| vec![i]);
-        let xdp_modes = over.run.xdp.xdp_mode.map_or(xdp_modes, |m| vec![m]);
-        let run = p.run.overridden_by(&over.run)?;
-
+        let (axes, spec) = axes(f.probe, over, &loc)?;
         let raw_sets = if f.set.0.is_empty() {
             // No sets: one run of the common knobs.
             vec![("default".to_string(), KnobSpec::default())]
@@ -589,123 +595,54 @@ impl Scenario {
         check_cell_count(
             path,
             [
-                (sizes.len(), "sizes"),
-                (intervals.len(), "intervals"),
-                (xdp_modes.len(), "XDP modes"),
+                (axes.sizes.len(), "sizes"),
+                (axes.intervals.len(), "intervals"),
+                (axes.xdp_modes.len(), "XDP modes"),
                 (raw_sets.len(), "sets"),
             ],
         )?;
-        let mut merged_sets = Vec::new();
-        for (set_name, k) in &raw_sets {
-            if set_name.is_empty()
-                || !set_name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(loc(
-                    &["set", set_name],
-                    &"set names name files: use letters, digits, '-', '_' or '.'",
-                ));
-            }
-            let merged = spec::merge(&spec::merge(&f.knobs, k)?, &over.knobs)?;
-            merged_sets.push((set_name.clone(), k, merged));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (n, _, _) in &merged_sets {
-            if !seen.insert(n.to_ascii_lowercase()) {
-                return Err(loc(&["set", n], &"two sets differ only in case"));
-            }
-        }
-
-        // Every cell through the one validator, in run order.
-        let blame = |e: SpecError, set: &str, own: &KnobSpec, sizes_key: &Blame| -> anyhow::Error {
-            if has_key(&over.knobs, e.key) || has_key(&over.run, e.key) {
-                return anyhow!("{} (on the command line)", e.for_cli());
-            }
-            let p: Vec<&str> = if is_knob_key(e.key) {
-                if has_key(own, e.key) {
-                    vec!["set", set, e.key]
-                } else {
-                    vec!["knobs", e.key]
-                }
-            } else {
-                vec!["probe", sizes_key.key(e.key)]
-            };
-            loc(&p, &e.message)
-        };
-        let lists = Blame {
+        let sets = merge_sets(&f.knobs, &raw_sets, &over.knobs, &loc)?;
+        let blame = Blame {
+            path,
+            text,
+            over,
             sizes: key_span(text, &["probe", "sizes"]).is_some(),
             intervals: key_span(text, &["probe", "intervals"]).is_some(),
             xdp_modes: key_span(text, &["probe", "xdp_modes"]).is_some(),
         };
-        let mut plans = Vec::new();
-        for &size in &sizes {
-            for &interval in &intervals {
-                for &mode in &xdp_modes {
-                    for (set_name, own, knobs) in &merged_sets {
-                        let mut cell = run.clone();
-                        cell.probe.size = Some(size);
-                        cell.probe.interval = Some(interval);
-                        cell.xdp.xdp_mode = Some(mode);
-                        let plan = spec::plan::validate(&cell, knobs, &OutputSpec::default())
-                            .and_then(|p| {
-                                if p.continuous.forever {
-                                    return Err(SpecError::new(
-                                        "forever",
-                                        "would never end the first cell: give each cell a count \
-                                         or a duration (probe until stopped is for single runs)",
-                                    ));
-                                }
-                                Ok(p)
-                            })
-                            .map_err(|e| blame(e, set_name, own, &lists))?;
-                        plans.push(CellPlan {
-                            set: set_name.clone(),
-                            run: plan,
-                        });
-                    }
-                }
-            }
-        }
-        let Some(first) = plans.first().map(|c| &c.run) else {
+        let plans = plan_cells(&axes, &spec, &sets, &blame)?;
+        if plans.is_empty() {
             bail!("{}: the matrix is empty", path.display());
-        };
-        let sets = merged_sets
+        }
+        let sets = sets
             .iter()
-            .map(|(n, _, _)| KnobSet {
-                name: n.clone(),
+            .map(|s| KnobSet {
+                name: s.name.clone(),
                 knobs: plans
                     .iter()
-                    .find(|c| &c.set == n)
+                    .find(|c| c.set == s.name)
                     .map(|c| c.run.knobs.clone())
                     .unwrap_or_default(),
             })
             .collect();
-        let probe = ProbeMatrix {
-            sizes,
-            intervals,
-            xdp_modes,
-            count: first.probe.count,
-            duration: first.probe.duration,
-            xdp_action: first.xdp_action,
-            tos: first.probe.tos,
-            port: first.probe.port,
-            timestamps: first.probe.timestamps,
-            timeout: first.probe.timeout,
-            tx_if: first.tx_if.clone(),
-            rx_if: first.rx_if.clone(),
-            flows: run.flows.flows.clone().unwrap_or_default(),
-        };
         Ok(Scenario {
             output: f.output.unwrap_or_else(|| Path::new("results").join(&name)),
             name,
             description: f.description,
-            probe,
+            axes,
+            spec,
             sets,
             source: text.to_string(),
             path: path.to_path_buf(),
             plans,
         })
+    }
+
+    /// What every cell shares but its size, interval, XDP mode and knobs:
+    /// the first cell's plan.
+    pub fn common(&self) -> &RunOptions {
+        // parse_with refuses an empty matrix, and retain_sets keeps the plans.
+        &self.plans[0].run
     }
 
     /// What the kernel must have, checked before anything is touched:
@@ -780,7 +717,7 @@ impl Scenario {
     /// (xdp mode, set) pairs in run order; the first is the baseline.
     pub fn variants(&self) -> Vec<(XdpMode, &KnobSet)> {
         let mut v = Vec::new();
-        for m in &self.probe.xdp_modes {
+        for m in &self.axes.xdp_modes {
             for s in &self.sets {
                 v.push((*m, s));
             }
@@ -789,48 +726,41 @@ impl Scenario {
     }
 
     /// Every cell, in run order: size, then interval, then variant, so a
-    /// (size, interval) group's comparisons are adjacent.
+    /// (size, interval) group's comparisons are adjacent. Each is its
+    /// validated plan with the cell's own output files in `out_dir`.
     pub fn cells(&self, out_dir: &Path) -> Vec<Cell> {
-        let multi_mode = self.probe.xdp_modes.len() > 1;
+        let multi_mode = self.axes.xdp_modes.len() > 1;
         let kept: Vec<&CellPlan> = self
             .plans
             .iter()
             .filter(|c| self.sets.iter().any(|s| s.name == c.set))
             .collect();
         let total = kept.len();
-        let per_group = self.probe.xdp_modes.len() * self.sets.len();
+        let per_group = self.axes.xdp_modes.len() * self.sets.len();
         let mut cells = Vec::with_capacity(total);
         for (i, c) in kept.into_iter().enumerate() {
             let set = c.set.clone();
             let run = &c.run;
-            let mode_s = run.xdp_mode.as_str();
-            let id = format!(
-                "s{}-i{}-{mode_s}-{set}",
-                run.probe.size,
-                units::fmt_duration(run.probe.interval),
-            );
+            let id = cell_id(run.probe.size, run.probe.interval, run.xdp_mode, &set);
             let label = if multi_mode {
-                format!("{set} (xdp {mode_s})")
+                format!("{set} (xdp {})", run.xdp_mode.as_str())
             } else {
                 set.clone()
             };
-            let csv = out_dir.join(format!("{id}.csv"));
-            let json = out_dir.join(format!("{id}.json"));
-            let queue_csv = run
-                .knobs
-                .queue_sample
-                .map(|_| out_dir.join(format!("{id}-queue.csv")));
             // Each cell writes its own HDR log next to its CSV.
             let mut continuous = run.continuous.clone();
             if continuous.hdr_log.is_some() {
                 continuous.hdr_log = Some(out_dir.join(format!("{id}.hlog")));
             }
             let run = RunOptions {
-                out: csv.clone(),
-                json: Some(json.clone()),
-                label: Some(label.clone()),
+                out: out_dir.join(format!("{id}.csv")),
+                json: Some(out_dir.join(format!("{id}.json"))),
+                label: Some(label),
                 quiet: true,
-                queue_csv: queue_csv.clone(),
+                queue_csv: run
+                    .knobs
+                    .queue_sample
+                    .map(|_| out_dir.join(format!("{id}-queue.csv"))),
                 continuous,
                 ..run.clone()
             };
@@ -839,27 +769,7 @@ impl Scenario {
                 total,
                 set,
                 variant: i % per_group.max(1),
-                probe: ProbeOptions {
-                    size: run.probe.size,
-                    interval: run.probe.interval,
-                    count: run.probe.count,
-                    duration: run.probe.duration,
-                    xdp_mode: run.xdp_mode,
-                    xdp_action: run.xdp_action,
-                    tos: run.probe.tos,
-                    port: run.probe.port,
-                    timestamps: run.probe.timestamps,
-                    timeout: run.probe.timeout,
-                    tx_if: run.tx_if.clone(),
-                    rx_if: run.rx_if.clone(),
-                    flows: self.probe.flows.clone(),
-                },
-                queue_csv,
-                knobs: run.knobs.clone(),
                 run,
-                label,
-                csv,
-                json,
                 id,
             });
         }
@@ -902,14 +812,41 @@ fn is_knob_key(key: &str) -> bool {
     spec::keys_of::<KnobSpec>().iter().any(|k| k == key)
 }
 
-/// Which spelling of the matrix keys the file used, to point at it.
-struct Blame {
+/// Where a cell's validation error points: the flag when the command
+/// line set the option, else the key in the file (in the set, in
+/// `[knobs]`, or in `[probe]` as the file spelled the matrix keys) and the
+/// cell.
+struct Blame<'a> {
+    path: &'a Path,
+    text: &'a str,
+    over: &'a Overrides,
     sizes: bool,
     intervals: bool,
     xdp_modes: bool,
 }
 
-impl Blame {
+impl Blame<'_> {
+    fn error(&self, e: SpecError, set: &SetSpec<'_>, cell: &str) -> anyhow::Error {
+        if has_key(&self.over.knobs, e.key) || has_key(&self.over.run, e.key) {
+            return anyhow!("{} (on the command line)", e.for_cli());
+        }
+        let p: Vec<&str> = if is_knob_key(e.key) {
+            if has_key(set.own, e.key) {
+                vec!["set", &set.name, e.key]
+            } else {
+                vec!["knobs", e.key]
+            }
+        } else {
+            vec!["probe", self.key(e.key)]
+        };
+        located(
+            self.path,
+            self.text,
+            &p,
+            format!("{} (cell {cell})", e.message),
+        )
+    }
+
     fn key(&self, key: &'static str) -> &'static str {
         match key {
             "size" if self.sizes => "sizes",
@@ -1084,7 +1021,7 @@ fn baseline_verdicts(
             if c.variant == 0 || results[i].is_err() || results[base].is_err() {
                 return None;
             }
-            match compare::compare(&cells[base].csv, std::slice::from_ref(&c.csv), &settings) {
+            match compare::compare(cells[base].csv(), &[c.csv().to_path_buf()], &settings) {
                 Ok(cmp) => cmp.runs.first().map(|r| {
                     r.percentiles
                         .iter()
@@ -1118,11 +1055,11 @@ fn write_results_json(
             let mut m = Map::new();
             m.insert("cell".into(), Value::String(c.id.clone()));
             m.insert("set".into(), Value::String(c.set.clone()));
+            m.insert("probe".into(), Value::Object(cell_probe_json(sc, &c.run)));
             m.insert(
-                "probe".into(),
-                serde_json::to_value(&c.probe).unwrap_or(Value::Null),
+                "knobs_requested".into(),
+                Value::String(c.run.knobs.describe()),
             );
-            m.insert("knobs_requested".into(), Value::String(c.knobs.describe()));
             match r {
                 Ok(res) => {
                     m.insert(
@@ -1140,13 +1077,66 @@ fn write_results_json(
         .collect();
     let doc = serde_json::json!({
         "scenario": sc.name,
-        "probe": sc.probe,
+        "probe": matrix_json(sc),
         "cells": rows,
     });
     Ok(crate::export::json::write_value(
         &out_dir.join("results.json"),
         &doc,
     )?)
+}
+
+/// results.json's `probe` of the scenario: the axes and what the cells
+/// share.
+fn matrix_json(sc: &Scenario) -> Map<String, Value> {
+    let a = &sc.axes;
+    let mut m = shared_probe_json(sc, sc.common());
+    m.insert("sizes".into(), serde_json::json!(a.sizes));
+    m.insert(
+        "intervals".into(),
+        serde_json::json!(
+            a.intervals
+                .iter()
+                .map(|d| units::fmt_duration(*d))
+                .collect::<Vec<_>>()
+        ),
+    );
+    m.insert("xdp_modes".into(), serde_json::json!(a.xdp_modes));
+    m
+}
+
+/// results.json's `probe` of one cell: its size, interval and XDP mode and
+/// what the cells share.
+fn cell_probe_json(sc: &Scenario, run: &RunOptions) -> Map<String, Value> {
+    let mut m = shared_probe_json(sc, run);
+    m.insert("size".into(), serde_json::json!(run.probe.size));
+    m.insert(
+        "interval".into(),
+        serde_json::json!(units::fmt_duration(run.probe.interval)),
+    );
+    m.insert("xdp_mode".into(), serde_json::json!(run.xdp_mode));
+    m
+}
+
+fn shared_probe_json(sc: &Scenario, run: &RunOptions) -> Map<String, Value> {
+    let p = &run.probe;
+    let fields = serde_json::json!({
+        "count": p.count,
+        "duration": p.duration.map(units::fmt_duration),
+        "xdp_action": run.xdp_action,
+        "tos": p.tos,
+        "port": p.port,
+        "timestamps": p.timestamps,
+        "timeout": units::fmt_duration(p.timeout),
+        "tx_if": run.tx_if,
+        "rx_if": run.rx_if,
+        // As the file (or --flow) gives them; unset fields follow the cell.
+        "flows": sc.spec.flows.flows.clone().unwrap_or_default(),
+    });
+    match fields {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
 }
 
 /// What `--check` prints: the matrix and the knob sets.
@@ -1162,9 +1152,9 @@ pub fn plan(sc: &Scenario, cells: &[Cell], out_dir: &Path, notes: &[String]) -> 
         s,
         "  {} cells = {} sizes x {} intervals x {} xdp modes x {} sets, about {} in all",
         cells.len(),
-        sc.probe.sizes.len(),
-        sc.probe.intervals.len(),
-        sc.probe.xdp_modes.len(),
+        sc.axes.sizes.len(),
+        sc.axes.intervals.len(),
+        sc.axes.xdp_modes.len(),
         sc.sets.len(),
         humantime::format_duration(Duration::from_secs(est.as_secs()))
     );
@@ -1186,8 +1176,6 @@ pub fn plan(sc: &Scenario, cells: &[Cell], out_dir: &Path, notes: &[String]) -> 
 
 pub mod fetch_study;
 pub mod report;
-
-use report::ReportRow;
 
 #[cfg(test)]
 mod tests;

@@ -16,17 +16,7 @@ use crate::{
     tune::LoadReport,
 };
 
-/// One cell as the report sees it.
-pub struct ReportRow<'a> {
-    pub cell: &'a Cell,
-    /// The cell's result, or why it failed.
-    pub result: Result<&'a CellResult, &'a str>,
-    /// Comparison figures against the baseline (paths under the output dir).
-    pub figures: Vec<std::path::PathBuf>,
-    /// p50/p99 against the baseline with confidence intervals, in words
-    /// (`export::compare`), for variants whose CSVs could be compared.
-    pub vs_baseline: Option<String>,
-}
+pub use super::ReportRow;
 
 pub struct ReportInput<'a> {
     pub scenario: &'a Scenario,
@@ -163,7 +153,8 @@ pub fn render(input: &ReportInput<'_>) -> String {
         },
         humantime::format_duration(Duration::from_secs(input.elapsed.as_secs()))
     );
-    let p = &sc.probe;
+    let common = sc.common();
+    let p = &common.probe;
     let _ = writeln!(
         s,
         "- probes per cell: {}; TOS 0x{:02X}; port {}; XDP action {}",
@@ -174,12 +165,12 @@ pub fn render(input: &ReportInput<'_>) -> String {
         },
         p.tos,
         p.port,
-        format!("{:?}", p.xdp_action).to_lowercase()
+        format!("{:?}", common.xdp_action).to_lowercase()
     );
     let base = input
         .rows
         .first()
-        .map(|r| r.cell.label.clone())
+        .map(|r| r.cell.label().to_string())
         .unwrap_or_default();
     let _ = writeln!(
         s,
@@ -211,15 +202,16 @@ pub fn render(input: &ReportInput<'_>) -> String {
         let group: Vec<&ReportRow<'_>> = input.rows[i..]
             .iter()
             .take_while(|r| {
-                r.cell.probe.size == c0.probe.size && r.cell.probe.interval == c0.probe.interval
+                r.cell.run.probe.size == c0.run.probe.size
+                    && r.cell.run.probe.interval == c0.run.probe.interval
             })
             .collect();
         i += group.len();
         let _ = writeln!(
             s,
             "### {} B every {}\n",
-            c0.probe.size,
-            units::fmt_duration(c0.probe.interval)
+            c0.run.probe.size,
+            units::fmt_duration(c0.run.probe.interval)
         );
         let _ = writeln!(
             s,
@@ -237,10 +229,10 @@ pub fn render(input: &ReportInput<'_>) -> String {
             let c = r.cell;
             let mut files = format!(
                 "[csv]({}) [json]({})",
-                rel(input.out_dir, &c.csv),
-                rel(input.out_dir, &c.json)
+                rel(input.out_dir, c.csv()),
+                rel(input.out_dir, &c.json())
             );
-            if let Some(q) = &c.queue_csv {
+            if let Some(q) = &c.run.queue_csv {
                 let _ = write!(files, " [queue]({})", rel(input.out_dir, q));
             }
             for f in &r.figures {
@@ -262,7 +254,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
                     let _ = writeln!(
                         s,
                         "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
-                        md_escape(&c.label),
+                        md_escape(c.label()),
                         lat(ow.p50),
                         lat(ow.p99),
                         lat(ow.p999),
@@ -280,7 +272,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
                     let _ = writeln!(
                         s,
                         "| {} | – | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
-                        md_escape(&c.label),
+                        md_escape(c.label()),
                         md_escape(e)
                     );
                 }
@@ -315,10 +307,10 @@ pub fn render(input: &ReportInput<'_>) -> String {
             let _ = writeln!(
                 s,
                 "    rtprobe plot {} {} --label {} --label {}",
-                file_name(&b.csv),
-                file_name(&r.cell.csv),
-                shell_word(&b.label),
-                shell_word(&r.cell.label)
+                file_name(b.csv()),
+                file_name(r.cell.csv()),
+                shell_word(b.label()),
+                shell_word(r.cell.label())
             );
         }
         s.push('\n');
@@ -358,7 +350,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
     let _ = writeln!(s, " one-way p50 is mostly |");
     let _ = writeln!(s, "|---|{}---|", "---:|".repeat(stages.len()));
     for (cell, sum) in ok {
-        let _ = write!(s, "| {} |", md_escape(&cell.label));
+        let _ = write!(s, "| {} |", md_escape(cell.label()));
         for &st in &stages {
             let l = sum.stages_ns.get(st);
             let _ = write!(s, " {} / {} |", lat(l.p50), lat(l.p99));
@@ -448,10 +440,10 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
          in export/report.rs says why the tolerance is absolute).\n"
     );
     let key = |c: &Cell| {
-        let mut k = c.knobs.clone();
+        let mut k = c.run.knobs.clone();
         k.load = None;
         k.load_warmup = None;
-        (c.probe.size, c.probe.interval, k.describe())
+        (c.run.probe.size, c.run.probe.interval, k.describe())
     };
     let mut done = vec![false; ok.len()];
     for i in 0..ok.len() {
@@ -481,7 +473,7 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
         }
         let _ = writeln!(s, "\n|---|---|{}", "---:|".repeat(first.1.len()));
         let load_of = |c: &Cell| {
-            let l = c.knobs.loads();
+            let l = c.run.knobs.loads();
             if l.is_empty() {
                 "none".to_string()
             } else {
@@ -496,7 +488,7 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
             let _ = write!(
                 s,
                 "| {} | {} |",
-                md_escape(&c.label),
+                md_escape(c.label()),
                 md_escape(&load_of(c))
             );
             for f in flows {
@@ -505,7 +497,9 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
             s.push('\n');
         }
         s.push('\n');
-        let idle = group.iter().find(|&&j| ok[j].0.knobs.loads().is_empty());
+        let idle = group
+            .iter()
+            .find(|&&j| ok[j].0.run.knobs.loads().is_empty());
         let Some(&idle) = idle else {
             let _ = writeln!(s, "No run without load in this group: no verdict.\n");
             continue;

@@ -55,9 +55,9 @@ fn parses_a_full_scenario_in_file_order() {
     let sc = parse(FULL).unwrap();
     assert_eq!(sc.name, "demo");
     assert_eq!(sc.output, Path::new("results/demo"));
-    assert_eq!(sc.probe.tos, 0xC0);
-    assert_eq!(sc.probe.count, Some(100));
-    assert_eq!(sc.probe.xdp_modes, [XdpMode::Off]);
+    assert_eq!(sc.common().probe.tos, 0xC0);
+    assert_eq!(sc.common().probe.count, Some(100));
+    assert_eq!(sc.axes.xdp_modes, [XdpMode::Off]);
     let names: Vec<&str> = sc.sets.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["baseline", "bql-3000", "small-queue", "idle"]);
     // Common knobs merged under each set, overrides win.
@@ -76,20 +76,26 @@ fn cells_cover_the_matrix_with_one_folder_of_outputs() {
     assert_eq!(cells[1].id, "s64-i1ms-off-bql-3000");
     assert_eq!(cells[4].id, "s64-i10ms-off-baseline");
     assert_eq!(cells[15].id, "s1472-i10ms-off-idle");
-    assert_eq!(cells[0].csv, Path::new("/out/s64-i1ms-off-baseline.csv"));
-    assert_eq!(cells[0].json, Path::new("/out/s64-i1ms-off-baseline.json"));
+    assert_eq!(cells[0].csv(), Path::new("/out/s64-i1ms-off-baseline.csv"));
     assert_eq!(
-        cells[2].queue_csv.as_deref(),
+        cells[0].json(),
+        Path::new("/out/s64-i1ms-off-baseline.json")
+    );
+    assert_eq!(
+        cells[2].run.queue_csv.as_deref(),
         Some(Path::new("/out/s64-i1ms-off-small-queue-queue.csv"))
     );
-    assert!(cells[1].queue_csv.is_none());
+    assert!(cells[1].run.queue_csv.is_none());
     assert_eq!(cells[5].variant, 1);
-    assert_eq!(cells[15].probe.size, 1472);
-    assert_eq!(cells[15].probe.interval, Duration::from_millis(10));
+    assert_eq!(cells[15].run.probe.size, 1472);
+    assert_eq!(cells[15].run.probe.interval, Duration::from_millis(10));
     // The knobs know the cell's probe flow (filters, probe class).
-    assert_eq!(cells[15].knobs.probe.size, 1472);
-    assert_eq!(cells[15].knobs.probe.interval, Duration::from_millis(10));
-    assert_eq!(cells[15].knobs.probe.port, 5061);
+    assert_eq!(cells[15].run.knobs.probe.size, 1472);
+    assert_eq!(
+        cells[15].run.knobs.probe.interval,
+        Duration::from_millis(10)
+    );
+    assert_eq!(cells[15].run.knobs.probe.port, 5061);
     assert!(cells.iter().all(|c| c.total == 16));
     let ids: std::collections::HashSet<_> = cells.iter().map(|c| &c.id).collect();
     assert_eq!(ids.len(), 16);
@@ -104,8 +110,8 @@ fn xdp_modes_multiply_the_variants() {
     let cells = sc.cells(Path::new("o"));
     assert_eq!(cells.len(), 4);
     assert_eq!(cells[0].id, "s64-i1ms-off-idle");
-    assert_eq!(cells[2].probe.xdp_mode, XdpMode::Native);
-    assert_eq!(cells[3].label, "idle (xdp auto)");
+    assert_eq!(cells[2].run.xdp_mode, XdpMode::Native);
+    assert_eq!(cells[3].label(), "idle (xdp auto)");
     assert_eq!(cells[3].variant, 3);
 }
 
@@ -114,7 +120,7 @@ fn no_sets_is_one_default_run() {
     let sc = parse("[probe]\nsizes=[200]\n").unwrap();
     assert_eq!(sc.sets.len(), 1);
     assert_eq!(sc.sets[0].name, "default");
-    assert_eq!(sc.cells(Path::new("o"))[0].probe.count, Some(1000));
+    assert_eq!(sc.cells(Path::new("o"))[0].run.probe.count, Some(1000));
 }
 
 #[test]
@@ -331,9 +337,9 @@ impl CellRunner for FakeRunner {
             let v = (100 + 10 * cell.variant as u64) * 1000 + (i * 37) % 2000;
             csv += &format!("{i},{v}\n");
         }
-        std::fs::write(&cell.csv, csv)?;
+        std::fs::write(cell.csv(), csv)?;
         let mut extra = BTreeMap::new();
-        if !cell.knobs.loads().is_empty() {
+        if !cell.run.knobs.loads().is_empty() {
             let rep = LoadReport {
                 bottleneck: None,
                 flows: vec![FlowReport {
@@ -529,10 +535,10 @@ fn extra_flows_in_a_scenario() {
          flows = [\"port=5062,tos=0,size=1472,interval=1ms\", \"port=5063\"]\n",
     )
     .unwrap();
-    assert_eq!(sc.probe.flows.len(), 2);
-    assert_eq!(sc.probe.flows[0].size, Some(1472));
+    assert_eq!(sc.spec.flows.flows.as_ref().unwrap().len(), 2);
+    assert_eq!(sc.spec.flows.flows.as_ref().unwrap()[0].size, Some(1472));
     let cells = sc.cells(Path::new("o"));
-    assert_eq!(cells[1].probe.flows[1].port, 5063);
+    assert_eq!(cells[1].run.extra_flows[1].port, 5063);
     let e = err("[probe]\nflows = [\"port=5061\"]\n");
     assert!(
         e.contains("probe.flows") && e.contains("already used"),
@@ -551,6 +557,7 @@ struct FlowRunner;
 impl CellRunner for FlowRunner {
     fn run_cell(&mut self, cell: &Cell) -> Result<CellResult> {
         let share: f64 = cell
+            .run
             .knobs
             .loads()
             .iter()

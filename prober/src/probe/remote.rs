@@ -899,39 +899,6 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
         .insert("clock".into(), serde_json::to_value(v).unwrap_or_default());
 }
 
-/// Checks the options of a `--target` run that only a testbed can use.
-pub fn check_target_options(opts: &crate::spec::RunOptions) -> Result<()> {
-    if opts.tx_if.is_some() {
-        bail!(
-            "--target probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other"
-        );
-    }
-    if !opts.extra_flows.is_empty() {
-        bail!("--flow is for testbed runs; with --target run one rtprobe per flow");
-    }
-    if opts.reflector.is_some() {
-        bail!(
-            "--reflector chooses the testbed's reflector; with --target the remote host's answers"
-        );
-    }
-    if opts.xdp_mode != crate::ebpf::XdpMode::Auto {
-        bail!("--xdp-mode sets the testbed's router; with --target there is none");
-    }
-    if opts.probe.timestamps == crate::probe::TimestampSource::Hardware {
-        bail!("--timestamps hardware is for testbed runs; with --target use software or auto");
-    }
-    let mut k = opts.knobs.clone();
-    (k.rt_priority, k.mlockall, k.pin_cpu, k.cpu_dma_latency) = (None, None, None, None);
-    if !k.is_empty() {
-        bail!(
-            "with --target only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu, \
-             --cpu-dma-latency) apply; \
-             the other knobs change a testbed's interfaces"
-        );
-    }
-    Ok(())
-}
-
 /// The summary of a session against a reflector, with its clock rule,
 /// loss split and protocol facts.
 pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {

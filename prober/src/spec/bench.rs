@@ -3,18 +3,21 @@
 //!
 //! As with the probe specs, every field is an `Option` so "not given" is
 //! visible: the file's values are laid under the command line's with
-//! [`super::merge`], and [`crate::bench::forward::Plan::from_args`] fills
-//! in the defaults and validates. The TOML key of an option is its long
+//! [`super::merge`], and [`Plan::from_args`] fills in the defaults and
+//! validates: the plan the bench runs. The TOML key of an option is its long
 //! flag in snake case (`--perf-stat` -> `perf_stat`); a key the spec does
 //! not know is refused with its line.
 
 use std::{path::Path, path::PathBuf, time::Duration};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    bench::kinds::{BounceHook, ForwardMode, Generator, Sink},
+    bench::{
+        frame::MAX_IP_SIZE,
+        kinds::{BounceHook, ForwardMode, Generator, Sink},
+    },
     model::units::{self, humane_duration},
 };
 
@@ -160,10 +163,174 @@ impl BenchForwardArgs {
                     path.display()
                 )
             } else {
-                crate::config::located_toml_error(path, text, &e)
+                super::located::located_toml_error(path, text, &e)
             }
         })
     }
+}
+
+/// One run of the router hop: a mode, and for the router's work variant
+/// the memory accesses per packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    pub mode: ForwardMode,
+    pub work: Option<u32>,
+}
+
+/// What `bench-forward` runs: its options with every default `--help`
+/// states filled in, validated.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub modes: Vec<ForwardMode>,
+    /// The modes, then each skb/native mode once per `--work` value.
+    pub variants: Vec<Variant>,
+    pub bounce: Vec<BounceHook>,
+    pub queues: Vec<u32>,
+    pub perf_stat: bool,
+    pub sizes: Vec<usize>,
+    /// Percent of full speed, ascending, without duplicates.
+    pub loads: Vec<u32>,
+    pub step: Duration,
+    pub generator: Generator,
+    pub threads: usize,
+    pub sink: Sink,
+    pub probe_interval: Duration,
+    pub threaded_napi: bool,
+    pub rt_priority: Option<u8>,
+    pub json: Option<PathBuf>,
+    pub csv_dir: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+impl Plan {
+    /// Fills in the defaults of what `a` leaves unset and validates. `a`
+    /// is the command line with its `--config` file already under it
+    /// ([`BenchForwardArgs::with_config_file`]).
+    pub fn from_args(a: &BenchForwardArgs) -> Result<Self> {
+        use ForwardMode::{Native, NativePass, Off, Skb};
+        let modes = a
+            .modes
+            .clone()
+            .unwrap_or_else(|| vec![Off, Skb, Native, NativePass]);
+        if modes.is_empty() {
+            bail!("--modes is empty: give e.g. off,skb,native");
+        }
+        let sizes = a.sizes.clone().unwrap_or_else(|| vec![64, 512, 1500]);
+        let loads = a.load.clone().unwrap_or_else(|| vec![0, 25, 50, 100]);
+        check_sizes_and_loads(&sizes, &loads)?;
+        let step = a.step.unwrap_or(Duration::from_secs(2));
+        if step < Duration::from_millis(300) {
+            bail!("--step {step:?} is too short to measure: use at least 300ms");
+        }
+        let threads = a.threads.unwrap_or(1);
+        if threads == 0 || threads > 64 {
+            bail!("--threads {threads} is out of range: use 1..64");
+        }
+        let probe_interval = a.probe_interval.unwrap_or(Duration::from_millis(1));
+        if probe_interval < Duration::from_micros(10) {
+            bail!("--probe-interval must be at least 10us");
+        }
+        if let Some(p) = a.rt_priority
+            && !(1..=98).contains(&p)
+        {
+            bail!("--rt-priority {p} is out of range: use 1 to 98 (the probe runs one above)");
+        }
+        if let Some(d) = &a.csv_dir
+            && !d.is_dir()
+        {
+            bail!("--csv-dir {}: no such directory", d.display());
+        }
+        let modes = first_of_each(&modes);
+        let variants = variants(&modes, a.work.as_deref().unwrap_or_default())?;
+        let mut queues = a.queues.clone().unwrap_or_else(|| vec![1]);
+        if let Some(q) = queues.iter().find(|&&q| q == 0 || q > 64) {
+            bail!("--queues {q} is out of range: use 1..64");
+        }
+        if queues.is_empty() {
+            bail!("--queues is empty: give e.g. 1,2,4,8");
+        }
+        queues.dedup();
+        let mut loads = loads;
+        loads.sort_unstable();
+        loads.dedup();
+        Ok(Self {
+            modes,
+            variants,
+            bounce: first_of_each(a.bounce.as_deref().unwrap_or_default()),
+            queues,
+            perf_stat: a.perf_stat.unwrap_or(false),
+            sizes,
+            loads,
+            step,
+            generator: a.generator.unwrap_or(Generator::Xdp),
+            threads,
+            sink: a.sink.unwrap_or(Sink::Xdp),
+            probe_interval,
+            threaded_napi: !a.no_threaded_napi.unwrap_or(false),
+            rt_priority: a.rt_priority,
+            json: a.json.clone(),
+            csv_dir: a.csv_dir.clone(),
+            quiet: a.quiet.unwrap_or(false),
+        })
+    }
+}
+
+/// IP packet sizes 64..1500, load steps 0..100 %, neither list empty.
+fn check_sizes_and_loads(sizes: &[usize], loads: &[u32]) -> Result<()> {
+    for &s in sizes {
+        if !(64..=MAX_IP_SIZE).contains(&s) {
+            bail!("--sizes {s} is out of range: IP packet sizes are 64..1500 bytes");
+        }
+    }
+    if sizes.is_empty() {
+        bail!("--sizes is empty: give e.g. 64,512,1500");
+    }
+    if let Some(l) = loads.iter().find(|&&l| l > 100) {
+        bail!("--load {l} is above 100 %: 100 is the generator flat out");
+    }
+    if loads.is_empty() {
+        bail!("--load is empty: give e.g. 0,25,50,100");
+    }
+    Ok(())
+}
+
+/// The modes, then each mode that redirects in XDP once per `--work`
+/// value (memory accesses per packet).
+fn variants(modes: &[ForwardMode], work: &[u32]) -> Result<Vec<Variant>> {
+    let max = xdp_common::bench::MAX_WORK_ACCESSES;
+    if let Some(w) = work.iter().find(|&&w| w == 0 || w > max) {
+        bail!("--work {w} is out of range: use 1..{max} memory accesses per packet");
+    }
+    if !work.is_empty() && !modes.iter().any(|m| m.redirects_in_xdp()) {
+        bail!("--work applies to the skb and native modes: add one of them to --modes");
+    }
+    let mut variants: Vec<Variant> = modes
+        .iter()
+        .map(|&mode| Variant { mode, work: None })
+        .collect();
+    for &w in work {
+        for &mode in modes.iter().filter(|m| m.redirects_in_xdp()) {
+            let v = Variant {
+                mode,
+                work: Some(w),
+            };
+            if !variants.contains(&v) {
+                variants.push(v);
+            }
+        }
+    }
+    Ok(variants)
+}
+
+/// `items` in their order, each once.
+fn first_of_each<T: PartialEq + Copy>(items: &[T]) -> Vec<T> {
+    let mut out = Vec::new();
+    for x in items {
+        if !out.contains(x) {
+            out.push(*x);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -237,7 +404,7 @@ mod tests {
     fn shipped_thesis_config_parses_and_validates() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/xdp-thesis.toml");
         let a = cli(&["--config", path.to_str().unwrap()]);
-        let plan = crate::bench::forward::Plan::from_args(&a.with_config_file().unwrap()).unwrap();
+        let plan = Plan::from_args(&a.with_config_file().unwrap()).unwrap();
         assert!(plan.variants.iter().any(|v| v.work == Some(12800)));
         assert!(plan.variants.iter().any(|v| v.work == Some(1)));
         assert_eq!(plan.queues, vec![1, 2, 4, 8]);
@@ -246,5 +413,46 @@ mod tests {
             vec![BounceHook::Skb, BounceHook::Native, BounceHook::Afxdp]
         );
         assert!(plan.sizes.len() >= 3);
+    }
+
+    #[test]
+    fn plan_validation() {
+        let plan = |args: &[&str]| Plan::from_args(&cli(args));
+        let p = plan(&[]).unwrap();
+        assert_eq!(p.loads, vec![0, 25, 50, 100]);
+        assert_eq!(p.sizes, vec![64, 512, 1500]);
+        assert!(p.threaded_napi);
+        let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
+        assert_eq!(p.loads, vec![0, 50, 100]);
+        assert_eq!(p.modes, vec![ForwardMode::Native, ForwardMode::Off]);
+        assert!(plan(&["--sizes", "63"]).is_err());
+        assert!(plan(&["--sizes", "1501"]).is_err());
+        assert!(plan(&["--load", "150"]).is_err());
+        assert!(plan(&["--step", "10ms"]).is_err());
+        assert!(plan(&["--threads", "0"]).is_err());
+        assert!(plan(&["--csv-dir", "/nonexistent-rtprobe-dir"]).is_err());
+        // --work adds the work variant of each redirecting mode, after the modes.
+        let p = plan(&["--modes", "off,native,native-pass", "--work", "1,100"]).unwrap();
+        let v: Vec<(ForwardMode, Option<u32>)> =
+            p.variants.iter().map(|v| (v.mode, v.work)).collect();
+        assert_eq!(
+            v,
+            vec![
+                (ForwardMode::Off, None),
+                (ForwardMode::Native, None),
+                (ForwardMode::NativePass, None),
+                (ForwardMode::Native, Some(1)),
+                (ForwardMode::Native, Some(100)),
+            ]
+        );
+        assert!(plan(&["--work", "0"]).is_err());
+        assert!(plan(&["--work", "12801"]).is_err());
+        assert!(plan(&["--modes", "off", "--work", "10"]).is_err());
+        assert!(plan(&["--queues", "0"]).is_err());
+        assert!(plan(&["--queues", "65"]).is_err());
+        let p = plan(&["--bounce", "native,skb,native", "--queues", "1,2,4,8"]).unwrap();
+        assert_eq!(p.bounce, vec![BounceHook::Native, BounceHook::Skb]);
+        assert_eq!(p.queues, vec![1, 2, 4, 8]);
+        assert!(Cli::try_parse_from(["rtprobe", "bench-forward", "--bounce", "offload"]).is_err());
     }
 }

@@ -31,6 +31,7 @@
 pub mod bench;
 pub mod continuous;
 pub mod flows;
+pub(crate) mod located;
 pub mod output;
 pub mod pacing;
 pub mod plan;

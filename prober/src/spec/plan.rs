@@ -8,11 +8,11 @@ use std::{fmt, path::PathBuf, time::Duration};
 use crate::{
     ebpf::{ReflectorKind, XdpAction, XdpMode},
     model::units::fmt_duration,
-    probe::{ProbeConfig, packet::HEADER_LEN},
+    probe::{ProbeConfig, TimestampSource, packet::HEADER_LEN, stamp},
     tune::{Bottleneck, Knobs},
 };
 
-use super::{FlowSpec, KnobSpec, OutputSpec, RunSpec, flag_of};
+use super::{FlowSpec, KnobSpec, OutputSpec, RunSpec, flag_of, remote::ProtocolArg};
 
 /// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
 pub const MAX_PAYLOAD_1500: usize = 1472;
@@ -129,6 +129,83 @@ pub fn validate(
     knobs: &KnobSpec,
     out: &OutputSpec,
 ) -> Result<RunOptions, SpecError> {
+    let p = &run.probe;
+    let (size, interval, count) = probe_amount(run)?;
+    let continuous = run.continuous.plan(p.duration)?;
+    let timeout = p.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
+        return Err(SpecError::new("timeout", "must be more than 0 (e.g. 1s)"));
+    }
+    let port = p.port.unwrap_or(DEFAULT_PORT);
+    if port == 0 {
+        return Err(SpecError::new(
+            "port",
+            "0 is not a usable UDP port: pick 1..65535 (default 5061)",
+        ));
+    }
+    check_interfaces(p.tx_if.as_deref(), p.rx_if.as_deref())?;
+    let busy_poll = run.pacing.busy_poll.unwrap_or(false);
+    check_pacing(run, knobs, interval)?;
+    let mut k = Knobs::from(knobs.clone());
+    k.set_probe(port, size, interval);
+    k.probe.ipv6 = p.ip == Some(crate::testbed::IpVersion::V6);
+    k.validate_with_probe()
+        .map_err(|ke| SpecError::new(ke.key, ke.message))?;
+    let xdp_mode = run.xdp.xdp_mode.unwrap_or_default();
+    let xdp_action = run.xdp.xdp_action.unwrap_or_default();
+    check_bottleneck(&k, p.tx_if.is_some(), xdp_mode, xdp_action)?;
+    let flows: &[FlowSpec] = run.flows.flows.as_deref().unwrap_or_default();
+    check_flow_ports(port, flows)?;
+    let out_csv = out.out.clone().unwrap_or_else(|| PathBuf::from("out.csv"));
+    let queue_csv = k.queue_sample.map(|_| sibling(&out_csv, "queue.csv"));
+    let probe = ProbeConfig {
+        size,
+        interval,
+        count,
+        duration: p.duration.filter(|d| !d.is_zero()),
+        tos: p.tos.unwrap_or(0),
+        port,
+        timestamps: p.timestamps.unwrap_or_default(),
+        timeout,
+        flow: 0,
+        spin: run.pacing.spin,
+        busy_poll,
+        rt: k.rt(),
+        kernel_reflector: false,
+    };
+    let extra_flows = flows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| flow_config(f, &probe, (i + 1) as u8))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ip = p.ip.unwrap_or_default();
+    check_family(run, ip, &probe, &extra_flows)?;
+    let plan = RunOptions {
+        probe,
+        xdp_mode,
+        xdp_action,
+        reflector: run.xdp.reflector,
+        tx_if: p.tx_if.clone(),
+        rx_if: p.rx_if.clone(),
+        force: p.force.unwrap_or(false),
+        out: out_csv,
+        json: out.json.clone(),
+        label: out.label.clone(),
+        quiet: out.quiet.unwrap_or(false),
+        knobs: k,
+        queue_csv,
+        extra_flows,
+        continuous,
+        remote: run.remote.clone(),
+        ip,
+    };
+    check_remote(&plan)?;
+    Ok(plan)
+}
+
+/// Size, interval and how many probes (None: until the duration ends or
+/// forever).
+fn probe_amount(run: &RunSpec) -> Result<(usize, Duration, Option<u64>), SpecError> {
     let e = |key, m: String| Err(SpecError::new(key, m));
     let p = &run.probe;
     let size = p.size.unwrap_or(DEFAULT_SIZE);
@@ -157,7 +234,8 @@ pub fn validate(
             format!("{} is too long: use at most 1h", fmt_duration(interval)),
         );
     }
-    if run.continuous.forever == Some(true) && p.count.is_some() {
+    let forever = run.continuous.forever == Some(true);
+    if forever && p.count.is_some() {
         return e(
             "forever",
             "and count: give one (forever probes until stopped)".into(),
@@ -175,208 +253,263 @@ pub fn validate(
         (_, Some(d)) if d.is_zero() => None,
         (Some(n), None) => Some(n),
         (None, Some(_)) => None,
-        (None, None) if run.continuous.forever == Some(true) => None,
+        (None, None) if forever => None,
         (None, None) => Some(DEFAULT_COUNT),
     };
-    let continuous = run.continuous.plan(p.duration)?;
-    let timeout = p.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    if timeout.is_zero() {
-        return e("timeout", "must be more than 0 (e.g. 1s)".into());
-    }
-    let port = p.port.unwrap_or(DEFAULT_PORT);
-    if port == 0 {
-        return e(
-            "port",
-            "0 is not a usable UDP port: pick 1..65535 (default 5061)".into(),
-        );
-    }
-    for (key, name) in [("tx_if", &p.tx_if), ("rx_if", &p.rx_if)] {
-        if let Some(why) = name.as_deref().and_then(bad_interface_name) {
-            return e(key, why);
+    Ok((size, interval, count))
+}
+
+/// NIC-pair mode: two valid, different interface names, or none.
+fn check_interfaces(tx_if: Option<&str>, rx_if: Option<&str>) -> Result<(), SpecError> {
+    for (key, name) in [("tx_if", tx_if), ("rx_if", rx_if)] {
+        if let Some(why) = name.and_then(bad_interface_name) {
+            return Err(SpecError::new(key, why));
         }
     }
-    match (&p.tx_if, &p.rx_if) {
-        (Some(t), Some(r)) if t == r => {
-            return e(
-                "rx_if",
-                format!("must name another interface than tx_if (both are {t})"),
-            );
-        }
-        (Some(_), None) => {
-            return e(
-                "rx_if",
-                "is missing: NIC-pair mode needs both tx_if and rx_if".into(),
-            );
-        }
-        (None, Some(_)) => {
-            return e(
-                "tx_if",
-                "is missing: NIC-pair mode needs both tx_if and rx_if".into(),
-            );
-        }
-        _ => {}
+    match (tx_if, rx_if) {
+        (Some(t), Some(r)) if t == r => Err(SpecError::new(
+            "rx_if",
+            format!("must name another interface than tx_if (both are {t})"),
+        )),
+        (Some(_), None) => Err(SpecError::new(
+            "rx_if",
+            "is missing: NIC-pair mode needs both tx_if and rx_if",
+        )),
+        (None, Some(_)) => Err(SpecError::new(
+            "tx_if",
+            "is missing: NIC-pair mode needs both tx_if and rx_if",
+        )),
+        _ => Ok(()),
     }
-    let nic_pair = p.tx_if.is_some();
+}
+
+/// How the sender waits between probes: spin or busy-poll, and busy-poll
+/// only where real-time throttling would not stop it.
+fn check_pacing(run: &RunSpec, knobs: &KnobSpec, interval: Duration) -> Result<(), SpecError> {
     let busy_poll = run.pacing.busy_poll.unwrap_or(false);
     if let Some(spin) = run.pacing.spin {
         if busy_poll {
-            return e(
+            return Err(SpecError::new(
                 "spin",
-                "and busy_poll: busy-poll already spins all the time".into(),
-            );
+                "and busy_poll: busy-poll already spins all the time",
+            ));
         }
         if spin > interval {
-            return e(
+            return Err(SpecError::new(
                 "spin",
                 format!(
                     "{} is longer than the interval {}: use busy-poll to spin all the time",
                     fmt_duration(spin),
                     fmt_duration(interval)
                 ),
-            );
+            ));
         }
     }
     if busy_poll && knobs.rt_priority.is_some() && rt_throttling_on() {
-        return e(
+        return Err(SpecError::new(
             "busy_poll",
             "with rt-priority: the kernel's real-time throttling (kernel.sched_rt_runtime_us) \
-             would stop the spinning sender for 50 ms every second; use one of the two"
-                .into(),
-        );
+             would stop the spinning sender for 50 ms every second; use one of the two",
+        ));
     }
+    Ok(())
+}
 
-    let mut k = Knobs::from(knobs.clone());
-    k.set_probe(port, size, interval);
-    k.probe.ipv6 = p.ip == Some(crate::testbed::IpVersion::V6);
-    k.validate_with_probe()
-        .map_err(|ke| SpecError::new(ke.key, ke.message))?;
-    let xdp_mode = run.xdp.xdp_mode.unwrap_or_default();
-    let xdp_action = run.xdp.xdp_action.unwrap_or_default();
+/// Where the link is shaped and what that needs: a router to shape at, a
+/// rate for loads given as a share of it, a queue to sample.
+fn check_bottleneck(
+    k: &Knobs,
+    nic_pair: bool,
+    xdp_mode: XdpMode,
+    xdp_action: XdpAction,
+) -> Result<(), SpecError> {
     let at_router = k.bottleneck() == Bottleneck::Router;
     if nic_pair && at_router {
-        return e(
+        return Err(SpecError::new(
             "bottleneck",
-            "router: NIC-pair mode has no router; use bottleneck sender".into(),
-        );
+            "router: NIC-pair mode has no router; use bottleneck sender",
+        ));
     }
     if at_router
         && (k.link_rate.is_some() || k.qdisc.is_some())
         && xdp_mode != XdpMode::Off
         && xdp_action == XdpAction::Redirect
     {
-        return e(
+        return Err(SpecError::new(
             "bottleneck",
             "router: XDP_REDIRECT transmits past the router's qdisc, so shaping/qdisc at the \
-             router would not act; use xdp mode off, xdp action pass, or bottleneck sender"
-                .into(),
-        );
+             router would not act; use xdp mode off, xdp action pass, or bottleneck sender",
+        ));
     }
     if !nic_pair
         && k.link_rate.is_none()
         && let Some(l) = k.loads().iter().find(|l| l.needs_link_rate())
     {
-        return e(
+        return Err(SpecError::new(
             "load",
             format!(
                 "{l} is a share of the link, but a veth has no rate: set link_rate (shaping) \
                  or give a rate such as tcp:50mbit"
             ),
-        );
+        ));
     }
     if k.queue_sample.is_some() && k.link_rate.is_none() && k.qdisc.is_none() {
-        return e(
+        return Err(SpecError::new(
             "queue_sample",
-            "has no queue to sample: shape the link or set a qdisc".into(),
-        );
+            "has no queue to sample: shape the link or set a qdisc",
+        ));
     }
+    Ok(())
+}
 
-    let flows: &[FlowSpec] = run.flows.flows.as_deref().unwrap_or_default();
+/// At most [`MAX_EXTRA_FLOWS`] extra flows, each on a port of its own.
+fn check_flow_ports(port: u16, flows: &[FlowSpec]) -> Result<(), SpecError> {
     if flows.len() > MAX_EXTRA_FLOWS {
-        return e(
+        return Err(SpecError::new(
             "flows",
             format!(
                 "gives {} extra flows; at most {MAX_EXTRA_FLOWS}",
                 flows.len()
             ),
-        );
+        ));
     }
     let mut ports = vec![port];
     for f in flows {
         if ports.contains(&f.port) {
-            return e(
+            return Err(SpecError::new(
                 "flows",
                 format!(
                     "port={} is already used by another flow: give each flow its own port",
                     f.port
                 ),
-            );
+            ));
         }
         ports.push(f.port);
     }
-    let out_csv = out.out.clone().unwrap_or_else(|| PathBuf::from("out.csv"));
-    let queue_csv = k.queue_sample.map(|_| sibling(&out_csv, "queue.csv"));
-    let probe = ProbeConfig {
-        size,
-        interval,
-        count,
-        duration: p.duration.filter(|d| !d.is_zero()),
-        tos: p.tos.unwrap_or(0),
-        port,
-        timestamps: p.timestamps.unwrap_or_default(),
-        timeout,
-        flow: 0,
-        spin: run.pacing.spin,
-        busy_poll,
-        rt: k.rt(),
-        kernel_reflector: false,
-    };
-    let extra_flows = flows
-        .iter()
-        .enumerate()
-        .map(|(i, f)| flow_config(f, &probe, (i + 1) as u8))
-        .collect::<Result<Vec<_>, _>>()?;
-    let ip = p.ip.unwrap_or_default();
-    if p.ip.is_some() && run.remote.target.is_some() {
-        return e(
+    Ok(())
+}
+
+/// `--ip` is the testbed's; over IPv6 every flow's probes must fit the MTU.
+fn check_family(
+    run: &RunSpec,
+    ip: crate::testbed::IpVersion,
+    probe: &ProbeConfig,
+    extra_flows: &[ProbeConfig],
+) -> Result<(), SpecError> {
+    if run.probe.ip.is_some() && run.remote.target.is_some() {
+        return Err(SpecError::new(
             "ip",
             "is for testbed runs: with --target the address gives the family (an IPv6 target \
-             is written [2001:db8::2]:862)"
-                .into(),
-        );
+             is written [2001:db8::2]:862)",
+        ));
     }
     if ip == crate::testbed::IpVersion::V6
-        && let Some(big) = std::iter::once(&probe)
-            .chain(&extra_flows)
+        && let Some(big) = std::iter::once(probe)
+            .chain(extra_flows)
             .map(|c| c.size)
             .find(|&s| s > MAX_PAYLOAD_1500_IPV6)
     {
-        return e(
+        return Err(SpecError::new(
             "size",
             format!(
                 "{big} does not fit a 1500-byte MTU over IPv6 (40-byte header): use at most \
                  {MAX_PAYLOAD_1500_IPV6} bytes with ip 6"
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// The probe protocol, STAMP authentication and a remote target against
+/// the rest of the plan: what a `--target` run cannot use (it builds no
+/// testbed), what STAMP cannot carry. Checked here so that `run --check`
+/// refuses such a cell before anything runs.
+fn check_remote(o: &RunOptions) -> Result<(), SpecError> {
+    let remote = &o.remote;
+    let stamp = remote.protocol() == ProtocolArg::Stamp;
+    if remote.auth_key.is_some() && !stamp {
+        return Err(SpecError::new(
+            "auth_key",
+            "is STAMP's authenticated mode: add --protocol stamp",
+        ));
+    }
+    let min_size = match (stamp, remote.auth_key.is_some()) {
+        (false, _) => HEADER_LEN,
+        (true, false) => stamp::UNAUTH_LEN_BYTES,
+        (true, true) => stamp::AUTH_LEN_BYTES,
+    };
+    if o.probe.size < min_size {
+        return Err(SpecError::new(
+            "size",
+            format!(
+                "{} is too small for {} probes: use at least {min_size} bytes",
+                o.probe.size,
+                remote.protocol().name()
+            ),
+        ));
+    }
+    if remote.target.is_some() {
+        return check_target(o);
+    }
+    if stamp && !o.extra_flows.is_empty() {
+        return Err(SpecError::new(
+            "flows",
+            "works with the rtprobe protocol only: drop --flow or --protocol stamp",
+        ));
+    }
+    if remote.auth_key.is_some() && o.reflector == Some(ReflectorKind::Kernel) {
+        return Err(SpecError::new(
+            "reflector",
+            "kernel answers unauthenticated STAMP only: drop --auth-key or use --reflector user",
+        ));
+    }
+    Ok(())
+}
+
+/// A `--target` run probes a remote reflector: the options that set up a
+/// testbed have nothing to act on.
+fn check_target(o: &RunOptions) -> Result<(), SpecError> {
+    let refuse = |key, message: &str| Err(SpecError::new(key, message));
+    if o.tx_if.is_some() {
+        return refuse(
+            "target",
+            "probes a remote reflector: --tx-if/--rx-if build a testbed; use one or the other",
         );
     }
-    Ok(RunOptions {
-        probe,
-        xdp_mode,
-        xdp_action,
-        reflector: run.xdp.reflector,
-        tx_if: p.tx_if.clone(),
-        rx_if: p.rx_if.clone(),
-        force: p.force.unwrap_or(false),
-        out: out_csv,
-        json: out.json.clone(),
-        label: out.label.clone(),
-        quiet: out.quiet.unwrap_or(false),
-        knobs: k,
-        queue_csv,
-        extra_flows,
-        continuous,
-        remote: run.remote.clone(),
-        ip,
-    })
+    if !o.extra_flows.is_empty() {
+        return refuse(
+            "flows",
+            "is for testbed runs; with --target run one rtprobe per flow",
+        );
+    }
+    if o.reflector.is_some() {
+        return refuse(
+            "reflector",
+            "chooses the testbed's reflector; with --target the remote host's answers",
+        );
+    }
+    if o.xdp_mode != XdpMode::Auto {
+        return refuse(
+            "xdp_mode",
+            "sets the testbed's router; with --target there is none",
+        );
+    }
+    if o.probe.timestamps == TimestampSource::Hardware {
+        return refuse(
+            "timestamps",
+            "hardware is for testbed runs; with --target use software or auto",
+        );
+    }
+    let mut k = o.knobs.clone();
+    (k.rt_priority, k.mlockall, k.pin_cpu, k.cpu_dma_latency) = (None, None, None, None);
+    if !k.is_empty() {
+        return refuse(
+            "target",
+            "takes only the sender's real-time knobs (--rt-priority, --mlockall, --pin-cpu, \
+             --cpu-dma-latency); the other knobs change a testbed's interfaces",
+        );
+    }
+    Ok(())
 }
 
 /// An extra flow's probe options, unset fields taken from the main flow.

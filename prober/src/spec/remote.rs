@@ -90,13 +90,6 @@ impl RemoteOptions {
         };
         resolve(t, port).map(Some)
     }
-
-    pub fn check(&self) -> Result<()> {
-        if self.auth_key.is_some() && self.protocol() != ProtocolArg::Stamp {
-            bail!("--auth-key is STAMP's authenticated mode: add --protocol stamp");
-        }
-        Ok(())
-    }
 }
 
 /// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one
@@ -327,15 +320,5 @@ mod tests {
         std::fs::write(&dir, [7u8; 32]).unwrap();
         assert!(read_key(&dir).is_ok());
         let _ = std::fs::remove_file(&dir);
-        let o = RemoteOptions {
-            auth_key: Some("k".into()),
-            ..Default::default()
-        };
-        assert!(
-            o.check()
-                .unwrap_err()
-                .to_string()
-                .contains("--protocol stamp")
-        );
     }
 }

@@ -40,7 +40,6 @@ pub mod bql;
 pub mod gso;
 mod knob_spec;
 pub mod load;
-mod load_acct;
 pub mod qdisc;
 pub mod ring;
 pub mod rt;
@@ -72,8 +71,7 @@ use serde_json::{Map, Value, json};
 pub use self::{
     at::At,
     knob_spec::KnobSpec,
-    load::{FlowReport, LoadReport, LoadSpec},
-    load_acct::FetchTimes,
+    load::{FetchTimes, FlowReport, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
     rt::{RtGuard, RtSettings},
     shaping::{ShaperKind, Shaping},
@@ -258,6 +256,10 @@ impl std::fmt::Display for KnobError {
 
 impl std::error::Error for KnobError {}
 
+fn knob_err(key: &'static str, message: String) -> Result<(), KnobError> {
+    Err(KnobError { key, message })
+}
+
 impl Knobs {
     /// Tells the knobs about the probe flow (port for filters, rate for
     /// the probe class). The runner calls this before `apply`.
@@ -331,7 +333,26 @@ impl Knobs {
 
     /// Cross-field checks that need no system access.
     pub fn validate(&self) -> Result<(), KnobError> {
-        let err = |key, message: String| Err(KnobError { key, message });
+        self.validate_shaping()?;
+        self.validate_device_limits()?;
+        self.validate_stress()?;
+        self.validate_load()?;
+        self.validate_bottleneck()?;
+        self.rt().validate().or_else(|m| {
+            knob_err(
+                if m.contains("CPU") {
+                    "pin_cpu"
+                } else {
+                    "rt_priority"
+                },
+                m,
+            )
+        })
+    }
+
+    /// Shaping keys need a link rate, and the shaper's FIFO limit cannot
+    /// apply when a qdisc is the leaf.
+    fn validate_shaping(&self) -> Result<(), KnobError> {
         if self.link_rate.is_none() {
             for (key, set) in [
                 ("shaper", self.shaper.is_some()),
@@ -340,7 +361,7 @@ impl Knobs {
                 ("wire_overhead", self.wire_overhead.is_some()),
             ] {
                 if set {
-                    return err(
+                    return knob_err(
                         key,
                         format!(
                             "{key} belongs to link shaping: set link_rate too (without shaping, \
@@ -353,7 +374,7 @@ impl Knobs {
         if self.queue_limit.is_some()
             && let Some(q) = &self.qdisc
         {
-            return err(
+            return knob_err(
                 "queue_limit",
                 format!(
                     "queue_limit sizes the shaper's FIFO, but qdisc {} is the leaf here: \
@@ -364,41 +385,56 @@ impl Knobs {
             );
         }
         if self.wire_overhead.is_some_and(|o| o > 1000) {
-            return err("wire_overhead", "at most 1000 bytes per frame".into());
+            return knob_err("wire_overhead", "at most 1000 bytes per frame".into());
         }
+        Ok(())
+    }
+
+    /// Ranges of the device and socket knobs the kernel would refuse.
+    fn validate_device_limits(&self) -> Result<(), KnobError> {
         if self
             .bql_limit_max
             .is_some_and(|b| b.0 == 0 || b.0 > 1 << 30)
         {
-            return err("bql_limit_max", "must be 1 byte to 1GiB".into());
+            return knob_err("bql_limit_max", "must be 1 byte to 1GiB".into());
         }
         if self.tsq.is_some_and(|b| b.0 == 0 || b.0 > i32::MAX as u64) {
-            return err("tsq", "must be 1 byte to 2GiB".into());
+            return knob_err("tsq", "must be 1 byte to 2GiB".into());
         }
         if self.txqueuelen == Some(0) {
-            return err("txqueuelen", "must be at least 1 packet".into());
+            return knob_err("txqueuelen", "must be at least 1 packet".into());
         }
         if self.tx_ring == Some(0) {
-            return err("tx_ring", "must be at least 1 descriptor".into());
+            return knob_err("tx_ring", "must be at least 1 descriptor".into());
         }
+        Ok(())
+    }
+
+    fn validate_stress(&self) -> Result<(), KnobError> {
         if self.stress_tool.is_some() && self.stress.is_none() {
-            return err("stress_tool", "set stress = N (workers) too".into());
+            return knob_err("stress_tool", "set stress = N (workers) too".into());
         }
         if self.stress.is_some_and(|n| n == 0 || n > 1024) {
-            return err("stress", "workers must be 1 to 1024".into());
+            return knob_err("stress", "workers must be 1 to 1024".into());
         }
+        Ok(())
+    }
+
+    /// The competing load and the queue sampler that watches it: warm-up,
+    /// sampling interval, flow count and distinct ports.
+    fn validate_load(&self) -> Result<(), KnobError> {
         if self.load_warmup.is_some() && self.loads().is_empty() {
-            return err("load_warmup", "there is no load to warm up".into());
+            return knob_err("load_warmup", "there is no load to warm up".into());
         }
         if self
             .queue_sample
             .is_some_and(|d| d < Duration::from_millis(1))
         {
-            return err("queue_sample", "sample at most every 1ms".into());
+            return knob_err("queue_sample", "sample at most every 1ms".into());
         }
         let flows: u32 = self.loads().iter().map(LoadSpec::flows).sum();
         if flows > load::MAX_FLOWS {
-            return err(
+            return knob_err(
                 "load",
                 format!("{flows} flows; at most {}", load::MAX_FLOWS),
             );
@@ -408,9 +444,14 @@ impl Knobs {
             if let Some(p) = l.port()
                 && !ports.insert(p)
             {
-                return err("load", format!("port {p} is used by two load entries"));
+                return knob_err("load", format!("port {p} is used by two load entries"));
             }
         }
+        Ok(())
+    }
+
+    /// `bottleneck = router` only means something with a knob to move there.
+    fn validate_bottleneck(&self) -> Result<(), KnobError> {
         if self.bottleneck() == Bottleneck::Router
             && self.link_rate.is_none()
             && self.qdisc.is_none()
@@ -418,22 +459,13 @@ impl Knobs {
             && self.txqueuelen.is_none()
             && self.tx_ring.is_none()
         {
-            return err(
+            return knob_err(
                 "bottleneck",
                 "bottleneck = router moves shaping/qdisc/BQL/txqueuelen/ring, but none is set"
                     .into(),
             );
         }
-        self.rt().validate().or_else(|m| {
-            err(
-                if m.contains("CPU") {
-                    "pin_cpu"
-                } else {
-                    "rt_priority"
-                },
-                m,
-            )
-        })
+        Ok(())
     }
 
     /// Checks against the probe flow (set by `set_probe`).
@@ -734,16 +766,7 @@ fn decide_qdisc(
 /// restored before returning.
 pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
     knobs.validate_with_probe().map_err(|e| anyhow!(e))?;
-    let (ns, iface) = match knobs.bottleneck() {
-        Bottleneck::Sender => (&tb.sender, &tb.sender_if),
-        Bottleneck::Router => match (&tb.router, &tb.router_out) {
-            (Some(r), Some(i)) => (r, i),
-            _ => bail!(
-                "bottleneck = router needs the router namespace, which NIC-pair mode does not have: \
-                 use bottleneck = sender"
-            ),
-        },
-    };
+    let (ns, iface) = bottleneck_of(tb, knobs)?;
     let dev = iface.name.clone();
     // Every knob reaches the kernel through the testbed's Sys.
     let at = At::new(tb.sys(), Ns::Named(ns.name()));
@@ -773,50 +796,10 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
     a.skipped.extend(skipped);
     let shaping = knobs.shaping();
 
-    if let Some(n) = knobs.txqueuelen {
-        a.guards.push(Box::new(txqueuelen::apply(at, &dev, n)?));
-    }
-    if let Some(on) = knobs.gso {
-        // Always the sender's interface: it decides what size leaves the sender.
-        a.guards
-            .push(Box::new(gso::apply(at_sender, &tb.sender_if.name, on)?));
-    }
-    let unsupported = |a: &mut Applied<'tb>, key: &str, why: String| -> Result<()> {
-        match knobs.device_unsupported() {
-            DevicePolicy::Report => {
-                log::info!("{why}");
-                a.unsupported.insert(key.into(), Value::String(why));
-                Ok(())
-            }
-            DevicePolicy::Fail => bail!("{why} (device_unsupported = fail)"),
-        }
-    };
-    if let Some(n) = knobs.tx_ring {
-        match ring::apply(at, &dev, n)? {
-            Outcome::Applied(g) => a.guards.push(Box::new(g)),
-            Outcome::Unsupported(why) => unsupported(&mut a, "tx_ring", why)?,
-        }
-    }
-    if let Some(b) = knobs.bql_limit_max {
-        match bql::apply(at, &dev, b.0)? {
-            Outcome::Applied(g) => a.guards.push(Box::new(g)),
-            Outcome::Unsupported(why) => unsupported(&mut a, "bql", why)?,
-        }
-    }
+    a.apply_device_knobs(knobs, at, at_sender, &tb.sender_if.name)?;
     if shaping.is_some() || qdisc.is_some() {
-        let ctx = qdisc::RenderCtx {
-            link_rate: knobs.link_rate,
-            overhead_bytes: knobs.overhead_bytes(),
-            probe: knobs.probe.clone(),
-        };
-        let (cmds, mut meta) = qdisc::render_tree(&dev, shaping.as_ref(), qdisc.as_ref(), &ctx);
-        let tree = qdisc::QdiscTree::install(at, &dev, &cmds)?;
-        if let Value::Object(m) = &mut meta {
-            m.insert("status".into(), json!("applied"));
-            m.insert("netns".into(), json!(ns.name()));
-            m.insert("dev".into(), json!(dev));
-        }
-        a.guards.push(Box::new(TreeKnob { tree, meta }));
+        let tree = install_tree(at, &dev, knobs, shaping.as_ref(), qdisc.as_ref())?;
+        a.guards.push(Box::new(tree));
     }
     if let Some(b) = knobs.tsq {
         a.guards.push(Box::new(tsq::apply(at_sender, b.0)?));
@@ -828,9 +811,113 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         )?));
     }
     if !knobs.loads().is_empty() {
+        a.start_load(tb, knobs, at, shaping)?;
+    }
+    Ok(a)
+}
+
+/// The namespace and interface the bottleneck knobs act on.
+fn bottleneck_of<'tb>(
+    tb: &'tb Testbed,
+    knobs: &Knobs,
+) -> Result<(&'tb Netns, &'tb crate::testbed::Iface)> {
+    Ok(match knobs.bottleneck() {
+        Bottleneck::Sender => (&tb.sender, &tb.sender_if),
+        Bottleneck::Router => match (&tb.router, &tb.router_out) {
+            (Some(r), Some(i)) => (r, i),
+            _ => bail!(
+                "bottleneck = router needs the router namespace, which NIC-pair mode does not have: \
+                 use bottleneck = sender"
+            ),
+        },
+    })
+}
+
+/// Renders the shaper and qdisc for `dev` and installs them; the guard
+/// carries the tree's metadata.
+fn install_tree<'a>(
+    at: At<'a>,
+    dev: &str,
+    knobs: &Knobs,
+    shaping: Option<&Shaping>,
+    qdisc: Option<&QdiscSpec>,
+) -> Result<TreeKnob<'a>> {
+    let ctx = qdisc::RenderCtx {
+        link_rate: knobs.link_rate,
+        overhead_bytes: knobs.overhead_bytes(),
+        probe: knobs.probe.clone(),
+    };
+    let (cmds, mut meta) = qdisc::render_tree(dev, shaping, qdisc, &ctx);
+    let tree = qdisc::QdiscTree::install(at, dev, &cmds)?;
+    if let Value::Object(m) = &mut meta {
+        m.insert("status".into(), json!("applied"));
+        m.insert("netns".into(), json!(at.name()));
+        m.insert("dev".into(), json!(dev));
+    }
+    Ok(TreeKnob { tree, meta })
+}
+
+impl<'tb> Applied<'tb> {
+    /// txqueuelen, segmentation offload, TX ring and BQL, in that order
+    /// (txqueuelen is read by qdiscs when they are created).
+    fn apply_device_knobs(
+        &mut self,
+        knobs: &Knobs,
+        at: At<'tb>,
+        at_sender: At<'tb>,
+        sender_dev: &str,
+    ) -> Result<()> {
+        let dev = self.bottleneck_dev.clone();
+        if let Some(n) = knobs.txqueuelen {
+            self.guards.push(Box::new(txqueuelen::apply(at, &dev, n)?));
+        }
+        if let Some(on) = knobs.gso {
+            // Always the sender's interface: it decides what size leaves the sender.
+            self.guards
+                .push(Box::new(gso::apply(at_sender, sender_dev, on)?));
+        }
+        if let Some(n) = knobs.tx_ring {
+            match ring::apply(at, &dev, n)? {
+                Outcome::Applied(g) => self.guards.push(Box::new(g)),
+                Outcome::Unsupported(why) => self.device_unsupported(knobs, "tx_ring", why)?,
+            }
+        }
+        if let Some(b) = knobs.bql_limit_max {
+            match bql::apply(at, &dev, b.0)? {
+                Outcome::Applied(g) => self.guards.push(Box::new(g)),
+                Outcome::Unsupported(why) => self.device_unsupported(knobs, "bql", why)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A device knob the driver cannot do: reported, or an error with
+    /// `device_unsupported = fail`.
+    fn device_unsupported(&mut self, knobs: &Knobs, key: &str, why: String) -> Result<()> {
+        match knobs.device_unsupported() {
+            DevicePolicy::Report => {
+                log::info!("{why}");
+                self.unsupported.insert(key.into(), Value::String(why));
+                Ok(())
+            }
+            DevicePolicy::Fail => bail!("{why} (device_unsupported = fail)"),
+        }
+    }
+
+    /// Starts the competing load, waits out its warm-up and opens its
+    /// measuring window.
+    fn start_load(
+        &mut self,
+        tb: &'tb Testbed,
+        knobs: &Knobs,
+        at: At<'tb>,
+        shaping: Option<Shaping>,
+    ) -> Result<()> {
         let link_rate = match knobs.link_rate {
             Some(r) => Some(r),
-            None if knobs.loads().iter().any(LoadSpec::needs_link_rate) => nic_speed(at, &dev)?,
+            None if knobs.loads().iter().any(LoadSpec::needs_link_rate) => {
+                nic_speed(at, &self.bottleneck_dev)?
+            }
             None => None,
         };
         let queue_bytes_hint = match knobs.queue_limit {
@@ -845,7 +932,7 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
             dst: tb.receiver_if.addr,
             src: tb.sender_if.addr,
             link_rate,
-            shaping: shaping.clone(),
+            shaping,
             queue_bytes_hint,
         };
         // CLOCK_REALTIME, as the CSV's probe times: `rtprobe plot` marks
@@ -855,9 +942,9 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         let warmup = knobs.load_warmup.unwrap_or(DEFAULT_LOAD_WARMUP);
         std::thread::sleep(warmup);
         l.mark();
-        a.queue_at_mark = a.root_qdisc().map(|q| (Instant::now(), q));
+        self.queue_at_mark = self.root_qdisc().map(|q| (Instant::now(), q));
         let measured_from_ns = crate::probe::clock::realtime_ns();
-        a.notes.insert(
+        self.notes.insert(
             "load".into(),
             json!({
                 "specs": knobs.loads().iter().map(|l| l.to_string()).collect::<Vec<_>>(),
@@ -868,9 +955,9 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
                 "measured_from_ns": measured_from_ns,
             }),
         );
-        a.load = Some(l);
+        self.load = Some(l);
+        Ok(())
     }
-    Ok(a)
 }
 
 #[cfg(test)]

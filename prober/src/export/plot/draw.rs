@@ -3,7 +3,7 @@
 //! `<text>` elements) or PNG (plotters' bitmap backend, text rasterised with
 //! the DejaVu Sans font embedded in the binary).
 //!
-//! The figures arrive fully computed (see `mod.rs`): this file only maps
+//! The figures arrive fully computed (see `figures.rs`): this file only maps
 //! numbers to pixels, so it holds no statistics. Each figure keeps its SVG
 //! small whatever the input size: time series and CDFs come pre-thinned,
 //! and outliers that would land on the same pixel row are drawn once
@@ -515,8 +515,41 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
         .label_style(font(14.0))
         .axis_desc_style(font(16.0))
         .draw()?;
-    let grey = RGBColor(0x55, 0x55, 0x55);
-    for (k, (x, what)) in f.phases.iter().enumerate() {
+    draw_phases(&mut chart, &f.phases, axis, x_hi)?;
+    // Lost probes: crosses along the bottom edge, in the axis padding
+    // below the lowest sample, where no latency is drawn.
+    let lost_y = axis.lo + (f.axis.hi - f.axis.lo) * 0.015;
+    let mut any_p99 = false;
+    for line in &f.lines {
+        any_p99 |= draw_time_line(&mut chart, line, axis, lost_y)?;
+    }
+    time_legend_keys(&mut chart, any_band, any_p99, any_lost)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .label_font(font(14.0))
+        .draw()?;
+    draw_notes(root, &f.notes)
+}
+
+/// The time series' chart: seconds (or probe numbers) by latency.
+type TimeChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<Ticked, Ticked>>;
+
+/// Grey used for what is not a run: phases and the legend's keys.
+const PHASE_GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
+
+/// Each phase of the run (e.g. the competing load coming on): a shaded
+/// span from its start to the right edge, a dashed line and its name.
+fn draw_phases<DB: DrawingBackend>(
+    chart: &mut TimeChart<'_, DB>,
+    phases: &[(f64, String)],
+    axis: &ValueAxis,
+    x_hi: f64,
+) -> DrawResult<DB> {
+    let grey = PHASE_GREY;
+    for (k, (x, what)) in phases.iter().enumerate() {
         chart.draw_series(std::iter::once(Rectangle::new(
             [(*x, axis.lo), (x_hi, axis.hi)],
             grey.mix(0.06).filled(),
@@ -536,64 +569,80 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
             font(12.0).color(&grey),
         )))?;
     }
-    // Lost probes: crosses along the bottom edge, in the axis padding
-    // below the lowest sample, where no latency is drawn.
-    let lost_y = axis.lo + (f.axis.hi - f.axis.lo) * 0.015;
+    Ok(())
+}
+
+/// One run's time series with its lost probes; returns whether it drew a
+/// p99 line (its legend key is drawn once, for every run).
+fn draw_time_line<DB: DrawingBackend>(
+    chart: &mut TimeChart<'_, DB>,
+    line: &TimeLine,
+    axis: &ValueAxis,
+    lost_y: f64,
+) -> Result<bool, DrawingAreaErrorKind<DB::ErrorType>> {
     let y = |v: i64| axis.coord_clamped(v as f64);
-    let mut any_band = false;
-    let mut any_p99 = false;
-    for line in &f.lines {
-        let c = color(line.color);
-        let cols = &line.columns;
-        // Several probes per column: a band from each column's min to its
-        // max (spikes stay visible), the median on it, and the p99 where
-        // columns hold enough probes for one.
-        let binned = cols.iter().any(|k| k.n > 1);
-        if binned {
-            any_band = true;
-            let mut band: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.max))).collect();
-            band.extend(cols.iter().rev().map(|k| (k.x, y(k.min))));
-            chart.draw_series(std::iter::once(Polygon::new(
-                band,
-                c.mix(BAND_OPACITY).filled(),
+    let c = color(line.color);
+    let cols = &line.columns;
+    // Several probes per column: a band from each column's min to its
+    // max (spikes stay visible), the median on it, and the p99 where
+    // columns hold enough probes for one.
+    let binned = cols.iter().any(|k| k.n > 1);
+    let mut p99 = false;
+    if binned {
+        let mut band: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.max))).collect();
+        band.extend(cols.iter().rev().map(|k| (k.x, y(k.min))));
+        chart.draw_series(std::iter::once(Polygon::new(
+            band,
+            c.mix(BAND_OPACITY).filled(),
+        )))?;
+        // Columns with one probe draw no area: their extremes as a line.
+        chart.draw_series(std::iter::once(PathElement::new(
+            cols.iter().map(|k| (k.x, y(k.max))).collect::<Vec<_>>(),
+            c.mix(0.35).stroke_width(1),
+        )))?;
+        let mut ns: Vec<u64> = cols.iter().map(|k| k.n).collect();
+        ns.sort_unstable();
+        if ns[ns.len() / 2] >= P99_LINE_MIN_SAMPLES {
+            p99 = true;
+            chart.draw_series(std::iter::once(DashedPathElement::new(
+                cols.iter().map(|k| (k.x, y(k.p99))).collect::<Vec<_>>(),
+                4,
+                3,
+                c.stroke_width(1),
             )))?;
-            // Columns with one probe draw no area: their extremes as a line.
-            chart.draw_series(std::iter::once(PathElement::new(
-                cols.iter().map(|k| (k.x, y(k.max))).collect::<Vec<_>>(),
-                c.mix(0.35).stroke_width(1),
-            )))?;
-            let mut ns: Vec<u64> = cols.iter().map(|k| k.n).collect();
-            ns.sort_unstable();
-            if ns[ns.len() / 2] >= P99_LINE_MIN_SAMPLES {
-                any_p99 = true;
-                chart.draw_series(std::iter::once(DashedPathElement::new(
-                    cols.iter().map(|k| (k.x, y(k.p99))).collect::<Vec<_>>(),
-                    4,
-                    3,
-                    c.stroke_width(1),
-                )))?;
-            }
-        }
-        let pts: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.p50))).collect();
-        let sparse = !binned && pts.len() <= 300;
-        chart
-            .draw_series(std::iter::once(PathElement::new(
-                pts.clone(),
-                c.stroke_width(if binned { 2 } else { 1 }),
-            )))?
-            .label(line.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
-        if sparse {
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 2, c.filled())))?;
-        }
-        if !line.lost.is_empty() {
-            chart.draw_series(
-                line.lost
-                    .iter()
-                    .map(|&x| Cross::new((x, lost_y), 4, c.stroke_width(1))),
-            )?;
         }
     }
+    let pts: Vec<(f64, f64)> = cols.iter().map(|k| (k.x, y(k.p50))).collect();
+    let sparse = !binned && pts.len() <= 300;
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            pts.clone(),
+            c.stroke_width(if binned { 2 } else { 1 }),
+        )))?
+        .label(line.label.as_str())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    if sparse {
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 2, c.filled())))?;
+    }
+    if !line.lost.is_empty() {
+        chart.draw_series(
+            line.lost
+                .iter()
+                .map(|&x| Cross::new((x, lost_y), 4, c.stroke_width(1))),
+        )?;
+    }
+    Ok(p99)
+}
+
+/// Legend keys for what every run may draw: the band, the p99 line and
+/// the lost-probe cross.
+fn time_legend_keys<DB: DrawingBackend>(
+    chart: &mut TimeChart<'_, DB>,
+    any_band: bool,
+    any_p99: bool,
+    any_lost: bool,
+) -> DrawResult<DB> {
+    let grey = PHASE_GREY;
     if any_band {
         chart
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
@@ -619,14 +668,7 @@ fn draw_time<DB: DrawingBackend>(f: &TimeFigure, root: &DrawingArea<DB, Shift>) 
             .label("lost probe")
             .legend(|(x, y)| Cross::new((x + 9, y), 4, BLACK.stroke_width(1)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.5))
-        .label_font(font(14.0))
-        .draw()?;
-    draw_notes(root, &f.notes)
+    Ok(())
 }
 
 fn draw_percentiles<DB: DrawingBackend>(

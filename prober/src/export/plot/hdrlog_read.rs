@@ -17,9 +17,7 @@
 //! dropped, so memory stays flat however long the log.
 
 use std::{
-    fs::File,
     io::{BufRead, BufReader, Read},
-    path::Path,
     time::Duration,
 };
 
@@ -28,13 +26,13 @@ use hdrhistogram::{
     Histogram,
     serialization::{
         Deserializer,
-        interval_log::{IntervalLogIterator, LogEntry},
+        interval_log::{IntervalLogHistogram, IntervalLogIterator, LogEntry},
     },
 };
 
 use super::{
     dist::{Dist, TimeGrid},
-    read::{CsvRun, FlowData, ReadError, ReadOptions, Series, TsCounts, Want, XSource},
+    run_data::{CsvRun, FlowData, ReadError, ReadOptions, Series, TsCounts, Want, XSource},
 };
 use crate::{export::csv::META_PREFIX, model::run::RunMeta, stats::chain::Stage};
 
@@ -97,18 +95,6 @@ fn target(tag: Option<&str>, opts: &ReadOptions) -> Option<Target> {
         .map(Target::Stage)
 }
 
-/// Opens and reads one interval log.
-pub fn read_hdr_log_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
-    let name = path.display().to_string();
-    let file = File::open(path).map_err(|e| ReadError {
-        file: name.clone(),
-        line: None,
-        column: None,
-        message: format!("cannot open: {e}"),
-    })?;
-    read_hdr_log(&name, file, opts)
-}
-
 /// The longest line taken (a histogram of a wide range, base64).
 const MAX_LINE: u64 = 16 * 1024 * 1024;
 
@@ -118,168 +104,233 @@ pub fn read_hdr_log<R: Read>(
     input: R,
     opts: &ReadOptions,
 ) -> Result<CsvRun, ReadError> {
-    let err = |line: Option<u64>, message: String| ReadError {
-        file: name.to_string(),
-        line,
-        column: None,
-        message,
-    };
+    let err = |line: Option<u64>, message: String| log_error(name, line, message);
     let mut rdr = BufReader::with_capacity(64 * 1024, input);
-    let new_series = || Series {
-        dist: Dist::new(opts.exact_limit),
-        time: TimeGrid::new(opts.columns),
-        missing: 0,
-    };
-    let mut flow = FlowData {
-        flow: 0,
-        rows: 0,
-        lost: 0,
-        lost_x: TimeGrid::new(opts.columns),
-        one_way: None,
-        rtt: None,
-        size: None,
-        sizes_vary: false,
-        first_x: [None; 2],
-        ts: TsCounts::default(),
-        stages: None,
-    };
-    let mut meta: Option<RunMeta> = None;
-    let mut base_time: Option<Duration> = None;
-    let mut start_time: Option<Duration> = None;
-    let mut ignored_tags: Vec<String> = Vec::new();
-    let mut intervals = 0u64;
-    let mut counts = [0u64; 2];
-    let mut any_stage = false;
+    let mut log = LogContents::new(opts);
     let mut buf = Vec::new();
     let mut line_no = 0u64;
     let mut decoder = Deserializer::new();
-    loop {
-        buf.clear();
-        let got = (&mut rdr)
-            .take(MAX_LINE)
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| err(Some(line_no + 1), format!("read failed: {e}")))?;
-        if got == 0 {
-            break;
-        }
-        line_no += 1;
-        if !buf.ends_with(b"\n") {
-            if buf.len() as u64 >= MAX_LINE {
-                return Err(err(
-                    Some(line_no),
-                    "the line is longer than 16 MiB: not an HdrHistogram log line".into(),
-                ));
-            }
-            buf.push(b'\n');
-        }
+    while next_line(&mut rdr, &mut buf, &mut line_no).map_err(|(line, m)| err(Some(line), m))? {
         let text = buf.trim_ascii();
         if text.is_empty() || text.starts_with(b"\"StartTimestamp\"") {
             continue;
         }
         if let Some(comment) = text.strip_prefix(b"#") {
-            let c = comment.trim_ascii_start();
-            let tag = META_PREFIX.trim_start_matches('#').trim();
-            if let Some(json) = c.strip_prefix(tag.as_bytes()) {
-                let m = serde_json::from_slice::<RunMeta>(json.trim_ascii()).map_err(|e| {
-                    err(
-                        Some(line_no),
-                        format!("the run metadata ({tag}) is not valid JSON: {e}"),
-                    )
-                })?;
-                meta = Some(m);
-                continue;
-            }
-            if !(c.starts_with(b"[StartTime: ") || c.starts_with(b"[BaseTime: ")) {
-                continue;
+            match comment_line(comment).map_err(|m| err(Some(line_no), m))? {
+                Comment::Meta(m) => {
+                    log.meta = Some(*m);
+                    continue;
+                }
+                Comment::Times => {}
+                Comment::Other => continue,
             }
         }
-        let entry = IntervalLogIterator::new(&buf).next();
-        let h = match entry {
+        let h = match IntervalLogIterator::new(&buf).next() {
             Some(Ok(LogEntry::StartTime(t))) => {
-                start_time = Some(t);
+                log.start_time = Some(t);
                 continue;
             }
             Some(Ok(LogEntry::BaseTime(t))) => {
-                base_time = Some(t);
+                log.base_time = Some(t);
                 continue;
             }
             Some(Ok(LogEntry::Interval(h))) => h,
-            _ => {
-                let shown: String = String::from_utf8_lossy(text).chars().take(40).collect();
-                return Err(err(
-                    Some(line_no),
-                    format!(
-                        "not an HdrHistogram interval line (expected [Tag=T,]START,LENGTH,MAX,HIST...; the line reads {:?})",
-                        shown
-                    ),
-                ));
-            }
+            _ => return Err(err(Some(line_no), not_an_interval_line(text))),
         };
+        log.add(&h, &mut decoder)
+            .map_err(|m| err(Some(line_no), m))?;
+    }
+    log.finish(name)
+}
+
+fn log_error(name: &str, line: Option<u64>, message: String) -> ReadError {
+    ReadError {
+        file: name.to_string(),
+        line,
+        column: None,
+        message,
+    }
+}
+
+/// Reads the next line into `buf` (with its `\n`, added if the file ends
+/// without one) and counts it; `false` at the end of the input. Errors
+/// carry the line they are about.
+fn next_line<R: Read>(
+    rdr: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    line_no: &mut u64,
+) -> Result<bool, (u64, String)> {
+    buf.clear();
+    let got = rdr
+        .take(MAX_LINE)
+        .read_until(b'\n', buf)
+        .map_err(|e| (*line_no + 1, format!("read failed: {e}")))?;
+    if got == 0 {
+        return Ok(false);
+    }
+    *line_no += 1;
+    if !buf.ends_with(b"\n") {
+        if buf.len() as u64 >= MAX_LINE {
+            return Err((
+                *line_no,
+                "the line is longer than 16 MiB: not an HdrHistogram log line".into(),
+            ));
+        }
+        buf.push(b'\n');
+    }
+    Ok(true)
+}
+
+/// What a `#` line of the log is.
+enum Comment {
+    /// rtprobe's run metadata.
+    Meta(Box<RunMeta>),
+    /// `#[StartTime: ...]` or `#[BaseTime: ...]`: the interval log parser
+    /// reads it.
+    Times,
+    /// Any other comment.
+    Other,
+}
+
+/// Tells what a comment (the text after `#`) is.
+fn comment_line(comment: &[u8]) -> Result<Comment, String> {
+    let c = comment.trim_ascii_start();
+    let tag = META_PREFIX.trim_start_matches('#').trim();
+    if let Some(json) = c.strip_prefix(tag.as_bytes()) {
+        let m = serde_json::from_slice::<RunMeta>(json.trim_ascii())
+            .map_err(|e| format!("the run metadata ({tag}) is not valid JSON: {e}"))?;
+        return Ok(Comment::Meta(Box::new(m)));
+    }
+    if c.starts_with(b"[StartTime: ") || c.starts_with(b"[BaseTime: ") {
+        Ok(Comment::Times)
+    } else {
+        Ok(Comment::Other)
+    }
+}
+
+fn not_an_interval_line(text: &[u8]) -> String {
+    let shown: String = String::from_utf8_lossy(text).chars().take(40).collect();
+    format!(
+        "not an HdrHistogram interval line (expected [Tag=T,]START,LENGTH,MAX,HIST...; the line reads {:?})",
+        shown
+    )
+}
+
+/// What the log has told so far, interval by interval: one flow's
+/// distributions and time series, and what is needed to place and check
+/// them.
+struct LogContents<'a> {
+    opts: &'a ReadOptions,
+    flow: FlowData,
+    meta: Option<RunMeta>,
+    base_time: Option<Duration>,
+    start_time: Option<Duration>,
+    ignored_tags: Vec<String>,
+    /// Intervals recorded into a latency series.
+    intervals: u64,
+    /// Samples per latency metric (one-way, RTT).
+    counts: [u64; 2],
+    /// A stage histogram was seen (whether or not stages were read).
+    any_stage: bool,
+}
+
+impl<'a> LogContents<'a> {
+    fn new(opts: &'a ReadOptions) -> Self {
+        LogContents {
+            opts,
+            flow: FlowData {
+                flow: 0,
+                rows: 0,
+                lost: 0,
+                lost_x: TimeGrid::new(opts.columns),
+                one_way: None,
+                rtt: None,
+                size: None,
+                sizes_vary: false,
+                first_x: [None; 2],
+                ts: TsCounts::default(),
+                stages: None,
+            },
+            meta: None,
+            base_time: None,
+            start_time: None,
+            ignored_tags: Vec::new(),
+            intervals: 0,
+            counts: [0; 2],
+            any_stage: false,
+        }
+    }
+
+    /// Decodes one interval's histogram and records it where its tag says
+    /// (an unknown tag is noted, a metric not asked for skipped).
+    fn add(&mut self, h: &IntervalLogHistogram, decoder: &mut Deserializer) -> Result<(), String> {
         let tag = h.tag().map(|t| t.as_str().to_string());
-        let Some(target) = target(tag.as_deref(), opts) else {
+        let Some(target) = target(tag.as_deref(), self.opts) else {
             let t = tag.unwrap_or_default();
-            if !ignored_tags.contains(&t) {
-                ignored_tags.push(t);
+            if !self.ignored_tags.contains(&t) {
+                self.ignored_tags.push(t);
             }
-            continue;
+            return Ok(());
         };
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(h.encoded_histogram().trim())
-            .map_err(|e| {
-                err(
-                    Some(line_no),
-                    format!("the histogram is not valid base64: {e}"),
-                )
-            })?;
+            .map_err(|e| format!("the histogram is not valid base64: {e}"))?;
         let hist: Histogram<u64> = decoder.deserialize(&mut &bytes[..]).map_err(|e| {
-            err(
-                Some(line_no),
-                format!("the histogram does not decode (V2 / V2-deflate expected): {e}"),
-            )
+            format!("the histogram does not decode (V2 / V2-deflate expected): {e}")
         })?;
-        // Interval timestamps are offsets from BaseTime, or, with only a
-        // StartTime, offsets when they are far below it (the Java
-        // reader's rule), else seconds since the epoch.
+        let x = self.mid_ns(h);
+        self.record(target, &hist, x);
+        Ok(())
+    }
+
+    /// The middle of an interval in ns. Interval timestamps are offsets
+    /// from BaseTime, or, with only a StartTime, offsets when they are far
+    /// below it (the Java reader's rule), else seconds since the epoch.
+    fn mid_ns(&self, h: &IntervalLogHistogram) -> i64 {
         let start = h.start_timestamp();
-        let base = match (base_time, start_time) {
+        let base = match (self.base_time, self.start_time) {
             (Some(b), _) => b,
             (None, Some(s)) if start + Duration::from_secs(365 * 86_400) < s => s,
             _ => Duration::ZERO,
         };
         let mid = base.saturating_add(start).saturating_add(h.duration() / 2);
-        let x = i64::try_from(mid.as_nanos()).unwrap_or(i64::MAX);
+        i64::try_from(mid.as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    fn record(&mut self, target: Target, hist: &Histogram<u64>, x: i64) {
+        let opts = self.opts;
         let series = match target {
             Target::OneWay => {
                 if opts.one_way == Want::Skip {
-                    continue;
+                    return;
                 }
-                counts[0] += hist.len();
-                flow.one_way.get_or_insert_with(new_series)
+                self.counts[0] += hist.len();
+                self.flow.one_way.get_or_insert_with(|| Series::new(opts))
             }
             Target::Rtt => {
                 if opts.rtt == Want::Skip {
-                    continue;
+                    return;
                 }
-                counts[1] += hist.len();
-                flow.rtt.get_or_insert_with(new_series)
+                self.counts[1] += hist.len();
+                self.flow.rtt.get_or_insert_with(|| Series::new(opts))
             }
             Target::Stage(k) => {
-                any_stage = true;
+                self.any_stage = true;
                 if opts.stages {
-                    let st = flow.stages.get_or_insert_with(|| {
+                    let st = self.flow.stages.get_or_insert_with(|| {
                         Box::new(std::array::from_fn(|_| Dist::new(opts.exact_limit)))
                     });
                     for b in hist.iter_recorded() {
                         st[k].record_n(value(b.value_iterated_to()), b.count_at_value());
                     }
                 }
-                continue;
+                return;
             }
         };
-        intervals += 1;
-        match flow.first_x {
-            [None, _] => flow.first_x[0] = Some(x),
-            _ => flow.first_x[0] = flow.first_x[0].map(|f| f.min(x)),
+        self.intervals += 1;
+        match self.flow.first_x {
+            [None, _] => self.flow.first_x[0] = Some(x),
+            _ => self.flow.first_x[0] = self.flow.first_x[0].map(|f| f.min(x)),
         }
         for b in hist.iter_recorded() {
             let (v, c) = (value(b.value_iterated_to()), b.count_at_value());
@@ -287,53 +338,61 @@ pub fn read_hdr_log<R: Read>(
             series.time.record_n(x, v, c);
         }
     }
-    for t in &ignored_tags {
-        log::warn!(
-            "{name}: histograms tagged {t:?} ignored (rtprobe reads one-way, rtt and the stage names)"
-        );
-    }
-    for (want, got, what, tag) in [
-        (
-            opts.one_way,
-            flow.one_way.is_some(),
-            "one-way",
-            "one-way (or untagged)",
-        ),
-        (opts.rtt, flow.rtt.is_some(), "rtt", "rtt"),
-    ] {
-        if want == Want::Required && !got {
-            return Err(err(
+
+    /// The run, once the log is read: an error if a required metric or
+    /// every usable histogram is missing.
+    fn finish(mut self, name: &str) -> Result<CsvRun, ReadError> {
+        let opts = self.opts;
+        for t in &self.ignored_tags {
+            log::warn!(
+                "{name}: histograms tagged {t:?} ignored (rtprobe reads one-way, rtt and the stage names)"
+            );
+        }
+        for (want, got, what, tag) in [
+            (
+                opts.one_way,
+                self.flow.one_way.is_some(),
+                "one-way",
+                "one-way (or untagged)",
+            ),
+            (opts.rtt, self.flow.rtt.is_some(), "rtt", "rtt"),
+        ] {
+            if want == Want::Required && !got {
+                return Err(log_error(
+                    name,
+                    None,
+                    format!(
+                        "this log has no {what} histograms (tag {tag}): plot the other metric with --metric"
+                    ),
+                ));
+            }
+        }
+        if self.intervals == 0 {
+            return Err(log_error(
+                name,
                 None,
-                format!(
-                    "this log has no {what} histograms (tag {tag}): plot the other metric with --metric"
-                ),
+                if self.ignored_tags.is_empty() {
+                    "no interval histograms in the log: nothing to plot".to_string()
+                } else {
+                    format!(
+                        "no histogram with a tag rtprobe reads (one-way, rtt, or none); the log has {}",
+                        self.ignored_tags.join(", ")
+                    )
+                },
             ));
         }
+        self.flow.rows = self.counts[0].max(self.counts[1]);
+        Ok(CsvRun {
+            name: name.to_string(),
+            meta: self.meta,
+            x_source: XSource::SendNs,
+            rows: self.flow.rows,
+            flows: vec![self.flow],
+            skipped_truncated_line: None,
+            has_stage_columns: self.any_stage,
+            from_hdr_log: true,
+        })
     }
-    if intervals == 0 {
-        return Err(err(
-            None,
-            if ignored_tags.is_empty() {
-                "no interval histograms in the log: nothing to plot".to_string()
-            } else {
-                format!(
-                    "no histogram with a tag rtprobe reads (one-way, rtt, or none); the log has {}",
-                    ignored_tags.join(", ")
-                )
-            },
-        ));
-    }
-    flow.rows = counts[0].max(counts[1]);
-    Ok(CsvRun {
-        name: name.to_string(),
-        meta,
-        x_source: XSource::SendNs,
-        rows: flow.rows,
-        flows: vec![flow],
-        skipped_truncated_line: None,
-        has_stage_columns: any_stage,
-        from_hdr_log: true,
-    })
 }
 
 /// A histogram value as a latency in ns.
