@@ -227,46 +227,14 @@ fn probe_on<'tb>(
         None
     };
 
-    let meta = RunMeta {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        label: opts.label.clone(),
-        testbed: match testbed.kind {
-            Kind::Veth => "veth".into(),
-            Kind::NicPair => "nic-pair".into(),
-        },
-        testbed_id: testbed.id.clone(),
-        tx_if: Some(testbed.sender_if.name.clone()),
-        rx_if: Some(testbed.receiver_if.name.clone()),
-        xdp_mode_requested: mode_name(opts.xdp_mode).into(),
-        xdp_mode_attached: xdp.attached_mode_name(),
-        xdp_action: if opts.xdp_mode == XdpMode::Off {
-            "none".into()
-        } else {
-            opts.xdp_action.as_str().into()
-        },
-        reflector: if kernel_reflector { "kernel" } else { "user" }.into(),
-        size: opts.probe.size as u32,
-        interval_ns: opts.probe.interval.as_nanos() as u64,
-        count: opts.probe.count,
-        duration_ns: opts.probe.duration.map(|d| d.as_nanos() as u64),
-        tos: opts.probe.tos,
-        port: main_cfg.port,
-        timestamps_requested: opts.probe.timestamps.as_str().into(),
-        knobs: {
-            let mut k = applied.as_ref().map(|a| a.metadata()).unwrap_or_default();
-            k.extend(pacing_knobs(opts));
-            k
-        },
-        extra_flows: opts
-            .extra_flows
-            .iter()
-            .map(|f| {
-                serde_json::json!({"flow": f.flow, "port": f.port, "tos": f.tos, "size": f.size,
-                    "interval_ns": f.interval.as_nanos() as u64})
-            })
-            .collect(),
-    };
+    let meta = testbed_meta(
+        testbed,
+        opts,
+        &xdp,
+        kernel_reflector,
+        &main_cfg,
+        applied.as_ref(),
+    );
     let csv = std::sync::Mutex::new(CsvWriter::create_rotated(
         &opts.out,
         &meta,
@@ -461,6 +429,51 @@ fn probe_on<'tb>(
         interrupted: outcome.interrupted,
         output_error,
     })
+}
+
+/// The metadata of a testbed run: the main flow's probes, the testbed,
+/// the router and reflector, the knobs applied and the extra flows.
+fn testbed_meta(
+    testbed: &Testbed,
+    opts: &RunOptions,
+    xdp: &XdpSetup,
+    kernel_reflector: bool,
+    main_cfg: &ProbeConfig,
+    applied: Option<&tune::Applied<'_>>,
+) -> RunMeta {
+    let place = probe::meta::Place {
+        testbed: match testbed.kind {
+            Kind::Veth => "veth".into(),
+            Kind::NicPair => "nic-pair".into(),
+        },
+        testbed_id: testbed.id.clone(),
+        tx_if: Some(testbed.sender_if.name.clone()),
+        rx_if: Some(testbed.receiver_if.name.clone()),
+        xdp_mode_requested: mode_name(opts.xdp_mode).into(),
+        xdp_mode_attached: xdp.attached_mode_name(),
+        xdp_action: if opts.xdp_mode == XdpMode::Off {
+            "none".into()
+        } else {
+            opts.xdp_action.as_str().into()
+        },
+        reflector: if kernel_reflector { "kernel" } else { "user" }.into(),
+    };
+    RunMeta {
+        knobs: {
+            let mut k = applied.map(|a| a.metadata()).unwrap_or_default();
+            k.extend(pacing_knobs(opts));
+            k
+        },
+        extra_flows: opts
+            .extra_flows
+            .iter()
+            .map(|f| {
+                serde_json::json!({"flow": f.flow, "port": f.port, "tos": f.tos, "size": f.size,
+                    "interval_ns": f.interval.as_nanos() as u64})
+            })
+            .collect(),
+        ..probe::meta::run_meta(main_cfg, opts.label.clone(), place)
+    }
 }
 
 /// Attaches the in-kernel reflector unless `--reflector user`: asked for

@@ -203,26 +203,15 @@ fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result
 
 /// The CSV's first line for a `--target` run: no testbed, no XDP.
 fn remote_meta(opts: &RunOptions, cfg: &ProbeConfig, target: &Target, addr: SocketAddr) -> RunMeta {
-    RunMeta {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        label: opts.label.clone(),
+    let place = crate::probe::meta::Place {
         testbed: "remote".into(),
-        testbed_id: String::new(),
         tx_if: Some("this host".into()),
         rx_if: Some(addr.to_string()),
         xdp_mode_requested: "none".into(),
         xdp_mode_attached: "none".into(),
         xdp_action: "none".into(),
         reflector: format!("remote {}", target.protocol.name()),
-        size: cfg.size as u32,
-        interval_ns: cfg.interval.as_nanos() as u64,
-        count: cfg.count,
-        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
-        tos: cfg.tos,
-        port: addr.port(),
-        timestamps_requested: format!("{:?}", cfg.timestamps).to_lowercase(),
-        knobs: Default::default(),
-        extra_flows: Vec::new(),
-    }
+        ..Default::default()
+    };
+    crate::probe::meta::run_meta(cfg, opts.label.clone(), place)
 }

@@ -42,7 +42,6 @@ pub use crate::spec::bench::{Plan, Variant};
 use crate::{
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     export::CsvWriter,
-    model::run::RunMeta,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     sys::{Offload, SysRef},
@@ -466,19 +465,14 @@ fn run_probe(
         Some(d) => d.join(csv_name),
         None => PathBuf::from("/dev/null"),
     };
-    let meta = RunMeta {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        label: Some(csv_name.trim_end_matches(".csv").to_string()),
-        reflector: "user".into(),
+    let place = probe::meta::Place {
         testbed: "veth".into(),
         testbed_id: tb.id.clone(),
-        size: 64,
-        interval_ns: plan.probe_interval.as_nanos() as u64,
-        duration_ns: Some(duration.as_nanos() as u64),
-        port: PROBE_PORT,
-        timestamps_requested: "software".into(),
+        reflector: "user".into(),
         ..Default::default()
     };
+    let label = csv_name.trim_end_matches(".csv").to_string();
+    let meta = probe::meta::run_meta(&cfg, Some(label), place);
     let mut csv = CsvWriter::create(&path, &meta)?;
     let ep = Endpoints {
         sys: tb.sys(),

@@ -85,15 +85,8 @@ pub fn napi_threads(ifname: &str) -> Vec<i32> {
 
 /// Makes thread `tid` (0 = the caller) SCHED_FIFO at `prio`.
 pub fn set_fifo(tid: i32, prio: u8) -> Result<()> {
-    let param = libc::sched_param {
-        sched_priority: prio.into(),
-    };
-    // SAFETY: plain syscall with a valid pointer.
-    if unsafe { libc::sched_setscheduler(tid, libc::SCHED_FIFO, &param) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("SCHED_FIFO {prio} for thread {tid}"));
-    }
-    Ok(())
+    crate::tune::rt::set_fifo(tid, prio)
+        .with_context(|| format!("SCHED_FIFO {prio} for thread {tid}"))
 }
 
 /// Turns threaded NAPI on or off for `ifname` in `ns` (written in the

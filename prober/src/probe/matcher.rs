@@ -7,9 +7,18 @@
 //! never used. Pure: events in, records out, memory bounded by the probes
 //! in flight.
 
-use std::collections::{HashMap, VecDeque, hash_map::Entry};
+use std::{
+    collections::{HashMap, VecDeque, hash_map::Entry},
+    net::SocketAddr,
+    sync::atomic::AtomicU64,
+};
 
-use super::{cmsg::TxKind, packet::KernelTimes};
+use super::{
+    cmsg::TxKind,
+    packet::KernelTimes,
+    socket,
+    wire::{Echo, WARMUP_SEQ, Wire},
+};
 use crate::model::record::ProbeRecord;
 use crate::stats::{RunStats, chain};
 
@@ -328,16 +337,7 @@ impl Matcher {
                 opt_id,
                 sched_ns,
                 send_ns,
-            } => {
-                let early = self.early_tx.remove(&opt_id);
-                if let Some(s) = self.slot(seq) {
-                    s.sent = Some((sched_ns, send_ns, opt_id));
-                    if let Some(tx) = early {
-                        s.tx = tx;
-                    }
-                    self.opt_to_seq.insert(opt_id, seq);
-                }
-            }
+            } => self.on_sent(seq, opt_id, sched_ns, send_ns),
             Event::SendFailed {
                 seq,
                 sched_ns,
@@ -352,33 +352,7 @@ impl Matcher {
                 opt_id,
                 kind,
                 ts_ns,
-            } => {
-                if let Some(kinds) = self.finalized.get_mut(&opt_id) {
-                    // Its record is written: a kind it had is a duplicate
-                    // (e.g. skb-mode redirect stamps the send a second
-                    // time), a kind it lacked came too late to be used.
-                    if *kinds & kind_bit(kind) != 0 {
-                        stats.on_tx_timestamp_duplicate();
-                    } else {
-                        *kinds |= kind_bit(kind);
-                        self.late_tx += 1;
-                        stats.on_tx_timestamp_late();
-                    }
-                    return;
-                }
-                let fresh = match self.opt_to_seq.get(&opt_id).copied() {
-                    Some(seq) => self.slot(seq).is_none_or(|s| s.tx.put(kind, ts_ns)),
-                    None => match self.early_tx.entry(opt_id) {
-                        Entry::Vacant(v) => v.insert(TxStamps::default()).put(kind, ts_ns),
-                        Entry::Occupied(mut o) => o.get_mut().put(kind, ts_ns),
-                    },
-                };
-                if !fresh {
-                    // Keep the first: a second stamp of the same kind comes
-                    // from a later hop (skb-mode redirect out of a veth).
-                    stats.on_tx_timestamp_duplicate();
-                }
-            }
+            } => self.on_tx_timestamp(opt_id, kind, ts_ns, stats),
             Event::Arrived {
                 seq,
                 sw_ns,
@@ -386,25 +360,13 @@ impl Matcher {
                 user_ns,
                 echo_send_ns,
             } => {
-                if seq < self.base {
-                    self.late_arrivals += 1;
-                    return;
-                }
-                match self.slot(seq) {
-                    Some(s) => {
-                        let first = s.arrived.is_none();
-                        if first {
-                            s.arrived = Some(Arrival {
-                                sw_ns,
-                                hw_ns,
-                                user_ns: Some(user_ns),
-                                echo_send_ns,
-                            });
-                        }
-                        stats.on_arrival(seq, first);
-                    }
-                    None => stats.on_foreign_packet(),
-                }
+                let arrival = Arrival {
+                    sw_ns,
+                    hw_ns,
+                    user_ns: Some(user_ns),
+                    echo_send_ns,
+                };
+                self.on_arrived(seq, arrival, stats);
             }
             Event::EchoTx {
                 opt_id,
@@ -425,42 +387,107 @@ impl Matcher {
                 hw_ns,
                 user_ns,
                 reflector,
-            } => {
-                if seq < self.base {
-                    if self.kernel_reflector {
-                        self.late_arrivals += 1;
-                    }
-                    stats.on_late_echo();
-                    return;
-                }
-                let kernel = self.kernel_reflector;
-                let Some(s) = self.slot(seq) else {
-                    // Further ahead than any window of probes in flight.
-                    stats.on_never_sent();
-                    return;
-                };
-                if s.echoed.is_some() {
-                    if kernel {
-                        stats.on_arrival(seq, false);
-                    }
-                    return;
-                }
-                s.echoed = Some((sw_ns, hw_ns, user_ns));
-                if kernel && s.arrived.is_none() {
-                    s.arrived = Some(Arrival {
-                        sw_ns: reflector.map(|k| k.rx_ns),
-                        hw_ns: None,
-                        user_ns: None,
-                        echo_send_ns: None,
-                    });
-                    if let Some(k) = reflector {
-                        s.echo_tx.sw.get_or_insert(k.tx_ns);
-                    }
-                    stats.on_arrival(seq, true);
-                }
-            }
+            } => self.on_echoed(seq, (sw_ns, hw_ns, user_ns), reflector, stats),
             Event::Foreign => stats.on_foreign_packet(),
             Event::NeverSent => stats.on_never_sent(),
+        }
+    }
+
+    fn on_sent(&mut self, seq: u64, opt_id: u32, sched_ns: i64, send_ns: i64) {
+        let early = self.early_tx.remove(&opt_id);
+        if let Some(s) = self.slot(seq) {
+            s.sent = Some((sched_ns, send_ns, opt_id));
+            if let Some(tx) = early {
+                s.tx = tx;
+            }
+            self.opt_to_seq.insert(opt_id, seq);
+        }
+    }
+
+    fn on_tx_timestamp(&mut self, opt_id: u32, kind: TxKind, ts_ns: i64, stats: &mut RunStats) {
+        if let Some(kinds) = self.finalized.get_mut(&opt_id) {
+            // Its record is written: a kind it had is a duplicate
+            // (e.g. skb-mode redirect stamps the send a second
+            // time), a kind it lacked came too late to be used.
+            if *kinds & kind_bit(kind) != 0 {
+                stats.on_tx_timestamp_duplicate();
+            } else {
+                *kinds |= kind_bit(kind);
+                self.late_tx += 1;
+                stats.on_tx_timestamp_late();
+            }
+            return;
+        }
+        let fresh = match self.opt_to_seq.get(&opt_id).copied() {
+            Some(seq) => self.slot(seq).is_none_or(|s| s.tx.put(kind, ts_ns)),
+            None => match self.early_tx.entry(opt_id) {
+                Entry::Vacant(v) => v.insert(TxStamps::default()).put(kind, ts_ns),
+                Entry::Occupied(mut o) => o.get_mut().put(kind, ts_ns),
+            },
+        };
+        if !fresh {
+            // Keep the first: a second stamp of the same kind comes
+            // from a later hop (skb-mode redirect out of a veth).
+            stats.on_tx_timestamp_duplicate();
+        }
+    }
+
+    fn on_arrived(&mut self, seq: u64, arrival: Arrival, stats: &mut RunStats) {
+        if seq < self.base {
+            self.late_arrivals += 1;
+            return;
+        }
+        match self.slot(seq) {
+            Some(s) => {
+                let first = s.arrived.is_none();
+                if first {
+                    s.arrived = Some(arrival);
+                }
+                stats.on_arrival(seq, first);
+            }
+            None => stats.on_foreign_packet(),
+        }
+    }
+
+    /// `echoed`: the echo's software and hardware RX stamps and when it was read.
+    fn on_echoed(
+        &mut self,
+        seq: u64,
+        echoed: (Option<i64>, Option<i64>, i64),
+        reflector: Option<KernelTimes>,
+        stats: &mut RunStats,
+    ) {
+        if seq < self.base {
+            if self.kernel_reflector {
+                self.late_arrivals += 1;
+            }
+            stats.on_late_echo();
+            return;
+        }
+        let kernel = self.kernel_reflector;
+        let Some(s) = self.slot(seq) else {
+            // Further ahead than any window of probes in flight.
+            stats.on_never_sent();
+            return;
+        };
+        if s.echoed.is_some() {
+            if kernel {
+                stats.on_arrival(seq, false);
+            }
+            return;
+        }
+        s.echoed = Some(echoed);
+        if kernel && s.arrived.is_none() {
+            s.arrived = Some(Arrival {
+                sw_ns: reflector.map(|k| k.rx_ns),
+                hw_ns: None,
+                user_ns: None,
+                echo_send_ns: None,
+            });
+            if let Some(k) = reflector {
+                s.echo_tx.sw.get_or_insert(k.tx_ns);
+            }
+            stats.on_arrival(seq, true);
         }
     }
 
@@ -562,6 +589,43 @@ impl Matcher {
         };
         chain::derive(&mut r);
         r
+    }
+}
+
+/// Which datagrams on the probe socket are echoes of this run.
+pub(crate) struct EchoRules<'a> {
+    pub(crate) wire: &'a Wire,
+    pub(crate) target: SocketAddr,
+    /// The pacer's count of probes tried, raised before each send: the
+    /// first seq not yet sent.
+    pub(crate) issued: &'a AtomicU64,
+}
+
+/// What one datagram on the probe socket is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Verdict {
+    /// An echo of a probe of the run (the matcher tells whether it is late).
+    Probe(Echo),
+    /// A late copy of the warm-up's echo: its clock and TTL facts only.
+    WarmUp(Echo),
+    /// From elsewhere, of another session, or not an echo at all.
+    Foreign,
+    /// Of this session, but its seq had not been sent when it was read.
+    NeverSent,
+}
+
+impl EchoRules<'_> {
+    /// `sent_end`: the issued count read after the datagram was.
+    pub(crate) fn judge(&self, payload: &[u8], src: SocketAddr, sent_end: u64) -> Verdict {
+        if !socket::same_endpoint(src, self.target) {
+            return Verdict::Foreign;
+        }
+        match self.wire.decode(payload) {
+            None => Verdict::Foreign,
+            Some(e) if e.warmup && e.seq == WARMUP_SEQ => Verdict::WarmUp(e),
+            Some(e) if !e.warmup && e.seq < sent_end => Verdict::Probe(e),
+            Some(_) => Verdict::NeverSent,
+        }
     }
 }
 
@@ -1015,5 +1079,124 @@ mod tests {
             "{}",
             m.opt_to_seq.capacity()
         );
+    }
+
+    mod echo_rules {
+        use super::super::*;
+        use crate::probe::{
+            stamp::{ErrorEstimate, Mode, ReflectorPacket, Timestamp},
+            wire::SSID_WARMUP_BIT,
+        };
+        use crate::spec::remote::ProtocolArg;
+        use std::sync::atomic::Ordering;
+
+        fn rules_check(protocol: ProtocolArg) {
+            let wire = match protocol {
+                ProtocolArg::Rtprobe => Wire::Rtprobe {
+                    session: 0x1234,
+                    flow: 0,
+                },
+                ProtocolArg::Stamp => Wire::Stamp {
+                    ssid: 77,
+                    key: None,
+                    ee: ErrorEstimate::from_error_ns(false, 0, false),
+                    tai_offset_s: 0,
+                },
+            };
+            let target: SocketAddr = "192.0.2.1:862".parse().unwrap();
+            let issued = AtomicU64::new(10);
+            let rules = EchoRules {
+                wire: &wire,
+                target,
+                issued: &issued,
+            };
+            let echo = |w: &Wire, seq: u64, warmup: bool| {
+                let mut buf = vec![0u8; 64];
+                let mut scratch = Vec::new();
+                w.encode(
+                    seq,
+                    1_763_850_000_000_000_000,
+                    warmup,
+                    &mut buf,
+                    &mut scratch,
+                );
+                match w {
+                    // The reflector's answer: the echo flag (rtprobe); STAMP's
+                    // reflector packet carries the sender's seq and SSID.
+                    Wire::Rtprobe { .. } => buf[5] |= crate::probe::packet::FLAG_ECHO,
+                    Wire::Stamp { ssid, .. } => {
+                        let ssid = if warmup {
+                            ssid | SSID_WARMUP_BIT
+                        } else {
+                            *ssid
+                        };
+                        let r = ReflectorPacket {
+                            seq: 0,
+                            timestamp: Timestamp::from_bits(0, false).unwrap(),
+                            error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                            ssid,
+                            receive_timestamp: Timestamp::from_bits(0, false).unwrap(),
+                            sender_seq: seq as u32,
+                            sender_timestamp: Timestamp::from_bits(0, false).unwrap(),
+                            sender_error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                            sender_ttl: 64,
+                        };
+                        r.encode(Mode::Unauthenticated, 64, &mut scratch).unwrap();
+                        buf.copy_from_slice(&scratch);
+                    }
+                }
+                buf
+            };
+            let judge =
+                |b: &[u8], src: SocketAddr| rules.judge(b, src, issued.load(Ordering::SeqCst));
+            assert!(
+                matches!(judge(&echo(&wire, 9, false), target), Verdict::Probe(e) if e.seq == 9)
+            );
+            assert!(matches!(
+                judge(&echo(&wire, WARMUP_SEQ, true), target),
+                Verdict::WarmUp(_)
+            ));
+            // Foreign: another source (even with the right session), another
+            // session, bytes that decode as nothing.
+            let elsewhere: SocketAddr = "192.0.2.99:862".parse().unwrap();
+            let other_port: SocketAddr = "192.0.2.1:863".parse().unwrap();
+            assert_eq!(judge(&echo(&wire, 1, false), elsewhere), Verdict::Foreign);
+            assert_eq!(judge(&echo(&wire, 1, false), other_port), Verdict::Foreign);
+            let other = match &wire {
+                Wire::Rtprobe { flow, .. } => Wire::Rtprobe {
+                    session: 0x4321,
+                    flow: *flow,
+                },
+                Wire::Stamp { ee, .. } => Wire::Stamp {
+                    ssid: 78,
+                    key: None,
+                    ee: *ee,
+                    tai_offset_s: 0,
+                },
+            };
+            assert_eq!(judge(&echo(&other, 1, false), target), Verdict::Foreign);
+            assert_eq!(judge(&[0u8; 7], target), Verdict::Foreign);
+            // Never sent: at or past the pacer's count, or a warm-up-marked
+            // echo of another seq.
+            for seq in [10, 0x7FFF_FFFF, 0xFFFF_FFFF] {
+                assert_eq!(
+                    judge(&echo(&wire, seq, false), target),
+                    Verdict::NeverSent,
+                    "{seq}"
+                );
+            }
+            assert_eq!(judge(&echo(&wire, 3, true), target), Verdict::NeverSent);
+            issued.store(11, Ordering::SeqCst);
+            assert!(matches!(
+                judge(&echo(&wire, 10, false), target),
+                Verdict::Probe(_)
+            ));
+        }
+
+        #[test]
+        fn echoes_only_from_the_target_of_this_session_for_a_seq_sent() {
+            rules_check(ProtocolArg::Rtprobe);
+            rules_check(ProtocolArg::Stamp);
+        }
     }
 }

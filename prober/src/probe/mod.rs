@@ -1,24 +1,19 @@
-//! The probe session: a paced sender, one I/O thread that echoes every
-//! probe at the receiver and collects TX timestamps and echoes at the
-//! sender (one wake-up serves both ends: on a 2-core VM wake-ups, not
-//! packets, are what a probe costs), and the calling thread matching
-//! everything into records.
-//!
-//! ```text
-//! sender ns                                 receiver ns
-//!  [pacer] --probe--> (path) --> [io: reflect] --echo--> (path) --+
-//!     |                          [io: errqueue TX stamps, echoes] <+
-//!     | Sent (batched)                 | Arrived / TxTimestamp / Echoed (batched)
-//!     +------> [collector: Matcher] <--+ -> CSV rows, RunStats
-//! ```
+//! Probing: sockets and their stamps, the pacer, the matcher, the
+//! reflectors and the wire formats (rtprobe, STAMP). Every session runs
+//! through one engine ([`engine`]): its warm-up, its I/O loop and its
+//! threads. This file holds the testbed's and NIC pair's side of it
+//! (hardware timestamping, the two sockets in their namespaces) and the
+//! collector that turns the engine's events into records.
 
 pub mod addresses;
 pub mod clock;
 pub mod cmsg;
 pub mod cpu_wait;
+pub(crate) mod engine;
 pub mod events;
 pub mod kstats;
 pub mod matcher;
+pub(crate) mod meta;
 pub mod pacer;
 pub mod packet;
 pub mod phc;
@@ -28,6 +23,7 @@ pub mod socket;
 pub mod stamp;
 pub mod timestamps;
 pub mod wake;
+pub(crate) mod wire;
 
 pub use timestamps::TimestampSource;
 
@@ -35,13 +31,13 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
+        atomic::{AtomicU8, AtomicU64, Ordering},
         mpsc,
     },
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::{
     model::{observer::SessionObserver, record::RecordSink},
@@ -49,18 +45,14 @@ use crate::{
     sys::Netns,
     testbed::Iface,
 };
-use events::EventBatch;
 use matcher::{Event, Matcher};
-use packet::{FLAG_ECHO, HEADER_LEN, Probe};
-use socket::{HwTimestamping, ProbeSocket, RecvBatch, TsFlags};
+use packet::HEADER_LEN;
+use socket::{HwTimestamping, ProbeSocket, TsFlags};
 
 /// Stop levels set by the signal handler: 1 = stop sending and wait for
 /// probes in flight, 2 = finish at once.
 pub const STOP_SENDING: u8 = 1;
 pub const STOP_NOW: u8 = 2;
-
-/// Marks the warm-up datagrams that resolve neighbours before the run.
-const FLAG_WARMUP: u8 = 2;
 
 impl ProbeConfig {
     /// The labels of this flow's metrics (and its HDR log's header).
@@ -236,8 +228,119 @@ fn side_timestamping(
     }
 }
 
-/// Runs one probe session, streaming records to `csv`. Returns when every
-/// probe is sent and accounted for, or when `stop` says so.
+/// Hardware timestamping of a testbed session's two sides and their NICs'
+/// clocks, held while it runs.
+struct Stamping {
+    hw_tx: Option<HwTimestamping>,
+    hw_rx: Option<HwTimestamping>,
+    sender_clock: Option<Result<NicClock, String>>,
+    receiver_clock: Option<Result<NicClock, String>>,
+}
+
+impl Stamping {
+    /// Turns on hardware timestamping where asked and the NICs can, and
+    /// starts sampling the clocks of those that stamp.
+    fn enable(ep: &Endpoints<'_>, want: TimestampSource) -> Result<Self> {
+        let hw_tx = side_timestamping(ep.sender_ns, &ep.sender_if.name, want)?;
+        let hw_rx = side_timestamping(ep.receiver_ns, &ep.receiver_if.name, want)?;
+        let sender_clock = hw_tx
+            .is_some()
+            .then(|| nic_clock(ep.sender_ns, &ep.sender_if.name));
+        let receiver_clock = hw_rx
+            .is_some()
+            .then(|| nic_clock(ep.receiver_ns, &ep.receiver_if.name));
+        for (side, c) in [("sender", &sender_clock), ("receiver", &receiver_clock)] {
+            if let Some(Err(why)) = c {
+                log::warn!("{side}: {why}");
+            }
+        }
+        Ok(Self {
+            hw_tx,
+            hw_rx,
+            sender_clock,
+            receiver_clock,
+        })
+    }
+
+    fn hardware_tx(&self) -> bool {
+        self.hw_tx.is_some()
+    }
+
+    fn hardware_rx(&self) -> bool {
+        self.hw_rx.is_some()
+    }
+
+    fn phc_clocks(&self) -> PhcClocks {
+        let conv = |c: &Option<Result<NicClock, String>>| {
+            c.as_ref()
+                .and_then(|c| c.as_ref().ok())
+                .map(|c| c.conv.clone())
+        };
+        PhcClocks {
+            sender: conv(&self.sender_clock),
+            receiver: conv(&self.receiver_clock),
+        }
+    }
+
+    /// Turns hardware timestamping off and stops the clocks: per side, its
+    /// clock's report or why it had none.
+    fn finish(mut self) -> serde_json::Value {
+        drop((self.hw_tx.take(), self.hw_rx.take()));
+        let mut hw_clocks = serde_json::Map::new();
+        for (side, c) in [
+            ("sender", &mut self.sender_clock),
+            ("receiver", &mut self.receiver_clock),
+        ] {
+            match c {
+                Some(Ok(c)) => {
+                    hw_clocks.insert(side.into(), c.finish());
+                }
+                Some(Err(why)) => {
+                    hw_clocks.insert(side.into(), serde_json::json!({ "error": why }));
+                }
+                None => {}
+            }
+        }
+        serde_json::Value::Object(hw_clocks)
+    }
+}
+
+/// The testbed's two probe sockets, bound in their namespaces in the
+/// run's family (`--ip`), and where the probes go.
+fn bind_sides(
+    ep: &Endpoints<'_>,
+    cfg: &ProbeConfig,
+    st: &Stamping,
+) -> Result<(ProbeSocket, ProbeSocket, SocketAddr)> {
+    let dst = SocketAddr::new(ep.receiver_if.ip(ep.ip)?, cfg.port);
+    let any = SocketAddr::new(crate::testbed::unspecified(dst.ip()), cfg.port);
+    let rcvbuf_bytes = socket::rcvbuf_bytes(cfg.interval, cfg.timeout);
+    let bind = |hardware: bool| {
+        ProbeSocket::bind(
+            any,
+            cfg.tos,
+            TsFlags {
+                tx: true,
+                rx: true,
+                hardware,
+            },
+            rcvbuf_bytes,
+        )
+    };
+    let tx_sock = ep.sender_ns.run(|| bind(st.hardware_tx()))?;
+    // The reflector timestamps its echoes too: the RTT of the path is the
+    // two kernel-stamped legs, without the reflector's user-space time.
+    let rx_sock = ep.receiver_ns.run(|| bind(st.hardware_rx()))?;
+    // Every probe goes to `dst` and every echo comes from it.
+    if let Err(e) = tx_sock.connect(dst) {
+        log::info!("probe socket not connected to {dst} ({e}): a route lookup per probe");
+    }
+    Ok((tx_sock, rx_sock, dst))
+}
+
+/// Runs one probe session through the testbed (or NIC pair), streaming
+/// records to `csv`. Returns when every probe is sent and accounted for,
+/// or when `stop` says so.
 pub fn run_session(
     ep: &Endpoints<'_>,
     cfg: &ProbeConfig,
@@ -252,133 +355,51 @@ pub fn run_session(
         );
     }
     let session = new_session_id();
-    let hw_tx = side_timestamping(ep.sender_ns, &ep.sender_if.name, cfg.timestamps)?;
-    let hw_rx = side_timestamping(ep.receiver_ns, &ep.receiver_if.name, cfg.timestamps)?;
-    let (hardware_tx, hardware_rx) = (hw_tx.is_some(), hw_rx.is_some());
-    let mut sender_clock = hardware_tx.then(|| nic_clock(ep.sender_ns, &ep.sender_if.name));
-    let mut receiver_clock = hardware_rx.then(|| nic_clock(ep.receiver_ns, &ep.receiver_if.name));
-    for (side, c) in [("sender", &sender_clock), ("receiver", &receiver_clock)] {
-        if let Some(Err(why)) = c {
-            log::warn!("{side}: {why}");
-        }
-    }
-    let clocks = PhcClocks {
-        sender: sender_clock
-            .as_ref()
-            .and_then(|c| c.as_ref().ok())
-            .map(|c| c.conv.clone()),
-        receiver: receiver_clock
-            .as_ref()
-            .and_then(|c| c.as_ref().ok())
-            .map(|c| c.conv.clone()),
-    };
-
-    // The family of the run (`--ip`): both sockets and the destination.
-    let dst = SocketAddr::new(ep.receiver_if.ip(ep.ip)?, cfg.port);
-    let any = SocketAddr::new(crate::testbed::unspecified(dst.ip()), cfg.port);
-    let rcvbuf_bytes = socket::rcvbuf_bytes(cfg.interval, cfg.timeout);
-    let tx_sock = ep.sender_ns.run(|| {
-        ProbeSocket::bind(
-            any,
-            cfg.tos,
-            TsFlags {
-                tx: true,
-                rx: true,
-                hardware: hardware_tx,
-            },
-            rcvbuf_bytes,
-        )
-    })?;
-    // The reflector timestamps its echoes too: the RTT of the path is the
-    // two kernel-stamped legs, without the reflector's user-space time.
-    let rx_sock = ep.receiver_ns.run(|| {
-        ProbeSocket::bind(
-            any,
-            cfg.tos,
-            TsFlags {
-                tx: true,
-                rx: true,
-                hardware: hardware_rx,
-            },
-            rcvbuf_bytes,
-        )
-    })?;
-    // Every probe goes to `dst` and every echo comes from it.
-    if let Err(e) = tx_sock.connect(dst) {
-        log::info!("probe socket not connected to {dst} ({e}): a route lookup per probe");
-    }
-    let done = AtomicBool::new(false);
+    let stamping = Stamping::enable(ep, cfg.timestamps)?;
+    let (hardware_tx, hardware_rx) = (stamping.hardware_tx(), stamping.hardware_rx());
+    let (tx_sock, rx_sock, dst) = bind_sides(ep, cfg, &stamping)?;
     let attempts = AtomicU64::new(0);
-    let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
-    let (tx_sock, rx_sock, done_ref, attempts_ref) = (&tx_sock, &rx_sock, &done, &attempts);
     let drops_before =
         kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
-
-    let result = std::thread::scope(|s| {
-        let foreign = warm_up(tx_sock, rx_sock, dst, session, cfg.size, stop)?;
-        if foreign > 0 {
-            // Datagrams on the probe port during the warm-up are counted too.
-            let _ = ev_tx.send(vec![Event::Foreign; foreign as usize]);
+    let wire = wire::Wire::Rtprobe {
+        session,
+        flow: cfg.flow,
+    };
+    let reflector = if cfg.kernel_reflector {
+        engine::Reflector::Kernel {
+            sock: &rx_sock,
+            session,
         }
-        // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
-        let echo_stamps = rx_sock.per_send_opt_id();
-        let ev = ev_tx.clone();
-        // One thread serves both ends: it echoes at the receiver and, in the
-        // same wake-up, collects the echo and the TX timestamp at the sender.
-        let io = std::thread::Builder::new()
-            .name("rtprobe-io".into())
-            .spawn_scoped(s, move || {
-                pacer::share_fifo_priority(&cfg.rt);
-                io_loop(
-                    Sides {
-                        tx: tx_sock,
-                        rx: rx_sock,
-                        dst,
-                    },
-                    session,
-                    cfg.kernel_reflector,
-                    attempts_ref,
-                    done_ref,
-                    &ev,
-                )
-            })
-            .context("spawn the probe I/O thread")?;
-        let run = (|| {
-            let ev = ev_tx.clone();
-            let sender = std::thread::Builder::new()
-                .name("rtprobe-sender".into())
-                .spawn_scoped(s, move || {
-                    pacer::pace(tx_sock, dst, session, cfg, stop, attempts_ref, &ev)
-                })
-                .context("spawn sender thread")?;
-            let hw = HwSetup {
-                echo_stamps,
-                sender_tx: hardware_tx,
-                receiver_tx: hardware_rx,
-                clocks: Box::new(clocks),
-            };
-            collect_and_join(ev_rx, cfg, hw, csv, stop, sender, observer)
-        })();
-        done_ref.store(true, Ordering::SeqCst);
-        let _ = io.join();
-        run
-    });
-    drop((hw_tx, hw_rx));
-    let mut hw_clocks = serde_json::Map::new();
-    for (side, c) in [
-        ("sender", &mut sender_clock),
-        ("receiver", &mut receiver_clock),
-    ] {
-        match c {
-            Some(Ok(c)) => {
-                hw_clocks.insert(side.into(), c.finish());
-            }
-            Some(Err(why)) => {
-                hw_clocks.insert(side.into(), serde_json::json!({ "error": why }));
-            }
-            None => {}
+    } else {
+        engine::Reflector::InProcess {
+            sock: &rx_sock,
+            session,
         }
-    }
+    };
+    let mut s = engine::Session {
+        sock: &tx_sock,
+        dst,
+        wire: &wire,
+        reflector,
+        on_echoes: None,
+        foreign_before: 0,
+    };
+    let result = (|| {
+        // A stop during the warm-up lets the run go on: the pacer sends
+        // nothing and the summary says it was interrupted.
+        let w = engine::warm_up(&s, cfg.size, stop)?;
+        // Datagrams on the probe port during the warm-up are counted too.
+        s.foreign_before = w.foreign;
+        let hw = HwSetup {
+            // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
+            echo_stamps: rx_sock.per_send_opt_id(),
+            sender_tx: hardware_tx,
+            receiver_tx: hardware_rx,
+            clocks: Box::new(stamping.phc_clocks()),
+        };
+        engine::drive(&s, cfg, hw, &attempts, csv, stop, observer)
+    })();
+    let hw_clocks = stamping.finish();
     let (mut stats, late_arrivals, output_error) = result?;
     let drops_after =
         kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
@@ -391,368 +412,13 @@ pub fn run_session(
         // A failed output stops the session too; that is no interruption.
         interrupted: stop.load(Ordering::SeqCst) != 0 && output_error.is_none(),
         kernel_drops: drops_after.report_since(&drops_before),
-        hw_clocks: serde_json::Value::Object(hw_clocks),
+        hw_clocks,
         output_error,
     })
 }
 
-/// Sends a few warm-up datagrams so neighbour resolution on every hop
-/// happens before the run, and checks that the path works at all. It
-/// echoes them itself (the I/O thread starts after it); with the in-kernel
-/// reflector the kernel answers them first and the receiver's socket sees
-/// nothing, which works the same: the sender waits for any echo.
-fn warm_up(
-    tx: &ProbeSocket,
-    rx: &ProbeSocket,
-    dst: SocketAddr,
-    session: u64,
-    size: usize,
-    stop: &AtomicU8,
-) -> Result<u64> {
-    let mut foreign = 0u64;
-    let mut buf = vec![0u8; size];
-    Probe {
-        session,
-        seq: u64::MAX,
-        flow: 0,
-        echo: false,
-        send_ns: 0,
-        kernel_times: None,
-    }
-    .encode(&mut buf);
-    buf[5] = FLAG_WARMUP;
-    let mut batch = RecvBatch::new(8, size.max(2048));
-    let deadline = clock::realtime_ns() + 3_000_000_000;
-    let mut next_send = 0i64;
-    let mut echo = Vec::new();
-    while clock::realtime_ns() < deadline && stop.load(Ordering::SeqCst) == 0 {
-        if clock::realtime_ns() >= next_send {
-            tx.send_to(&buf, dst, u32::MAX - 1)
-                .with_context(|| format!("send warm-up probe to {dst}"))?;
-            next_send = clock::realtime_ns() + 100_000_000;
-        }
-        socket::poll_any(&[tx, rx], 20)?;
-        // The reflector's part: echo warm-up probes of this session.
-        let n = rx.recv_batch(&mut batch, false)?;
-        echo.clear();
-        for i in 0..n {
-            let (p, _, _) = batch.get(i);
-            match Probe::decode(p, session) {
-                Ok(pr) if !pr.echo && p[5] & FLAG_WARMUP != 0 => {
-                    p[5] |= FLAG_ECHO;
-                    echo.push(i);
-                }
-                Ok(_) => {}
-                Err(_) => foreign += 1,
-            }
-        }
-        if !echo.is_empty() {
-            let ids = vec![u32::MAX - 1; echo.len()];
-            rx.send_back(&mut batch, &echo, &ids)
-                .context("echo a warm-up probe")?;
-            // Throw away the echoes' TX timestamps.
-            while rx.recv_batch(&mut batch, true)? > 0 {}
-        }
-        // Throw away warm-up TX timestamps.
-        while tx.recv_batch(&mut batch, true)? > 0 {}
-        let mut got_echo = false;
-        let n = tx.recv_batch(&mut batch, false)?;
-        for i in 0..n {
-            let (p, _, _) = batch.get(i);
-            if Probe::decode(p, session).is_ok_and(|pr| pr.echo) && p[5] & FLAG_WARMUP != 0 {
-                got_echo = true;
-            }
-        }
-        if got_echo {
-            // Let late duplicates and timestamps of the warm-up drain.
-            std::thread::sleep(Duration::from_millis(20));
-            loop {
-                let n = rx.recv_batch(&mut batch, false)?;
-                if n == 0 {
-                    break;
-                }
-                foreign += (0..n)
-                    .filter(|&i| Probe::decode(batch.get(i).0, session).is_err())
-                    .count() as u64;
-            }
-            while rx.recv_batch(&mut batch, true)? > 0 {}
-            while tx.recv_batch(&mut batch, true)? > 0 {}
-            while tx.recv_batch(&mut batch, false)? > 0 {}
-            return Ok(foreign);
-        }
-    }
-    if stop.load(Ordering::SeqCst) != 0 {
-        return Ok(foreign);
-    }
-    bail!(
-        "no warm-up probe came back from {dst} within 3 s: the path through the testbed is broken (run with -v for details, check `ip netns` and XDP counters)"
-    )
-}
-
-/// The reflector's reusable buffers.
-struct ReflectBufs {
-    batch: RecvBatch,
-    errq: RecvBatch,
-    /// Indexes in `batch` of the probes to echo, and their OPT_IDs.
-    echo: Vec<usize>,
-    ids: Vec<u32>,
-    /// (seq, software RX, hardware RX) of this wake-up's probes.
-    arrivals: Vec<(u64, Option<i64>, Option<i64>)>,
-    /// The reflector's decisions, the same as `rtprobe reflect`'s.
-    core: reflect::Core,
-}
-
-/// Receiver side of one wake-up: takes the probes queued at the receiver
-/// socket, echoes them all with one sendmmsg (each echo's TX timestamp
-/// carrying the probe's seq as OPT_ID), records their arrival, and collects
-/// echo TX timestamps. Returns how many messages it took.
-fn reflect_queued(
-    rx: &ProbeSocket,
-    bufs: &mut ReflectBufs,
-    session: u64,
-    issued: &AtomicU64,
-    finishing: bool,
-    out: &mut EventBatch,
-) -> usize {
-    let ReflectBufs {
-        batch,
-        errq,
-        echo,
-        ids,
-        arrivals,
-        core,
-    } = bufs;
-    let n = match rx.recv_batch(batch, false) {
-        Ok(n) => n,
-        Err(e) => {
-            log::warn!("reflector receive: {e}");
-            return 0;
-        }
-    };
-    let now = clock::realtime_ns();
-    // Read after the datagrams: every probe sent before them is below it.
-    let sent_end = issued.load(Ordering::SeqCst);
-    echo.clear();
-    ids.clear();
-    arrivals.clear();
-    for i in 0..n {
-        let (payload, src, c) = batch.get(i);
-        // Read before the reply is written over it.
-        let probe = Probe::decode(payload, session);
-        let warmup = payload.len() > 5 && payload[5] & FLAG_WARMUP != 0;
-        let verdict = core.handle(payload, src, c.sw_ns, c.ttl, now);
-        match (verdict, probe) {
-            (reflect::Verdict::Reply { .. }, Ok(p)) => {
-                echo.push(i);
-                ids.push(p.seq as u32);
-                if !warmup && p.seq < sent_end {
-                    arrivals.push((p.seq, c.sw_ns, c.hw_ns));
-                } else if !warmup {
-                    // Answered (its echo is refused at the sender too), but
-                    // kept out of the matcher, whose window it would grow.
-                    out.push(Event::NeverSent, now);
-                }
-            }
-            (reflect::Verdict::Reply { .. }, Err(_)) => {
-                // Another run's probe: answered, as any reflector would.
-                echo.push(i);
-                ids.push(u32::MAX - 2);
-                out.push(Event::Foreign, now);
-            }
-            (reflect::Verdict::Drop(_), Ok(_)) => {}
-            (reflect::Verdict::Drop(_), Err(_)) => out.push(Event::Foreign, now),
-        }
-    }
-    let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
-    if !echo.is_empty()
-        && let Err(e) = rx.send_back(batch, echo, ids)
-    {
-        log::debug!("echo of {} probes failed: {e}", echo.len());
-    }
-    for &(seq, sw_ns, hw_ns) in arrivals.iter() {
-        out.push(
-            Event::Arrived {
-                seq,
-                sw_ns,
-                hw_ns,
-                user_ns: now,
-                echo_send_ns,
-            },
-            now,
-        );
-    }
-    // On veth the echoes' TX stamps are queued by now; elsewhere they are
-    // picked up after a later echo, or when the run ends. Each echo queues
-    // two stamps (SCHED and the driver's): drain the queue to empty, else
-    // it grows past the receive buffer and the kernel drops stamps.
-    let mut n_err = 0;
-    if !echo.is_empty() || finishing {
-        loop {
-            let got = rx.recv_batch(errq, true).unwrap_or(0);
-            if rx.per_send_opt_id() {
-                for i in 0..got {
-                    let (_, _, c) = errq.get(i);
-                    if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
-                        out.push(
-                            Event::EchoTx {
-                                opt_id,
-                                kind,
-                                ts_ns,
-                            },
-                            now,
-                        );
-                    }
-                }
-            }
-            n_err += got;
-            if got < errq.capacity() {
-                break;
-            }
-        }
-    }
-    n + n_err
-}
-
-/// Sender side of one wake-up: TX timestamps from the error queue and
-/// echoes. Returns how many messages it took.
-fn drain_sender(
-    sides: &Sides<'_>,
-    batch: &mut RecvBatch,
-    errq: &mut RecvBatch,
-    session: u64,
-    issued: &AtomicU64,
-    out: &mut EventBatch,
-) -> usize {
-    let tx = sides.tx;
-    let now = clock::realtime_ns();
-    let n_err = tx.recv_batch(errq, true).unwrap_or(0);
-    for i in 0..n_err {
-        let (_, _, c) = errq.get(i);
-        if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
-            out.push(
-                Event::TxTimestamp {
-                    opt_id,
-                    kind,
-                    ts_ns,
-                },
-                now,
-            );
-        }
-    }
-    let n = tx.recv_batch(batch, false).unwrap_or(0);
-    let read_ns = clock::realtime_ns();
-    let sent_end = issued.load(Ordering::SeqCst);
-    for i in 0..n {
-        let (payload, src, c) = batch.get(i);
-        if !socket::same_endpoint(src, sides.dst) {
-            out.push(Event::Foreign, now);
-            continue;
-        }
-        match Probe::decode(payload, session) {
-            Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 && p.seq >= sent_end => {
-                out.push(Event::NeverSent, now)
-            }
-            Ok(p) if p.echo && payload[5] & FLAG_WARMUP == 0 => out.push(
-                Event::Echoed {
-                    seq: p.seq,
-                    sw_ns: c.sw_ns,
-                    hw_ns: c.hw_ns,
-                    user_ns: read_ns,
-                    reflector: p.kernel_times,
-                },
-                now,
-            ),
-            Ok(_) => {}
-            Err(_) => out.push(Event::Foreign, now),
-        }
-    }
-    n + n_err
-}
-
-/// The I/O thread: waits for probes at the receiver, reflects them, drains
-/// the sender's queues (both the error queue and data on every wake-up; a
-/// TX timestamp left queued is charged to the receive buffer), and hands
-/// events over in batches.
-/// The testbed's two sockets and where the probes go.
-struct Sides<'a> {
-    tx: &'a ProbeSocket,
-    rx: &'a ProbeSocket,
-    dst: SocketAddr,
-}
-
-fn io_loop(
-    sides: Sides<'_>,
-    session: u64,
-    kernel_reflector: bool,
-    issued: &AtomicU64,
-    done: &AtomicBool,
-    ev: &mpsc::Sender<Vec<Event>>,
-) {
-    let rx = sides.rx;
-    let mut reflect = ReflectBufs {
-        batch: RecvBatch::new(64, 65536),
-        errq: RecvBatch::new(64, 256),
-        echo: Vec::with_capacity(64),
-        ids: Vec::with_capacity(64),
-        arrivals: Vec::with_capacity(64),
-        // No rate limit: the testbed's own probes may come at any rate.
-        core: reflect::Core::new(reflect::Policy {
-            protocol: crate::spec::remote::ProtocolArg::Rtprobe,
-            key: None,
-            rate_limit_pps: 0,
-            stateful: true,
-        }),
-    };
-    let mut sbatch = RecvBatch::new(64, 65536);
-    let mut errq = RecvBatch::new(64, 256);
-    let mut out = EventBatch::new();
-    loop {
-        let finishing = done.load(Ordering::Relaxed);
-        let wait = if finishing {
-            0
-        } else {
-            out.wait_ms(clock::realtime_ns(), 20)
-        };
-        // Only the receiver's socket is waited on. A thread sleeping on the
-        // sender's socket would be woken (a cross-core IPI, costly on a VM)
-        // for every TX timestamp, inside the probe's own send path, which
-        // would show in the one-way delay. With nobody waiting there, the
-        // kernel only queues; the timestamp and (on veth, synchronously
-        // during the echo's send) the echo are collected right after the
-        // echo goes out, or at the next wake-up at the latest.
-        // With the in-kernel reflector nothing arrives at the receiver's
-        // socket, and waiting on the sender's would put a wake-up into
-        // every probe's send path (above). The echoes' RX stamps are the
-        // kernel's whenever they are read, so they are collected every
-        // millisecond (the receive buffer, at least 32 MiB, holds far more).
-        let wait = if kernel_reflector { wait.min(1) } else { wait };
-        let polled: &[&ProbeSocket] = &[rx];
-        if let Err(e) = socket::poll_any(polled, wait) {
-            log::warn!("probe I/O poll: {e}");
-            out.flush(ev);
-            return;
-        }
-        let mut got = 0;
-        loop {
-            let n = reflect_queued(rx, &mut reflect, session, issued, finishing, &mut out)
-                + drain_sender(&sides, &mut sbatch, &mut errq, session, issued, &mut out);
-            got += n;
-            if n == 0 || out.len() >= events::MAX_LEN {
-                break;
-            }
-        }
-        if (finishing || out.due(clock::realtime_ns())) && !out.flush(ev) {
-            return;
-        }
-        if finishing && got == 0 {
-            out.flush(ev);
-            return;
-        }
-    }
-}
-
 /// Hardware timestamping of a session, as the matcher needs it.
-struct HwSetup {
+pub(crate) struct HwSetup {
     /// The reflector stamps its echoes (per-send OPT_IDs work here).
     echo_stamps: bool,
     /// The sender's NIC stamps TX in hardware: wait for those stamps.

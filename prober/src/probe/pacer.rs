@@ -34,7 +34,6 @@ use super::{
     cpu_wait,
     events::{self, EventBatch},
     matcher::Event,
-    packet::Probe,
     socket::{ProbeSocket, SendBatch},
     wake::{Waiter, WakeMargin, WakeMode},
 };
@@ -85,17 +84,10 @@ impl Schedule {
 /// as promptly as probes are sent. A failure is logged, not fatal: the
 /// sender's own settings already failed loudly if they could not be had.
 pub fn share_fifo_priority(rt: &RtSettings) {
-    if let Some(prio) = rt.fifo_priority {
-        let param = libc::sched_param {
-            sched_priority: prio.into(),
-        };
-        // SAFETY: plain syscall on the calling thread with a valid pointer.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-            log::warn!(
-                "SCHED_FIFO {prio} for a probe receive thread: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if let Some(prio) = rt.fifo_priority
+        && let Err(e) = crate::tune::rt::set_fifo(0, prio)
+    {
+        log::warn!("SCHED_FIFO {prio} for a probe receive thread: {e}");
     }
 }
 
@@ -219,44 +211,12 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
     }
 }
 
-/// Sends the probe stream. Every probe it tries to send produces exactly
+/// Sends the probe stream, each probe's bytes written by
+/// `encode(seq, send_ns, buf)` (see [`super::wire::Wire`]). Every probe it tries to send produces exactly
 /// one `Sent` or `SendFailed` event and one count in `attempts` (for the
 /// unaccounted-probe check), counted just before its send: seqs are
 /// 0, 1, 2..., so `attempts` is also the first seq not yet sent. Returns
 /// how the pacing went.
-pub fn pace(
-    sock: &ProbeSocket,
-    dst: SocketAddr,
-    session: u64,
-    cfg: &ProbeConfig,
-    stop: &AtomicU8,
-    attempts: &AtomicU64,
-    ev: &mpsc::Sender<Vec<Event>>,
-) -> Result<Pacing> {
-    let flow = cfg.flow;
-    pace_with(
-        sock,
-        dst,
-        cfg,
-        stop,
-        attempts,
-        ev,
-        &mut |seq, send_ns, buf| {
-            Probe {
-                session,
-                seq,
-                flow,
-                echo: false,
-                send_ns,
-                kernel_times: None,
-            }
-            .encode(buf)
-        },
-    )
-}
-
-/// [`pace`] with the probe's bytes written by `encode(seq, send_ns, buf)`
-/// (another protocol, e.g. STAMP).
 pub fn pace_with(
     sock: &ProbeSocket,
     dst: SocketAddr,

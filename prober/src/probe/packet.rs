@@ -5,7 +5,7 @@
 //! | RTPB | ver | flg | flow| rsv | session id | seq        | send_ns    | zero padding to --size
 //! ```
 //! All integers big-endian. `flg` bit 0 marks an echo from the reflector,
-//! bit 1 a warm-up probe (see `probe/mod.rs`).
+//! bit 1 a warm-up probe (see `probe/engine.rs`).
 //!
 //! An echo from the in-kernel reflector (XDP, `--reflector kernel`) also
 //! has `flg` bit 2 set when the payload is at least 48 bytes, and then

@@ -81,7 +81,7 @@ use crate::spec::remote::ProtocolArg;
 
 /// Echo flag bit: bytes [`STATE_OFFSET`].. hold the reflector's state.
 pub const FLAG_REFLECTOR_STATE: u8 = 8;
-/// Warm-up probes (see `probe/mod.rs`): answered, not counted.
+/// Warm-up probes (see `probe/engine.rs`): answered, not counted.
 pub const FLAG_WARMUP: u8 = 2;
 pub const STATE_OFFSET: usize = 48;
 /// Smallest payload the state is written into.

@@ -32,25 +32,19 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{
         Mutex,
-        atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
-        mpsc,
+        atomic::{AtomicU8, AtomicU64, Ordering},
     },
-    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_NOW, STOP_SENDING, SessionOutcome, clock,
-    collect_and_join,
-    events::{self, EventBatch},
-    matcher::{Event, NoHwClocks},
-    pacer,
-    packet::{HEADER_LEN, KernelTimes, Probe},
-    reflect::{FLAG_WARMUP, read_rtprobe_state},
+    HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, engine,
+    matcher::NoHwClocks,
     socket::{self, ProbeSocket, RecvBatch, TsFlags},
-    stamp::{ClockSync, ErrorEstimate, HmacKey, Mode, ReflectorPacket, SenderPacket, Timestamp},
+    stamp::{ClockSync, ErrorEstimate, HmacKey},
+    wire::{Echo, SSID_WARMUP_BIT, Wire},
 };
 use crate::{spec::remote::ProtocolArg, sys::Netns};
 
@@ -93,144 +87,9 @@ impl RecordSink for OneWaySink<'_> {
     }
 }
 
-/// How the probes of one session look on the wire.
-#[derive(Debug, Clone)]
-enum Wire {
-    Rtprobe {
-        session: u64,
-        flow: u8,
-    },
-    Stamp {
-        ssid: u16,
-        key: Option<HmacKey>,
-        ee: ErrorEstimate,
-        tai_offset_s: i32,
-    },
-}
-
-/// What one echo said.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Echo {
-    seq: u64,
-    warmup: bool,
-    times: Option<KernelTimes>,
-    /// rtprobe: probes of the session the reflector received so far.
-    received: Option<u64>,
-    /// STAMP: the reflector's own sequence number.
-    reflector_seq: Option<u32>,
-    ee: Option<ErrorEstimate>,
-    ttl: Option<u8>,
-}
-
-/// SSIDs of warm-up packets have the top bit set; the session's do not.
-const SSID_WARMUP_BIT: u16 = 0x8000;
 /// The STAMP status probe's sequence number: a stateful reflector answers
 /// with its count instead, a stateless one with this number.
 const STAMP_STATUS_SEQ: u32 = u32::MAX - 2;
-/// The warm-up probes' sequence number (both protocols).
-const WARMUP_SEQ: u64 = u32::MAX as u64 - 1;
-
-impl Wire {
-    fn mode(&self) -> Mode<'_> {
-        match self {
-            Wire::Stamp { key: Some(k), .. } => Mode::Authenticated(k),
-            _ => Mode::Unauthenticated,
-        }
-    }
-
-    fn min_len(&self) -> usize {
-        match self {
-            Wire::Rtprobe { .. } => HEADER_LEN,
-            Wire::Stamp { .. } => self.mode().base_len_bytes(),
-        }
-    }
-
-    /// Writes probe `seq` into `buf` (its length is the probe's size).
-    fn encode(&self, seq: u64, send_ns: i64, warmup: bool, buf: &mut [u8], scratch: &mut Vec<u8>) {
-        match self {
-            Wire::Rtprobe { session, flow } => {
-                Probe {
-                    session: *session,
-                    seq,
-                    flow: *flow,
-                    echo: false,
-                    send_ns,
-                    kernel_times: None,
-                }
-                .encode(buf);
-                if warmup {
-                    buf[5] = FLAG_WARMUP;
-                }
-            }
-            Wire::Stamp {
-                ssid,
-                ee,
-                tai_offset_s,
-                ..
-            } => {
-                let ts = Timestamp::from_realtime_ns(send_ns, ee.ptp(), *tai_offset_s)
-                    .unwrap_or(Timestamp::from_bits(0, false).expect("zero NTP timestamp"));
-                let p = SenderPacket {
-                    seq: seq as u32,
-                    timestamp: ts,
-                    error_estimate: *ee,
-                    ssid: if warmup {
-                        ssid | SSID_WARMUP_BIT
-                    } else {
-                        *ssid
-                    },
-                };
-                // The length was checked against the mode before the run.
-                if p.encode(self.mode(), buf.len(), scratch).is_ok() {
-                    buf.copy_from_slice(scratch);
-                }
-            }
-        }
-    }
-
-    /// The echo of one of this session's probes, or None (foreign).
-    fn decode(&self, buf: &[u8]) -> Option<Echo> {
-        match self {
-            Wire::Rtprobe { session, .. } => {
-                let p = Probe::decode(buf, *session).ok()?;
-                if !p.echo {
-                    return None;
-                }
-                let state = read_rtprobe_state(buf);
-                Some(Echo {
-                    seq: p.seq,
-                    warmup: buf[5] & FLAG_WARMUP != 0,
-                    times: p.kernel_times,
-                    received: state.map(|s| s.0),
-                    reflector_seq: None,
-                    ee: state.map(|s| s.1),
-                    ttl: None,
-                })
-            }
-            Wire::Stamp {
-                ssid, tai_offset_s, ..
-            } => {
-                let r = ReflectorPacket::decode(buf, self.mode()).ok()?;
-                let warmup = r.ssid == ssid | SSID_WARMUP_BIT;
-                if r.ssid != *ssid && !warmup {
-                    return None;
-                }
-                Some(Echo {
-                    seq: r.sender_seq as u64,
-                    warmup,
-                    times: Some(KernelTimes {
-                        rx_ns: r.receive_timestamp.to_realtime_ns(*tai_offset_s),
-                        tx_ns: r.timestamp.to_realtime_ns(*tai_offset_s),
-                    }),
-                    received: None,
-                    reflector_seq: Some(r.seq),
-                    ee: Some(r.error_estimate),
-                    ttl: Some(r.sender_ttl),
-                })
-            }
-        }
-    }
-}
 
 /// What the echoes told beyond the records. Constant size: it keeps no
 /// per-seq state, whatever seqs arrive (how many probes came back is the
@@ -419,22 +278,10 @@ pub struct RemoteOutcome {
     pub info: serde_json::Value,
 }
 
-/// Runs one session against `target`, from namespace `ns` (None: the
-/// calling thread's).
-pub fn run_session(
-    target: &Target,
-    cfg: &ProbeConfig,
-    ns: Option<&Netns>,
-    csv: &mut dyn RecordSink,
-    stop: &AtomicU8,
-    observer: &mut dyn crate::model::observer::SessionObserver,
-) -> Result<RemoteOutcome> {
-    let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
-        synchronized: false,
-        max_error_ns: 0,
-        tai_offset_s: 0,
-    });
-    let wire = match target.protocol {
+/// The wire of a new session towards `target`: a fresh session id (rtprobe)
+/// or SSID (STAMP, with this host's clock in its Error Estimate).
+fn session_wire(target: &Target, cfg: &ProbeConfig, local_clock: &ClockSync) -> Wire {
+    match target.protocol {
         ProtocolArg::Rtprobe => Wire::Rtprobe {
             session: super::new_session_id(),
             flow: cfg.flow,
@@ -442,10 +289,20 @@ pub fn run_session(
         ProtocolArg::Stamp => Wire::Stamp {
             ssid: (rand::random::<u16>() & !SSID_WARMUP_BIT).max(1),
             key: target.key.clone(),
-            ee: ErrorEstimate::from_clock_sync(&local_clock, false),
+            ee: ErrorEstimate::from_clock_sync(local_clock, false),
             tai_offset_s: local_clock.tai_offset_s,
         },
-    };
+    }
+}
+
+/// The probe socket, bound in `ns` (None: the calling thread's) in the
+/// target's family and connected to it.
+fn bind_towards(
+    target: &Target,
+    cfg: &ProbeConfig,
+    wire: &Wire,
+    ns: Option<&Netns>,
+) -> Result<ProbeSocket> {
     if target.addr.is_ipv6() && cfg.size > crate::spec::plan::MAX_PAYLOAD_1500_IPV6 {
         bail!(
             "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {}: use at most {} bytes",
@@ -491,6 +348,27 @@ pub fn run_session(
     sock.connect(dst).with_context(|| {
         format!("connect the probe socket to {dst}: check that this host has a route to it")
     })?;
+    Ok(sock)
+}
+
+/// Runs one session against `target`, from namespace `ns` (None: the
+/// calling thread's).
+pub fn run_session(
+    target: &Target,
+    cfg: &ProbeConfig,
+    ns: Option<&Netns>,
+    csv: &mut dyn RecordSink,
+    stop: &AtomicU8,
+    observer: &mut dyn crate::model::observer::SessionObserver,
+) -> Result<RemoteOutcome> {
+    let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
+        synchronized: false,
+        max_error_ns: 0,
+        tai_offset_s: 0,
+    });
+    let wire = session_wire(target, cfg, &local_clock);
+    let sock = bind_towards(target, cfg, &wire, ns)?;
+    let dst = target.addr;
     let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
     if stop.load(Ordering::SeqCst) != 0 {
         // Before the pacer: no probe of the run has been sent, and none will.
@@ -502,116 +380,60 @@ pub fn run_session(
         inner: csv,
         show: target.shared_clock || early.one_way_shown,
     };
-    let csv: &mut dyn RecordSink = &mut csv;
     let ledger = Mutex::new(Ledger {
         stamp_seq_mirrored: true,
         ..Ledger::default()
     });
-    let done = AtomicBool::new(false);
     let attempts = AtomicU64::new(0);
-    let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
-    let (sock_ref, done_ref, attempts_ref, wire_ref, ledger_ref) =
-        (&sock, &done, &attempts, &wire, &ledger);
-    let echo_rules = EchoRules {
-        wire: &wire,
-        target: dst,
-        issued: &attempts,
+    let note = |seen: &[Echo]| {
+        if let Ok(mut l) = ledger.lock() {
+            for e in seen {
+                l.on_echo(e);
+            }
+        }
     };
-    let rules_ref = &echo_rules;
-    let result = std::thread::scope(|s| {
-        let ev = ev_tx.clone();
-        let io = std::thread::Builder::new()
-            .name("rtprobe-io".into())
-            .spawn_scoped(s, move || {
-                pacer::share_fifo_priority(&cfg.rt);
-                io_loop(sock_ref, rules_ref, done_ref, &ev, ledger_ref)
-            })
-            .context("spawn the probe I/O thread")?;
-        let run = (|| {
-            let ev = ev_tx.clone();
-            let sender = std::thread::Builder::new()
-                .name("rtprobe-sender".into())
-                .spawn_scoped(s, move || {
-                    let mut scratch = Vec::with_capacity(cfg.size);
-                    pacer::pace_with(
-                        sock_ref,
-                        dst,
-                        cfg,
-                        stop,
-                        attempts_ref,
-                        &ev,
-                        &mut |seq, send_ns, buf| {
-                            wire_ref.encode(seq, send_ns, false, buf, &mut scratch)
-                        },
-                    )
-                })
-                .context("spawn sender thread")?;
-            let hw = HwSetup {
-                echo_stamps: false,
-                sender_tx: false,
-                receiver_tx: false,
-                clocks: Box::new(NoHwClocks),
-            };
-            let kcfg = ProbeConfig {
-                kernel_reflector: true,
-                ..cfg.clone()
-            };
-            collect_and_join(ev_rx, &kcfg, hw, csv, stop, sender, observer)
-        })();
-        done_ref.store(true, Ordering::SeqCst);
-        let _ = io.join();
-        run
-    });
-    let (mut stats, late_arrivals, output_error) = result?;
-    stats.set_attempts(attempts.load(Ordering::SeqCst));
+    let session = engine::Session {
+        sock: &sock,
+        dst,
+        wire: &wire,
+        reflector: engine::Reflector::Remote,
+        on_echoes: Some(&note),
+        foreign_before: 0,
+    };
+    let hw = HwSetup {
+        echo_stamps: false,
+        sender_tx: false,
+        receiver_tx: false,
+        clocks: Box::new(NoHwClocks),
+    };
+    // The reflector's stamps come in its echoes, as the in-kernel one's do.
+    let kcfg = ProbeConfig {
+        kernel_reflector: true,
+        ..cfg.clone()
+    };
+    let (mut stats, late_arrivals, output_error) =
+        engine::drive(&session, &kcfg, hw, &attempts, &mut csv, stop, observer)?;
     let sent = attempts.load(Ordering::SeqCst);
-    // The status probe: the reflector's final count of this session.
+    stats.set_attempts(sent);
     let mut ledger = ledger
         .into_inner()
         .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
+    // The status probe: the reflector's final count of this session.
     let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
     // Nothing sent (a stop came between the warm-up and the first probe):
     // nothing to count, so nothing to ask.
     if sent > 0 && (target.protocol == ProtocolArg::Rtprobe || stateful_stamp) {
         ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
     }
-    let lost = stats.lost();
     let loss = split_loss(
         &ledger,
         sent,
-        lost,
+        stats.lost(),
         target.protocol,
         target.stateless_reflector,
     );
-    let clock = if target.shared_clock {
-        ClockVerdict {
-            one_way_shown: true,
-            bound_ns: None,
-            sender_synchronized: local_clock.synchronized,
-            sender_max_error_ns: local_clock.max_error_ns,
-            reflector_synchronized: None,
-            reflector_error_ns: None,
-            note: "sender and reflector share this host's clock (namespaces): one-way needs no synchronisation".into(),
-        }
-    } else if !early.one_way_shown {
-        early
-    } else {
-        clock_verdict(&local_clock, ledger.ee)
-    };
-    let mut info = serde_json::json!({
-        "protocol": target.protocol.name(),
-        "target": dst.to_string(),
-        "echoes": stats.counts().received,
-    });
-    match &wire {
-        Wire::Rtprobe { session, .. } => info["session"] = format!("{session:#018x}").into(),
-        Wire::Stamp { ssid, key, .. } => {
-            info["ssid"] = (*ssid).into();
-            info["authenticated"] = key.is_some().into();
-            info["sender_ttl_min"] = ledger.ttl_min.into();
-            info["sender_ttl_max"] = ledger.ttl_max.into();
-        }
-    }
+    let clock = final_clock(target, &local_clock, early, &ledger);
+    let info = protocol_info(target, &wire, &ledger, stats.counts().received);
     Ok(RemoteOutcome {
         session: SessionOutcome {
             stats,
@@ -629,8 +451,66 @@ pub fn run_session(
     })
 }
 
-/// Sends warm-up probes every 100 ms until one is answered (3 s at most):
-/// resolves neighbours and proves that something answers at all.
+/// The one-way verdict at the end: shared clocks need none; otherwise the
+/// clocks as the run started (if they failed then) or as the last echo said.
+fn final_clock(
+    target: &Target,
+    local_clock: &ClockSync,
+    early: ClockVerdict,
+    ledger: &Ledger,
+) -> ClockVerdict {
+    if target.shared_clock {
+        ClockVerdict {
+            one_way_shown: true,
+            bound_ns: None,
+            sender_synchronized: local_clock.synchronized,
+            sender_max_error_ns: local_clock.max_error_ns,
+            reflector_synchronized: None,
+            reflector_error_ns: None,
+            note: "sender and reflector share this host's clock (namespaces): one-way needs no synchronisation".into(),
+        }
+    } else if !early.one_way_shown {
+        early
+    } else {
+        clock_verdict(local_clock, ledger.ee)
+    }
+}
+
+/// Protocol facts for the summary: the session id or SSID, the echoes and
+/// (STAMP) the sender TTLs the reflector saw.
+fn protocol_info(target: &Target, wire: &Wire, ledger: &Ledger, echoes: u64) -> serde_json::Value {
+    let mut info = serde_json::json!({
+        "protocol": target.protocol.name(),
+        "target": target.addr.to_string(),
+        "echoes": echoes,
+    });
+    match wire {
+        Wire::Rtprobe { session, .. } => info["session"] = format!("{session:#018x}").into(),
+        Wire::Stamp { ssid, key, .. } => {
+            info["ssid"] = (*ssid).into();
+            info["authenticated"] = key.is_some().into();
+            info["sender_ttl_min"] = ledger.ttl_min.into();
+            info["sender_ttl_max"] = ledger.ttl_max.into();
+        }
+    }
+    info
+}
+
+/// The engine's view of a session towards `dst` (no ledger: the warm-up
+/// and the status probe read their answers themselves).
+fn towards<'a>(sock: &'a ProbeSocket, dst: SocketAddr, wire: &'a Wire) -> engine::Session<'a> {
+    engine::Session {
+        sock,
+        dst,
+        wire,
+        reflector: engine::Reflector::Remote,
+        on_echoes: None,
+        foreign_before: 0,
+    }
+}
+
+/// The engine's warm-up towards the reflector: its answer, None if a stop
+/// request ended it first.
 fn warm_up(
     sock: &ProbeSocket,
     dst: SocketAddr,
@@ -638,79 +518,7 @@ fn warm_up(
     size: usize,
     stop: &AtomicU8,
 ) -> Result<Option<Echo>> {
-    // Any stop request ends the warm-up: it is set-up, and a run stopped
-    // before probing sends nothing (the status probe, after a run, waits
-    // for a second signal instead).
-    match exchange(sock, dst, wire, size, WARMUP_SEQ, stop, STOP_SENDING, 30) {
-        Some(e) => {
-            // Let late duplicates and the warm-up's TX stamps drain.
-            std::thread::sleep(Duration::from_millis(20));
-            let mut batch = RecvBatch::new(16, 65536);
-            while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
-            while sock.recv_batch(&mut batch, false).unwrap_or(0) > 0 {}
-            Ok(Some(e))
-        }
-        None if stop.load(Ordering::SeqCst) != 0 => Ok(None),
-        None => {
-            let auth = match wire {
-                Wire::Stamp { key: Some(_), .. } => " and holds the same --auth-key",
-                _ => "",
-            };
-            let what = match wire {
-                Wire::Rtprobe { .. } => "`rtprobe reflect`",
-                Wire::Stamp { .. } => "a STAMP reflector (`rtprobe reflect --protocol stamp`)",
-            };
-            bail!(
-                "no answer from {dst} within 3 s: check that {what} runs there on that port{auth}, and that no firewall drops UDP"
-            )
-        }
-    }
-}
-
-/// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
-/// returns the first answer to it. Gives up, sending nothing more, once
-/// the stop level reaches `give_up_at`.
-#[allow(clippy::too_many_arguments)]
-fn exchange(
-    sock: &ProbeSocket,
-    dst: SocketAddr,
-    wire: &Wire,
-    size: usize,
-    seq: u64,
-    stop: &AtomicU8,
-    give_up_at: u8,
-    tries: u32,
-) -> Option<Echo> {
-    let mut buf = vec![0u8; size];
-    let mut scratch = Vec::with_capacity(size);
-    let mut batch = RecvBatch::new(16, 65536);
-    let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
-    for _ in 0..tries {
-        if given_up() {
-            return None;
-        }
-        wire.encode(seq, clock::realtime_ns(), true, &mut buf, &mut scratch);
-        if let Err(e) = sock.send_to(&buf, dst, u32::MAX - 1) {
-            log::debug!("warm-up send to {dst}: {e}");
-        }
-        let until = clock::realtime_ns() + 100_000_000;
-        while clock::realtime_ns() < until && !given_up() {
-            let _ = socket::poll_any(&[sock], 10);
-            while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
-            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
-            for i in 0..n {
-                let (payload, src, _) = batch.get(i);
-                if socket::same_endpoint(src, dst)
-                    && let Some(e) = wire.decode(payload)
-                    && e.warmup
-                    && e.seq == seq
-                {
-                    return Some(e);
-                }
-            }
-        }
-    }
-    None
+    Ok(engine::warm_up(&towards(sock, dst, wire), size, stop)?.echo)
 }
 
 /// Asks the reflector for its final count of the session: rtprobe sends a
@@ -725,7 +533,16 @@ fn status_probe(
     stop: &AtomicU8,
 ) -> Option<Echo> {
     match wire {
-        Wire::Rtprobe { .. } => exchange(sock, dst, wire, size, u64::MAX - 1, stop, STOP_NOW, 3),
+        Wire::Rtprobe { .. } => engine::exchange(
+            &towards(sock, dst, wire),
+            size,
+            u64::MAX - 1,
+            stop,
+            STOP_NOW,
+            3,
+        )
+        .ok()
+        .and_then(|w| w.echo),
         Wire::Stamp { .. } => {
             // One try only: a retry would be counted again by the reflector,
             // and the answer to the first would then not give the count.
@@ -752,132 +569,6 @@ fn status_probe(
                 }
             }
             None
-        }
-    }
-}
-
-/// Which datagrams on the probe socket are echoes of this run.
-struct EchoRules<'a> {
-    wire: &'a Wire,
-    target: SocketAddr,
-    /// The pacer's count of probes tried, raised before each send: the
-    /// first seq not yet sent.
-    issued: &'a AtomicU64,
-}
-
-/// What one datagram on the probe socket is.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Verdict {
-    /// An echo of a probe of the run (the matcher tells whether it is late).
-    Probe(Echo),
-    /// A late copy of the warm-up's echo: its clock and TTL facts only.
-    WarmUp(Echo),
-    /// From elsewhere, of another session, or not an echo at all.
-    Foreign,
-    /// Of this session, but its seq had not been sent when it was read.
-    NeverSent,
-}
-
-impl EchoRules<'_> {
-    /// `sent_end`: the issued count read after the datagram was.
-    fn judge(&self, payload: &[u8], src: SocketAddr, sent_end: u64) -> Verdict {
-        if !socket::same_endpoint(src, self.target) {
-            return Verdict::Foreign;
-        }
-        match self.wire.decode(payload) {
-            None => Verdict::Foreign,
-            Some(e) if e.warmup && e.seq == WARMUP_SEQ => Verdict::WarmUp(e),
-            Some(e) if !e.warmup && e.seq < sent_end => Verdict::Probe(e),
-            Some(_) => Verdict::NeverSent,
-        }
-    }
-}
-
-/// Takes TX stamps and echoes from the one socket and hands them over in
-/// batches; notes what the accepted echoes said in `ledger`.
-fn io_loop(
-    sock: &ProbeSocket,
-    rules: &EchoRules<'_>,
-    done: &AtomicBool,
-    ev: &mpsc::Sender<Vec<Event>>,
-    ledger: &Mutex<Ledger>,
-) {
-    let mut batch = RecvBatch::new(64, 65536);
-    let mut errq = RecvBatch::new(64, 256);
-    let mut out = EventBatch::new();
-    let mut seen = Vec::with_capacity(64);
-    loop {
-        let finishing = done.load(Ordering::Relaxed);
-        let wait = if finishing {
-            0
-        } else {
-            out.wait_ms(clock::realtime_ns(), 20)
-        };
-        if let Err(e) = socket::poll_any(&[sock], wait) {
-            log::warn!("probe I/O poll: {e}");
-            out.flush(ev);
-            return;
-        }
-        let mut got = 0;
-        loop {
-            let now = clock::realtime_ns();
-            let n_err = sock.recv_batch(&mut errq, true).unwrap_or(0);
-            for i in 0..n_err {
-                let (_, _, c) = errq.get(i);
-                if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
-                    out.push(
-                        Event::TxTimestamp {
-                            opt_id,
-                            kind,
-                            ts_ns,
-                        },
-                        now,
-                    );
-                }
-            }
-            let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
-            let read_ns = clock::realtime_ns();
-            let sent_end = rules.issued.load(Ordering::SeqCst);
-            seen.clear();
-            for i in 0..n {
-                let (payload, src, c) = batch.get(i);
-                match rules.judge(payload, src, sent_end) {
-                    Verdict::Probe(e) => {
-                        seen.push(e);
-                        out.push(
-                            Event::Echoed {
-                                seq: e.seq,
-                                sw_ns: c.sw_ns,
-                                hw_ns: None,
-                                user_ns: read_ns,
-                                reflector: e.times,
-                            },
-                            now,
-                        );
-                    }
-                    Verdict::WarmUp(e) => seen.push(e),
-                    Verdict::Foreign => out.push(Event::Foreign, now),
-                    Verdict::NeverSent => out.push(Event::NeverSent, now),
-                }
-            }
-            if !seen.is_empty()
-                && let Ok(mut l) = ledger.lock()
-            {
-                for e in &seen {
-                    l.on_echo(e);
-                }
-            }
-            got += n + n_err;
-            if n + n_err == 0 || out.len() >= events::MAX_LEN {
-                break;
-            }
-        }
-        if (finishing || out.due(clock::realtime_ns())) && !out.flush(ev) {
-            return;
-        }
-        if finishing && got == 0 {
-            out.flush(ev);
-            return;
         }
     }
 }
@@ -928,6 +619,8 @@ pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::STOP_SENDING;
+    use std::time::Duration;
 
     fn ledger(echoed: &[u64], last_received: Option<u64>) -> Ledger {
         let mut l = Ledger {
@@ -1069,112 +762,6 @@ mod tests {
         // reflector got 4 -> 1 lost forward, none on return; seq 5 unknown.
         let s = split_loss(&l, 6, 2, ProtocolArg::Rtprobe, false);
         assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(0), 1));
-    }
-
-    fn rules_check(protocol: ProtocolArg) {
-        let wire = match protocol {
-            ProtocolArg::Rtprobe => Wire::Rtprobe {
-                session: 0x1234,
-                flow: 0,
-            },
-            ProtocolArg::Stamp => Wire::Stamp {
-                ssid: 77,
-                key: None,
-                ee: ErrorEstimate::from_error_ns(false, 0, false),
-                tai_offset_s: 0,
-            },
-        };
-        let target: SocketAddr = "192.0.2.1:862".parse().unwrap();
-        let issued = AtomicU64::new(10);
-        let rules = EchoRules {
-            wire: &wire,
-            target,
-            issued: &issued,
-        };
-        let echo = |w: &Wire, seq: u64, warmup: bool| {
-            let mut buf = vec![0u8; 64];
-            let mut scratch = Vec::new();
-            w.encode(
-                seq,
-                1_763_850_000_000_000_000,
-                warmup,
-                &mut buf,
-                &mut scratch,
-            );
-            match w {
-                // The reflector's answer: the echo flag (rtprobe); STAMP's
-                // reflector packet carries the sender's seq and SSID.
-                Wire::Rtprobe { .. } => buf[5] |= crate::probe::packet::FLAG_ECHO,
-                Wire::Stamp { ssid, .. } => {
-                    let ssid = if warmup {
-                        ssid | SSID_WARMUP_BIT
-                    } else {
-                        *ssid
-                    };
-                    let r = ReflectorPacket {
-                        seq: 0,
-                        timestamp: Timestamp::from_bits(0, false).unwrap(),
-                        error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
-                        ssid,
-                        receive_timestamp: Timestamp::from_bits(0, false).unwrap(),
-                        sender_seq: seq as u32,
-                        sender_timestamp: Timestamp::from_bits(0, false).unwrap(),
-                        sender_error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
-                        sender_ttl: 64,
-                    };
-                    r.encode(Mode::Unauthenticated, 64, &mut scratch).unwrap();
-                    buf.copy_from_slice(&scratch);
-                }
-            }
-            buf
-        };
-        let judge = |b: &[u8], src: SocketAddr| rules.judge(b, src, issued.load(Ordering::SeqCst));
-        assert!(matches!(judge(&echo(&wire, 9, false), target), Verdict::Probe(e) if e.seq == 9));
-        assert!(matches!(
-            judge(&echo(&wire, WARMUP_SEQ, true), target),
-            Verdict::WarmUp(_)
-        ));
-        // Foreign: another source (even with the right session), another
-        // session, bytes that decode as nothing.
-        let elsewhere: SocketAddr = "192.0.2.99:862".parse().unwrap();
-        let other_port: SocketAddr = "192.0.2.1:863".parse().unwrap();
-        assert_eq!(judge(&echo(&wire, 1, false), elsewhere), Verdict::Foreign);
-        assert_eq!(judge(&echo(&wire, 1, false), other_port), Verdict::Foreign);
-        let other = match &wire {
-            Wire::Rtprobe { flow, .. } => Wire::Rtprobe {
-                session: 0x4321,
-                flow: *flow,
-            },
-            Wire::Stamp { ee, .. } => Wire::Stamp {
-                ssid: 78,
-                key: None,
-                ee: *ee,
-                tai_offset_s: 0,
-            },
-        };
-        assert_eq!(judge(&echo(&other, 1, false), target), Verdict::Foreign);
-        assert_eq!(judge(&[0u8; 7], target), Verdict::Foreign);
-        // Never sent: at or past the pacer's count, or a warm-up-marked
-        // echo of another seq.
-        for seq in [10, 0x7FFF_FFFF, 0xFFFF_FFFF] {
-            assert_eq!(
-                judge(&echo(&wire, seq, false), target),
-                Verdict::NeverSent,
-                "{seq}"
-            );
-        }
-        assert_eq!(judge(&echo(&wire, 3, true), target), Verdict::NeverSent);
-        issued.store(11, Ordering::SeqCst);
-        assert!(matches!(
-            judge(&echo(&wire, 10, false), target),
-            Verdict::Probe(_)
-        ));
-    }
-
-    #[test]
-    fn echoes_only_from_the_target_of_this_session_for_a_seq_sent() {
-        rules_check(ProtocolArg::Rtprobe);
-        rules_check(ProtocolArg::Stamp);
     }
 
     #[test]

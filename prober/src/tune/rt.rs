@@ -126,14 +126,8 @@ impl RtSettings {
                 libc::sched_getparam(0, &mut p);
                 (pol, p)
             };
-            let param = libc::sched_param {
-                sched_priority: prio as i32,
-            };
-            // SAFETY: pid 0 is the calling thread; `param` is a live sched_param the
-            // kernel only reads.
-            let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-            if r != 0 {
-                let e = Errno::last();
+            if let Err(e) = set_fifo(0, prio) {
+                let e = Errno::from_raw(e.raw_os_error().unwrap_or(0));
                 bail!(match e {
                     Errno::EPERM => format!(
                         "SCHED_FIFO priority {prio} was refused (EPERM): run as root, give the binary \
@@ -164,6 +158,20 @@ impl RtSettings {
         }
         Ok(guard)
     }
+}
+
+/// Puts thread `tid` (0: the calling one) under SCHED_FIFO at `prio`: the
+/// one place rtprobe asks for a real-time policy (the sender, the probe's
+/// receive threads, the bench's generators and NAPI threads).
+pub fn set_fifo(tid: i32, prio: u8) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: prio.into(),
+    };
+    // SAFETY: `param` is a live sched_param the kernel only reads.
+    if unsafe { libc::sched_setscheduler(tid, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Holds a PM QoS CPU latency request of `us` µs: the cpuidle governor

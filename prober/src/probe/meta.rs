@@ -1,0 +1,95 @@
+//! The one place a session's [`RunMeta`] (the CSV's first line and the
+//! JSON's `meta`) is built: what the probes were, from the session's
+//! options, and where they went, from its endpoints.
+
+use super::ProbeConfig;
+use crate::model::run::RunMeta;
+
+/// Where a session's probes went and who answered, as the metadata names it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Place {
+    /// "veth", "nic-pair" or "remote".
+    pub testbed: String,
+    pub testbed_id: String,
+    pub tx_if: Option<String>,
+    pub rx_if: Option<String>,
+    pub xdp_mode_requested: String,
+    pub xdp_mode_attached: String,
+    pub xdp_action: String,
+    /// "kernel", "user" or "remote <protocol>".
+    pub reflector: String,
+}
+
+/// The metadata of a session of `cfg` at `place`, started now. Knobs and
+/// extra flows are the caller's to add: only a testbed run has them.
+pub(crate) fn run_meta(cfg: &ProbeConfig, label: Option<String>, place: Place) -> RunMeta {
+    RunMeta {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        label,
+        testbed: place.testbed,
+        testbed_id: place.testbed_id,
+        tx_if: place.tx_if,
+        rx_if: place.rx_if,
+        xdp_mode_requested: place.xdp_mode_requested,
+        xdp_mode_attached: place.xdp_mode_attached,
+        xdp_action: place.xdp_action,
+        reflector: place.reflector,
+        size: cfg.size as u32,
+        interval_ns: cfg.interval.as_nanos() as u64,
+        count: cfg.count,
+        duration_ns: cfg.duration.map(|d| d.as_nanos() as u64),
+        tos: cfg.tos,
+        port: cfg.port,
+        timestamps_requested: cfg.timestamps.as_str().into(),
+        knobs: Default::default(),
+        extra_flows: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_probes_come_from_the_options_and_the_place_is_kept() {
+        let cfg = ProbeConfig {
+            size: 200,
+            interval: Duration::from_micros(500),
+            count: Some(7),
+            duration: Some(Duration::from_secs(2)),
+            tos: 0xb8,
+            port: 9000,
+            timestamps: super::super::TimestampSource::Software,
+            timeout: Duration::from_secs(1),
+            flow: 0,
+            spin: None,
+            busy_poll: false,
+            rt: Default::default(),
+            kernel_reflector: false,
+        };
+        let place = Place {
+            testbed: "remote".into(),
+            rx_if: Some("192.0.2.7:9000".into()),
+            reflector: "remote stamp".into(),
+            ..Place::default()
+        };
+        let m = run_meta(&cfg, Some("x".into()), place);
+        assert_eq!(m.version, env!("CARGO_PKG_VERSION"));
+        assert!(m.started_at.ends_with('Z'), "{}", m.started_at);
+        assert_eq!(m.label.as_deref(), Some("x"));
+        assert_eq!((m.size, m.interval_ns, m.count), (200, 500_000, Some(7)));
+        assert_eq!(
+            (m.duration_ns, m.tos, m.port),
+            (Some(2_000_000_000), 0xb8, 9000)
+        );
+        assert_eq!(m.timestamps_requested, "software");
+        assert_eq!(
+            (m.testbed.as_str(), m.reflector.as_str()),
+            ("remote", "remote stamp")
+        );
+        assert_eq!(m.rx_if.as_deref(), Some("192.0.2.7:9000"));
+        assert!(m.knobs.is_empty() && m.extra_flows.is_empty());
+    }
+}
