@@ -230,7 +230,7 @@ fn probe_on<'tb>(
     let meta = testbed_meta(
         testbed,
         opts,
-        &xdp,
+        xdp,
         kernel_reflector,
         &main_cfg,
         applied.as_ref(),
