@@ -19,6 +19,7 @@ use crate::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
         OneClock, ReflectorCounts, ReflectorReport,
     },
+    sys::SysRef,
     testbed::{Kind, Testbed},
     tune,
 };
@@ -59,10 +60,13 @@ pub fn check(opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs one probe session on a testbed as `opts` says; `live` shows and
-/// serves it while it runs.
+/// Runs one probe session on a testbed as `opts` says, every kernel
+/// change through `sys` (the real kernel from the command; the recording
+/// fake in tests of [`orchestrate`]); `live` shows and serves it while it
+/// runs.
 pub fn execute(
     opts: &RunOptions,
+    sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
@@ -74,47 +78,122 @@ pub fn execute(
         bail!("internal: a --target run reached the testbed runner");
     }
     crate::testbed::require_root()?;
-    check_stop(stop)?;
-    let testbed = match (&opts.tx_if, &opts.rx_if) {
-        (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
-        (None, None) => Testbed::veth()?,
+    let build = |sys: SysRef| match (&opts.tx_if, &opts.rx_if) {
+        (Some(t), Some(r)) => Testbed::nic_pair(sys, t, r, opts.force),
+        (None, None) => Testbed::veth(sys),
         _ => bail!("internal: NIC-pair mode without both interfaces passed the validator"),
     };
+    let mut loader = crate::ebpf::KernelLoader(sys.clone());
+    orchestrate(
+        sys,
+        &Frame::of(opts),
+        stop,
+        build,
+        &mut loader,
+        |testbed, prepared| probe_on(testbed, prepared, opts, remote, stop, live),
+    )
+}
+
+/// What the frame around a run's probe step takes from its options.
+pub(crate) struct Frame<'a> {
+    pub knobs: &'a tune::Knobs,
+    /// Where the queue sampler writes, if the knobs ask for one.
+    pub queue_csv: Option<&'a std::path::Path>,
+    pub xdp_mode: XdpMode,
+    pub xdp_action: crate::ebpf::XdpAction,
+}
+
+impl<'a> Frame<'a> {
+    pub(crate) fn of(opts: &'a RunOptions) -> Self {
+        Self {
+            knobs: &opts.knobs,
+            queue_csv: opts.queue_csv.as_deref(),
+            xdp_mode: opts.xdp_mode,
+            xdp_action: opts.xdp_action,
+        }
+    }
+}
+
+/// What the frame has set up on the testbed when the probe step runs.
+/// Fields drop in declaration order: on an error the XDP programs go
+/// first, then the knobs are put back (see [`on_testbed`]).
+pub(crate) struct Prepared<'tb> {
+    pub xdp: XdpSetup,
+    pub applied: Option<tune::Applied<'tb>>,
+}
+
+/// A testbed run end to end around its probe step: build the testbed
+/// (`build`, through `sys`), apply the knobs, attach XDP (programs from
+/// `loader`), run `probe`, detach, restore, tear down. Whatever it set up
+/// is undone on an error too, in the same order. [`execute`] runs it on
+/// the real kernel with the probe session; tests run it on the fake.
+pub(crate) fn orchestrate<T>(
+    sys: SysRef,
+    frame: &Frame<'_>,
+    stop: &AtomicU8,
+    build: impl FnOnce(SysRef) -> Result<Testbed>,
+    loader: &mut dyn crate::ebpf::Loader,
+    probe: impl for<'tb> FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<T>,
+) -> Result<T> {
+    check_stop(stop)?;
+    let testbed = build(sys)?;
     log::info!(
         "testbed {} ready: namespaces {}",
         testbed.id,
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
-    let out = probe_on(&testbed, opts, remote, stop, live)?;
+    let out = on_testbed(&testbed, frame, stop, loader, probe)?;
     // Explicit, so a failure to give interfaces back is reported.
     testbed.teardown()?;
     Ok(out)
 }
 
-/// Everything that happens on a built testbed: XDP, knobs, the probe
-/// session. Whatever it set up is undone before it returns, error or not.
-fn probe_on(
-    testbed: &Testbed,
+/// Knobs, XDP and the probe step on a built testbed. Whatever it set up
+/// is undone before it returns, error or not.
+fn on_testbed<'tb, T>(
+    testbed: &'tb Testbed,
+    frame: &Frame<'_>,
+    stop: &AtomicU8,
+    loader: &mut dyn crate::ebpf::Loader,
+    probe: impl FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<T>,
+) -> Result<T> {
+    // Knobs before XDP, undone after it: with a native XDP program on a
+    // veth the kernel pins some offloads (GSO), so they are changed and
+    // put back while no program is attached.
+    let mut applied = if frame.knobs.is_empty() {
+        None
+    } else {
+        Some(tune::apply(testbed, frame.knobs)?)
+    };
+    if let (Some(a), Some(q)) = (applied.as_mut(), frame.queue_csv) {
+        a.start_queue_sampler(q)?;
+    }
+    check_stop(stop)?;
+    let xdp =
+        crate::ebpf::attach_for_testbed_with(testbed, frame.xdp_mode, frame.xdp_action, loader)?;
+    let mut prepared = Prepared { xdp, applied };
+    check_stop(stop)?;
+    let out = probe(testbed, &mut prepared)?;
+    let Prepared { xdp, applied } = prepared;
+    xdp.detach().context("detach the XDP router")?;
+    if let Some(a) = applied {
+        a.restore().context("restore the knobs")?;
+    }
+    Ok(out)
+}
+
+/// The probe session on a testbed the frame prepared ([`orchestrate`]),
+/// and its summary.
+fn probe_on<'tb>(
+    testbed: &'tb Testbed,
+    prepared: &mut Prepared<'tb>,
     opts: &RunOptions,
     remote: &RemoteOptions,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
-    // Knobs before XDP, undone after it: with a native XDP program on a
-    // veth the kernel pins some offloads (GSO), so they are changed and
-    // put back while no program is attached.
-    let mut applied = if opts.knobs.is_empty() {
-        None
-    } else {
-        Some(tune::apply(testbed, &opts.knobs)?)
-    };
-    if let (Some(a), Some(q)) = (applied.as_mut(), &opts.queue_csv) {
-        a.start_queue_sampler(q)?;
-    }
-    check_stop(stop)?;
-    let mut xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
-    check_stop(stop)?;
+    let Prepared { xdp, applied } = prepared;
     let stamp = remote.protocol() == ProtocolArg::Stamp;
     let stamp_port = remote.port(opts.probe.port);
     let key = remote
@@ -126,13 +205,8 @@ fn probe_on(
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;
     let (src_ip, dst_ip) = (testbed.sender_if.ip(ip)?, testbed.receiver_if.ip(ip)?);
-    let (kernel_reflector, mut reflector_info) = choose_reflector(
-        &mut xdp,
-        testbed,
-        opts,
-        user_only,
-        stamp.then_some(stamp_port),
-    )?;
+    let (kernel_reflector, mut reflector_info) =
+        choose_reflector(xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
         port: if stamp { stamp_port } else { opts.probe.port },
@@ -160,7 +234,7 @@ fn probe_on(
     let meta = testbed_meta(
         testbed,
         opts,
-        &xdp,
+        xdp,
         kernel_reflector,
         &main_cfg,
         applied.as_ref(),
@@ -183,6 +257,7 @@ fn probe_on(
         &meta,
     )?;
     let ep = Endpoints {
+        sys: testbed.sys(),
         sender_ns: &testbed.sender,
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
@@ -328,10 +403,6 @@ fn probe_on(
         if !meta.knobs.is_empty() {
             r.knobs = Some(meta.knobs.clone());
         }
-    }
-    xdp.detach().context("detach the XDP router")?;
-    if let Some(a) = applied {
-        a.restore().context("restore the knobs")?;
     }
     Ok(RunOutcome {
         summary,
@@ -512,3 +583,6 @@ impl StampReflector {
             .map_err(|_| anyhow::anyhow!("the STAMP reflector thread panicked"))?
     }
 }
+
+#[cfg(test)]
+mod orchestrate_tests;

@@ -70,7 +70,7 @@ impl Drop for LinkGuard {
 
 /// Namespaces of one rtprobe run still present.
 pub fn namespaces_of(testbed_id: &str) -> Vec<String> {
-    rtprobe::testbed::netns::list()
+    rtprobe::sys::netns::list()
         .into_iter()
         .filter(|n| n.contains(testbed_id))
         .collect()

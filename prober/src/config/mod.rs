@@ -304,17 +304,17 @@ pub trait SystemCheck {
     fn has_stress_ng(&mut self) -> bool;
 }
 
-/// The real checks: qdiscs in a scratch namespace, /proc for congestion
-/// controls, PATH for stress-ng.
-pub struct KernelCheck;
+/// The real checks, through the kernel layer: qdiscs in a scratch
+/// namespace, /proc for congestion controls; PATH for stress-ng.
+pub struct KernelCheck(pub crate::sys::SysRef);
 
 impl SystemCheck for KernelCheck {
     fn missing_qdiscs(&mut self, kinds: &[&'static str]) -> Result<Vec<String>> {
-        crate::tune::qdisc::missing_kinds(kinds)
+        self.0.missing_qdisc_kinds(kinds)
     }
 
     fn congestion_controls(&mut self) -> Result<Vec<String>> {
-        crate::tune::load::available_cc()
+        crate::tune::load::available_cc(self.0.as_ref())
     }
 
     fn has_stress_ng(&mut self) -> bool {

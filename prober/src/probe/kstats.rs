@@ -11,7 +11,6 @@ use serde::Serialize;
 use crate::{
     stats::report::KernelDrops,
     sys::{Ns, Sys},
-    testbed::Netns,
 };
 
 /// The `Udp:` line of /proc/net/snmp (the fields rtprobe reports).
@@ -72,20 +71,10 @@ pub fn parse_softnet_dropped(text: &str) -> u64 {
         .sum()
 }
 
-/// UDP counters of the namespace `ns`.
-pub fn read_udp(ns: &Netns) -> Result<UdpCounters> {
-    read_udp_in(crate::sys::linux_static(), ns.into())
-}
-
 /// UDP counters of the namespace `ns`, through `sys`.
 pub fn read_udp_in(sys: &dyn Sys, ns: Ns) -> Result<UdpCounters> {
     let t = sys.proc_net(ns, "snmp")?;
     parse_snmp_udp(&t).context("no Udp: line in /proc/net/snmp")
-}
-
-/// Host-wide backlog drops so far.
-pub fn read_softnet_dropped() -> Result<u64> {
-    read_softnet_dropped_in(crate::sys::linux_static())
 }
 
 /// Host-wide backlog drops so far, through `sys`.
@@ -105,14 +94,10 @@ pub struct DropSnapshot {
 }
 
 impl DropSnapshot {
-    /// Samples both namespaces; what cannot be read is logged and left
-    /// unknown (it only explains losses, it does not make them).
-    pub fn take(sender: &Netns, receiver: &Netns) -> Self {
-        Self::take_in(crate::sys::linux_static(), sender.into(), receiver.into())
-    }
-
-    /// [`Self::take`] through `sys`.
-    pub fn take_in(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
+    /// Samples both namespaces through `sys`; what cannot be read is
+    /// logged and left unknown (it only explains losses, it does not make
+    /// them).
+    pub fn take(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
         fn known<T>(what: &str, r: Result<T>) -> Option<T> {
             r.map_err(|e| log::info!("kernel drop counters of the {what}: {e:#}"))
                 .ok()
@@ -208,10 +193,10 @@ mod tests {
         f.create_netns("snd").unwrap();
         f.create_netns("rcv").unwrap();
         f.with_file(Ns::Named("rcv"), "procnet:snmp", SNMP);
-        let before = DropSnapshot::take_in(&f, Ns::Named("snd"), Ns::Named("rcv"));
+        let before = DropSnapshot::take(&f, Ns::Named("snd"), Ns::Named("rcv"));
         let bumped = SNMP.replace("Udp: 1200 3 40 1100 37 2", "Udp: 1300 3 41 1100 45 2");
         f.with_file(Ns::Named("rcv"), "procnet:snmp", &bumped);
-        let after = DropSnapshot::take_in(&f, Ns::Named("snd"), Ns::Named("rcv"));
+        let after = DropSnapshot::take(&f, Ns::Named("snd"), Ns::Named("rcv"));
         let r = serde_json::to_value(after.report_since(&before)).unwrap();
         assert_eq!(r["receiver_rcvbuf_errors"], 8);
         assert_eq!(r["receiver_in_errors"], 1);

@@ -45,7 +45,8 @@ use crate::{
         RunStats,
         report::{HardwareClock, HardwareClocks, KernelDrops, SampledClock},
     },
-    testbed::{Iface, Netns},
+    sys::Netns,
+    testbed::Iface,
 };
 use matcher::{Event, Matcher};
 use packet::HEADER_LEN;
@@ -113,6 +114,8 @@ impl std::fmt::Debug for ProbeConfig {
 
 /// Where probes go from and to.
 pub struct Endpoints<'a> {
+    /// The kernel layer that reads the namespaces' drop counters.
+    pub sys: &'a dyn crate::sys::Sys,
     pub sender_ns: &'a Netns,
     pub receiver_ns: &'a Netns,
     pub sender_if: &'a Iface,
@@ -358,7 +361,8 @@ pub fn run_session(
     let (hardware_tx, hardware_rx) = (stamping.hardware_tx(), stamping.hardware_rx());
     let (tx_sock, rx_sock, dst) = bind_sides(ep, cfg, &stamping)?;
     let attempts = AtomicU64::new(0);
-    let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let drops_before =
+        kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
     let wire = wire::Wire::Rtprobe {
         session,
         flow: cfg.flow,
@@ -399,7 +403,8 @@ pub fn run_session(
     })();
     let hw_clocks = stamping.finish();
     let (mut stats, late_arrivals, output_error) = result?;
-    let drops_after = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let drops_after =
+        kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
     stats.set_attempts(attempts.load(Ordering::SeqCst));
     Ok(SessionOutcome {
         stats,

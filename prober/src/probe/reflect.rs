@@ -1069,6 +1069,7 @@ fn interface_of(addr: IpAddr) -> Result<String> {
 /// `--kernel`: the in-kernel reflector on the interface of the one
 /// `--listen` address, or why not.
 pub(crate) fn attach_kernel(
+    sys: crate::sys::SysRef,
     listen: &[SocketAddr],
     protocol: ProtocolArg,
     key: bool,
@@ -1095,8 +1096,7 @@ pub(crate) fn attach_kernel(
     // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
     // runs (an XDP program there, or GRO requested): replies are
     // redirected to the interface itself, as in rtprobe's own testbed.
-    use crate::sys::{Ns, Sys};
-    let sys = crate::sys::linux();
+    use crate::sys::Ns;
     let veth = sys.driver(Ns::Host, &ifname).is_ok_and(|d| d == "veth");
     let reply_ifindex = if veth {
         sys.link(Ns::Host, &ifname)?
@@ -1105,8 +1105,13 @@ pub(crate) fn attach_kernel(
     } else {
         0
     };
-    let mut r =
-        crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex, limits)?;
+    let mut r = crate::ebpf::reflector::Reflector::load(
+        sys,
+        probe_port,
+        stamp_port,
+        reply_ifindex,
+        limits,
+    )?;
     let mode = r
         .attach(Ns::Host, &ifname, crate::ebpf::XdpMode::Auto)
         .with_context(|| format!("attach to {ifname}"))?;

@@ -48,7 +48,7 @@ use super::{
 use crate::{
     spec::remote::ProtocolArg,
     stats::report::{ClockReport, ReflectorReport},
-    testbed::Netns,
+    sys::Netns,
 };
 
 /// Where the probes go and how they look.

@@ -25,9 +25,13 @@
 //! (`probe::phc`, /dev/ptpN), which act on sockets and devices the probe
 //! owns rather than on network configuration; the queue sampler's own
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
-//! sample through the worker costs ten times as much); `bench`'s own veth
-//! set-up and AF_XDP sockets (its link counters, GRO and threaded NAPI do
-//! go through [`linux_static`]).
+//! sample through the worker costs ten times as much); `bench`'s AF_XDP
+//! sockets, its load generator's BPF_PROG_TEST_RUN and the scheduling of
+//! its threads (affinity, SCHED_FIFO), which act on the calling thread.
+//!
+//! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
+//! setns) are made in [`netns`], which [`LinuxSys`] uses for
+//! [`Sys::create_netns`] and whose [`Netns`] handles let a thread enter one.
 //!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
@@ -36,19 +40,21 @@ pub mod ethtool;
 #[cfg(test)]
 pub mod fake;
 pub mod netlink;
+pub mod netns;
 mod real;
 pub mod tc;
 
 use std::{
     fmt,
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, RwLock},
 };
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
+pub use netns::Netns;
 pub use real::{LinuxSys, NsCtx, bpf_errno, linux, linux_static, private_sysfs, release_worker};
 pub use tc::{TcCmd, TcError};
 
@@ -217,24 +223,34 @@ pub enum XdpFlags {
 /// that its worker of a namespace can attach the object's XDP programs and
 /// write its device maps there. Tests use a stand-in holding no object.
 #[derive(Clone)]
-pub struct BpfObject(Arc<Mutex<Option<aya::Ebpf>>>);
+pub struct BpfObject(Arc<RwLock<Option<aya::Ebpf>>>);
 
 impl BpfObject {
     pub fn new(ebpf: aya::Ebpf) -> Self {
-        Self(Arc::new(Mutex::new(Some(ebpf))))
+        Self(Arc::new(RwLock::new(Some(ebpf))))
     }
 
     /// An object that was never loaded, for orchestration tests against
     /// the fake (which never looks inside).
     #[cfg(test)]
     pub fn stand_in() -> Self {
-        Self(Arc::new(Mutex::new(None)))
+        Self(Arc::new(RwLock::new(None)))
     }
 
-    /// Runs `f` on the loaded object.
+    /// Runs `f` on the loaded object (attach, map updates: one at a time).
     pub fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.0.write().unwrap_or_else(|p| p.into_inner());
         match g.as_mut() {
+            Some(e) => f(e),
+            None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
+        }
+    }
+
+    /// Runs `f` on the loaded object without excluding other readers: the
+    /// bench's generator threads run one program side by side.
+    pub fn with_shared<T>(&self, f: impl FnOnce(&aya::Ebpf) -> Result<T>) -> Result<T> {
+        let g = self.0.read().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
             Some(e) => f(e),
             None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
         }
@@ -324,6 +340,9 @@ pub trait Sys: Send + Sync {
     fn delete_netns(&self, name: &str) -> Result<()>;
     /// Named namespaces present (what `ip netns list` shows).
     fn netns_list(&self) -> Vec<String>;
+    /// A handle on an existing named namespace (not owned: dropping it
+    /// deletes nothing), for threads that enter it (sockets, loads).
+    fn open_netns(&self, name: &str) -> Result<Netns>;
 
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>>;
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;

@@ -80,8 +80,8 @@ pub use self::{
 };
 use crate::{
     error::Error,
-    sys::{Ns, QdiscInfo},
-    testbed::{Netns, Testbed},
+    sys::{Netns, Ns, QdiscInfo},
+    testbed::Testbed,
 };
 
 /// A knob that is in effect and can be undone.
@@ -925,6 +925,7 @@ impl<'tb> Applied<'tb> {
             None => 1000 * 4096,
         };
         let target = load::LoadTarget {
+            sys: tb.sys(),
             sender: &tb.sender,
             receiver: &tb.receiver,
             dst: tb.receiver_if.addr,
