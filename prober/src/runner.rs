@@ -12,14 +12,14 @@ use crate::{
     model::observer::SessionObserver,
     model::run::{RunMeta, RunOutcome, peak_rss_kib},
     probe::SessionOutcome,
-    probe::{self, Endpoints, ProbeConfig},
+    probe::{self, Endpoints, ProbeConfig, SessionEnds},
     spec::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
     stats::report::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
-        LossSplit, OneClock, ReflectorCounts, ReflectorReport, RunReport,
+        OneClock, ReflectorCounts, ReflectorReport, RunReport,
     },
     sys::SysRef,
     testbed::{Kind, Testbed},
@@ -253,8 +253,7 @@ fn probe_on<'tb>(
         extra: &opts.extra_flows,
         stamp_target: stamp_target.as_ref(),
     };
-    let (mut outcomes, stamp_parts) =
-        flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
+    let mut outcomes = flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
     let rows = csv
         .into_inner()
         .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
@@ -266,7 +265,8 @@ fn probe_on<'tb>(
     summary.xdp_mode_requested = meta.xdp_mode_requested.clone();
     summary.xdp_mode_attached = meta.xdp_mode_attached.clone();
     summary.xdp_counters = xdp.counters().context("read XDP counters")?;
-    let (loss_split, stamp_info) = stamp_parts.unzip();
+    // STAMP: what the session-sender learned of the reflector.
+    let (loss_split, stamp_info) = outcome.remote.clone().map(|f| (f.loss, f.info)).unzip();
     let r = &mut summary.report;
     if loss_split.is_some() {
         r.loss_split = loss_split;
@@ -335,10 +335,6 @@ fn endpoints(testbed: &Testbed, ip: crate::testbed::IpVersion) -> Endpoints<'_> 
     }
 }
 
-/// What a testbed run's STAMP session-sender learned besides its records:
-/// the loss by direction and the protocol facts for the reflector report.
-type StampParts = (LossSplit, ReflectorReport);
-
 /// The sessions of a testbed run: the main flow (rtprobe or STAMP) and
 /// the extra flows (`--flow`), each its own session (sockets, reflector,
 /// matcher) on its own port, all writing rows into one CSV.
@@ -359,58 +355,41 @@ impl Flows<'_> {
         stop: &AtomicU8,
         main_observer: &mut dyn SessionObserver,
         flow_observers: &mut [Box<dyn SessionObserver + Send>],
-    ) -> Result<(Vec<SessionOutcome>, Option<StampParts>)> {
-        let fail_stops = |r: &Result<_>| {
+    ) -> Result<Vec<SessionOutcome>> {
+        let session = |ends: &SessionEnds<'_>, cfg, observer: &mut dyn SessionObserver| {
+            let mut sink = csv;
+            let r = probe::run_session(ends, cfg, &mut sink, stop, observer);
             if r.is_err() {
                 stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
             }
+            r
         };
-        let (main, stamp_parts, others) = std::thread::scope(|s| {
-            let ep = self.ep;
+        let testbed = SessionEnds::Testbed(self.ep);
+        let main_ends = match self.stamp_target {
+            Some(target) => SessionEnds::Remote {
+                target,
+                from: Some(self.ep.sender_ns),
+            },
+            None => SessionEnds::Testbed(self.ep),
+        };
+        std::thread::scope(|s| {
             let others: Vec<_> = self
                 .extra
                 .iter()
                 .zip(flow_observers.iter_mut())
                 .map(|(cfg, observer)| {
-                    s.spawn(move || {
-                        let mut sink = csv;
-                        let r = probe::run_session(ep, cfg, &mut sink, stop, &mut **observer);
-                        fail_stops(&r);
-                        r
-                    })
+                    let (session, testbed) = (&session, &testbed);
+                    s.spawn(move || session(testbed, cfg, &mut **observer))
                 })
                 .collect();
-            let mut sink = csv;
-            let mut stamp_parts = None;
-            let main = match self.stamp_target {
-                Some(target) => crate::probe::remote::run_session(
-                    target,
-                    self.main_cfg,
-                    Some(ep.sender_ns),
-                    &mut sink,
-                    stop,
-                    main_observer,
-                )
-                .map(|o| {
-                    stamp_parts = Some((o.loss, o.info));
-                    o.session
-                }),
-                None => probe::run_session(ep, self.main_cfg, &mut sink, stop, main_observer),
-            };
-            fail_stops(&main);
-            let others: Vec<_> = others
-                .into_iter()
-                .map(|h| {
+            let main = session(&main_ends, self.main_cfg, main_observer);
+            std::iter::once(main)
+                .chain(others.into_iter().map(|h| {
                     h.join()
                         .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
-                })
-                .collect();
-            (main, stamp_parts, others)
-        });
-        let outcomes = std::iter::once(main)
-            .chain(others)
-            .collect::<Result<Vec<_>>>()?;
-        Ok((outcomes, stamp_parts))
+                }))
+                .collect()
+        })
     }
 }
 
