@@ -383,12 +383,15 @@ impl Flows<'_> {
                 })
                 .collect();
             let main = session(&main_ends, self.main_cfg, main_observer);
-            std::iter::once(main)
+            // Every thread joined before the first error is returned: a
+            // flow that panicked is then an error, not the scope's panic.
+            let all: Vec<_> = std::iter::once(main)
                 .chain(others.into_iter().map(|h| {
                     h.join()
                         .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
                 }))
-                .collect()
+                .collect();
+            all.into_iter().collect()
         })
     }
 }
