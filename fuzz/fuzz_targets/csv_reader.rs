@@ -5,12 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rtprobe::export::plot::{
-    dist as stats_dist,
-    read::read_csv,
-    run_data::ReadOptions,
-    stats,
-};
+use rtprobe::export::plot::{dist as stats_dist, read::read_csv, run_data::ReadOptions, stats};
 
 fuzz_target!(|data: &[u8]| {
     for allow_truncated in [false, true] {
