@@ -12,7 +12,7 @@ use serde_json::json;
 use super::*;
 use crate::{
     stats::Latency,
-    tune::{FlowReport, LoadReport, QueueLimit, Rate},
+    tune::{LoadReport, QueueLimit, Rate, load::FlowReport},
 };
 
 const FULL: &str = r#"

@@ -49,8 +49,10 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use ethtool::Ring;
-pub use real::{LinuxSys, NsCtx, bpf_errno, linux, linux_static, private_sysfs, release_worker};
-pub use tc::{TcCmd, TcError};
+#[cfg(test)]
+pub use real::private_sysfs;
+pub use real::{bpf_errno, linux, linux_static, release_worker};
+pub use tc::TcCmd;
 
 /// Which network namespace a call acts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -651,7 +651,9 @@ mod tests {
                     &TcCmd::parse("qdisc add dev sx0 root handle 1: nosuchqdisc"),
                 )
                 .unwrap_err();
-            let t = e.downcast_ref::<crate::sys::TcError>().expect("a TcError");
+            let t = e
+                .downcast_ref::<crate::sys::tc::TcError>()
+                .expect("a TcError");
             assert!(
                 t.to_string()
                     .contains("tc qdisc add dev sx0 root handle 1: nosuchqdisc"),
