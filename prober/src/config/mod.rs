@@ -1174,8 +1174,8 @@ pub fn plan(sc: &Scenario, cells: &[Cell], out_dir: &Path, notes: &[String]) -> 
     s
 }
 
-pub mod fetch_study;
-pub mod report;
+pub(crate) mod fetch_study;
+pub(crate) mod report;
 
 #[cfg(test)]
 mod tests;

@@ -71,20 +71,10 @@ pub fn parse_softnet_dropped(text: &str) -> u64 {
         .sum()
 }
 
-/// UDP counters of the namespace `ns`.
-pub fn read_udp(ns: &Netns) -> Result<UdpCounters> {
-    read_udp_in(crate::sys::linux_static(), ns.into())
-}
-
 /// UDP counters of the namespace `ns`, through `sys`.
 pub fn read_udp_in(sys: &dyn Sys, ns: Ns) -> Result<UdpCounters> {
     let t = sys.proc_net(ns, "snmp")?;
     parse_snmp_udp(&t).context("no Udp: line in /proc/net/snmp")
-}
-
-/// Host-wide backlog drops so far.
-pub fn read_softnet_dropped() -> Result<u64> {
-    read_softnet_dropped_in(crate::sys::linux_static())
 }
 
 /// Host-wide backlog drops so far, through `sys`.

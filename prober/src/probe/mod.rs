@@ -5,24 +5,24 @@
 //! (hardware timestamping, the two sockets in their namespaces) and the
 //! collector that turns the engine's events into records.
 
-pub mod addresses;
-pub mod clock;
+pub(crate) mod addresses;
+pub(crate) mod clock;
 pub mod cmsg;
-pub mod cpu_wait;
+pub(crate) mod cpu_wait;
 pub(crate) mod engine;
-pub mod events;
-pub mod kstats;
+pub(crate) mod events;
+pub(crate) mod kstats;
 pub mod matcher;
 pub(crate) mod meta;
-pub mod pacer;
+pub(crate) mod pacer;
 pub mod packet;
-pub mod phc;
+pub(crate) mod phc;
 pub mod reflect;
-pub mod remote;
-pub mod socket;
+pub(crate) mod remote;
+pub(crate) mod socket;
 pub mod stamp;
-pub mod timestamps;
-pub mod wake;
+pub(crate) mod timestamps;
+pub(crate) mod wake;
 pub(crate) mod wire;
 
 pub use timestamps::TimestampSource;

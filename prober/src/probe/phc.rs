@@ -197,24 +197,6 @@ impl PtpClock {
         })
     }
 
-    /// How many samples each read takes (clamped to 1..=25, the kernel's
-    /// limit).
-    pub fn with_samples_per_read(mut self, n: u32) -> Self {
-        self.samples_per_read = n.clamp(1, PTP_MAX_SAMPLES as u32);
-        self
-    }
-
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
-    /// Whether reads use PTP_SYS_OFFSET_EXTENDED (true until the kernel
-    /// refuses it). Its windows are tighter: the driver reads the system
-    /// clock right around the PHC register, not around the whole call.
-    pub fn uses_extended(&self) -> bool {
-        self.extended
-    }
-
     /// One batch of offset samples.
     pub fn read_offsets(&mut self) -> io::Result<Vec<OffsetSample>> {
         let mut extended = self.extended;

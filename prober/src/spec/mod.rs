@@ -28,17 +28,17 @@
 //! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
 //! [`values`].
 
-pub mod bench;
+pub(crate) mod bench;
 pub mod continuous;
-pub mod flows;
+pub(crate) mod flows;
 pub(crate) mod located;
-pub mod output;
-pub mod pacing;
-pub mod plan;
-pub mod probe;
+pub(crate) mod output;
+pub(crate) mod pacing;
+pub(crate) mod plan;
+pub(crate) mod probe;
 pub mod remote;
-pub mod values;
-pub mod xdp;
+pub(crate) mod values;
+pub(crate) mod xdp;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 

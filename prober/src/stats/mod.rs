@@ -1,9 +1,9 @@
 //! Statistics over probe records: HDR histograms for one-way latency and
 //! RTT, loss, reordering, duplicates and IPDV jitter. Pure.
 
-pub mod bootstrap;
+pub(crate) mod bootstrap;
 pub mod chain;
-pub mod interval;
+pub(crate) mod interval;
 pub mod summary;
 
 pub use summary::{

@@ -13,10 +13,10 @@
 //! NIC-pair interfaces (all through `sys`). veth needs CONFIG_VETH
 //! (Linux >= 2.6.24).
 
-pub mod ethtool;
+pub(crate) mod ethtool;
 pub mod netns;
-pub mod nicpair;
-pub mod record;
+pub(crate) mod nicpair;
+pub(crate) mod record;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

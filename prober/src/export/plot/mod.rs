@@ -20,12 +20,12 @@
 //! `rtprobe plot xdp-off.csv xdp-native.csv --out-dir docs/figures --prefix example`;
 //! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
-pub mod axis;
-pub mod bench;
+pub(crate) mod axis;
+pub(crate) mod bench;
 pub mod dist;
 pub mod draw;
 mod figures;
-pub mod hdrlog_read;
+pub(crate) mod hdrlog_read;
 pub mod read;
 pub mod run_data;
 mod runs;
