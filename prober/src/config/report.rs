@@ -16,7 +16,7 @@ use crate::{
     tune::LoadReport,
 };
 
-pub use super::ReportRow;
+pub(crate) use super::ReportRow;
 
 pub struct ReportInput<'a> {
     pub scenario: &'a Scenario,

@@ -50,8 +50,8 @@ use socket::{HwTimestamping, ProbeSocket, TsFlags};
 
 /// Stop levels set by the signal handler: 1 = stop sending and wait for
 /// probes in flight, 2 = finish at once.
-pub const STOP_SENDING: u8 = 1;
-pub const STOP_NOW: u8 = 2;
+pub(crate) const STOP_SENDING: u8 = 1;
+pub(crate) const STOP_NOW: u8 = 2;
 
 impl ProbeConfig {
     /// The labels of this flow's metrics (and its HDR log's header).
@@ -61,7 +61,7 @@ impl ProbeConfig {
 }
 
 /// How often the collector flushes the CSV and ticks the observer (~4x/s).
-pub const TICK_NS: i64 = 250_000_000;
+pub(crate) const TICK_NS: i64 = 250_000_000;
 
 /// Validated probe options.
 #[derive(Clone)]
@@ -109,7 +109,7 @@ impl std::fmt::Debug for ProbeConfig {
 }
 
 /// Where probes go from and to.
-pub struct Endpoints<'a> {
+pub(crate) struct Endpoints<'a> {
     pub sender_ns: &'a Netns,
     pub receiver_ns: &'a Netns,
     pub sender_if: &'a Iface,
@@ -119,7 +119,7 @@ pub struct Endpoints<'a> {
 }
 
 /// What the session learned besides the records.
-pub struct SessionOutcome {
+pub(crate) struct SessionOutcome {
     pub stats: RunStats,
     pub hardware_tx: bool,
     pub hardware_rx: bool,
@@ -338,7 +338,7 @@ fn bind_sides(
 /// Runs one probe session through the testbed (or NIC pair), streaming
 /// records to `csv`. Returns when every probe is sent and accounted for,
 /// or when `stop` says so.
-pub fn run_session(
+pub(crate) fn run_session(
     ep: &Endpoints<'_>,
     cfg: &ProbeConfig,
     csv: &mut dyn RecordSink,

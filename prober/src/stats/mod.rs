@@ -6,6 +6,6 @@ pub mod chain;
 pub(crate) mod interval;
 pub mod summary;
 
-pub use summary::{
-    Counts, CpuWaits, Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters,
-};
+pub use summary::CpuWaits;
+pub(crate) use summary::XdpCounters;
+pub use summary::{Counts, Latency, Pacing, RunStats, Stages, Summary};

@@ -46,7 +46,6 @@ pub enum Call {
     Ring(String, String),
     SetTxRing(String, String, u32),
     Driver(String, String),
-    PhcIndex(String, String),
     Tc(String, String),
     Qdiscs(String, String),
     XdpState(String, u32),
@@ -76,7 +75,6 @@ impl Call {
                 | Call::Offload(..)
                 | Call::Ring(..)
                 | Call::Driver(..)
-                | Call::PhcIndex(..)
                 | Call::Qdiscs(..)
                 | Call::XdpState(..)
                 | Call::MissingQdiscKinds(..)
@@ -92,8 +90,6 @@ pub struct FakeLink {
     pub addrs: Vec<Addr>,
     pub offloads: BTreeMap<Offload, bool>,
     pub driver: String,
-    /// Its PTP hardware clock's index.
-    pub phc: Option<u32>,
     pub xdp: XdpState,
     /// The errno a native (or unflagged) XDP attach gets; None: the driver
     /// has native XDP. EOPNOTSUPP makes an unflagged attach generic.
@@ -168,7 +164,6 @@ impl FakeSys {
                 addrs: Vec::new(),
                 offloads,
                 driver: "fake".into(),
-                phc: None,
                 xdp: XdpState::default(),
                 refuse_native: None,
             },
@@ -481,11 +476,6 @@ impl Sys for FakeSys {
     fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
         self.record(Call::Driver(key(ns), dev.into()))?;
         self.with_link_mut(ns, dev, |l| l.driver.clone())
-    }
-
-    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
-        self.record(Call::PhcIndex(key(ns), dev.into()))?;
-        self.with_link_mut(ns, dev, |l| l.phc)
     }
 
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {

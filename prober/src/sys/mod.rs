@@ -331,6 +331,8 @@ pub trait Sys: Send + Sync {
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;
     /// A veth pair with `queues` TX and RX queues on each end.
     fn add_veth_queues(&self, ns: Ns, name: &str, peer: &str, queues: u32) -> Result<()>;
+    /// (Only the real layer's own tests delete a single link.)
+    #[cfg(test)]
     fn delete_link(&self, ns: Ns, name: &str) -> Result<()>;
     fn set_up(&self, ns: Ns, name: &str, up: bool) -> Result<()>;
     fn set_mtu(&self, ns: Ns, name: &str, mtu: u32) -> Result<()>;
@@ -363,9 +365,6 @@ pub trait Sys: Send + Sync {
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring>;
     fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()>;
     fn driver(&self, ns: Ns, dev: &str) -> Result<String>;
-    /// The index N of `dev`'s PTP hardware clock (/dev/ptpN), None if it
-    /// has none (ETHTOOL_GET_TS_INFO).
-    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>>;
 
     /// Runs one `tc` command in the namespace; the error is a [`TcError`]
     /// (downcast it to branch on an unknown qdisc kind).

@@ -269,6 +269,7 @@ impl Sys for LinuxSys {
         self.on(ns, move |c| c.nl.add_veth_queues(&name, &peer, queues))
     }
 
+    #[cfg(test)]
     fn delete_link(&self, ns: Ns, name: &str) -> Result<()> {
         let name = name.to_string();
         self.on(ns, move |c| c.nl.delete_link(&name))
@@ -389,11 +390,6 @@ impl Sys for LinuxSys {
     fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
         let dev = dev.to_string();
         self.on(ns, move |_| ethtool::driver(&dev))
-    }
-
-    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
-        let dev = dev.to_string();
-        self.on(ns, move |_| ethtool::phc_index(&dev))
     }
 
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
