@@ -34,7 +34,7 @@ pub mod model;
 pub mod probe;
 pub mod spec;
 pub mod stats;
-pub(crate) mod sys;
+pub mod sys;
 pub mod testbed;
 pub(crate) mod tune;
 

@@ -15,6 +15,11 @@ use crate::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
+    stats::report::{
+        ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
+        OneClock, ReflectorCounts, ReflectorReport,
+    },
+    sys::SysRef,
     testbed::{Kind, Testbed},
     tune,
 };
@@ -55,10 +60,13 @@ pub fn check(opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs one probe session on a testbed as `opts` says; `live` shows and
-/// serves it while it runs.
+/// Runs one probe session on a testbed as `opts` says, every kernel
+/// change through `sys` (the real kernel from the command; the recording
+/// fake in tests of [`orchestrate`]); `live` shows and serves it while it
+/// runs.
 pub fn execute(
     opts: &RunOptions,
+    sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
@@ -70,47 +78,122 @@ pub fn execute(
         bail!("internal: a --target run reached the testbed runner");
     }
     crate::testbed::require_root()?;
-    check_stop(stop)?;
-    let testbed = match (&opts.tx_if, &opts.rx_if) {
-        (Some(t), Some(r)) => Testbed::nic_pair(t, r, opts.force)?,
-        (None, None) => Testbed::veth()?,
+    let build = |sys: SysRef| match (&opts.tx_if, &opts.rx_if) {
+        (Some(t), Some(r)) => Testbed::nic_pair(sys, t, r, opts.force),
+        (None, None) => Testbed::veth(sys),
         _ => bail!("internal: NIC-pair mode without both interfaces passed the validator"),
     };
+    let mut loader = crate::ebpf::KernelLoader(sys.clone());
+    orchestrate(
+        sys,
+        &Frame::of(opts),
+        stop,
+        build,
+        &mut loader,
+        |testbed, prepared| probe_on(testbed, prepared, opts, remote, stop, live),
+    )
+}
+
+/// What the frame around a run's probe step takes from its options.
+pub(crate) struct Frame<'a> {
+    pub knobs: &'a tune::Knobs,
+    /// Where the queue sampler writes, if the knobs ask for one.
+    pub queue_csv: Option<&'a std::path::Path>,
+    pub xdp_mode: XdpMode,
+    pub xdp_action: crate::ebpf::XdpAction,
+}
+
+impl<'a> Frame<'a> {
+    pub(crate) fn of(opts: &'a RunOptions) -> Self {
+        Self {
+            knobs: &opts.knobs,
+            queue_csv: opts.queue_csv.as_deref(),
+            xdp_mode: opts.xdp_mode,
+            xdp_action: opts.xdp_action,
+        }
+    }
+}
+
+/// What the frame has set up on the testbed when the probe step runs.
+/// Fields drop in declaration order: on an error the XDP programs go
+/// first, then the knobs are put back (see [`on_testbed`]).
+pub(crate) struct Prepared<'tb> {
+    pub xdp: XdpSetup,
+    pub applied: Option<tune::Applied<'tb>>,
+}
+
+/// A testbed run end to end around its probe step: build the testbed
+/// (`build`, through `sys`), apply the knobs, attach XDP (programs from
+/// `loader`), run `probe`, detach, restore, tear down. Whatever it set up
+/// is undone on an error too, in the same order. [`execute`] runs it on
+/// the real kernel with the probe session; tests run it on the fake.
+pub(crate) fn orchestrate<T>(
+    sys: SysRef,
+    frame: &Frame<'_>,
+    stop: &AtomicU8,
+    build: impl FnOnce(SysRef) -> Result<Testbed>,
+    loader: &mut dyn crate::ebpf::Loader,
+    probe: impl for<'tb> FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<T>,
+) -> Result<T> {
+    check_stop(stop)?;
+    let testbed = build(sys)?;
     log::info!(
         "testbed {} ready: namespaces {}",
         testbed.id,
         testbed.namespaces().join(", ")
     );
     check_stop(stop)?;
-    let out = probe_on(&testbed, opts, remote, stop, live)?;
+    let out = on_testbed(&testbed, frame, stop, loader, probe)?;
     // Explicit, so a failure to give interfaces back is reported.
     testbed.teardown()?;
     Ok(out)
 }
 
-/// Everything that happens on a built testbed: XDP, knobs, the probe
-/// session. Whatever it set up is undone before it returns, error or not.
-fn probe_on(
-    testbed: &Testbed,
+/// Knobs, XDP and the probe step on a built testbed. Whatever it set up
+/// is undone before it returns, error or not.
+fn on_testbed<'tb, T>(
+    testbed: &'tb Testbed,
+    frame: &Frame<'_>,
+    stop: &AtomicU8,
+    loader: &mut dyn crate::ebpf::Loader,
+    probe: impl FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<T>,
+) -> Result<T> {
+    // Knobs before XDP, undone after it: with a native XDP program on a
+    // veth the kernel pins some offloads (GSO), so they are changed and
+    // put back while no program is attached.
+    let mut applied = if frame.knobs.is_empty() {
+        None
+    } else {
+        Some(tune::apply(testbed, frame.knobs)?)
+    };
+    if let (Some(a), Some(q)) = (applied.as_mut(), frame.queue_csv) {
+        a.start_queue_sampler(q)?;
+    }
+    check_stop(stop)?;
+    let xdp =
+        crate::ebpf::attach_for_testbed_with(testbed, frame.xdp_mode, frame.xdp_action, loader)?;
+    let mut prepared = Prepared { xdp, applied };
+    check_stop(stop)?;
+    let out = probe(testbed, &mut prepared)?;
+    let Prepared { xdp, applied } = prepared;
+    xdp.detach().context("detach the XDP router")?;
+    if let Some(a) = applied {
+        a.restore().context("restore the knobs")?;
+    }
+    Ok(out)
+}
+
+/// The probe session on a testbed the frame prepared ([`orchestrate`]),
+/// and its summary.
+fn probe_on<'tb>(
+    testbed: &'tb Testbed,
+    prepared: &mut Prepared<'tb>,
     opts: &RunOptions,
     remote: &RemoteOptions,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
-    // Knobs before XDP, undone after it: with a native XDP program on a
-    // veth the kernel pins some offloads (GSO), so they are changed and
-    // put back while no program is attached.
-    let mut applied = if opts.knobs.is_empty() {
-        None
-    } else {
-        Some(tune::apply(testbed, &opts.knobs)?)
-    };
-    if let (Some(a), Some(q)) = (applied.as_mut(), &opts.queue_csv) {
-        a.start_queue_sampler(q)?;
-    }
-    check_stop(stop)?;
-    let mut xdp = crate::ebpf::attach_for_testbed(testbed, opts.xdp_mode, opts.xdp_action)?;
-    check_stop(stop)?;
+    let Prepared { xdp, applied } = prepared;
     let stamp = remote.protocol() == ProtocolArg::Stamp;
     let stamp_port = remote.port(opts.probe.port);
     let key = remote
@@ -122,13 +205,8 @@ fn probe_on(
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;
     let (src_ip, dst_ip) = (testbed.sender_if.ip(ip)?, testbed.receiver_if.ip(ip)?);
-    let (kernel_reflector, mut reflector_info) = choose_reflector(
-        &mut xdp,
-        testbed,
-        opts,
-        user_only,
-        stamp.then_some(stamp_port),
-    )?;
+    let (kernel_reflector, mut reflector_info) =
+        choose_reflector(xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
         port: if stamp { stamp_port } else { opts.probe.port },
@@ -156,7 +234,7 @@ fn probe_on(
     let meta = testbed_meta(
         testbed,
         opts,
-        &xdp,
+        xdp,
         kernel_reflector,
         &main_cfg,
         applied.as_ref(),
@@ -179,6 +257,7 @@ fn probe_on(
         &meta,
     )?;
     let ep = Endpoints {
+        sys: testbed.sys(),
         sender_ns: &testbed.sender,
         receiver_ns: &testbed.receiver,
         sender_if: &testbed.sender_if,
@@ -246,17 +325,19 @@ fn probe_on(
         .into_inner()
         .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
         .rows();
-    let per_flow: Vec<serde_json::Value> = if opts.extra_flows.is_empty() {
+    let per_flow: Vec<FlowSummary> = if opts.extra_flows.is_empty() {
         Vec::new()
     } else {
         std::iter::once(&opts.probe)
             .chain(&opts.extra_flows)
             .zip(&outcomes)
-            .map(|(cfg, o)| {
-                serde_json::json!({
-                    "flow": cfg.flow, "port": cfg.port, "tos": cfg.tos, "size": cfg.size,
-                    "interval_ns": cfg.interval.as_nanos() as u64, "summary": o.stats.summary(),
-                })
+            .map(|(cfg, o)| FlowSummary {
+                flow: cfg.flow,
+                interval_ns: cfg.interval.as_nanos() as u64,
+                port: cfg.port,
+                size: cfg.size,
+                summary: o.stats.summary(),
+                tos: cfg.tos,
             })
             .collect()
     };
@@ -268,88 +349,60 @@ fn probe_on(
     summary.xdp_counters = xdp.counters().context("read XDP counters")?;
     if let Some(c) = xdp.reflector_counters() {
         let c = c.context("read the in-kernel reflector's counters")?;
-        reflector_info["counters"] = serde_json::to_value(c).unwrap_or_default();
+        reflector_info.counters = Some(ReflectorCounts::Kernel(c));
     }
     if let Some(r) = stamp_reflector {
         let report = r.stop()?;
-        reflector_info["counters"] = serde_json::to_value(&report.counters).unwrap_or_default();
+        reflector_info.counters = Some(ReflectorCounts::User(report.counters));
     }
     if let Some((loss, info)) = stamp_outcome
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take()
     {
-        if let (serde_json::Value::Object(r), serde_json::Value::Object(i)) =
-            (&mut reflector_info, info)
-        {
-            r.extend(i);
-        }
-        summary.extra.insert(
-            "loss_split".into(),
-            serde_json::to_value(loss).unwrap_or_default(),
-        );
+        reflector_info = ReflectorReport {
+            kind: reflector_info.kind,
+            note: reflector_info.note,
+            rate_limit: reflector_info.rate_limit,
+            xdp_mode: reflector_info.xdp_mode,
+            counters: reflector_info.counters,
+            ..info
+        };
+        summary.report.loss_split = Some(loss);
     }
-    summary.extra.insert("reflector".into(), reflector_info);
-    summary.extra.insert(
-        "ip".into(),
-        serde_json::json!({"version": ip.number(), "sender": src_ip.to_string(),
-            "receiver": dst_ip.to_string()}),
-    );
-    summary.extra.insert(
-        "clock".into(),
-        serde_json::json!({"one_way_shown": true, "note": ONE_CLOCK_NOTE}),
-    );
-    summary
-        .extra
-        .insert("late_arrivals".into(), outcome.late_arrivals.into());
-    summary
-        .extra
-        .insert("kernel_drops".into(), outcome.kernel_drops.clone());
-    summary
-        .extra
-        .insert("peak_rss_kib".into(), peak_rss_kib().into());
-    summary.extra.insert(
-        "hardware_timestamping".into(),
-        serde_json::json!({"sender": outcome.hardware_tx, "receiver": outcome.hardware_rx}),
-    );
-    if outcome.hw_clocks.as_object().is_some_and(|o| !o.is_empty()) {
-        summary
-            .extra
-            .insert("hardware_clocks".into(), outcome.hw_clocks.clone());
+    let r = &mut summary.report;
+    r.reflector = Some(reflector_info);
+    r.ip = Some(IpReport {
+        version: ip.number(),
+        sender: src_ip.to_string(),
+        receiver: dst_ip.to_string(),
+    });
+    r.clock = Some(ClockReport::OneClock(OneClock {
+        one_way_shown: true,
+        note: ONE_CLOCK_NOTE.into(),
+    }));
+    r.late_arrivals = Some(outcome.late_arrivals);
+    r.kernel_drops = Some(outcome.kernel_drops.clone());
+    r.peak_rss_kib = Some(peak_rss_kib());
+    r.hardware_timestamping = Some(HardwareTimestamping {
+        sender: outcome.hardware_tx,
+        receiver: outcome.hardware_rx,
+    });
+    if outcome.hw_clocks != HardwareClocks::default() {
+        r.hardware_clocks = Some(outcome.hw_clocks.clone());
     }
-    if outcome.interrupted {
-        summary.extra.insert("interrupted".into(), true.into());
-    }
-    if let Some(r) = &opts.continuous.rotation {
-        summary.extra.insert(
-            "csv_rotation".into(),
-            serde_json::json!({"when": r.when.to_string(), "keep": r.keep}),
-        );
-    }
-    if let Some(e) = &output_error {
-        summary
-            .extra
-            .insert("output_error".into(), e.clone().into());
-    }
-    if !per_flow.is_empty() {
-        summary
-            .extra
-            .insert("flows".into(), serde_json::Value::Array(per_flow));
-    }
+    r.interrupted = outcome.interrupted;
+    r.csv_rotation = opts.continuous.rotation.as_ref().map(|rot| CsvRotation {
+        when: rot.when.to_string(),
+        keep: rot.keep,
+    });
+    r.output_error = output_error.clone();
+    r.flows = per_flow;
     if let Some(a) = applied.as_mut() {
-        summary
-            .extra
-            .extend(a.stop_load().context("stop the competing load")?);
+        (r.load, r.skipped) = a.stop_load().context("stop the competing load")?;
         if !meta.knobs.is_empty() {
-            summary.extra.insert(
-                "knobs".into(),
-                serde_json::Value::Object(meta.knobs.clone()),
-            );
+            r.knobs = Some(meta.knobs.clone());
         }
-    }
-    xdp.detach().context("detach the XDP router")?;
-    if let Some(a) = applied {
-        a.restore().context("restore the knobs")?;
     }
     Ok(RunOutcome {
         summary,
@@ -415,7 +468,7 @@ fn choose_reflector(
     opts: &RunOptions,
     forced: Option<ReflectorKind>,
     stamp_port: Option<u16>,
-) -> Result<(bool, serde_json::Value)> {
+) -> Result<(bool, ReflectorReport)> {
     // STAMP only: the kernel answers STAMP on its port and no rtprobe probes.
     let (probe_port, stamp_port) = match stamp_port {
         Some(p) => (0, p),
@@ -427,13 +480,22 @@ fn choose_reflector(
     // No rate limit (see `XdpSetup::attach_reflector_ports`): said in the summary.
     const KERNEL_LIMIT_NOTE: &str = "none: the testbed's reflector answers only the testbed's \
         own sender, at the run's rate";
-    let kernel = |mode: crate::ebpf::AttachedMode| serde_json::json!({"kind": "kernel", "xdp_mode": mode.as_str(), "note": KERNEL_LOSS_NOTE, "rate_limit": KERNEL_LIMIT_NOTE});
+    let kernel = |mode: crate::ebpf::AttachedMode| ReflectorReport {
+        xdp_mode: Some(mode.as_str().into()),
+        note: Some(KERNEL_LOSS_NOTE.into()),
+        rate_limit: Some(KERNEL_LIMIT_NOTE.into()),
+        ..ReflectorReport::of_kind("kernel")
+    };
+    let user = |note: Option<String>| ReflectorReport {
+        note,
+        ..ReflectorReport::of_kind("user")
+    };
     let path_ok = xdp.reflector_replies_get_through(testbed);
     const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
         the veth testbed's router, where rtprobe does not prepare the peer to take the \
         in-kernel reflector's replies (use the veth testbed)";
     match forced.or(opts.reflector) {
-        Some(ReflectorKind::User) => Ok((false, serde_json::json!({"kind": "user"}))),
+        Some(ReflectorKind::User) => Ok((false, user(None))),
         Some(ReflectorKind::Kernel) => {
             if !path_ok {
                 bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
@@ -449,7 +511,7 @@ fn choose_reflector(
         None if !path_ok => {
             let note = format!("the in-kernel one is not used here: {VETH_NEEDS_ROUTER}");
             log::info!("{note}");
-            Ok((false, serde_json::json!({"kind": "user", "note": note})))
+            Ok((false, user(Some(note))))
         }
         None => match xdp.attach_reflector_ports(testbed, probe_port, stamp_port) {
             Ok(mode) => Ok((true, kernel(mode))),
@@ -458,7 +520,7 @@ fn choose_reflector(
                     "in-kernel reflector not attached ({e:#}): the user-space reflector answers"
                 );
                 log::info!("{note}");
-                Ok((false, serde_json::json!({"kind": "user", "note": note})))
+                Ok((false, user(Some(note))))
             }
         },
     }
@@ -521,3 +583,6 @@ impl StampReflector {
             .map_err(|_| anyhow::anyhow!("the STAMP reflector thread panicked"))?
     }
 }
+
+#[cfg(test)]
+mod orchestrate_tests;

@@ -70,7 +70,7 @@ impl Drop for LinkGuard {
 
 /// Namespaces of one rtprobe run still present.
 pub fn namespaces_of(testbed_id: &str) -> Vec<String> {
-    rtprobe::testbed::netns::list()
+    rtprobe::sys::netns::list()
         .into_iter()
         .filter(|n| n.contains(testbed_id))
         .collect()
@@ -107,6 +107,36 @@ pub fn read_csv(path: &std::path::Path) -> (rtprobe::model::run::RunMeta, Vec<Ve
     (meta, rows)
 }
 
+/// The JSON summary at `path` (null when the run wrote none), checked
+/// against the checked-in schema: every run of the end-to-end tests is a
+/// test of docs/run-report.schema.json.
+pub fn read_summary(path: &std::path::Path) -> serde_json::Value {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return serde_json::Value::Null;
+    };
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_matches_schema(&json);
+    json
+}
+
+/// Fails with every place where `summary` breaks docs/run-report.schema.json
+/// (unknown, missing or mistyped fields: its objects are closed).
+pub fn assert_matches_schema(summary: &serde_json::Value) {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../docs/run-report.schema.json"))
+            .expect("docs/run-report.schema.json is JSON");
+    let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(summary)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "the JSON summary does not match docs/run-report.schema.json:\n{}",
+        errors.join("\n")
+    );
+}
+
 /// One rtprobe run with `--quiet --out DIR/out.csv --json DIR/out.json ARGS`;
 /// checks a CSV was written and the run's namespaces are gone.
 pub struct Run {
@@ -137,9 +167,7 @@ pub fn probe(dir: &std::path::Path, args: &[&str]) -> Run {
     assert!(csv.exists(), "no CSV written: {stderr}");
     let (meta, rows) = read_csv(&csv);
     let _sweep = NsSweep(meta.testbed_id.clone());
-    let json = std::fs::read_to_string(&json)
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap_or(serde_json::Value::Null);
+    let json = read_summary(&json);
     assert!(
         namespaces_of(&meta.testbed_id).is_empty(),
         "namespaces left behind: {:?}",

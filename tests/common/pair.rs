@@ -240,9 +240,7 @@ pub fn target(p: &Pair, args: &[&str]) -> Run {
     // The CSV is created before the first probe, so even a failed run has one.
     assert!(csv.exists(), "no CSV written: {stderr}");
     let (meta, rows) = read_csv(&csv);
-    let json = std::fs::read_to_string(&json)
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap_or(serde_json::Value::Null);
+    let json = read_summary(&json);
     Run {
         code: o.status.code().unwrap_or(-1),
         stdout,

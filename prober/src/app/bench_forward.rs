@@ -35,6 +35,7 @@ pub(super) fn command(args: &BenchForwardArgs) -> Result<ExitCode> {
         let mut bounce_header = !quiet;
         forward::run(
             &p,
+            crate::sys::linux(),
             &stop,
             |step| {
                 if !quiet {

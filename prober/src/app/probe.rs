@@ -50,7 +50,7 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         if let Some(url) = live.metrics_url() {
             eprintln!("rtprobe: serving metrics at {url}");
         }
-        let r = execute(&opts, &stop, &mut live);
+        let r = execute(&opts, crate::sys::linux(), &stop, &mut live);
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     })?;
@@ -141,9 +141,14 @@ fn run_options(args: &ProbeArgs) -> Result<RunOptions> {
 
 /// Runs one probe session as `opts` says: against the remote reflector of
 /// `--target`, else on a testbed; `live` shows and serves it while it runs.
-pub(super) fn execute(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result<RunOutcome> {
+pub(super) fn execute(
+    opts: &RunOptions,
+    sys: crate::sys::SysRef,
+    stop: &AtomicU8,
+    live: &mut Live,
+) -> Result<RunOutcome> {
     if opts.remote.target.is_none() {
-        return crate::runner::execute(opts, stop, live);
+        return crate::runner::execute(opts, sys, stop, live);
     }
     crate::runner::check(opts)?;
     execute_remote(opts, stop, live)
@@ -182,11 +187,7 @@ fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result
     let rows = csv.rows();
     let output_error = o.session.output_error.clone();
     let mut summary = summarise(&o, "remote");
-    if let Some(e) = &output_error {
-        summary
-            .extra
-            .insert("output_error".into(), e.clone().into());
-    }
+    summary.report.output_error = output_error.clone();
     Ok(RunOutcome {
         summary,
         meta,

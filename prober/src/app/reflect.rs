@@ -130,7 +130,7 @@ fn attach_kernel(
                 .unwrap_or(DEFAULT_GLOBAL_RATE_LIMIT_PPS),
         ),
     };
-    match reflect::attach_kernel(listen, protocol, key, limits) {
+    match reflect::attach_kernel(crate::sys::linux(), listen, protocol, key, limits) {
         Ok(r) => Some(r),
         Err(e) => {
             eprintln!(

@@ -31,7 +31,10 @@ pub(super) fn command(args: RunArgs) -> Result<ExitCode> {
         let out = crate::config::run_scenario(
             &sc,
             &out_dir,
-            &mut ProbeCellRunner { stop: &stop },
+            &mut ProbeCellRunner {
+                sys: crate::sys::linux(),
+                stop: &stop,
+            },
             Some(&mut PlotFigures),
             &mut bar,
         )?;
@@ -64,7 +67,7 @@ fn load(args: &RunArgs) -> Result<(Scenario, Vec<Cell>, PathBuf, Vec<String>)> {
     sc.retain_sets(&args.sets)?;
     let is_root = nix::unistd::geteuid().is_root();
     let notes = if is_root {
-        sc.check_system(&mut crate::config::KernelCheck)?
+        sc.check_system(&mut crate::config::KernelCheck(crate::sys::linux()))?
     } else if args.check {
         vec!["kernel support (qdiscs) not checked: that needs root".to_string()]
     } else {
@@ -77,6 +80,7 @@ fn load(args: &RunArgs) -> Result<(Scenario, Vec<Cell>, PathBuf, Vec<String>)> {
 
 /// Runs scenario cells: each cell is one probe run ([`super::probe::execute`]).
 struct ProbeCellRunner<'a> {
+    sys: crate::sys::SysRef,
     stop: &'a AtomicU8,
 }
 
@@ -92,7 +96,7 @@ impl CellRunner for ProbeCellRunner<'_> {
         // Before the metrics server binds: a rejected cell leaves no port.
         crate::runner::check(opts)?;
         let mut live = Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
-        let out = super::probe::execute(opts, self.stop, &mut live)?;
+        let out = super::probe::execute(opts, self.sys.clone(), self.stop, &mut live)?;
         let json = crate::export::json::write_summary(&cell.json(), &out.summary).err();
         if let Some(e) = crate::runner::failed_outputs(out.output_error.as_deref(), json.as_ref()) {
             bail!("{e} (the summary covers every probe sent)");

@@ -26,7 +26,7 @@ use crate::{
 
 pub(super) fn command(args: TestbedArgs) -> Result<ExitCode> {
     crate::testbed::require_root()?;
-    with_signals(true, move |stop| hold(&args, &stop))?;
+    with_signals(true, move |stop| hold(&args, crate::sys::linux(), &stop))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -59,8 +59,8 @@ fn name(i: &Option<Iface>) -> String {
 }
 
 /// Builds, announces, holds, tears down.
-fn hold(args: &TestbedArgs, stop: &AtomicU8) -> Result<()> {
-    let tb = Testbed::veth()?;
+fn hold(args: &TestbedArgs, sys: crate::sys::SysRef, stop: &AtomicU8) -> Result<()> {
+    let tb = Testbed::veth(sys)?;
     let xdp = crate::ebpf::attach_for_testbed(&tb, args.xdp_mode, args.xdp_action)?;
     let info = HeldTestbed {
         id: tb.id.clone(),

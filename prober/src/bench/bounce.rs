@@ -41,7 +41,8 @@ use super::{
 };
 use crate::{
     spec::bench::Plan,
-    testbed::{NS_PREFIX, Netns},
+    sys::{Netns, Ns, Sys, SysRef},
+    testbed::NS_PREFIX,
 };
 
 const LOAD_PORT: u16 = 9;
@@ -81,9 +82,30 @@ pub struct BounceStep {
     pub perf: Option<PerfFigures>,
 }
 
+/// A namespace the bench made through the kernel layer; deleted on drop.
+struct OwnedNs<'s> {
+    sys: &'s dyn Sys,
+    name: String,
+}
+
+impl<'s> OwnedNs<'s> {
+    fn create(sys: &'s dyn Sys, name: String) -> Result<Self> {
+        sys.create_netns(&name)?;
+        Ok(Self { sys, name })
+    }
+}
+
+impl Drop for OwnedNs<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.sys.delete_netns(&self.name) {
+            log::warn!("could not delete network namespace {}: {e:#}", self.name);
+        }
+    }
+}
+
 /// The two namespaces and the veth between them; removed on drop (the
 /// veth goes with its namespaces).
-struct BounceBed {
+struct BounceBed<'s> {
     gen_ns: Netns,
     dut_ns: Netns,
     gen_if: String,
@@ -94,23 +116,24 @@ struct BounceBed {
     dut_mac: [u8; 6],
     /// DUT NAPI threads, one per queue, in queue order.
     napi_tids: Vec<i32>,
+    /// Deleted when the bed drops (fields drop in order: last).
+    _owned: [OwnedNs<'s>; 2],
 }
 
-impl BounceBed {
-    fn build(queues: u32, seq: usize) -> Result<Self> {
+impl<'s> BounceBed<'s> {
+    fn build(sys: &'s dyn Sys, queues: u32, seq: usize) -> Result<Self> {
         let pid = std::process::id();
-        let gen_ns = Netns::create(&format!("{NS_PREFIX}bounce-{pid}-{seq}-gen"))?;
-        let dut_ns = Netns::create(&format!("{NS_PREFIX}bounce-{pid}-{seq}-dut"))?;
+        let owned = [
+            OwnedNs::create(sys, format!("{NS_PREFIX}bounce-{pid}-{seq}-gen"))?,
+            OwnedNs::create(sys, format!("{NS_PREFIX}bounce-{pid}-{seq}-dut"))?,
+        ];
+        let gen_ns = sys.open_netns(&owned[0].name)?;
+        let dut_ns = sys.open_netns(&owned[1].name)?;
         // Interface names: 15 bytes at most, unique on the machine (the
         // NAPI threads are named after them).
         let tag = format!("{:x}{seq}", pid % 0xffff);
         let (gen_if, dut_if) = (format!("xbg{tag}"), format!("xbd{tag}"));
-        use crate::sys::Sys as _;
-        let sys = crate::sys::linux_static();
-        let (g, d) = (
-            crate::sys::Ns::Named(gen_ns.name()),
-            crate::sys::Ns::Named(dut_ns.name()),
-        );
+        let (g, d) = (Ns::Named(gen_ns.name()), Ns::Named(dut_ns.name()));
         sys.add_veth_queues(g, &gen_if, &dut_if, queues)?;
         sys.move_link(g, &dut_if, d)?;
         sys.set_up(g, &gen_if, true)?;
@@ -118,24 +141,25 @@ impl BounceBed {
         // NAPI on the DUT end (GRO, as on the router's ingress), so frames
         // redirected into the pair are taken in every hook, and one
         // kernel thread per queue.
-        links::set_gro(&dut_ns, &dut_if, true)?;
+        links::set_gro(sys, &dut_ns, &dut_if, true)?;
         let before = links::napi_threads(&dut_if);
-        links::set_threaded_napi(&dut_ns, &dut_if, true)?;
+        links::set_threaded_napi(sys, &dut_ns, &dut_if, true)?;
         let mut napi_tids: Vec<i32> = links::napi_threads(&dut_if)
             .into_iter()
             .filter(|t| !before.contains(t))
             .collect();
         // Queue order is NAPI id order (`napi/DEV-ID`), not thread id order.
         napi_tids.sort_by_key(|&t| napi_id(t));
-        let gen_mac = links::link_state(&gen_ns, &gen_if)?.1;
-        let dut_mac = links::link_state(&dut_ns, &dut_if)?.1;
-        let gi = gen_if.clone();
-        let gen_ifindex = gen_ns.run(move || {
-            nix::net::if_::if_nametoindex(gi.as_str()).context("generator interface")
-        })?;
-        let di = dut_if.clone();
-        let dut_ifindex = dut_ns
-            .run(move || nix::net::if_::if_nametoindex(di.as_str()).context("DUT interface"))?;
+        let gen_mac = links::link_state(sys, &gen_ns, &gen_if)?.1;
+        let dut_mac = links::link_state(sys, &dut_ns, &dut_if)?.1;
+        let ifindex = |ns, dev: &str, what: &str| -> Result<u32> {
+            Ok(sys
+                .link(ns, dev)?
+                .with_context(|| format!("{what} interface {dev} not found"))?
+                .index)
+        };
+        let gen_ifindex = ifindex(g, &gen_if, "generator")?;
+        let dut_ifindex = ifindex(d, &dut_if, "DUT")?;
         Ok(Self {
             dut_ifindex,
             gen_ns,
@@ -146,6 +170,7 @@ impl BounceBed {
             gen_mac,
             dut_mac,
             napi_tids,
+            _owned: owned,
         })
     }
 }
@@ -181,15 +206,21 @@ impl Dut {
     /// Attaches the sink and the DUT's program for `hook`, starts the
     /// AF_XDP forwarders for afxdp, and gives the DUT's threads their
     /// real-time priority.
-    fn start(plan: &Plan, hook: BounceHook, queues: u32, bed: &BounceBed) -> Result<Self> {
+    fn start(
+        plan: &Plan,
+        sys: &SysRef,
+        hook: BounceHook,
+        queues: u32,
+        bed: &BounceBed,
+    ) -> Result<Self> {
         let mut sink = BenchProgram::sink(LOAD_PORT)?;
-        sink.attach(&bed.gen_ns, &bed.gen_if, Hook::Native)?;
+        sink.attach(sys.clone(), &bed.gen_ns, &bed.gen_if, Hook::Native)?;
         let (mut prog, dut_hook) = match hook {
             BounceHook::Skb => (BenchProgram::bounce(0)?, Hook::Skb),
             BounceHook::Native => (BenchProgram::bounce(0)?, Hook::Native),
             BounceHook::Afxdp => (BenchProgram::xsk()?, Hook::Native),
         };
-        prog.attach(&bed.dut_ns, &bed.dut_if, dut_hook)?;
+        prog.attach(sys.clone(), &bed.dut_ns, &bed.dut_if, dut_hook)?;
         // The DUT's threads one above the generator, as if it had its own
         // cores: they take the CPU whenever frames wait.
         let dut_prio = plan.rt_priority.map(|p| p.saturating_add(1).min(99));
@@ -325,13 +356,14 @@ fn generate_flat_out(
 /// One flat-out step: the generator on every CPU for `plan.step`.
 fn step(
     plan: &Plan,
+    sys: &SysRef,
     hook: BounceHook,
     queues: u32,
     seq: usize,
     stop: &AtomicU8,
 ) -> Result<BounceStep> {
-    let bed = BounceBed::build(queues, seq)?;
-    let dut = Dut::start(plan, hook, queues, &bed)?;
+    let bed = BounceBed::build(sys.as_ref(), queues, seq)?;
+    let dut = Dut::start(plan, sys, hook, queues, &bed)?;
     let frame = frame::build(&FrameSpec {
         dst_mac: bed.dut_mac,
         src_mac: bed.gen_mac,
@@ -400,6 +432,7 @@ fn step(
 /// Every hook at every queue count.
 pub fn run(
     plan: &Plan,
+    sys: &SysRef,
     stop: &AtomicU8,
     progress: &mut impl FnMut(&BounceStep),
 ) -> Result<Vec<BounceStep>> {
@@ -411,7 +444,7 @@ pub fn run(
                 bail!("interrupted; the bounce namespaces were removed");
             }
             seq += 1;
-            let r = step(plan, hook, queues, seq, stop)
+            let r = step(plan, sys, hook, queues, seq, stop)
                 .with_context(|| format!("bounce step {hook} with {queues} queue(s)"))?;
             progress(&r);
             out.push(r);
@@ -598,5 +631,103 @@ mod tests {
             t.contains("AF_XDP's best queue count (2) differs from native XDP_TX's (1)"),
             "{t}"
         );
+    }
+}
+
+/// The bounce device's set-up against the recording fake: no root.
+#[cfg(test)]
+mod fake_tests {
+    use super::*;
+    use crate::sys::{
+        Offload,
+        fake::{Call, FakeSys},
+    };
+
+    const SEQ: usize = 3;
+
+    /// The namespaces and interfaces `BounceBed::build` names for `SEQ`.
+    fn names() -> (String, String, String, String) {
+        let pid = std::process::id();
+        let tag = format!("{:x}{SEQ}", pid % 0xffff);
+        (
+            format!("{NS_PREFIX}bounce-{pid}-{SEQ}-gen"),
+            format!("{NS_PREFIX}bounce-{pid}-{SEQ}-dut"),
+            format!("xbg{tag}"),
+            format!("xbd{tag}"),
+        )
+    }
+
+    /// A fake kernel with the sysfs files the bed reads and writes.
+    fn kernel() -> FakeSys {
+        let f = FakeSys::new();
+        let (g, d, gi, di) = names();
+        for (ns, dev, mac) in [
+            (&g, &gi, "02:00:00:00:00:01"),
+            (&d, &di, "02:00:00:00:00:02"),
+        ] {
+            let ns = Ns::Named(ns);
+            for c in ["rx_packets", "tx_packets", "rx_dropped", "tx_dropped"] {
+                f.with_file(ns, &format!("sysfs:class/net/{dev}/statistics/{c}"), "0");
+            }
+            f.with_file(ns, &format!("sysfs:class/net/{dev}/address"), mac);
+        }
+        f.with_file(
+            Ns::Named(&d),
+            &format!("sysfs:class/net/{di}/threaded"),
+            "0",
+        );
+        f
+    }
+
+    #[test]
+    fn the_bed_is_built_and_removed_through_the_kernel_layer() {
+        let f = kernel();
+        let (g, d, gi, di) = names();
+        {
+            let bed = BounceBed::build(&f, 4, SEQ).unwrap();
+            assert_eq!(bed.dut_mac, [2, 0, 0, 0, 0, 2]);
+            assert_eq!(bed.gen_ns.name(), g);
+            assert_eq!(
+                (bed.gen_ifindex, bed.dut_ifindex),
+                (
+                    f.link_state(Ns::Named(&g), &gi).unwrap().index,
+                    f.link_state(Ns::Named(&d), &di).unwrap().index
+                )
+            );
+        }
+        assert_eq!(
+            f.changes(),
+            vec![
+                Call::CreateNetns(g.clone()),
+                Call::CreateNetns(d.clone()),
+                Call::AddVethQueues(g.clone(), gi.clone(), di.clone(), 4),
+                Call::MoveLink(g.clone(), di.clone(), d.clone()),
+                Call::SetUp(g.clone(), gi.clone(), true),
+                Call::SetUp(d.clone(), di.clone(), true),
+                Call::SetOffload(d.clone(), di.clone(), Offload::Gro, true),
+                Call::SysfsWrite(d.clone(), format!("class/net/{di}/threaded"), "1".into()),
+                Call::DeleteNetns(g),
+                Call::DeleteNetns(d),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_step_still_removes_both_namespaces() {
+        let f = kernel();
+        let (g, d, ..) = names();
+        f.fail_when(|c| matches!(c, Call::SysfsWrite(_, p, _) if p.ends_with("/threaded")));
+        let e = match BounceBed::build(&f, 1, SEQ) {
+            Err(e) => e,
+            Ok(_) => panic!("threaded NAPI was refused"),
+        };
+        assert!(format!("{e:#}").contains("Linux >= 5.12"), "{e:#}");
+        let deleted: Vec<Call> = f
+            .changes()
+            .into_iter()
+            .filter(|c| matches!(c, Call::DeleteNetns(_)))
+            .collect();
+        assert_eq!(deleted, vec![Call::DeleteNetns(g), Call::DeleteNetns(d)]);
+        assert!(f.netns_list().is_empty());
     }
 }

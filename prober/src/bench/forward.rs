@@ -44,6 +44,7 @@ use crate::{
     export::CsvWriter,
     probe::{self, Endpoints, ProbeConfig, STOP_NOW, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
+    sys::{Offload, SysRef},
     testbed::Testbed,
 };
 
@@ -297,8 +298,13 @@ impl ModeBed {
             .context("the veth testbed has a router")?;
         let rin = self.tb.router_in.as_ref().context("router ingress")?;
         Ok(Snapshot {
-            router_in: links::link_state(router, &rin.name)?.0,
-            receiver: links::link_state(&self.tb.receiver, &self.tb.receiver_if.name)?.0,
+            router_in: links::link_state(self.tb.sys(), router, &rin.name)?.0,
+            receiver: links::link_state(
+                self.tb.sys(),
+                &self.tb.receiver,
+                &self.tb.receiver_if.name,
+            )?
+            .0,
             xdp: match &self.work {
                 Some((prog, _)) => prog.router_counters()?,
                 None => self.xdp.counters()?,
@@ -359,6 +365,7 @@ fn run_load(
         keep: (pps / full.generator_pps.max(1.0)).min(1.0),
     });
     let tb = &bed.tb;
+    let sys = tb.sys();
     let router = tb
         .router
         .as_ref()
@@ -381,7 +388,7 @@ fn run_load(
                 let r = match plan.generator {
                     Generator::Xdp => {
                         loadgen::run_live(ifindex, frame_bytes, live_target, duration, halt, || {
-                            Ok(ingress_total(&links::link_state(router, rin)?.0))
+                            Ok(ingress_total(&links::link_state(sys, router, rin)?.0))
                         })
                         .map(|runs| {
                             count.fetch_add(runs, Ordering::Relaxed);
@@ -468,6 +475,7 @@ fn run_probe(
     let meta = probe::meta::run_meta(&cfg, Some(label), place);
     let mut csv = CsvWriter::create(&path, &meta)?;
     let ep = Endpoints {
+        sys: tb.sys(),
         sender_ns: &tb.sender,
         receiver_ns: &tb.receiver,
         sender_if: &tb.sender_if,
@@ -482,7 +490,7 @@ fn run_probe(
         &mut crate::model::observer::NoObserver,
     )?;
     let mut s = o.stats.summary();
-    s.extra.insert("kernel_drops".into(), o.kernel_drops);
+    s.report.kernel_drops = Some(o.kernel_drops);
     Ok(s)
 }
 
@@ -665,9 +673,9 @@ fn run_step(
 }
 
 /// Builds the testbed for one mode and prepares the receive paths.
-fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
+fn testbed_for(sys: SysRef, variant: Variant, plan: &Plan) -> Result<ModeBed> {
     let mode = variant.mode;
-    let tb = Testbed::veth()?;
+    let tb = Testbed::veth(sys)?;
     let router = tb
         .router
         .as_ref()
@@ -678,12 +686,12 @@ fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
         .context("router ingress")?
         .name
         .clone();
-    links::set_gro(router, &rin, true)?;
-    links::set_gro(&tb.receiver, &tb.receiver_if.name, true)?;
+    links::set_gro(tb.sys(), router, &rin, true)?;
+    links::set_gro(tb.sys(), &tb.receiver, &tb.receiver_if.name, true)?;
     let mut napi_tids = Vec::new();
     if plan.threaded_napi {
         let before = links::napi_threads(&rin);
-        links::set_threaded_napi(router, &rin, true)?;
+        links::set_threaded_napi(tb.sys(), router, &rin, true)?;
         // Ours are the ones that were not there before (other testbeds
         // may have a veth of the same name).
         napi_tids = links::napi_threads(&rin)
@@ -709,19 +717,24 @@ fn testbed_for(variant: Variant, plan: &Plan) -> Result<ModeBed> {
         Sink::Xdp => {
             // Probes cross a native XDP program now: local UDP must leave
             // with a full checksum (the testbed goes away with the mode).
-            let snd = tb.sender_if.name.clone();
-            tb.sender
-                .run(|| crate::testbed::ethtool::set_tx_csum(&snd, false))
+            tb.sys()
+                .set_offload(
+                    (&tb.sender).into(),
+                    &tb.sender_if.name,
+                    Offload::TxCsum,
+                    false,
+                )
                 .context("TX checksum offload off on the sender (for the XDP sink)")?;
             Some(super::sink::Sink::attach(
+                tb.sys_ref(),
                 &tb.receiver,
                 &tb.receiver_if.name,
                 SINK_PORT,
             )?)
         }
     };
-    let router_mac = links::link_state(router, &rin)?.1;
-    let sender_mac = links::link_state(&tb.sender, &tb.sender_if.name)?.1;
+    let router_mac = links::link_state(tb.sys(), router, &rin)?.1;
+    let sender_mac = links::link_state(tb.sys(), &tb.sender, &tb.sender_if.name)?.1;
     Ok(ModeBed {
         _sink: sink,
         work,
@@ -755,14 +768,15 @@ fn attach_work_router(tb: &Testbed, mode: ForwardMode, n: u32) -> Result<BenchPr
         (&tb.sender, &tb.sender_if.name),
         (&tb.receiver, &tb.receiver_if.name),
     ] {
-        links::set_gro(ns, ifname, true)?;
-        ns.run(|| crate::testbed::ethtool::set_tx_csum(ifname, false))
+        links::set_gro(tb.sys(), ns, ifname, true)?;
+        tb.sys()
+            .set_offload(ns.into(), ifname, Offload::TxCsum, false)
             .with_context(|| format!("TX checksum offload off on {ifname} (for native XDP)"))?;
     }
     let mut prog = BenchProgram::router_work(n)?;
     for ifname in [rin, rout] {
-        prog.add_egress(router, ifname)?;
-        prog.attach(router, ifname, hook)?;
+        prog.add_egress(tb.sys(), router, ifname)?;
+        prog.attach(tb.sys_ref(), router, ifname, hook)?;
     }
     Ok(prog)
 }
@@ -777,6 +791,7 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 /// Runs the whole plan. `progress` gets each step as it finishes.
 pub fn run(
     plan: &Plan,
+    sys: SysRef,
     stop: &AtomicU8,
     mut progress: impl FnMut(&StepResult),
     mut bounce_progress: impl FnMut(&super::bounce::BounceStep),
@@ -787,7 +802,7 @@ pub fn run(
     let mut testbed_ids = Vec::new();
     for &variant in &plan.variants {
         check_stop(stop)?;
-        let bed = testbed_for(variant, plan).with_context(|| {
+        let bed = testbed_for(sys.clone(), variant, plan).with_context(|| {
             format!(
                 "preparing the testbed for {}",
                 variant_label(variant.mode, variant.work)
@@ -830,7 +845,7 @@ pub fn run(
     }
     let mut bounce = Vec::new();
     if !plan.bounce.is_empty() {
-        bounce = super::bounce::run(plan, stop, &mut bounce_progress)?;
+        bounce = super::bounce::run(plan, &sys, stop, &mut bounce_progress)?;
     }
     if stop.load(Ordering::SeqCst) >= STOP_NOW {
         bail!("interrupted");

@@ -9,10 +9,7 @@
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    sys::{self, Ns, Offload, Sys},
-    testbed::Netns,
-};
+use crate::sys::{self, Netns, Ns, Offload, Sys};
 
 /// Counters of one interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,8 +42,8 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
 }
 
 /// Counters and MAC address of `ifname` in `ns`.
-pub fn link_state(ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
-    let (sys, ns) = (sys::linux_static(), Ns::Named(ns.name()));
+pub fn link_state(sys: &dyn Sys, ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
+    let ns = Ns::Named(ns.name());
     let stat = |name: &str| -> Result<u64> {
         let v = sys.sysfs_read(ns, &sys::netdev_attr(ifname, &format!("statistics/{name}")))?;
         v.parse()
@@ -64,9 +61,8 @@ pub fn link_state(ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
 }
 
 /// Switches GRO on or off on `ifname` in `ns`.
-pub fn set_gro(ns: &Netns, ifname: &str, on: bool) -> Result<()> {
-    sys::linux_static()
-        .set_offload(Ns::Named(ns.name()), ifname, Offload::Gro, on)
+pub fn set_gro(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> {
+    sys.set_offload(Ns::Named(ns.name()), ifname, Offload::Gro, on)
         .with_context(|| format!("GRO {} on {ifname}", if on { "on" } else { "off" }))
 }
 
@@ -95,17 +91,16 @@ pub fn set_fifo(tid: i32, prio: u8) -> Result<()> {
 
 /// Turns threaded NAPI on or off for `ifname` in `ns` (written in the
 /// namespace's own sysfs view, which lists its devices).
-pub fn set_threaded_napi(ns: &Netns, ifname: &str, on: bool) -> Result<()> {
+pub fn set_threaded_napi(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> {
     if ifname.contains('/') {
         bail!("bad interface name {ifname}");
     }
-    sys::linux_static()
-        .sysfs_write(
-            Ns::Named(ns.name()),
-            &sys::netdev_attr(ifname, "threaded"),
-            if on { "1" } else { "0" },
-        )
-        .context("threaded NAPI needs Linux >= 5.12")
+    sys.sysfs_write(
+        Ns::Named(ns.name()),
+        &sys::netdev_attr(ifname, "threaded"),
+        if on { "1" } else { "0" },
+    )
+    .context("threaded NAPI needs Linux >= 5.12")
 }
 
 #[cfg(test)]

@@ -8,12 +8,12 @@
 //! as received on the veth (its rx_packets).
 //!
 //! Kernel interfaces: see [`super::xdp`] (BPF_PROG_LOAD, BPF_LINK_CREATE
-//! in driver mode; Linux >= 5.9).
+//! in driver mode through [`crate::sys::Sys`]; Linux >= 5.9).
 
 use anyhow::{Context, Result};
 
 use super::xdp::{BenchProgram, Hook};
-use crate::testbed::Netns;
+use crate::sys::{Netns, SysRef};
 
 /// The sink attached to one interface; dropping it detaches it (the BPF
 /// link goes with the program).
@@ -24,9 +24,9 @@ pub struct Sink {
 
 impl Sink {
     /// Attaches the sink for UDP `port` to `ifname` in `ns`, in native mode.
-    pub fn attach(ns: &Netns, ifname: &str, port: u16) -> Result<Self> {
+    pub fn attach(sys: SysRef, ns: &Netns, ifname: &str, port: u16) -> Result<Self> {
         let mut prog = BenchProgram::sink(port)?;
-        prog.attach(ns, ifname, Hook::Native)
+        prog.attach(sys, ns, ifname, Hook::Native)
             .with_context(|| format!("attach the load sink to {ifname} (native XDP)"))?;
         Ok(Self { _prog: prog })
     }

@@ -9,22 +9,27 @@
 //! BPF_F_TEST_XDP_LIVE_FRAMES (5.18), per-CPU arrays, DEVMAP_HASH (5.4),
 //! XSKMAP (4.18). Minimum kernel: 5.18.
 //!
-//! A program attached here stays attached until its [`BenchProgram`] is
-//! dropped (aya detaches the links of a dropped program), so drop it before
-//! the testbed it is attached in.
+//! Attach and the egress map's DEVMAP update go through [`crate::sys::Sys`]
+//! (run inside the interface's namespace by its worker). A program attached
+//! here stays attached until its [`BenchProgram`] is dropped, which detaches
+//! it through the same kernel layer, so drop it before the testbed it is
+//! attached in.
 
 use anyhow::{Context, Result, bail};
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{DevMapHash, XskMap},
-    programs::{ProgramError, TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
+    EbpfLoader,
+    maps::XskMap,
+    programs::{ProgramError, TestRun, TestRunAttrs, TestRunOptions, Xdp},
 };
 use xdp_common::{
     BENCH_HEADER_LEN, EGRESS_MAP, Outcome,
     bench::{self as names, MAX_WORK_ACCESSES},
 };
 
-use crate::{stats::XdpCounters, testbed::Netns};
+use crate::{
+    stats::XdpCounters,
+    sys::{BpfObject, Netns, Sys, SysRef, XdpFlags, XdpLink, XdpProg},
+};
 
 /// The `xdp-bench` object, built by `build.rs` (aya-build).
 fn bench_object() -> &'static [u8] {
@@ -44,24 +49,36 @@ pub enum Hook {
 }
 
 impl Hook {
-    fn aya(self) -> XdpMode {
+    fn flags(self) -> XdpFlags {
         match self {
-            Hook::Skb => XdpMode::Skb,
-            Hook::Native => XdpMode::Driver,
+            Hook::Skb => XdpFlags::Skb,
+            Hook::Native => XdpFlags::Drv,
         }
     }
 }
 
 /// One loaded program of a bench object (with the object's maps).
 pub struct BenchProgram {
-    ebpf: Ebpf,
-    name: &'static str,
+    prog: XdpProg,
+    /// Where it is attached, and the kernel layer that detaches it.
+    links: Vec<(SysRef, XdpLink)>,
+}
+
+impl Drop for BenchProgram {
+    fn drop(&mut self) {
+        for (sys, link) in self.links.drain(..).rev() {
+            let dev = link.dev.clone();
+            if let Err(e) = sys.xdp_detach(link) {
+                log::warn!("detaching {} from {dev}: {e:#}", self.prog.name);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for BenchProgram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BenchProgram")
-            .field("name", &self.name)
+            .field("name", &self.prog.name)
             .finish_non_exhaustive()
     }
 }
@@ -102,7 +119,18 @@ fn load(object: &[u8], name: &'static str, globals: &[Global<'_>]) -> Result<Ben
         .with_context(|| {
             format!("loading the bench program {name} (is this root with BPF enabled?)")
         })?;
-    Ok(BenchProgram { ebpf, name })
+    let id = prog
+        .info()
+        .with_context(|| format!("reading the loaded {name}'s id"))?
+        .id();
+    Ok(BenchProgram {
+        prog: XdpProg {
+            obj: BpfObject::new(ebpf),
+            name,
+            id,
+        },
+        links: Vec::new(),
+    })
 }
 
 /// aya puts the verifier's log into the error's Debug form only.
@@ -174,57 +202,42 @@ impl BenchProgram {
         )
     }
 
-    fn prog(&self) -> Result<&Xdp> {
-        self.ebpf
-            .program(self.name)
-            .context("program vanished")?
-            .try_into()
-            .context("not XDP")
-    }
-
-    fn prog_mut(&mut self) -> Result<&mut Xdp> {
-        self.ebpf
-            .program_mut(self.name)
-            .context("program vanished")?
-            .try_into()
-            .context("not XDP")
-    }
-
-    /// Attaches the program to `ifname` in `ns`.
-    pub fn attach(&mut self, ns: &Netns, ifname: &str, hook: Hook) -> Result<()> {
-        let name = self.name;
-        let prog = self.prog_mut()?;
-        ns.run(|| {
-            prog.attach(ifname, hook.aya())
-                .map(drop)
-                .with_context(|| format!("attaching {name} to {ifname} ({hook:?} XDP)"))
-        })
+    /// Attaches the program to `ifname` in `ns` through `sys`, which
+    /// detaches it when the program drops.
+    pub fn attach(&mut self, sys: SysRef, ns: &Netns, ifname: &str, hook: Hook) -> Result<()> {
+        let name = self.prog.name;
+        let link = sys
+            .xdp_attach(ns.into(), ifname, &self.prog, hook.flags())
+            .with_context(|| format!("attaching {name} to {ifname} ({hook:?} XDP)"))?;
+        self.links.push((sys, link));
+        Ok(())
     }
 
     /// Lets the router's work variant redirect out of `ifname` (in `ns`,
     /// where the kernel resolves the ifindex of a DEVMAP entry).
-    pub fn add_egress(&mut self, ns: &Netns, ifname: &str) -> Result<()> {
-        let ebpf = &mut self.ebpf;
-        ns.run(|| {
-            let ifindex = nix::net::if_::if_nametoindex(ifname)
-                .with_context(|| format!("interface {ifname} not found"))?;
-            let map = ebpf.map_mut(EGRESS_MAP).context("no egress map")?;
-            let mut egress = DevMapHash::try_from(map).context("egress map type")?;
-            egress
-                .insert(ifindex, ifindex, None, 0)
-                .context("updating the egress map")
-        })
+    pub fn add_egress(&mut self, sys: &dyn Sys, ns: &Netns, ifname: &str) -> Result<()> {
+        sys.devmap_insert(ns.into(), &self.prog.obj, EGRESS_MAP, ifname)
+            .map(drop)
+            .context("updating the egress map")
     }
 
     /// Runs the program on `repeat` live copies of `frame`: what it
     /// redirects is transmitted. Returns false if a signal interrupted it.
     pub fn run_live(&self, frame: &[u8], repeat: u32) -> Result<bool> {
-        let r = self.prog()?.test_run(TestRunOptions {
-            data_in: Some(frame),
-            repeat,
-            attrs: TestRunAttrs::new().xdp_live_frames(LIVE_BATCH),
-            ..TestRunOptions::new()
-        });
+        let name = self.prog.name;
+        let r = self.prog.obj.with_shared(|ebpf| {
+            let prog: &Xdp = ebpf
+                .program(name)
+                .context("program vanished")?
+                .try_into()
+                .context("not XDP")?;
+            Ok(prog.test_run(TestRunOptions {
+                data_in: Some(frame),
+                repeat,
+                attrs: TestRunAttrs::new().xdp_live_frames(LIVE_BATCH),
+                ..TestRunOptions::new()
+            }))
+        })?;
         match r {
             Ok(_) => Ok(true),
             Err(ProgramError::SyscallError(e)) => match e.io_error.raw_os_error() {
@@ -242,17 +255,21 @@ impl BenchProgram {
     /// Frames the program handled (summed over CPUs): sent by the
     /// generator, dropped by the sink, bounced, handed to a socket.
     pub fn handled(&self) -> Result<u64> {
-        let c = crate::ebpf::read_counters(&self.ebpf, names::COUNTERS_MAP, [(0, "handled")])?;
+        let c = self.prog.obj.with_shared(|ebpf| {
+            crate::ebpf::read_counters(ebpf, names::COUNTERS_MAP, [(0, "handled")])
+        })?;
         Ok(c.get("handled").map_or(0, |c| c.packets))
     }
 
     /// The router's per-outcome counters (work variant only).
     pub fn router_counters(&self) -> Result<XdpCounters> {
-        crate::ebpf::read_counters(
-            &self.ebpf,
-            xdp_common::COUNTERS_MAP,
-            Outcome::ALL.iter().map(|o| (o.index(), o.name())),
-        )
+        self.prog.obj.with_shared(|ebpf| {
+            crate::ebpf::read_counters(
+                ebpf,
+                xdp_common::COUNTERS_MAP,
+                Outcome::ALL.iter().map(|o| (o.index(), o.name())),
+            )
+        })
     }
 
     /// Puts the AF_XDP socket `fd` (bound to receive queue `queue`) in
@@ -264,10 +281,13 @@ impl BenchProgram {
                 names::XSKS_MAX_ENTRIES
             );
         }
-        let map = self.ebpf.map_mut(names::XSKS_MAP).context("no XSKMAP")?;
-        let mut xsks = XskMap::try_from(map).context("XSKMAP type")?;
-        xsks.set(queue, fd, 0)
-            .with_context(|| format!("putting the AF_XDP socket of queue {queue} in the XSKMAP"))
+        self.prog.obj.with(|ebpf| {
+            let map = ebpf.map_mut(names::XSKS_MAP).context("no XSKMAP")?;
+            let mut xsks = XskMap::try_from(map).context("XSKMAP type")?;
+            xsks.set(queue, fd, 0).with_context(|| {
+                format!("putting the AF_XDP socket of queue {queue} in the XSKMAP")
+            })
+        })
     }
 }
 

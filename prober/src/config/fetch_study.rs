@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 
 use super::ReportRow;
-use crate::tune::{FetchTimes, LoadReport, QueueLimit};
+use crate::tune::{FetchTimes, QueueLimit};
 
 /// ", fetch 0.512 ± 0.101 s (p50 0.490, p99 0.800, n 12, 0 failed)".
 pub fn fetch_cell(t: &FetchTimes) -> String {
@@ -60,12 +60,7 @@ pub fn fetch_cells(rows: &[ReportRow<'_>]) -> Vec<FetchCell> {
         else {
             continue;
         };
-        let Some(rep) = res
-            .summary
-            .extra
-            .get("load")
-            .and_then(|v| serde_json::from_value::<LoadReport>(v.clone()).ok())
-        else {
+        let Some(rep) = &res.summary.report.load else {
             continue;
         };
         let Some(fetch) = rep.flows.iter().find(|f| f.kind == "fetch") else {

@@ -262,8 +262,8 @@ fn cell_id(size: usize, interval: Duration, mode: XdpMode, set: &str) -> String 
 /// What the real runner hands back for a cell.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct CellResult {
-    /// The run's summary; `extra` holds `load` (tune::LoadReport) and
-    /// `skipped` as `Applied::stop_load()` returned them.
+    /// The run's summary; its report holds `load` and `skipped` as
+    /// `Applied::stop_load()` returned them.
     pub summary: Summary,
     /// `Applied::metadata()`: what the knobs applied.
     pub knobs: Map<String, Value>,
@@ -301,17 +301,17 @@ pub trait SystemCheck {
     fn has_stress_ng(&mut self) -> bool;
 }
 
-/// The real checks: qdiscs in a scratch namespace, /proc for congestion
-/// controls, PATH for stress-ng.
-pub(crate) struct KernelCheck;
+/// The real checks, through the kernel layer: qdiscs in a scratch
+/// namespace, /proc for congestion controls; PATH for stress-ng.
+pub(crate) struct KernelCheck(pub crate::sys::SysRef);
 
 impl SystemCheck for KernelCheck {
     fn missing_qdiscs(&mut self, kinds: &[&'static str]) -> Result<Vec<String>> {
-        crate::tune::qdisc::missing_kinds(kinds)
+        self.0.missing_qdisc_kinds(kinds)
     }
 
     fn congestion_controls(&mut self) -> Result<Vec<String>> {
-        crate::tune::load::available_cc()
+        crate::tune::load::available_cc(self.0.as_ref())
     }
 
     fn has_stress_ng(&mut self) -> bool {

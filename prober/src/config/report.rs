@@ -13,7 +13,6 @@ use crate::{
     export::plot::axis::format_duration_ns,
     model::units,
     stats::{Summary, chain::Stage},
-    tune::LoadReport,
 };
 
 pub(crate) use super::ReportRow;
@@ -51,11 +50,8 @@ fn mbit(bps: f64) -> String {
 
 /// The load column: per flow, achieved throughput (and UDP loss).
 pub fn load_cell(s: &Summary) -> String {
-    let Some(v) = s.extra.get("load") else {
+    let Some(rep) = &s.report.load else {
         return "–".into();
-    };
-    let Ok(rep) = serde_json::from_value::<LoadReport>(v.clone()) else {
-        return "(unreadable)".into();
     };
     let parts: Vec<String> = rep
         .flows
@@ -92,16 +88,19 @@ pub fn load_cell(s: &Summary) -> String {
 /// Skipped and unsupported knobs of a cell, in words.
 fn notes(r: &CellResult) -> String {
     let mut n = Vec::new();
-    let skipped = r
-        .knobs
-        .get("skipped")
-        .or_else(|| r.summary.extra.get("skipped"));
-    if let Some(serde_json::Value::Array(a)) = skipped {
-        for s in a {
-            if let Some(s) = s.as_str() {
-                n.push(format!("**SKIPPED** {s}"));
-            }
-        }
+    // The knobs' metadata says what they skipped; the summary what the load did.
+    let skipped: Vec<&str> = match r.knobs.get("skipped") {
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|s| s.as_str()).collect(),
+        _ => r
+            .summary
+            .report
+            .skipped
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    };
+    for s in skipped {
+        n.push(format!("**SKIPPED** {s}"));
     }
     if let Some(serde_json::Value::Object(u)) = r.knobs.get("unsupported") {
         for (k, v) in u {
@@ -130,8 +129,48 @@ fn rel(out_dir: &Path, p: &Path) -> String {
 }
 
 pub fn render(input: &ReportInput<'_>) -> String {
-    let sc = input.scenario;
     let mut s = String::new();
+    header(&mut s, input);
+    let _ = writeln!(s, "## Knob sets\n\n| set | knobs |\n|---|---|");
+    for set in &input.scenario.sets {
+        let _ = writeln!(
+            s,
+            "| {} | {} |",
+            md_escape(&set.name),
+            md_escape(&set.knobs.describe())
+        );
+    }
+    s.push('\n');
+
+    let _ = writeln!(s, "## Results\n");
+    let mut i = 0;
+    while i < input.rows.len() {
+        let c0 = input.rows[i].cell;
+        let group: Vec<&ReportRow<'_>> = input.rows[i..]
+            .iter()
+            .take_while(|r| {
+                r.cell.run.probe.size == c0.run.probe.size
+                    && r.cell.run.probe.interval == c0.run.probe.interval
+            })
+            .collect();
+        i += group.len();
+        group_table(&mut s, input.out_dir, &group);
+        stage_table(&mut s, &group);
+    }
+
+    flows_section(&mut s, input.rows);
+    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(input.rows))
+    {
+        s += &t;
+    }
+    figures_section(&mut s, input);
+    s
+}
+
+/// The scenario, its cells, the probes, the baseline and what the
+/// latencies mean.
+fn header(s: &mut String, input: &ReportInput<'_>) {
+    let sc = input.scenario;
     let _ = writeln!(s, "# rtprobe scenario: {}\n", sc.name);
     if let Some(d) = &sc.description {
         let _ = writeln!(s, "{d}\n");
@@ -183,111 +222,98 @@ pub fn render(input: &ReportInput<'_>) -> String {
          to the receiver's RX stamp, so the sender's qdisc and every queue on the path are inside it; \
          the stage tables say where the time went\n"
     );
+}
 
-    let _ = writeln!(s, "## Knob sets\n\n| set | knobs |\n|---|---|");
-    for set in &sc.sets {
-        let _ = writeln!(
-            s,
-            "| {} | {} |",
-            md_escape(&set.name),
-            md_escape(&set.knobs.describe())
+/// One (size, interval) group: a row per variant, its files and figures.
+fn group_table(s: &mut String, out_dir: &Path, group: &[&ReportRow<'_>]) {
+    let c0 = group[0].cell;
+    let _ = writeln!(
+        s,
+        "### {} B every {}\n",
+        c0.run.probe.size,
+        units::fmt_duration(c0.run.probe.interval)
+    );
+    let _ = writeln!(
+        s,
+        "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | vs baseline, 95 % CI | RTT p50 | loss % | load | notes | files |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"
+    );
+    let base_p50 = group
+        .first()
+        .and_then(|r| r.result.ok())
+        .and_then(|r| r.summary.one_way_ns.p50);
+    for r in group {
+        let c = r.cell;
+        let mut files = format!(
+            "[csv]({}) [json]({})",
+            rel(out_dir, c.csv()),
+            rel(out_dir, &c.json())
         );
-    }
-    s.push('\n');
-
-    let _ = writeln!(s, "## Results\n");
-    let mut i = 0;
-    while i < input.rows.len() {
-        let c0 = input.rows[i].cell;
-        let group: Vec<&ReportRow<'_>> = input.rows[i..]
-            .iter()
-            .take_while(|r| {
-                r.cell.run.probe.size == c0.run.probe.size
-                    && r.cell.run.probe.interval == c0.run.probe.interval
-            })
-            .collect();
-        i += group.len();
-        let _ = writeln!(
-            s,
-            "### {} B every {}\n",
-            c0.run.probe.size,
-            units::fmt_duration(c0.run.probe.interval)
-        );
-        let _ = writeln!(
-            s,
-            "| variant | p50 | p99 | p99.9 | max | p50 vs baseline | vs baseline, 95 % CI | RTT p50 | loss % | load | notes | files |"
-        );
-        let _ = writeln!(
-            s,
-            "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"
-        );
-        let base_p50 = group
-            .first()
-            .and_then(|r| r.result.ok())
-            .and_then(|r| r.summary.one_way_ns.p50);
-        for r in &group {
-            let c = r.cell;
-            let mut files = format!(
-                "[csv]({}) [json]({})",
-                rel(input.out_dir, c.csv()),
-                rel(input.out_dir, &c.json())
-            );
-            if let Some(q) = &c.run.queue_csv {
-                let _ = write!(files, " [queue]({})", rel(input.out_dir, q));
-            }
-            for f in &r.figures {
-                let _ = write!(files, " [{}]({})", file_name(f), rel(input.out_dir, f));
-            }
-            match r.result {
-                Ok(res) => {
-                    let ow = &res.summary.one_way_ns;
-                    let delta = match (c.variant, ow.p50, base_p50) {
-                        (0, _, _) => "baseline".to_string(),
-                        (_, Some(v), Some(b)) => lat_delta(v as f64 - b as f64),
-                        _ => "–".into(),
-                    };
-                    let verdict = match (c.variant, &r.vs_baseline) {
-                        (0, _) => "baseline".to_string(),
-                        (_, Some(v)) => md_escape(v),
-                        (_, None) => "–".into(),
-                    };
-                    let _ = writeln!(
-                        s,
-                        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
-                        md_escape(c.label()),
-                        lat(ow.p50),
-                        lat(ow.p99),
-                        lat(ow.p999),
-                        lat(ow.max),
-                        delta,
-                        verdict,
-                        lat(res.summary.rtt_ns.p50),
-                        res.summary.loss_pct,
-                        md_escape(&load_cell(&res.summary)),
-                        md_escape(&notes(res)),
-                        files
-                    );
-                }
-                Err(e) => {
-                    let _ = writeln!(
-                        s,
-                        "| {} | – | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
-                        md_escape(c.label()),
-                        md_escape(e)
-                    );
-                }
+        if let Some(q) = &c.run.queue_csv {
+            let _ = write!(files, " [queue]({})", rel(out_dir, q));
+        }
+        for f in &r.figures {
+            let _ = write!(files, " [{}]({})", file_name(f), rel(out_dir, f));
+        }
+        match r.result {
+            Ok(res) => result_row(s, r, res, base_p50, &files),
+            Err(e) => {
+                let _ = writeln!(
+                    s,
+                    "| {} | – | – | – | – | – | – | – | – | – | **FAILED**: {} | |",
+                    md_escape(c.label()),
+                    md_escape(e)
+                );
             }
         }
-        s.push('\n');
-        stage_table(&mut s, &group);
     }
+    s.push('\n');
+}
 
-    flows_section(&mut s, input.rows);
-    if let Some(t) = super::fetch_study::study_section(&super::fetch_study::fetch_cells(input.rows))
-    {
-        s += &t;
-    }
+/// The table row of a cell that ran.
+fn result_row(
+    s: &mut String,
+    r: &ReportRow<'_>,
+    res: &CellResult,
+    base_p50: Option<u64>,
+    files: &str,
+) {
+    let c = r.cell;
+    let ow = &res.summary.one_way_ns;
+    let delta = match (c.variant, ow.p50, base_p50) {
+        (0, _, _) => "baseline".to_string(),
+        (_, Some(v), Some(b)) => lat_delta(v as f64 - b as f64),
+        _ => "–".into(),
+    };
+    let verdict = match (c.variant, &r.vs_baseline) {
+        (0, _) => "baseline".to_string(),
+        (_, Some(v)) => md_escape(v),
+        (_, None) => "–".into(),
+    };
+    let _ = writeln!(
+        s,
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+        md_escape(c.label()),
+        lat(ow.p50),
+        lat(ow.p99),
+        lat(ow.p999),
+        lat(ow.max),
+        delta,
+        verdict,
+        lat(res.summary.rtt_ns.p50),
+        res.summary.loss_pct,
+        md_escape(&load_cell(&res.summary)),
+        md_escape(&notes(res)),
+        files
+    );
+}
 
+/// How to draw the comparisons when no figures were drawn, and the
+/// figures that failed.
+fn figures_section(s: &mut String, input: &ReportInput<'_>) {
     let any_fig = input.rows.iter().any(|r| !r.figures.is_empty());
     if !any_fig
         && input
@@ -322,7 +348,6 @@ pub fn render(input: &ReportInput<'_>) -> String {
         }
         s.push('\n');
     }
-    s
 }
 
 /// p50 (and p99) per stage for each variant of a group, with the stage
@@ -384,29 +409,25 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
 /// this.
 pub const BOUND_TOLERANCE_US: f64 = 500.0;
 
-/// One flow of a cell, as `extra.flows` in the summary has it.
+/// One flow of a cell, as the run report's `flows` has it.
 struct FlowFigures {
-    flow: u64,
-    port: u64,
-    tos: u64,
+    flow: u8,
+    port: u16,
+    tos: u8,
     p99: Option<u64>,
     max: Option<u64>,
 }
 
 fn flow_figures(sum: &Summary) -> Vec<FlowFigures> {
-    let Some(serde_json::Value::Array(a)) = sum.extra.get("flows") else {
-        return Vec::new();
-    };
-    a.iter()
-        .map(|f| {
-            let ow = &f["summary"]["one_way_ns"];
-            FlowFigures {
-                flow: f["flow"].as_u64().unwrap_or(0),
-                port: f["port"].as_u64().unwrap_or(0),
-                tos: f["tos"].as_u64().unwrap_or(0),
-                p99: ow["p99"].as_u64(),
-                max: ow["max"].as_u64(),
-            }
+    sum.report
+        .flows
+        .iter()
+        .map(|f| FlowFigures {
+            flow: f.flow,
+            port: f.port,
+            tos: f.tos,
+            p99: f.summary.one_way_ns.p99,
+            max: f.summary.one_way_ns.max,
         })
         .collect()
 }
@@ -455,90 +476,105 @@ fn flows_section(s: &mut String, rows: &[ReportRow<'_>]) {
         for &j in &group {
             done[j] = true;
         }
-        let first = &ok[group[0]];
-        let _ = writeln!(
+        let group: Vec<&(&Cell, Vec<FlowFigures>)> = group.iter().map(|&j| &ok[j]).collect();
+        flows_group(s, &k0, &group);
+    }
+}
+
+/// A cell's loads in words, "none" without.
+fn load_of(c: &Cell) -> String {
+    let l = c.run.knobs.loads();
+    if l.is_empty() {
+        "none".to_string()
+    } else {
+        l.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// One group's cells side by side, and whether the bound held.
+fn flows_group(
+    s: &mut String,
+    k0: &(usize, Duration, String),
+    group: &[&(&Cell, Vec<FlowFigures>)],
+) {
+    let first = group[0];
+    let _ = writeln!(
+        s,
+        "### {} B every {}: {}\n",
+        k0.0,
+        units::fmt_duration(k0.1),
+        md_escape(if k0.2.is_empty() { "no knobs" } else { &k0.2 })
+    );
+    let _ = write!(s, "| set | load |");
+    for f in &first.1 {
+        let _ = write!(
             s,
-            "### {} B every {}: {}\n",
-            k0.0,
-            units::fmt_duration(k0.1),
-            md_escape(if k0.2.is_empty() { "no knobs" } else { &k0.2 })
+            " flow {} (port {}, TOS 0x{:02X}) |",
+            f.flow, f.port, f.tos
         );
-        let _ = write!(s, "| set | load |");
-        for f in &first.1 {
-            let _ = write!(
-                s,
-                " flow {} (port {}, TOS 0x{:02X}) |",
-                f.flow, f.port, f.tos
-            );
-        }
-        let _ = writeln!(s, "\n|---|---|{}", "---:|".repeat(first.1.len()));
-        let load_of = |c: &Cell| {
-            let l = c.run.knobs.loads();
-            if l.is_empty() {
-                "none".to_string()
-            } else {
-                l.iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        };
-        for &j in &group {
-            let (c, flows) = &ok[j];
-            let _ = write!(
-                s,
-                "| {} | {} |",
-                md_escape(c.label()),
-                md_escape(&load_of(c))
-            );
-            for f in flows {
-                let _ = write!(s, " {} / {} |", lat(f.p99), lat(f.max));
-            }
-            s.push('\n');
-        }
-        s.push('\n');
-        let idle = group
-            .iter()
-            .find(|&&j| ok[j].0.run.knobs.loads().is_empty());
-        let Some(&idle) = idle else {
-            let _ = writeln!(s, "No run without load in this group: no verdict.\n");
-            continue;
-        };
-        for (fi, f0) in ok[idle].1.iter().enumerate() {
-            let Some(base) = f0.p99 else { continue };
-            // The worst loaded p99 of this flow.
-            let worst = group
-                .iter()
-                .filter(|&&j| j != idle)
-                .filter_map(|&j| ok[j].1.get(fi).and_then(|f| f.p99).map(|p| (p, ok[j].0)))
-                .max_by_key(|(p, _)| *p);
-            let Some((w, wc)) = worst else { continue };
-            let pct = (w as f64 - base as f64) / base.max(1) as f64 * 100.0;
-            let rise_us = (w as f64 - base as f64) / 1000.0;
-            let delta = format!(
-                "p99 {} idle, at most {} under load ({}): {}, {:+.0} %",
-                lat(Some(base)),
-                lat(Some(w)),
-                md_escape(&load_of(wc)),
-                lat_delta(w as f64 - base as f64),
-                pct
-            );
-            if f0.flow == 0 {
-                let verdict = if rise_us <= BOUND_TOLERANCE_US {
-                    "**bound held**"
-                } else {
-                    "**bound did not hold**"
-                };
-                let _ = writeln!(
-                    s,
-                    "- flow 0: {verdict}: {delta} (tolerance +{BOUND_TOLERANCE_US:.0} µs)"
-                );
-            } else {
-                let _ = writeln!(s, "- flow {}: {delta}", f0.flow);
-            }
+    }
+    let _ = writeln!(s, "\n|---|---|{}", "---:|".repeat(first.1.len()));
+    for (c, flows) in group.iter().map(|g| (g.0, &g.1)) {
+        let _ = write!(
+            s,
+            "| {} | {} |",
+            md_escape(c.label()),
+            md_escape(&load_of(c))
+        );
+        for f in flows {
+            let _ = write!(s, " {} / {} |", lat(f.p99), lat(f.max));
         }
         s.push('\n');
     }
+    s.push('\n');
+    bound_verdicts(s, group);
+}
+
+/// Per flow: its idle p99 against its worst loaded one; for flow 0,
+/// whether the priority bound held.
+fn bound_verdicts(s: &mut String, group: &[&(&Cell, Vec<FlowFigures>)]) {
+    let Some(idle) = group.iter().position(|g| g.0.run.knobs.loads().is_empty()) else {
+        let _ = writeln!(s, "No run without load in this group: no verdict.\n");
+        return;
+    };
+    for (fi, f0) in group[idle].1.iter().enumerate() {
+        let Some(base) = f0.p99 else { continue };
+        // The worst loaded p99 of this flow.
+        let worst = group
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != idle)
+            .filter_map(|(_, g)| g.1.get(fi).and_then(|f| f.p99).map(|p| (p, g.0)))
+            .max_by_key(|(p, _)| *p);
+        let Some((w, wc)) = worst else { continue };
+        let pct = (w as f64 - base as f64) / base.max(1) as f64 * 100.0;
+        let rise_us = (w as f64 - base as f64) / 1000.0;
+        let delta = format!(
+            "p99 {} idle, at most {} under load ({}): {}, {:+.0} %",
+            lat(Some(base)),
+            lat(Some(w)),
+            md_escape(&load_of(wc)),
+            lat_delta(w as f64 - base as f64),
+            pct
+        );
+        if f0.flow == 0 {
+            let verdict = if rise_us <= BOUND_TOLERANCE_US {
+                "**bound held**"
+            } else {
+                "**bound did not hold**"
+            };
+            let _ = writeln!(
+                s,
+                "- flow 0: {verdict}: {delta} (tolerance +{BOUND_TOLERANCE_US:.0} µs)"
+            );
+        } else {
+            let _ = writeln!(s, "- flow {}: {delta}", f0.flow);
+        }
+    }
+    s.push('\n');
 }
 
 fn shell_word(s: &str) -> String {

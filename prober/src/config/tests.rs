@@ -1,17 +1,14 @@
 //! Scenario parsing, validation, matrix expansion and report generation,
 //! with a fake cell runner, a fake figure maker and a fake kernel.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use serde_json::json;
 
 use super::*;
 use crate::{
-    stats::Latency,
+    stats::{Latency, RunReport, report::FlowSummary},
     tune::{LoadReport, QueueLimit, Rate, load::FlowReport},
 };
 
@@ -338,7 +335,7 @@ impl CellRunner for FakeRunner {
             csv += &format!("{i},{v}\n");
         }
         std::fs::write(cell.csv(), csv)?;
-        let mut extra = BTreeMap::new();
+        let mut report = RunReport::default();
         if !cell.run.knobs.loads().is_empty() {
             let rep = LoadReport {
                 bottleneck: None,
@@ -353,7 +350,7 @@ impl CellRunner for FakeRunner {
                 }],
                 total_achieved_bps: 95.6e6,
             };
-            extra.insert("load".to_string(), serde_json::to_value(rep)?);
+            report.load = Some(rep);
         }
         let mut knobs = serde_json::Map::new();
         if cell.set == "bql-3000" {
@@ -377,7 +374,7 @@ impl CellRunner for FakeRunner {
                 loss_pct: 1.0,
                 one_way_ns: latency(p50),
                 rtt_ns: latency(2 * p50),
-                extra,
+                report,
                 ..Default::default()
             },
             knobs,
@@ -572,19 +569,28 @@ impl CellRunner for FlowRunner {
         } else {
             lp
         };
-        let flow = |id: u64, port: u64, p99_us: u64| {
-            json!({"flow": id, "port": port, "tos": if id == 0 { 0xC0 } else { 0 },
-                   "summary": {"one_way_ns": {"p99": p99_us * 1000, "max": p99_us * 2000}}})
+        let flow = |id: u8, port: u16, p99_us: u64| FlowSummary {
+            flow: id,
+            port,
+            tos: if id == 0 { 0xC0 } else { 0 },
+            summary: Summary {
+                one_way_ns: Latency {
+                    p99: Some(p99_us * 1000),
+                    max: Some(p99_us * 2000),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            ..Default::default()
         };
-        let mut extra = BTreeMap::new();
-        extra.insert(
-            "flows".to_string(),
-            json!([flow(0, 5061, hp), flow(1, 5062, lp)]),
-        );
+        let report = RunReport {
+            flows: vec![flow(0, 5061, hp), flow(1, 5062, lp)],
+            ..Default::default()
+        };
         Ok(CellResult {
             summary: Summary {
                 one_way_ns: latency(hp),
-                extra,
+                report,
                 ..Default::default()
             },
             knobs: Default::default(),

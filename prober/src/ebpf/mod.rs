@@ -53,6 +53,7 @@ use crate::{
 
 pub use mode::{ReflectorKind, XdpAction, XdpMode};
 pub use reflector::Reflector;
+pub(crate) use setup::{KernelLoader, Loader, attach_for_testbed_with};
 pub use setup::{XdpSetup, attach_for_testbed};
 
 /// The XDP router object, built by `build.rs` (aya-build) for
@@ -120,17 +121,19 @@ impl fmt::Debug for Router {
 }
 
 impl Router {
-    /// Loads the router into the kernel (not attached anywhere yet).
-    /// `pass_only` makes it a pure XDP_PASS program that still counts.
-    pub fn load(pass_only: bool) -> Result<Self> {
+    /// Loads the router into the kernel (not attached anywhere yet), to
+    /// be attached through `sys`. `pass_only` makes it a pure XDP_PASS
+    /// program that still counts.
+    pub fn load(sys: SysRef, pass_only: bool) -> Result<Self> {
         let on = klog::global() != 0;
         let sink: Option<Box<dyn log::Log>> = on.then(|| Box::new(log::logger()) as _);
-        Self::load_logging_to(pass_only, on, sink)
+        Self::load_logging_to(sys, pass_only, on, sink)
     }
 
     /// [`Router::load`] with the programs' rare-path log on or off, and its
     /// records (if any) read into `sink`.
     pub(crate) fn load_logging_to(
+        sys: SysRef,
         pass_only: bool,
         log_rare: bool,
         sink: Option<Box<dyn log::Log>>,
@@ -165,7 +168,7 @@ impl Router {
             .context("reading the loaded XDP router's id")?
             .id();
         Ok(Router {
-            sys: crate::sys::linux(),
+            sys,
             prog: XdpProg {
                 obj: BpfObject::new(ebpf),
                 name: PROGRAM_NAME,
@@ -194,12 +197,6 @@ impl Router {
             egress: Vec::new(),
             _log: None,
         }
-    }
-
-    /// Attaches and detaches through `sys` from now on.
-    pub(crate) fn using(mut self, sys: SysRef) -> Self {
-        self.sys = sys;
-        self
     }
 
     #[cfg(test)]

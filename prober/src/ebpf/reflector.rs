@@ -290,6 +290,7 @@ impl Reflector {
     /// is attached to: what a veth needs, see [`super::XdpSetup`]). It
     /// answers nothing until [`Self::attach`] tells it its interface.
     pub fn load(
+        sys: SysRef,
         probe_port: u16,
         stamp_port: u16,
         reply_ifindex: u32,
@@ -374,7 +375,7 @@ impl Reflector {
                 .context("starting the reflector's clock thread")?
         };
         Ok(Reflector {
-            sys: crate::sys::linux(),
+            sys,
             prog: XdpProg {
                 obj: BpfObject::new(ebpf),
                 name: REFLECTOR_PROGRAM_NAME,
@@ -405,12 +406,6 @@ impl Reflector {
             identity: Arc::default(),
             _log: None,
         }
-    }
-
-    /// Attaches and detaches through `sys` from now on.
-    pub(crate) fn using(mut self, sys: SysRef) -> Self {
-        self.sys = sys;
-        self
     }
 
     /// Answers for `id` from now on (BPF_PROG_TEST_RUN tests; [`Self::attach`]

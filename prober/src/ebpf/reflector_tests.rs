@@ -303,8 +303,14 @@ fn identity_b() -> Identity {
 
 /// A reflector answering for B, with `limits`.
 fn load_b(reply_ifindex: u32, limits: RateLimits) -> Reflector {
-    let r =
-        Reflector::load(PROBE_PORT, STAMP_PORT, reply_ifindex, limits).expect("load the reflector");
+    let r = Reflector::load(
+        crate::sys::linux(),
+        PROBE_PORT,
+        STAMP_PORT,
+        reply_ifindex,
+        limits,
+    )
+    .expect("load the reflector");
     r.set_identity(&identity_b()).expect("identity");
     r
 }
@@ -575,7 +581,14 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
     let good6 = || Frame::v6(PROBE_PORT, probe_payload(64, false));
 
     // Loaded but never told its interface: answers nothing.
-    let blank = Reflector::load(PROBE_PORT, STAMP_PORT, 0, RateLimits::NONE).unwrap();
+    let blank = Reflector::load(
+        crate::sys::linux(),
+        PROBE_PORT,
+        STAMP_PORT,
+        0,
+        RateLimits::NONE,
+    )
+    .unwrap();
     let (action, _) = run(&blank, &good().bytes());
     assert_eq!(action, XDP_PASS, "no identity, no answer");
     assert_eq!(counter(&blank, ReflectorOutcome::NotForUs), 1);

@@ -65,11 +65,11 @@ pub(crate) trait Loader {
 }
 
 /// The real programs, attached through `sys`.
-struct KernelLoader(SysRef);
+pub(crate) struct KernelLoader(pub(crate) SysRef);
 
 impl Loader for KernelLoader {
     fn router(&mut self, pass_only: bool) -> Result<Router> {
-        Ok(Router::load(pass_only)?.using(self.0.clone()))
+        Router::load(self.0.clone(), pass_only)
     }
 
     fn reflector(
@@ -82,7 +82,13 @@ impl Loader for KernelLoader {
         // own sender, inside its namespaces, at the rate the run asks for
         // (benches probe far above any per-source default).
         let limits = super::reflector::RateLimits::NONE;
-        Ok(Reflector::load(probe_port, stamp_port, reply_ifindex, limits)?.using(self.0.clone()))
+        Reflector::load(
+            self.0.clone(),
+            probe_port,
+            stamp_port,
+            reply_ifindex,
+            limits,
+        )
     }
 }
 
@@ -361,9 +367,19 @@ impl Drop for XdpSetup {
 /// in the veth testbed, on both NICs in NIC-pair mode (where the kernel
 /// delivers locally and the router passes).
 pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Result<XdpSetup> {
-    let sys = tb.sys_ref();
-    let mut loader = KernelLoader(sys.clone());
-    attach_with(sys, &Layout::of(tb)?, mode, action, &mut loader)
+    let mut loader = KernelLoader(tb.sys_ref());
+    attach_for_testbed_with(tb, mode, action, &mut loader)
+}
+
+/// [`attach_for_testbed`] with the programs from `loader` (stand-ins in
+/// the run's orchestration tests).
+pub(crate) fn attach_for_testbed_with(
+    tb: &Testbed,
+    mode: XdpMode,
+    action: XdpAction,
+    loader: &mut dyn Loader,
+) -> Result<XdpSetup> {
+    attach_with(tb.sys_ref(), &Layout::of(tb)?, mode, action, loader)
 }
 
 /// [`attach_for_testbed`] on a layout, with the programs from `loader`.

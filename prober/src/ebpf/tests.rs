@@ -10,9 +10,9 @@ use std::{
 use aya::programs::{TestRun, TestRunOptions};
 
 use super::*;
-use crate::testbed::{
-    Netns, ethtool,
-    testutil::{exec, ifindex, ip, mac, netns, require_root},
+use crate::{
+    sys::{Netns, ethtool},
+    testbed::testutil::{exec, ifindex, ip, mac, netns, require_root},
 };
 
 const XDP_DROP: u32 = 1;
@@ -289,7 +289,7 @@ impl Ip6 {
 fn test_run_table_of_ipv6_frames() {
     require_root();
     let net = fib_net();
-    let mut router = Router::load(false).unwrap();
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
     router.add_egress(&net.ns, "out0").unwrap();
     let to_us = net.in_mac;
 
@@ -483,7 +483,7 @@ fn test_run_table_of_ipv6_frames() {
 fn test_run_table_of_frames() {
     require_root();
     let net = fib_net();
-    let mut router = Router::load(false).unwrap();
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
     router.add_egress(&net.ns, "out0").unwrap();
     let to_us = net.in_mac;
 
@@ -710,8 +710,13 @@ fn rare_paths_are_logged_only_when_asked() {
 
     let seen = Captured::default();
     {
-        let mut router =
-            Router::load_logging_to(false, true, Some(Box::new(seen.clone()))).unwrap();
+        let mut router = Router::load_logging_to(
+            crate::sys::linux(),
+            false,
+            true,
+            Some(Box::new(seen.clone())),
+        )
+        .unwrap();
         router.add_egress(&net.ns, "out0").unwrap();
         for f in [&good, &truncated, &expiring, &not_in_map, &good] {
             test_run(&router, &net.ns, net.in_ifindex, f).unwrap();
@@ -738,8 +743,13 @@ fn rare_paths_are_logged_only_when_asked() {
     // (read all the same), the same counts.
     let quiet = Captured::default();
     {
-        let mut router =
-            Router::load_logging_to(false, false, Some(Box::new(quiet.clone()))).unwrap();
+        let mut router = Router::load_logging_to(
+            crate::sys::linux(),
+            false,
+            false,
+            Some(Box::new(quiet.clone())),
+        )
+        .unwrap();
         router.add_egress(&net.ns, "out0").unwrap();
         for f in [&truncated, &expiring, &not_in_map] {
             test_run(&router, &net.ns, net.in_ifindex, f).unwrap();
@@ -761,7 +771,7 @@ fn rare_paths_are_logged_only_when_asked() {
 fn pass_only_passes_and_counts() {
     require_root();
     let net = fib_net();
-    let mut router = Router::load(true).unwrap();
+    let mut router = Router::load(crate::sys::linux(), true).unwrap();
     assert!(router.pass_only());
     router.add_egress(&net.ns, "out0").unwrap();
     let frame = ip4("10.2.0.2", 64).frame(net.in_mac);
@@ -795,7 +805,7 @@ fn attach_reports_kernel_mode_and_detaches() {
     ip(&ns, "link add veth-a type veth peer name veth-b");
     ip(&ns, "link set veth-a up");
     ip(&ns, "link set veth-b up");
-    let mut router = Router::load(false).unwrap();
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
     assert_eq!(
         attached_mode(crate::sys::linux_static(), &ns, "veth-a").unwrap(),
         None
@@ -854,7 +864,7 @@ fn attach_reports_kernel_mode_and_detaches() {
 fn native_on_loopback_is_unsupported_and_auto_falls_back() {
     require_root();
     let ns = netns("lo");
-    let mut router = Router::load(false).unwrap();
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
     let e = router.attach(&ns, "lo", XdpMode::Native).unwrap_err();
     match e.downcast_ref::<Error>() {
         Some(Error::XdpModeUnsupported { mode, ifname, .. }) => {
@@ -900,7 +910,7 @@ fn one_router_one_namespace() {
     require_root();
     let a = netns("one");
     let b = netns("two");
-    let mut router = Router::load(false).unwrap();
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
     router.attach(&a, "lo", XdpMode::Skb).unwrap();
     let e = router.attach(&b, "lo", XdpMode::Skb).unwrap_err();
     assert!(e.to_string().contains("one namespace"), "{e:#}");
@@ -1019,7 +1029,7 @@ fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
     while echo6.set_nonblocking(true).is_ok() && echo6.recv_from(&mut [0u8; 64]).is_ok() {}
     echo6.set_nonblocking(false).unwrap();
 
-    let mut router = Router::load(false).unwrap();
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
     assert_eq!(router.attach(&rtr, "r0", mode).unwrap(), want);
     assert_eq!(router.attach(&rtr, "r1", mode).unwrap(), want);
     const N: u32 = 50;

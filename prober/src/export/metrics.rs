@@ -188,6 +188,17 @@ impl Metrics {
             kernel_reflector_frames: Family::default(),
             registry: Registry::default(),
         };
+        // The order of registration is the order of the exposition.
+        m.register_reflector(&mut registry);
+        m.register_latencies(&mut registry);
+        m.register_counts(&mut registry);
+        m.register_info(&mut registry);
+        Self { registry, ..m }
+    }
+
+    /// `rtprobe reflect`'s families.
+    fn register_reflector(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "reflector_datagrams",
             "rtprobe reflect: datagrams received, by outcome (reflected, not_for_us, bad_source, \
@@ -206,6 +217,11 @@ impl Metrics {
              global_limited, malformed, ...; the rest pass to the kernel)",
             m.kernel_reflector_frames.clone(),
         );
+    }
+
+    /// The probes' latency histograms.
+    fn register_latencies(&self, registry: &mut Registry) {
+        let m = self;
         registry.register_with_unit(
             "one_way",
             "One-way delay: the receiver's RX stamp minus the probe's entry into the sender's stack",
@@ -224,6 +240,11 @@ impl Metrics {
             Unit::Seconds,
             m.stage.clone(),
         );
+    }
+
+    /// The probes' counters.
+    fn register_counts(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "probes_sent",
             "Probes sent and finalized (received or lost; a probe is finalized up to one timeout after its send)",
@@ -270,6 +291,11 @@ impl Metrics {
             "Probes in no other count (must stay 0)",
             m.unaccounted.clone(),
         );
+    }
+
+    /// What the run is made of: XDP mode, timestamp source.
+    fn register_info(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "xdp_mode_info",
             "The XDP router's attach mode: 1 for the mode requested and attached",
@@ -280,7 +306,6 @@ impl Metrics {
             "Where the flow's one-way figures come from: 1 for the current source",
             m.timestamp_source.clone(),
         );
-        Self { registry, ..m }
     }
 
     /// The handles of one probe flow's metrics.

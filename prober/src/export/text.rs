@@ -5,8 +5,13 @@ use std::fmt::Write as _;
 use crate::{
     export::plot::axis::{format_duration_ns, split_duration_ns},
     model::run::RunMeta,
-    stats::{Latency, Pacing, Summary, chain::Stage},
-    tune::FetchTimes,
+    stats::{
+        Latency, Pacing, RunReport, Summary,
+        chain::Stage,
+        report::{
+            FetchTimes, FlowReport, FlowSummary, HardwareClock, KernelDrops, ReflectorReport,
+        },
+    },
 };
 
 /// A latency for the tables: the number right-aligned by the caller, then
@@ -111,19 +116,19 @@ fn cpu_list(cpus: &[usize]) -> String {
 
 /// ", protocol stamp, SSID 12, probes arrived with TTL 64" for a session
 /// against a reflector (hop limit over IPv6); empty otherwise.
-fn protocol_words(r: &serde_json::Value, ipv6: bool) -> String {
-    let Some(p) = r["protocol"].as_str() else {
+fn protocol_words(r: &ReflectorReport, ipv6: bool) -> String {
+    let Some(p) = &r.protocol else {
         return String::new();
     };
     let mut w = format!(", protocol {p}");
-    if let Some(ssid) = r["ssid"].as_u64() {
+    if let Some(ssid) = r.ssid {
         w += &format!(", SSID {ssid}");
     }
-    if r["authenticated"].as_bool() == Some(true) {
+    if r.authenticated == Some(true) {
         w += ", authenticated (HMAC-SHA-256)";
     }
     let ttl = if ipv6 { "hop limit" } else { "TTL" };
-    match (r["sender_ttl_min"].as_u64(), r["sender_ttl_max"].as_u64()) {
+    match (r.sender_ttl_min.flatten(), r.sender_ttl_max.flatten()) {
         (Some(a), Some(b)) if a == b => w += &format!(", probes arrived with {ttl} {a}"),
         (Some(a), Some(b)) => w += &format!(", probes arrived with {ttl} {a}..{b}"),
         _ => {}
@@ -133,6 +138,20 @@ fn protocol_words(r: &serde_json::Value, ipv6: bool) -> String {
 
 pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     let mut o = String::new();
+    run_lines(&mut o, s, m);
+    count_lines(&mut o, s, m);
+    reflector_lines(&mut o, s);
+    clock_lines(&mut o, s);
+    pacing_lines(&mut o, s, m);
+    setup_lines(&mut o, s, m);
+    load_lines(&mut o, &s.report);
+    latency_table(&mut o, s);
+    flows_table(&mut o, &s.report.flows);
+    o
+}
+
+/// What was run: probes, testbed, XDP mode, IPv6 addresses.
+fn run_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     let interval = humantime::format_duration(std::time::Duration::from_nanos(m.interval_ns));
     let _ = writeln!(
         o,
@@ -164,15 +183,19 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         }
     );
     // IPv4 testbed runs say nothing here, as before `--ip`.
-    if let Some(ip) = s.extra.get("ip").filter(|ip| ip["version"] == 6) {
+    if let Some(ip) = s.report.ip.as_ref().filter(|ip| ip.version == 6) {
         let _ = writeln!(
             o,
             "  IPv6: {} -> {} ({} B IP packets: 40-byte IPv6 + 8-byte UDP header)",
-            ip["sender"].as_str().unwrap_or("?"),
-            ip["receiver"].as_str().unwrap_or("?"),
+            ip.sender,
+            ip.receiver,
             m.size + 48
         );
     }
+}
+
+/// Probes sent, received, lost; timestamps; what was refused.
+fn count_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     let _ = writeln!(
         o,
         "  sent {}  received {}  lost {} ({:.2} %)  reordered {}  duplicates {}  echoes lost {}",
@@ -192,62 +215,85 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         "  refused: foreign packets {}, never-sent seqs {}, late echoes {}",
         s.foreign_packets, s.never_sent, s.late_echoes
     );
-    if let Some(r) = s.extra.get("reflector") {
-        let kind = r["kind"].as_str().unwrap_or("user");
-        let mode = r["xdp_mode"]
-            .as_str()
+}
+
+/// The reflector, the loss by direction and the clock rule.
+fn reflector_lines(o: &mut String, s: &Summary) {
+    let rep = &s.report;
+    if let Some(r) = &rep.reflector {
+        let mode = r
+            .xdp_mode
+            .as_ref()
             .map(|m| format!(" (XDP {m})"))
             .unwrap_or_default();
-        let note = r["note"]
-            .as_str()
+        let note = r
+            .note
+            .as_ref()
             .map(|n| format!("; {n}"))
             .unwrap_or_default();
         // A testbed run says its family; a --target run's address shows it.
-        let ipv6 = s.extra.get("ip").and_then(|i| i["version"].as_u64()) == Some(6)
-            || r["target"].as_str().is_some_and(|t| t.starts_with('['));
+        let ipv6 = rep.ip.as_ref().is_some_and(|i| i.version == 6)
+            || r.target.as_ref().is_some_and(|t| t.starts_with('['));
         let _ = writeln!(
             o,
-            "  reflector: {kind}{mode}{note}{}",
+            "  reflector: {}{mode}{note}{}",
+            r.kind,
             protocol_words(r, ipv6)
         );
     }
-    if let Some(l) = s.extra.get("loss_split") {
-        let n = |v: &serde_json::Value| v.as_u64().map_or("?".to_string(), |x| x.to_string());
+    if let Some(l) = &rep.loss_split {
+        let n = |v: Option<u64>| v.map_or("?".to_string(), |x| x.to_string());
         let _ = writeln!(
             o,
             "  loss by direction: forward {}  return {}  unknown {} ({})",
-            n(&l["forward"]),
-            n(&l["return"]),
-            n(&l["unknown"]),
-            l["basis"].as_str().unwrap_or("")
+            n(l.forward),
+            n(l.r#return),
+            l.unknown,
+            l.basis
         );
     }
-    if let Some(note) = s.extra.get("clock").and_then(|c| c["note"].as_str()) {
-        let _ = writeln!(o, "  clock: {note}");
+    if let Some(c) = &rep.clock {
+        let _ = writeln!(o, "  clock: {}", c.note());
     }
+}
+
+/// Kernel drops and memory, where the figures start, the NICs' clocks.
+fn clock_lines(o: &mut String, s: &Summary) {
     if let Some(line) = drops_line(s) {
         let _ = writeln!(o, "{line}");
     }
     let _ = writeln!(o, "  {}", start_words(&s.one_way_start));
-    if let Some(serde_json::Value::Object(clocks)) = s.extra.get("hardware_clocks") {
-        for (side, c) in clocks {
-            let line = match c.get("error").and_then(|e| e.as_str()) {
-                Some(why) => format!("{side} NIC: {why}"),
-                None => format!(
+    let Some(clocks) = &s.report.hardware_clocks else {
+        return;
+    };
+    let sides = [("receiver", &clocks.receiver), ("sender", &clocks.sender)];
+    for (side, c) in sides
+        .into_iter()
+        .filter_map(|(n, c)| Some((n, c.as_ref()?)))
+    {
+        let line = match c {
+            HardwareClock::Failed { error } => format!("{side} NIC: {error}"),
+            HardwareClock::Sampled(c) => {
+                let p = &c.phc;
+                // Unknown figures print as the JSON has them.
+                let n = |v: Option<u64>| v.map_or("null".to_string(), |x| x.to_string());
+                format!(
                     "{side} NIC: PHC /dev/ptp{} on the system clock by {} samples; offset uncertainty (read window) median {} ns, max {} ns; drift {} ppb; steps {}",
-                    c["phc_index"],
-                    c["samples"],
-                    c["read_window_median_ns"],
-                    c["read_window_max_ns"],
-                    c["drift_ppb"]
-                        .as_f64()
-                        .map_or("-".into(), |d| format!("{d:.0}")),
-                    c["steps"]
-                ),
-            };
-            let _ = writeln!(o, "  hardware clock, {line}");
-        }
+                    n(p.phc_index.map(u64::from)),
+                    p.samples,
+                    n(p.read_window_median_ns),
+                    n(p.read_window_max_ns),
+                    p.drift_ppb.map_or("-".into(), |d| format!("{d:.0}")),
+                    p.steps
+                )
+            }
+        };
+        let _ = writeln!(o, "  hardware clock, {line}");
     }
+}
+
+/// How the sender kept its schedule, woke up, and waited for a CPU.
+fn pacing_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     let pct = |n: u64| {
         if s.sent == 0 {
             0.0
@@ -277,9 +323,10 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             ""
         }
     );
-    if let Some(p) = &s.pacing
-        && p.wake_late_ns.count > 0
-    {
+    let Some(p) = &s.pacing else {
+        return;
+    };
+    if p.wake_late_ns.count > 0 {
         let w = &p.wake_late_ns;
         let _ = writeln!(
             o,
@@ -302,12 +349,11 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             },
         );
     }
-    if let Some(w) = s.pacing.as_ref().and_then(|p| p.waits.as_ref())
+    if let Some(w) = &p.waits
         && let Some(line) = waits_words(w)
     {
         // Steal on a VM whose idle CPUs halt: the knob that keeps them running.
-        let held = s.pacing.as_ref().and_then(|p| p.cpu_dma_latency_us);
-        let hint = match held {
+        let hint = match p.cpu_dma_latency_us {
             Some(us) => format!("; CPU idle-latency limit {us} µs held"),
             None if w.steal_pct().unwrap_or(0.0) >= 1.0 => {
                 " (--cpu-dma-latency 0 keeps idle vCPUs from halting and handing the CPU back)"
@@ -317,6 +363,10 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
         };
         let _ = writeln!(o, "  sender not running: {line}{hint}");
     }
+}
+
+/// The XDP counters and the knobs applied.
+fn setup_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     if !s.xdp_counters.is_empty() {
         let parts: Vec<String> = s
             .xdp_counters
@@ -352,41 +402,16 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             names.join(", ")
         );
     }
-    if let Some(flows) = s.extra.get("load").and_then(|l| l["flows"].as_array()) {
-        for f in flows {
-            let mut line = format!("  load {}:", f["spec"].as_str().unwrap_or("?"));
-            if let Some(cc) = f["cc"].as_str() {
-                line += &format!(" {cc}");
-            }
-            if let Some(bps) = f["achieved_bps"].as_f64() {
-                line += &format!(" {:.1} Mbit/s", bps / 1e6);
-            }
-            if let Some(bps) = f["offered_bps"].as_f64() {
-                line += &format!(" of {:.1} offered", bps / 1e6);
-            }
-            if let (Some(l), Some(e)) = (f["loss_pct"].as_f64(), f["expected_loss_pct"].as_f64()) {
-                line += &format!(", loss {l:.2} % (calculated {e:.2} %)");
-            }
-            if let (Some(lost), Some(sent)) =
-                (f["lost_packets"].as_u64(), f["sent_packets"].as_u64())
-            {
-                line += &format!(", {lost} of {sent} datagrams lost");
-            }
-            if let Some(t) = f
-                .get("fetch")
-                .and_then(|v| serde_json::from_value::<FetchTimes>(v.clone()).ok())
-            {
-                line += &format!(", {}", fetch_line(&t));
-            }
-            let _ = writeln!(o, "{line}");
-        }
+}
+
+/// What the competing load achieved, what was skipped, and whether the
+/// run was stopped early.
+fn load_lines(o: &mut String, r: &RunReport) {
+    let flows = r.load.as_ref().map_or(&[][..], |l| &l.flows[..]);
+    for f in flows {
+        let _ = writeln!(o, "{}", load_flow_line(f));
     }
-    if let Some(q) = s
-        .extra
-        .get("load")
-        .and_then(|l| l.get("bottleneck"))
-        .and_then(|v| serde_json::from_value::<crate::tune::load::QueueWindow>(v.clone()).ok())
-    {
+    if let Some(q) = r.load.as_ref().and_then(|l| l.bottleneck.as_ref()) {
         let _ = writeln!(
             o,
             "  bottleneck {} ({}, the kernel's counters over the window, probes included): \
@@ -399,13 +424,11 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             q.drop_pct
         );
     }
-    if let Some(serde_json::Value::Array(skipped)) = s.extra.get("skipped") {
-        for k in skipped {
-            let _ = writeln!(o, "  SKIPPED: {}", k.as_str().unwrap_or("?"));
-        }
+    for k in &r.skipped {
+        let _ = writeln!(o, "  SKIPPED: {k}");
     }
-    if let Some(serde_json::Value::Bool(true)) = s.extra.get("interrupted") {
-        let where_ = if s.extra.contains_key("csv_rotation") {
+    if r.interrupted {
+        let where_ = if r.csv_rotation.is_some() {
             "went to the CSV and its rotated files (the oldest deleted as --out-keep says)"
         } else {
             "is in the CSV"
@@ -415,25 +438,51 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
             "  interrupted: the run was stopped early; every probe sent {where_}"
         );
     }
+}
+
+/// "  load udp:100M: 95.1 Mbit/s of 100.0 offered, loss 4.90 % (calculated 4.88 %), ...".
+fn load_flow_line(f: &FlowReport) -> String {
+    let mut line = format!("  load {}:", f.spec);
+    if let Some(cc) = &f.cc {
+        line += &format!(" {cc}");
+    }
+    line += &format!(" {:.1} Mbit/s", f.achieved_bps / 1e6);
+    if let Some(bps) = f.offered_bps {
+        line += &format!(" of {:.1} offered", bps / 1e6);
+    }
+    if let (Some(l), Some(e)) = (f.loss_pct, f.expected_loss_pct) {
+        line += &format!(", loss {l:.2} % (calculated {e:.2} %)");
+    }
+    if let (Some(lost), Some(sent)) = (f.lost_packets, f.sent_packets) {
+        line += &format!(", {lost} of {sent} datagrams lost");
+    }
+    if let Some(t) = &f.fetch {
+        line += &format!(", {}", fetch_line(t));
+    }
+    line
+}
+
+/// The latency table, stage by stage, and where the time went.
+fn latency_table(o: &mut String, s: &Summary) {
     let _ = writeln!(
         o,
         "  {:<14}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
         "", "min", "p50", "p90", "p99", "p99.9", "max", "mean"
     );
-    row(&mut o, "one-way", &s.one_way_ns);
-    row(&mut o, "rtt", &s.rtt_ns);
+    row(o, "one-way", &s.one_way_ns);
+    row(o, "rtt", &s.rtt_ns);
     // Stages without data (no hardware stamps: no driver stage) are left out.
     for stage in Stage::ALL {
         let l = s.stages_ns.get(stage);
         if l.count > 0 {
-            row(&mut o, &format!(" {}", stage.label()), l);
+            row(o, &format!(" {}", stage.label()), l);
         }
     }
-    row(&mut o, "rtt net", &s.rtt_net_ns);
-    row(&mut o, "turnaround", &s.reflector_turnaround_ns);
-    row(&mut o, "ipdv", &s.ipdv_ns);
-    row(&mut o, "send error", &s.send_error_ns);
-    row(&mut o, "send->tx", &s.send_to_tx_ns);
+    row(o, "rtt net", &s.rtt_net_ns);
+    row(o, "turnaround", &s.reflector_turnaround_ns);
+    row(o, "ipdv", &s.ipdv_ns);
+    row(o, "send error", &s.send_error_ns);
+    row(o, "send->tx", &s.send_to_tx_ns);
     let said: Vec<&str> = [&s.one_way_dominant, &s.rtt_dominant]
         .into_iter()
         .flatten()
@@ -442,37 +491,37 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     if !said.is_empty() {
         let _ = writeln!(o, "  where the time went: {}", said.join("; "));
     }
-    if let Some(serde_json::Value::Array(flows)) = s.extra.get("flows") {
+}
+
+/// One-way per probe flow (runs with `--flow`).
+fn flows_table(o: &mut String, flows: &[FlowSummary]) {
+    if flows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  per flow, one-way:\n  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
+        "flow", "port", "tos", "size", "interval", "sent", "lost", "p50", "p99", "p99.9", "max"
+    );
+    for f in flows {
+        let fs = &f.summary;
+        let interval = humantime::format_duration(std::time::Duration::from_nanos(f.interval_ns));
         let _ = writeln!(
             o,
-            "  per flow, one-way:\n  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
-            "flow", "port", "tos", "size", "interval", "sent", "lost", "p50", "p99", "p99.9", "max"
+            "  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
+            f.flow.to_string(),
+            f.port.to_string(),
+            format!("{:#04x}", f.tos),
+            f.size.to_string(),
+            interval.to_string(),
+            fs.sent,
+            fs.lost,
+            lat(fs.one_way_ns.p50),
+            lat(fs.one_way_ns.p99),
+            lat(fs.one_way_ns.p999),
+            lat(fs.one_way_ns.max)
         );
-        for f in flows {
-            let Ok(fs) = serde_json::from_value::<Summary>(f["summary"].clone()) else {
-                continue;
-            };
-            let interval = humantime::format_duration(std::time::Duration::from_nanos(
-                f["interval_ns"].as_u64().unwrap_or(0),
-            ));
-            let _ = writeln!(
-                o,
-                "  {:<5}{:>6}{:>6}{:>6}{:>10}{:>8}{:>7}{:>11}{:>11}{:>11}{:>11}",
-                f["flow"].to_string(),
-                f["port"].to_string(),
-                format!("{:#04x}", f["tos"].as_u64().unwrap_or(0)),
-                f["size"].to_string(),
-                interval.to_string(),
-                fs.sent,
-                fs.lost,
-                lat(fs.one_way_ns.p50),
-                lat(fs.one_way_ns.p99),
-                lat(fs.one_way_ns.p999),
-                lat(fs.one_way_ns.max)
-            );
-        }
     }
-    o
 }
 
 /// Where the headline figures start, in words.
@@ -512,24 +561,22 @@ pub fn fetch_line(t: &FetchTimes) -> String {
 /// Kernel drop counters and peak memory, "-" where they could not be read
 /// (null in the JSON): unknown is never shown as 0.
 fn drops_line(s: &Summary) -> Option<String> {
-    let d = s.extra.get("kernel_drops");
-    let rss = s.extra.get("peak_rss_kib");
+    let d = s.report.kernel_drops.as_ref();
+    let rss = s.report.peak_rss_kib;
     if d.is_none() && rss.is_none() {
         return None;
     }
-    let v = |x: Option<&serde_json::Value>| match x.and_then(serde_json::Value::as_u64) {
-        Some(n) => n.to_string(),
-        None => "-".into(),
-    };
-    let k = |key: &str| v(d.and_then(|d| d.get(key)));
+    let d = d.and_then(Option::as_ref);
+    let v = |x: Option<u64>| x.map_or("-".into(), |n| n.to_string());
+    let k = |f: fn(&KernelDrops) -> Option<u64>| v(d.and_then(f));
     Some(format!(
         "  kernel drops: receiver rcvbuf {}, in-errors {}; sender rcvbuf {}, sndbuf {}; host backlog {}; peak RSS {} KiB",
-        k("receiver_rcvbuf_errors"),
-        k("receiver_in_errors"),
-        k("sender_rcvbuf_errors"),
-        k("sender_sndbuf_errors"),
-        k("host_backlog_drops"),
-        v(rss),
+        k(|d| d.receiver_rcvbuf_errors),
+        k(|d| d.receiver_in_errors),
+        k(|d| d.sender_rcvbuf_errors),
+        k(|d| d.sender_sndbuf_errors),
+        k(|d| d.host_backlog_drops),
+        v(rss.flatten()),
     ))
 }
 
@@ -539,14 +586,20 @@ mod tests {
 
     #[test]
     fn stamp_words_say_hop_limit_over_ipv6() {
-        let r = serde_json::json!({"protocol": "stamp", "ssid": 7,
-            "authenticated": false, "sender_ttl_min": 63, "sender_ttl_max": 64});
+        let r = ReflectorReport {
+            protocol: Some("stamp".into()),
+            ssid: Some(7),
+            authenticated: Some(false),
+            sender_ttl_min: Some(Some(63)),
+            sender_ttl_max: Some(Some(64)),
+            ..Default::default()
+        };
         assert_eq!(
             protocol_words(&r, false),
             ", protocol stamp, SSID 7, probes arrived with TTL 63..64"
         );
         assert!(protocol_words(&r, true).ends_with("with hop limit 63..64"));
-        assert_eq!(protocol_words(&serde_json::json!({}), true), "");
+        assert_eq!(protocol_words(&ReflectorReport::default(), true), "");
     }
 
     #[test]
@@ -591,14 +644,13 @@ mod tests {
     fn unknown_drop_counters_and_memory_show_as_a_dash() {
         let mut s = Summary::default();
         assert_eq!(drops_line(&s), None, "nothing measured, nothing said");
-        s.extra.insert(
-            "kernel_drops".into(),
-            serde_json::json!({"receiver_rcvbuf_errors": 0, "receiver_in_errors": 2,
-                "sender_rcvbuf_errors": null, "sender_sndbuf_errors": null,
-                "host_backlog_drops": 7}),
-        );
-        s.extra
-            .insert("peak_rss_kib".into(), serde_json::Value::Null);
+        s.report.kernel_drops = Some(Some(KernelDrops {
+            receiver_rcvbuf_errors: Some(0),
+            receiver_in_errors: Some(2),
+            host_backlog_drops: Some(7),
+            ..Default::default()
+        }));
+        s.report.peak_rss_kib = Some(None);
         let l = drops_line(&s).unwrap();
         assert_eq!(
             l,
@@ -651,14 +703,24 @@ mod tests {
             xdp_action: "redirect".into(),
             ..Default::default()
         };
-        s.extra.insert(
-            "hardware_clocks".into(),
-            serde_json::json!({
-                "sender": {"phc_index": 2, "samples": 50, "read_window_median_ns": 310,
-                           "read_window_max_ns": 900, "drift_ppb": 12345.6, "steps": 0},
-                "receiver": {"error": "veth-rcv has no PTP hardware clock"}
+        s.report.hardware_clocks = Some(crate::stats::report::HardwareClocks {
+            sender: Some(HardwareClock::Sampled(crate::stats::report::SampledClock {
+                phc: crate::stats::report::PhcReport {
+                    phc_index: Some(2),
+                    samples: 50,
+                    rejected_batches: 0,
+                    read_window_median_ns: Some(310),
+                    read_window_max_ns: Some(900),
+                    drift_ppb: Some(12345.6),
+                    steps: 0,
+                },
+                read_errors: None,
+                last_read_error: None,
+            })),
+            receiver: Some(HardwareClock::Failed {
+                error: "veth-rcv has no PTP hardware clock".into(),
             }),
-        );
+        });
         s.pacing = Some(Pacing {
             mode: "adaptive".into(),
             margin_ns: Some(142_000),

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::{
+    stats::report::KernelDrops,
     sys::{Ns, Sys},
-    testbed::Netns,
 };
 
 /// The `Udp:` line of /proc/net/snmp (the fields rtprobe reports).
@@ -94,14 +94,10 @@ pub struct DropSnapshot {
 }
 
 impl DropSnapshot {
-    /// Samples both namespaces; what cannot be read is logged and left
-    /// unknown (it only explains losses, it does not make them).
-    pub fn take(sender: &Netns, receiver: &Netns) -> Self {
-        Self::take_in(crate::sys::linux_static(), sender.into(), receiver.into())
-    }
-
-    /// [`Self::take`] through `sys`.
-    pub fn take_in(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
+    /// Samples both namespaces through `sys`; what cannot be read is
+    /// logged and left unknown (it only explains losses, it does not make
+    /// them).
+    pub fn take(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
         fn known<T>(what: &str, r: Result<T>) -> Option<T> {
             r.map_err(|e| log::info!("kernel drop counters of the {what}: {e:#}"))
                 .ok()
@@ -115,20 +111,20 @@ impl DropSnapshot {
 
     /// What happened between `before` and `self`, as reported in the
     /// summary: null where either sample is unknown.
-    pub fn report_since(&self, before: &DropSnapshot) -> serde_json::Value {
+    pub fn report_since(&self, before: &DropSnapshot) -> KernelDrops {
         let s = self.sender.zip(before.sender).map(|(a, b)| a.since(&b));
         let r = self.receiver.zip(before.receiver).map(|(a, b)| a.since(&b));
-        serde_json::json!({
-            "receiver_rcvbuf_errors": r.map(|c| c.rcvbuf_errors),
-            "receiver_in_errors": r.map(|c| c.in_errors),
-            "sender_rcvbuf_errors": s.map(|c| c.rcvbuf_errors),
-            "sender_in_errors": s.map(|c| c.in_errors),
-            "sender_sndbuf_errors": s.map(|c| c.sndbuf_errors),
-            "host_backlog_drops": self
+        KernelDrops {
+            receiver_rcvbuf_errors: r.map(|c| c.rcvbuf_errors),
+            receiver_in_errors: r.map(|c| c.in_errors),
+            sender_rcvbuf_errors: s.map(|c| c.rcvbuf_errors),
+            sender_in_errors: s.map(|c| c.in_errors),
+            sender_sndbuf_errors: s.map(|c| c.sndbuf_errors),
+            host_backlog_drops: self
                 .backlog_drops
                 .zip(before.backlog_drops)
                 .map(|(a, b)| a.saturating_sub(b)),
-        })
+        }
     }
 }
 
@@ -152,7 +148,7 @@ mod tests {
             receiver: Some(c),
             backlog_drops: None,
         };
-        let r = after.report_since(&before);
+        let r = serde_json::to_value(after.report_since(&before)).unwrap();
         assert_eq!(r["receiver_rcvbuf_errors"], 5);
         assert_eq!(r["receiver_in_errors"], 0, "read and zero is 0");
         assert!(r["sender_rcvbuf_errors"].is_null(), "{r}");
@@ -197,11 +193,11 @@ mod tests {
         f.create_netns("snd").unwrap();
         f.create_netns("rcv").unwrap();
         f.with_file(Ns::Named("rcv"), "procnet:snmp", SNMP);
-        let before = DropSnapshot::take_in(&f, Ns::Named("snd"), Ns::Named("rcv"));
+        let before = DropSnapshot::take(&f, Ns::Named("snd"), Ns::Named("rcv"));
         let bumped = SNMP.replace("Udp: 1200 3 40 1100 37 2", "Udp: 1300 3 41 1100 45 2");
         f.with_file(Ns::Named("rcv"), "procnet:snmp", &bumped);
-        let after = DropSnapshot::take_in(&f, Ns::Named("snd"), Ns::Named("rcv"));
-        let r = after.report_since(&before);
+        let after = DropSnapshot::take(&f, Ns::Named("snd"), Ns::Named("rcv"));
+        let r = serde_json::to_value(after.report_since(&before)).unwrap();
         assert_eq!(r["receiver_rcvbuf_errors"], 8);
         assert_eq!(r["receiver_in_errors"], 1);
         assert!(r["sender_rcvbuf_errors"].is_null(), "{r}");

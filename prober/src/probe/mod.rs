@@ -41,8 +41,12 @@ use anyhow::{Result, bail};
 
 use crate::{
     model::{observer::SessionObserver, record::RecordSink},
-    stats::RunStats,
-    testbed::{Iface, Netns},
+    stats::{
+        RunStats,
+        report::{HardwareClock, HardwareClocks, KernelDrops, SampledClock},
+    },
+    sys::Netns,
+    testbed::Iface,
 };
 use matcher::{Event, Matcher};
 use packet::HEADER_LEN;
@@ -110,6 +114,8 @@ impl std::fmt::Debug for ProbeConfig {
 
 /// Where probes go from and to.
 pub(crate) struct Endpoints<'a> {
+    /// The kernel layer that reads the namespaces' drop counters.
+    pub sys: &'a dyn crate::sys::Sys,
     pub sender_ns: &'a Netns,
     pub receiver_ns: &'a Netns,
     pub sender_if: &'a Iface,
@@ -126,10 +132,11 @@ pub(crate) struct SessionOutcome {
     pub late_arrivals: u64,
     pub interrupted: bool,
     /// Kernel counters that explain losses (receive-buffer and backlog drops).
-    pub kernel_drops: serde_json::Value,
+    /// None where no testbed's counters were sampled (a remote target).
+    pub kernel_drops: Option<KernelDrops>,
     /// Per NIC with hardware stamps: its PHC, the offset's uncertainty and
     /// drift against the system clock, or why its stamps were left out.
-    pub hw_clocks: serde_json::Value,
+    pub hw_clocks: HardwareClocks,
     /// An output (CSV, HDR log...) failed during the run and stopped it,
     /// in words: "CSV ends at probe 41999: No space left on device".
     pub output_error: Option<String>,
@@ -169,18 +176,23 @@ fn nic_clock(ns: &Netns, ifname: &str) -> Result<NicClock, String> {
 }
 
 impl NicClock {
-    /// Stops sampling; the converter's report as JSON.
-    fn finish(&mut self) -> serde_json::Value {
+    /// Stops sampling; the converter's report.
+    fn finish(&mut self) -> HardwareClock {
         let sampler = self.sampler.take().map(|s| s.stop());
-        let report = self.conv.lock().map(|c| c.report()).ok();
-        let mut v = serde_json::to_value(report).unwrap_or_default();
-        if let (serde_json::Value::Object(o), Some(Ok(st))) = (&mut v, sampler) {
-            o.insert("read_errors".into(), st.errors.into());
-            if let Some(e) = st.last_error {
-                o.insert("last_read_error".into(), e.into());
-            }
-        }
-        v
+        let Ok(phc) = self.conv.lock().map(|c| c.report()) else {
+            return HardwareClock::Failed {
+                error: "the PHC converter was poisoned by a panic".into(),
+            };
+        };
+        let (read_errors, last_read_error) = match sampler {
+            Some(Ok(st)) => (Some(st.errors), st.last_error),
+            _ => (None, None),
+        };
+        HardwareClock::Sampled(SampledClock {
+            phc,
+            read_errors,
+            last_read_error,
+        })
     }
 }
 
@@ -281,24 +293,17 @@ impl Stamping {
 
     /// Turns hardware timestamping off and stops the clocks: per side, its
     /// clock's report or why it had none.
-    fn finish(mut self) -> serde_json::Value {
+    fn finish(mut self) -> HardwareClocks {
         drop((self.hw_tx.take(), self.hw_rx.take()));
-        let mut hw_clocks = serde_json::Map::new();
-        for (side, c) in [
-            ("sender", &mut self.sender_clock),
-            ("receiver", &mut self.receiver_clock),
-        ] {
-            match c {
-                Some(Ok(c)) => {
-                    hw_clocks.insert(side.into(), c.finish());
-                }
-                Some(Err(why)) => {
-                    hw_clocks.insert(side.into(), serde_json::json!({ "error": why }));
-                }
-                None => {}
-            }
+        let report = |c: &mut Option<Result<NicClock, String>>| match c {
+            Some(Ok(c)) => Some(c.finish()),
+            Some(Err(why)) => Some(HardwareClock::Failed { error: why.clone() }),
+            None => None,
+        };
+        HardwareClocks {
+            sender: report(&mut self.sender_clock),
+            receiver: report(&mut self.receiver_clock),
         }
-        serde_json::Value::Object(hw_clocks)
     }
 }
 
@@ -356,7 +361,8 @@ pub(crate) fn run_session(
     let (hardware_tx, hardware_rx) = (stamping.hardware_tx(), stamping.hardware_rx());
     let (tx_sock, rx_sock, dst) = bind_sides(ep, cfg, &stamping)?;
     let attempts = AtomicU64::new(0);
-    let drops_before = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let drops_before =
+        kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
     let wire = wire::Wire::Rtprobe {
         session,
         flow: cfg.flow,
@@ -397,7 +403,8 @@ pub(crate) fn run_session(
     })();
     let hw_clocks = stamping.finish();
     let (mut stats, late_arrivals, output_error) = result?;
-    let drops_after = kstats::DropSnapshot::take(ep.sender_ns, ep.receiver_ns);
+    let drops_after =
+        kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
     stats.set_attempts(attempts.load(Ordering::SeqCst));
     Ok(SessionOutcome {
         stats,
@@ -406,7 +413,7 @@ pub(crate) fn run_session(
         late_arrivals,
         // A failed output stops the session too; that is no interruption.
         interrupted: stop.load(Ordering::SeqCst) != 0 && output_error.is_none(),
-        kernel_drops: drops_after.report_since(&drops_before),
+        kernel_drops: Some(drops_after.report_since(&drops_before)),
         hw_clocks,
         output_error,
     })

@@ -31,7 +31,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
 
 use crate::sys::ethtool;
 
@@ -341,28 +340,7 @@ impl Fit {
     }
 }
 
-/// How the PHC related to CLOCK_REALTIME over a run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PhcReport {
-    /// N of /dev/ptpN, as set by the caller.
-    pub phc_index: Option<u32>,
-    /// Batches that gave an offset (one kept per batch).
-    pub samples: u64,
-    /// Batches with no usable sample: clocks going backwards in a read, or
-    /// every read window wider than the step threshold (a preempted read).
-    pub rejected_batches: u64,
-    /// Read windows of the kept samples: the offset, hence every converted
-    /// stamp, is known to ± half of this.
-    pub read_window_max_ns: Option<u64>,
-    /// Median of the same, to the histogram's 3 significant digits.
-    pub read_window_median_ns: Option<u64>,
-    /// Slope of the offset against PHC time, fitted within segments so
-    /// steps do not count: positive when the PHC runs slow relative to
-    /// CLOCK_REALTIME. None with fewer than two samples in any segment.
-    pub drift_ppb: Option<f64>,
-    /// Steps of one clock against the other.
-    pub steps: u64,
-}
+pub use crate::stats::report::PhcReport;
 
 /// Converts PHC timestamps to CLOCK_REALTIME from offset samples taken over
 /// the run.

@@ -118,31 +118,7 @@ pub struct Policy {
     pub stateful: bool,
 }
 
-/// What the reflector did, by datagram.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Counters {
-    /// Datagrams received (= reflected + not_for_us + bad_source +
-    /// malformed + rate_limited + auth_failed).
-    pub datagrams: u64,
-    pub sessions: u64,
-    pub reflected: u64,
-    /// Sent to a broadcast or multicast destination.
-    pub not_for_us: u64,
-    /// From a source no single host can have (or loopback from outside).
-    pub bad_source: u64,
-    pub malformed: u64,
-    pub rate_limited: u64,
-    pub auth_failed: u64,
-    /// Sessions forgotten to make room in a full table.
-    pub sessions_evicted: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    /// Replies the kernel refused to send.
-    pub send_errors: u64,
-    /// Receive calls that failed (other than "nothing to read"); the
-    /// reflector logs them and goes on.
-    pub recv_errors: u64,
-}
+pub use crate::stats::report::ReflectorCounters as Counters;
 
 /// Why a datagram was not answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1093,6 +1069,7 @@ fn interface_of(addr: IpAddr) -> Result<String> {
 /// `--kernel`: the in-kernel reflector on the interface of the one
 /// `--listen` address, or why not.
 pub(crate) fn attach_kernel(
+    sys: crate::sys::SysRef,
     listen: &[SocketAddr],
     protocol: ProtocolArg,
     key: bool,
@@ -1119,8 +1096,7 @@ pub(crate) fn attach_kernel(
     // On a veth, XDP_TX frames reach the peer only when the peer's NAPI
     // runs (an XDP program there, or GRO requested): replies are
     // redirected to the interface itself, as in rtprobe's own testbed.
-    use crate::sys::{Ns, Sys};
-    let sys = crate::sys::linux();
+    use crate::sys::Ns;
     let veth = sys.driver(Ns::Host, &ifname).is_ok_and(|d| d == "veth");
     let reply_ifindex = if veth {
         sys.link(Ns::Host, &ifname)?
@@ -1129,8 +1105,13 @@ pub(crate) fn attach_kernel(
     } else {
         0
     };
-    let mut r =
-        crate::ebpf::reflector::Reflector::load(probe_port, stamp_port, reply_ifindex, limits)?;
+    let mut r = crate::ebpf::reflector::Reflector::load(
+        sys,
+        probe_port,
+        stamp_port,
+        reply_ifindex,
+        limits,
+    )?;
     let mode = r
         .attach(Ns::Host, &ifname, crate::ebpf::XdpMode::Auto)
         .with_context(|| format!("attach to {ifname}"))?;

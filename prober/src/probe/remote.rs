@@ -37,7 +37,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
 
 use super::{
     HwSetup, ProbeConfig, RecordSink, STOP_NOW, SessionOutcome, clock, engine,
@@ -46,7 +45,11 @@ use super::{
     stamp::{ClockSync, ErrorEstimate, HmacKey},
     wire::{Echo, SSID_WARMUP_BIT, Wire},
 };
-use crate::{spec::remote::ProtocolArg, testbed::Netns};
+use crate::{
+    spec::remote::ProtocolArg,
+    stats::report::{ClockReport, ReflectorReport},
+    sys::Netns,
+};
 
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]
@@ -133,18 +136,7 @@ impl Ledger {
     }
 }
 
-/// Loss split by direction, as far as the reflector told.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LossSplit {
-    /// Probes that never reached the reflector.
-    pub forward: Option<u64>,
-    /// Probes the reflector received whose echo did not come back.
-    pub r#return: Option<u64>,
-    /// Lost probes of which the direction is not known.
-    pub unknown: u64,
-    /// How the split was made, in words.
-    pub basis: String,
-}
+pub use crate::stats::report::LossSplit;
 
 /// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector
 /// said. The probes that came back are the records' count, `sent - lost`:
@@ -210,18 +202,7 @@ fn split_loss(
     }
 }
 
-/// The one-way verdict from both clocks.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ClockVerdict {
-    pub one_way_shown: bool,
-    /// Sum of both maximum errors, when shown.
-    pub bound_ns: Option<u64>,
-    pub sender_synchronized: bool,
-    pub sender_max_error_ns: u64,
-    pub reflector_synchronized: Option<bool>,
-    pub reflector_error_ns: Option<u64>,
-    pub note: String,
-}
+pub use crate::stats::report::ClockVerdict;
 
 pub const NOT_SYNCED_NOTE: &str = "clocks not synchronised: one-way not shown";
 
@@ -274,8 +255,9 @@ pub struct RemoteOutcome {
     pub session: SessionOutcome,
     pub loss: LossSplit,
     pub clock: ClockVerdict,
-    /// Protocol facts for the summary (SSID, TTLs seen, echoes).
-    pub info: serde_json::Value,
+    /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
+    /// is left for the caller to say.
+    pub info: ReflectorReport,
 }
 
 /// The wire of a new session towards `target`: a fresh session id (rtprobe)
@@ -441,8 +423,8 @@ pub fn run_session(
             hardware_rx: false,
             late_arrivals,
             interrupted: stop.load(Ordering::SeqCst) != 0,
-            kernel_drops: serde_json::Value::Null,
-            hw_clocks: serde_json::Value::Object(Default::default()),
+            kernel_drops: None,
+            hw_clocks: Default::default(),
             output_error,
         },
         loss,
@@ -478,19 +460,20 @@ fn final_clock(
 
 /// Protocol facts for the summary: the session id or SSID, the echoes and
 /// (STAMP) the sender TTLs the reflector saw.
-fn protocol_info(target: &Target, wire: &Wire, ledger: &Ledger, echoes: u64) -> serde_json::Value {
-    let mut info = serde_json::json!({
-        "protocol": target.protocol.name(),
-        "target": target.addr.to_string(),
-        "echoes": echoes,
-    });
+fn protocol_info(target: &Target, wire: &Wire, ledger: &Ledger, echoes: u64) -> ReflectorReport {
+    let mut info = ReflectorReport {
+        protocol: Some(target.protocol.name().into()),
+        target: Some(target.addr.to_string()),
+        echoes: Some(echoes),
+        ..Default::default()
+    };
     match wire {
-        Wire::Rtprobe { session, .. } => info["session"] = format!("{session:#018x}").into(),
+        Wire::Rtprobe { session, .. } => info.session = Some(format!("{session:#018x}")),
         Wire::Stamp { ssid, key, .. } => {
-            info["ssid"] = (*ssid).into();
-            info["authenticated"] = key.is_some().into();
-            info["sender_ttl_min"] = ledger.ttl_min.into();
-            info["sender_ttl_max"] = ledger.ttl_max.into();
+            info.ssid = Some(*ssid);
+            info.authenticated = Some(key.is_some());
+            info.sender_ttl_min = Some(ledger.ttl_min);
+            info.sender_ttl_max = Some(ledger.ttl_max);
         }
     }
     info
@@ -586,8 +569,7 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
         s.one_way_dominant = None;
         s.rtt_dominant = None;
     }
-    s.extra
-        .insert("clock".into(), serde_json::to_value(v).unwrap_or_default());
+    s.report.clock = Some(ClockReport::Verdict(v.clone()));
 }
 
 /// The summary of a session against a reflector, with its clock rule,
@@ -597,22 +579,14 @@ pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
     s.xdp_mode_requested = "none".into();
     s.xdp_mode_attached = "none".into();
     apply_clock_rule(&mut s, &o.clock);
-    let mut r = o.info.clone();
-    r["kind"] = kind.into();
-    s.extra.insert("reflector".into(), r);
-    s.extra.insert(
-        "loss_split".into(),
-        serde_json::to_value(&o.loss).unwrap_or_default(),
-    );
-    s.extra
-        .insert("late_arrivals".into(), o.session.late_arrivals.into());
-    s.extra.insert(
-        "peak_rss_kib".into(),
-        crate::model::run::peak_rss_kib().into(),
-    );
-    if o.session.interrupted {
-        s.extra.insert("interrupted".into(), true.into());
-    }
+    s.report.reflector = Some(ReflectorReport {
+        kind: kind.into(),
+        ..o.info.clone()
+    });
+    s.report.loss_split = Some(o.loss.clone());
+    s.report.late_arrivals = Some(o.session.late_arrivals);
+    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.interrupted = o.session.interrupted;
     s
 }
 

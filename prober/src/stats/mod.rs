@@ -4,8 +4,10 @@
 pub(crate) mod bootstrap;
 pub mod chain;
 pub(crate) mod interval;
+pub mod report;
 pub mod summary;
 
+pub use report::RunReport;
 pub use summary::CpuWaits;
 pub(crate) use summary::XdpCounters;
 pub use summary::{Counts, Latency, Pacing, RunStats, Stages, Summary};

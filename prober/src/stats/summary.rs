@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::chain::Stage;
+use super::{chain::Stage, report::RunReport};
 use crate::model::record::{ProbeRecord, StartSrc};
 
 /// Latencies are recorded in ns from 1 ns to 100 s at 3 significant digits
@@ -20,7 +21,7 @@ fn new_hist() -> Histogram<u64> {
 }
 
 /// min/percentiles/max/mean of one latency-like quantity, in ns.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Latency {
     pub count: u64,
     pub min: Option<u64>,
@@ -52,7 +53,7 @@ impl Latency {
 
 /// The distribution of each stage of the chain (see [`super::chain`]),
 /// over the probes that had both of its stamps.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct Stages {
     pub stack: Latency,
@@ -92,7 +93,7 @@ impl Stages {
 }
 
 /// The stage holding most of a headline figure's median, in words.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Dominant {
     /// The stage's key (`sender_queue`, `path`...).
     pub stage: String,
@@ -127,7 +128,7 @@ pub(crate) fn dominant_stage(
 }
 
 /// Packets and bytes for one XDP outcome.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PacketsBytes {
     pub packets: u64,
     pub bytes: u64,
@@ -137,7 +138,7 @@ pub struct PacketsBytes {
 pub(crate) type XdpCounters = BTreeMap<String, PacketsBytes>;
 
 /// What a run measured. Field names are the `--json` keys.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct Summary {
     pub sent: u64,
@@ -225,14 +226,15 @@ pub struct Summary {
     /// How the sender kept its schedule and what that cost in CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pacing: Option<Pacing>,
-    /// Free-form facts about the run (knobs applied, load throughput...).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, serde_json::Value>,
+    /// What the run says besides the statistics: the reflector, the
+    /// clocks, the load, per-flow summaries (the JSON's `extra`).
+    #[serde(rename = "extra", skip_serializing_if = "RunReport::is_empty")]
+    pub report: RunReport,
 }
 
 /// The sender's timing: it sleeps (clock_nanosleep, TIMER_ABSTIME on
 /// CLOCK_MONOTONIC) until `margin_ns` before each send and spins the rest.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct Pacing {
     /// "adaptive" (margin learned from the wake-ups), "fixed" (`--spin`)
@@ -267,7 +269,7 @@ pub struct Pacing {
 
 /// Where the sender thread's time went while it was not running, over
 /// the sending (see `probe::cpu_wait`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct CpuWaits {
     /// The time the waits were counted over.
@@ -607,10 +609,6 @@ impl RunStats {
     }
 
     pub fn summary(&self) -> Summary {
-        let mut extra = BTreeMap::new();
-        if self.negative_one_way > 0 {
-            extra.insert("negative_one_way".into(), self.negative_one_way.into());
-        }
         Summary {
             sent: self.sent,
             received: self.received,
@@ -649,7 +647,10 @@ impl RunStats {
             unaccounted: self.unaccounted(),
             send_to_tx_ns: Latency::from_hist(&self.send_to_tx),
             pacing: self.pacing.clone(),
-            extra,
+            report: RunReport {
+                negative_one_way: (self.negative_one_way > 0).then_some(self.negative_one_way),
+                ..Default::default()
+            },
             ..Default::default()
         }
         .with_dominant_stages()

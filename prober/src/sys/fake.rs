@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 
 use super::{
-    Addr, BpfObject, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
+    Addr, BpfObject, Link, Netns, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
     XdpFlags, XdpLink, XdpProg, XdpState,
 };
 
@@ -24,6 +24,7 @@ use super::{
 pub enum Call {
     CreateNetns(String),
     DeleteNetns(String),
+    OpenNetns(String),
     Link(String, String),
     AddVeth(String, String, String),
     AddVethQueues(String, String, String, u32),
@@ -66,6 +67,7 @@ impl Call {
         !matches!(
             self,
             Call::Link(..)
+                | Call::OpenNetns(..)
                 | Call::Addrs(..)
                 | Call::Routes(..)
                 | Call::Sysctl(..)
@@ -298,6 +300,13 @@ impl Sys for FakeSys {
             .iter()
             .cloned()
             .collect()
+    }
+
+    /// A stand-in handle: entering it enters this process's own namespace.
+    fn open_netns(&self, name: &str) -> Result<Netns> {
+        self.record(Call::OpenNetns(name.into()))?;
+        self.ns_exists(Ns::Named(name))?;
+        Netns::stand_in(name)
     }
 
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>> {

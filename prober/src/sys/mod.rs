@@ -25,38 +25,44 @@
 //! (`probe::phc`, /dev/ptpN), which act on sockets and devices the probe
 //! owns rather than on network configuration; the queue sampler's own
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
-//! sample through the worker costs ten times as much); `bench`'s own veth
-//! set-up and AF_XDP sockets (its link counters, GRO and threaded NAPI do
-//! go through [`linux_static`]).
+//! sample through the worker costs ten times as much); `bench`'s AF_XDP
+//! sockets, its load generator's BPF_PROG_TEST_RUN and the scheduling of
+//! its threads (affinity, SCHED_FIFO), which act on the calling thread.
+//!
+//! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
+//! setns) are made in [`netns`], which [`LinuxSys`] uses for
+//! [`Sys::create_netns`] and whose [`Netns`] handles let a thread enter one.
 //!
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
 
-pub mod ethtool;
+pub(crate) mod ethtool;
 #[cfg(test)]
-pub mod fake;
-pub mod netlink;
+pub(crate) mod fake;
+pub(crate) mod netlink;
+pub mod netns;
 mod real;
-pub mod tc;
+pub(crate) mod tc;
 
 use std::{
     fmt,
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, RwLock},
 };
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-pub use ethtool::Ring;
+pub(crate) use ethtool::Ring;
+pub(crate) use netns::Netns;
 #[cfg(test)]
-pub use real::private_sysfs;
-pub use real::{bpf_errno, linux, linux_static, release_worker};
-pub use tc::TcCmd;
+pub(crate) use real::private_sysfs;
+pub(crate) use real::{bpf_errno, linux, linux_static, release_worker};
+pub(crate) use tc::TcCmd;
 
 /// Which network namespace a call acts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Ns<'a> {
+pub(crate) enum Ns<'a> {
     /// The namespace this process started in.
     Host,
     /// A named namespace (/run/netns/NAME).
@@ -80,7 +86,7 @@ impl fmt::Display for Ns<'_> {
 
 /// A link as netlink reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Link {
+pub(crate) struct Link {
     pub index: u32,
     pub name: String,
     pub up: bool,
@@ -89,7 +95,7 @@ pub struct Link {
 
 /// An interface address (IPv4 or IPv6) with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Addr {
+pub(crate) struct Addr {
     pub addr: IpAddr,
     pub prefix_len: u8,
 }
@@ -102,7 +108,7 @@ impl fmt::Display for Addr {
 
 /// A unicast route of the main table.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Route {
+pub(crate) struct Route {
     pub dst: IpAddr,
     pub prefix_len: u8,
     pub gateway: Option<IpAddr>,
@@ -162,7 +168,7 @@ impl fmt::Display for Route {
 
 /// One qdisc as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct QdiscInfo {
+pub(crate) struct QdiscInfo {
     pub ifindex: u32,
     pub kind: String,
     /// "1:" style, "0:" for the kernel's default qdiscs.
@@ -192,7 +198,7 @@ impl QdiscInfo {
 
 /// XDP programs attached to one interface, by mode (kernel program ids).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct XdpState {
+pub(crate) struct XdpState {
     pub skb_prog_id: Option<u32>,
     pub drv_prog_id: Option<u32>,
     pub hw_prog_id: Option<u32>,
@@ -206,7 +212,7 @@ impl XdpState {
 
 /// The mode flag an XDP attach asks the kernel for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum XdpFlags {
+pub(crate) enum XdpFlags {
     /// XDP_FLAGS_SKB_MODE: generic XDP, any driver.
     Skb,
     /// XDP_FLAGS_DRV_MODE: in the driver; refused by drivers without it.
@@ -219,24 +225,34 @@ pub enum XdpFlags {
 /// that its worker of a namespace can attach the object's XDP programs and
 /// write its device maps there. Tests use a stand-in holding no object.
 #[derive(Clone)]
-pub struct BpfObject(Arc<Mutex<Option<aya::Ebpf>>>);
+pub(crate) struct BpfObject(Arc<RwLock<Option<aya::Ebpf>>>);
 
 impl BpfObject {
     pub fn new(ebpf: aya::Ebpf) -> Self {
-        Self(Arc::new(Mutex::new(Some(ebpf))))
+        Self(Arc::new(RwLock::new(Some(ebpf))))
     }
 
     /// An object that was never loaded, for orchestration tests against
     /// the fake (which never looks inside).
     #[cfg(test)]
     pub fn stand_in() -> Self {
-        Self(Arc::new(Mutex::new(None)))
+        Self(Arc::new(RwLock::new(None)))
     }
 
-    /// Runs `f` on the loaded object.
+    /// Runs `f` on the loaded object (attach, map updates: one at a time).
     pub fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.0.write().unwrap_or_else(|p| p.into_inner());
         match g.as_mut() {
+            Some(e) => f(e),
+            None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
+        }
+    }
+
+    /// Runs `f` on the loaded object without excluding other readers: the
+    /// bench's generator threads run one program side by side.
+    pub fn with_shared<T>(&self, f: impl FnOnce(&aya::Ebpf) -> Result<T>) -> Result<T> {
+        let g = self.0.read().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
             Some(e) => f(e),
             None => anyhow::bail!("this eBPF object is a test stand-in, never loaded"),
         }
@@ -251,7 +267,7 @@ impl fmt::Debug for BpfObject {
 
 /// One XDP program of a loaded object.
 #[derive(Debug, Clone)]
-pub struct XdpProg {
+pub(crate) struct XdpProg {
     pub obj: BpfObject,
     /// Its name in the object.
     pub name: &'static str,
@@ -263,7 +279,7 @@ pub struct XdpProg {
 /// takes it back. Dropped without that, a bpf_link attachment (Linux >=
 /// 5.9) detaches as its fd closes; a netlink one stays.
 #[derive(Debug)]
-pub struct XdpLink {
+pub(crate) struct XdpLink {
     /// The namespace's name, None for the host.
     pub netns: Option<String>,
     pub dev: String,
@@ -283,7 +299,7 @@ impl XdpLink {
 /// (callers choose a fallback or an explanation by it).
 #[derive(Debug, thiserror::Error)]
 #[error("attaching XDP to {dev}: {message}")]
-pub struct XdpAttachError {
+pub(crate) struct XdpAttachError {
     pub dev: String,
     pub errno: Option<i32>,
     pub message: String,
@@ -291,7 +307,7 @@ pub struct XdpAttachError {
 
 /// An offload feature switched through ethtool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Offload {
+pub(crate) enum Offload {
     /// Generic receive offload.
     Gro,
     /// TX checksumming (dropping it also drops TSO).
@@ -319,13 +335,16 @@ impl Offload {
 /// call names the namespace it acts in. Paths under sysfs are relative to
 /// that namespace's /sys ("class/net/veth0/tx_queue_len"); sysctl keys use
 /// dots ("net.ipv4.ip_forward").
-pub trait Sys: Send + Sync {
+pub(crate) trait Sys: Send + Sync {
     /// Creates /run/netns/NAME holding a fresh network namespace.
     fn create_netns(&self, name: &str) -> Result<()>;
     /// Deletes a named namespace (the veths inside go with it).
     fn delete_netns(&self, name: &str) -> Result<()>;
     /// Named namespaces present (what `ip netns list` shows).
     fn netns_list(&self) -> Vec<String>;
+    /// A handle on an existing named namespace (not owned: dropping it
+    /// deletes nothing), for threads that enter it (sockets, loads).
+    fn open_netns(&self, name: &str) -> Result<Netns>;
 
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>>;
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;
@@ -392,15 +411,15 @@ pub trait Sys: Send + Sync {
 }
 
 /// The shared handle the orchestration passes around.
-pub type SysRef = Arc<dyn Sys>;
+pub(crate) type SysRef = Arc<dyn Sys>;
 
 /// /sys path of a network device attribute.
-pub fn netdev_attr(dev: &str, attr: &str) -> String {
+pub(crate) fn netdev_attr(dev: &str, attr: &str) -> String {
     format!("class/net/{dev}/{attr}")
 }
 
 /// The root qdisc of `dev` (None if the device has none, e.g. down).
-pub fn root_qdisc(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Option<QdiscInfo>> {
+pub(crate) fn root_qdisc(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Option<QdiscInfo>> {
     Ok(sys.qdiscs(ns, dev)?.into_iter().find(QdiscInfo::is_root))
 }
 

@@ -36,9 +36,8 @@ use aya::{
 
 use super::{
     Addr, BpfObject, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
-    XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, tc,
+    XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, netns, tc,
 };
-use crate::testbed::netns;
 
 /// What a worker holds while it runs a call.
 pub struct NsCtx {
@@ -252,6 +251,10 @@ impl Sys for LinuxSys {
 
     fn netns_list(&self) -> Vec<String> {
         netns::list()
+    }
+
+    fn open_netns(&self, name: &str) -> Result<netns::Netns> {
+        netns::Netns::open(name)
     }
 
     fn link(&self, ns: Ns, name: &str) -> Result<Option<Link>> {

@@ -8,13 +8,11 @@
 //! Each testbed also leaves a record of its owner and of what it borrowed
 //! in /run/rtprobe (see [`record`]) for `rtprobe cleanup` after a SIGKILL.
 //!
-//! Kernel interfaces: network namespaces (`netns`), netlink for links,
+//! Kernel interfaces: network namespaces ([`crate::sys::netns`]), netlink for links,
 //! addresses and routes, /proc/sys/net per namespace, ethtool offloads of
 //! NIC-pair interfaces (all through `sys`). veth needs CONFIG_VETH
 //! (Linux >= 2.6.24).
 
-pub(crate) mod ethtool;
-pub mod netns;
 pub(crate) mod nicpair;
 pub(crate) mod record;
 #[cfg(test)]
@@ -22,14 +20,12 @@ mod tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub(crate) use netns::Netns;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Result, bail};
 
-use crate::sys::{Addr, Ns, Route, Sys, SysRef};
-pub use nicpair::Borrowed;
+use crate::sys::{Addr, Netns, Ns, Route, Sys, SysRef, netns};
+pub(crate) use nicpair::Borrowed;
 
 /// One interface of the testbed, in the namespace that holds it.
 #[derive(Debug, Clone)]
@@ -513,13 +509,24 @@ pub(crate) fn build_nic_pair(
 }
 
 impl Testbed {
-    /// Builds sender -> router -> receiver with two veth pairs.
-    pub fn veth() -> Result<Self> {
+    /// Builds sender -> router -> receiver with two veth pairs through
+    /// `sys`, recorded in /run/rtprobe for `rtprobe cleanup`.
+    pub fn veth(sys: SysRef) -> Result<Self> {
         require_root()?;
-        let sys: SysRef = crate::sys::linux();
         record::mention_stale();
         let id = new_id();
-        let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::Veth)?));
+        let record = record::Record::new(&id, Kind::Veth)?;
+        Self::veth_recorded(sys, id, Some(record))
+    }
+
+    /// [`Testbed::veth`] with the id and the durable record (None: none)
+    /// chosen by the caller: what the orchestration tests build on the fake.
+    pub(crate) fn veth_recorded(
+        sys: SysRef,
+        id: String,
+        record: Option<record::Record>,
+    ) -> Result<Self> {
+        let mut undo = Undo::new(sys.clone(), record);
         let l = build_veth(sys.as_ref(), &id, &mut undo)?;
         let iface = |name: &str, ifindex, addr, addr6| Iface {
             name: name.to_string(),
@@ -544,9 +551,9 @@ impl Testbed {
                 ROUTER_OUT_ADDR,
                 ROUTER_OUT_ADDR6,
             )),
-            sender: Netns::open(&l.sender)?,
-            receiver: Netns::open(&l.receiver)?,
-            router: Some(Netns::open(&l.router)?),
+            sender: sys.open_netns(&l.sender)?,
+            receiver: sys.open_netns(&l.receiver)?,
+            router: Some(sys.open_netns(&l.router)?),
             undo,
             sys,
         })
@@ -557,9 +564,8 @@ impl Testbed {
     /// with their addresses (IPv4 and IPv6), routes, MTU, up/down state and
     /// offloads, when the testbed is dropped. An interface that carries a
     /// default route or the current SSH session is refused unless `force`.
-    pub fn nic_pair(tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
+    pub fn nic_pair(sys: SysRef, tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
         require_root()?;
-        let sys: SysRef = crate::sys::linux();
         record::mention_stale();
         let id = new_id();
         let mut undo = Undo::new(sys.clone(), Some(record::Record::new(&id, Kind::NicPair)?));
@@ -581,8 +587,8 @@ impl Testbed {
             },
             router_in: None,
             router_out: None,
-            sender: Netns::open(&l.sender)?,
-            receiver: Netns::open(&l.receiver)?,
+            sender: sys.open_netns(&l.sender)?,
+            receiver: sys.open_netns(&l.receiver)?,
             router: None,
             undo,
             sys,
@@ -594,6 +600,7 @@ impl Testbed {
     #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_parts(
+        sys: SysRef,
         id: String,
         sender: Netns,
         receiver: Netns,
@@ -608,7 +615,6 @@ impl Testbed {
         } else {
             Kind::NicPair
         };
-        let sys: SysRef = crate::sys::linux();
         Self {
             id,
             kind,

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use super::Netns;
+use crate::sys::Netns;
 
 /// Panics with a clear message unless running as root: a root test that
 /// cannot run fails, it never passes. Root tests are `#[ignore]`d (so plain

@@ -1,9 +1,6 @@
 //! Where a knob acts: a namespace, reached through the kernel layer.
 
-use crate::{
-    sys::{Ns, Sys},
-    testbed::Netns,
-};
+use crate::sys::{Ns, Sys};
 
 /// A namespace and the [`Sys`] that reaches it.
 #[derive(Clone, Copy)]
@@ -20,15 +17,5 @@ impl<'a> At<'a> {
     /// The namespace's name, for metadata and messages.
     pub fn name(&self) -> String {
         self.ns.label()
-    }
-}
-
-/// A namespace of this process, through the real kernel.
-impl<'a> From<&'a Netns> for At<'a> {
-    fn from(ns: &'a Netns) -> Self {
-        Self {
-            sys: crate::sys::linux_static(),
-            ns: Ns::Named(ns.name()),
-        }
     }
 }

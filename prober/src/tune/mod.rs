@@ -81,8 +81,8 @@ pub use self::{
 };
 use crate::{
     error::Error,
-    sys::{Ns, QdiscInfo},
-    testbed::{Netns, Testbed},
+    sys::{Netns, Ns, QdiscInfo},
+    testbed::Testbed,
 };
 
 /// A knob that is in effect and can be undone.
@@ -600,10 +600,9 @@ impl<'tb> Applied<'tb> {
     }
 
     /// Stops the competing load (and the queue sampler) and returns what
-    /// the load achieved, for Summary.extra: `{"load": LoadReport}` plus
-    /// `skipped` when something requested did not run. Empty without load.
-    pub fn stop_load(&mut self) -> Result<Map<String, Value>> {
-        let mut m = Map::new();
+    /// the load achieved (None without load) and what was asked for but
+    /// did not run, for the run report.
+    pub fn stop_load(&mut self) -> Result<(Option<LoadReport>, Vec<String>)> {
         if let Some(s) = &mut self.sampler {
             s.stop()?;
         }
@@ -615,15 +614,15 @@ impl<'tb> Applied<'tb> {
             }),
             _ => None,
         };
-        if let Some(l) = &mut self.load {
-            let mut rep = l.stop()?;
-            rep.bottleneck = queue;
-            m.insert("load".into(), serde_json::to_value(rep)?);
-        }
-        if !self.skipped.is_empty() {
-            m.insert("skipped".into(), json!(self.skipped));
-        }
-        Ok(m)
+        let load = match &mut self.load {
+            Some(l) => {
+                let mut rep = l.stop()?;
+                rep.bottleneck = queue;
+                Some(rep)
+            }
+            None => None,
+        };
+        Ok((load, self.skipped.clone()))
     }
 
     /// The bottleneck's root qdisc, None (logged) if the kernel has none
@@ -924,6 +923,7 @@ impl<'tb> Applied<'tb> {
             None => 1000 * 4096,
         };
         let target = load::LoadTarget {
+            sys: tb.sys(),
             sender: &tb.sender,
             receiver: &tb.receiver,
             dst: tb.receiver_if.addr,

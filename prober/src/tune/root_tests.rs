@@ -9,10 +9,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{testutil::*, *};
-use crate::error::Error;
+use crate::{
+    error::Error,
+    sys::{Netns, Sys as _},
+};
+
+/// A namespace of a root test, through the real kernel.
+fn at(ns: &Netns) -> At<'_> {
+    At::new(crate::sys::linux_static(), Ns::Named(ns.name()))
+}
 
 fn knobs(toml_text: &str) -> Knobs {
     let k: Knobs = toml::from_str(toml_text).expect("test knobs parse");
@@ -44,7 +52,7 @@ fn sysfs_is_the_namespace_s_own() {
         mounts_before
     );
     // A device of another namespace is not found.
-    let e = txqueuelen::read(&tb.sender, "rtp-r").unwrap_err();
+    let e = txqueuelen::read(at(&tb.sender), "rtp-r").unwrap_err();
     assert!(e.downcast_ref::<Error>().is_some(), "{e:#}");
 }
 
@@ -57,15 +65,15 @@ fn tsq_is_set_in_the_sender_namespace_only() {
     let tb = direct().unwrap();
     let host = std::fs::read_to_string(tsq::SYSCTL).unwrap();
     let before = snapshot(&tb.sender, "rtp-s").unwrap();
-    let orig = tsq::read(&tb.sender).unwrap();
+    let orig = tsq::read(at(&tb.sender)).unwrap();
     {
-        let g = tsq::apply(&tb.sender, 65536).unwrap();
-        assert_eq!(tsq::read(&tb.sender).unwrap(), 65536);
-        assert_eq!(tsq::read(&tb.receiver).unwrap(), orig);
+        let g = tsq::apply(at(&tb.sender), 65536).unwrap();
+        assert_eq!(tsq::read(at(&tb.sender)).unwrap(), 65536);
+        assert_eq!(tsq::read(at(&tb.receiver)).unwrap(), orig);
         assert_eq!(std::fs::read_to_string(tsq::SYSCTL).unwrap(), host);
         assert_eq!(g.metadata()["previous"], orig);
     }
-    assert_eq!(tsq::read(&tb.sender).unwrap(), orig);
+    assert_eq!(tsq::read(at(&tb.sender)).unwrap(), orig);
     assert_eq!(snapshot(&tb.sender, "rtp-s").unwrap(), before);
 }
 
@@ -77,8 +85,8 @@ fn txqueuelen_applies_and_restores() {
     }
     let tb = direct().unwrap();
     let before = snapshot(&tb.sender, "rtp-s").unwrap();
-    let mut g = txqueuelen::apply(&tb.sender, "rtp-s", 20).unwrap();
-    assert_eq!(txqueuelen::read(&tb.sender, "rtp-s").unwrap(), 20);
+    let mut g = txqueuelen::apply(at(&tb.sender), "rtp-s", 20).unwrap();
+    assert_eq!(txqueuelen::read(at(&tb.sender), "rtp-s").unwrap(), 20);
     g.restore().unwrap();
     g.restore().unwrap(); // idempotent
     assert_eq!(snapshot(&tb.sender, "rtp-s").unwrap(), before);
@@ -91,7 +99,7 @@ fn bql_unsupported_on_veth_applied_on_ifb() {
         return;
     }
     let tb = direct().unwrap();
-    match bql::apply(&tb.sender, "rtp-s", 3000).unwrap() {
+    match bql::apply(at(&tb.sender), "rtp-s", 3000).unwrap() {
         Outcome::Unsupported(why) => {
             assert!(why.contains("no BQL on this device"), "{why}");
             assert!(why.contains("veth"), "{why}");
@@ -110,18 +118,18 @@ fn bql_unsupported_on_veth_applied_on_ifb() {
         "ifb",
     ])
     .unwrap();
-    let before = bql::read(&tb.sender, "rtp-ifb").unwrap();
+    let before = bql::read(at(&tb.sender), "rtp-ifb").unwrap();
     assert!(!before.is_empty());
-    match bql::apply(&tb.sender, "rtp-ifb", 3000).unwrap() {
+    match bql::apply(at(&tb.sender), "rtp-ifb", 3000).unwrap() {
         Outcome::Applied(mut g) => {
-            let now = bql::read(&tb.sender, "rtp-ifb").unwrap();
+            let now = bql::read(at(&tb.sender), "rtp-ifb").unwrap();
             assert!(now.iter().all(|(_, v)| *v == 3000), "{now:?}");
             assert_eq!(g.metadata()["limit_max_bytes"], 3000);
             g.restore().unwrap();
         }
         Outcome::Unsupported(w) => panic!("{w}"),
     }
-    assert_eq!(bql::read(&tb.sender, "rtp-ifb").unwrap(), before);
+    assert_eq!(bql::read(at(&tb.sender), "rtp-ifb").unwrap(), before);
     // Through apply(): veth reports, `device_unsupported = fail` fails.
     let k = knobs("bql_limit_max = 3000");
     let a = apply(&tb, &k).unwrap();
@@ -144,13 +152,13 @@ fn tx_ring_on_veth_is_reported() {
         return;
     }
     let tb = direct().unwrap();
-    match ring::apply(&tb.sender, "rtp-s", 64).unwrap() {
+    match ring::apply(at(&tb.sender), "rtp-s", 64).unwrap() {
         Outcome::Unsupported(why) => assert!(why.contains("not adjustable"), "{why}"),
         Outcome::Applied(_) => panic!("veth has no ring"),
     }
 }
 
-fn qdisc_kinds(ns: &crate::testbed::Netns, dev: &str) -> Vec<String> {
+fn qdisc_kinds(ns: &crate::sys::Netns, dev: &str) -> Vec<String> {
     use crate::sys::Sys as _;
     let mut v: Vec<String> = crate::sys::linux_static()
         .qdiscs(ns.into(), dev)
@@ -230,8 +238,9 @@ fn missing_qdisc_fails_or_skips_visibly() {
     // This machine lacks fq_codel, prio, hfsc, sfq; a kernel that has
     // them takes the available path (tested above), so only assert when
     // the check says missing.
-    let missing =
-        qdisc::missing_kinds(&["fq_codel", "prio", "sfq", "hfsc", "pfifo", "u32"]).unwrap();
+    let missing = crate::sys::linux_static()
+        .missing_qdisc_kinds(&["fq_codel", "prio", "sfq", "hfsc", "pfifo", "u32"])
+        .unwrap();
     assert!(!missing.contains(&"pfifo".to_string()));
     assert!(!missing.contains(&"u32".to_string()));
     let Some(kind) = ["fq_codel", "prio", "hfsc"]
@@ -271,8 +280,8 @@ fn missing_qdisc_fails_or_skips_visibly() {
     let kinds = qdisc_kinds(&tb.sender, "rtp-s");
     assert!(kinds.contains(&"htb 1: root".to_string()), "{kinds:?}");
     assert!(!kinds.iter().any(|q| q.starts_with(kind)), "{kinds:?}");
-    let extra = a.stop_load().unwrap();
-    assert!(extra["skipped"][0].as_str().unwrap().contains(kind));
+    let (_, skipped) = a.stop_load().unwrap();
+    assert!(skipped[0].contains(kind), "{skipped:?}");
     a.restore().unwrap();
     assert_eq!(snapshot(&tb.sender, "rtp-s").unwrap(), before);
 }
@@ -343,8 +352,8 @@ fn everything_at_once_on_the_router_restores_every_namespace() {
     let mut a = apply(&tb, &k).unwrap();
     assert!(a.start_queue_sampler(&qcsv).unwrap());
     assert_eq!(a.bottleneck().1, "rtp-ro");
-    assert_eq!(txqueuelen::read(router, "rtp-ro").unwrap(), 50);
-    assert_eq!(tsq::read(&tb.sender).unwrap(), 65536);
+    assert_eq!(txqueuelen::read(at(router), "rtp-ro").unwrap(), 50);
+    assert_eq!(tsq::read(at(&tb.sender)).unwrap(), 65536);
     assert_eq!(
         qdisc_kinds(router, "rtp-ro"),
         ["htb 1: root", "pfifo 10: 1:1"]
@@ -368,8 +377,7 @@ fn everything_at_once_on_the_router_restores_every_namespace() {
     assert!(m["unsupported"]["tx_ring"].is_string());
     assert!(m["unsupported"]["bql"].is_string());
     assert_eq!(a.rt().fifo_priority, Some(10));
-    let extra = a.stop_load().unwrap();
-    let rep: LoadReport = serde_json::from_value(extra["load"].clone()).unwrap();
+    let rep: LoadReport = a.stop_load().unwrap().0.expect("a load report");
     assert_eq!(rep.flows.len(), 2);
     assert!(rep.flows.iter().all(|f| f.achieved_bps > 0.0), "{rep:?}");
     a.restore().unwrap();
@@ -385,9 +393,9 @@ fn shaped(tb: &Testbed, text: &str, hold: Duration) -> Result<LoadReport> {
     k.set_probe(5061, 64, Duration::from_millis(1));
     let mut a = apply(tb, &k)?;
     std::thread::sleep(hold);
-    let extra = a.stop_load()?;
+    let (load, _) = a.stop_load()?;
     a.restore()?;
-    Ok(serde_json::from_value(extra["load"].clone())?)
+    load.context("no load report")
 }
 
 #[test]
@@ -397,7 +405,7 @@ fn tcp_load_reaches_its_share_of_a_shaped_link() {
         return;
     }
     let tb = direct().unwrap();
-    let avail = load::available_cc().unwrap();
+    let avail = load::available_cc(crate::sys::linux_static()).unwrap();
     // Full link: goodput close to 100 Mbit/s of frames (1448/1538 of it).
     let r = shaped(
         &tb,

@@ -34,7 +34,7 @@ use std::{
 use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
-use crate::{sys::netlink::NlSocket, testbed::Netns};
+use crate::sys::{Netns, netlink::NlSocket};
 
 pub const HEADER: &str = "t_ns,handle,parent,kind,qlen_pkts,backlog_bytes,drops,overlimits,requeues,sent_bytes,sent_pkts";
 

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::testbed::Netns;
+use crate::sys::Netns;
 
 /// Runs `f` on a thread inside `ns` with a sysfs of that namespace on /sys
 /// (the mount is [`crate::sys::private_sysfs`], the kernel layer's own).

@@ -7,7 +7,10 @@ use std::{net::Ipv4Addr, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use crate::testbed::{Iface, Netns, Testbed};
+use crate::{
+    sys::Netns,
+    testbed::{Iface, Testbed},
+};
 
 /// True as root; under CI a failure, elsewhere a visible SKIPPED line (see
 /// [`crate::testbed::testutil::root_or_skip`]).
@@ -111,6 +114,7 @@ pub fn direct() -> Result<Testbed> {
     let sender_if = iface(&sender, "rtp-s", Ipv4Addr::new(10, 77, 0, 1))?;
     let receiver_if = iface(&receiver, "rtp-r", Ipv4Addr::new(10, 77, 0, 2))?;
     Ok(Testbed::from_parts(
+        crate::sys::linux(),
         id,
         sender,
         receiver,
@@ -189,6 +193,7 @@ pub fn routed() -> Result<Testbed> {
     let router_in = Some(iface(&router, "rtp-ri", Ipv4Addr::new(10, 77, 1, 2))?);
     let router_out = Some(iface(&router, "rtp-ro", Ipv4Addr::new(10, 77, 2, 1))?);
     Ok(Testbed::from_parts(
+        crate::sys::linux(),
         id,
         sender,
         receiver,

@@ -52,24 +52,7 @@ pub struct FetchStats {
     failures: u64,
 }
 
-/// What `FetchStats` reports, seconds.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct FetchTimes {
-    /// Bytes per fetch.
-    pub size_bytes: u64,
-    /// Fetches completed in the window.
-    pub count: u64,
-    /// Fetches that timed out or failed (refused, reset).
-    pub failures: u64,
-    pub mean_s: Option<f64>,
-    /// Sample standard deviation (n - 1); None below two fetches.
-    pub sd_s: Option<f64>,
-    pub min_s: Option<f64>,
-    pub p50_s: Option<f64>,
-    pub p90_s: Option<f64>,
-    pub p99_s: Option<f64>,
-    pub max_s: Option<f64>,
-}
+pub use crate::stats::report::FetchTimes;
 
 impl Default for FetchStats {
     fn default() -> Self {

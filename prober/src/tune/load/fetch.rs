@@ -20,7 +20,7 @@ use super::{
     acct::FetchStats,
     tcp::{default_cc, set_cc, tcp_connect_within},
 };
-use crate::testbed::Netns;
+use crate::sys::{Netns, Sys};
 
 /// The fetch client's record of the current window.
 pub(super) struct FetchWindow {
@@ -91,7 +91,7 @@ pub(super) fn start_fetch(
         kind: "fetch",
         spec: spec.to_string(),
         port,
-        cc: p_cc_or_default(spec, t.sender),
+        cc: p_cc_or_default(spec, t.sys, t.sender),
         target_bps: None,
         udp_size: 0,
         counters: c,
@@ -107,10 +107,10 @@ pub(super) fn start_fetch(
     Ok(())
 }
 
-fn p_cc_or_default(spec: &LoadSpec, sender: &Netns) -> Option<String> {
+fn p_cc_or_default(spec: &LoadSpec, sys: &dyn Sys, sender: &Netns) -> Option<String> {
     spec.cc()
         .map(str::to_string)
-        .or_else(|| default_cc(sender).ok())
+        .or_else(|| default_cc(sys, sender).ok())
 }
 
 /// Serves one fetch at a time: reads the 8-byte request (the page size,

@@ -105,7 +105,7 @@ use super::{
     shaping::Shaping,
     units::{LoadRate, Rate},
 };
-use crate::testbed::Netns;
+use crate::sys::Netns;
 
 /// First port of the load flows (iperf's).
 pub const DEFAULT_LOAD_PORT: u16 = 5201;
@@ -196,6 +196,8 @@ pub struct Load {
 
 /// Where the load goes and what "100 %" is.
 pub struct LoadTarget<'a> {
+    /// The kernel layer, for the namespaces' congestion control settings.
+    pub sys: &'a dyn crate::sys::Sys,
     pub sender: &'a Netns,
     pub receiver: &'a Netns,
     pub dst: Ipv4Addr,

@@ -3,116 +3,11 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use super::acct::FetchTimes;
-
-/// What one flow did.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FlowReport {
-    /// "tcp" or "udp".
-    pub kind: String,
-    /// The `--load` entry it came from.
-    pub spec: String,
-    pub port: u16,
-    pub cc: Option<String>,
-    /// Pacing rate (TCP) or offered payload rate (UDP); None = unpaced.
-    pub target_bps: Option<u64>,
-    /// Payload bits per second that got through in the measuring window
-    /// (after the warm-up). UDP: the window's datagrams received, over
-    /// their first to last arrival. TCP: bytes acknowledged to the sender
-    /// over the window (bytes read by the receiver if TCP_INFO lacks them).
-    pub achieved_bps: f64,
-    /// Payload bytes received in the window (UDP: of the window's
-    /// datagrams, duplicates once; TCP: read by the receiver).
-    pub bytes: u64,
-    /// The window's length: mark to stop (UDP: first to last send of the
-    /// window's datagrams).
-    pub seconds: f64,
-    /// UDP: datagrams sent in the window, those of them received (each
-    /// once, also if they arrived after the sender stopped), loss %.
-    pub sent_packets: Option<u64>,
-    pub received_packets: Option<u64>,
-    pub loss_pct: Option<f64>,
-    /// UDP: the loss the shaped link must cause (66 B overhead per datagram).
-    pub expected_loss_pct: Option<f64>,
-    /// UDP: payload rate offered over the sender's window.
-    pub offered_bps: Option<f64>,
-    /// UDP: sent_packets - received_packets.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost_packets: Option<u64>,
-    /// UDP: copies of a datagram already received.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub duplicate_packets: Option<u64>,
-    /// UDP: datagrams that arrived after one with a higher sequence number.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reordered_packets: Option<u64>,
-    /// UDP: first to last arrival of the window's datagrams, the span
-    /// achieved_bps is measured over.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receive_seconds: Option<f64>,
-    /// UDP: of lost_packets, those the receiver's own socket dropped
-    /// (receive buffer full, SO_RXQ_OVFL): not the link's doing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket_drops: Option<u64>,
-    /// UDP: furthest behind its schedule the sender sent a datagram of the
-    /// window, ms. Above the queue's drain time (12 ms for 100 full frames
-    /// at 100 Mbit/s) the link idled and the loss exceeds the calculation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_send_lag_ms: Option<f64>,
-    /// UDP: the sender ran SCHED_FIFO for the whole window (false: it was
-    /// not allowed to, or fell too far behind; see max_send_lag_ms).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sender_sched_fifo: Option<bool>,
-    /// TCP: bytes acknowledged to the sender in the window (tcpi_bytes_acked).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub acked_bytes: Option<u64>,
-    /// TCP: the receiver's rate, bytes / seconds (achieved_bps is the
-    /// acknowledged rate).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub received_bps: Option<f64>,
-    /// Fetch: completion times of the window's fetches.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fetch: Option<FetchTimes>,
-}
-
-/// The load of one run, for `Summary.extra["load"]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LoadReport {
-    pub flows: Vec<FlowReport>,
-    /// Sum of achieved_bps over all flows.
-    pub total_achieved_bps: f64,
-    /// The kernel's count of the same window at the bottleneck's root
-    /// qdisc (None: no qdisc there to ask).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bottleneck: Option<QueueWindow>,
-}
-
-/// What the bottleneck's root qdisc counted from the load's mark to the
-/// senders' stop: the kernel's witness of the loss and of the rate the
-/// shaper delivered. It counts every packet through the qdisc, the
-/// probes' among them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct QueueWindow {
-    pub dev: String,
-    /// The root qdisc's kind and handle, e.g. "htb 1:".
-    pub qdisc: String,
-    pub seconds: f64,
-    /// Packets and bytes the qdisc handed to the device (frames from the
-    /// Ethernet header on, as the kernel counts them).
-    pub sent_packets: u64,
-    pub sent_bytes: u64,
-    /// Packets the qdisc (or a qdisc below it) dropped.
-    pub dropped_packets: u64,
-    /// sent_bytes over the window, bits per second.
-    pub delivered_bps: f64,
-    /// dropped / (dropped + sent), %.
-    pub drop_pct: f64,
-}
+pub use crate::stats::report::{FlowReport, LoadReport, QueueWindow};
 
 impl QueueWindow {
     /// The difference of two readings of the same qdisc `elapsed` apart.
-    pub fn between(
+    pub(crate) fn between(
         dev: &str,
         before: &crate::sys::QdiscInfo,
         after: &crate::sys::QdiscInfo,
@@ -144,6 +39,7 @@ impl QueueWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tune::FetchTimes;
 
     #[test]
     fn queue_window_is_the_difference_of_two_readings() {

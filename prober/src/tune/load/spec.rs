@@ -302,8 +302,8 @@ impl<'de> Deserialize<'de> for LoadSpec {
 
 /// Congestion controls the kernel has (the list is the same in every
 /// namespace: it names the registered modules).
-pub fn available_cc() -> Result<Vec<String>> {
-    let s = crate::sys::linux_static().sysctl(
+pub fn available_cc(sys: &dyn Sys) -> Result<Vec<String>> {
+    let s = sys.sysctl(
         crate::sys::Ns::Host,
         "net.ipv4.tcp_available_congestion_control",
     )?;

@@ -17,7 +17,10 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::{Counters, Flow, Load, LoadSpec, LoadTarget, POLL, available_cc, check_cc, setsockopt};
-use crate::{sys::Sys, testbed::Netns, tune::units::Rate};
+use crate::{
+    sys::{Netns, Sys},
+    tune::units::Rate,
+};
 
 /// A TCP socket with congestion control and pacing set, connected to dst.
 fn tcp_connect(dst: SocketAddrV4, cc: Option<&str>, pacing: Option<Rate>) -> Result<TcpStream> {
@@ -38,7 +41,7 @@ pub(super) fn set_cc(fd: &impl AsRawFd, cc: &str) -> Result<()> {
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
-        let avail = available_cc().unwrap_or_default();
+        let avail = available_cc(crate::sys::linux_static()).unwrap_or_default();
         return Err(match check_cc(cc, &avail) {
             Err(m) => anyhow!(m),
             Ok(()) => anyhow!("TCP_CONGESTION {cc}: {e}"),
@@ -159,7 +162,7 @@ pub(super) fn start_tcp(
             kind: "tcp",
             spec: spec.to_string(),
             port,
-            cc: cc.clone().or_else(|| default_cc(t.sender).ok()),
+            cc: cc.clone().or_else(|| default_cc(t.sys, t.sender).ok()),
             target_bps: per_flow.map(|r| r.bps),
             udp_size: 0,
             counters: c,
@@ -176,8 +179,8 @@ pub(super) fn start_tcp(
 
 /// The congestion control new TCP sockets of `ns` get (per namespace
 /// since Linux 4.15).
-pub(super) fn default_cc(ns: &Netns) -> Result<String> {
-    crate::sys::linux_static().sysctl(ns.into(), "net.ipv4.tcp_congestion_control")
+pub(super) fn default_cc(sys: &dyn Sys, ns: &Netns) -> Result<String> {
+    sys.sysctl(ns.into(), "net.ipv4.tcp_congestion_control")
 }
 
 fn tcp_writer(mut s: TcpStream, _c: &Counters, stop: &AtomicBool) -> Result<()> {

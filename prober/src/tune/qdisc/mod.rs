@@ -100,7 +100,6 @@ use super::{
     tc::{self, TcCmd},
     units::{Bytes, Rate},
 };
-use crate::sys::Sys;
 
 /// Handle of the chosen qdisc, at the root or under the shaper.
 pub const QDISC_HANDLE: &str = "10:";
@@ -440,12 +439,6 @@ impl Drop for QdiscTree<'_> {
             log::warn!("{e:#}");
         }
     }
-}
-
-/// Which of `kinds` (qdisc kinds, "u32" for the classifier) this kernel
-/// lacks; see [`Sys::missing_qdisc_kinds`]. Cached for the life of the process.
-pub fn missing_kinds(kinds: &[&str]) -> Result<Vec<String>> {
-    crate::sys::linux_static().missing_qdisc_kinds(kinds)
 }
 
 #[cfg(test)]

@@ -81,6 +81,20 @@ impl Netns {
         })
     }
 
+    /// A handle named `name` on this process's own namespace, not owned:
+    /// what the fake kernel hands out for the namespaces of its model.
+    #[cfg(test)]
+    pub(crate) fn stand_in(name: &str) -> Result<Self> {
+        let path = PathBuf::from("/proc/self/ns/net");
+        let file = File::open(&path).context("open this process's network namespace")?;
+        Ok(Self {
+            name: name.to_string(),
+            path,
+            file,
+            owned: false,
+        })
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -136,16 +150,16 @@ impl Netns {
 }
 
 /// The kernel layer's name of a named namespace (not of `Netns::current`).
-impl<'a> From<&'a Netns> for crate::sys::Ns<'a> {
+impl<'a> From<&'a Netns> for super::Ns<'a> {
     fn from(n: &'a Netns) -> Self {
-        crate::sys::Ns::Named(n.name())
+        super::Ns::Named(n.name())
     }
 }
 
 /// Deletes the named namespace `name` (what `ip netns del` does).
 pub fn remove(name: &str) -> Result<()> {
     // A namespace worker of the kernel layer would keep it alive.
-    crate::sys::release_worker(name);
+    super::release_worker(name);
     let path = Path::new(NETNS_RUN_DIR).join(name);
     // Lazy unmount: the namespace itself dies with its last user.
     let _ = umount2(&path, MntFlags::MNT_DETACH);

@@ -1,0 +1,745 @@
+//! The run report: what a run's JSON summary says besides the statistics
+//! (its `extra` object): the reflector, the clocks, the load, the kernel's
+//! drop counters, per-flow summaries. Typed, so that renaming a field is a
+//! compile error in every exporter that reads it; its JSON Schema is
+//! checked in as docs/run-report.schema.json (`run_report_schema`, built for
+//! the tests, generates it).
+//! Pure data: the layers that measure these facts fill them in.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::{Summary, XdpCounters};
+
+/// Everything a run says besides the statistics: `extra` in the JSON.
+/// Fields are in the JSON's (alphabetical) order; absent ones are left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
+pub struct RunReport {
+    /// Whether one-way figures are shown, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockReport>,
+    /// `--out-rotate`: how the CSV was rotated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub csv_rotation: Option<CsvRotation>,
+    /// Per probe flow, main flow first, with `--flow` only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flows: Vec<FlowSummary>,
+    /// Per NIC with hardware stamps: its PHC against the system clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hardware_clocks: Option<HardwareClocks>,
+    /// Whether each side got hardware stamps (testbed runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hardware_timestamping: Option<HardwareTimestamping>,
+    /// The run was stopped early (SIGINT/SIGTERM); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
+    /// The probes' addresses (testbed runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<IpReport>,
+    /// Kernel counters that explain losses, over the run (testbed runs);
+    /// null where the session sampled none (STAMP through the testbed).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    #[schemars(with = "Option<KernelDrops>")]
+    pub kernel_drops: Option<Option<KernelDrops>>,
+    /// What each knob applied, by knob name (the same as the run
+    /// metadata's `knobs`): its fields are the knob's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub knobs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Echoes that came after their probe was given up as lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_arrivals: Option<u64>,
+    /// What the competing load (`--load`) achieved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadReport>,
+    /// Loss split by direction (sessions with a reflector that counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_split: Option<LossSplit>,
+    /// Probes whose one-way delay came out negative (clocks apart);
+    /// absent when none did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub negative_one_way: Option<u64>,
+    /// The output (CSV, HDR log...) that failed and stopped the run, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_error: Option<String>,
+    /// The process's peak resident memory (VmHWM), KiB; null when
+    /// /proc did not say.
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    #[schemars(with = "Option<u64>")]
+    pub peak_rss_kib: Option<Option<u64>>,
+    /// Which reflector answered, and what it counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reflector: Option<ReflectorReport>,
+    /// Knobs or loads asked for that did not run, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+impl RunReport {
+    /// Nothing to say: `extra` is left out of the JSON.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// A key that is present with null is `Some(None)`, an absent one `None`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// The clock rule of a run: one clock (a testbed), or both clocks'
+/// verdict (a session against a reflector on another host).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ClockReport {
+    Verdict(ClockVerdict),
+    OneClock(OneClock),
+}
+
+impl ClockReport {
+    /// What the summary says about the clocks, in words.
+    pub fn note(&self) -> &str {
+        match self {
+            ClockReport::Verdict(v) => &v.note,
+            ClockReport::OneClock(c) => &c.note,
+        }
+    }
+}
+
+/// Sender and receiver read the same clock: one-way is always shown.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OneClock {
+    pub note: String,
+    pub one_way_shown: bool,
+}
+
+/// The one-way verdict from both clocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ClockVerdict {
+    pub one_way_shown: bool,
+    /// Sum of both maximum errors, when shown.
+    pub bound_ns: Option<u64>,
+    pub sender_synchronized: bool,
+    pub sender_max_error_ns: u64,
+    pub reflector_synchronized: Option<bool>,
+    pub reflector_error_ns: Option<u64>,
+    pub note: String,
+}
+
+/// How `--out-rotate` rotated the CSV.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CsvRotation {
+    /// Rotated files kept (`--out-keep`).
+    pub keep: u32,
+    /// When a new file was started, as given.
+    pub when: String,
+}
+
+/// One probe flow of a run with `--flow`, and its own summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FlowSummary {
+    pub flow: u8,
+    pub interval_ns: u64,
+    pub port: u16,
+    pub size: usize,
+    pub summary: Summary,
+    pub tos: u8,
+}
+
+/// The PHC of each side's NIC, where the side had hardware stamps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HardwareClocks {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<HardwareClock>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender: Option<HardwareClock>,
+}
+
+/// A NIC's PHC sampled against the system clock, or why its hardware
+/// stamps were left out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum HardwareClock {
+    Failed { error: String },
+    Sampled(SampledClock),
+}
+
+/// A PHC that was sampled over the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SampledClock {
+    #[serde(flatten)]
+    pub phc: PhcReport,
+    /// Reads of the PHC that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_errors: Option<u64>,
+    /// The last of them, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_read_error: Option<String>,
+}
+
+/// How the PHC related to CLOCK_REALTIME over a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PhcReport {
+    /// N of /dev/ptpN, as set by the caller.
+    pub phc_index: Option<u32>,
+    /// Batches that gave an offset (one kept per batch).
+    pub samples: u64,
+    /// Batches with no usable sample: clocks going backwards in a read, or
+    /// every read window wider than the step threshold (a preempted read).
+    pub rejected_batches: u64,
+    /// Read windows of the kept samples: the offset, hence every converted
+    /// stamp, is known to ± half of this.
+    pub read_window_max_ns: Option<u64>,
+    /// Median of the same, to the histogram's 3 significant digits.
+    pub read_window_median_ns: Option<u64>,
+    /// Slope of the offset against PHC time, fitted within segments so
+    /// steps do not count: positive when the PHC runs slow relative to
+    /// CLOCK_REALTIME. None with fewer than two samples in any segment.
+    pub drift_ppb: Option<f64>,
+    /// Steps of one clock against the other.
+    pub steps: u64,
+}
+
+/// Whether each side's stamps came from its NIC.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HardwareTimestamping {
+    pub receiver: bool,
+    pub sender: bool,
+}
+
+/// The probes' address family and addresses.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IpReport {
+    pub receiver: String,
+    pub sender: String,
+    /// 4 or 6.
+    pub version: u8,
+}
+
+/// Kernel drop counters over the run; null where a counter could not be
+/// read (unknown is never 0).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KernelDrops {
+    /// Packets the host's backlog (softnet) dropped; host-wide.
+    pub host_backlog_drops: Option<u64>,
+    pub receiver_in_errors: Option<u64>,
+    pub receiver_rcvbuf_errors: Option<u64>,
+    pub sender_in_errors: Option<u64>,
+    pub sender_rcvbuf_errors: Option<u64>,
+    pub sender_sndbuf_errors: Option<u64>,
+}
+
+/// Loss split by direction, as far as the reflector told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LossSplit {
+    /// Probes that never reached the reflector.
+    pub forward: Option<u64>,
+    /// Probes the reflector received whose echo did not come back.
+    pub r#return: Option<u64>,
+    /// Lost probes of which the direction is not known.
+    pub unknown: u64,
+    /// How the split was made, in words.
+    pub basis: String,
+}
+
+/// Which reflector answered the probes and what it said.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReflectorReport {
+    /// STAMP: whether the session was authenticated (HMAC-SHA-256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authenticated: Option<bool>,
+    /// What the testbed's reflector counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<ReflectorCounts>,
+    /// Echoes received (sessions against a reflector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echoes: Option<u64>,
+    /// "kernel" (XDP), "user" or "remote".
+    pub kind: String,
+    /// Why this reflector and not the other, or what it cannot tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// "rtprobe" or "stamp" (sessions against a reflector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// The in-kernel reflector's rate limit, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// STAMP: the TTL (hop limit) the probes arrived with, null when no
+    /// echo said.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    #[schemars(with = "Option<u8>")]
+    pub sender_ttl_max: Option<Option<u8>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    #[schemars(with = "Option<u8>")]
+    pub sender_ttl_min: Option<Option<u8>>,
+    /// rtprobe protocol: the session id, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// STAMP: the session sender identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssid: Option<u16>,
+    /// The reflector's address (sessions against a reflector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The in-kernel reflector's XDP mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_mode: Option<String>,
+}
+
+impl ReflectorReport {
+    /// A reflector of `kind` with nothing more said.
+    pub fn of_kind(kind: &str) -> Self {
+        Self {
+            kind: kind.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The counters of the testbed's reflector: the in-kernel one's per
+/// outcome, or the user-space one's by datagram.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ReflectorCounts {
+    User(ReflectorCounters),
+    Kernel(XdpCounters),
+}
+
+/// What rtprobe's user-space reflector did, by datagram.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReflectorCounters {
+    /// Datagrams received (= reflected + not_for_us + bad_source +
+    /// malformed + rate_limited + auth_failed).
+    pub datagrams: u64,
+    pub sessions: u64,
+    pub reflected: u64,
+    /// Sent to a broadcast or multicast destination.
+    pub not_for_us: u64,
+    /// From a source no single host can have (or loopback from outside).
+    pub bad_source: u64,
+    pub malformed: u64,
+    pub rate_limited: u64,
+    pub auth_failed: u64,
+    /// Sessions forgotten to make room in a full table.
+    pub sessions_evicted: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Replies the kernel refused to send.
+    pub send_errors: u64,
+    /// Receive calls that failed (other than "nothing to read"); the
+    /// reflector logs them and goes on.
+    pub recv_errors: u64,
+}
+
+/// What one flow did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FlowReport {
+    /// "tcp" or "udp".
+    pub kind: String,
+    /// The `--load` entry it came from.
+    pub spec: String,
+    pub port: u16,
+    pub cc: Option<String>,
+    /// Pacing rate (TCP) or offered payload rate (UDP); None = unpaced.
+    pub target_bps: Option<u64>,
+    /// Payload bits per second that got through in the measuring window
+    /// (after the warm-up). UDP: the window's datagrams received, over
+    /// their first to last arrival. TCP: bytes acknowledged to the sender
+    /// over the window (bytes read by the receiver if TCP_INFO lacks them).
+    pub achieved_bps: f64,
+    /// Payload bytes received in the window (UDP: of the window's
+    /// datagrams, duplicates once; TCP: read by the receiver).
+    pub bytes: u64,
+    /// The window's length: mark to stop (UDP: first to last send of the
+    /// window's datagrams).
+    pub seconds: f64,
+    /// UDP: datagrams sent in the window, those of them received (each
+    /// once, also if they arrived after the sender stopped), loss %.
+    pub sent_packets: Option<u64>,
+    pub received_packets: Option<u64>,
+    pub loss_pct: Option<f64>,
+    /// UDP: the loss the shaped link must cause (66 B overhead per datagram).
+    pub expected_loss_pct: Option<f64>,
+    /// UDP: payload rate offered over the sender's window.
+    pub offered_bps: Option<f64>,
+    /// UDP: sent_packets - received_packets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_packets: Option<u64>,
+    /// UDP: copies of a datagram already received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_packets: Option<u64>,
+    /// UDP: datagrams that arrived after one with a higher sequence number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reordered_packets: Option<u64>,
+    /// UDP: first to last arrival of the window's datagrams, the span
+    /// achieved_bps is measured over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive_seconds: Option<f64>,
+    /// UDP: of lost_packets, those the receiver's own socket dropped
+    /// (receive buffer full, SO_RXQ_OVFL): not the link's doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_drops: Option<u64>,
+    /// UDP: furthest behind its schedule the sender sent a datagram of the
+    /// window, ms. Above the queue's drain time (12 ms for 100 full frames
+    /// at 100 Mbit/s) the link idled and the loss exceeds the calculation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_send_lag_ms: Option<f64>,
+    /// UDP: the sender ran SCHED_FIFO for the whole window (false: it was
+    /// not allowed to, or fell too far behind; see max_send_lag_ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_sched_fifo: Option<bool>,
+    /// TCP: bytes acknowledged to the sender in the window (tcpi_bytes_acked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked_bytes: Option<u64>,
+    /// TCP: the receiver's rate, bytes / seconds (achieved_bps is the
+    /// acknowledged rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_bps: Option<f64>,
+    /// Fetch: completion times of the window's fetches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<FetchTimes>,
+}
+
+/// The competing load of one run (`--load`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LoadReport {
+    pub flows: Vec<FlowReport>,
+    /// Sum of achieved_bps over all flows.
+    pub total_achieved_bps: f64,
+    /// The kernel's count of the same window at the bottleneck's root
+    /// qdisc (None: no qdisc there to ask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bottleneck: Option<QueueWindow>,
+}
+
+/// What the bottleneck's root qdisc counted from the load's mark to the
+/// senders' stop: the kernel's witness of the loss and of the rate the
+/// shaper delivered. It counts every packet through the qdisc, the
+/// probes' among them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QueueWindow {
+    pub dev: String,
+    /// The root qdisc's kind and handle, e.g. "htb 1:".
+    pub qdisc: String,
+    pub seconds: f64,
+    /// Packets and bytes the qdisc handed to the device (frames from the
+    /// Ethernet header on, as the kernel counts them).
+    pub sent_packets: u64,
+    pub sent_bytes: u64,
+    /// Packets the qdisc (or a qdisc below it) dropped.
+    pub dropped_packets: u64,
+    /// sent_bytes over the window, bits per second.
+    pub delivered_bps: f64,
+    /// dropped / (dropped + sent), %.
+    pub drop_pct: f64,
+}
+
+/// What `FetchStats` reports, seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FetchTimes {
+    /// Bytes per fetch.
+    pub size_bytes: u64,
+    /// Fetches completed in the window.
+    pub count: u64,
+    /// Fetches that timed out or failed (refused, reset).
+    pub failures: u64,
+    pub mean_s: Option<f64>,
+    /// Sample standard deviation (n - 1); None below two fetches.
+    pub sd_s: Option<f64>,
+    pub min_s: Option<f64>,
+    pub p50_s: Option<f64>,
+    pub p90_s: Option<f64>,
+    pub p99_s: Option<f64>,
+    pub max_s: Option<f64>,
+}
+
+/// The JSON Schema of the run summary (`--json`), as checked in at
+/// docs/run-report.schema.json: every object closed
+/// (`additionalProperties: false`) so that a field renamed or added
+/// without the schema fails the check.
+#[cfg(test)]
+pub(crate) fn run_report_schema() -> serde_json::Value {
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.meta_schema = Some("https://json-schema.org/draft/2020-12/schema".into());
+    let schema = settings.into_generator().into_root_schema_for::<Summary>();
+    let mut v = schema.to_value();
+    close_objects(&mut v);
+    v
+}
+
+/// Sets `additionalProperties: false` on every object schema that lists
+/// its properties and says nothing about others (maps such as the XDP
+/// counters say what their values are and stay open to any key).
+#[cfg(test)]
+fn close_objects(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), false.into());
+            }
+            for (_, x) in o.iter_mut() {
+                close_objects(x);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schema file next to the docs that describe it.
+    const SCHEMA_FILE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/run-report.schema.json"
+    );
+
+    fn schema_text() -> String {
+        serde_json::to_string_pretty(&run_report_schema()).unwrap() + "\n"
+    }
+
+    /// The checked-in schema is what the types say: a renamed, added or
+    /// removed field fails here until the file is regenerated (and the
+    /// change is then visible in review).
+    #[test]
+    fn checked_in_schema_matches_the_types() {
+        let now = schema_text();
+        if std::env::var("RTPROBE_WRITE_SCHEMA").is_ok_and(|v| v == "1") {
+            std::fs::write(SCHEMA_FILE, &now).unwrap();
+            eprintln!("RTPROBE_WRITE_SCHEMA=1: wrote {SCHEMA_FILE}");
+            return;
+        }
+        let file = std::fs::read_to_string(SCHEMA_FILE).unwrap_or_default();
+        assert!(
+            file == now,
+            "{SCHEMA_FILE} differs from the run report's types; if the change is meant, \
+             regenerate it with RTPROBE_WRITE_SCHEMA=1 cargo test -p rtprobe --lib \
+             checked_in_schema_matches_the_types (and say so in docs/OUTPUTS.md)"
+        );
+    }
+
+    /// A summary with every part of the report filled in, both kinds of
+    /// each untagged part among the flows.
+    fn full_summary() -> Summary {
+        let phc = PhcReport {
+            phc_index: Some(0),
+            samples: 10,
+            rejected_batches: 0,
+            read_window_max_ns: Some(900),
+            read_window_median_ns: None,
+            drift_ppb: Some(-3.5),
+            steps: 0,
+        };
+        let flow = |flow: u8, report: RunReport| FlowSummary {
+            flow,
+            interval_ns: 1_000_000,
+            port: 5061 + u16::from(flow),
+            size: 64,
+            summary: Summary {
+                report,
+                ..Default::default()
+            },
+            tos: 0,
+        };
+        let remote = RunReport {
+            clock: Some(ClockReport::Verdict(ClockVerdict {
+                one_way_shown: false,
+                bound_ns: None,
+                sender_synchronized: true,
+                sender_max_error_ns: 5,
+                reflector_synchronized: Some(false),
+                reflector_error_ns: None,
+                note: "not shown".into(),
+            })),
+            reflector: Some(ReflectorReport {
+                counters: Some(ReflectorCounts::User(ReflectorCounters::default())),
+                protocol: Some("stamp".into()),
+                ssid: Some(9),
+                authenticated: Some(true),
+                sender_ttl_min: Some(None),
+                sender_ttl_max: Some(None),
+                echoes: Some(3),
+                target: Some("[fd77::2]:862".into()),
+                ..ReflectorReport::of_kind("remote")
+            }),
+            negative_one_way: Some(2),
+            ..Default::default()
+        };
+        let mut knobs = serde_json::Map::new();
+        knobs.insert(
+            "qdisc_tree".into(),
+            serde_json::json!({"status": "applied"}),
+        );
+        let report = RunReport {
+            clock: Some(ClockReport::OneClock(OneClock {
+                note: "one clock".into(),
+                one_way_shown: true,
+            })),
+            csv_rotation: Some(CsvRotation {
+                keep: 3,
+                when: "1h".into(),
+            }),
+            flows: vec![flow(0, RunReport::default()), flow(1, remote)],
+            hardware_clocks: Some(HardwareClocks {
+                receiver: Some(HardwareClock::Failed {
+                    error: "no PHC".into(),
+                }),
+                sender: Some(HardwareClock::Sampled(SampledClock {
+                    phc,
+                    read_errors: Some(0),
+                    last_read_error: Some("EIO".into()),
+                })),
+            }),
+            hardware_timestamping: Some(HardwareTimestamping::default()),
+            interrupted: true,
+            ip: Some(IpReport {
+                receiver: "10.77.0.2".into(),
+                sender: "10.77.0.1".into(),
+                version: 4,
+            }),
+            kernel_drops: Some(Some(KernelDrops {
+                host_backlog_drops: Some(1),
+                ..Default::default()
+            })),
+            knobs: Some(knobs),
+            late_arrivals: Some(0),
+            load: Some(LoadReport {
+                flows: vec![FlowReport {
+                    kind: "tcp".into(),
+                    fetch: Some(FetchTimes::default()),
+                    ..Default::default()
+                }],
+                total_achieved_bps: 1e6,
+                bottleneck: Some(QueueWindow::default()),
+            }),
+            loss_split: Some(LossSplit {
+                forward: Some(1),
+                r#return: None,
+                unknown: 0,
+                basis: "counted".into(),
+            }),
+            negative_one_way: None,
+            output_error: Some("disk full".into()),
+            peak_rss_kib: Some(Some(2048)),
+            reflector: Some(ReflectorReport {
+                counters: Some(ReflectorCounts::Kernel(XdpCounters::from([(
+                    "reflected".into(),
+                    super::super::summary::PacketsBytes {
+                        packets: 1,
+                        bytes: 64,
+                    },
+                )]))),
+                xdp_mode: Some("native".into()),
+                note: Some("kernel".into()),
+                rate_limit: Some("none".into()),
+                ..ReflectorReport::of_kind("kernel")
+            }),
+            skipped: vec!["qdisc fq_codel".into()],
+        };
+        Summary {
+            report,
+            ..Default::default()
+        }
+    }
+
+    fn schema_errors(json: &serde_json::Value) -> Vec<String> {
+        let schema = run_report_schema();
+        let v = jsonschema::validator_for(&schema).expect("the schema compiles");
+        v.iter_errors(json)
+            .map(|e| format!("{}: {e}", e.instance_path()))
+            .collect()
+    }
+
+    /// Every field the report can hold passes the schema; a key the
+    /// schema does not know, or a field of the wrong type, does not.
+    #[test]
+    fn the_schema_takes_every_field_and_refuses_strangers() {
+        let mut json = serde_json::to_value(full_summary()).unwrap();
+        assert_eq!(schema_errors(&json), Vec::<String>::new(), "{json:#}");
+        let back: Summary = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, full_summary(), "reads back as written");
+        json["extra"]["reflector"]["kindd"] = "typo".into();
+        json["extra"]["flows"][1]["summary"]["extra"]["clock"]["note"] = 1.into();
+        json["extra"]["hardware_clocks"]["sender"]["phc_index"] = "0".into();
+        let errors = schema_errors(&json);
+        for at in [
+            "/extra/reflector",
+            "/extra/flows/1/summary/extra/clock",
+            // Said of the optional field that holds the wrong part.
+            "/extra/hardware_clocks",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.starts_with(at)),
+                "{at}: {errors:#?}"
+            );
+        }
+    }
+
+    /// A key that was null stays null, an absent one absent.
+    #[test]
+    fn null_and_absent_keys_round_trip() {
+        let r = RunReport {
+            peak_rss_kib: Some(None),
+            reflector: Some(ReflectorReport {
+                sender_ttl_min: Some(None),
+                sender_ttl_max: Some(Some(64)),
+                ..ReflectorReport::of_kind("remote")
+            }),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"peak_rss_kib": null,
+                "reflector": {"kind": "remote", "sender_ttl_min": null, "sender_ttl_max": 64}})
+        );
+        assert_eq!(serde_json::from_value::<RunReport>(v).unwrap(), r);
+        assert!(RunReport::default().is_empty());
+        let s = serde_json::to_value(Summary::default()).unwrap();
+        assert!(s.get("extra").is_none(), "an empty report is left out");
+    }
+
+    /// Both kinds of clock report and both kinds of reflector counters
+    /// read back as what they were.
+    #[test]
+    fn untagged_parts_read_back_as_their_kind() {
+        let one = ClockReport::OneClock(OneClock {
+            note: "one clock".into(),
+            one_way_shown: true,
+        });
+        let verdict = ClockReport::Verdict(ClockVerdict {
+            one_way_shown: false,
+            bound_ns: None,
+            sender_synchronized: true,
+            sender_max_error_ns: 5,
+            reflector_synchronized: None,
+            reflector_error_ns: None,
+            note: "two clocks".into(),
+        });
+        for c in [one, verdict] {
+            let back: ClockReport =
+                serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();
+            assert_eq!(back, c);
+        }
+        let user = ReflectorCounts::User(ReflectorCounters {
+            reflected: 3,
+            ..Default::default()
+        });
+        let back: ReflectorCounts =
+            serde_json::from_value(serde_json::to_value(&user).unwrap()).unwrap();
+        assert_eq!(back, user);
+    }
+}
