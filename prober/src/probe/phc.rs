@@ -36,8 +36,8 @@ use crate::sys::ethtool;
 
 /// The index N of the interface's PHC (`/dev/ptpN`), or None when it has
 /// none (veth, loopback, NICs without hardware timestamping), in the
-/// calling thread's network namespace (`Netns::run`); the kernel layer's
-/// [`crate::sys::Sys::phc_index`] asks in a named one.
+/// calling thread's network namespace (the caller enters it with
+/// `Netns::run`).
 pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
     ethtool::phc_index(ifname)
 }
