@@ -29,7 +29,7 @@ use crate::{
         rtprobe plot baseline.csv out.csv",
     args_conflicts_with_subcommands = true
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
@@ -80,7 +80,7 @@ pub enum Command {
 
 /// The probe command's options: one spec per concept (see [`crate::spec`]).
 #[derive(Debug, Clone, Args)]
-pub struct ProbeArgs {
+pub(crate) struct ProbeArgs {
     #[command(flatten)]
     pub run: spec::RunSpec,
 

@@ -21,25 +21,25 @@
 //! unit-tested without root); `probe` talks to its own sockets and `app`
 //! to the terminal; everything else is pure.
 
-pub mod bench;
+pub(crate) mod bench;
 pub mod cli;
 pub mod config;
-pub mod docs;
-pub mod ebpf;
-pub mod error;
+pub(crate) mod docs;
+pub(crate) mod ebpf;
+pub(crate) mod error;
 pub mod export;
-pub mod heap;
-pub mod input;
+pub(crate) mod heap;
+pub(crate) mod input;
 pub mod model;
 pub mod probe;
 pub mod spec;
 pub mod stats;
 pub mod sys;
 pub mod testbed;
-pub mod tune;
+pub(crate) mod tune;
 
 mod app;
-pub mod runner;
+pub(crate) mod runner;
 mod signals;
 
 pub use app::main_entry;

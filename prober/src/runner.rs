@@ -543,7 +543,7 @@ fn choose_reflector(
     const KERNEL_LOSS_NOTE: &str = "the in-kernel reflector answers without a socket: a probe \
         counts as arrived when its echo comes back, so loss on the way out and on the way back \
         cannot be told apart (echoes lost is always 0)";
-    // No rate limit (see `XdpSetup::attach_reflector`): said in the summary.
+    // No rate limit (see `XdpSetup::attach_reflector_ports`): said in the summary.
     const KERNEL_LIMIT_NOTE: &str = "none: the testbed's reflector answers only the testbed's \
         own sender, at the run's rate";
     let kernel = |mode: crate::ebpf::AttachedMode| ReflectorReport {

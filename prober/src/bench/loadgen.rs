@@ -60,11 +60,6 @@ impl XdpLiveGen {
             0
         })
     }
-
-    /// Frames the program redirected so far (its own count).
-    pub fn sent(&self) -> Result<u64> {
-        self.prog.handled()
-    }
 }
 
 /// How fast a generator offers load.

@@ -67,14 +67,11 @@ use crate::{
     tune::{Knobs, MissingPolicy, StressTool},
 };
 
-/// Largest UDP payload that fits a 1500-byte MTU (the veth testbed's).
-pub const MAX_PROBE_SIZE: usize = MAX_PAYLOAD_1500;
-
 /// Most cells a scenario may have (sizes x intervals x XDP modes x sets).
 /// Each cell is a validated plan kept in memory and a probe run of its
 /// own; the shipped studies have at most a few hundred. Counted before
 /// any cell is built, so an oversized matrix costs nothing.
-pub const MAX_CELLS: u64 = 10_000;
+pub(crate) const MAX_CELLS: u64 = 10_000;
 
 // ---------------------------------------------------------------- file --
 
@@ -264,7 +261,7 @@ fn cell_id(size: usize, interval: Duration, mode: XdpMode, set: &str) -> String 
 
 /// What the real runner hands back for a cell.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CellResult {
+pub(crate) struct CellResult {
     /// The run's summary; its report holds `load` and `skipped` as
     /// `Applied::stop_load()` returned them.
     pub summary: Summary,
@@ -273,7 +270,7 @@ pub struct CellResult {
 }
 
 /// One cell as the report sees it.
-pub struct ReportRow<'a> {
+pub(crate) struct ReportRow<'a> {
     pub cell: &'a Cell,
     /// The cell's result, or why it failed.
     pub result: Result<&'a CellResult, &'a str>,
@@ -286,13 +283,13 @@ pub struct ReportRow<'a> {
 
 /// Executes one cell: build the testbed, attach XDP, apply the knobs, probe,
 /// write `cell.csv` and `cell.json`, restore.
-pub trait CellRunner {
+pub(crate) trait CellRunner {
     fn run_cell(&mut self, cell: &Cell) -> Result<CellResult>;
 }
 
 /// Draws the comparison of one cell against the baseline of its group;
 /// returns the files, which the report links (relative to the output dir).
-pub trait FigureMaker {
+pub(crate) trait FigureMaker {
     fn compare(&mut self, out_dir: &Path, baseline: &Cell, other: &Cell) -> Result<Vec<PathBuf>>;
 }
 
@@ -306,7 +303,7 @@ pub trait SystemCheck {
 
 /// The real checks, through the kernel layer: qdiscs in a scratch
 /// namespace, /proc for congestion controls; PATH for stress-ng.
-pub struct KernelCheck(pub crate::sys::SysRef);
+pub(crate) struct KernelCheck(pub crate::sys::SysRef);
 
 impl SystemCheck for KernelCheck {
     fn missing_qdiscs(&mut self, kinds: &[&'static str]) -> Result<Vec<String>> {
@@ -868,7 +865,7 @@ pub trait Progress {
 }
 
 /// indicatif bar on stderr (hidden when stderr is not a terminal).
-pub struct Bar {
+pub(crate) struct Bar {
     bar: indicatif::ProgressBar,
 }
 
@@ -917,8 +914,7 @@ impl Progress for Bar {
 
 /// Outcome of a whole scenario run.
 #[derive(Debug)]
-pub struct RunOutcome {
-    pub out_dir: PathBuf,
+pub(crate) struct RunOutcome {
     pub report: PathBuf,
     pub cells: usize,
     pub failed: usize,
@@ -926,7 +922,7 @@ pub struct RunOutcome {
 
 /// Runs every cell through `runner`, writes `results.json` after each cell
 /// and `report.md` at the end (also when cells failed).
-pub fn run_scenario(
+pub(crate) fn run_scenario(
     sc: &Scenario,
     out_dir: &Path,
     runner: &mut dyn CellRunner,
@@ -997,7 +993,6 @@ pub fn run_scenario(
     crate::export::atomic::write(&report_path, text.as_bytes())?;
     let failed = results.iter().filter(|r| r.is_err()).count();
     Ok(RunOutcome {
-        out_dir: out_dir.to_path_buf(),
         report: report_path,
         cells: cells.len(),
         failed,
@@ -1174,8 +1169,8 @@ pub fn plan(sc: &Scenario, cells: &[Cell], out_dir: &Path, notes: &[String]) -> 
     s
 }
 
-pub mod fetch_study;
-pub mod report;
+pub(crate) mod fetch_study;
+pub(crate) mod report;
 
 #[cfg(test)]
 mod tests;

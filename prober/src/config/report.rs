@@ -15,7 +15,7 @@ use crate::{
     stats::{Summary, chain::Stage},
 };
 
-pub use super::ReportRow;
+pub(crate) use super::ReportRow;
 
 pub struct ReportInput<'a> {
     pub scenario: &'a Scenario,

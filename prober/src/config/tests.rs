@@ -9,7 +9,7 @@ use serde_json::json;
 use super::*;
 use crate::{
     stats::{Latency, RunReport, report::FlowSummary},
-    tune::{FlowReport, LoadReport, QueueLimit, Rate},
+    tune::{LoadReport, QueueLimit, Rate, load::FlowReport},
 };
 
 const FULL: &str = r#"

@@ -51,7 +51,6 @@ use crate::{
     sys::{BpfObject, Ns, Sys, SysRef, XdpAttachError, XdpFlags, XdpLink, XdpProg},
 };
 
-pub use crate::sys::XdpState;
 pub use mode::{ReflectorKind, XdpAction, XdpMode};
 pub use reflector::Reflector;
 pub(crate) use setup::{KernelLoader, Loader, attach_for_testbed_with};
@@ -200,11 +199,7 @@ impl Router {
         }
     }
 
-    /// The kernel's id of the loaded program (as `bpftool prog` shows it).
-    pub fn prog_id(&self) -> u32 {
-        self.prog.id
-    }
-
+    #[cfg(test)]
     pub fn pass_only(&self) -> bool {
         self.pass_only
     }
@@ -282,6 +277,7 @@ impl Router {
     /// Lets the router redirect out of `ifname` (in `ns`) without
     /// attaching to it. `attach` does this for the interfaces it attaches
     /// to. Returns the interface's ifindex.
+    #[cfg(test)]
     pub fn add_egress<'a>(&mut self, ns: impl Into<Ns<'a>>, ifname: &str) -> Result<u32> {
         let ns = ns.into();
         let ns_key = ns.label();
@@ -308,6 +304,7 @@ impl Router {
     }
 
     /// Names of the interfaces the router is attached to, with their namespace.
+    #[cfg(test)]
     pub fn attached_to(&self) -> Vec<(String, String)> {
         self.attachments
             .iter()
@@ -377,6 +374,7 @@ impl Drop for Router {
 /// The XDP mode the kernel reports for `ifname` in `ns` (any program, not
 /// only rtprobe's), or None if no XDP program is attached. If programs are
 /// attached in both modes, native is reported.
+#[cfg(test)]
 pub fn attached_mode<'a>(
     sys: &dyn Sys,
     ns: impl Into<Ns<'a>>,

@@ -278,7 +278,6 @@ pub struct Reflector {
     stop: Arc<AtomicBool>,
     refresher: Option<JoinHandle<()>>,
     identity: Arc<Mutex<IdentityState>>,
-    limits: RateLimits,
     /// The program's rare-path log, when `-vv` asked for it.
     _log: Option<super::klog::KernelLog>,
 }
@@ -386,7 +385,6 @@ impl Reflector {
             stop,
             refresher: Some(refresher),
             identity,
-            limits,
             _log: log,
         })
     }
@@ -406,18 +404,8 @@ impl Reflector {
             stop: Arc::new(AtomicBool::new(false)),
             refresher: None,
             identity: Arc::default(),
-            limits: RateLimits::NONE,
             _log: None,
         }
-    }
-
-    pub fn prog_id(&self) -> u32 {
-        self.prog.id
-    }
-
-    /// The limits it was loaded with.
-    pub fn limits(&self) -> RateLimits {
-        self.limits
     }
 
     /// Answers for `id` from now on (BPF_PROG_TEST_RUN tests; [`Self::attach`]

@@ -223,8 +223,9 @@ impl XdpSetup {
         }
     }
 
-    /// Attaches the in-kernel reflector (answering rtprobe probes to UDP
-    /// `port`) to the receiver's interface, native where the driver can,
+    /// Attaches the in-kernel reflector, answering rtprobe probes to UDP
+    /// `port` (0: none) and STAMP session-sender packets to `stamp_port`
+    /// (0: none), to the receiver's interface, native where the driver can,
     /// else generic. On a veth it prepares what the replies and the
     /// reflector's checksum update need (GRO requested on the peer, which
     /// receives the replies; TX checksum offload off at the sender, so
@@ -235,12 +236,6 @@ impl XdpSetup {
     /// without a rate limit: only the testbed's own sender reaches it, at
     /// whatever rate the run (a bench) asks for. Fails when another XDP
     /// program holds the interface (the router in NIC-pair mode).
-    pub fn attach_reflector(&mut self, tb: &Testbed, port: u16) -> Result<AttachedMode> {
-        self.attach_reflector_ports(tb, port, 0)
-    }
-
-    /// [`Self::attach_reflector`] answering rtprobe probes to `port` (0:
-    /// none) and STAMP session-sender packets to `stamp_port` (0: none).
     pub fn attach_reflector_ports(
         &mut self,
         tb: &Testbed,
@@ -293,7 +288,7 @@ impl XdpSetup {
     /// reply in `xdp_tx` with `xdp_tx_err` 0 while the peer's
     /// `rx_queue_0_xdp_packets` and RX packets stay flat. A redirect to the
     /// veth itself goes through `ndo_xdp_xmit`, whose flush wakes the
-    /// peer's NAPI whenever it exists, and [`Self::attach_reflector`]
+    /// peer's NAPI whenever it exists, and [`Self::attach_reflector_ports`]
     /// requests GRO on the peer so that it does: the replies get through
     /// with the router native, generic or off. The peer is the testbed's
     /// router; a veth without one (a NIC pair made of a veth pair) is not

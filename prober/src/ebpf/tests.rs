@@ -11,11 +11,8 @@ use aya::programs::{TestRun, TestRunOptions};
 
 use super::*;
 use crate::{
-    sys::Netns,
-    testbed::{
-        ethtool,
-        testutil::{exec, ifindex, ip, mac, netns, require_root},
-    },
+    sys::{Netns, ethtool},
+    testbed::testutil::{exec, ifindex, ip, mac, netns, require_root},
 };
 
 const XDP_DROP: u32 = 1;

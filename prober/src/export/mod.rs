@@ -1,15 +1,15 @@
 //! Everything rtprobe writes: the per-probe CSV (streamed), the JSON summary
 //! and the plots. Pure: no kernel access.
 
-pub mod atomic;
-pub mod compare;
+pub(crate) mod atomic;
+pub(crate) mod compare;
 pub mod csv;
-pub mod hdrlog;
-pub mod json;
+pub(crate) mod hdrlog;
+pub(crate) mod json;
 pub mod live;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod plot;
-pub mod rotate;
-pub mod text;
+pub(crate) mod rotate;
+pub(crate) mod text;
 
 pub use self::csv::{CsvWriter, META_PREFIX};

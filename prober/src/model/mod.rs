@@ -4,7 +4,7 @@
 //! Imports nothing from the crate but `stats` (the observer sees running
 //! statistics, the outcome carries the summary).
 
-pub mod observer;
+pub(crate) mod observer;
 pub mod record;
 pub mod run;
-pub mod units;
+pub(crate) mod units;

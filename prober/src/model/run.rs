@@ -40,7 +40,7 @@ pub struct RunMeta {
 }
 
 /// The result of a run.
-pub struct RunOutcome {
+pub(crate) struct RunOutcome {
     pub summary: Summary,
     pub meta: RunMeta,
     pub rows: u64,

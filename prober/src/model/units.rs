@@ -85,10 +85,6 @@ pub fn fmt_num(v: f64) -> String {
 pub mod humane_duration {
     use super::*;
 
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&fmt_duration_exact(*d))
-    }
-
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         parse_duration(&s).map_err(de::Error::custom)

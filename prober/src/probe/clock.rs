@@ -147,6 +147,7 @@ impl RealtimeMap {
         true
     }
 
+    #[cfg(test)]
     pub fn offset_ns(&self) -> i64 {
         self.offset_ns
     }

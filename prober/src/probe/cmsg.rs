@@ -11,9 +11,10 @@ pub const SO_EE_ORIGIN_TIMESTAMPING: u8 = 4;
 /// `SCM_TSTAMP_SND`: the driver handed the packet to the NIC.
 pub const SCM_TSTAMP_SND: u32 = 0;
 /// `SCM_TSTAMP_SCHED`: the packet entered the device layer (before the qdisc).
-pub const SCM_TSTAMP_SCHED: u32 = 1;
+pub(crate) const SCM_TSTAMP_SCHED: u32 = 1;
 /// `SCM_TSTAMP_ACK`: TCP only.
-pub const SCM_TSTAMP_ACK: u32 = 2;
+#[cfg(test)]
+pub(crate) const SCM_TSTAMP_ACK: u32 = 2;
 
 /// Which point of the send path a TX timestamp marks (`ee_info`), and on
 /// which clock.

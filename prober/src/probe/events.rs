@@ -39,10 +39,6 @@ impl EventBatch {
         self.events.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
-    }
-
     /// Whether the batch should go now.
     pub fn due(&self, now_ns: i64) -> bool {
         self.events.len() >= MAX_LEN || self.oldest_ns.is_some_and(|t| now_ns - t >= MAX_AGE_NS)
@@ -105,7 +101,7 @@ mod tests {
         b.push(Event::Foreign, 6);
         assert!(b.flush(&tx));
         assert_eq!(rx.try_recv().unwrap().len(), 2);
-        assert!(b.is_empty() && !b.due(i64::MAX));
+        assert!(b.len() == 0 && !b.due(i64::MAX));
         drop(rx);
         b.push(Event::Foreign, 7);
         assert!(!b.flush(&tx), "collector gone");

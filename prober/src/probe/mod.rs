@@ -5,24 +5,24 @@
 //! (hardware timestamping, the two sockets in their namespaces) and the
 //! collector that turns the engine's events into records.
 
-pub mod addresses;
-pub mod clock;
+pub(crate) mod addresses;
+pub(crate) mod clock;
 pub mod cmsg;
-pub mod cpu_wait;
+pub(crate) mod cpu_wait;
 pub(crate) mod engine;
-pub mod events;
-pub mod kstats;
+pub(crate) mod events;
+pub(crate) mod kstats;
 pub mod matcher;
 pub(crate) mod meta;
-pub mod pacer;
+pub(crate) mod pacer;
 pub mod packet;
-pub mod phc;
+pub(crate) mod phc;
 pub mod reflect;
-pub mod remote;
-pub mod socket;
+pub(crate) mod remote;
+pub(crate) mod socket;
 pub mod stamp;
-pub mod timestamps;
-pub mod wake;
+pub(crate) mod timestamps;
+pub(crate) mod wake;
 pub(crate) mod wire;
 
 pub(crate) use engine::{SessionEnds, run_session};
@@ -55,8 +55,8 @@ use socket::{HwTimestamping, ProbeSocket, TsFlags};
 
 /// Stop levels set by the signal handler: 1 = stop sending and wait for
 /// probes in flight, 2 = finish at once.
-pub const STOP_SENDING: u8 = 1;
-pub const STOP_NOW: u8 = 2;
+pub(crate) const STOP_SENDING: u8 = 1;
+pub(crate) const STOP_NOW: u8 = 2;
 
 impl ProbeConfig {
     /// The labels of this flow's metrics (and its HDR log's header).
@@ -66,7 +66,7 @@ impl ProbeConfig {
 }
 
 /// How often the collector flushes the CSV and ticks the observer (~4x/s).
-pub const TICK_NS: i64 = 250_000_000;
+pub(crate) const TICK_NS: i64 = 250_000_000;
 
 /// Validated probe options.
 #[derive(Clone)]
@@ -114,7 +114,7 @@ impl std::fmt::Debug for ProbeConfig {
 }
 
 /// Where probes go from and to.
-pub struct Endpoints<'a> {
+pub(crate) struct Endpoints<'a> {
     /// The kernel layer that reads the namespaces' drop counters.
     pub sys: &'a dyn crate::sys::Sys,
     pub sender_ns: &'a Netns,
@@ -126,7 +126,7 @@ pub struct Endpoints<'a> {
 }
 
 /// What the session learned besides the records.
-pub struct SessionOutcome {
+pub(crate) struct SessionOutcome {
     pub stats: RunStats,
     pub hardware_tx: bool,
     pub hardware_rx: bool,

@@ -29,7 +29,7 @@ pub const FLAG_KERNEL_TIMES: u8 = xdp_common::RTPB_FLAG_KERNEL_TIMES;
 /// Smallest payload that holds the header.
 pub const HEADER_LEN: usize = xdp_common::RTPB_HEADER_LEN;
 /// Where the in-kernel reflector's receive time starts (transmit time after it).
-pub const KTIMES_OFFSET: usize = xdp_common::RTPB_KTIMES_OFFSET;
+pub(crate) const KTIMES_OFFSET: usize = xdp_common::RTPB_KTIMES_OFFSET;
 /// Smallest payload the in-kernel reflector writes its times into.
 pub const KTIMES_MIN_LEN: usize = xdp_common::RTPB_KTIMES_MIN_LEN;
 
@@ -103,7 +103,8 @@ impl Probe {
 
 /// Marks a received probe as an echo in place (the reflector sends the
 /// datagram back unchanged otherwise, so the size is symmetric).
-pub fn mark_echo(buf: &mut [u8]) {
+#[cfg(test)]
+pub(crate) fn mark_echo(buf: &mut [u8]) {
     if buf.len() > 5 {
         buf[5] |= FLAG_ECHO;
     }

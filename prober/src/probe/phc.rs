@@ -36,8 +36,8 @@ use crate::sys::ethtool;
 
 /// The index N of the interface's PHC (`/dev/ptpN`), or None when it has
 /// none (veth, loopback, NICs without hardware timestamping), in the
-/// calling thread's network namespace (`Netns::run`); the kernel layer's
-/// [`crate::sys::Sys::phc_index`] asks in a named one.
+/// calling thread's network namespace (the caller enters it with
+/// `Netns::run`).
 pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
     ethtool::phc_index(ifname)
 }
@@ -194,24 +194,6 @@ impl PtpClock {
             samples_per_read: 5,
             extended: true,
         })
-    }
-
-    /// How many samples each read takes (clamped to 1..=25, the kernel's
-    /// limit).
-    pub fn with_samples_per_read(mut self, n: u32) -> Self {
-        self.samples_per_read = n.clamp(1, PTP_MAX_SAMPLES as u32);
-        self
-    }
-
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
-    /// Whether reads use PTP_SYS_OFFSET_EXTENDED (true until the kernel
-    /// refuses it). Its windows are tighter: the driver reads the system
-    /// clock right around the PHC register, not around the whole call.
-    pub fn uses_extended(&self) -> bool {
-        self.extended
     }
 
     /// One batch of offset samples.

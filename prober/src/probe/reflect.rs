@@ -99,12 +99,12 @@ pub const LOG_LINES_PER_S: u32 = 10;
 /// Replies TX-stamped a second at most (for the turnaround): a client at
 /// 1 kHz keeps every stamp; a flood adds at most this many error-queue
 /// messages a second, whatever its rate.
-pub const TX_STAMPS_PER_S: u32 = 2000;
+pub(crate) const TX_STAMPS_PER_S: u32 = 2000;
 /// Stamps that may be taken at once after a quiet spell (0.1 s worth).
-pub const TX_STAMP_BURST: u32 = TX_STAMPS_PER_S / 10;
+pub(crate) const TX_STAMP_BURST: u32 = TX_STAMPS_PER_S / 10;
 /// Largest datagram answered: a jumbo frame's payload. Anything longer is
 /// malformed (no probe rtprobe or a STAMP sender builds is that long).
-pub const MAX_REQUEST_BYTES: usize = 9000;
+pub(crate) const MAX_REQUEST_BYTES: usize = 9000;
 
 /// How the reflector answers.
 #[derive(Debug, Clone)]
@@ -166,7 +166,7 @@ pub struct Addressing {
 
 /// One new session, for the log and the JSON.
 #[derive(Debug, Clone, Serialize)]
-pub struct SessionInfo {
+pub(crate) struct SessionInfo {
     pub source: String,
     /// rtprobe session id (hex) or STAMP SSID.
     pub id: String,
@@ -493,7 +493,7 @@ fn estimate_of(clock: Option<ClockSync>) -> ErrorEstimate {
 /// Turns an rtprobe probe into its echo: the echo flag, the reflector's
 /// receive and transmit times where there is room (as the in-kernel
 /// reflector writes them), and its state where there is room for that.
-pub fn write_rtprobe_echo(
+pub(crate) fn write_rtprobe_echo(
     buf: &mut [u8],
     rx_ns: i64,
     tx_ns: i64,
@@ -527,7 +527,7 @@ pub fn read_rtprobe_state(buf: &[u8]) -> Option<(u64, ErrorEstimate)> {
 
 /// What [`serve`] reports when it returns.
 #[derive(Debug, Clone, Serialize)]
-pub struct ServeReport {
+pub(crate) struct ServeReport {
     pub protocol: &'static str,
     pub listen: Vec<String>,
     pub authenticated: bool,
@@ -570,7 +570,7 @@ impl ServeReport {
 /// rest, so that a flood cannot turn the log into the bottleneck (or fill
 /// the disk) while the log still says how much was held back.
 #[derive(Debug, Clone)]
-pub struct LineLimit {
+pub(crate) struct LineLimit {
     per_s: u32,
     window_start_ns: i64,
     shown: u32,
@@ -620,7 +620,7 @@ impl LineLimit {
 /// source (the point is to bound the reflector's own error queue, not to
 /// be fair): under a flood the stamped replies are a sample of all.
 #[derive(Debug, Clone)]
-pub struct StampBudget {
+pub(crate) struct StampBudget {
     /// Time one stamp costs, ns.
     cost_ns: i64,
     /// Credit saved up to the burst, ns; `last_ns` is when it was.
@@ -771,7 +771,7 @@ fn turn_on(
 /// `session_line` gets the "new session ... from ..." lines, at most
 /// [`LOG_LINES_PER_S`] a second, then one "... not shown" line for the rest.
 /// A failed receive is counted, logged (as often) and survived.
-pub fn serve(
+pub(crate) fn serve(
     socks: &[ProbeSocket],
     core: &mut Core,
     stop: &AtomicU8,

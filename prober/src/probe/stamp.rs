@@ -69,20 +69,20 @@ use sha2::Sha256;
 use thiserror::Error;
 
 /// Seconds from the NTP epoch (1900-01-01) to the Unix epoch (1970-01-01).
-pub const NTP_UNIX_OFFSET_S: i64 = 2_208_988_800;
+pub(crate) const NTP_UNIX_OFFSET_S: i64 = 2_208_988_800;
 /// Base length of every unauthenticated STAMP test packet (RFC 8762 §4.2.1, §4.3.1).
-pub const UNAUTH_LEN_BYTES: usize = 44;
+pub(crate) const UNAUTH_LEN_BYTES: usize = 44;
 /// Base length of every authenticated STAMP test packet (RFC 8762 §4.2.2, §4.3.2).
 pub const AUTH_LEN_BYTES: usize = 112;
 /// Octets an HMAC covers: the first six 16-octet blocks (RFC 8762 §4.4).
 pub const HMAC_COVERED_BYTES: usize = 96;
 /// HMAC-SHA-256 truncated to 128 bits (RFC 8762 §4.4, as RFC 4868 does).
-pub const HMAC_LEN_BYTES: usize = 16;
+pub(crate) const HMAC_LEN_BYTES: usize = 16;
 /// Largest UDP payload over IPv4; no encoder builds a longer packet.
 pub const MAX_PACKET_BYTES: usize = 65_507;
 /// Sessions (SSIDs) one [`ReflectorState`] tracks: bounds the memory a
 /// single peer can make the reflector spend.
-pub const MAX_SESSIONS_PER_STATE: usize = 1024;
+pub(crate) const MAX_SESSIONS_PER_STATE: usize = 1024;
 
 const NS_PER_S: i128 = 1_000_000_000;
 /// Unix seconds the NTP era pivot of RFC 4330 §3 can express: NTP seconds

@@ -181,7 +181,6 @@ pub struct Variant {
 /// states filled in, validated.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub modes: Vec<ForwardMode>,
     /// The modes, then each skb/native mode once per `--work` value.
     pub variants: Vec<Variant>,
     pub bounce: Vec<BounceHook>,
@@ -254,7 +253,6 @@ impl Plan {
         loads.sort_unstable();
         loads.dedup();
         Ok(Self {
-            modes,
             variants,
             bounce: first_of_each(a.bounce.as_deref().unwrap_or_default()),
             queues,
@@ -424,7 +422,8 @@ mod tests {
         assert!(p.threaded_napi);
         let p = plan(&["--load", "100,50,50,0", "--modes", "native,off,native"]).unwrap();
         assert_eq!(p.loads, vec![0, 50, 100]);
-        assert_eq!(p.modes, vec![ForwardMode::Native, ForwardMode::Off]);
+        let modes: Vec<_> = p.variants.iter().map(|v| v.mode).collect();
+        assert_eq!(modes, vec![ForwardMode::Native, ForwardMode::Off]);
         assert!(plan(&["--sizes", "63"]).is_err());
         assert!(plan(&["--sizes", "1501"]).is_err());
         assert!(plan(&["--load", "150"]).is_err());

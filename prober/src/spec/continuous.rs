@@ -13,13 +13,13 @@ use super::SpecError;
 
 /// How long each interval histogram covers when `--report-every` is not
 /// given (the progress bar, the HDR log and nothing else use it).
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// Rotated files kept besides the current one when `--out-keep` is not given.
-pub const DEFAULT_KEEP: u32 = 5;
+pub(crate) const DEFAULT_KEEP: u32 = 5;
 /// Smallest rotation size: a file must hold its metadata and a few rows.
-pub const MIN_ROTATE_BYTES: u64 = 16 * 1024;
+pub(crate) const MIN_ROTATE_BYTES: u64 = 16 * 1024;
 /// Shortest rotation period.
-pub const MIN_ROTATE_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const MIN_ROTATE_PERIOD: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[command(next_help_heading = "Continuous probing and live outputs")]

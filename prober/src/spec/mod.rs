@@ -28,17 +28,17 @@
 //! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
 //! [`values`].
 
-pub mod bench;
+pub(crate) mod bench;
 pub mod continuous;
-pub mod flows;
+pub(crate) mod flows;
 pub(crate) mod located;
-pub mod output;
-pub mod pacing;
-pub mod plan;
-pub mod probe;
+pub(crate) mod output;
+pub(crate) mod pacing;
+pub(crate) mod plan;
+pub(crate) mod probe;
 pub mod remote;
-pub mod values;
-pub mod xdp;
+pub(crate) mod values;
+pub(crate) mod xdp;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -97,7 +97,7 @@ impl RunSpec {
 /// fields laid over `base`'s, and read back, so a new field needs nothing
 /// here. A field whose value does not read back as written is a bug that
 /// `every_spec_round_trips` catches; it is an error, not a panic.
-pub fn merge<T: Serialize + DeserializeOwned>(base: &T, top: &T) -> anyhow::Result<T> {
+pub(crate) fn merge<T: Serialize + DeserializeOwned>(base: &T, top: &T) -> anyhow::Result<T> {
     use anyhow::Context;
     use serde_json::Value;
     let internal = "internal: an option does not read back as written";
@@ -119,7 +119,7 @@ pub fn merge<T: Serialize + DeserializeOwned>(base: &T, top: &T) -> anyhow::Resu
 
 /// Every key a spec takes (its fields, flattened groups included), read
 /// from its serialized form, where every unset field is a null.
-pub fn keys_of<T: Serialize + Default>() -> Vec<String> {
+pub(crate) fn keys_of<T: Serialize + Default>() -> Vec<String> {
     match serde_json::to_value(T::default()) {
         Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
         _ => Vec::new(),
@@ -128,7 +128,7 @@ pub fn keys_of<T: Serialize + Default>() -> Vec<String> {
 
 /// `--kebab-case` flag of a spec key (`link_rate` -> `--link-rate`), with
 /// the keys whose flag is spelled differently.
-pub fn flag_of(key: &str) -> String {
+pub(crate) fn flag_of(key: &str) -> String {
     match key {
         "flows" => "--flow".into(),
         "load" => "--load".into(),

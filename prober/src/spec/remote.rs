@@ -11,12 +11,12 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 /// STAMP's well-known port (RFC 8762 §4.1, IANA "stamp").
-pub const STAMP_PORT: u16 = 862;
+pub(crate) const STAMP_PORT: u16 = 862;
 /// rtprobe's own protocol's default port.
-pub const RTPROBE_PORT: u16 = 5061;
+pub(crate) const RTPROBE_PORT: u16 = 5061;
 /// Shortest key accepted from a key file: RFC 4868 §2.1.1 wants the
 /// HMAC-SHA-256 key as long as its output.
-pub const MIN_KEY_BYTES: usize = 32;
+pub(crate) const MIN_KEY_BYTES: usize = 32;
 
 /// Which probes go on the wire.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -141,7 +141,7 @@ pub fn resolve(target: &str, default_port: u16) -> Result<SocketAddr> {
 
 /// Reads an HMAC key file: every byte of it is the key (a trailing newline
 /// too: `head -c 32 /dev/urandom > key` gives none). Never logged.
-pub fn read_key(path: &Path) -> Result<crate::probe::stamp::HmacKey> {
+pub(crate) fn read_key(path: &Path) -> Result<crate::probe::stamp::HmacKey> {
     let bytes = crate::input::read_capped(path, "key file", crate::input::MAX_KEY_BYTES)?;
     if bytes.len() < MIN_KEY_BYTES {
         bail!(
@@ -155,7 +155,7 @@ pub fn read_key(path: &Path) -> Result<crate::probe::stamp::HmacKey> {
 }
 
 /// `--rate-limit 1000/s`, `1000`: datagrams per second from one source.
-pub fn parse_rate(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let n = t.strip_suffix("/s").unwrap_or(t);
     match n.trim().parse::<u32>() {
@@ -247,11 +247,11 @@ pub struct ReflectArgs {
 }
 
 /// Default rate limit per source.
-pub const DEFAULT_RATE_LIMIT_PPS: u32 = 10_000;
+pub(crate) const DEFAULT_RATE_LIMIT_PPS: u32 = 10_000;
 /// Default cap on the in-kernel reflector's replies over all sources: ten
 /// sources at the full per-source rate (about 1.2 Gbit/s of 1500-byte
 /// replies), far below what XDP could send.
-pub const DEFAULT_GLOBAL_RATE_LIMIT_PPS: u32 = 100_000;
+pub(crate) const DEFAULT_GLOBAL_RATE_LIMIT_PPS: u32 = 100_000;
 
 #[cfg(test)]
 mod tests {

@@ -147,15 +147,6 @@ impl IntervalStats {
         }
     }
 
-    pub fn len(&self) -> Duration {
-        Duration::from_nanos(self.len_ns as u64)
-    }
-
-    /// The run's start (first scheduled send), once a record came.
-    pub fn run_start_ns(&self) -> Option<i64> {
-        self.run_start_ns
-    }
-
     /// Adds a finalized record (seq order); `done` gets every interval the
     /// record shows complete, in order.
     pub fn on_record(&mut self, r: &ProbeRecord, mut done: impl FnMut(&Interval)) {
@@ -198,6 +189,7 @@ impl IntervalStats {
     }
 
     /// The interval being filled.
+    #[cfg(test)]
     pub fn current(&self) -> &Interval {
         &self.cur
     }

@@ -1,13 +1,13 @@
 //! Statistics over probe records: HDR histograms for one-way latency and
 //! RTT, loss, reordering, duplicates and IPDV jitter. Pure.
 
-pub mod bootstrap;
+pub(crate) mod bootstrap;
 pub mod chain;
-pub mod interval;
+pub(crate) mod interval;
 pub mod report;
 pub mod summary;
 
 pub use report::RunReport;
-pub use summary::{
-    Counts, CpuWaits, Dominant, Latency, Pacing, RunStats, Stages, Summary, XdpCounters,
-};
+pub use summary::CpuWaits;
+pub(crate) use summary::XdpCounters;
+pub use summary::{Counts, Latency, Pacing, RunStats, Stages, Summary};

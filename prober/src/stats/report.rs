@@ -2,7 +2,8 @@
 //! (its `extra` object): the reflector, the clocks, the load, the kernel's
 //! drop counters, per-flow summaries. Typed, so that renaming a field is a
 //! compile error in every exporter that reads it; its JSON Schema is
-//! checked in as docs/run-report.schema.json (see [`run_report_schema`]).
+//! checked in as docs/run-report.schema.json (`run_report_schema`, built for
+//! the tests, generates it).
 //! Pure data: the layers that measure these facts fill them in.
 
 use schemars::JsonSchema;
@@ -467,7 +468,8 @@ pub struct FetchTimes {
 /// docs/run-report.schema.json: every object closed
 /// (`additionalProperties: false`) so that a field renamed or added
 /// without the schema fails the check.
-pub fn run_report_schema() -> serde_json::Value {
+#[cfg(test)]
+pub(crate) fn run_report_schema() -> serde_json::Value {
     let mut settings = schemars::generate::SchemaSettings::draft2020_12();
     settings.meta_schema = Some("https://json-schema.org/draft/2020-12/schema".into());
     let schema = settings.into_generator().into_root_schema_for::<Summary>();
@@ -479,6 +481,7 @@ pub fn run_report_schema() -> serde_json::Value {
 /// Sets `additionalProperties: false` on every object schema that lists
 /// its properties and says nothing about others (maps such as the XDP
 /// counters say what their values are and stay open to any key).
+#[cfg(test)]
 fn close_objects(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(o) => {

@@ -104,7 +104,7 @@ pub struct Dominant {
 }
 
 /// The stage with the largest median among `stages`, against `total_p50`.
-pub fn dominant_stage(
+pub(crate) fn dominant_stage(
     what: &str,
     total_p50: Option<u64>,
     stages: &Stages,
@@ -135,7 +135,7 @@ pub struct PacketsBytes {
 }
 
 /// XDP router counters by outcome name (summed over CPUs).
-pub type XdpCounters = BTreeMap<String, PacketsBytes>;
+pub(crate) type XdpCounters = BTreeMap<String, PacketsBytes>;
 
 /// What a run measured. Field names are the `--json` keys.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -303,7 +303,7 @@ impl CpuWaits {
 
 /// A send `late_ns` after its schedule missed its tick when it went out
 /// more than one whole interval late (the next probe was already due).
-pub fn is_missed_tick(late_ns: i64, interval_ns: i64) -> bool {
+pub(crate) fn is_missed_tick(late_ns: i64, interval_ns: i64) -> bool {
     interval_ns > 0 && late_ns > interval_ns
 }
 

@@ -47,7 +47,6 @@ pub enum Call {
     Ring(String, String),
     SetTxRing(String, String, u32),
     Driver(String, String),
-    PhcIndex(String, String),
     Tc(String, String),
     Qdiscs(String, String),
     XdpState(String, u32),
@@ -78,7 +77,6 @@ impl Call {
                 | Call::Offload(..)
                 | Call::Ring(..)
                 | Call::Driver(..)
-                | Call::PhcIndex(..)
                 | Call::Qdiscs(..)
                 | Call::XdpState(..)
                 | Call::MissingQdiscKinds(..)
@@ -94,8 +92,6 @@ pub struct FakeLink {
     pub addrs: Vec<Addr>,
     pub offloads: BTreeMap<Offload, bool>,
     pub driver: String,
-    /// Its PTP hardware clock's index.
-    pub phc: Option<u32>,
     pub xdp: XdpState,
     /// The errno a native (or unflagged) XDP attach gets; None: the driver
     /// has native XDP. EOPNOTSUPP makes an unflagged attach generic.
@@ -170,7 +166,6 @@ impl FakeSys {
                 addrs: Vec::new(),
                 offloads,
                 driver: "fake".into(),
-                phc: None,
                 xdp: XdpState::default(),
                 refuse_native: None,
             },
@@ -490,11 +485,6 @@ impl Sys for FakeSys {
     fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
         self.record(Call::Driver(key(ns), dev.into()))?;
         self.with_link_mut(ns, dev, |l| l.driver.clone())
-    }
-
-    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
-        self.record(Call::PhcIndex(key(ns), dev.into()))?;
-        self.with_link_mut(ns, dev, |l| l.phc)
     }
 
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {

@@ -36,13 +36,13 @@
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
 
-pub mod ethtool;
+pub(crate) mod ethtool;
 #[cfg(test)]
-pub mod fake;
-pub mod netlink;
+pub(crate) mod fake;
+pub(crate) mod netlink;
 pub mod netns;
 mod real;
-pub mod tc;
+pub(crate) mod tc;
 
 use std::{
     fmt,
@@ -53,14 +53,16 @@ use std::{
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-pub use ethtool::Ring;
-pub use netns::Netns;
-pub use real::{LinuxSys, NsCtx, bpf_errno, linux, linux_static, private_sysfs, release_worker};
-pub use tc::{TcCmd, TcError};
+pub(crate) use ethtool::Ring;
+pub(crate) use netns::Netns;
+#[cfg(test)]
+pub(crate) use real::private_sysfs;
+pub(crate) use real::{bpf_errno, linux, linux_static, release_worker};
+pub(crate) use tc::TcCmd;
 
 /// Which network namespace a call acts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Ns<'a> {
+pub(crate) enum Ns<'a> {
     /// The namespace this process started in.
     Host,
     /// A named namespace (/run/netns/NAME).
@@ -84,7 +86,7 @@ impl fmt::Display for Ns<'_> {
 
 /// A link as netlink reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Link {
+pub(crate) struct Link {
     pub index: u32,
     pub name: String,
     pub up: bool,
@@ -93,7 +95,7 @@ pub struct Link {
 
 /// An interface address (IPv4 or IPv6) with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Addr {
+pub(crate) struct Addr {
     pub addr: IpAddr,
     pub prefix_len: u8,
 }
@@ -106,7 +108,7 @@ impl fmt::Display for Addr {
 
 /// A unicast route of the main table.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Route {
+pub(crate) struct Route {
     pub dst: IpAddr,
     pub prefix_len: u8,
     pub gateway: Option<IpAddr>,
@@ -166,7 +168,7 @@ impl fmt::Display for Route {
 
 /// One qdisc as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct QdiscInfo {
+pub(crate) struct QdiscInfo {
     pub ifindex: u32,
     pub kind: String,
     /// "1:" style, "0:" for the kernel's default qdiscs.
@@ -196,7 +198,7 @@ impl QdiscInfo {
 
 /// XDP programs attached to one interface, by mode (kernel program ids).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct XdpState {
+pub(crate) struct XdpState {
     pub skb_prog_id: Option<u32>,
     pub drv_prog_id: Option<u32>,
     pub hw_prog_id: Option<u32>,
@@ -210,7 +212,7 @@ impl XdpState {
 
 /// The mode flag an XDP attach asks the kernel for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum XdpFlags {
+pub(crate) enum XdpFlags {
     /// XDP_FLAGS_SKB_MODE: generic XDP, any driver.
     Skb,
     /// XDP_FLAGS_DRV_MODE: in the driver; refused by drivers without it.
@@ -223,7 +225,7 @@ pub enum XdpFlags {
 /// that its worker of a namespace can attach the object's XDP programs and
 /// write its device maps there. Tests use a stand-in holding no object.
 #[derive(Clone)]
-pub struct BpfObject(Arc<RwLock<Option<aya::Ebpf>>>);
+pub(crate) struct BpfObject(Arc<RwLock<Option<aya::Ebpf>>>);
 
 impl BpfObject {
     pub fn new(ebpf: aya::Ebpf) -> Self {
@@ -265,7 +267,7 @@ impl fmt::Debug for BpfObject {
 
 /// One XDP program of a loaded object.
 #[derive(Debug, Clone)]
-pub struct XdpProg {
+pub(crate) struct XdpProg {
     pub obj: BpfObject,
     /// Its name in the object.
     pub name: &'static str,
@@ -277,7 +279,7 @@ pub struct XdpProg {
 /// takes it back. Dropped without that, a bpf_link attachment (Linux >=
 /// 5.9) detaches as its fd closes; a netlink one stays.
 #[derive(Debug)]
-pub struct XdpLink {
+pub(crate) struct XdpLink {
     /// The namespace's name, None for the host.
     pub netns: Option<String>,
     pub dev: String,
@@ -297,7 +299,7 @@ impl XdpLink {
 /// (callers choose a fallback or an explanation by it).
 #[derive(Debug, thiserror::Error)]
 #[error("attaching XDP to {dev}: {message}")]
-pub struct XdpAttachError {
+pub(crate) struct XdpAttachError {
     pub dev: String,
     pub errno: Option<i32>,
     pub message: String,
@@ -305,7 +307,7 @@ pub struct XdpAttachError {
 
 /// An offload feature switched through ethtool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Offload {
+pub(crate) enum Offload {
     /// Generic receive offload.
     Gro,
     /// TX checksumming (dropping it also drops TSO).
@@ -333,7 +335,7 @@ impl Offload {
 /// call names the namespace it acts in. Paths under sysfs are relative to
 /// that namespace's /sys ("class/net/veth0/tx_queue_len"); sysctl keys use
 /// dots ("net.ipv4.ip_forward").
-pub trait Sys: Send + Sync {
+pub(crate) trait Sys: Send + Sync {
     /// Creates /run/netns/NAME holding a fresh network namespace.
     fn create_netns(&self, name: &str) -> Result<()>;
     /// Deletes a named namespace (the veths inside go with it).
@@ -348,6 +350,8 @@ pub trait Sys: Send + Sync {
     fn add_veth(&self, ns: Ns, name: &str, peer: &str) -> Result<()>;
     /// A veth pair with `queues` TX and RX queues on each end.
     fn add_veth_queues(&self, ns: Ns, name: &str, peer: &str, queues: u32) -> Result<()>;
+    /// (Only the real layer's own tests delete a single link.)
+    #[cfg(test)]
     fn delete_link(&self, ns: Ns, name: &str) -> Result<()>;
     fn set_up(&self, ns: Ns, name: &str, up: bool) -> Result<()>;
     fn set_mtu(&self, ns: Ns, name: &str, mtu: u32) -> Result<()>;
@@ -380,9 +384,6 @@ pub trait Sys: Send + Sync {
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring>;
     fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()>;
     fn driver(&self, ns: Ns, dev: &str) -> Result<String>;
-    /// The index N of `dev`'s PTP hardware clock (/dev/ptpN), None if it
-    /// has none (ETHTOOL_GET_TS_INFO).
-    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>>;
 
     /// Runs one `tc` command in the namespace; the error is a [`TcError`]
     /// (downcast it to branch on an unknown qdisc kind).
@@ -410,15 +411,15 @@ pub trait Sys: Send + Sync {
 }
 
 /// The shared handle the orchestration passes around.
-pub type SysRef = Arc<dyn Sys>;
+pub(crate) type SysRef = Arc<dyn Sys>;
 
 /// /sys path of a network device attribute.
-pub fn netdev_attr(dev: &str, attr: &str) -> String {
+pub(crate) fn netdev_attr(dev: &str, attr: &str) -> String {
     format!("class/net/{dev}/{attr}")
 }
 
 /// The root qdisc of `dev` (None if the device has none, e.g. down).
-pub fn root_qdisc(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Option<QdiscInfo>> {
+pub(crate) fn root_qdisc(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Option<QdiscInfo>> {
     Ok(sys.qdiscs(ns, dev)?.into_iter().find(QdiscInfo::is_root))
 }
 

@@ -214,6 +214,7 @@ impl NlSocket {
         )
     }
 
+    #[cfg(test)]
     pub fn delete_link(&mut self, name: &str) -> Result<()> {
         let index = self.require_link(name)?.index;
         self.change(

@@ -16,11 +16,11 @@ use nix::{
     sched::{CloneFlags, setns, unshare},
 };
 
-pub const NETNS_RUN_DIR: &str = "/run/netns";
+pub(crate) const NETNS_RUN_DIR: &str = "/run/netns";
 
 /// A named network namespace that this process created; deleted on drop.
 #[derive(Debug)]
-pub struct Netns {
+pub(crate) struct Netns {
     name: String,
     path: PathBuf,
     file: File,
@@ -95,26 +95,6 @@ impl Netns {
         })
     }
 
-    /// The calling thread's namespace, not owned (never deleted): for
-    /// attaching programs where rtprobe runs (`rtprobe reflect --kernel`).
-    pub fn current() -> Result<Self> {
-        let path = PathBuf::from("/proc/thread-self/ns/net");
-        let file = File::open(&path).context("open this thread's network namespace")?;
-        Ok(Self {
-            name: "(current)".into(),
-            path,
-            file,
-            owned: false,
-        })
-    }
-
-    /// The namespace the calling process started in (for giving interfaces back).
-    pub fn host() -> Result<File> {
-        File::open("/proc/1/ns/net")
-            .or_else(|_| File::open("/proc/self/ns/net"))
-            .context("open the host network namespace")
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -152,11 +132,6 @@ impl Netns {
     pub fn enter_current_thread(&self) -> Result<()> {
         setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
             .with_context(|| format!("cannot enter network namespace {}", self.name))
-    }
-
-    /// Deletes the namespace now (also done on drop).
-    pub fn delete(mut self) -> Result<()> {
-        self.remove()
     }
 
     /// Leaves the namespace in place when this handle drops (its deletion

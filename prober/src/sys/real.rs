@@ -272,6 +272,7 @@ impl Sys for LinuxSys {
         self.on(ns, move |c| c.nl.add_veth_queues(&name, &peer, queues))
     }
 
+    #[cfg(test)]
     fn delete_link(&self, ns: Ns, name: &str) -> Result<()> {
         let name = name.to_string();
         self.on(ns, move |c| c.nl.delete_link(&name))
@@ -392,11 +393,6 @@ impl Sys for LinuxSys {
     fn driver(&self, ns: Ns, dev: &str) -> Result<String> {
         let dev = dev.to_string();
         self.on(ns, move |_| ethtool::driver(&dev))
-    }
-
-    fn phc_index(&self, ns: Ns, dev: &str) -> Result<Option<u32>> {
-        let dev = dev.to_string();
-        self.on(ns, move |_| ethtool::phc_index(&dev))
     }
 
     fn tc(&self, ns: Ns, cmd: &TcCmd) -> Result<String> {
@@ -655,7 +651,9 @@ mod tests {
                     &TcCmd::parse("qdisc add dev sx0 root handle 1: nosuchqdisc"),
                 )
                 .unwrap_err();
-            let t = e.downcast_ref::<crate::sys::TcError>().expect("a TcError");
+            let t = e
+                .downcast_ref::<crate::sys::tc::TcError>()
+                .expect("a TcError");
             assert!(
                 t.to_string()
                     .contains("tc qdisc add dev sx0 root handle 1: nosuchqdisc"),

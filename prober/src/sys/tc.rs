@@ -10,7 +10,7 @@
 
 use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 
 use super::{Ns, Sys};
 
@@ -99,14 +99,6 @@ pub fn run(cmd: &TcCmd) -> std::result::Result<String, TcError> {
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
     }
-}
-
-/// Runs the commands in order; stops at the first failure.
-pub fn run_all(cmds: &[TcCmd]) -> Result<()> {
-    for c in cmds {
-        run(c).map_err(|e| anyhow!(e))?;
-    }
-    Ok(())
 }
 
 /// The smallest valid command adding `kind` on lo.

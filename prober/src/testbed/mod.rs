@@ -13,9 +13,8 @@
 //! NIC-pair interfaces (all through `sys`). veth needs CONFIG_VETH
 //! (Linux >= 2.6.24).
 
-pub mod ethtool;
-pub mod nicpair;
-pub mod record;
+pub(crate) mod nicpair;
+pub(crate) mod record;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -26,15 +25,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use anyhow::{Result, bail};
 
 use crate::sys::{Addr, Netns, Ns, Route, Sys, SysRef, netns};
-pub use nicpair::Borrowed;
+pub(crate) use nicpair::Borrowed;
 
 /// One interface of the testbed, in the namespace that holds it.
 #[derive(Debug, Clone)]
-pub struct Iface {
+pub(crate) struct Iface {
     pub name: String,
     pub ifindex: u32,
     pub addr: Ipv4Addr,
-    pub prefix_len: u8,
     /// Its unique-local IPv6 address (/64) on a dual-stack testbed.
     pub addr6: Option<Ipv6Addr>,
 }
@@ -124,7 +122,7 @@ impl std::fmt::Display for IpVersion {
 }
 
 /// The unspecified address (`0.0.0.0` or `::`) of `a`'s family.
-pub fn unspecified(a: IpAddr) -> IpAddr {
+pub(crate) fn unspecified(a: IpAddr) -> IpAddr {
     match a {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
@@ -133,7 +131,7 @@ pub fn unspecified(a: IpAddr) -> IpAddr {
 
 /// Which kind of path the testbed is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// sender -> router -> receiver over two veth pairs.
     Veth,
     /// Two existing interfaces (a cable, or a veth pair made by the user).
@@ -142,7 +140,7 @@ pub enum Kind {
 
 /// A built testbed. Dropping it tears everything down.
 #[derive(Debug)]
-pub struct Testbed {
+pub(crate) struct Testbed {
     /// Short unique id of this run, part of every name it created.
     pub id: String,
     pub kind: Kind,
@@ -164,38 +162,38 @@ pub struct Testbed {
 
 /// Addresses of the veth testbed. Private to the namespaces, never routed
 /// anywhere else.
-pub const SENDER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 1, 2);
-pub const ROUTER_IN_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 1, 1);
-pub const ROUTER_OUT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 2, 1);
-pub const RECEIVER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 2, 2);
+pub(crate) const SENDER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 1, 2);
+pub(crate) const ROUTER_IN_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 1, 1);
+pub(crate) const ROUTER_OUT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 2, 1);
+pub(crate) const RECEIVER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 2, 2);
 /// NIC-pair addresses (one /24 across the cable).
-pub const PAIR_TX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 1);
-pub const PAIR_RX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 2);
+pub(crate) const PAIR_TX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 1);
+pub(crate) const PAIR_RX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 2);
 /// The same links' unique-local IPv6 addresses (RFC 4193, one /64 per
 /// link): fd71:1::/64 sender side, fd71:2::/64 receiver side, fd71::/64
 /// across a NIC pair.
-pub const SENDER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 1, 0, 0, 0, 0, 0, 2);
-pub const ROUTER_IN_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 1, 0, 0, 0, 0, 0, 1);
-pub const ROUTER_OUT_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 2, 0, 0, 0, 0, 0, 1);
-pub const RECEIVER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 2, 0, 0, 0, 0, 0, 2);
-pub const PAIR_TX_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 0, 0, 0, 0, 0, 0, 1);
-pub const PAIR_RX_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 0, 0, 0, 0, 0, 0, 2);
+pub(crate) const SENDER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 1, 0, 0, 0, 0, 0, 2);
+pub(crate) const ROUTER_IN_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 1, 0, 0, 0, 0, 0, 1);
+pub(crate) const ROUTER_OUT_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 2, 0, 0, 0, 0, 0, 1);
+pub(crate) const RECEIVER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 2, 0, 0, 0, 0, 0, 2);
+pub(crate) const PAIR_TX_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 0, 0, 0, 0, 0, 0, 1);
+pub(crate) const PAIR_RX_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd71, 0, 0, 0, 0, 0, 0, 2);
 
-pub const SENDER_VETH: &str = "veth-snd";
-pub const ROUTER_IN_VETH: &str = "veth-rin";
-pub const ROUTER_OUT_VETH: &str = "veth-rout";
-pub const RECEIVER_VETH: &str = "veth-rcv";
+pub(crate) const SENDER_VETH: &str = "veth-snd";
+pub(crate) const ROUTER_IN_VETH: &str = "veth-rin";
+pub(crate) const ROUTER_OUT_VETH: &str = "veth-rout";
+pub(crate) const RECEIVER_VETH: &str = "veth-rcv";
 
 /// Prefix of every namespace rtprobe creates: `rtprobe-<id>-<role>`.
-pub const NS_PREFIX: &str = "rtprobe-";
+pub(crate) const NS_PREFIX: &str = "rtprobe-";
 
-pub fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     use rand::Rng;
     format!("{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
 }
 
 /// Checks the privileges a testbed needs, with an error that says what to do.
-pub fn require_root() -> Result<()> {
+pub(crate) fn require_root() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         return Err(crate::error::Error::NotRoot.into());
     }
@@ -205,7 +203,7 @@ pub fn require_root() -> Result<()> {
 /// One step to undo, in the order it was made.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Step {
+pub(crate) enum Step {
     /// A namespace we created (the veths in it go with it).
     Netns(String),
     /// A NIC-pair interface moved into one of our namespaces.
@@ -213,7 +211,7 @@ pub enum Step {
 }
 
 /// The undo list of a testbed. Dropping it undoes everything, newest first.
-pub struct Undo {
+pub(crate) struct Undo {
     sys: SysRef,
     steps: Vec<Step>,
     /// The record in /run/rtprobe kept in step with `steps`.
@@ -298,7 +296,7 @@ impl Drop for Undo {
 /// Undoes one step. `host` is where borrowed interfaces go back to.
 /// `lenient` (cleanup after a crash): a namespace or interface that is
 /// already gone is not an error.
-pub fn undo_step(sys: &dyn Sys, host: Ns, step: &Step, lenient: bool) -> Result<()> {
+pub(crate) fn undo_step(sys: &dyn Sys, host: Ns, step: &Step, lenient: bool) -> Result<()> {
     match step {
         Step::Netns(name) => {
             if lenient && !sys.netns_list().iter().any(|n| n == name) {
@@ -353,7 +351,7 @@ fn v6(a: Ipv6Addr) -> Addr {
 
 /// The interfaces of a veth testbed once built (ifindexes included).
 #[derive(Debug, Clone, PartialEq)]
-pub struct VethLayout {
+pub(crate) struct VethLayout {
     pub sender: String,
     pub router: String,
     pub receiver: String,
@@ -372,7 +370,7 @@ fn ifindex_of(sys: &dyn Sys, ns: Ns, name: &str) -> Result<u32> {
 }
 
 /// Builds sender -> router -> receiver through `sys`, each step on `undo`.
-pub fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<VethLayout> {
+pub(crate) fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<VethLayout> {
     let name = |role: &str| format!("{NS_PREFIX}{id}-{role}");
     let (s, r, d) = (name("sender"), name("router"), name("receiver"));
     let mut ipv6 = true;
@@ -441,7 +439,7 @@ pub fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<VethLayout
 
 /// The NIC-pair layout once built.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PairLayout {
+pub(crate) struct PairLayout {
     pub sender: String,
     pub receiver: String,
     pub sender_if: u32,
@@ -452,7 +450,7 @@ pub struct PairLayout {
 
 /// Moves `tx_if`/`rx_if` into fresh sender/receiver namespaces through
 /// `sys`, recording each interface's state before it moves.
-pub fn build_nic_pair(
+pub(crate) fn build_nic_pair(
     sys: &dyn Sys,
     id: &str,
     tx_if: &str,
@@ -534,7 +532,6 @@ impl Testbed {
             name: name.to_string(),
             ifindex,
             addr,
-            prefix_len: 24,
             addr6: l.ipv6.then_some(addr6),
         };
         Ok(Self {
@@ -580,14 +577,12 @@ impl Testbed {
                 name: tx_if.into(),
                 ifindex: l.sender_if,
                 addr: PAIR_TX_ADDR,
-                prefix_len: 24,
                 addr6: l.ipv6.then_some(PAIR_TX_ADDR6),
             },
             receiver_if: Iface {
                 name: rx_if.into(),
                 ifindex: l.receiver_if,
                 addr: PAIR_RX_ADDR,
-                prefix_len: 24,
                 addr6: l.ipv6.then_some(PAIR_RX_ADDR6),
             },
             router_in: None,

@@ -99,6 +99,7 @@ pub fn apply<'a>(
 }
 
 /// limit_max of every TX queue of `dev` (for tests and reports).
+#[cfg(test)]
 pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Vec<(String, u64)>> {
     let at = at.into();
     let mut out = Vec::new();

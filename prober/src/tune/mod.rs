@@ -46,7 +46,8 @@ pub mod rt;
 pub mod sampler;
 pub mod shaping;
 pub mod stress;
-pub mod sysfs;
+#[cfg(test)]
+mod sysfs;
 pub mod tc;
 pub mod tsq;
 pub mod txqueuelen;
@@ -71,12 +72,12 @@ use serde_json::{Map, Value, json};
 pub use self::{
     at::At,
     knob_spec::KnobSpec,
-    load::{FetchTimes, FlowReport, LoadReport, LoadSpec},
+    load::{FetchTimes, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
-    rt::{RtGuard, RtSettings},
+    rt::RtSettings,
     shaping::{ShaperKind, Shaping},
     stress::StressTool,
-    units::{Bytes, CpuDmaLatency, LoadRate, QueueLimit, Rate},
+    units::{Bytes, CpuDmaLatency, QueueLimit, Rate},
 };
 use crate::{
     error::Error,
@@ -568,17 +569,14 @@ impl<'tb> Applied<'tb> {
         m
     }
 
-    /// Knobs requested but not in effect (e.g. "qdisc prio: not available ...").
-    pub fn skipped(&self) -> &[String] {
-        &self.skipped
-    }
-
     /// Real-time settings for the probe sender thread to apply to itself.
+    #[cfg(test)]
     pub fn rt(&self) -> &RtSettings {
         &self.rt
     }
 
     /// The bottleneck interface and its namespace.
+    #[cfg(test)]
     pub fn bottleneck(&self) -> (&'tb Netns, &str) {
         (self.bottleneck_ns, &self.bottleneck_dev)
     }

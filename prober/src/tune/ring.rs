@@ -5,7 +5,7 @@
 //! not an error, unless the user asked for it to be.
 //!
 //! Kernel interface: SIOCETHTOOL ETHTOOL_GRINGPARAM/SRINGPARAM (see
-//! `testbed::ethtool`), called from a thread
+//! `sys::ethtool`), called from a thread
 //! inside the interface's namespace; Linux >= 2.6.
 
 use anyhow::{Context, Result};

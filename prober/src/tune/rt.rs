@@ -242,20 +242,20 @@ impl Drop for RtGuard {
     }
 }
 
-/// The calling thread's scheduling policy and priority (for tests/reports).
-pub fn current_policy() -> (i32, i32) {
-    // SAFETY: all-zero is a valid sched_param (plain integers); pid 0 is the calling
-    // thread, and `p` is a live sched_param the kernel writes into.
-    unsafe {
-        let mut p: libc::sched_param = std::mem::zeroed();
-        libc::sched_getparam(0, &mut p);
-        (libc::sched_getscheduler(0), p.sched_priority)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's scheduling policy and priority.
+    fn current_policy() -> (i32, i32) {
+        // SAFETY: all-zero is a valid sched_param (plain integers); pid 0 is the calling
+        // thread, and `p` is a live sched_param the kernel writes into.
+        unsafe {
+            let mut p: libc::sched_param = std::mem::zeroed();
+            libc::sched_getparam(0, &mut p);
+            (libc::sched_getscheduler(0), p.sched_priority)
+        }
+    }
 
     #[test]
     fn validation() {

@@ -157,6 +157,7 @@ impl Stress {
         Ok(())
     }
 
+    #[cfg(test)]
     pub fn running(&self) -> bool {
         self.stopped_after.is_none()
     }

@@ -1,4 +1,5 @@
-//! sysfs as a network namespace sees it.
+//! sysfs as a network namespace sees it (for tests that walk it; the kernel
+//! layer reads single attributes through `Sys::sysfs_read`).
 //!
 //! `/sys/class/net` lists the devices of the namespace that *mounted*
 //! sysfs, not of the thread that reads it: a thread that `setns()`ed into
@@ -16,7 +17,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::sys::Netns;
 
@@ -24,7 +25,7 @@ use crate::sys::Netns;
 /// (the mount is [`crate::sys::private_sysfs`], the kernel layer's own).
 /// For code that walks sysfs freely; single attributes go through
 /// [`crate::sys::Sys::sysfs_read`]/`sysfs_write`.
-pub fn with_sysfs<T, F>(ns: &Netns, f: F) -> Result<T>
+pub(super) fn with_sysfs<T, F>(ns: &Netns, f: F) -> Result<T>
 where
     F: FnOnce(&Path) -> Result<T> + Send,
     T: Send,
@@ -33,32 +34,4 @@ where
         crate::sys::private_sysfs()?;
         f(Path::new("/sys"))
     })
-}
-
-/// Reads a sysfs attribute as a trimmed string.
-pub fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .with_context(|| format!("read {}", path.display()))
-}
-
-/// Reads a sysfs attribute as a number.
-pub fn read_u64(path: &Path) -> Result<u64> {
-    let s = read(path)?;
-    s.parse()
-        .with_context(|| format!("{} holds {s:?}, not a number", path.display()))
-}
-
-/// Writes a sysfs attribute.
-pub fn write(path: &Path, value: &str) -> Result<()> {
-    std::fs::write(path, value).with_context(|| format!("write {value} to {}", path.display()))
-}
-
-/// /sys/class/net/DEV under the given sysfs root, checked to exist.
-pub fn netdev_dir(sys: &Path, dev: &str) -> Result<std::path::PathBuf> {
-    let d = sys.join("class/net").join(dev);
-    if !d.exists() {
-        return Err(crate::error::Error::InterfaceNotFound(dev.to_string()).into());
-    }
-    Ok(d)
 }

@@ -67,7 +67,6 @@ fn iface(ns: &Netns, name: &str, addr: Ipv4Addr) -> Result<Iface> {
         name: name.to_string(),
         ifindex,
         addr,
-        prefix_len: 24,
         addr6: None,
     })
 }

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::{KnobGuard, at::At};
 use crate::sys::Ns;
 
+#[cfg(test)]
 pub const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_limit_output_bytes";
 const KEY: &str = "net.ipv4.tcp_limit_output_bytes";
 
@@ -32,6 +33,7 @@ fn read_in(at: At<'_>, ns: Ns<'_>) -> Result<u64> {
     s.parse().with_context(|| format!("{KEY} holds {s:?}"))
 }
 
+#[cfg(test)]
 pub fn read<'a>(at: impl Into<At<'a>>) -> Result<u64> {
     let at = at.into();
     read_in(at, at.ns)

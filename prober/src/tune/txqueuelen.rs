@@ -27,6 +27,7 @@ fn parse(dev: &str, s: &str) -> Result<u64> {
         .with_context(|| format!("tx_queue_len of {dev} holds {s:?}, not a number"))
 }
 
+#[cfg(test)]
 pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<u64> {
     let at = at.into();
     parse(

@@ -413,6 +413,7 @@ fn save(
 }
 
 /// The figure as an SVG document in memory (for tests).
+#[cfg(test)]
 pub fn to_svg_string(
     panels: &[Panel],
     title: &str,

@@ -20,7 +20,7 @@ pub const EXACT_LIMIT: usize = 100_000;
 
 /// Significant decimal digits of the histograms: every value is known to
 /// within 0.1 % (1 µs at 1 ms), finer than a pixel on any latency axis.
-pub const HDR_SIGFIG: u8 = 3;
+pub(crate) const HDR_SIGFIG: u8 = 3;
 
 /// A latency distribution, fed one sample at a time. Values may be zero
 /// or negative (a one-way delay between skewed clocks, a stage whose

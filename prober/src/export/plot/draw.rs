@@ -76,7 +76,7 @@ pub const BOX_FILL_OPACITY: f64 = 0.25;
 
 /// One box of a boxplot, in nanoseconds.
 #[derive(Debug, Clone)]
-pub struct BoxItem {
+pub(crate) struct BoxItem {
     pub category: usize,
     pub slot: usize,
     pub color: usize,
@@ -90,7 +90,7 @@ pub struct BoxItem {
 }
 
 #[derive(Debug, Clone)]
-pub struct BoxFigure {
+pub(crate) struct BoxFigure {
     pub title: String,
     pub x_desc: String,
     pub y_desc: String,
@@ -106,14 +106,14 @@ pub struct BoxFigure {
 }
 
 #[derive(Debug, Clone)]
-pub struct CdfCurve {
+pub(crate) struct CdfCurve {
     pub label: String,
     pub color: usize,
     pub points: Vec<CdfPoint>,
 }
 
 #[derive(Debug, Clone)]
-pub struct CdfFigure {
+pub(crate) struct CdfFigure {
     pub title: String,
     pub x_desc: String,
     pub axis: ValueAxis,
@@ -124,7 +124,7 @@ pub struct CdfFigure {
 /// One pixel column of a time series (or one probe, where the run is
 /// short enough for a column each), latencies in ns.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TimeColumn {
+pub(crate) struct TimeColumn {
     /// On the time axis.
     pub x: f64,
     pub n: u64,
@@ -135,7 +135,7 @@ pub struct TimeColumn {
 }
 
 #[derive(Debug, Clone)]
-pub struct TimeLine {
+pub(crate) struct TimeLine {
     pub label: String,
     pub color: usize,
     /// In x order.
@@ -146,13 +146,13 @@ pub struct TimeLine {
 
 /// Columns holding this many samples (median over the line) get a p99
 /// line: with fewer, a column's p99 is its maximum.
-pub const P99_LINE_MIN_SAMPLES: u64 = 100;
+pub(crate) const P99_LINE_MIN_SAMPLES: u64 = 100;
 
 /// Opacity of the min-max band of a time series.
-pub const BAND_OPACITY: f64 = 0.2;
+pub(crate) const BAND_OPACITY: f64 = 0.2;
 
 #[derive(Debug, Clone)]
-pub struct TimeFigure {
+pub(crate) struct TimeFigure {
     pub title: String,
     pub x_desc: String,
     pub y_desc: String,
@@ -166,7 +166,7 @@ pub struct TimeFigure {
 }
 
 #[derive(Debug, Clone)]
-pub struct PercentileCurve {
+pub(crate) struct PercentileCurve {
     pub label: String,
     pub color: usize,
     /// (log10(1 / (1 - p)), latency ns), in x order.
@@ -174,7 +174,7 @@ pub struct PercentileCurve {
 }
 
 #[derive(Debug, Clone)]
-pub struct PercentileFigure {
+pub(crate) struct PercentileFigure {
     pub title: String,
     pub y_desc: String,
     pub axis: ValueAxis,
@@ -185,7 +185,7 @@ pub struct PercentileFigure {
 }
 
 #[derive(Debug, Clone)]
-pub enum Figure {
+pub(crate) enum Figure {
     Box(BoxFigure),
     Cdf(CdfFigure),
     Time(TimeFigure),
@@ -193,7 +193,7 @@ pub enum Figure {
 }
 
 /// Ticks of the percentile axis: (log10(1 / (1 - p)), label).
-pub fn percentile_ticks(x_max: f64) -> Vec<(f64, String)> {
+pub(crate) fn percentile_ticks(x_max: f64) -> Vec<(f64, String)> {
     let mut t = vec![(0.0, "0 %".to_string()), (2f64.log10(), "50 %".to_string())];
     for decade in 1..=9usize {
         if decade as f64 > x_max + 1e-9 {
@@ -256,7 +256,7 @@ impl Ranged for Ticked {
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
 /// Draws `fig` into `path` as SVG or PNG of `size` pixels.
-pub fn save(fig: &Figure, path: &Path, format: ImageFormat, size: (u32, u32)) -> Result<()> {
+pub(crate) fn save(fig: &Figure, path: &Path, format: ImageFormat, size: (u32, u32)) -> Result<()> {
     register_font();
     let fail = |e: String| anyhow!("cannot write {}: {e}", path.display());
     match format {
@@ -271,20 +271,6 @@ pub fn save(fig: &Figure, path: &Path, format: ImageFormat, size: (u32, u32)) ->
             root.present().map_err(|e| fail(e.to_string()))
         }
     }
-}
-
-/// Draws `fig` into an in-memory SVG document (for tests and callers that
-/// embed figures).
-pub fn to_svg_string(fig: &Figure, size: (u32, u32)) -> Result<String> {
-    register_font();
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        draw_on(fig, &root).map_err(|e| anyhow!("cannot draw the figure: {e}"))?;
-        root.present()
-            .map_err(|e| anyhow!("cannot draw the figure: {e}"))?;
-    }
-    Ok(out)
 }
 
 fn draw_on<DB: DrawingBackend>(fig: &Figure, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {

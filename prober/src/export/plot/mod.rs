@@ -20,12 +20,12 @@
 //! `rtprobe plot xdp-off.csv xdp-native.csv --out-dir docs/figures --prefix example`;
 //! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
-pub mod axis;
-pub mod bench;
+pub(crate) mod axis;
+pub(crate) mod bench;
 pub mod dist;
 pub mod draw;
 mod figures;
-pub mod hdrlog_read;
+pub(crate) mod hdrlog_read;
 pub mod read;
 pub mod run_data;
 mod runs;
@@ -152,7 +152,7 @@ pub enum Scale {
 
 /// Above this ratio of largest to typical value a linear axis squashes the
 /// body into a line at the bottom: a 5 µs body under a 1.5 ms outlier.
-pub const AUTO_LOG_RATIO: f64 = 20.0;
+pub(crate) const AUTO_LOG_RATIO: f64 = 20.0;
 
 impl Scale {
     /// Whether an axis over positive values from `typical_ns` to `max_ns`
@@ -224,7 +224,7 @@ impl Dim {
 }
 
 /// `WIDTHxHEIGHT` in pixels (clap value parser for `--figure-size`).
-pub fn parse_figure_size(s: &str) -> std::result::Result<(u32, u32), String> {
+pub(crate) fn parse_figure_size(s: &str) -> std::result::Result<(u32, u32), String> {
     let bad =
         || format!("invalid figure size {s:?}: expected WIDTHxHEIGHT in pixels, e.g. 1000x600");
     let (w, h) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
@@ -240,7 +240,7 @@ pub fn parse_figure_size(s: &str) -> std::result::Result<(u32, u32), String> {
 
 /// A latency bound such as `0`, `20us`, `1.5ms` (clap value parser for
 /// `--y-min` / `--y-max`).
-pub fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
+pub(crate) fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
     if s.trim().trim_start_matches('0').is_empty() {
         return Ok(Duration::ZERO);
     }
@@ -311,7 +311,7 @@ impl PlotOptions {
 }
 
 /// `out.csv` -> `out`; two or three files -> `a-vs-b`; more -> `compare`.
-pub fn default_prefix(inputs: &[PathBuf]) -> String {
+pub(crate) fn default_prefix(inputs: &[PathBuf]) -> String {
     let stems: Vec<String> = inputs.iter().map(|p| stem(p)).collect();
     match stems.len() {
         1 => stems[0].clone(),

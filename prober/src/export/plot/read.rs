@@ -34,12 +34,13 @@ use crate::{export::csv::META_PREFIX, input::LineCapped, model::run::RunMeta};
 
 /// Checks that `path` is a readable file before any reading starts, so a
 /// typo in the last of several paths fails at once.
-pub fn check_input(path: &Path) -> Result<(), ReadError> {
+pub(crate) fn check_input(path: &Path) -> Result<(), ReadError> {
     open(path).map(drop)
 }
 
 /// Opens and reads one CSV file.
-pub fn read_csv_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
+#[cfg(test)]
+pub(crate) fn read_csv_file(path: &Path, opts: &ReadOptions) -> Result<CsvRun, ReadError> {
     let file = open(path)?;
     read_csv(&path.display().to_string(), file, opts)
 }

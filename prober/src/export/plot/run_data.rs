@@ -12,10 +12,10 @@ use super::dist::{self, Dist, TimeGrid};
 use crate::{model::run::RunMeta, stats::chain::Stage};
 
 /// How many stages the chain splits into.
-pub const STAGES: usize = Stage::ALL.len();
+pub(crate) const STAGES: usize = Stage::ALL.len();
 
 /// The CSV column of a stage: `path` -> `path_ns`.
-pub fn stage_column(s: Stage) -> String {
+pub(crate) fn stage_column(s: Stage) -> String {
     format!("{}_ns", s.key())
 }
 

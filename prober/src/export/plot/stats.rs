@@ -15,7 +15,8 @@
 
 /// Q(p) of already sorted samples by the method in the module docs.
 /// `None` for no samples.
-pub fn quantile_sorted(sorted: &[i64], p: f64) -> Option<f64> {
+#[cfg(test)]
+pub(crate) fn quantile_sorted(sorted: &[i64], p: f64) -> Option<f64> {
     let n = sorted.len();
     if n == 0 {
         return None;
@@ -200,7 +201,8 @@ impl BoxStats {
 }
 
 /// Boxplot statistics of sorted samples; `None` for no samples.
-pub fn box_stats(sorted: &[i64]) -> Option<BoxStats> {
+#[cfg(test)]
+pub(crate) fn box_stats(sorted: &[i64]) -> Option<BoxStats> {
     box_stats_of(&Sorted::from_sorted(sorted))
 }
 
@@ -244,7 +246,8 @@ pub struct CdfPoint {
 }
 
 /// [`cdf_points_of`] over sorted samples.
-pub fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<CdfPoint> {
+#[cfg(test)]
+pub(crate) fn cdf_points(sorted: &[i64], resolution: usize, log_scale: bool) -> Vec<CdfPoint> {
     cdf_points_of(&Sorted::from_sorted(sorted), resolution, log_scale)
 }
 
@@ -310,7 +313,8 @@ pub fn cdf_points_of(s: &Sorted, resolution: usize, log_scale: bool) -> Vec<CdfP
 }
 
 /// [`percentile_curve_of`] over sorted samples.
-pub fn percentile_curve(sorted: &[i64], points: usize) -> Vec<(f64, f64)> {
+#[cfg(test)]
+pub(crate) fn percentile_curve(sorted: &[i64], points: usize) -> Vec<(f64, f64)> {
     percentile_curve_of(&Sorted::from_sorted(sorted), points)
 }
 

@@ -93,10 +93,7 @@ use anyhow::{Context, Result, anyhow, bail};
 pub use self::{
     acct::FetchTimes,
     report::{FlowReport, LoadReport, QueueWindow},
-    spec::{
-        DEFAULT_FETCH_EVERY, DEFAULT_FETCH_SIZE, DEFAULT_FETCH_TIMEOUT, LoadSpec, MAX_FETCH_SIZE,
-        available_cc, check_cc,
-    },
+    spec::{LoadSpec, MAX_FETCH_SIZE, available_cc, check_cc},
 };
 use self::{
     acct::{FetchStats, SeqWindow},

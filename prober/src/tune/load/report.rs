@@ -7,7 +7,7 @@ pub use crate::stats::report::{FlowReport, LoadReport, QueueWindow};
 
 impl QueueWindow {
     /// The difference of two readings of the same qdisc `elapsed` apart.
-    pub fn between(
+    pub(crate) fn between(
         dev: &str,
         before: &crate::sys::QdiscInfo,
         after: &crate::sys::QdiscInfo,

@@ -94,7 +94,7 @@ use std::{fmt, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-pub use self::render::{Parent, RenderCtx, render_tree};
+pub use self::render::{RenderCtx, render_tree};
 use super::{
     at::At,
     tc::{self, TcCmd},
@@ -443,7 +443,7 @@ impl Drop for QdiscTree<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{render::Parent, *};
     use crate::tune::{ProbeContext, shaping::Shaping};
 
     fn ctx() -> RenderCtx {
