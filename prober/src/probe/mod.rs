@@ -25,7 +25,6 @@ pub(crate) mod timestamps;
 pub(crate) mod wake;
 pub(crate) mod wire;
 
-pub(crate) use engine::{SessionEnds, run_session};
 pub use timestamps::TimestampSource;
 
 use std::{
@@ -345,7 +344,41 @@ fn bind_sides(
     Ok((tx_sock, rx_sock, dst))
 }
 
-/// The testbed's (or NIC pair's) side of [`engine::run_session`]: both
+/// Where a session's probes go from and to, and so who answers them.
+pub(crate) enum SessionEnds<'a> {
+    /// The self-built testbed or a NIC pair: sender and receiver in their
+    /// namespaces, rtprobe's reflector at the receiver (in this process,
+    /// or in the kernel where the probe config says `kernel_reflector`).
+    Testbed(&'a Endpoints<'a>),
+    /// A reflector not ours to drive (`--target`, or STAMP through the
+    /// testbed), probed from namespace `from` (None: the calling thread's).
+    Remote {
+        target: &'a remote::Target,
+        from: Option<&'a Netns>,
+    },
+}
+
+/// Runs one probe session, streaming records to `csv`. Returns when every
+/// probe is sent and accounted for, or when `stop` says so. Every run goes
+/// through here: the testbed, the NIC pair and a remote target differ
+/// only in how the sockets and the reflector are set up before
+/// [`engine::warm_up`] and [`engine::drive`], and in what is read back after them.
+pub(crate) fn run_session(
+    ends: &SessionEnds<'_>,
+    cfg: &ProbeConfig,
+    csv: &mut dyn RecordSink,
+    stop: &AtomicU8,
+    observer: &mut dyn SessionObserver,
+) -> Result<SessionOutcome> {
+    match ends {
+        SessionEnds::Testbed(ep) => testbed_session(ep, cfg, csv, stop, observer),
+        SessionEnds::Remote { target, from } => {
+            remote::target_session(target, cfg, *from, csv, stop, observer)
+        }
+    }
+}
+
+/// The testbed's (or NIC pair's) side of [`run_session`]: both
 /// sockets in their namespaces, hardware timestamping where asked, the
 /// reflector ours (in this process, or in the kernel with
 /// `kernel_reflector`), and the namespaces' drop counters around it.

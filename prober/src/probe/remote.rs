@@ -334,7 +334,7 @@ fn bind_towards(
     Ok(sock)
 }
 
-/// The remote side of [`engine::run_session`]: one socket towards
+/// The remote side of [`super::run_session`]: one socket towards
 /// `target`, from namespace `ns` (None: the calling thread's), the
 /// reflector's stamps from its echoes, and after the run the status
 /// probe, the loss split and the clock verdict.
