@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use rtprobe::config::{Scenario, plan};
+use rtprobe::scenario::{Scenario, plan};
 
 fuzz_target!(|data: &[u8]| {
     // The loader refuses non-UTF-8 text before the parser sees it.

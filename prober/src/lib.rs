@@ -4,7 +4,7 @@
 //! checks that no module imports one that imports it back):
 //! - `app`: one module per subcommand (what `main()` runs): it turns the
 //!   parsed `cli` (clap definitions only) into a plan through `spec`
-//!   (options and the one validator) and `config` (scenario files), calls
+//!   (options and the one validator) and `scenario` (scenario files), calls
 //!   the domain once, prints, and picks the exit code; `signals` turns
 //!   Ctrl-C into the stop levels the domain watches;
 //! - `runner` (one probe run on a testbed) and `bench` (the router hop's
@@ -23,7 +23,6 @@
 
 pub mod bench;
 pub mod cli;
-pub mod config;
 pub mod docs;
 pub mod ebpf;
 pub mod error;
@@ -32,6 +31,7 @@ pub mod heap;
 pub mod input;
 pub mod model;
 pub mod probe;
+pub mod scenario;
 pub mod spec;
 pub mod stats;
 pub mod sys;
