@@ -917,7 +917,7 @@ impl Progress for Bar {
 
 /// Outcome of a whole scenario run.
 #[derive(Debug)]
-pub struct RunOutcome {
+pub struct ScenarioOutcome {
     pub out_dir: PathBuf,
     pub report: PathBuf,
     pub cells: usize,
@@ -932,7 +932,7 @@ pub fn run_scenario(
     runner: &mut dyn CellRunner,
     figures: Option<&mut dyn FigureMaker>,
     progress: &mut dyn Progress,
-) -> Result<RunOutcome> {
+) -> Result<ScenarioOutcome> {
     std::fs::create_dir_all(out_dir).with_context(|| {
         format!(
             "cannot create the output folder {}: check the path and permissions",
@@ -996,7 +996,7 @@ pub fn run_scenario(
     let report_path = out_dir.join("report.md");
     crate::export::atomic::write(&report_path, text.as_bytes())?;
     let failed = results.iter().filter(|r| r.is_err()).count();
-    Ok(RunOutcome {
+    Ok(ScenarioOutcome {
         out_dir: out_dir.to_path_buf(),
         report: report_path,
         cells: cells.len(),
