@@ -7,7 +7,7 @@
 //!   (options and the one validator) and `scenario` (scenario files), calls
 //!   the domain once, prints, and picks the exit code; `signals` turns
 //!   Ctrl-C into the stop levels the domain watches;
-//! - `runner` (one probe run on a testbed) and `bench` (the router hop's
+//! - `runner` (one probe run on a testbed) and `bench_forward` (the router hop's
 //!   throughput) drive the domain: `testbed` (namespaces, veths, NIC
 //!   pairs), `tune` (knobs), `ebpf` (load and attach the router and the
 //!   reflector) and `probe` (timestamped UDP probes, the reflector);
@@ -21,7 +21,7 @@
 //! unit-tested without root); `probe` talks to its own sockets and `app`
 //! to the terminal; everything else is pure.
 
-pub mod bench;
+pub mod bench_forward;
 pub mod cli;
 pub mod docs;
 pub mod ebpf;

@@ -385,7 +385,7 @@ fn check_cell_count(path: &Path, axes: [(usize, &str); 4]) -> Result<()> {
 /// named as such.
 fn read_file(path: &Path, text: &str) -> Result<ScenarioFile> {
     toml::from_str(text).map_err(|e| {
-        if crate::spec::bench::BenchForwardArgs::parse(path, text).is_ok() {
+        if crate::spec::bench_forward::BenchForwardArgs::parse(path, text).is_ok() {
             anyhow!(
                 "{} is a bench-forward sweep, not a scenario: run `sudo rtprobe \
                  bench-forward --config {}`",

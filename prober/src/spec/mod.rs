@@ -28,7 +28,7 @@
 //! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
 //! [`values`].
 
-pub mod bench;
+pub mod bench_forward;
 pub mod continuous;
 pub mod flows;
 pub(crate) mod located;
