@@ -294,6 +294,7 @@ fn work_relations(j: &serde_json::Value) -> Result<(), String> {
 /// Ratios side by side in one run, generous factors, no absolute rates.
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn bench_forward_work_and_bounce_relations() {
     if !is_root("bench_forward_work_and_bounce_relations") {
         return;

@@ -38,6 +38,7 @@ impl Drop for ChildGuard {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
     if !is_root("forever_at_1ms_keeps_rss_flat_and_rotates_the_csv") {
         return;

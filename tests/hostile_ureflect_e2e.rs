@@ -137,6 +137,7 @@ fn n(c: &serde_json::Value, k: &str) -> u64 {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
     if !is_root("twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss") {
         return;

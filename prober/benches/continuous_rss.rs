@@ -22,6 +22,7 @@ const DAY_AT_1MS: u64 = 86_400_000;
 /// The pass criterion: RSS growth after the first third.
 const MAX_GROWTH_MIB: f64 = 4.0;
 
+#[allow(clippy::too_many_lines)]
 fn main() -> Result<()> {
     let mut probes = DAY_AT_1MS;
     let mut dir: Option<PathBuf> = None;

@@ -36,6 +36,7 @@ fn record(seq: u64) -> ProbeRecord {
     }
 }
 
+#[allow(clippy::too_many_lines)]
 fn benches(c: &mut Criterion) {
     let ext = ExtErr {
         errno: libc::ENOMSG as u32,

@@ -9,15 +9,17 @@ use anyhow::{Context, Result, bail};
 use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::CsvWriter,
+    model::observer::SessionObserver,
     model::run::{RunMeta, RunOutcome, peak_rss_kib},
-    probe::{self, Endpoints, ProbeConfig},
+    probe::SessionOutcome,
+    probe::{self, Endpoints, ProbeConfig, SessionEnds},
     spec::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
     stats::report::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
-        OneClock, ReflectorCounts, ReflectorReport,
+        OneClock, ReflectorCounts, ReflectorReport, RunReport,
     },
     sys::SysRef,
     testbed::{Kind, Testbed},
@@ -205,7 +207,7 @@ fn probe_on<'tb>(
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;
     let (src_ip, dst_ip) = (testbed.sender_if.ip(ip)?, testbed.receiver_if.ip(ip)?);
-    let (kernel_reflector, mut reflector_info) =
+    let (kernel_reflector, reflector_info) =
         choose_reflector(xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
@@ -217,16 +219,7 @@ fn probe_on<'tb>(
     // user-space reflector `rtprobe reflect` runs.
     let stamp_reflector = if stamp && !kernel_reflector {
         let addr = std::net::SocketAddr::new(crate::testbed::unspecified(dst_ip), stamp_port);
-        let socks = testbed
-            .receiver
-            .run(|| crate::probe::reflect::bind(&[addr]))?;
-        let policy = crate::probe::reflect::Policy {
-            protocol: ProtocolArg::Stamp,
-            key: key.clone(),
-            rate_limit_pps: 0,
-            stateful: true,
-        };
-        Some(StampReflector::spawn(socks, policy)?)
+        Some(StampReflector::on_receiver(testbed, addr, key.clone())?)
     } else {
         None
     };
@@ -245,138 +238,226 @@ fn probe_on<'tb>(
         opts.continuous.rotation,
     )?);
     live.set_run(&meta);
-    let target = |cfg: &ProbeConfig| std::net::SocketAddr::new(dst_ip, cfg.port).to_string();
-    let mut flow_observers: Vec<_> = opts
-        .extra_flows
-        .iter()
-        .map(|cfg| live.flow_observer(cfg.flow_labels(&target(cfg)), cfg.kernel_reflector))
-        .collect();
-    let mut main_observer = live.main_observer(
-        main_cfg.flow_labels(&target(&main_cfg)),
-        main_cfg.kernel_reflector,
-        &meta,
-    )?;
-    let ep = Endpoints {
-        sys: testbed.sys(),
-        sender_ns: &testbed.sender,
-        receiver_ns: &testbed.receiver,
-        sender_if: &testbed.sender_if,
-        receiver_if: &testbed.receiver_if,
-        ip,
+    let (mut main_observer, mut flow_observers) = observers(live, opts, &main_cfg, dst_ip, &meta)?;
+    let ep = endpoints(testbed, ip);
+    let stamp_target = stamp.then(|| crate::probe::remote::Target {
+        addr: std::net::SocketAddr::new(dst_ip, stamp_port),
+        protocol: ProtocolArg::Stamp,
+        key: key.clone(),
+        stateless_reflector: kernel_reflector,
+        shared_clock: true,
+    });
+    let flows = Flows {
+        ep: &ep,
+        main_cfg: &main_cfg,
+        extra: &opts.extra_flows,
+        stamp_target: stamp_target.as_ref(),
     };
-    let stamp_outcome = std::sync::Mutex::new(None);
-    let stamp_outcome = &stamp_outcome;
-    // Every flow is its own session (sockets, reflector, matcher) on its
-    // own port, all writing rows into one CSV.
-    let mut outcomes = std::thread::scope(|s| {
-        let (ep, csv) = (&ep, &csv);
-        let others: Vec<_> = opts
-            .extra_flows
-            .iter()
-            .zip(flow_observers.iter_mut())
-            .map(|(cfg, observer)| {
-                s.spawn(move || {
-                    let mut sink = csv;
-                    let r = probe::run_session(ep, cfg, &mut sink, stop, &mut **observer);
-                    if r.is_err() {
-                        stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
-                    }
-                    r
-                })
-            })
-            .collect();
-        let mut sink = csv;
-        let main = if stamp {
-            let target = crate::probe::remote::Target {
-                addr: std::net::SocketAddr::new(dst_ip, stamp_port),
-                protocol: ProtocolArg::Stamp,
-                key: key.clone(),
-                stateless_reflector: kernel_reflector,
-                shared_clock: true,
-            };
-            crate::probe::remote::run_session(
-                &target,
-                &main_cfg,
-                Some(ep.sender_ns),
-                &mut sink,
-                stop,
-                &mut main_observer,
-            )
-            .map(|o| {
-                *stamp_outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some((o.loss, o.info));
-                o.session
-            })
-        } else {
-            probe::run_session(ep, &main_cfg, &mut sink, stop, &mut main_observer)
-        };
-        if main.is_err() {
-            stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
-        }
-        let mut all = vec![main];
-        all.extend(others.into_iter().map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
-        }));
-        all
-    })
-    .into_iter()
-    .collect::<Result<Vec<_>>>()?;
+    let mut outcomes = flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
     let rows = csv
         .into_inner()
         .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
         .rows();
-    let per_flow: Vec<FlowSummary> = if opts.extra_flows.is_empty() {
-        Vec::new()
-    } else {
-        std::iter::once(&opts.probe)
-            .chain(&opts.extra_flows)
-            .zip(&outcomes)
-            .map(|(cfg, o)| FlowSummary {
-                flow: cfg.flow,
-                interval_ns: cfg.interval.as_nanos() as u64,
-                port: cfg.port,
-                size: cfg.size,
-                summary: o.stats.summary(),
-                tos: cfg.tos,
-            })
-            .collect()
-    };
+    let per_flow = flow_summaries(opts, &outcomes);
     let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
     let outcome = outcomes.swap_remove(0);
     let mut summary = outcome.stats.summary();
     summary.xdp_mode_requested = meta.xdp_mode_requested.clone();
     summary.xdp_mode_attached = meta.xdp_mode_attached.clone();
     summary.xdp_counters = xdp.counters().context("read XDP counters")?;
-    if let Some(c) = xdp.reflector_counters() {
-        let c = c.context("read the in-kernel reflector's counters")?;
-        reflector_info.counters = Some(ReflectorCounts::Kernel(c));
-    }
-    if let Some(r) = stamp_reflector {
-        let report = r.stop()?;
-        reflector_info.counters = Some(ReflectorCounts::User(report.counters));
-    }
-    if let Some((loss, info)) = stamp_outcome
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-    {
-        reflector_info = ReflectorReport {
-            kind: reflector_info.kind,
-            note: reflector_info.note,
-            rate_limit: reflector_info.rate_limit,
-            xdp_mode: reflector_info.xdp_mode,
-            counters: reflector_info.counters,
-            ..info
-        };
-        summary.report.loss_split = Some(loss);
-    }
+    // STAMP: what the session-sender learned of the reflector.
+    let (loss_split, stamp_info) = outcome.remote.clone().map(|f| (f.loss, f.info)).unzip();
     let r = &mut summary.report;
-    r.reflector = Some(reflector_info);
+    if loss_split.is_some() {
+        r.loss_split = loss_split;
+    }
+    r.reflector = Some(reflector_report(
+        xdp,
+        reflector_info,
+        stamp_reflector,
+        stamp_info,
+    )?);
     r.ip = Some(IpReport {
         version: ip.number(),
         sender: src_ip.to_string(),
         receiver: dst_ip.to_string(),
     });
+    session_report(r, &outcome, opts);
+    r.output_error = output_error.clone();
+    r.flows = per_flow;
+    if let Some(a) = applied.as_mut() {
+        knobs_report(r, a, &meta)?;
+    }
+    Ok(RunOutcome {
+        summary,
+        meta,
+        rows,
+        interrupted: outcome.interrupted,
+        output_error,
+    })
+}
+
+/// The live outputs of each flow towards `dst_ip`: the main flow's
+/// (metrics, interval lines, progress, HDR log) and the extra flows'.
+fn observers<'l>(
+    live: &'l mut crate::export::live::Live,
+    opts: &RunOptions,
+    main_cfg: &ProbeConfig,
+    dst_ip: std::net::IpAddr,
+    meta: &RunMeta,
+) -> Result<(
+    crate::export::live::MainObserver<'l>,
+    Vec<Box<dyn SessionObserver + Send>>,
+)> {
+    let target = |cfg: &ProbeConfig| std::net::SocketAddr::new(dst_ip, cfg.port).to_string();
+    let flow_observers: Vec<_> = opts
+        .extra_flows
+        .iter()
+        .map(|cfg| live.flow_observer(cfg.flow_labels(&target(cfg)), cfg.kernel_reflector))
+        .collect();
+    let main_observer = live.main_observer(
+        main_cfg.flow_labels(&target(main_cfg)),
+        main_cfg.kernel_reflector,
+        meta,
+    )?;
+    Ok((main_observer, flow_observers))
+}
+
+/// The testbed's two sides, where the probes go from and to in `ip`.
+fn endpoints(testbed: &Testbed, ip: crate::testbed::IpVersion) -> Endpoints<'_> {
+    Endpoints {
+        sys: testbed.sys(),
+        sender_ns: &testbed.sender,
+        receiver_ns: &testbed.receiver,
+        sender_if: &testbed.sender_if,
+        receiver_if: &testbed.receiver_if,
+        ip,
+    }
+}
+
+/// The sessions of a testbed run: the main flow (rtprobe or STAMP) and
+/// the extra flows (`--flow`), each its own session (sockets, reflector,
+/// matcher) on its own port, all writing rows into one CSV.
+struct Flows<'a> {
+    ep: &'a Endpoints<'a>,
+    main_cfg: &'a ProbeConfig,
+    extra: &'a [ProbeConfig],
+    /// The main flow is a STAMP session towards the receiver.
+    stamp_target: Option<&'a crate::probe::remote::Target>,
+}
+
+impl Flows<'_> {
+    /// Runs every flow at once, each in its own thread but the main one;
+    /// a flow that fails stops the others. The main flow's outcome first.
+    fn run(
+        &self,
+        csv: &std::sync::Mutex<CsvWriter>,
+        stop: &AtomicU8,
+        main_observer: &mut dyn SessionObserver,
+        flow_observers: &mut [Box<dyn SessionObserver + Send>],
+    ) -> Result<Vec<SessionOutcome>> {
+        let session = |ends: &SessionEnds<'_>, cfg, observer: &mut dyn SessionObserver| {
+            let mut sink = csv;
+            let r = probe::run_session(ends, cfg, &mut sink, stop, observer);
+            if r.is_err() {
+                stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
+            }
+            r
+        };
+        let testbed = SessionEnds::Testbed(self.ep);
+        let main_ends = match self.stamp_target {
+            Some(target) => SessionEnds::Remote {
+                target,
+                from: Some(self.ep.sender_ns),
+            },
+            None => SessionEnds::Testbed(self.ep),
+        };
+        std::thread::scope(|s| {
+            let others: Vec<_> = self
+                .extra
+                .iter()
+                .zip(flow_observers.iter_mut())
+                .map(|(cfg, observer)| {
+                    let (session, testbed) = (&session, &testbed);
+                    s.spawn(move || session(testbed, cfg, &mut **observer))
+                })
+                .collect();
+            let main = session(&main_ends, self.main_cfg, main_observer);
+            // Every thread joined before the first error is returned: a
+            // flow that panicked is then an error, not the scope's panic.
+            let all: Vec<_> = std::iter::once(main)
+                .chain(others.into_iter().map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
+                }))
+                .collect();
+            all.into_iter().collect()
+        })
+    }
+}
+
+/// Per flow, its settings and summary; none for a single-flow run.
+fn flow_summaries(opts: &RunOptions, outcomes: &[SessionOutcome]) -> Vec<FlowSummary> {
+    if opts.extra_flows.is_empty() {
+        return Vec::new();
+    }
+    std::iter::once(&opts.probe)
+        .chain(&opts.extra_flows)
+        .zip(outcomes)
+        .map(|(cfg, o)| FlowSummary {
+            flow: cfg.flow,
+            interval_ns: cfg.interval.as_nanos() as u64,
+            port: cfg.port,
+            size: cfg.size,
+            summary: o.stats.summary(),
+            tos: cfg.tos,
+        })
+        .collect()
+}
+
+/// The reflector's report: what [`choose_reflector`] said, with the
+/// counters of the reflector that answered and, for STAMP, the protocol
+/// facts the session-sender learned.
+fn reflector_report(
+    xdp: &XdpSetup,
+    chosen: ReflectorReport,
+    stamp_reflector: Option<StampReflector>,
+    stamp_info: Option<ReflectorReport>,
+) -> Result<ReflectorReport> {
+    let mut report = chosen;
+    if let Some(c) = xdp.reflector_counters() {
+        let c = c.context("read the in-kernel reflector's counters")?;
+        report.counters = Some(ReflectorCounts::Kernel(c));
+    }
+    if let Some(r) = stamp_reflector {
+        report.counters = Some(ReflectorCounts::User(r.stop()?.counters));
+    }
+    Ok(match stamp_info {
+        Some(info) => ReflectorReport {
+            kind: report.kind,
+            note: report.note,
+            rate_limit: report.rate_limit,
+            xdp_mode: report.xdp_mode,
+            counters: report.counters,
+            ..info
+        },
+        None => report,
+    })
+}
+
+/// The report's knobs and the competing load, which stops here.
+fn knobs_report(r: &mut RunReport, applied: &mut tune::Applied<'_>, meta: &RunMeta) -> Result<()> {
+    (r.load, r.skipped) = applied.stop_load().context("stop the competing load")?;
+    if !meta.knobs.is_empty() {
+        r.knobs = Some(meta.knobs.clone());
+    }
+    Ok(())
+}
+
+/// The report's fields that come from the main session and the run's
+/// options: clock, late arrivals, drops, memory, hardware stamps,
+/// interruption, CSV rotation.
+fn session_report(r: &mut RunReport, outcome: &SessionOutcome, opts: &RunOptions) {
     r.clock = Some(ClockReport::OneClock(OneClock {
         one_way_shown: true,
         note: ONE_CLOCK_NOTE.into(),
@@ -396,21 +477,6 @@ fn probe_on<'tb>(
         when: rot.when.to_string(),
         keep: rot.keep,
     });
-    r.output_error = output_error.clone();
-    r.flows = per_flow;
-    if let Some(a) = applied.as_mut() {
-        (r.load, r.skipped) = a.stop_load().context("stop the competing load")?;
-        if !meta.knobs.is_empty() {
-            r.knobs = Some(meta.knobs.clone());
-        }
-    }
-    Ok(RunOutcome {
-        summary,
-        meta,
-        rows,
-        interrupted: outcome.interrupted,
-        output_error,
-    })
 }
 
 /// The metadata of a testbed run: the main flow's probes, the testbed,
@@ -560,6 +626,25 @@ struct StampReflector {
 }
 
 impl StampReflector {
+    /// Binds `addr` in the testbed's receiver namespace and answers STAMP
+    /// there, statefully, with `key` if the run has one.
+    fn on_receiver(
+        testbed: &Testbed,
+        addr: std::net::SocketAddr,
+        key: Option<crate::probe::stamp::HmacKey>,
+    ) -> Result<Self> {
+        let socks = testbed
+            .receiver
+            .run(|| crate::probe::reflect::bind(&[addr]))?;
+        let policy = crate::probe::reflect::Policy {
+            protocol: ProtocolArg::Stamp,
+            key,
+            rate_limit_pps: 0,
+            stateful: true,
+        };
+        Self::spawn(socks, policy)
+    }
+
     fn spawn(
         socks: Vec<crate::probe::socket::ProbeSocket>,
         policy: crate::probe::reflect::Policy,

@@ -678,6 +678,10 @@ fn fmt_peer(r: &Result<f64>) -> String {
 /// The targets for the in-kernel reflector.
 const TURNAROUND_TARGET_NS: u64 = 2_000;
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one bench section: its runs and the rows it reports read top to bottom"
+)]
 fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let count: u64 = if quick { 1000 } else { 2000 };
     let n = count.to_string();
@@ -869,6 +873,10 @@ fn fmt_cyclic(c: &Result<Cyclic>) -> String {
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one bench section: its runs and the rows it reports read top to bottom"
+)]
 fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     // As a plain run gets it, and with the sender real-time (as the study
@@ -1175,6 +1183,10 @@ fn memory_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 /// read from /proc while it runs: memory must not grow with the probe
 /// count. 1 ms probing for 24 h is 86.4 M probes; the run says how much
 /// of that it covered.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one bench section: its runs and the rows it reports read top to bottom"
+)]
 fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let interval_us = ctx.best_interval_us.get().unwrap_or(10).max(10);
     let secs: u64 = if quick { 30 } else { 100 };
@@ -1427,6 +1439,10 @@ fn forward_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 /// bounce device (XDP_TX in generic and native XDP, AF_XDP) at 1..8 queues, with
 /// `perf stat` where the machine counts. Rows state relations measured
 /// side by side, not absolute targets.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one bench section: its runs and the rows it reports read top to bottom"
+)]
 fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let json = ctx.out.join("thesis.json");
     let (work, queues, step) = if quick {

@@ -163,6 +163,7 @@ const TIMEOUT_NS: i64 = 1_000_000_000;
 /// Probes whose events go to the collector in one batch (an I/O wake-up).
 const BATCH: u64 = 64;
 
+#[allow(clippy::too_many_lines)]
 pub fn drive(plan: &Plan) -> Result<Outcome> {
     std::fs::create_dir_all(&plan.dir).with_context(|| format!("create {}", plan.dir.display()))?;
     let cfg = ProbeConfig {

@@ -11,8 +11,9 @@ use crate::{
     export::{CsvWriter, live::Live},
     model::run::{RunMeta, RunOutcome},
     probe::{
-        ProbeConfig,
-        remote::{Target, run_session, summarise},
+        ProbeConfig, SessionEnds,
+        remote::{Target, summarise},
+        run_session,
     },
     signals::with_signals,
     spec::{RunOptions, SpecError, plan, remote::read_key},
@@ -182,17 +183,25 @@ fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result
         cfg.kernel_reflector,
         &meta,
     )?;
-    let o = run_session(&target, &cfg, None, &mut csv, stop, &mut observer)?;
+    let ends = SessionEnds::Remote {
+        target: &target,
+        from: None,
+    };
+    let o = run_session(&ends, &cfg, &mut csv, stop, &mut observer)?;
     drop(observer);
     let rows = csv.rows();
-    let output_error = o.session.output_error.clone();
-    let mut summary = summarise(&o, "remote");
+    let facts = o
+        .remote
+        .as_ref()
+        .context("internal: a session against a target without the reflector's facts")?;
+    let output_error = o.output_error.clone();
+    let mut summary = summarise(&o, facts, "remote");
     summary.report.output_error = output_error.clone();
     Ok(RunOutcome {
         summary,
         meta,
         rows,
-        interrupted: o.session.interrupted,
+        interrupted: o.interrupted,
         output_error,
     })
 }

@@ -483,7 +483,7 @@ fn run_probe(
         ip: crate::testbed::IpVersion::V4,
     };
     let o = probe::run_session(
-        &ep,
+        &probe::SessionEnds::Testbed(&ep),
         &cfg,
         &mut csv,
         stop,

@@ -317,6 +317,7 @@ fn load_b(reply_ifindex: u32, limits: RateLimits) -> Reflector {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn reflector_test_run_table() {
     require_root();
     let r = load_b(0, RateLimits::NONE);
@@ -575,6 +576,7 @@ fn reflector_redirects_replies_when_given_an_ifindex() {
 /// after them is still answered.
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn reflector_refuses_probes_not_for_it_and_bad_sources() {
     require_root();
     let good = || Frame::new(PROBE_PORT, probe_payload(64, false));

@@ -289,6 +289,7 @@ impl Ip6 {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn test_run_table_of_ipv6_frames() {
     require_root();
     let net = fib_net();
@@ -483,6 +484,7 @@ fn test_run_table_of_ipv6_frames() {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
+#[allow(clippy::too_many_lines)]
 fn test_run_table_of_frames() {
     require_root();
     let net = fib_net();
@@ -927,6 +929,7 @@ fn one_router_one_namespace() {
 /// sender (10.11.0.2) -- r0 [router ns] r1 -- receiver (10.12.0.2), with
 /// the XDP router on r0 and r1. UDP datagrams go out and are echoed back;
 /// every one of them must be redirected by XDP in both directions.
+#[allow(clippy::too_many_lines)]
 fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
     require_root();
     let snd = netns("snd");

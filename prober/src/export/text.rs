@@ -662,6 +662,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)]
     fn summary_mentions_everything_asked() {
         let mut s = Summary {
             sent: 10,

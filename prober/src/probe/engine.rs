@@ -30,16 +30,18 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_SENDING, SessionObserver, clock, collect_and_join,
+    Endpoints, HwSetup, ProbeConfig, RecordSink, STOP_SENDING, SessionObserver, SessionOutcome,
+    clock, collect_and_join,
     events::{self, EventBatch},
     matcher::{EchoRules, Event, Verdict},
     pacer,
     packet::{FLAG_ECHO, Probe},
     reflect::{self, FLAG_WARMUP},
+    remote::Target,
     socket::{self, ProbeSocket, RecvBatch},
     wire::{Echo, WARMUP_SEQ, Wire},
 };
-use crate::stats::RunStats;
+use crate::{stats::RunStats, sys::Netns};
 
 /// Who answers the probes.
 pub(crate) enum Reflector<'a> {
@@ -53,6 +55,40 @@ pub(crate) enum Reflector<'a> {
     Kernel { sock: &'a ProbeSocket, session: u64 },
     /// Another process or host: only the sender's socket sees anything.
     Remote,
+}
+
+/// Where a session's probes go from and to, and so who answers them.
+pub(crate) enum SessionEnds<'a> {
+    /// The self-built testbed or a NIC pair: sender and receiver in their
+    /// namespaces, rtprobe's reflector at the receiver (in this process,
+    /// or in the kernel where the probe config says `kernel_reflector`).
+    Testbed(&'a Endpoints<'a>),
+    /// A reflector not ours to drive (`--target`, or STAMP through the
+    /// testbed), probed from namespace `from` (None: the calling thread's).
+    Remote {
+        target: &'a Target,
+        from: Option<&'a Netns>,
+    },
+}
+
+/// Runs one probe session, streaming records to `csv`. Returns when every
+/// probe is sent and accounted for, or when `stop` says so. Every run goes
+/// through here: the testbed, the NIC pair and a remote target differ
+/// only in how the sockets and the reflector are set up before
+/// [`warm_up`] and [`drive`], and in what is read back after them.
+pub(crate) fn run_session(
+    ends: &SessionEnds<'_>,
+    cfg: &ProbeConfig,
+    csv: &mut dyn RecordSink,
+    stop: &AtomicU8,
+    observer: &mut dyn SessionObserver,
+) -> Result<SessionOutcome> {
+    match ends {
+        SessionEnds::Testbed(ep) => super::testbed_session(ep, cfg, csv, stop, observer),
+        SessionEnds::Remote { target, from } => {
+            super::remote::target_session(target, cfg, *from, csv, stop, observer)
+        }
+    }
 }
 
 /// Notes what a batch of accepted echoes said (the remote run's ledger).

@@ -25,6 +25,7 @@ pub mod timestamps;
 pub mod wake;
 pub(crate) mod wire;
 
+pub(crate) use engine::{SessionEnds, run_session};
 pub use timestamps::TimestampSource;
 
 use std::{
@@ -140,6 +141,10 @@ pub struct SessionOutcome {
     /// An output (CSV, HDR log...) failed during the run and stopped it,
     /// in words: "CSV ends at probe 41999: No space left on device".
     pub output_error: Option<String>,
+    /// What a reflector not ours to drive told besides the records (loss
+    /// by direction, clocks, protocol facts). None on the testbed's own
+    /// rtprobe sessions.
+    pub remote: Option<remote::RemoteFacts>,
 }
 
 /// A NIC's PTP hardware clock, sampled against CLOCK_REALTIME while the
@@ -340,10 +345,11 @@ fn bind_sides(
     Ok((tx_sock, rx_sock, dst))
 }
 
-/// Runs one probe session through the testbed (or NIC pair), streaming
-/// records to `csv`. Returns when every probe is sent and accounted for,
-/// or when `stop` says so.
-pub fn run_session(
+/// The testbed's (or NIC pair's) side of [`engine::run_session`]: both
+/// sockets in their namespaces, hardware timestamping where asked, the
+/// reflector ours (in this process, or in the kernel with
+/// `kernel_reflector`), and the namespaces' drop counters around it.
+fn testbed_session(
     ep: &Endpoints<'_>,
     cfg: &ProbeConfig,
     csv: &mut dyn RecordSink,
@@ -416,6 +422,7 @@ pub fn run_session(
         kernel_drops: Some(drops_after.report_since(&drops_before)),
         hw_clocks,
         output_error,
+        remote: None,
     })
 }
 
@@ -433,7 +440,7 @@ pub(crate) struct HwSetup {
 
 /// The per-probe state of a session between the event sources and the
 /// outputs: the matcher, the run's statistics, the CSV and the observer
-/// (interval histograms, HDR log, metrics). `run_session` feeds it the
+/// (interval histograms, HDR log, metrics). [`run_session`] feeds it the
 /// sockets' events; anything else that produces [`Event`]s (e.g. the
 /// continuous-run memory bench) drives the same code. Times are the
 /// events' clock (CLOCK_REALTIME ns), passed in by the caller.

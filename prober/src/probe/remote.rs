@@ -250,9 +250,10 @@ fn fmt_ns(ns: u64) -> String {
     }
 }
 
-/// What a session against a reflector learned besides the records.
-pub struct RemoteOutcome {
-    pub session: SessionOutcome,
+/// What a session against a reflector not ours learned besides the
+/// records ([`SessionOutcome::remote`]).
+#[derive(Debug, Clone)]
+pub struct RemoteFacts {
     pub loss: LossSplit,
     pub clock: ClockVerdict,
     /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
@@ -333,16 +334,18 @@ fn bind_towards(
     Ok(sock)
 }
 
-/// Runs one session against `target`, from namespace `ns` (None: the
-/// calling thread's).
-pub fn run_session(
+/// The remote side of [`engine::run_session`]: one socket towards
+/// `target`, from namespace `ns` (None: the calling thread's), the
+/// reflector's stamps from its echoes, and after the run the status
+/// probe, the loss split and the clock verdict.
+pub(super) fn target_session(
     target: &Target,
     cfg: &ProbeConfig,
     ns: Option<&Netns>,
     csv: &mut dyn RecordSink,
     stop: &AtomicU8,
     observer: &mut dyn crate::model::observer::SessionObserver,
-) -> Result<RemoteOutcome> {
+) -> Result<SessionOutcome> {
     let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
         synchronized: false,
         max_error_ns: 0,
@@ -416,20 +419,16 @@ pub fn run_session(
     );
     let clock = final_clock(target, &local_clock, early, &ledger);
     let info = protocol_info(target, &wire, &ledger, stats.counts().received);
-    Ok(RemoteOutcome {
-        session: SessionOutcome {
-            stats,
-            hardware_tx: false,
-            hardware_rx: false,
-            late_arrivals,
-            interrupted: stop.load(Ordering::SeqCst) != 0,
-            kernel_drops: None,
-            hw_clocks: Default::default(),
-            output_error,
-        },
-        loss,
-        clock,
-        info,
+    Ok(SessionOutcome {
+        stats,
+        hardware_tx: false,
+        hardware_rx: false,
+        late_arrivals,
+        interrupted: stop.load(Ordering::SeqCst) != 0,
+        kernel_drops: None,
+        hw_clocks: Default::default(),
+        output_error,
+        remote: Some(RemoteFacts { loss, clock, info }),
     })
 }
 
@@ -572,21 +571,21 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
     s.report.clock = Some(ClockReport::Verdict(v.clone()));
 }
 
-/// The summary of a session against a reflector, with its clock rule,
-/// loss split and protocol facts.
-pub fn summarise(o: &RemoteOutcome, kind: &str) -> crate::stats::Summary {
-    let mut s = o.session.stats.summary();
+/// The summary of a session against a reflector, with what the reflector
+/// told (`facts`: its clock rule, loss split and protocol facts).
+pub fn summarise(o: &SessionOutcome, facts: &RemoteFacts, kind: &str) -> crate::stats::Summary {
+    let mut s = o.stats.summary();
     s.xdp_mode_requested = "none".into();
     s.xdp_mode_attached = "none".into();
-    apply_clock_rule(&mut s, &o.clock);
+    apply_clock_rule(&mut s, &facts.clock);
     s.report.reflector = Some(ReflectorReport {
         kind: kind.into(),
-        ..o.info.clone()
+        ..facts.info.clone()
     });
-    s.report.loss_split = Some(o.loss.clone());
-    s.report.late_arrivals = Some(o.session.late_arrivals);
+    s.report.loss_split = Some(facts.loss.clone());
+    s.report.late_arrivals = Some(o.late_arrivals);
     s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
-    s.report.interrupted = o.session.interrupted;
+    s.report.interrupted = o.interrupted;
     s
 }
 

@@ -1967,6 +1967,7 @@ mod scapy_interop {
     /// (b) rtprobe encodes session-sender packets and reflector replies;
     /// scapy decodes them field by field.
     #[test]
+    #[allow(clippy::too_many_lines)]
     fn rtprobe_packets_decode_in_scapy() {
         let Some(script) = scapy("rtprobe_packets_decode_in_scapy") else {
             return;

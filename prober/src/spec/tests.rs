@@ -246,6 +246,7 @@ fn ip_version_on_the_command_line_and_in_toml() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)]
 fn every_spec_round_trips_through_merge() {
     // Every option set to a value that is not its default: merging it over
     // an empty spec, or an empty spec over it, must give it back unchanged.

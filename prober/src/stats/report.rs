@@ -530,6 +530,7 @@ mod tests {
 
     /// A summary with every part of the report filled in, both kinds of
     /// each untagged part among the flows.
+    #[allow(clippy::too_many_lines)]
     fn full_summary() -> Summary {
         let phc = PhcReport {
             phc_index: Some(0),

@@ -560,6 +560,7 @@ mod tests {
     /// Every typed call on the real kernel, in two namespaces of our own.
     #[test]
     #[ignore = "needs root: run by cargo xtask test"]
+    #[allow(clippy::too_many_lines)]
     fn typed_calls_on_the_real_kernel() {
         require_root();
         let sys = LinuxSys::new();

@@ -229,6 +229,7 @@ fn skip_and_required_metrics() {
 
 /// Each malformed case and the exact one-line message it gives.
 #[test]
+#[allow(clippy::too_many_lines)]
 fn malformed_inputs_name_file_line_and_column() {
     let good = csv_text(true, &[row(0, Some(50_000), Some(90_000))]);
     let header_line = HEADER.join(",");
