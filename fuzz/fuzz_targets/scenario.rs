@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use rtprobe::config::{Scenario, plan};
+use rtprobe::scenario::{Scenario, plan};
 
 fuzz_target!(|data: &[u8]| {
     // The loader refuses non-UTF-8 text before the parser sees it.
@@ -20,9 +20,9 @@ fuzz_target!(|data: &[u8]| {
             let out_dir = Path::new("out");
             let cells = sc.cells(out_dir);
             // Without --set every cell of the matrix is kept.
-            let matrix = sc.probe.sizes.len()
-                * sc.probe.intervals.len()
-                * sc.probe.xdp_modes.len()
+            let matrix = sc.axes.sizes.len()
+                * sc.axes.intervals.len()
+                * sc.axes.xdp_modes.len()
                 * sc.sets.len();
             assert_eq!(cells.len(), matrix);
             assert!(!cells.is_empty(), "an empty matrix must be an error");

@@ -56,7 +56,7 @@ pub enum Command {
     Run(RunArgs),
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
-    BenchForward(spec::bench::BenchForwardArgs),
+    BenchForward(spec::bench_forward::BenchForwardArgs),
     /// Tell whether runs differ from a baseline: p50/p99/p99.9 changes with 95 % confidence
     /// intervals, in words.
     Compare(CompareArgs),

@@ -4,10 +4,10 @@
 //! checks that no module imports one that imports it back):
 //! - `app`: one module per subcommand (what `main()` runs): it turns the
 //!   parsed `cli` (clap definitions only) into a plan through `spec`
-//!   (options and the one validator) and `config` (scenario files), calls
+//!   (options and the one validator) and `scenario` (scenario files), calls
 //!   the domain once, prints, and picks the exit code; `signals` turns
 //!   Ctrl-C into the stop levels the domain watches;
-//! - `runner` (one probe run on a testbed) and `bench` (the router hop's
+//! - `runner` (one probe run on a testbed) and `bench_forward` (the router hop's
 //!   throughput) drive the domain: `testbed` (namespaces, veths, NIC
 //!   pairs), `tune` (knobs), `ebpf` (load and attach the router and the
 //!   reflector) and `probe` (timestamped UDP probes, the reflector);
@@ -21,9 +21,8 @@
 //! unit-tested without root); `probe` talks to its own sockets and `app`
 //! to the terminal; everything else is pure.
 
-pub(crate) mod bench;
+pub(crate) mod bench_forward;
 pub mod cli;
-pub mod config;
 pub(crate) mod docs;
 pub(crate) mod ebpf;
 pub(crate) mod error;
@@ -32,6 +31,7 @@ pub(crate) mod heap;
 pub(crate) mod input;
 pub mod model;
 pub mod probe;
+pub mod scenario;
 pub mod spec;
 pub mod stats;
 pub mod sys;

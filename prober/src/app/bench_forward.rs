@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 
 use crate::{
-    bench::{bounce, forward},
+    bench_forward::{bounce, forward},
     signals::with_signals,
-    spec::bench::BenchForwardArgs,
+    spec::bench_forward::BenchForwardArgs,
 };
 
 pub(super) fn command(args: &BenchForwardArgs) -> Result<ExitCode> {

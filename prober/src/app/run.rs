@@ -12,23 +12,23 @@ use anyhow::{Result, bail};
 
 use crate::{
     cli::RunArgs,
-    config::{Cell, CellResult, CellRunner, FigureMaker, Scenario},
     export::live::Live,
+    scenario::{Cell, CellResult, CellRunner, FigureMaker, Scenario},
     signals::with_signals,
 };
 
 pub(super) fn command(args: RunArgs) -> Result<ExitCode> {
     let (sc, cells, out_dir, notes) = load(&args)?;
     if args.check {
-        print!("{}", crate::config::plan(&sc, &cells, &out_dir, &notes));
+        print!("{}", crate::scenario::plan(&sc, &cells, &out_dir, &notes));
         return Ok(ExitCode::SUCCESS);
     }
     for n in &notes {
         eprintln!("note: {n}");
     }
     with_signals(args.quiet, move |stop| {
-        let mut bar = crate::config::Bar::new(&cells, args.quiet);
-        let out = crate::config::run_scenario(
+        let mut bar = crate::scenario::Bar::new(&cells, args.quiet);
+        let out = crate::scenario::run_scenario(
             &sc,
             &out_dir,
             &mut ProbeCellRunner {
@@ -59,7 +59,7 @@ pub(super) fn command(args: RunArgs) -> Result<ExitCode> {
 /// folder, and notes on what was not checked. Without root only `--check`
 /// goes on (without the kernel's support checked).
 fn load(args: &RunArgs) -> Result<(Scenario, Vec<Cell>, PathBuf, Vec<String>)> {
-    let over = crate::config::Overrides {
+    let over = crate::scenario::Overrides {
         run: args.run.clone(),
         knobs: args.knobs.clone(),
     };
@@ -67,7 +67,7 @@ fn load(args: &RunArgs) -> Result<(Scenario, Vec<Cell>, PathBuf, Vec<String>)> {
     sc.retain_sets(&args.sets)?;
     let is_root = nix::unistd::geteuid().is_root();
     let notes = if is_root {
-        sc.check_system(&mut crate::config::KernelCheck(crate::sys::linux()))?
+        sc.check_system(&mut crate::scenario::KernelCheck(crate::sys::linux()))?
     } else if args.check {
         vec!["kernel support (qdiscs) not checked: that needs root".to_string()]
     } else {

@@ -28,7 +28,7 @@
 //! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
 //! [`values`].
 
-pub(crate) mod bench;
+pub(crate) mod bench_forward;
 pub mod continuous;
 pub(crate) mod flows;
 pub(crate) mod located;

@@ -231,7 +231,7 @@ fn ip_version_on_the_command_line_and_in_toml() {
     assert!(Cli::try_parse_from(["t", "--ip", "5"]).is_err());
     // TOML: `ip = 6` or "6"; anything else names the key.
     for v in ["6", "\"6\""] {
-        let sc = crate::config::Scenario::parse(
+        let sc = crate::scenario::Scenario::parse(
             std::path::Path::new("t.toml"),
             &format!("[probe]\nip = {v}\n"),
         )
@@ -239,7 +239,7 @@ fn ip_version_on_the_command_line_and_in_toml() {
         let cells = sc.cells(std::path::Path::new("/o"));
         assert_eq!(cells[0].run.ip, IpVersion::V6, "ip = {v}");
     }
-    let err = crate::config::Scenario::parse(std::path::Path::new("t.toml"), "[probe]\nip = 5\n")
+    let err = crate::scenario::Scenario::parse(std::path::Path::new("t.toml"), "[probe]\nip = 5\n")
         .map(|_| ())
         .unwrap_err();
     assert!(format!("{err:#}").contains("use 4 or 6"), "{err:#}");
@@ -374,7 +374,7 @@ fn every_spec_round_trips_through_merge() {
 /// table, so the error says whether the key is known.
 fn toml_knows(table: &str, key: &str) -> bool {
     let text = format!("[{table}]\n{key} = {{}}\n");
-    let e = crate::config::Scenario::parse(std::path::Path::new("t.toml"), &text)
+    let e = crate::scenario::Scenario::parse(std::path::Path::new("t.toml"), &text)
         .map(|_| ())
         .unwrap_err();
     !format!("{e:#}").contains("unknown field")
@@ -407,7 +407,7 @@ fn every_probe_command_option_has_a_toml_key() {
 
 #[test]
 fn the_same_limits_on_the_command_line_and_in_toml() {
-    use crate::config::Scenario;
+    use crate::scenario::Scenario;
     let toml_err = |text: &str| {
         format!(
             "{:#}",
@@ -461,7 +461,7 @@ fn the_same_limits_on_the_command_line_and_in_toml() {
 
 #[test]
 fn command_line_overrides_a_scenario_and_is_blamed_by_flag() {
-    use crate::config::{Overrides, Scenario};
+    use crate::scenario::{Overrides, Scenario};
     let text = "[probe]\nsizes = [64, 200]\nduration = \"10s\"\n[knobs]\nlink_rate = \"100mbit\"\n";
     let cli = Cli::try_parse_from(["t", "--count", "5", "--size", "1472", "--qdisc", "pfifo"])
         .unwrap()
@@ -594,7 +594,7 @@ mod never_panic {
             value in "(-?[0-9]{1,25}(\\.[0-9]{1,5})?|\"[ -~]{0,20}\"|true|\\[\\]|\\[\"port=[0-9]{1,6}\"\\])",
         ) {
             let text = format!("[probe]\n{key} = {value}\n");
-            let _ = crate::config::Scenario::parse(std::path::Path::new("p.toml"), &text);
+            let _ = crate::scenario::Scenario::parse(std::path::Path::new("p.toml"), &text);
         }
     }
 }

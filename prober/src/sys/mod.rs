@@ -25,7 +25,7 @@
 //! (`probe::phc`, /dev/ptpN), which act on sockets and devices the probe
 //! owns rather than on network configuration; the queue sampler's own
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
-//! sample through the worker costs ten times as much); `bench`'s AF_XDP
+//! sample through the worker costs ten times as much); `bench_forward`'s AF_XDP
 //! sockets, its load generator's BPF_PROG_TEST_RUN and the scheduling of
 //! its threads (affinity, SCHED_FIFO), which act on the calling thread.
 //!

@@ -382,7 +382,7 @@ fn check_cell_count(path: &Path, axes: [(usize, &str); 4]) -> Result<()> {
 /// named as such.
 fn read_file(path: &Path, text: &str) -> Result<ScenarioFile> {
     toml::from_str(text).map_err(|e| {
-        if crate::spec::bench::BenchForwardArgs::parse(path, text).is_ok() {
+        if crate::spec::bench_forward::BenchForwardArgs::parse(path, text).is_ok() {
             anyhow!(
                 "{} is a bench-forward sweep, not a scenario: run `sudo rtprobe \
                  bench-forward --config {}`",
@@ -914,7 +914,7 @@ impl Progress for Bar {
 
 /// Outcome of a whole scenario run.
 #[derive(Debug)]
-pub(crate) struct RunOutcome {
+pub(crate) struct ScenarioOutcome {
     pub report: PathBuf,
     pub cells: usize,
     pub failed: usize,
@@ -928,7 +928,7 @@ pub(crate) fn run_scenario(
     runner: &mut dyn CellRunner,
     figures: Option<&mut dyn FigureMaker>,
     progress: &mut dyn Progress,
-) -> Result<RunOutcome> {
+) -> Result<ScenarioOutcome> {
     std::fs::create_dir_all(out_dir).with_context(|| {
         format!(
             "cannot create the output folder {}: check the path and permissions",
@@ -992,7 +992,7 @@ pub(crate) fn run_scenario(
     let report_path = out_dir.join("report.md");
     crate::export::atomic::write(&report_path, text.as_bytes())?;
     let failed = results.iter().filter(|r| r.is_err()).count();
-    Ok(RunOutcome {
+    Ok(ScenarioOutcome {
         report: report_path,
         cells: cells.len(),
         failed,

@@ -38,7 +38,7 @@ use super::{
     perf::{self, PerfFigures, opt},
     xdp::{BenchProgram, Hook},
 };
-pub use crate::spec::bench::{Plan, Variant};
+pub use crate::spec::bench_forward::{Plan, Variant};
 use crate::{
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
     export::CsvWriter,

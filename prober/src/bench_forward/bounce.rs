@@ -40,7 +40,7 @@ use super::{
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    spec::bench::Plan,
+    spec::bench_forward::Plan,
     sys::{Netns, Ns, Sys, SysRef},
     testbed::NS_PREFIX,
 };

@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    bench::{
+    bench_forward::{
         frame::MAX_IP_SIZE,
         kinds::{BounceHook, ForwardMode, Generator, Sink},
     },
