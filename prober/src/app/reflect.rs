@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     ebpf::reflector::{RateLimits, Reflector},
-    export::metrics::{Metrics, MetricsServer, ReflectorCounts},
+    export::metrics::{Metrics, MetricsServer},
     probe::{
         reflect::{self, Core, Counters, Policy, ServeReport},
         socket::ProbeSocket,
@@ -199,7 +199,7 @@ fn serve(
 struct Publisher {
     metrics: Arc<Metrics>,
     _server: MetricsServer,
-    published: ReflectorCounts,
+    published: Counters,
     kernel_published: XdpCounters,
     kernel_error_said: bool,
 }
@@ -215,7 +215,7 @@ impl Publisher {
         Ok(Self {
             metrics,
             _server: server,
-            published: ReflectorCounts::default(),
+            published: Counters::default(),
             kernel_published: XdpCounters::new(),
             kernel_error_said: false,
         })
@@ -223,19 +223,7 @@ impl Publisher {
 
     /// Publishes the reflector's counters, and the in-kernel one's.
     fn tick(&mut self, c: &Counters, kernel: Option<&Reflector>) {
-        self.metrics.reflector_update(
-            &mut self.published,
-            ReflectorCounts {
-                sessions: c.sessions,
-                reflected: c.reflected,
-                not_for_us: c.not_for_us,
-                bad_source: c.bad_source,
-                malformed: c.malformed,
-                rate_limited: c.rate_limited,
-                auth_failed: c.auth_failed,
-                send_errors: c.send_errors,
-            },
-        );
+        self.metrics.reflector_update(&mut self.published, c);
         if let Some(k) = kernel {
             match k.counters() {
                 Ok(now) => self

@@ -31,7 +31,7 @@ use prometheus_client::{
 
 use crate::{
     model::{observer::SessionObserver, record::ProbeRecord},
-    stats::{Counts, RunStats, XdpCounters, chain::Stage},
+    stats::{Counts, RunStats, XdpCounters, chain::Stage, report::ReflectorCounters},
 };
 
 /// The smallest bucket bound, in seconds (1 µs).
@@ -139,19 +139,6 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: String,
-}
-
-/// The reflector's cumulative counts, as `rtprobe reflect` keeps them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReflectorCounts {
-    pub sessions: u64,
-    pub reflected: u64,
-    pub not_for_us: u64,
-    pub bad_source: u64,
-    pub malformed: u64,
-    pub rate_limited: u64,
-    pub auth_failed: u64,
-    pub send_errors: u64,
 }
 
 impl Default for Metrics {
@@ -369,7 +356,7 @@ impl Metrics {
 
     /// Brings the reflector's counters up to `now` (cumulative counts; `last`
     /// is what was published before, updated in place).
-    pub fn reflector_update(&self, last: &mut ReflectorCounts, now: ReflectorCounts) {
+    pub fn reflector_update(&self, last: &mut ReflectorCounters, now: &ReflectorCounters) {
         let outcomes = [
             ("reflected", last.reflected, now.reflected),
             ("not_for_us", last.not_for_us, now.not_for_us),
@@ -387,7 +374,7 @@ impl Metrics {
         }
         self.reflector_sessions
             .inc_by(now.sessions.saturating_sub(last.sessions));
-        *last = now;
+        *last = now.clone();
     }
 
     /// Brings the in-kernel reflector's frame counters up to `now`
@@ -871,8 +858,8 @@ mod tests {
     #[test]
     fn reflector_counts_are_published_as_deltas_of_cumulative_counts() {
         let m = Metrics::new();
-        let mut last = ReflectorCounts::default();
-        let now = ReflectorCounts {
+        let mut last = ReflectorCounters::default();
+        let now = ReflectorCounters {
             sessions: 2,
             reflected: 500,
             not_for_us: 4,
@@ -881,14 +868,15 @@ mod tests {
             rate_limited: 1,
             auth_failed: 3,
             send_errors: 0,
+            ..Default::default()
         };
-        m.reflector_update(&mut last, now);
-        m.reflector_update(&mut last, now); // nothing new: unchanged
+        m.reflector_update(&mut last, &now);
+        m.reflector_update(&mut last, &now); // nothing new: unchanged
         m.reflector_update(
             &mut last,
-            ReflectorCounts {
+            &ReflectorCounters {
                 reflected: 510,
-                ..now
+                ..now.clone()
             },
         );
         assert_eq!(last.reflected, 510);
@@ -943,8 +931,8 @@ mod tests {
         }
         // The user-space reflector's family is there too, and apart.
         m.reflector_update(
-            &mut ReflectorCounts::default(),
-            ReflectorCounts {
+            &mut ReflectorCounters::default(),
+            &ReflectorCounters {
                 reflected: 1,
                 ..Default::default()
             },
