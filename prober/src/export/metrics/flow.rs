@@ -1,7 +1,7 @@
 //! [`FlowMetrics`]: the handles of one probe flow's series, fed every
 //! finalized record and the running counts.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::metrics::{counter::Counter, histogram::Histogram};
 
@@ -15,20 +15,14 @@ use crate::{
 };
 
 impl Metrics {
-    /// The handles of one probe flow's metrics.
+    /// The handles of one probe flow's metrics. The RTT histogram and the
+    /// counters exist from the start; the one-way and stage histograms
+    /// once the flow measures them (a `--target` run has no one-way delay
+    /// and only the stages its stamps cover), so a target costs only the
+    /// series it can fill.
     pub fn flow(self: &Arc<Self>, labels: FlowLabels, kernel_reflector: bool) -> FlowMetrics {
-        let stage_labels = |stage: Stage| StageLabels {
-            target: labels.target.clone(),
-            flow: labels.flow.clone(),
-            tos: labels.tos.clone(),
-            size: labels.size.clone(),
-            stage: stage.key().into(),
-        };
         let lost_labels = |direction: &str| LostLabels {
-            target: labels.target.clone(),
-            flow: labels.flow.clone(),
-            tos: labels.tos.clone(),
-            size: labels.size.clone(),
+            flow: labels.clone(),
             direction: direction.into(),
         };
         let (forward, back) = if kernel_reflector {
@@ -41,11 +35,15 @@ impl Metrics {
         // set of the same family in that statement would wait for it forever.
         let lost = self.lost.get_or_create(&lost_labels(forward)).clone();
         let echo_lost = back.map(|d| self.lost.get_or_create(&lost_labels(d)).clone());
+        let rtt = self
+            .series
+            .rtt
+            .then(|| self.rtt.get_or_create(&labels).clone());
         FlowMetrics {
             metrics: self.clone(),
-            one_way: self.one_way.get_or_create(&labels).clone(),
-            rtt: self.rtt.get_or_create(&labels).clone(),
-            stages: Stage::ALL.map(|s| self.stage.get_or_create(&stage_labels(s)).clone()),
+            one_way: OnceLock::new(),
+            rtt,
+            stages: Default::default(),
             sent: self.sent.get_or_create(&labels).clone(),
             received: self.received.get_or_create(&labels).clone(),
             lost,
@@ -68,9 +66,12 @@ impl Metrics {
 pub struct FlowMetrics {
     metrics: Arc<Metrics>,
     labels: FlowLabels,
-    one_way: Histogram,
-    rtt: Histogram,
-    stages: [Histogram; 7],
+    /// Created by the first one-way figure (if the series has one-way).
+    one_way: OnceLock<Histogram>,
+    /// None when the series leave RTT out.
+    rtt: Option<Histogram>,
+    /// Each created by the stage's first figure (if the series has stages).
+    stages: [OnceLock<Histogram>; 7],
     sent: Counter,
     received: Counter,
     lost: Counter,
@@ -93,15 +94,30 @@ fn seconds(ns: i64) -> f64 {
 impl FlowMetrics {
     /// A finalized probe's latencies.
     pub fn observe(&self, r: &ProbeRecord) {
-        if let Some(v) = r.one_way_ns {
-            self.one_way.observe(seconds(v));
+        let m = &self.metrics;
+        if let Some(v) = r.one_way_ns
+            && m.series.one_way
+        {
+            self.one_way
+                .get_or_init(|| m.one_way.get_or_create(&self.labels).clone())
+                .observe(seconds(v));
         }
-        if let Some(v) = r.rtt_ns {
-            self.rtt.observe(seconds(v));
+        if let (Some(v), Some(h)) = (r.rtt_ns, &self.rtt) {
+            h.observe(seconds(v));
+        }
+        if !m.series.stages {
+            return;
         }
         for (h, stage) in self.stages.iter().zip(Stage::ALL) {
             if let Some(v) = stage.of(r) {
-                h.observe(seconds(v));
+                h.get_or_init(|| {
+                    let labels = StageLabels {
+                        flow: self.labels.clone(),
+                        stage: stage.key().into(),
+                    };
+                    m.stage.get_or_create(&labels).clone()
+                })
+                .observe(seconds(v));
             }
         }
     }
@@ -142,10 +158,7 @@ impl FlowMetrics {
         if self.source != timestamp_source {
             let family = &self.metrics.timestamp_source;
             let labels = |source: &str| SourceLabels {
-                target: self.labels.target.clone(),
-                flow: self.labels.flow.clone(),
-                tos: self.labels.tos.clone(),
-                size: self.labels.size.clone(),
+                flow: self.labels.clone(),
                 source: source.into(),
             };
             if !self.source.is_empty() {
@@ -171,7 +184,10 @@ impl SessionObserver for FlowMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::metrics::registry::BUCKET_COUNT;
+    use crate::{
+        model::record::ProbeRecord,
+        spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsSeries},
+    };
 
     fn record(one_way_us: i64) -> ProbeRecord {
         ProbeRecord {
@@ -216,7 +232,7 @@ mod tests {
             },
             "hardware",
         );
-        let text = m.encode();
+        let text = m.openmetrics();
         let labels = r#"target="10.0.0.2:5061",flow="0",tos="0xc0",size="64""#;
         for want in [
             "# TYPE rtprobe_one_way_seconds histogram".to_string(),
@@ -258,7 +274,7 @@ mod tests {
                 (le, l.rsplit(' ').next().unwrap().parse().unwrap())
             })
             .collect();
-        assert_eq!(buckets.len(), BUCKET_COUNT as usize + 1);
+        assert_eq!(buckets.len(), usize::from(DEFAULT_METRICS_BUCKETS) + 1);
         let at = |v: f64| buckets.iter().find(|b| b.0 >= v * 0.999_999).unwrap().1;
         assert_eq!(at(8e-6), 0);
         assert_eq!(at(11.3e-6), 1);
@@ -279,8 +295,71 @@ mod tests {
             },
             "software",
         );
-        let text = m.encode();
+        let text = m.openmetrics();
         assert!(text.contains("direction=\"unknown\"} 1"), "{text}");
         assert!(!text.contains("direction=\"return\""));
+    }
+
+    /// A record with every latency a testbed run has: one-way, RTT and
+    /// all seven stages.
+    fn full_record() -> ProbeRecord {
+        ProbeRecord {
+            stack_ns: Some(1_000),
+            sender_queue_ns: Some(1_000),
+            driver_ns: Some(1_000),
+            receiver_ns: Some(1_000),
+            reflector_ns: Some(1_000),
+            return_ns: Some(1_000),
+            ..record(20)
+        }
+    }
+
+    /// The series one flow costs: every sample line of the exposition.
+    fn series_in(text: &str) -> usize {
+        text.lines().filter(|l| !l.starts_with('#')).count()
+    }
+
+    /// The budget docs/CONTINUOUS.md states: a histogram is its bounds
+    /// plus +Inf, sum and count; the counters are 10 (11 with the loss
+    /// split by direction) plus the timestamp source.
+    #[test]
+    fn a_flow_costs_the_stated_series() {
+        let cost = |series: MetricsSeries, r: &ProbeRecord, kernel: bool| {
+            let m = Arc::new(Metrics::with_series(series));
+            let mut f = m.flow(FlowLabels::new("t", 0, 0, 64), kernel);
+            f.observe(r);
+            f.update(&Counts::default(), "software");
+            let text = m.openmetrics();
+            (series_in(&text), text)
+        };
+        let full = MetricsSeries::default();
+        let r = full_record();
+        let (n, text) = cost(full, &r, false);
+        assert_eq!(n, (2 + 7) * 51 + 11 + 1, "{text}");
+        // A --target run: no one-way figure, so no one-way series.
+        // and only the stages its stamps cover (here: stack and return).
+        let remote = ProbeRecord {
+            one_way_ns: None,
+            path_ns: None,
+            stack_ns: Some(1_000),
+            return_ns: Some(1_000),
+            ..record(20)
+        };
+        let (n, text) = cost(full, &remote, false);
+        assert!(!text.contains("rtprobe_one_way_seconds_count"), "{text}");
+        assert_eq!(n, (1 + 2) * 51 + 11 + 1, "{text}");
+        // The fleet budget: RTT only, 24 buckets.
+        let lean = MetricsSeries {
+            rtt: true,
+            one_way: false,
+            stages: false,
+            buckets: 24,
+        };
+        let (n, text) = cost(lean, &r, false);
+        assert_eq!(n, 27 + 11 + 1, "{text}");
+        assert!(!text.contains("rtprobe_stage_seconds_count"));
+        // Counters only (the kernel reflector: one loss direction).
+        let none = MetricsSeries { rtt: false, ..lean };
+        assert_eq!(cost(none, &r, true).0, 10 + 1);
     }
 }

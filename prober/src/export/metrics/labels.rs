@@ -1,4 +1,7 @@
-//! The label sets of the metric families.
+//! The label sets of the metric families. Every probe series carries
+//! [`FlowLabels`] first (flattened into the families that add a label of
+//! their own), so a label that every series of a target carries is added
+//! in that one struct.
 
 use prometheus_client::encoding::EncodeLabelSet;
 
@@ -28,20 +31,16 @@ impl FlowLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct StageLabels {
-    pub(super) target: String,
-    pub(super) flow: String,
-    pub(super) tos: String,
-    pub(super) size: String,
+    #[prometheus(flatten)]
+    pub(super) flow: FlowLabels,
     /// The stage's key (`sender_queue`, `path`...).
     pub(super) stage: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct LostLabels {
-    pub(super) target: String,
-    pub(super) flow: String,
-    pub(super) tos: String,
-    pub(super) size: String,
+    #[prometheus(flatten)]
+    pub(super) flow: FlowLabels,
     /// "forward" (never reached the receiver), "return" (the echo did
     /// not come back) or "unknown" (the in-kernel reflector answers: an
     /// echo that did not come back could have been lost either way).
@@ -56,10 +55,8 @@ pub(super) struct XdpLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SourceLabels {
-    pub(super) target: String,
-    pub(super) flow: String,
-    pub(super) tos: String,
-    pub(super) size: String,
+    #[prometheus(flatten)]
+    pub(super) flow: FlowLabels,
     /// "hardware", "software", "mixed" or "none" (nothing received yet).
     pub(super) source: String,
 }

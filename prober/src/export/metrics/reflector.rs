@@ -74,7 +74,7 @@ mod tests {
             },
         );
         assert_eq!(last.reflected, 510);
-        let text = m.encode();
+        let text = m.openmetrics();
         for line in [
             "rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 510",
             "rtprobe_reflector_datagrams_total{outcome=\"malformed\"} 7",
@@ -114,7 +114,7 @@ mod tests {
         m.kernel_reflector_update(&mut last, &counts(100, 3));
         m.kernel_reflector_update(&mut last, &counts(100, 3)); // nothing new
         m.kernel_reflector_update(&mut last, &counts(250, 10));
-        let text = m.encode();
+        let text = m.openmetrics();
         for line in [
             "# TYPE rtprobe_kernel_reflector_frames counter",
             "rtprobe_kernel_reflector_frames_total{outcome=\"reflected_rtprobe\"} 250",
@@ -131,7 +131,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let text = m.encode();
+        let text = m.openmetrics();
         assert!(text.contains("rtprobe_reflector_datagrams_total{outcome=\"reflected\"} 1"));
         assert!(
             text.contains(

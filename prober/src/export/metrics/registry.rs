@@ -1,40 +1,70 @@
 //! [`Metrics`]: the families of a probing process, registered in the
 //! order of the exposition, and their encoding.
 
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
 use prometheus_client::{
     encoding::text::encode,
     metrics::{
         counter::Counter,
-        family::Family,
+        family::{Family, MetricConstructor},
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
     registry::{Registry, Unit},
 };
 
-use super::labels::{FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, XdpLabels};
+use super::{
+    format::{self, Format},
+    labels::{FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, XdpLabels},
+};
+use crate::spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsSeries};
 
 /// The smallest bucket bound, in seconds (1 µs).
-pub(super) const BUCKET_START_S: f64 = 1e-6;
-/// Bound-to-bound factor: √2, i.e. two buckets per doubling.
-pub(super) const BUCKET_FACTOR: f64 = std::f64::consts::SQRT_2;
-/// 48 bounds: 1 µs .. 2^23.5 µs ≈ 11.9 s (then +Inf).
-pub(super) const BUCKET_COUNT: u16 = 48;
+const BUCKET_START_S: f64 = 1e-6;
+/// Doublings from the smallest bound to the largest: 2^23.5 µs ≈ 11.9 s,
+/// a stalled WAN path's RTT, then +Inf.
+const SPAN_DOUBLINGS: f64 = 23.5;
 
-pub(super) fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(
-        BUCKET_START_S,
-        BUCKET_FACTOR,
-        BUCKET_COUNT,
-    ))
+/// The bucket bounds of every latency histogram: `count` bounds from 1 µs
+/// to 11.9 s, each the one before times the same factor. 48 bounds make
+/// the factor √2 exactly, so the default `le` labels stay those of every
+/// earlier release (a changed label would split a stored series in two).
+#[derive(Debug, Clone)]
+pub(super) struct Buckets(Arc<[f64]>);
+
+impl Buckets {
+    pub(super) fn new(count: u16) -> Self {
+        let factor = if count == DEFAULT_METRICS_BUCKETS {
+            std::f64::consts::SQRT_2
+        } else {
+            2f64.powf(SPAN_DOUBLINGS / f64::from(count.max(2) - 1))
+        };
+        Self(exponential_buckets(BUCKET_START_S, factor, count).collect())
+    }
 }
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
+type Histograms<L> = Family<L, Histogram, Buckets>;
 
 /// The metrics of a probing process, and the registry that encodes them.
 pub struct Metrics {
     pub(super) registry: Registry,
-    pub(super) one_way: Family<FlowLabels, Histogram, fn() -> Histogram>,
-    pub(super) rtt: Family<FlowLabels, Histogram, fn() -> Histogram>,
-    pub(super) stage: Family<StageLabels, Histogram, fn() -> Histogram>,
+    /// The latency histograms each flow has, and their buckets.
+    pub(super) series: MetricsSeries,
+    /// The size of the last exposition.
+    encoded_bytes: AtomicUsize,
+    pub(super) one_way: Histograms<FlowLabels>,
+    pub(super) rtt: Histograms<FlowLabels>,
+    pub(super) stage: Histograms<StageLabels>,
     pub(super) sent: Family<FlowLabels, Counter>,
     pub(super) received: Family<FlowLabels, Counter>,
     pub(super) lost: Family<LostLabels, Counter>,
@@ -60,17 +90,24 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The metrics of a probing process, with every latency histogram
+    /// and the default buckets.
     pub fn new() -> Self {
+        Self::with_series(MetricsSeries::default())
+    }
+
+    /// The metrics of a probing process, with the histograms and buckets
+    /// of `series` (`--metrics-histograms`, `--metrics-buckets`).
+    pub fn with_series(series: MetricsSeries) -> Self {
         let mut registry = Registry::with_prefix("rtprobe");
-        let hist = || {
-            Family::<_, _, fn() -> Histogram>::new_with_constructor(
-                latency_histogram as fn() -> Histogram,
-            )
-        };
+        let buckets = Buckets::new(series.buckets);
+        let hist = || Family::new_with_constructor(buckets.clone());
         let m = Self {
             one_way: hist(),
             rtt: hist(),
-            stage: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            stage: Family::new_with_constructor(buckets.clone()),
+            series,
+            encoded_bytes: AtomicUsize::new(0),
             sent: Family::default(),
             received: Family::default(),
             lost: Family::default(),
@@ -220,11 +257,23 @@ impl Metrics {
     }
 
     /// The OpenMetrics text exposition (ends with `# EOF`).
-    pub fn encode(&self) -> String {
-        let mut s = String::new();
+    pub fn openmetrics(&self) -> String {
+        // The last one's size, so that a large exposition is not copied
+        // over and over as it grows.
+        let last = self.encoded_bytes.load(Ordering::Relaxed);
+        let mut s = String::with_capacity(last + last / 8);
         // Writing into a String cannot fail.
         let _ = encode(&mut s, &self.registry);
+        self.encoded_bytes.store(s.len(), Ordering::Relaxed);
         s
+    }
+
+    /// The exposition in `format`.
+    pub fn encode(&self, format: Format) -> String {
+        match format {
+            Format::OpenMetrics => self.openmetrics(),
+            Format::Prometheus => format::prometheus_text(&self.openmetrics()),
+        }
     }
 }
 
@@ -234,13 +283,22 @@ mod tests {
 
     #[test]
     fn buckets_span_a_microsecond_to_seconds() {
-        let b: Vec<f64> =
-            exponential_buckets(BUCKET_START_S, BUCKET_FACTOR, BUCKET_COUNT).collect();
-        assert_eq!(b[0], 1e-6);
-        assert!(
-            b[b.len() - 1] > 10.0 && b[b.len() - 1] < 13.0,
-            "{}",
-            b[b.len() - 1]
-        );
+        for count in [2, 12, 24, 47, 48, 49, 96] {
+            let b = &Buckets::new(count).0;
+            assert_eq!(b.len(), usize::from(count));
+            assert_eq!(b[0], 1e-6);
+            let last = b[b.len() - 1];
+            assert!((11.8..11.9).contains(&last), "{count}: {last}");
+        }
+        // The default is √2 exactly, as the bounds always were.
+        let b: Vec<f64> = exponential_buckets(1e-6, std::f64::consts::SQRT_2, 48).collect();
+        assert_eq!(&*Buckets::new(48).0, &b[..]);
+        let factor = |count| {
+            let b = Buckets::new(count).0;
+            b[1] / b[0]
+        };
+        assert!((factor(24) - 2.03).abs() < 0.01, "{}", factor(24));
+        // Without the special case, 48 would give √2 too, to the last bits.
+        assert!((2f64.powf(SPAN_DOUBLINGS / 47.0) - std::f64::consts::SQRT_2).abs() < 1e-15);
     }
 }

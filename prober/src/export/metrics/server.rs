@@ -5,6 +5,7 @@ use std::{net::SocketAddr, sync::Arc, thread::JoinHandle, time::Duration};
 use anyhow::{Context, Result};
 
 use super::{
+    format::Format,
     registry::Metrics,
     slots::{Slot, Slots},
 };
@@ -40,7 +41,7 @@ const LISTEN_BACKLOG: u32 = 1024;
 /// gets 431.
 const MAX_REQUEST: usize = 8192;
 
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The error answers' type.
 const TEXT: &str = "text/plain; charset=utf-8";
 
 impl MetricsServer {
@@ -177,7 +178,11 @@ async fn connection(
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         slot.head_received();
         // The request body, if any, is never read.
-        let response = answer(req.method(), req.uri().path(), &metrics);
+        let accept = req
+            .headers()
+            .get(hyper::header::ACCEPT)
+            .and_then(|v| v.to_str().ok());
+        let response = answer(req.method(), req.uri().path(), accept, &metrics);
         async move { Ok::<_, std::convert::Infallible>(response) }
     });
     let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
@@ -190,10 +195,22 @@ async fn connection(
 
 type Body = http_body_util::Full<hyper::body::Bytes>;
 
-fn answer(method: &hyper::Method, path: &str, metrics: &Metrics) -> hyper::Response<Body> {
+fn answer(
+    method: &hyper::Method,
+    path: &str,
+    accept: Option<&str>,
+    metrics: &Metrics,
+) -> hyper::Response<Body> {
     use hyper::StatusCode;
     match route(method, path) {
-        Route::Metrics => respond(StatusCode::OK, OPENMETRICS, metrics.encode()),
+        Route::Metrics => {
+            let format = Format::negotiate(accept);
+            respond(
+                StatusCode::OK,
+                format.content_type(),
+                metrics.encode(format),
+            )
+        }
         Route::NotFound => respond(
             StatusCode::NOT_FOUND,
             TEXT,
@@ -314,6 +331,20 @@ mod tests {
             "rtprobe_one_way_seconds_count{target=\"t\",flow=\"0\",tos=\"0x00\",size=\"64\"} 1"
         ));
         assert!(ok.trim_end().ends_with("# EOF"));
+        // Without an Accept header: the Prometheus text format.
+        let text = http(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(
+            text.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE rtprobe_probes_sent_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
         drop(server);
         assert!(TcpStream::connect(addr).is_err(), "stopped on drop");
     }
@@ -418,7 +449,10 @@ mod tests {
                 answer.starts_with("HTTP/1.1 200 OK\r\n"),
                 "after {d:?}: {answer:?}"
             );
-            assert!(answer.trim_end().ends_with("# EOF"), "{answer}");
+            assert!(
+                answer.contains("# TYPE rtprobe_reflector_sessions_total counter\n"),
+                "{answer}"
+            );
             took.push(d);
             std::thread::sleep(Duration::from_millis(50));
         }
