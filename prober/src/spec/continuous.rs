@@ -51,10 +51,11 @@ pub struct ContinuousArgs {
     #[serde(default, with = "crate::model::units::humane_duration::option")]
     pub report_every: Option<Duration>,
 
-    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while probing
-    /// (histograms of one-way, RTT and each stage; probe counters; XDP mode and timestamp
-    /// source). Port 0 picks a free one (printed). One request per connection: a client
-    /// has 2 s to send it, and at most 256 connections are open at once.
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics while probing (histograms of one-way,
+    /// RTT and each stage; probe counters; XDP mode and timestamp source), in the Prometheus
+    /// text format, or OpenMetrics to a scraper whose Accept header asks for it. Port 0 picks a
+    /// free one (printed). One request per connection: a client has 2 s to send it, and at
+    /// most 256 connections are open at once.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_listen: Option<SocketAddr>,
 

@@ -320,8 +320,9 @@ mod tests {
     }
 
     /// The budget docs/CONTINUOUS.md states: a histogram is its bounds
-    /// plus +Inf, sum and count; the counters are 10 (11 with the loss
-    /// split by direction) plus the timestamp source.
+    /// plus +Inf, sum and count; a flow has 10 counters (9 when the loss
+    /// has no direction) and its timestamp source. The process adds
+    /// `rtprobe_reflector_sessions_total` (and the XDP mode, once set).
     #[test]
     fn a_flow_costs_the_stated_series() {
         let cost = |series: MetricsSeries, r: &ProbeRecord, kernel: bool| {
@@ -335,7 +336,7 @@ mod tests {
         let full = MetricsSeries::default();
         let r = full_record();
         let (n, text) = cost(full, &r, false);
-        assert_eq!(n, (2 + 7) * 51 + 11 + 1, "{text}");
+        assert_eq!(n, (2 + 7) * 51 + 10 + 1 + 1, "{text}");
         // A --target run: no one-way figure, so no one-way series.
         // and only the stages its stamps cover (here: stack and return).
         let remote = ProbeRecord {
@@ -347,7 +348,7 @@ mod tests {
         };
         let (n, text) = cost(full, &remote, false);
         assert!(!text.contains("rtprobe_one_way_seconds_count"), "{text}");
-        assert_eq!(n, (1 + 2) * 51 + 11 + 1, "{text}");
+        assert_eq!(n, (1 + 2) * 51 + 10 + 1 + 1, "{text}");
         // The fleet budget: RTT only, 24 buckets.
         let lean = MetricsSeries {
             rtt: true,
@@ -356,10 +357,10 @@ mod tests {
             buckets: 24,
         };
         let (n, text) = cost(lean, &r, false);
-        assert_eq!(n, 27 + 11 + 1, "{text}");
+        assert_eq!(n, 27 + 10 + 1 + 1, "{text}");
         assert!(!text.contains("rtprobe_stage_seconds_count"));
         // Counters only (the kernel reflector: one loss direction).
         let none = MetricsSeries { rtt: false, ..lean };
-        assert_eq!(cost(none, &r, true).0, 10 + 1);
+        assert_eq!(cost(none, &r, true).0, 9 + 1 + 1);
     }
 }
