@@ -128,6 +128,23 @@ fn deb_installs_runs_verifies_and_purges_cleanly() {
     let left: Vec<_> = files.iter().filter(|p| p.exists()).collect();
     assert!(left.is_empty(), "left after dpkg --purge: {left:?}");
     assert!(!Path::new("/etc/rtprobe").exists(), "/etc/rtprobe left");
+    // The maintainer scripts' deb-systemd-helper masks the units on remove
+    // and must unmask and forget them on purge.
+    let state: Vec<PathBuf> = UNITS
+        .iter()
+        .flat_map(|u| {
+            [
+                Path::new("/etc/systemd/system").join(u),
+                Path::new("/var/lib/systemd/deb-systemd-helper-enabled").join(u),
+                Path::new("/var/lib/systemd/deb-systemd-helper-masked").join(u),
+            ]
+        })
+        .filter(|p| p.symlink_metadata().is_ok())
+        .collect();
+    assert!(
+        state.is_empty(),
+        "systemd state left after purge: {state:?}"
+    );
     let size_kib = std::fs::metadata(&deb).unwrap().len() / 1024;
     eprintln!(
         "deb: {} ({size_kib} KiB, {} paths, {} of them rtprobe's); dpkg --install {install_ms} ms, \

@@ -97,7 +97,12 @@ fn stage_assets(bin: &Path, staging: &Path) -> Result<()> {
             .with_context(|| format!("cannot empty {}", staging.display()))?;
     }
     let man = staging.join("man");
-    run(Command::new(bin).arg("man").arg("--out-dir").arg(&man))?;
+    // It prints each page's path: stdout is the .deb's path alone.
+    run(Command::new(bin)
+        .arg("man")
+        .arg("--out-dir")
+        .arg(&man)
+        .stdout(Stdio::null()))?;
     for page in ["rtprobe.1", "rtprobe-reflect.1"] {
         if !man.join(page).is_file() {
             bail!("`{} man` wrote no {page}", bin.display());
