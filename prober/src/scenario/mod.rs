@@ -45,6 +45,19 @@
 //! the plan, `run` executes the cells, `results_json` and `report` write
 //! what they found (`fetch_study` is the fetch-load section of the report).
 
+mod check;
+pub(crate) mod fetch_study;
+mod file;
+mod matrix;
+pub(crate) mod report;
+mod results_json;
+mod run;
+
+pub(crate) use check::KernelCheck;
+pub use check::{SystemCheck, plan};
+pub use run::Progress;
+pub(crate) use run::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
+
 pub use crate::spec::{
     FlowSpec,
     plan::{DEFAULT_COUNT, MAX_PAYLOAD_1500, RunOptions},
@@ -294,19 +307,6 @@ impl Scenario {
         Ok(())
     }
 }
-
-mod check;
-pub(crate) mod fetch_study;
-mod file;
-mod matrix;
-pub(crate) mod report;
-mod results_json;
-mod run;
-
-pub(crate) use check::KernelCheck;
-pub use check::{SystemCheck, plan};
-pub use run::Progress;
-pub(crate) use run::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
 
 #[cfg(test)]
 mod tests;
