@@ -31,6 +31,7 @@
 pub(crate) mod bench_forward;
 pub mod continuous;
 pub(crate) mod flows;
+pub(crate) mod knobs;
 pub(crate) mod located;
 pub(crate) mod output;
 pub(crate) mod pacing;
@@ -46,6 +47,7 @@ pub use crate::tune::KnobSpec;
 
 pub use self::{
     flows::{FlowSpec, FlowsSpec},
+    knobs::KnobArgs,
     output::OutputSpec,
     pacing::PacingSpec,
     plan::{RunOptions, SpecError},
