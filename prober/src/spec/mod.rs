@@ -25,8 +25,10 @@
 //!
 //! The probe command then has the flags, and scenario files take the keys
 //! in `[probe]` (and `rtprobe run FILE --flag` overrides them).
-//! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
-//! [`values`].
+//! Domain types stay clap-free: their `clap::ValueEnum` impls live in
+//! [`values`], and the knobs, a plain [`KnobSpec`] in `tune`, get their
+//! flags from [`KnobArgs`] (converted with `From` where the command line
+//! is read).
 
 pub(crate) mod bench_forward;
 pub mod continuous;
