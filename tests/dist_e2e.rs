@@ -198,13 +198,72 @@ fn check_installed(files: &[PathBuf]) {
     let ours: Vec<&str> = text.lines().filter(|l| l.contains("rtprobe")).collect();
     assert!(ok && ours.is_empty(), "systemd-analyze verify: {text}");
     for u in &units {
-        let score = run_ok("systemd-analyze", &["security", "--offline=true", u]);
-        let overall = score
-            .lines()
-            .find(|l| l.contains("Overall exposure level"))
-            .unwrap_or("no overall exposure level");
-        eprintln!("{}", overall.trim_start_matches(['→', ' ']));
+        eprintln!("{}", exposure(u, None));
     }
+    check_kernel_drop_in();
+}
+
+/// The reflector's unit with the shipped --kernel drop-in in place, in a
+/// directory of its own (the host's /etc/systemd stays untouched).
+fn check_kernel_drop_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let drop_ins = dir.path().join("rtprobe-reflect.service.d");
+    std::fs::create_dir(&drop_ins).unwrap();
+    let unit = dir.path().join("rtprobe-reflect.service");
+    std::fs::copy(unit_path("rtprobe-reflect.service"), &unit).unwrap();
+    std::fs::copy(
+        "/usr/share/doc/rtprobe/examples/rtprobe-reflect-kernel.conf",
+        drop_ins.join("kernel.conf"),
+    )
+    .unwrap();
+    let unit = unit.display().to_string();
+    let search = format!("{}:", dir.path().display());
+    let o = Command::new("systemd-analyze")
+        .args(["verify", &unit])
+        .env("SYSTEMD_UNIT_PATH", &search)
+        .output()
+        .expect("run systemd-analyze");
+    let text = String::from_utf8_lossy(&o.stderr);
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("rtprobe") || l.contains("kernel.conf"))
+        .collect();
+    assert!(
+        o.status.success() && ours.is_empty(),
+        "systemd-analyze verify with the kernel drop-in: {text}"
+    );
+    let score = exposure(&unit, Some(&search));
+    assert!(
+        score.contains("runs as root user"),
+        "drop-in not read: {score}"
+    );
+    eprintln!("with the kernel drop-in: {}", score.lines().last().unwrap());
+}
+
+/// `systemd-analyze security`'s verdict on a unit file (with the drop-in
+/// lines it flags when `search` holds drop-ins): the overall line last.
+fn exposure(unit: &str, search: Option<&str>) -> String {
+    let mut cmd = Command::new("systemd-analyze");
+    cmd.args(["security", "--offline=true", unit]);
+    if let Some(s) = search {
+        cmd.env("SYSTEMD_UNIT_PATH", s);
+    }
+    let o = cmd.output().expect("run systemd-analyze security");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "systemd-analyze security {unit}: {text}"
+    );
+    let mut lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("runs as root user"))
+        .collect();
+    let overall = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or("no overall exposure level");
+    lines.push(overall.trim_start_matches(['→', ' ']));
+    lines.join("\n")
 }
 
 /// Where cargo-deb put a unit (/usr/lib/systemd/system or /lib/...).
