@@ -261,12 +261,13 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
     fn report(self, elapsed: Duration) -> ServeReport {
         let core = self.core;
         let clock = core.clock(clock::realtime_ns());
+        let policy = core.policy();
         ServeReport {
-            protocol: core.policy().protocol.name(),
+            protocol: policy.protocol.name(),
             listen: Vec::new(),
-            authenticated: core.policy().key.is_some(),
-            stateful: core.policy().stateful || core.policy().protocol == ProtocolArg::Rtprobe,
-            rate_limit_pps: core.policy().rate_limit_pps,
+            authenticated: policy.key.is_some(),
+            stateful: policy.stateful || policy.protocol == ProtocolArg::Rtprobe,
+            rate_limit_pps: policy.rate_limit_pps,
             duration_s: elapsed.as_secs_f64(),
             counters: core.counters.clone(),
             turnaround_ns: crate::stats::Latency::from_hist(&self.turnaround),

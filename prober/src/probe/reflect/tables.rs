@@ -131,8 +131,10 @@ impl Buckets {
 #[cfg(test)]
 mod tests {
     use super::{super::testutil::*, *};
-    use crate::probe::reflect::{Core, Drop, Verdict};
-    use crate::spec::remote::ProtocolArg;
+    use crate::{
+        probe::reflect::{Core, Drop, Verdict},
+        spec::remote::ProtocolArg,
+    };
 
     #[test]
     fn rate_limit_per_source_refills_with_time() {
