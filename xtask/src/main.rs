@@ -266,8 +266,9 @@ fn setup_cargo_fuzz() -> Result<()> {
 }
 
 /// scapy, the independent STAMP implementation rtprobe's interop tests
-/// compare against (prober/src/probe/stamp.rs). Those tests print SKIPPED
-/// without it, so a failed install warns instead of stopping the set-up.
+/// compare against (prober/src/probe/stamp/scapy_interop.rs). Those tests
+/// print SKIPPED without it, so a failed install warns instead of stopping
+/// the set-up.
 fn setup_scapy() {
     if output_of("python3", &["-c", "import scapy"]).is_some() {
         eprintln!("xtask: python3 scapy present, skipped");
