@@ -9,14 +9,21 @@ use anyhow::{Context, Result};
 use crate::{
     cli::ProbeArgs,
     export::{CsvWriter, live::Live},
-    model::run::{RunMeta, RunOutcome},
+    model::{
+        observer::SessionObserver,
+        run::{RunMeta, RunOutcome},
+    },
     probe::{
         ProbeConfig, SessionEnds,
-        remote::{Target, summarise},
-        run_session,
+        remote::{LossSplit, RemoteLeg, Target, summarise},
+        run_session, run_targets,
     },
     signals::with_signals,
-    spec::{RunOptions, SpecError, plan, remote::read_key},
+    spec::{
+        RunOptions, SpecError, plan,
+        remote::{ProtocolArg, read_key},
+        targets::TargetSpec,
+    },
 };
 
 pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
@@ -29,7 +36,7 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         }
     };
     // A remote target needs no testbed, so no root (knobs say if they do).
-    if opts.remote.target.is_none() {
+    if !opts.remote.is_remote() {
         crate::testbed::require_root()?;
     }
     // Every option is checked before --metrics-listen binds its port.
@@ -148,7 +155,7 @@ pub(super) fn execute(
     stop: &AtomicU8,
     live: &mut Live,
 ) -> Result<RunOutcome> {
-    if opts.remote.target.is_none() {
+    if !opts.remote.is_remote() {
         return crate::runner::execute(opts, sys, stop, live);
     }
     crate::runner::check(opts)?;
@@ -156,14 +163,19 @@ pub(super) fn execute(
 }
 
 /// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
-/// written and summarised as a testbed run is.
+/// written and summarised as a testbed run is. Several targets (the flag
+/// repeated, or `--targets FILE`) go to [`execute_targets`].
 fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    let port = remote.port(opts.probe.port);
-    let addr = remote
-        .target_addr(port)?
+    let list = remote
+        .target_list(&opts.probe)?
         .context("internal: execute without --target")?;
     let key = remote.auth_key.as_deref().map(read_key).transpose()?;
+    if list.len() > 1 || remote.targets.is_some() {
+        return execute_targets(opts, &list, key, stop, live);
+    }
+    let addr = list[0].addr;
+    let port = addr.port();
     let target = Target {
         addr,
         protocol: remote.protocol(),
@@ -204,6 +216,159 @@ fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result
         interrupted: o.interrupted,
         output_error,
     })
+}
+
+/// Several remote reflectors from one process: one session, one CSV with
+/// a `target` column, per-target metrics; the summary is their total with
+/// each target's own in `extra.targets`.
+fn execute_targets(
+    opts: &RunOptions,
+    list: &[TargetSpec],
+    key: Option<crate::probe::stamp::HmacKey>,
+    stop: &AtomicU8,
+    live: &mut Live,
+) -> Result<RunOutcome> {
+    let legs: Vec<RemoteLeg> = list.iter().map(|t| remote_leg(opts, t, &key)).collect();
+    let meta = targets_meta(opts, list);
+    let mut csv = CsvWriter::create_for_targets(&opts.out, &meta, opts.continuous.rotation)?;
+    live.set_run(&meta);
+    let mut observers: Vec<_> = legs
+        .iter()
+        .map(|l| {
+            let name = l.name.as_deref().unwrap_or_default();
+            live.flow_observer(l.cfg.flow_labels(name), true)
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn SessionObserver> = observers
+        .iter_mut()
+        .map(|b| &mut **b as &mut dyn SessionObserver)
+        .collect();
+    let outcomes = run_targets(&legs, &mut csv, &mut refs, stop)?;
+    drop(refs);
+    drop(observers);
+    let rows = csv.rows();
+    let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
+    let interrupted = outcomes.iter().any(|o| o.interrupted);
+    let mut summary = total_summary(list, &outcomes)?;
+    summary.report.output_error = output_error.clone();
+    Ok(RunOutcome {
+        summary,
+        meta,
+        rows,
+        interrupted,
+        output_error,
+    })
+}
+
+/// The summary of a run with several targets: the total of their
+/// statistics (one-way only where every target's clocks allow it, the
+/// loss split summed), each target's own in `extra.targets`.
+fn total_summary(
+    list: &[TargetSpec],
+    outcomes: &[crate::probe::SessionOutcome],
+) -> Result<crate::stats::Summary> {
+    let mut total = crate::stats::RunStats::new();
+    let mut targets = Vec::with_capacity(outcomes.len());
+    let mut split = LossSplit {
+        forward: Some(0),
+        r#return: Some(0),
+        unknown: 0,
+        basis: "the sum of the targets' splits (see each target's)".into(),
+    };
+    let mut hidden = None;
+    for (t, o) in list.iter().zip(outcomes) {
+        total.merge(&o.stats);
+        let facts = o
+            .remote
+            .as_ref()
+            .context("internal: a target without the reflector's facts")?;
+        let (l, add) = (&facts.loss, |a: Option<u64>, b: u64| a.map(|a| a + b));
+        if let (Some(f), Some(r)) = (l.forward, l.r#return) {
+            split.forward = add(split.forward, f);
+            split.r#return = add(split.r#return, r);
+        }
+        split.unknown += l.unknown;
+        if !facts.clock.one_way_shown {
+            hidden.get_or_insert_with(|| facts.clock.clone());
+        }
+        targets.push(crate::stats::report::TargetSummary {
+            name: t.name.clone(),
+            address: t.addr.to_string(),
+            protocol: t.protocol.name().into(),
+            interval_ns: t.interval.as_nanos() as u64,
+            size: t.size,
+            tos: t.tos,
+            labels: t.labels.clone(),
+            summary: summarise(o, facts, "remote"),
+        });
+    }
+    let mut s = total.summary();
+    s.xdp_mode_requested = "none".into();
+    s.xdp_mode_attached = "none".into();
+    if let Some(v) = &hidden {
+        crate::probe::remote::apply_clock_rule(&mut s, v);
+    }
+    s.report.loss_split = Some(split);
+    s.report.late_arrivals = Some(outcomes.iter().map(|o| o.late_arrivals).sum());
+    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.interrupted = outcomes.iter().any(|o| o.interrupted);
+    s.report.targets = targets;
+    Ok(s)
+}
+
+/// One target's session leg: its address, protocol and probe options.
+fn remote_leg(
+    opts: &RunOptions,
+    t: &TargetSpec,
+    key: &Option<crate::probe::stamp::HmacKey>,
+) -> RemoteLeg {
+    RemoteLeg {
+        target: Target {
+            addr: t.addr,
+            protocol: t.protocol,
+            key: (t.protocol == ProtocolArg::Stamp)
+                .then(|| key.clone())
+                .flatten(),
+            stateless_reflector: false,
+            shared_clock: false,
+        },
+        cfg: ProbeConfig {
+            port: t.addr.port(),
+            tos: t.tos,
+            size: t.size,
+            interval: t.interval,
+            ..opts.probe.clone()
+        },
+        name: Some(t.name.clone()),
+    }
+}
+
+/// The CSV's first line for a run with several targets.
+fn targets_meta(opts: &RunOptions, list: &[TargetSpec]) -> RunMeta {
+    let place = crate::probe::meta::Place {
+        testbed: "remote".into(),
+        tx_if: Some("this host".into()),
+        rx_if: Some(format!("{} targets (the target column)", list.len())),
+        xdp_mode_requested: "none".into(),
+        xdp_mode_attached: "none".into(),
+        xdp_action: "none".into(),
+        reflector: "remote".into(),
+        ..Default::default()
+    };
+    // The header's size, interval and TOS are the first target's; each
+    // target's own are in the summary's `extra.targets`.
+    let first = list.first().map(|t| ProbeConfig {
+        port: t.addr.port(),
+        tos: t.tos,
+        size: t.size,
+        interval: t.interval,
+        ..opts.probe.clone()
+    });
+    crate::probe::meta::run_meta(
+        first.as_ref().unwrap_or(&opts.probe),
+        opts.label.clone(),
+        place,
+    )
 }
 
 /// The CSV's first line for a `--target` run: no testbed, no XDP.

@@ -75,23 +75,62 @@ pub(crate) struct Session<'a> {
 /// The statistics, late arrivals and first failed output of a session.
 pub(crate) type Collected = (RunStats, u64, Option<String>);
 
-/// Runs the session's threads: the I/O thread, the paced sender and the
-/// calling thread collecting records until every probe is accounted for
-/// or `stop` says so. `attempts` ends as the pacer's count of probes tried.
-#[allow(clippy::too_many_arguments)]
+/// One target of a session: a testbed's one, or each remote reflector of
+/// `--target`/`--targets`. Each has its own socket (connected: the kernel
+/// drops datagrams of other sources), sequence space and probe options.
+pub(crate) struct Leg<'a> {
+    pub s: Session<'a>,
+    pub cfg: ProbeConfig,
+    /// Probes tried so far (the first seq not yet sent): the pacer counts
+    /// them, the echo rules refuse echoes at or above it.
+    pub attempts: AtomicU64,
+    /// Its first probe goes this long after the run's start (the targets
+    /// are spread over the interval).
+    pub phase_ns: i64,
+}
+
+impl<'a> Leg<'a> {
+    /// The one leg of a session with one target.
+    pub fn one(s: Session<'a>, cfg: &ProbeConfig) -> Self {
+        Self {
+            s,
+            cfg: cfg.clone(),
+            attempts: AtomicU64::new(0),
+            phase_ns: 0,
+        }
+    }
+}
+
+/// Where one leg's records go.
+pub(crate) struct LegOut<'a> {
+    pub csv: &'a mut dyn RecordSink,
+    pub observer: &'a mut dyn SessionObserver,
+}
+
+/// Runs the session's threads: the I/O thread, the paced sender (one for
+/// every leg) and the calling thread collecting records until every probe
+/// is accounted for or `stop` says so. The first leg's options give what
+/// the legs share (count, duration, real-time settings). Returns each
+/// leg's statistics, in the legs' order.
 pub(crate) fn drive(
-    s: &Session<'_>,
-    cfg: &ProbeConfig,
+    legs: &[Leg<'_>],
     hw: HwSetup,
-    attempts: &AtomicU64,
-    csv: &mut dyn RecordSink,
+    outs: &mut [LegOut<'_>],
     stop: &AtomicU8,
-    observer: &mut dyn SessionObserver,
-) -> Result<Collected> {
+) -> Result<Vec<Collected>> {
+    let cfg = &legs
+        .first()
+        .context("internal: a session without a target")?
+        .cfg;
     let done = AtomicBool::new(false);
-    let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
-    if s.foreign_before > 0 {
-        let _ = ev_tx.send(vec![Event::Foreign; s.foreign_before as usize]);
+    let (ev_tx, ev_rx) = mpsc::channel::<Vec<events::Tagged>>();
+    for (i, l) in legs.iter().enumerate() {
+        if l.s.foreign_before > 0 {
+            let _ = ev_tx.send(vec![
+                (i as u32, Event::Foreign);
+                l.s.foreign_before as usize
+            ]);
+        }
     }
     let done_ref = &done;
     std::thread::scope(|sc| {
@@ -100,7 +139,7 @@ pub(crate) fn drive(
             .name("rtprobe-io".into())
             .spawn_scoped(sc, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                io_loop(s, attempts, done_ref, &ev)
+                io_loop(legs, done_ref, &ev)
             })
             .context("spawn the probe I/O thread")?;
         let run = (|| {
@@ -108,21 +147,27 @@ pub(crate) fn drive(
             let sender = std::thread::Builder::new()
                 .name("rtprobe-sender".into())
                 .spawn_scoped(sc, move || {
+                    let pace: Vec<pacer::PaceLeg<'_>> = legs
+                        .iter()
+                        .map(|l| pacer::PaceLeg {
+                            sock: l.s.sock,
+                            dst: l.s.dst,
+                            size: l.cfg.size,
+                            interval_ns: l.cfg.interval.as_nanos() as i64,
+                            phase_ns: l.phase_ns,
+                            attempts: &l.attempts,
+                        })
+                        .collect();
                     let mut scratch = Vec::with_capacity(cfg.size);
-                    pacer::pace_with(
-                        s.sock,
-                        s.dst,
-                        cfg,
-                        stop,
-                        attempts,
-                        &ev,
-                        &mut |seq, send_ns, buf| {
-                            s.wire.encode(seq, send_ns, false, buf, &mut scratch)
-                        },
-                    )
+                    pacer::pace_with(&pace, cfg, stop, &ev, &mut |leg, seq, send_ns, buf| {
+                        legs[leg]
+                            .s
+                            .wire
+                            .encode(seq, send_ns, false, buf, &mut scratch)
+                    })
                 })
                 .context("spawn sender thread")?;
-            collect_and_join(ev_rx, cfg, hw, csv, stop, sender, observer)
+            collect_and_join(ev_rx, legs, hw, outs, stop, sender)
         })();
         done_ref.store(true, Ordering::SeqCst);
         let _ = io.join();
@@ -332,14 +377,19 @@ struct SenderBufs {
 /// echoes where the reflector is not ours), reflects them, drains the
 /// sender's queues (both the error queue and data on every wake-up; a TX
 /// timestamp left queued is charged to the receive buffer), and hands
-/// events over in batches.
-fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Sender<Vec<Event>>) {
-    let rules = EchoRules {
-        wire: s.wire,
-        target: s.dst,
-        issued,
-    };
-    let mut reflect = (!matches!(s.reflector, Reflector::Remote)).then(ReflectBufs::new);
+/// events over in batches. With several targets it waits on all their
+/// sockets at once and drains those that have something.
+fn io_loop(legs: &[Leg<'_>], done: &AtomicBool, ev: &mpsc::Sender<Vec<events::Tagged>>) {
+    let rules: Vec<EchoRules<'_>> = legs
+        .iter()
+        .map(|l| EchoRules {
+            wire: l.s.wire,
+            target: l.s.dst,
+            issued: &l.attempts,
+        })
+        .collect();
+    let first = &legs[0];
+    let mut reflect = (!matches!(first.s.reflector, Reflector::Remote)).then(ReflectBufs::new);
     let mut sender = SenderBufs {
         batch: RecvBatch::new(64, 65536),
         errq: RecvBatch::new(64, 256),
@@ -357,11 +407,13 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
     // probe's send path (above). The echoes' RX stamps are the kernel's
     // whenever they are read, so they are collected every millisecond (the
     // receive buffer, at least 32 MiB, holds far more).
-    let (polled, max_wait_ms) = match s.reflector {
-        Reflector::InProcess { sock, .. } => (sock, None),
-        Reflector::Kernel { sock, .. } => (sock, Some(1)),
-        Reflector::Remote => (s.sock, None),
+    let (polled, max_wait_ms): (Vec<&ProbeSocket>, _) = match first.s.reflector {
+        Reflector::InProcess { sock, .. } => (vec![sock], None),
+        Reflector::Kernel { sock, .. } => (vec![sock], Some(1)),
+        Reflector::Remote => (legs.iter().map(|l| l.s.sock).collect(), None),
     };
+    let remote = matches!(first.s.reflector, Reflector::Remote);
+    let (mut fds, mut ready) = (Vec::new(), Vec::new());
     let mut out = EventBatch::new();
     loop {
         let finishing = done.load(Ordering::Relaxed);
@@ -371,21 +423,32 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
             out.wait_ms(clock::realtime_ns(), 20)
         };
         let wait = max_wait_ms.map_or(wait, |m| wait.min(m));
-        if let Err(e) = socket::poll_any(&[polled], wait) {
+        if let Err(e) = socket::poll_ready(&polled, wait, &mut fds, &mut ready) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
             return;
         }
+        // The testbed's one sender is drained on every wake-up (nobody
+        // waits on it, above); remote targets when their socket is ready.
+        if !remote || finishing {
+            ready.clear();
+            ready.extend(0..legs.len());
+        }
         let mut got = 0;
         loop {
-            let reflected = match (&s.reflector, reflect.as_mut()) {
+            let reflected = match (&first.s.reflector, reflect.as_mut()) {
                 (
                     Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session },
                     Some(b),
-                ) => reflect_queued(sock, b, *session, issued, finishing, &mut out),
+                ) => reflect_queued(sock, b, *session, &first.attempts, finishing, &mut out),
                 _ => 0,
             };
-            let n = reflected + drain_sender(s, &rules, &mut sender, &mut out);
+            let mut n = reflected;
+            ready.retain(|&i| {
+                let k = drain_sender(&legs[i].s, &rules[i], i as u32, &mut sender, &mut out);
+                n += k;
+                k > 0
+            });
             got += n;
             if n == 0 || out.len() >= events::MAX_LEN {
                 break;
@@ -406,6 +469,7 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
 fn drain_sender(
     s: &Session<'_>,
     rules: &EchoRules<'_>,
+    tag: u32,
     bufs: &mut SenderBufs,
     out: &mut EventBatch,
 ) -> usize {
@@ -415,6 +479,7 @@ fn drain_sender(
         let (_, _, c) = bufs.errq.get(i);
         if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
             out.push(
+                tag,
                 Event::TxTimestamp {
                     opt_id,
                     kind,
@@ -435,6 +500,7 @@ fn drain_sender(
             Verdict::Probe(e) => {
                 bufs.seen.push(e);
                 out.push(
+                    tag,
                     Event::Echoed {
                         seq: e.seq,
                         sw_ns: c.sw_ns,
@@ -446,8 +512,8 @@ fn drain_sender(
                 );
             }
             Verdict::WarmUp(e) => bufs.seen.push(e),
-            Verdict::Foreign => out.push(Event::Foreign, now),
-            Verdict::NeverSent => out.push(Event::NeverSent, now),
+            Verdict::Foreign => out.push(tag, Event::Foreign, now),
+            Verdict::NeverSent => out.push(tag, Event::NeverSent, now),
         }
     }
     if let Some(f) = s.on_echoes
@@ -538,17 +604,17 @@ fn reflect_queued(
                 } else if !warmup {
                     // Answered (its echo is refused at the sender too), but
                     // kept out of the matcher, whose window it would grow.
-                    out.push(Event::NeverSent, now);
+                    out.push(0, Event::NeverSent, now);
                 }
             }
             (reflect::Verdict::Reply { .. }, Err(_)) => {
                 // Another run's probe: answered, as any reflector would.
                 echo.push(i);
                 ids.push(u32::MAX - 2);
-                out.push(Event::Foreign, now);
+                out.push(0, Event::Foreign, now);
             }
             (reflect::Verdict::Drop(_), Ok(_)) => {}
-            (reflect::Verdict::Drop(_), Err(_)) => out.push(Event::Foreign, now),
+            (reflect::Verdict::Drop(_), Err(_)) => out.push(0, Event::Foreign, now),
         }
     }
     let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
@@ -559,6 +625,7 @@ fn reflect_queued(
     }
     for &(seq, sw_ns, hw_ns) in arrivals.iter() {
         out.push(
+            0,
             Event::Arrived {
                 seq,
                 sw_ns,
@@ -597,6 +664,7 @@ fn collect_echo_stamps(
                 let (_, _, c) = errq.get(i);
                 if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
                     out.push(
+                        0,
                         Event::EchoTx {
                             opt_id,
                             kind,

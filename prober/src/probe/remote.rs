@@ -65,28 +65,50 @@ pub struct Target {
     pub shared_clock: bool,
 }
 
-/// Writes records with the one-way column and the two stages that cross
-/// hosts (path: sender TX -> reflector RX; return path: reflector TX ->
-/// sender RX) left empty when the clocks do not allow them (the raw stamps
-/// stay).
-struct OneWaySink<'a> {
-    inner: &'a mut dyn RecordSink,
+/// One target's writer into the session's one CSV: the one-way column
+/// and the two stages that cross hosts (path: sender TX -> reflector RX;
+/// return path: reflector TX -> sender RX) left empty when the clocks do
+/// not allow them (the raw stamps stay), and the row tagged with the
+/// target's name where the CSV has a `target` column.
+struct OneWaySink<'a, 'b> {
+    inner: &'a Mutex<&'b mut dyn RecordSink>,
+    /// The CSV's `target` cell (None: a single `--target` run's CSV).
+    target: Option<&'a str>,
     show: bool,
+    /// Only one leg flushes the shared CSV on the collector's ticks.
+    flushes: bool,
 }
 
-impl RecordSink for OneWaySink<'_> {
+impl RecordSink for OneWaySink<'_, '_> {
     fn write(&mut self, r: &crate::model::record::ProbeRecord) -> Result<()> {
-        if self.show {
-            return self.inner.write(r);
+        let cleared;
+        let r = if self.show {
+            r
+        } else {
+            let mut c = r.clone();
+            c.one_way_ns = None;
+            c.path_ns = None;
+            c.return_ns = None;
+            cleared = c;
+            &cleared
+        };
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?;
+        match self.target {
+            Some(t) => inner.write_for(t, r),
+            None => inner.write(r),
         }
-        let mut r = r.clone();
-        r.one_way_ns = None;
-        r.path_ns = None;
-        r.return_ns = None;
-        self.inner.write(&r)
     }
     fn flush(&mut self) -> Result<()> {
-        self.inner.flush()
+        if !self.flushes {
+            return Ok(());
+        }
+        self.inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+            .flush()
     }
 }
 
@@ -334,82 +356,217 @@ fn bind_towards(
     Ok(sock)
 }
 
-/// The remote side of [`super::run_session`]: one socket towards
-/// `target`, from namespace `ns` (None: the calling thread's), the
-/// reflector's stamps from its echoes, and after the run the status
-/// probe, the loss split and the clock verdict.
-pub(super) fn target_session(
-    target: &Target,
-    cfg: &ProbeConfig,
+/// One remote target of a session: where, how, and its probe options.
+pub(crate) struct RemoteLeg {
+    pub target: Target,
+    pub cfg: ProbeConfig,
+    /// The CSV's `target` cell (None: a single `--target` run's CSV,
+    /// which has no such column).
+    pub name: Option<String>,
+}
+
+/// A target's state from set-up to its report.
+struct Prepared {
+    wire: Wire,
+    sock: ProbeSocket,
+    ledger: Mutex<Ledger>,
+    show_one_way: bool,
+    early: ClockVerdict,
+}
+
+/// Most targets warmed up (or asked for their count) at once, one thread each.
+const PARALLEL: usize = 128;
+
+/// Runs `f` over `items` in chunks of [`PARALLEL`] threads; the results in order.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(PARALLEL) {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = chunk.iter().map(|t| sc.spawn(move || f(t))).collect();
+            out.extend(
+                hs.into_iter()
+                    .map(|h| h.join().expect("a warm-up thread panicked")),
+            );
+        });
+    }
+    out
+}
+
+/// The remote side of [`super::run_session`] and [`super::run_targets`]:
+/// one connected socket per target, from namespace `ns` (None: the
+/// calling thread's), the reflectors' stamps from their echoes, one
+/// sender and one I/O thread for all, and after the run each target's
+/// status probe, loss split and clock verdict. With one target a warm-up
+/// without answer is an error; with several that target is warned about
+/// and probed anyway (its loss shows in its report).
+pub(super) fn targets_session(
+    legs: &[RemoteLeg],
     ns: Option<&Netns>,
     csv: &mut dyn RecordSink,
+    observers: &mut [&mut dyn crate::model::observer::SessionObserver],
     stop: &AtomicU8,
-    observer: &mut dyn crate::model::observer::SessionObserver,
-) -> Result<SessionOutcome> {
+) -> Result<Vec<SessionOutcome>> {
     let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
         synchronized: false,
         max_error_ns: 0,
         tai_offset_s: 0,
     });
-    let wire = session_wire(target, cfg, &local_clock);
-    let sock = bind_towards(target, cfg, &wire, ns)?;
-    let dst = target.addr;
-    let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
+    let single = legs.len() == 1;
+    let prepared = in_parallel(legs, |l| prepare(l, ns, &local_clock, single, stop));
+    let prepared = prepared.into_iter().collect::<Result<Vec<_>>>()?;
     if stop.load(Ordering::SeqCst) != 0 {
         // Before the pacer: no probe of the run has been sent, and none will.
         bail!("interrupted before probing started; nothing was measured");
     }
-    // The clocks as the run starts decide the CSV's one-way column.
-    let early = clock_verdict(&local_clock, first.and_then(|e| e.ee));
-    let mut csv = OneWaySink {
-        inner: csv,
-        show: target.shared_clock || early.one_way_shown,
-    };
-    let ledger = Mutex::new(Ledger {
-        stamp_seq_mirrored: true,
-        ..Ledger::default()
-    });
-    let attempts = AtomicU64::new(0);
-    let note = |seen: &[Echo]| {
-        if let Ok(mut l) = ledger.lock() {
-            for e in seen {
-                l.on_echo(e);
+    let n = legs.len() as i64;
+    let notes: Vec<_> = prepared
+        .iter()
+        .map(|p| {
+            move |seen: &[Echo]| {
+                if let Ok(mut l) = p.ledger.lock() {
+                    for e in seen {
+                        l.on_echo(e);
+                    }
+                }
             }
-        }
-    };
-    let session = engine::Session {
-        sock: &sock,
-        dst,
-        wire: &wire,
-        reflector: engine::Reflector::Remote,
-        on_echoes: Some(&note),
-        foreign_before: 0,
-    };
+        })
+        .collect();
+    let engine_legs: Vec<engine::Leg<'_>> = legs
+        .iter()
+        .zip(&prepared)
+        .zip(&notes)
+        .enumerate()
+        .map(|(i, ((l, p), note))| engine::Leg {
+            s: engine::Session {
+                sock: &p.sock,
+                dst: l.target.addr,
+                wire: &p.wire,
+                reflector: engine::Reflector::Remote,
+                on_echoes: Some(note),
+                foreign_before: 0,
+            },
+            // The reflector's stamps come in its echoes, as the in-kernel one's do.
+            cfg: ProbeConfig {
+                kernel_reflector: true,
+                ..l.cfg.clone()
+            },
+            attempts: AtomicU64::new(0),
+            // Target i starts i/N of its interval late: sends spread evenly.
+            phase_ns: l.cfg.interval.as_nanos() as i64 * i as i64 / n,
+        })
+        .collect();
+    let shared = Mutex::new(csv);
+    let mut sinks: Vec<OneWaySink<'_, '_>> = legs
+        .iter()
+        .zip(&prepared)
+        .enumerate()
+        .map(|(i, (l, p))| OneWaySink {
+            inner: &shared,
+            target: l.name.as_deref(),
+            show: p.show_one_way,
+            flushes: i == 0,
+        })
+        .collect();
+    let mut outs: Vec<engine::LegOut<'_>> = sinks
+        .iter_mut()
+        .zip(observers.iter_mut())
+        .map(|(csv, observer)| engine::LegOut {
+            csv,
+            observer: &mut **observer,
+        })
+        .collect();
     let hw = HwSetup {
         echo_stamps: false,
         sender_tx: false,
         receiver_tx: false,
         clocks: Box::new(NoHwClocks),
     };
-    // The reflector's stamps come in its echoes, as the in-kernel one's do.
-    let kcfg = ProbeConfig {
-        kernel_reflector: true,
-        ..cfg.clone()
+    let collected = engine::drive(&engine_legs, hw, &mut outs, stop)?;
+    drop(outs);
+    let sent: Vec<u64> = engine_legs
+        .iter()
+        .map(|l| l.attempts.load(Ordering::SeqCst))
+        .collect();
+    drop(engine_legs);
+    let items: Vec<_> = legs.iter().zip(&prepared).zip(&sent).collect();
+    let trailers = in_parallel(&items, |((l, p), sent)| trailer(l, p, **sent, stop));
+    legs.iter()
+        .zip(prepared)
+        .zip(collected)
+        .zip(sent.into_iter().zip(trailers))
+        .map(|(((l, p), c), (sent, t))| outcome(l, p, c, sent, t, &local_clock, stop))
+        .collect()
+}
+
+/// A target's socket, wire and warm-up.
+fn prepare(
+    l: &RemoteLeg,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    single: bool,
+    stop: &AtomicU8,
+) -> Result<Prepared> {
+    let wire = session_wire(&l.target, &l.cfg, local_clock);
+    let sock = bind_towards(&l.target, &l.cfg, &wire, ns)?;
+    let first = match warm_up(&sock, l.target.addr, &wire, l.cfg.size, stop) {
+        Ok(first) => first,
+        Err(e) if !single => {
+            log::warn!(
+                "target {}: {e:#}; probing it anyway",
+                l.name.as_deref().unwrap_or("")
+            );
+            None
+        }
+        Err(e) => return Err(e),
     };
-    let (mut stats, late_arrivals, output_error) =
-        engine::drive(&session, &kcfg, hw, &attempts, &mut csv, stop, observer)?;
-    let sent = attempts.load(Ordering::SeqCst);
-    stats.set_attempts(sent);
-    let mut ledger = ledger
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
-    // The status probe: the reflector's final count of this session.
+    // The clocks as the run starts decide the CSV's one-way column.
+    let early = clock_verdict(local_clock, first.and_then(|e| e.ee));
+    Ok(Prepared {
+        show_one_way: l.target.shared_clock || early.one_way_shown,
+        wire,
+        sock,
+        ledger: Mutex::new(Ledger {
+            stamp_seq_mirrored: true,
+            ..Ledger::default()
+        }),
+        early,
+    })
+}
+
+/// After the run: the reflector's answer to the status probe, its final
+/// count of this session (None: not asked, or no answer).
+fn trailer(l: &RemoteLeg, p: &Prepared, sent: u64, stop: &AtomicU8) -> Option<Echo> {
+    let target = &l.target;
     let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
     // Nothing sent (a stop came between the warm-up and the first probe):
     // nothing to count, so nothing to ask.
     if sent > 0 && (target.protocol == ProtocolArg::Rtprobe || stateful_stamp) {
-        ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
+        status_probe(&p.sock, target.addr, &p.wire, l.cfg.size, stop)
+    } else {
+        None
     }
+}
+
+/// A target's outcome: its statistics with the loss split, the clock
+/// verdict and the protocol facts its echoes told.
+fn outcome(
+    l: &RemoteLeg,
+    p: Prepared,
+    c: engine::Collected,
+    sent: u64,
+    trailer: Option<Echo>,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<SessionOutcome> {
+    let target = &l.target;
+    let (mut stats, late_arrivals, output_error) = c;
+    stats.set_attempts(sent);
+    let mut ledger = p
+        .ledger
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
+    ledger.trailer = trailer;
     let loss = split_loss(
         &ledger,
         sent,
@@ -417,8 +574,8 @@ pub(super) fn target_session(
         target.protocol,
         target.stateless_reflector,
     );
-    let clock = final_clock(target, &local_clock, early, &ledger);
-    let info = protocol_info(target, &wire, &ledger, stats.counts().received);
+    let clock = final_clock(target, local_clock, p.early, &ledger);
+    let info = protocol_info(target, &p.wire, &ledger, stats.counts().received);
     Ok(SessionOutcome {
         stats,
         hardware_tx: false,

@@ -396,7 +396,7 @@ fn check_family(
     probe: &ProbeConfig,
     extra_flows: &[ProbeConfig],
 ) -> Result<(), SpecError> {
-    if run.probe.ip.is_some() && run.remote.target.is_some() {
+    if run.probe.ip.is_some() && run.remote.is_remote() {
         return Err(SpecError::new(
             "ip",
             "is for testbed runs: with --target the address gives the family (an IPv6 target \
@@ -448,7 +448,7 @@ fn check_remote(o: &RunOptions) -> Result<(), SpecError> {
             ),
         ));
     }
-    if remote.target.is_some() {
+    if remote.is_remote() {
         return check_target(o);
     }
     if stamp && !o.extra_flows.is_empty() {

@@ -53,8 +53,21 @@ pub struct RemoteOptions {
     /// or any STAMP reflector with --protocol stamp. HOST[:PORT], IPv4 or IPv6
     /// ([2001:db8::2]:862); the port defaults to --port (862 with --protocol stamp). Needs no
     /// root with software timestamps.
+    /// Repeat it to probe several reflectors from one process (each its own socket, sequence
+    /// space and statistics; sends spread over the interval); --targets FILE names them.
     #[arg(long, value_name = "HOST[:PORT]")]
-    pub target: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "one_or_many"
+    )]
+    pub target: Vec<String>,
+
+    /// Probe every reflector listed in this TOML file: each [[target]] has a name, address and
+    /// optionally labels, protocol, port, tos, size and interval ([defaults] for all). SIGHUP
+    /// reloads it. See docs/REMOTE.md.
+    #[arg(long, value_name = "FILE", conflicts_with = "target")]
+    pub targets: Option<PathBuf>,
 
     /// Probe protocol, on testbed runs and with --target [default: rtprobe]. With stamp the
     /// default port is 862.
@@ -82,14 +95,47 @@ impl RemoteOptions {
         }
     }
 
-    /// Resolves `--target` to one address (IPv4 or IPv6). `port` is what
-    /// [`Self::port`] chose.
-    pub fn target_addr(&self, port: u16) -> Result<Option<SocketAddr>> {
-        let Some(t) = &self.target else {
-            return Ok(None);
-        };
-        resolve(t, port).map(Some)
+    /// Whether the run probes remote reflectors (`--target` or `--targets`)
+    /// instead of building a testbed.
+    pub fn is_remote(&self) -> bool {
+        !self.target.is_empty() || self.targets.is_some()
     }
+
+    /// The targets of a remote run, each with its name, address and probe
+    /// options (the flags' values where the targets file says nothing):
+    /// None on a testbed run. Reads the targets file.
+    pub(crate) fn target_list(
+        &self,
+        probe: &crate::probe::ProbeConfig,
+    ) -> Result<Option<Vec<super::targets::TargetSpec>>> {
+        let base = super::targets::Base {
+            protocol: self.protocol(),
+            port: probe.port,
+            tos: probe.tos,
+            size: probe.size,
+            interval: probe.interval,
+            auth: self.auth_key.is_some(),
+        };
+        match (&self.targets, self.target.is_empty()) {
+            (Some(file), _) => super::targets::read_file(file, &base).map(Some),
+            (None, false) => super::targets::from_flags(&self.target, &base).map(Some),
+            (None, true) => Ok(None),
+        }
+    }
+}
+
+/// `target = "HOST"` (as scenario files wrote it) or `target = ["A", "B"]`.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one

@@ -355,6 +355,8 @@ fn every_spec_round_trips_through_merge() {
     // them as a file would.
     cli.run.pacing.busy_poll = Some(false);
     cli.run.probe.count = Some(12);
+    // --targets conflicts with --target.
+    cli.run.remote.targets = Some("targets.toml".into());
     assert_eq!(merge(&RunSpec::default(), &cli.run).unwrap(), cli.run);
     assert_eq!(merge(&cli.run, &RunSpec::default()).unwrap(), cli.run);
     assert_eq!(merge(&KnobSpec::default(), &cli.knobs).unwrap(), cli.knobs);

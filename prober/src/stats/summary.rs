@@ -421,6 +421,67 @@ impl RunStats {
         }
     }
 
+    /// Adds another stream's statistics to these (the total of a run with
+    /// several targets): histograms and counters add up, the first and
+    /// last sends span both; the per-stream state (IPDV's previous delay,
+    /// reordering's highest seq) stays this one's.
+    pub fn merge(&mut self, o: &RunStats) {
+        let hists = [
+            (&mut self.one_way, &o.one_way),
+            (&mut self.rtt, &o.rtt),
+            (&mut self.ipdv, &o.ipdv),
+            (&mut self.send_err, &o.send_err),
+            (&mut self.send_to_tx, &o.send_to_tx),
+            (&mut self.rtt_net, &o.rtt_net),
+            (&mut self.turnaround, &o.turnaround),
+        ];
+        for (a, b) in hists
+            .into_iter()
+            .chain(self.stages.iter_mut().zip(&o.stages))
+        {
+            // Same bounds on both sides: adding cannot fail.
+            let _ = a.add(b);
+        }
+        for i in 0..2 {
+            self.starts[i] += o.starts[i];
+        }
+        for i in 0..3 {
+            self.sources[i] += o.sources[i];
+        }
+        self.first_send_ns = match (self.first_send_ns, o.first_send_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_send_ns = self.last_send_ns.max(o.last_send_ns);
+        self.attempts = match (self.attempts, o.attempts) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        for (a, b) in [
+            (&mut self.missed_ticks, o.missed_ticks),
+            (&mut self.sent, o.sent),
+            (&mut self.received, o.received),
+            (&mut self.lost, o.lost),
+            (&mut self.echo_lost, o.echo_lost),
+            (&mut self.tx_missing, o.tx_missing),
+            (&mut self.negative_one_way, o.negative_one_way),
+            (&mut self.reordered, o.reordered),
+            (&mut self.duplicates, o.duplicates),
+            (&mut self.tx_ts_duplicates, o.tx_ts_duplicates),
+            (&mut self.tx_ts_late, o.tx_ts_late),
+            (&mut self.echo_tx_duplicates, o.echo_tx_duplicates),
+            (&mut self.unmatched, o.unmatched),
+            (&mut self.foreign, o.foreign),
+            (&mut self.never_sent, o.never_sent),
+            (&mut self.late_echoes, o.late_echoes),
+        ] {
+            *a += b;
+        }
+        if self.pacing.is_none() {
+            self.pacing = o.pacing.clone();
+        }
+    }
+
     /// A probe arrived at the receiver (arrival order). `first` is false for
     /// a second copy of a seq already seen.
     pub fn on_arrival(&mut self, seq: u64, first: bool) {
