@@ -2,7 +2,11 @@
 //! host builds or against a remote reflector (`--target`), with a progress
 //! bar, live outputs, the summary and the exit code.
 
-use std::{net::SocketAddr, process::ExitCode, sync::atomic::AtomicU8};
+use std::{
+    net::SocketAddr,
+    process::ExitCode,
+    sync::atomic::{AtomicU8, AtomicU64},
+};
 
 use anyhow::{Context, Result};
 
@@ -15,10 +19,10 @@ use crate::{
     },
     probe::{
         ProbeConfig, SessionEnds,
-        remote::{LossSplit, RemoteLeg, Target, summarise},
+        remote::{LossSplit, Reloads, RemoteLeg, Target, summarise},
         run_session, run_targets,
     },
-    signals::with_signals,
+    signals::with_signals_reload,
     spec::{
         RunOptions, SpecError, plan,
         remote::{ProtocolArg, read_key},
@@ -42,7 +46,14 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
     // Every option is checked before --metrics-listen binds its port.
     crate::runner::check(&opts)?;
     let quiet = opts.quiet;
-    let (o, opts) = with_signals(quiet, move |stop| {
+    // With a targets file SIGHUP reads it again instead of stopping.
+    let reload = opts
+        .remote
+        .targets
+        .is_some()
+        .then(|| std::sync::Arc::new(AtomicU64::new(0)));
+    let reloads = reload.clone();
+    let (o, opts) = with_signals_reload(quiet, reload, move |stop| {
         let bar = progress_bar(&opts);
         let (lines, shown) = (bar.clone(), bar.clone());
         let mut live = Live::new(
@@ -58,7 +69,10 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         if let Some(url) = live.metrics_url() {
             eprintln!("rtprobe: serving metrics at {url}");
         }
-        let r = execute(&opts, crate::sys::linux(), &stop, &mut live);
+        let r = match &reloads {
+            Some(generation) => execute_remote(&opts, &stop, &mut live, Some(generation)),
+            None => execute(&opts, crate::sys::linux(), &stop, &mut live),
+        };
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     })?;
@@ -159,20 +173,25 @@ pub(super) fn execute(
         return crate::runner::execute(opts, sys, stop, live);
     }
     crate::runner::check(opts)?;
-    execute_remote(opts, stop, live)
+    execute_remote(opts, stop, live, None)
 }
 
 /// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
 /// written and summarised as a testbed run is. Several targets (the flag
 /// repeated, or `--targets FILE`) go to [`execute_targets`].
-fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result<RunOutcome> {
+fn execute_remote(
+    opts: &RunOptions,
+    stop: &AtomicU8,
+    live: &mut Live,
+    reload: Option<&AtomicU64>,
+) -> Result<RunOutcome> {
     let remote = &opts.remote;
     let list = remote
         .target_list(&opts.probe)?
         .context("internal: execute without --target")?;
     let key = remote.auth_key.as_deref().map(read_key).transpose()?;
     if list.len() > 1 || remote.targets.is_some() {
-        return execute_targets(opts, &list, key, stop, live);
+        return execute_targets(opts, &list, key, stop, live, reload);
     }
     let addr = list[0].addr;
     let port = addr.port();
@@ -227,29 +246,33 @@ fn execute_targets(
     key: Option<crate::probe::stamp::HmacKey>,
     stop: &AtomicU8,
     live: &mut Live,
+    reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
     let legs: Vec<RemoteLeg> = list.iter().map(|t| remote_leg(opts, t, &key)).collect();
     let meta = targets_meta(opts, list);
     let mut csv = CsvWriter::create_for_targets(&opts.out, &meta, opts.continuous.rotation)?;
     live.set_run(&meta);
-    let mut observers: Vec<_> = legs
-        .iter()
-        .map(|l| {
-            let name = l.name.as_deref().unwrap_or_default();
-            live.flow_observer(l.cfg.flow_labels(name), true)
-        })
-        .collect();
-    let mut refs: Vec<&mut dyn SessionObserver> = observers
-        .iter_mut()
-        .map(|b| &mut **b as &mut dyn SessionObserver)
-        .collect();
-    let outcomes = run_targets(&legs, &mut csv, &mut refs, stop)?;
-    drop(refs);
-    drop(observers);
+    let live_ref = &*live;
+    let mut observer_for = |l: &RemoteLeg| {
+        let name = l.name.as_deref().unwrap_or_default();
+        live_ref.flow_observer(l.cfg.flow_labels(name), true) as Box<dyn SessionObserver>
+    };
+    let read = || -> Result<Vec<RemoteLeg>> {
+        let list = opts
+            .remote
+            .target_list(&opts.probe)?
+            .context("internal: a reload without targets")?;
+        Ok(list.iter().map(|t| remote_leg(opts, t, &key)).collect())
+    };
+    let reloads = reload.map(|generation| Reloads {
+        generation,
+        read: &read,
+    });
+    let outcomes = run_targets(legs, &mut csv, &mut observer_for, reloads.as_ref(), stop)?;
     let rows = csv.rows();
-    let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
-    let interrupted = outcomes.iter().any(|o| o.interrupted);
-    let mut summary = total_summary(list, &outcomes)?;
+    let output_error = outcomes.iter().find_map(|(_, o)| o.output_error.clone());
+    let interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
+    let mut summary = total_summary(&outcomes)?;
     summary.report.output_error = output_error.clone();
     Ok(RunOutcome {
         summary,
@@ -264,8 +287,7 @@ fn execute_targets(
 /// statistics (one-way only where every target's clocks allow it, the
 /// loss split summed), each target's own in `extra.targets`.
 fn total_summary(
-    list: &[TargetSpec],
-    outcomes: &[crate::probe::SessionOutcome],
+    outcomes: &[(RemoteLeg, crate::probe::SessionOutcome)],
 ) -> Result<crate::stats::Summary> {
     let mut total = crate::stats::RunStats::new();
     let mut targets = Vec::with_capacity(outcomes.len());
@@ -276,7 +298,7 @@ fn total_summary(
         basis: "the sum of the targets' splits (see each target's)".into(),
     };
     let mut hidden = None;
-    for (t, o) in list.iter().zip(outcomes) {
+    for (t, o) in outcomes {
         total.merge(&o.stats);
         let facts = o
             .remote
@@ -292,12 +314,12 @@ fn total_summary(
             hidden.get_or_insert_with(|| facts.clock.clone());
         }
         targets.push(crate::stats::report::TargetSummary {
-            name: t.name.clone(),
-            address: t.addr.to_string(),
-            protocol: t.protocol.name().into(),
-            interval_ns: t.interval.as_nanos() as u64,
-            size: t.size,
-            tos: t.tos,
+            name: t.name.clone().unwrap_or_default(),
+            address: t.target.addr.to_string(),
+            protocol: t.target.protocol.name().into(),
+            interval_ns: t.cfg.interval.as_nanos() as u64,
+            size: t.cfg.size,
+            tos: t.cfg.tos,
             labels: t.labels.clone(),
             summary: summarise(o, facts, "remote"),
         });
@@ -309,9 +331,9 @@ fn total_summary(
         crate::probe::remote::apply_clock_rule(&mut s, v);
     }
     s.report.loss_split = Some(split);
-    s.report.late_arrivals = Some(outcomes.iter().map(|o| o.late_arrivals).sum());
+    s.report.late_arrivals = Some(outcomes.iter().map(|(_, o)| o.late_arrivals).sum());
     s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
-    s.report.interrupted = outcomes.iter().any(|o| o.interrupted);
+    s.report.interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
     s.report.targets = targets;
     Ok(s)
 }
@@ -340,6 +362,7 @@ fn remote_leg(
             ..opts.probe.clone()
         },
         name: Some(t.name.clone()),
+        labels: t.labels.clone(),
     }
 }
 

@@ -107,17 +107,60 @@ pub(crate) struct LegOut<'a> {
     pub observer: &'a mut dyn SessionObserver,
 }
 
+/// One round of a session: all of it, or the part between two reloads of
+/// a targets file (the legs that did not change go on in the next round
+/// with their collectors, sequence numbers and sockets).
+pub(crate) struct Round<'a> {
+    /// No probe is scheduled at or after this CLOCK_MONOTONIC time (the
+    /// run's end over reloads; None: `--duration` from the round's start).
+    pub end_mono_ns: Option<i64>,
+    /// The round ends, its collectors kept, once this says so.
+    pub pause: &'a (dyn Fn() -> bool + Sync),
+    /// Each leg's collector from the round before (None: a new leg).
+    pub carried: Vec<Option<super::Collector>>,
+}
+
+impl Round<'_> {
+    /// A whole session: it ends by the first leg's count or duration.
+    pub fn whole() -> Round<'static> {
+        Round {
+            end_mono_ns: None,
+            pause: &|| false,
+            carried: Vec::new(),
+        }
+    }
+}
+
+/// How a round ended.
+pub(crate) enum Driven {
+    /// Every probe is sent and accounted for (or a stop said so): per leg
+    /// its statistics, late arrivals and first failed output.
+    Finished(Vec<Collected>),
+    /// Paused for a reload: per leg its collector, probes in flight kept.
+    Paused(Vec<super::Collector>),
+}
+
+impl Driven {
+    /// The statistics of a round that cannot pause.
+    pub fn finished(self) -> Result<Vec<Collected>> {
+        match self {
+            Driven::Finished(c) => Ok(c),
+            Driven::Paused(_) => bail!("internal: a session paused without a reload"),
+        }
+    }
+}
+
 /// Runs the session's threads: the I/O thread, the paced sender (one for
 /// every leg) and the calling thread collecting records until every probe
-/// is accounted for or `stop` says so. The first leg's options give what
-/// the legs share (count, duration, real-time settings). Returns each
-/// leg's statistics, in the legs' order.
+/// is accounted for, `stop` says so, or the round pauses. The first leg's
+/// options give what the legs share (count, real-time settings).
 pub(crate) fn drive(
     legs: &[Leg<'_>],
     hw: HwSetup,
     outs: &mut [LegOut<'_>],
     stop: &AtomicU8,
-) -> Result<Vec<Collected>> {
+    round: Round<'_>,
+) -> Result<Driven> {
     let cfg = &legs
         .first()
         .context("internal: a session without a target")?
@@ -132,7 +175,8 @@ pub(crate) fn drive(
             ]);
         }
     }
-    let done_ref = &done;
+    let (done_ref, pause) = (&done, round.pause);
+    let end_ns = round.end_mono_ns;
     std::thread::scope(|sc| {
         let ev = ev_tx.clone();
         let io = std::thread::Builder::new()
@@ -159,7 +203,12 @@ pub(crate) fn drive(
                         })
                         .collect();
                     let mut scratch = Vec::with_capacity(cfg.size);
-                    pacer::pace_with(&pace, cfg, stop, &ev, &mut |leg, seq, send_ns, buf| {
+                    let until = pacer::Until {
+                        end_ns,
+                        stop,
+                        pause,
+                    };
+                    pacer::pace_with(&pace, cfg, &until, &ev, &mut |leg, seq, send_ns, buf| {
                         legs[leg]
                             .s
                             .wire
@@ -167,12 +216,31 @@ pub(crate) fn drive(
                     })
                 })
                 .context("spawn sender thread")?;
-            collect_and_join(ev_rx, legs, hw, outs, stop, sender)
+            let c = Collecting {
+                legs,
+                carried: round.carried,
+                pause,
+            };
+            collect_and_join(&ev_rx, c, hw, outs, stop, sender)
         })();
         done_ref.store(true, Ordering::SeqCst);
         let _ = io.join();
+        // A paused round's last echoes and stamps go to the collectors kept.
+        let mut run = run;
+        if let Ok(Driven::Paused(cs)) = &mut run {
+            while let Ok(evs) = ev_rx.try_recv() {
+                super::route(cs, evs);
+            }
+        }
         run
     })
+}
+
+/// What the collector of a round works with.
+pub(crate) struct Collecting<'l, 'a> {
+    pub legs: &'l [Leg<'a>],
+    pub carried: Vec<Option<super::Collector>>,
+    pub pause: &'l (dyn Fn() -> bool + Sync),
 }
 
 /// What a warm-up found.

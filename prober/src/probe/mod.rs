@@ -373,15 +373,37 @@ pub(crate) fn run_session(
     match ends {
         SessionEnds::Testbed(ep) => testbed_session(ep, cfg, csv, stop, observer),
         SessionEnds::Remote { target, from } => {
-            let leg = [remote::RemoteLeg {
+            let leg = remote::RemoteLeg {
                 target: (*target).clone(),
                 cfg: cfg.clone(),
                 name: None,
-            }];
-            let mut got = remote::targets_session(&leg, *from, csv, &mut [observer], stop)?;
+                labels: Default::default(),
+            };
+            let mut once = Some(observer);
+            let mut observer_for = |_: &remote::RemoteLeg| -> Box<dyn SessionObserver + '_> {
+                match once.take() {
+                    Some(o) => Box::new(Borrowed(o)),
+                    None => Box::new(crate::model::observer::NoObserver),
+                }
+            };
+            let mut got =
+                remote::targets_session(vec![leg], *from, csv, &mut observer_for, None, stop)?;
             got.pop()
+                .map(|(_, o)| o)
                 .context("internal: the session's target gave no outcome")
         }
+    }
+}
+
+/// The caller's observer, lent to a session that owns its observers.
+struct Borrowed<'a>(&'a mut dyn SessionObserver);
+
+impl SessionObserver for Borrowed<'_> {
+    fn on_record(&mut self, r: &crate::model::record::ProbeRecord) {
+        self.0.on_record(r)
+    }
+    fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
+        self.0.on_tick(stats, last)
     }
 }
 
@@ -390,22 +412,20 @@ pub(crate) fn run_session(
 /// one sender spreads their probes over the interval, one I/O thread
 /// takes every echo; each target keeps its own socket, sequence space,
 /// matching window and statistics. Rows go to the one `csv`, tagged with
-/// the target's name; `observers` are per target. Returns each target's
-/// outcome, in order.
-pub(crate) fn run_targets(
-    targets: &[remote::RemoteLeg],
+/// the target's name; `observer_for` makes each target's observer. With
+/// `reloads`, a reload request applies a new list without stopping.
+/// Returns each target with its outcome (removed ones first).
+pub(crate) fn run_targets<'o>(
+    targets: Vec<remote::RemoteLeg>,
     csv: &mut dyn RecordSink,
-    observers: &mut [&mut dyn SessionObserver],
+    observer_for: &mut remote::ObserverFor<'o>,
+    reloads: Option<&remote::Reloads<'_>>,
     stop: &AtomicU8,
-) -> Result<Vec<SessionOutcome>> {
-    if targets.is_empty() || observers.len() != targets.len() {
-        bail!(
-            "internal: {} targets with {} observers",
-            targets.len(),
-            observers.len()
-        );
+) -> Result<Vec<(remote::RemoteLeg, SessionOutcome)>> {
+    if targets.is_empty() {
+        bail!("internal: a session without a target");
     }
-    remote::targets_session(targets, None, csv, observers, stop)
+    remote::targets_session(targets, None, csv, observer_for, reloads, stop)
 }
 
 /// The testbed's (or NIC pair's) side of [`run_session`]: both
@@ -469,7 +489,8 @@ fn testbed_session(
         };
         let leg = [engine::Leg::one(s, cfg)];
         let mut outs = [engine::LegOut { csv, observer }];
-        let mut got = engine::drive(&leg, hw, &mut outs, stop)?;
+        let round = engine::Round::whole();
+        let mut got = engine::drive(&leg, hw, &mut outs, stop, round)?.finished()?;
         let attempts = leg[0].attempts.load(Ordering::SeqCst);
         got.pop()
             .map(|c| (c, attempts))
@@ -655,34 +676,37 @@ impl Collector {
 /// Collects until the sender has finished (stopping it if collecting
 /// fails), joins it and puts its pacing figures into every leg's
 /// statistics: per leg, its statistics, late arrivals and the output that
-/// failed.
+/// failed; or, when the round paused, the collectors as they are.
 fn collect_and_join(
-    ev_rx: mpsc::Receiver<Vec<events::Tagged>>,
-    legs: &[engine::Leg<'_>],
+    ev_rx: &mpsc::Receiver<Vec<events::Tagged>>,
+    c: engine::Collecting<'_, '_>,
     hw: HwSetup,
     outs: &mut [engine::LegOut<'_>],
     stop: &AtomicU8,
     sender: std::thread::ScopedJoinHandle<'_, Result<crate::stats::Pacing>>,
-) -> Result<Vec<engine::Collected>> {
-    let out = collect(ev_rx, legs, hw, outs, stop, &|| sender.is_finished());
+) -> Result<engine::Driven> {
+    let out = collect(ev_rx, c, hw, outs, stop, &|| sender.is_finished());
     if out.is_err() {
         stop.fetch_max(STOP_NOW, Ordering::SeqCst);
     }
     let pacing = sender
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")))?;
-    out.map(|v| {
-        v.into_iter()
-            .map(|(mut stats, late, failed)| {
-                stats.set_pacing(pacing.clone());
-                (stats, late, failed)
-            })
-            .collect()
+    out.map(|d| match d {
+        engine::Driven::Finished(v) => engine::Driven::Finished(
+            v.into_iter()
+                .map(|(mut stats, late, failed)| {
+                    stats.set_pacing(pacing.clone());
+                    (stats, late, failed)
+                })
+                .collect(),
+        ),
+        paused => paused,
     })
 }
 
 /// Hands each event to its leg's collector.
-fn route(cs: &mut [Collector], evs: Vec<events::Tagged>) {
+pub(crate) fn route(cs: &mut [Collector], evs: Vec<events::Tagged>) {
     for (leg, e) in evs {
         if let Some(c) = cs.get_mut(leg as usize) {
             c.on_events(std::iter::once(e));
@@ -690,15 +714,9 @@ fn route(cs: &mut [Collector], evs: Vec<events::Tagged>) {
     }
 }
 
-fn collect(
-    ev_rx: mpsc::Receiver<Vec<events::Tagged>>,
-    legs: &[engine::Leg<'_>],
-    hw: HwSetup,
-    outs: &mut [engine::LegOut<'_>],
-    stop: &AtomicU8,
-    sender_finished: &dyn Fn() -> bool,
-) -> Result<Vec<engine::Collected>> {
-    let kernel_reflector = legs.first().is_some_and(|l| l.cfg.kernel_reflector);
+/// Each leg's collector: the one carried from the round before, or a new one.
+fn collectors(c: engine::Collecting<'_, '_>, hw: HwSetup) -> Vec<Collector> {
+    let kernel_reflector = c.legs.first().is_some_and(|l| l.cfg.kernel_reflector);
     let expect = matcher::Expect {
         tx: true,
         tx_hw: hw.sender_tx,
@@ -708,15 +726,31 @@ fn collect(
     // Hardware stamps are a testbed's, which has one leg.
     let mut clocks = Some(hw.clocks);
     let now = clock::realtime_ns();
-    let mut cs: Vec<Collector> = legs
+    let mut carried = c.carried.into_iter();
+    c.legs
         .iter()
-        .map(|l| {
-            let c = clocks
-                .take()
-                .unwrap_or_else(|| Box::new(matcher::NoHwClocks));
-            Collector::new(&l.cfg, expect, c, now)
+        .map(|l| match carried.next().flatten() {
+            Some(kept) => kept,
+            None => {
+                let hw = clocks
+                    .take()
+                    .unwrap_or_else(|| Box::new(matcher::NoHwClocks));
+                Collector::new(&l.cfg, expect, hw, now)
+            }
         })
-        .collect();
+        .collect()
+}
+
+fn collect(
+    ev_rx: &mpsc::Receiver<Vec<events::Tagged>>,
+    c: engine::Collecting<'_, '_>,
+    hw: HwSetup,
+    outs: &mut [engine::LegOut<'_>],
+    stop: &AtomicU8,
+    sender_finished: &dyn Fn() -> bool,
+) -> Result<engine::Driven> {
+    let pause = c.pause;
+    let mut cs = collectors(c, hw);
     let timeout_ns = cs.iter().map(|c| c.timeout_ns).max().unwrap_or(0);
     let mut sender_done_at: Option<i64> = None;
     loop {
@@ -731,6 +765,13 @@ fn collect(
             }
         }
         let now = clock::realtime_ns();
+        if sender_done && pause() && stop.load(Ordering::SeqCst) == 0 {
+            // A reload: probes in flight stay with their collectors.
+            for (c, o) in cs.iter_mut().zip(outs.iter_mut()) {
+                c.drain(now, false, o.csv, o.observer, stop);
+            }
+            return Ok(engine::Driven::Paused(cs));
+        }
         if sender_done_at.is_none() && sender_done {
             sender_done_at = Some(now);
         }
@@ -754,9 +795,10 @@ fn collect(
             break;
         }
     }
-    Ok(cs
-        .into_iter()
-        .zip(outs.iter_mut())
-        .map(|(c, o)| c.finish(o.csv, o.observer, stop))
-        .collect())
+    Ok(engine::Driven::Finished(
+        cs.into_iter()
+            .zip(outs.iter_mut())
+            .map(|(c, o)| c.finish(o.csv, o.observer, stop))
+            .collect(),
+    ))
 }

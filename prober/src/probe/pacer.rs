@@ -150,20 +150,25 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
     /// `sched` is on CLOCK_MONOTONIC.
     #[cfg(test)]
     pub fn new(clock: &'c C, sched: Schedule, mode: WakeMode, refresh_ns: i64) -> Self {
-        Self::many(clock, vec![sched], mode, refresh_ns)
+        Self::many(clock, vec![(sched, 0)], mode, refresh_ns)
     }
 
-    /// One ticker over several schedules (each its own stream of seqs from 0).
-    pub fn many(clock: &'c C, scheds: Vec<Schedule>, mode: WakeMode, refresh_ns: i64) -> Self {
+    /// One ticker over several schedules, each with the first seq it sends.
+    pub fn many(
+        clock: &'c C,
+        scheds: Vec<(Schedule, u64)>,
+        mode: WakeMode,
+        refresh_ns: i64,
+    ) -> Self {
         let streams: Vec<Stream> = scheds
             .into_iter()
-            .map(|sched| Stream { sched, seq: 0 })
+            .map(|(sched, seq)| Stream { sched, seq })
             .collect();
         let heap = streams
             .iter()
             .enumerate()
-            .filter(|(_, s)| !s.sched.finished(0))
-            .map(|(i, s)| std::cmp::Reverse((s.sched.at(0), i)))
+            .filter(|(_, s)| !s.sched.finished(s.seq))
+            .map(|(i, s)| std::cmp::Reverse((s.sched.at(s.seq), i)))
             .collect();
         Self {
             clock,
@@ -267,6 +272,20 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
     }
 }
 
+/// The sender starts this long after it is spawned, so the first probe is paced too.
+pub(crate) const START_AHEAD_NS: i64 = 10_000_000;
+
+/// When the sender stops.
+pub(crate) struct Until<'a> {
+    /// No probe is scheduled at or after this CLOCK_MONOTONIC time (None:
+    /// `--duration` after the sender's start, if given).
+    pub end_ns: Option<i64>,
+    /// Any stop level ends the sending.
+    pub stop: &'a AtomicU8,
+    /// The round pauses (a reload of the targets): sending ends too.
+    pub pause: &'a (dyn Fn() -> bool + Sync),
+}
+
 /// One target's stream as the sender sees it.
 pub(crate) struct PaceLeg<'a> {
     pub sock: &'a ProbeSocket,
@@ -276,7 +295,8 @@ pub(crate) struct PaceLeg<'a> {
     /// Its first probe goes this long after the run's start: the targets'
     /// sends are spread over the interval, not sent in bursts.
     pub phase_ns: i64,
-    /// Its probes tried so far (also its first seq not yet sent).
+    /// Its probes tried so far (also its first seq not yet sent): a leg
+    /// carried over a reload goes on from there.
     pub attempts: &'a AtomicU64,
 }
 
@@ -291,7 +311,7 @@ pub(crate) struct PaceLeg<'a> {
 pub(crate) fn pace_with(
     legs: &[PaceLeg<'_>],
     cfg: &ProbeConfig,
-    stop: &AtomicU8,
+    until: &Until<'_>,
     ev: &mpsc::Sender<Vec<events::Tagged>>,
     encode: &mut dyn FnMut(usize, u64, i64, &mut [u8]),
 ) -> Result<Pacing> {
@@ -311,23 +331,33 @@ pub(crate) fn pace_with(
     let cpu_start_ns = clock::thread_cpu_ns();
     let waits_start = cpu_wait::Snapshot::now();
     // Start a little ahead so the first probe is paced too.
-    let start_ns = loop_start_ns + 10_000_000;
-    let scheds = legs
+    let start_ns = loop_start_ns + START_AHEAD_NS;
+    let end_ns = until
+        .end_ns
+        .or(cfg.duration.map(|d| start_ns + d.as_nanos() as i64));
+    let streams = legs
         .iter()
-        .map(|l| Schedule {
-            start_ns: start_ns + l.phase_ns,
-            interval_ns: l.interval_ns,
-            // Neither a count nor a duration: until stopped (--forever).
-            count: cfg.count.unwrap_or(u64::MAX),
-            end_ns: cfg.duration.map(|d| start_ns + d.as_nanos() as i64),
+        .map(|l| {
+            let first = l.attempts.load(Ordering::SeqCst);
+            let sched = Schedule {
+                // Its next probe (`first`) is due at the start plus its phase.
+                start_ns: start_ns + l.phase_ns - first as i64 * l.interval_ns,
+                interval_ns: l.interval_ns,
+                // Neither a count nor a duration: until stopped (--forever).
+                count: cfg.count.unwrap_or(u64::MAX),
+                end_ns,
+            };
+            (sched, first)
         })
         .collect();
     let mut ticker = Ticker::many(
         &c,
-        scheds,
+        streams,
         wake_mode(&gap_config(cfg, legs)),
         OFFSET_REFRESH_NS,
     );
+    let stop = until.stop;
+    let stopped = || stop.load(Ordering::Relaxed) != 0 || (until.pause)();
     let first = legs
         .first()
         .context("internal: a session without a target")?;
@@ -336,7 +366,7 @@ pub(crate) fn pace_with(
     // Aged on CLOCK_MONOTONIC: only this thread reads it.
     let mut pending = EventBatch::new();
     let mut tried = 0u64;
-    while stop.load(Ordering::Relaxed) == 0 {
+    while !stopped() {
         let tick = match ticker.wait_next() {
             Next::Finished => break,
             Next::Slice => continue,
@@ -346,7 +376,7 @@ pub(crate) fn pace_with(
         // wait matters most: a Ctrl-C during set-up can land in it, and a
         // sender thread that starts late would then send every probe
         // already due in one batch.
-        if stop.load(Ordering::Relaxed) != 0 {
+        if stopped() {
             break;
         }
         let leg = &legs[tick.stream];

@@ -46,6 +46,7 @@ use super::{
     wire::{Echo, SSID_WARMUP_BIT, Wire},
 };
 use crate::{
+    model::observer::SessionObserver,
     spec::remote::ProtocolArg,
     stats::report::{ClockReport, ReflectorReport},
     sys::Netns,
@@ -363,6 +364,50 @@ pub(crate) struct RemoteLeg {
     /// The CSV's `target` cell (None: a single `--target` run's CSV,
     /// which has no such column).
     pub name: Option<String>,
+    /// Its metrics labels besides `target` (a targets file's).
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl RemoteLeg {
+    /// Whether a reload leaves this target as it is (same name, address,
+    /// protocol, probe options and labels): it keeps its statistics.
+    fn same_as(&self, o: &RemoteLeg) -> bool {
+        let (a, b) = (&self.cfg, &o.cfg);
+        self.name == o.name
+            && self.target.addr == o.target.addr
+            && self.target.protocol == o.target.protocol
+            && (a.size, a.tos, a.interval) == (b.size, b.tos, b.interval)
+            && self.labels == o.labels
+    }
+
+    fn label(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.target.addr.to_string())
+    }
+}
+
+/// How a run with a targets file reloads it (SIGHUP).
+pub(crate) struct Reloads<'a> {
+    /// Counts the reload requests.
+    pub generation: &'a AtomicU64,
+    /// Reads and checks the file again.
+    pub read: &'a dyn Fn() -> Result<Vec<RemoteLeg>>,
+}
+
+/// Makes each target's observer (its metrics, or the progress and HDR
+/// log of a single target).
+pub(crate) type ObserverFor<'o> = dyn FnMut(&RemoteLeg) -> Box<dyn SessionObserver + 'o> + 'o;
+
+/// A target of the running session and what it has so far.
+struct Active<'o> {
+    leg: RemoteLeg,
+    p: Prepared,
+    observer: Box<dyn SessionObserver + 'o>,
+    /// Its collector from the round before a reload.
+    collector: Option<super::Collector>,
+    /// Probes tried so far (its next seq).
+    sent: u64,
 }
 
 /// A target's state from set-up to its report.
@@ -399,32 +444,100 @@ fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
 /// sender and one I/O thread for all, and after the run each target's
 /// status probe, loss split and clock verdict. With one target a warm-up
 /// without answer is an error; with several that target is warned about
-/// and probed anyway (its loss shows in its report).
-pub(super) fn targets_session(
-    legs: &[RemoteLeg],
+/// and probed anyway (its loss shows in its report). With `reloads` a
+/// reload request pauses the round: unchanged targets go on with their
+/// statistics and sequence numbers, removed ones are finalized (and stay
+/// in the result), new ones start. Returns each target with its outcome,
+/// removed ones first.
+pub(super) fn targets_session<'o>(
+    legs: Vec<RemoteLeg>,
     ns: Option<&Netns>,
     csv: &mut dyn RecordSink,
-    observers: &mut [&mut dyn crate::model::observer::SessionObserver],
+    observer_for: &mut ObserverFor<'o>,
+    reloads: Option<&Reloads<'_>>,
     stop: &AtomicU8,
-) -> Result<Vec<SessionOutcome>> {
+) -> Result<Vec<(RemoteLeg, SessionOutcome)>> {
     let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
         synchronized: false,
         max_error_ns: 0,
         tai_offset_s: 0,
     });
-    let single = legs.len() == 1;
-    let prepared = in_parallel(legs, |l| prepare(l, ns, &local_clock, single, stop));
-    let prepared = prepared.into_iter().collect::<Result<Vec<_>>>()?;
+    let single = legs.len() == 1 && reloads.is_none();
+    let mut active = start(legs, ns, &local_clock, single, stop, observer_for)?;
     if stop.load(Ordering::SeqCst) != 0 {
         // Before the pacer: no probe of the run has been sent, and none will.
         bail!("interrupted before probing started; nothing was measured");
     }
-    let n = legs.len() as i64;
-    let notes: Vec<_> = prepared
+    let shared = Mutex::new(csv);
+    // Over reloads the run keeps its one end.
+    let end_mono_ns = reloads
+        .and(active[0].leg.cfg.duration)
+        .map(|d| clock::monotonic_ns() + super::pacer::START_AHEAD_NS + d.as_nanos() as i64);
+    let counter = reloads.map(|r| r.generation);
+    let generation = || counter.map_or(0, |g| g.load(Ordering::SeqCst));
+    let mut done = Vec::new();
+    loop {
+        let seen = generation();
+        let pause = || generation() != seen;
+        match round(&mut active, &shared, end_mono_ns, &pause, stop)? {
+            engine::Driven::Finished(collected) => {
+                // The status probes in parallel: a silent target waits 300 ms.
+                let asks: Vec<_> = active.iter().map(|a| (&a.leg, &a.p, a.sent)).collect();
+                let trailers = in_parallel(&asks, |(l, p, sent)| trailer(l, p, *sent, stop));
+                drop(asks);
+                for ((a, c), t) in active.into_iter().zip(collected).zip(trailers) {
+                    let o = outcome(&a.leg, a.p, c, a.sent, t, &local_clock, stop)?;
+                    done.push((a.leg, o));
+                }
+                return Ok(done);
+            }
+            engine::Driven::Paused(cs) => {
+                for (a, c) in active.iter_mut().zip(cs) {
+                    a.collector = Some(c);
+                }
+                let Some(r) = reloads else {
+                    bail!("internal: a session paused without a reload");
+                };
+                active = reload(
+                    active,
+                    r,
+                    ns,
+                    &local_clock,
+                    &shared,
+                    &mut done,
+                    observer_for,
+                    stop,
+                )?;
+            }
+        }
+    }
+}
+
+/// One round of the engine over the active targets; each target's probe
+/// count is brought back for the next.
+fn round(
+    active: &mut [Active<'_>],
+    shared: &Mutex<&mut dyn RecordSink>,
+    end_mono_ns: Option<i64>,
+    pause: &(dyn Fn() -> bool + Sync),
+    stop: &AtomicU8,
+) -> Result<engine::Driven> {
+    let n = active.len() as i64;
+    let carried = active.iter_mut().map(|a| a.collector.take()).collect();
+    let (mut views, mut observers) = (Vec::new(), Vec::new());
+    for a in active.iter_mut() {
+        let Active {
+            leg, p, observer, ..
+        } = a;
+        views.push((&*leg, &*p, a.sent));
+        observers.push(&mut **observer);
+    }
+    let notes: Vec<_> = views
         .iter()
-        .map(|p| {
+        .map(|(_, p, _)| {
+            let ledger = &p.ledger;
             move |seen: &[Echo]| {
-                if let Ok(mut l) = p.ledger.lock() {
+                if let Ok(mut l) = ledger.lock() {
                     for e in seen {
                         l.on_echo(e);
                     }
@@ -432,15 +545,14 @@ pub(super) fn targets_session(
             }
         })
         .collect();
-    let engine_legs: Vec<engine::Leg<'_>> = legs
+    let legs: Vec<engine::Leg<'_>> = views
         .iter()
-        .zip(&prepared)
         .zip(&notes)
         .enumerate()
-        .map(|(i, ((l, p), note))| engine::Leg {
+        .map(|(i, ((leg, p, sent), note))| engine::Leg {
             s: engine::Session {
                 sock: &p.sock,
-                dst: l.target.addr,
+                dst: leg.target.addr,
                 wire: &p.wire,
                 reflector: engine::Reflector::Remote,
                 on_echoes: Some(note),
@@ -449,21 +561,19 @@ pub(super) fn targets_session(
             // The reflector's stamps come in its echoes, as the in-kernel one's do.
             cfg: ProbeConfig {
                 kernel_reflector: true,
-                ..l.cfg.clone()
+                ..leg.cfg.clone()
             },
-            attempts: AtomicU64::new(0),
+            attempts: AtomicU64::new(*sent),
             // Target i starts i/N of its interval late: sends spread evenly.
-            phase_ns: l.cfg.interval.as_nanos() as i64 * i as i64 / n,
+            phase_ns: leg.cfg.interval.as_nanos() as i64 * i as i64 / n,
         })
         .collect();
-    let shared = Mutex::new(csv);
-    let mut sinks: Vec<OneWaySink<'_, '_>> = legs
+    let mut sinks: Vec<OneWaySink<'_, '_>> = views
         .iter()
-        .zip(&prepared)
         .enumerate()
-        .map(|(i, (l, p))| OneWaySink {
-            inner: &shared,
-            target: l.name.as_deref(),
+        .map(|(i, (leg, p, _))| OneWaySink {
+            inner: shared,
+            target: leg.name.as_deref(),
             show: p.show_one_way,
             flushes: i == 0,
         })
@@ -482,21 +592,152 @@ pub(super) fn targets_session(
         receiver_tx: false,
         clocks: Box::new(NoHwClocks),
     };
-    let collected = engine::drive(&engine_legs, hw, &mut outs, stop)?;
-    drop(outs);
-    let sent: Vec<u64> = engine_legs
+    let r = engine::Round {
+        end_mono_ns,
+        pause,
+        carried,
+    };
+    let driven = engine::drive(&legs, hw, &mut outs, stop, r)?;
+    let sent: Vec<u64> = legs
         .iter()
         .map(|l| l.attempts.load(Ordering::SeqCst))
         .collect();
-    drop(engine_legs);
-    let items: Vec<_> = legs.iter().zip(&prepared).zip(&sent).collect();
-    let trailers = in_parallel(&items, |((l, p), sent)| trailer(l, p, **sent, stop));
-    legs.iter()
+    drop(outs);
+    drop(observers);
+    for (a, s) in active.iter_mut().zip(sent) {
+        a.sent = s;
+    }
+    Ok(driven)
+}
+
+/// Sockets, wires and warm-ups of new targets (in parallel), and their observers.
+fn start<'o>(
+    legs: Vec<RemoteLeg>,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    single: bool,
+    stop: &AtomicU8,
+    observer_for: &mut ObserverFor<'o>,
+) -> Result<Vec<Active<'o>>> {
+    let prepared = in_parallel(&legs, |l| prepare(l, ns, local_clock, single, stop));
+    legs.into_iter()
         .zip(prepared)
-        .zip(collected)
-        .zip(sent.into_iter().zip(trailers))
-        .map(|(((l, p), c), (sent, t))| outcome(l, p, c, sent, t, &local_clock, stop))
+        .map(|(leg, p)| {
+            Ok(Active {
+                observer: observer_for(&leg),
+                p: p?,
+                leg,
+                collector: None,
+                sent: 0,
+            })
+        })
         .collect()
+}
+
+/// Reads the targets again and applies the change, one log line per
+/// target: unchanged ones go on, removed (or changed) ones are finalized
+/// into `done`, new ones start. A file that fails its checks changes nothing.
+#[allow(clippy::too_many_arguments)]
+fn reload<'o>(
+    active: Vec<Active<'o>>,
+    r: &Reloads<'_>,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    shared: &Mutex<&mut dyn RecordSink>,
+    done: &mut Vec<(RemoteLeg, SessionOutcome)>,
+    observer_for: &mut ObserverFor<'o>,
+    stop: &AtomicU8,
+) -> Result<Vec<Active<'o>>> {
+    let list = match (r.read)() {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!(
+                "reload: {e:#}; the {} targets probed go on unchanged",
+                active.len()
+            );
+            return Ok(active);
+        }
+    };
+    let mut old: Vec<Option<Active<'o>>> = active.into_iter().map(Some).collect();
+    let (mut next, mut added) = (Vec::new(), Vec::new());
+    for l in list {
+        let at = old
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.leg.name == l.name));
+        match at.and_then(|i| old[i].take().map(|a| (i, a))) {
+            Some((_, a)) if a.leg.same_as(&l) => {
+                log::warn!(
+                    "target {}: unchanged ({} probes so far), goes on",
+                    l.label(),
+                    a.sent
+                );
+                next.push(a);
+            }
+            Some((_, a)) => {
+                log::warn!("target {}: changed, finalized and started anew", l.label());
+                done.push(finalize(a, shared, local_clock, stop)?);
+                added.push(l);
+            }
+            None => added.push(l),
+        }
+    }
+    for a in old.into_iter().flatten() {
+        log::warn!(
+            "target {}: removed after {} probes, finalized (it stays in the report)",
+            a.leg.label(),
+            a.sent
+        );
+        done.push(finalize(a, shared, local_clock, stop)?);
+    }
+    let names: Vec<String> = added.iter().map(RemoteLeg::label).collect();
+    next.extend(start(added, ns, local_clock, false, stop, observer_for)?);
+    for name in names {
+        log::warn!("target {name}: added");
+    }
+    Ok(next)
+}
+
+/// A target taken out mid-run: what is still in flight counts as lost,
+/// then its report as at the end of a run.
+fn finalize(
+    mut a: Active<'_>,
+    shared: &Mutex<&mut dyn RecordSink>,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<(RemoteLeg, SessionOutcome)> {
+    let c = a
+        .collector
+        .take()
+        .context("internal: a paused target without its collector")?;
+    let mut sink = OneWaySink {
+        inner: shared,
+        target: a.leg.name.as_deref(),
+        show: a.p.show_one_way,
+        flushes: true,
+    };
+    let mut c = c;
+    c.drain(
+        clock::realtime_ns(),
+        true,
+        &mut sink,
+        &mut *a.observer,
+        stop,
+    );
+    let collected = c.finish(&mut sink, &mut *a.observer, stop);
+    report(a, collected, local_clock, stop)
+}
+
+/// A target's outcome after its last probe: the status probe, then its
+/// statistics with the loss split and clock verdict.
+fn report(
+    a: Active<'_>,
+    c: engine::Collected,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<(RemoteLeg, SessionOutcome)> {
+    let t = trailer(&a.leg, &a.p, a.sent, stop);
+    let o = outcome(&a.leg, a.p, c, a.sent, t, local_clock, stop)?;
+    Ok((a.leg, o))
 }
 
 /// A target's socket, wire and warm-up.
