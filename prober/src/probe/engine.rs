@@ -243,6 +243,9 @@ pub(crate) struct Collecting<'l, 'a> {
     pub pause: &'l (dyn Fn() -> bool + Sync),
 }
 
+/// Receive buffer of one datagram during a warm-up or status probe.
+pub(crate) const WARM_UP_BUF_BYTES: usize = 2048;
+
 /// What a warm-up found.
 pub(crate) struct WarmedUp {
     /// The answer (None: stopped before one came).
@@ -318,7 +321,10 @@ pub(crate) fn exchange(
     let strict = receiver.is_some();
     let mut buf = vec![0u8; size];
     let mut scratch = Vec::with_capacity(size);
-    let mut batch = RecvBatch::new(16, size.max(65536));
+    // Room for any echo (at most a 1500-byte MTU's payload; a longer
+    // foreign datagram is cut, and counted all the same): a warm-up per
+    // target of a thousand allocates 16 x this.
+    let mut batch = RecvBatch::new(16, size.max(WARM_UP_BUF_BYTES));
     let mut foreign = 0u64;
     let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
     let mut polled = vec![s.sock];
@@ -414,7 +420,7 @@ fn answer_at_sender(
 /// Returns how many datagrams of other sessions came to a testbed's receiver.
 fn settle(s: &Session<'_>) -> Result<u64> {
     std::thread::sleep(Duration::from_millis(20));
-    let mut batch = RecvBatch::new(16, 65536);
+    let mut batch = RecvBatch::new(16, WARM_UP_BUF_BYTES);
     let mut foreign = 0;
     if let Some((rx, session)) = testbed_receiver(s) {
         loop {

@@ -928,7 +928,7 @@ fn status_probe(
             // and the answer to the first would then not give the count.
             let mut buf = vec![0u8; size];
             let mut scratch = Vec::with_capacity(size);
-            let mut batch = RecvBatch::new(16, 65536);
+            let mut batch = RecvBatch::new(16, engine::WARM_UP_BUF_BYTES);
             let seq = STAMP_STATUS_SEQ as u64;
             wire.encode(seq, clock::realtime_ns(), false, &mut buf, &mut scratch);
             let _ = sock.send_to(&buf, dst, u32::MAX - 1);

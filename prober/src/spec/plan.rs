@@ -500,6 +500,19 @@ fn check_target(o: &RunOptions) -> Result<(), SpecError> {
             "hardware is for testbed runs; with --target use software or auto",
         );
     }
+    let many = o.remote.target.len() > 1 || o.remote.targets.is_some();
+    if many && o.continuous.hdr_log.is_some() {
+        return refuse(
+            "hdr_log",
+            "writes one target's histograms; with several targets use --metrics-listen (a series per target) or one rtprobe per --target",
+        );
+    }
+    if many && o.continuous.report_every.is_some() {
+        return refuse(
+            "report_every",
+            "prints one target's intervals; with several targets use --metrics-listen (a series per target) or one rtprobe per --target",
+        );
+    }
     let mut k = o.knobs.clone();
     (k.rt_priority, k.mlockall, k.pin_cpu, k.cpu_dma_latency) = (None, None, None, None);
     if !k.is_empty() {

@@ -684,6 +684,10 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
             "--timestamps hardware is for testbed runs; with --target use software or auto",
         ),
         (
+            &["--target", "a", "--target", "b", "--hdr-log", "x.hlog"][..],
+            "--hdr-log writes one target's histograms; with several targets use --metrics-listen",
+        ),
+        (
             &["--target", "192.0.2.7", "--link-rate", "10mbit"][..],
             "--target takes only the sender's real-time knobs",
         ),
