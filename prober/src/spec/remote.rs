@@ -58,7 +58,7 @@ pub struct RemoteOptions {
     #[arg(long, value_name = "HOST[:PORT]")]
     #[serde(
         default,
-        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "none_if_empty",
         deserialize_with = "one_or_many"
     )]
     pub target: Vec<String>,
@@ -121,6 +121,16 @@ impl RemoteOptions {
             (None, false) => super::targets::from_flags(&self.target, &base).map(Some),
             (None, true) => Ok(None),
         }
+    }
+}
+
+/// No `--target` is an unset option (null), as every other one: a merge
+/// leaves the file's targets alone, and the key is still known.
+fn none_if_empty<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if v.is_empty() {
+        s.serialize_none()
+    } else {
+        serde::Serialize::serialize(v, s)
     }
 }
 
