@@ -10,8 +10,9 @@
 //! - `test`: setup, the module graph's cycle check, `cargo fmt --check`,
 //!   clippy (the workspace and the eBPF crate), the unit tests, every fuzz
 //!   target for a bounded time, then the root/netns tests when root.
-//! - `graph`: the import cycles between prober's modules (`--edges`: every
-//!   dependency), see [`modgraph`].
+//! - `graph`: the import cycles between prober's modules and the layering
+//!   breaks (a domain module importing the commands or clap; `--edges`:
+//!   every dependency), see [`modgraph`].
 
 use std::{
     env,
@@ -589,24 +590,41 @@ fn graph(edges: bool) -> Result<()> {
     check_module_graph(&g)
 }
 
-/// Fails on any import cycle between prober's modules, naming each.
+/// Fails on any import cycle between prober's modules, naming each, and
+/// on any domain module that reaches up to the commands or names clap.
 fn check_module_graph(g: &modgraph::Graph) -> Result<()> {
     let cycles = modgraph::cycle_lines(g);
-    if cycles.is_empty() {
+    let layering = modgraph::layer_violations(g);
+    if cycles.is_empty() && layering.is_empty() {
         eprintln!(
-            "xtask: module graph: {} modules, no import cycle",
+            "xtask: module graph: {} modules, no import cycle, no layering break",
             g.modules.len()
         );
         return Ok(());
     }
-    for c in &cycles {
-        eprintln!("  {c}");
+    for line in cycles.iter().chain(&layering) {
+        eprintln!("  {line}");
+    }
+    let mut why = Vec::new();
+    if !cycles.is_empty() {
+        why.push(format!(
+            "{} import cycle(s) between prober's modules: move what both sides need into a \
+             lower module (model/, a leaf), or the caller up into app/",
+            cycles.len()
+        ));
+    }
+    if !layering.is_empty() {
+        why.push(format!(
+            "{} layering break(s): a domain module ({}) never imports app, cli, runner or clap \
+             (flags and their ValueEnum impls live in cli.rs and spec/), and export never \
+             imports probe",
+            layering.len(),
+            modgraph::DOMAIN.join(", ")
+        ));
     }
     bail!(
-        "{} import cycle(s) between prober's modules (listed above): move what both sides \
-         need into a lower module (model/, a leaf), or the caller up into app/; \
-         docs/DEVELOPING.md explains the layers",
-        cycles.len()
+        "{} (listed above); docs/DEVELOPING.md explains the layers",
+        why.join("; ")
     )
 }
 
