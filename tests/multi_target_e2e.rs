@@ -33,8 +33,9 @@ struct MultiRun {
 }
 
 fn children_cpu_s() -> f64 {
-    // SAFETY: getrusage writes into the struct it is given.
+    // SAFETY: rusage is plain data, all zeroes is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
     let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)

@@ -54,7 +54,7 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 pub fn check(opts: &RunOptions) -> Result<()> {
     let remote = &opts.remote;
     if remote.is_remote() {
-        remote.target_list(&opts.probe)?;
+        crate::spec::targets::of(remote, &opts.probe)?;
     }
     if let Some(path) = &remote.auth_key {
         crate::spec::remote::read_key(path)?;

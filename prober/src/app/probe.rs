@@ -187,8 +187,7 @@ fn execute_remote(
     reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    let list = remote
-        .target_list(&opts.probe)?
+    let list = crate::spec::targets::of(remote, &opts.probe)?
         .context("internal: execute without --target")?;
     let key = remote.auth_key.as_deref().map(read_key).transpose()?;
     if list.len() > 1 || remote.targets.is_some() {
@@ -259,9 +258,7 @@ fn execute_targets(
         live_ref.flow_observer(l.cfg.flow_labels(name), true) as Box<dyn SessionObserver>
     };
     let read = || -> Result<Vec<RemoteLeg>> {
-        let list = opts
-            .remote
-            .target_list(&opts.probe)?
+        let list = crate::spec::targets::of(&opts.remote, &opts.probe)?
             .context("internal: a reload without targets")?;
         Ok(list.iter().map(|t| remote_leg(opts, t, &key)).collect())
     };

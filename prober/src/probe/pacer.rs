@@ -286,6 +286,9 @@ pub(crate) struct Until<'a> {
     pub pause: &'a (dyn Fn() -> bool + Sync),
 }
 
+/// Writes probe `seq` of leg `leg`, sent at `send_ns`, into the buffer.
+pub(crate) type Encode<'a> = dyn FnMut(usize, u64, i64, &mut [u8]) + 'a;
+
 /// One target's stream as the sender sees it.
 pub(crate) struct PaceLeg<'a> {
     pub sock: &'a ProbeSocket,
@@ -313,7 +316,7 @@ pub(crate) fn pace_with(
     cfg: &ProbeConfig,
     until: &Until<'_>,
     ev: &mpsc::Sender<Vec<events::Tagged>>,
-    encode: &mut dyn FnMut(usize, u64, i64, &mut [u8]),
+    encode: &mut Encode<'_>,
 ) -> Result<Pacing> {
     tight_timer_slack();
     // Kept for the whole loop: dropping it puts the thread's policy back.
@@ -423,7 +426,7 @@ fn send_tick<C: PaceClock>(
     batch: &mut SendBatch,
     ticker: &Ticker<'_, C>,
     pending: &mut EventBatch,
-    encode: &mut dyn FnMut(usize, u64, i64, &mut [u8]),
+    encode: &mut Encode<'_>,
 ) -> u64 {
     let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
     let tag = tick.stream as u32;

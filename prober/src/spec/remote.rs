@@ -100,28 +100,6 @@ impl RemoteOptions {
     pub fn is_remote(&self) -> bool {
         !self.target.is_empty() || self.targets.is_some()
     }
-
-    /// The targets of a remote run, each with its name, address and probe
-    /// options (the flags' values where the targets file says nothing):
-    /// None on a testbed run. Reads the targets file.
-    pub(crate) fn target_list(
-        &self,
-        probe: &crate::probe::ProbeConfig,
-    ) -> Result<Option<Vec<super::targets::TargetSpec>>> {
-        let base = super::targets::Base {
-            protocol: self.protocol(),
-            port: probe.port,
-            tos: probe.tos,
-            size: probe.size,
-            interval: probe.interval,
-            auth: self.auth_key.is_some(),
-        };
-        match (&self.targets, self.target.is_empty()) {
-            (Some(file), _) => super::targets::read_file(file, &base).map(Some),
-            (None, false) => super::targets::from_flags(&self.target, &base).map(Some),
-            (None, true) => Ok(None),
-        }
-    }
 }
 
 /// No `--target` is an unset option (null), as every other one: a merge

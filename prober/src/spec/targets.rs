@@ -136,6 +136,28 @@ struct File {
     target: Vec<toml::Spanned<Entry>>,
 }
 
+/// The targets of a remote run, each with its name, address and probe
+/// options (the flags' values where the targets file says nothing): None
+/// on a testbed run. Reads the targets file.
+pub(crate) fn of(
+    remote: &super::remote::RemoteOptions,
+    probe: &crate::probe::ProbeConfig,
+) -> Result<Option<Vec<TargetSpec>>> {
+    let base = Base {
+        protocol: remote.protocol(),
+        port: probe.port,
+        tos: probe.tos,
+        size: probe.size,
+        interval: probe.interval,
+        auth: remote.auth_key.is_some(),
+    };
+    match (&remote.targets, remote.target.is_empty()) {
+        (Some(file), _) => read_file(file, &base).map(Some),
+        (None, false) => from_flags(&remote.target, &base).map(Some),
+        (None, true) => Ok(None),
+    }
+}
+
 /// Reads and checks a targets file.
 pub(crate) fn read_file(path: &Path, base: &Base) -> Result<Vec<TargetSpec>> {
     let bytes = crate::input::read_capped(path, "targets file", crate::input::MAX_CONFIG_BYTES)?;
