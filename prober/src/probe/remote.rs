@@ -43,7 +43,7 @@ use super::{
     matcher::NoHwClocks,
     socket::{self, ProbeSocket, RecvBatch, TsFlags},
     stamp::{ClockSync, ErrorEstimate, HmacKey},
-    wire::{Echo, SSID_WARMUP_BIT, Wire},
+    wire::{Echo, SSID_WARMUP_BIT, WARMUP_SEQ, Wire},
 };
 use crate::{
     model::observer::SessionObserver,
@@ -462,8 +462,12 @@ pub(super) fn targets_session<'o>(
         max_error_ns: 0,
         tai_offset_s: 0,
     });
-    let single = legs.len() == 1 && reloads.is_none();
-    let mut active = start(legs, ns, &local_clock, single, stop, observer_for)?;
+    let mode = if legs.len() == 1 && reloads.is_none() {
+        WarmUp::Single
+    } else {
+        WarmUp::Many
+    };
+    let mut active = start(legs, ns, &local_clock, mode, stop, observer_for)?;
     if stop.load(Ordering::SeqCst) != 0 {
         // Before the pacer: no probe of the run has been sent, and none will.
         bail!("interrupted before probing started; nothing was measured");
@@ -615,11 +619,11 @@ fn start<'o>(
     legs: Vec<RemoteLeg>,
     ns: Option<&Netns>,
     local_clock: &ClockSync,
-    single: bool,
+    mode: WarmUp,
     stop: &AtomicU8,
     observer_for: &mut ObserverFor<'o>,
 ) -> Result<Vec<Active<'o>>> {
-    let prepared = in_parallel(&legs, |l| prepare(l, ns, local_clock, single, stop));
+    let prepared = in_parallel(&legs, |l| prepare(l, ns, local_clock, mode, stop));
     legs.into_iter()
         .zip(prepared)
         .map(|(leg, p)| {
@@ -690,7 +694,14 @@ fn reload<'o>(
         done.push(finalize(a, shared, local_clock, stop)?);
     }
     let names: Vec<String> = added.iter().map(RemoteLeg::label).collect();
-    next.extend(start(added, ns, local_clock, false, stop, observer_for)?);
+    next.extend(start(
+        added,
+        ns,
+        local_clock,
+        WarmUp::Reload,
+        stop,
+        observer_for,
+    )?);
     for name in names {
         log::warn!("target {name}: added");
     }
@@ -741,22 +752,46 @@ fn report(
 }
 
 /// A target's socket, wire and warm-up.
+/// How a target's warm-up goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WarmUp {
+    /// The run's only target: no answer within 3 s is an error.
+    Single,
+    /// One of several at the start: 3 s, then probed anyway.
+    Many,
+    /// Added by a reload: 0.5 s, then probed anyway.
+    Reload,
+}
+
 fn prepare(
     l: &RemoteLeg,
     ns: Option<&Netns>,
     local_clock: &ClockSync,
-    single: bool,
+    mode: WarmUp,
     stop: &AtomicU8,
 ) -> Result<Prepared> {
     let wire = session_wire(&l.target, &l.cfg, local_clock);
     let sock = bind_towards(&l.target, &l.cfg, &wire, ns)?;
-    let first = match warm_up(&sock, l.target.addr, &wire, l.cfg.size, stop) {
+    let name = l.label();
+    let first = match mode {
+        // A reload pauses every other target while it warms up: half a
+        // second for the new ones, not the three of a start.
+        WarmUp::Reload => {
+            let s = towards(&sock, l.target.addr, &wire);
+            let w = engine::exchange(&s, l.cfg.size, WARMUP_SEQ, stop, super::STOP_SENDING, 5)?;
+            if w.echo.is_none() {
+                log::warn!(
+                    "target {name}: no answer to the warm-up within 0.5 s; probing it anyway"
+                );
+            }
+            Ok(w.echo)
+        }
+        WarmUp::Single | WarmUp::Many => warm_up(&sock, l.target.addr, &wire, l.cfg.size, stop),
+    };
+    let first = match first {
         Ok(first) => first,
-        Err(e) if !single => {
-            log::warn!(
-                "target {}: {e:#}; probing it anyway",
-                l.name.as_deref().unwrap_or("")
-            );
+        Err(e) if mode != WarmUp::Single => {
+            log::warn!("target {name}: {e:#}; probing it anyway");
             None
         }
         Err(e) => return Err(e),
