@@ -556,6 +556,34 @@ mod tests {
         assert!(lines.next().is_none());
     }
 
+    #[test]
+    fn a_run_with_several_targets_adds_a_last_target_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.csv");
+        let mut w = CsvWriter::create_for_targets(&p, &RunMeta::default(), None).unwrap();
+        let r = ProbeRecord {
+            seq: 3,
+            lost: true,
+            ..Default::default()
+        };
+        w.write_for("db-1", &r).unwrap();
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines[0], format!("{},target", HEADER.join(",")));
+        assert_eq!(lines[1], "3,0,0,0,0,,,,,,,,,,1,,,,,,,,,,,,,,,,,,,,db-1");
+        // A CSV without the column ignores the name: the testbed's columns stay.
+        let q = dir.path().join("q.csv");
+        let mut w = CsvWriter::create(&q, &RunMeta::default()).unwrap();
+        w.write_for("db-1", &r).unwrap();
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&q).unwrap();
+        assert_eq!(
+            text.lines().nth(2).unwrap().split(',').count(),
+            HEADER.len()
+        );
+    }
+
     fn rows_of(p: &Path) -> Vec<u64> {
         std::fs::read_to_string(p)
             .unwrap()

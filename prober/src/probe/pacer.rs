@@ -595,6 +595,42 @@ mod tests {
     }
 
     #[test]
+    fn streams_are_spread_by_their_phase_and_go_on_from_their_seq() {
+        // Three streams at 3 ms, phases 0, 1 and 2 ms; the third was
+        // carried over a reload and goes on from seq 5.
+        let c = FakeClock::new(0, 0, 50);
+        let s = |phase: i64, first: u64| {
+            let sched = Schedule {
+                start_ns: 10_000_000 + phase - first as i64 * 3_000_000,
+                interval_ns: 3_000_000,
+                count: first + 4,
+                end_ns: None,
+            };
+            (sched, first)
+        };
+        let mut t = Ticker::many(
+            &c,
+            vec![s(0, 0), s(1_000_000, 0), s(2_000_000, 5)],
+            WakeMode::Fixed(10_000),
+            1_000_000,
+        );
+        let mut ticks = Vec::new();
+        while let Next::Due(tick) = t.wait_next() {
+            ticks.push((tick.stream, tick.first, tick.mono_ns));
+            t.sent_until(tick.end);
+        }
+        assert_eq!(ticks.len(), 12, "4 probes of each stream, one per tick");
+        for (k, &(stream, seq, at)) in ticks.iter().enumerate() {
+            assert_eq!(stream, k % 3, "round robin: no burst per interval");
+            let first = if stream == 2 { 5 } else { 0 };
+            assert_eq!(seq, first + k as u64 / 3);
+            let due = 10_000_000 + k as i64 * 1_000_000;
+            assert!((due..due + 200).contains(&at), "tick {k} at {at} for {due}");
+        }
+        assert!(t.finished());
+    }
+
+    #[test]
     fn late_wake_up_batches_what_is_due() {
         // Every wake-up 2.5 ms late at a 1 ms interval: the sender catches
         // up by batching, without ever sending early.

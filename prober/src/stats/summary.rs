@@ -785,6 +785,32 @@ mod tests {
     }
 
     #[test]
+    fn merged_statistics_are_the_total_of_the_targets() {
+        let (mut a, mut b) = (RunStats::new(), RunStats::new());
+        for i in 0..10 {
+            a.on_record(&rec(i, Some(100), Some(1_000)));
+            b.on_record(&rec(i, (i % 2 == 0).then_some(300), Some(3_000_000)));
+        }
+        a.set_attempts(10);
+        b.set_attempts(10);
+        let mut total = RunStats::new();
+        total.merge(&a);
+        total.merge(&b);
+        let s = total.summary();
+        assert_eq!((s.sent, s.received, s.lost), (20, 15, 5));
+        assert_eq!(s.unaccounted, 0);
+        assert_eq!(s.rtt_ns.count, 15);
+        assert_eq!(s.rtt_ns.min, Some(1_000));
+        // 3 ms: the grown histogram keeps the same 3 significant digits.
+        assert!(s.rtt_ns.max.unwrap().abs_diff(3_000_000) < 3_000 * 2);
+        assert_eq!(
+            a.summary().rtt_ns.p50,
+            Some(1_000),
+            "merging leaves the parts"
+        );
+    }
+
+    #[test]
     fn counts_loss_ipdv_and_percentiles() {
         let mut s = RunStats::new();
         for (i, ow) in [Some(100), Some(130), None, Some(90), Some(100)]
