@@ -131,7 +131,10 @@ fn report(o: &RunOutcome, opts: &RunOptions) -> Result<ExitCode> {
 /// The probe run's progress: a bar for a fixed count, a spinner otherwise;
 /// the message carries the counts and the latest interval's p50/p99.
 fn progress_bar(opts: &RunOptions) -> indicatif::ProgressBar {
-    if opts.quiet {
+    // With several targets nothing feeds it (each target has its own
+    // metrics; the summary gives each and the total).
+    let many = opts.remote.target.len() > 1 || opts.remote.targets.is_some();
+    if opts.quiet || many {
         return indicatif::ProgressBar::hidden();
     }
     let (bar, template) = match opts.probe.count {
