@@ -2,14 +2,16 @@
 //!
 //! - `setup`: installs, idempotently, what a fresh Debian machine lacks
 //!   (apt packages, the pinned nightly with rust-src and clippy,
-//!   bpf-linker, cargo-fuzz, scapy).
+//!   bpf-linker, cargo-fuzz, cargo-deb, scapy).
 //! - `build-ebpf`: builds the XDP router object and prints its path
 //!   (`cargo build` does the same through `prober/build.rs`).
+//! - `dist`: the .deb (cargo-deb), see [`dist`].
 //! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
 //!   prints their paths.
 //! - `test`: setup, the module graph's cycle check, `cargo fmt --check`,
 //!   clippy (the workspace and the eBPF crate), the unit tests, every fuzz
-//!   target for a bounded time, then the root/netns tests when root.
+//!   target for a bounded time, then the root/netns tests when root (with
+//!   the .deb of `dist` for the package test).
 //! - `graph`: the import cycles between prober's modules and the layering
 //!   breaks (a domain module importing the commands or clap; `--edges`:
 //!   every dependency), see [`modgraph`].
@@ -26,6 +28,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod dist;
 mod modgraph;
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
 
@@ -45,6 +48,8 @@ const APT_PACKAGES: &[&str] = &[
     "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
     "prometheus",   // the metrics e2e test scrapes a probe run with a real server
     "g++",          // libFuzzer (cargo fuzz) is C++
+    "systemd",      // systemd-analyze verify/security over the .deb's units (tests/dist_e2e.rs)
+    "man-db",       // systemd-analyze verify looks up each unit's man: documentation
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";
@@ -73,7 +78,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Install what is missing: apt packages, the pinned nightly with rust-src and clippy,
-    /// bpf-linker, cargo-fuzz, scapy.
+    /// bpf-linker, cargo-fuzz, cargo-deb, scapy.
     Setup,
     /// Build the XDP router object (release, bpfel-unknown-none) and print its path.
     BuildEbpf,
@@ -94,6 +99,9 @@ enum Task {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
+    /// Build the Debian package (cargo-deb): the release binary with its eBPF, man pages,
+    /// completions, systemd units and /etc files; print its path.
+    Dist,
     /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
     Bench(bench::BenchArgs),
     /// Print the import cycles between prober's modules (files), one per line as
@@ -103,8 +111,8 @@ enum Task {
         #[arg(long)]
         edges: bool,
     },
-    /// Setup, the module graph's cycle check, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then the
-    /// root/netns tests (`--ignored`) when run as root.
+    /// Setup, the module graph's cycle check, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
+    /// when run as root, `dist` (the .deb the package test installs) and the root/netns tests (`--ignored`).
     Test {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
         #[arg(long, env = "RTPROBE_FUZZ_SECONDS", default_value_t = FUZZ_SECONDS_DEFAULT)]
@@ -123,6 +131,7 @@ fn main() -> ExitCode {
         Task::Test { fuzz_seconds, args } => test(fuzz_seconds, &args),
         Task::Demo { out_dir, count } => demo(&out_dir, count),
         Task::Man { out_dir } => man(out_dir.as_deref()),
+        Task::Dist => dist::dist().map(|p| println!("{}", p.display())),
         Task::Bench(args) => bench::bench(&args),
         Task::Graph { edges } => graph(edges),
     };
@@ -193,6 +202,7 @@ fn setup() -> Result<()> {
     setup_component("clippy", "clippy")?;
     setup_component("fmt", "rustfmt")?;
     setup_cargo_fuzz()?;
+    dist::setup_cargo_deb()?;
     setup_scapy();
     eprintln!("xtask: setup complete");
     Ok(())
@@ -256,8 +266,9 @@ fn setup_cargo_fuzz() -> Result<()> {
 }
 
 /// scapy, the independent STAMP implementation rtprobe's interop tests
-/// compare against (prober/src/probe/stamp.rs). Those tests print SKIPPED
-/// without it, so a failed install warns instead of stopping the set-up.
+/// compare against (prober/src/probe/stamp/scapy_interop.rs). Those tests
+/// print SKIPPED without it, so a failed install warns instead of stopping
+/// the set-up.
 fn setup_scapy() {
     if output_of("python3", &["-c", "import scapy"]).is_some() {
         eprintln!("xtask: python3 scapy present, skipped");
@@ -651,9 +662,12 @@ fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
     if !is_root() {
         return root_tests_not_run(under_ci());
     }
+    // tests/dist_e2e.rs installs and purges this package.
+    let deb = dist::dist()?;
     let mut rooted = Command::new(cargo());
     rooted
         .current_dir(&root)
+        .env("RTPROBE_DEB", deb)
         .args([
             "test",
             "-p",
