@@ -268,7 +268,8 @@ fn repeated_target_flags_probe_each() {
 
 /// SIGHUP reloads the file: the unchanged target keeps its counts (its
 /// probes before and after the reload are one sequence), the removed one
-/// is finalized and stays in the report, the new one starts.
+/// is finalized and stays in the report, the new one starts. Then a
+/// change to the file alone adds one more.
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn sighup_reload_keeps_an_unchanged_targets_counts() {
@@ -292,7 +293,7 @@ fn sighup_reload_keeps_an_unchanged_targets_counts() {
         .arg(dir.path().join("out.csv"))
         .arg("--json")
         .arg(dir.path().join("out.json"))
-        .args(["--targets", file.to_str().unwrap(), "--duration", "4s"])
+        .args(["--targets", file.to_str().unwrap(), "--duration", "5s"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -300,6 +301,10 @@ fn sighup_reload_keeps_an_unchanged_targets_counts() {
     std::thread::sleep(Duration::from_millis(1800));
     write_file(dir.path(), "targets.toml", after);
     sh_ok(&format!("kill -HUP {}", child.id()));
+    // A change to the file alone reloads it too (its time is looked at every second).
+    std::thread::sleep(Duration::from_millis(1200));
+    let third = format!("{after}[[target]]\nname = \"late\"\naddress = \"10.77.0.2:7101\"\n");
+    write_file(dir.path(), "targets.toml", &third);
     let o = child.wait_with_output().unwrap();
     drop((r1.stop(), r2.stop()));
     let t = read_run(dir.path(), o, 0.0, 0.0);
@@ -307,24 +312,33 @@ fn sighup_reload_keeps_an_unchanged_targets_counts() {
     eprintln!("{}", t.stderr.trim());
     assert!(t.stderr.contains("target gone: removed"), "{}", t.stderr);
     assert!(t.stderr.contains("target new: added"), "{}", t.stderr);
-    assert!(t.stderr.contains("target kept: unchanged"), "{}", t.stderr);
+    assert!(
+        t.stderr
+            .contains("reload: 1 targets unchanged (their statistics go on), 1 added"),
+        "{}",
+        t.stderr
+    );
+    assert!(t.stderr.contains("target late: added"), "{}", t.stderr);
     let kept = &target_of(&t.json, "kept")["summary"];
     let gone = &target_of(&t.json, "gone")["summary"];
     let new = &target_of(&t.json, "new")["summary"];
+    let late = &target_of(&t.json, "late")["summary"];
     let n = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
     eprintln!(
-        "kept sent {} lost {}; gone sent {}; new sent {}",
+        "kept sent {} lost {}; gone sent {}; new sent {}; late sent {}",
         n(kept, "sent"),
         n(kept, "lost"),
         n(gone, "sent"),
-        n(new, "sent")
+        n(new, "sent"),
+        n(late, "sent")
     );
-    // About 4 s at 10 ms, one sequence across the reload.
-    assert!(n(kept, "sent") >= 350, "{kept}");
+    // About 5 s at 10 ms, one sequence across the reloads.
+    assert!(n(kept, "sent") >= 440, "{kept}");
     assert_eq!(n(kept, "lost"), 0, "{kept}");
     assert_eq!(n(kept, "unaccounted"), 0, "{kept}");
     assert!((100..=200).contains(&n(gone, "sent")), "{gone}");
-    assert!((150..=250).contains(&n(new, "sent")), "{new}");
+    assert!((250..=340).contains(&n(new, "sent")), "{new}");
+    assert!(n(late, "sent") > 0 && n(late, "lost") == 0, "{late}");
     let (tc, seq) = (col(&t.header, "target"), col(&t.header, "seq"));
     let mut seqs: Vec<u64> = t
         .rows

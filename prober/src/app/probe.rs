@@ -5,7 +5,7 @@
 use std::{
     net::SocketAddr,
     process::ExitCode,
-    sync::atomic::{AtomicU8, AtomicU64},
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
 };
 
 use anyhow::{Context, Result};
@@ -269,7 +269,15 @@ fn execute_targets(
         generation,
         read: &read,
     });
-    let outcomes = run_targets(legs, &mut csv, &mut observer_for, reloads.as_ref(), stop)?;
+    let done = AtomicBool::new(false);
+    let outcomes = std::thread::scope(|sc| {
+        if let (Some(generation), Some(path)) = (reload, &opts.remote.targets) {
+            sc.spawn(|| watch_file(path, generation, &done));
+        }
+        let r = run_targets(legs, &mut csv, &mut observer_for, reloads.as_ref(), stop);
+        done.store(true, Ordering::SeqCst);
+        r
+    })?;
     let rows = csv.rows();
     let output_error = outcomes.iter().find_map(|(_, o)| o.output_error.clone());
     let interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
@@ -282,6 +290,28 @@ fn execute_targets(
         interrupted,
         output_error,
     })
+}
+
+/// Counts a change of the targets file's modification time (looked at
+/// every second) as a reload request, as SIGHUP is, until `done`. A file
+/// caught half-written fails its checks and changes nothing; the write's
+/// end changes the time again.
+fn watch_file(path: &std::path::Path, generation: &AtomicU64, done: &AtomicBool) {
+    let modified = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let mut last = modified();
+    let mut ticks = 0u32;
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        ticks += 1;
+        if ticks % 10 != 0 {
+            continue;
+        }
+        let now = modified();
+        if now != last {
+            last = now;
+            generation.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The summary of a run with several targets: the total of their

@@ -669,14 +669,7 @@ fn reload<'o>(
             .iter()
             .position(|a| a.as_ref().is_some_and(|a| a.leg.name == l.name));
         match at.and_then(|i| old[i].take().map(|a| (i, a))) {
-            Some((_, a)) if a.leg.same_as(&l) => {
-                log::warn!(
-                    "target {}: unchanged ({} probes so far), goes on",
-                    l.label(),
-                    a.sent
-                );
-                next.push(a);
-            }
+            Some((_, a)) if a.leg.same_as(&l) => next.push(a),
             Some((_, a)) => {
                 log::warn!("target {}: changed, finalized and started anew", l.label());
                 done.push(finalize(a, shared, local_clock, stop)?);
@@ -694,17 +687,17 @@ fn reload<'o>(
         done.push(finalize(a, shared, local_clock, stop)?);
     }
     let names: Vec<String> = added.iter().map(RemoteLeg::label).collect();
-    next.extend(start(
-        added,
-        ns,
-        local_clock,
-        WarmUp::Reload,
-        stop,
-        observer_for,
-    )?);
-    for name in names {
+    let kept = next.len();
+    let mode = WarmUp::Reload;
+    next.extend(start(added, ns, local_clock, mode, stop, observer_for)?);
+    for name in &names {
         log::warn!("target {name}: added");
     }
+    log::warn!(
+        "reload: {kept} targets unchanged (their statistics go on), {} added, {} probed in all",
+        names.len(),
+        next.len()
+    );
     Ok(next)
 }
 
