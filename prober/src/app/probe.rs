@@ -303,7 +303,7 @@ fn watch_file(path: &std::path::Path, generation: &AtomicU64, done: &AtomicBool)
     while !done.load(Ordering::SeqCst) {
         std::thread::sleep(std::time::Duration::from_millis(100));
         ticks += 1;
-        if ticks % 10 != 0 {
+        if !ticks.is_multiple_of(10) {
             continue;
         }
         let now = modified();
