@@ -333,11 +333,11 @@ fn sighup_reload_keeps_an_unchanged_targets_counts() {
         n(late, "sent")
     );
     // About 5 s at 10 ms, one sequence across the reloads.
-    assert!(n(kept, "sent") >= 440, "{kept}");
+    assert!(n(kept, "sent") >= 400, "{kept}");
     assert_eq!(n(kept, "lost"), 0, "{kept}");
     assert_eq!(n(kept, "unaccounted"), 0, "{kept}");
     assert!((100..=200).contains(&n(gone, "sent")), "{gone}");
-    assert!((250..=340).contains(&n(new, "sent")), "{new}");
+    assert!((200..=340).contains(&n(new, "sent")), "{new}");
     assert!(n(late, "sent") > 0 && n(late, "lost") == 0, "{late}");
     let (tc, seq) = (col(&t.header, "target"), col(&t.header, "seq"));
     let mut seqs: Vec<u64> = t
