@@ -258,7 +258,8 @@ fn execute_targets(
     let live_ref = &*live;
     let mut observer_for = |l: &RemoteLeg| {
         let name = l.name.as_deref().unwrap_or_default();
-        live_ref.flow_observer(l.cfg.flow_labels(name), true) as Box<dyn SessionObserver>
+        let labels = l.cfg.flow_labels(name).with_extra(&l.labels);
+        live_ref.flow_observer(labels, l.cfg.kernel_reflector) as Box<dyn SessionObserver>
     };
     let read = || -> Result<Vec<RemoteLeg>> {
         let list = crate::spec::targets::of(&opts.remote, &opts.probe)?
