@@ -183,7 +183,10 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
         "count(count by (stage) (rtprobe_stage_seconds_count > 0))",
     );
     eprintln!("stage histograms: {stages:?}, with probes: {filled:?}");
-    assert!(stages.is_some_and(|n| (4.0..=7.0).contains(&n)), "{stages:?}");
+    assert!(
+        stages.is_some_and(|n| (4.0..=7.0).contains(&n)),
+        "{stages:?}"
+    );
     assert_eq!(stages, filled, "a stage histogram without probes");
 
     // The probe stops cleanly on SIGINT with its summary; the namespaces go.

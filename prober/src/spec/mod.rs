@@ -40,6 +40,7 @@ pub(crate) mod pacing;
 pub(crate) mod plan;
 pub(crate) mod probe;
 pub mod remote;
+pub(crate) mod targets;
 pub(crate) mod values;
 pub(crate) mod xdp;
 

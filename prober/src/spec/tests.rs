@@ -359,6 +359,8 @@ fn every_spec_round_trips_through_merge() {
     // them as a file would.
     cli.run.pacing.busy_poll = Some(false);
     cli.run.probe.count = Some(12);
+    // --targets conflicts with --target.
+    cli.run.remote.targets = Some("targets.toml".into());
     assert_eq!(merge(&RunSpec::default(), &cli.run).unwrap(), cli.run);
     assert_eq!(merge(&cli.run, &RunSpec::default()).unwrap(), cli.run);
     let knobs = KnobSpec::from(cli.knobs);
@@ -685,6 +687,10 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
         (
             &["--target", "192.0.2.7", "--timestamps", "hardware"][..],
             "--timestamps hardware is for testbed runs; with --target use software or auto",
+        ),
+        (
+            &["--target", "a", "--target", "b", "--hdr-log", "x.hlog"][..],
+            "--hdr-log writes one target's histograms; with several targets use --metrics-listen",
         ),
         (
             &["--target", "192.0.2.7", "--link-rate", "10mbit"][..],

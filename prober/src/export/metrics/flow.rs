@@ -284,6 +284,37 @@ mod tests {
     }
 
     #[test]
+    fn a_targets_labels_are_on_every_series_of_it() {
+        let m = Arc::new(Metrics::new());
+        let extra = std::collections::BTreeMap::from([
+            ("rack".to_string(), "r7".to_string()),
+            ("site".to_string(), "fra1".to_string()),
+        ]);
+        let mut f = m.flow(FlowLabels::new("db-1", 0, 0, 64).with_extra(&extra), false);
+        f.observe(&record(20));
+        f.update(
+            &Counts {
+                sent: 2,
+                received: 1,
+                lost: 1,
+                ..Default::default()
+            },
+            "software",
+        );
+        let text = m.openmetrics();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("target=\"db-1\""))
+            .collect();
+        assert!(series.len() > 10, "{text}");
+        for l in &series {
+            assert!(l.contains("rack=\"r7\",site=\"fra1\""), "{l}");
+        }
+        assert!(series.iter().any(|l| l.contains("direction=")), "{text}");
+        assert!(series.iter().any(|l| l.contains("stage=")), "{text}");
+    }
+
+    #[test]
     fn kernel_reflector_loss_has_no_direction() {
         let m = Arc::new(Metrics::new());
         let mut f = m.flow(FlowLabels::new("t", 1, 0, 64), true);

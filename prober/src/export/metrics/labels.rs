@@ -16,6 +16,9 @@ pub struct FlowLabels {
     pub tos: String,
     /// UDP payload bytes.
     pub size: String,
+    /// A targets file's labels of this target (`site="fra1"`...).
+    #[prometheus(flatten)]
+    pub extra: Vec<(String, String)>,
 }
 
 impl FlowLabels {
@@ -25,7 +28,14 @@ impl FlowLabels {
             flow: flow.to_string(),
             tos: format!("{tos:#04x}"),
             size: size.to_string(),
+            extra: Vec::new(),
         }
+    }
+
+    /// With the target's own labels (names checked by the targets file).
+    pub fn with_extra(mut self, labels: &std::collections::BTreeMap<String, String>) -> Self {
+        self.extra = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        self
     }
 }
 
