@@ -29,6 +29,7 @@ mod forward;
 mod host;
 mod memory;
 mod pacing;
+mod pair;
 mod peers;
 mod rate;
 mod rtt;

@@ -1,16 +1,49 @@
 //! The RTT section: rtprobe's RTT medians with each reflector against
-//! the peers' on the same testbed.
+//! the peers' on the same testbed, and on a bare veth pair against ping
+//! in the same minute (pair.rs). Every verdict compares like with like:
+//! rtprobe's round trip from the user-space send to the echo's kernel RX
+//! stamp, the points ping measures between. The figures from the qdisc
+//! entry (rtprobe's own headline start) are printed next to them.
 
 use anyhow::Result;
 
 use super::{
-    peers::{fmt_peer, peer_rtts},
-    run::Ctx,
+    pair::pair_rows,
+    peers::{fmt_peer, median, peer_rtts},
+    run::{Ctx, user_start_rtts_us},
     table::{Row, row, us},
 };
 
 /// The targets for the in-kernel reflector.
 pub(super) const TURNAROUND_TARGET_NS: u64 = 2_000;
+
+/// "3.2 µs" or "-".
+fn us_f(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1} µs"))
+}
+
+/// One rtprobe run of the section: its summary and its medians from the
+/// user-space send.
+struct Run {
+    summary: serde_json::Value,
+    user_us: Option<f64>,
+    user_net_us: Option<f64>,
+}
+
+impl Run {
+    fn p50(&self, key: &str) -> Option<u64> {
+        self.summary[key]["p50"].as_u64()
+    }
+}
+
+fn run(ctx: &Ctx, name: &str, args: &[&str]) -> Result<Run> {
+    let (summary, csv) = ctx.probe_csv(name, "native", args, ctx.rt_priority)?;
+    Ok(Run {
+        summary,
+        user_us: median(&mut user_start_rtts_us(&csv, false)),
+        user_net_us: median(&mut user_start_rtts_us(&csv, true)),
+    })
+}
 
 #[allow(
     clippy::too_many_lines,
@@ -22,108 +55,88 @@ pub(super) fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     // One path for all: the XDP router native, which the in-kernel
     // reflector's replies need on the veth testbed. Kernel reflector,
     // user-space reflector and the peers run back to back.
-    let k = ctx.probe_on(
-        "rtt-kernel",
-        "native",
-        &["--count", &n, "--interval", "1ms", "--reflector", "kernel"],
-        ctx.rt_priority,
-    )?;
-    let s = ctx.probe_on(
-        "rtt",
-        "native",
-        &["--count", &n, "--interval", "1ms", "--reflector", "user"],
-        ctx.rt_priority,
-    )?;
-    let raw = s["rtt_ns"]["p50"].as_u64();
-    let net = s["rtt_net_ns"]["p50"].as_u64();
-    let k_raw = k["rtt_ns"]["p50"].as_u64();
-    let k_turn = k["reflector_turnaround_ns"]["p50"].as_u64();
+    let probe = ["--count", &n, "--interval", "1ms", "--reflector"];
+    let k = run(ctx, "rtt-kernel", &[&probe[..], &["kernel"]].concat())?;
+    let s = run(ctx, "rtt", &[&probe[..], &["user"]].concat())?;
     // The same over IPv6: the in-kernel reflector answers there too.
-    let k6 = ctx.probe_on(
+    let k6 = run(
+        ctx,
         "rtt-kernel-ipv6",
-        "native",
-        &[
-            "--count",
-            &n,
-            "--interval",
-            "1ms",
-            "--reflector",
-            "kernel",
-            "--ip",
-            "6",
-        ],
-        ctx.rt_priority,
+        &[&probe[..], &["kernel", "--ip", "6"]].concat(),
     )?;
-    let k6_raw = k6["rtt_ns"]["p50"].as_u64();
-    let k6_turn = k6["reflector_turnaround_ns"]["p50"].as_u64();
     let peers = peer_rtts(ctx, count, "native")?;
-    let ping = peers
-        .iter()
-        .find(|(n, _)| n == "ping")
-        .and_then(|(_, r)| r.as_ref().ok().copied());
+    let peer = |name: &str| {
+        peers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, r)| r.as_ref().ok().copied())
+    };
+    let (ping, ping6) = (peer("ping"), peer("ping -6"));
     let peer_text: Vec<String> = peers
         .iter()
+        .filter(|(n, _)| n != "ping -6")
         .map(|(n, r)| format!("{n} {}", fmt_peer(r)))
         .collect();
-    let ping6 = peers
-        .iter()
-        .find(|(n, _)| n == "ping -6")
-        .and_then(|(_, r)| r.as_ref().ok().copied());
-    let le = |v: Option<u64>, peer: Option<f64>| match (v, peer) {
-        (Some(n), Some(p)) => Some(n as f64 / 1000.0 <= p),
+    let le = |v: Option<f64>, peer: Option<f64>| match (v, peer) {
+        (Some(v), Some(p)) => Some(v <= p),
         _ => None,
     };
-    let le_ping = |v: Option<u64>| le(v, ping);
-    Ok(vec![
+    let from_qdisc = |r: &Run, key: &str| format!("from the qdisc entry {}", us(r.p50(key)));
+    let mut rows = vec![
         row(
-            "RTT median, raw, in-kernel reflector (XDP), 1 ms, 64 B",
-            us(k_raw),
+            "RTT median, user send -> echo RX, in-kernel reflector (XDP), 1 ms, 64 B",
+            us_f(k.user_us),
             format!(
-                "ping {}",
-                ping.map_or("n/a".into(), |p| format!("{p:.1} µs"))
+                "ping {} (user send -> reply RX); rtprobe {}",
+                us_f(ping),
+                from_qdisc(&k, "rtt_ns")
             ),
             "<= ping",
-            le_ping(k_raw),
+            le(k.user_us, ping),
         ),
         row(
             "reflector turnaround p50, in-kernel reflector",
-            us(k_turn),
+            us(k.p50("reflector_turnaround_ns")),
             "-".into(),
             "<= 2.0 µs",
-            k_turn.map(|t| t <= TURNAROUND_TARGET_NS),
+            k.p50("reflector_turnaround_ns")
+                .map(|t| t <= TURNAROUND_TARGET_NS),
         ),
         row(
-            "RTT median, raw, in-kernel reflector, IPv6 (--ip 6)",
-            us(k6_raw),
+            "RTT median, user send -> echo RX, in-kernel reflector, IPv6 (--ip 6)",
+            us_f(k6.user_us),
             format!(
-                "ping -6 {}; turnaround p50 {}",
-                ping6.map_or("n/a".into(), |p| format!("{p:.1} µs")),
-                us(k6_turn)
+                "ping -6 {}; rtprobe {}; turnaround p50 {}",
+                us_f(ping6),
+                from_qdisc(&k6, "rtt_ns"),
+                us(k6.p50("reflector_turnaround_ns"))
             ),
             "<= ping -6",
-            le(k6_raw, ping6),
+            le(k6.user_us, ping6),
         ),
         row(
-            "RTT median, user-space reflector, turnaround taken out",
-            us(net),
-            peer_text
-                .iter()
-                .filter(|t| !t.starts_with("ping -6"))
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; "),
-            "<= ping",
-            le_ping(net),
-        ),
-        row(
-            "RTT median, raw, user-space reflector in it",
-            us(raw),
+            "RTT median, user send -> echo RX, user-space reflector, turnaround taken out",
+            us_f(s.user_net_us),
             format!(
-                "reflector turnaround p50 {}",
-                us(s["reflector_turnaround_ns"]["p50"].as_u64())
+                "{}; rtprobe {}",
+                peer_text.join("; "),
+                from_qdisc(&s, "rtt_net_ns")
+            ),
+            "<= ping",
+            le(s.user_net_us, ping),
+        ),
+        row(
+            "RTT median, user send -> echo RX, user-space reflector in it",
+            us_f(s.user_us),
+            format!(
+                "rtprobe {}; reflector turnaround p50 {}",
+                from_qdisc(&s, "rtt_ns"),
+                us(s.p50("reflector_turnaround_ns"))
             ),
             "-",
             None,
         ),
-    ])
+    ];
+    rows.extend(pair_rows(ctx, quick)?);
+    Ok(rows)
 }

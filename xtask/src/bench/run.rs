@@ -37,18 +37,41 @@ impl Ctx {
         args: &[&str],
         rt: Option<u8>,
     ) -> Result<Value> {
+        self.run_probe(name, xdp_mode, args, rt, Path::new("/dev/null"))
+    }
+
+    /// As [`probe_on`](Self::probe_on), keeping the per-probe CSV as
+    /// `{name}.csv` and returning its text too (the stamps the summary
+    /// does not combine, such as the user-space send time).
+    pub(super) fn probe_csv(
+        &self,
+        name: &str,
+        xdp_mode: &str,
+        args: &[&str],
+        rt: Option<u8>,
+    ) -> Result<(Value, String)> {
+        let csv = self.out.join(format!("{name}.csv"));
+        let summary = self.run_probe(name, xdp_mode, args, rt, &csv)?;
+        let text =
+            std::fs::read_to_string(&csv).with_context(|| format!("read {}", csv.display()))?;
+        Ok((summary, text))
+    }
+
+    fn run_probe(
+        &self,
+        name: &str,
+        xdp_mode: &str,
+        args: &[&str],
+        rt: Option<u8>,
+        csv: &Path,
+    ) -> Result<Value> {
         let json = self.out.join(format!("{name}.json"));
         let mut c = Command::new(&self.bin);
-        c.args([
-            "--quiet",
-            "--xdp-mode",
-            xdp_mode,
-            "--out",
-            "/dev/null",
-            "--json",
-        ])
-        .arg(&json)
-        .args(args);
+        c.args(["--quiet", "--xdp-mode", xdp_mode, "--out"])
+            .arg(csv)
+            .arg("--json")
+            .arg(&json)
+            .args(args);
         if let Some(p) = rt {
             c.args(["--rt-priority", &p.to_string(), "--mlockall"]);
         }
@@ -66,6 +89,36 @@ impl Ctx {
             std::fs::read_to_string(&json).with_context(|| format!("read {}", json.display()))?;
         Ok(serde_json::from_str(&text)?)
     }
+}
+
+/// rtprobe's round trips in µs from a run's per-probe CSV, like for like
+/// with ping's: from the user-space send (`send_ns`, taken just before
+/// sendmmsg, where ping reads the clock before its sendmsg) to the echo's
+/// kernel software RX stamp (`echo_ns`, where ping's SO_TIMESTAMP ends).
+/// With `minus_turnaround` the reflector's turnaround (`turnaround_ns`) is
+/// taken out. Probes without the stamps needed are left out.
+pub(super) fn user_start_rtts_us(csv: &str, minus_turnaround: bool) -> Vec<f64> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(send), Some(echo), Some(turn)) =
+        (col("send_ns"), col("echo_ns"), col("turnaround_ns"))
+    else {
+        return Vec::new();
+    };
+    lines
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let at = |i: usize| f.get(i).and_then(|v| v.parse::<i64>().ok());
+            let rtt_ns = at(echo)? - at(send)?;
+            let ns = if minus_turnaround {
+                rtt_ns - at(turn)?
+            } else {
+                rtt_ns
+            };
+            Some(ns as f64 / 1000.0)
+        })
+        .collect()
 }
 
 /// A testbed held by `rtprobe testbed`; torn down when dropped (stdin closes).
@@ -142,4 +195,22 @@ pub(super) fn output_text(mut c: Command, what: &str) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_start_round_trips_from_the_csv() {
+        let csv = "seq,send_ns,echo_ns,rtt_ns,turnaround_ns\n\
+                   0,1000,11000,8000,2000\n\
+                   1,5000,,,\n\
+                   2,9000,16500,5000,\n";
+        assert_eq!(user_start_rtts_us(csv, false), [10.0, 7.5]);
+        // Only the probe with a turnaround has a figure without it.
+        assert_eq!(user_start_rtts_us(csv, true), [8.0]);
+        assert!(user_start_rtts_us("seq,rtt_ns\n0,5\n", false).is_empty());
+        assert!(user_start_rtts_us("", false).is_empty());
+    }
 }
