@@ -98,7 +98,8 @@ impl Ctx {
 /// With `minus_turnaround` the reflector's turnaround (`turnaround_ns`) is
 /// taken out. Probes without the stamps needed are left out.
 pub(super) fn user_start_rtts_us(csv: &str, minus_turnaround: bool) -> Vec<f64> {
-    let mut lines = csv.lines();
+    // The file starts with `# rtprobe-meta:` comment lines.
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let col = |name: &str| header.iter().position(|h| *h == name);
     let (Some(send), Some(echo), Some(turn)) =
@@ -203,7 +204,8 @@ mod tests {
 
     #[test]
     fn user_start_round_trips_from_the_csv() {
-        let csv = "seq,send_ns,echo_ns,rtt_ns,turnaround_ns\n\
+        let csv = "# rtprobe-meta: {}\n\
+                   seq,send_ns,echo_ns,rtt_ns,turnaround_ns\n\
                    0,1000,11000,8000,2000\n\
                    1,5000,,,\n\
                    2,9000,16500,5000,\n";
