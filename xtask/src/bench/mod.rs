@@ -4,7 +4,10 @@
 //!
 //! - RTT median: rtprobe vs `ping` (kernel RX timestamps), `irtt` and
 //!   `sockperf ping-pong`, the peers run with `ip netns exec` inside a
-//!   testbed that `rtprobe testbed` builds and holds.
+//!   testbed that `rtprobe testbed` builds and holds; verdicts from the
+//!   same start point as ping's (the user-space send). Then rtprobe / ping
+//!   on a bare veth pair with `rtprobe reflect --kernel`, taking turns,
+//!   next to the send floor (`cargo bench --bench send_floor`).
 //! - Pacing error p50/p99/max and missed ticks at 1 ms and 100 µs, with and
 //!   without SCHED_FIFO, next to `cyclictest` (rt-tests) run in the same
 //!   minute: the machine's own timer wake-up latency, which the sender's
@@ -20,8 +23,8 @@
 //! Needs root (namespaces, XDP). Everything runs in namespaces the
 //! testbed creates; nothing touches the host's interfaces.
 //!
-//! One file per section (rtt, pacing, rate, memory with continuous,
-//! forward with the thesis axes); peers.rs runs and reads the tools
+//! One file per section (rtt with the veth pair in pair.rs, pacing, rate,
+//! memory with continuous, forward with the thesis axes); peers.rs runs and reads the tools
 //! rtprobe is compared with, run.rs starts rtprobe and holds testbeds,
 //! host.rs reads what else the machine was doing, table.rs prints the rows.
 
