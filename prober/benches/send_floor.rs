@@ -207,10 +207,8 @@ fn socket(a: &Args) -> Result<OwnedFd> {
     )?;
     let (sa, len) = raw_addr(a.target);
     // SAFETY: sa holds a sockaddr of len bytes.
-    cvt(
-        unsafe { libc::connect(raw, (&sa as *const libc::sockaddr_storage).cast(), len) },
-        "connect",
-    )?;
+    let r = unsafe { libc::connect(raw, (&sa as *const libc::sockaddr_storage).cast(), len) };
+    cvt(r, "connect")?;
     Ok(fd)
 }
 
