@@ -1,7 +1,7 @@
 //! The send-path floor: the lightest sender that keeps rtprobe's socket
 //! options (IP_TOS, the forced buffers, SO_TIMESTAMPING with TX_SCHED,
-//! TX_SOFTWARE, RX_SOFTWARE, OPT_ID, OPT_TSONLY, an SCM_TS_OPT_ID per send)
-//! and sends rtprobe's datagram, so an rtprobe reflector (the in-kernel one
+//! TX_SOFTWARE, RX_SOFTWARE, OPT_ID, OPT_TSONLY, connected) and sends
+//! rtprobe's datagram, so an rtprobe reflector (the in-kernel one
 //! included) answers it. One thread, as ping: sleep until due, read
 //! CLOCK_REALTIME, write the probe, one sendmsg(2); then wait for its
 //! stamps and its echo. `cargo xtask bench --only rtt` runs it on the bare
@@ -10,13 +10,14 @@
 //! send -> echo RX round trip.
 //!
 //! cargo bench -p rtprobe --bench send_floor -- --target ADDR:PORT
-//!     [--count N] [--interval-us U] [--size B] [--no-tx-stamps] [--no-opt-id-cmsg]
+//!     [--count N] [--interval-us U] [--size B] [--no-tx-stamps] [--opt-id-cmsg]
 //!     [--poller] [--json F]
 //!
 //! `--no-tx-stamps` asks for RX stamps only (as ping does);
-//! `--no-opt-id-cmsg` leaves the per-send SCM_TS_OPT_ID out (any control
-//! message makes udp_sendmsg(2) skip a connected socket's cached route and
-//! look one up per send); `--poller`
+//! `--opt-id-cmsg` numbers the stamps with an SCM_TS_OPT_ID per send, as
+//! rtprobe's connected sockets did before (any control message makes
+//! udp_sendmsg(2) skip the connected socket's cached route and look one up
+//! per send); `--poller`
 //! receives on a second thread blocked in poll(2), as rtprobe's I/O thread
 //! does, so the send path pays that thread's wake-ups.
 //!
@@ -66,7 +67,7 @@ fn parse_args() -> Result<Args> {
         interval_ns: 1_000_000,
         size: 64,
         tx_stamps: true,
-        opt_id_cmsg: true,
+        opt_id_cmsg: false,
         poller: false,
         json: None,
     };
@@ -89,14 +90,14 @@ fn parse_args() -> Result<Args> {
             }
             "--size" => a.size = val("bytes")?.parse().context("--size: not a number")?,
             "--no-tx-stamps" => a.tx_stamps = false,
-            "--no-opt-id-cmsg" => a.opt_id_cmsg = false,
+            "--opt-id-cmsg" => a.opt_id_cmsg = true,
             "--poller" => a.poller = true,
             "--json" => a.json = Some(val("a path")?.into()),
             // Passed by `cargo bench`.
             "--bench" => {}
             other => bail!(
                 "unknown argument {other}: use --target ADDR:PORT [--count N] [--interval-us U] \
-                 [--size B] [--no-tx-stamps] [--no-opt-id-cmsg] [--poller] [--json FILE]"
+                 [--size B] [--no-tx-stamps] [--opt-id-cmsg] [--poller] [--json FILE]"
             ),
         }
     }
