@@ -135,7 +135,8 @@ fn progress_bar(opts: &RunOptions) -> indicatif::ProgressBar {
 /// output files; an error names the flag.
 fn run_options(args: &ProbeArgs) -> Result<RunOptions> {
     let to_cli = |e: SpecError| anyhow::anyhow!("{}", e.for_cli());
-    let opts = plan::validate(&args.run, &args.knobs, &args.output).map_err(to_cli)?;
+    let knobs = args.knobs.clone().into();
+    let opts = plan::validate(&args.run, &knobs, &args.output).map_err(to_cli)?;
     plan::check_output_paths(&opts).map_err(to_cli)?;
     Ok(opts)
 }

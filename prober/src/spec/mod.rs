@@ -25,12 +25,15 @@
 //!
 //! The probe command then has the flags, and scenario files take the keys
 //! in `[probe]` (and `rtprobe run FILE --flag` overrides them).
-//! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
-//! [`values`].
+//! Domain types stay clap-free: their `clap::ValueEnum` impls live in
+//! [`values`], and the knobs, a plain [`KnobSpec`] in `tune`, get their
+//! flags from [`KnobArgs`] (converted with `From` where the command line
+//! is read).
 
 pub(crate) mod bench_forward;
 pub mod continuous;
 pub(crate) mod flows;
+pub(crate) mod knobs;
 pub(crate) mod located;
 pub(crate) mod output;
 pub(crate) mod pacing;
@@ -46,6 +49,7 @@ pub use crate::tune::KnobSpec;
 
 pub use self::{
     flows::{FlowSpec, FlowsSpec},
+    knobs::KnobArgs,
     output::OutputSpec,
     pacing::PacingSpec,
     plan::{RunOptions, SpecError},
