@@ -187,16 +187,13 @@ pub fn parse(control: &[u8]) -> Cmsgs {
 /// after the header, aligned (CMSG_SPACE(20) = 40 on 64-bit).
 pub(crate) const SOURCE_SPACE: usize = cmsg_align(DATA_OFF + 20);
 
-/// Writes, at the start of `buf`, the control message that sends a
+/// Writes into `buf` (from its start) the control message that sends a
 /// datagram from `src`: IP_PKTINFO with `ipi_spec_dst = src`, or
 /// IPV6_PKTINFO with `ipi6_addr = src`. The interface stays 0 so that the
 /// route to the destination picks it, as for any other send (forcing the
 /// arrival interface would break a host whose replies leave by another
 /// one). Returns the bytes used (CMSG_SPACE), to add to `msg_controllen`.
-///
-/// # Panics
-/// If `buf` is shorter than [`SOURCE_SPACE`].
-pub(crate) fn put_source(buf: &mut [u8], src: std::net::IpAddr) -> usize {
+pub(crate) fn put_source(buf: &mut [u8; SOURCE_SPACE], src: std::net::IpAddr) -> usize {
     let (level, ty, data_len) = match src {
         std::net::IpAddr::V4(_) => (libc::SOL_IP, libc::IP_PKTINFO, 12),
         std::net::IpAddr::V6(_) => (libc::SOL_IPV6, libc::IPV6_PKTINFO, 20),
@@ -323,7 +320,7 @@ mod tests {
 
     #[test]
     fn a_source_message_is_laid_out_as_the_kernel_reads_it() {
-        let mut buf = [0xffu8; SOURCE_SPACE + 8];
+        let mut buf = [0xffu8; SOURCE_SPACE];
         let used = put_source(&mut buf, "10.91.3.151".parse().unwrap());
         // Header, then in_pktinfo: ifindex 0, spec_dst, addr 0.
         let len = DATA_OFF + 12;
@@ -336,6 +333,7 @@ mod tests {
         assert_eq!(buf[DATA_OFF + 8..DATA_OFF + 12], [0; 4]);
         assert!(buf[len..used].iter().all(|&b| b == 0), "padding zeroed");
         assert_eq!(buf[used], 0xff, "nothing written past the message");
+        buf.fill(0xff);
         // IPv6: the same layout the kernel gives on receive, so it parses.
         let used = put_source(&mut buf, "fd91::3:151".parse().unwrap());
         assert_eq!(used, SOURCE_SPACE);

@@ -752,7 +752,11 @@ impl RecvBatch {
                         ECHO_CONTROL_U64S * 8,
                     )
                 };
-                h.msg_controllen += cmsg::put_source(&mut bytes[h.msg_controllen..], src);
+                let at = h.msg_controllen;
+                let room = (&mut bytes[at..at + cmsg::SOURCE_SPACE])
+                    .try_into()
+                    .expect("room for the source after two u32 messages (tested)");
+                h.msg_controllen += cmsg::put_source(room, src);
             }
             if h.msg_controllen == 0 {
                 h.msg_control = std::ptr::null_mut();
