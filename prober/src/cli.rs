@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
     ebpf::{XdpAction, XdpMode},
-    export::plot::{FigureKind, ImageFormat, MetricChoice, parse_figure_size, parse_latency},
+    export::plot::{FigureKind, ImageFormat, parse_figure_size, parse_latency},
     spec,
 };
 
@@ -88,7 +88,7 @@ pub(crate) struct ProbeArgs {
     pub output: spec::OutputSpec,
 
     #[command(flatten)]
-    pub knobs: spec::KnobSpec,
+    pub knobs: spec::KnobArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -147,6 +147,19 @@ pub struct CompareArgs {
     /// Seed of the random sampling: the same files and seed give the same intervals.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub seed: u64,
+}
+
+/// Which latency `rtprobe plot` draws (`--metric`): one, or a figure set
+/// for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MetricChoice {
+    /// Receiver RX - sender TX timestamp (one_way_ns).
+    #[value(name = "one-way")]
+    OneWay,
+    /// Echo RX - sender TX timestamp (rtt_ns).
+    Rtt,
+    /// One figure set per metric.
+    Both,
 }
 
 /// A shell `rtprobe completions` writes a script for.
@@ -311,7 +324,7 @@ pub struct RunArgs {
 
     /// Knobs over the file's `[knobs]` and every `[set.NAME]` (e.g. --missing skip).
     #[command(flatten)]
-    pub knobs: spec::KnobSpec,
+    pub knobs: spec::KnobArgs,
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@
 
 pub(crate) mod bench_forward;
 pub mod cli;
-pub(crate) mod docs;
 pub(crate) mod ebpf;
 pub(crate) mod error;
 pub mod export;

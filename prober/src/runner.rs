@@ -53,8 +53,8 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 /// forgets still gets the error, only later.
 pub fn check(opts: &RunOptions) -> Result<()> {
     let remote = &opts.remote;
-    if remote.target.is_some() {
-        remote.target_addr(remote.port(opts.probe.port))?;
+    if remote.is_remote() {
+        crate::spec::targets::of(remote, &opts.probe)?;
     }
     if let Some(path) = &remote.auth_key {
         crate::spec::remote::read_key(path)?;
@@ -76,7 +76,7 @@ pub fn execute(
     // `--target` runs go to `app::probe`; `--protocol stamp` sends STAMP
     // through the testbed.
     let remote = &opts.remote;
-    if remote.target.is_some() {
+    if remote.is_remote() {
         bail!("internal: a --target run reached the testbed runner");
     }
     crate::testbed::require_root()?;

@@ -4,7 +4,7 @@
 
 use std::sync::{
     Arc,
-    atomic::{AtomicU8, Ordering},
+    atomic::{AtomicU8, AtomicU64, Ordering},
 };
 
 use anyhow::{Context, Result};
@@ -17,6 +17,17 @@ use crate::probe::STOP_NOW;
 /// complete and the testbed is torn down.
 pub(crate) fn with_signals<T: Send + 'static>(
     quiet: bool,
+    f: impl FnOnce(Arc<AtomicU8>) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    with_signals_reload(quiet, None, f)
+}
+
+/// As [`with_signals`], except that with `reload` a SIGHUP does not stop
+/// the run: it adds one to `reload` (a run with `--targets FILE` reads
+/// the file again).
+pub(crate) fn with_signals_reload<T: Send + 'static>(
+    quiet: bool,
+    reload: Option<Arc<AtomicU64>>,
     f: impl FnOnce(Arc<AtomicU8>) -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -36,7 +47,12 @@ pub(crate) fn with_signals<T: Send + 'static>(
                 tokio::select! {
                     _ = sigint.recv() => {}
                     _ = sigterm.recv() => {}
-                    _ = sighup.recv() => {}
+                    _ = sighup.recv() => {
+                        if let Some(r) = &reload {
+                            r.fetch_add(1, Ordering::SeqCst);
+                            continue;
+                        }
+                    }
                 }
                 let prev = s.fetch_add(1, Ordering::SeqCst);
                 if prev == 0 {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use rtprobe::{
-    cli::PlotArgs,
+    cli::{MetricChoice, PlotArgs},
     export::{
         csv::CsvWriter,
         plot::{self, FigureKind, ImageFormat, draw},
@@ -200,7 +200,7 @@ fn grouped_like_the_study_one_figure_per_size_intervals_side_by_side() {
     let mut a = args(csvs, dir.path());
     // No --split-by: grouping by interval splits by size on its own.
     a.group_by = Some("interval".into());
-    a.metric = Some(plot::MetricChoice::Rtt);
+    a.metric = Some(MetricChoice::Rtt);
     a.kind = vec![FigureKind::Box, FigureKind::Cdf];
     a.log = true;
     let written = plot::plot(&a.options().unwrap()).unwrap();
@@ -279,7 +279,7 @@ fn user_labels_title_and_png() {
     write_run(&a_csv, "skb", 200, 100_000, 80_000, 300);
     let mut a = args(vec![a_csv], dir.path());
     a.label = vec!["generic <XDP> & co".into()];
-    a.metric = Some(plot::MetricChoice::OneWay);
+    a.metric = Some(MetricChoice::OneWay);
     a.kind = vec![FigureKind::Box];
     a.format = vec![ImageFormat::Svg, ImageFormat::Png];
     a.title = Some("lab run 3".into());
@@ -306,7 +306,7 @@ fn lone_run_title_counts_probes_and_losses() {
     write_run(&csv, "native", 64, 1_000_000, 50_000, 100);
     let mut a = args(vec![csv], dir.path());
     a.kind = vec![FigureKind::Time];
-    a.metric = Some(plot::MetricChoice::OneWay);
+    a.metric = Some(MetricChoice::OneWay);
     let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     let title =
@@ -376,7 +376,7 @@ fn metadata_text_stays_inside_out_dir() {
     let mut a = args(vec![csv], dir.path());
     a.group_by = Some("mode".into());
     a.kind = vec![FigureKind::Cdf];
-    a.metric = Some(plot::MetricChoice::Rtt);
+    a.metric = Some(MetricChoice::Rtt);
     let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(names(&written), ["m-rtt-.._.._evil_mode-cdf.svg"]);
     assert_eq!(written[0].parent(), Some(dir.path()));
@@ -471,7 +471,7 @@ fn stages_one_box_per_stage_and_run_on_a_log_axis() {
     }
 
     // --metric one-way: only the stages inside the one-way delay.
-    a.metric = Some(plot::MetricChoice::OneWay);
+    a.metric = Some(MetricChoice::OneWay);
     a.prefix = Some("ow".into());
     let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
@@ -497,7 +497,7 @@ fn percentiles_default_kinds_and_tail_axes() {
     write_chain_run(&csv, "XDP native", 1_000, 2_000);
     let mut a = args(vec![csv], dir.path());
     a.kind = Vec::new();
-    a.metric = Some(plot::MetricChoice::OneWay);
+    a.metric = Some(MetricChoice::OneWay);
     let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(
         names(&written),
@@ -626,7 +626,7 @@ fn hdr_log_fixture_draws_every_kind_by_content_not_name() {
         FigureKind::Time,
         FigureKind::Percentiles,
     ];
-    a.metric = Some(plot::MetricChoice::OneWay);
+    a.metric = Some(MetricChoice::OneWay);
     let written = plot::plot(&a.options().unwrap()).unwrap();
     assert_eq!(
         names(&written),
@@ -717,7 +717,7 @@ fn time_series_marks_the_load_coming_on() {
     std::fs::write(&csv, text).unwrap();
     let mut a = args(vec![csv], dir.path());
     a.kind = vec![FigureKind::Time];
-    a.metric = Some(plot::MetricChoice::Rtt);
+    a.metric = Some(MetricChoice::Rtt);
     let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     assert!(
@@ -737,7 +737,7 @@ fn nothing_attached_reads_as_xdp_off() {
     write_run(&csv, "none", 64, 1_000_000, 100_000, 100);
     let mut a = args(vec![csv], dir.path());
     a.kind = vec![FigureKind::Box];
-    a.metric = Some(plot::MetricChoice::Rtt);
+    a.metric = Some(MetricChoice::Rtt);
     let written = plot::plot(&a.options().unwrap()).unwrap();
     let svg = std::fs::read_to_string(&written[0]).unwrap();
     let t = texts(&svg);

@@ -2,16 +2,19 @@
 //!
 //! - `setup`: installs, idempotently, what a fresh Debian machine lacks
 //!   (apt packages, the pinned nightly with rust-src and clippy,
-//!   bpf-linker, cargo-fuzz, scapy).
+//!   bpf-linker, cargo-fuzz, cargo-deb, scapy).
 //! - `build-ebpf`: builds the XDP router object and prints its path
 //!   (`cargo build` does the same through `prober/build.rs`).
+//! - `dist`: the .deb (cargo-deb), see [`dist`].
 //! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
 //!   prints their paths.
 //! - `test`: setup, the module graph's cycle check, `cargo fmt --check`,
 //!   clippy (the workspace and the eBPF crate), the unit tests, every fuzz
-//!   target for a bounded time, then the root/netns tests when root.
-//! - `graph`: the import cycles between prober's modules (`--edges`: every
-//!   dependency), see [`modgraph`].
+//!   target for a bounded time, then the root/netns tests when root (with
+//!   the .deb of `dist` for the package test).
+//! - `graph`: the import cycles between prober's modules and the layering
+//!   breaks (a domain module importing the commands or clap; `--edges`:
+//!   every dependency), see [`modgraph`].
 
 use std::{
     env,
@@ -25,6 +28,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod dist;
 mod modgraph;
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
 
@@ -44,6 +48,8 @@ const APT_PACKAGES: &[&str] = &[
     "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
     "prometheus",   // the metrics e2e test scrapes a probe run with a real server
     "g++",          // libFuzzer (cargo fuzz) is C++
+    "systemd",      // systemd-analyze verify/security over the .deb's units (tests/dist_e2e.rs)
+    "man-db",       // systemd-analyze verify looks up each unit's man: documentation
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";
@@ -72,7 +78,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Install what is missing: apt packages, the pinned nightly with rust-src and clippy,
-    /// bpf-linker, cargo-fuzz, scapy.
+    /// bpf-linker, cargo-fuzz, cargo-deb, scapy.
     Setup,
     /// Build the XDP router object (release, bpfel-unknown-none) and print its path.
     BuildEbpf,
@@ -93,6 +99,9 @@ enum Task {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
+    /// Build the Debian package (cargo-deb): the release binary with its eBPF, man pages,
+    /// completions, systemd units and /etc files; print its path.
+    Dist,
     /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
     Bench(bench::BenchArgs),
     /// Print the import cycles between prober's modules (files), one per line as
@@ -102,8 +111,8 @@ enum Task {
         #[arg(long)]
         edges: bool,
     },
-    /// Setup, the module graph's cycle check, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then the
-    /// root/netns tests (`--ignored`) when run as root.
+    /// Setup, the module graph's cycle check, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
+    /// when run as root, `dist` (the .deb the package test installs) and the root/netns tests (`--ignored`).
     Test {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
         #[arg(long, env = "RTPROBE_FUZZ_SECONDS", default_value_t = FUZZ_SECONDS_DEFAULT)]
@@ -122,6 +131,7 @@ fn main() -> ExitCode {
         Task::Test { fuzz_seconds, args } => test(fuzz_seconds, &args),
         Task::Demo { out_dir, count } => demo(&out_dir, count),
         Task::Man { out_dir } => man(out_dir.as_deref()),
+        Task::Dist => dist::dist().map(|p| println!("{}", p.display())),
         Task::Bench(args) => bench::bench(&args),
         Task::Graph { edges } => graph(edges),
     };
@@ -192,6 +202,7 @@ fn setup() -> Result<()> {
     setup_component("clippy", "clippy")?;
     setup_component("fmt", "rustfmt")?;
     setup_cargo_fuzz()?;
+    dist::setup_cargo_deb()?;
     setup_scapy();
     eprintln!("xtask: setup complete");
     Ok(())
@@ -255,8 +266,9 @@ fn setup_cargo_fuzz() -> Result<()> {
 }
 
 /// scapy, the independent STAMP implementation rtprobe's interop tests
-/// compare against (prober/src/probe/stamp.rs). Those tests print SKIPPED
-/// without it, so a failed install warns instead of stopping the set-up.
+/// compare against (prober/src/probe/stamp/scapy_interop.rs). Those tests
+/// print SKIPPED without it, so a failed install warns instead of stopping
+/// the set-up.
 fn setup_scapy() {
     if output_of("python3", &["-c", "import scapy"]).is_some() {
         eprintln!("xtask: python3 scapy present, skipped");
@@ -589,24 +601,41 @@ fn graph(edges: bool) -> Result<()> {
     check_module_graph(&g)
 }
 
-/// Fails on any import cycle between prober's modules, naming each.
+/// Fails on any import cycle between prober's modules, naming each, and
+/// on any domain module that reaches up to the commands or names clap.
 fn check_module_graph(g: &modgraph::Graph) -> Result<()> {
     let cycles = modgraph::cycle_lines(g);
-    if cycles.is_empty() {
+    let layering = modgraph::layer_violations(g);
+    if cycles.is_empty() && layering.is_empty() {
         eprintln!(
-            "xtask: module graph: {} modules, no import cycle",
+            "xtask: module graph: {} modules, no import cycle, no layering break",
             g.modules.len()
         );
         return Ok(());
     }
-    for c in &cycles {
-        eprintln!("  {c}");
+    for line in cycles.iter().chain(&layering) {
+        eprintln!("  {line}");
+    }
+    let mut why = Vec::new();
+    if !cycles.is_empty() {
+        why.push(format!(
+            "{} import cycle(s) between prober's modules: move what both sides need into a \
+             lower module (model/, a leaf), or the caller up into app/",
+            cycles.len()
+        ));
+    }
+    if !layering.is_empty() {
+        why.push(format!(
+            "{} layering break(s): a domain module ({}) never imports app, cli, runner or clap \
+             (flags and their ValueEnum impls live in cli.rs and spec/), and export never \
+             imports probe",
+            layering.len(),
+            modgraph::DOMAIN.join(", ")
+        ));
     }
     bail!(
-        "{} import cycle(s) between prober's modules (listed above): move what both sides \
-         need into a lower module (model/, a leaf), or the caller up into app/; \
-         docs/DEVELOPING.md explains the layers",
-        cycles.len()
+        "{} (listed above); docs/DEVELOPING.md explains the layers",
+        why.join("; ")
     )
 }
 
@@ -633,9 +662,12 @@ fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
     if !is_root() {
         return root_tests_not_run(under_ci());
     }
+    // tests/dist_e2e.rs installs and purges this package.
+    let deb = dist::dist()?;
     let mut rooted = Command::new(cargo());
     rooted
         .current_dir(&root)
+        .env("RTPROBE_DEB", deb)
         .args([
             "test",
             "-p",

@@ -16,6 +16,11 @@
 //! (Tarjan). Each is printed as the elementary cycles that cover its
 //! edges, `a -> b -> c -> a`, so every line is a loop to cut.
 //!
+//! Layering ([`layer_violations`]): a domain module ([`DOMAIN`]) imports
+//! none of `app`, `cli` and `runner` (the commands and the parse result),
+//! names no `clap::` path outside its test code (its flags live in `cli`
+//! and `spec`), and `export` imports no `probe`.
+//!
 //! Why a text scan rather than `cargo modules`: it needs no extra tool
 //! (rust-analyzer) in CI, runs in milliseconds, and macros that build
 //! paths (none in prober) are the only thing it cannot see.
@@ -33,6 +38,8 @@ use anyhow::{Context, Result};
 pub struct Graph {
     pub modules: BTreeSet<String>,
     pub edges: BTreeMap<String, BTreeSet<String>>,
+    /// Modules whose non-test code names a `clap::` path.
+    pub clap_users: BTreeSet<String>,
 }
 
 /// One source file: its module path and its code.
@@ -80,10 +87,15 @@ pub fn build(files: &[(String, String)]) -> Graph {
     let mut g = Graph {
         modules: modules.clone(),
         edges: BTreeMap::new(),
+        clap_users: BTreeSet::new(),
     };
     for (module, code) in files {
+        let scanned = scan(code);
+        if scanned.uses_clap {
+            g.clap_users.insert(module.clone());
+        }
         let deps = g.edges.entry(module.clone()).or_default();
-        for path in scan(code).paths(module) {
+        for path in scanned.paths(module) {
             let Some(to) = resolve(&modules, &path) else {
                 continue;
             };
@@ -169,6 +181,8 @@ pub struct Scan {
     pub paths: Vec<RawPath>,
     /// Modules declared `#[cfg(test)] mod name;` (their files are tests).
     pub test_mods: Vec<String>,
+    /// A `clap::` path outside test items (`use clap::..`, `clap::Args`).
+    pub uses_clap: bool,
 }
 
 impl Scan {
@@ -276,6 +290,7 @@ pub fn scan(code: &str) -> Scan {
         i += 1;
     }
     out.test_mods = test_mod_decls(&all);
+    out.uses_clap = tokens.windows(2).any(|w| w[0] == "clap" && w[1] == "::");
     out
 }
 
@@ -716,6 +731,55 @@ fn shortest_path<'a>(
     None
 }
 
+/// The layers under the commands: they take plain types (from `spec` and
+/// `model`) and never reach up to the command line.
+pub const DOMAIN: [&str; 10] = [
+    "bench_forward",
+    "ebpf",
+    "export",
+    "model",
+    "probe",
+    "scenario",
+    "stats",
+    "sys",
+    "testbed",
+    "tune",
+];
+
+/// What a domain module must not import: the commands, their parse result
+/// and the run they drive.
+const ABOVE_DOMAIN: [&str; 3] = ["app", "cli", "runner"];
+
+/// The top-level module of a module path (`probe::remote` -> `probe`).
+fn layer(module: &str) -> &str {
+    module.split("::").next().unwrap_or("")
+}
+
+/// Every break of the layering rules (see the module docs), one line each:
+/// `probe::remote -> runner` or `tune::knob_spec uses clap`.
+pub fn layer_violations(g: &Graph) -> Vec<String> {
+    let mut out = Vec::new();
+    for (from, tos) in &g.edges {
+        let from_layer = layer(from);
+        if !DOMAIN.contains(&from_layer) {
+            continue;
+        }
+        for to in tos {
+            let to_layer = layer(to);
+            if ABOVE_DOMAIN.contains(&to_layer) || (from_layer == "export" && to_layer == "probe") {
+                out.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    for m in &g.clap_users {
+        if DOMAIN.contains(&layer(m)) {
+            out.push(format!("{m} uses clap"));
+        }
+    }
+    out.sort();
+    out
+}
+
 /// Every cycle of the graph as `a -> b -> c -> a` lines ("" for the crate root).
 pub fn cycle_lines(g: &Graph) -> Vec<String> {
     let name = |m: &str| {
@@ -890,6 +954,51 @@ mod tests {
         ]);
         assert_eq!(cycles(&two).len(), 2);
         assert_eq!(cycle_lines(&two), vec!["a -> b -> a", "c -> d -> c"]);
+    }
+
+    #[test]
+    fn a_domain_module_importing_the_commands_or_clap_breaks_the_layers() {
+        let g = graph(&[
+            ("app", "use clap::Parser; use crate::runner::execute;"),
+            (
+                "cli",
+                "#[derive(clap::Args)] struct A; use crate::tune::KnobSpec;",
+            ),
+            ("spec::knobs", "use clap::Args; use crate::tune::KnobSpec;"),
+            ("runner", "use crate::probe::x;"),
+            (
+                "tune::knob_spec",
+                "#[derive(clap::Args)] pub struct KnobSpec;",
+            ),
+            (
+                "export::plot",
+                "use ::clap::ValueEnum; use crate::probe::Record;",
+            ),
+            (
+                "probe::remote",
+                "fn f() { crate::runner::RunOutcome::ok(); }",
+            ),
+            ("scenario", "use crate::cli::Cli;"),
+            ("probe", "pub mod remote; use crate::app::with_signals;"),
+            (
+                "stats",
+                "// clap::Args in a comment\nfn f() -> &str { \"clap::x\" }\n\
+                 #[cfg(test)] mod tests { use clap::Parser; use crate::cli::Cli; }",
+            ),
+        ]);
+        assert_eq!(
+            layer_violations(&g),
+            vec![
+                "export::plot -> probe",
+                "export::plot uses clap",
+                "probe -> app",
+                "probe::remote -> runner",
+                "scenario -> cli",
+                "tune::knob_spec uses clap",
+            ]
+        );
+        let clean = graph(&[("cli", "use clap::Args;"), ("tune", "use crate::model::x;")]);
+        assert!(layer_violations(&clean).is_empty());
     }
 
     #[test]

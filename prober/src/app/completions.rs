@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use crate::cli::CompletionsArgs;
 
 pub(super) fn command(args: &CompletionsArgs) -> Result<ExitCode> {
-    let script = crate::docs::completions(args.shell);
+    let script = super::docs::completions(args.shell);
     match std::io::stdout().lock().write_all(&script) {
         // `rtprobe completions bash | head` is no error.
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {

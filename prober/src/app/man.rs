@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::cli::ManArgs;
 
 pub(super) fn command(args: &ManArgs) -> Result<ExitCode> {
-    for page in crate::docs::write_man_pages(&args.out_dir)? {
+    for page in super::docs::write_man_pages(&args.out_dir)? {
         println!("{}", page.display());
     }
     Ok(ExitCode::SUCCESS)

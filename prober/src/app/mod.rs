@@ -10,6 +10,7 @@ mod bench_forward;
 mod cleanup;
 mod compare;
 mod completions;
+mod docs;
 mod man;
 mod plot;
 mod probe;

@@ -6,10 +6,9 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::{Result, bail};
 
 use crate::{
-    cli::PlotArgs,
+    cli::{MetricChoice, PlotArgs},
     export::plot::{
-        Dim, FigureKind, ImageFormat, Metric, MetricChoice, PlotOptions, Scale, default_prefix,
-        dist,
+        Dim, FigureKind, ImageFormat, Metric, PlotOptions, Scale, default_prefix, dist,
     },
 };
 

@@ -2,21 +2,32 @@
 //! host builds or against a remote reflector (`--target`), with a progress
 //! bar, live outputs, the summary and the exit code.
 
-use std::{net::SocketAddr, process::ExitCode, sync::atomic::AtomicU8};
+use std::{
+    net::SocketAddr,
+    process::ExitCode,
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering},
+};
 
 use anyhow::{Context, Result};
 
 use crate::{
     cli::ProbeArgs,
     export::{CsvWriter, live::Live},
-    model::run::{RunMeta, RunOutcome},
+    model::{
+        observer::SessionObserver,
+        run::{RunMeta, RunOutcome},
+    },
     probe::{
         ProbeConfig, SessionEnds,
-        remote::{Target, summarise},
-        run_session,
+        remote::{LossSplit, Reloads, RemoteLeg, Target, summarise},
+        run_session, run_targets,
     },
-    signals::with_signals,
-    spec::{RunOptions, SpecError, plan, remote::read_key},
+    signals::with_signals_reload,
+    spec::{
+        RunOptions, SpecError, plan,
+        remote::{ProtocolArg, read_key},
+        targets::TargetSpec,
+    },
 };
 
 pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
@@ -29,13 +40,20 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         }
     };
     // A remote target needs no testbed, so no root (knobs say if they do).
-    if opts.remote.target.is_none() {
+    if !opts.remote.is_remote() {
         crate::testbed::require_root()?;
     }
     // Every option is checked before --metrics-listen binds its port.
     crate::runner::check(&opts)?;
     let quiet = opts.quiet;
-    let (o, opts) = with_signals(quiet, move |stop| {
+    // With a targets file SIGHUP reads it again instead of stopping.
+    let reload = opts
+        .remote
+        .targets
+        .is_some()
+        .then(|| std::sync::Arc::new(AtomicU64::new(0)));
+    let reloads = reload.clone();
+    let (o, opts) = with_signals_reload(quiet, reload, move |stop| {
         let bar = progress_bar(&opts);
         let (lines, shown) = (bar.clone(), bar.clone());
         let mut live = Live::new(
@@ -51,7 +69,10 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         if let Some(url) = live.metrics_url() {
             eprintln!("rtprobe: serving metrics at {url}");
         }
-        let r = execute(&opts, crate::sys::linux(), &stop, &mut live);
+        let r = match &reloads {
+            Some(generation) => execute_remote(&opts, &stop, &mut live, Some(generation)),
+            None => execute(&opts, crate::sys::linux(), &stop, &mut live),
+        };
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     })?;
@@ -110,7 +131,10 @@ fn report(o: &RunOutcome, opts: &RunOptions) -> Result<ExitCode> {
 /// The probe run's progress: a bar for a fixed count, a spinner otherwise;
 /// the message carries the counts and the latest interval's p50/p99.
 fn progress_bar(opts: &RunOptions) -> indicatif::ProgressBar {
-    if opts.quiet {
+    // With several targets nothing feeds it (each target has its own
+    // metrics; the summary gives each and the total).
+    let many = opts.remote.target.len() > 1 || opts.remote.targets.is_some();
+    if opts.quiet || many {
         return indicatif::ProgressBar::hidden();
     }
     let (bar, template) = match opts.probe.count {
@@ -135,7 +159,8 @@ fn progress_bar(opts: &RunOptions) -> indicatif::ProgressBar {
 /// output files; an error names the flag.
 fn run_options(args: &ProbeArgs) -> Result<RunOptions> {
     let to_cli = |e: SpecError| anyhow::anyhow!("{}", e.for_cli());
-    let opts = plan::validate(&args.run, &args.knobs, &args.output).map_err(to_cli)?;
+    let knobs = args.knobs.clone().into();
+    let opts = plan::validate(&args.run, &knobs, &args.output).map_err(to_cli)?;
     plan::check_output_paths(&opts).map_err(to_cli)?;
     Ok(opts)
 }
@@ -148,22 +173,31 @@ pub(super) fn execute(
     stop: &AtomicU8,
     live: &mut Live,
 ) -> Result<RunOutcome> {
-    if opts.remote.target.is_none() {
+    if !opts.remote.is_remote() {
         return crate::runner::execute(opts, sys, stop, live);
     }
     crate::runner::check(opts)?;
-    execute_remote(opts, stop, live)
+    execute_remote(opts, stop, live, None)
 }
 
 /// `rtprobe --target HOST[:PORT]`: one session against a remote reflector,
-/// written and summarised as a testbed run is.
-fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result<RunOutcome> {
+/// written and summarised as a testbed run is. Several targets (the flag
+/// repeated, or `--targets FILE`) go to [`execute_targets`].
+fn execute_remote(
+    opts: &RunOptions,
+    stop: &AtomicU8,
+    live: &mut Live,
+    reload: Option<&AtomicU64>,
+) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    let port = remote.port(opts.probe.port);
-    let addr = remote
-        .target_addr(port)?
+    let list = crate::spec::targets::of(remote, &opts.probe)?
         .context("internal: execute without --target")?;
     let key = remote.auth_key.as_deref().map(read_key).transpose()?;
+    if list.len() > 1 || remote.targets.is_some() {
+        return execute_targets(opts, &list, key, stop, live, reload);
+    }
+    let addr = list[0].addr;
+    let port = addr.port();
     let target = Target {
         addr,
         protocol: remote.protocol(),
@@ -204,6 +238,192 @@ fn execute_remote(opts: &RunOptions, stop: &AtomicU8, live: &mut Live) -> Result
         interrupted: o.interrupted,
         output_error,
     })
+}
+
+/// Several remote reflectors from one process: one session, one CSV with
+/// a `target` column, per-target metrics; the summary is their total with
+/// each target's own in `extra.targets`.
+fn execute_targets(
+    opts: &RunOptions,
+    list: &[TargetSpec],
+    key: Option<crate::probe::stamp::HmacKey>,
+    stop: &AtomicU8,
+    live: &mut Live,
+    reload: Option<&AtomicU64>,
+) -> Result<RunOutcome> {
+    let legs: Vec<RemoteLeg> = list.iter().map(|t| remote_leg(opts, t, &key)).collect();
+    let meta = targets_meta(opts, list);
+    let mut csv = CsvWriter::create_for_targets(&opts.out, &meta, opts.continuous.rotation)?;
+    live.set_run(&meta);
+    let live_ref = &*live;
+    let mut observer_for = |l: &RemoteLeg| {
+        let name = l.name.as_deref().unwrap_or_default();
+        let labels = l.cfg.flow_labels(name).with_extra(&l.labels);
+        live_ref.flow_observer(labels, l.cfg.kernel_reflector) as Box<dyn SessionObserver>
+    };
+    let read = || -> Result<Vec<RemoteLeg>> {
+        let list = crate::spec::targets::of(&opts.remote, &opts.probe)?
+            .context("internal: a reload without targets")?;
+        Ok(list.iter().map(|t| remote_leg(opts, t, &key)).collect())
+    };
+    let reloads = reload.map(|generation| Reloads {
+        generation,
+        read: &read,
+    });
+    let done = AtomicBool::new(false);
+    let outcomes = std::thread::scope(|sc| {
+        if let (Some(generation), Some(path)) = (reload, &opts.remote.targets) {
+            sc.spawn(|| watch_file(path, generation, &done));
+        }
+        let r = run_targets(legs, &mut csv, &mut observer_for, reloads.as_ref(), stop);
+        done.store(true, Ordering::SeqCst);
+        r
+    })?;
+    let rows = csv.rows();
+    let output_error = outcomes.iter().find_map(|(_, o)| o.output_error.clone());
+    let interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
+    let mut summary = total_summary(&outcomes)?;
+    summary.report.output_error = output_error.clone();
+    Ok(RunOutcome {
+        summary,
+        meta,
+        rows,
+        interrupted,
+        output_error,
+    })
+}
+
+/// Counts a change of the targets file's modification time (looked at
+/// every second) as a reload request, as SIGHUP is, until `done`. A file
+/// caught half-written fails its checks and changes nothing; the write's
+/// end changes the time again.
+fn watch_file(path: &std::path::Path, generation: &AtomicU64, done: &AtomicBool) {
+    let modified = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let mut last = modified();
+    let mut ticks = 0u32;
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        ticks += 1;
+        if !ticks.is_multiple_of(10) {
+            continue;
+        }
+        let now = modified();
+        if now != last {
+            last = now;
+            generation.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The summary of a run with several targets: the total of their
+/// statistics (one-way only where every target's clocks allow it, the
+/// loss split summed), each target's own in `extra.targets`.
+fn total_summary(
+    outcomes: &[(RemoteLeg, crate::probe::SessionOutcome)],
+) -> Result<crate::stats::Summary> {
+    let mut total = crate::stats::RunStats::new();
+    let mut targets = Vec::with_capacity(outcomes.len());
+    let mut split = LossSplit {
+        forward: Some(0),
+        r#return: Some(0),
+        unknown: 0,
+        basis: "the sum of the targets' splits (see each target's)".into(),
+    };
+    let mut hidden = None;
+    for (t, o) in outcomes {
+        total.merge(&o.stats);
+        let facts = o
+            .remote
+            .as_ref()
+            .context("internal: a target without the reflector's facts")?;
+        let (l, add) = (&facts.loss, |a: Option<u64>, b: u64| a.map(|a| a + b));
+        if let (Some(f), Some(r)) = (l.forward, l.r#return) {
+            split.forward = add(split.forward, f);
+            split.r#return = add(split.r#return, r);
+        }
+        split.unknown += l.unknown;
+        if !facts.clock.one_way_shown {
+            hidden.get_or_insert_with(|| facts.clock.clone());
+        }
+        targets.push(crate::stats::report::TargetSummary {
+            name: t.name.clone().unwrap_or_default(),
+            address: t.target.addr.to_string(),
+            protocol: t.target.protocol.name().into(),
+            interval_ns: t.cfg.interval.as_nanos() as u64,
+            size: t.cfg.size,
+            tos: t.cfg.tos,
+            labels: t.labels.clone(),
+            summary: summarise(o, facts, "remote"),
+        });
+    }
+    let mut s = total.summary();
+    s.xdp_mode_requested = "none".into();
+    s.xdp_mode_attached = "none".into();
+    if let Some(v) = &hidden {
+        crate::probe::remote::apply_clock_rule(&mut s, v);
+    }
+    s.report.loss_split = Some(split);
+    s.report.late_arrivals = Some(outcomes.iter().map(|(_, o)| o.late_arrivals).sum());
+    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
+    s.report.targets = targets;
+    Ok(s)
+}
+
+/// One target's session leg: its address, protocol and probe options.
+fn remote_leg(
+    opts: &RunOptions,
+    t: &TargetSpec,
+    key: &Option<crate::probe::stamp::HmacKey>,
+) -> RemoteLeg {
+    RemoteLeg {
+        target: Target {
+            addr: t.addr,
+            protocol: t.protocol,
+            key: (t.protocol == ProtocolArg::Stamp)
+                .then(|| key.clone())
+                .flatten(),
+            stateless_reflector: false,
+            shared_clock: false,
+        },
+        cfg: ProbeConfig {
+            port: t.addr.port(),
+            tos: t.tos,
+            size: t.size,
+            interval: t.interval,
+            ..opts.probe.clone()
+        },
+        name: Some(t.name.clone()),
+        labels: t.labels.clone(),
+    }
+}
+
+/// The CSV's first line for a run with several targets.
+fn targets_meta(opts: &RunOptions, list: &[TargetSpec]) -> RunMeta {
+    let place = crate::probe::meta::Place {
+        testbed: "remote".into(),
+        tx_if: Some("this host".into()),
+        rx_if: Some(format!("{} targets (the target column)", list.len())),
+        xdp_mode_requested: "none".into(),
+        xdp_mode_attached: "none".into(),
+        xdp_action: "none".into(),
+        reflector: "remote".into(),
+        ..Default::default()
+    };
+    // The header's size, interval and TOS are the first target's; each
+    // target's own are in the summary's `extra.targets`.
+    let first = list.first().map(|t| ProbeConfig {
+        port: t.addr.port(),
+        tos: t.tos,
+        size: t.size,
+        interval: t.interval,
+        ..opts.probe.clone()
+    });
+    crate::probe::meta::run_meta(
+        first.as_ref().unwrap_or(&opts.probe),
+        opts.label.clone(),
+        place,
+    )
 }
 
 /// The CSV's first line for a `--target` run: no testbed, no XDP.

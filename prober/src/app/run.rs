@@ -61,7 +61,7 @@ pub(super) fn command(args: RunArgs) -> Result<ExitCode> {
 fn load(args: &RunArgs) -> Result<(Scenario, Vec<Cell>, PathBuf, Vec<String>)> {
     let over = crate::scenario::Overrides {
         run: args.run.clone(),
-        knobs: args.knobs.clone(),
+        knobs: args.knobs.clone().into(),
     };
     let mut sc = Scenario::load_with(&args.config, &over)?;
     sc.retain_sets(&args.sets)?;

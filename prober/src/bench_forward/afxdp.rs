@@ -15,6 +15,12 @@
 //! XDP_UMEM_REG, ring sizes, XDP_MMAP_OFFSETS with the `flags` word and
 //! XDP_USE_NEED_WAKEUP (5.4), bind(sockaddr_xdp) in XDP_COPY mode (veth has
 //! no zero-copy), sendto(2) to kick TX, poll(2) to wait for RX.
+//!
+//! These socket, mmap and ring calls stay here rather than behind
+//! `sys::Sys`: they are the object the bench measures (a user-space
+//! forwarder's per-frame cost), so they must be the plain syscalls a real
+//! AF_XDP program makes, with no trait call or recording layer in between,
+//! and there is nothing in them a fake could usefully stand in for.
 
 use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
@@ -524,9 +530,7 @@ impl Forwarders {
                             .with_context(|| format!("open {}", path.display()))?;
                         nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
                             .context("enter the DUT's network namespace")?;
-                        let mut set = nix::sched::CpuSet::new();
-                        set.set(queue as usize % cpus).context("CPU number")?;
-                        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                        crate::tune::rt::pin_to_cpu(queue as usize % cpus)
                             .context("pin an AF_XDP thread")?;
                         if let Some(p) = rt_priority {
                             super::links::set_fifo(0, p)?;

@@ -18,7 +18,8 @@
 //! Kernel interfaces, through [`crate::sys`]: a veth pair with queue
 //! counts (RTM_NEWLINK with IFLA_NUM_TX_QUEUES/IFLA_NUM_RX_QUEUES), threaded
 //! NAPI (/sys/class/net/DEV/threaded, 5.12), SIOCETHTOOL (GRO), those of
-//! [`super::xdp`] and `sched_setaffinity(2)`. Minimum kernel: 5.18.
+//! [`super::xdp`] and `sched_setaffinity(2)` (through [`crate::tune::rt`]).
+//! Minimum kernel: 5.18.
 
 use std::{
     net::Ipv4Addr,
@@ -183,15 +184,6 @@ fn napi_id(tid: i32) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin_to(cpu: usize) -> Result<()> {
-    use nix::sched::{CpuSet, sched_setaffinity};
-    let mut set = CpuSet::new();
-    set.set(cpu).context("CPU number")?;
-    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-        .with_context(|| format!("pin a generator thread to CPU {cpu}"))
-}
-
 /// What runs on the bed besides the generator: the sink on the
 /// generator's end, the DUT's program and, for afxdp, its forwarding
 /// threads. Dropped in this order (the forwarders before the program that
@@ -290,7 +282,8 @@ fn generate_on(
     started: Instant,
 ) -> Result<()> {
     gen_ns.enter_current_thread()?;
-    pin_to(cpu)?;
+    crate::tune::rt::pin_to_cpu(cpu)
+        .with_context(|| format!("pin a generator thread to CPU {cpu}"))?;
     if let Some(p) = plan.rt_priority {
         links::set_fifo(0, p)?;
     }

@@ -27,7 +27,7 @@ use crate::{
 pub const PERCENTILES: [f64; 3] = [0.5, 0.99, 0.999];
 
 /// Which latency column is compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CompareMetric {
     /// The packet's one-way latency (CSV column one_way_ns).

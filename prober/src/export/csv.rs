@@ -115,6 +115,8 @@ pub struct CsvWriter {
     rotations: u64,
     failed: Option<String>,
     line: String,
+    /// Rows end with the target's name (a run with several targets).
+    target_column: bool,
 }
 
 impl CsvWriter {
@@ -124,10 +126,30 @@ impl CsvWriter {
 
     /// A CSV that starts a new file as `rotation` says (None: never).
     pub fn create_rotated(path: &Path, meta: &RunMeta, rotation: Option<Rotation>) -> Result<Self> {
+        Self::create_with(path, meta, rotation, false)
+    }
+
+    /// The CSV of a run with several targets: [`HEADER`] and a last
+    /// column, `target`, the name of the target each row is of.
+    pub fn create_for_targets(
+        path: &Path,
+        meta: &RunMeta,
+        rotation: Option<Rotation>,
+    ) -> Result<Self> {
+        Self::create_with(path, meta, rotation, true)
+    }
+
+    fn create_with(
+        path: &Path,
+        meta: &RunMeta,
+        rotation: Option<Rotation>,
+        target_column: bool,
+    ) -> Result<Self> {
         let head = format!(
-            "{META_PREFIX}{}\n{}\n",
+            "{META_PREFIX}{}\n{}{}\n",
             serde_json::to_string(meta)?,
-            HEADER.join(",")
+            HEADER.join(","),
+            if target_column { ",target" } else { "" }
         );
         let rotated = rotation.map(|r| Rotated::new(path, r));
         if let Some(r) = &rotated {
@@ -156,6 +178,7 @@ impl CsvWriter {
             rotations: 0,
             failed: None,
             line: String::with_capacity(256),
+            target_column,
         };
         w.open().with_context(|| {
             format!(
@@ -270,9 +293,25 @@ impl CsvWriter {
     /// Appends one row. Written by hand (not serde) because it is on the
     /// per-probe path; `format_row` is what the reader is tested against.
     pub fn write(&mut self, r: &ProbeRecord) -> Result<()> {
+        self.write_row(None, r)
+    }
+
+    /// Appends one row of target `target` (its `target` cell; empty
+    /// without one). A CSV without the column ignores the name.
+    pub fn write_for(&mut self, target: &str, r: &ProbeRecord) -> Result<()> {
+        self.write_row(Some(target), r)
+    }
+
+    fn write_row(&mut self, target: Option<&str>, r: &ProbeRecord) -> Result<()> {
         self.check()?;
         self.line.clear();
         format_row(&mut self.line, r);
+        if self.target_column {
+            self.line.pop();
+            self.line.push(',');
+            self.line.push_str(target.unwrap_or(""));
+            self.line.push('\n');
+        }
         let len = self.line.len() as u64;
         if self
             .rotated
@@ -346,6 +385,9 @@ impl CsvWriter {
 impl RecordSink for CsvWriter {
     fn write(&mut self, r: &ProbeRecord) -> Result<()> {
         CsvWriter::write(self, r)
+    }
+    fn write_for(&mut self, target: &str, r: &ProbeRecord) -> Result<()> {
+        CsvWriter::write_for(self, target, r)
     }
     fn flush(&mut self) -> Result<()> {
         CsvWriter::flush(self)
@@ -512,6 +554,34 @@ mod tests {
             "0,0,0,0,0,,,,,,,,,,1,,,,,,,,,,,,,,,,,,,"
         );
         assert!(lines.next().is_none());
+    }
+
+    #[test]
+    fn a_run_with_several_targets_adds_a_last_target_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.csv");
+        let mut w = CsvWriter::create_for_targets(&p, &RunMeta::default(), None).unwrap();
+        let r = ProbeRecord {
+            seq: 3,
+            lost: true,
+            ..Default::default()
+        };
+        w.write_for("db-1", &r).unwrap();
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines[0], format!("{},target", HEADER.join(",")));
+        assert_eq!(lines[1], "3,0,0,0,0,,,,,,,,,,1,,,,,,,,,,,,,,,,,,,,db-1");
+        // A CSV without the column ignores the name: the testbed's columns stay.
+        let q = dir.path().join("q.csv");
+        let mut w = CsvWriter::create(&q, &RunMeta::default()).unwrap();
+        w.write_for("db-1", &r).unwrap();
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&q).unwrap();
+        assert_eq!(
+            text.lines().nth(2).unwrap().split(',').count(),
+            HEADER.len()
+        );
     }
 
     fn rows_of(p: &Path) -> Vec<u64> {

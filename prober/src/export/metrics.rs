@@ -60,6 +60,9 @@ pub struct FlowLabels {
     pub tos: String,
     /// UDP payload bytes.
     pub size: String,
+    /// A targets file's labels of this target (`site="fra1"`...).
+    #[prometheus(flatten)]
+    pub extra: Vec<(String, String)>,
 }
 
 impl FlowLabels {
@@ -69,7 +72,14 @@ impl FlowLabels {
             flow: flow.to_string(),
             tos: format!("{tos:#04x}"),
             size: size.to_string(),
+            extra: Vec::new(),
         }
+    }
+
+    /// With the target's own labels (names checked by the targets file).
+    pub fn with_extra(mut self, labels: &std::collections::BTreeMap<String, String>) -> Self {
+        self.extra = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        self
     }
 }
 
@@ -79,6 +89,8 @@ struct StageLabels {
     flow: String,
     tos: String,
     size: String,
+    #[prometheus(flatten)]
+    extra: Vec<(String, String)>,
     /// The stage's key (`sender_queue`, `path`...).
     stage: String,
 }
@@ -89,6 +101,8 @@ struct LostLabels {
     flow: String,
     tos: String,
     size: String,
+    #[prometheus(flatten)]
+    extra: Vec<(String, String)>,
     /// "forward" (never reached the receiver), "return" (the echo did
     /// not come back) or "unknown" (the in-kernel reflector answers: an
     /// echo that did not come back could have been lost either way).
@@ -107,6 +121,8 @@ struct SourceLabels {
     flow: String,
     tos: String,
     size: String,
+    #[prometheus(flatten)]
+    extra: Vec<(String, String)>,
     /// "hardware", "software", "mixed" or "none" (nothing received yet).
     source: String,
 }
@@ -302,6 +318,7 @@ impl Metrics {
             flow: labels.flow.clone(),
             tos: labels.tos.clone(),
             size: labels.size.clone(),
+            extra: labels.extra.clone(),
             stage: stage.key().into(),
         };
         let lost_labels = |direction: &str| LostLabels {
@@ -309,6 +326,7 @@ impl Metrics {
             flow: labels.flow.clone(),
             tos: labels.tos.clone(),
             size: labels.size.clone(),
+            extra: labels.extra.clone(),
             direction: direction.into(),
         };
         let (forward, back) = if kernel_reflector {
@@ -485,6 +503,7 @@ impl FlowMetrics {
                 flow: self.labels.flow.clone(),
                 tos: self.labels.tos.clone(),
                 size: self.labels.size.clone(),
+                extra: self.labels.extra.clone(),
                 source: source.into(),
             };
             if !self.source.is_empty() {
@@ -1041,6 +1060,37 @@ mod tests {
             "{}",
             b[b.len() - 1]
         );
+    }
+
+    #[test]
+    fn a_targets_labels_are_on_every_series_of_it() {
+        let m = Arc::new(Metrics::new());
+        let extra = std::collections::BTreeMap::from([
+            ("rack".to_string(), "r7".to_string()),
+            ("site".to_string(), "fra1".to_string()),
+        ]);
+        let mut f = m.flow(FlowLabels::new("db-1", 0, 0, 64).with_extra(&extra), false);
+        f.observe(&record(20));
+        f.update(
+            &Counts {
+                sent: 2,
+                received: 1,
+                lost: 1,
+                ..Default::default()
+            },
+            "software",
+        );
+        let text = m.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("target=\"db-1\""))
+            .collect();
+        assert!(series.len() > 10, "{text}");
+        for l in &series {
+            assert!(l.contains("rack=\"r7\",site=\"fra1\""), "{l}");
+        }
+        assert!(series.iter().any(|l| l.contains("direction=")), "{text}");
+        assert!(series.iter().any(|l| l.contains("stage=")), "{text}");
     }
 
     #[test]

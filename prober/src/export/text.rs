@@ -147,6 +147,7 @@ pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
     load_lines(&mut o, &s.report);
     latency_table(&mut o, s);
     flows_table(&mut o, &s.report.flows);
+    targets_table(&mut o, &s.report.targets);
     o
 }
 
@@ -520,6 +521,50 @@ fn flows_table(o: &mut String, flows: &[FlowSummary]) {
             lat(fs.one_way_ns.p99),
             lat(fs.one_way_ns.p999),
             lat(fs.one_way_ns.max)
+        );
+    }
+}
+
+/// Per target (runs with several): loss by direction, what was refused,
+/// RTT. The figures above it are the total.
+fn targets_table(o: &mut String, targets: &[crate::stats::report::TargetSummary]) {
+    if targets.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  per target ({}; the figures above are their total):\n  {:<20}{:>8}{:>7}{:>6}{:>6}{:>8}{:>8}{:>6}{:>11}{:>11}{:>11}",
+        targets.len(),
+        "target",
+        "sent",
+        "lost",
+        "fwd",
+        "ret",
+        "foreign",
+        "unsent",
+        "late",
+        "rtt p50",
+        "rtt p99",
+        "max"
+    );
+    let n = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for t in targets {
+        let s = &t.summary;
+        let split = s.report.loss_split.as_ref();
+        let _ = writeln!(
+            o,
+            "  {:<20}{:>8}{:>7}{:>6}{:>6}{:>8}{:>8}{:>6}{:>11}{:>11}{:>11}",
+            t.name,
+            s.sent,
+            s.lost,
+            n(split.and_then(|l| l.forward)),
+            n(split.and_then(|l| l.r#return)),
+            s.foreign_packets,
+            s.never_sent,
+            s.late_echoes,
+            lat(s.rtt_ns.p50),
+            lat(s.rtt_ns.p99),
+            lat(s.rtt_ns.max)
         );
     }
 }

@@ -75,32 +75,115 @@ pub(crate) struct Session<'a> {
 /// The statistics, late arrivals and first failed output of a session.
 pub(crate) type Collected = (RunStats, u64, Option<String>);
 
-/// Runs the session's threads: the I/O thread, the paced sender and the
-/// calling thread collecting records until every probe is accounted for
-/// or `stop` says so. `attempts` ends as the pacer's count of probes tried.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn drive(
-    s: &Session<'_>,
-    cfg: &ProbeConfig,
-    hw: HwSetup,
-    attempts: &AtomicU64,
-    csv: &mut dyn RecordSink,
-    stop: &AtomicU8,
-    observer: &mut dyn SessionObserver,
-) -> Result<Collected> {
-    let done = AtomicBool::new(false);
-    let (ev_tx, ev_rx) = mpsc::channel::<Vec<Event>>();
-    if s.foreign_before > 0 {
-        let _ = ev_tx.send(vec![Event::Foreign; s.foreign_before as usize]);
+/// One target of a session: a testbed's one, or each remote reflector of
+/// `--target`/`--targets`. Each has its own socket (connected: the kernel
+/// drops datagrams of other sources), sequence space and probe options.
+pub(crate) struct Leg<'a> {
+    pub s: Session<'a>,
+    pub cfg: ProbeConfig,
+    /// Probes tried so far (the first seq not yet sent): the pacer counts
+    /// them, the echo rules refuse echoes at or above it.
+    pub attempts: AtomicU64,
+    /// Its first probe goes this long after the run's start (the targets
+    /// are spread over the interval).
+    pub phase_ns: i64,
+}
+
+impl<'a> Leg<'a> {
+    /// The one leg of a session with one target.
+    pub fn one(s: Session<'a>, cfg: &ProbeConfig) -> Self {
+        Self {
+            s,
+            cfg: cfg.clone(),
+            attempts: AtomicU64::new(0),
+            phase_ns: 0,
+        }
     }
-    let done_ref = &done;
+}
+
+/// Where one leg's records go.
+pub(crate) struct LegOut<'a> {
+    pub csv: &'a mut dyn RecordSink,
+    pub observer: &'a mut dyn SessionObserver,
+}
+
+/// One round of a session: all of it, or the part between two reloads of
+/// a targets file (the legs that did not change go on in the next round
+/// with their collectors, sequence numbers and sockets).
+pub(crate) struct Round<'a> {
+    /// No probe is scheduled at or after this CLOCK_MONOTONIC time (the
+    /// run's end over reloads; None: `--duration` from the round's start).
+    pub end_mono_ns: Option<i64>,
+    /// The round ends, its collectors kept, once this says so.
+    pub pause: &'a (dyn Fn() -> bool + Sync),
+    /// Each leg's collector from the round before (None: a new leg).
+    pub carried: Vec<Option<super::Collector>>,
+}
+
+impl Round<'_> {
+    /// A whole session: it ends by the first leg's count or duration.
+    pub fn whole() -> Round<'static> {
+        Round {
+            end_mono_ns: None,
+            pause: &|| false,
+            carried: Vec::new(),
+        }
+    }
+}
+
+/// How a round ended.
+pub(crate) enum Driven {
+    /// Every probe is sent and accounted for (or a stop said so): per leg
+    /// its statistics, late arrivals and first failed output.
+    Finished(Vec<Collected>),
+    /// Paused for a reload: per leg its collector, probes in flight kept.
+    Paused(Vec<super::Collector>),
+}
+
+impl Driven {
+    /// The statistics of a round that cannot pause.
+    pub fn finished(self) -> Result<Vec<Collected>> {
+        match self {
+            Driven::Finished(c) => Ok(c),
+            Driven::Paused(_) => bail!("internal: a session paused without a reload"),
+        }
+    }
+}
+
+/// Runs the session's threads: the I/O thread, the paced sender (one for
+/// every leg) and the calling thread collecting records until every probe
+/// is accounted for, `stop` says so, or the round pauses. The first leg's
+/// options give what the legs share (count, real-time settings).
+pub(crate) fn drive(
+    legs: &[Leg<'_>],
+    hw: HwSetup,
+    outs: &mut [LegOut<'_>],
+    stop: &AtomicU8,
+    round: Round<'_>,
+) -> Result<Driven> {
+    let cfg = &legs
+        .first()
+        .context("internal: a session without a target")?
+        .cfg;
+    let done = AtomicBool::new(false);
+    let (ev_tx, ev_rx) = mpsc::channel::<Vec<events::Tagged>>();
+    for (i, l) in legs.iter().enumerate() {
+        if l.s.foreign_before > 0 {
+            let _ = ev_tx.send(vec![
+                (i as u32, Event::Foreign);
+                l.s.foreign_before as usize
+            ]);
+        }
+    }
+    let (done_ref, pause) = (&done, round.pause);
+    let end_ns = round.end_mono_ns;
     std::thread::scope(|sc| {
         let ev = ev_tx.clone();
         let io = std::thread::Builder::new()
             .name("rtprobe-io".into())
             .spawn_scoped(sc, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                io_loop(s, attempts, done_ref, &ev)
+                io_loop(legs, done_ref, &ev)
             })
             .context("spawn the probe I/O thread")?;
         let run = (|| {
@@ -108,27 +191,60 @@ pub(crate) fn drive(
             let sender = std::thread::Builder::new()
                 .name("rtprobe-sender".into())
                 .spawn_scoped(sc, move || {
+                    let pace: Vec<pacer::PaceLeg<'_>> = legs
+                        .iter()
+                        .map(|l| pacer::PaceLeg {
+                            sock: l.s.sock,
+                            dst: l.s.dst,
+                            size: l.cfg.size,
+                            interval_ns: l.cfg.interval.as_nanos() as i64,
+                            phase_ns: l.phase_ns,
+                            attempts: &l.attempts,
+                        })
+                        .collect();
                     let mut scratch = Vec::with_capacity(cfg.size);
-                    pacer::pace_with(
-                        s.sock,
-                        s.dst,
-                        cfg,
+                    let until = pacer::Until {
+                        end_ns,
                         stop,
-                        attempts,
-                        &ev,
-                        &mut |seq, send_ns, buf| {
-                            s.wire.encode(seq, send_ns, false, buf, &mut scratch)
-                        },
-                    )
+                        pause,
+                    };
+                    pacer::pace_with(&pace, cfg, &until, &ev, &mut |leg, seq, send_ns, buf| {
+                        legs[leg]
+                            .s
+                            .wire
+                            .encode(seq, send_ns, false, buf, &mut scratch)
+                    })
                 })
                 .context("spawn sender thread")?;
-            collect_and_join(ev_rx, cfg, hw, csv, stop, sender, observer)
+            let c = Collecting {
+                legs,
+                carried: round.carried,
+                pause,
+            };
+            collect_and_join(&ev_rx, c, hw, outs, stop, sender)
         })();
         done_ref.store(true, Ordering::SeqCst);
         let _ = io.join();
+        // A paused round's last echoes and stamps go to the collectors kept.
+        let mut run = run;
+        if let Ok(Driven::Paused(cs)) = &mut run {
+            while let Ok(evs) = ev_rx.try_recv() {
+                super::route(cs, evs);
+            }
+        }
         run
     })
 }
+
+/// What the collector of a round works with.
+pub(crate) struct Collecting<'l, 'a> {
+    pub legs: &'l [Leg<'a>],
+    pub carried: Vec<Option<super::Collector>>,
+    pub pause: &'l (dyn Fn() -> bool + Sync),
+}
+
+/// Receive buffer of one datagram during a warm-up or status probe.
+pub(crate) const WARM_UP_BUF_BYTES: usize = 2048;
 
 /// What a warm-up found.
 pub(crate) struct WarmedUp {
@@ -205,7 +321,10 @@ pub(crate) fn exchange(
     let strict = receiver.is_some();
     let mut buf = vec![0u8; size];
     let mut scratch = Vec::with_capacity(size);
-    let mut batch = RecvBatch::new(16, size.max(65536));
+    // Room for any echo (at most a 1500-byte MTU's payload; a longer
+    // foreign datagram is cut, and counted all the same): a warm-up per
+    // target of a thousand allocates 16 x this.
+    let mut batch = RecvBatch::new(16, size.max(WARM_UP_BUF_BYTES));
     let mut foreign = 0u64;
     let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
     let mut polled = vec![s.sock];
@@ -301,7 +420,7 @@ fn answer_at_sender(
 /// Returns how many datagrams of other sessions came to a testbed's receiver.
 fn settle(s: &Session<'_>) -> Result<u64> {
     std::thread::sleep(Duration::from_millis(20));
-    let mut batch = RecvBatch::new(16, 65536);
+    let mut batch = RecvBatch::new(16, WARM_UP_BUF_BYTES);
     let mut foreign = 0;
     if let Some((rx, session)) = testbed_receiver(s) {
         loop {
@@ -332,14 +451,19 @@ struct SenderBufs {
 /// echoes where the reflector is not ours), reflects them, drains the
 /// sender's queues (both the error queue and data on every wake-up; a TX
 /// timestamp left queued is charged to the receive buffer), and hands
-/// events over in batches.
-fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Sender<Vec<Event>>) {
-    let rules = EchoRules {
-        wire: s.wire,
-        target: s.dst,
-        issued,
-    };
-    let mut reflect = (!matches!(s.reflector, Reflector::Remote)).then(ReflectBufs::new);
+/// events over in batches. With several targets it waits on all their
+/// sockets at once and drains those that have something.
+fn io_loop(legs: &[Leg<'_>], done: &AtomicBool, ev: &mpsc::Sender<Vec<events::Tagged>>) {
+    let rules: Vec<EchoRules<'_>> = legs
+        .iter()
+        .map(|l| EchoRules {
+            wire: l.s.wire,
+            target: l.s.dst,
+            issued: &l.attempts,
+        })
+        .collect();
+    let first = &legs[0];
+    let mut reflect = (!matches!(first.s.reflector, Reflector::Remote)).then(ReflectBufs::new);
     let mut sender = SenderBufs {
         batch: RecvBatch::new(64, 65536),
         errq: RecvBatch::new(64, 256),
@@ -357,11 +481,13 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
     // probe's send path (above). The echoes' RX stamps are the kernel's
     // whenever they are read, so they are collected every millisecond (the
     // receive buffer, at least 32 MiB, holds far more).
-    let (polled, max_wait_ms) = match s.reflector {
-        Reflector::InProcess { sock, .. } => (sock, None),
-        Reflector::Kernel { sock, .. } => (sock, Some(1)),
-        Reflector::Remote => (s.sock, None),
+    let (polled, max_wait_ms): (Vec<&ProbeSocket>, _) = match first.s.reflector {
+        Reflector::InProcess { sock, .. } => (vec![sock], None),
+        Reflector::Kernel { sock, .. } => (vec![sock], Some(1)),
+        Reflector::Remote => (legs.iter().map(|l| l.s.sock).collect(), None),
     };
+    let remote = matches!(first.s.reflector, Reflector::Remote);
+    let (mut fds, mut ready) = (Vec::new(), Vec::new());
     let mut out = EventBatch::new();
     loop {
         let finishing = done.load(Ordering::Relaxed);
@@ -371,21 +497,32 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
             out.wait_ms(clock::realtime_ns(), 20)
         };
         let wait = max_wait_ms.map_or(wait, |m| wait.min(m));
-        if let Err(e) = socket::poll_any(&[polled], wait) {
+        if let Err(e) = socket::poll_ready(&polled, wait, &mut fds, &mut ready) {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
             return;
         }
+        // The testbed's one sender is drained on every wake-up (nobody
+        // waits on it, above); remote targets when their socket is ready.
+        if !remote || finishing {
+            ready.clear();
+            ready.extend(0..legs.len());
+        }
         let mut got = 0;
         loop {
-            let reflected = match (&s.reflector, reflect.as_mut()) {
+            let reflected = match (&first.s.reflector, reflect.as_mut()) {
                 (
                     Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session },
                     Some(b),
-                ) => reflect_queued(sock, b, *session, issued, finishing, &mut out),
+                ) => reflect_queued(sock, b, *session, &first.attempts, finishing, &mut out),
                 _ => 0,
             };
-            let n = reflected + drain_sender(s, &rules, &mut sender, &mut out);
+            let mut n = reflected;
+            ready.retain(|&i| {
+                let k = drain_sender(&legs[i].s, &rules[i], i as u32, &mut sender, &mut out);
+                n += k;
+                k > 0
+            });
             got += n;
             if n == 0 || out.len() >= events::MAX_LEN {
                 break;
@@ -406,6 +543,7 @@ fn io_loop(s: &Session<'_>, issued: &AtomicU64, done: &AtomicBool, ev: &mpsc::Se
 fn drain_sender(
     s: &Session<'_>,
     rules: &EchoRules<'_>,
+    tag: u32,
     bufs: &mut SenderBufs,
     out: &mut EventBatch,
 ) -> usize {
@@ -415,6 +553,7 @@ fn drain_sender(
         let (_, _, c) = bufs.errq.get(i);
         if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
             out.push(
+                tag,
                 Event::TxTimestamp {
                     opt_id,
                     kind,
@@ -435,6 +574,7 @@ fn drain_sender(
             Verdict::Probe(e) => {
                 bufs.seen.push(e);
                 out.push(
+                    tag,
                     Event::Echoed {
                         seq: e.seq,
                         sw_ns: c.sw_ns,
@@ -446,8 +586,8 @@ fn drain_sender(
                 );
             }
             Verdict::WarmUp(e) => bufs.seen.push(e),
-            Verdict::Foreign => out.push(Event::Foreign, now),
-            Verdict::NeverSent => out.push(Event::NeverSent, now),
+            Verdict::Foreign => out.push(tag, Event::Foreign, now),
+            Verdict::NeverSent => out.push(tag, Event::NeverSent, now),
         }
     }
     if let Some(f) = s.on_echoes
@@ -538,17 +678,17 @@ fn reflect_queued(
                 } else if !warmup {
                     // Answered (its echo is refused at the sender too), but
                     // kept out of the matcher, whose window it would grow.
-                    out.push(Event::NeverSent, now);
+                    out.push(0, Event::NeverSent, now);
                 }
             }
             (reflect::Verdict::Reply { .. }, Err(_)) => {
                 // Another run's probe: answered, as any reflector would.
                 echo.push(i);
                 ids.push(u32::MAX - 2);
-                out.push(Event::Foreign, now);
+                out.push(0, Event::Foreign, now);
             }
             (reflect::Verdict::Drop(_), Ok(_)) => {}
-            (reflect::Verdict::Drop(_), Err(_)) => out.push(Event::Foreign, now),
+            (reflect::Verdict::Drop(_), Err(_)) => out.push(0, Event::Foreign, now),
         }
     }
     let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
@@ -559,6 +699,7 @@ fn reflect_queued(
     }
     for &(seq, sw_ns, hw_ns) in arrivals.iter() {
         out.push(
+            0,
             Event::Arrived {
                 seq,
                 sw_ns,
@@ -597,6 +738,7 @@ fn collect_echo_stamps(
                 let (_, _, c) = errq.get(i);
                 if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
                     out.push(
+                        0,
                         Event::EchoTx {
                             opt_id,
                             kind,

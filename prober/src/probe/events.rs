@@ -15,10 +15,13 @@ pub const MAX_AGE_NS: i64 = 2_000_000;
 /// Most events handed over at once.
 pub const MAX_LEN: usize = 512;
 
+/// An event and the index of the target (the session's leg) it is of.
+pub type Tagged = (u32, Event);
+
 /// Events waiting to be handed to the collector.
 #[derive(Debug, Default)]
 pub struct EventBatch {
-    events: Vec<Event>,
+    events: Vec<Tagged>,
     /// When the oldest waiting event was added.
     oldest_ns: Option<i64>,
 }
@@ -28,11 +31,12 @@ impl EventBatch {
         Self::default()
     }
 
-    pub fn push(&mut self, e: Event, now_ns: i64) {
+    /// Adds an event of leg `leg`.
+    pub fn push(&mut self, leg: u32, e: Event, now_ns: i64) {
         if self.events.is_empty() {
             self.oldest_ns = Some(now_ns);
         }
-        self.events.push(e);
+        self.events.push((leg, e));
     }
 
     pub fn len(&self) -> usize {
@@ -57,7 +61,7 @@ impl EventBatch {
     }
 
     /// Hands the events over. False once the collector is gone.
-    pub fn flush(&mut self, tx: &mpsc::Sender<Vec<Event>>) -> bool {
+    pub fn flush(&mut self, tx: &mpsc::Sender<Vec<Tagged>>) -> bool {
         self.oldest_ns = None;
         if self.events.is_empty() {
             return true;
@@ -76,7 +80,7 @@ mod tests {
         let mut b = EventBatch::new();
         assert!(!b.due(0));
         assert_eq!(b.wait_ms(0, 20), 20);
-        b.push(Event::Foreign, 1_000);
+        b.push(0, Event::Foreign, 1_000);
         assert!(!b.due(1_000 + MAX_AGE_NS - 1));
         assert!(b.due(1_000 + MAX_AGE_NS));
         // 2 ms to go, rounded up; never negative; never above the idle wait.
@@ -86,7 +90,7 @@ mod tests {
         assert_eq!(b.wait_ms(1_000, 1), 1);
         let mut b = EventBatch::new();
         for _ in 0..MAX_LEN {
-            b.push(Event::Foreign, 0);
+            b.push(0, Event::Foreign, 0);
         }
         assert!(b.due(0));
     }
@@ -97,13 +101,13 @@ mod tests {
         let mut b = EventBatch::new();
         assert!(b.flush(&tx), "an empty flush sends nothing");
         assert!(rx.try_recv().is_err());
-        b.push(Event::Foreign, 5);
-        b.push(Event::Foreign, 6);
+        b.push(0, Event::Foreign, 5);
+        b.push(0, Event::Foreign, 6);
         assert!(b.flush(&tx));
         assert_eq!(rx.try_recv().unwrap().len(), 2);
         assert!(b.len() == 0 && !b.due(i64::MAX));
         drop(rx);
-        b.push(Event::Foreign, 7);
+        b.push(0, Event::Foreign, 7);
         assert!(!b.flush(&tx), "collector gone");
     }
 }

@@ -31,13 +31,13 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU8, AtomicU64, Ordering},
+        atomic::{AtomicU8, Ordering},
         mpsc,
     },
     time::Duration,
 };
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::{
     model::{observer::SessionObserver, record::RecordSink},
@@ -373,9 +373,59 @@ pub(crate) fn run_session(
     match ends {
         SessionEnds::Testbed(ep) => testbed_session(ep, cfg, csv, stop, observer),
         SessionEnds::Remote { target, from } => {
-            remote::target_session(target, cfg, *from, csv, stop, observer)
+            let leg = remote::RemoteLeg {
+                target: (*target).clone(),
+                cfg: cfg.clone(),
+                name: None,
+                labels: Default::default(),
+            };
+            let mut once = Some(observer);
+            let mut observer_for = |_: &remote::RemoteLeg| -> Box<dyn SessionObserver + '_> {
+                match once.take() {
+                    Some(o) => Box::new(Borrowed(o)),
+                    None => Box::new(crate::model::observer::NoObserver),
+                }
+            };
+            let mut got =
+                remote::targets_session(vec![leg], *from, csv, &mut observer_for, None, stop)?;
+            got.pop()
+                .map(|(_, o)| o)
+                .context("internal: the session's target gave no outcome")
         }
     }
+}
+
+/// The caller's observer, lent to a session that owns its observers.
+struct Borrowed<'a>(&'a mut dyn SessionObserver);
+
+impl SessionObserver for Borrowed<'_> {
+    fn on_record(&mut self, r: &crate::model::record::ProbeRecord) {
+        self.0.on_record(r)
+    }
+    fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
+        self.0.on_tick(stats, last)
+    }
+}
+
+/// Runs one probe session against many remote reflectors (`--target`
+/// repeated, `--targets FILE`) through the same engine as [`run_session`]:
+/// one sender spreads their probes over the interval, one I/O thread
+/// takes every echo; each target keeps its own socket, sequence space,
+/// matching window and statistics. Rows go to the one `csv`, tagged with
+/// the target's name; `observer_for` makes each target's observer. With
+/// `reloads`, a reload request applies a new list without stopping.
+/// Returns each target with its outcome (removed ones first).
+pub(crate) fn run_targets<'o>(
+    targets: Vec<remote::RemoteLeg>,
+    csv: &mut dyn RecordSink,
+    observer_for: &mut remote::ObserverFor<'o>,
+    reloads: Option<&remote::Reloads<'_>>,
+    stop: &AtomicU8,
+) -> Result<Vec<(remote::RemoteLeg, SessionOutcome)>> {
+    if targets.is_empty() {
+        bail!("internal: a session without a target");
+    }
+    remote::targets_session(targets, None, csv, observer_for, reloads, stop)
 }
 
 /// The testbed's (or NIC pair's) side of [`run_session`]: both
@@ -399,7 +449,6 @@ fn testbed_session(
     let stamping = Stamping::enable(ep, cfg.timestamps)?;
     let (hardware_tx, hardware_rx) = (stamping.hardware_tx(), stamping.hardware_rx());
     let (tx_sock, rx_sock, dst) = bind_sides(ep, cfg, &stamping)?;
-    let attempts = AtomicU64::new(0);
     let drops_before =
         kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
     let wire = wire::Wire::Rtprobe {
@@ -438,13 +487,20 @@ fn testbed_session(
             receiver_tx: hardware_rx,
             clocks: Box::new(stamping.phc_clocks()),
         };
-        engine::drive(&s, cfg, hw, &attempts, csv, stop, observer)
+        let leg = [engine::Leg::one(s, cfg)];
+        let mut outs = [engine::LegOut { csv, observer }];
+        let round = engine::Round::whole();
+        let mut got = engine::drive(&leg, hw, &mut outs, stop, round)?.finished()?;
+        let attempts = leg[0].attempts.load(Ordering::SeqCst);
+        got.pop()
+            .map(|c| (c, attempts))
+            .context("internal: the session's leg gave no statistics")
     })();
     let hw_clocks = stamping.finish();
-    let (mut stats, late_arrivals, output_error) = result?;
+    let ((mut stats, late_arrivals, output_error), attempts) = result?;
     let drops_after =
         kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
-    stats.set_attempts(attempts.load(Ordering::SeqCst));
+    stats.set_attempts(attempts);
     Ok(SessionOutcome {
         stats,
         hardware_tx,
@@ -618,76 +674,109 @@ impl Collector {
 }
 
 /// Collects until the sender has finished (stopping it if collecting
-/// fails), joins it and puts its pacing figures into the statistics:
-/// the run's statistics, late arrivals and the output that failed.
+/// fails), joins it and puts its pacing figures into every leg's
+/// statistics: per leg, its statistics, late arrivals and the output that
+/// failed; or, when the round paused, the collectors as they are.
 fn collect_and_join(
-    ev_rx: mpsc::Receiver<Vec<Event>>,
-    cfg: &ProbeConfig,
+    ev_rx: &mpsc::Receiver<Vec<events::Tagged>>,
+    c: engine::Collecting<'_, '_>,
     hw: HwSetup,
-    csv: &mut dyn RecordSink,
+    outs: &mut [engine::LegOut<'_>],
     stop: &AtomicU8,
     sender: std::thread::ScopedJoinHandle<'_, Result<crate::stats::Pacing>>,
-    observer: &mut dyn SessionObserver,
-) -> Result<(RunStats, u64, Option<String>)> {
-    let out = collect(
-        ev_rx,
-        cfg,
-        hw,
-        csv,
-        stop,
-        &|| sender.is_finished(),
-        observer,
-    );
+) -> Result<engine::Driven> {
+    let out = collect(ev_rx, c, hw, outs, stop, &|| sender.is_finished());
     if out.is_err() {
         stop.fetch_max(STOP_NOW, Ordering::SeqCst);
     }
     let pacing = sender
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")))?;
-    out.map(|(mut stats, late, failed)| {
-        stats.set_pacing(pacing);
-        (stats, late, failed)
+    out.map(|d| match d {
+        engine::Driven::Finished(v) => engine::Driven::Finished(
+            v.into_iter()
+                .map(|(mut stats, late, failed)| {
+                    stats.set_pacing(pacing.clone());
+                    (stats, late, failed)
+                })
+                .collect(),
+        ),
+        paused => paused,
     })
 }
 
-fn collect(
-    ev_rx: mpsc::Receiver<Vec<Event>>,
-    cfg: &ProbeConfig,
-    hw: HwSetup,
-    csv: &mut dyn RecordSink,
-    stop: &AtomicU8,
-    sender_finished: &dyn Fn() -> bool,
-    observer: &mut dyn SessionObserver,
-) -> Result<(RunStats, u64, Option<String>)> {
+/// Hands each event to its leg's collector.
+pub(crate) fn route(cs: &mut [Collector], evs: Vec<events::Tagged>) {
+    for (leg, e) in evs {
+        if let Some(c) = cs.get_mut(leg as usize) {
+            c.on_events(std::iter::once(e));
+        }
+    }
+}
+
+/// Each leg's collector: the one carried from the round before, or a new one.
+fn collectors(c: engine::Collecting<'_, '_>, hw: HwSetup) -> Vec<Collector> {
+    let kernel_reflector = c.legs.first().is_some_and(|l| l.cfg.kernel_reflector);
     let expect = matcher::Expect {
         tx: true,
         tx_hw: hw.sender_tx,
-        echo_tx: hw.echo_stamps && !cfg.kernel_reflector,
-        echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !cfg.kernel_reflector,
+        echo_tx: hw.echo_stamps && !kernel_reflector,
+        echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !kernel_reflector,
     };
-    let mut c = Collector::new(cfg, expect, hw.clocks, clock::realtime_ns());
+    // Hardware stamps are a testbed's, which has one leg.
+    let mut clocks = Some(hw.clocks);
+    let now = clock::realtime_ns();
+    let mut carried = c.carried.into_iter();
+    c.legs
+        .iter()
+        .map(|l| match carried.next().flatten() {
+            Some(kept) => kept,
+            None => {
+                let hw = clocks
+                    .take()
+                    .unwrap_or_else(|| Box::new(matcher::NoHwClocks));
+                Collector::new(&l.cfg, expect, hw, now)
+            }
+        })
+        .collect()
+}
+
+fn collect(
+    ev_rx: &mpsc::Receiver<Vec<events::Tagged>>,
+    c: engine::Collecting<'_, '_>,
+    hw: HwSetup,
+    outs: &mut [engine::LegOut<'_>],
+    stop: &AtomicU8,
+    sender_finished: &dyn Fn() -> bool,
+) -> Result<engine::Driven> {
+    let pause = c.pause;
+    let mut cs = collectors(c, hw);
+    let timeout_ns = cs.iter().map(|c| c.timeout_ns).max().unwrap_or(0);
     let mut sender_done_at: Option<i64> = None;
     loop {
         // Looked at before taking events: once it is true every event of
         // the sender is already in the channel, so none can be missed below.
         let sender_done = sender_finished();
-        match ev_rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(evs) => {
-                c.on_events(evs);
-                // Take whatever else is queued before draining.
-                while let Ok(evs) = ev_rx.try_recv() {
-                    c.on_events(evs);
-                }
+        if let Ok(evs) = ev_rx.recv_timeout(Duration::from_millis(20)) {
+            route(&mut cs, evs);
+            // Take whatever else is queued before draining.
+            while let Ok(evs) = ev_rx.try_recv() {
+                route(&mut cs, evs);
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {}
         }
         let now = clock::realtime_ns();
+        if sender_done && pause() && stop.load(Ordering::SeqCst) == 0 {
+            // A reload: probes in flight stay with their collectors.
+            for (c, o) in cs.iter_mut().zip(outs.iter_mut()) {
+                c.drain(now, false, o.csv, o.observer, stop);
+            }
+            return Ok(engine::Driven::Paused(cs));
+        }
         if sender_done_at.is_none() && sender_done {
             sender_done_at = Some(now);
         }
         let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
-            || sender_done_at.is_some_and(|t| now - t > c.timeout_ns + 50_000_000);
+            || sender_done_at.is_some_and(|t| now - t > timeout_ns + 50_000_000);
         if finish_now {
             // The sender may still be stopping (it looks at `stop` at least
             // every 100 ms); its last events must not be lost.
@@ -696,13 +785,20 @@ fn collect(
                 std::thread::sleep(Duration::from_millis(1));
             }
             while let Ok(evs) = ev_rx.try_recv() {
-                c.on_events(evs);
+                route(&mut cs, evs);
             }
         }
-        c.drain(now, finish_now, csv, observer, stop);
-        if finish_now || (sender_done_at.is_some() && c.in_flight() == 0) {
+        for (c, o) in cs.iter_mut().zip(outs.iter_mut()) {
+            c.drain(now, finish_now, o.csv, o.observer, stop);
+        }
+        if finish_now || (sender_done_at.is_some() && cs.iter().all(|c| c.in_flight() == 0)) {
             break;
         }
     }
-    Ok(c.finish(csv, observer, stop))
+    Ok(engine::Driven::Finished(
+        cs.into_iter()
+            .zip(outs.iter_mut())
+            .map(|(c, o)| c.finish(o.csv, o.observer, stop))
+            .collect(),
+    ))
 }

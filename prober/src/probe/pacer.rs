@@ -112,6 +112,8 @@ pub enum Next {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tick {
+    /// The stream (target) whose probes are due.
+    pub stream: usize,
     pub first: u64,
     pub end: u64,
     /// When the wait ended, on CLOCK_MONOTONIC.
@@ -120,34 +122,78 @@ pub struct Tick {
     pub send_ns: i64,
 }
 
-/// The sender's clockwork: the schedule on CLOCK_MONOTONIC, the waiter,
-/// and the map that puts its times on CLOCK_REALTIME for the records.
+/// One stream of probes in the sender's schedule (one target).
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    sched: Schedule,
+    /// The next probe of this stream to send.
+    seq: u64,
+}
+
+/// The sender's clockwork: one schedule per stream (target) on
+/// CLOCK_MONOTONIC, merged by a min-heap of their next deadlines so one
+/// thread sends them all, the waiter, and the map that puts its times on
+/// CLOCK_REALTIME for the records. With one stream it is the plain
+/// absolute schedule.
 pub struct Ticker<'c, C: PaceClock> {
     clock: &'c C,
-    sched: Schedule,
+    streams: Vec<Stream>,
+    /// (next deadline, stream) of every stream not finished.
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(i64, usize)>>,
+    /// The stream of the current tick.
+    current: usize,
     waiter: Waiter,
     map: RealtimeMap,
-    seq: u64,
 }
 
 impl<'c, C: PaceClock> Ticker<'c, C> {
     /// `sched` is on CLOCK_MONOTONIC.
+    #[cfg(test)]
     pub fn new(clock: &'c C, sched: Schedule, mode: WakeMode, refresh_ns: i64) -> Self {
+        Self::many(clock, vec![(sched, 0)], mode, refresh_ns)
+    }
+
+    /// One ticker over several schedules, each with the first seq it sends.
+    pub fn many(
+        clock: &'c C,
+        scheds: Vec<(Schedule, u64)>,
+        mode: WakeMode,
+        refresh_ns: i64,
+    ) -> Self {
+        let streams: Vec<Stream> = scheds
+            .into_iter()
+            .map(|(sched, seq)| Stream { sched, seq })
+            .collect();
+        let heap = streams
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.sched.finished(s.seq))
+            .map(|(i, s)| std::cmp::Reverse((s.sched.at(s.seq), i)))
+            .collect();
         Self {
             clock,
-            sched,
+            streams,
+            heap,
+            current: 0,
             waiter: Waiter::new(mode),
             map: RealtimeMap::new(clock, refresh_ns),
-            seq: 0,
         }
+    }
+
+    /// The next seq of the stream due first (of stream 0 once all are done).
+    #[cfg(test)]
+    pub fn next_seq(&self) -> u64 {
+        let i = self.heap.peek().map_or(0, |r| r.0.1);
+        self.streams[i].seq
     }
 
     /// Waits for the next probe (or a slice of a long wait).
     pub fn wait_next(&mut self) -> Next {
-        if self.sched.finished(self.seq) {
+        let Some(&std::cmp::Reverse((due_ns, i))) = self.heap.peek() else {
             return Next::Finished;
-        }
-        let due_ns = self.sched.at(self.seq);
+        };
+        self.current = i;
+        let st = self.streams[i];
         let now = self.clock.monotonic_ns();
         // Long intervals are slept in slices so a stop request is seen.
         let margin = self.waiter.margin_ns().min(STOP_CHECK_NS);
@@ -157,34 +203,49 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
         }
         let mono_ns = self.waiter.wait(self.clock, due_ns);
         Next::Due(Tick {
-            first: self.seq,
-            end: self.sched.due(self.seq, mono_ns, MAX_BATCH),
+            stream: i,
+            first: st.seq,
+            end: st.sched.due(st.seq, mono_ns, MAX_BATCH),
             mono_ns,
             send_ns: self.map.to_realtime(mono_ns),
         })
     }
 
-    /// Scheduled time of probe `seq` on CLOCK_REALTIME (with the offset of
-    /// the current tick's send time, so their difference is monotonic time).
+    /// Scheduled time of probe `seq` of the current tick's stream on
+    /// CLOCK_REALTIME (with the offset of the current tick's send time, so
+    /// their difference is monotonic time).
     pub fn sched_ns(&self, seq: u64) -> i64 {
-        self.map.to_realtime(self.sched.at(seq))
+        self.map
+            .to_realtime(self.streams[self.current].sched.at(seq))
     }
 
-    /// The probes before `end` are sent. Re-measures the clock offset when
-    /// it is due, between sends.
+    /// The probes of the current tick's stream before `end` are sent.
+    /// Re-measures the clock offset when it is due, between sends.
     pub fn sent_until(&mut self, end: u64) {
-        self.seq = end;
+        let i = self.current;
+        if let Some(pos) = self.heap.peek().map(|r| r.0.1)
+            && pos == i
+        {
+            self.heap.pop();
+        } else {
+            self.heap.retain(|r| r.0.1 != i);
+        }
+        let st = &mut self.streams[i];
+        st.seq = end;
+        if !st.sched.finished(end) {
+            self.heap.push(std::cmp::Reverse((st.sched.at(end), i)));
+        }
         let now = self.clock.monotonic_ns();
         self.map.refresh(self.clock, now);
     }
 
     pub fn finished(&self) -> bool {
-        self.sched.finished(self.seq)
+        self.heap.is_empty()
     }
 
     /// Monotonic time until the next probe is due.
     pub fn next_in(&self, now_mono_ns: i64) -> i64 {
-        self.sched.at(self.seq) - now_mono_ns
+        self.heap.peek().map_or(i64::MAX, |r| r.0.0 - now_mono_ns)
     }
 
     /// What pacing cost over `elapsed_ns` with `probes` sent.
@@ -211,20 +272,51 @@ pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
     }
 }
 
-/// Sends the probe stream, each probe's bytes written by
-/// `encode(seq, send_ns, buf)` (see [`super::wire::Wire`]). Every probe it tries to send produces exactly
-/// one `Sent` or `SendFailed` event and one count in `attempts` (for the
-/// unaccounted-probe check), counted just before its send: seqs are
-/// 0, 1, 2..., so `attempts` is also the first seq not yet sent. Returns
-/// how the pacing went.
-pub fn pace_with(
-    sock: &ProbeSocket,
-    dst: SocketAddr,
+/// The sender starts this long after it is spawned, so the first probe is paced too.
+pub(crate) const START_AHEAD_NS: i64 = 10_000_000;
+
+/// When the sender stops.
+pub(crate) struct Until<'a> {
+    /// No probe is scheduled at or after this CLOCK_MONOTONIC time (None:
+    /// `--duration` after the sender's start, if given).
+    pub end_ns: Option<i64>,
+    /// Any stop level ends the sending.
+    pub stop: &'a AtomicU8,
+    /// The round pauses (a reload of the targets): sending ends too.
+    pub pause: &'a (dyn Fn() -> bool + Sync),
+}
+
+/// Writes probe `seq` of leg `leg`, sent at `send_ns`, into the buffer.
+pub(crate) type Encode<'a> = dyn FnMut(usize, u64, i64, &mut [u8]) + 'a;
+
+/// One target's stream as the sender sees it.
+pub(crate) struct PaceLeg<'a> {
+    pub sock: &'a ProbeSocket,
+    pub dst: SocketAddr,
+    pub size: usize,
+    pub interval_ns: i64,
+    /// Its first probe goes this long after the run's start: the targets'
+    /// sends are spread over the interval, not sent in bursts.
+    pub phase_ns: i64,
+    /// Its probes tried so far (also its first seq not yet sent): a leg
+    /// carried over a reload goes on from there.
+    pub attempts: &'a AtomicU64,
+}
+
+/// Sends the probe streams of `legs` from this one thread, each probe's
+/// bytes written by `encode(leg, seq, send_ns, buf)` (see
+/// [`super::wire::Wire`]). `cfg` gives what they share: the count or
+/// duration, the real-time settings and how to wait. Every probe it tries
+/// to send produces exactly one `Sent` or `SendFailed` event and one count
+/// in its leg's `attempts` (for the unaccounted-probe check), counted just
+/// before its send: seqs are 0, 1, 2..., so `attempts` is also the first
+/// seq not yet sent. Returns how the pacing went.
+pub(crate) fn pace_with(
+    legs: &[PaceLeg<'_>],
     cfg: &ProbeConfig,
-    stop: &AtomicU8,
-    attempts: &AtomicU64,
-    ev: &mpsc::Sender<Vec<Event>>,
-    encode: &mut dyn FnMut(u64, i64, &mut [u8]),
+    until: &Until<'_>,
+    ev: &mpsc::Sender<Vec<events::Tagged>>,
+    encode: &mut Encode<'_>,
 ) -> Result<Pacing> {
     tight_timer_slack();
     // Kept for the whole loop: dropping it puts the thread's policy back.
@@ -238,25 +330,46 @@ pub fn pace_with(
         )
     };
     let c = SystemClock;
-    let interval_ns = cfg.interval.as_nanos() as i64;
     let loop_start_ns = c.monotonic_ns();
     let cpu_start_ns = clock::thread_cpu_ns();
     let waits_start = cpu_wait::Snapshot::now();
     // Start a little ahead so the first probe is paced too.
-    let start_ns = loop_start_ns + 10_000_000;
-    let sched = Schedule {
-        start_ns,
-        interval_ns,
-        // Neither a count nor a duration: until stopped (--forever).
-        count: cfg.count.unwrap_or(u64::MAX),
-        end_ns: cfg.duration.map(|d| start_ns + d.as_nanos() as i64),
-    };
-    let mut ticker = Ticker::new(&c, sched, wake_mode(cfg), OFFSET_REFRESH_NS);
-    let mut batch = SendBatch::new(MAX_BATCH, cfg.size, dst);
+    let start_ns = loop_start_ns + START_AHEAD_NS;
+    let end_ns = until
+        .end_ns
+        .or(cfg.duration.map(|d| start_ns + d.as_nanos() as i64));
+    let streams = legs
+        .iter()
+        .map(|l| {
+            let first = l.attempts.load(Ordering::SeqCst);
+            let sched = Schedule {
+                // Its next probe (`first`) is due at the start plus its phase.
+                start_ns: start_ns + l.phase_ns - first as i64 * l.interval_ns,
+                interval_ns: l.interval_ns,
+                // Neither a count nor a duration: until stopped (--forever).
+                count: cfg.count.unwrap_or(u64::MAX),
+                end_ns,
+            };
+            (sched, first)
+        })
+        .collect();
+    let mut ticker = Ticker::many(
+        &c,
+        streams,
+        wake_mode(&gap_config(cfg, legs)),
+        OFFSET_REFRESH_NS,
+    );
+    let stop = until.stop;
+    let stopped = || stop.load(Ordering::Relaxed) != 0 || (until.pause)();
+    let first = legs
+        .first()
+        .context("internal: a session without a target")?;
+    let mut batch = SendBatch::new(MAX_BATCH, first.size, first.dst);
+    let mut batch_leg = 0;
     // Aged on CLOCK_MONOTONIC: only this thread reads it.
     let mut pending = EventBatch::new();
     let mut tried = 0u64;
-    while stop.load(Ordering::Relaxed) == 0 {
+    while !stopped() {
         let tick = match ticker.wait_next() {
             Next::Finished => break,
             Next::Slice => continue,
@@ -266,52 +379,16 @@ pub fn pace_with(
         // wait matters most: a Ctrl-C during set-up can land in it, and a
         // sender thread that starts late would then send every probe
         // already due in one batch.
-        if stop.load(Ordering::Relaxed) != 0 {
+        if stopped() {
             break;
         }
-        let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
-        batch.clear();
-        for s in seq..end {
-            encode(s, send_ns, batch.push(s as u32));
+        let leg = &legs[tick.stream];
+        if tick.stream != batch_leg {
+            batch.retarget(leg.dst, leg.size);
+            batch_leg = tick.stream;
         }
-        // Counted before the send: a seq at or above `attempts` has not
-        // left this host, so the receive paths refuse an echo of it as forged.
-        attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
-        let mut i = 0;
-        while i < batch.len() {
-            match sock.send_batch(&mut batch, i) {
-                Ok(n) => {
-                    for k in i..i + n {
-                        let s = seq + k as u64;
-                        pending.push(
-                            Event::Sent {
-                                seq: s,
-                                opt_id: batch.opt_id(k),
-                                sched_ns: ticker.sched_ns(s),
-                                send_ns,
-                            },
-                            mono_ns,
-                        );
-                    }
-                    i += n.max(1);
-                }
-                Err(err) => {
-                    let s = seq + i as u64;
-                    log::debug!("send of probe {s} failed: {err}");
-                    pending.push(
-                        Event::SendFailed {
-                            seq: s,
-                            sched_ns: ticker.sched_ns(s),
-                            send_ns,
-                        },
-                        mono_ns,
-                    );
-                    i += 1;
-                }
-            }
-        }
-        tried += batch.len() as u64;
-        ticker.sent_until(end);
+        tried += send_tick(leg, &tick, &mut batch, &ticker, &mut pending, encode);
+        ticker.sent_until(tick.end);
         // Hand over when due, or now if the sender is about to sleep past it.
         let now = c.monotonic_ns();
         if (pending.due(now) || ticker.next_in(now) >= events::MAX_AGE_NS || ticker.finished())
@@ -327,6 +404,69 @@ pub fn pace_with(
     report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
     report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
     Ok(report)
+}
+
+/// The wait's options for the gaps between sends: with N targets the
+/// sender wakes N times per interval, so it learns its margin for the
+/// shortest interval over N.
+fn gap_config(cfg: &ProbeConfig, legs: &[PaceLeg<'_>]) -> ProbeConfig {
+    let n = legs.len().max(1) as i64;
+    let gap_ns = legs.iter().map(|l| l.interval_ns).min().unwrap_or(1) / n;
+    ProbeConfig {
+        interval: std::time::Duration::from_nanos(gap_ns.max(1) as u64),
+        ..cfg.clone()
+    }
+}
+
+/// Sends the probes of one tick (one leg's probes due now) in as few
+/// sendmmsg calls as it takes; returns how many it tried.
+fn send_tick<C: PaceClock>(
+    leg: &PaceLeg<'_>,
+    tick: &Tick,
+    batch: &mut SendBatch,
+    ticker: &Ticker<'_, C>,
+    pending: &mut EventBatch,
+    encode: &mut Encode<'_>,
+) -> u64 {
+    let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
+    let tag = tick.stream as u32;
+    batch.clear();
+    for s in seq..end {
+        encode(tick.stream, s, send_ns, batch.push(s as u32));
+    }
+    // Counted before the send: a seq at or above `attempts` has not
+    // left this host, so the receive paths refuse an echo of it as forged.
+    leg.attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
+    let mut i = 0;
+    while i < batch.len() {
+        match leg.sock.send_batch(batch, i) {
+            Ok(n) => {
+                for k in i..i + n {
+                    let s = seq + k as u64;
+                    let e = Event::Sent {
+                        seq: s,
+                        opt_id: batch.opt_id(k),
+                        sched_ns: ticker.sched_ns(s),
+                        send_ns,
+                    };
+                    pending.push(tag, e, mono_ns);
+                }
+                i += n.max(1);
+            }
+            Err(err) => {
+                let s = seq + i as u64;
+                log::debug!("send of probe {s} to {} failed: {err}", leg.dst);
+                let e = Event::SendFailed {
+                    seq: s,
+                    sched_ns: ticker.sched_ns(s),
+                    send_ns,
+                };
+                pending.push(tag, e, mono_ns);
+                i += 1;
+            }
+        }
+    }
+    batch.len() as u64
 }
 
 #[cfg(test)]
@@ -387,7 +527,7 @@ mod tests {
         let mut t = Ticker::new(c, sched, mode, 2_000_000);
         let mut out = Vec::new();
         loop {
-            at(t.seq);
+            at(t.next_seq());
             match t.wait_next() {
                 Next::Finished => break,
                 Next::Slice => continue,
@@ -452,6 +592,42 @@ mod tests {
             t.sent_until(tick.end);
         }
         assert_eq!(t.report(10_000_000, 10, None).clock_steps, 1);
+    }
+
+    #[test]
+    fn streams_are_spread_by_their_phase_and_go_on_from_their_seq() {
+        // Three streams at 3 ms, phases 0, 1 and 2 ms; the third was
+        // carried over a reload and goes on from seq 5.
+        let c = FakeClock::new(0, 0, 50);
+        let s = |phase: i64, first: u64| {
+            let sched = Schedule {
+                start_ns: 10_000_000 + phase - first as i64 * 3_000_000,
+                interval_ns: 3_000_000,
+                count: first + 4,
+                end_ns: None,
+            };
+            (sched, first)
+        };
+        let mut t = Ticker::many(
+            &c,
+            vec![s(0, 0), s(1_000_000, 0), s(2_000_000, 5)],
+            WakeMode::Fixed(10_000),
+            1_000_000,
+        );
+        let mut ticks = Vec::new();
+        while let Next::Due(tick) = t.wait_next() {
+            ticks.push((tick.stream, tick.first, tick.mono_ns));
+            t.sent_until(tick.end);
+        }
+        assert_eq!(ticks.len(), 12, "4 probes of each stream, one per tick");
+        for (k, &(stream, seq, at)) in ticks.iter().enumerate() {
+            assert_eq!(stream, k % 3, "round robin: no burst per interval");
+            let first = if stream == 2 { 5 } else { 0 };
+            assert_eq!(seq, first + k as u64 / 3);
+            let due = 10_000_000 + k as i64 * 1_000_000;
+            assert!((due..due + 200).contains(&at), "tick {k} at {at} for {due}");
+        }
+        assert!(t.finished());
     }
 
     #[test]

@@ -43,9 +43,10 @@ use super::{
     matcher::NoHwClocks,
     socket::{self, ProbeSocket, RecvBatch, TsFlags},
     stamp::{ClockSync, ErrorEstimate, HmacKey},
-    wire::{Echo, SSID_WARMUP_BIT, Wire},
+    wire::{Echo, SSID_WARMUP_BIT, WARMUP_SEQ, Wire},
 };
 use crate::{
+    model::observer::SessionObserver,
     spec::remote::ProtocolArg,
     stats::report::{ClockReport, ReflectorReport},
     sys::Netns,
@@ -65,28 +66,50 @@ pub struct Target {
     pub shared_clock: bool,
 }
 
-/// Writes records with the one-way column and the two stages that cross
-/// hosts (path: sender TX -> reflector RX; return path: reflector TX ->
-/// sender RX) left empty when the clocks do not allow them (the raw stamps
-/// stay).
-struct OneWaySink<'a> {
-    inner: &'a mut dyn RecordSink,
+/// One target's writer into the session's one CSV: the one-way column
+/// and the two stages that cross hosts (path: sender TX -> reflector RX;
+/// return path: reflector TX -> sender RX) left empty when the clocks do
+/// not allow them (the raw stamps stay), and the row tagged with the
+/// target's name where the CSV has a `target` column.
+struct OneWaySink<'a, 'b> {
+    inner: &'a Mutex<&'b mut dyn RecordSink>,
+    /// The CSV's `target` cell (None: a single `--target` run's CSV).
+    target: Option<&'a str>,
     show: bool,
+    /// Only one leg flushes the shared CSV on the collector's ticks.
+    flushes: bool,
 }
 
-impl RecordSink for OneWaySink<'_> {
+impl RecordSink for OneWaySink<'_, '_> {
     fn write(&mut self, r: &crate::model::record::ProbeRecord) -> Result<()> {
-        if self.show {
-            return self.inner.write(r);
+        let cleared;
+        let r = if self.show {
+            r
+        } else {
+            let mut c = r.clone();
+            c.one_way_ns = None;
+            c.path_ns = None;
+            c.return_ns = None;
+            cleared = c;
+            &cleared
+        };
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?;
+        match self.target {
+            Some(t) => inner.write_for(t, r),
+            None => inner.write(r),
         }
-        let mut r = r.clone();
-        r.one_way_ns = None;
-        r.path_ns = None;
-        r.return_ns = None;
-        self.inner.write(&r)
     }
     fn flush(&mut self) -> Result<()> {
-        self.inner.flush()
+        if !self.flushes {
+            return Ok(());
+        }
+        self.inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
+            .flush()
     }
 }
 
@@ -334,82 +357,485 @@ fn bind_towards(
     Ok(sock)
 }
 
-/// The remote side of [`super::run_session`]: one socket towards
-/// `target`, from namespace `ns` (None: the calling thread's), the
-/// reflector's stamps from its echoes, and after the run the status
-/// probe, the loss split and the clock verdict.
-pub(super) fn target_session(
-    target: &Target,
-    cfg: &ProbeConfig,
+/// One remote target of a session: where, how, and its probe options.
+pub(crate) struct RemoteLeg {
+    pub target: Target,
+    pub cfg: ProbeConfig,
+    /// The CSV's `target` cell (None: a single `--target` run's CSV,
+    /// which has no such column).
+    pub name: Option<String>,
+    /// Its metrics labels besides `target` (a targets file's).
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl RemoteLeg {
+    /// Whether a reload leaves this target as it is (same name, address,
+    /// protocol, probe options and labels): it keeps its statistics.
+    fn same_as(&self, o: &RemoteLeg) -> bool {
+        let (a, b) = (&self.cfg, &o.cfg);
+        self.name == o.name
+            && self.target.addr == o.target.addr
+            && self.target.protocol == o.target.protocol
+            && (a.size, a.tos, a.interval) == (b.size, b.tos, b.interval)
+            && self.labels == o.labels
+    }
+
+    fn label(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.target.addr.to_string())
+    }
+}
+
+/// How a run with a targets file reloads it (SIGHUP).
+pub(crate) struct Reloads<'a> {
+    /// Counts the reload requests.
+    pub generation: &'a AtomicU64,
+    /// Reads and checks the file again.
+    pub read: &'a dyn Fn() -> Result<Vec<RemoteLeg>>,
+}
+
+/// Makes each target's observer (its metrics, or the progress and HDR
+/// log of a single target).
+pub(crate) type ObserverFor<'o> = dyn FnMut(&RemoteLeg) -> Box<dyn SessionObserver + 'o> + 'o;
+
+/// A target of the running session and what it has so far.
+struct Active<'o> {
+    leg: RemoteLeg,
+    p: Prepared,
+    observer: Box<dyn SessionObserver + 'o>,
+    /// Its collector from the round before a reload.
+    collector: Option<super::Collector>,
+    /// Probes tried so far (its next seq).
+    sent: u64,
+}
+
+/// A target's state from set-up to its report.
+struct Prepared {
+    wire: Wire,
+    sock: ProbeSocket,
+    ledger: Mutex<Ledger>,
+    show_one_way: bool,
+    early: ClockVerdict,
+}
+
+/// Most targets warmed up (or asked for their count) at once, one thread each.
+const PARALLEL: usize = 128;
+
+/// Runs `f` over `items` in chunks of [`PARALLEL`] threads; the results in order.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(PARALLEL) {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = chunk.iter().map(|t| sc.spawn(move || f(t))).collect();
+            out.extend(
+                hs.into_iter()
+                    .map(|h| h.join().expect("a warm-up thread panicked")),
+            );
+        });
+    }
+    out
+}
+
+/// The remote side of [`super::run_session`] and [`super::run_targets`]:
+/// one connected socket per target, from namespace `ns` (None: the
+/// calling thread's), the reflectors' stamps from their echoes, one
+/// sender and one I/O thread for all, and after the run each target's
+/// status probe, loss split and clock verdict. With one target a warm-up
+/// without answer is an error; with several that target is warned about
+/// and probed anyway (its loss shows in its report). With `reloads` a
+/// reload request pauses the round: unchanged targets go on with their
+/// statistics and sequence numbers, removed ones are finalized (and stay
+/// in the result), new ones start. Returns each target with its outcome,
+/// removed ones first.
+pub(super) fn targets_session<'o>(
+    legs: Vec<RemoteLeg>,
     ns: Option<&Netns>,
     csv: &mut dyn RecordSink,
+    observer_for: &mut ObserverFor<'o>,
+    reloads: Option<&Reloads<'_>>,
     stop: &AtomicU8,
-    observer: &mut dyn crate::model::observer::SessionObserver,
-) -> Result<SessionOutcome> {
+) -> Result<Vec<(RemoteLeg, SessionOutcome)>> {
     let local_clock = ClockSync::read_kernel().unwrap_or(ClockSync {
         synchronized: false,
         max_error_ns: 0,
         tai_offset_s: 0,
     });
-    let wire = session_wire(target, cfg, &local_clock);
-    let sock = bind_towards(target, cfg, &wire, ns)?;
-    let dst = target.addr;
-    let first = warm_up(&sock, dst, &wire, cfg.size, stop)?;
+    let mode = if legs.len() == 1 && reloads.is_none() {
+        WarmUp::Single
+    } else {
+        WarmUp::Many
+    };
+    let mut active = start(legs, ns, &local_clock, mode, stop, observer_for)?;
     if stop.load(Ordering::SeqCst) != 0 {
         // Before the pacer: no probe of the run has been sent, and none will.
         bail!("interrupted before probing started; nothing was measured");
     }
-    // The clocks as the run starts decide the CSV's one-way column.
-    let early = clock_verdict(&local_clock, first.and_then(|e| e.ee));
-    let mut csv = OneWaySink {
-        inner: csv,
-        show: target.shared_clock || early.one_way_shown,
-    };
-    let ledger = Mutex::new(Ledger {
-        stamp_seq_mirrored: true,
-        ..Ledger::default()
-    });
-    let attempts = AtomicU64::new(0);
-    let note = |seen: &[Echo]| {
-        if let Ok(mut l) = ledger.lock() {
-            for e in seen {
-                l.on_echo(e);
+    let shared = Mutex::new(csv);
+    // Over reloads the run keeps its one end.
+    let end_mono_ns = reloads
+        .and(active[0].leg.cfg.duration)
+        .map(|d| clock::monotonic_ns() + super::pacer::START_AHEAD_NS + d.as_nanos() as i64);
+    let counter = reloads.map(|r| r.generation);
+    let generation = || counter.map_or(0, |g| g.load(Ordering::SeqCst));
+    let mut done = Vec::new();
+    loop {
+        let seen = generation();
+        let pause = || generation() != seen;
+        match round(&mut active, &shared, end_mono_ns, &pause, stop)? {
+            engine::Driven::Finished(collected) => {
+                // The status probes in parallel: a silent target waits 300 ms.
+                let asks: Vec<_> = active.iter().map(|a| (&a.leg, &a.p, a.sent)).collect();
+                let trailers = in_parallel(&asks, |(l, p, sent)| trailer(l, p, *sent, stop));
+                drop(asks);
+                for ((a, c), t) in active.into_iter().zip(collected).zip(trailers) {
+                    let o = outcome(&a.leg, a.p, c, a.sent, t, &local_clock, stop)?;
+                    done.push((a.leg, o));
+                }
+                return Ok(done);
+            }
+            engine::Driven::Paused(cs) => {
+                for (a, c) in active.iter_mut().zip(cs) {
+                    a.collector = Some(c);
+                }
+                let Some(r) = reloads else {
+                    bail!("internal: a session paused without a reload");
+                };
+                active = reload(
+                    active,
+                    r,
+                    ns,
+                    &local_clock,
+                    &shared,
+                    &mut done,
+                    observer_for,
+                    stop,
+                )?;
             }
         }
-    };
-    let session = engine::Session {
-        sock: &sock,
-        dst,
-        wire: &wire,
-        reflector: engine::Reflector::Remote,
-        on_echoes: Some(&note),
-        foreign_before: 0,
-    };
+    }
+}
+
+/// One round of the engine over the active targets; each target's probe
+/// count is brought back for the next.
+fn round(
+    active: &mut [Active<'_>],
+    shared: &Mutex<&mut dyn RecordSink>,
+    end_mono_ns: Option<i64>,
+    pause: &(dyn Fn() -> bool + Sync),
+    stop: &AtomicU8,
+) -> Result<engine::Driven> {
+    let n = active.len() as i64;
+    let carried = active.iter_mut().map(|a| a.collector.take()).collect();
+    let (mut views, mut observers) = (Vec::new(), Vec::new());
+    for a in active.iter_mut() {
+        let Active {
+            leg, p, observer, ..
+        } = a;
+        views.push((&*leg, &*p, a.sent));
+        observers.push(&mut **observer);
+    }
+    let notes: Vec<_> = views
+        .iter()
+        .map(|(_, p, _)| {
+            let ledger = &p.ledger;
+            move |seen: &[Echo]| {
+                if let Ok(mut l) = ledger.lock() {
+                    for e in seen {
+                        l.on_echo(e);
+                    }
+                }
+            }
+        })
+        .collect();
+    let legs: Vec<engine::Leg<'_>> = views
+        .iter()
+        .zip(&notes)
+        .enumerate()
+        .map(|(i, ((leg, p, sent), note))| engine::Leg {
+            s: engine::Session {
+                sock: &p.sock,
+                dst: leg.target.addr,
+                wire: &p.wire,
+                reflector: engine::Reflector::Remote,
+                on_echoes: Some(note),
+                foreign_before: 0,
+            },
+            // The reflector's stamps come in its echoes, as the in-kernel one's do.
+            cfg: ProbeConfig {
+                kernel_reflector: true,
+                ..leg.cfg.clone()
+            },
+            attempts: AtomicU64::new(*sent),
+            // Target i starts i/N of its interval late: sends spread evenly.
+            phase_ns: leg.cfg.interval.as_nanos() as i64 * i as i64 / n,
+        })
+        .collect();
+    let mut sinks: Vec<OneWaySink<'_, '_>> = views
+        .iter()
+        .enumerate()
+        .map(|(i, (leg, p, _))| OneWaySink {
+            inner: shared,
+            target: leg.name.as_deref(),
+            show: p.show_one_way,
+            flushes: i == 0,
+        })
+        .collect();
+    let mut outs: Vec<engine::LegOut<'_>> = sinks
+        .iter_mut()
+        .zip(observers.iter_mut())
+        .map(|(csv, observer)| engine::LegOut {
+            csv,
+            observer: &mut **observer,
+        })
+        .collect();
     let hw = HwSetup {
         echo_stamps: false,
         sender_tx: false,
         receiver_tx: false,
         clocks: Box::new(NoHwClocks),
     };
-    // The reflector's stamps come in its echoes, as the in-kernel one's do.
-    let kcfg = ProbeConfig {
-        kernel_reflector: true,
-        ..cfg.clone()
+    let r = engine::Round {
+        end_mono_ns,
+        pause,
+        carried,
     };
-    let (mut stats, late_arrivals, output_error) =
-        engine::drive(&session, &kcfg, hw, &attempts, &mut csv, stop, observer)?;
-    let sent = attempts.load(Ordering::SeqCst);
-    stats.set_attempts(sent);
-    let mut ledger = ledger
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
-    // The status probe: the reflector's final count of this session.
+    let driven = engine::drive(&legs, hw, &mut outs, stop, r)?;
+    let sent: Vec<u64> = legs
+        .iter()
+        .map(|l| l.attempts.load(Ordering::SeqCst))
+        .collect();
+    drop(outs);
+    drop(observers);
+    for (a, s) in active.iter_mut().zip(sent) {
+        a.sent = s;
+    }
+    Ok(driven)
+}
+
+/// Sockets, wires and warm-ups of new targets (in parallel), and their observers.
+fn start<'o>(
+    legs: Vec<RemoteLeg>,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    mode: WarmUp,
+    stop: &AtomicU8,
+    observer_for: &mut ObserverFor<'o>,
+) -> Result<Vec<Active<'o>>> {
+    let prepared = in_parallel(&legs, |l| prepare(l, ns, local_clock, mode, stop));
+    legs.into_iter()
+        .zip(prepared)
+        .map(|(leg, p)| {
+            Ok(Active {
+                observer: observer_for(&leg),
+                p: p?,
+                leg,
+                collector: None,
+                sent: 0,
+            })
+        })
+        .collect()
+}
+
+/// Reads the targets again and applies the change, one log line per
+/// target: unchanged ones go on, removed (or changed) ones are finalized
+/// into `done`, new ones start. A file that fails its checks changes nothing.
+#[allow(clippy::too_many_arguments)]
+fn reload<'o>(
+    active: Vec<Active<'o>>,
+    r: &Reloads<'_>,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    shared: &Mutex<&mut dyn RecordSink>,
+    done: &mut Vec<(RemoteLeg, SessionOutcome)>,
+    observer_for: &mut ObserverFor<'o>,
+    stop: &AtomicU8,
+) -> Result<Vec<Active<'o>>> {
+    let list = match (r.read)() {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!(
+                "reload: {e:#}; the {} targets probed go on unchanged",
+                active.len()
+            );
+            return Ok(active);
+        }
+    };
+    let mut old: Vec<Option<Active<'o>>> = active.into_iter().map(Some).collect();
+    let (mut next, mut added) = (Vec::new(), Vec::new());
+    for l in list {
+        let at = old
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.leg.name == l.name));
+        match at.and_then(|i| old[i].take().map(|a| (i, a))) {
+            Some((_, a)) if a.leg.same_as(&l) => next.push(a),
+            Some((_, a)) => {
+                log::warn!("target {}: changed, finalized and started anew", l.label());
+                done.push(finalize(a, shared, local_clock, stop)?);
+                added.push(l);
+            }
+            None => added.push(l),
+        }
+    }
+    for a in old.into_iter().flatten() {
+        log::warn!(
+            "target {}: removed after {} probes, finalized (it stays in the report)",
+            a.leg.label(),
+            a.sent
+        );
+        done.push(finalize(a, shared, local_clock, stop)?);
+    }
+    let names: Vec<String> = added.iter().map(RemoteLeg::label).collect();
+    let kept = next.len();
+    let mode = WarmUp::Reload;
+    next.extend(start(added, ns, local_clock, mode, stop, observer_for)?);
+    for name in &names {
+        log::warn!("target {name}: added");
+    }
+    log::warn!(
+        "reload: {kept} targets unchanged (their statistics go on), {} added, {} probed in all",
+        names.len(),
+        next.len()
+    );
+    Ok(next)
+}
+
+/// A target taken out mid-run: what is still in flight counts as lost,
+/// then its report as at the end of a run.
+fn finalize(
+    mut a: Active<'_>,
+    shared: &Mutex<&mut dyn RecordSink>,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<(RemoteLeg, SessionOutcome)> {
+    let c = a
+        .collector
+        .take()
+        .context("internal: a paused target without its collector")?;
+    let mut sink = OneWaySink {
+        inner: shared,
+        target: a.leg.name.as_deref(),
+        show: a.p.show_one_way,
+        flushes: true,
+    };
+    let mut c = c;
+    c.drain(
+        clock::realtime_ns(),
+        true,
+        &mut sink,
+        &mut *a.observer,
+        stop,
+    );
+    let collected = c.finish(&mut sink, &mut *a.observer, stop);
+    report(a, collected, local_clock, stop)
+}
+
+/// A target's outcome after its last probe: the status probe, then its
+/// statistics with the loss split and clock verdict.
+fn report(
+    a: Active<'_>,
+    c: engine::Collected,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<(RemoteLeg, SessionOutcome)> {
+    let t = trailer(&a.leg, &a.p, a.sent, stop);
+    let o = outcome(&a.leg, a.p, c, a.sent, t, local_clock, stop)?;
+    Ok((a.leg, o))
+}
+
+/// A target's socket, wire and warm-up.
+/// How a target's warm-up goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WarmUp {
+    /// The run's only target: no answer within 3 s is an error.
+    Single,
+    /// One of several at the start: 3 s, then probed anyway.
+    Many,
+    /// Added by a reload: 0.5 s, then probed anyway.
+    Reload,
+}
+
+fn prepare(
+    l: &RemoteLeg,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    mode: WarmUp,
+    stop: &AtomicU8,
+) -> Result<Prepared> {
+    let wire = session_wire(&l.target, &l.cfg, local_clock);
+    let sock = bind_towards(&l.target, &l.cfg, &wire, ns)?;
+    let name = l.label();
+    let first = match mode {
+        // A reload pauses every other target while it warms up: half a
+        // second for the new ones, not the three of a start.
+        WarmUp::Reload => {
+            let s = towards(&sock, l.target.addr, &wire);
+            let w = engine::exchange(&s, l.cfg.size, WARMUP_SEQ, stop, super::STOP_SENDING, 5)?;
+            if w.echo.is_none() {
+                log::warn!(
+                    "target {name}: no answer to the warm-up within 0.5 s; probing it anyway"
+                );
+            }
+            Ok(w.echo)
+        }
+        WarmUp::Single | WarmUp::Many => warm_up(&sock, l.target.addr, &wire, l.cfg.size, stop),
+    };
+    let first = match first {
+        Ok(first) => first,
+        Err(e) if mode != WarmUp::Single => {
+            log::warn!("target {name}: {e:#}; probing it anyway");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    // The clocks as the run starts decide the CSV's one-way column.
+    let early = clock_verdict(local_clock, first.and_then(|e| e.ee));
+    Ok(Prepared {
+        show_one_way: l.target.shared_clock || early.one_way_shown,
+        wire,
+        sock,
+        ledger: Mutex::new(Ledger {
+            stamp_seq_mirrored: true,
+            ..Ledger::default()
+        }),
+        early,
+    })
+}
+
+/// After the run: the reflector's answer to the status probe, its final
+/// count of this session (None: not asked, or no answer).
+fn trailer(l: &RemoteLeg, p: &Prepared, sent: u64, stop: &AtomicU8) -> Option<Echo> {
+    let target = &l.target;
     let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
     // Nothing sent (a stop came between the warm-up and the first probe):
     // nothing to count, so nothing to ask.
     if sent > 0 && (target.protocol == ProtocolArg::Rtprobe || stateful_stamp) {
-        ledger.trailer = status_probe(&sock, dst, &wire, cfg.size, stop);
+        status_probe(&p.sock, target.addr, &p.wire, l.cfg.size, stop)
+    } else {
+        None
     }
+}
+
+/// A target's outcome: its statistics with the loss split, the clock
+/// verdict and the protocol facts its echoes told.
+fn outcome(
+    l: &RemoteLeg,
+    p: Prepared,
+    c: engine::Collected,
+    sent: u64,
+    trailer: Option<Echo>,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<SessionOutcome> {
+    let target = &l.target;
+    let (mut stats, late_arrivals, output_error) = c;
+    stats.set_attempts(sent);
+    let mut ledger = p
+        .ledger
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
+    ledger.trailer = trailer;
     let loss = split_loss(
         &ledger,
         sent,
@@ -417,8 +843,8 @@ pub(super) fn target_session(
         target.protocol,
         target.stateless_reflector,
     );
-    let clock = final_clock(target, &local_clock, early, &ledger);
-    let info = protocol_info(target, &wire, &ledger, stats.counts().received);
+    let clock = final_clock(target, local_clock, p.early, &ledger);
+    let info = protocol_info(target, &p.wire, &ledger, stats.counts().received);
     Ok(SessionOutcome {
         stats,
         hardware_tx: false,
@@ -530,7 +956,7 @@ fn status_probe(
             // and the answer to the first would then not give the count.
             let mut buf = vec![0u8; size];
             let mut scratch = Vec::with_capacity(size);
-            let mut batch = RecvBatch::new(16, 65536);
+            let mut batch = RecvBatch::new(16, engine::WARM_UP_BUF_BYTES);
             let seq = STAMP_STATUS_SEQ as u64;
             wire.encode(seq, clock::realtime_ns(), false, &mut buf, &mut scratch);
             let _ = sock.send_to(&buf, dst, u32::MAX - 1);

@@ -574,6 +574,36 @@ pub fn poll_any(socks: &[&ProbeSocket], timeout_ms: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Waits up to `timeout_ms` for any of `socks` to have data or queued
+/// timestamps, and puts the indexes of those that do in `ready`. `fds` is
+/// the caller's buffer, reused from call to call.
+pub fn poll_ready(
+    socks: &[&ProbeSocket],
+    timeout_ms: i32,
+    fds: &mut Vec<libc::pollfd>,
+    ready: &mut Vec<usize>,
+) -> io::Result<()> {
+    fds.clear();
+    fds.extend(socks.iter().map(|s| libc::pollfd {
+        fd: s.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }));
+    ready.clear();
+    // SAFETY: fds is a valid array of fds.len() pollfds.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+        return Ok(());
+    }
+    // POLLERR: a TX timestamp waits on the error queue.
+    ready.extend((0..fds.len()).filter(|&i| fds[i].revents != 0));
+    Ok(())
+}
+
 const CONTROL_LEN: usize = 256;
 
 /// Writes SOL_SOCKET control messages of one u32 each (type, value) into
@@ -777,6 +807,16 @@ impl SendBatch {
     }
 
     pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Empties the batch and makes it send `size`-byte probes to `dst`:
+    /// one batch serves the sender's every target, its buffers reused.
+    pub fn retarget(&mut self, dst: SocketAddr, size: usize) {
+        self.dst = sockaddr(dst);
+        for b in &mut self.bufs {
+            b.resize(size, 0);
+        }
         self.len = 0;
     }
 

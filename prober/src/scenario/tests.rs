@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 use serde_json::json;
 
-use super::*;
+use super::{matrix::check_cell_count, *};
 use crate::{
-    stats::{Latency, RunReport, report::FlowSummary},
+    stats::{Latency, RunReport, Summary, report::FlowSummary},
     tune::{LoadReport, QueueLimit, Rate, load::FlowReport},
 };
 

@@ -30,8 +30,17 @@ fn key_at(text: &str, offset: usize) -> Option<(String, std::ops::Range<usize>)>
                 format!("{prefix}.{}", k.get_ref())
             };
             let (ks, vs) = (k.span(), v.span());
-            if let DeValue::Table(inner) = v.get_ref() {
-                walk(inner, &path, offset, best);
+            match v.get_ref() {
+                DeValue::Table(inner) => walk(inner, &path, offset, best),
+                // An array of tables ([[target]]): each as `key[i]`, from 1.
+                DeValue::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        if let DeValue::Table(inner) = item.get_ref() {
+                            walk(inner, &format!("{path}[{}]", i + 1), offset, best);
+                        }
+                    }
+                }
+                _ => {}
             }
             let inside = ks.start <= offset && offset <= vs.end.max(ks.end);
             if inside && best.as_ref().is_none_or(|(_, s)| ks.start >= s.start) {

@@ -25,18 +25,22 @@
 //!
 //! The probe command then has the flags, and scenario files take the keys
 //! in `[probe]` (and `rtprobe run FILE --flag` overrides them).
-//! Domain enums stay clap-free: their `clap::ValueEnum` impls live in
-//! [`values`].
+//! Domain types stay clap-free: their `clap::ValueEnum` impls live in
+//! [`values`], and the knobs, a plain [`KnobSpec`] in `tune`, get their
+//! flags from [`KnobArgs`] (converted with `From` where the command line
+//! is read).
 
 pub(crate) mod bench_forward;
 pub mod continuous;
 pub(crate) mod flows;
+pub(crate) mod knobs;
 pub(crate) mod located;
 pub(crate) mod output;
 pub(crate) mod pacing;
 pub(crate) mod plan;
 pub(crate) mod probe;
 pub mod remote;
+pub(crate) mod targets;
 pub(crate) mod values;
 pub(crate) mod xdp;
 
@@ -46,6 +50,7 @@ pub use crate::tune::KnobSpec;
 
 pub use self::{
     flows::{FlowSpec, FlowsSpec},
+    knobs::KnobArgs,
     output::OutputSpec,
     pacing::PacingSpec,
     plan::{RunOptions, SpecError},

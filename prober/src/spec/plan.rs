@@ -396,7 +396,7 @@ fn check_family(
     probe: &ProbeConfig,
     extra_flows: &[ProbeConfig],
 ) -> Result<(), SpecError> {
-    if run.probe.ip.is_some() && run.remote.target.is_some() {
+    if run.probe.ip.is_some() && run.remote.is_remote() {
         return Err(SpecError::new(
             "ip",
             "is for testbed runs: with --target the address gives the family (an IPv6 target \
@@ -448,7 +448,7 @@ fn check_remote(o: &RunOptions) -> Result<(), SpecError> {
             ),
         ));
     }
-    if remote.target.is_some() {
+    if remote.is_remote() {
         return check_target(o);
     }
     if stamp && !o.extra_flows.is_empty() {
@@ -498,6 +498,19 @@ fn check_target(o: &RunOptions) -> Result<(), SpecError> {
         return refuse(
             "timestamps",
             "hardware is for testbed runs; with --target use software or auto",
+        );
+    }
+    let many = o.remote.target.len() > 1 || o.remote.targets.is_some();
+    if many && o.continuous.hdr_log.is_some() {
+        return refuse(
+            "hdr_log",
+            "writes one target's histograms; with several targets use --metrics-listen (a series per target) or one rtprobe per --target",
+        );
+    }
+    if many && o.continuous.report_every.is_some() {
+        return refuse(
+            "report_every",
+            "prints one target's intervals; with several targets use --metrics-listen (a series per target) or one rtprobe per --target",
         );
     }
     let mut k = o.knobs.clone();

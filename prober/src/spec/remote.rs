@@ -53,8 +53,21 @@ pub struct RemoteOptions {
     /// or any STAMP reflector with --protocol stamp. HOST[:PORT], IPv4 or IPv6
     /// ([2001:db8::2]:862); the port defaults to --port (862 with --protocol stamp). Needs no
     /// root with software timestamps.
+    /// Repeat it to probe several reflectors from one process (each its own socket, sequence
+    /// space and statistics; sends spread over the interval); --targets FILE names them.
     #[arg(long, value_name = "HOST[:PORT]")]
-    pub target: Option<String>,
+    #[serde(
+        default,
+        serialize_with = "none_if_empty",
+        deserialize_with = "one_or_many"
+    )]
+    pub target: Vec<String>,
+
+    /// Probe every reflector listed in this TOML file: each [[target]] has a name, address and
+    /// optionally labels, protocol, port, tos, size and interval ([defaults] for all). SIGHUP
+    /// reloads it. See docs/REMOTE.md.
+    #[arg(long, value_name = "FILE", conflicts_with = "target")]
+    pub targets: Option<PathBuf>,
 
     /// Probe protocol, on testbed runs and with --target [default: rtprobe]. With stamp the
     /// default port is 862.
@@ -82,14 +95,35 @@ impl RemoteOptions {
         }
     }
 
-    /// Resolves `--target` to one address (IPv4 or IPv6). `port` is what
-    /// [`Self::port`] chose.
-    pub fn target_addr(&self, port: u16) -> Result<Option<SocketAddr>> {
-        let Some(t) = &self.target else {
-            return Ok(None);
-        };
-        resolve(t, port).map(Some)
+    /// Whether the run probes remote reflectors (`--target` or `--targets`)
+    /// instead of building a testbed.
+    pub fn is_remote(&self) -> bool {
+        !self.target.is_empty() || self.targets.is_some()
     }
+}
+
+/// No `--target` is an unset option (null), as every other one: a merge
+/// leaves the file's targets alone, and the key is still known.
+fn none_if_empty<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if v.is_empty() {
+        s.serialize_none()
+    } else {
+        serde::Serialize::serialize(v, s)
+    }
+}
+
+/// `target = "HOST"` (as scenario files wrote it) or `target = ["A", "B"]`.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one

@@ -18,7 +18,7 @@ fn opts(args: &[&str]) -> Result<RunOptions> {
     v.extend_from_slice(args);
     let p = Cli::try_parse_from(v).unwrap().probe;
     let to_cli = |e: SpecError| anyhow::anyhow!("{}", e.for_cli());
-    let o = validate(&p.run, &p.knobs, &p.output).map_err(to_cli)?;
+    let o = validate(&p.run, &p.knobs.into(), &p.output).map_err(to_cli)?;
     check_output_paths(&o).map_err(to_cli)?;
     Ok(o)
 }
@@ -185,7 +185,7 @@ fn merge_precedence_file_then_set_then_command_line() {
     let cli = Cli::try_parse_from(["t", "--stress", "8", "--busy-poll", "--count", "7"])
         .unwrap()
         .probe;
-    let m = merge(&merge(&file, &set).unwrap(), &cli.knobs).unwrap();
+    let m = merge(&merge(&file, &set).unwrap(), &cli.knobs.into()).unwrap();
     assert_eq!(m.link_rate, Some(Rate::mbit(100)), "file only");
     assert_eq!(
         m.qdisc.as_ref().map(|q| q.kind()),
@@ -355,14 +355,17 @@ fn every_spec_round_trips_through_merge() {
     // them as a file would.
     cli.run.pacing.busy_poll = Some(false);
     cli.run.probe.count = Some(12);
+    // --targets conflicts with --target.
+    cli.run.remote.targets = Some("targets.toml".into());
     assert_eq!(merge(&RunSpec::default(), &cli.run).unwrap(), cli.run);
     assert_eq!(merge(&cli.run, &RunSpec::default()).unwrap(), cli.run);
-    assert_eq!(merge(&KnobSpec::default(), &cli.knobs).unwrap(), cli.knobs);
-    assert_eq!(merge(&cli.knobs, &KnobSpec::default()).unwrap(), cli.knobs);
+    let knobs = KnobSpec::from(cli.knobs);
+    assert_eq!(merge(&KnobSpec::default(), &knobs).unwrap(), knobs);
+    assert_eq!(merge(&knobs, &KnobSpec::default()).unwrap(), knobs);
     // No field left unset: a new option must be added here too.
     for v in [
         serde_json::to_value(&cli.run).unwrap(),
-        serde_json::to_value(&cli.knobs).unwrap(),
+        serde_json::to_value(&knobs).unwrap(),
     ] {
         for (k, v) in v.as_object().unwrap() {
             assert!(!v.is_null(), "{k} is not set in this test");
@@ -468,7 +471,7 @@ fn command_line_overrides_a_scenario_and_is_blamed_by_flag() {
         .probe;
     let over = Overrides {
         run: cli.run,
-        knobs: cli.knobs,
+        knobs: cli.knobs.into(),
     };
     let sc = Scenario::parse_with(std::path::Path::new("s.toml"), text, &over).unwrap();
     let cells = sc.cells(std::path::Path::new("/o"));
@@ -486,7 +489,7 @@ fn command_line_overrides_a_scenario_and_is_blamed_by_flag() {
     let bad = Cli::try_parse_from(["t", "--size", "8"]).unwrap().probe;
     let over = Overrides {
         run: bad.run,
-        knobs: bad.knobs,
+        knobs: bad.knobs.into(),
     };
     let e = format!(
         "{:#}",
@@ -504,7 +507,7 @@ fn cli_parses_specs_and_flattens_them_without_clashes() {
     // Unset is None, not a default: that is what lets the file show through.
     let t = Cli::try_parse_from(["t"]).unwrap();
     assert_eq!(t.probe.run, RunSpec::default());
-    assert_eq!(t.probe.knobs, KnobSpec::default());
+    assert_eq!(KnobSpec::from(t.probe.knobs), KnobSpec::default());
     assert_eq!(t.probe.output, OutputSpec::default());
 }
 
@@ -513,7 +516,7 @@ fn knob_flags_parse_like_the_toml() {
     #[derive(Parser)]
     struct T {
         #[command(flatten)]
-        k: KnobSpec,
+        k: KnobArgs,
     }
     let t = T::try_parse_from([
         "t",
@@ -535,13 +538,13 @@ fn knob_flags_parse_like_the_toml() {
     ])
     .unwrap();
     assert_eq!(t.k.mlockall, Some(true));
-    let k = Knobs::from(t.k).validate();
+    let k = Knobs::from(KnobSpec::from(t.k)).validate();
     // queue_limit + qdisc conflict is caught.
     assert_eq!(k.unwrap_err().key, "queue_limit");
     let t = T::try_parse_from(["t", "--link-rate", "100mbps"]);
     assert!(t.is_err());
     let t = T::try_parse_from(["t", "--link-rate", "100mbit", "--load", "tcp:50%"]).unwrap();
-    let k = Knobs::from(t.k);
+    let k = Knobs::from(KnobSpec::from(t.k));
     k.validate().unwrap();
     assert_eq!(k.loads().len(), 1);
     assert_eq!(k.shaping().unwrap().rate, Rate::mbit(100));
@@ -680,6 +683,10 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
         (
             &["--target", "192.0.2.7", "--timestamps", "hardware"][..],
             "--timestamps hardware is for testbed runs; with --target use software or auto",
+        ),
+        (
+            &["--target", "a", "--target", "b", "--hdr-log", "x.hlog"][..],
+            "--hdr-log writes one target's histograms; with several targets use --metrics-listen",
         ),
         (
             &["--target", "192.0.2.7", "--link-rate", "10mbit"][..],

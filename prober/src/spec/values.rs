@@ -1,11 +1,16 @@
-//! `clap::ValueEnum` for the domain enums the specs take, so the types
-//! themselves (in ebpf/, probe/, tune/) stay free of clap. Each line is the
-//! word on the command line (the same as in TOML) and its help.
+//! `clap::ValueEnum` for the domain enums the specs (and the plot and
+//! compare flags of `crate::cli`) take, so the types themselves (in ebpf/,
+//! probe/, tune/, export/) stay free of clap. Each line is the word on the
+//! command line (the same as in TOML) and its help.
 
 use clap::{ValueEnum, builder::PossibleValue};
 
 use crate::{
     ebpf::{ReflectorKind, XdpAction, XdpMode},
+    export::{
+        compare::CompareMetric,
+        plot::{FigureKind, ImageFormat},
+    },
     probe::TimestampSource,
     tune::{Bottleneck, DevicePolicy, MissingPolicy, ShaperKind, StressTool},
 };
@@ -82,4 +87,22 @@ value_enum!(ShaperKind {
 value_enum!(StressTool {
     StressTool::Builtin => "builtin": "sqrt loops on threads inside rtprobe",
     StressTool::StressNg => "stress-ng": "The stress-ng program (must be installed)",
+});
+
+value_enum!(CompareMetric {
+    CompareMetric::OneWay => "one-way": "The packet's one-way latency (CSV column one_way_ns)",
+    CompareMetric::Rtt => "rtt": "The round trip (CSV column rtt_ns)",
+});
+
+value_enum!(FigureKind {
+    FigureKind::Box => "box": "Boxplot, whiskers at 1.5 IQR, every outlier (`*-box`)",
+    FigureKind::Cdf => "cdf": "Empirical CDF (`*-cdf`)",
+    FigureKind::Time => "time": "Latency per probe over time, lost probes marked (`*-time`)",
+    FigureKind::Percentiles => "percentiles": "Latency by percentile on a log(1/(1-p)) axis, 50 % to 99.99 % and beyond, HdrHistogram style: the tail at a glance (`*-percentiles`)",
+    FigureKind::Stages => "stages": "Time per stage of the timestamp chain (stack, sender queue, driver, path, receiver, reflector, return), one box per stage and run (`*-stages`; CSVs written since rtprobe records the chain)",
+});
+
+value_enum!(ImageFormat {
+    ImageFormat::Svg => "svg": "Scalable vector graphics, text kept as text",
+    ImageFormat::Png => "png": "Bitmap through plotters' bitmap backend",
 });

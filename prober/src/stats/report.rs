@@ -9,6 +9,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use std::collections::BTreeMap;
+
 use super::{Summary, XdpCounters};
 
 /// Everything a run says besides the statistics: `extra` in the JSON.
@@ -73,6 +75,10 @@ pub struct RunReport {
     /// Knobs or loads asked for that did not run, in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// Per target, with several (`--target` repeated, `--targets FILE`);
+    /// the top-level figures are then their total.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetSummary>,
 }
 
 impl RunReport {
@@ -135,6 +141,25 @@ pub struct CsvRotation {
     pub keep: u32,
     /// When a new file was started, as given.
     pub when: String,
+}
+
+/// One target of a run with several (`--target` repeated, `--targets
+/// FILE`), and its own summary (loss split, reflector, clock verdict in
+/// its `extra`). The run's top-level figures are the total over them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TargetSummary {
+    /// Its name: the CSV's `target` cell and the metrics' `target` label.
+    pub name: String,
+    /// HOST:PORT probed.
+    pub address: String,
+    pub protocol: String,
+    pub interval_ns: u64,
+    pub size: usize,
+    pub tos: u8,
+    /// The labels the targets file gave it (its metrics carry them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    pub summary: Summary,
 }
 
 /// One probe flow of a run with `--flow`, and its own summary.
@@ -649,6 +674,16 @@ mod tests {
                 ..ReflectorReport::of_kind("kernel")
             }),
             skipped: vec!["qdisc fq_codel".into()],
+            targets: vec![TargetSummary {
+                name: "db-1".into(),
+                address: "192.0.2.7:5061".into(),
+                protocol: "rtprobe".into(),
+                interval_ns: 1_000_000,
+                size: 64,
+                tos: 0,
+                labels: BTreeMap::from([("site".into(), "fra1".into())]),
+                summary: Summary::default(),
+            }],
         };
         Summary {
             report,

@@ -57,7 +57,10 @@ pub(crate) use ethtool::Ring;
 pub(crate) use netns::Netns;
 #[cfg(test)]
 pub(crate) use real::private_sysfs;
-pub(crate) use real::{bpf_errno, linux, linux_static, release_worker};
+pub(crate) use real::{bpf_errno, linux, release_worker};
+// Root tests borrow the process-wide handle; the program passes its `Sys` down.
+#[cfg(test)]
+pub(crate) use real::linux_static;
 pub(crate) use tc::TcCmd;
 
 /// Which network namespace a call acts in.

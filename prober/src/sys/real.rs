@@ -77,6 +77,7 @@ pub fn linux() -> Arc<LinuxSys> {
 }
 
 /// The same, borrowed for the life of the process.
+#[cfg(test)]
 pub fn linux_static() -> &'static LinuxSys {
     SYS.get_or_init(|| Arc::new(LinuxSys::new()))
 }

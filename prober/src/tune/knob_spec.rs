@@ -1,8 +1,10 @@
 //! Kernel knobs applied for a run and restored afterwards, as the option
-//! model (`crate::spec`) asks for them: the command line's knob flags, a
-//! scenario's `[knobs]` table and each `[set.NAME]`. A knob is one field
-//! here; [`Knobs`](super::Knobs) is this spec checked, and the rest of
-//! `tune` applies it.
+//! model (`crate::spec`) asks for them: the command line's knob flags
+//! (`spec::knobs::KnobArgs`, whose help documents each knob), a scenario's
+//! `[knobs]` table and each `[set.NAME]`. A knob is one field here, named
+//! as its TOML key and (in kebab case) its flag; [`Knobs`](super::Knobs)
+//! is this spec checked, and the rest of `tune` applies it. Every field is
+//! optional: not given lets a lower layer of the merge show through.
 
 use std::time::Duration;
 
@@ -12,114 +14,53 @@ use super::{
     Bottleneck, Bytes, CpuDmaLatency, DevicePolicy, LoadSpec, MissingPolicy, QdiscSpec, QueueLimit,
     Rate, ShaperKind, StressTool,
 };
-use crate::model::units::{self, humane_duration};
+use crate::model::units::humane_duration;
 
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
-#[command(next_help_heading = "Knobs (applied for the run, restored afterwards)")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KnobSpec {
-    /// Where shaping/qdisc/BQL/txqueuelen/TX ring act: the sender's interface or the router's
-    /// egress toward the receiver.
-    #[arg(long, value_enum)]
+    /// Where shaping, qdisc, BQL, txqueuelen and TX ring act.
     pub bottleneck: Option<Bottleneck>,
-
-    /// Shape the bottleneck to this rate so it queues like a real link, e.g. 100mbit.
-    #[arg(long)]
+    /// Shaper rate at the bottleneck.
     pub link_rate: Option<Rate>,
-
-    /// Shaper qdisc for --link-rate.
-    #[arg(long, value_enum)]
+    /// Shaper qdisc for `link_rate`.
     pub shaper: Option<ShaperKind>,
-
-    /// Queue behind the shaper: packets (20, 20p) or bytes (64KiB) [default: txqueuelen packets].
-    /// At the sender a TCP GSO packet (up to 64 KiB) counts as one: prefer bytes there.
-    #[arg(long)]
+    /// Queue behind the shaper, in packets or bytes.
     pub queue_limit: Option<QueueLimit>,
-
-    /// Shaper bucket in bytes [default: 1 ms at the link rate, at least 2 frames].
-    #[arg(long)]
+    /// Shaper bucket.
     pub burst: Option<Bytes>,
-
-    /// Bytes the shaper adds per frame for what a wire carries (FCS, preamble, gap) [default: 24].
-    #[arg(long)]
+    /// Bytes the shaper adds per frame for what a wire carries.
     pub wire_overhead: Option<u32>,
-
-    /// qdisc on the bottleneck (under the shaper if shaped): pfifo_fast, pfifo, bfifo, prio,
-    /// fq_codel, htb, htb-prio (strict priority for the probe flow), hfsc, tbf; a bare name
-    /// is the study's preset, override with KIND,key=value (e.g. fq_codel,target=5ms).
-    #[arg(long)]
+    /// qdisc on the bottleneck (under the shaper if shaped).
     pub qdisc: Option<QdiscSpec>,
-
-    /// If the kernel lacks the qdisc: fail, or skip it (the summary says so). With `rtprobe
-    /// run` it overrides every set's policy.
-    #[arg(long, value_enum)]
+    /// What to do if the kernel lacks the qdisc.
     pub missing: Option<MissingPolicy>,
-
-    /// BQL limit_max of every TX queue of the bottleneck, in bytes (the study: 3000).
-    #[arg(long)]
+    /// BQL limit_max of every TX queue of the bottleneck.
     pub bql_limit_max: Option<Bytes>,
-
-    /// TCP small queues: net.ipv4.tcp_limit_output_bytes in the sender namespace (e.g. 64KiB).
-    #[arg(long)]
+    /// net.ipv4.tcp_limit_output_bytes in the sender namespace.
     pub tsq: Option<Bytes>,
-
-    /// txqueuelen of the bottleneck interface, in packets.
-    #[arg(long)]
     pub txqueuelen: Option<u32>,
-
-    /// TX ring size of the bottleneck NIC (ethtool -G tx).
-    #[arg(long)]
+    /// TX ring size of the bottleneck NIC, in descriptors.
     pub tx_ring: Option<u32>,
-
-    /// TSO+GSO on the sender's interface: off sends MTU-size frames, so a queue at the router
-    /// (--bottleneck router) counts wire frames. TCP queues 64 KiB GSO packets at the sender's
-    /// own qdisc either way: limit that queue in bytes.
-    #[arg(long, value_parser = super::parse_on_off, value_name = "on|off")]
+    /// TSO+GSO on the sender's interface.
     pub gso: Option<bool>,
-
-    /// If the device cannot do a knob (BQL or TX ring on veth): report it, or fail.
-    #[arg(long, value_enum)]
+    /// What to do if the device cannot do a knob.
     pub device_unsupported: Option<DevicePolicy>,
-
-    /// Competing load, repeatable: tcp[:50%|:40mbit][,cc=bbr][,flows=N],
-    /// udp:150%|150mbit[,size=1470] or fetch[:100KiB][,every=1s][,cc=reno] (page fetches timed).
-    #[arg(long = "load")]
+    /// Competing load flows.
     pub load: Option<Vec<LoadSpec>>,
-
-    /// Time the load runs before the probes start [default: 1s].
-    #[arg(long, value_parser = units::parse_duration)]
+    /// Time the load runs before the probes start.
     #[serde(default, with = "humane_duration::option")]
     pub load_warmup: Option<Duration>,
-
-    /// CPU stress workers (the study: 8).
-    #[arg(long)]
+    /// CPU stress workers.
     pub stress: Option<u32>,
-
-    /// CPU stress implementation.
-    #[arg(long, value_enum)]
     pub stress_tool: Option<StressTool>,
-
-    /// Run the probe sender SCHED_FIFO at this priority (1-99).
-    #[arg(long)]
+    /// SCHED_FIFO priority of the probe sender (1-99).
     pub rt_priority: Option<u8>,
-
-    /// Lock the process's memory (mlockall) while probing.
-    #[arg(long, num_args = 0, default_missing_value = "true")]
     pub mlockall: Option<bool>,
-
-    /// Pin the probe sender to this CPU.
-    #[arg(long)]
     pub pin_cpu: Option<usize>,
-
-    /// Hold this CPU idle-latency limit (µs, /dev/cpu_dma_latency) while probing, or off; 0 keeps
-    /// the CPUs out of idle states that halt (on a VM, halting hands the vCPU back to the host),
-    /// at the price of idle CPUs polling instead of sleeping [default: 0 with --rt-priority, as
-    /// cyclictest does; else off].
-    #[arg(long)]
+    /// The /dev/cpu_dma_latency limit held while probing.
     pub cpu_dma_latency: Option<CpuDmaLatency>,
-
-    /// Sample the bottleneck's qdisc backlog/qlen this often into a CSV next to the run.
-    #[arg(long, value_parser = units::parse_duration)]
+    /// Period of the bottleneck's qdisc backlog samples.
     #[serde(default, with = "humane_duration::option")]
     pub queue_sample: Option<Duration>,
 }

@@ -111,9 +111,7 @@ impl RtSettings {
                     allowed.join(",")
                 );
             }
-            let mut set = CpuSet::new();
-            set.set(cpu)?;
-            sched_setaffinity(Pid::from_raw(0), &set)
+            pin_to_cpu(cpu)
                 .map_err(|e| anyhow::anyhow!("cannot pin the sender to CPU {cpu}: {e}"))?;
             guard.prev_affinity = Some(prev);
         }
@@ -172,6 +170,14 @@ pub fn set_fifo(tid: i32, prio: u8) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Pins the calling thread to `cpu`: the one place rtprobe sets an
+/// affinity (the sender, the bench's generators and AF_XDP threads).
+pub fn pin_to_cpu(cpu: usize) -> nix::Result<()> {
+    let mut set = CpuSet::new();
+    set.set(cpu)?;
+    sched_setaffinity(Pid::from_raw(0), &set)
 }
 
 /// Holds a PM QoS CPU latency request of `us` µs: the cpuidle governor

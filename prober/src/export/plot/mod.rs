@@ -40,7 +40,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use clap::ValueEnum;
 
 use self::{
     draw::Figure,
@@ -49,18 +48,6 @@ use self::{
     runs::{Key, TimeAxis, build_runs, time_coord},
     stages::stage_figures,
 };
-
-/// Which latency to draw (`--metric`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MetricChoice {
-    /// Receiver RX - sender TX timestamp (one_way_ns).
-    #[value(name = "one-way")]
-    OneWay,
-    /// Echo RX - sender TX timestamp (rtt_ns).
-    Rtt,
-    /// One figure set per metric.
-    Both,
-}
 
 /// One latency metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +86,7 @@ impl Metric {
 }
 
 /// Which figures to draw (`--kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FigureKind {
     /// Boxplot, whiskers at 1.5 IQR, every outlier (`*-box`).
     Box,
@@ -170,7 +157,7 @@ impl Scale {
 }
 
 /// Output image format (`--format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageFormat {
     /// Scalable vector graphics, text kept as text.
     Svg,
@@ -223,7 +210,7 @@ impl Dim {
     }
 }
 
-/// `WIDTHxHEIGHT` in pixels (clap value parser for `--figure-size`).
+/// `WIDTHxHEIGHT` in pixels (the value parser of `--figure-size`).
 pub(crate) fn parse_figure_size(s: &str) -> std::result::Result<(u32, u32), String> {
     let bad =
         || format!("invalid figure size {s:?}: expected WIDTHxHEIGHT in pixels, e.g. 1000x600");
@@ -238,7 +225,7 @@ pub(crate) fn parse_figure_size(s: &str) -> std::result::Result<(u32, u32), Stri
     Ok((w, h))
 }
 
-/// A latency bound such as `0`, `20us`, `1.5ms` (clap value parser for
+/// A latency bound such as `0`, `20us`, `1.5ms` (the value parser of
 /// `--y-min` / `--y-max`).
 pub(crate) fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
     if s.trim().trim_start_matches('0').is_empty() {

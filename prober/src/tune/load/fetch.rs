@@ -53,7 +53,7 @@ pub(super) fn start_fetch(
         // Checked here so that a missing congestion control fails the start,
         // not every fetch.
         if let Some(c) = &cc {
-            set_cc(&l, c)?;
+            set_cc(Some(t.sys), &l, c)?;
         }
         Ok(l)
     })?;
@@ -138,7 +138,7 @@ fn page_server(listener: TcpListener, cc: Option<&str>, stop: &AtomicBool) -> Re
 fn serve_page(mut s: TcpStream, cc: Option<&str>, page: &[u8], stop: &AtomicBool) -> Result<()> {
     s.set_nonblocking(false)?;
     if let Some(c) = cc {
-        set_cc(&s, c)?;
+        set_cc(None, &s, c)?;
     }
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(POLL))?;
@@ -246,7 +246,7 @@ fn fetch_once(
     stop: &AtomicBool,
 ) -> FetchOutcome {
     let left = |d: Instant| d.saturating_duration_since(Instant::now());
-    let mut s = match tcp_connect_within(addr, cc, None, Some(left(deadline))) {
+    let mut s = match tcp_connect_within(None, addr, cc, None, Some(left(deadline))) {
         Ok(s) => s,
         Err(e) => return FetchOutcome::Failed(e),
     };

@@ -22,13 +22,23 @@ use crate::{
     tune::units::Rate,
 };
 
-/// A TCP socket with congestion control and pacing set, connected to dst.
-fn tcp_connect(dst: SocketAddrV4, cc: Option<&str>, pacing: Option<Rate>) -> Result<TcpStream> {
-    tcp_connect_within(dst, cc, pacing, None)
+/// A TCP socket with congestion control and pacing set, connected to dst;
+/// a congestion control the kernel lacks is named with the ones it has
+/// (read through `sys`).
+fn tcp_connect(
+    sys: &dyn Sys,
+    dst: SocketAddrV4,
+    cc: Option<&str>,
+    pacing: Option<Rate>,
+) -> Result<TcpStream> {
+    tcp_connect_within(Some(sys), dst, cc, pacing, None)
 }
 
-/// Sets TCP_CONGESTION; an error names the ones the kernel has.
-pub(super) fn set_cc(fd: &impl AsRawFd, cc: &str) -> Result<()> {
+/// Sets TCP_CONGESTION. With `sys`, an error names the congestion controls
+/// the kernel has. The fetch load's threads outlive the `Sys` they were
+/// started with and pass None: the start already set their congestion
+/// control once through `sys`, so the kernel's error is enough.
+pub(super) fn set_cc(sys: Option<&dyn Sys>, fd: &impl AsRawFd, cc: &str) -> Result<()> {
     // SAFETY: cc bytes are valid for their length.
     let r = unsafe {
         libc::setsockopt(
@@ -41,7 +51,10 @@ pub(super) fn set_cc(fd: &impl AsRawFd, cc: &str) -> Result<()> {
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
-        let avail = available_cc(crate::sys::linux_static()).unwrap_or_default();
+        let Some(sys) = sys else {
+            return Err(anyhow!("TCP_CONGESTION {cc}: {e}"));
+        };
+        let avail = available_cc(sys).unwrap_or_default();
         return Err(match check_cc(cc, &avail) {
             Err(m) => anyhow!(m),
             Ok(()) => anyhow!("TCP_CONGESTION {cc}: {e}"),
@@ -51,8 +64,9 @@ pub(super) fn set_cc(fd: &impl AsRawFd, cc: &str) -> Result<()> {
 }
 
 /// As `tcp_connect`; a connect that takes longer than `timeout` fails
-/// (SO_SNDTIMEO bounds a blocking connect).
+/// (SO_SNDTIMEO bounds a blocking connect). `sys` as for [`set_cc`].
 pub(super) fn tcp_connect_within(
+    sys: Option<&dyn Sys>,
     dst: SocketAddrV4,
     cc: Option<&str>,
     pacing: Option<Rate>,
@@ -66,7 +80,7 @@ pub(super) fn tcp_connect_within(
     // SAFETY: fresh descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     if let Some(cc) = cc {
-        set_cc(&fd, cc)?;
+        set_cc(sys, &fd, cc)?;
     }
     if let Some(r) = pacing {
         let bytes: u64 = r.bytes_per_sec().max(1);
@@ -126,7 +140,7 @@ pub(super) fn start_tcp(
         counters.push(c.clone());
         let stream = t
             .sender
-            .run(|| tcp_connect(addr, cc.as_deref(), per_flow))
+            .run(|| tcp_connect(t.sys, addr, cc.as_deref(), per_flow))
             .with_context(|| format!("TCP load flow {} of {spec}", i + 1))?;
         // Accept it (the SYN is already done: accept returns at once or soon).
         let deadline = Instant::now() + Duration::from_secs(5);

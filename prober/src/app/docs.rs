@@ -12,7 +12,7 @@ use crate::cli::{Cli, ShellArg};
 /// The command line as users see it: `Cli` without its hidden
 /// subcommands. clap cannot remove a subcommand, and clap_complete writes
 /// hidden ones too, so the top level is rebuilt from the visible parts.
-pub fn documented_command() -> clap::Command {
+fn documented_command() -> clap::Command {
     let full = Cli::command();
     let mut cmd = clap::Command::new("rtprobe")
         .version(env!("CARGO_PKG_VERSION"))
@@ -34,7 +34,7 @@ pub fn documented_command() -> clap::Command {
 
 /// The completion script for `shell`. Built in memory: clap_complete
 /// panics on a write error, and stdout may be a closed pipe.
-pub fn completions(shell: ShellArg) -> Vec<u8> {
+pub(super) fn completions(shell: ShellArg) -> Vec<u8> {
     use clap_complete::Shell;
     let shell = match shell {
         ShellArg::Bash => Shell::Bash,
@@ -50,7 +50,7 @@ pub fn completions(shell: ShellArg) -> Vec<u8> {
 /// Writes `rtprobe.1` and one page per visible subcommand
 /// (`rtprobe-plot.1`, ...) into `dir`, created if missing, and returns
 /// their paths, the top-level page first.
-pub fn write_man_pages(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(super) fn write_man_pages(dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create {}: check the path", dir.display()))?;
     // As clap_mangen::generate_to: `help` is no page of its own.

@@ -1,0 +1,188 @@
+//! What `bench-forward` reports: each step's figures, what limited it, and
+//! the machine the bench ran on.
+
+use serde::Serialize;
+
+use crate::{
+    bench_forward::{
+        bounce::BounceStep,
+        cpu::CoreUse,
+        kinds::{ForwardMode, Generator, Sink},
+        perf::PerfFigures,
+    },
+    stats::{Summary, XdpCounters},
+};
+
+/// What stopped the forwarded rate from going higher in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    /// The hop dropped part of what it was offered: it was the bottleneck.
+    Router,
+    /// Flat out and nothing dropped: the generator could not offer more.
+    Generator,
+    /// A paced step the hop carried in full: no limit reached.
+    None,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Router => "router",
+            Limit::Generator => "generator",
+            Limit::None => "-",
+        }
+    }
+}
+
+/// Drops above this share of what was generated mean the hop is the limit
+/// (below it: packets still in flight when the counters were read, and
+/// the odd neighbour-resolution drop).
+pub const ROUTER_LIMIT_DROP_PCT: f64 = 1.0;
+
+/// Names the limit of a step from what was generated and forwarded. Pure.
+pub fn classify(load_pct: u32, generated: u64, forwarded: u64) -> Limit {
+    if generated == 0 {
+        return Limit::None;
+    }
+    let drop_pct = 100.0 * generated.saturating_sub(forwarded) as f64 / generated as f64;
+    if drop_pct > ROUTER_LIMIT_DROP_PCT {
+        Limit::Router
+    } else if load_pct >= 100 {
+        Limit::Generator
+    } else {
+        Limit::None
+    }
+}
+
+/// Probe figures of one step.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProbeFigures {
+    pub sent: u64,
+    pub lost: u64,
+    pub rtt_p50_ns: Option<u64>,
+    pub rtt_p99_ns: Option<u64>,
+    /// RTT of the path without the reflector's user-space turnaround.
+    pub rtt_net_p50_ns: Option<u64>,
+    pub rtt_net_p99_ns: Option<u64>,
+    pub one_way_p50_ns: Option<u64>,
+    pub one_way_p99_ns: Option<u64>,
+}
+
+impl ProbeFigures {
+    pub(super) fn from_summary(s: &Summary) -> Self {
+        Self {
+            sent: s.sent,
+            lost: s.lost,
+            rtt_p50_ns: s.rtt_ns.p50,
+            rtt_p99_ns: s.rtt_ns.p99,
+            rtt_net_p50_ns: s.rtt_net_ns.p50,
+            rtt_net_p99_ns: s.rtt_net_ns.p99,
+            one_way_p50_ns: s.one_way_ns.p50,
+            one_way_p99_ns: s.one_way_ns.p99,
+        }
+    }
+}
+
+/// One measured step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepResult {
+    pub mode: ForwardMode,
+    /// Memory accesses per packet of the router's work variant (None: the router itself).
+    pub work: Option<u32>,
+    pub xdp_mode_attached: String,
+    pub generator: Generator,
+    pub size: usize,
+    pub load_pct: u32,
+    pub offered_pps: Option<f64>,
+    pub generated: u64,
+    pub forwarded: u64,
+    pub secs: f64,
+    pub generated_pps: f64,
+    pub forwarded_pps: f64,
+    pub drop_pct: f64,
+    /// XDP generator: program runs per second (it keeps a share); socket: datagrams sent.
+    pub generator_runs_pps: f64,
+    /// CPU the generator threads used, in percent of one core.
+    pub generator_cpu_pct: f64,
+    /// CPU the router's NAPI thread used, in percent of one core (threaded NAPI only;
+    /// the receiver's softirq work is not in it).
+    pub router_cpu_pct: Option<f64>,
+    pub cores: Vec<CoreUse>,
+    pub probe: ProbeFigures,
+    /// Router XDP counters during the step (empty without XDP).
+    pub xdp_counters: XdpCounters,
+    /// Interface counters during the step, for finding where drops happened.
+    pub router_in_rx_dropped: u64,
+    pub limit: Limit,
+    /// `perf stat` of the router's threads (flat-out steps with --perf-stat).
+    pub perf: Option<PerfFigures>,
+}
+
+/// Everything `bench-forward` measured, with the machine it ran on.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardReport {
+    pub machine: Machine,
+    /// Ids of the testbeds built (one per mode); all removed at the end.
+    pub testbed_ids: Vec<String>,
+    pub sink: Sink,
+    pub threaded_napi: bool,
+    pub rt_priority: Option<u8>,
+    pub steps: Vec<StepResult>,
+    /// The bounce device's steps (--bounce), per hook and queue count.
+    pub bounce: Vec<BounceStep>,
+    /// Why the perf figures are missing, when they are.
+    pub perf_note: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    /// 1-minute load average when the bench started: other work on the
+    /// machine shares the cores with the router under test.
+    pub loadavg_at_start: f64,
+}
+
+impl Machine {
+    pub fn describe() -> Self {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let loadavg_at_start = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+            .unwrap_or(0.0);
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            kernel,
+            loadavg_at_start,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_classification() {
+        assert_eq!(classify(100, 1_000_000, 1_000_000), Limit::Generator);
+        assert_eq!(classify(100, 1_000_000, 995_000), Limit::Generator);
+        assert_eq!(classify(100, 1_000_000, 900_000), Limit::Router);
+        assert_eq!(classify(50, 500_000, 400_000), Limit::Router);
+        assert_eq!(classify(50, 500_000, 500_000), Limit::None);
+        assert_eq!(classify(0, 0, 0), Limit::None);
+    }
+}

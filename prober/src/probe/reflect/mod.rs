@@ -1,0 +1,69 @@
+//! The user-space reflector: answers rtprobe probes or STAMP session-sender
+//! packets (RFC 8762 §4.3, stateless or stateful, unauthenticated or
+//! authenticated). [`Core`] decides per datagram and rewrites the reply in
+//! place (pure, unit-tested); [`serve`] is the socket loop that `rtprobe
+//! reflect` (`app::reflect`) and testbed runs with `--protocol stamp` both
+//! run.
+//!
+//! Safe to leave running on a network:
+//! - only datagrams addressed to one of this host's unicast addresses
+//!   (not broadcast or multicast, told by IP_PKTINFO / IPV6_RECVPKTINFO)
+//!   from a source one host can have (not broadcast, multicast,
+//!   unspecified, 0/8, 240/4 or a subnet broadcast of this host; loopback
+//!   only on loopback) are looked at: [`super::addresses`];
+//! - only well-formed probes of the served protocol are answered (with a
+//!   key: only valid HMACs); echoes are never answered again;
+//! - a reply is the request's own buffer rewritten, never longer;
+//! - a token bucket per source limits answers (counted): per address for
+//!   IPv4, per /64 for IPv6, since one host owns a /64 (SLAAC, privacy
+//!   addresses) and could otherwise rotate through it for fresh buckets
+//!   (`xdp_common::rate_key`, the in-kernel reflector's rule too);
+//!   sessions stay per full source address;
+//! - the session and source tables are bounded ([`MAX_SESSIONS`],
+//!   [`MAX_SOURCES`]) LRU maps: constant work per datagram at any number
+//!   of sources. A full session table forgets its least recently seen
+//!   session; a full source table forgets its least recently seen source
+//!   only once that source's bucket has refilled (so forgetting it gives
+//!   it nothing), else the new source is refused (counted rate-limited);
+//! - "new session" lines and receive errors are logged at most
+//!   [`LOG_LINES_PER_S`] a second, with a count of those held back.
+//!
+//! Every datagram is counted exactly once: reflected, not_for_us,
+//! bad_source, malformed, rate_limited or auth_failed.
+//!
+//! The parts:
+//! - `decide.rs`: [`Core`], the decision on one datagram and the reply
+//!   rewritten in place (pure);
+//! - `tables.rs`: its bounded per-source state, the session table and the
+//!   rate-limit buckets;
+//! - `echo.rs`: what an rtprobe echo carries beyond the probe (the
+//!   reflector's times and state);
+//! - `bind.rs`: the sockets and their options;
+//! - `serve.rs`: [`serve`], the socket loop, with `budget.rs` (how many
+//!   log lines and TX stamps a second) and `report.rs` ([`ServeReport`],
+//!   what a run reports);
+//! - `kernel.rs`: `--kernel`, the in-kernel reflector set up on the
+//!   interface of the `--listen` address.
+
+mod bind;
+mod budget;
+mod decide;
+mod echo;
+mod kernel;
+mod report;
+mod serve;
+mod tables;
+#[cfg(test)]
+mod testutil;
+
+pub use self::{
+    bind::bind,
+    decide::{Addressing, Core, Drop, Policy, Verdict},
+    echo::{FLAG_REFLECTOR_STATE, FLAG_WARMUP, STATE_MIN_LEN, STATE_OFFSET, read_rtprobe_state},
+    serve::LOG_LINES_PER_S,
+    tables::{MAX_SESSIONS, MAX_SOURCES},
+};
+pub(crate) use self::{
+    bind::bind_both_families, kernel::attach_kernel, report::ServeReport, serve::serve,
+};
+pub use crate::stats::report::ReflectorCounters as Counters;

@@ -1,0 +1,57 @@
+//! What a run of the user-space reflector reports when it ends
+//! ([`ServeReport`]: the counters, the turnaround, the sessions seen and
+//! the clock state), the JSON of `rtprobe reflect` and its exit summary.
+
+use serde::Serialize;
+
+use super::Counters;
+
+/// One new session, for the log and the JSON.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SessionInfo {
+    pub source: String,
+    /// rtprobe session id (hex) or STAMP SSID.
+    pub id: String,
+    pub first_seen: String,
+}
+
+/// What [`super::serve`] reports when it returns.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ServeReport {
+    pub protocol: &'static str,
+    pub listen: Vec<String>,
+    pub authenticated: bool,
+    pub stateful: bool,
+    pub rate_limit_pps: u32,
+    pub duration_s: f64,
+    pub counters: Counters,
+    /// From the probe's kernel RX stamp to the echo's kernel TX stamp,
+    /// over the replies that were stamped and whose stamp came back.
+    pub turnaround_ns: crate::stats::Latency,
+    /// Replies sent with a TX stamp asked for: at most
+    /// `turnaround_stamps_per_s` a second, so under a flood a sample.
+    pub turnaround_sampled: u64,
+    /// The stamp budget ([`super::budget::TX_STAMPS_PER_S`]).
+    pub turnaround_stamps_per_s: u32,
+    /// Sessions seen, first ones first (at most 1000 kept).
+    pub session_list: Vec<SessionInfo>,
+    /// The clock state replies carried at the end: unknown (adjtimex
+    /// failed) is unsynchronised with `clock_max_error_ns` null, never 0.
+    pub clock_synchronized: bool,
+    pub clock_max_error_ns: Option<u64>,
+}
+
+impl ServeReport {
+    /// One line on the clock, for the exit summary.
+    pub fn clock_line(&self) -> String {
+        let state = if self.clock_synchronized {
+            "synchronised"
+        } else {
+            "unsynchronised"
+        };
+        match self.clock_max_error_ns {
+            Some(ns) => format!("{state}, max error {:.3} ms", ns as f64 / 1e6),
+            None => format!("{state}, max error unknown (adjtimex failed)"),
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! [`serve`]: the user-space reflector's socket loop. It runs each
+//! datagram through the [`Core`], sends the replies back a batch at a
+//! time, matches the replies' TX stamps to the probes' RX stamps for the
+//! turnaround, and says new sessions and receive errors (rate-limited).
+//!
+//! Kernel interfaces: poll, recvmmsg/sendmmsg on the sockets of
+//! `bind.rs`, and the socket error queue for TX stamps (matched by
+//! SCM_TS_OPT_ID, Linux >= 6.13; older kernels get no turnaround).
+
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicU8, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use super::{
+    Counters,
+    budget::{LineLimit, StampBudget, TX_STAMP_BURST, TX_STAMPS_PER_S},
+    decide::{Addressing, Core, Verdict},
+    report::{ServeReport, SessionInfo},
+};
+use crate::{
+    probe::{
+        addresses::LocalNets,
+        clock,
+        cmsg::TxKind,
+        socket::{ProbeSocket, RecvBatch},
+    },
+    spec::remote::ProtocolArg,
+};
+
+/// "new session" lines (and, separately, receive errors) logged a second
+/// at most; the rest are counted in one line.
+pub const LOG_LINES_PER_S: u32 = 10;
+/// Sessions listed in the JSON at most.
+const SESSION_LIST_MAX: usize = 1000;
+/// RX stamps kept for matching TX stamps (OPT_ID modulo this).
+const TURNAROUND_RING: usize = 4096;
+
+/// Answers on `socks` until `stop` is set or `duration` passes.
+/// `session_line` gets the "new session ... from ..." lines, at most
+/// [`LOG_LINES_PER_S`] a second, then one "... not shown" line for the rest.
+/// A failed receive is counted, logged (as often) and survived.
+pub(crate) fn serve(
+    socks: &[ProbeSocket],
+    core: &mut Core,
+    stop: &AtomicU8,
+    duration: Option<Duration>,
+    session_line: impl FnMut(&str),
+    mut on_tick: impl FnMut(&Counters),
+) -> Result<ServeReport> {
+    let start = std::time::Instant::now();
+    let mut last_tick = start;
+    let mut server = Server::new(core, session_line)?;
+    let refs: Vec<&ProbeSocket> = socks.iter().collect();
+    server
+        .core
+        .set_local_nets(LocalNets::read().context("read this host's addresses")?);
+    let mut nets_read = start;
+    while stop.load(Ordering::SeqCst) == 0 && duration.is_none_or(|d| start.elapsed() < d) {
+        crate::probe::socket::poll_any(&refs, 100).context("reflector poll")?;
+        // Addresses come and go (DHCP, a new interface): a subnet broadcast
+        // may be new. Once a second bounds both the cost and the window.
+        if nets_read.elapsed() >= Duration::from_secs(1) {
+            nets_read = std::time::Instant::now();
+            match LocalNets::read() {
+                Ok(n) => server.core.set_local_nets(n),
+                Err(e) => log::warn!("reflector: {e:#}; keeping the addresses read before"),
+            }
+        }
+        for sock in socks {
+            server.serve_socket(sock);
+        }
+        if last_tick.elapsed() >= Duration::from_millis(250) {
+            last_tick = std::time::Instant::now();
+            on_tick(&server.core.counters);
+            // A flood that stopped still gets its count said.
+            if let Some(k) = server.session_lines.roll(clock::realtime_ns()) {
+                (server.session_line)(&held_back_line(k));
+            }
+        }
+    }
+    if let Some(k) = server.session_lines.take_held_back() {
+        (server.session_line)(&held_back_line(k));
+    }
+    if let Some(k) = server.error_lines.take_held_back() {
+        log::warn!("reflector: {k} more receive errors not shown");
+    }
+    on_tick(&server.core.counters);
+    Ok(server.report(start.elapsed()))
+}
+
+fn held_back_line(k: u64) -> String {
+    format!("{k} more new sessions in the last second not shown")
+}
+
+/// The user-space reflector's state between polls: the core answering
+/// probes, the receive batches, the echo TX stamps that give the
+/// turnaround, and the rate-limited session and error lines.
+struct Server<'c, F: FnMut(&str)> {
+    core: &'c mut Core,
+    batch: RecvBatch,
+    errq: RecvBatch,
+    /// Datagrams of the batch to send back, and the OPT_ID each asks a TX
+    /// stamp for.
+    echo: Vec<usize>,
+    stamps: Vec<Option<u32>>,
+    /// RX stamp per OPT_ID, for the most recent [`TURNAROUND_RING`] ids.
+    ring: Vec<i64>,
+    next_id: u32,
+    budget: StampBudget,
+    /// Echoes sent with a TX stamp asked for.
+    sampled: u64,
+    turnaround: hdrhistogram::Histogram<u64>,
+    sessions: Vec<SessionInfo>,
+    session_lines: LineLimit,
+    error_lines: LineLimit,
+    session_line: F,
+}
+
+impl<'c, F: FnMut(&str)> Server<'c, F> {
+    fn new(core: &'c mut Core, session_line: F) -> Result<Self> {
+        Ok(Server {
+            core,
+            batch: RecvBatch::new(64, 65536),
+            errq: RecvBatch::new(64, 256),
+            echo: Vec::with_capacity(64),
+            stamps: Vec::with_capacity(64),
+            ring: vec![0i64; TURNAROUND_RING],
+            next_id: 0,
+            budget: StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST),
+            sampled: 0,
+            turnaround: hdrhistogram::Histogram::<u64>::new(3).context("histogram")?,
+            sessions: Vec::new(),
+            session_lines: LineLimit::new(LOG_LINES_PER_S),
+            error_lines: LineLimit::new(LOG_LINES_PER_S),
+            session_line,
+        })
+    }
+
+    /// Answers every datagram waiting on `sock`, a batch at a time, and
+    /// collects the echoes' TX stamps.
+    fn serve_socket(&mut self, sock: &ProbeSocket) {
+        loop {
+            let n = match sock.recv_batch(&mut self.batch, false) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.receive_failed(&e);
+                    break;
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            self.answer_batch(sock, n, clock::realtime_ns());
+            if !self.echo.is_empty() {
+                self.send_echoes(sock);
+            }
+            self.drain_tx_stamps(sock);
+            if n < self.batch.capacity() {
+                break;
+            }
+        }
+        self.drain_tx_stamps(sock);
+    }
+
+    /// E.g. ENOMEM, or an error a socket option queued: the next datagram
+    /// may well be fine, so it is counted and logged (rate-limited) only.
+    fn receive_failed(&mut self, e: &std::io::Error) {
+        self.core.counters.recv_errors += 1;
+        let now = clock::realtime_ns();
+        if let Some(k) = self.error_lines.roll(now) {
+            log::warn!("reflector: {k} more receive errors in the last second");
+        }
+        if self.error_lines.admit() {
+            log::warn!("reflector: receive failed ({e}); going on");
+        }
+    }
+
+    /// Runs the first `n` datagrams of the batch through the core, and
+    /// lists the replies to send with the TX stamps they ask for.
+    fn answer_batch(&mut self, sock: &ProbeSocket, n: usize, now: i64) {
+        self.echo.clear();
+        self.stamps.clear();
+        for i in 0..n {
+            let (payload, src, c) = self.batch.get(i);
+            let at = Addressing {
+                src,
+                dst: c.dst,
+                ifindex: c.ifindex,
+            };
+            let v = self.core.handle_addressed(payload, at, c.sw_ns, c.ttl, now);
+            let Verdict::Reply { new_session } = v else {
+                continue;
+            };
+            if let Some(id) = new_session {
+                self.new_session(src, id, now);
+            }
+            // Only a reply with an RX stamp can give a turnaround.
+            let stamp = c.sw_ns.is_some() && sock.per_send_opt_id() && self.budget.take(now);
+            if stamp {
+                self.ring[self.next_id as usize % TURNAROUND_RING] = c.sw_ns.unwrap_or(0);
+                self.stamps.push(Some(self.next_id));
+                self.next_id = self.next_id.wrapping_add(1);
+            } else {
+                self.stamps.push(None);
+            }
+            self.echo.push(i);
+        }
+    }
+
+    /// Says a new session (rate-limited) and keeps it for the report's
+    /// list (the first [`SESSION_LIST_MAX`]).
+    fn new_session(&mut self, src: SocketAddr, id: u64, now: i64) {
+        if let Some(k) = self.session_lines.roll(now) {
+            (self.session_line)(&held_back_line(k));
+        }
+        let show = self.session_lines.admit();
+        // Built only when used: under a flood of new sessions, formatting
+        // each would cost more than answering it.
+        if show || self.sessions.len() < SESSION_LIST_MAX {
+            let info = session_info(self.core.policy().protocol, src, id);
+            if show {
+                (self.session_line)(&format!("new session {} from {}", info.id, info.source));
+            }
+            if self.sessions.len() < SESSION_LIST_MAX {
+                self.sessions.push(info);
+            }
+        }
+    }
+
+    fn send_echoes(&mut self, sock: &ProbeSocket) {
+        match sock.send_back_stamping(&mut self.batch, &self.echo, &self.stamps) {
+            Ok(sent) => {
+                self.core.counters.send_errors += (self.echo.len() - sent) as u64;
+                // Asked for (a kernel without per-send ids was asked for
+                // none); a refused send gets no stamp.
+                if sock.per_send_opt_id() {
+                    self.sampled += self.stamps.iter().flatten().count() as u64;
+                }
+            }
+            Err(e) => {
+                log::debug!("reflector send: {e}");
+                self.core.counters.send_errors += self.echo.len() as u64;
+            }
+        }
+    }
+
+    fn drain_tx_stamps(&mut self, sock: &ProbeSocket) {
+        drain_tx_stamps(
+            sock,
+            &mut self.errq,
+            &self.ring,
+            self.next_id,
+            &mut self.turnaround,
+        );
+    }
+
+    fn report(self, elapsed: Duration) -> ServeReport {
+        let core = self.core;
+        let clock = core.clock(clock::realtime_ns());
+        let policy = core.policy();
+        ServeReport {
+            protocol: policy.protocol.name(),
+            listen: Vec::new(),
+            authenticated: policy.key.is_some(),
+            stateful: policy.stateful || policy.protocol == ProtocolArg::Rtprobe,
+            rate_limit_pps: policy.rate_limit_pps,
+            duration_s: elapsed.as_secs_f64(),
+            counters: core.counters.clone(),
+            turnaround_ns: crate::stats::Latency::from_hist(&self.turnaround),
+            turnaround_sampled: self.sampled,
+            turnaround_stamps_per_s: TX_STAMPS_PER_S,
+            session_list: self.sessions,
+            clock_synchronized: clock.is_some_and(|c| c.synchronized),
+            clock_max_error_ns: clock.map(|c| c.max_error_ns),
+        }
+    }
+}
+
+fn session_info(protocol: ProtocolArg, src: SocketAddr, id: u64) -> SessionInfo {
+    SessionInfo {
+        source: src.to_string(),
+        id: match protocol {
+            ProtocolArg::Rtprobe => format!("{id:#018x}"),
+            ProtocolArg::Stamp => format!("ssid {id}"),
+        },
+        first_seen: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    }
+}
+
+/// Echo TX stamps: turnaround = TX stamp - the probe's RX stamp (matched
+/// by OPT_ID; only the recent ring of them, which is all a live queue holds).
+fn drain_tx_stamps(
+    sock: &ProbeSocket,
+    errq: &mut RecvBatch,
+    ring: &[i64],
+    next_id: u32,
+    h: &mut hdrhistogram::Histogram<u64>,
+) {
+    loop {
+        let got = sock.recv_batch(errq, true).unwrap_or(0);
+        for i in 0..got {
+            let (_, _, c) = errq.get(i);
+            if let Some((id, TxKind::Software, tx_ns)) = c.tx_stamp()
+                && sock.per_send_opt_id()
+                && next_id.wrapping_sub(id) as usize <= TURNAROUND_RING
+            {
+                let rx = ring[id as usize % TURNAROUND_RING];
+                if rx > 0 && tx_ns >= rx {
+                    let _ = h.record((tx_ns - rx) as u64);
+                }
+            }
+        }
+        if got < errq.capacity() {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::testutil::*, *};
+    use crate::probe::reflect::bind;
+
+    /// A reply the kernel refuses counts as a send error (the socket is
+    /// shut down for writing: every send fails with EPIPE), not as sent.
+    #[test]
+    fn refused_replies_count_as_send_errors() {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let port = std::net::UdpSocket::bind(any)
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let at = SocketAddr::from(([127, 0, 0, 1], port));
+        let socks = bind(&[at]).unwrap();
+        // SAFETY: shutdown on an fd the ProbeSocket owns and keeps open.
+        unsafe { libc::shutdown(socks[0].fd(), libc::SHUT_WR) };
+        let client = std::net::UdpSocket::bind(any).unwrap();
+        for seq in 0..3 {
+            client.send_to(&probe(5, seq, 64), at).unwrap();
+        }
+        let mut c = core(ProtocolArg::Rtprobe, None, 0, false);
+        let stop = AtomicU8::new(0);
+        let report = serve(
+            &socks,
+            &mut c,
+            &stop,
+            Some(Duration::from_millis(300)),
+            |_| {},
+            |_| {},
+        )
+        .unwrap();
+        let k = &report.counters;
+        assert_eq!((k.reflected, k.send_errors), (3, 3), "{k:?}");
+    }
+}
