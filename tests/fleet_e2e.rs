@@ -133,9 +133,13 @@ impl Fleet {
     fn logs(&self) -> String {
         let mut out = String::new();
         for (what, _) in &self.procs {
-            let text = std::fs::read_to_string(self.path(&format!("{what}.log"))).unwrap_or_default();
+            let text =
+                std::fs::read_to_string(self.path(&format!("{what}.log"))).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(8).collect();
-            out += &format!("--- {what}:\n{}\n", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            out += &format!(
+                "--- {what}:\n{}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         out
     }
@@ -214,22 +218,27 @@ fn prometheus_yml(rules: &[PathBuf]) -> String {
 }
 
 /// One instant PromQL query through promtool (from the monitoring
-/// namespace): each sample's labels and value.
-fn query(f: &Fleet, expr: &str) -> Vec<(serde_json::Value, f64)> {
+/// namespace): each sample's labels and value, or what went wrong
+/// (Prometheus answers 503 until it has started).
+fn query(f: &Fleet, expr: &str) -> Result<Vec<(serde_json::Value, f64)>, String> {
     let o = Command::new("ip")
-        .args(["netns", "exec", &f.mon, "promtool", "query", "instant", "-o", "json"])
+        .args([
+            "netns", "exec", &f.mon, "promtool", "query", "instant", "-o", "json",
+        ])
         .arg(format!("http://{PROM_ADDR}"))
         .arg(expr)
         .output()
         .expect("run promtool");
-    assert!(
-        o.status.success(),
-        "promtool query {expr}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("promtool output {e}: {}", String::from_utf8_lossy(&o.stdout)));
-    v.as_array()
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).map_err(|e| {
+        format!(
+            "promtool output {e}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })?;
+    Ok(v.as_array()
         .map(|a| {
             a.iter()
                 .map(|s| {
@@ -238,7 +247,7 @@ fn query(f: &Fleet, expr: &str) -> Vec<(serde_json::Value, f64)> {
                 })
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default())
 }
 
 /// The (instance, target) pairs of a query's samples.
@@ -279,14 +288,18 @@ fn wait_for(
     let t0 = Instant::now();
     loop {
         let s = query(f, expr);
-        if done(&s) {
-            return (t0.elapsed(), s);
+        if let Ok(s) = &s
+            && done(s)
+        {
+            return (t0.elapsed(), s.clone());
         }
         if t0.elapsed() > within {
+            let got = match &s {
+                Ok(s) => format!("{} samples: {:?}", s.len(), pairs(s)),
+                Err(e) => e.clone(),
+            };
             panic!(
-                "{what}: not within {within:?}; `{expr}` gave {} samples: {:?}\n{}",
-                s.len(),
-                pairs(&s),
+                "{what}: not within {within:?}; `{expr}` gave {got}\n{}",
                 f.logs()
             );
         }
@@ -314,9 +327,16 @@ fn start_reflectors(f: &mut Fleet) {
     let t0 = Instant::now();
     for i in 1..=HOSTS {
         let log = f.path(&format!("reflect-{}.log", host_name(i)));
-        while !std::fs::read_to_string(&log).unwrap_or_default().contains(READY_LINE) {
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(READY_LINE)
+        {
             f.assert_all_running();
-            assert!(t0.elapsed() < Duration::from_secs(30), "reflectors not ready\n{}", f.logs());
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "reflectors not ready\n{}",
+                f.logs()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -337,7 +357,9 @@ fn start_probers(f: &mut Fleet) {
             format!("{}:{METRICS_PORT}", mgmt_ip(i)),
             "--quiet".into(),
             "--out".into(),
-            f.path(&format!("{}.csv", host_name(i))).display().to_string(),
+            f.path(&format!("{}.csv", host_name(i)))
+                .display()
+                .to_string(),
         ];
         let ns = f.hosts[i - 1].clone();
         f.spawn(&ns, &format!("probe-{}", host_name(i)), &bin(), &args);
@@ -348,7 +370,10 @@ fn start_prometheus(f: &mut Fleet) {
     let rules = shipped_rules(f);
     let yml = f.path("prometheus.yml");
     std::fs::write(&yml, prometheus_yml(&rules)).unwrap();
-    sh_ok(&format!("promtool check config {} >/dev/null", yml.display()));
+    sh_ok(&format!(
+        "promtool check config {} >/dev/null",
+        yml.display()
+    ));
     let args = [
         format!("--config.file={}", yml.display()),
         format!("--storage.tsdb.path={}", f.path("tsdb").display()),
@@ -373,37 +398,73 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
     // The full 8 x 7 RTT p99 matrix, one PromQL query.
     // The shipped recording rule (its window shortened, see shorten_windows).
     let matrix = "instance_target:rtprobe_rtt_seconds:p99_1m";
-    let (took, m) = wait_for(&mut f, "the 8 x 7 p99 matrix", Duration::from_secs(60), matrix, |s| {
-        pairs(s) == all_pairs(None) && s.iter().all(|(_, v)| v.is_finite() && *v > 0.0)
-    });
+    let (took, m) = wait_for(
+        &mut f,
+        "the 8 x 7 p99 matrix",
+        Duration::from_secs(60),
+        matrix,
+        |s| pairs(s) == all_pairs(None) && s.iter().all(|(_, v)| v.is_finite() && *v > 0.0),
+    );
     eprintln!("the 56-pair RTT p99 matrix after {took:?} (µs; row = prober, column = target):");
     print_matrix(&m);
 
     // Host 3's bridge port goes down.
     let down = 3;
-    sh_ok(&format!("ip -n {} link set {} down", f.sw, f.ports[down - 1]));
+    sh_ok(&format!(
+        "ip -n {} link set {} down",
+        f.sw,
+        f.ports[down - 1]
+    ));
     let expected = all_pairs(Some(down));
     let lossy = format!(
         "sum by (instance, target) (increase(rtprobe_probes_lost_total[{}s])) > 0",
         3 * SCRAPE.as_secs()
     );
     let within = 2 * SCRAPE + Duration::from_millis(PROBE_TIMEOUT_MS);
-    let (took, s) = wait_for(&mut f, "loss on the downed host's 14 pairs", 3 * within, &lossy, |s| {
-        let p = pairs(s);
-        assert!(p.is_subset(&expected), "loss on a pair not involving h{down}: {:?}", p.difference(&expected).collect::<Vec<_>>());
-        p == expected
-    });
+    let (took, s) = wait_for(
+        &mut f,
+        "loss on the downed host's 14 pairs",
+        3 * within,
+        &lossy,
+        |s| {
+            let p = pairs(s);
+            assert!(
+                p.is_subset(&expected),
+                "loss on a pair not involving h{down}: {:?}",
+                p.difference(&expected).collect::<Vec<_>>()
+            );
+            p == expected
+        },
+    );
     eprintln!(
         "port of h{down} down: loss on exactly its {} pairs after {took:?} (scrape interval {SCRAPE:?}, probe timeout {PROBE_TIMEOUT_MS} ms)",
         s.len()
     );
-    assert!(took <= within, "loss showed after {took:?}, more than two scrape intervals after the probes' timeout ({within:?})");
+    assert!(
+        took <= within,
+        "loss showed after {took:?}, more than two scrape intervals after the probes' timeout ({within:?})"
+    );
 
     let alert = "ALERTS{alertname=\"RtprobePairLoss\", alertstate=\"firing\"}";
-    let (took_alert, a) = wait_for(&mut f, "the pair-loss alert", Duration::from_secs(30), alert, |s| {
-        !pairs(s).is_empty() && pairs(s).is_subset(&expected)
-    });
-    eprintln!("RtprobePairLoss firing for {} pairs {took_alert:?} after the loss showed", a.len());
+    let (took_alert, a) = wait_for(
+        &mut f,
+        "the pair-loss alert on the 14 pairs",
+        Duration::from_secs(30),
+        alert,
+        |s| {
+            let p = pairs(s);
+            assert!(
+                p.is_subset(&expected),
+                "RtprobePairLoss fired for a pair not involving h{down}: {:?}",
+                p.difference(&expected).collect::<Vec<_>>()
+            );
+            p == expected
+        },
+    );
+    eprintln!(
+        "RtprobePairLoss firing for all {} pairs {took_alert:?} after the loss showed",
+        a.len()
+    );
     f.assert_all_running();
 }
 
@@ -417,7 +478,9 @@ fn print_matrix(m: &[(serde_json::Value, f64)]) {
     for i in 1..=HOSTS {
         let mut row = format!("{:<6}", host_name(i));
         for j in 1..=HOSTS {
-            let v = m.iter().find(|(l, _)| l["instance"] == host_name(i).as_str() && l["target"] == host_name(j).as_str());
+            let v = m.iter().find(|(l, _)| {
+                l["instance"] == host_name(i).as_str() && l["target"] == host_name(j).as_str()
+            });
             row += &match v {
                 Some((_, s)) => format!("{:>8.1}", s * 1e6),
                 None => format!("{:>8}", "-"),
@@ -457,7 +520,11 @@ fn shorten_windows(rules: &str) -> String {
         .map(|l| {
             let l = l.replace("[1m]", &window).replace("[1h]", "[60s]");
             match l.trim_start().strip_prefix("for: ") {
-                Some(_) => format!("{}for: {}s", &l[..l.len() - l.trim_start().len()], SCRAPE.as_secs()),
+                Some(_) => format!(
+                    "{}for: {}s",
+                    &l[..l.len() - l.trim_start().len()],
+                    SCRAPE.as_secs()
+                ),
                 None => l,
             }
         })
