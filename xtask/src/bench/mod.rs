@@ -15,7 +15,8 @@
 //! - The highest probe rate sustained with 0 unaccounted and 0 lost probes,
 //!   and 1 M probes at 100 k/s with the in-kernel reflector per XDP mode:
 //!   the rate achieved, loss and its causes from the kernel's counters.
-//! - Peak RSS after 10 M probes (1 M with --quick).
+//! - Peak RSS after 10 M probes (1 M with --quick); in the continuous
+//!   section, `/metrics` render time for 1000 targets per series budget.
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
@@ -24,7 +25,8 @@
 //! testbed creates; nothing touches the host's interfaces.
 //!
 //! One file per section (rtt with the veth pair in pair.rs, pacing, rate,
-//! memory with continuous, forward with the thesis axes); peers.rs runs and reads the tools
+//! memory with continuous, forward with the thesis axes; metrics.rs the
+//! continuous section's `/metrics` render rows); peers.rs runs and reads the tools
 //! rtprobe is compared with, run.rs starts rtprobe and holds testbeds,
 //! host.rs reads what else the machine was doing, table.rs prints the rows.
 
@@ -32,6 +34,7 @@ mod fleet;
 mod forward;
 mod host;
 mod memory;
+mod metrics;
 mod pacing;
 mod pair;
 mod peers;
@@ -84,7 +87,8 @@ pub enum Section {
     /// XDP vs kernel forwarding.
     Forward,
     /// RSS of a `--forever` run at a high rate, and of a day's worth of 1 ms
-    /// probes driven as synthetic events through the same per-probe code.
+    /// probes driven as synthetic events through the same per-probe code;
+    /// `/metrics` render time for 1000 targets at each series budget.
     Continuous,
     /// The XDP thesis's other axes: per-packet work, queues, XDP_TX bounce, perf counters.
     Thesis,
