@@ -62,7 +62,8 @@ pub struct ContinuousArgs {
     /// The latency histograms /metrics carries per flow: any of rtt, one-way (only once the run
     /// measures one-way delay: not on --target runs) and stages (one per stage of the timestamp
     /// chain the run stamps, up to 7). Fewer histograms, fewer series per target: see
-    /// docs/CONTINUOUS.md for the budget [default: rtt,one-way,stages].
+    /// docs/CONTINUOUS.md for the budget [default: rtt,one-way,stages; with several targets
+    /// rtt,one-way].
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub metrics_histograms: Option<Vec<MetricsHistogram>>,
 
@@ -112,6 +113,21 @@ impl Default for MetricsSeries {
             rtt: true,
             one_way: true,
             stages: true,
+            buckets: DEFAULT_METRICS_BUCKETS,
+        }
+    }
+}
+
+impl MetricsSeries {
+    /// The default with several targets (a fleet's prober): RTT and
+    /// one-way histograms and the counters, no stage histograms (up to 7
+    /// more per target) unless `--metrics-histograms` asks for them; this
+    /// keeps 1000 targets' `/metrics` within its render budget.
+    pub const fn for_fleet() -> Self {
+        Self {
+            rtt: true,
+            one_way: true,
+            stages: false,
             buckets: DEFAULT_METRICS_BUCKETS,
         }
     }

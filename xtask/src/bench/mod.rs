@@ -30,6 +30,7 @@
 //! rtprobe is compared with, run.rs starts rtprobe and holds testbeds,
 //! host.rs reads what else the machine was doing, table.rs prints the rows.
 
+mod fleet;
 mod forward;
 mod host;
 mod memory;
@@ -91,6 +92,8 @@ pub enum Section {
     Continuous,
     /// The XDP thesis's other axes: per-packet work, queues, XDP_TX bounce, perf counters.
     Thesis,
+    /// 1000 targets at 10 probes/s from one process; in-kernel vs user-space reflector capacity.
+    Fleet,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -132,7 +135,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 7] = [
+    let sections: [(Section, &str, Rows); 8] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -144,6 +147,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             memory::continuous_rows,
         ),
         (Section::Thesis, "XDP thesis axes", forward::thesis_rows),
+        (
+            Section::Fleet,
+            "1000 targets, reflector capacity",
+            fleet::fleet_section,
+        ),
     ];
     for (_, name, f) in sections
         .into_iter()
