@@ -77,7 +77,9 @@ fn every_address_answers(protocol: &str, port: u16) {
         .collect();
     let (refl, _) = r.stop();
     for (a, n) in &got {
-        eprintln!("{protocol}: {n}/{COUNT} answered from {a} (reflector on 0.0.0.0:{port} and [::]:{port})");
+        eprintln!(
+            "{protocol}: {n}/{COUNT} answered from {a} (reflector on 0.0.0.0:{port} and [::]:{port})"
+        );
     }
     for (a, n) in &got {
         assert_eq!(*n, COUNT, "{protocol} to {a}: {got:?}");

@@ -399,7 +399,9 @@ mod tests {
             client.set_nonblocking(true).unwrap();
             let mut buf = [0u8; 128];
             let echoes = std::iter::from_fn(|| client.recv(&mut buf).ok()).count();
-            eprintln!("--listen {listen}:{port}: {echoes}/5 echoes to a sender connected to {probed}");
+            eprintln!(
+                "--listen {listen}:{port}: {echoes}/5 echoes to a sender connected to {probed}"
+            );
             assert_eq!(report.counters.reflected, 5, "{listen}");
             assert_eq!(echoes, 5, "{listen}: replies left from another address");
         }
