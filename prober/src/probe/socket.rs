@@ -480,9 +480,10 @@ impl ProbeSocket {
         } else {
             batch.prepare_echo(idx, false, &no_id, &from);
         }
-        // Retrying without ids after an EINVAL: a source address that has
-        // gone since the probe arrived is refused with EINVAL too, so only a
-        // retry that goes out proves the kernel lacks per-send ids.
+        // Retrying without ids after an EINVAL: an IPv6 source address that
+        // has gone since the probe arrived is refused with EINVAL too (IPv4
+        // says ENETUNREACH), so only a retry that goes out proves the
+        // kernel lacks per-send ids.
         let mut retrying_without_ids = false;
         let mut done = 0;
         let mut failed = 0;

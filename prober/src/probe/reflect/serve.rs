@@ -372,6 +372,75 @@ mod tests {
         assert_eq!((k.reflected, k.send_errors), (3, 3), "{k:?}");
     }
 
+    /// A reply whose source is no longer this host's (the address went
+    /// between the probe and the reply) is refused: over IPv4 with
+    /// ENETUNREACH, over IPv6 with EINVAL, as a kernel without per-send
+    /// OPT_IDs refuses those. The refusal costs that reply only, not the
+    /// turnaround of every later one.
+    #[test]
+    fn a_refused_source_does_not_turn_off_per_send_stamp_ids() {
+        // TEST-NET-1 and the documentation prefix: never this host's.
+        for (lo, gone) in [("127.0.0.1", "192.0.2.1"), ("::1", "2001:db8::1")] {
+            let lo: IpAddr = lo.parse().unwrap();
+            let wildcard = SocketAddr::new(
+                if lo.is_ipv4() {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                },
+                0,
+            );
+            let Ok(socks) = bind(&[wildcard]) else {
+                eprintln!("no {lo} here: skipped");
+                continue;
+            };
+            let refl = &socks[0];
+            let client = std::net::UdpSocket::bind(SocketAddr::new(lo, 0)).unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(1)))
+                .unwrap();
+            let to = SocketAddr::new(lo, local_port(refl));
+            for seq in 0..2 {
+                client.send_to(&probe(7, seq, 64), to).unwrap();
+            }
+            let mut batch = RecvBatch::new(4, 256);
+            let mut n = 0;
+            for _ in 0..100 {
+                n = refl.recv_batch(&mut batch, false).unwrap();
+                if n > 0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(n, 2, "both on loopback in one batch");
+            let per_send = refl.per_send_opt_id();
+            let from = [Some(gone.parse().unwrap()), None];
+            let sent = refl
+                .send_back_stamping(&mut batch, &[0, 1], &[Some(1), Some(2)], &from)
+                .unwrap();
+            let now = refl.per_send_opt_id();
+            eprintln!("{lo}: {sent} of 2 replies sent; per-send ids {per_send} -> {now}");
+            assert_eq!(sent, 1, "the reply from {gone} is refused, the other goes");
+            assert_eq!(now, per_send);
+            let mut buf = [0u8; 128];
+            client.recv(&mut buf).unwrap();
+        }
+    }
+
+    /// The port `s` is bound to.
+    fn local_port(s: &ProbeSocket) -> u16 {
+        // SAFETY: sockaddr_storage is plain data, valid all-zero.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getsockname writes at most `len` bytes into `ss`.
+        let r = unsafe { libc::getsockname(s.fd(), (&raw mut ss).cast(), &mut len) };
+        assert_eq!(r, 0);
+        // sin_port and sin6_port: the same place, network order.
+        // SAFETY: both families start like sockaddr_in.
+        let sin = unsafe { &*(&raw const ss).cast::<libc::sockaddr_in>() };
+        u16::from_be(sin.sin_port)
+    }
+
     /// Loopback has all of 127/8: a probe to 127.0.0.2 on a reflector bound
     /// to 0.0.0.0 is answered from 127.0.0.2, so a sender connected to
     /// that address gets it (routing alone would pick 127.0.0.1, which the
