@@ -1,0 +1,396 @@
+//! Opening and preparing a target: its session's wire, a socket connected
+//! to it, the warm-up that checks it answers (and brings the reflector's
+//! clock state), and after the run the status probe that asks for its
+//! final count. Warm-ups and status probes of many targets run in parallel.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{
+        Mutex,
+        atomic::{AtomicU8, Ordering},
+    },
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{
+    Prepared, RemoteLeg, Target,
+    verdict::{Ledger, STAMP_STATUS_SEQ, clock_verdict},
+};
+use crate::{
+    probe::{
+        ProbeConfig, STOP_NOW, clock, engine,
+        socket::{self, ProbeSocket, RecvBatch, TsFlags},
+        stamp::{ClockSync, ErrorEstimate},
+        wire::{Echo, SSID_WARMUP_BIT, WARMUP_SEQ, Wire},
+    },
+    spec::remote::ProtocolArg,
+    sys::Netns,
+};
+
+/// The wire of a new session towards `target`: a fresh session id (rtprobe)
+/// or SSID (STAMP, with this host's clock in its Error Estimate).
+fn session_wire(target: &Target, cfg: &ProbeConfig, local_clock: &ClockSync) -> Wire {
+    match target.protocol {
+        ProtocolArg::Rtprobe => Wire::Rtprobe {
+            session: crate::probe::new_session_id(),
+            flow: cfg.flow,
+        },
+        ProtocolArg::Stamp => Wire::Stamp {
+            ssid: (rand::random::<u16>() & !SSID_WARMUP_BIT).max(1),
+            key: target.key.clone(),
+            ee: ErrorEstimate::from_clock_sync(local_clock, false),
+            tai_offset_s: local_clock.tai_offset_s,
+        },
+    }
+}
+
+/// The probe socket, bound in `ns` (None: the calling thread's) in the
+/// target's family and connected to it.
+fn bind_towards(
+    target: &Target,
+    cfg: &ProbeConfig,
+    wire: &Wire,
+    ns: Option<&Netns>,
+) -> Result<ProbeSocket> {
+    if target.addr.is_ipv6() && cfg.size > crate::spec::plan::MAX_PAYLOAD_1500_IPV6 {
+        bail!(
+            "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {}: use at most {} bytes",
+            cfg.size,
+            target.addr,
+            crate::spec::plan::MAX_PAYLOAD_1500_IPV6
+        );
+    }
+    if cfg.size < wire.min_len() {
+        bail!(
+            "--size {} is too small for {} probes: use at least {} bytes",
+            cfg.size,
+            target.protocol.name(),
+            wire.min_len()
+        );
+    }
+    let bind = || {
+        ProbeSocket::bind(
+            // The target's family: an IPv6 target gets an AF_INET6 socket.
+            SocketAddr::new(
+                match target.addr {
+                    SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                },
+                0,
+            ),
+            cfg.tos,
+            TsFlags {
+                tx: true,
+                rx: true,
+                hardware: false,
+            },
+            socket::rcvbuf_bytes(cfg.interval, cfg.timeout),
+        )
+    };
+    let sock = match ns {
+        Some(ns) => ns.run(bind)?,
+        None => bind()?,
+    };
+    let dst = target.addr;
+    // The kernel then delivers only datagrams from the target: an off-path
+    // sender's forged echoes never reach this socket.
+    sock.connect(dst).with_context(|| {
+        format!("connect the probe socket to {dst}: check that this host has a route to it")
+    })?;
+    Ok(sock)
+}
+
+/// Most targets warmed up (or asked for their count) at once, one thread each.
+const PARALLEL: usize = 128;
+
+/// Runs `f` over `items` in chunks of [`PARALLEL`] threads; the results in order.
+pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(PARALLEL) {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = chunk.iter().map(|t| sc.spawn(move || f(t))).collect();
+            out.extend(
+                hs.into_iter()
+                    .map(|h| h.join().expect("a warm-up thread panicked")),
+            );
+        });
+    }
+    out
+}
+/// How a target's warm-up goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WarmUp {
+    /// The run's only target: no answer within 3 s is an error.
+    Single,
+    /// One of several at the start: 3 s, then probed anyway.
+    Many,
+    /// Added by a reload: 0.5 s, then probed anyway.
+    Reload,
+}
+
+/// A target's socket, wire and warm-up.
+
+pub(super) fn prepare(
+    l: &RemoteLeg,
+    ns: Option<&Netns>,
+    local_clock: &ClockSync,
+    mode: WarmUp,
+    stop: &AtomicU8,
+) -> Result<Prepared> {
+    let wire = session_wire(&l.target, &l.cfg, local_clock);
+    let sock = bind_towards(&l.target, &l.cfg, &wire, ns)?;
+    let name = l.label();
+    let first = match mode {
+        // A reload pauses every other target while it warms up: half a
+        // second for the new ones, not the three of a start.
+        WarmUp::Reload => {
+            let s = towards(&sock, l.target.addr, &wire);
+            let w = engine::exchange(
+                &s,
+                l.cfg.size,
+                WARMUP_SEQ,
+                stop,
+                crate::probe::STOP_SENDING,
+                5,
+            )?;
+            if w.echo.is_none() {
+                log::warn!(
+                    "target {name}: no answer to the warm-up within 0.5 s; probing it anyway"
+                );
+            }
+            Ok(w.echo)
+        }
+        WarmUp::Single | WarmUp::Many => warm_up(&sock, l.target.addr, &wire, l.cfg.size, stop),
+    };
+    let first = match first {
+        Ok(first) => first,
+        Err(e) if mode != WarmUp::Single => {
+            log::warn!("target {name}: {e:#}; probing it anyway");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    // The clocks as the run starts decide the CSV's one-way column.
+    let early = clock_verdict(local_clock, first.and_then(|e| e.ee));
+    Ok(Prepared {
+        show_one_way: l.target.shared_clock || early.one_way_shown,
+        wire,
+        sock,
+        ledger: Mutex::new(Ledger {
+            stamp_seq_mirrored: true,
+            ..Ledger::default()
+        }),
+        early,
+    })
+}
+
+/// After the run: the reflector's answer to the status probe, its final
+/// count of this session (None: not asked, or no answer).
+pub(super) fn trailer(l: &RemoteLeg, p: &Prepared, sent: u64, stop: &AtomicU8) -> Option<Echo> {
+    let target = &l.target;
+    let stateful_stamp = target.protocol == ProtocolArg::Stamp && !target.stateless_reflector;
+    // Nothing sent (a stop came between the warm-up and the first probe):
+    // nothing to count, so nothing to ask.
+    if sent > 0 && (target.protocol == ProtocolArg::Rtprobe || stateful_stamp) {
+        status_probe(&p.sock, target.addr, &p.wire, l.cfg.size, stop)
+    } else {
+        None
+    }
+}
+
+/// The engine's view of a session towards `dst` (no ledger: the warm-up
+/// and the status probe read their answers themselves).
+fn towards<'a>(sock: &'a ProbeSocket, dst: SocketAddr, wire: &'a Wire) -> engine::Session<'a> {
+    engine::Session {
+        sock,
+        dst,
+        wire,
+        reflector: engine::Reflector::Remote,
+        on_echoes: None,
+        foreign_before: 0,
+    }
+}
+
+/// The engine's warm-up towards the reflector: its answer, None if a stop
+/// request ended it first.
+fn warm_up(
+    sock: &ProbeSocket,
+    dst: SocketAddr,
+    wire: &Wire,
+    size: usize,
+    stop: &AtomicU8,
+) -> Result<Option<Echo>> {
+    Ok(engine::warm_up(&towards(sock, dst, wire), size, stop)?.echo)
+}
+
+/// Asks the reflector for its final count of the session: rtprobe sends a
+/// warm-up-marked probe of the session (answered, not counted); a stateful
+/// STAMP reflector numbers one more packet of the SSID, whose reply
+/// carries the count before it.
+fn status_probe(
+    sock: &ProbeSocket,
+    dst: SocketAddr,
+    wire: &Wire,
+    size: usize,
+    stop: &AtomicU8,
+) -> Option<Echo> {
+    match wire {
+        Wire::Rtprobe { .. } => engine::exchange(
+            &towards(sock, dst, wire),
+            size,
+            u64::MAX - 1,
+            stop,
+            STOP_NOW,
+            3,
+        )
+        .ok()
+        .and_then(|w| w.echo),
+        Wire::Stamp { .. } => {
+            // One try only: a retry would be counted again by the reflector,
+            // and the answer to the first would then not give the count.
+            let mut buf = vec![0u8; size];
+            let mut scratch = Vec::with_capacity(size);
+            let mut batch = RecvBatch::new(16, engine::WARM_UP_BUF_BYTES);
+            let seq = STAMP_STATUS_SEQ as u64;
+            wire.encode(seq, clock::realtime_ns(), false, &mut buf, &mut scratch);
+            let _ = sock.send_to(&buf, dst, u32::MAX - 1);
+            let until = clock::realtime_ns() + 500_000_000;
+            while clock::realtime_ns() < until && stop.load(Ordering::SeqCst) < STOP_NOW {
+                let _ = socket::poll_any(&[sock], 10);
+                while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
+                let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
+                for i in 0..n {
+                    let (payload, src, _) = batch.get(i);
+                    if socket::same_endpoint(src, dst)
+                        && let Some(e) = wire.decode(payload)
+                        && !e.warmup
+                        && e.seq == seq
+                    {
+                        return Some(e);
+                    }
+                }
+            }
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::{STOP_SENDING, stamp::HmacKey};
+    use std::time::Duration;
+
+    /// A probe socket connected to a plain UDP socket on loopback that
+    /// plays a silent reflector, and the session's wire.
+    fn silent_peer() -> (ProbeSocket, std::net::UdpSocket, SocketAddr, Wire) {
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let dst = peer.local_addr().unwrap();
+        let sock = ProbeSocket::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            0,
+            TsFlags {
+                tx: false,
+                rx: false,
+                hardware: false,
+            },
+            0,
+        )
+        .unwrap();
+        sock.connect(dst).unwrap();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        (sock, peer, dst, wire)
+    }
+
+    fn datagrams_at(peer: &std::net::UdpSocket) -> usize {
+        let mut buf = [0u8; 2048];
+        std::iter::from_fn(|| peer.recv(&mut buf).ok()).count()
+    }
+
+    #[test]
+    fn one_stop_request_ends_the_warm_up_before_it_sends() {
+        let (sock, peer, dst, wire) = silent_peer();
+        let stop = AtomicU8::new(STOP_SENDING);
+        let t = std::time::Instant::now();
+        assert!(warm_up(&sock, dst, &wire, 64, &stop).unwrap().is_none());
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        assert_eq!(datagrams_at(&peer), 0);
+    }
+
+    #[test]
+    fn one_stop_request_ends_the_warm_up_within_a_wait() {
+        let (sock, peer, dst, wire) = silent_peer();
+        let stop = AtomicU8::new(0);
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                stop.store(STOP_SENDING, Ordering::SeqCst);
+            });
+            assert!(warm_up(&sock, dst, &wire, 64, &stop).unwrap().is_none());
+        });
+        // The first try went out; its 100 ms wait ended at the stop.
+        assert!(t.elapsed() < Duration::from_millis(90), "{:?}", t.elapsed());
+        assert_eq!(datagrams_at(&peer), 1);
+    }
+
+    #[test]
+    fn the_status_probe_still_goes_out_after_one_stop_request() {
+        let (sock, peer, dst, wire) = silent_peer();
+        let stop = AtomicU8::new(STOP_SENDING);
+        assert!(status_probe(&sock, dst, &wire, 64, &stop).is_none());
+        assert_eq!(datagrams_at(&peer), 3, "3 tries, none answered");
+        let stop = AtomicU8::new(STOP_NOW);
+        assert!(status_probe(&sock, dst, &wire, 64, &stop).is_none());
+        assert_eq!(datagrams_at(&peer), 0);
+    }
+
+    #[test]
+    fn stamp_wire_round_trips_through_the_reflector_core() {
+        use crate::probe::reflect::{Core, Policy};
+        let key = HmacKey::new(&[3u8; 32]).unwrap();
+        for k in [None, Some(key)] {
+            let wire = Wire::Stamp {
+                ssid: 77,
+                key: k.clone(),
+                ee: ErrorEstimate::from_error_ns(false, 0, false),
+                tai_offset_s: 0,
+            };
+            let mut core = Core::new(Policy {
+                protocol: ProtocolArg::Stamp,
+                key: k,
+                rate_limit_pps: 0,
+                stateful: true,
+            });
+            let mut buf = vec![0u8; 120];
+            let mut scratch = Vec::new();
+            let now = 1_763_850_000_000_000_000;
+            wire.encode(5, now, false, &mut buf, &mut scratch);
+            let src = std::net::SocketAddr::from(([192, 0, 2, 9], 1));
+            assert!(matches!(
+                core.handle(&mut buf, src, Some(now + 1000), Some(64), now + 2000),
+                crate::probe::reflect::Verdict::Reply { .. }
+            ));
+            let e = wire.decode(&buf).unwrap();
+            assert_eq!(
+                (e.seq, e.warmup, e.reflector_seq, e.ttl),
+                (5, false, Some(0), Some(64))
+            );
+            let t = e.times.unwrap();
+            assert!(
+                (t.rx_ns - (now + 1000)).abs() < 1000,
+                "NTP keeps ns within 1 ns: {t:?}"
+            );
+            // A warm-up has its own SSID and is told apart.
+            wire.encode(1, now, true, &mut buf, &mut scratch);
+            core.handle(&mut buf, src, None, None, now);
+            assert!(wire.decode(&buf).unwrap().warmup);
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! What the echoes told besides the records: the ledger kept as they
+//! arrive, the loss split by direction, the clock verdict on one-way
+//! figures, the protocol facts, and from them a target's outcome and
+//! summary.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use anyhow::Result;
+
+use super::{Prepared, RemoteLeg, Target};
+use crate::{
+    probe::{
+        SessionOutcome, engine,
+        stamp::{ClockSync, ErrorEstimate},
+        wire::{Echo, Wire},
+    },
+    spec::remote::ProtocolArg,
+    stats::report::{ClockReport, ReflectorReport},
+};
+
+/// The STAMP status probe's sequence number: a stateful reflector answers
+/// with its count instead, a stateless one with this number.
+pub(super) const STAMP_STATUS_SEQ: u32 = u32::MAX - 2;
+
+/// What the echoes told beyond the records. Constant size: it keeps no
+/// per-seq state, whatever seqs arrive (how many probes came back is the
+/// records' count, see [`split_loss`]).
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    /// Highest seq echoed, with the reflector's count (rtprobe) or its own
+    /// sequence number (STAMP) in that echo.
+    pub(super) last: Option<(u64, Option<u64>, Option<u32>)>,
+    /// STAMP: every reflector sequence number equalled the sender's.
+    pub(super) stamp_seq_mirrored: bool,
+    pub(super) ee: Option<ErrorEstimate>,
+    pub(super) ttl_min: Option<u8>,
+    pub(super) ttl_max: Option<u8>,
+    /// The answer to the trailing status probe.
+    pub(super) trailer: Option<Echo>,
+}
+
+impl Ledger {
+    /// Notes an echo from the target of this session for a seq that was
+    /// sent (the I/O loop refuses the others before they get here).
+    pub(super) fn on_echo(&mut self, e: &Echo) {
+        if e.ee.is_some() {
+            self.ee = e.ee;
+        }
+        if let Some(t) = e.ttl {
+            self.ttl_min = Some(self.ttl_min.map_or(t, |m| m.min(t)));
+            self.ttl_max = Some(self.ttl_max.map_or(t, |m| m.max(t)));
+        }
+        if e.warmup {
+            return;
+        }
+        if let Some(rs) = e.reflector_seq
+            && rs as u64 != e.seq
+        {
+            self.stamp_seq_mirrored = false;
+        }
+        if self.last.is_none_or(|(s, _, _)| e.seq > s) {
+            self.last = Some((e.seq, e.received, e.reflector_seq));
+        }
+    }
+}
+
+pub use crate::stats::report::LossSplit;
+
+/// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector
+/// said. The probes that came back are the records' count, `sent - lost`:
+/// every one of them is at or below the highest seq echoed, so that count
+/// is also how many came back up to it.
+fn split_loss(
+    l: &Ledger,
+    sent: u64,
+    lost: u64,
+    protocol: ProtocolArg,
+    stateless: bool,
+) -> LossSplit {
+    let unknown = |basis: &str| LossSplit {
+        forward: None,
+        r#return: None,
+        unknown: lost,
+        basis: basis.into(),
+    };
+    // Reflector's count of this session's probes at the trailer, if it answered.
+    let final_count = l.trailer.and_then(|t| match protocol {
+        ProtocolArg::Rtprobe => t.received,
+        ProtocolArg::Stamp => t.reflector_seq.map(u64::from),
+    });
+    // A stateless reflector answers the status probe with its own number.
+    let mirrored_status =
+        protocol == ProtocolArg::Stamp && final_count == Some(STAMP_STATUS_SEQ as u64);
+    let mirrored_run =
+        protocol == ProtocolArg::Stamp && final_count.is_none() && l.stamp_seq_mirrored && lost > 0;
+    if protocol == ProtocolArg::Stamp && (stateless || mirrored_status || mirrored_run) {
+        return unknown(
+            "the STAMP reflector echoes the sender's sequence numbers (stateless), which do not tell forward from return loss",
+        );
+    }
+    if let Some(received) = final_count {
+        let forward = sent.saturating_sub(received).min(lost);
+        return LossSplit {
+            forward: Some(forward),
+            r#return: Some(lost - forward),
+            unknown: 0,
+            basis: "the reflector's count of probes received, asked after the run".into(),
+        };
+    }
+    let Some((seq, received, refl_seq)) = l.last else {
+        return unknown("no echo came back: nothing tells where the probes were lost");
+    };
+    let count = match protocol {
+        ProtocolArg::Rtprobe => received,
+        ProtocolArg::Stamp => refl_seq.map(|r| r as u64 + 1),
+    };
+    let Some(received) = count else {
+        return unknown(
+            "the echoes carry no count of probes received (an in-kernel reflector, or probes under 64 bytes)",
+        );
+    };
+    let through = seq + 1;
+    let lost_through = through.saturating_sub(sent.saturating_sub(lost));
+    let forward = through.saturating_sub(received).min(lost_through);
+    LossSplit {
+        forward: Some(forward),
+        r#return: Some(lost_through - forward),
+        unknown: lost.saturating_sub(lost_through),
+        basis: "the reflector's count in the last echo; probes after it are unknown (the status probe after the run got no answer)".into(),
+    }
+}
+
+pub use crate::stats::report::ClockVerdict;
+
+pub const NOT_SYNCED_NOTE: &str = "clocks not synchronised: one-way not shown";
+
+pub fn clock_verdict(local: &ClockSync, remote: Option<ErrorEstimate>) -> ClockVerdict {
+    let r_sync = remote.map(|e| e.synchronized());
+    let r_err = remote.and_then(|e| e.to_error_ns());
+    let shown = local.synchronized && r_sync == Some(true) && r_err.is_some();
+    let bound = shown.then(|| local.max_error_ns.saturating_add(r_err.unwrap_or(0)));
+    let note = match bound {
+        Some(b) => format!(
+            "one-way between two clocks: each figure is within ±{} of the truth (sender's maximum error {} + reflector's {})",
+            fmt_ns(b),
+            fmt_ns(local.max_error_ns),
+            fmt_ns(r_err.unwrap_or(0))
+        ),
+        None => {
+            let why = match (local.synchronized, r_sync) {
+                (false, _) => "this host's clock is not synchronised (adjtimex STA_UNSYNC)",
+                (true, None) => "the reflector does not say whether its clock is synchronised",
+                (true, Some(false)) => {
+                    "the reflector's clock is not synchronised (its Error Estimate's S bit is 0)"
+                }
+                (true, Some(true)) => "the reflector's error estimate is invalid",
+            };
+            format!("{NOT_SYNCED_NOTE} ({why}); RTT needs one clock only and is shown")
+        }
+    };
+    ClockVerdict {
+        one_way_shown: shown,
+        bound_ns: bound,
+        sender_synchronized: local.synchronized,
+        sender_max_error_ns: local.max_error_ns,
+        reflector_synchronized: r_sync,
+        reflector_error_ns: r_err,
+        note,
+    }
+}
+
+fn fmt_ns(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 => format!("{:.1} s", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} ms", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} µs", n as f64 / 1e3),
+        n => format!("{n} ns"),
+    }
+}
+
+/// What a session against a reflector not ours learned besides the
+/// records ([`SessionOutcome::remote`]).
+#[derive(Debug, Clone)]
+pub struct RemoteFacts {
+    pub loss: LossSplit,
+    pub clock: ClockVerdict,
+    /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
+    /// is left for the caller to say.
+    pub info: ReflectorReport,
+}
+
+/// A target's outcome: its statistics with the loss split, the clock
+/// verdict and the protocol facts its echoes told.
+pub(super) fn outcome(
+    l: &RemoteLeg,
+    p: Prepared,
+    c: engine::Collected,
+    sent: u64,
+    trailer: Option<Echo>,
+    local_clock: &ClockSync,
+    stop: &AtomicU8,
+) -> Result<SessionOutcome> {
+    let target = &l.target;
+    let (mut stats, late_arrivals, output_error) = c;
+    stats.set_attempts(sent);
+    let mut ledger = p
+        .ledger
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("echo ledger poisoned"))?;
+    ledger.trailer = trailer;
+    let loss = split_loss(
+        &ledger,
+        sent,
+        stats.lost(),
+        target.protocol,
+        target.stateless_reflector,
+    );
+    let clock = final_clock(target, local_clock, p.early, &ledger);
+    let info = protocol_info(target, &p.wire, &ledger, stats.counts().received);
+    Ok(SessionOutcome {
+        stats,
+        hardware_tx: false,
+        hardware_rx: false,
+        late_arrivals,
+        interrupted: stop.load(Ordering::SeqCst) != 0,
+        kernel_drops: None,
+        hw_clocks: Default::default(),
+        output_error,
+        remote: Some(RemoteFacts { loss, clock, info }),
+    })
+}
+
+/// The one-way verdict at the end: shared clocks need none; otherwise the
+/// clocks as the run started (if they failed then) or as the last echo said.
+fn final_clock(
+    target: &Target,
+    local_clock: &ClockSync,
+    early: ClockVerdict,
+    ledger: &Ledger,
+) -> ClockVerdict {
+    if target.shared_clock {
+        ClockVerdict {
+            one_way_shown: true,
+            bound_ns: None,
+            sender_synchronized: local_clock.synchronized,
+            sender_max_error_ns: local_clock.max_error_ns,
+            reflector_synchronized: None,
+            reflector_error_ns: None,
+            note: "sender and reflector share this host's clock (namespaces): one-way needs no synchronisation".into(),
+        }
+    } else if !early.one_way_shown {
+        early
+    } else {
+        clock_verdict(local_clock, ledger.ee)
+    }
+}
+
+/// Protocol facts for the summary: the session id or SSID, the echoes and
+/// (STAMP) the sender TTLs the reflector saw.
+fn protocol_info(target: &Target, wire: &Wire, ledger: &Ledger, echoes: u64) -> ReflectorReport {
+    let mut info = ReflectorReport {
+        protocol: Some(target.protocol.name().into()),
+        target: Some(target.addr.to_string()),
+        echoes: Some(echoes),
+        ..Default::default()
+    };
+    match wire {
+        Wire::Rtprobe { session, .. } => info.session = Some(format!("{session:#018x}")),
+        Wire::Stamp { ssid, key, .. } => {
+            info.ssid = Some(*ssid);
+            info.authenticated = Some(key.is_some());
+            info.sender_ttl_min = Some(ledger.ttl_min);
+            info.sender_ttl_max = Some(ledger.ttl_max);
+        }
+    }
+    info
+}
+
+/// The clock-related fields of a summary when the clocks are not shown to
+/// agree: one-way figures and the two stages that cross between the clocks
+/// (path, return path) are cleared, and what was said about them. RTT,
+/// the stages on one host, and IPDV (a difference of one-way delays, in
+/// which a constant offset cancels) are kept.
+pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
+    if !v.one_way_shown {
+        s.one_way_ns = Default::default();
+        s.stages_ns.path = Default::default();
+        s.stages_ns.return_path = Default::default();
+        s.one_way_dominant = None;
+        s.rtt_dominant = None;
+    }
+    s.report.clock = Some(ClockReport::Verdict(v.clone()));
+}
+
+/// The summary of a session against a reflector, with what the reflector
+/// told (`facts`: its clock rule, loss split and protocol facts).
+pub fn summarise(o: &SessionOutcome, facts: &RemoteFacts, kind: &str) -> crate::stats::Summary {
+    let mut s = o.stats.summary();
+    s.xdp_mode_requested = "none".into();
+    s.xdp_mode_attached = "none".into();
+    apply_clock_rule(&mut s, &facts.clock);
+    s.report.reflector = Some(ReflectorReport {
+        kind: kind.into(),
+        ..facts.info.clone()
+    });
+    s.report.loss_split = Some(facts.loss.clone());
+    s.report.late_arrivals = Some(o.late_arrivals);
+    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.interrupted = o.interrupted;
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(echoed: &[u64], last_received: Option<u64>) -> Ledger {
+        let mut l = Ledger {
+            stamp_seq_mirrored: true,
+            ..Ledger::default()
+        };
+        for &s in echoed {
+            l.on_echo(&Echo {
+                seq: s,
+                warmup: false,
+                times: None,
+                received: last_received,
+                reflector_seq: None,
+                ee: None,
+                ttl: None,
+            });
+        }
+        l
+    }
+
+    #[test]
+    fn trailer_count_splits_loss_exactly() {
+        // 10 sent, 7 echoed; the reflector got 9: 1 forward, 2 return.
+        let mut l = ledger(&[0, 1, 2, 4, 5, 6, 8], None);
+        l.trailer = Some(Echo {
+            seq: u64::MAX - 1,
+            warmup: true,
+            times: None,
+            received: Some(9),
+            reflector_seq: None,
+            ee: None,
+            ttl: None,
+        });
+        let s = split_loss(&l, 10, 3, ProtocolArg::Rtprobe, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(2), 0));
+    }
+
+    #[test]
+    fn without_trailer_the_tail_is_unknown() {
+        // Echoes up to seq 8 said 8 received; 10 sent, lost: 3, 7, 9.
+        let l = ledger(&[0, 1, 2, 4, 5, 6, 8], Some(8));
+        let s = split_loss(&l, 10, 3, ProtocolArg::Rtprobe, false);
+        // Through seq 8: 9 sent, 8 received -> 1 forward, 1 return; seq 9 unknown.
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(1), 1));
+        let none = split_loss(&Ledger::default(), 10, 10, ProtocolArg::Rtprobe, false);
+        assert_eq!((none.forward, none.unknown), (None, 10));
+    }
+
+    #[test]
+    fn the_ledger_keeps_no_state_per_seq_and_splits_by_the_records() {
+        // The echoes that once grew a bitmap to 512 MiB leave it as it was.
+        let mut l = ledger(&[0, 1, 2, 4], Some(4));
+        let before = format!("{l:?}").len();
+        for seq in [0xFFFF_FFFF, 0x7FFF_FFFF, u64::MAX] {
+            l.on_echo(&Echo {
+                seq,
+                warmup: true,
+                times: None,
+                received: Some(1),
+                reflector_seq: None,
+                ee: None,
+                ttl: None,
+            });
+        }
+        assert_eq!(
+            format!("{l:?}").len(),
+            before,
+            "warm-ups only touch clock facts"
+        );
+        // 6 sent, 4 came back (3 and 5 lost): through seq 4, 5 sent and the
+        // reflector got 4 -> 1 lost forward, none on return; seq 5 unknown.
+        let s = split_loss(&l, 6, 2, ProtocolArg::Rtprobe, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(1), Some(0), 1));
+    }
+
+    #[test]
+    fn stateless_stamp_gives_no_split() {
+        let mut l = ledger(&[0, 1], None);
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, true);
+        assert_eq!((s.forward, s.unknown), (None, 1));
+        // Not known beforehand: the status probe's number came back as sent.
+        let status = |refl: u32| Echo {
+            seq: STAMP_STATUS_SEQ as u64,
+            warmup: false,
+            times: None,
+            received: None,
+            reflector_seq: Some(refl),
+            ee: None,
+            ttl: None,
+        };
+        l.trailer = Some(status(STAMP_STATUS_SEQ));
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, false);
+        assert_eq!((s.forward, s.unknown), (None, 1));
+        // A stateful reflector counted 3 of 3: the loss was on the way back.
+        l.trailer = Some(status(3));
+        let s = split_loss(&l, 3, 1, ProtocolArg::Stamp, false);
+        assert_eq!((s.forward, s.r#return, s.unknown), (Some(0), Some(1), 0));
+    }
+
+    #[test]
+    fn one_way_only_with_both_clocks_synchronised() {
+        let synced = ClockSync {
+            synchronized: true,
+            max_error_ns: 2_000_000,
+            tai_offset_s: 37,
+        };
+        let unsynced = ClockSync {
+            synchronized: false,
+            ..synced
+        };
+        let ee = ErrorEstimate::from_error_ns(true, 1_000_000, false);
+        let v = clock_verdict(&synced, Some(ee));
+        assert!(v.one_way_shown);
+        assert!(v.bound_ns.unwrap() >= 3_000_000);
+        let v = clock_verdict(&unsynced, Some(ee));
+        assert!(!v.one_way_shown);
+        assert!(v.note.starts_with(NOT_SYNCED_NOTE));
+        let v = clock_verdict(&synced, Some(ErrorEstimate::from_error_ns(false, 0, false)));
+        assert!(!v.one_way_shown && v.note.contains("reflector's clock"));
+        assert!(!clock_verdict(&synced, None).one_way_shown);
+    }
+}
