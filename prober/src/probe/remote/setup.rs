@@ -119,6 +119,7 @@ pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + S
     }
     out
 }
+
 /// How a target's warm-up goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WarmUp {
@@ -131,7 +132,6 @@ pub(super) enum WarmUp {
 }
 
 /// A target's socket, wire and warm-up.
-
 pub(super) fn prepare(
     l: &RemoteLeg,
     ns: Option<&Netns>,
