@@ -165,7 +165,16 @@ pub(super) fn continuous_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             Some(false),
         )
     });
-    Ok(vec![real, synthetic])
+    let render = super::metrics::metrics_render_rows().unwrap_or_else(|e| {
+        vec![row(
+            "/metrics render, 1000 targets",
+            format!("failed: {e:#}"),
+            "-".into(),
+            "<= 200 ms",
+            Some(false),
+        )]
+    });
+    Ok([vec![real, synthetic], render].concat())
 }
 
 /// The continuous_rss bench: a day's worth of 1 ms probes (a tenth with

@@ -15,7 +15,8 @@
 //! - The highest probe rate sustained with 0 unaccounted and 0 lost probes,
 //!   and 1 M probes at 100 k/s with the in-kernel reflector per XDP mode:
 //!   the rate achieved, loss and its causes from the kernel's counters.
-//! - Peak RSS after 10 M probes (1 M with --quick).
+//! - Peak RSS after 10 M probes (1 M with --quick); in the continuous
+//!   section, `/metrics` render time for 1000 targets per series budget.
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
@@ -24,13 +25,16 @@
 //! testbed creates; nothing touches the host's interfaces.
 //!
 //! One file per section (rtt with the veth pair in pair.rs, pacing, rate,
-//! memory with continuous, forward with the thesis axes); peers.rs runs and reads the tools
+//! memory with continuous, forward with the thesis axes; metrics.rs the
+//! continuous section's `/metrics` render rows); peers.rs runs and reads the tools
 //! rtprobe is compared with, run.rs starts rtprobe and holds testbeds,
 //! host.rs reads what else the machine was doing, table.rs prints the rows.
 
+mod fleet;
 mod forward;
 mod host;
 mod memory;
+mod metrics;
 mod pacing;
 mod pair;
 mod peers;
@@ -83,10 +87,13 @@ pub enum Section {
     /// XDP vs kernel forwarding.
     Forward,
     /// RSS of a `--forever` run at a high rate, and of a day's worth of 1 ms
-    /// probes driven as synthetic events through the same per-probe code.
+    /// probes driven as synthetic events through the same per-probe code;
+    /// `/metrics` render time for 1000 targets at each series budget.
     Continuous,
     /// The XDP thesis's other axes: per-packet work, queues, XDP_TX bounce, perf counters.
     Thesis,
+    /// 1000 targets at 10 probes/s from one process; in-kernel vs user-space reflector capacity.
+    Fleet,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -128,7 +135,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 7] = [
+    let sections: [(Section, &str, Rows); 8] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -140,6 +147,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             memory::continuous_rows,
         ),
         (Section::Thesis, "XDP thesis axes", forward::thesis_rows),
+        (
+            Section::Fleet,
+            "1000 targets, reflector capacity",
+            fleet::fleet_section,
+        ),
     ];
     for (_, name, f) in sections
         .into_iter()

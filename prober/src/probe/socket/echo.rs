@@ -1,24 +1,27 @@
 //! The reflector's replies: received datagrams of a [`RecvBatch`] sent back
 //! to their sources with sendmmsg(2), in place, each with the OPT_ID its TX
-//! stamp will carry; a socket opened with
-//! [`ProbeSocket::bind_tx_on_request`] asks for a TX stamp only on the
-//! echoes it samples.
+//! stamp will carry and, where asked, the local address it leaves from; a
+//! socket opened with [`ProbeSocket::bind_tx_on_request`] asks for a TX
+//! stamp only on the echoes it samples.
 //!
 //! Kernel interfaces: sendmmsg (Linux >= 3.0), a TX stamp asked for per
 //! send with an SO_TIMESTAMPING control message (>= 4.6), SCM_TS_OPT_ID
-//! (>= 6.13; older kernels stamp no echo).
+//! (>= 6.13; older kernels stamp no echo), the source per reply with
+//! IP_PKTINFO / IPV6_PKTINFO (>= 2.6.14).
 
-use std::{io, sync::atomic::Ordering::Relaxed};
+use std::{io, net::IpAddr, sync::atomic::Ordering::Relaxed};
 
 use super::{ProbeSocket, RecvBatch, SCM_TS_OPT_ID};
+use crate::probe::cmsg;
 
 /// What a send on a [`ProbeSocket::bind_tx_on_request`] socket asks for in
 /// its SO_TIMESTAMPING control message: the driver's software stamp only
 /// (no SCHED stamp: one error-queue message per stamped send).
 pub(super) const TX_ON_REQUEST: u32 = libc::SOF_TIMESTAMPING_TX_SOFTWARE;
 /// Control buffer per echo: room for SO_TIMESTAMPING and SCM_TS_OPT_ID,
-/// each CMSG_SPACE(4) = 24 bytes on 64-bit (checked in a test).
-pub(super) const ECHO_CONTROL_U64S: usize = 8;
+/// each CMSG_SPACE(4) = 24 bytes on 64-bit, and the reply's source
+/// ([`cmsg::SOURCE_SPACE`], 40 bytes) (checked in a test).
+pub(super) const ECHO_CONTROL_U64S: usize = 12;
 
 impl ProbeSocket {
     /// Sends received datagrams `idx` of `batch` back to where each came
@@ -31,7 +34,7 @@ impl ProbeSocket {
         idx: &[usize],
         opt_ids: &[u32],
     ) -> io::Result<usize> {
-        self.echo(batch, idx, |k| opt_ids.get(k).copied())
+        self.echo(batch, idx, |k| opt_ids.get(k).copied(), |_| None)
     }
 
     /// [`Self::send_back`] for a socket bound with
@@ -41,13 +44,22 @@ impl ProbeSocket {
     /// the socket's counter would count only stamped sends, but a send the
     /// kernel refused after numbering it would shift every later id, and
     /// a shifted id pairs a stamp with another probe's arrival.
+    /// Echo `k` leaves from address `from[k]` if that is `Some` (a socket
+    /// bound to a wildcard address would otherwise answer from whichever
+    /// address routing picks).
     pub fn send_back_stamping(
         &self,
         batch: &mut RecvBatch,
         idx: &[usize],
         stamps: &[Option<u32>],
+        from: &[Option<IpAddr>],
     ) -> io::Result<usize> {
-        self.echo(batch, idx, |k| stamps.get(k).copied().flatten())
+        self.echo(
+            batch,
+            idx,
+            |k| stamps.get(k).copied().flatten(),
+            |k| from.get(k).copied().flatten(),
+        )
     }
 
     fn echo(
@@ -55,14 +67,20 @@ impl ProbeSocket {
         batch: &mut RecvBatch,
         idx: &[usize],
         opt_id: impl Fn(usize) -> Option<u32>,
+        from: impl Fn(usize) -> Option<IpAddr>,
     ) -> io::Result<usize> {
         let mut per_send = self.per_send_opt_id.load(Relaxed);
         let no_id = |_| None;
         if per_send {
-            batch.prepare_echo(idx, self.tx_on_request, &opt_id);
+            batch.prepare_echo(idx, self.tx_on_request, &opt_id, &from);
         } else {
-            batch.prepare_echo(idx, false, &no_id);
+            batch.prepare_echo(idx, false, &no_id, &from);
         }
+        // Retrying without ids after an EINVAL: an IPv6 source address that
+        // has gone since the probe arrived is refused with EINVAL too (IPv4
+        // says ENETUNREACH), so only a retry that goes out proves the
+        // kernel lacks per-send ids.
+        let mut retrying_without_ids = false;
         let mut done = 0;
         let mut failed = 0;
         let mut first_err = None;
@@ -82,17 +100,25 @@ impl ProbeSocket {
                     continue;
                 }
                 if per_send && e.raw_os_error() == Some(libc::EINVAL) {
-                    // Kernel older than 6.13: no per-send OPT_ID.
+                    // Kernel older than 6.13 (no per-send OPT_ID), or a
+                    // refused source: the retry tells.
                     per_send = false;
-                    self.per_send_opt_id.store(false, Relaxed);
-                    batch.prepare_echo(idx, false, &no_id);
+                    retrying_without_ids = true;
+                    batch.prepare_echo(idx, false, &no_id, &from);
                     continue;
+                }
+                if std::mem::take(&mut retrying_without_ids) {
+                    per_send = true;
+                    batch.prepare_echo(idx, self.tx_on_request, &opt_id, &from);
                 }
                 first_err.get_or_insert(e);
                 // Skip the datagram that failed (counted) and go on with the rest.
                 done += 1;
                 failed += 1;
             } else {
+                if std::mem::take(&mut retrying_without_ids) {
+                    self.per_send_opt_id.store(false, Relaxed);
+                }
                 done += r as usize;
             }
         }
@@ -130,12 +156,14 @@ unsafe fn write_u32_cmsgs(h: &mut libc::msghdr, cmsgs: &[(libc::c_int, u32)]) {
 impl RecvBatch {
     /// Headers for sending received messages `idx` back to their sources;
     /// echo `k` carries OPT_ID `opt_id(k)` if it is `Some`, and with
-    /// `request_tx` also asks for its TX stamp ([`TX_ON_REQUEST`]).
+    /// `request_tx` also asks for its TX stamp ([`TX_ON_REQUEST`]); it
+    /// leaves from address `from(k)` if that is `Some`.
     fn prepare_echo(
         &mut self,
         idx: &[usize],
         request_tx: bool,
         opt_id: &dyn Fn(usize) -> Option<u32>,
+        from: &dyn Fn(usize) -> Option<IpAddr>,
     ) {
         for (k, &i) in idx.iter().enumerate() {
             let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
@@ -150,19 +178,32 @@ impl RecvBatch {
             h.msg_iov = &mut self.echo_iovs[k];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
-            match opt_id(k) {
-                Some(id) => {
-                    h.msg_control = self.echo_controls[k].as_mut_ptr().cast();
-                    let cmsgs = [(SCM_TS_OPT_ID, id), (libc::SO_TIMESTAMPING, TX_ON_REQUEST)];
-                    let n = if request_tx { 2 } else { 1 };
-                    // SAFETY: echo_controls[k] is ECHO_CONTROL_U64S * 8
-                    // aligned bytes, enough for two CMSG_SPACE(4) (tested).
-                    unsafe { write_u32_cmsgs(h, &cmsgs[..n]) };
-                }
-                None => {
-                    h.msg_control = std::ptr::null_mut();
-                    h.msg_controllen = 0;
-                }
+            h.msg_control = self.echo_controls[k].as_mut_ptr().cast();
+            h.msg_controllen = 0;
+            if let Some(id) = opt_id(k) {
+                let cmsgs = [(SCM_TS_OPT_ID, id), (libc::SO_TIMESTAMPING, TX_ON_REQUEST)];
+                let n = if request_tx { 2 } else { 1 };
+                // SAFETY: echo_controls[k] is ECHO_CONTROL_U64S * 8
+                // aligned bytes, enough for two CMSG_SPACE(4) (tested).
+                unsafe { write_u32_cmsgs(h, &cmsgs[..n]) };
+            }
+            if let Some(src) = from(k) {
+                // SAFETY: u64s viewed as the bytes they are, borrowed
+                // only here.
+                let bytes: &mut [u8] = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        self.echo_controls[k].as_mut_ptr().cast(),
+                        ECHO_CONTROL_U64S * 8,
+                    )
+                };
+                let at = h.msg_controllen;
+                let room = (&mut bytes[at..at + cmsg::SOURCE_SPACE])
+                    .try_into()
+                    .expect("room for the source after two u32 messages (tested)");
+                h.msg_controllen += cmsg::put_source(room, src);
+            }
+            if h.msg_controllen == 0 {
+                h.msg_control = std::ptr::null_mut();
             }
             self.echo_hdrs[k].msg_len = 0;
         }
@@ -204,7 +245,10 @@ mod tests {
     fn two_cmsgs_fit_the_echo_control_buffer() {
         // SAFETY: CMSG_SPACE is arithmetic.
         let space = unsafe { libc::CMSG_SPACE(4) } as usize;
-        assert!(2 * space <= ECHO_CONTROL_U64S * 8, "{space}");
+        assert!(
+            2 * space + super::cmsg::SOURCE_SPACE <= ECHO_CONTROL_U64S * 8,
+            "{space}"
+        );
     }
 
     #[test]
@@ -238,7 +282,8 @@ mod tests {
         let idx = [0, 1, 2, 3];
         let stamps = [Some(10), None, Some(12), None];
         assert_eq!(
-            refl.send_back_stamping(&mut batch, &idx, &stamps).unwrap(),
+            refl.send_back_stamping(&mut batch, &idx, &stamps, &[None; 4])
+                .unwrap(),
             4
         );
         let got = tx_stamps(&refl, 2);
