@@ -51,6 +51,7 @@ const APT_PACKAGES: &[&str] = &[
     "g++",          // libFuzzer (cargo fuzz) is C++
     "systemd",      // systemd-analyze verify/security over the .deb's units (tests/dist_e2e.rs)
     "man-db",       // systemd-analyze verify looks up each unit's man: documentation
+    "curl",         // the metrics tests scrape /metrics from inside a namespace
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";

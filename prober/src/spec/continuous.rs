@@ -59,9 +59,9 @@ pub struct ContinuousArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_listen: Option<SocketAddr>,
 
-    /// The latency histograms /metrics carries per flow: any of rtt, one-way (only once the run
-    /// measures one-way delay: not on --target runs) and stages (one per stage of the timestamp
-    /// chain the run stamps, up to 7). Fewer histograms, fewer series per target: see
+    /// The latency histograms /metrics carries per flow: any of rtt, one-way (only where the
+    /// run shows one-way delay: testbed runs, and --target runs whose two clocks are
+    /// synchronised) and stages (one per stage of the timestamp chain the run stamps, up to 7). Fewer histograms, fewer series per target: see
     /// docs/CONTINUOUS.md for the budget [default: rtt,one-way,stages; with several targets
     /// rtt,one-way].
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
