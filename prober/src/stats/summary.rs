@@ -459,6 +459,11 @@ impl RunStats {
         }
     }
 
+    /// The interval a send is late after (0: not counted).
+    pub fn interval_ns(&self) -> i64 {
+        self.interval_ns
+    }
+
     /// Adds another stream's statistics to these (the total of a run with
     /// several targets): histograms and counters add up, the first and
     /// last sends span both; the per-stream state (IPDV's previous delay,
