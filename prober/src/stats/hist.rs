@@ -86,7 +86,10 @@ impl Hist {
     }
 
     fn record_n(&mut self, index: u64, n: u64) {
-        match self.entries.binary_search_by_key(&index, |e| e >> COUNT_BITS) {
+        match self
+            .entries
+            .binary_search_by_key(&index, |e| e >> COUNT_BITS)
+        {
             Ok(i) => {
                 let e = &mut self.entries[i];
                 let count = ((*e & COUNT_MASK) + n).min(COUNT_MASK);
@@ -98,7 +101,8 @@ impl Hist {
                 if self.entries.len() == self.entries.capacity() {
                     self.entries.reserve_exact(self.entries.len() / 8 + 8);
                 }
-                self.entries.insert(i, index << COUNT_BITS | n.min(COUNT_MASK));
+                self.entries
+                    .insert(i, index << COUNT_BITS | n.min(COUNT_MASK));
             }
         }
     }
@@ -278,7 +282,10 @@ mod tests {
         assert_eq!(s.quantiles(qs), qs.map(|q| d.value_at_quantile(q)));
         let h = s.to_hdr();
         assert_eq!((h.len(), h.min(), h.max()), (d.len(), d.min(), d.max()));
-        assert_eq!(qs.map(|q| h.value_at_quantile(q)), qs.map(|q| d.value_at_quantile(q)));
+        assert_eq!(
+            qs.map(|q| h.value_at_quantile(q)),
+            qs.map(|q| d.value_at_quantile(q))
+        );
     }
 
     #[test]
@@ -326,7 +333,11 @@ mod tests {
         let (mut fine, mut coarse, mut d) = (Hist::new(), Hist::with_digits(2), dense(2));
         for (i, v) in values(5000).enumerate() {
             let v = v.min(Hist::MAX_NS);
-            if i % 2 == 0 { fine.record(v) } else { coarse.record(v) }
+            if i % 2 == 0 {
+                fine.record(v)
+            } else {
+                coarse.record(v)
+            }
             d.record(v).unwrap();
         }
         let mut total = Hist::new();

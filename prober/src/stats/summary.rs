@@ -849,15 +849,29 @@ mod tests {
                 s.heap_bytes() / 1024,
                 dense / 1024
             );
-            assert_eq!(used, 14, "every stage, one-way, RTT, IPDV, send error/TX, turnaround");
+            assert_eq!(
+                used, 14,
+                "every stage, one-way, RTT, IPDV, send error/TX, turnaround"
+            );
         }
-        assert!(single.heap_bytes() <= 600 * 1024, "{} bytes", single.heap_bytes());
-        assert!(many.heap_bytes() <= 150 * 1024, "{} bytes", many.heap_bytes());
+        assert!(
+            single.heap_bytes() <= 600 * 1024,
+            "{} bytes",
+            single.heap_bytes()
+        );
+        assert!(
+            many.heap_bytes() <= 150 * 1024,
+            "{} bytes",
+            many.heap_bytes()
+        );
         // Hdrhistogram's own figures, from the same buckets.
         let (a, b) = (single.summary(), many.summary());
         assert_eq!(a.rtt_ns, b.rtt_ns, "RTT at the same precision");
         assert_eq!(a.one_way_ns, b.one_way_ns);
-        assert_eq!(a.stages_ns.path, Latency::from_hist(&single.stage_hist(Stage::Path)));
+        assert_eq!(
+            a.stages_ns.path,
+            Latency::from_hist(&single.stage_hist(Stage::Path))
+        );
         let (p, q) = (a.stages_ns.path.p50.unwrap(), b.stages_ns.path.p50.unwrap());
         assert!(p.abs_diff(q) * 100 <= p, "within 1 %: {p} {q}");
     }
