@@ -171,11 +171,12 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     assert!(sent > 0.0);
     let mode = query(prom_port, "rtprobe_xdp_mode_info{requested=\"off\"}");
     assert_eq!(mode, Some(1.0), "the XDP mode gauge is scraped");
-    let stages = query(
-        prom_port,
-        "count(count by (stage) (rtprobe_stage_seconds_bucket))",
-    );
-    assert_eq!(stages, Some(7.0), "a histogram per chain stage");
+    // A histogram per chain stage the run stamps (4 with --xdp-mode off), none empty.
+    let count = |q: &str| query(prom_port, &format!("count(count by (stage) ({q}))"));
+    let stages = count("rtprobe_stage_seconds_count");
+    let filled = count("rtprobe_stage_seconds_count > 0");
+    eprintln!("stage histograms: {stages:?}, with probes: {filled:?}");
+    assert!(stages.is_some_and(|n| n >= 4.0) && stages == filled);
 
     // The probe stops cleanly on SIGINT with its summary; the namespaces go.
     nix::sys::signal::kill(

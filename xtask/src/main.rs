@@ -8,7 +8,8 @@
 //! - `dist`: the .deb (cargo-deb), see [`dist`].
 //! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
 //!   prints their paths.
-//! - `test`: setup, the module graph's cycle check, `cargo fmt --check`,
+//! - `test`: setup, the module graph's cycle check, promtool over
+//!   deploy/prometheus/ (config, rules, rule tests), `cargo fmt --check`,
 //!   clippy (the workspace and the eBPF crate), the unit tests, every fuzz
 //!   target for a bounded time, then the root/netns tests when root (with
 //!   the .deb of `dist` for the package test).
@@ -46,10 +47,11 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "iputils-ping", // the ping column of cargo xtask bench
     "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
-    "prometheus",   // the metrics e2e test scrapes a probe run with a real server
+    "prometheus",   // a real server scrapes a probe run; promtool checks metrics and deploy/
     "g++",          // libFuzzer (cargo fuzz) is C++
     "systemd",      // systemd-analyze verify/security over the .deb's units (tests/dist_e2e.rs)
     "man-db",       // systemd-analyze verify looks up each unit's man: documentation
+    "curl",         // the metrics tests scrape /metrics from inside a namespace
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";
@@ -111,7 +113,7 @@ enum Task {
         #[arg(long)]
         edges: bool,
     },
-    /// Setup, the module graph's cycle check, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
+    /// Setup, the module graph's cycle check, promtool over deploy/prometheus/, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
     /// when run as root, `dist` (the .deb the package test installs) and the root/netns tests (`--ignored`).
     Test {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
@@ -644,6 +646,7 @@ fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
     let root = workspace_root();
     // Seconds, before the minutes of builds and tests below.
     check_module_graph(&modgraph::load(&root.join("prober/src"))?)?;
+    check_prometheus_deploy(&root)?;
     for mut fmt in fmt_check_commands(&root) {
         run(&mut fmt).context(
             "run `cargo fmt --all && cargo fmt --manifest-path fuzz/Cargo.toml` to format the code",
@@ -679,6 +682,32 @@ fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
         .args(args);
     run(&mut rooted)?;
     eprintln!("xtask: all tests passed (unit and root)");
+    Ok(())
+}
+
+/// deploy/prometheus/ as Prometheus reads it: the scrape config, the
+/// rules, and the rules' unit tests (input series, expected recorded
+/// values and alerts). promtool comes with the `prometheus` apt package,
+/// which `setup()` installs when it is missing.
+fn check_prometheus_deploy(root: &Path) -> Result<()> {
+    let dir = root.join("deploy/prometheus");
+    let promtool = |args: &[&str]| {
+        let mut c = Command::new("promtool");
+        c.current_dir(&dir).args(args);
+        c
+    };
+    let rules = ["rules/rtprobe-recording.yml", "rules/rtprobe-alerts.yml"];
+    for mut c in [
+        promtool(&["check", "config", "prometheus.yml"]),
+        promtool(&[&["check", "rules"][..], &rules[..]].concat()),
+        promtool(&["test", "rules", "tests/rtprobe-rules.test.yml"]),
+    ] {
+        run(&mut c).context(
+            "deploy/prometheus/ does not pass promtool: fix the file it names (apt-get install \
+             prometheus for promtool)",
+        )?;
+    }
+    eprintln!("xtask: deploy/prometheus: config, rules and rule tests pass promtool");
     Ok(())
 }
 

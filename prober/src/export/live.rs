@@ -85,7 +85,7 @@ impl Live {
     pub fn new(plan: &ContinuousPlan, print: Print, progress: ShowProgress) -> Result<Self> {
         let (metrics, server) = match plan.metrics_listen {
             Some(addr) => {
-                let m = Arc::new(Metrics::new());
+                let m = Arc::new(Metrics::with_series(plan.metrics_series));
                 let s = MetricsServer::start(addr, m.clone())?;
                 (Some(m), Some(s))
             }
@@ -364,7 +364,7 @@ mod tests {
             })
             .count();
         assert_eq!(n, 8, "one-way and rtt for each of the 4 intervals");
-        let text = live.metrics().unwrap().encode();
+        let text = live.metrics().unwrap().openmetrics();
         assert!(text.contains("rtprobe_one_way_seconds_count{target=\"10.0.0.2:5061\",flow=\"0\",tos=\"0xc0\",size=\"64\"} 343"), "{text}");
         assert!(text.contains("rtprobe_probes_sent_total{target=\"10.0.0.2:5061\",flow=\"0\",tos=\"0xc0\",size=\"64\"} 350"));
         assert!(text.contains("rtprobe_xdp_mode_info{requested=\"auto\",attached=\"native\"} 1"));

@@ -7,7 +7,7 @@ pub mod csv;
 pub(crate) mod hdrlog;
 pub(crate) mod json;
 pub mod live;
-pub(crate) mod metrics;
+pub mod metrics;
 pub mod plot;
 pub(crate) mod rotate;
 pub(crate) mod text;

@@ -1,6 +1,8 @@
 //! Parsing of the control messages that carry kernel timestamps
 //! (SCM_TIMESTAMPING) and TX-timestamp identities (IP_RECVERR with
-//! SO_EE_ORIGIN_TIMESTAMPING). Pure byte parsing, so it is unit-tested and
+//! SO_EE_ORIGIN_TIMESTAMPING), and the one message rtprobe writes beyond
+//! u32 options: a reply's source ([`put_source`], IP_PKTINFO /
+//! IPV6_PKTINFO, Linux >= 2.6.14). Pure bytes, so it is unit-tested and
 //! benchmarked without sockets. Layout from linux/errqueue.h and
 //! Documentation/networking/timestamping.rst (Linux >= 2.6.30; OPT_ID >= 3.19).
 
@@ -181,6 +183,39 @@ pub fn parse(control: &[u8]) -> Cmsgs {
     out
 }
 
+/// Bytes [`put_source`] writes at most: IPV6_PKTINFO's 20 bytes of data
+/// after the header, aligned (CMSG_SPACE(20) = 40 on 64-bit).
+pub(crate) const SOURCE_SPACE: usize = cmsg_align(DATA_OFF + 20);
+
+/// Writes into `buf` (from its start) the control message that sends a
+/// datagram from `src`: IP_PKTINFO with `ipi_spec_dst = src`, or
+/// IPV6_PKTINFO with `ipi6_addr = src`. The interface stays 0 so that the
+/// route to the destination picks it, as for any other send (forcing the
+/// arrival interface would break a host whose replies leave by another
+/// one). Returns the bytes used (CMSG_SPACE), to add to `msg_controllen`.
+pub(crate) fn put_source(buf: &mut [u8; SOURCE_SPACE], src: std::net::IpAddr) -> usize {
+    let (level, ty, data_len) = match src {
+        std::net::IpAddr::V4(_) => (libc::SOL_IP, libc::IP_PKTINFO, 12),
+        std::net::IpAddr::V6(_) => (libc::SOL_IPV6, libc::IPV6_PKTINFO, 20),
+    };
+    let len = DATA_OFF + data_len;
+    let space = cmsg_align(len);
+    let m = &mut buf[..space];
+    m.fill(0);
+    m[..ALIGN].copy_from_slice(&len.to_ne_bytes());
+    m[ALIGN..ALIGN + 4].copy_from_slice(&level.to_ne_bytes());
+    m[ALIGN + 4..ALIGN + 8].copy_from_slice(&ty.to_ne_bytes());
+    let data = &mut m[DATA_OFF..];
+    match src {
+        // struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }:
+        // a send reads spec_dst (the source) and ignores addr.
+        std::net::IpAddr::V4(a) => data[4..8].copy_from_slice(&a.octets()),
+        // struct in6_pktinfo { in6_addr addr; unsigned int ifindex; }
+        std::net::IpAddr::V6(a) => data[..16].copy_from_slice(&a.octets()),
+    }
+    space
+}
+
 /// Builds a control buffer the way the kernel does. For tests and benches.
 pub fn encode_for_test(ts: Option<[(i64, i64); 3]>, ext: Option<ExtErr>) -> Vec<u8> {
     let mut buf = Vec::new();
@@ -281,6 +316,36 @@ mod tests {
         // Truncated: ignored, not misread.
         let c = parse(&one_cmsg(libc::SOL_IP, libc::IP_PKTINFO, &v4[..8]));
         assert_eq!((c.dst, c.ifindex), (None, None));
+    }
+
+    #[test]
+    fn a_source_message_is_laid_out_as_the_kernel_reads_it() {
+        let mut buf = [0xffu8; SOURCE_SPACE];
+        let used = put_source(&mut buf, "10.91.3.151".parse().unwrap());
+        // Header, then in_pktinfo: ifindex 0, spec_dst, addr 0.
+        let len = DATA_OFF + 12;
+        assert_eq!(used, cmsg_align(len));
+        assert_eq!(read_usize(&buf), len);
+        assert_eq!(read_i32(&buf[ALIGN..]), libc::SOL_IP);
+        assert_eq!(read_i32(&buf[ALIGN + 4..]), libc::IP_PKTINFO);
+        assert_eq!(read_i32(&buf[DATA_OFF..]), 0);
+        assert_eq!(buf[DATA_OFF + 4..DATA_OFF + 8], [10, 91, 3, 151]);
+        assert_eq!(buf[DATA_OFF + 8..DATA_OFF + 12], [0; 4]);
+        assert!(buf[len..used].iter().all(|&b| b == 0), "padding zeroed");
+        assert_eq!(buf[used], 0xff, "nothing written past the message");
+        buf.fill(0xff);
+        // IPv6: the same layout the kernel gives on receive, so it parses.
+        let used = put_source(&mut buf, "fd91::3:151".parse().unwrap());
+        assert_eq!(used, SOURCE_SPACE);
+        let c = parse(&buf[..used]);
+        assert_eq!(c.dst, Some("fd91::3:151".parse().unwrap()));
+        assert_eq!(c.ifindex, Some(0));
+        // The same as the C macros lay out.
+        // SAFETY: CMSG_LEN / CMSG_SPACE are arithmetic.
+        unsafe {
+            assert_eq!(read_usize(&buf), libc::CMSG_LEN(20) as usize);
+            assert_eq!(SOURCE_SPACE, libc::CMSG_SPACE(20) as usize);
+        }
     }
 
     #[test]

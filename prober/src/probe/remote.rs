@@ -46,7 +46,7 @@ use super::{
     wire::{Echo, SSID_WARMUP_BIT, WARMUP_SEQ, Wire},
 };
 use crate::{
-    model::observer::SessionObserver,
+    model::{observer::SessionObserver, record::ProbeRecord},
     spec::remote::ProtocolArg,
     stats::report::{ClockReport, ReflectorReport},
     sys::Netns,
@@ -80,17 +80,24 @@ struct OneWaySink<'a, 'b> {
     flushes: bool,
 }
 
+/// A record without the figures that compare two hosts' clocks (one-way,
+/// path, return path): what the CSV and /metrics get when the clocks do
+/// not allow them.
+fn without_one_way(r: &ProbeRecord) -> ProbeRecord {
+    let mut c = r.clone();
+    c.one_way_ns = None;
+    c.path_ns = None;
+    c.return_ns = None;
+    c
+}
+
 impl RecordSink for OneWaySink<'_, '_> {
-    fn write(&mut self, r: &crate::model::record::ProbeRecord) -> Result<()> {
+    fn write(&mut self, r: &ProbeRecord) -> Result<()> {
         let cleared;
         let r = if self.show {
             r
         } else {
-            let mut c = r.clone();
-            c.one_way_ns = None;
-            c.path_ns = None;
-            c.return_ns = None;
-            cleared = c;
+            cleared = without_one_way(r);
             &cleared
         };
         let mut inner = self
@@ -110,6 +117,26 @@ impl RecordSink for OneWaySink<'_, '_> {
             .lock()
             .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
             .flush()
+    }
+}
+
+/// One target's observer (its metrics) sees the records the CSV gets: no
+/// one-way histogram between clocks that do not allow it.
+struct OneWayObserver<'a> {
+    inner: &'a mut dyn SessionObserver,
+    show: bool,
+}
+
+impl SessionObserver for OneWayObserver<'_> {
+    fn on_record(&mut self, r: &ProbeRecord) {
+        if self.show {
+            self.inner.on_record(r);
+        } else {
+            self.inner.on_record(&without_one_way(r));
+        }
+    }
+    fn on_tick(&mut self, stats: &crate::stats::RunStats, last: bool) -> Result<(), String> {
+        self.inner.on_tick(stats, last)
     }
 }
 
@@ -534,7 +561,10 @@ fn round(
             leg, p, observer, ..
         } = a;
         views.push((&*leg, &*p, a.sent));
-        observers.push(&mut **observer);
+        observers.push(OneWayObserver {
+            inner: &mut **observer,
+            show: p.show_one_way,
+        });
     }
     let notes: Vec<_> = views
         .iter()
@@ -585,10 +615,7 @@ fn round(
     let mut outs: Vec<engine::LegOut<'_>> = sinks
         .iter_mut()
         .zip(observers.iter_mut())
-        .map(|(csv, observer)| engine::LegOut {
-            csv,
-            observer: &mut **observer,
-        })
+        .map(|(csv, observer)| engine::LegOut { csv, observer })
         .collect();
     let hw = HwSetup {
         echo_stamps: false,
@@ -1020,6 +1047,41 @@ mod tests {
     use super::*;
     use crate::probe::STOP_SENDING;
     use std::time::Duration;
+
+    /// What an observer was given.
+    #[derive(Default)]
+    struct Seen(Vec<ProbeRecord>);
+
+    impl SessionObserver for Seen {
+        fn on_record(&mut self, r: &ProbeRecord) {
+            self.0.push(r.clone());
+        }
+    }
+
+    #[test]
+    fn metrics_get_no_one_way_figure_where_the_clocks_do_not_allow_it() {
+        let r = ProbeRecord {
+            seq: 7,
+            one_way_ns: Some(5_000),
+            path_ns: Some(3_000),
+            return_ns: Some(2_000),
+            rtt_ns: Some(9_000),
+            ..Default::default()
+        };
+        for show in [false, true] {
+            let mut seen = Seen::default();
+            OneWayObserver {
+                inner: &mut seen,
+                show,
+            }
+            .on_record(&r);
+            let got = &seen.0[0];
+            assert_eq!(got.rtt_ns, Some(9_000), "RTT needs one clock: always there");
+            assert_eq!(got.one_way_ns.is_some(), show);
+            assert_eq!(got.path_ns.is_some(), show);
+            assert_eq!(got.return_ns.is_some(), show);
+        }
+    }
 
     fn ledger(echoed: &[u64], last_received: Option<u64>) -> Ledger {
         let mut l = Ledger {

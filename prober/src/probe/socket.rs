@@ -14,7 +14,7 @@
 use std::{
     io,
     mem::{size_of, zeroed},
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed},
 };
@@ -30,8 +30,9 @@ const SCM_TS_OPT_ID: libc::c_int = 81;
 /// (no SCHED stamp: one error-queue message per stamped send).
 const TX_ON_REQUEST: u32 = libc::SOF_TIMESTAMPING_TX_SOFTWARE;
 /// Control buffer per echo: room for SO_TIMESTAMPING and SCM_TS_OPT_ID,
-/// each CMSG_SPACE(4) = 24 bytes on 64-bit (checked in a test).
-const ECHO_CONTROL_U64S: usize = 8;
+/// each CMSG_SPACE(4) = 24 bytes on 64-bit, and the reply's source
+/// ([`cmsg::SOURCE_SPACE`], 40 bytes) (checked in a test).
+const ECHO_CONTROL_U64S: usize = 12;
 const SIOCGHWTSTAMP: libc::c_ulong = 0x89b1;
 const HWTSTAMP_TX_OFF: libc::c_int = 0;
 const HWTSTAMP_TX_ON: libc::c_int = 1;
@@ -381,12 +382,22 @@ impl ProbeSocket {
     }
 
     /// Sends the probes `from..` of `batch` with one sendmmsg(2), each with
-    /// its own OPT_ID (SCM_TS_OPT_ID). Returns how many the kernel took
+    /// its own OPT_ID (SCM_TS_OPT_ID; on a connected socket the kernel's
+    /// counter, see below). Returns how many the kernel took
     /// (at least one, or the error of the first); their OPT_IDs are in
     /// `batch.opt_id(i)`.
     pub fn send_batch(&self, batch: &mut SendBatch, from: usize) -> io::Result<usize> {
-        let per_send = self.per_send_opt_id.load(Relaxed);
-        let n = batch.prepare(from, per_send, !self.connected.load(Relaxed));
+        let connected = self.connected.load(Relaxed);
+        // No control message on a connected socket: udp_sendmsg(2) takes
+        // any non-UDP cmsg as "not connected" and looks the route up for
+        // every datagram (measured: 0.3 µs of the 1.6 µs from send_ns to
+        // the SCHED stamp on a calm veth pair, 1.4-3.9 µs on a busy one).
+        // The kernel's counter numbers these stamps instead; every send on
+        // this socket goes through here or send_to, which keep the mirror
+        // in step, and a failed send gives its key back (the kernels with
+        // SCM_TS_OPT_ID).
+        let per_send = self.per_send_opt_id.load(Relaxed) && !connected;
+        let n = batch.prepare(from, per_send, !connected);
         if n == 0 {
             return Ok(0);
         }
@@ -427,7 +438,7 @@ impl ProbeSocket {
         idx: &[usize],
         opt_ids: &[u32],
     ) -> io::Result<usize> {
-        self.echo(batch, idx, |k| opt_ids.get(k).copied())
+        self.echo(batch, idx, |k| opt_ids.get(k).copied(), |_| None)
     }
 
     /// [`Self::send_back`] for a socket bound with
@@ -437,13 +448,22 @@ impl ProbeSocket {
     /// the socket's counter would count only stamped sends, but a send the
     /// kernel refused after numbering it would shift every later id, and
     /// a shifted id pairs a stamp with another probe's arrival.
+    /// Echo `k` leaves from address `from[k]` if that is `Some` (a socket
+    /// bound to a wildcard address would otherwise answer from whichever
+    /// address routing picks).
     pub fn send_back_stamping(
         &self,
         batch: &mut RecvBatch,
         idx: &[usize],
         stamps: &[Option<u32>],
+        from: &[Option<IpAddr>],
     ) -> io::Result<usize> {
-        self.echo(batch, idx, |k| stamps.get(k).copied().flatten())
+        self.echo(
+            batch,
+            idx,
+            |k| stamps.get(k).copied().flatten(),
+            |k| from.get(k).copied().flatten(),
+        )
     }
 
     fn echo(
@@ -451,14 +471,20 @@ impl ProbeSocket {
         batch: &mut RecvBatch,
         idx: &[usize],
         opt_id: impl Fn(usize) -> Option<u32>,
+        from: impl Fn(usize) -> Option<IpAddr>,
     ) -> io::Result<usize> {
         let mut per_send = self.per_send_opt_id.load(Relaxed);
         let no_id = |_| None;
         if per_send {
-            batch.prepare_echo(idx, self.tx_on_request, &opt_id);
+            batch.prepare_echo(idx, self.tx_on_request, &opt_id, &from);
         } else {
-            batch.prepare_echo(idx, false, &no_id);
+            batch.prepare_echo(idx, false, &no_id, &from);
         }
+        // Retrying without ids after an EINVAL: an IPv6 source address that
+        // has gone since the probe arrived is refused with EINVAL too (IPv4
+        // says ENETUNREACH), so only a retry that goes out proves the
+        // kernel lacks per-send ids.
+        let mut retrying_without_ids = false;
         let mut done = 0;
         let mut failed = 0;
         let mut first_err = None;
@@ -478,17 +504,25 @@ impl ProbeSocket {
                     continue;
                 }
                 if per_send && e.raw_os_error() == Some(libc::EINVAL) {
-                    // Kernel older than 6.13: no per-send OPT_ID.
+                    // Kernel older than 6.13 (no per-send OPT_ID), or a
+                    // refused source: the retry tells.
                     per_send = false;
-                    self.per_send_opt_id.store(false, Relaxed);
-                    batch.prepare_echo(idx, false, &no_id);
+                    retrying_without_ids = true;
+                    batch.prepare_echo(idx, false, &no_id, &from);
                     continue;
+                }
+                if std::mem::take(&mut retrying_without_ids) {
+                    per_send = true;
+                    batch.prepare_echo(idx, self.tx_on_request, &opt_id, &from);
                 }
                 first_err.get_or_insert(e);
                 // Skip the datagram that failed (counted) and go on with the rest.
                 done += 1;
                 failed += 1;
             } else {
+                if std::mem::take(&mut retrying_without_ids) {
+                    self.per_send_opt_id.store(false, Relaxed);
+                }
                 done += r as usize;
             }
         }
@@ -679,12 +713,14 @@ impl RecvBatch {
 
     /// Headers for sending received messages `idx` back to their sources;
     /// echo `k` carries OPT_ID `opt_id(k)` if it is `Some`, and with
-    /// `request_tx` also asks for its TX stamp ([`TX_ON_REQUEST`]).
+    /// `request_tx` also asks for its TX stamp ([`TX_ON_REQUEST`]); it
+    /// leaves from address `from(k)` if that is `Some`.
     fn prepare_echo(
         &mut self,
         idx: &[usize],
         request_tx: bool,
         opt_id: &dyn Fn(usize) -> Option<u32>,
+        from: &dyn Fn(usize) -> Option<IpAddr>,
     ) {
         for (k, &i) in idx.iter().enumerate() {
             let len = (self.hdrs[i].msg_len as usize).min(self.bufs[i].len());
@@ -699,19 +735,32 @@ impl RecvBatch {
             h.msg_iov = &mut self.echo_iovs[k];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
-            match opt_id(k) {
-                Some(id) => {
-                    h.msg_control = self.echo_controls[k].as_mut_ptr().cast();
-                    let cmsgs = [(SCM_TS_OPT_ID, id), (libc::SO_TIMESTAMPING, TX_ON_REQUEST)];
-                    let n = if request_tx { 2 } else { 1 };
-                    // SAFETY: echo_controls[k] is ECHO_CONTROL_U64S * 8
-                    // aligned bytes, enough for two CMSG_SPACE(4) (tested).
-                    unsafe { write_u32_cmsgs(h, &cmsgs[..n]) };
-                }
-                None => {
-                    h.msg_control = std::ptr::null_mut();
-                    h.msg_controllen = 0;
-                }
+            h.msg_control = self.echo_controls[k].as_mut_ptr().cast();
+            h.msg_controllen = 0;
+            if let Some(id) = opt_id(k) {
+                let cmsgs = [(SCM_TS_OPT_ID, id), (libc::SO_TIMESTAMPING, TX_ON_REQUEST)];
+                let n = if request_tx { 2 } else { 1 };
+                // SAFETY: echo_controls[k] is ECHO_CONTROL_U64S * 8
+                // aligned bytes, enough for two CMSG_SPACE(4) (tested).
+                unsafe { write_u32_cmsgs(h, &cmsgs[..n]) };
+            }
+            if let Some(src) = from(k) {
+                // SAFETY: u64s viewed as the bytes they are, borrowed
+                // only here.
+                let bytes: &mut [u8] = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        self.echo_controls[k].as_mut_ptr().cast(),
+                        ECHO_CONTROL_U64S * 8,
+                    )
+                };
+                let at = h.msg_controllen;
+                let room = (&mut bytes[at..at + cmsg::SOURCE_SPACE])
+                    .try_into()
+                    .expect("room for the source after two u32 messages (tested)");
+                h.msg_controllen += cmsg::put_source(room, src);
+            }
+            if h.msg_controllen == 0 {
+                h.msg_control = std::ptr::null_mut();
             }
             self.echo_hdrs[k].msg_len = 0;
         }
@@ -1059,6 +1108,9 @@ mod connected_tests {
         let dst = SocketAddr::new(lo.into(), local_port(&rx));
         let tx = ProbeSocket::bind(SocketAddr::new(lo.into(), 0), 0, ts, 1 << 20).unwrap();
         tx.connect(dst).unwrap();
+        // A warm-up probe first, as the engine sends one: its id must not
+        // shift the batch's.
+        let warm_up_id = tx.send_to(&[6u8; 32], dst, u32::MAX - 1).unwrap();
         let mut batch = SendBatch::new(4, 32, dst);
         for id in [7u32, 8, 9] {
             batch.push(id)[0] = id as u8;
@@ -1067,27 +1119,34 @@ mod connected_tests {
         while sent < batch.len() {
             sent += tx.send_batch(&mut batch, sent).unwrap();
         }
-        // Headers without a destination: the socket's own is used.
+        // Headers without a destination: the socket's own is used; and
+        // without a control message, which would make the kernel look the
+        // route up per datagram instead of using the connected one.
         assert!(batch.hdrs[0].msg_hdr.msg_name.is_null());
         assert_eq!(batch.hdrs[0].msg_hdr.msg_namelen, 0);
+        assert_eq!(batch.hdrs[0].msg_hdr.msg_controllen, 0);
         let mut got = RecvBatch::new(8, 64);
         let mut payloads = Vec::new();
         for _ in 0..100 {
             let n = rx.recv_batch(&mut got, false).unwrap();
             payloads.extend((0..n).map(|i| got.get(i).0[0]));
-            if payloads.len() == 3 {
+            if payloads.len() == 4 {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert_eq!(payloads, [7, 8, 9]);
-        // Every datagram's TX stamps carry its own OPT_ID (or the kernel's
-        // counter, 0.. on kernels without per-send ids).
-        let want: Vec<u32> = if tx.per_send_opt_id() {
-            vec![7, 8, 9]
+        assert_eq!(payloads, [6, 7, 8, 9]);
+        // Every datagram's TX stamps carry the OPT_ID the socket reported
+        // for it: the batch's from the kernel's counter (0.. whether or not
+        // the warm-up had its own id), the warm-up's its own or the counter's.
+        let mut want: Vec<u32> = (0..3).map(|i| batch.opt_id(i)).collect();
+        want.push(warm_up_id);
+        want.sort_unstable();
+        if tx.per_send_opt_id() {
+            assert_eq!(want, [0, 1, 2, u32::MAX - 1]);
         } else {
-            vec![0, 1, 2]
-        };
+            assert_eq!(want, [0, 1, 2, 3]);
+        }
         let mut ids = Vec::new();
         for _ in 0..100 {
             let n = tx.recv_batch(&mut got, true).unwrap();
@@ -1138,7 +1197,10 @@ mod on_request_tests {
     fn two_cmsgs_fit_the_echo_control_buffer() {
         // SAFETY: CMSG_SPACE is arithmetic.
         let space = unsafe { libc::CMSG_SPACE(4) } as usize;
-        assert!(2 * space <= ECHO_CONTROL_U64S * 8, "{space}");
+        assert!(
+            2 * space + super::cmsg::SOURCE_SPACE <= ECHO_CONTROL_U64S * 8,
+            "{space}"
+        );
     }
 
     #[test]
@@ -1172,7 +1234,8 @@ mod on_request_tests {
         let idx = [0, 1, 2, 3];
         let stamps = [Some(10), None, Some(12), None];
         assert_eq!(
-            refl.send_back_stamping(&mut batch, &idx, &stamps).unwrap(),
+            refl.send_back_stamping(&mut batch, &idx, &stamps, &[None; 4])
+                .unwrap(),
             4
         );
         let got = tx_stamps(&refl, 2);

@@ -51,18 +51,86 @@ pub struct ContinuousArgs {
     #[serde(default, with = "crate::model::units::humane_duration::option")]
     pub report_every: Option<Duration>,
 
-    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while probing
-    /// (histograms of one-way, RTT and each stage; probe counters; XDP mode and timestamp
-    /// source). Port 0 picks a free one (printed). One request per connection: a client
-    /// has 2 s to send it, and at most 256 connections are open at once.
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics while probing (histograms of one-way,
+    /// RTT and each stage; probe counters; XDP mode and timestamp source), in the Prometheus
+    /// text format, or OpenMetrics to a scraper whose Accept header asks for it. Port 0 picks a
+    /// free one (printed). One request per connection: a client has 2 s to send it, and at
+    /// most 256 connections are open at once.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// The latency histograms /metrics carries per flow: any of rtt, one-way (only where the
+    /// run shows one-way delay: testbed runs, and --target runs whose two clocks are
+    /// synchronised) and stages (one per stage of the timestamp chain the run stamps, up to 7). Fewer histograms, fewer series per target: see
+    /// docs/CONTINUOUS.md for the budget [default: rtt,one-way,stages; with several targets
+    /// rtt,one-way].
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    pub metrics_histograms: Option<Vec<MetricsHistogram>>,
+
+    /// Bucket bounds per latency histogram, spaced evenly on a log scale from 1 µs to 11.9 s:
+    /// 48 is a factor of √2 (histogram_quantile within about ±20 %), 24 a factor of 2.03 (about
+    /// ±50 %). Each histogram costs this many series plus 3 [default: 48].
+    #[arg(long, value_name = "N")]
+    pub metrics_buckets: Option<u16>,
 
     /// Write an HdrHistogram interval log (V2, deflate) here: one one-way and one RTT histogram
     /// (tags one-way, rtt; values in ns) per report interval, readable by HdrHistogram's tools
     /// and `rtprobe plot`.
     #[arg(long, value_name = "FILE")]
     pub hdr_log: Option<PathBuf>,
+}
+
+/// A latency histogram of `/metrics` (`--metrics-histograms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MetricsHistogram {
+    Rtt,
+    OneWay,
+    Stages,
+}
+
+/// Bucket bounds per histogram when `--metrics-buckets` is not given.
+pub const DEFAULT_METRICS_BUCKETS: u16 = 48;
+/// Fewest and most bucket bounds: 2 spans the range at all, 96 is a factor
+/// of 1.19, finer than a scrape's worth of probes can fill.
+const METRICS_BUCKETS: std::ops::RangeInclusive<u16> = 2..=96;
+
+/// The series `/metrics` spends per flow (target) on latency histograms:
+/// which histograms, and how many buckets each. The counters (sent,
+/// received, lost, foreign, late...) are always there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsSeries {
+    pub rtt: bool,
+    pub one_way: bool,
+    pub stages: bool,
+    /// Bucket bounds per histogram (the +Inf bucket besides).
+    pub buckets: u16,
+}
+
+impl Default for MetricsSeries {
+    fn default() -> Self {
+        Self {
+            rtt: true,
+            one_way: true,
+            stages: true,
+            buckets: DEFAULT_METRICS_BUCKETS,
+        }
+    }
+}
+
+impl MetricsSeries {
+    /// The default with several targets (a fleet's prober): RTT and
+    /// one-way histograms and the counters, no stage histograms (up to 7
+    /// more per target) unless `--metrics-histograms` asks for them; this
+    /// keeps 1000 targets' `/metrics` within its render budget.
+    pub const fn for_fleet() -> Self {
+        Self {
+            rtt: true,
+            one_way: true,
+            stages: false,
+            buckets: DEFAULT_METRICS_BUCKETS,
+        }
+    }
 }
 
 /// When the CSV starts a new file.
@@ -159,6 +227,8 @@ pub struct ContinuousPlan {
     /// Print an interval line this often.
     pub report_every: Option<Duration>,
     pub metrics_listen: Option<SocketAddr>,
+    /// What the metrics carry per flow.
+    pub metrics_series: MetricsSeries,
     pub hdr_log: Option<PathBuf>,
 }
 
@@ -228,8 +298,48 @@ impl ContinuousArgs {
             rotation,
             report_every: self.report_every,
             metrics_listen: self.metrics_listen,
+            metrics_series: self.metrics_series()?,
             hdr_log: self.hdr_log.clone(),
         })
+    }
+}
+
+impl ContinuousArgs {
+    fn metrics_series(&self) -> Result<MetricsSeries, SpecError> {
+        let given = if self.metrics_histograms.is_some() {
+            Some("metrics_histograms")
+        } else if self.metrics_buckets.is_some() {
+            Some("metrics_buckets")
+        } else {
+            None
+        };
+        if let (Some(key), None) = (given, self.metrics_listen) {
+            return Err(SpecError::new(
+                key,
+                "shapes the metrics: give --metrics-listen ADDR:PORT too, or drop it",
+            ));
+        }
+        let buckets = self.metrics_buckets.unwrap_or(DEFAULT_METRICS_BUCKETS);
+        if !METRICS_BUCKETS.contains(&buckets) {
+            return Err(SpecError::new(
+                "metrics_buckets",
+                format!(
+                    "{buckets} is out of range: give {}..{} bucket bounds (48: a factor of √2)",
+                    METRICS_BUCKETS.start(),
+                    METRICS_BUCKETS.end()
+                ),
+            ));
+        }
+        let mut series = MetricsSeries {
+            buckets,
+            ..MetricsSeries::default()
+        };
+        if let Some(list) = &self.metrics_histograms {
+            series.rtt = list.contains(&MetricsHistogram::Rtt);
+            series.one_way = list.contains(&MetricsHistogram::OneWay);
+            series.stages = list.contains(&MetricsHistogram::Stages);
+        }
+        Ok(series)
     }
 }
 
@@ -326,6 +436,45 @@ mod tests {
         assert_eq!(p.metrics_listen, Some("127.0.0.1:0".parse().unwrap()));
         assert_eq!(p.interval(), Duration::from_secs(2));
         assert!(parse(&["--metrics-listen", "localhost"]).is_err());
+        assert_eq!(p.metrics_series, MetricsSeries::default());
+    }
+
+    #[test]
+    fn the_metrics_series_budget_is_chosen_and_checked() {
+        let plan = |a: &[&str]| parse(a).unwrap().plan(None);
+        let p = plan(&[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-histograms",
+            "rtt,one-way",
+            "--metrics-buckets",
+            "24",
+        ])
+        .unwrap();
+        assert_eq!(
+            p.metrics_series,
+            MetricsSeries {
+                rtt: true,
+                one_way: true,
+                stages: false,
+                buckets: 24
+            }
+        );
+        let err = |a: &[&str]| plan(a).unwrap_err().for_cli();
+        assert!(err(&["--metrics-buckets", "24"]).contains("give --metrics-listen"));
+        assert!(err(&["--metrics-histograms", "rtt"]).contains("give --metrics-listen"));
+        let e = err(&["--metrics-listen", "127.0.0.1:0", "--metrics-buckets", "1"]);
+        assert!(e.contains("--metrics-buckets 1 is out of range"), "{e}");
+        assert!(
+            err(&["--metrics-listen", "127.0.0.1:0", "--metrics-buckets", "97"]).contains("2..96")
+        );
+        assert!(parse(&["--metrics-histograms", "rtt,p99"]).is_err());
+        let c: ContinuousArgs = toml::from_str(
+            "metrics_listen = \"0.0.0.0:9464\"\nmetrics_histograms = [\"rtt\"]\nmetrics_buckets = 12",
+        )
+        .unwrap();
+        let s = c.plan(None).unwrap().metrics_series;
+        assert!(s.rtt && !s.one_way && !s.stages && s.buckets == 12);
     }
 
     #[test]
@@ -347,6 +496,8 @@ mod tests {
             "out_keep",
             "report_every",
             "metrics_listen",
+            "metrics_histograms",
+            "metrics_buckets",
             "hdr_log",
         ] {
             assert!(keys.iter().any(|x| x == k), "{k} in {keys:?}");

@@ -12,7 +12,10 @@ use crate::{
     tune::{Bottleneck, Knobs},
 };
 
-use super::{FlowSpec, KnobSpec, OutputSpec, RunSpec, flag_of, remote::ProtocolArg};
+use super::{
+    FlowSpec, KnobSpec, OutputSpec, RunSpec, continuous::MetricsSeries, flag_of,
+    remote::ProtocolArg,
+};
 
 /// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
 pub const MAX_PAYLOAD_1500: usize = 1472;
@@ -131,7 +134,14 @@ pub fn validate(
 ) -> Result<RunOptions, SpecError> {
     let p = &run.probe;
     let (size, interval, count) = probe_amount(run)?;
-    let continuous = run.continuous.plan(p.duration)?;
+    let mut continuous = run.continuous.plan(p.duration)?;
+    let many_targets = run.remote.target.len() > 1 || run.remote.targets.is_some();
+    if many_targets && run.continuous.metrics_histograms.is_none() {
+        continuous.metrics_series = MetricsSeries {
+            buckets: continuous.metrics_series.buckets,
+            ..MetricsSeries::for_fleet()
+        };
+    }
     let timeout = p.timeout.unwrap_or(DEFAULT_TIMEOUT);
     if timeout.is_zero() {
         return Err(SpecError::new("timeout", "must be more than 0 (e.g. 1s)"));

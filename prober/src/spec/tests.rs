@@ -339,6 +339,10 @@ fn every_spec_round_trips_through_merge() {
         "2s",
         "--metrics-listen",
         "127.0.0.1:0",
+        "--metrics-histograms",
+        "rtt,stages",
+        "--metrics-buckets",
+        "24",
         "--hdr-log",
         "x.hlog",
         "--target",
@@ -711,4 +715,40 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
     ]);
     assert!(o.is_ok(), "{o:?}");
     assert!(opts(&["--protocol", "stamp", "--size", "44"]).is_ok());
+}
+
+#[test]
+fn several_targets_default_to_the_fleet_series_budget() {
+    use crate::spec::continuous::MetricsSeries;
+    let series = |args: &[&str]| opts(args).unwrap().continuous.metrics_series;
+    let listen = ["--metrics-listen", "127.0.0.1:0"];
+    let one = [&["--target", "192.0.2.7"][..], &listen].concat();
+    assert_eq!(
+        series(&one),
+        MetricsSeries::default(),
+        "one target: every histogram"
+    );
+    let two = [
+        &["--target", "192.0.2.7", "--target", "192.0.2.8"][..],
+        &listen,
+    ]
+    .concat();
+    assert_eq!(series(&two), MetricsSeries::for_fleet());
+    assert!(!series(&two).stages);
+    // Asked for, the stages come back; the bucket count is kept either way.
+    let asked = [
+        &two[..],
+        &[
+            "--metrics-histograms",
+            "rtt,stages",
+            "--metrics-buckets",
+            "24",
+        ],
+    ]
+    .concat();
+    let s = series(&asked);
+    assert!(s.rtt && s.stages && !s.one_way && s.buckets == 24, "{s:?}");
+    let fewer = [&two[..], &["--metrics-buckets", "24"]].concat();
+    assert_eq!(series(&fewer).buckets, 24);
+    assert!(!series(&fewer).stages);
 }

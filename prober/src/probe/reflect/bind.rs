@@ -7,7 +7,8 @@
 //! reply, SCM_TS_OPT_ID, >= 6.13: older kernels get no turnaround),
 //! IP_RECVTTL or IPV6_RECVHOPLIMIT (IPv6 sockets, `--listen [::]:862`),
 //! and IP_PKTINFO or IPV6_RECVPKTINFO (each datagram's destination and
-//! interface).
+//! interface; a socket on a wildcard address sends each reply from that
+//! destination, [`bound_to_wildcard`]); getsockname.
 
 use std::net::SocketAddr;
 
@@ -92,6 +93,35 @@ pub fn bind(listen: &[SocketAddr]) -> Result<Vec<ProbeSocket>> {
         .collect()
 }
 
+/// Whether `s` is bound to `0.0.0.0` or `[::]`: then a reply without a
+/// source of its own would leave from whichever of the host's addresses
+/// routing picks, not the one the probe was sent to, and a sender that
+/// checks (a connected socket, a STAMP client) drops it. A socket bound
+/// to one address always answers from it. False if the kernel cannot say.
+pub(super) fn bound_to_wildcard(s: &ProbeSocket) -> bool {
+    // SAFETY: sockaddr_storage is plain data, valid all-zero.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getsockname writes at most `len` bytes into `ss`.
+    let r = unsafe { libc::getsockname(s.fd(), (&raw mut ss).cast(), &mut len) };
+    if r != 0 {
+        return false;
+    }
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says `ss` holds a sockaddr_in.
+            let a = unsafe { &*(&raw const ss).cast::<libc::sockaddr_in>() };
+            a.sin_addr.s_addr == 0
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says `ss` holds a sockaddr_in6.
+            let a = unsafe { &*(&raw const ss).cast::<libc::sockaddr_in6>() };
+            a.sin6_addr.s6_addr == [0; 16]
+        }
+        _ => false,
+    }
+}
+
 /// Sets the integer socket option `(level, name, _)` to 1.
 fn turn_on(
     s: &ProbeSocket,
@@ -148,5 +178,20 @@ mod tests {
         assert!(taken.is_err());
         // IPv4 first: its failure stops everything.
         assert!(bind_both_families_with(862, |_| os(libc::EACCES)).is_err());
+    }
+
+    #[test]
+    fn a_socket_knows_whether_it_is_on_a_wildcard_address() {
+        let wild = bind(&["0.0.0.0:0".parse().unwrap()]).unwrap();
+        assert!(bound_to_wildcard(&wild[0]));
+        let one = bind(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+        assert!(!bound_to_wildcard(&one[0]));
+        // IPv6 where this host has it.
+        if let Ok(s) = bind(&["[::]:0".parse().unwrap()]) {
+            assert!(bound_to_wildcard(&s[0]));
+        }
+        if let Ok(s) = bind(&["[::1]:0".parse().unwrap()]) {
+            assert!(!bound_to_wildcard(&s[0]));
+        }
     }
 }

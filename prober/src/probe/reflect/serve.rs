@@ -4,11 +4,13 @@
 //! turnaround, and says new sessions and receive errors (rate-limited).
 //!
 //! Kernel interfaces: poll, recvmmsg/sendmmsg on the sockets of
-//! `bind.rs`, and the socket error queue for TX stamps (matched by
-//! SCM_TS_OPT_ID, Linux >= 6.13; older kernels get no turnaround).
+//! `bind.rs` (on a wildcard address each reply with its source set by
+//! IP_PKTINFO / IPV6_PKTINFO, Linux >= 2.6.14), and the socket error
+//! queue for TX stamps (matched by SCM_TS_OPT_ID, Linux >= 6.13; older
+//! kernels get no turnaround).
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::atomic::{AtomicU8, Ordering},
     time::Duration,
 };
@@ -17,6 +19,7 @@ use anyhow::{Context, Result};
 
 use super::{
     Counters,
+    bind::bound_to_wildcard,
     budget::{LineLimit, StampBudget, TX_STAMP_BURST, TX_STAMPS_PER_S},
     decide::{Addressing, Core, Verdict},
     report::{ServeReport, SessionInfo},
@@ -55,6 +58,7 @@ pub(crate) fn serve(
     let mut last_tick = start;
     let mut server = Server::new(core, session_line)?;
     let refs: Vec<&ProbeSocket> = socks.iter().collect();
+    let wildcard: Vec<bool> = socks.iter().map(bound_to_wildcard).collect();
     server
         .core
         .set_local_nets(LocalNets::read().context("read this host's addresses")?);
@@ -70,8 +74,8 @@ pub(crate) fn serve(
                 Err(e) => log::warn!("reflector: {e:#}; keeping the addresses read before"),
             }
         }
-        for sock in socks {
-            server.serve_socket(sock);
+        for (sock, &wildcard) in socks.iter().zip(&wildcard) {
+            server.serve_socket(sock, wildcard);
         }
         if last_tick.elapsed() >= Duration::from_millis(250) {
             last_tick = std::time::Instant::now();
@@ -107,6 +111,9 @@ struct Server<'c, F: FnMut(&str)> {
     /// stamp for.
     echo: Vec<usize>,
     stamps: Vec<Option<u32>>,
+    /// The address each reply leaves from (only on a wildcard socket:
+    /// the probe's destination).
+    from: Vec<Option<IpAddr>>,
     /// RX stamp per OPT_ID, for the most recent [`TURNAROUND_RING`] ids.
     ring: Vec<i64>,
     next_id: u32,
@@ -128,6 +135,7 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
             errq: RecvBatch::new(64, 256),
             echo: Vec::with_capacity(64),
             stamps: Vec::with_capacity(64),
+            from: Vec::with_capacity(64),
             ring: vec![0i64; TURNAROUND_RING],
             next_id: 0,
             budget: StampBudget::new(TX_STAMPS_PER_S, TX_STAMP_BURST),
@@ -141,8 +149,9 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
     }
 
     /// Answers every datagram waiting on `sock`, a batch at a time, and
-    /// collects the echoes' TX stamps.
-    fn serve_socket(&mut self, sock: &ProbeSocket) {
+    /// collects the echoes' TX stamps. On a `wildcard` socket each reply
+    /// leaves from the address its probe was sent to.
+    fn serve_socket(&mut self, sock: &ProbeSocket, wildcard: bool) {
         loop {
             let n = match sock.recv_batch(&mut self.batch, false) {
                 Ok(n) => n,
@@ -154,7 +163,7 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
             if n == 0 {
                 break;
             }
-            self.answer_batch(sock, n, clock::realtime_ns());
+            self.answer_batch(sock, n, wildcard, clock::realtime_ns());
             if !self.echo.is_empty() {
                 self.send_echoes(sock);
             }
@@ -180,10 +189,12 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
     }
 
     /// Runs the first `n` datagrams of the batch through the core, and
-    /// lists the replies to send with the TX stamps they ask for.
-    fn answer_batch(&mut self, sock: &ProbeSocket, n: usize, now: i64) {
+    /// lists the replies to send with the TX stamps they ask for and, on
+    /// a `wildcard` socket, the address each leaves from.
+    fn answer_batch(&mut self, sock: &ProbeSocket, n: usize, wildcard: bool, now: i64) {
         self.echo.clear();
         self.stamps.clear();
+        self.from.clear();
         for i in 0..n {
             let (payload, src, c) = self.batch.get(i);
             let at = Addressing {
@@ -207,6 +218,9 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
             } else {
                 self.stamps.push(None);
             }
+            // The core answered only a probe sent to one of this host's
+            // unicast addresses, so the destination is one to send from.
+            self.from.push(if wildcard { c.dst } else { None });
             self.echo.push(i);
         }
     }
@@ -232,7 +246,7 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
     }
 
     fn send_echoes(&mut self, sock: &ProbeSocket) {
-        match sock.send_back_stamping(&mut self.batch, &self.echo, &self.stamps) {
+        match sock.send_back_stamping(&mut self.batch, &self.echo, &self.stamps, &self.from) {
             Ok(sent) => {
                 self.core.counters.send_errors += (self.echo.len() - sent) as u64;
                 // Asked for (a kernel without per-send ids was asked for
@@ -356,5 +370,109 @@ mod tests {
         .unwrap();
         let k = &report.counters;
         assert_eq!((k.reflected, k.send_errors), (3, 3), "{k:?}");
+    }
+
+    /// A reply whose source is no longer this host's (the address went
+    /// between the probe and the reply) is refused: over IPv4 with
+    /// ENETUNREACH, over IPv6 with EINVAL, as a kernel without per-send
+    /// OPT_IDs refuses those. The refusal costs that reply only, not the
+    /// turnaround of every later one.
+    #[test]
+    fn a_refused_source_does_not_turn_off_per_send_stamp_ids() {
+        // TEST-NET-1 and the documentation prefix: never this host's.
+        for (lo, gone) in [("127.0.0.1", "192.0.2.1"), ("::1", "2001:db8::1")] {
+            let lo: IpAddr = lo.parse().unwrap();
+            let wildcard = SocketAddr::new(
+                if lo.is_ipv4() {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                },
+                0,
+            );
+            let Ok(socks) = bind(&[wildcard]) else {
+                eprintln!("no {lo} here: skipped");
+                continue;
+            };
+            let refl = &socks[0];
+            let client = std::net::UdpSocket::bind(SocketAddr::new(lo, 0)).unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(1)))
+                .unwrap();
+            let to = SocketAddr::new(lo, local_port(refl));
+            for seq in 0..2 {
+                client.send_to(&probe(7, seq, 64), to).unwrap();
+            }
+            let mut batch = RecvBatch::new(4, 256);
+            let mut n = 0;
+            for _ in 0..100 {
+                n = refl.recv_batch(&mut batch, false).unwrap();
+                if n > 0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(n, 2, "both on loopback in one batch");
+            let per_send = refl.per_send_opt_id();
+            let from = [Some(gone.parse().unwrap()), None];
+            let sent = refl
+                .send_back_stamping(&mut batch, &[0, 1], &[Some(1), Some(2)], &from)
+                .unwrap();
+            let now = refl.per_send_opt_id();
+            eprintln!("{lo}: {sent} of 2 replies sent; per-send ids {per_send} -> {now}");
+            assert_eq!(sent, 1, "the reply from {gone} is refused, the other goes");
+            assert_eq!(now, per_send);
+            let mut buf = [0u8; 128];
+            client.recv(&mut buf).unwrap();
+        }
+    }
+
+    /// The port `s` is bound to.
+    fn local_port(s: &ProbeSocket) -> u16 {
+        // SAFETY: sockaddr_storage is plain data, valid all-zero.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getsockname writes at most `len` bytes into `ss`.
+        let r = unsafe { libc::getsockname(s.fd(), (&raw mut ss).cast(), &mut len) };
+        assert_eq!(r, 0);
+        // sin_port and sin6_port: the same place, network order.
+        // SAFETY: both families start like sockaddr_in.
+        let sin = unsafe { &*(&raw const ss).cast::<libc::sockaddr_in>() };
+        u16::from_be(sin.sin_port)
+    }
+
+    /// Loopback has all of 127/8: a probe to 127.0.0.2 on a reflector bound
+    /// to 0.0.0.0 is answered from 127.0.0.2, so a sender connected to
+    /// that address gets it (routing alone would pick 127.0.0.1, which the
+    /// connected socket drops). The same socket on 127.0.0.2 itself does
+    /// too, without a source of its own.
+    #[test]
+    fn a_wildcard_reflector_answers_from_the_address_probed() {
+        for listen in ["0.0.0.0", "127.0.0.2"] {
+            let port = std::net::UdpSocket::bind("0.0.0.0:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let socks = bind(&[format!("{listen}:{port}").parse().unwrap()]).unwrap();
+            let probed = SocketAddr::from(([127, 0, 0, 2], port));
+            let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            client.connect(probed).unwrap();
+            for seq in 0..5 {
+                client.send(&probe(6, seq, 64)).unwrap();
+            }
+            let mut c = core(ProtocolArg::Rtprobe, None, 0, false);
+            let stop = AtomicU8::new(0);
+            let dur = Some(Duration::from_millis(200));
+            let report = serve(&socks, &mut c, &stop, dur, |_| {}, |_| {}).unwrap();
+            client.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 128];
+            let echoes = std::iter::from_fn(|| client.recv(&mut buf).ok()).count();
+            eprintln!(
+                "--listen {listen}:{port}: {echoes}/5 echoes to a sender connected to {probed}"
+            );
+            assert_eq!(report.counters.reflected, 5, "{listen}");
+            assert_eq!(echoes, 5, "{listen}: replies left from another address");
+        }
     }
 }

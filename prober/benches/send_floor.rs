@@ -1,0 +1,440 @@
+//! The send-path floor: the lightest sender that keeps rtprobe's socket
+//! options (IP_TOS, the forced buffers, SO_TIMESTAMPING with TX_SCHED,
+//! TX_SOFTWARE, RX_SOFTWARE, OPT_ID, OPT_TSONLY, connected) and sends
+//! rtprobe's datagram, so an rtprobe reflector (the in-kernel one
+//! included) answers it. One thread, as ping: sleep until due, read
+//! CLOCK_REALTIME, write the probe, one sendmsg(2); then wait for its
+//! stamps and its echo. `cargo xtask bench --only rtt` runs it on the bare
+//! veth pair next to rtprobe and ping; its figures are the reference for
+//! rtprobe's `stack` stage (user send -> SCHED stamp) and for the user
+//! send -> echo RX round trip.
+//!
+//! cargo bench -p rtprobe --bench send_floor -- --target ADDR:PORT
+//!     [--count N] [--interval-us U] [--size B] [--no-tx-stamps] [--opt-id-cmsg]
+//!     [--poller] [--json F]
+//!
+//! `--no-tx-stamps` asks for RX stamps only (as ping does);
+//! `--opt-id-cmsg` numbers the stamps with an SCM_TS_OPT_ID per send, as
+//! rtprobe's connected sockets did before (any control message makes
+//! udp_sendmsg(2) skip the connected socket's cached route and look one up
+//! per send); `--poller`
+//! receives on a second thread blocked in poll(2), as rtprobe's I/O thread
+//! does, so the send path pays that thread's wake-ups.
+//!
+//! Kernel interfaces: SO_TIMESTAMPING (TX_SCHED >= 3.17, OPT_ID >= 4.0,
+//! SCM_TS_OPT_ID >= 6.13), clock_nanosleep(2) TIMER_ABSTIME, poll(2).
+
+use std::{
+    mem::{size_of, zeroed},
+    net::SocketAddr,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use anyhow::{Context, Result, bail};
+use rtprobe::probe::{
+    cmsg::{self, TxKind},
+    packet::Probe,
+};
+
+/// `SCM_TS_OPT_ID` (asm-generic/socket.h, Linux 6.13), as rtprobe sends it.
+const SCM_TS_OPT_ID: libc::c_int = 81;
+/// The session id the floor's probes carry (the reflector echoes any).
+const SESSION: u64 = 0x5e9d_f100_0000_0001;
+
+struct Args {
+    target: SocketAddr,
+    count: u64,
+    interval_ns: i64,
+    size: usize,
+    tx_stamps: bool,
+    /// Numbers the TX stamps by an SCM_TS_OPT_ID per send (else the
+    /// socket's own counter, which counts the same here: every send is
+    /// stamped, in order).
+    opt_id_cmsg: bool,
+    poller: bool,
+    json: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        target: "127.0.0.1:5061".parse()?,
+        count: 1000,
+        interval_ns: 1_000_000,
+        size: 64,
+        tx_stamps: true,
+        opt_id_cmsg: false,
+        poller: false,
+        json: None,
+    };
+    let mut target = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{arg} needs {what}"));
+        match arg.as_str() {
+            "--target" => {
+                let v = val("ADDR:PORT")?;
+                target = Some(
+                    v.parse()
+                        .with_context(|| format!("--target {v}: not ADDR:PORT"))?,
+                );
+            }
+            "--count" => a.count = val("a count")?.parse().context("--count: not a count")?,
+            "--interval-us" => {
+                let us: i64 = val("µs")?.parse().context("--interval-us: not a number")?;
+                a.interval_ns = us.max(1) * 1000;
+            }
+            "--size" => a.size = val("bytes")?.parse().context("--size: not a number")?,
+            "--no-tx-stamps" => a.tx_stamps = false,
+            "--opt-id-cmsg" => a.opt_id_cmsg = true,
+            "--poller" => a.poller = true,
+            "--json" => a.json = Some(val("a path")?.into()),
+            // Passed by `cargo bench`.
+            "--bench" => {}
+            other => bail!(
+                "unknown argument {other}: use --target ADDR:PORT [--count N] [--interval-us U] \
+                 [--size B] [--no-tx-stamps] [--opt-id-cmsg] [--poller] [--json FILE]"
+            ),
+        }
+    }
+    a.target = target.context("give --target ADDR:PORT (an rtprobe reflector)")?;
+    if a.size < rtprobe::probe::packet::HEADER_LEN || a.size > 1472 {
+        bail!(
+            "--size {}: between {} and 1472 bytes",
+            a.size,
+            rtprobe::probe::packet::HEADER_LEN
+        );
+    }
+    if a.count == 0 {
+        bail!("--count 0: send at least one probe");
+    }
+    Ok(a)
+}
+
+fn cvt(r: libc::c_int, what: &str) -> Result<libc::c_int> {
+    if r < 0 {
+        return Err(std::io::Error::last_os_error()).context(what.to_string());
+    }
+    Ok(r)
+}
+
+fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: T,
+    what: &str,
+) -> Result<()> {
+    // SAFETY: val is a live T of the given size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&val as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    cvt(r, what).map(drop)
+}
+
+fn raw_addr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut s: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match a {
+        SocketAddr::V4(v) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as _;
+            sin.sin_port = v.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as _;
+            sin6.sin6_port = v.port().to_be();
+            sin6.sin6_addr.s6_addr = v.ip().octets();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (s, len as libc::socklen_t)
+}
+
+/// The socket as rtprobe's `ProbeSocket::bind` makes it, connected to the
+/// target as rtprobe's sender socket is.
+fn socket(a: &Args) -> Result<OwnedFd> {
+    let v6 = a.target.is_ipv6();
+    let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain socket(2).
+    let fd = cvt(
+        unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) },
+        "socket",
+    )?;
+    // SAFETY: fd was just returned by socket(2).
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let raw = fd.as_raw_fd();
+    if v6 {
+        setsockopt(
+            raw,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_TCLASS,
+            0i32,
+            "IPV6_TCLASS",
+        )?;
+    } else {
+        setsockopt(raw, libc::IPPROTO_IP, libc::IP_TOS, 0i32, "IP_TOS")?;
+    }
+    let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 1i32 << 20, "");
+    let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 8i32 << 20, "");
+    let mut flags = libc::SOF_TIMESTAMPING_SOFTWARE | libc::SOF_TIMESTAMPING_RX_SOFTWARE;
+    if a.tx_stamps {
+        flags |= libc::SOF_TIMESTAMPING_TX_SOFTWARE
+            | libc::SOF_TIMESTAMPING_TX_SCHED
+            | libc::SOF_TIMESTAMPING_OPT_ID
+            | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+    }
+    setsockopt(
+        raw,
+        libc::SOL_SOCKET,
+        libc::SO_TIMESTAMPING,
+        flags,
+        "SO_TIMESTAMPING",
+    )?;
+    let (sa, len) = raw_addr(a.target);
+    // SAFETY: sa holds a sockaddr of len bytes.
+    let r = unsafe { libc::connect(raw, (&sa as *const libc::sockaddr_storage).cast(), len) };
+    cvt(r, "connect")?;
+    Ok(fd)
+}
+
+fn realtime_ns() -> i64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i64 {
+    // SAFETY: ts is a valid timespec to fill.
+    let mut ts: libc::timespec = unsafe { zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+fn sleep_until_monotonic(ns: i64) {
+    let ts = libc::timespec {
+        tv_sec: ns / 1_000_000_000,
+        tv_nsec: ns % 1_000_000_000,
+    };
+    // SAFETY: ts is a valid absolute time; a null remainder is allowed.
+    unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_MONOTONIC,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// One probe: its user-space send time, its SCHED stamp, its echo's RX stamp.
+#[derive(Clone, Copy, Default)]
+struct Stamps {
+    user_ns: i64,
+    sched_ns: Option<i64>,
+    echo_rx_ns: Option<i64>,
+}
+
+/// Reads everything waiting on `fd` (error queue and datagrams) without
+/// blocking and files the stamps by seq.
+fn drain(fd: RawFd, stamps: &mut [Stamps]) {
+    let mut buf = [0u8; 2048];
+    let mut control = [0u64; 64];
+    for errqueue in [true, false] {
+        loop {
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: msghdr is plain old data.
+            let mut msg: libc::msghdr = unsafe { zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = size_of::<[u64; 64]>();
+            let flags = libc::MSG_DONTWAIT | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
+            // SAFETY: msg points to live buffers for the call.
+            let n = unsafe { libc::recvmsg(fd, &mut msg, flags) };
+            if n < 0 {
+                break;
+            }
+            // SAFETY: the kernel wrote msg_controllen bytes of control.
+            let control_bytes = unsafe {
+                std::slice::from_raw_parts(control.as_ptr().cast::<u8>(), msg.msg_controllen)
+            };
+            let c = cmsg::parse(control_bytes);
+            if errqueue {
+                if let Some((id, TxKind::Sched, t)) = c.tx_stamp()
+                    && let Some(s) = stamps.get_mut(id as usize)
+                {
+                    s.sched_ns = Some(t);
+                }
+            } else if let (Ok(p), Some(t)) = (Probe::decode(&buf[..n as usize], SESSION), c.sw_ns)
+                && let Some(s) = stamps.get_mut(p.seq as usize)
+            {
+                s.echo_rx_ns = Some(t);
+            }
+        }
+    }
+}
+
+fn poll_in(fd: RawFd, timeout_ms: i32) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLERR,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) };
+}
+
+/// Sends probe `seq` the lightest way rtprobe's options allow; returns its
+/// user-space send time.
+fn send_one(fd: RawFd, seq: u64, buf: &mut [u8], opt_id_cmsg: bool) -> Result<i64> {
+    let user_ns = realtime_ns();
+    Probe {
+        session: SESSION,
+        seq,
+        flow: 0,
+        echo: false,
+        send_ns: user_ns,
+        kernel_times: None,
+    }
+    .encode(buf);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain old data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if opt_id_cmsg {
+        // SAFETY: control is large and aligned enough for CMSG_SPACE(4).
+        unsafe {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = SCM_TS_OPT_ID;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u32>(), seq as u32);
+        }
+    }
+    // SAFETY: msg points to live buffers for the call.
+    let r = unsafe { libc::sendmsg(fd, &msg, 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error()).context("sendmsg");
+    }
+    Ok(user_ns)
+}
+
+fn run(a: &Args) -> Result<Vec<Stamps>> {
+    let fd = socket(a)?;
+    let raw = fd.as_raw_fd();
+    let stamps = Arc::new(Mutex::new(vec![Stamps::default(); a.count as usize]));
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = a.poller.then(|| {
+        let (stamps, done) = (stamps.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut local = vec![Stamps::default(); stamps.lock().expect("lock").len()];
+            while !done.load(Ordering::Relaxed) {
+                poll_in(raw, 50);
+                drain(raw, &mut local);
+            }
+            let mut s = stamps.lock().expect("lock");
+            for (d, l) in s.iter_mut().zip(local) {
+                d.sched_ns = l.sched_ns;
+                d.echo_rx_ns = l.echo_rx_ns;
+            }
+        })
+    });
+    let mut buf = vec![0u8; a.size];
+    let mut user = Vec::with_capacity(a.count as usize);
+    let mut local = vec![Stamps::default(); a.count as usize];
+    let start = clock_ns(libc::CLOCK_MONOTONIC) + 10_000_000;
+    for seq in 0..a.count {
+        sleep_until_monotonic(start + seq as i64 * a.interval_ns);
+        user.push(send_one(raw, seq, &mut buf, a.tx_stamps && a.opt_id_cmsg)?);
+        if !a.poller {
+            // As ping: wait for this probe's echo (and stamps) before the next.
+            let deadline = clock_ns(libc::CLOCK_MONOTONIC) + a.interval_ns / 2;
+            let s = seq as usize;
+            while (local[s].echo_rx_ns.is_none() || (a.tx_stamps && local[s].sched_ns.is_none()))
+                && clock_ns(libc::CLOCK_MONOTONIC) < deadline
+            {
+                poll_in(raw, 1);
+                drain(raw, &mut local);
+            }
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    done.store(true, Ordering::Relaxed);
+    if let Some(p) = poller {
+        p.join()
+            .map_err(|_| anyhow::anyhow!("the poller thread panicked"))?;
+        local = stamps.lock().expect("lock").clone();
+    } else {
+        drain(raw, &mut local);
+    }
+    for (s, u) in local.iter_mut().zip(user) {
+        s.user_ns = u;
+    }
+    Ok(local)
+}
+
+fn median(mut v: Vec<i64>) -> Option<i64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    Some(v[v.len() / 2])
+}
+
+fn main() -> Result<()> {
+    let a = parse_args()?;
+    let stamps = run(&a)?;
+    let pick = |f: &dyn Fn(&Stamps) -> Option<i64>| median(stamps.iter().filter_map(f).collect());
+    let answered = stamps.iter().filter(|s| s.echo_rx_ns.is_some()).count();
+    let user_rtt = pick(&|s| s.echo_rx_ns.map(|e| e - s.user_ns));
+    let stack = pick(&|s| s.sched_ns.map(|t| t - s.user_ns));
+    let sched_rtt = pick(&|s| Some(s.echo_rx_ns? - s.sched_ns?));
+    let ns = |v: Option<i64>| v.map_or("null".to_string(), |v| v.to_string());
+    let json = format!(
+        "{{\"sent\": {}, \"answered\": {answered}, \"tx_stamps\": {}, \"opt_id_cmsg\": {}, \"poller\": {}, \
+         \"rtt_user_start_p50_ns\": {}, \"stack_p50_ns\": {}, \"rtt_sched_start_p50_ns\": {}}}",
+        a.count,
+        a.tx_stamps,
+        a.tx_stamps && a.opt_id_cmsg,
+        a.poller,
+        ns(user_rtt),
+        ns(stack),
+        ns(sched_rtt)
+    );
+    println!("{json}");
+    if let Some(p) = &a.json {
+        std::fs::write(p, &json).with_context(|| format!("write {}", p.display()))?;
+    }
+    if answered == 0 {
+        bail!(
+            "no echo from {}: is an rtprobe reflector listening there?",
+            a.target
+        );
+    }
+    Ok(())
+}

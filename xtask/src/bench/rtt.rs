@@ -1,0 +1,142 @@
+//! The RTT section: rtprobe's RTT medians with each reflector against
+//! the peers' on the same testbed, and on a bare veth pair against ping
+//! in the same minute (pair.rs). Every verdict compares like with like:
+//! rtprobe's round trip from the user-space send to the echo's kernel RX
+//! stamp, the points ping measures between. The figures from the qdisc
+//! entry (rtprobe's own headline start) are printed next to them.
+
+use anyhow::Result;
+
+use super::{
+    pair::pair_rows,
+    peers::{fmt_peer, median, peer_rtts},
+    run::{Ctx, user_start_rtts_us},
+    table::{Row, row, us},
+};
+
+/// The targets for the in-kernel reflector.
+pub(super) const TURNAROUND_TARGET_NS: u64 = 2_000;
+
+/// "3.2 µs" or "-".
+fn us_f(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1} µs"))
+}
+
+/// One rtprobe run of the section: its summary and its medians from the
+/// user-space send.
+struct Run {
+    summary: serde_json::Value,
+    user_us: Option<f64>,
+    user_net_us: Option<f64>,
+}
+
+impl Run {
+    fn p50(&self, key: &str) -> Option<u64> {
+        self.summary[key]["p50"].as_u64()
+    }
+}
+
+fn run(ctx: &Ctx, name: &str, args: &[&str]) -> Result<Run> {
+    let (summary, csv) = ctx.probe_csv(name, "native", args, ctx.rt_priority)?;
+    Ok(Run {
+        summary,
+        user_us: median(&mut user_start_rtts_us(&csv, false)),
+        user_net_us: median(&mut user_start_rtts_us(&csv, true)),
+    })
+}
+
+#[allow(
+    clippy::too_many_lines,
+    reason = "one bench section: its runs and the rows it reports read top to bottom"
+)]
+pub(super) fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
+    let count: u64 = if quick { 1000 } else { 2000 };
+    let n = count.to_string();
+    // One path for all: the XDP router native, which the in-kernel
+    // reflector's replies need on the veth testbed. Kernel reflector,
+    // user-space reflector and the peers run back to back.
+    let probe = ["--count", &n, "--interval", "1ms", "--reflector"];
+    let k = run(ctx, "rtt-kernel", &[&probe[..], &["kernel"]].concat())?;
+    let s = run(ctx, "rtt", &[&probe[..], &["user"]].concat())?;
+    // The same over IPv6: the in-kernel reflector answers there too.
+    let k6 = run(
+        ctx,
+        "rtt-kernel-ipv6",
+        &[&probe[..], &["kernel", "--ip", "6"]].concat(),
+    )?;
+    let peers = peer_rtts(ctx, count, "native")?;
+    let peer = |name: &str| {
+        peers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, r)| r.as_ref().ok().copied())
+    };
+    let (ping, ping6) = (peer("ping"), peer("ping -6"));
+    let peer_text: Vec<String> = peers
+        .iter()
+        .filter(|(n, _)| n != "ping -6")
+        .map(|(n, r)| format!("{n} {}", fmt_peer(r)))
+        .collect();
+    let le = |v: Option<f64>, peer: Option<f64>| match (v, peer) {
+        (Some(v), Some(p)) => Some(v <= p),
+        _ => None,
+    };
+    let from_qdisc = |r: &Run, key: &str| format!("from the qdisc entry {}", us(r.p50(key)));
+    let mut rows = vec![
+        row(
+            "RTT median, user send -> echo RX, in-kernel reflector (XDP), 1 ms, 64 B",
+            us_f(k.user_us),
+            format!(
+                "ping {} (user send -> reply RX); rtprobe {}",
+                us_f(ping),
+                from_qdisc(&k, "rtt_ns")
+            ),
+            "<= ping",
+            le(k.user_us, ping),
+        ),
+        row(
+            "reflector turnaround p50, in-kernel reflector",
+            us(k.p50("reflector_turnaround_ns")),
+            "-".into(),
+            "<= 2.0 µs",
+            k.p50("reflector_turnaround_ns")
+                .map(|t| t <= TURNAROUND_TARGET_NS),
+        ),
+        row(
+            "RTT median, user send -> echo RX, in-kernel reflector, IPv6 (--ip 6)",
+            us_f(k6.user_us),
+            format!(
+                "ping -6 {}; rtprobe {}; turnaround p50 {}",
+                us_f(ping6),
+                from_qdisc(&k6, "rtt_ns"),
+                us(k6.p50("reflector_turnaround_ns"))
+            ),
+            "<= ping -6",
+            le(k6.user_us, ping6),
+        ),
+        row(
+            "RTT median, user send -> echo RX, user-space reflector, turnaround taken out",
+            us_f(s.user_net_us),
+            format!(
+                "{}; rtprobe {}",
+                peer_text.join("; "),
+                from_qdisc(&s, "rtt_net_ns")
+            ),
+            "<= ping",
+            le(s.user_net_us, ping),
+        ),
+        row(
+            "RTT median, user send -> echo RX, user-space reflector in it",
+            us_f(s.user_us),
+            format!(
+                "rtprobe {}; reflector turnaround p50 {}",
+                from_qdisc(&s, "rtt_ns"),
+                us(s.p50("reflector_turnaround_ns"))
+            ),
+            "-",
+            None,
+        ),
+    ];
+    rows.extend(pair_rows(ctx, quick)?);
+    Ok(rows)
+}
