@@ -488,6 +488,12 @@ fn io_loop(legs: &[Leg<'_>], done: &AtomicBool, ev: &mpsc::Sender<Vec<events::Ta
     };
     let remote = matches!(first.s.reflector, Reflector::Remote);
     let (mut fds, mut ready) = (Vec::new(), Vec::new());
+    let mut many = (polled.len() > 1)
+        .then(|| ReadySet::new(&polled))
+        .and_then(|r| {
+            r.map_err(|e| log::debug!("epoll: {e}; poll() instead"))
+                .ok()
+        });
     let mut out = EventBatch::new();
     loop {
         let finishing = done.load(Ordering::Relaxed);
@@ -497,7 +503,11 @@ fn io_loop(legs: &[Leg<'_>], done: &AtomicBool, ev: &mpsc::Sender<Vec<events::Ta
             out.wait_ms(clock::realtime_ns(), 20)
         };
         let wait = max_wait_ms.map_or(wait, |m| wait.min(m));
-        if let Err(e) = socket::poll_ready(&polled, wait, &mut fds, &mut ready) {
+        let waited = match many.as_mut() {
+            Some(set) => set.wait(wait, &mut ready),
+            None => socket::poll_ready(&polled, wait, &mut fds, &mut ready),
+        };
+        if let Err(e) = waited {
             log::warn!("probe I/O poll: {e}");
             out.flush(ev);
             return;
@@ -535,6 +545,69 @@ fn io_loop(legs: &[Leg<'_>], done: &AtomicBool, ev: &mpsc::Sender<Vec<events::Ta
             out.flush(ev);
             return;
         }
+    }
+}
+
+/// Many sockets waited on at once through one epoll set, registered once:
+/// poll() walked all of them in the kernel on every wake-up, which was
+/// half the CPU of a run with 1000 targets at 10 probes/s each.
+struct ReadySet {
+    ep: std::os::fd::OwnedFd,
+    events: Vec<libc::epoll_event>,
+}
+
+impl ReadySet {
+    fn new(socks: &[&ProbeSocket]) -> std::io::Result<Self> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: plain syscall; the fd is owned below.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new fd nobody else owns.
+        let ep = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        for (i, s) in socks.iter().enumerate() {
+            // Level-triggered, as poll(): EPOLLERR (a TX timestamp on the
+            // error queue) is always reported.
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: both fds are open; `ev` is a valid event.
+            if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, s.fd(), &mut ev) } < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let events = vec![libc::epoll_event { events: 0, u64: 0 }; socks.len()];
+        Ok(Self { ep, events })
+    }
+
+    /// Like [`socket::poll_ready`]: the indexes of the sockets that have
+    /// data or queued timestamps, in ascending order.
+    fn wait(&mut self, timeout_ms: i32, ready: &mut Vec<usize>) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        ready.clear();
+        // SAFETY: `events` holds `len` writable events.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.ep.as_raw_fd(),
+                self.events.as_mut_ptr(),
+                self.events.len() as i32,
+                timeout_ms,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        ready.extend(self.events[..n as usize].iter().map(|e| e.u64 as usize));
+        ready.sort_unstable();
+        Ok(())
     }
 }
 

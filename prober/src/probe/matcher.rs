@@ -25,8 +25,15 @@ use crate::stats::{RunStats, chain};
 /// A probe further ahead of the oldest unfinished one than this is not ours.
 const MAX_WINDOW: u64 = 1 << 24;
 /// Finalized sends whose stamp kinds are remembered, to tell a late stamp
-/// (its record went out without it) from a duplicate of one it used.
+/// (its record went out without it) from a duplicate of one it used: at
+/// most this many, and only those sent within [`FINALIZED_HORIZON_NS`]
+/// beyond the timeout of the latest one. A count alone held 64 Ki sends
+/// (1.2 MiB) per target once a slow stream had sent them (1.8 h at
+/// 10/s); the horizon keeps that stream at a few hundred.
 const FINALIZED_MEMORY: usize = 1 << 16;
+/// A TX stamp comes within microseconds of its send, a late one within
+/// milliseconds: 10 s past the timeout is far beyond either.
+const FINALIZED_HORIZON_NS: i64 = 10_000_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Event {
@@ -204,7 +211,8 @@ pub struct Matcher {
     early_tx: HashMap<u32, TxStamps>,
     /// Stamp kinds of recently finalized sends, by OPT_ID (bit per kind).
     finalized: HashMap<u32, u8>,
-    finalized_order: VecDeque<u32>,
+    /// OPT_IDs in `finalized`, with their send time, oldest first.
+    finalized_order: VecDeque<(u32, i64)>,
     late_arrivals: u64,
     late_tx: u64,
     /// Slots dropped without a record: seen at the receiver but never sent.
@@ -318,14 +326,17 @@ impl Matcher {
         self.window.get_mut(idx)
     }
 
-    fn remember_finalized(&mut self, opt_id: u32, kinds: u8) {
+    fn remember_finalized(&mut self, opt_id: u32, kinds: u8, send_ns: i64) {
         if self.finalized.insert(opt_id, kinds).is_none() {
-            self.finalized_order.push_back(opt_id);
+            self.finalized_order.push_back((opt_id, send_ns));
         }
-        while self.finalized_order.len() > FINALIZED_MEMORY {
-            if let Some(old) = self.finalized_order.pop_front() {
-                self.finalized.remove(&old);
+        let horizon = send_ns.saturating_sub(self.timeout_ns.saturating_add(FINALIZED_HORIZON_NS));
+        while let Some(&(old, old_send_ns)) = self.finalized_order.front() {
+            if self.finalized_order.len() <= FINALIZED_MEMORY && old_send_ns >= horizon {
+                break;
             }
+            self.finalized_order.pop_front();
+            self.finalized.remove(&old);
         }
     }
 
@@ -528,6 +539,8 @@ impl Matcher {
         shrink_deque(&mut self.window);
         shrink_map(&mut self.opt_to_seq);
         shrink_map(&mut self.early_tx);
+        shrink_map(&mut self.finalized);
+        shrink_deque(&mut self.finalized_order);
     }
 
     fn convert(&mut self, raw: Option<i64>, sender_nic: bool) -> Option<i64> {
@@ -555,7 +568,7 @@ impl Matcher {
             .iter()
             .filter(|(t, _)| t.is_some())
             .fold(0u8, |acc, (_, k)| acc | kind_bit(*k));
-            self.remember_finalized(opt_id, kinds);
+            self.remember_finalized(opt_id, kinds, send_ns);
         }
         let (rx_sw, rx_hw, rx_user, echo_send) = match s.arrived {
             Some(a) => (a.sw_ns, a.hw_ns, a.user_ns, a.echo_send_ns),
@@ -969,6 +982,42 @@ mod tests {
         }
         assert_eq!(m.finalized.len(), FINALIZED_MEMORY);
         assert_eq!(m.finalized_order.len(), FINALIZED_MEMORY);
+    }
+
+    /// A slow stream remembers the sends of the last seconds, not 64 Ki.
+    #[test]
+    fn finalized_memory_of_a_slow_stream_is_its_last_seconds() {
+        let timeout_ns = 1_000_000_000;
+        let mut m = Matcher::new(64, 0, timeout_ns, Expect::default());
+        let mut st = RunStats::new();
+        let interval_ns = 100_000_000;
+        for seq in 0..20_000u64 {
+            let t = seq as i64 * interval_ns;
+            m.on_event(
+                Event::Sent {
+                    seq,
+                    opt_id: seq as u32,
+                    sched_ns: t,
+                    send_ns: t,
+                },
+                &mut st,
+            );
+            m.drain(t + 2 * timeout_ns, false, |_| {});
+        }
+        let kept = ((timeout_ns + FINALIZED_HORIZON_NS) / interval_ns + 1) as usize;
+        assert_eq!(m.finalized.len(), kept);
+        assert_eq!(m.finalized_order.len(), kept);
+        assert!(m.finalized.capacity() <= 4 * KEEP_CAPACITY);
+        // A stamp of a send within the horizon is still told late.
+        m.on_event(
+            Event::TxTimestamp {
+                opt_id: 19_999,
+                kind: TxKind::Software,
+                ts_ns: 0,
+            },
+            &mut st,
+        );
+        assert_eq!(m.late_tx, 1);
     }
 
     #[test]

@@ -604,6 +604,13 @@ impl Collector {
         stop.fetch_max(STOP_SENDING, Ordering::SeqCst);
     }
 
+    /// One target among several: the statistics of
+    /// [`RunStats::one_of_many`] (the stages and jitter at 1 %).
+    pub fn one_of_many(mut self) -> Self {
+        self.stats = RunStats::one_of_many(self.stats.interval_ns());
+        self
+    }
+
     /// Finalizes what is complete or timed out at `now_ns` (everything
     /// with `flush_all`) into the statistics, the observer and the CSV;
     /// then, about every [`TICK_NS`], flushes the CSV and ticks the observer.
@@ -726,6 +733,7 @@ fn collectors(c: engine::Collecting<'_, '_>, hw: HwSetup) -> Vec<Collector> {
     // Hardware stamps are a testbed's, which has one leg.
     let mut clocks = Some(hw.clocks);
     let now = clock::realtime_ns();
+    let many = c.legs.len() > 1;
     let mut carried = c.carried.into_iter();
     c.legs
         .iter()
@@ -735,7 +743,8 @@ fn collectors(c: engine::Collecting<'_, '_>, hw: HwSetup) -> Vec<Collector> {
                 let hw = clocks
                     .take()
                     .unwrap_or_else(|| Box::new(matcher::NoHwClocks));
-                Collector::new(&l.cfg, expect, hw, now)
+                let c = Collector::new(&l.cfg, expect, hw, now);
+                if many { c.one_of_many() } else { c }
             }
         })
         .collect()

@@ -3,6 +3,7 @@
 
 pub(crate) mod bootstrap;
 pub mod chain;
+pub mod hist;
 pub(crate) mod interval;
 pub mod report;
 pub mod summary;

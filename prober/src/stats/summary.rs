@@ -6,32 +6,20 @@ use hdrhistogram::Histogram;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{chain::Stage, report::RunReport};
+use super::{chain::Stage, hist::Hist, report::RunReport};
 use crate::model::record::{ProbeRecord, StartSrc};
 
 /// Latencies are recorded in ns from 1 ns to 100 s at 3 significant digits
-/// (0.1 % resolution), which keeps a histogram at a few tens of KiB whatever
-/// the probe count.
-const HIST_MAX_NS: u64 = 100_000_000_000;
-const HIST_SIGFIG: u8 = 3;
-
-/// A histogram that grows with the largest value it holds (same buckets,
-/// same figures as one sized for [`HIST_MAX_NS`] at once): a stage a run
-/// never sees costs a few hundred bytes, not 220 KiB, which is what lets
-/// one process keep the statistics of 1000 targets.
-fn new_hist() -> Histogram<u64> {
-    let mut h = Histogram::new_with_bounds(1, 2048, HIST_SIGFIG)
-        .expect("static histogram bounds are valid");
-    h.auto(true);
-    h
+/// (0.1 % resolution) in sparse histograms: a stage a run never sees costs
+/// nothing, one it sees a few KiB, which is what lets one process keep the
+/// statistics of 1000 targets.
+fn new_hist() -> Hist {
+    Hist::new()
 }
 
-/// Records `v`, leaving out what a histogram bounded at [`HIST_MAX_NS`]
-/// would refuse.
-fn record(h: &mut Histogram<u64>, v: u64) {
-    if v <= HIST_MAX_NS {
-        let _ = h.record(v);
-    }
+/// Records `v`, leaving out what a histogram bounded at 100 s would refuse.
+fn record(h: &mut Hist, v: u64) {
+    h.record(v);
 }
 
 /// min/percentiles/max/mean of one latency-like quantity, in ns.
@@ -59,6 +47,25 @@ impl Latency {
             p90: Some(h.value_at_quantile(0.90)),
             p99: Some(h.value_at_quantile(0.99)),
             p999: Some(h.value_at_quantile(0.999)),
+            max: Some(h.max()),
+            mean: Some(h.mean()),
+        }
+    }
+
+    /// The same figures from a sparse histogram, computed over its
+    /// buckets only.
+    pub fn of(h: &Hist) -> Self {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        let [p50, p90, p99, p999] = h.quantiles([0.50, 0.90, 0.99, 0.999]);
+        Latency {
+            count: h.len(),
+            min: Some(h.min()),
+            p50: Some(p50),
+            p90: Some(p90),
+            p99: Some(p99),
+            p999: Some(p999),
             max: Some(h.max()),
             mean: Some(h.mean()),
         }
@@ -339,16 +346,16 @@ pub struct Counts {
 /// Running statistics, fed one finalized record at a time in seq order,
 /// plus arrival-order events from the receiver. Memory is constant.
 pub struct RunStats {
-    one_way: Histogram<u64>,
-    rtt: Histogram<u64>,
-    ipdv: Histogram<u64>,
-    send_err: Histogram<u64>,
-    send_to_tx: Histogram<u64>,
-    stages: [Histogram<u64>; 7],
+    one_way: Hist,
+    rtt: Hist,
+    ipdv: Hist,
+    send_err: Hist,
+    send_to_tx: Hist,
+    stages: [Hist; 7],
     /// Records whose headline starts at the SCHED stamp / the user-space send.
     starts: [u64; 2],
-    rtt_net: Histogram<u64>,
-    turnaround: Histogram<u64>,
+    rtt_net: Hist,
+    turnaround: Hist,
     /// A send later than this after its schedule is a missed tick (0: not counted).
     interval_ns: i64,
     missed_ticks: u64,
@@ -435,6 +442,28 @@ impl RunStats {
         }
     }
 
+    /// The statistics of one target among several: RTT and one-way at 3
+    /// significant digits as a single target's, the stages, IPDV, send
+    /// error, send-to-TX, turnaround and net RTT at 2 (1 % resolution),
+    /// which keeps 1000 targets' statistics within a few tens of MiB.
+    pub fn one_of_many(interval_ns: i64) -> Self {
+        let coarse = Hist::with_digits(2);
+        Self {
+            ipdv: coarse.clone(),
+            send_err: coarse.clone(),
+            send_to_tx: coarse.clone(),
+            stages: std::array::from_fn(|_| coarse.clone()),
+            rtt_net: coarse.clone(),
+            turnaround: coarse,
+            ..Self::with_interval(interval_ns)
+        }
+    }
+
+    /// The interval a send is late after (0: not counted).
+    pub fn interval_ns(&self) -> i64 {
+        self.interval_ns
+    }
+
     /// Adds another stream's statistics to these (the total of a run with
     /// several targets): histograms and counters add up, the first and
     /// last sends span both; the per-stream state (IPDV's previous delay,
@@ -453,8 +482,7 @@ impl RunStats {
             .into_iter()
             .chain(self.stages.iter_mut().zip(&o.stages))
         {
-            // Same bounds on both sides: adding cannot fail.
-            let _ = a.add(b);
+            a.add(b);
         }
         for i in 0..2 {
             self.starts[i] += o.starts[i];
@@ -652,17 +680,37 @@ impl RunStats {
         }
     }
 
+    /// Bytes its histograms hold on the heap (the rest of it is a few
+    /// hundred bytes inline).
+    pub fn heap_bytes(&self) -> usize {
+        self.hists().map(Hist::heap_bytes).sum()
+    }
+
+    fn hists(&self) -> impl Iterator<Item = &Hist> {
+        [
+            &self.one_way,
+            &self.rtt,
+            &self.ipdv,
+            &self.send_err,
+            &self.send_to_tx,
+            &self.rtt_net,
+            &self.turnaround,
+        ]
+        .into_iter()
+        .chain(&self.stages)
+    }
+
     /// A stage's histogram, e.g. for per-interval reporting.
-    pub fn stage_hist(&self, stage: Stage) -> &Histogram<u64> {
-        &self.stages[stage as usize]
+    pub fn stage_hist(&self, stage: Stage) -> Histogram<u64> {
+        self.stages[stage as usize].to_hdr()
     }
 
-    pub fn one_way_hist(&self) -> &Histogram<u64> {
-        &self.one_way
+    pub fn one_way_hist(&self) -> Histogram<u64> {
+        self.one_way.to_hdr()
     }
 
-    pub fn rtt_hist(&self) -> &Histogram<u64> {
-        &self.rtt
+    pub fn rtt_hist(&self) -> Histogram<u64> {
+        self.rtt.to_hdr()
     }
 
     pub fn sent(&self) -> u64 {
@@ -706,13 +754,13 @@ impl RunStats {
             late_echoes: self.late_echoes,
             timestamp_source: self.timestamp_source().into(),
             one_way_start: self.one_way_start().into(),
-            one_way_ns: Latency::from_hist(&self.one_way),
-            rtt_ns: Latency::from_hist(&self.rtt),
+            one_way_ns: Latency::of(&self.one_way),
+            rtt_ns: Latency::of(&self.rtt),
             stages_ns: self.stages_summary(),
-            rtt_net_ns: Latency::from_hist(&self.rtt_net),
-            reflector_turnaround_ns: Latency::from_hist(&self.turnaround),
-            ipdv_ns: Latency::from_hist(&self.ipdv),
-            send_error_ns: Latency::from_hist(&self.send_err),
+            rtt_net_ns: Latency::of(&self.rtt_net),
+            reflector_turnaround_ns: Latency::of(&self.turnaround),
+            ipdv_ns: Latency::of(&self.ipdv),
+            send_error_ns: Latency::of(&self.send_err),
             missed_ticks: self.missed_ticks,
             send_rate_pps: self
                 .first_send_ns
@@ -721,7 +769,7 @@ impl RunStats {
                     (self.sent - 1) as f64 * 1e9 / (self.last_send_ns - f) as f64
                 }),
             unaccounted: self.unaccounted(),
-            send_to_tx_ns: Latency::from_hist(&self.send_to_tx),
+            send_to_tx_ns: Latency::of(&self.send_to_tx),
             pacing: self.pacing.clone(),
             report: RunReport {
                 negative_one_way: (self.negative_one_way > 0).then_some(self.negative_one_way),
@@ -735,7 +783,7 @@ impl RunStats {
     fn stages_summary(&self) -> Stages {
         let mut out = Stages::default();
         for (h, stage) in self.stages.iter().zip(Stage::ALL) {
-            *out.get_mut(stage) = Latency::from_hist(h);
+            *out.get_mut(stage) = Latency::of(h);
         }
         out
     }
@@ -782,6 +830,96 @@ mod tests {
             lost: ow.is_none(),
             ..Default::default()
         }
+    }
+
+    /// A target probed every 100 ms for 10 minutes, with every stamp and
+    /// latencies spread over 0.1–10 ms: the statistics it keeps, against
+    /// dense `hdrhistogram`s of the same precision sized to the same values.
+    #[test]
+    fn statistics_of_a_target_fit_in_a_few_kib() {
+        let single = ten_minutes_of_records(RunStats::with_interval(100_000_000));
+        let many = ten_minutes_of_records(RunStats::one_of_many(100_000_000));
+        for (what, s) in [("alone", &single), ("one of many", &many)] {
+            let used = s.hists().filter(|h| !h.is_empty()).count();
+            let buckets: usize = s.hists().map(Hist::buckets).sum();
+            let dense: usize = s.hists().map(|h| h.to_hdr().distinct_values() * 8).sum();
+            eprintln!(
+                "a target {what}, 6000 records: {used} histograms in use, {buckets} buckets, \
+                 {} KiB on the heap (dense u64 histograms: {} KiB)",
+                s.heap_bytes() / 1024,
+                dense / 1024
+            );
+            assert_eq!(
+                used, 14,
+                "every stage, one-way, RTT, IPDV, send error/TX, turnaround"
+            );
+        }
+        assert!(
+            single.heap_bytes() <= 600 * 1024,
+            "{} bytes",
+            single.heap_bytes()
+        );
+        assert!(
+            many.heap_bytes() <= 150 * 1024,
+            "{} bytes",
+            many.heap_bytes()
+        );
+        // Hdrhistogram's own figures, from the same buckets.
+        let (a, b) = (single.summary(), many.summary());
+        assert_eq!(a.rtt_ns, b.rtt_ns, "RTT at the same precision");
+        assert_eq!(a.one_way_ns, b.one_way_ns);
+        assert_eq!(
+            a.stages_ns.path,
+            Latency::from_hist(&single.stage_hist(Stage::Path))
+        );
+        let (p, q) = (a.stages_ns.path.p50.unwrap(), b.stages_ns.path.p50.unwrap());
+        assert!(p.abs_diff(q) * 100 <= p, "within 1 %: {p} {q}");
+    }
+
+    fn ten_minutes_of_records(mut s: RunStats) -> RunStats {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut jitter = |lo: i64, spread: i64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly near `lo`, with a long tail (a square of a uniform).
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            lo + (u * u * spread as f64) as i64
+        };
+        for seq in 0..6000u64 {
+            let t = seq as i64 * 100_000_000;
+            let stack = jitter(3_000, 20_000);
+            let queue = jitter(500, 5_000);
+            let driver = jitter(1_000, 10_000);
+            let path = jitter(100_000, 5_000_000);
+            let receiver = jitter(5_000, 50_000);
+            let reflector = jitter(10_000, 200_000);
+            let ret = jitter(100_000, 5_000_000);
+            let ow = stack + queue + driver + path + receiver;
+            let rtt = ow + reflector + ret;
+            s.on_record(&ProbeRecord {
+                seq,
+                sched_ns: t,
+                send_ns: t + jitter(1_000, 100_000),
+                tx_sched_ns: Some(t + stack),
+                tx_ns: Some(t + stack + queue + driver),
+                rx_ns: Some(t + ow),
+                echo_ns: Some(t + rtt),
+                one_way_ns: Some(ow),
+                rtt_ns: Some(rtt),
+                turnaround_ns: Some(reflector),
+                stack_ns: Some(stack),
+                sender_queue_ns: Some(queue),
+                driver_ns: Some(driver),
+                path_ns: Some(path),
+                receiver_ns: Some(receiver),
+                reflector_ns: Some(reflector),
+                return_ns: Some(ret),
+                ts_source: Some(TsSource::Software),
+                ..Default::default()
+            });
+        }
+        s
     }
 
     #[test]
