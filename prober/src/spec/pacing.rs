@@ -23,7 +23,7 @@ pub struct PacingSpec {
 
     /// Sleep until this long before each send, then spin on the clock [default: adaptive: the
     /// p99.5 of this machine's timer wake-up latency, learned while sending, at most half the
-    /// interval].
+    /// interval; with several targets 0: no spin].
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
     pub spin: Option<Duration>,
