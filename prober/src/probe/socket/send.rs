@@ -62,7 +62,8 @@ impl ProbeSocket {
         }
     }
 
-    /// Sends the probes `from..` of `batch` with one sendmmsg(2), each with
+    /// Sends the probes `from..` of `batch` with one sendmmsg(2) (one
+    /// probe: sendmsg(2)), each with
     /// its own OPT_ID (SCM_TS_OPT_ID; on a connected socket the kernel's
     /// counter, see below). Returns how many the kernel took
     /// (at least one, or the error of the first); their OPT_IDs are in
@@ -82,8 +83,17 @@ impl ProbeSocket {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: the headers point into `batch`, which outlives the call.
-        let r = unsafe { libc::sendmmsg(self.fd(), batch.hdrs[from..].as_mut_ptr(), n as u32, 0) };
+        // One probe goes with sendmsg(2): sendmmsg's loop (and the
+        // cond_resched() after each datagram) cost about 0.3 µs more before
+        // the SCHED stamp on a calm veth pair.
+        let r = if n == 1 {
+            // SAFETY: as below; one header.
+            let r = unsafe { libc::sendmsg(self.fd(), &batch.hdrs[from].msg_hdr, 0) };
+            if r < 0 { -1 } else { 1 }
+        } else {
+            // SAFETY: the headers point into `batch`, which outlives the call.
+            unsafe { libc::sendmmsg(self.fd(), batch.hdrs[from..].as_mut_ptr(), n as u32, 0) }
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if per_send && e.raw_os_error() == Some(libc::EINVAL) {
