@@ -32,6 +32,8 @@ pub(crate) fn with_signals_reload<T: Send + 'static>(
 ) -> Result<T> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        // The run itself (set-up, then the collector) is one of them.
+        .thread_name("rtprobe-run")
         .enable_all()
         .build()
         .context("start the tokio runtime")?;

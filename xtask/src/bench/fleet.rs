@@ -209,6 +209,50 @@ struct FleetRun {
     rss: Vec<(f64, u64)>,
     cpu_s: f64,
     wall_s: f64,
+    /// Each thread's share of one core while probing (thread name, %).
+    threads: Vec<(String, f64)>,
+}
+
+/// Each thread's time on a CPU so far (name, ns), from
+/// /proc/PID/task/TID/schedstat (exact, where /proc's tick-sampled
+/// utime/stime misattribute a thread that sleeps thousands of times a
+/// second).
+fn thread_cpu_ns(pid: u32) -> Vec<(String, u64)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, u64)> = dir
+        .flatten()
+        .filter_map(|t| {
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let ns = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            Some((
+                name.trim().to_string(),
+                ns.split_whitespace().next()?.parse().ok()?,
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The threads' shares of one core between two readings `secs` apart
+/// (threads of the same name added up).
+fn thread_shares(a: &[(String, u64)], b: &[(String, u64)], secs: f64) -> Vec<(String, f64)> {
+    let total = |v: &[(String, u64)], name: &str| -> u64 {
+        v.iter().filter(|(n, _)| n == name).map(|x| x.1).sum()
+    };
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for (name, _) in b {
+        if out.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let ns = total(b, name).saturating_sub(total(a, name));
+        out.push((name.clone(), 100.0 * ns as f64 / 1e9 / secs.max(1e-9)));
+    }
+    out.retain(|(_, p)| *p >= 0.05);
+    out.sort_by(|x, y| y.1.total_cmp(&x.1));
+    out
 }
 
 fn fleet_run(ctx: &Ctx, bed: &Bed, secs: u64) -> Result<FleetRun> {
@@ -233,6 +277,9 @@ fn fleet_run(ctx: &Ctx, bed: &Bed, secs: u64) -> Result<FleetRun> {
     let mut child = c.spawn().context("start rtprobe --targets")?;
     let pid = child.id();
     let mut rss = Vec::new();
+    // The threads' CPU while probing: from 10 s in (the warm-up is over)
+    // to the last reading before the end of the sending.
+    let (mut first_threads, mut last_threads) = (None, None);
     let every = Duration::from_secs((secs / 30).max(1));
     let status = loop {
         if let Some(s) = child.try_wait()? {
@@ -240,6 +287,15 @@ fn fleet_run(ctx: &Ctx, bed: &Bed, secs: u64) -> Result<FleetRun> {
         }
         if let Some(k) = rss_kib(pid) {
             rss.push((t0.elapsed().as_secs_f64(), k));
+        }
+        let at = t0.elapsed().as_secs_f64();
+        if at >= 10.0 && at <= secs as f64 {
+            let now = (at, thread_cpu_ns(pid));
+            if first_threads.is_none() {
+                first_threads = Some(now);
+            } else {
+                last_threads = Some(now);
+            }
         }
         if t0.elapsed() > Duration::from_secs(secs + 120) {
             let _ = child.kill();
@@ -262,11 +318,16 @@ fn fleet_run(ctx: &Ctx, bed: &Bed, secs: u64) -> Result<FleetRun> {
     let trace: String = rss.iter().map(|(t, k)| format!("{t:.1} {k}\n")).collect();
     std::fs::write(ctx.out.join("fleet-1000-rss.txt"), trace)?;
     let summary = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    let threads = match (first_threads, last_threads) {
+        (Some((t1, a)), Some((t2, b))) => thread_shares(&a, &b, t2 - t1),
+        _ => Vec::new(),
+    };
     Ok(FleetRun {
         summary,
         rss,
         cpu_s,
         wall_s,
+        threads,
     })
 }
 
@@ -321,7 +382,16 @@ fn fleet_rows(r: &FleetRun) -> Vec<Row> {
         row(
             "1000 targets: prober CPU (sender, I/O, collector)",
             format!("{cpu_pct:.1} % of one core, {per_probe_us:.2} µs per probe"),
-            "-".into(),
+            if r.threads.is_empty() {
+                "-".into()
+            } else {
+                let split: Vec<String> = r
+                    .threads
+                    .iter()
+                    .map(|(n, p)| format!("{n} {p:.1} %"))
+                    .collect();
+                format!("while probing: {}", split.join(", "))
+            },
             "≤ 50 % of one core",
             Some(cpu_pct <= CPU_TARGET_PCT),
         ),
@@ -480,4 +550,36 @@ pub(super) fn fleet_section(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         None,
     ));
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_shares_add_threads_of_one_name_over_the_interval() {
+        let s = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(n, ns)| (n.to_string(), *ns)).collect()
+        };
+        let a = s(&[
+            ("rtprobe-io", 1_000_000_000),
+            ("rtprobe-run", 0),
+            ("rtprobe-run", 5),
+        ]);
+        let b = s(&[
+            ("rtprobe-io", 1_500_000_000),
+            ("rtprobe-run", 1_000_000_000),
+            ("rtprobe-run", 1_000_000_005),
+            ("rtprobe-sender", 2_000_000_000),
+        ]);
+        let shares = thread_shares(&a, &b, 10.0);
+        assert_eq!(
+            shares,
+            vec![
+                ("rtprobe-run".to_string(), 20.0),
+                ("rtprobe-sender".to_string(), 20.0),
+                ("rtprobe-io".to_string(), 5.0),
+            ]
+        );
+    }
 }
