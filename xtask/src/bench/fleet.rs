@@ -351,6 +351,34 @@ fn fleet_rows(r: &FleetRun) -> Vec<Row> {
         / 1024.0;
     let last = r.rss.last().map_or(0, |&(_, k)| k) as f64 / 1024.0;
     let growth = last - early;
+    // After the warm-up (10 s in), for the first half's growth.
+    let settled = r
+        .rss
+        .iter()
+        .find(|&&(t, _)| t >= 10.0)
+        .map_or(0, |&(_, k)| k) as f64
+        / 1024.0;
+    let rss_why = if peak > RSS_TARGET_MIB {
+        format!("the peak {peak:.1} MiB is above {RSS_TARGET_MIB} MiB")
+    } else {
+        format!(
+            "{:+.1} MiB from 10 s to the middle, {growth:+.1} MiB in the second half ({}): the \
+             targets' sparse HDR histograms still gaining buckets in their tails, at most about \
+             120 MiB for 1000 targets at 2 digits (docs/BENCHMARKS.md)",
+            early - settled,
+            if growth < early - settled {
+                "slowing"
+            } else {
+                "not slowing"
+            }
+        )
+    };
+    let cpu_why = if r.threads.is_empty() {
+        "the threads' split was not sampled".to_string()
+    } else {
+        let (name, pct) = &r.threads[0];
+        format!("{name} took {pct:.1} % of a core, the most of any thread")
+    };
     let cpu_pct = 100.0 * r.cpu_s / r.wall_s;
     let per_probe_us = if sent > 0 {
         r.cpu_s * 1e6 / sent as f64
@@ -378,7 +406,8 @@ fn fleet_rows(r: &FleetRun) -> Vec<Row> {
             "-".into(),
             "≤ 256 MiB, flat",
             Some(peak <= RSS_TARGET_MIB && growth <= FLAT_SLACK_MIB),
-        ),
+        )
+        .because(rss_why),
         row(
             "1000 targets: prober CPU (sender, I/O, collector)",
             format!("{cpu_pct:.1} % of one core, {per_probe_us:.2} µs per probe"),
@@ -394,7 +423,8 @@ fn fleet_rows(r: &FleetRun) -> Vec<Row> {
             },
             "≤ 50 % of one core",
             Some(cpu_pct <= CPU_TARGET_PCT),
-        ),
+        )
+        .because(cpu_why),
     ]
 }
 
@@ -555,6 +585,35 @@ pub(super) fn fleet_section(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rss_not_flat_says_how_it_grew() {
+        // 40 MiB at 10 s, 70 at the middle, 79 at the end of 600 s.
+        let rss = [
+            (0.0, 4),
+            (10.0, 40 << 10),
+            (300.0, 70 << 10),
+            (600.0, 79 << 10),
+        ];
+        let r = FleetRun {
+            summary: serde_json::json!({"sent": 6_000_000, "unaccounted": 0, "lost": 0,
+                "extra": {"targets": []}}),
+            rss: rss.to_vec(),
+            cpu_s: 240.0,
+            wall_s: 600.0,
+            threads: vec![("rtprobe-sender".into(), 20.0)],
+        };
+        let rows = fleet_rows(&r);
+        assert_eq!(rows[1].met, Some(false));
+        let why = rows[1].why.as_deref().unwrap();
+        assert!(
+            why.starts_with(
+                "+30.0 MiB from 10 s to the middle, +9.0 MiB in the second half (slowing)"
+            ),
+            "{why}"
+        );
+        assert_eq!(rows[2].met, Some(true), "40 % of a core");
+    }
 
     #[test]
     fn thread_shares_add_threads_of_one_name_over_the_interval() {

@@ -314,7 +314,8 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             ),
             &target,
             Some(r / p <= TARGET_RATIO_VS_PING),
-        ),
+        )
+        .because(short_of_ping(r, p, floor)),
         row(
             "send floor (one thread, rtprobe's socket options), user send -> echo RX",
             floor.map_or("-".into(), |f| format!("{f:.1} µs = {:.2}x ping", f / p)),
@@ -328,9 +329,37 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     ])
 }
 
+/// Why rtprobe's round trip `r` is above ping's `p`, from the send
+/// floor's `floor` of the same run (µs each).
+fn short_of_ping(r: f64, p: f64, floor: Option<f64>) -> String {
+    match floor {
+        Some(f) if f / p > TARGET_RATIO_VS_PING => format!(
+            "the send floor (one thread, rtprobe's socket options) was {:.2}x ping in the same \
+             run, so the kernel's UDP send path with TX stamps is above ping's here; rtprobe is \
+             {:+.1} µs from the floor",
+            f / p,
+            r - f
+        ),
+        Some(f) => format!(
+            "the send floor was {:.2}x ping in the same run; rtprobe's own send path adds {:+.1} µs \
+             to it",
+            f / p,
+            r - f
+        ),
+        None => "the send floor did not run, so the gap is not split".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reason_splits_the_gap_at_the_floor() {
+        assert!(short_of_ping(10.0, 5.0, Some(8.0)).starts_with("the send floor (one thread"));
+        assert!(short_of_ping(10.0, 5.0, Some(8.0)).ends_with("+2.0 µs from the floor"));
+        assert!(short_of_ping(6.0, 5.0, Some(4.5)).ends_with("adds +1.5 µs to it"));
+    }
 
     #[test]
     fn ratio_row_text() {

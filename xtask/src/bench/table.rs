@@ -8,6 +8,17 @@ pub(super) struct Row {
     pub peer: String,
     pub target: String,
     pub met: Option<bool>,
+    /// Why a target was not met, from the run's own figures (printed on
+    /// the line below the row).
+    pub why: Option<String>,
+}
+
+impl Row {
+    /// The row with the reason it is not met.
+    pub fn because(mut self, why: String) -> Self {
+        self.why = Some(why);
+        self
+    }
 }
 
 pub(super) fn row(
@@ -23,6 +34,7 @@ pub(super) fn row(
         peer,
         target: target.into(),
         met,
+        why: None,
     }
 }
 
@@ -60,6 +72,9 @@ pub(super) fn format_table(rows: &[Row]) -> String {
                 None => "-",
             }
         );
+        if let (Some(false), Some(why)) = (r.met, &r.why) {
+            o += &format!("  not met: {why}\n");
+        }
     }
     o
 }
@@ -73,12 +88,16 @@ mod tests {
         let t = format_table(&[
             row("a", "1".into(), "2".into(), "<= 2", Some(true)),
             row("bb", "3".into(), "-".into(), "-", None),
-            row("c", "9".into(), "2".into(), "<= 2", Some(false)),
+            row("c", "9".into(), "2".into(), "<= 2", Some(false)).because("slow".into()),
+            row("d", "1".into(), "2".into(), "<= 2", Some(true)).because("unused".into()),
         ]);
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("metric"));
         assert!(lines[1].ends_with("yes") && lines[2].ends_with('-') && lines[3].ends_with("NO"));
         // Columns line up.
         assert_eq!(lines[1].find("<= 2"), lines[3].find("<= 2"));
+        // The reason follows a row not met, and only such a row.
+        assert_eq!(lines[4], "  not met: slow");
+        assert!(lines[5].starts_with('d') && lines.len() == 6);
     }
 }
