@@ -507,8 +507,8 @@ fn io_loop(legs: &[Leg<'_>], done: &AtomicBool, ev: &mpsc::Sender<Vec<events::Ta
         // On a cadence the thread sleeps on its own timer and then takes
         // whatever is ready without waiting: nothing wakes it from a send.
         let wait = match cadence_ms {
-            Some(c) if wait != 0 => {
-                let ms = if wait < 0 { c } else { wait.min(c) };
+            Some(c) if wait > 0 => {
+                let ms = wait.min(c);
                 std::thread::sleep(std::time::Duration::from_millis(ms as u64));
                 0
             }

@@ -749,17 +749,19 @@ impl Touched {
         }
     }
 
-    /// The legs to drain now (all of `n` when `all`), and forgets them.
-    fn take(&mut self, n: usize, all: bool) -> Vec<usize> {
+    /// Puts the legs to drain now in `out` (all of `n` when `all`) and
+    /// forgets them; `out` is the caller's, reused from wake-up to wake-up.
+    fn take_into(&mut self, n: usize, all: bool, out: &mut Vec<usize>) {
+        out.clear();
         for &l in &self.legs {
             self.seen[l] = false;
         }
         if all {
-            self.legs.clear();
-            (0..n).collect()
+            out.extend(0..n);
         } else {
-            std::mem::take(&mut self.legs)
+            out.extend_from_slice(&self.legs);
         }
+        self.legs.clear();
     }
 }
 
@@ -804,7 +806,7 @@ fn collect(
     let mut cs = collectors(c, hw);
     let timeout_ns = cs.iter().map(|c| c.timeout_ns).max().unwrap_or(0);
     let mut sender_done_at: Option<i64> = None;
-    let (mut touched, mut full_drain_at) = (Touched::default(), 0);
+    let (mut touched, mut full_drain_at, mut to_drain) = (Touched::default(), 0, Vec::new());
     loop {
         // Looked at before taking events: once it is true every event of
         // the sender is already in the channel, so none can be missed below.
@@ -844,7 +846,8 @@ fn collect(
         if all {
             full_drain_at = now;
         }
-        for i in touched.take(cs.len(), all) {
+        touched.take_into(cs.len(), all, &mut to_drain);
+        for &i in &to_drain {
             if let (Some(c), Some(o)) = (cs.get_mut(i), outs.get_mut(i)) {
                 c.drain(now, finish_now, o.csv, o.observer, stop);
             }
@@ -859,4 +862,27 @@ fn collect(
             .map(|(c, o)| c.finish(o.csv, o.observer, stop))
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Touched;
+
+    #[test]
+    fn touched_legs_are_drained_once_and_all_of_them_when_asked() {
+        let (mut t, mut out) = (Touched::default(), Vec::new());
+        for leg in [7, 2, 7, 2, 7] {
+            t.mark(leg);
+        }
+        t.take_into(10, false, &mut out);
+        assert_eq!(out, [7, 2], "each leg once, in the order first seen");
+        t.take_into(10, false, &mut out);
+        assert!(out.is_empty(), "forgotten once taken");
+        t.mark(3);
+        t.take_into(4, true, &mut out);
+        assert_eq!(out, [0, 1, 2, 3]);
+        t.mark(3);
+        t.take_into(4, false, &mut out);
+        assert_eq!(out, [3], "a full drain forgets the marks too");
+    }
 }

@@ -377,8 +377,8 @@ pub(crate) fn pace_with(
             (sched, first)
         })
         .collect();
-    let mut ticker = Ticker::many(&c, streams, shared_wake_mode(cfg, legs), OFFSET_REFRESH_NS)
-        .with_wake_gap(shared_wake_gap_ns(cfg, legs));
+    let (mode, wake_gap_ns) = shared_wait(cfg, legs);
+    let mut ticker = Ticker::many(&c, streams, mode, OFFSET_REFRESH_NS).with_wake_gap(wake_gap_ns);
     let stop = until.stop;
     let stopped = || stop.load(Ordering::Relaxed) != 0 || (until.pause)();
     let first = legs
@@ -426,35 +426,29 @@ pub(crate) fn pace_with(
     Ok(report)
 }
 
-/// How the sender of `legs` waits: as [`wake_mode`] says for the gap
-/// between two of its sends, except that with several targets and no
-/// `--spin` it does not spin: each sleep ends at the send time, so a send
-/// is late by the timer's wake-up latency (tens of µs here, measured in
-/// the report's `wake_late_ns`). The round trips start at the send's own
-/// stamps, so no figure moves; for a fleet the spin cost more CPU than all
-/// else the sender did (13 µs of the 51 µs per probe, 1000 targets x 10/s).
-fn shared_wake_mode(cfg: &ProbeConfig, legs: &[PaceLeg<'_>]) -> WakeMode {
+/// How the sender of `legs` waits, and its wake gap (see
+/// [`Ticker::with_wake_gap`]): as [`wake_mode`] says for the gap between
+/// two of its sends, except with several targets and neither `--spin` nor
+/// `--busy-poll`. Then it does not spin (each sleep ends at the send time,
+/// so a send is late by the timer's wake-up latency, tens of µs here,
+/// measured in the report's `wake_late_ns`) and sleeps at most once every
+/// [`SHARED_WAKE_GAP_NS`]. The round trips start at the sends' own
+/// stamps, so no figure moves. For 1000 targets x 10/s (a send every
+/// 100 µs) the spin was 13 µs of the sender's 51 µs per probe, and the
+/// sleeps and wake-ups (about 25 µs of its CPU each on this VM, more than
+/// the send) three quarters of what was left.
+fn shared_wait(cfg: &ProbeConfig, legs: &[PaceLeg<'_>]) -> (WakeMode, i64) {
     if legs.len() > 1 && !cfg.busy_poll && cfg.spin.is_none() {
-        return WakeMode::Fixed(0);
-    }
-    wake_mode(&gap_config(cfg, legs))
-}
-
-/// With several targets and no `--spin` the sender sleeps at most once
-/// every this long and sends what fell due meanwhile (each probe to its
-/// own target, late by up to this much; the round trips start at the
-/// sends' own stamps). A sleep and its wake-up cost this VM about 25 µs
-/// of the sender's CPU, more than the send: at 1000 targets x 10/s
-/// (a send every 100 µs) the wake-ups were three quarters of the sender.
-pub(crate) const SHARED_WAKE_GAP_NS: i64 = 500_000;
-
-fn shared_wake_gap_ns(cfg: &ProbeConfig, legs: &[PaceLeg<'_>]) -> i64 {
-    if legs.len() > 1 && !cfg.busy_poll && cfg.spin.is_none() {
-        SHARED_WAKE_GAP_NS
+        (WakeMode::Fixed(0), SHARED_WAKE_GAP_NS)
     } else {
-        0
+        (wake_mode(&gap_config(cfg, legs)), 0)
     }
 }
+
+/// A fleet's sender sleeps at most once every this long and sends what
+/// fell due meanwhile, each probe to its own target, late by up to this
+/// much, never early.
+pub(crate) const SHARED_WAKE_GAP_NS: i64 = 500_000;
 
 /// The wait's options for the gaps between sends: with N targets the
 /// sender wakes N times per interval, so it learns its margin for the
