@@ -290,5 +290,82 @@ fn a_full_disk_stops_the_run_and_keeps_the_summary_and_json() {
     let last = rows.last().unwrap();
     assert_eq!(last.len(), 34, "whole last row: {last:?}");
     assert_eq!(last[0].parse::<u64>().unwrap(), n);
+    // What the CSV lacks is counted, not assumed.
+    let missing = format!(
+        "wrote {} rows to {}: {} of the {sent} probes sent are not in it",
+        rows.len(),
+        csv.display(),
+        sent - rows.len() as u64
+    );
+    assert!(stdout.contains(&missing), "no '{missing}' in: {stdout}");
+    assert!(!stdout.contains("interrupted"), "{stdout}");
+    let _sweep = NsSweep(read_csv(&csv).0.testbed_id);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn an_hdr_log_on_a_full_disk_ends_on_a_whole_line_and_plots() {
+    if !is_root("an_hdr_log_on_a_full_disk_ends_on_a_whole_line_and_plots") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    // Three pages: a few dozen histograms, then the disk is full mid-line.
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=12k", "rtprobe-hlog-test"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount a 12 KiB tmpfs");
+    let _mount = Mount(small.clone());
+    let hlog = small.join("out.hlog");
+    let csv = dir.path().join("out.csv");
+    let o = Command::new(bin())
+        .args([
+            "--xdp-mode",
+            "off",
+            "--count",
+            "60000",
+            "--interval",
+            "1ms",
+            "--report-every",
+            "100ms",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(&csv)
+        .arg("--hdr-log")
+        .arg(&hlog)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("HDR log") && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    let bytes = std::fs::read(&hlog).unwrap();
+    assert!(
+        bytes.len() > 4096,
+        "the log should fill the disk: {} B",
+        bytes.len()
+    );
+    assert!(bytes.ends_with(b"\n"), "the log ends mid-line");
+    // `rtprobe plot` reads every interval that was written, as it is.
+    let figures = dir.path().join("figures");
+    let p = Command::new(bin())
+        .arg("plot")
+        .arg(&hlog)
+        .arg("--out-dir")
+        .arg(&figures)
+        .output()
+        .unwrap();
+    assert!(
+        p.status.success(),
+        "plot refused the log: {}",
+        String::from_utf8_lossy(&p.stderr)
+    );
+    assert!(std::fs::read_dir(&figures).unwrap().count() > 0);
     let _sweep = NsSweep(read_csv(&csv).0.testbed_id);
 }

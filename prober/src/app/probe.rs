@@ -79,6 +79,22 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
     report(&o, &opts)
 }
 
+/// What the CSV lacks, counted: the probes sent (over every flow) that
+/// have no row, said after the rows written; empty when every probe has
+/// its row.
+fn csv_missing(o: &RunOutcome) -> String {
+    let flows = &o.summary.report.flows;
+    let sent = if flows.is_empty() {
+        o.summary.sent
+    } else {
+        flows.iter().map(|f| f.summary.sent).sum()
+    };
+    match sent.checked_sub(o.rows) {
+        Some(n) if n > 0 => format!(": {n} of the {sent} probes sent are not in it"),
+        _ => String::new(),
+    }
+}
+
 /// The summary and the files written; FAILURE when an output failed,
 /// 130 when interrupted (as shells report SIGINT: the data is complete).
 fn report(o: &RunOutcome, opts: &RunOptions) -> Result<ExitCode> {
@@ -86,16 +102,17 @@ fn report(o: &RunOutcome, opts: &RunOptions) -> Result<ExitCode> {
         "{}",
         crate::export::text::format_summary(&o.summary, &o.meta)
     );
+    let missing = csv_missing(o);
     match opts.continuous.rotation {
         Some(r) => println!(
-            "  wrote {} rows to {} and its rotated files (by {}, the last {} kept as {}.1 ..)",
+            "  wrote {} rows to {} and its rotated files (by {}, the last {} kept as {}.1 ..){missing}",
             o.rows,
             opts.out.display(),
             r.when,
             r.keep,
             opts.out.display()
         ),
-        None => println!("  wrote {} rows to {}", o.rows, opts.out.display()),
+        None => println!("  wrote {} rows to {}{missing}", o.rows, opts.out.display()),
     }
     // Written even when the CSV failed: on a full disk the atomic write
     // leaves the earlier file or none, and the error below names both.

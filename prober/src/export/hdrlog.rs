@@ -7,9 +7,16 @@
 //! The crate's writer borrows its file and serializer, so it lives on a
 //! thread of its own that owns both; the probe run hands it each interval's
 //! histogram and learns of a failed write at the next hand-over.
+//!
+//! The file only ever ends on a whole line: the crate writes a line in
+//! pieces, so [`WholeLines`] holds them until the newline and, when the
+//! disk is full half-way through a line, cuts the file back to the end of
+//! the last whole one (ftruncate needs no free space). `rtprobe plot`
+//! then reads every interval that was written.
 
 use std::{
     fs::File,
+    io::Write,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     thread::JoinHandle,
@@ -157,12 +164,91 @@ impl Drop for HdrLog {
     }
 }
 
+/// A file that can be cut back to a length.
+trait CutBack: Write {
+    fn cut_back(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl CutBack for File {
+    fn cut_back(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)?;
+        // The next write continues at the cut, not past it.
+        std::io::Seek::seek(self, std::io::SeekFrom::Start(len)).map(|_| ())
+    }
+}
+
+/// A writer that passes only whole lines to its file, and leaves the file
+/// ending on the last whole line when a write fails.
+struct WholeLines<F: CutBack> {
+    file: F,
+    /// Bytes of the current line not yet written.
+    pending: Vec<u8>,
+    /// Length of the file up to the end of its last whole line.
+    committed: u64,
+    /// A write failed: the file is cut back and takes nothing more.
+    failed: bool,
+}
+
+impl<F: CutBack> WholeLines<F> {
+    fn new(file: F) -> Self {
+        Self {
+            file,
+            pending: Vec::new(),
+            committed: 0,
+            failed: false,
+        }
+    }
+
+    /// Writes the pending whole lines; on failure cuts the file back to
+    /// the last whole line and refuses further writes.
+    fn commit_lines(&mut self) -> std::io::Result<()> {
+        let Some(end) = self
+            .pending
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map(|i| i + 1)
+        else {
+            return Ok(());
+        };
+        if let Err(e) = self.file.write_all(&self.pending[..end]) {
+            self.failed = true;
+            // The file may hold part of these lines now: back to the last
+            // whole one (a failed cut leaves the error to say so anyway).
+            let _ = self.file.cut_back(self.committed);
+            return Err(e);
+        }
+        self.committed += end as u64;
+        self.pending.drain(..end);
+        Ok(())
+    }
+}
+
+impl<F: CutBack> Write for WholeLines<F> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.failed {
+            return Err(std::io::Error::other(
+                "an earlier write failed; the log ends on its last whole line",
+            ));
+        }
+        self.pending.extend_from_slice(buf);
+        if buf.contains(&b'\n') {
+            self.commit_lines()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 fn write_log(
-    mut file: File,
+    file: File,
     start: SystemTime,
     comment: &str,
     rx: mpsc::Receiver<Entry>,
 ) -> Result<(), String> {
+    let mut file = WholeLines::new(file);
     let mut serializer = V2DeflateSerializer::new();
     let mut log = IntervalLogWriterBuilder::new()
         .add_comment(comment)
@@ -263,6 +349,63 @@ mod tests {
             got[2].5
         );
         assert_eq!(got[4].3, 0, "an empty interval is written too");
+    }
+
+    /// A disk with room for `room` bytes: a write past it stores what
+    /// fits and fails, as write(2) on a full filesystem does.
+    struct SmallDisk {
+        data: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for SmallDisk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.room - self.data.len());
+            if n == 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.data.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl CutBack for SmallDisk {
+        fn cut_back(&mut self, len: u64) -> std::io::Result<()> {
+            self.data.truncate(len as usize);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_full_disk_leaves_the_log_on_its_last_whole_line() {
+        for room in [10, 37, 38, 100, 250] {
+            let mut w = WholeLines::new(SmallDisk {
+                data: Vec::new(),
+                room,
+            });
+            let mut failed = false;
+            for i in 0..20 {
+                // A line in pieces, as the crate's writer sends it.
+                let r = write!(w, "Tag=rtt,{i:02}.000,1.000,")
+                    .and_then(|()| w.write_all(b"HISTFAAAA\n"));
+                if r.is_err() {
+                    failed = true;
+                    break;
+                }
+            }
+            assert!(failed, "room {room}: the disk should fill");
+            assert!(w.write(b"x\n").is_err(), "nothing after a failure");
+            let data = &w.file.data;
+            assert!(
+                data.is_empty() || data.ends_with(b"\n"),
+                "room {room}: ends mid-line: {:?}",
+                String::from_utf8_lossy(data)
+            );
+            assert_eq!(data.len() % 31, 0, "whole lines only");
+        }
     }
 
     #[test]

@@ -222,7 +222,9 @@ pub(super) fn outcome(
         hardware_tx: false,
         hardware_rx: false,
         late_arrivals,
-        interrupted: stop.load(Ordering::SeqCst) != 0,
+        // A failed output stops the session too; that is no interruption
+        // (as on the testbed: `super::super::session`).
+        interrupted: stop.load(Ordering::SeqCst) != 0 && output_error.is_none(),
         kernel_drops: None,
         hw_clocks: Default::default(),
         output_error,
