@@ -99,66 +99,58 @@ fn cbr_udp_into_a_full_queue_delays_by_the_queue_length() {
     }
     let queue_packets = 100.0;
     // 1470 B of payload + UDP/IPv4/Ethernet headers: the frame as the
-    // kernel counts it; the shaper adds 24 B of wire overhead (preamble,
-    // FCS, gap) on top at 100 Mbit/s.
+    // kernel counts it; the shaper charges 24 B of wire overhead
+    // (preamble, FCS, gap) on top.
     let frame_bytes = 1470.0 + 8.0 + 20.0 + 14.0;
-    let nominal_ms = queue_packets * (frame_bytes + 24.0) * 8.0 / 100e6 * 1e3;
-    let run = || {
-        run_json(&[
-            "--xdp-mode",
-            "off",
-            "--count",
-            "1500",
-            "--interval",
-            "2ms",
-            "--link-rate",
-            "100mbit",
-            "--queue-limit",
-            "100",
-            "--load",
-            "udp:150%,size=1470",
-        ])
-    };
+    let j = run_json(&[
+        "--xdp-mode",
+        "off",
+        "--count",
+        "1500",
+        "--interval",
+        "2ms",
+        "--link-rate",
+        "100mbit",
+        "--queue-limit",
+        "100",
+        "--load",
+        "udp:150%,size=1470",
+    ]);
+    // The shaper is set to its rate.
+    let shaping = &j["extra"]["knobs"]["qdisc_tree"]["shaping"];
+    assert_eq!(j["extra"]["knobs"]["qdisc_tree"]["status"], "applied");
+    assert_eq!(
+        (shaping["shaper"].as_str(), shaping["rate_bps"].as_f64()),
+        (Some("htb"), Some(100e6)),
+        "{shaping}"
+    );
     // The kernel's witness: the rate the shaper's qdisc delivered over the
-    // run (its own byte counter). A full queue drains at that rate.
-    let delivered = |j: &serde_json::Value| {
-        let q = &j["extra"]["load"]["bottleneck"];
-        q["delivered_bps"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no shaper counters in {q}"))
-    };
-    let mut j = run();
-    // A shaper starved of CPU (the VM's vCPUs taken away for tens of ms;
-    // CI saw a p50 of 14.7 ms against 12.3 ms once) drains slower than
-    // its rate for reasons outside rtprobe: once more, and every check
-    // below holds for the run that counts.
-    if delivered(&j) < 0.9 * 100e6 * frame_bytes / (frame_bytes + 24.0) {
-        eprintln!(
-            "the shaper delivered {:.2} Mbit/s of frames (starved of CPU): measuring once more",
-            delivered(&j) / 1e6
-        );
-        j = run();
-    }
-    let rate = delivered(&j);
+    // run (its own byte counter). It never beats its rate; how far below
+    // it a shaper starved of CPU falls is the machine's (`cargo xtask
+    // bench --only study` prints it against its 85 % bound).
+    let q = &j["extra"]["load"]["bottleneck"];
+    let rate = q["delivered_bps"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no shaper counters in {q}"));
+    let set_frames_bps = 100e6 * frame_bytes / (frame_bytes + 24.0);
+    assert!(
+        rate <= set_frames_bps * 1.02,
+        "the shaper delivered {:.2} Mbit/s of frames, above its rate",
+        rate / 1e6
+    );
+    // A full queue drains at the rate the shaper delivered: the probes
+    // wait the queue's length at that rate.
     let expected_ms = queue_packets * frame_bytes * 8.0 / rate * 1e3;
     let p50 = one_way_p50(&j);
     eprintln!(
         "CBR UDP 150 % into a 100-packet queue: one-way p50 {p50:.3} ms; queue length x frame / rate \
-         = {nominal_ms:.3} ms at 100 Mbit/s, {expected_ms:.3} ms at the {:.2} Mbit/s of frames the \
-         shaper delivered; {}",
+         = {expected_ms:.3} ms at the {:.2} Mbit/s of frames the shaper delivered; {}",
         rate / 1e6,
         j["one_way_dominant"]["text"]
     );
     assert!(
         (p50 - expected_ms).abs() <= 0.15 * expected_ms,
         "one-way p50 {p50:.3} ms should be within 15 % of {expected_ms:.3} ms"
-    );
-    // The shaper is set to its rate: never above it, and not some other
-    // rate below (how far below a shaper starved of CPU falls is the
-    // machine's; the check above holds at any rate).
-    assert!(
-        (nominal_ms * 0.99..=nominal_ms / 0.6).contains(&expected_ms),
-        "the shaper's own drain time {expected_ms:.3} ms is off the nominal {nominal_ms:.3} ms"
     );
     assert_eq!(j["one_way_dominant"]["stage"], "sender_queue");
 }

@@ -20,6 +20,11 @@
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
+//! - The study's relations with their original bounds (study.rs): the
+//!   shaper's delivered rate under CBR UDP (>= 85 %), the 100-packet
+//!   queue's 12.3 ms, the priority class's p99 under TCP (<= 1 ms rise),
+//!   TCP's share of a shaped link. The root tests check the mechanisms
+//!   behind them at whatever rate the machine gives.
 //!
 //! Needs root (namespaces, XDP). Everything runs in namespaces the
 //! testbed creates; nothing touches the host's interfaces.
@@ -41,6 +46,7 @@ mod peers;
 mod rate;
 mod rtt;
 mod run;
+mod study;
 mod table;
 
 use std::{io::Write, path::PathBuf, process::Command, time::Instant};
@@ -94,6 +100,9 @@ pub enum Section {
     Thesis,
     /// 1000 targets at 10 probes/s from one process; in-kernel vs user-space reflector capacity.
     Fleet,
+    /// The study's relations with their original bounds: the shaper's rate under CBR UDP, the
+    /// queue's drain time, the priority class's p99 under TCP, TCP's share of a shaped link.
+    Study,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -135,7 +144,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 8] = [
+    let sections: [(Section, &str, Rows); 9] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -152,6 +161,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             "1000 targets, reflector capacity",
             fleet::fleet_section,
         ),
+        (Section::Study, "the study's relations", study::study_rows),
     ];
     for (_, name, f) in sections
         .into_iter()
