@@ -284,7 +284,8 @@ pub struct PlotArgs {
     #[arg(long, value_name = "TEXT")]
     pub title: Option<String>,
 
-    /// Skip a cut-short last line (run killed while writing) instead of failing.
+    /// Skip a cut-short last line of a CSV or an HDR log (run killed while writing) instead of
+    /// failing.
     #[arg(long)]
     pub ignore_truncated: bool,
 }
