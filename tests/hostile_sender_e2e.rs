@@ -164,11 +164,26 @@ fn run_against_fake(p: &Pair, protocol: &str, forge: bool) -> (Run, u64) {
     })
 }
 
+/// Datagrams the kernel of namespace `ns` dropped before a socket read
+/// them (a full receive buffer), or had no socket for (one closed at the
+/// run's end): the UDP counters RcvbufErrors + InErrors + NoPorts.
+fn udp_dropped(ns: &str) -> u64 {
+    ["RcvbufErrors", "InErrors", "NoPorts"]
+        .iter()
+        .map(|c| udp_counter(ns, c))
+        .sum()
+}
+
 fn forged_echoes_from_the_target(protocol: &str) {
     let p = Pair::new();
     let (clean, _) = run_against_fake(&p, protocol, false);
     assert_eq!(clean.code, 0, "{}\n{}", clean.stderr, clean.stdout);
+    let dropped_before = udp_dropped(&p.a);
     let (t, forged) = run_against_fake(&p, protocol, true);
+    // What the kernel dropped on the sender's side, not rtprobe: a sender
+    // starved of CPU for tens of ms overflows its socket's buffer, and a
+    // forgery that follows the last echo can arrive after the run.
+    let dropped = udp_dropped(&p.a) - dropped_before;
     assert_eq!(t.code, 0, "{}\n{}", t.stderr, t.stdout);
     let (rss_clean, rss) = (peak_rss(&clean), peak_rss(&t));
     eprintln!(
@@ -186,14 +201,22 @@ fn forged_echoes_from_the_target(protocol: &str) {
         rss <= rss_clean + RSS_SLACK_KIB,
         "peak RSS {rss} KiB against {rss_clean} KiB clean"
     );
-    // Each forged echo is counted as never sent; nothing else moved.
-    assert_eq!(n(&t.json, "never_sent"), forged, "{}", t.stdout);
+    // Each forged echo that reached the socket is counted as never sent,
+    // and nothing else moved: the legitimate echoes were all matched but
+    // for those the kernel dropped.
+    let never_sent = n(&t.json, "never_sent");
+    assert!(
+        never_sent <= forged && forged - never_sent <= dropped,
+        "{never_sent} of {forged} forged echoes counted never sent; the kernel dropped {dropped}: {}",
+        t.stdout
+    );
     assert_eq!(n(&t.json, "late_echoes"), 0);
     assert_eq!(n(&t.json, "foreign_packets"), 0);
-    assert_eq!((n(&t.json, "sent"), n(&t.json, "lost")), (2000, 0));
+    assert_eq!(n(&t.json, "sent"), 2000);
+    assert!(n(&t.json, "lost") <= dropped, "{}", t.stdout);
     assert_eq!(n(&clean.json, "never_sent"), 0);
     assert!(
-        t.stdout.contains(&format!("never-sent seqs {forged}")),
+        t.stdout.contains(&format!("never-sent seqs {never_sent}")),
         "{}",
         t.stdout
     );
@@ -291,6 +314,8 @@ fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
     let clean = target(&p, &args);
     assert_eq!(clean.code, 0, "{}\n{}", clean.stderr, clean.stdout);
     let no_ports_before = udp_counter(&p.a, "NoPorts");
+    let overflow = || udp_counter(&p.a, "RcvbufErrors") + udp_counter(&p.a, "InErrors");
+    let overflow_before = overflow();
     let (t, off, spoofed) = std::thread::scope(|s| {
         let run = s.spawn(|| target(&p, &args));
         let port = sender_port(&p.a).expect("the sender's connected socket in A");
@@ -312,6 +337,9 @@ fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
     let (refl, _) = r.stop();
     assert_eq!(t.code, 0, "{}\n{}", t.stderr, t.stdout);
     let no_ports = udp_counter(&p.a, "NoPorts") - no_ports_before;
+    // What a sender starved of CPU lost to its full socket buffer: the
+    // kernel's count, not rtprobe's.
+    let overflowed = overflow() - overflow_before;
     let (rss_clean, rss) = (peak_rss(&clean), peak_rss(&t));
     eprintln!(
         "off-path: peak RSS clean {rss_clean} KiB, under {off} off-path + {spoofed} \
@@ -333,27 +361,32 @@ fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
         rss <= rss_clean + RSS_SLACK_KIB,
         "peak RSS {rss} KiB against {rss_clean} KiB clean"
     );
-    // The run's figures are untouched.
-    assert_eq!((n(&t.json, "sent"), n(&t.json, "lost")), (6000, 0));
+    // The run's figures are untouched: nothing lost but what the kernel
+    // dropped at a full socket buffer, and nothing on the way out.
+    assert_eq!(n(&t.json, "sent"), 6000);
+    assert!(n(&t.json, "lost") <= overflowed, "{}", t.stdout);
     assert_eq!(t.rows.len(), 6000);
     let split = &t.json["extra"]["loss_split"];
-    assert_eq!(
-        (split["forward"].as_u64(), split["return"].as_u64()),
-        (Some(0), Some(0))
-    );
+    assert_eq!(split["forward"].as_u64(), Some(0), "{split}");
     // Off-path replies never reach the connected socket.
     assert!(
         no_ports >= off,
         "NoPorts rose by {no_ports} for {off} off-path replies"
     );
     // From the target's address: every other session's is foreign; the
-    // one with this run's SSID carries a seq never sent.
-    assert_eq!(n(&t.json, "foreign_packets"), spoofed - 1, "{}", t.stdout);
-    assert_eq!(n(&t.json, "never_sent"), 1);
+    // one with this run's SSID carries a seq never sent. Every spoofed
+    // reply the socket got is one of the two.
+    let (foreign, never_sent) = (n(&t.json, "foreign_packets"), n(&t.json, "never_sent"));
+    assert!(
+        foreign + never_sent <= spoofed && foreign + never_sent + overflowed >= spoofed,
+        "{foreign} foreign + {never_sent} never sent of {spoofed} spoofed; the kernel dropped \
+         {overflowed}: {}",
+        t.stdout
+    );
+    assert!(never_sent <= 1, "{}", t.stdout);
     assert_eq!(n(&t.json, "late_echoes"), 0);
     assert!(
-        t.stdout
-            .contains(&format!("foreign packets {}", spoofed - 1)),
+        t.stdout.contains(&format!("foreign packets {foreign}")),
         "{}",
         t.stdout
     );
