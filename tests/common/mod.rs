@@ -146,6 +146,41 @@ pub struct Run {
     pub json: serde_json::Value,
     pub meta: rtprobe::model::run::RunMeta,
     pub rows: Vec<Vec<String>>,
+    /// UDP datagrams the kernel dropped at a full socket buffer in the
+    /// run's namespaces while it ran (RcvbufErrors + InErrors; 0 where not
+    /// counted): what a process starved of CPU loses, which a test tells
+    /// apart from what rtprobe loses.
+    pub kernel_drops: u64,
+}
+
+/// A run lost no probe but those the kernel dropped at a full socket
+/// buffer (a receiver or sender starved of CPU): rtprobe itself loses none.
+pub fn assert_lost_only_by_the_kernel(r: &Run) {
+    let lost = r.json["lost"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no lost in {}", r.json));
+    assert!(
+        lost <= r.kernel_drops,
+        "{lost} probes lost, {} datagrams dropped by the kernel at full socket buffers: {}",
+        r.kernel_drops,
+        r.stdout
+    );
+}
+
+/// The UDP datagrams namespace `ns` dropped at a full socket buffer so far
+/// (RcvbufErrors + InErrors of its /proc/net/snmp).
+pub fn udp_buffer_drops(ns: &str) -> u64 {
+    let snmp = sh_ok(&format!("ip netns exec {ns} cat /proc/net/snmp"));
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        panic!("no Udp lines in {ns}'s /proc/net/snmp: {snmp}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .filter(|(n, _)| *n == "RcvbufErrors" || *n == "InErrors")
+        .map(|(_, v)| v.parse::<u64>().unwrap())
+        .sum()
 }
 
 pub fn probe(dir: &std::path::Path, args: &[&str]) -> Run {
@@ -173,7 +208,19 @@ pub fn probe(dir: &std::path::Path, args: &[&str]) -> Run {
         "namespaces left behind: {:?}",
         namespaces_of(&meta.testbed_id)
     );
+    // The run's own reading of its namespaces' counters.
+    let k = &json["extra"]["kernel_drops"];
+    let kernel_drops = [
+        "receiver_rcvbuf_errors",
+        "receiver_in_errors",
+        "sender_rcvbuf_errors",
+        "sender_in_errors",
+    ]
+    .iter()
+    .filter_map(|c| k[c].as_u64())
+    .sum();
     Run {
+        kernel_drops,
         code: o.status.code().unwrap_or(-1),
         stdout,
         stderr,

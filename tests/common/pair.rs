@@ -228,6 +228,7 @@ pub fn target(p: &Pair, args: &[&str]) -> Run {
     sh_ok(&format!("chmod 777 {}", dir.path().display()));
     let csv = dir.path().join("out.csv");
     let json = dir.path().join("out.json");
+    let drops_before = udp_buffer_drops(&p.a) + udp_buffer_drops(&p.b);
     let o = Command::new("ip")
         .args(["netns", "exec", &p.a, "runuser", "-u", "nobody", "--"])
         .arg(bin())
@@ -243,6 +244,7 @@ pub fn target(p: &Pair, args: &[&str]) -> Run {
     let (meta, rows) = read_csv(&csv);
     let json = read_summary(&json);
     Run {
+        kernel_drops: udp_buffer_drops(&p.a) + udp_buffer_drops(&p.b) - drops_before,
         code: o.status.code().unwrap_or(-1),
         stdout,
         stderr,
