@@ -76,8 +76,14 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         .expect("start rtprobe");
     let mut child = ChildGuard(child);
     let pid = child.0.id();
-    // Past the testbed set-up and the first rotations.
-    std::thread::sleep(Duration::from_secs(6));
+    // Past the testbed set-up and the first rotations (a deadline: the
+    // set-up takes seconds on a busy machine).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("out.csv.3").exists() {
+        assert!(Instant::now() < deadline, "no third rotation within 60 s");
+        assert!(child.0.try_wait().unwrap().is_none(), "rtprobe ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let rss_start = vm_rss_kib(pid);
     std::thread::sleep(Duration::from_secs(24));
     let rss_end = vm_rss_kib(pid);
@@ -115,7 +121,7 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         .read_to_string(&mut stderr)
         .unwrap();
     assert_eq!(status.code(), Some(130), "interrupted: {stderr}\n{stdout}");
-    eprintln!("VmRSS {rss_start} KiB at 6 s, {rss_end} KiB at 30 s");
+    eprintln!("VmRSS {rss_start} KiB at the third rotation, {rss_end} KiB 24 s later");
     // ~24 000 probes in between: a record kept per probe (~300 bytes) would
     // add ~7 MiB.
     assert!(
@@ -126,7 +132,8 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let sent = summary["sent"].as_u64().unwrap();
-    assert!(sent > 25_000, "{summary}");
+    // 24 s of 1 ms ticks at least, each sent however late.
+    assert!(sent >= 24_000, "{summary}");
     assert_eq!(summary["unaccounted"], 0);
 
     // out.csv and three rotated files, each a readable CSV of its own,
@@ -167,7 +174,7 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         .lines()
         .filter(|l| l.starts_with('[') && l.contains(" sent "))
         .collect();
-    assert!(lines.len() >= 25, "{stdout}");
+    assert!(lines.len() >= 24, "{stdout}");
     // Every probe is in exactly one line; a whole interval at 1 ms holds
     // 1000 scheduled sends (give or take one where the system clock was
     // slewed against the monotonic schedule).
@@ -203,7 +210,7 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
                 .or_default() += 1;
         }
     }
-    assert!(tags.get("one-way").is_some_and(|&n| n >= 25), "{tags:?}");
+    assert!(tags.get("one-way").is_some_and(|&n| n >= 24), "{tags:?}");
     assert_eq!(tags.get("one-way"), tags.get("rtt"));
 }
 

@@ -29,6 +29,7 @@ pub(super) fn study_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     rows.push(cbr_loss_row(ctx, quick)?);
     rows.extend(prio_rows(ctx, quick)?);
     rows.push(tcp_fill_row(ctx, quick)?);
+    rows.push(fetch_row(ctx, quick)?);
     Ok(rows)
 }
 
@@ -224,4 +225,49 @@ fn tcp_fill_row(ctx: &Ctx, quick: bool) -> Result<Row> {
         Some(bps >= 85e6),
     )
     .because(super::host::waits_text(&j["pacing"]["waits"])))
+}
+
+/// Study 5 (fetch_e2e's runs): the median 100 KiB fetch behind a bulk
+/// cubic flow on a 10 Mbit/s router bottleneck, with a 100-packet queue
+/// against a 20-packet one (tests/fetch_e2e.rs says why more than 1.25x).
+fn fetch_row(ctx: &Ctx, quick: bool) -> Result<Row> {
+    let duration = if quick { "10s" } else { "20s" };
+    let p50_s = |queue: &str| -> Result<f64> {
+        let j = ctx.probe(
+            &format!("study-fetch-q{queue}"),
+            &[
+                "--duration",
+                duration,
+                "--interval",
+                "100ms",
+                "--link-rate",
+                "10mbit",
+                "--bottleneck",
+                "router",
+                "--gso",
+                "off",
+                "--queue-limit",
+                queue,
+                "--load",
+                "tcp,cc=cubic",
+                "--load",
+                "fetch:100KiB,every=500ms,cc=cubic,timeout=10s",
+                "--load-warmup",
+                "2s",
+            ],
+        )?;
+        j["extra"]["load"]["flows"]
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["kind"] == "fetch"))
+            .and_then(|f| f["fetch"]["p50_s"].as_f64())
+            .context("no fetch figures in the run's JSON")
+    };
+    let (small, big) = (p50_s("20")?, p50_s("100")?);
+    Ok(row(
+        "100 KiB fetch behind bulk TCP, 10 Mbit/s: median, 100- vs 20-packet queue",
+        format!("{:.2}x ({big:.3} s vs {small:.3} s)", big / small),
+        "-".into(),
+        "> 1.25x",
+        Some(big > 1.25 * small),
+    ))
 }
