@@ -16,7 +16,7 @@ const N: u64 = 300;
 fn assert_clean_run(r: &Run, n: u64) {
     assert_eq!(r.code, 0, "stderr: {}\nstdout: {}", r.stderr, r.stdout);
     assert_eq!(r.json["sent"], n, "{}", r.stdout);
-    assert_lost_only_by_the_kernel(&r);
+    assert_lost_only_by_the_kernel(r);
     assert_eq!(r.rows.len() as u64, n, "one CSV row per probe");
     assert!(
         r.rows
