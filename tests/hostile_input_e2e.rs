@@ -563,11 +563,19 @@ fn sigint_during_target_warm_up_stops_it() {
     let target = format!("{}:5061", pair::B_IP);
     let dir = tempfile::tempdir().unwrap();
     let mut child = spawn_target_in(&p.a, dir.path(), &["--target", &target, "--count", "100"]);
-    // Three or four tries in.
-    std::thread::sleep(Duration::from_millis(350));
     // Read through the child's own /proc entry (microseconds, no process
     // to spawn) so that no 100 ms try can fall between the count and the
-    // signal.
+    // signal. Signalled once the warm-up has sent a try (a deadline: the
+    // start takes longer on a busy machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let in_a = format!("ip netns exec {} cat /proc/net/snmp", p.a);
+    // Only rtprobe sends UDP in A: once A counts one, the child is in A.
+    while udp_out_datagrams(&sh_ok(&in_a)) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warm-up try within 20 s"
+        );
+    }
     let before = udp_out_datagrams(
         &std::fs::read_to_string(format!("/proc/{}/net/snmp", child.id())).unwrap(),
     );
@@ -576,7 +584,7 @@ fn sigint_during_target_warm_up_stops_it() {
     let (refl, log) = r.stop();
     let c = &refl["counters"];
     eprintln!(
-        "--target, SIGINT 350 ms into an unanswered warm-up: exit {code:?} after {took:?}; \
+        "--target, SIGINT during an unanswered warm-up: exit {code:?} after {took:?}; \
          A sent {} UDP datagrams after the signal, the reflector got {} in all; stderr: {}",
         after - before,
         c["datagrams"],
