@@ -31,6 +31,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod dist;
 mod modgraph;
+mod roottests;
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
 
 /// Debian packages rtprobe's build, tests and comparisons use.
@@ -119,6 +120,10 @@ enum Task {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
         #[arg(long, env = "RTPROBE_FUZZ_SECONDS", default_value_t = FUZZ_SECONDS_DEFAULT)]
         fuzz_seconds: u64,
+        /// Root test binaries run at once (each runs its tests one at a time; the ones that load
+        /// the machine on purpose run alone afterwards).
+        #[arg(long, env = "RTPROBE_ROOT_JOBS", default_value_t = 3)]
+        root_jobs: usize,
         /// Passed to the test binaries (e.g. a test name filter).
         #[arg(last = true)]
         args: Vec<String>,
@@ -130,7 +135,11 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Task::Setup => setup(),
         Task::BuildEbpf => build_ebpf().map(|p| println!("{}", p.display())),
-        Task::Test { fuzz_seconds, args } => test(fuzz_seconds, &args),
+        Task::Test {
+            fuzz_seconds,
+            root_jobs,
+            args,
+        } => test(fuzz_seconds, root_jobs, &args),
         Task::Demo { out_dir, count } => demo(&out_dir, count),
         Task::Man { out_dir } => man(out_dir.as_deref()),
         Task::Dist => dist::dist().map(|p| println!("{}", p.display())),
@@ -641,7 +650,7 @@ fn check_module_graph(g: &modgraph::Graph) -> Result<()> {
     )
 }
 
-fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
+fn test(fuzz_seconds: u64, root_jobs: usize, args: &[String]) -> Result<()> {
     setup()?;
     let root = workspace_root();
     // Seconds, before the minutes of builds and tests below.
@@ -667,20 +676,8 @@ fn test(fuzz_seconds: u64, args: &[String]) -> Result<()> {
     }
     // tests/dist_e2e.rs installs and purges this package.
     let deb = dist::dist()?;
-    let mut rooted = Command::new(cargo());
-    rooted
-        .current_dir(&root)
-        .env("RTPROBE_DEB", deb)
-        .args([
-            "test",
-            "-p",
-            "rtprobe",
-            "--",
-            "--ignored",
-            "--test-threads=1",
-        ])
-        .args(args);
-    run(&mut rooted)?;
+    let deb = deb.to_string_lossy();
+    roottests::run(&root, root_jobs, &[("RTPROBE_DEB", &*deb)], args)?;
     eprintln!("xtask: all tests passed (unit and root)");
     Ok(())
 }
