@@ -366,6 +366,15 @@ address = "2001:db8::3"
         assert_eq!(host_part("db-1.example.net:8620"), "db-1.example.net");
     }
 
+    /// The package's example /etc/rtprobe/targets.toml follows the same
+    /// convention (target_* labels) and passes the targets parser.
+    #[test]
+    fn the_shipped_example_targets_file_parses() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/etc/rtprobe/targets.toml");
+        let t = targets::parse(Path::new(path), &std::fs::read_to_string(path).unwrap(), &base()).unwrap();
+        assert!(t.iter().all(|t| t.labels.keys().all(|k| k.starts_with(TARGET_LABEL_PREFIX))), "{t:?}");
+    }
+
     #[test]
     fn every_bad_inventory_is_one_line_naming_the_place() {
         let two =
