@@ -98,10 +98,10 @@ fn check_runbook_urls(root: &Path) -> Result<()> {
     let mut alert = None;
     let mut count = 0;
     for line in alerts.lines().map(str::trim) {
-        if let Some(name) = line.strip_prefix("- alert: ") {
-            if let Some(a) = alert.replace(name) {
-                bail!("alert {a} has no runbook_url annotation");
-            }
+        if let Some(name) = line.strip_prefix("- alert: ")
+            && let Some(a) = alert.replace(name)
+        {
+            bail!("alert {a} has no runbook_url annotation");
         }
         if let Some(url) = line.strip_prefix("runbook_url: ") {
             let a = alert.take().context("a runbook_url outside an alert")?;
