@@ -370,9 +370,21 @@ address = "2001:db8::3"
     /// convention (target_* labels) and passes the targets parser.
     #[test]
     fn the_shipped_example_targets_file_parses() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/etc/rtprobe/targets.toml");
-        let t = targets::parse(Path::new(path), &std::fs::read_to_string(path).unwrap(), &base()).unwrap();
-        assert!(t.iter().all(|t| t.labels.keys().all(|k| k.starts_with(TARGET_LABEL_PREFIX))), "{t:?}");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/etc/rtprobe/targets.toml"
+        );
+        let t = targets::parse(
+            Path::new(path),
+            &std::fs::read_to_string(path).unwrap(),
+            &base(),
+        )
+        .unwrap();
+        assert!(
+            t.iter()
+                .all(|t| t.labels.keys().all(|k| k.starts_with(TARGET_LABEL_PREFIX))),
+            "{t:?}"
+        );
     }
 
     #[test]
