@@ -579,3 +579,73 @@ fn probe_refuses_remote_stamp_and_auth_combinations_as_usage_errors() {
         assert!(err.starts_with(says), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn targets_writes_every_peers_file_and_the_file_sd_list_from_one_inventory() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = dir.path().join("fleet.toml");
+    let mut text = String::from("[defaults]\ninterval = \"100ms\"\nport = 8620\n");
+    for i in 1..=4 {
+        text += &format!(
+            "\n[[host]]\nname = \"h{i}\"\naddress = \"10.79.0.{i}\"\nmetrics = \"10.81.0.{i}:9464\"\nlabels = {{ rack = \"r{}\" }}\n",
+            (i + 1) / 2
+        );
+    }
+    std::fs::write(&inv, text).unwrap();
+    let inv = inv.to_str().unwrap();
+    let out = dir.path().join("peers");
+    let sd = dir.path().join("sd.yml");
+    let (code, stdout, stderr) = run(&[
+        "targets",
+        inv,
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--prometheus-sd",
+        sd.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout.lines().count(),
+        5,
+        "the four peers files and the list: {stdout}"
+    );
+    for i in 1..=4 {
+        let file = std::fs::read_to_string(out.join(format!("h{i}.toml"))).unwrap();
+        // The same text as --host prints, naming the three others.
+        let (code, printed, _) = run(&["targets", inv, "--host", &format!("h{i}")]);
+        assert_eq!((code, &printed), (0, &file));
+        let names: Vec<&str> = file.lines().filter(|l| l.starts_with("name = ")).collect();
+        assert_eq!(names.len(), 3, "{file}");
+        assert!(!file.contains(&format!("name = \"h{i}\"")), "{file}");
+        assert!(file.contains("target_rack = \"r"), "{file}");
+    }
+    let sd: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&sd).unwrap()).unwrap();
+    assert_eq!(sd[2]["targets"][0], "10.81.0.3:9464");
+    assert_eq!(sd[2]["labels"]["host"], "h3");
+    assert_eq!(sd[2]["labels"]["rack"], "r2");
+
+    for (args, needle) in [
+        (
+            &["targets", inv][..],
+            "required arguments were not provided",
+        ),
+        (
+            &["targets", inv, "--host", "h9"][..],
+            "no [[host]] named \"h9\": give one of h1, h2, h3, h4",
+        ),
+        (
+            &["targets", "/nonexistent/fleet.toml", "--host", "h1"][..],
+            "/nonexistent/fleet.toml",
+        ),
+        (
+            &["targets", inv, "--host", "h1", "--out-dir", "x"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let (code, _, err) = run(args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -173,6 +173,11 @@ fn check_installed(files: &[PathBuf]) {
         "/usr/share/zsh/vendor-completions/_rtprobe",
         "/usr/share/fish/vendor_completions.d/rtprobe.fish",
         "/usr/share/doc/rtprobe/examples/rtprobe-reflect-kernel.conf",
+        "/usr/share/doc/rtprobe/RUNBOOK.md",
+        "/usr/share/doc/rtprobe/FLEET.md",
+        "/usr/share/rtprobe/prometheus/rules/rtprobe-alerts.yml",
+        "/usr/share/rtprobe/alertmanager/alertmanager.yml",
+        "/usr/share/rtprobe/grafana/rtprobe-fleet.json",
     ] {
         assert!(Path::new(f).is_file(), "{f} not installed");
     }
@@ -201,6 +206,101 @@ fn check_installed(files: &[PathBuf]) {
         eprintln!("{}", exposure(u, None));
     }
     check_kernel_drop_in();
+    check_man_pages_name_installed_files();
+    check_installed_monitoring();
+}
+
+/// The paths the installed man pages name in FILES and SEE ALSO
+/// (`\fI/path\fR`) are installed: the docs they point at included.
+fn check_man_pages_name_installed_files() {
+    let mut named = Vec::new();
+    for e in std::fs::read_dir("/usr/share/man/man1").unwrap() {
+        let page = e.unwrap().path();
+        let file = page.file_name().unwrap().to_string_lossy().to_string();
+        if !file.starts_with("rtprobe") {
+            continue;
+        }
+        let roff = run_ok("zcat", &[page.to_str().unwrap()]);
+        assert!(roff.contains(".SH \"SEE ALSO\""), "{file} has no SEE ALSO");
+        for chunk in roff.split("\\fI/").skip(1) {
+            let path = chunk.split("\\fR").next().unwrap().replace("\\-", "-");
+            // "/usr/lib/systemd/system/a.service, b.service": the first.
+            let path = format!("/{}", path.split([',', ' ']).next().unwrap());
+            assert!(
+                Path::new(&path).exists(),
+                "{file} names {path}, which is not installed"
+            );
+            named.push(path);
+        }
+    }
+    for must in [
+        "/usr/share/doc/rtprobe/REMOTE.md",
+        "/etc/rtprobe/targets.toml",
+        "/usr/share/rtprobe/prometheus/",
+    ] {
+        assert!(
+            named.iter().any(|p| p == must),
+            "no man page names {must}: {named:?}"
+        );
+    }
+    assert!(run_ok("zcat", &["/usr/share/man/man1/rtprobe.1.gz"]).contains(".SH FILES"));
+}
+
+/// The monitoring files as installed: Prometheus' config finds its rules
+/// and its rule tests pass, Alertmanager's config loads, the dashboard is
+/// JSON. promtool and amtool come from `cargo xtask setup`.
+fn check_installed_monitoring() {
+    let prom = Path::new("/usr/share/rtprobe/prometheus");
+    let tool = |name: &str| {
+        let found = which(name);
+        assert!(
+            found || !under_ci(),
+            "{name} not installed: cargo xtask setup installs it"
+        );
+        if !found {
+            println!("SKIPPED: the installed files' {name} check: no {name}");
+        }
+        found
+    };
+    if tool("promtool") {
+        run_ok(
+            "promtool",
+            &[
+                "check",
+                "config",
+                prom.join("prometheus.yml").to_str().unwrap(),
+            ],
+        );
+        let o = Command::new("promtool")
+            .args(["test", "rules", "tests/rtprobe-rules.test.yml"])
+            .current_dir(prom)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "installed rule tests: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    if tool("amtool") {
+        run_ok(
+            "amtool",
+            &[
+                "check-config",
+                "/usr/share/rtprobe/alertmanager/alertmanager.yml",
+            ],
+        );
+    }
+    let dash = std::fs::read_to_string("/usr/share/rtprobe/grafana/rtprobe-fleet.json").unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&dash).expect("the dashboard is JSON");
+    assert!(dash["panels"].as_array().is_some_and(|p| !p.is_empty()));
+}
+
+fn which(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// The reflector's unit with the shipped --kernel drop-in in place, in a

@@ -72,6 +72,10 @@ pub enum Command {
     /// Answer probes from other hosts (rtprobe's protocol or STAMP) in this network namespace,
     /// until Ctrl-C; `rtprobe --target` on the other host sends them.
     Reflect(crate::spec::remote::ReflectArgs),
+    /// Write each host's peers file (the --targets format) and Prometheus' file_sd list of the
+    /// hosts from one fleet inventory, so that every host probes all the others under the names
+    /// Prometheus gives them.
+    Targets(TargetsArgs),
     /// Write the man pages (rtprobe.1 and one per subcommand) and print their paths; `cargo
     /// xtask man` runs it.
     #[command(hide = true)]
@@ -187,6 +191,46 @@ pub struct CleanupArgs {
     /// Only list the testbeds of dead runs, change nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+/// `rtprobe targets INVENTORY`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    group(clap::ArgGroup::new("output").required(true).multiple(true)
+        .args(["host", "out_dir", "prometheus_sd"])),
+    after_help = "The inventory (TOML): [defaults] is every peers file's [defaults], as --targets \
+    reads it (interval, size, port, protocol, tos, labels); one [[host]] per host:\n  \
+    [[host]]\n  \
+    name = \"h1\"                 # its peers' `target` label, Prometheus' `instance`\n  \
+    address = \"10.79.0.1:8620\"  # where its reflector answers, HOST[:PORT]\n  \
+    metrics = \"10.81.0.1:9464\"  # where Prometheus scrapes it [default: address's host, port 9464]\n  \
+    labels = { site = \"fra1\", rack = \"r1\" }\n\n\
+    A host's labels go to its own series through Prometheus (file_sd: site, rack) and to the \
+    series of the pairs towards it through its peers' files (target_site, target_rack). Every \
+    peers file is checked as --targets checks it before anything is written.\n\n\
+    Examples:\n  \
+    rtprobe targets fleet.toml --host h1 > /etc/rtprobe/targets.toml\n  \
+    rtprobe targets fleet.toml --out-dir peers/ --prometheus-sd /etc/prometheus/targets/rtprobe.yml"
+)]
+pub struct TargetsArgs {
+    /// The fleet's inventory: [defaults] and one [[host]] per host (at most 1 MiB).
+    #[arg(value_name = "INVENTORY")]
+    pub inventory: PathBuf,
+
+    /// Print this host's peers file (every other host of the inventory) on stdout.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["out_dir", "prometheus_sd"])]
+    pub host: Option<String>,
+
+    /// Write every host's peers file as DIR/NAME.toml (DIR created if missing) and print the
+    /// paths.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+
+    /// Write Prometheus' file_sd list of the hosts (JSON, which YAML reads too: name it .yml or
+    /// .json): each host's metrics address, with its labels and `host` = its name, which
+    /// deploy/prometheus/prometheus.yml turns into `instance`.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_sd: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

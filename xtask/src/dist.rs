@@ -230,7 +230,23 @@ mod tests {
             if src.starts_with(STAGING) {
                 continue;
             }
-            assert!(root.join(src).is_file(), "asset {src} missing");
+            match src.rsplit_once("/*") {
+                // cargo-deb's glob (`dir/*.yml`): at least one file.
+                Some((dir, ext)) => {
+                    let n = std::fs::read_dir(root.join(dir))
+                        .unwrap()
+                        .filter(|e| {
+                            e.as_ref()
+                                .unwrap()
+                                .file_name()
+                                .to_string_lossy()
+                                .ends_with(ext)
+                        })
+                        .count();
+                    assert!(n > 0, "asset {src} matches no file");
+                }
+                None => assert!(root.join(src).is_file(), "asset {src} missing"),
+            }
             tree_files += 1;
         }
         assert!(tree_files >= 6, "{tree_files} files of the tree packaged");

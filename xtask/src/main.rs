@@ -29,8 +29,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod deploy;
 mod dist;
 mod modgraph;
+mod monitoring;
 mod roottests;
 use xdp_common::{BPF_LINKER_VERSION, EBPF_TARGET, EBPF_TOOLCHAIN};
 
@@ -46,13 +48,14 @@ const APT_PACKAGES: &[&str] = &[
     "stress-ng",
     "ethtool",
     "iproute2",
-    "iputils-ping", // the ping column of cargo xtask bench
-    "rt-tests",     // cyclictest: the machine's wake-up latency next to the pacing rows
-    "prometheus",   // a real server scrapes a probe run; promtool checks metrics and deploy/
-    "g++",          // libFuzzer (cargo fuzz) is C++
-    "systemd",      // systemd-analyze verify/security over the .deb's units (tests/dist_e2e.rs)
-    "man-db",       // systemd-analyze verify looks up each unit's man: documentation
-    "curl",         // the metrics tests scrape /metrics from inside a namespace
+    "iputils-ping",            // the ping column of cargo xtask bench
+    "rt-tests",                // cyclictest: the machine's wake-up latency next to the pacing rows
+    "prometheus", // a real server scrapes a probe run; promtool checks metrics and deploy/
+    "prometheus-alertmanager", // amtool checks deploy/alertmanager/
+    "g++",        // libFuzzer (cargo fuzz) is C++
+    "systemd",    // systemd-analyze verify/security over the .deb's units (tests/dist_e2e.rs)
+    "man-db",     // systemd-analyze verify looks up each unit's man: documentation
+    "curl",       // the metrics tests scrape /metrics from inside a namespace
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const EBPF_PACKAGE: &str = "xdp-router";
@@ -114,7 +117,11 @@ enum Task {
         #[arg(long)]
         edges: bool,
     },
-    /// Setup, the module graph's cycle check, promtool over deploy/prometheus/, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
+    /// Check the monitoring files (deploy/prometheus, deploy/alertmanager, deploy/grafana) and
+    /// every PromQL query of the dashboard and the docs with promtool and amtool, in seconds.
+    /// `cargo xtask test` runs the same checks.
+    Monitoring,
+    /// Setup, the module graph's cycle check, the monitoring checks, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
     /// when run as root, `dist` (the .deb the package test installs) and the root/netns tests (`--ignored`).
     Test {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
@@ -145,6 +152,7 @@ fn main() -> ExitCode {
         Task::Dist => dist::dist().map(|p| println!("{}", p.display())),
         Task::Bench(args) => bench::bench(&args),
         Task::Graph { edges } => graph(edges),
+        Task::Monitoring => check_prometheus_deploy(&workspace_root()),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -682,29 +690,18 @@ fn test(fuzz_seconds: u64, root_jobs: usize, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// deploy/prometheus/ as Prometheus reads it: the scrape config, the
-/// rules, and the rules' unit tests (input series, expected recorded
-/// values and alerts). promtool comes with the `prometheus` apt package,
-/// which `setup()` installs when it is missing.
+/// The monitoring rtprobe ships, as its tools read it (xtask/src/deploy.rs):
+/// deploy/prometheus/ (config, the opt-in reflector job, rules and their
+/// unit tests, a runbook section per alert), deploy/alertmanager/ (config,
+/// routes), the Grafana dashboard's shape, and every PromQL expression of
+/// the dashboard and the docs (promtool parses it; windows of at least 4
+/// scrape intervals). promtool and amtool come with the `prometheus` and
+/// `prometheus-alertmanager` apt packages, which `setup()` installs.
 fn check_prometheus_deploy(root: &Path) -> Result<()> {
-    let dir = root.join("deploy/prometheus");
-    let promtool = |args: &[&str]| {
-        let mut c = Command::new("promtool");
-        c.current_dir(&dir).args(args);
-        c
-    };
-    let rules = ["rules/rtprobe-recording.yml", "rules/rtprobe-alerts.yml"];
-    for mut c in [
-        promtool(&["check", "config", "prometheus.yml"]),
-        promtool(&[&["check", "rules"][..], &rules[..]].concat()),
-        promtool(&["test", "rules", "tests/rtprobe-rules.test.yml"]),
-    ] {
-        run(&mut c).context(
-            "deploy/prometheus/ does not pass promtool: fix the file it names (apt-get install \
-             prometheus for promtool)",
-        )?;
-    }
-    eprintln!("xtask: deploy/prometheus: config, rules and rule tests pass promtool");
+    deploy::check_prometheus(root)?;
+    deploy::check_alertmanager(root)?;
+    deploy::check_queries(root)?;
+    eprintln!("xtask: deploy/: Prometheus, Alertmanager and Grafana files pass their checks");
     Ok(())
 }
 

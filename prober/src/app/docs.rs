@@ -1,6 +1,9 @@
 //! Shell completions and man pages, generated from the clap definitions in
 //! [`crate::cli`], so they never drift from `--help`. Hidden subcommands
-//! (tools for the test suite and for packaging) are left out of both.
+//! (tools for the test suite and for packaging) are left out of both. The
+//! man pages end with FILES (what the .deb installs that the command
+//! reads or serves) and SEE ALSO (the other pages, and the installed docs
+//! the page names).
 
 use std::path::{Path, PathBuf};
 
@@ -59,17 +62,164 @@ pub(super) fn write_man_pages(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     let mut pages = vec![cmd.clone()];
     pages.extend(cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    let names: Vec<String> = pages.iter().map(page_name).collect();
     for page in pages {
+        let name = page_name(&page);
         let man = clap_mangen::Man::new(page);
         let path = dir.join(man.get_filename());
         let mut text = Vec::new();
         man.render(&mut text)
             .with_context(|| format!("cannot render {}", path.display()))?;
+        let others: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| *n != name && (name == "rtprobe" || *n == "rtprobe"))
+            .collect();
+        // The top page lists every installed doc; the others those they name.
+        let named = if name == "rtprobe" {
+            SHIPPED_DOCS.map(String::from).to_vec()
+        } else {
+            named_docs(&String::from_utf8_lossy(&text))
+        };
+        text.extend(files_section(&name).into_bytes());
+        text.extend(see_also_section(&others, &named).into_bytes());
         std::fs::write(&path, text)
             .with_context(|| format!("cannot write {}: check the permissions", path.display()))?;
         written.push(path);
     }
     Ok(written)
+}
+
+/// Where the .deb puts the docs and the deploy/ examples
+/// (prober/Cargo.toml's `[package.metadata.deb]` assets).
+const DOC_DIR: &str = "/usr/share/doc/rtprobe";
+const SHARE_DIR: &str = "/usr/share/rtprobe";
+
+/// The docs the package ships in [`DOC_DIR`]: those a page names (the
+/// unit test checks both lists) and those an operator follows.
+const SHIPPED_DOCS: [&str; 7] = [
+    "README.md",
+    "DEPLOY.md",
+    "FLEET.md",
+    "RUNBOOK.md",
+    "REMOTE.md",
+    "CONTINUOUS.md",
+    "OUTPUTS.md",
+];
+
+/// "rtprobe" or "rtprobe-SUB", as the page's file is named.
+fn page_name(page: &clap::Command) -> String {
+    match page.get_name() {
+        "rtprobe" => "rtprobe".into(),
+        sub => format!("rtprobe-{sub}"),
+    }
+}
+
+/// The installed files a page's reader needs: (path, what it is).
+fn files_of(page: &str) -> Vec<(String, &'static str)> {
+    let etc = [
+        (
+            "/etc/rtprobe/targets.toml".to_string(),
+            "The targets rtprobe-mesh.service probes (the --targets format); rtprobe targets --host writes it from a fleet inventory.",
+        ),
+        (
+            "/etc/default/rtprobe".into(),
+            "The units' options: RTPROBE_REFLECT_OPTS, RTPROBE_METRICS_LISTEN, RTPROBE_MESH_OPTS.",
+        ),
+    ];
+    let units = (
+        "/usr/lib/systemd/system/rtprobe-reflect.service, rtprobe-mesh.service".to_string(),
+        "The reflector and the mesh prober, neither enabled on install.",
+    );
+    let kernel = (
+        format!("{DOC_DIR}/examples/rtprobe-reflect-kernel.conf"),
+        "The drop-in for the in-kernel reflector (--kernel).",
+    );
+    let prometheus = (
+        format!("{SHARE_DIR}/prometheus/"),
+        "Prometheus' scrape config (file_sd from rtprobe targets --prometheus-sd), the recording and alerting rules and their tests.",
+    );
+    let others = [
+        (
+            format!("{SHARE_DIR}/alertmanager/alertmanager.yml"),
+            "Alertmanager's routing and the inhibition of the pair alerts a host-down alert explains.",
+        ),
+        (
+            format!("{SHARE_DIR}/grafana/rtprobe-fleet.json"),
+            "A Grafana dashboard: the pair matrix and per-pair RTT histograms.",
+        ),
+        (
+            format!("{DOC_DIR}/examples/rtprobe-daemonset.yaml"),
+            "The same on Kubernetes.",
+        ),
+    ];
+    match page {
+        "rtprobe" => etc
+            .into_iter()
+            .chain([units, kernel, prometheus])
+            .chain(others)
+            .collect(),
+        "rtprobe-reflect" => vec![etc[1].clone(), units, kernel],
+        "rtprobe-targets" => vec![etc[0].clone(), prometheus],
+        _ => Vec::new(),
+    }
+}
+
+/// The docs a page's text names (`docs/REMOTE.md`), in order.
+fn named_docs(page_text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (i, _) in page_text.match_indices("docs/") {
+        let rest = &page_text[i + 5..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .unwrap_or(rest.len());
+        let name = rest[..end].trim_end_matches('.');
+        if name.ends_with(".md") && !out.iter().any(|n| n == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Text for roff: a backslash and a hyphen are escaped.
+fn roff(s: &str) -> String {
+    s.replace('\\', "\\e").replace('-', "\\-")
+}
+
+fn files_section(page: &str) -> String {
+    let files = files_of(page);
+    if files.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(".SH FILES\n");
+    for (path, what) in files {
+        s += &format!(".TP\n\\fI{}\\fR\n{}\n", roff(&path), roff(what));
+    }
+    s
+}
+
+/// The other pages (`rtprobe-plot(1)`...), then the installed docs: those
+/// the page names, then the README and the deployment guide.
+fn see_also_section(pages: &[&str], named: &[String]) -> String {
+    let refs: Vec<String> = pages
+        .iter()
+        .map(|p| format!("\\fB{}\\fR(1)", roff(p)))
+        .collect();
+    let mut docs: Vec<&str> = named.iter().map(String::as_str).collect();
+    for d in ["README.md", "DEPLOY.md"] {
+        if !docs.contains(&d) {
+            docs.push(d);
+        }
+    }
+    let docs: Vec<String> = docs
+        .iter()
+        .map(|d| format!("\\fI{}\\fR", roff(&format!("{DOC_DIR}/{d}"))))
+        .collect();
+    format!(
+        ".SH \"SEE ALSO\"\n{}\n.PP\n{}\n",
+        refs.join(", "),
+        docs.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -162,5 +312,64 @@ mod tests {
         assert!(!out.join("rtprobe-help.1").exists());
         let plot = std::fs::read_to_string(out.join("rtprobe-plot.1")).unwrap();
         assert!(plot.contains("group\\-by"), "{plot}");
+        // FILES and SEE ALSO, after everything clap wrote.
+        assert!(
+            top.contains(".SH FILES") && top.contains("/etc/rtprobe/targets.toml"),
+            "{top}"
+        );
+        assert!(
+            top.contains(".SH \"SEE ALSO\"\n\\fBrtprobe\\-plot\\fR(1)"),
+            "{top}"
+        );
+        assert!(!plot.contains(".SH FILES"), "{plot}");
+        assert!(plot.contains("\\fBrtprobe\\fR(1)\n.PP\n"), "{plot}");
+        let targets = std::fs::read_to_string(out.join("rtprobe-targets.1")).unwrap();
+        assert!(
+            targets.contains("/usr/share/rtprobe/prometheus/"),
+            "{targets}"
+        );
+    }
+
+    /// Every doc a page names is installed, and every installed doc is an
+    /// asset of the package.
+    #[test]
+    fn the_docs_the_pages_name_are_shipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut named = Vec::new();
+        for page in write_man_pages(dir.path()).unwrap() {
+            let text = std::fs::read_to_string(&page).unwrap();
+            for d in named_docs(&text) {
+                assert!(
+                    SHIPPED_DOCS.contains(&d.as_str()),
+                    "{} names docs/{d}, which the package does not ship",
+                    page.display()
+                );
+                assert!(
+                    text.contains(&format!("\\fI/usr/share/doc/rtprobe/{d}\\fR")),
+                    "{}: {d} not in SEE ALSO",
+                    page.display()
+                );
+                named.push(d);
+            }
+        }
+        assert!(named.iter().any(|d| d == "REMOTE.md"), "{named:?}");
+        let manifest =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
+        for d in SHIPPED_DOCS {
+            let src = if d == "README.md" {
+                "\"../README.md\"".to_string()
+            } else {
+                format!("\"../docs/{d}\"")
+            };
+            let asset = format!("[{src}, \"usr/share/doc/rtprobe/\", \"644\"]");
+            assert!(
+                manifest.contains(&asset),
+                "prober/Cargo.toml does not ship {d}: add {asset}"
+            );
+        }
+        assert_eq!(
+            named_docs("see docs/REMOTE.md. and docs/A_B.md, docs/x"),
+            ["REMOTE.md", "A_B.md"]
+        );
     }
 }

@@ -16,6 +16,7 @@ mod plot;
 mod probe;
 mod reflect;
 mod run;
+mod targets;
 mod testbed;
 
 use std::process::ExitCode;
@@ -71,6 +72,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Reflect(args)) => reflect::command(&args),
         Some(Command::Compare(args)) => compare::command(&args),
         Some(Command::Completions(args)) => completions::command(&args),
+        Some(Command::Targets(args)) => targets::command(&args),
         Some(Command::Man(args)) => man::command(&args),
         None => probe::command(&cli.probe),
     }

@@ -33,6 +33,7 @@
 pub(crate) mod bench_forward;
 pub mod continuous;
 pub(crate) mod flows;
+pub(crate) mod inventory;
 pub(crate) mod knobs;
 pub(crate) mod located;
 pub(crate) mod output;

@@ -307,7 +307,7 @@ fn target(name: &str, address: &str, d: &Base2, f: &Fields) -> Result<TargetSpec
     })
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let ok = |c: char| c.is_ascii_alphanumeric() || "_.:-[]".contains(c);
     if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.chars().all(ok) {
         return Err(format!(
@@ -320,7 +320,7 @@ fn check_name(name: &str) -> Result<(), String> {
 
 /// A Prometheus label name (`[a-zA-Z_][a-zA-Z0-9_]*`, not `__*`), none of
 /// rtprobe's own.
-fn check_label(k: &str, v: &str) -> Result<(), String> {
+pub(crate) fn check_label(k: &str, v: &str) -> Result<(), String> {
     let mut chars = k.chars();
     let valid = chars
         .next()
