@@ -802,7 +802,7 @@ fn collect(
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
 ) -> Result<engine::Driven> {
-    let pause = c.pause;
+    let (pause, read) = (c.pause, c.read);
     let mut cs = collectors(c, hw);
     let timeout_ns = cs.iter().map(|c| c.timeout_ns).max().unwrap_or(0);
     let mut sender_done_at: Option<i64> = None;
@@ -813,12 +813,19 @@ fn collect(
         let sender_done = sender_finished();
         if let Ok(evs) = ev_rx.recv_timeout(Duration::from_millis(20)) {
             route_marking(&mut cs, evs, &mut touched);
-            // Take whatever else is queued before draining.
-            while let Ok(evs) = ev_rx.try_recv() {
-                route_marking(&mut cs, evs, &mut touched);
-            }
         }
-        let now = clock::realtime_ns();
+        // Read before taking what else is queued: every echo the I/O
+        // thread read before this mark is then routed below.
+        let read_until = read.until_ns();
+        while let Ok(evs) = ev_rx.try_recv() {
+            route_marking(&mut cs, evs, &mut touched);
+        }
+        // Timeouts run on what the I/O thread has read, not on this
+        // thread's clock: an I/O thread kept from a CPU past a probe's
+        // timeout delays its record, and the echo the kernel received in
+        // time still counts. (0 until its first read: nothing expires.)
+        let wall = clock::realtime_ns();
+        let now = wall.min(read_until).max(0);
         if sender_done && pause() && stop.load(Ordering::SeqCst) == 0 {
             // A reload: probes in flight stay with their collectors.
             for (c, o) in cs.iter_mut().zip(outs.iter_mut()) {
@@ -827,7 +834,7 @@ fn collect(
             return Ok(engine::Driven::Paused(cs));
         }
         if sender_done_at.is_none() && sender_done {
-            sender_done_at = Some(now);
+            sender_done_at = Some(wall);
         }
         let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
             || sender_done_at.is_some_and(|t| now - t > timeout_ns + 50_000_000);
