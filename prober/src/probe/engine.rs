@@ -87,9 +87,10 @@ pub(crate) struct Leg<'a> {
     /// Probes tried so far (the first seq not yet sent): the pacer counts
     /// them, the echo rules refuse echoes at or above it.
     pub attempts: AtomicU64,
-    /// Its first probe goes this long after the run's start (the targets
-    /// are spread over the interval).
-    pub phase_ns: i64,
+    /// CLOCK_MONOTONIC time its seq 0 is due: a target carried over a
+    /// reload keeps its schedule. None: its next probe is due at the
+    /// round's start.
+    pub anchor_ns: Option<i64>,
 }
 
 impl<'a> Leg<'a> {
@@ -99,7 +100,7 @@ impl<'a> Leg<'a> {
             s,
             cfg: cfg.clone(),
             attempts: AtomicU64::new(0),
-            phase_ns: 0,
+            anchor_ns: None,
         }
     }
 }
@@ -246,7 +247,7 @@ fn send_all(
             dst: l.s.dst,
             size: l.cfg.size,
             interval_ns: l.cfg.interval.as_nanos() as i64,
-            phase_ns: l.phase_ns,
+            anchor_ns: l.anchor_ns,
             attempts: &l.attempts,
         })
         .collect();

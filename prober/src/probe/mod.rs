@@ -378,6 +378,7 @@ pub(crate) fn run_session(
                 cfg: cfg.clone(),
                 name: None,
                 labels: Default::default(),
+                host: None,
             };
             let mut once = Some(observer);
             let mut observer_for = |_: &remote::RemoteLeg| -> Box<dyn SessionObserver + '_> {
@@ -386,8 +387,15 @@ pub(crate) fn run_session(
                     None => Box::new(crate::model::observer::NoObserver),
                 }
             };
-            let mut got =
-                remote::targets_session(vec![leg], *from, csv, &mut observer_for, None, stop)?;
+            let mut got = remote::targets_session(
+                vec![leg],
+                *from,
+                csv,
+                &mut observer_for,
+                None,
+                &|_, _, _| {},
+                stop,
+            )?;
             got.pop()
                 .map(|(_, o)| o)
                 .context("internal: the session's target gave no outcome")
@@ -412,20 +420,22 @@ impl SessionObserver for Borrowed<'_> {
 /// one sender spreads their probes over the interval, one I/O thread
 /// takes every echo; each target keeps its own socket, sequence space,
 /// matching window and statistics. Rows go to the one `csv`, tagged with
-/// the target's name; `observer_for` makes each target's observer. With
-/// `reloads`, a reload request applies a new list without stopping.
+/// the target's name; `observer_for` makes each target's observer;
+/// `on_error` is told of each failed open of a target (it is tried again).
+/// With `reloads`, a reload request applies a new list without stopping.
 /// Returns each target with its outcome (removed ones first).
 pub(crate) fn run_targets<'o>(
     targets: Vec<remote::RemoteLeg>,
     csv: &mut dyn RecordSink,
     observer_for: &mut remote::ObserverFor<'o>,
     reloads: Option<&remote::Reloads<'_>>,
+    on_error: &remote::OnOpenError<'_>,
     stop: &AtomicU8,
 ) -> Result<Vec<(remote::RemoteLeg, SessionOutcome)>> {
     if targets.is_empty() {
         bail!("internal: a session without a target");
     }
-    remote::targets_session(targets, None, csv, observer_for, reloads, stop)
+    remote::targets_session(targets, None, csv, observer_for, reloads, on_error, stop)
 }
 
 /// The testbed's (or NIC pair's) side of [`run_session`]: both

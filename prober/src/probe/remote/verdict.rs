@@ -187,6 +187,58 @@ pub struct RemoteFacts {
     /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
     /// is left for the caller to say.
     pub info: ReflectorReport,
+    /// Times the target failed to open (resolve, socket, connect), and
+    /// the last failure's cause.
+    pub open_errors: u64,
+    pub last_open_error: Option<String>,
+}
+
+impl RemoteFacts {
+    pub(super) fn set_open_errors(&mut self, e: &super::OpenErrors) {
+        self.open_errors = e.count;
+        self.last_open_error.clone_from(&e.last);
+    }
+}
+
+/// The outcome of a target that never opened: no probe sent, its failed
+/// opens and the last one's cause.
+pub(super) fn never_opened(
+    l: &RemoteLeg,
+    local_clock: &ClockSync,
+    errors: &super::OpenErrors,
+    stop: &AtomicU8,
+) -> SessionOutcome {
+    let loss = LossSplit {
+        forward: None,
+        r#return: None,
+        unknown: 0,
+        basis: "the target never opened: no probe was sent".into(),
+    };
+    let info = ReflectorReport {
+        protocol: Some(l.target.protocol.name().into()),
+        target: Some(l.host.clone().unwrap_or_else(|| l.target.addr.to_string())),
+        echoes: Some(0),
+        ..Default::default()
+    };
+    let mut facts = RemoteFacts {
+        loss,
+        clock: clock_verdict(local_clock, None),
+        info,
+        open_errors: 0,
+        last_open_error: None,
+    };
+    facts.set_open_errors(errors);
+    SessionOutcome {
+        stats: crate::stats::RunStats::one_of_many(l.cfg.interval.as_nanos() as i64),
+        hardware_tx: false,
+        hardware_rx: false,
+        late_arrivals: 0,
+        interrupted: stop.load(Ordering::SeqCst) != 0,
+        kernel_drops: None,
+        hw_clocks: Default::default(),
+        output_error: None,
+        remote: Some(facts),
+    }
 }
 
 /// A target's outcome: its statistics with the loss split, the clock
@@ -226,7 +278,13 @@ pub(super) fn outcome(
         kernel_drops: None,
         hw_clocks: Default::default(),
         output_error,
-        remote: Some(RemoteFacts { loss, clock, info }),
+        remote: Some(RemoteFacts {
+            loss,
+            clock,
+            info,
+            open_errors: 0,
+            last_open_error: None,
+        }),
     })
 }
 
