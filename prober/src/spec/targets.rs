@@ -586,6 +586,44 @@ size = 100
     }
 
     #[test]
+    fn a_host_name_is_resolved_when_opened_and_a_bad_address_refused_now() {
+        let t = parse_str(
+            "[[target]]\nname='n'\naddress='db-1.example.invalid'\n[[target]]\nname='p'\naddress='db-2.example.invalid:7000'\n[[target]]\nname='ip'\naddress='192.0.2.1:9'\n",
+        )
+        .unwrap();
+        assert_eq!(t[0].host.as_deref(), Some("db-1.example.invalid:5061"));
+        assert_eq!(t[0].addr.port(), 5061);
+        assert_eq!(t[1].host.as_deref(), Some("db-2.example.invalid:7000"));
+        assert_eq!((t[2].host.as_deref(), t[2].addr.port()), (None, 9));
+        for bad in ["a b", "host:port", "host:0", "[2001:db8::1", "1:2:3", ""] {
+            let text = format!("[[target]]\nname='x'\naddress='{bad}'\n");
+            let e = format!("{:#}", parse_str(&text).unwrap_err());
+            assert!(e.contains("address"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_targets_file_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let t = std::time::Instant::now();
+        let e = format!("{:#}", read_file(&fifo, &base()).unwrap_err());
+        assert!(e.contains("is a FIFO"), "{e}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "no wait for a writer"
+        );
+        let e = format!("{:#}", read_file(dir.path(), &base()).unwrap_err());
+        assert!(e.contains("is a directory"), "{e}");
+        let e = format!(
+            "{:#}",
+            read_file(Path::new("/dev/null"), &base()).unwrap_err()
+        );
+        assert!(e.contains("is a device"), "{e}");
+    }
+
+    #[test]
     fn flags_name_each_target_by_its_address() {
         let t = from_flags(&["192.0.2.1".into(), "192.0.2.1:7000".into()], &base()).unwrap();
         assert_eq!(t[0].name, "192.0.2.1");

@@ -48,7 +48,7 @@ impl ReadMark {
         self.0.load(Ordering::Acquire)
     }
 
-    fn publish(&self, ns: i64) {
+    pub(crate) fn publish(&self, ns: i64) {
         self.0.fetch_max(ns, Ordering::Release);
     }
 
@@ -576,4 +576,161 @@ fn collect_echo_stamps(
         }
     }
     n_err
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::atomic::AtomicU8, time::Duration};
+
+    use super::*;
+    use crate::{
+        model::{observer::NoObserver, record::ProbeRecord},
+        probe::{
+            HwSetup, ProbeConfig, TimestampSource, collect,
+            engine::{Collecting, LegOut},
+            matcher::NoHwClocks,
+            socket::TsFlags,
+            wire::Wire,
+        },
+        stats::RunStats,
+    };
+
+    /// The records a session wrote.
+    #[derive(Default)]
+    struct Rows(Vec<ProbeRecord>);
+
+    impl crate::model::record::RecordSink for Rows {
+        fn write(&mut self, r: &ProbeRecord) -> anyhow::Result<()> {
+            self.0.push(r.clone());
+            Ok(())
+        }
+        fn flush(&mut self) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn cfg(timeout: Duration) -> ProbeConfig {
+        ProbeConfig {
+            size: 64,
+            interval: Duration::from_millis(10),
+            count: Some(1),
+            duration: None,
+            tos: 0,
+            port: 9,
+            timestamps: TimestampSource::Software,
+            timeout,
+            flow: 0,
+            spin: None,
+            busy_poll: false,
+            rt: Default::default(),
+            kernel_reflector: true,
+        }
+    }
+
+    /// Runs the collector over one probe sent now, whose echo the kernel
+    /// took 1 ms later, while a reader that was kept from reading for
+    /// `stall` hands the echo over (`echo`) and moves its mark. Returns
+    /// the statistics.
+    fn collect_with_a_stalled_reader(stall: Duration, echo: bool) -> RunStats {
+        let sock = ProbeSocket::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            0,
+            TsFlags {
+                tx: false,
+                rx: false,
+                hardware: false,
+            },
+            0,
+        )
+        .unwrap();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        let legs = [Leg {
+            s: Session {
+                sock: &sock,
+                dst: "127.0.0.1:9".parse().unwrap(),
+                wire: &wire,
+                reflector: Reflector::Remote,
+                on_echoes: None,
+                foreign_before: 0,
+            },
+            cfg: cfg(Duration::from_millis(50)),
+            attempts: AtomicU64::new(1),
+            anchor_ns: None,
+        }];
+        let (tx, rx) = mpsc::channel();
+        let mark = ReadMark::new();
+        let sent_ns = clock::realtime_ns();
+        let sent = Event::Sent {
+            seq: 0,
+            opt_id: 0,
+            sched_ns: sent_ns,
+            send_ns: sent_ns,
+        };
+        tx.send(vec![(0, sent)]).unwrap();
+        mark.publish(sent_ns);
+        let finished = AtomicBool::new(false);
+        let (stop, mut rows, mut observer) = (AtomicU8::new(0), Rows::default(), NoObserver);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(stall);
+                if echo {
+                    let e = Event::Echoed {
+                        seq: 0,
+                        sw_ns: Some(sent_ns + 1_000_000),
+                        hw_ns: None,
+                        user_ns: clock::realtime_ns(),
+                        reflector: None,
+                    };
+                    tx.send(vec![(0, e)]).unwrap();
+                }
+                mark.publish(clock::realtime_ns());
+                finished.store(true, Ordering::SeqCst);
+            });
+            let c = Collecting {
+                legs: &legs,
+                carried: Vec::new(),
+                pause: &|| false,
+                read: &mark,
+            };
+            let hw = HwSetup {
+                echo_stamps: false,
+                sender_tx: false,
+                receiver_tx: false,
+                clocks: Box::new(NoHwClocks),
+            };
+            let mut outs = [LegOut {
+                csv: &mut rows,
+                observer: &mut observer,
+            }];
+            let done = || finished.load(Ordering::SeqCst);
+            let d = collect(&rx, c, hw, &mut outs, &stop, &done).unwrap();
+            let mut got = d.finished().unwrap();
+            got.pop().unwrap().0
+        })
+    }
+
+    #[test]
+    fn a_reader_kept_from_a_cpu_past_the_timeout_loses_no_probe() {
+        // Four timeouts without a read: the record waits, the echo counts.
+        let s = collect_with_a_stalled_reader(Duration::from_millis(200), true);
+        let c = s.counts();
+        assert_eq!((c.received, c.lost, c.late_echoes), (1, 0, 0), "{c:?}");
+        // The reader read past the timeout and saw no echo: lost.
+        let s = collect_with_a_stalled_reader(Duration::from_millis(200), false);
+        let c = s.counts();
+        assert_eq!((c.received, c.lost), (0, 1), "{c:?}");
+    }
+
+    #[test]
+    fn the_mark_only_moves_forward_and_ends_at_the_end() {
+        let m = ReadMark::new();
+        m.publish(100);
+        m.publish(50);
+        assert_eq!(m.until_ns(), 100);
+        m.end();
+        assert_eq!(m.until_ns(), i64::MAX);
+    }
 }

@@ -500,3 +500,132 @@ impl<'a> Keeper<'a> {
         (remove, to_open)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+    use crate::{
+        probe::{ProbeConfig, TimestampSource, remote::Target},
+        spec::remote::ProtocolArg,
+    };
+
+    fn leg(name: &str, addr: &str) -> RemoteLeg {
+        RemoteLeg {
+            target: Target {
+                addr: addr.parse().unwrap(),
+                protocol: ProtocolArg::Rtprobe,
+                key: None,
+                stateless_reflector: false,
+                shared_clock: false,
+            },
+            cfg: ProbeConfig {
+                size: 64,
+                interval: Duration::from_millis(100),
+                count: None,
+                duration: None,
+                tos: 0,
+                port: 5061,
+                timestamps: TimestampSource::Software,
+                timeout: Duration::from_secs(1),
+                flow: 0,
+                spin: None,
+                busy_poll: false,
+                rt: Default::default(),
+                kernel_reflector: false,
+            },
+            name: Some(name.into()),
+            labels: Default::default(),
+            host: None,
+        }
+    }
+
+    fn clock() -> ClockSync {
+        ClockSync {
+            synchronized: false,
+            max_error_ns: 0,
+            tai_offset_s: 0,
+        }
+    }
+
+    #[test]
+    fn a_reload_keeps_the_unchanged_and_takes_out_the_removed_and_changed() {
+        let stop = AtomicU8::new(0);
+        let opener = Opener::new(None, clock(), &|_, _, _| {}, &stop);
+        let open = vec![
+            leg("a", "192.0.2.1:5061"),
+            leg("b", "192.0.2.2:5061"),
+            leg("gone", "192.0.2.3:5061"),
+        ];
+        let mut k = Keeper::new(open, Vec::new(), None, &opener);
+        let list = vec![
+            leg("a", "192.0.2.1:5061"),
+            leg("b", "192.0.2.9:5061"),
+            leg("new", "192.0.2.4:5061"),
+        ];
+        let (remove, to_open) = k.diff(list);
+        assert_eq!(
+            remove,
+            [
+                ("b".to_string(), Removal::Changed),
+                ("gone".to_string(), Removal::Removed)
+            ]
+        );
+        let names: Vec<_> = to_open.iter().map(|a| a.leg.label()).collect();
+        assert_eq!(names, ["b", "new"]);
+        let kept: Vec<_> = k.open.iter().map(RemoteLeg::label).collect();
+        assert_eq!(kept, ["a"], "the unchanged target goes on as it was");
+    }
+
+    #[test]
+    fn a_storm_of_reload_requests_reads_the_file_at_most_once_a_second() {
+        let stop = AtomicU8::new(0);
+        let opener = Opener::new(None, clock(), &|_, _, _| {}, &stop);
+        let reads = AtomicU64::new(0);
+        let generation = AtomicU64::new(0);
+        let read = || -> Result<Vec<RemoteLeg>> {
+            reads.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![leg("a", "192.0.2.1:5061")])
+        };
+        let reloads = Reloads {
+            generation: &generation,
+            read: &read,
+        };
+        let k = Keeper::new(
+            vec![leg("a", "192.0.2.1:5061")],
+            Vec::new(),
+            Some(&reloads),
+            &opener,
+        );
+        let link = Link::default();
+        let t0 = Instant::now();
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| k.run(&link));
+            // 250 requests over 2.5 s.
+            for _ in 0..250 {
+                generation.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            link.close();
+            h.join().unwrap().unwrap();
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        let n = reads.load(Ordering::SeqCst);
+        assert!(n >= 1, "the requests are read at all");
+        assert!(
+            n as f64 <= secs.ceil() + 1.0,
+            "{n} reads in {secs:.1} s: at most one a second"
+        );
+        assert!(!link.ready(), "an unchanged file changes nothing: no pause");
+    }
+
+    #[test]
+    fn error_lines_are_at_most_ten_a_second_and_the_rest_counted() {
+        let mut b = LogBudget::default();
+        for i in 0..25 {
+            b.line(&format!("target t{i}: unreachable"));
+        }
+        assert_eq!((b.lines, b.held), (10, 15));
+    }
+}
