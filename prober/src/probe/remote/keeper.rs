@@ -417,7 +417,8 @@ impl<'a> Keeper<'a> {
                 return None;
             }
         };
-        // Sockets at the peak: the new ones open while the old still are.
+        // Sockets at the peak: the new ones open while the old still are
+        // (a target that changed has two for a moment).
         let fresh = list
             .iter()
             .filter(|l| !self.open.iter().any(|o| o.same_as(l)))

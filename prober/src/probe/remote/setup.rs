@@ -217,7 +217,7 @@ pub(crate) fn open_files_for(sockets: usize) -> Result<()> {
     );
     if lim.rlim_max < needed {
         anyhow::bail!(
-            "{sockets} targets need {needed} open files (one socket each and {RESERVED_FDS} for the rest), over this process's hard limit of {} (RLIMIT_NOFILE): {fix}",
+            "{sockets} probe sockets need {needed} open files (one per target, {RESERVED_FDS} more for the rest), over this process's hard limit of {} (RLIMIT_NOFILE): {fix}",
             lim.rlim_max
         );
     }
@@ -229,7 +229,7 @@ pub(crate) fn open_files_for(sockets: usize) -> Result<()> {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
         let e = std::io::Error::last_os_error();
         anyhow::bail!(
-            "{sockets} targets need {needed} open files, over the soft limit of {} (RLIMIT_NOFILE), which could not be raised ({e}): {fix}",
+            "{sockets} probe sockets need {needed} open files, over the soft limit of {} (RLIMIT_NOFILE), which could not be raised ({e}): {fix}",
             lim.rlim_cur
         );
     }

@@ -103,9 +103,11 @@ fn socket_hint(e: &io::Error) -> String {
                 rlim_max: 0,
             };
             // SAFETY: getrlimit writes into the struct it is given.
-            let soft = (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0)
-                .then(|| lim.rlim_cur.to_string())
-                .unwrap_or_else(|| "unknown".into());
+            let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+                lim.rlim_cur.to_string()
+            } else {
+                "unknown".into()
+            };
             format!(
                 "too many open files in this process (EMFILE, RLIMIT_NOFILE {soft}): raise the limit (LimitNOFILE= in a systemd unit, `ulimit -n` in a shell) or probe fewer targets"
             )
