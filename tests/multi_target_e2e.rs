@@ -654,6 +654,107 @@ fn a_fifo_as_the_targets_file_is_refused_at_start_and_ignored_on_reload() {
     assert_every_slot_sent(&t, "a", 10_000_000);
 }
 
+/// The thread of `pid` named `name` (its TID).
+fn thread_named(pid: u32, name: &str) -> i32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no thread {name} in {pid}"))
+}
+
+/// Stops one thread (ptrace: PTRACE_SEIZE + PTRACE_INTERRUPT) for `d`,
+/// then lets it go on: the rest of the process runs meanwhile.
+fn stop_thread_for(tid: i32, d: Duration) {
+    // SAFETY: plain ptrace/waitpid calls on a thread of a child's process.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+            0,
+            "seize {tid}"
+        );
+        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid);
+    }
+    std::thread::sleep(d);
+    // SAFETY: as above; detaching resumes the thread.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0),
+            0,
+            "detach {tid}"
+        );
+    }
+}
+
+/// The I/O thread kept from running for five probe timeouts (ptrace
+/// stops it alone, as a starved CPU would): the echoes wait in their
+/// sockets, stamped by the kernel in time, and no probe is counted lost
+/// or its echo late; the run says how long the echoes waited.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn an_io_thread_kept_from_running_past_the_timeout_loses_no_probe() {
+    if !is_root("an_io_thread_kept_from_running_past_the_timeout_loses_no_probe") {
+        return;
+    }
+    let p = Pair::new();
+    let r1 = Reflector::start(
+        &p,
+        &["--listen", "10.77.0.2:7101", "--listen", "10.77.0.2:7102"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let two = "[defaults]\ninterval = \"10ms\"\n[[target]]\nname = \"a\"\naddress = \"10.77.0.2:7101\"\n\
+               [[target]]\nname = \"b\"\naddress = \"10.77.0.2:7102\"\n";
+    let file = write_file(dir.path(), "targets.toml", two);
+    let args = ["--targets", file.to_str().unwrap(), "--timeout", "200ms"];
+    let mut run = Prober::start(&p, dir.path(), &args);
+    run.wait_rows("b", WITHIN);
+    let pid = run.child.as_ref().unwrap().id();
+    stop_thread_for(thread_named(pid, "rtprobe-io"), Duration::from_secs(1));
+    let rows_then = std::fs::read_to_string(dir.path().join("out.csv"))
+        .unwrap()
+        .lines()
+        .count();
+    run.wait_for("records after the stall", WITHIN, |r| {
+        std::fs::read_to_string(r.dir.join("out.csv"))
+            .unwrap()
+            .lines()
+            .count()
+            > rows_then + 100
+    });
+    let t = run.interrupt();
+    drop(r1.stop());
+    assert_eq!(t.code, 130, "{}", t.stderr);
+    for name in ["a", "b"] {
+        let s = &target_of(&t.json, name)["summary"];
+        let n = |k: &str| s[k].as_u64().unwrap();
+        assert_eq!(
+            (n("lost"), n("late_echoes"), n("unaccounted")),
+            (0, 0, 0),
+            "{name}: {s}"
+        );
+        assert_every_slot_sent(&t, name, 10_000_000);
+    }
+    let waited = t.json["pacing"]["reader"]["read_delay_ns"]["max"]
+        .as_u64()
+        .unwrap();
+    eprintln!(
+        "echoes waited up to {} ms for the stopped I/O thread",
+        waited / 1_000_000
+    );
+    assert!(
+        waited >= 900_000_000,
+        "the thread was stopped for 1 s: {waited} ns"
+    );
+    assert!(
+        t.stdout.contains("echoes read after the kernel had them"),
+        "{}",
+        t.stdout
+    );
+}
+
 /// Targets file with `n` targets on ports from 20000 of B, every 100 ms.
 fn many_targets(dir: &Path, name: &str, n: usize) -> PathBuf {
     let mut text = String::from("[defaults]\ninterval = \"100ms\"\n");
