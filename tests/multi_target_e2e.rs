@@ -654,41 +654,6 @@ fn a_fifo_as_the_targets_file_is_refused_at_start_and_ignored_on_reload() {
     assert_every_slot_sent(&t, "a", 10_000_000);
 }
 
-/// The thread of `pid` named `name` (its TID).
-fn thread_named(pid: u32, name: &str) -> i32 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .find(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .and_then(|e| e.file_name().to_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("no thread {name} in {pid}"))
-}
-
-/// Stops one thread (ptrace: PTRACE_SEIZE + PTRACE_INTERRUPT) for `d`,
-/// then lets it go on: the rest of the process runs meanwhile.
-fn stop_thread_for(tid: i32, d: Duration) {
-    // SAFETY: plain ptrace/waitpid calls on a thread of a child's process.
-    unsafe {
-        assert_eq!(
-            libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
-            0,
-            "seize {tid}"
-        );
-        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
-        let mut status = 0;
-        assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid);
-    }
-    std::thread::sleep(d);
-    // SAFETY: as above; detaching resumes the thread.
-    unsafe {
-        assert_eq!(
-            libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0),
-            0,
-            "detach {tid}"
-        );
-    }
-}
-
 /// The I/O thread kept from running for five probe timeouts (ptrace
 /// stops it alone, as a starved CPU would): the echoes wait in their
 /// sockets, stamped by the kernel in time, and no probe is counted lost
