@@ -498,6 +498,15 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
         s.len()
     );
 
+    // The in-kernel reflector's echoes carry no count, and a dead host
+    // answers nothing: /metrics, like the summary, says the direction is
+    // unknown, never forward or return.
+    let told = query(
+        &f,
+        "sum by (instance, target, direction) (rtprobe_probes_lost_total{direction!=\"unknown\"}) > 0",
+    )
+    .unwrap();
+    assert!(told.is_empty(), "a direction claimed: {:?}", pairs(&told));
     let alert = "ALERTS{alertname=\"RtprobePairLoss\", alertstate=\"firing\"}";
     let (took_alert, a) = wait_for(
         &mut f,
@@ -568,7 +577,13 @@ fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: i64) {
         let name = t["name"].as_str().unwrap();
         let s = &t["summary"];
         let dead = i == down || name == host_name(down);
-        if !dead {
+        if dead {
+            let split = &s["extra"]["loss_split"];
+            // Nothing came back after the cut: no direction is claimed.
+            let claimed =
+                split["forward"].as_u64().unwrap_or(0) + split["return"].as_u64().unwrap_or(0);
+            assert_eq!(claimed, 0, "{me} -> {name}: {split}");
+        } else {
             assert_eq!(
                 (s["lost"].as_u64(), s["late_echoes"].as_u64()),
                 (Some(0), Some(0)),

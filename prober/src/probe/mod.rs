@@ -413,6 +413,9 @@ impl SessionObserver for Borrowed<'_> {
     fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
         self.0.on_tick(stats, last)
     }
+    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+        self.0.on_loss_directions(d)
+    }
 }
 
 /// Runs one probe session against many remote reflectors (`--target`

@@ -395,6 +395,7 @@ fn run_round(
         observers.push(OneWayObserver {
             inner: &mut **observer,
             show: p.show_one_way,
+            ledger: &p.ledger,
         });
     }
     let notes: Vec<_> = views.iter().map(|(_, p, _, _)| ledger_note(p)).collect();
@@ -549,14 +550,19 @@ fn retire(mut a: Active<'_>, ctx: &Rounds<'_, '_>) -> Result<Retiring> {
         show: a.p.show_one_way,
         flushes: true,
     };
+    let mut observer = OneWayObserver {
+        inner: &mut *a.observer,
+        show: a.p.show_one_way,
+        ledger: &a.p.ledger,
+    };
     c.drain(
         clock::realtime_ns(),
         true,
         &mut sink,
-        &mut *a.observer,
+        &mut observer,
         ctx.stop,
     );
-    let collected = c.finish(&mut sink, &mut *a.observer, ctx.stop);
+    let collected = c.finish(&mut sink, &mut observer, ctx.stop);
     Ok(Retiring {
         leg: a.leg,
         p: a.p,

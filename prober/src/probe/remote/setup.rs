@@ -324,10 +324,7 @@ pub(super) fn prepare(
         show_one_way: l.target.shared_clock || early.one_way_shown,
         wire,
         sock,
-        ledger: Mutex::new(Ledger {
-            stamp_seq_mirrored: true,
-            ..Ledger::default()
-        }),
+        ledger: Mutex::new(Ledger::new()),
         early,
     })
 }
