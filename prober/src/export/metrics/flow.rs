@@ -187,7 +187,8 @@ impl FlowMetrics {
 }
 
 impl FlowMetrics {
-    /// The told directions' counters brought up to `t` (they only grow).
+    /// The told directions' counters brought up to `t` (they only grow);
+    /// the `unknown` series is created by its first loss.
     fn add_told(&mut self, t: &LossDirections) {
         let was = self.told_counted;
         let unknown = || {
@@ -199,19 +200,17 @@ impl FlowMetrics {
                 self.metrics.lost.get_or_create(&labels).clone()
             })
         };
-        // Without a return series (`lost` is already "unknown") all goes there.
-        let (fwd, ret) = match &self.echo_lost {
-            Some(e) => (&self.lost, e),
-            None => (unknown(), unknown()),
-        };
-        for (c, now, before) in [
-            (fwd, t.forward, was.forward),
-            (ret, t.r#return, was.r#return),
-            (unknown(), t.unknown, was.unknown),
-        ] {
+        let add = |c: &Counter, now: u64, before: u64| {
             if now > before {
                 c.inc_by(now - before);
             }
+        };
+        // No return series (`lost` is already "unknown"): all goes there.
+        let ret = self.echo_lost.as_ref().unwrap_or(&self.lost);
+        add(&self.lost, t.forward, was.forward);
+        add(ret, t.r#return, was.r#return);
+        if t.unknown > was.unknown {
+            add(unknown(), t.unknown, was.unknown);
         }
         self.told_counted = LossDirections {
             forward: t.forward.max(was.forward),
