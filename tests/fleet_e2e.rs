@@ -457,46 +457,8 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
 
     // Host 3's bridge port goes down.
     let down = 3;
-    let cut_ns = realtime_ns();
-    sh_ok(&format!(
-        "ip -n {} link set {} down",
-        f.sw,
-        f.ports[down - 1]
-    ));
-    // The run lost probes of h1 to its live peers when h1's I/O
-    // thread waited 764 ms for a CPU: the same stall, made certain here
-    // (h1's I/O thread stopped alone for two probe timeouts), must cost
-    // no probe of a live pair.
-    let h1 = f.pid_of("probe-h1");
-    stop_thread_for(
-        thread_named(h1, "rtprobe-io"),
-        Duration::from_millis(2 * PROBE_TIMEOUT_MS),
-    );
+    let cut_ns = cut_and_see_loss(&mut f, down);
     let expected = all_pairs(Some(down));
-    let lossy = format!(
-        "sum by (instance, target) (increase(rtprobe_probes_lost_total[{}s])) > 0",
-        3 * SCRAPE.as_secs()
-    );
-    let within = 2 * SCRAPE + Duration::from_millis(PROBE_TIMEOUT_MS);
-    let (took, s) = wait_for(
-        &mut f,
-        "loss on the downed host's 14 pairs",
-        3 * within,
-        &lossy,
-        |s| {
-            let p = pairs(s);
-            assert!(
-                p.is_subset(&expected),
-                "loss on a pair not involving h{down}: {:?}",
-                p.difference(&expected).collect::<Vec<_>>()
-            );
-            p == expected
-        },
-    );
-    eprintln!(
-        "port of h{down} down: loss on exactly its {} pairs after {took:?} (scrape interval {SCRAPE:?}, probe timeout {PROBE_TIMEOUT_MS} ms)",
-        s.len()
-    );
 
     // The in-kernel reflector's echoes carry no count, and a dead host
     // answers nothing: /metrics, like the summary, says the direction is
@@ -532,6 +494,52 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
     for i in 1..=HOSTS {
         assert_pairs_of(&f, i, down, cut_ns);
     }
+}
+
+/// Takes host `down`'s bridge port down (and h1's I/O thread off a CPU
+/// for two probe timeouts) and waits for loss on exactly its 14 pairs in
+/// Prometheus, never on another. Returns when the port went down.
+fn cut_and_see_loss(f: &mut Fleet, down: usize) -> i64 {
+    let cut_ns = realtime_ns();
+    sh_ok(&format!(
+        "ip -n {} link set {} down",
+        f.sw,
+        f.ports[down - 1]
+    ));
+    // The run lost probes of h1 to its live peers when h1's I/O
+    // thread waited 764 ms for a CPU: the same stall, made certain here
+    // (h1's I/O thread stopped alone for two probe timeouts), must cost
+    // no probe of a live pair.
+    let h1 = f.pid_of("probe-h1");
+    stop_thread_for(
+        thread_named(h1, "rtprobe-io"),
+        Duration::from_millis(2 * PROBE_TIMEOUT_MS),
+    );
+    let expected = all_pairs(Some(down));
+    let lossy = format!(
+        "sum by (instance, target) (increase(rtprobe_probes_lost_total[{}s])) > 0",
+        3 * SCRAPE.as_secs()
+    );
+    let (took, s) = wait_for(
+        f,
+        "loss on the downed host's 14 pairs",
+        Duration::from_secs(60),
+        &lossy,
+        |s| {
+            let p = pairs(s);
+            assert!(
+                p.is_subset(&expected),
+                "loss on a pair not involving h{down}: {:?}",
+                p.difference(&expected).collect::<Vec<_>>()
+            );
+            p == expected
+        },
+    );
+    eprintln!(
+        "port of h{down} down: loss on exactly its {} pairs after {took:?} (scrape interval {SCRAPE:?}, probe timeout {PROBE_TIMEOUT_MS} ms)",
+        s.len()
+    );
+    cut_ns
 }
 
 fn realtime_ns() -> i64 {

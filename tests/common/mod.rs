@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pair;
+pub mod targets;
 
 use std::{path::PathBuf, process::Command};
 
