@@ -188,7 +188,7 @@ pub(crate) fn drive(
             .name("rtprobe-io".into())
             .spawn_scoped(sc, move || {
                 pacer::share_fifo_priority(&cfg.rt);
-                io::io_loop(legs, done_ref, &ev, mark_ref)
+                io::io_loop(legs, (done_ref, pause), &ev, mark_ref)
             })
             .context("spawn the probe I/O thread")?;
         let run = (|| {

@@ -824,7 +824,9 @@ fn collect(
         // Looked at before taking events: once it is true every event of
         // the sender is already in the channel, so none can be missed below.
         let sender_done = sender_finished();
-        if let Ok(evs) = ev_rx.recv_timeout(Duration::from_millis(20)) {
+        // A reload waits on this round's end: look every millisecond.
+        let wait = Duration::from_millis(if pause() { 1 } else { 20 });
+        if let Ok(evs) = ev_rx.recv_timeout(wait) {
             route_marking(&mut cs, evs, &mut touched);
         }
         // Read before taking what else is queued: every echo the I/O

@@ -147,11 +147,12 @@ impl<'l, 'a> Io<'l, 'a> {
     /// Waits until a socket has something (or the batch is due, or the
     /// cadence's tick). Returns the time the wait began: whatever the
     /// kernel had queued by then is reported ready by it.
-    fn wait(&mut self, finishing: bool) -> std::io::Result<i64> {
-        let wait = if finishing {
-            0
-        } else {
-            self.out.wait_ms(clock::realtime_ns(), 20)
+    /// `ending`: the round is about to end (a reload waits): short waits.
+    fn wait(&mut self, finishing: bool, ending: bool) -> std::io::Result<i64> {
+        let wait = match (finishing, ending) {
+            (true, _) => 0,
+            (false, true) => self.out.wait_ms(clock::realtime_ns(), 1),
+            (false, false) => self.out.wait_ms(clock::realtime_ns(), 20),
         };
         let wait = self.max_wait_ms.map_or(wait, |m| wait.min(m));
         // On a cadence the thread sleeps on its own timer and then takes
@@ -222,12 +223,13 @@ impl<'l, 'a> Io<'l, 'a> {
 /// sender's queues (both the error queue and data on every wake-up; a TX
 /// timestamp left queued is charged to the receive buffer), and hands
 /// events over in batches, then moves `mark` to the start of the last
-/// wait whose pass read everything. With several targets it waits on all
+/// wait whose pass read everything; until `done`, in short waits once
+/// `pause` says the round ends. With several targets it waits on all
 /// their sockets at once and drains those that have something. Returns
 /// its timing: how long echoes waited for it, and it for a CPU.
 pub(super) fn io_loop(
     legs: &[Leg<'_>],
-    done: &AtomicBool,
+    (done, pause): (&AtomicBool, &(dyn Fn() -> bool + Sync)),
     ev: &mpsc::Sender<Vec<events::Tagged>>,
     mark: &ReadMark,
 ) -> ReaderTiming {
@@ -237,7 +239,7 @@ pub(super) fn io_loop(
     let mut read_to = None;
     loop {
         let finishing = done.load(Ordering::Relaxed);
-        let began_ns = match io.wait(finishing) {
+        let began_ns = match io.wait(finishing, pause()) {
             Ok(t) => t,
             Err(e) => {
                 log::warn!("probe I/O poll: {e}");
