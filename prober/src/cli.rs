@@ -26,7 +26,11 @@ use crate::{
         sudo rtprobe --xdp-mode native --size 64 --interval 1ms --count 2000\n  \
         sudo rtprobe --xdp-mode off --duration 30s --out baseline.csv --json baseline.json\n  \
         sudo rtprobe --tx-if enp1s0 --rx-if enp2s0 --xdp-mode off --tos 0xC0\n  \
-        rtprobe plot baseline.csv out.csv",
+        rtprobe plot baseline.csv out.csv\n\n\
+        Exit status: 0 done; 1 the run failed (an output, the network, no target could be \
+        opened); 2 a usage error; 78 a configuration error (a targets or key file that fails its \
+        checks, more targets than the open-file limit allows: RestartPreventExitStatus=78 keeps \
+        systemd from restarting it); 130 stopped by Ctrl-C or SIGTERM (the summary is complete).",
     args_conflicts_with_subcommands = true
 )]
 pub(crate) struct Cli {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pair;
+pub mod targets;
 
 use std::{path::PathBuf, process::Command};
 
@@ -227,5 +228,40 @@ pub fn probe(dir: &std::path::Path, args: &[&str]) -> Run {
         json,
         meta,
         rows,
+    }
+}
+
+/// The thread of `pid` named `name` (its TID).
+pub fn thread_named(pid: u32, name: &str) -> i32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no thread {name} in {pid}"))
+}
+
+/// Stops one thread (ptrace: PTRACE_SEIZE + PTRACE_INTERRUPT) for `d`,
+/// then lets it go on: the rest of the process runs meanwhile.
+pub fn stop_thread_for(tid: i32, d: std::time::Duration) {
+    // SAFETY: plain ptrace/waitpid calls on a thread of a child's process.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+            0,
+            "seize {tid}"
+        );
+        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid);
+    }
+    std::thread::sleep(d);
+    // SAFETY: as above; detaching resumes the thread.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0),
+            0,
+            "detach {tid}"
+        );
     }
 }

@@ -19,7 +19,7 @@ use crate::{
     },
     probe::{
         ProbeConfig, SessionEnds,
-        remote::{LossSplit, Reloads, RemoteLeg, Target, summarise},
+        remote::{LossSplit, OpenStep, Reloads, RemoteLeg, Target, open_files_for, summarise},
         run_session, run_targets,
     },
     signals::with_signals_reload,
@@ -43,8 +43,12 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
     if !opts.remote.is_remote() {
         crate::testbed::require_root()?;
     }
-    // Every option is checked before --metrics-listen binds its port.
-    crate::runner::check(&opts)?;
+    // Every option is checked before --metrics-listen binds its port; a
+    // bad targets or key file is a configuration error (status 78).
+    if let Err(e) = crate::runner::check(&opts) {
+        eprintln!("Error: {e:#}");
+        return Ok(ExitCode::from(EX_CONFIG));
+    }
     let quiet = opts.quiet;
     // With a targets file SIGHUP reads it again instead of stopping.
     let reload = opts
@@ -53,7 +57,7 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         .is_some()
         .then(|| std::sync::Arc::new(AtomicU64::new(0)));
     let reloads = reload.clone();
-    let (o, opts) = with_signals_reload(quiet, reload, move |stop| {
+    let run = with_signals_reload(quiet, reload, move |stop| {
         let bar = progress_bar(&opts);
         let (lines, shown) = (bar.clone(), bar.clone());
         let mut live = Live::new(
@@ -75,8 +79,37 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
         };
         bar.finish_and_clear();
         r.map(|o| (o, opts))
-    })?;
-    report(&o, &opts)
+    });
+    match run {
+        Ok((o, opts)) => report(&o, &opts),
+        Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
+            eprintln!("Error: {e:#}");
+            Ok(ExitCode::from(EX_CONFIG))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The exit status of a run refused for its configuration: a targets or
+/// key file that fails its checks, or more targets than the open-file
+/// limit allows (sysexits' EX_CONFIG). The systemd unit names it in
+/// `RestartPreventExitStatus=`: restarting cannot fix the file.
+pub(super) const EX_CONFIG: u8 = 78;
+
+/// An error of the configuration, not of the run: exit status [`EX_CONFIG`].
+#[derive(Debug)]
+struct ConfigError(anyhow::Error);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn config_error(e: anyhow::Error) -> anyhow::Error {
+    anyhow::Error::new(ConfigError(e))
 }
 
 /// What the CSV lacks, counted: the probes sent (over every flow) that
@@ -207,13 +240,23 @@ fn execute_remote(
     reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    let list = crate::spec::targets::of(remote, &opts.probe)?
+    let list = crate::spec::targets::of(remote, &opts.probe)
+        .map_err(config_error)?
         .context("internal: execute without --target")?;
-    let key = remote.auth_key.as_deref().map(read_key).transpose()?;
+    let key = remote
+        .auth_key
+        .as_deref()
+        .map(read_key)
+        .transpose()
+        .map_err(config_error)?;
     if list.len() > 1 || remote.targets.is_some() {
         return execute_targets(opts, &list, key, stop, live, reload);
     }
-    let addr = list[0].addr;
+    // The one target's host name is resolved now: it is the run's.
+    let addr = match &list[0].host {
+        Some(host) => crate::spec::remote::resolve(host, list[0].addr.port())?,
+        None => list[0].addr,
+    };
     let port = addr.port();
     let target = Target {
         addr,
@@ -268,15 +311,21 @@ fn execute_targets(
     live: &mut Live,
     reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
+    // One socket per target, besides what the process holds.
+    open_files_for(list.len()).map_err(config_error)?;
     let legs: Vec<RemoteLeg> = list.iter().map(|t| remote_leg(opts, t, &key)).collect();
     let meta = targets_meta(opts, list);
     let mut csv = CsvWriter::create_for_targets(&opts.out, &meta, opts.continuous.rotation)?;
     live.set_run(&meta);
     let live_ref = &*live;
     let mut observer_for = |l: &RemoteLeg| {
-        let name = l.name.as_deref().unwrap_or_default();
-        let labels = l.cfg.flow_labels(name).with_extra(&l.labels);
-        live_ref.flow_observer(labels, l.cfg.kernel_reflector) as Box<dyn SessionObserver>
+        live_ref.flow_observer(flow_labels(l), l.cfg.kernel_reflector) as Box<dyn SessionObserver>
+    };
+    let metrics = live.metrics().cloned();
+    let on_error = move |l: &RemoteLeg, step: OpenStep, _why: &str| {
+        if let Some(m) = &metrics {
+            m.target_error(&flow_labels(l), step.key());
+        }
     };
     let read = || -> Result<Vec<RemoteLeg>> {
         let list = crate::spec::targets::of(&opts.remote, &opts.probe)?
@@ -292,7 +341,14 @@ fn execute_targets(
         if let (Some(generation), Some(path)) = (reload, &opts.remote.targets) {
             sc.spawn(|| watch_file(path, generation, &done));
         }
-        let r = run_targets(legs, &mut csv, &mut observer_for, reloads.as_ref(), stop);
+        let r = run_targets(
+            legs,
+            &mut csv,
+            &mut observer_for,
+            reloads.as_ref(),
+            &on_error,
+            stop,
+        );
         done.store(true, Ordering::SeqCst);
         r
     })?;
@@ -308,6 +364,12 @@ fn execute_targets(
         interrupted,
         output_error,
     })
+}
+
+/// A target's metrics labels: its name and the targets file's labels.
+fn flow_labels(l: &RemoteLeg) -> crate::export::metrics::FlowLabels {
+    let name = l.name.as_deref().unwrap_or_default();
+    l.cfg.flow_labels(name).with_extra(&l.labels)
 }
 
 /// Counts a change of the targets file's modification time (looked at
@@ -364,7 +426,13 @@ fn total_summary(
         }
         targets.push(crate::stats::report::TargetSummary {
             name: t.name.clone().unwrap_or_default(),
-            address: t.target.addr.to_string(),
+            address: facts
+                .info
+                .target
+                .clone()
+                .unwrap_or_else(|| t.target.addr.to_string()),
+            errors: facts.open_errors,
+            last_error: facts.last_open_error.clone(),
             protocol: t.target.protocol.name().into(),
             interval_ns: t.cfg.interval.as_nanos() as u64,
             size: t.cfg.size,
@@ -412,6 +480,7 @@ fn remote_leg(
         },
         name: Some(t.name.clone()),
         labels: t.labels.clone(),
+        host: t.host.clone(),
     }
 }
 

@@ -243,6 +243,12 @@ impl SessionObserver for MainObserver<'_> {
         }
     }
 
+    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+        if let Some(m) = &mut self.metrics {
+            m.on_loss_directions(d);
+        }
+    }
+
     fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
         if let Some(m) = &mut self.metrics {
             m.update(&stats.counts(), stats.timestamp_source());

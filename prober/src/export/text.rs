@@ -364,6 +364,30 @@ fn pacing_lines(o: &mut String, s: &Summary, m: &RunMeta) {
         };
         let _ = writeln!(o, "  sender not running: {line}{hint}");
     }
+    if let Some(r) = &p.reader {
+        reader_line(o, r);
+    }
+}
+
+/// How long the echoes waited for the I/O thread, and it for a CPU.
+fn reader_line(o: &mut String, r: &crate::stats::ReaderTiming) {
+    let d = &r.read_delay_ns;
+    if d.count == 0 {
+        return;
+    }
+    let waits = r
+        .waits
+        .as_ref()
+        .and_then(waits_words)
+        .map(|w| format!("; the thread {w}"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        o,
+        "  echoes read after the kernel had them: p50 {} / p99 {} / max {} (the I/O thread's delay; no probe is lost to it){waits}",
+        words(d.p50),
+        words(d.p99),
+        words(d.max),
+    );
 }
 
 /// The XDP counters and the knobs applied.
@@ -784,6 +808,7 @@ mod tests {
                 cpus: vec![0, 1],
             }),
             cpu_dma_latency_us: None,
+            reader: None,
         });
         let t = format_summary(&s, &m);
         for needle in [

@@ -18,6 +18,21 @@ pub trait SessionObserver {
     fn on_tick(&mut self, _stats: &RunStats, _last: bool) -> Result<(), String> {
         Ok(())
     }
+    /// The session's lost probes by direction where a reflector not ours
+    /// tells them (each counted once, when given up as lost); given before
+    /// each tick. Without it the loss is told apart by arrival (testbed).
+    fn on_loss_directions(&mut self, _d: &LossDirections) {}
+}
+
+/// Lost probes by direction, each labelled once, when it was given up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LossDirections {
+    /// It never reached the reflector.
+    pub forward: u64,
+    /// The reflector got it; its echo did not come back.
+    pub r#return: u64,
+    /// Nothing told which, when it was given up.
+    pub unknown: u64,
 }
 
 /// Watches nothing.

@@ -378,6 +378,7 @@ pub(crate) fn run_session(
                 cfg: cfg.clone(),
                 name: None,
                 labels: Default::default(),
+                host: None,
             };
             let mut once = Some(observer);
             let mut observer_for = |_: &remote::RemoteLeg| -> Box<dyn SessionObserver + '_> {
@@ -386,8 +387,15 @@ pub(crate) fn run_session(
                     None => Box::new(crate::model::observer::NoObserver),
                 }
             };
-            let mut got =
-                remote::targets_session(vec![leg], *from, csv, &mut observer_for, None, stop)?;
+            let mut got = remote::targets_session(
+                vec![leg],
+                *from,
+                csv,
+                &mut observer_for,
+                None,
+                &|_, _, _| {},
+                stop,
+            )?;
             got.pop()
                 .map(|(_, o)| o)
                 .context("internal: the session's target gave no outcome")
@@ -405,6 +413,9 @@ impl SessionObserver for Borrowed<'_> {
     fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
         self.0.on_tick(stats, last)
     }
+    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+        self.0.on_loss_directions(d)
+    }
 }
 
 /// Runs one probe session against many remote reflectors (`--target`
@@ -412,20 +423,22 @@ impl SessionObserver for Borrowed<'_> {
 /// one sender spreads their probes over the interval, one I/O thread
 /// takes every echo; each target keeps its own socket, sequence space,
 /// matching window and statistics. Rows go to the one `csv`, tagged with
-/// the target's name; `observer_for` makes each target's observer. With
-/// `reloads`, a reload request applies a new list without stopping.
+/// the target's name; `observer_for` makes each target's observer;
+/// `on_error` is told of each failed open of a target (it is tried again).
+/// With `reloads`, a reload request applies a new list without stopping.
 /// Returns each target with its outcome (removed ones first).
 pub(crate) fn run_targets<'o>(
     targets: Vec<remote::RemoteLeg>,
     csv: &mut dyn RecordSink,
     observer_for: &mut remote::ObserverFor<'o>,
     reloads: Option<&remote::Reloads<'_>>,
+    on_error: &remote::OnOpenError<'_>,
     stop: &AtomicU8,
 ) -> Result<Vec<(remote::RemoteLeg, SessionOutcome)>> {
     if targets.is_empty() {
         bail!("internal: a session without a target");
     }
-    remote::targets_session(targets, None, csv, observer_for, reloads, stop)
+    remote::targets_session(targets, None, csv, observer_for, reloads, on_error, stop)
 }
 
 /// The testbed's (or NIC pair's) side of [`run_session`]: both
@@ -802,7 +815,7 @@ fn collect(
     stop: &AtomicU8,
     sender_finished: &dyn Fn() -> bool,
 ) -> Result<engine::Driven> {
-    let pause = c.pause;
+    let (pause, read) = (c.pause, c.read);
     let mut cs = collectors(c, hw);
     let timeout_ns = cs.iter().map(|c| c.timeout_ns).max().unwrap_or(0);
     let mut sender_done_at: Option<i64> = None;
@@ -811,14 +824,23 @@ fn collect(
         // Looked at before taking events: once it is true every event of
         // the sender is already in the channel, so none can be missed below.
         let sender_done = sender_finished();
-        if let Ok(evs) = ev_rx.recv_timeout(Duration::from_millis(20)) {
+        // A reload waits on this round's end: look every millisecond.
+        let wait = Duration::from_millis(if pause() { 1 } else { 20 });
+        if let Ok(evs) = ev_rx.recv_timeout(wait) {
             route_marking(&mut cs, evs, &mut touched);
-            // Take whatever else is queued before draining.
-            while let Ok(evs) = ev_rx.try_recv() {
-                route_marking(&mut cs, evs, &mut touched);
-            }
         }
-        let now = clock::realtime_ns();
+        // Read before taking what else is queued: every echo the I/O
+        // thread read before this mark is then routed below.
+        let read_until = read.until_ns();
+        while let Ok(evs) = ev_rx.try_recv() {
+            route_marking(&mut cs, evs, &mut touched);
+        }
+        // Timeouts run on what the I/O thread has read, not on this
+        // thread's clock: an I/O thread kept from a CPU past a probe's
+        // timeout delays its record, and the echo the kernel received in
+        // time still counts. (0 until its first read: nothing expires.)
+        let wall = clock::realtime_ns();
+        let now = wall.min(read_until).max(0);
         if sender_done && pause() && stop.load(Ordering::SeqCst) == 0 {
             // A reload: probes in flight stay with their collectors.
             for (c, o) in cs.iter_mut().zip(outs.iter_mut()) {
@@ -827,7 +849,7 @@ fn collect(
             return Ok(engine::Driven::Paused(cs));
         }
         if sender_done_at.is_none() && sender_done {
-            sender_done_at = Some(now);
+            sender_done_at = Some(wall);
         }
         let finish_now = stop.load(Ordering::SeqCst) >= STOP_NOW
             || sender_done_at.is_some_and(|t| now - t > timeout_ns + 50_000_000);

@@ -319,9 +319,10 @@ pub(crate) struct PaceLeg<'a> {
     pub dst: SocketAddr,
     pub size: usize,
     pub interval_ns: i64,
-    /// Its first probe goes this long after the run's start: the targets'
-    /// sends are spread over the interval, not sent in bursts.
-    pub phase_ns: i64,
+    /// CLOCK_MONOTONIC time its seq 0 is due (its schedule; a target
+    /// carried over a reload keeps it, so probes due meanwhile go late,
+    /// none is skipped). None: its next probe is due at the sender's start.
+    pub anchor_ns: Option<i64>,
     /// Its probes tried so far (also its first seq not yet sent): a leg
     /// carried over a reload goes on from there.
     pub attempts: &'a AtomicU64,
@@ -367,8 +368,9 @@ pub(crate) fn pace_with(
         .map(|l| {
             let first = l.attempts.load(Ordering::SeqCst);
             let sched = Schedule {
-                // Its next probe (`first`) is due at the start plus its phase.
-                start_ns: start_ns + l.phase_ns - first as i64 * l.interval_ns,
+                start_ns: l
+                    .anchor_ns
+                    .unwrap_or(start_ns - first as i64 * l.interval_ns),
                 interval_ns: l.interval_ns,
                 // Neither a count nor a duration: until stopped (--forever).
                 count: cfg.count.unwrap_or(u64::MAX),

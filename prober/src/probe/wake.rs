@@ -224,6 +224,7 @@ impl Waiter {
             clock_steps,
             waits: None,
             cpu_dma_latency_us: None,
+            reader: None,
         }
     }
 }

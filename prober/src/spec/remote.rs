@@ -65,7 +65,10 @@ pub struct RemoteOptions {
 
     /// Probe every reflector listed in this TOML file: each [[target]] has a name, address and
     /// optionally labels, protocol, port, tos, size and interval ([defaults] for all). SIGHUP
-    /// reloads it. See docs/REMOTE.md.
+    /// (or a change of the file) reloads it, at most once a second; a target that cannot be
+    /// opened is reported and tried again while the others are probed. A file that fails its
+    /// checks exits with status 78 at the start and changes nothing on a reload. See
+    /// docs/REMOTE.md.
     #[arg(long, value_name = "FILE", conflicts_with = "target")]
     pub targets: Option<PathBuf>,
 

@@ -23,7 +23,7 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::Path,
     time::Duration,
 };
@@ -45,8 +45,9 @@ const MAX_NAME_BYTES: usize = 64;
 /// Longest label value.
 const MAX_LABEL_VALUE_BYTES: usize = 256;
 /// Label names rtprobe's own series carry, or Prometheus keeps for itself.
-pub(crate) const RESERVED_LABELS: [&str; 10] = [
+pub(crate) const RESERVED_LABELS: [&str; 11] = [
     "target",
+    "step",
     "flow",
     "tos",
     "size",
@@ -63,7 +64,11 @@ pub(crate) const RESERVED_LABELS: [&str; 10] = [
 pub struct TargetSpec {
     /// Unique within the run: the CSV's `target` cell, the metrics' `target` label.
     pub name: String,
+    /// Its address; for a host name the unspecified address with the port
+    /// (the name is resolved when the target is opened: see `host`).
     pub addr: SocketAddr,
+    /// HOST:PORT as written when the address is a host name.
+    pub host: Option<String>,
     pub protocol: ProtocolArg,
     pub tos: u8,
     pub size: usize,
@@ -160,10 +165,66 @@ pub(crate) fn of(
 
 /// Reads and checks a targets file.
 pub(crate) fn read_file(path: &Path, base: &Base) -> Result<Vec<TargetSpec>> {
-    let bytes = crate::input::read_capped(path, "targets file", crate::input::MAX_CONFIG_BYTES)?;
+    let bytes = read_regular(path, crate::input::MAX_CONFIG_BYTES)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| anyhow!("{}: is not UTF-8 text: write it as TOML", path.display()))?;
     parse(path, &text, base)
+}
+
+/// The bytes of a targets file, which must be a regular file: it is read
+/// again on every reload of a run that never ends, so the open never
+/// waits (O_NONBLOCK: a FIFO's open would wait for a writer) and the type
+/// is checked on the opened file (fstat), not on the path.
+fn read_regular(path: &Path, cap_bytes: u64) -> Result<Vec<u8>> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            anyhow!(
+                "cannot read targets file {}: {e}: check the path",
+                path.display()
+            )
+        })?;
+    let md = file
+        .metadata()
+        .map_err(|e| anyhow!("targets file {}: {e}", path.display()))?;
+    if !md.is_file() {
+        let kind = {
+            use std::os::unix::fs::FileTypeExt;
+            let t = md.file_type();
+            match () {
+                _ if t.is_dir() => "a directory",
+                _ if t.is_fifo() => "a FIFO",
+                _ if t.is_socket() => "a socket",
+                _ if t.is_char_device() || t.is_block_device() => "a device",
+                _ => "not a regular file",
+            }
+        };
+        return Err(anyhow!(
+            "targets file {} is {kind}: give a regular file (it is read again on every reload)",
+            path.display()
+        ));
+    }
+    if md.len() > cap_bytes {
+        return Err(anyhow!(
+            "targets file {}: {} bytes, over the {cap_bytes}-byte limit: check that this is the right file",
+            path.display(),
+            md.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    file.take(cap_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| anyhow!("cannot read targets file {}: {e}", path.display()))?;
+    if bytes.len() as u64 > cap_bytes {
+        return Err(anyhow!(
+            "targets file {}: over the {cap_bytes}-byte limit: check that this is the right file",
+            path.display()
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Checks a targets file's text (`path` names it in errors).
@@ -274,16 +335,14 @@ struct Base2 {
 fn target(name: &str, address: &str, d: &Base2, f: &Fields) -> Result<TargetSpec, String> {
     check_name(name)?;
     let b = apply(&d.base, f, &d.labels)?;
-    let addr = resolve(address, b.resolved_port).map_err(|e| {
-        format!("address: {e:#}")
-            .replace("--target ", "")
-            .replace("address: address", "address")
-    })?;
+    let (addr, host) = endpoint(address, b.resolved_port).map_err(|e| format!("address: {e}"))?;
     let min = match (b.base.protocol, b.base.auth) {
         (ProtocolArg::Rtprobe, _) => HEADER_LEN,
         (ProtocolArg::Stamp, false) => stamp::UNAUTH_LEN_BYTES,
         (ProtocolArg::Stamp, true) => stamp::AUTH_LEN_BYTES,
     };
+    // A host name's family is known when it resolves: the IPv6 bound
+    // is checked then.
     let max = if addr.is_ipv6() {
         MAX_PAYLOAD_1500_IPV6
     } else {
@@ -299,12 +358,54 @@ fn target(name: &str, address: &str, d: &Base2, f: &Fields) -> Result<TargetSpec
     Ok(TargetSpec {
         name: name.to_string(),
         addr,
+        host,
         protocol: b.base.protocol,
         tos: b.base.tos,
         size,
         interval: b.base.interval,
         labels: b.labels,
     })
+}
+
+/// A target's address as written: an IP address (a port optional) is
+/// taken as it is; a host name is kept, with its port, to be resolved
+/// when the target is opened, so a name that does not resolve (DNS down,
+/// a host not yet in it) is that target's error, tried again, and not
+/// the whole file's. Malformed addresses are refused here.
+fn endpoint(address: &str, port: u16) -> Result<(SocketAddr, Option<String>), String> {
+    let t = address.trim();
+    if t.parse::<IpAddr>().is_ok()
+        || t.parse::<SocketAddr>().is_ok()
+        || (t.starts_with('[') && t.ends_with(']'))
+    {
+        return resolve(t, port)
+            .map(|a| (a, None))
+            .map_err(|e| format!("{e:#}").replace("--target ", ""));
+    }
+    if t.starts_with('[') || t.matches(':').count() > 1 {
+        return Err(format!(
+            "{t:?} is not an IPv6 address with a port: write it as [2001:db8::2]:862 (or without the port)"
+        ));
+    }
+    let (host, port) = match t.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| format!("{t:?}: {p:?} is not a UDP port (1-65535)"))?,
+        ),
+        None => (t, port),
+    };
+    let ok = |c: char| c.is_ascii_alphanumeric() || "-._".contains(c);
+    if host.is_empty() || host.len() > 253 || !host.chars().all(ok) {
+        return Err(format!(
+            "{t:?} is neither an IP address nor a host name: give HOST[:PORT], e.g. 192.0.2.7:862 or db-1.example.net"
+        ));
+    }
+    if port == 0 {
+        return Err(format!("{t:?}: port 0 is not a usable UDP port"));
+    }
+    let addr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), port);
+    Ok((addr, Some(format!("{host}:{port}"))))
 }
 
 pub(crate) fn check_name(name: &str) -> Result<(), String> {
@@ -482,6 +583,44 @@ size = 100
             assert!(!e.contains('\n'), "one line: {e}");
             assert!(e.starts_with("t.toml"), "names the file: {e}");
         }
+    }
+
+    #[test]
+    fn a_host_name_is_resolved_when_opened_and_a_bad_address_refused_now() {
+        let t = parse_str(
+            "[[target]]\nname='n'\naddress='db-1.example.invalid'\n[[target]]\nname='p'\naddress='db-2.example.invalid:7000'\n[[target]]\nname='ip'\naddress='192.0.2.1:9'\n",
+        )
+        .unwrap();
+        assert_eq!(t[0].host.as_deref(), Some("db-1.example.invalid:5061"));
+        assert_eq!(t[0].addr.port(), 5061);
+        assert_eq!(t[1].host.as_deref(), Some("db-2.example.invalid:7000"));
+        assert_eq!((t[2].host.as_deref(), t[2].addr.port()), (None, 9));
+        for bad in ["a b", "host:port", "host:0", "[2001:db8::1", "1:2:3", ""] {
+            let text = format!("[[target]]\nname='x'\naddress='{bad}'\n");
+            let e = format!("{:#}", parse_str(&text).unwrap_err());
+            assert!(e.contains("address"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_targets_file_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let t = std::time::Instant::now();
+        let e = format!("{:#}", read_file(&fifo, &base()).unwrap_err());
+        assert!(e.contains("is a FIFO"), "{e}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "no wait for a writer"
+        );
+        let e = format!("{:#}", read_file(dir.path(), &base()).unwrap_err());
+        assert!(e.contains("is a directory"), "{e}");
+        let e = format!(
+            "{:#}",
+            read_file(Path::new("/dev/null"), &base()).unwrap_err()
+        );
+        assert!(e.contains("is a device"), "{e}");
     }
 
     #[test]

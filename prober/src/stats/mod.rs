@@ -11,4 +11,4 @@ pub mod summary;
 pub use report::RunReport;
 pub use summary::CpuWaits;
 pub(crate) use summary::XdpCounters;
-pub use summary::{Counts, Latency, Pacing, RunStats, Stages, Summary};
+pub use summary::{Counts, Latency, Pacing, ReaderTiming, RunStats, Stages, Summary};

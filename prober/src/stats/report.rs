@@ -159,7 +159,18 @@ pub struct TargetSummary {
     /// The labels the targets file gave it (its metrics carry them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Times it failed to open (its name did not resolve, socket or
+    /// connect failed); it was tried again each time. 0: it never failed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub errors: u64,
+    /// The last failure's cause; absent when it never failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
     pub summary: Summary,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One probe flow of a run with `--flow`, and its own summary.
@@ -682,6 +693,10 @@ mod tests {
                 size: 64,
                 tos: 0,
                 labels: BTreeMap::from([("site".into(), "fra1".into())]),
+                errors: 2,
+                last_error: Some(
+                    "connect the probe socket to 192.0.2.7:5061: Network is unreachable".into(),
+                ),
                 summary: Summary::default(),
             }],
         };

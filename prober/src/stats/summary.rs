@@ -286,6 +286,23 @@ pub struct Pacing {
     /// The CPU idle-latency limit (PM QoS, µs) held while sending; None
     /// when none was.
     pub cpu_dma_latency_us: Option<u32>,
+    /// The I/O thread that reads the echoes and TX stamps (None: not measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reader: Option<ReaderTiming>,
+}
+
+/// The I/O thread's timing: how long the echoes waited in their socket
+/// after the kernel received them (its RX stamp) until it read them, and
+/// how long it waited for a CPU. A probe is given up as lost only once
+/// this thread has read past its timeout, so a long read delay (CPU
+/// starvation of this process) delays the records but loses no probe.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
+pub struct ReaderTiming {
+    /// From each echo's kernel RX stamp to its read (2 significant digits).
+    pub read_delay_ns: Latency,
+    /// Run-queue wait and hypervisor steal of the I/O thread.
+    pub waits: Option<CpuWaits>,
 }
 
 /// Where the sender thread's time went while it was not running, over
@@ -551,6 +568,11 @@ impl RunStats {
     /// How the sender paced (reported by the sender when it is done).
     pub fn set_pacing(&mut self, p: Pacing) {
         self.pacing = Some(p);
+    }
+
+    /// The I/O thread's timing, beside the sender's.
+    pub fn set_reader(&mut self, r: Option<ReaderTiming>) {
+        self.pacing.get_or_insert_with(Pacing::default).reader = r;
     }
 
     /// Probes seen at the receiver whose send was never recorded (the

@@ -10,7 +10,10 @@ use super::{
     registry::Metrics,
 };
 use crate::{
-    model::{observer::SessionObserver, record::ProbeRecord},
+    model::{
+        observer::{LossDirections, SessionObserver},
+        record::ProbeRecord,
+    },
     stats::{Counts, RunStats, chain::Stage},
 };
 
@@ -55,6 +58,9 @@ impl Metrics {
             late_echoes: self.late_echoes.get_or_create(&labels).clone(),
             unaccounted: self.unaccounted.get_or_create(&labels).clone(),
             labels,
+            told: None,
+            told_counted: LossDirections::default(),
+            unknown: OnceLock::new(),
             counted: Counts::default(),
             source: String::new(),
         }
@@ -82,6 +88,12 @@ pub struct FlowMetrics {
     never_sent: Counter,
     late_echoes: Counter,
     unaccounted: Counter,
+    /// The loss by direction as the session told it (a reflector not
+    /// ours), in place of the arrival-based split; and what was added.
+    told: Option<LossDirections>,
+    told_counted: LossDirections,
+    /// `direction="unknown"` beside forward and return, once told.
+    unknown: OnceLock<Counter>,
     /// The counts already added to the counters.
     counted: Counts,
     source: String,
@@ -133,9 +145,13 @@ impl FlowMetrics {
         let was = self.counted;
         add(&self.sent, c.sent, was.sent);
         add(&self.received, c.received, was.received);
-        add(&self.lost, c.lost, was.lost);
-        if let Some(e) = &self.echo_lost {
-            add(e, c.echo_lost, was.echo_lost);
+        if let Some(t) = self.told {
+            self.add_told(&t);
+        } else {
+            add(&self.lost, c.lost, was.lost);
+            if let Some(e) = &self.echo_lost {
+                add(e, c.echo_lost, was.echo_lost);
+            }
         }
         add(&self.reordered, c.reordered, was.reordered);
         add(&self.duplicates, c.duplicates, was.duplicates);
@@ -170,9 +186,47 @@ impl FlowMetrics {
     }
 }
 
+impl FlowMetrics {
+    /// The told directions' counters brought up to `t` (they only grow);
+    /// the `unknown` series is created by its first loss.
+    fn add_told(&mut self, t: &LossDirections) {
+        let was = self.told_counted;
+        let unknown = || {
+            self.unknown.get_or_init(|| {
+                let labels = LostLabels {
+                    flow: self.labels.clone(),
+                    direction: "unknown".into(),
+                };
+                self.metrics.lost.get_or_create(&labels).clone()
+            })
+        };
+        let add = |c: &Counter, now: u64, before: u64| {
+            if now > before {
+                c.inc_by(now - before);
+            }
+        };
+        // No return series (`lost` is already "unknown"): all goes there.
+        let ret = self.echo_lost.as_ref().unwrap_or(&self.lost);
+        add(&self.lost, t.forward, was.forward);
+        add(ret, t.r#return, was.r#return);
+        if t.unknown > was.unknown {
+            add(unknown(), t.unknown, was.unknown);
+        }
+        self.told_counted = LossDirections {
+            forward: t.forward.max(was.forward),
+            r#return: t.r#return.max(was.r#return),
+            unknown: t.unknown.max(was.unknown),
+        };
+    }
+}
+
 impl SessionObserver for FlowMetrics {
     fn on_record(&mut self, r: &ProbeRecord) {
         self.observe(r);
+    }
+
+    fn on_loss_directions(&mut self, d: &LossDirections) {
+        self.told = Some(*d);
     }
 
     fn on_tick(&mut self, stats: &RunStats, _last: bool) -> Result<(), String> {
@@ -329,6 +383,27 @@ mod tests {
         let text = m.openmetrics();
         assert!(text.contains("direction=\"unknown\"} 1"), "{text}");
         assert!(!text.contains("direction=\"return\""));
+    }
+
+    #[test]
+    fn loss_directions_told_by_the_session_replace_the_arrival_split() {
+        let m = Arc::new(Metrics::new());
+        let mut f = m.flow(FlowLabels::new("t", 0, 0, 64), false);
+        f.on_loss_directions(&LossDirections {
+            forward: 1,
+            r#return: 0,
+            unknown: 3,
+        });
+        let c = Counts {
+            sent: 9,
+            lost: 4,
+            ..Default::default()
+        };
+        f.update(&c, "software");
+        let text = m.openmetrics();
+        assert!(text.contains("direction=\"forward\"} 1"), "{text}");
+        assert!(text.contains("direction=\"return\"} 0"), "{text}");
+        assert!(text.contains("direction=\"unknown\"} 3"), "{text}");
     }
 
     /// A record with every latency a testbed run has: one-way, RTT and

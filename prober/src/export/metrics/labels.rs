@@ -76,3 +76,12 @@ pub(super) struct SourceLabels {
 pub(super) struct OutcomeLabels {
     pub(super) outcome: String,
 }
+
+/// A target that failed to open, and at which step.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct StepLabels {
+    #[prometheus(flatten)]
+    pub(super) flow: FlowLabels,
+    /// "resolve", "socket" or "connect".
+    pub(super) step: String,
+}

@@ -19,7 +19,9 @@ use prometheus_client::{
 
 use super::{
     format::{self, Format},
-    labels::{FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, XdpLabels},
+    labels::{
+        FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, StepLabels, XdpLabels,
+    },
 };
 use crate::spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsSeries};
 
@@ -74,6 +76,8 @@ pub struct Metrics {
     pub(super) never_sent: Family<FlowLabels, Counter>,
     pub(super) late_echoes: Family<FlowLabels, Counter>,
     pub(super) unaccounted: Family<FlowLabels, Counter>,
+    /// Failures to open a target, by step.
+    pub(super) target_errors: Family<StepLabels, Counter>,
     pub(super) xdp_mode: Family<XdpLabels, Gauge>,
     pub(super) timestamp_source: Family<SourceLabels, Gauge>,
     /// `rtprobe reflect`: datagrams by what the reflector did with them.
@@ -117,6 +121,7 @@ impl Metrics {
             never_sent: Family::default(),
             late_echoes: Family::default(),
             unaccounted: Family::default(),
+            target_errors: Family::default(),
             xdp_mode: Family::default(),
             timestamp_source: Family::default(),
             reflector_datagrams: Family::default(),
@@ -227,6 +232,11 @@ impl Metrics {
             "Probes in no other count (must stay 0)",
             m.unaccounted.clone(),
         );
+        registry.register(
+            "target_errors",
+            "Failures to open a target (step: resolve, socket, connect); it is tried again with a backoff while the others are probed",
+            m.target_errors.clone(),
+        );
     }
 
     /// What the run is made of: XDP mode, timestamp source.
@@ -242,6 +252,15 @@ impl Metrics {
             "Where the flow's one-way figures come from: 1 for the current source",
             m.timestamp_source.clone(),
         );
+    }
+
+    /// Counts a failure to open the target of `flow` at `step`.
+    pub fn target_error(&self, flow: &FlowLabels, step: &str) {
+        let labels = StepLabels {
+            flow: flow.clone(),
+            step: step.into(),
+        };
+        self.target_errors.get_or_create(&labels).inc();
     }
 
     /// The XDP mode asked for and the one the kernel attached ("off",

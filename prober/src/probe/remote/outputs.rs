@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use anyhow::Result;
 
-use super::super::RecordSink;
+use super::{super::RecordSink, verdict::Ledger};
 use crate::model::{observer::SessionObserver, record::ProbeRecord};
 
 /// One target's writer into the session's one CSV: the one-way column
@@ -64,14 +64,22 @@ impl RecordSink for OneWaySink<'_, '_> {
 }
 
 /// One target's observer (its metrics) sees the records the CSV gets: no
-/// one-way histogram between clocks that do not allow it.
+/// one-way histogram between clocks that do not allow it; and the loss
+/// by direction as the target's ledger labels each lost probe (the
+/// reflector's counts, as in the summary's split).
 pub(super) struct OneWayObserver<'a> {
     pub(super) inner: &'a mut dyn SessionObserver,
     pub(super) show: bool,
+    pub(super) ledger: &'a Mutex<Ledger>,
 }
 
 impl SessionObserver for OneWayObserver<'_> {
     fn on_record(&mut self, r: &ProbeRecord) {
+        if r.lost
+            && let Ok(mut l) = self.ledger.lock()
+        {
+            l.label_lost(r.seq);
+        }
         if self.show {
             self.inner.on_record(r);
         } else {
@@ -79,6 +87,9 @@ impl SessionObserver for OneWayObserver<'_> {
         }
     }
     fn on_tick(&mut self, stats: &crate::stats::RunStats, last: bool) -> Result<(), String> {
+        if let Ok(l) = self.ledger.lock() {
+            self.inner.on_loss_directions(&l.labelled);
+        }
         self.inner.on_tick(stats, last)
     }
 }
@@ -109,9 +120,11 @@ mod tests {
         };
         for show in [false, true] {
             let mut seen = Seen::default();
+            let ledger = Mutex::new(Ledger::default());
             OneWayObserver {
                 inner: &mut seen,
                 show,
+                ledger: &ledger,
             }
             .on_record(&r);
             let got = &seen.0[0];

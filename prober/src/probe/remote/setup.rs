@@ -2,6 +2,10 @@
 //! to it, the warm-up that checks it answers (and brings the reflector's
 //! clock state), and after the run the status probe that asks for its
 //! final count. Warm-ups and status probes of many targets run in parallel.
+//! Room for every target's socket under the open-file limit.
+//!
+//! Kernel interfaces: socket(2), bind(2), connect(2) through
+//! [`ProbeSocket`]; getrlimit(2)/setrlimit(2) RLIMIT_NOFILE.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -11,7 +15,7 @@ use std::{
     },
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 
 use super::{
     Prepared, RemoteLeg, Target,
@@ -46,34 +50,38 @@ fn session_wire(target: &Target, cfg: &ProbeConfig, local_clock: &ClockSync) -> 
 }
 
 /// The probe socket, bound in `ns` (None: the calling thread's) in the
-/// target's family and connected to it.
+/// family of `dst` and connected to it.
 fn bind_towards(
     target: &Target,
+    dst: SocketAddr,
     cfg: &ProbeConfig,
     wire: &Wire,
     ns: Option<&Netns>,
-) -> Result<ProbeSocket> {
-    if target.addr.is_ipv6() && cfg.size > crate::spec::plan::MAX_PAYLOAD_1500_IPV6 {
-        bail!(
-            "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {}: use at most {} bytes",
+) -> Result<ProbeSocket, OpenFailure> {
+    let socket_step = |error| OpenFailure {
+        step: OpenStep::Socket,
+        error,
+    };
+    if dst.is_ipv6() && cfg.size > crate::spec::plan::MAX_PAYLOAD_1500_IPV6 {
+        return Err(socket_step(anyhow::anyhow!(
+            "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {dst}: use at most {} bytes",
             cfg.size,
-            target.addr,
             crate::spec::plan::MAX_PAYLOAD_1500_IPV6
-        );
+        )));
     }
     if cfg.size < wire.min_len() {
-        bail!(
+        return Err(socket_step(anyhow::anyhow!(
             "--size {} is too small for {} probes: use at least {} bytes",
             cfg.size,
             target.protocol.name(),
             wire.min_len()
-        );
+        )));
     }
     let bind = || {
         ProbeSocket::bind(
             // The target's family: an IPv6 target gets an AF_INET6 socket.
             SocketAddr::new(
-                match target.addr {
+                match dst {
                     SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                     SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
                 },
@@ -89,16 +97,147 @@ fn bind_towards(
         )
     };
     let sock = match ns {
-        Some(ns) => ns.run(bind)?,
-        None => bind()?,
-    };
-    let dst = target.addr;
+        Some(ns) => ns.run(bind),
+        None => bind(),
+    }
+    .map_err(socket_step)?;
     // The kernel then delivers only datagrams from the target: an off-path
     // sender's forged echoes never reach this socket.
-    sock.connect(dst).with_context(|| {
-        format!("connect the probe socket to {dst}: check that this host has a route to it")
+    sock.connect(dst).map_err(|e| OpenFailure {
+        step: OpenStep::Connect,
+        error: anyhow::Error::from(e).context(format!(
+            "connect the probe socket to {dst}: check that this host has a route to it"
+        )),
     })?;
     Ok(sock)
+}
+
+/// The step of opening a target that failed (the `step` label of
+/// `rtprobe_target_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenStep {
+    /// Its host name did not resolve.
+    Resolve,
+    /// socket(2), its options or bind(2) failed (EMFILE: out of file descriptors).
+    Socket,
+    /// connect(2) failed: no route to it.
+    Connect,
+    /// The only target of a run did not answer its warm-up.
+    Answer,
+}
+
+impl OpenStep {
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            OpenStep::Resolve => "resolve",
+            OpenStep::Socket => "socket",
+            OpenStep::Connect => "connect",
+            OpenStep::Answer => "answer",
+        }
+    }
+}
+
+/// Why a target could not be opened.
+#[derive(Debug)]
+pub(crate) struct OpenFailure {
+    pub(crate) step: OpenStep,
+    pub(crate) error: anyhow::Error,
+}
+
+/// The target's address: its host name resolved now (names are resolved
+/// each time a target is opened, so a name that fails now is tried
+/// again), or the address it was given.
+fn address_of(l: &RemoteLeg, stop: &AtomicU8) -> Result<SocketAddr, OpenFailure> {
+    let Some(host) = &l.host else {
+        return Ok(l.target.addr);
+    };
+    let failed = |error| OpenFailure {
+        step: OpenStep::Resolve,
+        error,
+    };
+    // getaddrinfo(3) cannot be interrupted and may wait for DNS for many
+    // seconds: it runs on a thread of its own, waited for at most
+    // RESOLVE_TIMEOUT (or until a stop), so neither the session's end nor
+    // a reload waits for it; a late answer is dropped with the thread.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (name, port) = (host.clone(), l.target.addr.port());
+    std::thread::Builder::new()
+        .name("rtprobe-resolve".into())
+        .spawn(move || {
+            let _ = tx.send(crate::spec::remote::resolve(&name, port));
+        })
+        .map_err(|e| failed(anyhow::anyhow!("start a thread to resolve {host}: {e}")))?;
+    let until = std::time::Instant::now() + RESOLVE_TIMEOUT;
+    while std::time::Instant::now() < until && stop.load(Ordering::SeqCst) == 0 {
+        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(r) => {
+                return r.map_err(|e| {
+                    failed(anyhow::anyhow!(
+                        "{}",
+                        format!("{e:#}").replace("--target ", "")
+                    ))
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    Err(failed(anyhow::anyhow!(
+        "{host}: no answer from the resolver within {} s",
+        RESOLVE_TIMEOUT.as_secs()
+    )))
+}
+
+/// Longest wait for a host name to resolve.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Open files a targets run needs besides one socket per target: stdio,
+/// the CSV, JSON and HDR log, epoll, the runtime's, and up to 256
+/// connections of the metrics server.
+pub(crate) const RESERVED_FDS: u64 = 320;
+
+/// Makes room under RLIMIT_NOFILE for `sockets` probe sockets besides
+/// [`RESERVED_FDS`]: raises the soft limit (up to the hard one) where it
+/// is lower. The error says how many are needed and what to set.
+pub(crate) fn open_files_for(sockets: usize) -> Result<()> {
+    let needed = sockets as u64 + RESERVED_FDS;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Ok(()); // Not knowable: the sockets will say (EMFILE).
+    }
+    if lim.rlim_cur >= needed {
+        return Ok(());
+    }
+    let fix = format!(
+        "raise it (LimitNOFILE={needed} in the systemd unit, `ulimit -n {needed}` in a shell) or split the targets over several rtprobe processes"
+    );
+    if lim.rlim_max < needed {
+        anyhow::bail!(
+            "{sockets} probe sockets need {needed} open files (one per target, {RESERVED_FDS} more for the rest), over this process's hard limit of {} (RLIMIT_NOFILE): {fix}",
+            lim.rlim_max
+        );
+    }
+    let raised = libc::rlimit {
+        rlim_cur: needed,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: plain syscall with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        let e = std::io::Error::last_os_error();
+        anyhow::bail!(
+            "{sockets} probe sockets need {needed} open files, over the soft limit of {} (RLIMIT_NOFILE), which could not be raised ({e}): {fix}",
+            lim.rlim_cur
+        );
+    }
+    log::info!(
+        "open-file limit raised from {} to {needed} for {sockets} targets",
+        lim.rlim_cur
+    );
+    Ok(())
 }
 
 /// Most targets warmed up (or asked for their count) at once, one thread each.
@@ -131,38 +270,39 @@ pub(super) enum WarmUp {
     Reload,
 }
 
-/// A target's socket, wire and warm-up.
+/// A target's address, socket, wire and warm-up. Only the only target
+/// of a run (`WarmUp::Single`) fails for want of an answer.
 pub(super) fn prepare(
     l: &RemoteLeg,
     ns: Option<&Netns>,
     local_clock: &ClockSync,
     mode: WarmUp,
     stop: &AtomicU8,
-) -> Result<Prepared> {
+) -> Result<Prepared, OpenFailure> {
+    let addr = address_of(l, stop)?;
     let wire = session_wire(&l.target, &l.cfg, local_clock);
-    let sock = bind_towards(&l.target, &l.cfg, &wire, ns)?;
+    let sock = bind_towards(&l.target, addr, &l.cfg, &wire, ns)?;
     let name = l.label();
     let first = match mode {
-        // A reload pauses every other target while it warms up: half a
-        // second for the new ones, not the three of a start.
-        WarmUp::Reload => {
-            let s = towards(&sock, l.target.addr, &wire);
-            let w = engine::exchange(
-                &s,
-                l.cfg.size,
-                WARMUP_SEQ,
-                stop,
-                crate::probe::STOP_SENDING,
-                5,
-            )?;
-            if w.echo.is_none() {
+        // Added by a reload or a retry, warmed up while the others are
+        // probed: half a second, not the three of a start.
+        WarmUp::Reload => engine::exchange(
+            &towards(&sock, addr, &wire),
+            l.cfg.size,
+            WARMUP_SEQ,
+            stop,
+            crate::probe::STOP_SENDING,
+            5,
+        )
+        .map(|w| {
+            if w.echo.is_none() && stop.load(Ordering::SeqCst) == 0 {
                 log::warn!(
                     "target {name}: no answer to the warm-up within 0.5 s; probing it anyway"
                 );
             }
-            Ok(w.echo)
-        }
-        WarmUp::Single | WarmUp::Many => warm_up(&sock, l.target.addr, &wire, l.cfg.size, stop),
+            w.echo
+        }),
+        WarmUp::Single | WarmUp::Many => warm_up(&sock, addr, &wire, l.cfg.size, stop),
     };
     let first = match first {
         Ok(first) => first,
@@ -170,18 +310,21 @@ pub(super) fn prepare(
             log::warn!("target {name}: {e:#}; probing it anyway");
             None
         }
-        Err(e) => return Err(e),
+        Err(error) => {
+            return Err(OpenFailure {
+                step: OpenStep::Answer,
+                error,
+            });
+        }
     };
     // The clocks as the run starts decide the CSV's one-way column.
     let early = clock_verdict(local_clock, first.and_then(|e| e.ee));
     Ok(Prepared {
+        addr,
         show_one_way: l.target.shared_clock || early.one_way_shown,
         wire,
         sock,
-        ledger: Mutex::new(Ledger {
-            stamp_seq_mirrored: true,
-            ..Ledger::default()
-        }),
+        ledger: Mutex::new(Ledger::new()),
         early,
     })
 }
@@ -194,7 +337,7 @@ pub(super) fn trailer(l: &RemoteLeg, p: &Prepared, sent: u64, stop: &AtomicU8) -
     // Nothing sent (a stop came between the warm-up and the first probe):
     // nothing to count, so nothing to ask.
     if sent > 0 && (target.protocol == ProtocolArg::Rtprobe || stateful_stamp) {
-        status_probe(&p.sock, target.addr, &p.wire, l.cfg.size, stop)
+        status_probe(&p.sock, p.addr, &p.wire, l.cfg.size, stop)
     } else {
         None
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use anyhow::Result;
 
 use super::{Prepared, RemoteLeg, Target};
+use crate::model::observer::LossDirections;
 use crate::{
     probe::{
         SessionOutcome, engine,
@@ -37,9 +38,41 @@ pub(super) struct Ledger {
     pub(super) ttl_max: Option<u8>,
     /// The answer to the trailing status probe.
     pub(super) trailer: Option<Echo>,
+    /// The latest echo that carried the reflector's count: its seq and
+    /// how many of the session's probes the reflector had then.
+    counted: Option<(u64, u64)>,
+    /// Runs of seqs between two counted echoes (none of them echoed),
+    /// oldest first: how many of them never reached the reflector.
+    gaps: std::collections::VecDeque<Gap>,
+    /// Each lost probe's direction as these told when it was given up.
+    pub(super) labelled: LossDirections,
 }
 
+/// Seqs `first..end` between two echoes with the reflector's count: of
+/// those lost, `forward` never reached it (the rest were lost on the way
+/// back); `known` false when the counts cannot tell (a STAMP reflector
+/// whose numbers follow the sender's: stateless, or no forward loss).
+#[derive(Debug, Clone, Copy)]
+struct Gap {
+    first: u64,
+    end: u64,
+    forward: u64,
+    known: bool,
+}
+
+/// Most gaps remembered: about the probes in flight of a target losing
+/// every other probe; a flood of forged counts cannot grow it further.
+const MAX_GAPS: usize = 1 << 16;
+
 impl Ledger {
+    /// Nothing seen yet (STAMP numbers taken as the sender's until one is not).
+    pub(super) fn new() -> Self {
+        Self {
+            stamp_seq_mirrored: true,
+            ..Self::default()
+        }
+    }
+
     /// Notes an echo from the target of this session for a seq that was
     /// sent (the I/O loop refuses the others before they get here).
     pub(super) fn on_echo(&mut self, e: &Echo) {
@@ -60,6 +93,55 @@ impl Ledger {
         }
         if self.last.is_none_or(|(s, _, _)| e.seq > s) {
             self.last = Some((e.seq, e.received, e.reflector_seq));
+        }
+        self.note_gap(e);
+    }
+
+    /// A counted echo after the last one: the gap between them, and how
+    /// many of its seqs the reflector never got (the split of
+    /// [`split_loss`], for that run of seqs).
+    fn note_gap(&mut self, e: &Echo) {
+        // rtprobe's reflector counts the session's probes; a stateful STAMP
+        // reflector numbers its replies from 0.
+        let Some(count) = e.received.or(e.reflector_seq.map(|r| u64::from(r) + 1)) else {
+            return;
+        };
+        let (first, counted_before) = match self.counted {
+            Some((s, _)) if e.seq <= s => return,
+            Some((s, c)) => (s + 1, c),
+            None => (0, 0),
+        };
+        self.counted = Some((e.seq, count));
+        if e.seq == first || self.gaps.len() >= MAX_GAPS {
+            return;
+        }
+        let missing = e.seq - first;
+        // Got by the reflector among them: the count's growth, less this echo's probe.
+        let got = count.saturating_sub(counted_before).saturating_sub(1);
+        let forward = missing.saturating_sub(got);
+        let mirrored = e.reflector_seq.is_some_and(|r| u64::from(r) == e.seq);
+        self.gaps.push_back(Gap {
+            first,
+            end: e.seq,
+            forward,
+            known: !(mirrored && forward == 0),
+        });
+    }
+
+    /// Labels probe `seq`, just given up as lost, with what the counts
+    /// tell now (each lost probe once, in seq order).
+    pub(super) fn label_lost(&mut self, seq: u64) {
+        while self.gaps.front().is_some_and(|g| g.end <= seq) {
+            self.gaps.pop_front();
+        }
+        let l = &mut self.labelled;
+        match self.gaps.front_mut() {
+            Some(g) if g.first <= seq && g.known && g.forward > 0 => {
+                g.forward -= 1;
+                l.forward += 1;
+            }
+            Some(g) if g.first <= seq && g.known => l.r#return += 1,
+            _ => l.unknown += 1,
         }
     }
 }
@@ -187,6 +269,58 @@ pub struct RemoteFacts {
     /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
     /// is left for the caller to say.
     pub info: ReflectorReport,
+    /// Times the target failed to open (resolve, socket, connect), and
+    /// the last failure's cause.
+    pub open_errors: u64,
+    pub last_open_error: Option<String>,
+}
+
+impl RemoteFacts {
+    pub(super) fn set_open_errors(&mut self, e: &super::OpenErrors) {
+        self.open_errors = e.count;
+        self.last_open_error.clone_from(&e.last);
+    }
+}
+
+/// The outcome of a target that never opened: no probe sent, its failed
+/// opens and the last one's cause.
+pub(super) fn never_opened(
+    l: &RemoteLeg,
+    local_clock: &ClockSync,
+    errors: &super::OpenErrors,
+    stop: &AtomicU8,
+) -> SessionOutcome {
+    let loss = LossSplit {
+        forward: None,
+        r#return: None,
+        unknown: 0,
+        basis: "the target never opened: no probe was sent".into(),
+    };
+    let info = ReflectorReport {
+        protocol: Some(l.target.protocol.name().into()),
+        target: Some(l.host.clone().unwrap_or_else(|| l.target.addr.to_string())),
+        echoes: Some(0),
+        ..Default::default()
+    };
+    let mut facts = RemoteFacts {
+        loss,
+        clock: clock_verdict(local_clock, None),
+        info,
+        open_errors: 0,
+        last_open_error: None,
+    };
+    facts.set_open_errors(errors);
+    SessionOutcome {
+        stats: crate::stats::RunStats::one_of_many(l.cfg.interval.as_nanos() as i64),
+        hardware_tx: false,
+        hardware_rx: false,
+        late_arrivals: 0,
+        interrupted: stop.load(Ordering::SeqCst) != 0,
+        kernel_drops: None,
+        hw_clocks: Default::default(),
+        output_error: None,
+        remote: Some(facts),
+    }
 }
 
 /// A target's outcome: its statistics with the loss split, the clock
@@ -228,7 +362,13 @@ pub(super) fn outcome(
         kernel_drops: None,
         hw_clocks: Default::default(),
         output_error,
-        remote: Some(RemoteFacts { loss, clock, info }),
+        remote: Some(RemoteFacts {
+            loss,
+            clock,
+            info,
+            open_errors: 0,
+            last_open_error: None,
+        }),
     })
 }
 
@@ -333,6 +473,57 @@ mod tests {
             });
         }
         l
+    }
+
+    fn counted(seq: u64, received: Option<u64>, reflector_seq: Option<u32>) -> Echo {
+        Echo {
+            seq,
+            warmup: false,
+            times: None,
+            received,
+            reflector_seq,
+            ee: None,
+            ttl: None,
+        }
+    }
+
+    #[test]
+    fn each_lost_probe_is_labelled_once_with_what_the_counts_tell_then() {
+        let mut l = Ledger::new();
+        l.on_echo(&counted(0, Some(1), None));
+        l.on_echo(&counted(1, Some(2), None));
+        // 2 never reached the reflector: 3's count did not grow for it.
+        l.on_echo(&counted(3, Some(3), None));
+        l.label_lost(2);
+        // 4 reached it (5's count grew by two): its echo was lost.
+        l.on_echo(&counted(5, Some(5), None));
+        l.label_lost(4);
+        // 6 and 7 given up before any later echo: nothing tells yet, and
+        // a label once given stays.
+        l.label_lost(6);
+        l.label_lost(7);
+        l.on_echo(&counted(9, Some(7), None));
+        let d = l.labelled;
+        assert_eq!((d.forward, d.r#return, d.unknown), (1, 1, 2), "{d:?}");
+        // A reflector whose echoes carry no count (the in-kernel one): unknown.
+        let mut k = Ledger::new();
+        k.on_echo(&counted(0, None, None));
+        k.on_echo(&counted(2, None, None));
+        k.label_lost(1);
+        assert_eq!(k.labelled.unknown, 1);
+        // STAMP numbers that follow the sender's: stateless, or no forward
+        // loss; the counts cannot tell (the summary asks after the run).
+        let mut st = Ledger::new();
+        st.on_echo(&counted(0, None, Some(0)));
+        st.on_echo(&counted(2, None, Some(2)));
+        st.label_lost(1);
+        assert_eq!(st.labelled.unknown, 1);
+        // A stateful one that missed probe 1 numbers the next reply 1.
+        let mut sf = Ledger::new();
+        sf.on_echo(&counted(0, None, Some(0)));
+        sf.on_echo(&counted(2, None, Some(1)));
+        sf.label_lost(1);
+        assert_eq!(sf.labelled.forward, 1);
     }
 
     #[test]

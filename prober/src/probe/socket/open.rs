@@ -94,6 +94,35 @@ pub fn rcvbuf_bytes(interval: std::time::Duration, timeout: std::time::Duration)
     bytes as i32
 }
 
+/// What to do about a failed socket(2), by its errno.
+fn socket_hint(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes into the struct it is given.
+            let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+                lim.rlim_cur.to_string()
+            } else {
+                "unknown".into()
+            };
+            format!(
+                "too many open files in this process (EMFILE, RLIMIT_NOFILE {soft}): raise the limit (LimitNOFILE= in a systemd unit, `ulimit -n` in a shell) or probe fewer targets"
+            )
+        }
+        Some(libc::ENFILE) => {
+            "too many open files on this host (ENFILE, fs.file-max): close some or raise fs.file-max"
+                .into()
+        }
+        Some(libc::ENOBUFS) | Some(libc::ENOMEM) => {
+            "the kernel is out of memory for sockets: free some".into()
+        }
+        _ => "is this protocol family enabled?".into(),
+    }
+}
+
 impl ProbeSocket {
     /// `rcvbuf_bytes`: the receive buffer to force (see [`rcvbuf_bytes`]).
     /// The family follows `addr`: an IPv6 socket takes IPv6 only
@@ -141,8 +170,9 @@ impl ProbeSocket {
         };
         // SAFETY: plain socket(2) call.
         let fd = cvt(unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
-            .with_context(|| {
-                format!("socket({family_name}, SOCK_DGRAM): is this protocol family enabled?")
+            .map_err(|e| {
+                let hint = socket_hint(&e);
+                anyhow::Error::from(e).context(format!("socket({family_name}, SOCK_DGRAM): {hint}"))
             })?;
         // SAFETY: fd was just returned by socket(2) and is owned here.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -203,7 +233,17 @@ impl ProbeSocket {
 mod tests {
     use std::time::Duration;
 
-    use super::rcvbuf_bytes;
+    use super::{rcvbuf_bytes, socket_hint};
+
+    #[test]
+    fn out_of_file_descriptors_is_named_as_such() {
+        let hint = |errno| socket_hint(&std::io::Error::from_raw_os_error(errno));
+        assert!(
+            hint(libc::EMFILE).contains("EMFILE") && hint(libc::EMFILE).contains("LimitNOFILE=")
+        );
+        assert!(hint(libc::ENFILE).contains("ENFILE"));
+        assert!(hint(libc::EAFNOSUPPORT).contains("protocol family"));
+    }
 
     #[test]
     fn receive_buffer_holds_one_timeout_of_probes_within_bounds() {

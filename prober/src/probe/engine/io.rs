@@ -1,0 +1,738 @@
+//! The I/O thread of a session: waits on the sockets, echoes the probes
+//! where the reflector is ours, takes the TX stamps and echoes at the
+//! sender, and hands the events to the collector in batches, with how far
+//! it has read ([`ReadMark`]): the collector gives a probe up as lost only
+//! once this thread has read every socket past the probe's timeout, so a
+//! stall of this thread (waiting for a CPU) delays records but never turns
+//! an echo the kernel received in time into a loss.
+//!
+//! Kernel interfaces: epoll(7) (Linux >= 2.6) or poll(2), recvmmsg(2) and
+//! MSG_ERRQUEUE (TX stamps), sendmmsg(2) (echoes), and
+//! `/proc/thread-self/schedstat` for the thread's run-queue wait.
+
+use std::sync::{
+    atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+    mpsc,
+};
+
+use hdrhistogram::Histogram;
+
+use super::{Leg, Reflector, Session};
+use crate::{
+    probe::{
+        clock, cpu_wait,
+        events::{self, EventBatch},
+        matcher::{EchoRules, Event, Verdict},
+        packet::Probe,
+        reflect::{self, FLAG_WARMUP},
+        socket::{self, ProbeSocket, RecvBatch},
+        wire::Echo,
+    },
+    stats::{Latency, ReaderTiming},
+};
+
+/// How far the I/O thread has read, on CLOCK_REALTIME: every datagram and
+/// stamp the kernel queued on the session's sockets before this time has
+/// been read and its events handed to the collector. `i64::MAX` once the
+/// thread has ended (nothing more will come).
+pub(crate) struct ReadMark(AtomicI64);
+
+impl ReadMark {
+    pub(crate) fn new() -> Self {
+        Self(AtomicI64::new(i64::MIN))
+    }
+
+    /// Read before taking the events it covers: every batch handed over
+    /// before the mark was set is then in the channel.
+    pub(crate) fn until_ns(&self) -> i64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn publish(&self, ns: i64) {
+        self.0.fetch_max(ns, Ordering::Release);
+    }
+
+    fn end(&self) {
+        self.0.store(i64::MAX, Ordering::Release);
+    }
+}
+
+/// The sender's reusable buffers.
+struct SenderBufs {
+    batch: RecvBatch,
+    errq: RecvBatch,
+    /// This wake-up's accepted echoes, for [`Session::on_echoes`].
+    seen: Vec<Echo>,
+    /// From each echo's kernel RX stamp to its read here.
+    read_delay: Histogram<u64>,
+}
+
+/// Longest read delay recorded (an hour); longer ones count as this.
+const MAX_READ_DELAY_NS: u64 = 3_600_000_000_000;
+
+/// The I/O thread's state between wake-ups.
+struct Io<'l, 'a> {
+    legs: &'l [Leg<'a>],
+    rules: Vec<EchoRules<'l>>,
+    reflect: Option<ReflectBufs>,
+    sender: SenderBufs,
+    polled: Vec<&'l ProbeSocket>,
+    /// Longest single wait (the in-kernel reflector's 1 ms pickup).
+    max_wait_ms: Option<i32>,
+    cadence_ms: Option<i32>,
+    remote: bool,
+    fds: Vec<libc::pollfd>,
+    ready: Vec<usize>,
+    many: Option<ReadySet>,
+    out: EventBatch,
+}
+
+impl<'l, 'a> Io<'l, 'a> {
+    fn new(legs: &'l [Leg<'a>]) -> Self {
+        let rules = legs
+            .iter()
+            .map(|l| EchoRules {
+                wire: l.s.wire,
+                target: l.s.dst,
+                issued: &l.attempts,
+            })
+            .collect();
+        let first = &legs[0];
+        // Where the reflector is ours only the receiver's socket is waited on.
+        // A thread sleeping on the sender's socket would be woken (a cross-core
+        // IPI, costly on a VM) for every TX timestamp, inside the probe's own
+        // send path, which would show in the one-way delay. With nobody waiting
+        // there, the kernel only queues; the timestamp and (on veth,
+        // synchronously during the echo's send) the echo are collected right
+        // after the echo goes out, or at the next wake-up at the latest.
+        // With the in-kernel reflector nothing arrives at the receiver's
+        // socket, and waiting on the sender's would put a wake-up into every
+        // probe's send path (above). The echoes' RX stamps are the kernel's
+        // whenever they are read, so they are collected every millisecond (the
+        // receive buffer, at least 32 MiB, holds far more).
+        let (polled, max_wait_ms): (Vec<&ProbeSocket>, _) = match first.s.reflector {
+            Reflector::InProcess { sock, .. } => (vec![sock], None),
+            Reflector::Kernel { sock, .. } => (vec![sock], Some(1)),
+            Reflector::Remote => (legs.iter().map(|l| l.s.sock).collect(), None),
+        };
+        let remote = matches!(first.s.reflector, Reflector::Remote);
+        let many = (polled.len() > 1)
+            .then(|| ReadySet::new(&polled))
+            .and_then(|r| {
+                r.map_err(|e| log::debug!("epoll: {e}; poll() instead"))
+                    .ok()
+            });
+        Self {
+            legs,
+            rules,
+            reflect: (!remote).then(ReflectBufs::new),
+            sender: SenderBufs {
+                batch: RecvBatch::new(64, 65536),
+                errq: RecvBatch::new(64, 256),
+                seen: Vec::with_capacity(64),
+                read_delay: Histogram::new_with_bounds(1, MAX_READ_DELAY_NS, 2)
+                    .expect("valid histogram bounds"),
+            },
+            polled,
+            max_wait_ms,
+            cadence_ms: pickup_cadence_ms(legs),
+            remote,
+            fds: Vec::new(),
+            ready: Vec::new(),
+            many,
+            out: EventBatch::new(),
+        }
+    }
+
+    /// Waits until a socket has something (or the batch is due, or the
+    /// cadence's tick). Returns the time the wait began: whatever the
+    /// kernel had queued by then is reported ready by it.
+    /// `ending`: the round is about to end (a reload waits): short waits.
+    fn wait(&mut self, finishing: bool, ending: bool) -> std::io::Result<i64> {
+        let wait = match (finishing, ending) {
+            (true, _) => 0,
+            (false, true) => self.out.wait_ms(clock::realtime_ns(), 1),
+            (false, false) => self.out.wait_ms(clock::realtime_ns(), 20),
+        };
+        let wait = self.max_wait_ms.map_or(wait, |m| wait.min(m));
+        // On a cadence the thread sleeps on its own timer and then takes
+        // whatever is ready without waiting: nothing wakes it from a send.
+        let wait = match self.cadence_ms {
+            Some(c) if wait > 0 => {
+                let ms = wait.min(c);
+                std::thread::sleep(std::time::Duration::from_millis(ms as u64));
+                0
+            }
+            _ => wait,
+        };
+        let began_ns = clock::realtime_ns();
+        match self.many.as_mut() {
+            Some(set) => set.wait(wait, &mut self.ready),
+            None => socket::poll_ready(&self.polled, wait, &mut self.fds, &mut self.ready),
+        }?;
+        Ok(began_ns)
+    }
+
+    /// Reads what is ready until nothing is left (the pass is complete:
+    /// true) or the batch is full. Returns how many messages it took.
+    fn read_ready(&mut self, finishing: bool) -> (usize, bool) {
+        // The testbed's one sender is drained on every wake-up (nobody
+        // waits on it, above); remote targets when their socket is ready.
+        if !self.remote || finishing {
+            self.ready.clear();
+            self.ready.extend(0..self.legs.len());
+        }
+        let first = &self.legs[0];
+        let mut got = 0;
+        loop {
+            let mut n = match (&first.s.reflector, self.reflect.as_mut()) {
+                (
+                    Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session },
+                    Some(b),
+                ) => reflect_queued(sock, b, *session, &first.attempts, finishing, &mut self.out),
+                _ => 0,
+            };
+            let (legs, rules) = (self.legs, &self.rules);
+            let (sender, out) = (&mut self.sender, &mut self.out);
+            self.ready.retain(|&i| {
+                let k = drain_sender(&legs[i].s, &rules[i], i as u32, sender, out);
+                n += k;
+                k > 0
+            });
+            got += n;
+            if n == 0 {
+                return (got, true);
+            }
+            if self.out.len() >= events::MAX_LEN {
+                return (got, false);
+            }
+        }
+    }
+
+    /// What this thread saw of its own timing, from `start` on.
+    fn timing(&self, start: &cpu_wait::Snapshot) -> ReaderTiming {
+        ReaderTiming {
+            read_delay_ns: Latency::from_hist(&self.sender.read_delay),
+            waits: Some(start.since(&cpu_wait::Snapshot::now())),
+        }
+    }
+}
+
+/// The I/O thread: waits for probes at an in-process reflector (or for
+/// echoes where the reflector is not ours), reflects them, drains the
+/// sender's queues (both the error queue and data on every wake-up; a TX
+/// timestamp left queued is charged to the receive buffer), and hands
+/// events over in batches, then moves `mark` to the start of the last
+/// wait whose pass read everything; until `done`, in short waits once
+/// `pause` says the round ends. With several targets it waits on all
+/// their sockets at once and drains those that have something. Returns
+/// its timing: how long echoes waited for it, and it for a CPU.
+pub(super) fn io_loop(
+    legs: &[Leg<'_>],
+    (done, pause): (&AtomicBool, &(dyn Fn() -> bool + Sync)),
+    ev: &mpsc::Sender<Vec<events::Tagged>>,
+    mark: &ReadMark,
+) -> ReaderTiming {
+    let start = cpu_wait::Snapshot::now();
+    let mut io = Io::new(legs);
+    // The start of the newest complete pass whose events are not handed over yet.
+    let mut read_to = None;
+    loop {
+        let finishing = done.load(Ordering::Relaxed);
+        let began_ns = match io.wait(finishing, pause()) {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("probe I/O poll: {e}");
+                break;
+            }
+        };
+        let (got, complete) = io.read_ready(finishing);
+        if complete {
+            read_to = Some(began_ns);
+        }
+        let now = clock::realtime_ns();
+        if finishing || io.out.due(now) || io.out.len() == 0 {
+            if !io.out.flush(ev) {
+                break;
+            }
+            if let Some(t) = read_to.take() {
+                mark.publish(t);
+            }
+        }
+        if finishing && got == 0 {
+            break;
+        }
+    }
+    io.out.flush(ev);
+    mark.end();
+    io.timing(&start)
+}
+
+/// Remote targets probed at this many probes/s in all, or more, are read
+/// on a cadence rather than when something arrives.
+const CADENCE_MIN_PPS: f64 = 1000.0;
+/// The cadence: echoes, their kernel RX stamps and the TX stamps wait in
+/// the sockets' queues at most this long (only `echo_user_ns` in the CSV
+/// shows it; the receive buffers hold far more).
+const CADENCE_MS: i32 = 1;
+
+/// Whether the I/O thread reads remote targets' sockets every
+/// [`CADENCE_MS`] instead of sleeping until one has something. A thread
+/// asleep on a socket is woken (a cross-core IPI, costly on a VM) by every
+/// TX timestamp queued there, inside the probe's own send path, where it
+/// adds to the round trip, and once per echo: at 1000 targets x 10/s that
+/// was 30 000 wake-ups/s. On a cadence nobody sleeps on the sockets.
+/// Below [`CADENCE_MIN_PPS`] the wake-ups cost less than the cadence.
+fn pickup_cadence_ms(legs: &[Leg<'_>]) -> Option<i32> {
+    let remote = legs
+        .first()
+        .is_some_and(|l| matches!(l.s.reflector, Reflector::Remote));
+    let pps: f64 = legs
+        .iter()
+        .map(|l| 1e9 / (l.cfg.interval.as_nanos().max(1) as f64))
+        .sum();
+    (remote && pps >= CADENCE_MIN_PPS).then_some(CADENCE_MS)
+}
+
+/// Many sockets waited on at once through one epoll set, registered once:
+/// poll() walked all of them in the kernel on every wake-up, which was
+/// half the CPU of a run with 1000 targets at 10 probes/s each.
+struct ReadySet {
+    ep: std::os::fd::OwnedFd,
+    events: Vec<libc::epoll_event>,
+}
+
+impl ReadySet {
+    fn new(socks: &[&ProbeSocket]) -> std::io::Result<Self> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: plain syscall; the fd is owned below.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new fd nobody else owns.
+        let ep = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        for (i, s) in socks.iter().enumerate() {
+            // Level-triggered, as poll(): EPOLLERR (a TX timestamp on the
+            // error queue) is always reported.
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: both fds are open; `ev` is a valid event.
+            if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, s.fd(), &mut ev) } < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let events = vec![libc::epoll_event { events: 0, u64: 0 }; socks.len()];
+        Ok(Self { ep, events })
+    }
+
+    /// Like [`socket::poll_ready`]: the indexes of the sockets that have
+    /// data or queued timestamps, in ascending order.
+    fn wait(&mut self, timeout_ms: i32, ready: &mut Vec<usize>) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        ready.clear();
+        // SAFETY: `events` holds `len` writable events.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.ep.as_raw_fd(),
+                self.events.as_mut_ptr(),
+                self.events.len() as i32,
+                timeout_ms,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        ready.extend(self.events[..n as usize].iter().map(|e| e.u64 as usize));
+        ready.sort_unstable();
+        Ok(())
+    }
+}
+
+/// Sender side of one wake-up: TX timestamps from the error queue and the
+/// echoes, each judged by `rules`. Returns how many messages it took.
+fn drain_sender(
+    s: &Session<'_>,
+    rules: &EchoRules<'_>,
+    tag: u32,
+    bufs: &mut SenderBufs,
+    out: &mut EventBatch,
+) -> usize {
+    let now = clock::realtime_ns();
+    let n_err = s.sock.recv_batch(&mut bufs.errq, true).unwrap_or(0);
+    for i in 0..n_err {
+        let (_, _, c) = bufs.errq.get(i);
+        if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
+            out.push(
+                tag,
+                Event::TxTimestamp {
+                    opt_id,
+                    kind,
+                    ts_ns,
+                },
+                now,
+            );
+        }
+    }
+    let n = s.sock.recv_batch(&mut bufs.batch, false).unwrap_or(0);
+    let read_ns = clock::realtime_ns();
+    // Read after the datagrams: every probe sent before them is below it.
+    let sent_end = rules.issued.load(Ordering::SeqCst);
+    bufs.seen.clear();
+    for i in 0..n {
+        let (payload, src, c) = bufs.batch.get(i);
+        match rules.judge(payload, src, sent_end) {
+            Verdict::Probe(e) => {
+                bufs.seen.push(e);
+                if let Some(rx_ns) = c.sw_ns {
+                    let delay_ns = read_ns.saturating_sub(rx_ns).max(1) as u64;
+                    bufs.read_delay.saturating_record(delay_ns);
+                }
+                out.push(
+                    tag,
+                    Event::Echoed {
+                        seq: e.seq,
+                        sw_ns: c.sw_ns,
+                        hw_ns: c.hw_ns,
+                        user_ns: read_ns,
+                        reflector: e.times,
+                    },
+                    now,
+                );
+            }
+            Verdict::WarmUp(e) => bufs.seen.push(e),
+            Verdict::Foreign => out.push(tag, Event::Foreign, now),
+            Verdict::NeverSent => out.push(tag, Event::NeverSent, now),
+        }
+    }
+    if let Some(f) = s.on_echoes
+        && !bufs.seen.is_empty()
+    {
+        f(&bufs.seen);
+    }
+    n + n_err
+}
+
+/// The in-process reflector's reusable buffers.
+struct ReflectBufs {
+    batch: RecvBatch,
+    errq: RecvBatch,
+    /// Indexes in `batch` of the probes to echo, and their OPT_IDs.
+    echo: Vec<usize>,
+    ids: Vec<u32>,
+    /// (seq, software RX, hardware RX) of this wake-up's probes.
+    arrivals: Vec<(u64, Option<i64>, Option<i64>)>,
+    /// The reflector's decisions, the same as `rtprobe reflect`'s.
+    core: reflect::Core,
+}
+
+impl ReflectBufs {
+    fn new() -> Self {
+        Self {
+            batch: RecvBatch::new(64, 65536),
+            errq: RecvBatch::new(64, 256),
+            echo: Vec::with_capacity(64),
+            ids: Vec::with_capacity(64),
+            arrivals: Vec::with_capacity(64),
+            // No rate limit: the testbed's own probes may come at any rate.
+            core: reflect::Core::new(reflect::Policy {
+                protocol: crate::spec::remote::ProtocolArg::Rtprobe,
+                key: None,
+                rate_limit_pps: 0,
+                stateful: true,
+            }),
+        }
+    }
+}
+
+/// Receiver side of one wake-up: takes the probes queued at the receiver
+/// socket, echoes them all with one sendmmsg (each echo's TX timestamp
+/// carrying the probe's seq as OPT_ID), records their arrival, and collects
+/// echo TX timestamps. Returns how many messages it took.
+fn reflect_queued(
+    rx: &ProbeSocket,
+    bufs: &mut ReflectBufs,
+    session: u64,
+    issued: &AtomicU64,
+    finishing: bool,
+    out: &mut EventBatch,
+) -> usize {
+    let ReflectBufs {
+        batch,
+        errq,
+        echo,
+        ids,
+        arrivals,
+        core,
+    } = bufs;
+    let n = match rx.recv_batch(batch, false) {
+        Ok(n) => n,
+        Err(e) => {
+            log::warn!("reflector receive: {e}");
+            return 0;
+        }
+    };
+    let now = clock::realtime_ns();
+    // Read after the datagrams: every probe sent before them is below it.
+    let sent_end = issued.load(Ordering::SeqCst);
+    echo.clear();
+    ids.clear();
+    arrivals.clear();
+    for i in 0..n {
+        let (payload, src, c) = batch.get(i);
+        // Read before the reply is written over it.
+        let probe = Probe::decode(payload, session);
+        let warmup = payload.len() > 5 && payload[5] & FLAG_WARMUP != 0;
+        let verdict = core.handle(payload, src, c.sw_ns, c.ttl, now);
+        match (verdict, probe) {
+            (reflect::Verdict::Reply { .. }, Ok(p)) => {
+                echo.push(i);
+                ids.push(p.seq as u32);
+                if !warmup && p.seq < sent_end {
+                    arrivals.push((p.seq, c.sw_ns, c.hw_ns));
+                } else if !warmup {
+                    // Answered (its echo is refused at the sender too), but
+                    // kept out of the matcher, whose window it would grow.
+                    out.push(0, Event::NeverSent, now);
+                }
+            }
+            (reflect::Verdict::Reply { .. }, Err(_)) => {
+                // Another run's probe: answered, as any reflector would.
+                echo.push(i);
+                ids.push(u32::MAX - 2);
+                out.push(0, Event::Foreign, now);
+            }
+            (reflect::Verdict::Drop(_), Ok(_)) => {}
+            (reflect::Verdict::Drop(_), Err(_)) => out.push(0, Event::Foreign, now),
+        }
+    }
+    let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
+    if !echo.is_empty()
+        && let Err(e) = rx.send_back(batch, echo, ids)
+    {
+        log::debug!("echo of {} probes failed: {e}", echo.len());
+    }
+    for &(seq, sw_ns, hw_ns) in arrivals.iter() {
+        out.push(
+            0,
+            Event::Arrived {
+                seq,
+                sw_ns,
+                hw_ns,
+                user_ns: now,
+                echo_send_ns,
+            },
+            now,
+        );
+    }
+    // On veth the echoes' TX stamps are queued by now; elsewhere they are
+    // picked up after a later echo, or when the run ends.
+    let n_err = if !echo.is_empty() || finishing {
+        collect_echo_stamps(rx, errq, now, out)
+    } else {
+        0
+    };
+    n + n_err
+}
+
+/// Takes the echoes' TX stamps queued at the receiver socket. Each echo
+/// queues two stamps (SCHED and the driver's): the queue is drained to
+/// empty, else it grows past the receive buffer and the kernel drops
+/// stamps. Returns how many messages it took.
+fn collect_echo_stamps(
+    rx: &ProbeSocket,
+    errq: &mut RecvBatch,
+    now: i64,
+    out: &mut EventBatch,
+) -> usize {
+    let mut n_err = 0;
+    loop {
+        let got = rx.recv_batch(errq, true).unwrap_or(0);
+        if rx.per_send_opt_id() {
+            for i in 0..got {
+                let (_, _, c) = errq.get(i);
+                if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
+                    out.push(
+                        0,
+                        Event::EchoTx {
+                            opt_id,
+                            kind,
+                            ts_ns,
+                        },
+                        now,
+                    );
+                }
+            }
+        }
+        n_err += got;
+        if got < errq.capacity() {
+            break;
+        }
+    }
+    n_err
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::atomic::AtomicU8, time::Duration};
+
+    use super::*;
+    use crate::{
+        model::{observer::NoObserver, record::ProbeRecord},
+        probe::{
+            HwSetup, ProbeConfig, TimestampSource, collect,
+            engine::{Collecting, LegOut},
+            matcher::NoHwClocks,
+            socket::TsFlags,
+            wire::Wire,
+        },
+        stats::RunStats,
+    };
+
+    /// The records a session wrote.
+    #[derive(Default)]
+    struct Rows(Vec<ProbeRecord>);
+
+    impl crate::model::record::RecordSink for Rows {
+        fn write(&mut self, r: &ProbeRecord) -> anyhow::Result<()> {
+            self.0.push(r.clone());
+            Ok(())
+        }
+        fn flush(&mut self) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn cfg(timeout: Duration) -> ProbeConfig {
+        ProbeConfig {
+            size: 64,
+            interval: Duration::from_millis(10),
+            count: Some(1),
+            duration: None,
+            tos: 0,
+            port: 9,
+            timestamps: TimestampSource::Software,
+            timeout,
+            flow: 0,
+            spin: None,
+            busy_poll: false,
+            rt: Default::default(),
+            kernel_reflector: true,
+        }
+    }
+
+    /// Runs the collector over one probe sent now, whose echo the kernel
+    /// took 1 ms later, while a reader that was kept from reading for
+    /// `stall` hands the echo over (`echo`) and moves its mark. Returns
+    /// the statistics.
+    fn collect_with_a_stalled_reader(stall: Duration, echo: bool) -> RunStats {
+        let sock = ProbeSocket::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            0,
+            TsFlags {
+                tx: false,
+                rx: false,
+                hardware: false,
+            },
+            0,
+        )
+        .unwrap();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        let legs = [Leg {
+            s: Session {
+                sock: &sock,
+                dst: "127.0.0.1:9".parse().unwrap(),
+                wire: &wire,
+                reflector: Reflector::Remote,
+                on_echoes: None,
+                foreign_before: 0,
+            },
+            cfg: cfg(Duration::from_millis(50)),
+            attempts: AtomicU64::new(1),
+            anchor_ns: None,
+        }];
+        let (tx, rx) = mpsc::channel();
+        let mark = ReadMark::new();
+        let sent_ns = clock::realtime_ns();
+        let sent = Event::Sent {
+            seq: 0,
+            opt_id: 0,
+            sched_ns: sent_ns,
+            send_ns: sent_ns,
+        };
+        tx.send(vec![(0, sent)]).unwrap();
+        mark.publish(sent_ns);
+        let finished = AtomicBool::new(false);
+        let (stop, mut rows, mut observer) = (AtomicU8::new(0), Rows::default(), NoObserver);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(stall);
+                if echo {
+                    let e = Event::Echoed {
+                        seq: 0,
+                        sw_ns: Some(sent_ns + 1_000_000),
+                        hw_ns: None,
+                        user_ns: clock::realtime_ns(),
+                        reflector: None,
+                    };
+                    tx.send(vec![(0, e)]).unwrap();
+                }
+                mark.publish(clock::realtime_ns());
+                finished.store(true, Ordering::SeqCst);
+            });
+            let c = Collecting {
+                legs: &legs,
+                carried: Vec::new(),
+                pause: &|| false,
+                read: &mark,
+            };
+            let hw = HwSetup {
+                echo_stamps: false,
+                sender_tx: false,
+                receiver_tx: false,
+                clocks: Box::new(NoHwClocks),
+            };
+            let mut outs = [LegOut {
+                csv: &mut rows,
+                observer: &mut observer,
+            }];
+            let done = || finished.load(Ordering::SeqCst);
+            let d = collect(&rx, c, hw, &mut outs, &stop, &done).unwrap();
+            let mut got = d.finished().unwrap();
+            got.pop().unwrap().0
+        })
+    }
+
+    #[test]
+    fn a_reader_kept_from_a_cpu_past_the_timeout_loses_no_probe() {
+        // Four timeouts without a read: the record waits, the echo counts.
+        let s = collect_with_a_stalled_reader(Duration::from_millis(200), true);
+        let c = s.counts();
+        assert_eq!((c.received, c.lost, c.late_echoes), (1, 0, 0), "{c:?}");
+        // The reader read past the timeout and saw no echo: lost.
+        let s = collect_with_a_stalled_reader(Duration::from_millis(200), false);
+        let c = s.counts();
+        assert_eq!((c.received, c.lost), (0, 1), "{c:?}");
+    }
+
+    #[test]
+    fn the_mark_only_moves_forward_and_ends_at_the_end() {
+        let m = ReadMark::new();
+        m.publish(100);
+        m.publish(50);
+        assert_eq!(m.until_ns(), 100);
+        m.end();
+        assert_eq!(m.until_ns(), i64::MAX);
+    }
+}
