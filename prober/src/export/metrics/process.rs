@@ -9,6 +9,7 @@ use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::Unit,
 };
 
 /// Collects the process metrics at each render (see the module docs).
@@ -95,51 +96,59 @@ fn from_stat(stat: &str, ticks_per_s: f64, page_bytes: f64, boot_s: Option<f64>)
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let f = ProcessFigures::read();
+        // Names without their unit: the encoder adds it (and OpenMetrics'
+        // `# UNIT`), as client libraries name these.
         if let Some(v) = f.cpu_seconds {
             let c = ConstCounter::new(v);
             c.encode(encoder.encode_descriptor(
-                "process_cpu_seconds",
+                "process_cpu",
                 "Total user and system CPU time spent in seconds",
-                None,
+                Some(&Unit::Seconds),
                 c.metric_type(),
             )?)?;
         }
         let gauges = [
             (
-                "process_resident_memory_bytes",
+                "process_resident_memory",
                 "Resident memory size in bytes",
+                Some(Unit::Bytes),
                 f.resident_bytes,
             ),
             (
-                "process_virtual_memory_bytes",
+                "process_virtual_memory",
                 "Virtual memory size in bytes",
+                Some(Unit::Bytes),
                 f.virtual_bytes,
             ),
             (
-                "process_start_time_seconds",
+                "process_start_time",
                 "Start time of the process since unix epoch in seconds",
+                Some(Unit::Seconds),
                 f.start_time_seconds,
             ),
             (
                 "process_threads",
                 "Number of OS threads in the process",
+                None,
                 f.threads,
             ),
             (
                 "process_open_fds",
                 "Number of open file descriptors",
+                None,
                 f.open_fds,
             ),
             (
                 "process_max_fds",
                 "Maximum number of open file descriptors (the soft limit)",
+                None,
                 f.max_fds,
             ),
         ];
-        for (name, help, value) in gauges {
+        for (name, help, unit, value) in gauges {
             if let Some(v) = value {
                 let g = ConstGauge::new(v);
-                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+                g.encode(encoder.encode_descriptor(name, help, unit.as_ref(), g.metric_type())?)?;
             }
         }
         Ok(())
