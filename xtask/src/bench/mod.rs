@@ -17,6 +17,8 @@
 //!   the rate achieved, loss and its causes from the kernel's counters.
 //! - Peak RSS after 10 M probes (1 M with --quick); in the continuous
 //!   section, `/metrics` render time for 1000 targets per series budget.
+//! - The send error p99 of a 1 ms run under 2000 concurrent `/metrics`
+//!   scrapers against the same run quiet (scrapers.rs).
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
@@ -41,6 +43,7 @@ mod peers;
 mod rate;
 mod rtt;
 mod run;
+mod scrapers;
 mod table;
 
 use std::{io::Write, path::PathBuf, process::Command, time::Instant};
@@ -94,6 +97,8 @@ pub enum Section {
     Thesis,
     /// 1000 targets at 10 probes/s from one process; in-kernel vs user-space reflector capacity.
     Fleet,
+    /// A 1 ms run's send error under 2000 concurrent /metrics scrapers, against the same run quiet.
+    Scrapers,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -135,7 +140,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 8] = [
+    let sections: [(Section, &str, Rows); 9] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -151,6 +156,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             Section::Fleet,
             "1000 targets, reflector capacity",
             fleet::fleet_section,
+        ),
+        (
+            Section::Scrapers,
+            "2000 concurrent /metrics scrapers",
+            scrapers::scrapers_rows,
         ),
     ];
     for (_, name, f) in sections
