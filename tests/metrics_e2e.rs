@@ -304,7 +304,7 @@ const MESH_METRICS: &str = "10.77.0.1:9464";
 
 /// `rtprobe --targets` in namespace A probing `n` ports of one reflector
 /// in B, 10 probes a second each, for good, serving metrics on
-/// [`MESH_METRICS`]: a page of about 10 KB a target. Killed on drop.
+/// [`MESH_METRICS`]: a page of about 6 KB a target. Killed on drop.
 struct Mesh {
     run: Killed,
     _reflector: Reflector,
@@ -459,8 +459,8 @@ fn slow_readers(
 
 /// Issue 24: 300 clients that send `GET /metrics` and never read took a
 /// 1000-target mesh from 28 MiB to 1.54 GB (a rendered page each) and 8
-/// of 13 scrapes failed. Against a 100-target run (a page of about 1 MB:
-/// 300 such clients held 300 MB before), the same run's memory under the
+/// of 13 scrapes failed. Against a 100-target run (a page of 0.6 MB: 300
+/// such clients added 162 MiB before), the same run's memory under the
 /// attack stays within 32 MiB of its memory quiet, every client of the
 /// first wave is closed by the server (the write timeout, or making room
 /// for others), and scrapes are answered during the attack, which goes on

@@ -21,8 +21,8 @@ use super::{format::Format, registry::Metrics};
 pub(super) const RENDER_EVERY: Duration = Duration::from_secs(1);
 /// Most pages of one format alive at once: the one being served and one
 /// older that slow readers may still hold. While both are held a scrape
-/// gets the newer of them, however old, instead of a new render: memory
-/// stays bounded and the page is at most a write timeout stale.
+/// gets the newer of them instead of a new render: memory stays bounded,
+/// and the page is no older than the longest a connection lives (10 s).
 pub(super) const PAGES_PER_FORMAT: usize = 2;
 
 /// The rendered pages of one server (used on its one thread).

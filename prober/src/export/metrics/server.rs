@@ -1,28 +1,27 @@
 //! [`MetricsServer`]: `GET /metrics` and `GET /-/healthy` over hyper, on
-//! a thread of its own that yields the CPU to the probing threads
-//! (sched_setscheduler(2) SCHED_IDLE, or setpriority(2) nice 19 where
-//! that is refused; any kernel). TCP through tokio: listen(2) with a
-//! backlog, and accept(2) only while a connection slot is free.
+//! a thread of its own that stands behind the probing threads
+//! (sched_setattr(2): nice 10 and a long EEVDF slice, which Linux >= 6.12
+//! honours; setpriority(2) where that is refused). TCP through tokio:
+//! listen(2) with a deep backlog, and no accept(2) while every connection
+//! slot is taken.
 //!
-//! # What a stranger can cost
+//! # What a client can cost
 //!
 //! - **Memory**: at most [`PAGES_PER_FORMAT`](super::pages::PAGES_PER_FORMAT)
-//!   rendered pages per format
-//!   (two formats), however many connections read them (a page is shared,
-//!   never copied per reader), plus one page while a render converts to
-//!   the text format: 5 pages in all (a page is about 110 bytes per series:
-//!   docs/CONTINUOUS.md has the series per target). Each of the
-//!   [`MAX_CONNECTIONS`] connections adds its request buffer
-//!   ([`MAX_REQUEST`]) and hyper's state, about 10 KiB. The kernel holds
-//!   each socket's send buffer (autotuned up to net.ipv4.tcp_wmem's
-//!   maximum, 4 MiB by default; no more than the client's window lets
-//!   through) outside the process.
+//!   rendered pages per format (two formats), however many connections
+//!   read them (a page is shared, never copied per reader), plus one page
+//!   while a render converts to the text format: 5 pages in all (a page is
+//!   about 110 bytes per series; docs/CONTINUOUS.md has the series per
+//!   target). Each of the [`MAX_CONNECTIONS`] connections adds its request
+//!   buffer ([`MAX_REQUEST`]) and hyper's state, about 10 KiB. The kernel
+//!   holds each socket's send buffer (autotuned up to net.ipv4.tcp_wmem's
+//!   maximum; no more than the client's window lets through) outside the
+//!   process, and drops it when a stalled connection is closed (reset).
 //! - **Time**: a client has [`HEADER_TIMEOUT`] to send its request head, a
 //!   write waits at most [`WRITE_TIMEOUT`] for the client to read, and a
 //!   connection lives at most [`CONNECTION_TIMEOUT`]. A page is rendered
 //!   at most once per [`RENDER_EVERY`](super::pages::RENDER_EVERY) per
-//!   format, on this thread, which
-//!   runs only when the probing threads do not want the CPU.
+//!   format, on this thread.
 //! - **Connections**: at most [`MAX_CONNECTIONS`] open; over it the one
 //!   longest without progress makes room, or new ones wait in the listen
 //!   backlog (see [`Slots`]), so scrapes queue rather than fail.
