@@ -157,23 +157,35 @@ fn rows(runs: &[Round]) -> Vec<Row> {
         load.took_us.extend(&r.load.took_us);
     }
     let total = load.ok + load.bad + load.failed + load.timed_out;
-    vec![
-        p99_row,
-        row(
-            &format!("scrapes answered, {SCRAPERS} concurrent"),
-            format!(
-                "{} of {total} ({} cut or not 200, {} refused or reset, {} over {SCRAPE_TIMEOUT:?})",
-                load.ok, load.bad, load.failed, load.timed_out
-            ),
-            format!(
-                "connect to last byte p50/p99 {:.0} / {:.0} ms",
-                load.quantile_ms(0.5),
-                load.quantile_ms(0.99)
-            ),
-            "all",
-            Some(total > 0 && load.ok == total),
+    let answered = row(
+        &format!("scrapes answered, {SCRAPERS} concurrent"),
+        format!(
+            "{} of {total} ({} cut or not 200, {} refused or reset, {} over {SCRAPE_TIMEOUT:?})",
+            load.ok, load.bad, load.failed, load.timed_out
         ),
-    ]
+        format!(
+            "connect to last byte p50/p99 {:.0} / {:.0} ms",
+            load.quantile_ms(0.5),
+            load.quantile_ms(0.99)
+        ),
+        "all",
+        Some(total > 0 && load.ok == total),
+    );
+    let answered = if load.failed > 0 {
+        answered.because(format!(
+            "the server resets a connection whose reader has read nothing for 1 s when all 256 \
+             slots are taken and others wait; the generator runs at SCHED_IDLE and stalls when \
+             the machine is busy (load average now {})",
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .split(' ')
+                .next()
+                .unwrap_or("?")
+        ))
+    } else {
+        answered
+    };
+    vec![p99_row, answered]
 }
 
 /// One connection of the generator.
