@@ -261,7 +261,7 @@ fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
 
     let (ct, text, took) = scrape(&p.a, PROBER_METRICS, None);
     eprintln!("prober scrape without Accept: {took:?}");
-    let series = assert_clean_text("prober", &ct, &text);
+    assert_clean_text("prober", &ct, &text);
     for family in [
         "rtprobe_rtt_seconds",
         "rtprobe_probes_sent_total",
@@ -272,26 +272,56 @@ fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
         assert!(text.contains(&format!("# HELP {family} ")), "{family}");
         assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
     }
-    let (ct, om, took) = scrape(&p.a, PROBER_METRICS, Some(ACCEPT_OPENMETRICS));
-    eprintln!(
-        "prober scrape with Prometheus' Accept: {took:?}, {} bytes",
-        om.len()
-    );
-    assert_openmetrics("prober", &ct, &om);
-    // The same series either way (the counts move between the scrapes).
-    assert_eq!(series_lines(&om), series, "{om}");
+    // The same series either way: scraped in both formats until a pair
+    // agrees (a family's first series, such as a stage histogram, may
+    // appear between the two scrapes).
+    let t0 = Instant::now();
+    loop {
+        let (_, text, _) = scrape(&p.a, PROBER_METRICS, None);
+        let (ct, om, took) = scrape(&p.a, PROBER_METRICS, Some(ACCEPT_OPENMETRICS));
+        assert_openmetrics("prober", &ct, &om);
+        if series_lines(&om) == series_lines(&text) {
+            eprintln!(
+                "prober scrape with Prometheus' Accept: {took:?}, {} bytes, {} series as the text format",
+                om.len(),
+                series_lines(&om)
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "OpenMetrics and text series differ for 10 s:\n{om}\n---\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let (ct, _, _) = scrape(&p.a, PROBER_METRICS, Some("text/plain;version=0.0.4"));
     assert_eq!(ct, PROMETHEUS_TEXT);
 
-    let (ct, text, _) = scrape(&p.b, REFLECTOR_METRICS, None);
-    assert_clean_text("reflector", &ct, &text);
-    let reflected = sample(
-        &text,
-        "rtprobe_reflector_datagrams_total{outcome=\"reflected\"}",
-    )
-    .expect("reflected count");
-    eprintln!("reflector: {reflected} datagrams reflected so far");
-    assert!(reflected >= 100.0, "{text}");
+    // What the reflector has answered so far depends on timing: wait
+    // (10 s at most) until it has counted the probes the prober saw come back.
+    let reflected = "rtprobe_reflector_datagrams_total{outcome=\"reflected\"}";
+    let t0 = Instant::now();
+    let text = loop {
+        let (ct, text, _) = scrape(&p.b, REFLECTOR_METRICS, None);
+        let n = sample(&text, reflected).unwrap_or(0.0);
+        if n >= 100.0 {
+            assert_clean_text("reflector", &ct, &text);
+            eprintln!(
+                "reflector: {n} datagrams reflected after {:?}",
+                t0.elapsed()
+            );
+            break text;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the reflector counted {n} < 100 reflected after 10 s:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        !text.contains("rtprobe_probes_"),
+        "a reflector shows no probe families"
+    );
     let (ct, om, _) = scrape(&p.b, REFLECTOR_METRICS, Some(ACCEPT_OPENMETRICS));
     assert_openmetrics("reflector", &ct, &om);
     prober.finish();
@@ -316,7 +346,7 @@ fn the_series_budget_flags_shrink_a_targets_scrape() {
         &[][..],
         &["--metrics-histograms", "rtt", "--metrics-buckets", "24"][..],
     ] {
-        let args = [&["--duration", "3s", "--interval", "5ms"][..], budget].concat();
+        let args = [&["--duration", "8s", "--interval", "5ms"][..], budget].concat();
         let prober = Prober::start(&p, &args);
         let t0 = Instant::now();
         while sh(&format!(
@@ -331,15 +361,31 @@ fn the_series_budget_flags_shrink_a_targets_scrape() {
             std::thread::sleep(Duration::from_millis(100));
         }
         wait_for_rtt_count(&p.a, 50.0);
-        let (ct, text, _) = scrape(&p.a, PROBER_METRICS, None);
-        // The process's own series, not the target's.
-        let own = text
+        // A histogram appears with its first figure, the timestamp
+        // source with the run's first tick: scrape until the stages every
+        // --target run stamps (stack, sender_queue; path and return only
+        // between synchronised clocks) and the source are there, 5 s at most.
+        let t0 = Instant::now();
+        let (ct, text) = loop {
+            let (ct, text, _) = scrape(&p.a, PROBER_METRICS, None);
+            let histograms = text
+                .lines()
+                .filter(|l| l.starts_with("rtprobe_stage_seconds_count{"))
+                .count();
+            let incomplete = (budget.is_empty() && histograms < 2)
+                || !text.contains("rtprobe_timestamp_source_info{");
+            if incomplete && t0.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+            break (ct, text);
+        };
+        assert_clean_text(&format!("budget {budget:?}"), &ct, &text);
+        // The target's series, not the process's own (build, process_*).
+        let n = text
             .lines()
-            .filter(|l| {
-                l.starts_with("rtprobe_xdp_mode_info") || l.starts_with("rtprobe_reflector_")
-            })
+            .filter(|l| !l.starts_with('#') && l.contains(&format!("target=\"{B_IP}:")))
             .count();
-        let n = assert_clean_text(&format!("budget {budget:?}"), &ct, &text) - own;
         eprintln!("budget {budget:?}: {n} series for the one target");
         per_target.push((n, text));
         prober.finish();

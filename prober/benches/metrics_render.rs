@@ -15,7 +15,7 @@ use criterion::{BenchmarkId, Criterion};
 use rtprobe::{
     export::metrics::{FlowLabels, Format, Metrics},
     model::record::ProbeRecord,
-    spec::continuous::MetricsSeries,
+    spec::continuous::{MetricsBuckets, MetricsSeries},
     stats::Counts,
 };
 
@@ -68,20 +68,18 @@ fn budgets() -> [(&'static str, MetricsSeries); 4] {
     let rtt_only = MetricsSeries {
         one_way: false,
         stages: false,
-        ..full
+        ..full.clone()
+    };
+    let rtt_24 = MetricsSeries {
+        buckets: MetricsBuckets::Count(24),
+        ..rtt_only.clone()
     };
     // The keys name the budget's flags; `cargo xtask bench` reads them.
     [
         ("full", full),
         ("fleet", MetricsSeries::for_fleet()),
         ("rtt", rtt_only),
-        (
-            "rtt-24",
-            MetricsSeries {
-                buckets: 24,
-                ..rtt_only
-            },
-        ),
+        ("rtt-24", rtt_24),
     ]
 }
 

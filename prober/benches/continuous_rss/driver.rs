@@ -191,6 +191,7 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
         rotation: Some(rotation),
         report_every: Some(Duration::from_secs(10)),
         metrics_listen: Some("127.0.0.1:0".parse().expect("a socket address")),
+        metrics_token_file: None,
         metrics_series: Default::default(),
         hdr_log: Some(hdr_path.clone()),
     };

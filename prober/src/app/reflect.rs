@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     ebpf::reflector::{RateLimits, Reflector},
-    export::metrics::{Metrics, MetricsServer},
+    export::metrics::{Access, Metrics, MetricsServer},
     probe::{
         reflect::{self, Core, Counters, Policy, ServeReport},
         socket::ProbeSocket,
@@ -43,7 +43,7 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
     let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
     announce(&policy, &names, kernel.is_some());
     let metrics = match args.metrics_listen {
-        Some(addr) => Some(Publisher::start(addr)?),
+        Some(addr) => Some(Publisher::start(addr, args.metrics_token_file.as_deref())?),
         None => None,
     };
     let (mut report, kernel) = serve(socks, policy, args, metrics, kernel)?;
@@ -205,9 +205,10 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn start(addr: SocketAddr) -> Result<Self> {
-        let metrics = Arc::new(Metrics::new());
-        let server = MetricsServer::start(addr, metrics.clone())?;
+    fn start(addr: SocketAddr, token_file: Option<&Path>) -> Result<Self> {
+        let access = Access::from_token_file(token_file)?;
+        let metrics = Arc::new(Metrics::for_reflector());
+        let server = MetricsServer::start(addr, metrics.clone(), access)?;
         eprintln!(
             "rtprobe reflect: serving metrics at http://{}/metrics",
             server.local_addr()

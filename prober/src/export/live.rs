@@ -15,7 +15,7 @@ use anyhow::Result;
 use crate::{
     export::{
         hdrlog::{HdrLog, TAG_ONE_WAY, TAG_RTT},
-        metrics::{FlowLabels, FlowMetrics, Metrics, MetricsServer},
+        metrics::{Access, FlowLabels, FlowMetrics, Metrics, MetricsServer},
     },
     model::{
         observer::{NoObserver, SessionObserver},
@@ -85,8 +85,9 @@ impl Live {
     pub fn new(plan: &ContinuousPlan, print: Print, progress: ShowProgress) -> Result<Self> {
         let (metrics, server) = match plan.metrics_listen {
             Some(addr) => {
-                let m = Arc::new(Metrics::with_series(plan.metrics_series));
-                let s = MetricsServer::start(addr, m.clone())?;
+                let access = Access::from_token_file(plan.metrics_token_file.as_deref())?;
+                let m = Arc::new(Metrics::with_series(plan.metrics_series.clone()));
+                let s = MetricsServer::start(addr, m.clone(), access)?;
                 (Some(m), Some(s))
             }
             None => (None, None),

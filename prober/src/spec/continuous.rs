@@ -52,12 +52,21 @@ pub struct ContinuousArgs {
     pub report_every: Option<Duration>,
 
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics while probing (histograms of one-way,
-    /// RTT and each stage; probe counters; XDP mode and timestamp source), in the Prometheus
-    /// text format, or OpenMetrics to a scraper whose Accept header asks for it. Port 0 picks a
-    /// free one (printed). One request per connection: a client has 2 s to send it, and at
-    /// most 256 connections are open at once.
+    /// RTT and each stage; probe counters; XDP mode and timestamp source; build and process
+    /// metrics), in the Prometheus text format, or OpenMetrics to a scraper whose Accept header
+    /// asks for it; GET /-/healthy answers OK. Port 0 picks a free one (printed). Anyone who
+    /// reaches ADDR may scrape: bind a management address, or add --metrics-token-file. One
+    /// request per connection, at most 256 open at once; a client that does not read its answer
+    /// for 5 s is closed.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Answer /metrics only to requests with the header `Authorization: Bearer TOKEN`, TOKEN
+    /// being this file's content (at least 16 visible ASCII characters, e.g. from `openssl rand
+    /// -hex 32`; a final newline is ignored); others get 401. Prometheus sends it with
+    /// `authorization: {credentials_file: FILE}`. The file must not be readable by every user.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
 
     /// The latency histograms /metrics carries per flow: any of rtt, one-way (only where the
     /// run shows one-way delay: testbed runs, and --target runs whose two clocks are
@@ -67,11 +76,13 @@ pub struct ContinuousArgs {
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub metrics_histograms: Option<Vec<MetricsHistogram>>,
 
-    /// Bucket bounds per latency histogram, spaced evenly on a log scale from 1 µs to 11.9 s:
-    /// 48 is a factor of √2 (histogram_quantile within about ±20 %), 24 a factor of 2.03 (about
-    /// ±50 %). Each histogram costs this many series plus 3 [default: 48].
-    #[arg(long, value_name = "N")]
-    pub metrics_buckets: Option<u16>,
+    /// The latency histograms' bucket bounds: N (2..96) spaced evenly on a log scale from 1 µs
+    /// to 11.9 s (48 is a factor of √2: histogram_quantile within about ±20 %; 24 a factor of
+    /// 2.03, about ±50 %), or the bounds themselves, increasing (e.g.
+    /// 250us,500us,1ms,2ms,5ms,10ms,50ms,100ms,1s). Each histogram costs as many series as
+    /// bounds, plus 3 [default: 48].
+    #[arg(long, value_name = "N|LIST")]
+    pub metrics_buckets: Option<BucketsArg>,
 
     /// Write an HdrHistogram interval log (V2, deflate) here: one one-way and one RTT histogram
     /// (tags one-way, rtt; values in ns) per report interval, readable by HdrHistogram's tools
@@ -94,17 +105,113 @@ pub const DEFAULT_METRICS_BUCKETS: u16 = 48;
 /// Fewest and most bucket bounds: 2 spans the range at all, 96 is a factor
 /// of 1.19, finer than a scrape's worth of probes can fill.
 const METRICS_BUCKETS: std::ops::RangeInclusive<u16> = 2..=96;
+/// The range a listed bound must lie in: a histogram of latencies, from a
+/// microsecond to an hour.
+const METRICS_BOUND: std::ops::RangeInclusive<Duration> =
+    Duration::from_micros(1)..=Duration::from_secs(3600);
+
+/// `--metrics-buckets` as given: a count, or the bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketsArg {
+    Count(u16),
+    Bounds(Vec<Duration>),
+}
+
+impl FromStr for BucketsArg {
+    type Err = String;
+
+    /// "24" or "100us,1ms,10ms".
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            return t
+                .parse()
+                .map(BucketsArg::Count)
+                .map_err(|_| format!("{t} bucket bounds is out of range: give 2..96"));
+        }
+        t.split(',')
+            .map(crate::model::units::parse_duration)
+            .collect::<Result<_, _>>()
+            .map(BucketsArg::Bounds)
+            .map_err(|e| {
+                format!("{e}; give a count of bounds (e.g. 24) or the bounds (e.g. 100us,1ms,10ms)")
+            })
+    }
+}
+
+impl fmt::Display for BucketsArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BucketsArg::Count(n) => write!(f, "{n}"),
+            BucketsArg::Bounds(b) => {
+                let list: Vec<String> = b
+                    .iter()
+                    .map(|d| humantime::format_duration(*d).to_string())
+                    .collect();
+                write!(f, "{}", list.join(","))
+            }
+        }
+    }
+}
+
+/// Written as it is read: a count as a number, bounds as "100us,1ms".
+impl Serialize for BucketsArg {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BucketsArg::Count(n) => s.serialize_u16(*n),
+            BucketsArg::Bounds(_) => s.serialize_str(&self.to_string()),
+        }
+    }
+}
+
+/// A TOML scenario's `metrics_buckets = 24`, `= "1ms,10ms"` or
+/// `= ["1ms", "10ms"]`.
+impl<'de> Deserialize<'de> for BucketsArg {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(u16),
+            Text(String),
+            List(Vec<String>),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Ok(BucketsArg::Count(n)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            Raw::List(l) => l.join(",").parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The latency histograms' bucket bounds, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsBuckets {
+    /// This many bounds, spaced by one factor from 1 µs to 11.9 s.
+    Count(u16),
+    /// These bounds, in ns, increasing.
+    Bounds(std::sync::Arc<[u64]>),
+}
+
+impl MetricsBuckets {
+    /// How many bounds (series per histogram, less +Inf, sum and count).
+    pub fn count(&self) -> usize {
+        match self {
+            MetricsBuckets::Count(n) => usize::from(*n),
+            MetricsBuckets::Bounds(b) => b.len(),
+        }
+    }
+}
 
 /// The series `/metrics` spends per flow (target) on latency histograms:
-/// which histograms, and how many buckets each. The counters (sent,
-/// received, lost, foreign, late...) are always there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// which histograms, and their buckets. The counters (sent, received,
+/// lost, foreign, late...) are always there.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetricsSeries {
     pub rtt: bool,
     pub one_way: bool,
     pub stages: bool,
-    /// Bucket bounds per histogram (the +Inf bucket besides).
-    pub buckets: u16,
+    /// The bucket bounds of each histogram (the +Inf bucket besides).
+    pub buckets: MetricsBuckets,
 }
 
 impl Default for MetricsSeries {
@@ -113,7 +220,7 @@ impl Default for MetricsSeries {
             rtt: true,
             one_way: true,
             stages: true,
-            buckets: DEFAULT_METRICS_BUCKETS,
+            buckets: MetricsBuckets::Count(DEFAULT_METRICS_BUCKETS),
         }
     }
 }
@@ -128,7 +235,7 @@ impl MetricsSeries {
             rtt: true,
             one_way: true,
             stages: false,
-            buckets: DEFAULT_METRICS_BUCKETS,
+            buckets: MetricsBuckets::Count(DEFAULT_METRICS_BUCKETS),
         }
     }
 }
@@ -227,6 +334,8 @@ pub struct ContinuousPlan {
     /// Print an interval line this often.
     pub report_every: Option<Duration>,
     pub metrics_listen: Option<SocketAddr>,
+    /// The bearer token's file (read when the server starts).
+    pub metrics_token_file: Option<PathBuf>,
     /// What the metrics carry per flow.
     pub metrics_series: MetricsSeries,
     pub hdr_log: Option<PathBuf>,
@@ -298,6 +407,7 @@ impl ContinuousArgs {
             rotation,
             report_every: self.report_every,
             metrics_listen: self.metrics_listen,
+            metrics_token_file: self.metrics_token_file.clone(),
             metrics_series: self.metrics_series()?,
             hdr_log: self.hdr_log.clone(),
         })
@@ -307,29 +417,24 @@ impl ContinuousArgs {
 impl ContinuousArgs {
     fn metrics_series(&self) -> Result<MetricsSeries, SpecError> {
         let given = if self.metrics_histograms.is_some() {
-            Some("metrics_histograms")
+            Some(("metrics_histograms", "shapes the metrics"))
         } else if self.metrics_buckets.is_some() {
-            Some("metrics_buckets")
+            Some(("metrics_buckets", "shapes the metrics"))
+        } else if self.metrics_token_file.is_some() {
+            Some(("metrics_token_file", "guards the metrics"))
         } else {
             None
         };
-        if let (Some(key), None) = (given, self.metrics_listen) {
+        if let (Some((key, what)), None) = (given, self.metrics_listen) {
             return Err(SpecError::new(
                 key,
-                "shapes the metrics: give --metrics-listen ADDR:PORT too, or drop it",
+                format!("{what}: give --metrics-listen ADDR:PORT too, or drop it"),
             ));
         }
-        let buckets = self.metrics_buckets.unwrap_or(DEFAULT_METRICS_BUCKETS);
-        if !METRICS_BUCKETS.contains(&buckets) {
-            return Err(SpecError::new(
-                "metrics_buckets",
-                format!(
-                    "{buckets} is out of range: give {}..{} bucket bounds (48: a factor of √2)",
-                    METRICS_BUCKETS.start(),
-                    METRICS_BUCKETS.end()
-                ),
-            ));
-        }
+        let buckets = match &self.metrics_buckets {
+            None => MetricsBuckets::Count(DEFAULT_METRICS_BUCKETS),
+            Some(b) => metrics_buckets(b).map_err(|m| SpecError::new("metrics_buckets", m))?,
+        };
         let mut series = MetricsSeries {
             buckets,
             ..MetricsSeries::default()
@@ -340,6 +445,39 @@ impl ContinuousArgs {
             series.stages = list.contains(&MetricsHistogram::Stages);
         }
         Ok(series)
+    }
+}
+
+/// `--metrics-buckets`, checked: 2..96 bounds, listed ones increasing and
+/// within 1 µs..1 h.
+fn metrics_buckets(arg: &BucketsArg) -> Result<MetricsBuckets, String> {
+    let (lo, hi) = (METRICS_BUCKETS.start(), METRICS_BUCKETS.end());
+    match arg {
+        BucketsArg::Count(n) if METRICS_BUCKETS.contains(n) => Ok(MetricsBuckets::Count(*n)),
+        BucketsArg::Count(n) => Err(format!(
+            "{n} is out of range: give {lo}..{hi} bucket bounds (48: a factor of √2)"
+        )),
+        BucketsArg::Bounds(b) => {
+            if b.len() > usize::from(*hi) {
+                return Err(format!("{arg} lists {} bounds: give at most {hi}", b.len()));
+            }
+            if let Some(d) = b.iter().find(|d| !METRICS_BOUND.contains(d)) {
+                return Err(format!(
+                    "{arg}: the bound {} is out of range: give bounds from 1us to 1h",
+                    humantime::format_duration(*d)
+                ));
+            }
+            if let Some(w) = b.windows(2).find(|w| w[0] >= w[1]) {
+                return Err(format!(
+                    "{arg}: {} does not follow {}: give the bounds in increasing order, each once",
+                    humantime::format_duration(w[1]),
+                    humantime::format_duration(w[0])
+                ));
+            }
+            Ok(MetricsBuckets::Bounds(
+                b.iter().map(|d| d.as_nanos() as u64).collect(),
+            ))
+        }
     }
 }
 
@@ -457,7 +595,7 @@ mod tests {
                 rtt: true,
                 one_way: true,
                 stages: false,
-                buckets: 24
+                buckets: MetricsBuckets::Count(24)
             }
         );
         let err = |a: &[&str]| plan(a).unwrap_err().for_cli();
@@ -474,7 +612,73 @@ mod tests {
         )
         .unwrap();
         let s = c.plan(None).unwrap().metrics_series;
-        assert!(s.rtt && !s.one_way && !s.stages && s.buckets == 12);
+        assert!(s.rtt && !s.one_way && !s.stages && s.buckets == MetricsBuckets::Count(12));
+        // The bounds themselves, from the command line and from TOML.
+        let p = plan(&[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-buckets",
+            "250us,1ms,2.5ms,1s",
+        ])
+        .unwrap();
+        let want =
+            MetricsBuckets::Bounds(vec![250_000, 1_000_000, 2_500_000, 1_000_000_000].into());
+        assert_eq!(p.metrics_series.buckets, want);
+        for toml in [
+            "metrics_buckets = \"250us,1ms,2.5ms,1s\"",
+            "metrics_buckets = [\"250us\", \"1ms\", \"2.5ms\", \"1s\"]",
+        ] {
+            let c: ContinuousArgs =
+                toml::from_str(&format!("metrics_listen = \"0.0.0.0:9464\"\n{toml}")).unwrap();
+            assert_eq!(c.plan(None).unwrap().metrics_series.buckets, want, "{toml}");
+        }
+        let listen = ["--metrics-listen", "127.0.0.1:0", "--metrics-buckets"];
+        for (bad, says) in [
+            ("1ms,1ms", "1ms does not follow 1ms"),
+            ("10ms,1ms", "1ms does not follow 10ms"),
+            ("0ns,1ms", "out of range: give bounds from 1us to 1h"),
+            ("1ms,2h", "the bound 2h is out of range"),
+        ] {
+            let e = err(&[&listen[..], &[bad]].concat());
+            assert!(
+                e.starts_with("--metrics-buckets ") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let many = (1..=97)
+            .map(|i| format!("{i}ms"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(err(&[&listen[..], &[many.as_str()]].concat()).contains("at most 96"));
+        let e = parse(&["--metrics-buckets", "1ms,soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(e.g. 100us,1ms,10ms)"), "{e}");
+        // Written back as it was read.
+        assert_eq!(
+            "250us,1ms".parse::<BucketsArg>().unwrap().to_string(),
+            "250us,1ms"
+        );
+    }
+
+    #[test]
+    fn the_token_file_needs_the_endpoint() {
+        let e = parse(&["--metrics-token-file", "/etc/t"])
+            .unwrap()
+            .plan(None)
+            .unwrap_err()
+            .for_cli();
+        assert!(e.contains("give --metrics-listen"), "{e}");
+        let p = parse(&[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-token-file",
+            "/etc/t",
+        ])
+        .unwrap()
+        .plan(None)
+        .unwrap();
+        assert_eq!(p.metrics_token_file, Some(PathBuf::from("/etc/t")));
     }
 
     #[test]
@@ -498,6 +702,7 @@ mod tests {
             "metrics_listen",
             "metrics_histograms",
             "metrics_buckets",
+            "metrics_token_file",
             "hdr_log",
         ] {
             assert!(keys.iter().any(|x| x == k), "{k} in {keys:?}");

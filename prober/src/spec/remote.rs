@@ -277,10 +277,17 @@ pub struct ReflectArgs {
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while reflecting:
     /// datagrams by outcome (reflected, not-for-us, bad-source, malformed, rate-limited,
     /// auth-failed) and sessions; with --kernel also the in-kernel reflector's frames by
-    /// outcome. Port 0 picks a free one (printed).
+    /// outcome. Port 0 picks a free one (printed). Anyone who reaches ADDR may scrape: bind a
+    /// management address, or add --metrics-token-file.
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Answer /metrics only to requests with `Authorization: Bearer TOKEN`, TOKEN being this
+    /// file's content (as `rtprobe --metrics-token-file`); others get 401.
+    #[arg(long, value_name = "FILE", requires = "metrics_listen")]
+    #[serde(default)]
+    pub metrics_token_file: Option<std::path::PathBuf>,
 }
 
 /// Default rate limit per source.

@@ -44,20 +44,6 @@ pub(crate) const MAX_TARGETS: usize = 10_000;
 const MAX_NAME_BYTES: usize = 64;
 /// Longest label value.
 const MAX_LABEL_VALUE_BYTES: usize = 256;
-/// Label names rtprobe's own series carry, or Prometheus keeps for itself.
-pub(crate) const RESERVED_LABELS: [&str; 11] = [
-    "target",
-    "step",
-    "flow",
-    "tos",
-    "size",
-    "stage",
-    "direction",
-    "le",
-    "quantile",
-    "instance",
-    "job",
-];
 
 /// One target, every field decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -432,12 +418,7 @@ pub(crate) fn check_label(k: &str, v: &str) -> Result<(), String> {
             "labels: {k:?} is not a Prometheus label name: use letters, digits and _, not starting with a digit"
         ));
     }
-    if k.starts_with("__") || RESERVED_LABELS.contains(&k) {
-        return Err(format!(
-            "labels: {k:?} is reserved (rtprobe's series carry {}; __* is Prometheus's): rename it",
-            RESERVED_LABELS.join(", ")
-        ));
-    }
+    crate::export::metrics::labels::check_user_label(k).map_err(|e| format!("labels: {e}"))?;
     if v.len() > MAX_LABEL_VALUE_BYTES {
         return Err(format!(
             "labels: the value of {k:?} is {} bytes: at most {MAX_LABEL_VALUE_BYTES}",
@@ -513,6 +494,27 @@ size = 100
         // STAMP's default port replaces rtprobe's.
         let s = parse_str("[[target]]\nname='s'\naddress='192.0.2.3'\nprotocol='stamp'\n").unwrap();
         assert_eq!(s[0].addr.port(), 862);
+    }
+
+    /// Issue 24: a label named after one rtprobe emits (`source` gave
+    /// `source="spoofed",source="software"`, which Prometheus refuses) is
+    /// refused in one line naming it, for every such name.
+    #[test]
+    fn labels_that_rtprobe_emits_are_refused() {
+        for name in crate::export::metrics::labels::RESERVED {
+            let e = parse_str(&format!(
+                "[[target]]\nname='a'\naddress='192.0.2.1'\nlabels={{ {name}='x' }}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("labels: \"{name}\" is reserved")) && !e.contains('\n'),
+                "{name}: {e}"
+            );
+        }
+        assert!(
+            parse_str("[[target]]\nname='a'\naddress='192.0.2.1'\nlabels={site='x'}\n").is_ok()
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //!   the rate achieved, loss and its causes from the kernel's counters.
 //! - Peak RSS after 10 M probes (1 M with --quick); in the continuous
 //!   section, `/metrics` render time for 1000 targets per series budget.
+//! - The send error p99 of a 1 ms run under 2000 concurrent `/metrics`
+//!   scrapers against the same run quiet (scrapers.rs).
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
@@ -46,6 +48,7 @@ mod peers;
 mod rate;
 mod rtt;
 mod run;
+mod scrapers;
 mod study;
 mod table;
 
@@ -103,6 +106,8 @@ pub enum Section {
     /// The study's relations with their original bounds: the shaper's rate under CBR UDP, the
     /// queue's drain time, the priority class's p99 under TCP, TCP's share of a shaped link.
     Study,
+    /// A 1 ms run's send error under 2000 concurrent /metrics scrapers, against the same run quiet.
+    Scrapers,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -144,7 +149,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 9] = [
+    let sections: [(Section, &str, Rows); 10] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -162,6 +167,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             fleet::fleet_section,
         ),
         (Section::Study, "the study's relations", study::study_rows),
+        (
+            Section::Scrapers,
+            "2000 concurrent /metrics scrapers",
+            scrapers::scrapers_rows,
+        ),
     ];
     for (_, name, f) in sections
         .into_iter()

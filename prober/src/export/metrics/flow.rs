@@ -104,8 +104,13 @@ fn seconds(ns: i64) -> f64 {
 }
 
 impl FlowMetrics {
-    /// A finalized probe's latencies.
-    pub fn observe(&self, r: &ProbeRecord) {
+    /// A finalized probe: its counts, then its latencies. The counts go
+    /// first, and a scrape reads the histograms before the counters (the
+    /// registration order): a histogram's lock orders what was written
+    /// before it, so a scrape never shows more RTTs than probes sent or
+    /// received.
+    pub fn observe(&mut self, r: &ProbeRecord) {
+        self.count(r);
         let m = &self.metrics;
         if let Some(v) = r.one_way_ns
             && m.series.one_way
@@ -134,8 +139,31 @@ impl FlowMetrics {
         }
     }
 
+    /// The counts a record adds, as the run's statistics count it
+    /// (RunStats::on_record), published at once rather than at the next
+    /// tick.
+    fn count(&mut self, r: &ProbeRecord) {
+        let c = &mut self.counted;
+        self.sent.inc();
+        c.sent += 1;
+        if r.lost {
+            self.lost.inc();
+            c.lost += 1;
+            return;
+        }
+        self.received.inc();
+        c.received += 1;
+        if r.echo_ns.is_none() {
+            if let Some(e) = &self.echo_lost {
+                e.inc();
+            }
+            c.echo_lost += 1;
+        }
+    }
+
     /// Brings the counters up to the run's counts (counters only grow:
-    /// a count that went down is left where it was).
+    /// a count that went down, or that the records already brought
+    /// further, is left where it was).
     pub fn update(&mut self, c: &Counts, timestamp_source: &str) {
         let add = |counter: &Counter, now: u64, before: u64| {
             if now > before {
@@ -240,12 +268,13 @@ mod tests {
     use super::*;
     use crate::{
         model::record::ProbeRecord,
-        spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsSeries},
+        spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
     };
 
     fn record(one_way_us: i64) -> ProbeRecord {
         ProbeRecord {
             one_way_ns: Some(one_way_us * 1000),
+            echo_ns: Some(1),
             rtt_ns: Some(2 * one_way_us * 1000),
             path_ns: Some(one_way_us * 500),
             ..Default::default()
@@ -420,15 +449,17 @@ mod tests {
         }
     }
 
-    /// The series one flow costs: every sample line of the exposition.
+    /// The series one flow costs: every sample line of its target.
     fn series_in(text: &str) -> usize {
-        text.lines().filter(|l| !l.starts_with('#')).count()
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains("target=\"t\""))
+            .count()
     }
 
     /// The budget docs/CONTINUOUS.md states: a histogram is its bounds
     /// plus +Inf, sum and count; a flow has 10 counters (9 when the loss
-    /// has no direction) and its timestamp source. The process adds
-    /// `rtprobe_reflector_sessions_total` (and the XDP mode, once set).
+    /// has no direction) and its timestamp source. (The process adds its
+    /// own: build info, `process_*`, and the XDP mode once set.)
     #[test]
     fn a_flow_costs_the_stated_series() {
         let cost = |series: MetricsSeries, r: &ProbeRecord, kernel: bool| {
@@ -441,8 +472,8 @@ mod tests {
         };
         let full = MetricsSeries::default();
         let r = full_record();
-        let (n, text) = cost(full, &r, false);
-        assert_eq!(n, (2 + 7) * 51 + 10 + 1 + 1, "{text}");
+        let (n, text) = cost(full.clone(), &r, false);
+        assert_eq!(n, (2 + 7) * 51 + 10 + 1, "{text}");
         // A --target run: no one-way figure, so no one-way series.
         // and only the stages its stamps cover (here: stack and return).
         let remote = ProbeRecord {
@@ -454,19 +485,65 @@ mod tests {
         };
         let (n, text) = cost(full, &remote, false);
         assert!(!text.contains("rtprobe_one_way_seconds_count"), "{text}");
-        assert_eq!(n, (1 + 2) * 51 + 10 + 1 + 1, "{text}");
+        assert_eq!(n, (1 + 2) * 51 + 10 + 1, "{text}");
         // The fleet budget: RTT only, 24 buckets.
         let lean = MetricsSeries {
             rtt: true,
             one_way: false,
             stages: false,
-            buckets: 24,
+            buckets: MetricsBuckets::Count(24),
         };
-        let (n, text) = cost(lean, &r, false);
-        assert_eq!(n, 27 + 10 + 1 + 1, "{text}");
+        let (n, text) = cost(lean.clone(), &r, false);
+        assert_eq!(n, 27 + 10 + 1, "{text}");
         assert!(!text.contains("rtprobe_stage_seconds_count"));
         // Counters only (the kernel reflector: one loss direction).
         let none = MetricsSeries { rtt: false, ..lean };
-        assert_eq!(cost(none, &r, true).0, 9 + 1 + 1);
+        assert_eq!(cost(none, &r, true).0, 9 + 1);
+    }
+
+    /// The value of the first sample whose line starts with `prefix`.
+    fn sample(text: &str, prefix: &str) -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Scrapes taken while a flow is fed never show more RTTs than probes
+    /// sent or received (the sent count used to wait for the next tick).
+    #[test]
+    fn a_scrape_never_shows_more_rtts_than_probes_sent() {
+        let m = Arc::new(Metrics::with_series(MetricsSeries::for_fleet()));
+        let mut f = m.flow(FlowLabels::new("t", 0, 0, 64), false);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let scrapes = std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..20_000 {
+                    f.observe(&record(10 + i % 1000));
+                }
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            let mut scrapes = 0;
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                let text = m.openmetrics();
+                let rtts = sample(&text, "rtprobe_rtt_seconds_count{");
+                let sent = sample(&text, "rtprobe_probes_sent_total{");
+                let received = sample(&text, "rtprobe_probes_received_total{");
+                assert!(
+                    sent >= rtts && received >= rtts,
+                    "sent {sent} received {received} rtts {rtts}"
+                );
+                scrapes += 1;
+                if finished {
+                    break scrapes;
+                }
+            }
+        });
+        eprintln!("{scrapes} scrapes beside 20000 records");
+        let text = m.openmetrics();
+        assert_eq!(sample(&text, "rtprobe_probes_sent_total{"), 20_000.0);
+        assert_eq!(sample(&text, "rtprobe_rtt_seconds_count{"), 20_000.0);
     }
 }

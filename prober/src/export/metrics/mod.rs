@@ -12,23 +12,34 @@
 //! hop to a congested WAN; `--metrics-histograms` and `--metrics-buckets`
 //! set how many series a flow costs (docs/CONTINUOUS.md).
 //!
-//! - `labels`: the label sets of every family;
+//! - `labels`: the label sets of every family, and the names a user's
+//!   labels may not take;
 //! - `format`: the Prometheus text and OpenMetrics expositions, and
 //!   which one a scrape's `Accept` header gets;
 //! - `registry`: [`Metrics`], its families and their encoding;
+//! - `process`: the `process_*` metrics, read from procfs;
 //! - `flow`: [`FlowMetrics`], one probe flow's handles, fed by the session;
 //! - `reflector`: the reflectors' counters (`rtprobe reflect`);
-//! - `server`: [`MetricsServer`], hyper on a thread of its own;
-//! - `slots`: the server's connection cap.
+//! - `server`: [`MetricsServer`], hyper on a thread of its own, and what a
+//!   client can cost it;
+//! - `access`: the optional bearer token (`--metrics-token-file`);
+//! - `pages`: the rendered pages every reader shares;
+//! - `slots`: the server's connection cap;
+//! - `watch`: a connection's write timeout.
 
+mod access;
 mod flow;
 mod format;
-mod labels;
+pub(crate) mod labels;
+mod pages;
+mod process;
 mod reflector;
 mod registry;
 mod server;
 mod slots;
+mod watch;
 
 pub use self::{
-    flow::FlowMetrics, format::Format, labels::FlowLabels, registry::Metrics, server::MetricsServer,
+    access::Access, flow::FlowMetrics, format::Format, labels::FlowLabels, registry::Metrics,
+    server::MetricsServer,
 };

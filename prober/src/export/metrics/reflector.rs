@@ -51,7 +51,7 @@ mod tests {
 
     #[test]
     fn reflector_counts_are_published_as_deltas_of_cumulative_counts() {
-        let m = Metrics::new();
+        let m = Metrics::for_reflector();
         let mut last = ReflectorCounters::default();
         let now = ReflectorCounters {
             sessions: 2,
@@ -91,7 +91,7 @@ mod tests {
     #[test]
     fn kernel_reflector_frames_are_a_counter_family_by_outcome() {
         use crate::stats::summary::PacketsBytes;
-        let m = Metrics::new();
+        let m = Metrics::for_reflector();
         let counts = |reflected: u64, bad: u64| -> XdpCounters {
             [
                 ("reflected_rtprobe", reflected),

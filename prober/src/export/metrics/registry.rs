@@ -1,5 +1,6 @@
-//! [`Metrics`]: the families of a probing process, registered in the
-//! order of the exposition, and their encoding.
+//! [`Metrics`]: the families of a probing process (a probe run or a
+//! reflector, each with only its own), registered in the order of the
+//! exposition, and their encoding.
 
 use std::sync::{
     Arc,
@@ -20,33 +21,60 @@ use prometheus_client::{
 use super::{
     format::{self, Format},
     labels::{
-        FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, StepLabels, XdpLabels,
+        BuildLabels, FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, StepLabels,
+        XdpLabels,
     },
+    process::ProcessCollector,
 };
-use crate::spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsSeries};
+use crate::spec::continuous::{MetricsBuckets, MetricsSeries};
 
 /// The smallest bucket bound, in seconds (1 µs).
 const BUCKET_START_S: f64 = 1e-6;
 /// Doublings from the smallest bound to the largest: 2^23.5 µs ≈ 11.9 s,
 /// a stalled WAN path's RTT, then +Inf.
 const SPAN_DOUBLINGS: f64 = 23.5;
+/// Significant digits a spaced bound is rounded to: `le="0.00000283"`, not
+/// the float noise of a product (`0.0000028284271247461907`). The bounds
+/// move by at most 0.5 %, far inside a bucket's width.
+const BOUND_DIGITS: usize = 3;
 
-/// The bucket bounds of every latency histogram: `count` bounds from 1 µs
-/// to 11.9 s, each the one before times the same factor. 48 bounds make
-/// the factor √2 exactly, so the default `le` labels stay those of every
-/// earlier release (a changed label would split a stored series in two).
+/// The bucket bounds of every latency histogram, in seconds, increasing:
+/// N bounds spaced by one factor from 1 µs to 11.9 s (48 make the factor
+/// √2), or the bounds `--metrics-buckets` lists.
 #[derive(Debug, Clone)]
 pub(super) struct Buckets(Arc<[f64]>);
 
 impl Buckets {
-    pub(super) fn new(count: u16) -> Self {
-        let factor = if count == DEFAULT_METRICS_BUCKETS {
-            std::f64::consts::SQRT_2
-        } else {
-            2f64.powf(SPAN_DOUBLINGS / f64::from(count.max(2) - 1))
-        };
-        Self(exponential_buckets(BUCKET_START_S, factor, count).collect())
+    pub(super) fn new(spec: &MetricsBuckets) -> Self {
+        match spec {
+            MetricsBuckets::Count(count) => Self::spaced(*count),
+            MetricsBuckets::Bounds(ns) => Self(ns.iter().map(|&n| n as f64 * 1e-9).collect()),
+        }
     }
+
+    fn spaced(count: u16) -> Self {
+        let count = count.max(2);
+        // 48 bounds: √2, the factor of every release so far.
+        let factor = 2f64.powf(SPAN_DOUBLINGS / f64::from(count - 1));
+        Self(
+            exponential_buckets(BUCKET_START_S, factor, count)
+                .map(round_bound)
+                .collect(),
+        )
+    }
+
+    #[cfg(test)]
+    pub(super) fn bounds(&self) -> &[f64] {
+        &self.0
+    }
+}
+
+/// `v` to [`BOUND_DIGITS`] significant digits, as the f64 nearest that
+/// decimal, so that it prints as the short decimal it is.
+fn round_bound(v: f64) -> f64 {
+    format!("{v:.prec$e}", prec = BOUND_DIGITS - 1)
+        .parse()
+        .unwrap_or(v)
 }
 
 impl MetricConstructor<Histogram> for Buckets {
@@ -56,6 +84,23 @@ impl MetricConstructor<Histogram> for Buckets {
 }
 
 type Histograms<L> = Family<L, Histogram, Buckets>;
+
+/// Which command's metrics a registry carries: a probe run's never show
+/// a reflector's counters, nor a reflector's the probes' families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Command {
+    Probe,
+    Reflect,
+}
+
+impl Command {
+    fn name(self) -> &'static str {
+        match self {
+            Command::Probe => "probe",
+            Command::Reflect => "reflect",
+        }
+    }
+}
 
 /// The metrics of a probing process, and the registry that encodes them.
 pub struct Metrics {
@@ -80,6 +125,7 @@ pub struct Metrics {
     pub(super) target_errors: Family<StepLabels, Counter>,
     pub(super) xdp_mode: Family<XdpLabels, Gauge>,
     pub(super) timestamp_source: Family<SourceLabels, Gauge>,
+    build_info: Family<BuildLabels, Gauge>,
     /// `rtprobe reflect`: datagrams by what the reflector did with them.
     pub(super) reflector_datagrams: Family<OutcomeLabels, Counter>,
     pub(super) reflector_sessions: Counter,
@@ -94,17 +140,25 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The metrics of a probing process, with every latency histogram
-    /// and the default buckets.
+    /// A probe run's metrics, with every latency histogram and the
+    /// default buckets.
     pub fn new() -> Self {
         Self::with_series(MetricsSeries::default())
     }
 
-    /// The metrics of a probing process, with the histograms and buckets
-    /// of `series` (`--metrics-histograms`, `--metrics-buckets`).
+    /// A probe run's metrics, with the histograms and buckets of `series`
+    /// (`--metrics-histograms`, `--metrics-buckets`).
     pub fn with_series(series: MetricsSeries) -> Self {
-        let mut registry = Registry::with_prefix("rtprobe");
-        let buckets = Buckets::new(series.buckets);
+        Self::build(Command::Probe, series)
+    }
+
+    /// `rtprobe reflect`'s metrics: its counters, none of a probe run's.
+    pub fn for_reflector() -> Self {
+        Self::build(Command::Reflect, MetricsSeries::default())
+    }
+
+    fn build(command: Command, series: MetricsSeries) -> Self {
+        let buckets = Buckets::new(&series.buckets);
         let hist = || Family::new_with_constructor(buckets.clone());
         let m = Self {
             one_way: hist(),
@@ -124,16 +178,39 @@ impl Metrics {
             target_errors: Family::default(),
             xdp_mode: Family::default(),
             timestamp_source: Family::default(),
+            build_info: Family::default(),
             reflector_datagrams: Family::default(),
             reflector_sessions: Counter::default(),
             kernel_reflector_frames: Family::default(),
             registry: Registry::default(),
         };
-        // The order of registration is the order of the exposition.
-        m.register_reflector(&mut registry);
-        m.register_latencies(&mut registry);
-        m.register_counts(&mut registry);
-        m.register_info(&mut registry);
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+                command: command.name().into(),
+            })
+            .set(1);
+        // The process collector's `process_*` names take no prefix.
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ProcessCollector));
+        let own = registry.sub_registry_with_prefix("rtprobe");
+        own.register(
+            "build_info",
+            "rtprobe's version and the command this process runs (probe, reflect): always 1",
+            m.build_info.clone(),
+        );
+        // The order of registration is the order of the exposition: a
+        // flow's histograms before its counters, which is what keeps a
+        // scrape's sent count from lagging its RTT count (see
+        // FlowMetrics::observe).
+        match command {
+            Command::Probe => {
+                m.register_latencies(own);
+                m.register_counts(own);
+                m.register_info(own);
+            }
+            Command::Reflect => m.register_reflector(own),
+        }
         Self { registry, ..m }
     }
 
@@ -264,9 +341,13 @@ impl Metrics {
     }
 
     /// The XDP mode asked for and the one the kernel attached ("off",
-    /// "skb", "native"...).
+    /// "skb", "native"...). A run with no router at all (`--target`:
+    /// requested "none") has no such gauge.
     pub fn set_xdp_mode(&self, requested: &str, attached: &str) {
         self.xdp_mode.clear();
+        if requested == "none" {
+            return;
+        }
         self.xdp_mode
             .get_or_create(&XdpLabels {
                 requested: requested.into(),
@@ -300,24 +381,103 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    use crate::spec::continuous::DEFAULT_METRICS_BUCKETS;
+
     #[test]
     fn buckets_span_a_microsecond_to_seconds() {
         for count in [2, 12, 24, 47, 48, 49, 96] {
-            let b = &Buckets::new(count).0;
+            let b = Buckets::new(&MetricsBuckets::Count(count));
+            let b = b.bounds();
             assert_eq!(b.len(), usize::from(count));
             assert_eq!(b[0], 1e-6);
-            let last = b[b.len() - 1];
-            assert!((11.8..11.9).contains(&last), "{count}: {last}");
+            assert_eq!(b[b.len() - 1], 11.9, "{count}");
+            assert!(b.windows(2).all(|w| w[0] < w[1]), "{count}: {b:?}");
         }
-        // The default is √2 exactly, as the bounds always were.
-        let b: Vec<f64> = exponential_buckets(1e-6, std::f64::consts::SQRT_2, 48).collect();
-        assert_eq!(&*Buckets::new(48).0, &b[..]);
+        // The default: √2, within the rounding to 3 digits.
+        let b = Buckets::new(&MetricsBuckets::Count(DEFAULT_METRICS_BUCKETS));
+        let exact: Vec<f64> = exponential_buckets(1e-6, std::f64::consts::SQRT_2, 48).collect();
+        for (r, e) in b.bounds().iter().zip(&exact) {
+            assert!((r / e - 1.0).abs() < 0.005, "{r} for {e}");
+        }
         let factor = |count| {
-            let b = Buckets::new(count).0;
-            b[1] / b[0]
+            let b = Buckets::new(&MetricsBuckets::Count(count));
+            b.bounds()[3] / b.bounds()[2]
         };
-        assert!((factor(24) - 2.03).abs() < 0.01, "{}", factor(24));
-        // Without the special case, 48 would give √2 too, to the last bits.
-        assert!((2f64.powf(SPAN_DOUBLINGS / 47.0) - std::f64::consts::SQRT_2).abs() < 1e-15);
+        assert!((factor(24) - 2.03).abs() < 0.03, "{}", factor(24));
+        // Listed bounds are taken as they are, ns to s.
+        let listed = Buckets::new(&MetricsBuckets::Bounds(
+            vec![100_000, 1_000_000, 2_500_000_000].into(),
+        ));
+        assert_eq!(listed.bounds(), [1e-4, 1e-3, 2.5]);
+    }
+
+    /// Every `le` of the exposition is a short decimal: the text of a
+    /// bound with at most 3 significant digits, no float noise.
+    #[test]
+    fn le_bounds_print_as_plain_decimals() {
+        let m = Arc::new(Metrics::new());
+        let f = m.flow(FlowLabels::new("t", 0, 0, 64), false);
+        drop(f);
+        let text = m.encode(Format::Prometheus);
+        let les: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split("le=\"").nth(1))
+            .filter_map(|l| l.split('"').next())
+            .filter(|le| *le != "+Inf")
+            .collect();
+        assert_eq!(les.len(), usize::from(DEFAULT_METRICS_BUCKETS), "{text}");
+        assert!(les.contains(&"0.000002"), "{les:?}");
+        assert!(les.contains(&"0.00000141"), "{les:?}");
+        assert!(les.contains(&"11.9"), "{les:?}");
+        for le in les {
+            let digits = le.trim_start_matches(['0', '.']).replace('.', "");
+            assert!(
+                digits.trim_end_matches('0').len() <= 3 && le.len() <= 12,
+                "le=\"{le}\""
+            );
+        }
+    }
+
+    /// A probe run shows no reflector counters, a reflector no probe
+    /// families; both show their build and process metrics.
+    #[test]
+    fn each_command_exports_only_its_own_families() {
+        let probe = Metrics::new();
+        probe.set_xdp_mode("none", "none");
+        let text = probe.encode(Format::Prometheus);
+        assert!(!text.contains("rtprobe_reflector_"), "{text}");
+        assert!(!text.contains("rtprobe_xdp_mode_info{"), "{text}");
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(text.contains(&format!(
+            "rtprobe_build_info{{version=\"{version}\",command=\"probe\"}} 1\n"
+        )));
+        probe.set_xdp_mode("off", "off");
+        assert!(
+            probe
+                .encode(Format::Prometheus)
+                .contains("rtprobe_xdp_mode_info{requested=\"off\",attached=\"off\"} 1")
+        );
+        let reflector = Metrics::for_reflector();
+        let text = reflector.encode(Format::Prometheus);
+        assert!(
+            text.contains("rtprobe_reflector_sessions_total 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("command=\"reflect\""), "{text}");
+        assert!(
+            !text.contains("rtprobe_probes_") && !text.contains("xdp_mode"),
+            "{text}"
+        );
+        for t in [&text, &probe.encode(Format::Prometheus)] {
+            for family in [
+                "# TYPE process_cpu_seconds_total counter",
+                "# TYPE process_resident_memory_bytes gauge",
+                "# TYPE process_open_fds gauge",
+                "# TYPE process_max_fds gauge",
+                "# TYPE process_start_time_seconds gauge",
+            ] {
+                assert!(t.contains(family), "{family} in\n{t}");
+            }
+        }
     }
 }
