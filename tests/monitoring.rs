@@ -36,9 +36,9 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// The exposition of a probing process with one flow that measured
+/// The expositions of a probing process with one flow that measured
 /// everything once (a family shows in a scrape once it has a series) and
-/// a reflector that answered.
+/// of a reflector that answered.
 fn exposition() -> String {
     use rtprobe::export::metrics::{FlowLabels, Metrics};
     let m = std::sync::Arc::new(Metrics::new());
@@ -51,8 +51,10 @@ fn exposition() -> String {
     });
     flow.update(&Default::default(), "software");
     m.set_xdp_mode("off", "off");
-    m.reflector_update(&mut Default::default(), &Default::default());
-    m.openmetrics()
+    // A reflector's process exports its own families only.
+    let r = Metrics::for_reflector();
+    r.reflector_update(&mut Default::default(), &Default::default());
+    m.openmetrics() + &r.openmetrics()
 }
 
 /// The sample names of every family in the exporter's exposition, from its

@@ -45,13 +45,7 @@ struct TestBin {
 fn test_bins(root: &Path) -> Result<Vec<TestBin>> {
     let out = Command::new(crate::cargo())
         .current_dir(root)
-        .args([
-            "test",
-            "-p",
-            "rtprobe",
-            "--no-run",
-            "--message-format=json",
-        ])
+        .args(["test", "-p", "rtprobe", "--no-run", "--message-format=json"])
         .stderr(Stdio::inherit())
         .output()
         .context("cargo test --no-run")?;
@@ -63,10 +57,8 @@ fn test_bins(root: &Path) -> Result<Vec<TestBin>> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let (Some(exe), Some(name)) = (
-            msg["executable"].as_str(),
-            msg["target"]["name"].as_str(),
-        ) else {
+        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str())
+        else {
             continue;
         };
         if msg["profile"]["test"].as_bool() == Some(true) {
