@@ -76,6 +76,11 @@ pub enum Command {
     /// xtask man` runs it.
     #[command(hide = true)]
     Man(ManArgs),
+    /// Print the facts about this host that every run's summary names (cores, cpuidle,
+    /// preemption, VM, clock source, CPU, kernel): one line, or the JSON of `extra.host` with
+    /// --json; `cargo xtask bench` heads its table with it.
+    #[command(hide = true)]
+    Host(HostArgs),
 }
 
 /// The probe command's options: one spec per concept (see [`crate::spec`]).
@@ -187,6 +192,13 @@ pub struct CleanupArgs {
     /// Only list the testbeds of dead runs, change nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HostArgs {
+    /// Print the facts as the JSON object a run's summary holds in `extra.host`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Args)]

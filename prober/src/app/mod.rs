@@ -11,6 +11,7 @@ mod cleanup;
 mod compare;
 mod completions;
 mod docs;
+mod host;
 mod man;
 mod plot;
 mod probe;
@@ -72,6 +73,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Compare(args)) => compare::command(&args),
         Some(Command::Completions(args)) => completions::command(&args),
         Some(Command::Man(args)) => man::command(&args),
+        Some(Command::Host(args)) => host::command(&args),
         None => probe::command(&cli.probe),
     }
 }

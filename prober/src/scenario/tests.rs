@@ -318,6 +318,7 @@ fn latency(p50_us: u64) -> Latency {
         p999: Some(p50_us * 3000),
         max: Some(p50_us * 4000),
         mean: Some(p50_us as f64 * 1000.0),
+        unbinned: None,
     }
 }
 
