@@ -5,7 +5,8 @@
 //! the send-path floor (`cargo bench --bench send_floor`: one thread with
 //! rtprobe's socket options and datagram) with its variants: without TX
 //! stamps, with a second thread in poll(2), and sending ICMP echo as ping
-//! does, which B's kernel answers instead of the XDP reflector. Each is
+//! does (with and without TX stamps), which B's kernel answers instead of
+//! the XDP reflector. Each is
 //! measured from the user-space send to the echo's kernel RX stamp; a
 //! figure is the median of its rounds' medians, a ratio the median of
 //! the ratios taken round by round; the verdict is rtprobe's over ping's.
@@ -181,9 +182,10 @@ enum Sender {
     FloorNoTx,
     FloorPoller,
     FloorIcmp,
+    FloorIcmpNoTx,
 }
 
-const SENDERS: [Sender; 7] = [
+const SENDERS: [Sender; 8] = [
     Sender::Ping,
     Sender::Rtprobe,
     Sender::BusyPoll,
@@ -191,6 +193,7 @@ const SENDERS: [Sender; 7] = [
     Sender::FloorNoTx,
     Sender::FloorPoller,
     Sender::FloorIcmp,
+    Sender::FloorIcmpNoTx,
 ];
 
 impl Sender {
@@ -201,6 +204,7 @@ impl Sender {
             Sender::FloorNoTx => Some(&["--no-tx-stamps"]),
             Sender::FloorPoller => Some(&["--poller"]),
             Sender::FloorIcmp => Some(&["--icmp"]),
+            Sender::FloorIcmpNoTx => Some(&["--icmp", "--no-tx-stamps"]),
             _ => None,
         }
     }
@@ -214,6 +218,7 @@ impl Sender {
             Sender::FloorNoTx => "send floor --no-tx-stamps",
             Sender::FloorPoller => "send floor --poller",
             Sender::FloorIcmp => "send floor --icmp",
+            Sender::FloorIcmpNoTx => "send floor --icmp --no-tx-stamps",
         }
     }
 }
@@ -512,7 +517,12 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             None,
         ));
     }
-    rows.push(icmp_row(get(Sender::FloorIcmp), get(Sender::Floor), ping));
+    rows.extend(icmp_rows(
+        get(Sender::FloorIcmp),
+        get(Sender::FloorIcmpNoTx),
+        get(Sender::Floor),
+        ping,
+    ));
     Ok(rows)
 }
 
@@ -559,30 +569,51 @@ fn busy_row(rtprobe: &Series, busy: &Series, ping: &Series) -> Row {
     .because(why)
 }
 
-/// The floor's ICMP variant: the kernel's ICMP reply against the XDP
-/// reflector's, from the same sender.
-fn icmp_row(icmp: &Series, udp: &Series, ping: &Series) -> Row {
-    let mut r = udp.ratios(icmp);
-    let path = match median(&mut r) {
-        Some(x) => {
-            let (lo, hi) = spread(&r);
+/// `a`'s round medians over `b`'s in words: "0.82 (rounds 0.76..0.91)".
+fn over(a: &Series, b: &Series) -> Option<String> {
+    let mut r = a.ratios(b);
+    let m = median(&mut r)?;
+    let (lo, hi) = spread(&r);
+    Some(format!("{m:.2} (rounds {lo:.2}..{hi:.2})"))
+}
+
+/// The floor's ICMP variants, which B's kernel answers: with TX stamps,
+/// against the UDP floor that the XDP reflector answers (the reply path,
+/// same sender); without, as ping sends (what the two TX stamps cost,
+/// and what is left against ping: the sender itself).
+fn icmp_rows(icmp: &Series, icmp_no_tx: &Series, udp: &Series, ping: &Series) -> [Row; 2] {
+    let socket = icmp
+        .send
+        .as_deref()
+        .or(icmp_no_tx.send.as_deref())
+        .unwrap_or("no");
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    [
+        row(
+            &format!(
+                "send floor --icmp: ICMP echo as ping sends it ({socket} socket), answered by B's kernel"
+            ),
+            figure(icmp, ping),
             format!(
-                "UDP floor / ICMP floor {x:.2} (rounds {lo:.2}..{hi:.2}): the XDP reflector's \
-                 reply (XDP_TX on veth) against the kernel's ICMP echo reply, same sender"
-            )
-        }
-        None => "-".into(),
-    };
-    row(
-        &format!(
-            "send floor --icmp: ICMP echo as ping sends it ({} socket), answered by B's kernel",
-            icmp.send.as_deref().unwrap_or("no")
+                "UDP floor / ICMP floor {}: the XDP reflector's reply (XDP_TX on veth) against \
+                 the kernel's ICMP echo reply, same sender; its stack p50 {}",
+                or_dash(over(udp, icmp)),
+                stack_text(icmp)
+            ),
+            "-",
+            None,
         ),
-        figure(icmp, ping),
-        format!("{path}; its stack p50 {}", stack_text(icmp)),
-        "-",
-        None,
-    )
+        row(
+            "send floor --icmp --no-tx-stamps: ping's packets and stamps, the floor's sender",
+            figure(icmp_no_tx, ping),
+            format!(
+                "ICMP floor with / without TX stamps {}: the SCHED and driver TX stamps' cost",
+                or_dash(over(icmp, icmp_no_tx))
+            ),
+            "-",
+            None,
+        ),
+    ]
 }
 
 /// Why rtprobe's round trip is above ping's, from the send floor's ratio
