@@ -11,7 +11,7 @@
 //!
 //! cargo bench -p rtprobe --bench send_floor -- --target ADDR:PORT
 //!     [--count N] [--interval-us U] [--size B] [--no-tx-stamps] [--opt-id-cmsg]
-//!     [--poller] [--icmp] [--json F]
+//!     [--poller] [--spin] [--icmp] [--json F]
 //!
 //! `--icmp` sends ICMP echo requests instead, as ping does, with the same
 //! socket options and stamps: an ICMP datagram socket
@@ -24,6 +24,12 @@
 //! bytes after the 8-byte ICMP header, so the IP packet has the UDP
 //! probe's size (`ping -s 64` sends the same); the port is not used.
 //! IPv4 only.
+//!
+//! `--spin` never sleeps, as iputils ping does at intervals under 10 ms
+//! (`ping -i 0.001` loops on a non-blocking recvmsg(2) and sched_yield(2)
+//! between sends, about 60 % of a core on this project's VM): it waits
+//! for the send time and for the echo in that loop, so no send starts on
+//! a CPU just woken from idle.
 //!
 //! `--no-tx-stamps` asks for RX stamps only (as ping does);
 //! `--opt-id-cmsg` numbers the stamps with an SCM_TS_OPT_ID per send, as
@@ -97,6 +103,8 @@ struct Args {
     /// stamped, in order).
     opt_id_cmsg: bool,
     poller: bool,
+    /// Wait by spinning (non-blocking reads and sched_yield), never sleep.
+    spin: bool,
     json: Option<PathBuf>,
 }
 
@@ -110,6 +118,7 @@ fn parse_args() -> Result<Args> {
         tx_stamps: true,
         opt_id_cmsg: false,
         poller: false,
+        spin: false,
         json: None,
     };
     let mut target = None;
@@ -140,12 +149,13 @@ fn parse_args() -> Result<Args> {
             "--no-tx-stamps" => a.tx_stamps = false,
             "--opt-id-cmsg" => a.opt_id_cmsg = true,
             "--poller" => a.poller = true,
+            "--spin" => a.spin = true,
             "--json" => a.json = Some(val("a path")?.into()),
             // Passed by `cargo bench`.
             "--bench" => {}
             other => bail!(
                 "unknown argument {other}: use --target ADDR:PORT [--count N] [--interval-us U] \
-                 [--size B] [--no-tx-stamps] [--opt-id-cmsg] [--poller] [--icmp] [--json FILE]"
+                 [--size B] [--no-tx-stamps] [--opt-id-cmsg] [--poller] [--spin] [--icmp] [--json FILE]"
             ),
         }
     }
@@ -172,6 +182,9 @@ fn parse_args() -> Result<Args> {
     }
     if a.count == 0 {
         bail!("--count 0: send at least one probe");
+    }
+    if a.spin && a.poller {
+        bail!("--spin waits for the echoes in the sending thread: leave out --poller");
     }
     Ok(a)
 }
@@ -320,6 +333,15 @@ fn clock_ns(clock: libc::clockid_t) -> i64 {
     // SAFETY: as above.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// Waits for `ns` as ping does at short intervals: yielding the CPU but
+/// never sleeping, so it never goes idle.
+fn spin_until_monotonic(ns: i64) {
+    while clock_ns(libc::CLOCK_MONOTONIC) < ns {
+        // SAFETY: sched_yield takes no arguments.
+        unsafe { libc::sched_yield() };
+    }
 }
 
 fn sleep_until_monotonic(ns: i64) {
@@ -496,7 +518,12 @@ fn run(a: &Args) -> Result<(Vec<Stamps>, Proto)> {
     let mut local = vec![Stamps::default(); a.count as usize];
     let start = clock_ns(libc::CLOCK_MONOTONIC) + 10_000_000;
     for seq in 0..a.count {
-        sleep_until_monotonic(start + seq as i64 * a.interval_ns);
+        let due = start + seq as i64 * a.interval_ns;
+        if a.spin {
+            spin_until_monotonic(due);
+        } else {
+            sleep_until_monotonic(due);
+        }
         user.push(send_one(
             raw,
             seq,
@@ -512,7 +539,12 @@ fn run(a: &Args) -> Result<(Vec<Stamps>, Proto)> {
             while (local[s].echo_rx_ns.is_none() || (a.tx_stamps && local[s].sched_ns.is_none()))
                 && clock_ns(libc::CLOCK_MONOTONIC) < deadline
             {
-                poll_in(raw, 1);
+                if a.spin {
+                    // SAFETY: sched_yield takes no arguments.
+                    unsafe { libc::sched_yield() };
+                } else {
+                    poll_in(raw, 1);
+                }
                 drain(raw, &mut local, e, seq + 1);
             }
         }
@@ -551,12 +583,13 @@ fn main() -> Result<()> {
     let ns = |v: Option<i64>| v.map_or("null".to_string(), |v| v.to_string());
     let json = format!(
         "{{\"sent\": {}, \"answered\": {answered}, \"send\": \"{}\", \"tx_stamps\": {}, \"opt_id_cmsg\": {}, \
-         \"poller\": {}, \"rtt_user_start_p50_ns\": {}, \"stack_p50_ns\": {}, \"rtt_sched_start_p50_ns\": {}}}",
+         \"poller\": {}, \"spin\": {}, \"rtt_user_start_p50_ns\": {}, \"stack_p50_ns\": {}, \"rtt_sched_start_p50_ns\": {}}}",
         a.count,
         proto.name(),
         a.tx_stamps,
         a.tx_stamps && a.opt_id_cmsg,
         a.poller,
+        a.spin,
         ns(user_rtt),
         ns(stack),
         ns(sched_rtt)

@@ -181,19 +181,23 @@ enum Sender {
     Floor,
     FloorNoTx,
     FloorPoller,
+    FloorSpin,
     FloorIcmp,
     FloorIcmpNoTx,
+    FloorIcmpPing,
 }
 
-const SENDERS: [Sender; 8] = [
+const SENDERS: [Sender; 10] = [
     Sender::Ping,
     Sender::Rtprobe,
     Sender::BusyPoll,
     Sender::Floor,
     Sender::FloorNoTx,
     Sender::FloorPoller,
+    Sender::FloorSpin,
     Sender::FloorIcmp,
     Sender::FloorIcmpNoTx,
+    Sender::FloorIcmpPing,
 ];
 
 impl Sender {
@@ -204,7 +208,9 @@ impl Sender {
             Sender::FloorNoTx => Some(&["--no-tx-stamps"]),
             Sender::FloorPoller => Some(&["--poller"]),
             Sender::FloorIcmp => Some(&["--icmp"]),
+            Sender::FloorSpin => Some(&["--spin"]),
             Sender::FloorIcmpNoTx => Some(&["--icmp", "--no-tx-stamps"]),
+            Sender::FloorIcmpPing => Some(&["--icmp", "--no-tx-stamps", "--spin"]),
             _ => None,
         }
     }
@@ -218,7 +224,9 @@ impl Sender {
             Sender::FloorNoTx => "send floor --no-tx-stamps",
             Sender::FloorPoller => "send floor --poller",
             Sender::FloorIcmp => "send floor --icmp",
+            Sender::FloorSpin => "send floor --spin",
             Sender::FloorIcmpNoTx => "send floor --icmp --no-tx-stamps",
+            Sender::FloorIcmpPing => "send floor --icmp --no-tx-stamps --spin",
         }
     }
 }
@@ -492,37 +500,7 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         .because(short_of_ping(ratio, floor_ratio, rtprobe.p50_us(), get(Sender::Floor).p50_us())),
         busy_row(rtprobe, busy, ping),
     ];
-    for (s, what) in [
-        (
-            Sender::Floor,
-            "send floor (one thread, rtprobe's socket options), user send -> echo RX",
-        ),
-        (
-            Sender::FloorNoTx,
-            "send floor without TX stamps (RX stamps only, as ping)",
-        ),
-        (
-            Sender::FloorPoller,
-            "send floor with a second thread waiting in poll(2) on its socket",
-        ),
-    ] {
-        rows.push(row(
-            what,
-            figure(get(s), ping),
-            format!(
-                "its stack (user send -> SCHED) p50 {}; cargo bench --bench send_floor",
-                stack_text(get(s))
-            ),
-            "-",
-            None,
-        ));
-    }
-    rows.extend(icmp_rows(
-        get(Sender::FloorIcmp),
-        get(Sender::FloorIcmpNoTx),
-        get(Sender::Floor),
-        ping,
-    ));
+    rows.extend(floor_rows(&get, ping));
     Ok(rows)
 }
 
@@ -577,43 +555,84 @@ fn over(a: &Series, b: &Series) -> Option<String> {
     Some(format!("{m:.2} (rounds {lo:.2}..{hi:.2})"))
 }
 
-/// The floor's ICMP variants, which B's kernel answers: with TX stamps,
-/// against the UDP floor that the XDP reflector answers (the reply path,
-/// same sender); without, as ping sends (what the two TX stamps cost,
-/// and what is left against ping: the sender itself).
-fn icmp_rows(icmp: &Series, icmp_no_tx: &Series, udp: &Series, ping: &Series) -> [Row; 2] {
-    let socket = icmp
-        .send
-        .as_deref()
-        .or(icmp_no_tx.send.as_deref())
-        .unwrap_or("no");
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    [
-        row(
-            &format!(
-                "send floor --icmp: ICMP echo as ping sends it ({socket} socket), answered by B's kernel"
-            ),
-            figure(icmp, ping),
-            format!(
-                "UDP floor / ICMP floor {}: the XDP reflector's reply (XDP_TX on veth) against \
-                 the kernel's ICMP echo reply, same sender; its stack p50 {}",
-                or_dash(over(udp, icmp)),
-                stack_text(icmp)
-            ),
-            "-",
+/// A floor row: the variant, its metric, and the variant its ratio is
+/// taken against (over this one), in words.
+type FloorRow<'w> = (Sender, String, Option<(Sender, &'w str)>);
+
+/// The floor's rows: each variant against ping, and the ratio that
+/// isolates what the variant changes (the one before it over it).
+fn floor_rows<'a>(get: &dyn Fn(Sender) -> &'a Series, ping: &Series) -> Vec<Row> {
+    let icmp = get(Sender::FloorIcmp);
+    let socket = icmp.send.as_deref().unwrap_or("no");
+    let rows: [FloorRow<'_>; 7] = [
+        (
+            Sender::Floor,
+            "send floor (one thread, rtprobe's socket options), user send -> echo RX".into(),
             None,
         ),
-        row(
-            "send floor --icmp --no-tx-stamps: ping's packets and stamps, the floor's sender",
-            figure(icmp_no_tx, ping),
-            format!(
-                "ICMP floor with / without TX stamps {}: the SCHED and driver TX stamps' cost",
-                or_dash(over(icmp, icmp_no_tx))
-            ),
-            "-",
+        (
+            Sender::FloorNoTx,
+            "send floor without TX stamps (RX stamps only, as ping)".into(),
             None,
         ),
-    ]
+        (
+            Sender::FloorPoller,
+            "send floor with a second thread waiting in poll(2) on its socket".into(),
+            None,
+        ),
+        (
+            Sender::FloorSpin,
+            "send floor --spin: never sleeps, as ping does at 1 ms".into(),
+            Some((
+                Sender::Floor,
+                "floor / floor --spin, what sending from a CPU woken from idle costs:",
+            )),
+        ),
+        (
+            Sender::FloorIcmp,
+            format!("send floor --icmp: ICMP echo ({socket} socket), answered by B's kernel"),
+            Some((
+                Sender::Floor,
+                "UDP floor / ICMP floor, the XDP reflector's reply (XDP_TX on veth) against the \
+                 kernel's ICMP echo reply from the same sender:",
+            )),
+        ),
+        (
+            Sender::FloorIcmpNoTx,
+            "send floor --icmp --no-tx-stamps: ping's packets and stamps".into(),
+            Some((
+                Sender::FloorIcmp,
+                "ICMP floor with / without TX stamps, the SCHED and driver stamps' cost:",
+            )),
+        ),
+        (
+            Sender::FloorIcmpPing,
+            "send floor --icmp --no-tx-stamps --spin: ping's packets, stamps and wait".into(),
+            Some((
+                Sender::FloorIcmpNoTx,
+                "sleeping / spinning, the wake from idle:",
+            )),
+        ),
+    ];
+    rows.into_iter()
+        .map(|(s, what, vs)| {
+            let ratio = vs.map(|(base, words)| {
+                let r = over(get(base), get(s)).unwrap_or_else(|| "-".into());
+                format!("{words} {r}; ")
+            });
+            row(
+                &what,
+                figure(get(s), ping),
+                format!(
+                    "{}its stack (user send -> SCHED) p50 {}",
+                    ratio.unwrap_or_default(),
+                    stack_text(get(s))
+                ),
+                "-",
+                None,
+            )
+        })
+        .collect()
 }
 
 /// Why rtprobe's round trip is above ping's, from the send floor's ratio
