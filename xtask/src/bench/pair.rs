@@ -483,8 +483,7 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let mut ratios = rtprobe.ratios(ping);
     let ratio = median(&mut ratios);
     let floor_ratio = median(&mut get(Sender::Floor).ratios(ping));
-    let mut rows =
-        vec![
+    let mut rows = vec![
         row(
             metric,
             figure(rtprobe, ping),
@@ -497,7 +496,15 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             &target,
             Some(ratio.is_some_and(|r| r <= TARGET_RATIO_VS_PING)),
         )
-        .because(short_of_ping(ratio, floor_ratio, rtprobe.p50_us(), get(Sender::Floor).p50_us())),
+        .because(short_of_ping(
+            ratio,
+            rtprobe.p50_us(),
+            FloorFigures {
+                ratio: floor_ratio,
+                spin_ratio: median(&mut get(Sender::FloorSpin).ratios(ping)),
+                us: get(Sender::Floor).p50_us(),
+            },
+        )),
         busy_row(rtprobe, busy, ping),
     ];
     rows.extend(floor_rows(&get, ping));
@@ -635,21 +642,34 @@ fn floor_rows<'a>(get: &dyn Fn(Sender) -> &'a Series, ping: &Series) -> Vec<Row>
         .collect()
 }
 
-/// Why rtprobe's round trip is above ping's, from the send floor's ratio
-/// in the same rounds (medians of the rounds' ratios; µs for the gap).
-fn short_of_ping(
+/// The send floor's medians of the rounds' ratios to ping, sleeping and
+/// spinning, and its µs.
+#[derive(Debug, Clone, Copy)]
+struct FloorFigures {
     ratio: Option<f64>,
-    floor_ratio: Option<f64>,
-    rtprobe_us: Option<f64>,
-    floor_us: Option<f64>,
-) -> String {
-    match (ratio, floor_ratio, rtprobe_us, floor_us) {
-        (Some(_), Some(f), Some(r), Some(fu)) if f > TARGET_RATIO_VS_PING => format!(
-            "the send floor (one thread, rtprobe's socket options) was {f:.2}x ping in the same \
-             rounds, so the kernel's UDP send path with TX stamps is above ping's here; rtprobe \
-             is {:+.1} µs from the floor",
-            r - fu
-        ),
+    spin_ratio: Option<f64>,
+    us: Option<f64>,
+}
+
+/// Why rtprobe's round trip is above ping's, from the send floor's ratios
+/// in the same rounds (medians of the rounds' ratios; µs for the gap).
+fn short_of_ping(ratio: Option<f64>, rtprobe_us: Option<f64>, floor: FloorFigures) -> String {
+    match (ratio, floor.ratio, rtprobe_us, floor.us) {
+        (Some(_), Some(f), Some(r), Some(fu)) if f > TARGET_RATIO_VS_PING => match floor.spin_ratio
+        {
+            Some(sp) if sp <= TARGET_RATIO_VS_PING => format!(
+                "ping at 1 ms never sleeps (it spins between sends): in the same rounds the send \
+                 floor was {f:.2}x ping sleeping and {sp:.2}x spinning, so the gap is sending from \
+                 a CPU woken from idle, not the path; rtprobe is {:+.1} µs from the sleeping floor",
+                r - fu
+            ),
+            _ => format!(
+                "the send floor (one thread, rtprobe's socket options) was {f:.2}x ping in the \
+                 same rounds, so the kernel's UDP send path with TX stamps is above ping's here; \
+                 rtprobe is {:+.1} µs from the floor",
+                r - fu
+            ),
+        },
         (Some(_), Some(f), Some(r), Some(fu)) => format!(
             "the send floor was {f:.2}x ping in the same rounds; rtprobe's own send path adds \
              {:+.1} µs to it",
@@ -666,12 +686,31 @@ mod tests {
 
     #[test]
     fn the_reason_splits_the_gap_at_the_floor() {
-        let why = |r, f, ru, fu| short_of_ping(Some(r), Some(f), Some(ru), Some(fu));
-        assert!(why(2.0, 1.6, 10.0, 8.0).starts_with("the send floor (one thread"));
-        assert!(why(2.0, 1.6, 10.0, 8.0).ends_with("+2.0 µs from the floor"));
-        assert!(why(1.2, 0.9, 6.0, 4.5).ends_with("adds +1.5 µs to it"));
+        let why = |r, f, sp, ru, fu| {
+            short_of_ping(
+                Some(r),
+                Some(ru),
+                FloorFigures {
+                    ratio: Some(f),
+                    spin_ratio: sp,
+                    us: Some(fu),
+                },
+            )
+        };
+        let slow = why(2.0, 1.6, None, 10.0, 8.0);
+        assert!(slow.starts_with("the send floor (one thread"), "{slow}");
+        assert!(slow.ends_with("+2.0 µs from the floor"));
+        let woken = why(2.0, 1.6, Some(0.8), 10.0, 8.0);
+        assert!(woken.starts_with("ping at 1 ms never sleeps"), "{woken}");
+        assert!(woken.contains("1.60x ping sleeping and 0.80x spinning"));
+        assert!(why(1.2, 0.9, None, 6.0, 4.5).ends_with("adds +1.5 µs to it"));
+        let none = FloorFigures {
+            ratio: None,
+            spin_ratio: None,
+            us: None,
+        };
         assert_eq!(
-            short_of_ping(Some(1.2), None, Some(6.0), None),
+            short_of_ping(Some(1.2), Some(6.0), none),
             "the send floor did not run, so the gap is not split"
         );
     }
