@@ -176,6 +176,35 @@ fn man_writes_one_page_per_visible_subcommand() {
     );
 }
 
+/// `rtprobe host` names this machine as every run's summary does: the
+/// kernel it runs, its CPUs, and "none" for an absent cpuidle.
+#[test]
+fn host_prints_the_facts_a_summary_names() {
+    let (code, out, err) = run(&["host", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(j["kernel"], release.trim());
+    let online = std::thread::available_parallelism().unwrap().get() as u64;
+    assert!(j["cores"].as_u64().is_some_and(|c| c >= online), "{j}");
+    let idle = std::path::Path::new("/sys/devices/system/cpu/cpuidle/current_driver");
+    if !idle.exists() {
+        assert_eq!(j["cpuidle_driver"], "none");
+    }
+    assert!(
+        j["preemption_source"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+    let (code, line, _) = run(&["host"]);
+    assert_eq!(code, 0);
+    assert_eq!(line.lines().count(), 1);
+    assert!(
+        line.contains(&format!("kernel {}", release.trim())),
+        "{line}"
+    );
+}
+
 #[test]
 fn compare_prints_verdicts_and_fails_in_one_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -84,6 +84,11 @@ pub enum Command {
     /// xtask man` runs it.
     #[command(hide = true)]
     Man(ManArgs),
+    /// Print the facts about this host that every run's summary names (cores, cpuidle,
+    /// preemption, VM, clock source, CPU, kernel): one line, or the JSON of `extra.host` with
+    /// --json; `cargo xtask bench` heads its table with it.
+    #[command(hide = true)]
+    Host(HostArgs),
 }
 
 /// The probe command's options: one spec per concept (see [`crate::spec`]).
@@ -235,6 +240,13 @@ pub struct TargetsArgs {
     /// deploy/prometheus/prometheus.yml turns into `instance`.
     #[arg(long, value_name = "FILE")]
     pub prometheus_sd: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HostArgs {
+    /// Print the facts as the JSON object a run's summary holds in `extra.host`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Args)]

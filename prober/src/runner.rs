@@ -455,8 +455,8 @@ fn knobs_report(r: &mut RunReport, applied: &mut tune::Applied<'_>, meta: &RunMe
 }
 
 /// The report's fields that come from the main session and the run's
-/// options: clock, late arrivals, drops, memory, hardware stamps,
-/// interruption, CSV rotation.
+/// options: clock, late arrivals, drops, memory, the host, hardware
+/// stamps, interruption, CSV rotation.
 fn session_report(r: &mut RunReport, outcome: &SessionOutcome, opts: &RunOptions) {
     r.clock = Some(ClockReport::OneClock(OneClock {
         one_way_shown: true,
@@ -465,6 +465,7 @@ fn session_report(r: &mut RunReport, outcome: &SessionOutcome, opts: &RunOptions
     r.late_arrivals = Some(outcome.late_arrivals);
     r.kernel_drops = Some(outcome.kernel_drops.clone());
     r.peak_rss_kib = Some(peak_rss_kib());
+    r.host = Some(crate::sys::host::host_facts());
     r.hardware_timestamping = Some(HardwareTimestamping {
         sender: outcome.hardware_tx,
         receiver: outcome.hardware_rx,

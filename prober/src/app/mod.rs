@@ -11,6 +11,7 @@ mod cleanup;
 mod compare;
 mod completions;
 mod docs;
+mod host;
 mod man;
 mod plot;
 mod probe;
@@ -74,6 +75,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Completions(args)) => completions::command(&args),
         Some(Command::Targets(args)) => targets::command(&args),
         Some(Command::Man(args)) => man::command(&args),
+        Some(Command::Host(args)) => host::command(&args),
         None => probe::command(&cli.probe),
     }
 }

@@ -291,6 +291,7 @@ fn execute_remote(
     let output_error = o.output_error.clone();
     let mut summary = summarise(&o, facts, "remote");
     summary.report.output_error = output_error.clone();
+    summary.report.host = Some(crate::sys::host::host_facts());
     Ok(RunOutcome {
         summary,
         meta,
@@ -452,6 +453,7 @@ fn total_summary(
     s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
     s.report.interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
     s.report.targets = targets;
+    s.report.host = Some(crate::sys::host::host_facts());
     Ok(s)
 }
 

@@ -7,6 +7,12 @@
 //! next to it (`out.json` -> `out.csv`, as `rtprobe run` names its cells).
 //! CSVs are streamed: each run keeps a reservoir sample of at most
 //! `--sample` values, so memory is bounded whatever the run length.
+//!
+//! Each run's host is read from its JSON summary (`extra.host`: the
+//! argument itself, or the `.json` next to the CSV); a run from another
+//! host than the baseline's gets a one-line warning naming the facts that
+//! differ, and one whose summary names no host (none next to the CSV, or
+//! written before rtprobe said) is "host unknown".
 
 use std::{
     fmt::Write as _,
@@ -20,8 +26,13 @@ use serde::Serialize;
 
 use crate::{
     export::plot::axis::{Unit, format_duration_ns, format_number, split_duration_ns},
+    model::host::HostFacts,
     stats::bootstrap::{QuantileDiff, Reservoir, quantile_diffs},
 };
+
+/// The largest JSON summary read for its host (1000 targets' summaries
+/// take a few MiB).
+const MAX_SUMMARY_BYTES: u64 = 256 << 20;
 
 /// The percentiles compared.
 pub const PERCENTILES: [f64; 3] = [0.5, 0.99, 0.999];
@@ -84,17 +95,36 @@ pub struct RunSample {
     pub values_seen: u64,
     /// Values kept for the bootstrap (at most the sample cap).
     pub values_used: usize,
+    /// The host its JSON summary names; absent when none does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostFacts>,
     #[serde(skip)]
     pub sorted: Vec<i64>,
+}
+
+fn is_json(arg: &Path) -> bool {
+    arg.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+}
+
+/// The host a run's JSON summary names (`extra.host`): the argument
+/// itself, or the `.json` of the same stem next to a CSV. None when there
+/// is no such summary or it names no host (written before rtprobe did).
+pub fn host_of(arg: &Path) -> Option<HostFacts> {
+    let json = if is_json(arg) {
+        arg.to_path_buf()
+    } else {
+        arg.with_extension("json")
+    };
+    let text = crate::input::read_text(&json, "JSON summary", MAX_SUMMARY_BYTES).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    serde_json::from_value(v.get("extra")?.get("host")?.clone()).ok()
 }
 
 /// The CSV an argument stands for: itself, or for a `.json` summary the
 /// `.csv` of the same stem next to it.
 pub fn csv_for(arg: &Path) -> Result<PathBuf> {
-    let is_json = arg
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    if !is_json {
+    if !is_json(arg) {
         return Ok(arg.to_path_buf());
     }
     if !arg.exists() {
@@ -209,6 +239,7 @@ pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
         csv,
         values_seen,
         values_used: sorted.len(),
+        host: host_of(arg),
         sorted,
     })
 }
@@ -218,6 +249,10 @@ pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
 pub struct RunComparison {
     #[serde(flatten)]
     pub run: RunSample,
+    /// The host facts in which this run's host differs from the
+    /// baseline's ("cores 2 vs 16"); empty: the same host; null: one of
+    /// the two names no host.
+    pub host_differences: Option<Vec<String>>,
     pub percentiles: Vec<PercentileChange>,
 }
 
@@ -330,7 +365,15 @@ pub fn compare(base: &Path, others: &[PathBuf], s: &Settings) -> Result<Comparis
                 }
             })
             .collect();
-        runs.push(RunComparison { run, percentiles });
+        let host_differences = match (&baseline.host, &run.host) {
+            (Some(b), Some(o)) => Some(b.differences(o)),
+            _ => None,
+        };
+        runs.push(RunComparison {
+            run,
+            host_differences,
+            percentiles,
+        });
     }
     Ok(Comparison {
         metric: s.metric,
@@ -351,6 +394,30 @@ fn describe_sample(r: &RunSample) -> String {
             "{} probes, a random {} of them used",
             r.values_seen, r.values_used
         )
+    }
+}
+
+/// The warning when a run's host is not the baseline's, or that a host
+/// is unknown; None for the same host.
+fn host_line(baseline: &RunSample, r: &RunComparison) -> Option<String> {
+    match &r.host_differences {
+        Some(d) if d.is_empty() => None,
+        Some(d) => Some(format!(
+            "warning: another host than the baseline's ({}): a change may be the host's, not the path's",
+            d.join(", ")
+        )),
+        None => {
+            let unknown: Vec<String> = [baseline, &r.run]
+                .into_iter()
+                .filter(|s| s.host.is_none())
+                .map(|s| s.csv.with_extension("json").display().to_string())
+                .collect();
+            Some(format!(
+                "host unknown: no host section in {} (no JSON summary next to the CSV, or one \
+                 written before rtprobe named hosts): whether both ran on the same host is not known",
+                unknown.join(" and ")
+            ))
+        }
     }
 }
 
@@ -378,6 +445,9 @@ pub fn render(c: &Comparison) -> String {
             r.run.csv.display(),
             describe_sample(&r.run)
         );
+        if let Some(line) = host_line(&c.baseline, r) {
+            let _ = writeln!(o, "  {line}");
+        }
         let _ = writeln!(
             o,
             "  {:<7}{:>12}{:>12}{:>12}   {conf} % CI of the change",
@@ -496,6 +566,61 @@ mod tests {
         assert_eq!(json["runs"][1]["percentiles"][0]["name"], "p50");
         assert!(json["runs"][1]["percentiles"][0]["ci_low_ns"].is_number());
         assert_eq!(json["metric"], "one-way");
+    }
+
+    /// Runs name their hosts in their JSON summaries: another host is one
+    /// line of warning naming the facts, a summary without a host (older,
+    /// or none next to the CSV) is "host unknown", neither fails.
+    #[test]
+    fn warns_when_the_hosts_differ_or_are_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = |cores: u32, idle: &str| {
+            serde_json::json!({"sent": 1, "extra": {"host": {
+                "cores": cores, "cpuidle_driver": idle, "cpuidle_governor": idle,
+                "kernel": "6.18", "preemption": "none", "preemption_source": "x"}}})
+            .to_string()
+        };
+        let base = write_csv(dir.path(), "base.csv", 0, 500);
+        std::fs::write(dir.path().join("base.json"), host(2, "haltpoll")).unwrap();
+        let same = write_csv(dir.path(), "same.csv", 0, 500);
+        std::fs::write(dir.path().join("same.json"), host(2, "haltpoll")).unwrap();
+        write_csv(dir.path(), "big.csv", 0, 500);
+        std::fs::write(dir.path().join("big.json"), host(16, "none")).unwrap();
+        let old = write_csv(dir.path(), "old.csv", 0, 500);
+        std::fs::write(dir.path().join("old.json"), "{\"sent\": 1}").unwrap();
+        let bare = write_csv(dir.path(), "bare.csv", 0, 500);
+        let s = Settings {
+            resamples: 50,
+            ..Settings::default()
+        };
+        let c = compare(&base, &[same, dir.path().join("big.json"), old, bare], &s).unwrap();
+        assert_eq!(c.baseline.host.as_ref().unwrap().cores, Some(2));
+        let diffs: Vec<_> = c.runs.iter().map(|r| r.host_differences.clone()).collect();
+        assert_eq!(diffs[0], Some(vec![]));
+        assert_eq!(
+            diffs[1],
+            Some(vec![
+                "cores 2 vs 16".to_string(),
+                "cpuidle haltpoll/haltpoll vs none/none".to_string()
+            ])
+        );
+        assert_eq!((diffs[2].clone(), diffs[3].clone()), (None, None));
+        let text = render(&c);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("host")).collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(
+            lines[0],
+            "  warning: another host than the baseline's (cores 2 vs 16, cpuidle haltpoll/haltpoll \
+             vs none/none): a change may be the host's, not the path's"
+        );
+        assert!(
+            lines[1].starts_with("  host unknown: no host section in ")
+                && lines[1].contains("old.json")
+        );
+        assert!(lines[2].contains("bare.json"), "{}", lines[2]);
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["runs"][1]["host"]["cores"], 16);
+        assert!(json["runs"][2]["host_differences"].is_null());
     }
 
     #[test]

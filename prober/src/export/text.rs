@@ -26,16 +26,25 @@ fn lat(v: Option<u64>) -> String {
     }
 }
 
+/// A percentile of `l` for the tables: "> 1.074 s " when it fell among
+/// the values above the histogram's cap.
+fn pct(l: &Latency, v: Option<u64>) -> String {
+    match l.above_cap(v) {
+        Some(cap) => format!("> {}", lat(Some(cap))),
+        None => lat(v),
+    }
+}
+
 fn row(out: &mut String, name: &str, l: &Latency) {
     let mean = l.mean.map(|m| m.round() as u64);
     let _ = writeln!(
         out,
         "  {name:<14}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
         lat(l.min),
-        lat(l.p50),
-        lat(l.p90),
-        lat(l.p99),
-        lat(l.p999),
+        pct(l, l.p50),
+        pct(l, l.p90),
+        pct(l, l.p99),
+        pct(l, l.p999),
         lat(l.max),
         lat(mean)
     );
@@ -172,6 +181,9 @@ fn run_lines(o: &mut String, s: &Summary, m: &RunMeta) {
         m.tx_if.as_deref().unwrap_or("?"),
         m.rx_if.as_deref().unwrap_or("?"),
     );
+    if let Some(h) = &s.report.host {
+        let _ = writeln!(o, "  host: {}", h.line());
+    }
     let _ = writeln!(
         o,
         "  XDP mode: requested {}, attached {}{}",
@@ -580,8 +592,8 @@ fn targets_table(o: &mut String, targets: &[crate::stats::report::TargetSummary]
             s.foreign_packets,
             s.never_sent,
             s.late_echoes,
-            lat(s.rtt_ns.p50),
-            lat(s.rtt_ns.p99),
+            pct(&s.rtt_ns, s.rtt_ns.p50),
+            pct(&s.rtt_ns, s.rtt_ns.p99),
             lat(s.rtt_ns.max)
         );
     }
@@ -810,8 +822,34 @@ mod tests {
             cpu_dma_latency_us: None,
             reader: None,
         });
+        s.report.host = Some(crate::model::host::HostFacts {
+            cores: Some(2),
+            cpu_model: Some("AMD EPYC".into()),
+            kernel: "6.18.44".into(),
+            cpuidle_driver: "haltpoll".into(),
+            cpuidle_governor: "haltpoll".into(),
+            ..Default::default()
+        });
+        // A target among several bins up to 1.07 s: one RTT of 3 s above it.
+        s.rtt_ns = Latency {
+            count: 9,
+            min: Some(8_000),
+            p50: Some(9_000),
+            p90: Some(10_000),
+            p99: None,
+            p999: None,
+            max: Some(3_000_000_000),
+            mean: Some(333_341_000.0),
+            unbinned: Some(crate::stats::hist::Unbinned {
+                cap_ns: 1_073_741_823,
+                above_cap: 1,
+                bucket_full: 0,
+            }),
+        };
         let t = format_summary(&s, &m);
         for needle in [
+            "\n  host: 2 cores (AMD EPYC), kernel 6.18.44, preemption unknown",
+            "  rtt                  8 µs       9 µs      10 µs > 1.074 s  > 1.074 s        3 s ",
             "hardware clock, sender NIC: PHC /dev/ptp2 on the system clock by 50 samples; offset uncertainty (read window) median 310 ns, max 900 ns; drift 12346 ppb",
             "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
             "pacing (timer + adaptive spin: margin 142 µs, spin 13.9 µs/probe = 1.39 % of a CPU)",

@@ -618,7 +618,7 @@ impl Collector {
     }
 
     /// One target among several: the statistics of
-    /// [`RunStats::one_of_many`] (the stages and jitter at 1 %).
+    /// [`RunStats::one_of_many`] (fixed histograms: 87.5 KiB, 1.6 %).
     pub fn one_of_many(mut self) -> Self {
         self.stats = RunStats::one_of_many(self.stats.interval_ns());
         self

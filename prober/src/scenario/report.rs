@@ -192,6 +192,7 @@ fn header(s: &mut String, input: &ReportInput<'_>) {
         },
         humantime::format_duration(Duration::from_secs(input.elapsed.as_secs()))
     );
+    host_line(s, input.rows);
     let common = sc.common();
     let p = &common.probe;
     let _ = writeln!(
@@ -222,6 +223,30 @@ fn header(s: &mut String, input: &ReportInput<'_>) {
          to the receiver's RX stamp, so the sender's qdisc and every queue on the path are inside it; \
          the stage tables say where the time went\n"
     );
+}
+
+/// The host the cells ran on, as their summaries name it (each distinct
+/// one, should a fact have changed between cells).
+fn host_line(s: &mut String, rows: &[ReportRow<'_>]) {
+    let mut hosts: Vec<String> = Vec::new();
+    for h in rows
+        .iter()
+        .filter_map(|r| r.result.ok()?.summary.report.host.as_ref())
+    {
+        let line = h.line();
+        if !hosts.contains(&line) {
+            hosts.push(line);
+        }
+    }
+    let _ = match hosts.as_slice() {
+        [] => writeln!(s, "- host: not known (no cell's summary names it)"),
+        [one] => writeln!(s, "- host: {}", md_escape(one)),
+        many => writeln!(
+            s,
+            "- hosts (they differ between cells): {}",
+            md_escape(&many.join("; "))
+        ),
+    };
 }
 
 /// One (size, interval) group: a row per variant, its files and figures.

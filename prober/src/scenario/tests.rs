@@ -318,6 +318,7 @@ fn latency(p50_us: u64) -> Latency {
         p999: Some(p50_us * 3000),
         max: Some(p50_us * 4000),
         mean: Some(p50_us as f64 * 1000.0),
+        unbinned: None,
     }
 }
 
@@ -365,6 +366,13 @@ impl CellRunner for FakeRunner {
                 json!(["qdisc fq_codel skipped: the kernel lacks fq_codel"]),
             );
         }
+        report.host = Some(crate::model::host::HostFacts {
+            cores: Some(2),
+            cpuidle_driver: "haltpoll".into(),
+            cpuidle_governor: "haltpoll".into(),
+            kernel: "6.18".into(),
+            ..Default::default()
+        });
         let p50 = 100 + 10 * cell.variant as u64;
         Ok(CellResult {
             summary: Summary {
@@ -437,6 +445,10 @@ fn run_writes_every_cell_and_a_report() {
     let report = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
     assert!(report.starts_with("# rtprobe scenario: demo"), "{report}");
     assert!(report.contains("**1 failed**"));
+    assert!(
+        report.contains("\n- host: 2 cores (unknown), kernel 6.18, preemption unknown"),
+        "{report}"
+    );
     assert!(report.contains("### 64 B every 1ms"));
     assert!(report.contains("### 1472 B every 10ms"));
     assert_eq!(report.matches("### ").count(), 4);

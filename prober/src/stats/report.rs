@@ -12,6 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
 use super::{Summary, XdpCounters};
+use crate::model::host::HostFacts;
 
 /// Everything a run says besides the statistics: `extra` in the JSON.
 /// Fields are in the JSON's (alphabetical) order; absent ones are left out.
@@ -33,6 +34,11 @@ pub struct RunReport {
     /// Whether each side got hardware stamps (testbed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hardware_timestamping: Option<HardwareTimestamping>,
+    /// The host the run measured on: cores, cpuidle, preemption, VM,
+    /// clock source, CPU, kernel (every probe run; absent in reports
+    /// written before rtprobe said).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostFacts>,
     /// The run was stopped early (SIGINT/SIGTERM); absent otherwise.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
@@ -75,6 +81,11 @@ pub struct RunReport {
     /// Knobs or loads asked for that did not run, in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// Heap bytes of one target's statistics in a run with several: its
+    /// fixed histograms, allocated when the target starts and never more
+    /// (the most any target held).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_bytes_per_target: Option<u64>,
     /// Per target, with several (`--target` repeated, `--targets FILE`);
     /// the top-level figures are then their total.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -641,6 +652,12 @@ mod tests {
                 })),
             }),
             hardware_timestamping: Some(HardwareTimestamping::default()),
+            host: Some(HostFacts {
+                cores: Some(2),
+                cpuidle_driver: "haltpoll".into(),
+                vm: Some(true),
+                ..Default::default()
+            }),
             interrupted: true,
             ip: Some(IpReport {
                 receiver: "10.77.0.2".into(),
@@ -685,6 +702,7 @@ mod tests {
                 ..ReflectorReport::of_kind("kernel")
             }),
             skipped: vec!["qdisc fq_codel".into()],
+            stats_bytes_per_target: Some(89_600),
             targets: vec![TargetSummary {
                 name: "db-1".into(),
                 address: "192.0.2.7:5061".into(),
@@ -702,6 +720,18 @@ mod tests {
         };
         Summary {
             report,
+            rtt_ns: crate::stats::Latency {
+                count: 3,
+                p50: Some(900),
+                p99: None,
+                max: Some(2_000_000_000),
+                unbinned: Some(crate::stats::hist::Unbinned {
+                    cap_ns: 1_073_741_823,
+                    above_cap: 1,
+                    bucket_full: 0,
+                }),
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

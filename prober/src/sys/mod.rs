@@ -29,6 +29,10 @@
 //! sockets, its load generator's BPF_PROG_TEST_RUN and the scheduling of
 //! its threads (affinity, SCHED_FIFO), which act on the calling thread.
 //!
+//! The host's own facts (cores, cpuidle, preemption, hypervisor, clock
+//! source), which follow no namespace and need no root, are plain reads of
+//! /proc and /sys in [`host`].
+//!
 //! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
 //! setns) are made in [`netns`], which [`LinuxSys`] uses for
 //! [`Sys::create_netns`] and whose [`Netns`] handles let a thread enter one.
@@ -39,6 +43,7 @@
 pub(crate) mod ethtool;
 #[cfg(test)]
 pub(crate) mod fake;
+pub(crate) mod host;
 pub(crate) mod netlink;
 pub mod netns;
 mod real;

@@ -1,5 +1,8 @@
-//! What else the machine was doing while a figure was measured: the
-//! hypervisor's steal, the CPU time of the runs, and the machine line.
+//! The host a figure was measured on and what else it was doing: the
+//! host line (from `rtprobe host`), the load average, the hypervisor's
+//! steal, the CPU time of the runs.
+
+use std::{path::Path, process::Command};
 
 use serde_json::Value;
 
@@ -68,22 +71,29 @@ pub(super) fn children_cpu_s() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
-pub(super) fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+/// The host line every bench table starts with: the facts every run's
+/// summary names, from the binary under test (`rtprobe host`: the same
+/// reader as its reports, so the bench and the product cannot disagree).
+pub(super) fn host_line(bin: &Path) -> String {
+    let out = Command::new(bin).arg("host").output();
+    match out {
+        Ok(o) if o.status.success() => {
+            format!("host: {}", String::from_utf8_lossy(&o.stdout).trim())
+        }
+        Ok(o) => format!(
+            "host: unknown (`{} host` failed: {})",
+            bin.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("host: unknown (cannot run {}: {e})", bin.display()),
+    }
+}
+
+/// "load average 1.20 0.95 0.50" now.
+pub(super) fn load_average() -> String {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     format!(
-        "{} CPUs ({cpu}), kernel {}, load average {}",
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
-        kernel.trim(),
+        "load average {}",
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()

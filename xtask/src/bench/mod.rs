@@ -35,7 +35,8 @@
 //! memory with continuous, forward with the thesis axes; metrics.rs the
 //! continuous section's `/metrics` render rows); peers.rs runs and reads the tools
 //! rtprobe is compared with, run.rs starts rtprobe and holds testbeds,
-//! host.rs reads what else the machine was doing, table.rs prints the rows.
+//! host.rs names the host (through `rtprobe host`) and reads what else it
+//! was doing, table.rs prints the rows.
 
 mod fleet;
 mod forward;
@@ -137,14 +138,15 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     };
     let started = Instant::now();
     let header = format!(
-        "rtprobe bench{}{} on {}",
+        "rtprobe bench{}{}, {} at the start\n{}",
         if args.quick { " --quick" } else { "" },
         if args.only.is_empty() {
             String::new()
         } else {
             format!(" --only {:?}", args.only).to_lowercase()
         },
-        host::machine()
+        host::load_average(),
+        host::host_line(&ctx.bin)
     );
     eprintln!("{header}");
     let mut rows = Vec::new();

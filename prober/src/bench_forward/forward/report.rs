@@ -10,6 +10,7 @@ use crate::{
         kinds::{ForwardMode, Generator, Sink},
         perf::PerfFigures,
     },
+    model::host::HostFacts,
     stats::{Summary, XdpCounters},
 };
 
@@ -143,31 +144,28 @@ pub struct Machine {
     /// 1-minute load average when the bench started: other work on the
     /// machine shares the cores with the router under test.
     pub loadavg_at_start: f64,
+    /// Everything a probe run's summary says of its host (the three
+    /// fields above come from it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostFacts>,
 }
 
 impl Machine {
     pub fn describe() -> Self {
-        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown".into());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
+        let host = crate::sys::host::host_facts();
         let loadavg_at_start = std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
             .unwrap_or(0.0);
         Self {
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu_model,
-            kernel,
+            cpus: host.cores.map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                |c| c as usize,
+            ),
+            cpu_model: host.cpu_model.clone().unwrap_or_else(|| "unknown".into()),
+            kernel: host.kernel.clone(),
             loadavg_at_start,
+            host: Some(host),
         }
     }
 }

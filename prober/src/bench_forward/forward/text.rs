@@ -100,6 +100,9 @@ pub fn format_report(r: &ForwardReport) -> String {
             Sink::Stack => "the receiver's stack",
         }
     );
+    if let Some(h) = &m.host {
+        let _ = writeln!(o, "  host: {}", h.line());
+    }
     let _ = writeln!(o, "{}", table_header());
     for s in &r.steps {
         let _ = writeln!(o, "{}", format_step(s));
@@ -222,6 +225,7 @@ mod tests {
                 cpu_model: "Test CPU".into(),
                 kernel: "6.18".into(),
                 loadavg_at_start: 0.5,
+                host: None,
             },
             threaded_napi: true,
             rt_priority: None,
