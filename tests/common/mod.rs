@@ -51,6 +51,17 @@ pub fn sh(cmd: &str) -> std::process::Output {
         .expect("run sh")
 }
 
+/// The text of an output's stdout.
+pub trait StdoutText {
+    fn stdout_text(&self) -> String;
+}
+
+impl StdoutText for std::process::Output {
+    fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
 pub fn sh_ok(cmd: &str) -> String {
     let o = sh(cmd);
     assert!(
