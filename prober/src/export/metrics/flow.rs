@@ -141,14 +141,14 @@ impl FlowMetrics {
 
     /// The counts a record adds, as the run's statistics count it
     /// (RunStats::on_record), published at once rather than at the next
-    /// tick.
+    /// tick. A loss waits for the tick: its direction is the session's to
+    /// tell against a reflector not ours ([`Self::add_told`]), and only
+    /// the sent and received counts bound the histograms.
     fn count(&mut self, r: &ProbeRecord) {
         let c = &mut self.counted;
         self.sent.inc();
         c.sent += 1;
         if r.lost {
-            self.lost.inc();
-            c.lost += 1;
             return;
         }
         self.received.inc();
@@ -433,6 +433,41 @@ mod tests {
         assert!(text.contains("direction=\"forward\"} 1"), "{text}");
         assert!(text.contains("direction=\"return\"} 0"), "{text}");
         assert!(text.contains("direction=\"unknown\"} 3"), "{text}");
+    }
+
+    /// A remote session's lost records come before their directions (told
+    /// at the tick): the loss counts where the session says, never as
+    /// forward by default.
+    #[test]
+    fn lost_records_wait_for_the_directions_the_session_tells() {
+        let m = Arc::new(Metrics::new());
+        let mut f = m.flow(FlowLabels::new("t", 0, 0, 64), false);
+        let lost = ProbeRecord {
+            lost: true,
+            ..Default::default()
+        };
+        f.on_record(&lost);
+        f.on_record(&lost);
+        f.on_loss_directions(&LossDirections {
+            forward: 0,
+            r#return: 0,
+            unknown: 2,
+        });
+        let c = Counts {
+            sent: 2,
+            lost: 2,
+            ..Default::default()
+        };
+        f.update(&c, "software");
+        let text = m.openmetrics();
+        assert!(text.contains("direction=\"forward\"} 0"), "{text}");
+        assert!(text.contains("direction=\"unknown\"} 2"), "{text}");
+        assert!(
+            text.contains(
+                "rtprobe_probes_sent_total{target=\"t\",flow=\"0\",tos=\"0x00\",size=\"64\"} 2"
+            ),
+            "{text}"
+        );
     }
 
     /// A record with every latency a testbed run has: one-way, RTT and
