@@ -171,10 +171,11 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no {what}"))
     }
 
-    /// SIGINT to every prober, then waits (20 s at most) for each to
-    /// write its summary and end.
+    /// SIGINT to every prober, then waits (60 s at most in all: each asks
+    /// every target for its final count, the dead one for 3 s, on a machine
+    /// that may be busy) for each to write its summary and end.
     fn stop_probers(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         for (what, c) in self
             .procs
             .iter_mut()
