@@ -477,7 +477,7 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
 
     // Host 3's bridge port goes down.
     let down = 3;
-    let cut_ns = cut_and_see_loss(&mut f, down);
+    let cut = cut_and_see_loss(&mut f, down);
     let expected = all_pairs(Some(down));
 
     // The in-kernel reflector's echoes carry no count, and a dead host
@@ -493,7 +493,7 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
     f.assert_all_running();
     f.stop_probers();
     for i in 1..=HOSTS {
-        assert_pairs_of(&f, i, down, cut_ns);
+        assert_pairs_of(&f, i, down, cut);
     }
 }
 
@@ -631,14 +631,18 @@ fn one_page_for_the_dead_host(f: &mut Fleet, down: usize, expected: &BTreeSet<(S
 
 /// Takes host `down`'s bridge port down (and h1's I/O thread off a CPU
 /// for two probe timeouts) and waits for loss on exactly its 14 pairs in
-/// Prometheus, never on another. Returns when the port went down.
-fn cut_and_see_loss(f: &mut Fleet, down: usize) -> i64 {
-    let cut_ns = realtime_ns();
+/// Prometheus, never on another. Returns between which two times (ns) the
+/// port went down.
+fn cut_and_see_loss(f: &mut Fleet, down: usize) -> (i64, i64) {
+    // The port goes down somewhere between the two times: a busy machine
+    // takes tens of ms to start `ip`.
+    let cut_from_ns = realtime_ns();
     sh_ok(&format!(
         "ip -n {} link set {} down",
         f.sw,
         f.ports[down - 1]
     ));
+    let cut_ns = (cut_from_ns, realtime_ns());
     // The run lost probes of h1 to its live peers when h1's I/O
     // thread waited 764 ms for a CPU: the same stall, made certain here
     // (h1's I/O thread stopped alone for two probe timeouts), must cost
@@ -690,7 +694,7 @@ const CUT_MARGIN_NS: i64 = 50_000_000;
 /// without the downed host lost no probe and refused no echo as late; a
 /// pair with it lost every probe sent after the cut and none before.
 /// Prints how long host `i`'s echoes waited for its I/O thread.
-fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: i64) {
+fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: (i64, i64)) {
     let me = host_name(i);
     let json_path = f.path(&format!("{me}.json"));
     let text = std::fs::read_to_string(&json_path).unwrap_or_else(|e| {
@@ -739,10 +743,10 @@ fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: i64) {
             }
             let sched: i64 = row[sc].parse().unwrap();
             let lost = row[lc] == "1";
-            if sched < cut_ns - CUT_MARGIN_NS {
+            if sched < cut_ns.0 - CUT_MARGIN_NS {
                 before.0 += 1;
                 before.1 += u64::from(lost);
-            } else if sched > cut_ns + CUT_MARGIN_NS {
+            } else if sched > cut_ns.1 + CUT_MARGIN_NS {
                 after.0 += 1;
                 after.1 += u64::from(lost);
             }
