@@ -278,8 +278,9 @@ fn check_installed_monitoring() {
             .unwrap();
         assert!(
             o.status.success(),
-            "installed rule tests: {}",
-            String::from_utf8_lossy(&o.stdout)
+            "installed rule tests: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
         );
     }
     if tool("amtool") {
