@@ -7,15 +7,16 @@ use std::{net::SocketAddr, path::Path, process::ExitCode, sync::Arc};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    ebpf::reflector::{RateLimits, Reflector},
+    ebpf::reflector::Reflector,
     export::metrics::{Metrics, MetricsServer},
     probe::{
-        reflect::{self, Core, Counters, Policy, ServeReport},
+        reflect::{self, Core, Counters, Peers, Policy, Prefix, RateLimits, ServeReport},
         socket::ProbeSocket,
     },
     signals::with_signals,
     spec::remote::{
-        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS, ProtocolArg, ReflectArgs, read_key,
+        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_PEERS_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS,
+        ProtocolArg, ReflectArgs, read_key,
     },
     stats::XdpCounters,
 };
@@ -24,20 +25,35 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
     let protocol = args.protocol.unwrap_or_default();
     check_args(args, protocol)?;
     let key = args.auth_key.as_deref().map(read_key).transpose()?;
+    let peers = known_peers(args, protocol, key.is_some())?;
     let (listen, socks) = if args.listen.is_empty() {
         reflect::bind_both_families(protocol.default_port())?
     } else {
         (args.listen.clone(), reflect::bind(&args.listen)?)
     };
+    let limits = limits(args);
+    // Asked for, the in-kernel reflector runs or the command stops: a
+    // user-space reflector answering alone would measure something else.
     let kernel = if args.kernel {
-        attach_kernel(args, &listen, protocol, key.is_some())
+        let r = reflect::attach_kernel(
+            crate::sys::linux(),
+            &listen,
+            protocol,
+            key.is_some(),
+            limits,
+            &peers,
+            args.quiet,
+        )
+        .context("--kernel: the in-kernel reflector was not attached")?;
+        Some(r)
     } else {
         None
     };
     let policy = Policy {
         protocol,
         key,
-        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
+        limits,
+        peers,
         stateful: !args.stateless,
     };
     let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
@@ -115,36 +131,55 @@ fn check_json_path(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `--kernel`: the in-kernel reflector with the rate limits asked for, or
-/// (said on stderr) the user-space reflector alone.
-fn attach_kernel(
-    args: &ReflectArgs,
-    listen: &[SocketAddr],
-    protocol: ProtocolArg,
-    key: bool,
-) -> Option<Reflector> {
-    let limits = RateLimits {
+/// The limits both reflectors enforce, from the flags or their defaults.
+fn limits(args: &ReflectArgs) -> RateLimits {
+    RateLimits {
         per_source_pps: Some(args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS)),
         global_pps: Some(
             args.global_rate_limit
                 .unwrap_or(DEFAULT_GLOBAL_RATE_LIMIT_PPS),
         ),
-    };
-    match reflect::attach_kernel(crate::sys::linux(), listen, protocol, key, limits) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            eprintln!(
-                "rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone"
-            );
-            None
-        }
+        peers_pps: Some(
+            args.peers_rate_limit
+                .unwrap_or(DEFAULT_PEERS_RATE_LIMIT_PPS),
+        ),
     }
+}
+
+/// `--peer` and the addresses of `--peers FILE` (read by the prober's own
+/// targets-file reader, with this reflector's protocol as the default).
+fn known_peers(args: &ReflectArgs, protocol: ProtocolArg, auth: bool) -> Result<Peers> {
+    let mut prefixes: Vec<Prefix> = args.peer.clone();
+    if let Some(file) = &args.peers {
+        let base = crate::spec::targets::Base {
+            protocol,
+            port: protocol.default_port(),
+            tos: 0,
+            // The shortest probe of the protocol: only the addresses count.
+            size: match (protocol, auth) {
+                (ProtocolArg::Rtprobe, _) => crate::probe::packet::HEADER_LEN.max(64),
+                (ProtocolArg::Stamp, false) => crate::probe::stamp::UNAUTH_LEN_BYTES,
+                (ProtocolArg::Stamp, true) => crate::probe::stamp::AUTH_LEN_BYTES,
+            },
+            interval: std::time::Duration::from_secs(1),
+            auth,
+        };
+        let targets = crate::spec::targets::read_file(file, &base)
+            .with_context(|| format!("--peers {}", file.display()))?;
+        prefixes.extend(targets.iter().map(|t| Prefix::host(t.addr.ip())));
+    }
+    Peers::new(prefixes).map_err(|e| anyhow::anyhow!("--peer/--peers: {e}"))
 }
 
 /// The line that says what is answered where.
 fn announce(policy: &Policy, names: &[String], kernel: bool) {
+    let peers = match policy.peers.len() {
+        0 => String::new(),
+        1 => format!(", 1 known peer ({})", policy.peers.prefixes()[0]),
+        n => format!(", {n} known peers"),
+    };
     eprintln!(
-        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per IPv4 address or IPv6 /64; Ctrl-C to stop",
+        "rtprobe reflect: answering {} on {}{}{}{peers}, {}; Ctrl-C to stop",
         policy.protocol.name(),
         names.join(", "),
         if policy.key.is_some() {
@@ -157,7 +192,7 @@ fn announce(policy: &Policy, names: &[String], kernel: bool) {
         } else {
             ""
         },
-        policy.rate_limit_pps,
+        policy.limits.describe(!policy.peers.is_empty()),
     );
 }
 
@@ -243,7 +278,7 @@ impl Publisher {
 fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
     let c = &report.counters;
     println!(
-        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
+        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  global-limited {}  auth-failed {}  send errors {}",
         c.datagrams,
         report.duration_s,
         c.sessions,
@@ -252,9 +287,19 @@ fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
         c.bad_source,
         c.malformed,
         c.rate_limited,
+        c.global_limited,
         c.auth_failed,
         c.send_errors
     );
+    if !report.peers.is_empty() {
+        println!(
+            "  known peers ({} prefixes): reflected {}  rate-limited {}  over the peers' cap {}",
+            report.peers.len(),
+            c.peer_reflected,
+            c.peer_rate_limited,
+            c.peer_global_limited
+        );
+    }
     if c.recv_errors > 0 {
         println!("  receive errors: {} (logged, survived)", c.recv_errors);
     }
@@ -276,6 +321,16 @@ fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
             "  in-kernel reflector: {}",
             serde_json::to_string(k).unwrap_or_default()
         );
+        if !report.peers.is_empty() {
+            let n = |o: &str| k.get(o).map_or(0, |c| c.packets);
+            println!(
+                "  in-kernel, known peers: reflected {}  rate-limited {}  over the peers' cap {}; others: global-limited {}",
+                n("peer_reflected"),
+                n("peer_rate_limited"),
+                n("peer_global_limited"),
+                n("global_limited")
+            );
+        }
     }
 }
 

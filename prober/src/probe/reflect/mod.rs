@@ -50,6 +50,7 @@ mod budget;
 mod decide;
 mod echo;
 mod kernel;
+mod peers;
 mod report;
 mod serve;
 mod tables;
@@ -58,10 +59,12 @@ mod testutil;
 
 pub use self::{
     bind::bind,
+    budget::RateLimits,
     decide::{Addressing, Core, Drop, Policy, Verdict},
     echo::{FLAG_REFLECTOR_STATE, FLAG_WARMUP, STATE_MIN_LEN, STATE_OFFSET, read_rtprobe_state},
+    peers::{MAX_PEERS, Peers, Prefix},
     serve::LOG_LINES_PER_S,
-    tables::{MAX_SESSIONS, MAX_SOURCES},
+    tables::{MAX_PEER_SOURCES, MAX_SESSIONS, MAX_SOURCES},
 };
 pub(crate) use self::{
     bind::bind_both_families, kernel::attach_kernel, report::ServeReport, serve::serve,
