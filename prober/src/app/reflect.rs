@@ -26,11 +26,26 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
     check_args(args, protocol)?;
     let key = args.auth_key.as_deref().map(read_key).transpose()?;
     let peers = known_peers(args, protocol, key.is_some())?;
-    let (listen, socks) = if args.listen.is_empty() {
-        reflect::bind_both_families(protocol.default_port())?
+    let bound = if args.listen.is_empty() {
+        reflect::bind_both_families(protocol.default_port(), &peers)?
     } else {
-        (args.listen.clone(), reflect::bind(&args.listen)?)
+        reflect::bind_steered(&args.listen, &peers)?
     };
+    if !args.quiet && !bound.peers_not_steered.is_empty() {
+        eprintln!(
+            "rtprobe reflect: {} known peers are too many to give them a socket of their own on {}: \
+             they keep their budgets but share the socket's queue with everyone (give wider prefixes)",
+            peers.len(),
+            bound
+                .peers_not_steered
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let steered = !bound.peers_steered.is_empty();
+    let reflect::Bound { socks, listen, .. } = bound;
     let limits = limits(args);
     // Asked for, the in-kernel reflector runs or the command stops: a
     // user-space reflector answering alone would measure something else.
@@ -57,7 +72,7 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
         stateful: !args.stateless,
     };
     let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
-    announce(&policy, &names, kernel.is_some());
+    announce(&policy, &names, kernel.is_some(), steered);
     let metrics = match args.metrics_listen {
         Some(addr) => Some(Publisher::start(addr)?),
         None => None,
@@ -172,11 +187,16 @@ fn known_peers(args: &ReflectArgs, protocol: ProtocolArg, auth: bool) -> Result<
 }
 
 /// The line that says what is answered where.
-fn announce(policy: &Policy, names: &[String], kernel: bool) {
+fn announce(policy: &Policy, names: &[String], kernel: bool, steered: bool) {
+    let own = if steered {
+        " with a socket of their own"
+    } else {
+        ""
+    };
     let peers = match policy.peers.len() {
         0 => String::new(),
-        1 => format!(", 1 known peer ({})", policy.peers.prefixes()[0]),
-        n => format!(", {n} known peers"),
+        1 => format!(", 1 known peer ({}){own}", policy.peers.prefixes()[0]),
+        n => format!(", {n} known peers{own}"),
     };
     eprintln!(
         "rtprobe reflect: answering {} on {}{}{}{peers}, {}; Ctrl-C to stop",
@@ -208,6 +228,7 @@ fn serve(
 ) -> Result<(ServeReport, Option<Reflector>)> {
     let (quiet, duration) = (args.quiet, args.duration);
     with_signals(true, move |stop| {
+        let _direct = StopOnSignal::register(&stop)?;
         let mut core = Core::new(policy);
         let report = reflect::serve(
             &socks,
@@ -228,6 +249,39 @@ fn serve(
         drop(metrics);
         report.map(|r| (r, kernel))
     })
+}
+
+/// Sets the stop flag from the signal handler itself. `with_signals` sets
+/// it from its runtime's thread, which the handler wakes: under a flood
+/// that keeps both CPUs busy that thread waited tens of ms for one (35 ms
+/// in one trace), on top of the handler's own wait. Any signal stops the
+/// reflector, so the first is as good as the second here.
+struct StopOnSignal(Vec<signal_hook_registry::SigId>);
+
+impl StopOnSignal {
+    fn register(stop: &Arc<std::sync::atomic::AtomicU8>) -> Result<Self> {
+        let mut ids = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            let stop = Arc::clone(stop);
+            // SAFETY: the action is one atomic store: async-signal-safe.
+            let id = unsafe {
+                signal_hook_registry::register(sig, move || {
+                    stop.store(1, std::sync::atomic::Ordering::SeqCst);
+                })
+            }
+            .context("install a signal handler")?;
+            ids.push(id);
+        }
+        Ok(StopOnSignal(ids))
+    }
+}
+
+impl Drop for StopOnSignal {
+    fn drop(&mut self) {
+        for id in self.0.drain(..) {
+            signal_hook_registry::unregister(id);
+        }
+    }
 }
 
 /// `--metrics-listen`: the server and what it last published.

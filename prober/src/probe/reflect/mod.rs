@@ -53,6 +53,7 @@ mod kernel;
 mod peers;
 mod report;
 mod serve;
+mod steer;
 mod tables;
 #[cfg(test)]
 mod testutil;
@@ -67,6 +68,9 @@ pub use self::{
     tables::{MAX_PEER_SOURCES, MAX_SESSIONS, MAX_SOURCES},
 };
 pub(crate) use self::{
-    bind::bind_both_families, kernel::attach_kernel, report::ServeReport, serve::serve,
+    bind::{Bound, bind_both_families, bind_steered},
+    kernel::attach_kernel,
+    report::ServeReport,
+    serve::serve,
 };
 pub use crate::stats::report::ReflectorCounters as Counters;

@@ -157,7 +157,7 @@ impl Peers {
                 None => by_len.push((len, HashSet::from([p.key()]))),
             }
         }
-        by_len.sort_by(|a, b| b.0.cmp(&a.0));
+        by_len.sort_by_key(|b| std::cmp::Reverse(b.0));
         Ok(Peers { prefixes, by_len })
     }
 

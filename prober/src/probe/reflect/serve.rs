@@ -376,7 +376,10 @@ fn drain_tx_stamps(
 
 #[cfg(test)]
 mod tests {
-    use super::{super::testutil::*, *};
+    use super::{
+        super::{bind::local_port, testutil::*},
+        *,
+    };
     use crate::probe::reflect::bind;
 
     /// A reply the kernel refuses counts as a send error (the socket is
@@ -554,20 +557,6 @@ mod tests {
             "serve returned only when the flood ended"
         );
         assert!(report.counters.datagrams > 0);
-    }
-
-    /// The port `s` is bound to.
-    fn local_port(s: &ProbeSocket) -> u16 {
-        // SAFETY: sockaddr_storage is plain data, valid all-zero.
-        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        // SAFETY: getsockname writes at most `len` bytes into `ss`.
-        let r = unsafe { libc::getsockname(s.fd(), (&raw mut ss).cast(), &mut len) };
-        assert_eq!(r, 0);
-        // sin_port and sin6_port: the same place, network order.
-        // SAFETY: both families start like sockaddr_in.
-        let sin = unsafe { &*(&raw const ss).cast::<libc::sockaddr_in>() };
-        u16::from_be(sin.sin_port)
     }
 
     /// Loopback has all of 127/8: a probe to 127.0.0.2 on a reflector bound

@@ -437,7 +437,7 @@ mod tests {
         };
         let mut c = Core::new(policy);
         let at = |a: [u8; 4]| SocketAddr::from((a, 9));
-        let mut answered = |c: &mut Core, a: [u8; 4], n: u64, now: i64| {
+        let answered = |c: &mut Core, a: [u8; 4], n: u64, now: i64| {
             (0..n)
                 .filter(|&i| {
                     let mut b = probe(1, i, 64);
