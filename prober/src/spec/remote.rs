@@ -288,15 +288,16 @@ pub struct ReflectArgs {
     #[serde(default)]
     pub kernel: bool,
 
-    /// No line per new session, no advice (e.g. on a veth's peer); errors only.
+    /// No line per new session and no advice (e.g. on a veth's peer): only the lines saying what
+    /// runs, warnings and errors.
     #[arg(short, long)]
     #[serde(default)]
     pub quiet: bool,
 
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while reflecting:
     /// datagrams by outcome (reflected, not-for-us, bad-source, malformed, rate-limited,
-    /// auth-failed) and sessions; with --kernel also the in-kernel reflector's frames by
-    /// outcome. Port 0 picks a free one (printed).
+    /// global-limited, auth-failed; known peers' apart) and sessions; with --kernel also the
+    /// in-kernel reflector's frames by outcome. Port 0 picks a free one (printed).
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
