@@ -375,7 +375,10 @@ fn reflect_checks_options_and_the_json_path_before_serving() {
         (&["--json", "/"], "is a directory"),
         (&["--json", "/no/such/dir/r.json"], "does not exist"),
         (&["--stateless"], "--protocol stamp"),
-        (&["--peers", "/no/such/peers.toml"], "--peers /no/such/peers.toml"),
+        (
+            &["--peers", "/no/such/peers.toml"],
+            "--peers /no/such/peers.toml",
+        ),
     ];
     for (extra, says) in cases {
         let (listen, metrics) = (free(), free());

@@ -17,6 +17,11 @@
 //!   the rate achieved, loss and its causes from the kernel's counters.
 //! - Peak RSS after 10 M probes (1 M with --quick); in the continuous
 //!   section, `/metrics` render time for 1000 targets per series budget.
+//! - Both reflectors under a flood from 1000 forged sources: a known
+//!   peer's loss (target ≤ 1 % at 500 k/s) against the same client's
+//!   without `--peer`, the IPv6 client of a dual-stack reflector flooded
+//!   on IPv4, and SIGINT to exit under the flood (≤ 100 ms), each with the
+//!   flood rate the machine's senders reached.
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
@@ -31,6 +36,7 @@
 //! host.rs reads what else the machine was doing, table.rs prints the rows.
 
 mod fleet;
+mod flood;
 mod forward;
 mod host;
 mod memory;
@@ -94,6 +100,9 @@ pub enum Section {
     Thesis,
     /// 1000 targets at 10 probes/s from one process; in-kernel vs user-space reflector capacity.
     Fleet,
+    /// Both reflectors under a flood from 1000 forged sources: known peers, the other family,
+    /// SIGINT.
+    Flood,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -135,7 +144,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 8] = [
+    let sections: [(Section, &str, Rows); 9] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -151,6 +160,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             Section::Fleet,
             "1000 targets, reflector capacity",
             fleet::fleet_section,
+        ),
+        (
+            Section::Flood,
+            "reflectors under a flood",
+            flood::flood_section,
         ),
     ];
     for (_, name, f) in sections
