@@ -240,7 +240,11 @@ fn twenty_thousand_forged_sources_leave_a_legit_client_under_1pct_loss() {
             rate(&hostile)
         );
     }
-    assert_eq!(n(c, "peer_reflected"), 2002, "the client's, as a peer's: {c}");
+    assert_eq!(
+        n(c, "peer_reflected"),
+        2002,
+        "the client's, as a peer's: {c}"
+    );
     assert!(
         hostile.elapsed_s > 2.5 + 0.5,
         "the flood ended before the client did"
@@ -323,10 +327,7 @@ fn per_source_limit_holds_past_the_old_table_size() {
         n(c, "reflected") <= allowed,
         "more answers than {SOURCES} x {per_source_max}: {c}"
     );
-    assert!(
-        n(c, "rate_limited") >= n(c, "datagrams") - allowed,
-        "{c}"
-    );
+    assert!(n(c, "rate_limited") >= n(c, "datagrams") - allowed, "{c}");
 }
 
 /// One probe sent as a raw Ethernet frame from A: its name, Ethernet
