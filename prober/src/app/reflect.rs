@@ -72,12 +72,12 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
         stateful: !args.stateless,
     };
     let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
-    announce(&policy, &names, kernel.is_some(), steered);
+    let ready = announce(&policy, &names, kernel.is_some(), steered);
     let metrics = match args.metrics_listen {
         Some(addr) => Some(Publisher::start(addr)?),
         None => None,
     };
-    let (mut report, kernel) = serve(socks, policy, args, metrics, kernel)?;
+    let (mut report, kernel) = serve(socks, policy, args, metrics, kernel, ready)?;
     report.listen = names;
     let kcounters = match &kernel {
         Some(r) => Some(
@@ -186,8 +186,9 @@ fn known_peers(args: &ReflectArgs, protocol: ProtocolArg, auth: bool) -> Result<
     Peers::new(prefixes).map_err(|e| anyhow::anyhow!("--peer/--peers: {e}"))
 }
 
-/// The line that says what is answered where.
-fn announce(policy: &Policy, names: &[String], kernel: bool, steered: bool) {
+/// The line that says what is answered where (said when serving starts:
+/// `--duration` counts from there).
+fn announce(policy: &Policy, names: &[String], kernel: bool, steered: bool) -> String {
     let own = if steered {
         " with a socket of their own"
     } else {
@@ -198,7 +199,7 @@ fn announce(policy: &Policy, names: &[String], kernel: bool, steered: bool) {
         1 => format!(", 1 known peer ({}){own}", policy.peers.prefixes()[0]),
         n => format!(", {n} known peers{own}"),
     };
-    eprintln!(
+    format!(
         "rtprobe reflect: answering {} on {}{}{}{peers}, {}; Ctrl-C to stop",
         policy.protocol.name(),
         names.join(", "),
@@ -213,7 +214,7 @@ fn announce(policy: &Policy, names: &[String], kernel: bool, steered: bool) {
             ""
         },
         policy.limits.describe(!policy.peers.is_empty()),
-    );
+    )
 }
 
 /// Serves until a signal or `--duration`. The in-kernel reflector goes
@@ -225,11 +226,13 @@ fn serve(
     args: &ReflectArgs,
     mut metrics: Option<Publisher>,
     kernel: Option<Reflector>,
+    ready: String,
 ) -> Result<(ServeReport, Option<Reflector>)> {
     let (quiet, duration) = (args.quiet, args.duration);
     with_signals(true, move |stop| {
-        let _direct = StopOnSignal::register(&stop)?;
+        let signals = StopOnSignal::register(&stop)?;
         let mut core = Core::new(policy);
+        eprintln!("{ready}");
         let report = reflect::serve(
             &socks,
             &mut core,
@@ -246,8 +249,12 @@ fn serve(
                 }
             },
         );
+        let stopped_ms = signals.since_signal_ms();
         drop(metrics);
-        report.map(|r| (r, kernel))
+        report.map(|mut r| {
+            r.stopped_after_signal_ms = stopped_ms;
+            (r, kernel)
+        })
     })
 }
 
@@ -255,33 +262,59 @@ fn serve(
 /// it from its runtime's thread, which the handler wakes: under a flood
 /// that keeps both CPUs busy that thread waited tens of ms for one (35 ms
 /// in one trace), on top of the handler's own wait. Any signal stops the
-/// reflector, so the first is as good as the second here.
-struct StopOnSignal(Vec<signal_hook_registry::SigId>);
+/// reflector, so the first is as good as the second here. The handler
+/// also notes when the first signal came (CLOCK_MONOTONIC), so that the
+/// report can say how soon the reflector stopped after it.
+struct StopOnSignal {
+    ids: Vec<signal_hook_registry::SigId>,
+    at_ns: Arc<std::sync::atomic::AtomicI64>,
+}
 
 impl StopOnSignal {
     fn register(stop: &Arc<std::sync::atomic::AtomicU8>) -> Result<Self> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let at_ns = Arc::new(std::sync::atomic::AtomicI64::new(0));
         let mut ids = Vec::new();
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            let stop = Arc::clone(stop);
-            // SAFETY: the action is one atomic store: async-signal-safe.
+            let (stop, at) = (Arc::clone(stop), Arc::clone(&at_ns));
+            // SAFETY: the action is clock_gettime (async-signal-safe, POSIX)
+            // and atomic stores: async-signal-safe.
             let id = unsafe {
                 signal_hook_registry::register(sig, move || {
-                    stop.store(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = at.compare_exchange(0, monotonic_ns(), SeqCst, SeqCst);
+                    stop.store(1, SeqCst);
                 })
             }
             .context("install a signal handler")?;
             ids.push(id);
         }
-        Ok(StopOnSignal(ids))
+        Ok(StopOnSignal { ids, at_ns })
+    }
+
+    /// How long ago the first signal came, ms; None if none did.
+    fn since_signal_ms(&self) -> Option<f64> {
+        let at = self.at_ns.load(std::sync::atomic::Ordering::SeqCst);
+        (at != 0).then(|| (monotonic_ns() - at) as f64 / 1e6)
     }
 }
 
 impl Drop for StopOnSignal {
     fn drop(&mut self) {
-        for id in self.0.drain(..) {
+        for id in self.ids.drain(..) {
             signal_hook_registry::unregister(id);
         }
     }
+}
+
+/// CLOCK_MONOTONIC in ns (async-signal-safe: no allocation, no lock).
+fn monotonic_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// `--metrics-listen`: the server and what it last published.
@@ -358,6 +391,9 @@ fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
         println!("  receive errors: {} (logged, survived)", c.recv_errors);
     }
     println!("  clock: {}", report.clock_line());
+    if let Some(ms) = report.stopped_after_signal_ms {
+        println!("  stopped serving {ms:.1} ms after the signal");
+    }
     if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
         println!(
             "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs over {} of {} replies stamped (at most {}/s)",

@@ -46,6 +46,9 @@ pub(crate) struct ServeReport {
     /// failed) is unsynchronised with `clock_max_error_ns` null, never 0.
     pub clock_synchronized: bool,
     pub clock_max_error_ns: Option<u64>,
+    /// From the first SIGINT, SIGTERM or SIGHUP (as its handler ran) to
+    /// the end of serving, ms; null when it ended otherwise (`--duration`).
+    pub stopped_after_signal_ms: Option<f64>,
 }
 
 impl ServeReport {

@@ -330,6 +330,7 @@ impl<'c, F: FnMut(&str)> Server<'c, F> {
             session_list: self.sessions,
             clock_synchronized: clock.is_some_and(|c| c.synchronized),
             clock_max_error_ns: clock.map(|c| c.max_error_ns),
+            stopped_after_signal_ms: None,
         }
     }
 }
