@@ -416,6 +416,15 @@ fn admit(
     }
     // Before any bucket: a known peer draws from budgets of its own.
     let peer = is_peer(src);
+    within_limits(src, peer, len)?;
+    Ok(peer)
+}
+
+/// Whether a probe from `src` (`peer`: a known peer's) is within its
+/// source's limit and its cap: the strangers' global one, or the peers'.
+/// `Err` is the counted XDP_DROP of one over a limit.
+#[inline(always)]
+fn within_limits(src: &AddrKey, peer: bool, len: u64) -> Result<(), u32> {
     // SAFETY: read-only globals, volatile as above.
     let (source, cap) = unsafe {
         (
@@ -437,7 +446,7 @@ fn admit(
         )
     };
     if source.interval_ns == 0 && cap.interval_ns == 0 {
-        return Ok(peer);
+        return Ok(());
     }
     // Monotonic, unlike the TAI time in the reply: a clock step must not
     // refill or drain the buckets.
@@ -479,7 +488,7 @@ fn admit(
             return drop(capped);
         }
     }
-    Ok(peer)
+    Ok(())
 }
 
 /// Whether `src` is inside a known peer's prefix of its own family (an

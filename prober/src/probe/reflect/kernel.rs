@@ -103,36 +103,43 @@ pub(crate) fn attach_kernel(
         limits.describe(!peers.is_empty())
     );
     if veth {
-        match veth_peer(sys.as_ref(), Ns::Host, &ifname, index) {
-            Ok(Some(peer)) => {
-                let missing = peer_missing(sys.as_ref(), Ns::Host, &peer);
-                if !missing.is_empty() && !quiet {
-                    eprintln!(
-                        "rtprobe reflect: {ifname} is a veth whose peer {peer} {}: the kernel's \
-                         replies will not reach it; run `{}`",
-                        missing
-                            .iter()
-                            .map(|(why, _)| *why)
-                            .collect::<Vec<_>>()
-                            .join(" and "),
-                        missing
-                            .iter()
-                            .map(|(_, fix)| fix.as_str())
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    );
-                }
-            }
-            Ok(None) => log::info!(
-                "{ifname} is a veth whose peer is in another namespace, which cannot be checked \
-                 from here: it receives the kernel's replies only with GRO requested (ethtool -K \
-                 PEER gro off; ethtool -K PEER gro on) and must send full UDP checksums \
-                 (ethtool -K PEER tx off)"
-            ),
-            Err(e) => log::debug!("the peer of {ifname}: {e:#}"),
-        }
+        advise_on_veth_peer(sys.as_ref(), &ifname, index, quiet);
     }
     Ok(r)
+}
+
+/// What the veth `ifname`'s peer lacks for the kernel's replies, said when
+/// it can be seen from this namespace and is really missing (never with
+/// `quiet`); a peer elsewhere only gets a `-v` line.
+fn advise_on_veth_peer(sys: &dyn Sys, ifname: &str, index: u32, quiet: bool) {
+    match veth_peer(sys, Ns::Host, ifname, index) {
+        Ok(Some(peer)) => {
+            let missing = peer_missing(sys, Ns::Host, &peer);
+            if !missing.is_empty() && !quiet {
+                eprintln!(
+                    "rtprobe reflect: {ifname} is a veth whose peer {peer} {}: the kernel's \
+                     replies will not reach it; run `{}`",
+                    missing
+                        .iter()
+                        .map(|(why, _)| *why)
+                        .collect::<Vec<_>>()
+                        .join(" and "),
+                    missing
+                        .iter()
+                        .map(|(_, fix)| fix.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+        }
+        Ok(None) => log::info!(
+            "{ifname} is a veth whose peer is in another namespace, which cannot be checked \
+             from here: it receives the kernel's replies only with GRO requested (ethtool -K \
+             PEER gro off; ethtool -K PEER gro on) and must send full UDP checksums \
+             (ethtool -K PEER tx off)"
+        ),
+        Err(e) => log::debug!("the peer of {ifname}: {e:#}"),
+    }
 }
 
 /// The name of the veth `ifname`'s (ifindex `index`) peer if it is in this
