@@ -400,10 +400,14 @@ fn reflect_checks_options_and_the_json_path_before_serving() {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         s.local_addr().unwrap().to_string()
     };
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--json", "/"], "is a directory"),
         (&["--json", "/no/such/dir/r.json"], "does not exist"),
         (&["--stateless"], "--protocol stamp"),
+        (
+            &["--peers", "/no/such/peers.toml"],
+            "--peers /no/such/peers.toml",
+        ),
     ];
     for (extra, says) in cases {
         let (listen, metrics) = (free(), free());
@@ -424,6 +428,10 @@ fn reflect_checks_options_and_the_json_path_before_serving() {
         assert!(!stderr.contains("serving metrics"), "{extra:?}: {stderr}");
         assert!(!stderr.contains("answering"), "{extra:?}: {stderr}");
     }
+    // A known peer that is no address or prefix: the parser says what is.
+    let (code, _, stderr) = run(&["reflect", "--peer", "db-1", "--duration", "1s"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("e.g. 192.0.2.0/24"), "{stderr}");
 }
 
 #[test]

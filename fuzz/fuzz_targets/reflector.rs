@@ -1,7 +1,8 @@
 //! Fuzzes the reflector's receive path (`rtprobe reflect`): a stream of
 //! datagrams from a few sources through one `Core::handle`, for either
 //! protocol, with and without a STAMP key, stateless and stateful, with
-//! and without a rate limit; and the STAMP Session-Sender decoder
+//! and without rate limits (per source, global, known peers' own); and
+//! the STAMP Session-Sender decoder
 //! (`SenderPacket::decode`) over the same datagrams.
 //!
 //! What must hold, whatever arrives:
@@ -25,8 +26,9 @@ use rtprobe::{
     probe::{
         packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, KTIMES_MIN_LEN, Probe},
         reflect::{
-            Core, Counters, Drop, FLAG_REFLECTOR_STATE, MAX_SESSIONS, MAX_SOURCES, Policy,
-            STATE_MIN_LEN, Verdict, read_rtprobe_state,
+            Core, Counters, Drop, FLAG_REFLECTOR_STATE, MAX_PEER_SOURCES, MAX_SESSIONS,
+            MAX_SOURCES, Peers, Policy, Prefix, RateLimits, STATE_MIN_LEN, Verdict,
+            read_rtprobe_state,
         },
         stamp::{
             AUTH_LEN_BYTES, ClockSync, HMAC_COVERED_BYTES, HmacKey, Mode, ReflectorPacket,
@@ -47,7 +49,9 @@ fuzz_target!(|data: &[u8]| run(&mut Input(data)));
 /// written by hand; `fuzz/seeds/make-seeds.py` writes some):
 ///
 /// ```text
-/// policy  u8   bit 0 keyed, 1 STAMP, 2 stateful, 3-4 rate limit index, 5 clock synchronised
+/// policy  u8   bit 0 keyed, 1 STAMP, 2 stateful, 3-4 rate limit index, 5 clock synchronised,
+///              6 global and peers' caps (the same index), 7 known peers (hosts 1-4 of
+///              either family)
 /// clock   u32  max error (µs), i16 TAI - UTC (s)
 /// then per datagram:
 ///         u16  ms since the previous one
@@ -88,6 +92,14 @@ fn run(input: &mut Input<'_>) {
     let key = HmacKey::new(KEY).expect("non-empty key");
     let bits = input.u8();
     let keyed = bits & 1 != 0;
+    let rate = Some(RATE_LIMITS_PPS[usize::from(bits >> 3) & 3]).filter(|&r| r > 0);
+    let caps = if bits & 64 != 0 { rate } else { None };
+    let peers = if bits & 128 != 0 {
+        let p = |s: &str| s.parse::<Prefix>().expect("a prefix");
+        Peers::new([p("10.77.0.0/30"), p("10.77.0.4"), p("fd77::/126")]).expect("peers")
+    } else {
+        Peers::default()
+    };
     let policy = Policy {
         protocol: if bits & 2 != 0 {
             ProtocolArg::Stamp
@@ -95,7 +107,12 @@ fn run(input: &mut Input<'_>) {
             ProtocolArg::Rtprobe
         },
         key: keyed.then(|| key.clone()),
-        rate_limit_pps: RATE_LIMITS_PPS[usize::from(bits >> 3) & 3],
+        limits: RateLimits {
+            per_source_pps: rate,
+            global_pps: caps,
+            peers_pps: caps,
+        },
+        peers,
         stateful: bits & 4 != 0,
     };
     let mut core = Core::new(policy.clone());
@@ -148,7 +165,7 @@ fn run(input: &mut Input<'_>) {
             }
         }
         assert!(core.sessions_held() <= MAX_SESSIONS);
-        assert!(core.sources_held() <= MAX_SOURCES);
+        assert!(core.sources_held() <= MAX_SOURCES + MAX_PEER_SOURCES);
     }
 }
 
@@ -169,10 +186,26 @@ fn counted_once(before: &Counters, after: &Counters, v: Verdict) {
     assert_eq!(step(|c| c.datagrams), 1);
     let outcomes = [
         (step(|c| c.reflected), matches!(v, Verdict::Reply { .. })),
+        (
+            step(|c| c.peer_reflected),
+            matches!(v, Verdict::Reply { peer: true, .. }),
+        ),
         (step(|c| c.malformed), v == Verdict::Drop(Drop::Malformed)),
         (
             step(|c| c.rate_limited),
             v == Verdict::Drop(Drop::RateLimited),
+        ),
+        (
+            step(|c| c.global_limited),
+            v == Verdict::Drop(Drop::GlobalLimited),
+        ),
+        (
+            step(|c| c.peer_rate_limited),
+            v == Verdict::Drop(Drop::PeerRateLimited),
+        ),
+        (
+            step(|c| c.peer_global_limited),
+            v == Verdict::Drop(Drop::PeerGlobalLimited),
         ),
         (
             step(|c| c.auth_failed),
@@ -184,7 +217,13 @@ fn counted_once(before: &Counters, after: &Counters, v: Verdict) {
     }
     assert_eq!(
         after.datagrams,
-        after.reflected + after.malformed + after.rate_limited + after.auth_failed
+        after.reflected
+            + after.malformed
+            + after.rate_limited
+            + after.global_limited
+            + after.peer_rate_limited
+            + after.peer_global_limited
+            + after.auth_failed
     );
 }
 

@@ -638,10 +638,8 @@ impl StampReflector {
             .receiver
             .run(|| crate::probe::reflect::bind(&[addr]))?;
         let policy = crate::probe::reflect::Policy {
-            protocol: ProtocolArg::Stamp,
             key,
-            rate_limit_pps: 0,
-            stateful: true,
+            ..crate::probe::reflect::Policy::unlimited(ProtocolArg::Stamp)
         };
         Self::spawn(socks, policy)
     }

@@ -129,12 +129,21 @@ impl Reflector {
     /// Starts it and returns once it has said it answers (panics if it
     /// exits first or stays silent for [`READY_WITHIN`]).
     pub fn start(p: &Pair, args: &[&str]) -> Reflector {
+        Self::start_as(p, &[], args)
+    }
+
+    /// [`Reflector::start`] under `wrapper` (a command that execs the
+    /// rest, such as `setpriv --reuid=65534 ...`); its JSON goes to a
+    /// directory anyone may write.
+    pub fn start_as(p: &Pair, wrapper: &[&str], args: &[&str]) -> Reflector {
         use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
+        sh_ok(&format!("chmod 777 {}", dir.path().display()));
         let json = dir.path().join("reflector.json");
         let started = std::time::Instant::now();
         let mut child = Command::new("ip")
             .args(["netns", "exec", &p.b])
+            .args(wrapper)
             .arg(bin())
             .arg("reflect")
             .args(["--json", json.to_str().unwrap()])
@@ -195,10 +204,36 @@ impl Reflector {
     }
 
     /// SIGTERM, wait, and the counters it wrote.
-    pub fn stop(mut self) -> (serde_json::Value, String) {
-        let child = self.child.take().unwrap();
-        sh_ok(&format!("kill -TERM {}", child.id()));
-        let o = child.wait_with_output().unwrap();
+    pub fn stop(self) -> (serde_json::Value, String) {
+        let (json, out, _) = self.end(Some("TERM"));
+        (json, out)
+    }
+
+    /// Sends `signal` (or nothing: it ends by itself, `--duration`), waits
+    /// for the process to exit: the counters it wrote, its output, and
+    /// the time from the signal (or this call) to its exit.
+    pub fn end(mut self, signal: Option<&str>) -> (serde_json::Value, String, std::time::Duration) {
+        let mut child = self.child.take().unwrap();
+        let t0 = std::time::Instant::now();
+        if let Some(sig) = signal {
+            sh_ok(&format!("kill -{sig} {}", child.id()));
+        }
+        // Reaped as soon as it exits: the pipes are read after.
+        let status = child.wait().unwrap();
+        let took = t0.elapsed();
+        let o = std::process::Output {
+            status,
+            stdout: child
+                .stdout
+                .take()
+                .map(|mut s| {
+                    let mut v = Vec::new();
+                    std::io::Read::read_to_end(&mut s, &mut v).unwrap();
+                    v
+                })
+                .unwrap_or_default(),
+            stderr: Vec::new(),
+        };
         if let Some(t) = self.stderr_reader.take() {
             let _ = t.join();
         }
@@ -209,7 +244,7 @@ impl Reflector {
         );
         assert!(o.status.success(), "rtprobe reflect failed: {out}");
         let j = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("{e}: {out}"));
-        (serde_json::from_str(&j).unwrap(), out)
+        (serde_json::from_str(&j).unwrap(), out, took)
     }
 }
 

@@ -244,12 +244,31 @@ pub const REFLECTOR_SOURCES_MAP: &str = "REFLECTOR_SOURCES";
 pub const REFLECTOR_SOURCES_MAX: u32 = 65_536;
 /// ARRAY of one `u64`: the global bucket's theoretical arrival time.
 pub const REFLECTOR_GLOBAL_MAP: &str = "REFLECTOR_GLOBAL";
+/// LPM_TRIE of (prefix length, [`AddrKey`]) -> `u8` (4 or 6: the
+/// prefix's family, which must be the source's): the
+/// known peers, whose probes draw from budgets no other source can spend
+/// ([`REFLECTOR_PEER_SOURCES_MAP`], [`REFLECTOR_PEER_GLOBAL_MAP`]) instead
+/// of [`REFLECTOR_SOURCES_MAP`] and [`REFLECTOR_GLOBAL_MAP`]. IPv4
+/// prefixes are keyed IPv4-mapped, 96 bits longer.
+pub const REFLECTOR_PEERS_MAP: &str = "REFLECTOR_PEERS";
+/// Capacity of [`REFLECTOR_PEERS_MAP`]: prefixes in the allowlist.
+pub const REFLECTOR_PEERS_MAX: u32 = 16_384;
+/// LRU_HASH of [`rate_key`] -> `u64`: each known peer's bucket, apart from
+/// every other source's so that no flood evicts it.
+pub const REFLECTOR_PEER_SOURCES_MAP: &str = "REFLECTOR_PEER_SOURCES";
+/// Capacity of [`REFLECTOR_PEER_SOURCES_MAP`].
+pub const REFLECTOR_PEER_SOURCES_MAX: u32 = 16_384;
+/// ARRAY of one `u64`: the bucket all known peers share.
+pub const REFLECTOR_PEER_GLOBAL_MAP: &str = "REFLECTOR_PEER_GLOBAL";
 /// `u64` globals: the per-source limit as a [`Gcra`] (0 interval: none).
 pub const SOURCE_INTERVAL_GLOBAL: &str = "SOURCE_INTERVAL_NS";
 pub const SOURCE_TOLERANCE_GLOBAL: &str = "SOURCE_TOLERANCE_NS";
 /// `u64` globals: the global cap as a [`Gcra`] (0 interval: none).
 pub const GLOBAL_INTERVAL_GLOBAL: &str = "GLOBAL_INTERVAL_NS";
 pub const GLOBAL_TOLERANCE_GLOBAL: &str = "GLOBAL_TOLERANCE_NS";
+/// `u64` globals: the cap over all known peers as a [`Gcra`] (0 interval: none).
+pub const PEER_GLOBAL_INTERVAL_GLOBAL: &str = "PEER_GLOBAL_INTERVAL_NS";
+pub const PEER_GLOBAL_TOLERANCE_GLOBAL: &str = "PEER_GLOBAL_TOLERANCE_NS";
 
 /// The interface the reflector answers for, the one entry of
 /// [`REFLECTOR_IFACE_MAP`].
@@ -475,12 +494,19 @@ pub enum ReflectorOutcome {
     /// XDP_DROP of a probe over its source's `--rate-limit` (dropped, so
     /// that no user-space reflector on the port answers it either).
     RateLimited = 9,
-    /// XDP_DROP of a probe over the reflector's global cap on replies.
+    /// XDP_DROP of a probe over the reflector's global cap on replies
+    /// (every source but the known peers).
     GlobalLimited = 10,
+    /// A probe from a known peer answered (also counted as reflected).
+    PeerReflected = 11,
+    /// XDP_DROP of a known peer's probe over its own `--rate-limit`.
+    PeerRateLimited = 12,
+    /// XDP_DROP of a known peer's probe over the cap of all known peers.
+    PeerGlobalLimited = 13,
 }
 
 /// Number of [`ReflectorOutcome`]s (the size of [`REFLECTOR_COUNTERS_MAP`]).
-pub const REFLECTOR_OUTCOME_COUNT: u32 = 11;
+pub const REFLECTOR_OUTCOME_COUNT: u32 = 14;
 
 impl ReflectorOutcome {
     pub const ALL: [ReflectorOutcome; REFLECTOR_OUTCOME_COUNT as usize] = [
@@ -495,6 +521,9 @@ impl ReflectorOutcome {
         ReflectorOutcome::BadSource,
         ReflectorOutcome::RateLimited,
         ReflectorOutcome::GlobalLimited,
+        ReflectorOutcome::PeerReflected,
+        ReflectorOutcome::PeerRateLimited,
+        ReflectorOutcome::PeerGlobalLimited,
     ];
 
     pub const fn index(self) -> u32 {
@@ -515,6 +544,9 @@ impl ReflectorOutcome {
             ReflectorOutcome::BadSource => "bad_source",
             ReflectorOutcome::RateLimited => "rate_limited",
             ReflectorOutcome::GlobalLimited => "global_limited",
+            ReflectorOutcome::PeerReflected => "peer_reflected",
+            ReflectorOutcome::PeerRateLimited => "peer_rate_limited",
+            ReflectorOutcome::PeerGlobalLimited => "peer_global_limited",
         }
     }
 }

@@ -43,6 +43,15 @@
 //! Probes over a limit are dropped (XDP_DROP), counted as `rate_limited` /
 //! `global_limited`.
 //!
+//! Known peers (`REFLECTOR_PEERS`, an LPM trie of the allowlist's
+//! prefixes, looked up by source before any bucket) draw from budgets of
+//! their own instead: a bucket per peer in `REFLECTOR_PEER_SOURCES` (the
+//! same per-source limit, in a map no stranger can insert into, so a flood
+//! of forged sources never evicts it) and the peers' cap
+//! `REFLECTOR_PEER_GLOBAL`. A flood from anywhere else spends only the
+//! strangers' buckets and global cap. Counted apart: `peer_reflected` (a
+//! part of the reflected ones), `peer_rate_limited`, `peer_global_limited`.
+//!
 //! Checksums: swapping addresses and ports leaves both sums unchanged (the
 //! same words, reordered; the IPv6 pseudo-header too). The IPv4 checksum is
 //! updated incrementally for the TTL word (IPv6 has none, and the hop limit
@@ -58,23 +67,23 @@
 //! `REFLECTOR_CLOCK` (a leap second changes it).
 //!
 //! Kernel interfaces: XDP (BPF_PROG_TYPE_XDP, XDP_TX, bpf_redirect), bpf_ktime_get_tai_ns
-//! (6.1), bpf_ktime_get_ns, per-CPU arrays, HASH and LRU_HASH maps, BPF_CMPXCHG on map
+//! (6.1), bpf_ktime_get_ns, per-CPU arrays, HASH, LRU_HASH and LPM_TRIE maps, BPF_CMPXCHG on map
 //! values (5.12), read-only global data set at load time (5.2). Minimum kernel: 6.1.
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
     helpers::{bpf_ktime_get_ns, bpf_ktime_get_tai_ns, bpf_redirect},
     macros::{map, xdp},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use xdp_common::{
     AddrKey, AddrKind, Counter, CsumDelta, Gcra, REFLECT_TTL, REFLECTOR_ADDRS_MAX,
-    REFLECTOR_OUTCOME_COUNT, REFLECTOR_SOURCES_MAX, RTPB_FLAG_ECHO, RTPB_HEADER_LEN,
-    RTPB_KTIMES_MIN_LEN, RTPB_KTIMES_OFFSET, RTPB_MAGIC, RTPB_VERSION, ReflectorClock,
-    ReflectorIface, ReflectorOutcome, STAMP_UNAUTH_LEN, addr_key_v4, csum_replace2,
-    ipv4_bad_source, ipv6_bad_source, rate_key, realtime_ns_to_ntp, rtpb_mark_echo,
-    rtpb_write_times, stamp_reflect,
+    REFLECTOR_OUTCOME_COUNT, REFLECTOR_PEER_SOURCES_MAX, REFLECTOR_PEERS_MAX,
+    REFLECTOR_SOURCES_MAX, RTPB_FLAG_ECHO, RTPB_HEADER_LEN, RTPB_KTIMES_MIN_LEN,
+    RTPB_KTIMES_OFFSET, RTPB_MAGIC, RTPB_VERSION, ReflectorClock, ReflectorIface, ReflectorOutcome,
+    STAMP_UNAUTH_LEN, addr_key_v4, csum_replace2, ipv4_bad_source, ipv6_bad_source, rate_key,
+    realtime_ns_to_ntp, rtpb_mark_echo, rtpb_write_times, stamp_reflect,
 };
 
 use crate::{
@@ -103,6 +112,12 @@ static SOURCE_TOLERANCE_NS: u64 = 0;
 static GLOBAL_INTERVAL_NS: u64 = 0;
 #[unsafe(no_mangle)]
 static GLOBAL_TOLERANCE_NS: u64 = 0;
+/// The cap on replies to all known peers together, set at load time;
+/// interval 0: none.
+#[unsafe(no_mangle)]
+static PEER_GLOBAL_INTERVAL_NS: u64 = 0;
+#[unsafe(no_mangle)]
+static PEER_GLOBAL_TOLERANCE_NS: u64 = 0;
 
 /// The interface's MAC, filled by user space before attaching (all zero:
 /// nothing is answered).
@@ -119,9 +134,22 @@ static REFLECTOR_ADDRS: HashMap<AddrKey, u8> = HashMap::with_max_entries(REFLECT
 static REFLECTOR_SOURCES: LruHashMap<AddrKey, u64> =
     LruHashMap::with_max_entries(REFLECTOR_SOURCES_MAX, 0);
 
-/// The global bucket.
+/// The global bucket (every source but the known peers).
 #[map(name = "REFLECTOR_GLOBAL")]
 static REFLECTOR_GLOBAL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The known peers' prefixes (value: the prefix's family, 4 or 6).
+#[map(name = "REFLECTOR_PEERS")]
+static REFLECTOR_PEERS: LpmTrie<AddrKey, u8> = LpmTrie::with_max_entries(REFLECTOR_PEERS_MAX, 0);
+
+/// Each known peer's bucket, keyed by `rate_key` as the others'.
+#[map(name = "REFLECTOR_PEER_SOURCES")]
+static REFLECTOR_PEER_SOURCES: LruHashMap<AddrKey, u64> =
+    LruHashMap::with_max_entries(REFLECTOR_PEER_SOURCES_MAX, 0);
+
+/// The bucket all known peers share.
+#[map(name = "REFLECTOR_PEER_GLOBAL")]
+static REFLECTOR_PEER_GLOBAL: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map(name = "REFLECTOR_COUNTERS")]
 static REFLECTOR_COUNTERS: PerCpuArray<Counter> =
@@ -208,7 +236,7 @@ fn reflect_ipv4(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) ->
     let kind = classify::<PAYLOAD_OFF_V4>(ctx, uh, payload_len, len)?;
     let src = [hdr[12], hdr[13], hdr[14], hdr[15]];
     let dst = [hdr[16], hdr[17], hdr[18], hdr[19]];
-    admit(
+    let peer = admit(
         eth,
         &addr_key_v4(dst),
         &addr_key_v4(src),
@@ -217,6 +245,7 @@ fn reflect_ipv4(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) ->
     )?;
     let (delta, outcome) =
         rewrite::<PAYLOAD_OFF_V4>(ctx, kind, payload_len, hdr[8], rx_tai_ns, len)?;
+    count_peer(peer, len);
     // Fresh TTL, with the IP checksum updated for its word.
     let ip_check = u16::from_be_bytes([hdr[10], hdr[11]]);
     let new_ip_check = csum_replace2(
@@ -270,9 +299,10 @@ fn reflect_ipv6(ctx: &XdpContext, eth: *mut EthHdr, rx_tai_ns: i64, len: u64) ->
     let mut dst: AddrKey = [0; 16];
     src.copy_from_slice(&hdr[8..24]);
     dst.copy_from_slice(&hdr[24..40]);
-    admit(eth, &dst, &src, ipv6_bad_source(&src), len)?;
+    let peer = admit(eth, &dst, &src, ipv6_bad_source(&src), len)?;
     let (delta, outcome) =
         rewrite::<PAYLOAD_OFF_V6>(ctx, kind, payload_len, hdr[7], rx_tai_ns, len)?;
+    count_peer(peer, len);
     // Fresh hop limit (no header checksum, not in the pseudo-header).
     hdr[7] = REFLECT_TTL;
     // Source and destination address: bytes 8..24 and 24..40.
@@ -346,7 +376,9 @@ fn classify<const OFF: usize>(
 /// class no unicast reply may go to) in the frame at `eth` may be
 /// answered: addressed to this interface's MAC and one of its addresses,
 /// from a unicast source that is none of them, within the source's rate
-/// and the global cap. `Err` is the (counted) action of a refusal:
+/// and the global cap (a known peer's: its own bucket and the peers' cap).
+/// `Ok(true)`: the source is a known peer. `Err` is the (counted) action
+/// of a refusal:
 /// XDP_PASS of a frame for another host or address (the kernel forwards or
 /// drops it as it would without the reflector), XDP_DROP of a probe from a
 /// bad source or over a limit.
@@ -357,7 +389,7 @@ fn admit(
     src: &AddrKey,
     src_bad: bool,
     len: u64,
-) -> Result<(), u32> {
+) -> Result<bool, u32> {
     let refuse = |o| Err(count(o, len, xdp_action::XDP_PASS));
     // SAFETY: eth is inside the frame (checked by ptr_at).
     let (dst_mac, src_mac) = unsafe { ((*eth).dst, (*eth).src) };
@@ -382,20 +414,38 @@ fn admit(
             xdp_action::XDP_DROP,
         ));
     }
+    // Before any bucket: a known peer draws from budgets of its own.
+    let peer = is_peer(src);
+    within_limits(src, peer, len)?;
+    Ok(peer)
+}
+
+/// Whether a probe from `src` (`peer`: a known peer's) is within its
+/// source's limit and its cap: the strangers' global one, or the peers'.
+/// `Err` is the counted XDP_DROP of one over a limit.
+#[inline(always)]
+fn within_limits(src: &AddrKey, peer: bool, len: u64) -> Result<(), u32> {
     // SAFETY: read-only globals, volatile as above.
-    let (source, global) = unsafe {
+    let (source, cap) = unsafe {
         (
             Gcra {
                 interval_ns: core::ptr::read_volatile(&SOURCE_INTERVAL_NS),
                 tolerance_ns: core::ptr::read_volatile(&SOURCE_TOLERANCE_NS),
             },
-            Gcra {
-                interval_ns: core::ptr::read_volatile(&GLOBAL_INTERVAL_NS),
-                tolerance_ns: core::ptr::read_volatile(&GLOBAL_TOLERANCE_NS),
+            if peer {
+                Gcra {
+                    interval_ns: core::ptr::read_volatile(&PEER_GLOBAL_INTERVAL_NS),
+                    tolerance_ns: core::ptr::read_volatile(&PEER_GLOBAL_TOLERANCE_NS),
+                }
+            } else {
+                Gcra {
+                    interval_ns: core::ptr::read_volatile(&GLOBAL_INTERVAL_NS),
+                    tolerance_ns: core::ptr::read_volatile(&GLOBAL_TOLERANCE_NS),
+                }
             },
         )
     };
-    if source.interval_ns == 0 && global.interval_ns == 0 {
+    if source.interval_ns == 0 && cap.interval_ns == 0 {
         return Ok(());
     }
     // Monotonic, unlike the TAI time in the reply: a clock step must not
@@ -407,39 +457,77 @@ fn admit(
     // Dropped, not passed: passed, the probe would reach `rtprobe
     // reflect`'s socket on the same port and be answered there too.
     let drop = |o| Err(count(o, len, xdp_action::XDP_DROP));
+    let (sources, limited, capped) = if peer {
+        (
+            &REFLECTOR_PEER_SOURCES,
+            ReflectorOutcome::PeerRateLimited,
+            ReflectorOutcome::PeerGlobalLimited,
+        )
+    } else {
+        (
+            &REFLECTOR_SOURCES,
+            ReflectorOutcome::RateLimited,
+            ReflectorOutcome::GlobalLimited,
+        )
+    };
     // Keyed by the /64 for IPv6 (one host's worth), by address for IPv4.
-    if source.interval_ns != 0 && !take_source(&rate_key(src), now_ns, source) {
-        return drop(ReflectorOutcome::RateLimited);
+    if source.interval_ns != 0 && !take_source(sources, &rate_key(src), now_ns, source) {
+        return drop(limited);
     }
-    if global.interval_ns != 0 {
-        let taken = match REFLECTOR_GLOBAL.get_ptr_mut(0) {
-            Some(tat) => take(tat, now_ns, global),
+    if cap.interval_ns != 0 {
+        let bucket = if peer {
+            REFLECTOR_PEER_GLOBAL.get_ptr_mut(0)
+        } else {
+            REFLECTOR_GLOBAL.get_ptr_mut(0)
+        };
+        let taken = match bucket {
+            Some(tat) => take(tat, now_ns, cap),
             None => false,
         };
         if !taken {
-            return drop(ReflectorOutcome::GlobalLimited);
+            return drop(capped);
         }
     }
     Ok(())
 }
 
-/// Takes a token from the bucket under `key` (a [`rate_key`]), creating
-/// it (full) on its first probe.
+/// Whether `src` is inside a known peer's prefix of its own family (an
+/// IPv6 prefix such as ::/0 also covers the IPv4-mapped keys, which are
+/// IPv4 sources: the family stored with the prefix tells them apart).
 #[inline(always)]
-fn take_source(key: &AddrKey, now_ns: u64, g: Gcra) -> bool {
-    if let Some(tat) = REFLECTOR_SOURCES.get_ptr_mut(key) {
+fn is_peer(src: &AddrKey) -> bool {
+    let family = if xdp_common::addr_key_is_v4(src) {
+        4
+    } else {
+        6
+    };
+    REFLECTOR_PEERS
+        .get(Key::new(128, *src))
+        .is_some_and(|f| *f == family)
+}
+
+/// Counts a reply to a known peer (besides its kind).
+#[inline(always)]
+fn count_peer(peer: bool, len: u64) {
+    if peer {
+        count(ReflectorOutcome::PeerReflected, len, 0);
+    }
+}
+
+/// Takes a token from the bucket under `key` (a [`rate_key`]) in
+/// `sources`, creating it (full) on its first probe.
+#[inline(always)]
+fn take_source(sources: &LruHashMap<AddrKey, u64>, key: &AddrKey, now_ns: u64, g: Gcra) -> bool {
+    if let Some(tat) = sources.get_ptr_mut(key) {
         return take(tat, now_ns, g);
     }
     // A full bucket less this probe's token. NOEXIST: if another CPU
     // created it meanwhile, take from that one instead of resetting it.
     let first = now_ns + g.interval_ns;
-    if REFLECTOR_SOURCES
-        .insert(key, first, BPF_NOEXIST as u64)
-        .is_ok()
-    {
+    if sources.insert(key, first, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
-    match REFLECTOR_SOURCES.get_ptr_mut(key) {
+    match sources.get_ptr_mut(key) {
         Some(tat) => take(tat, now_ns, g),
         None => false,
     }

@@ -7,15 +7,16 @@ use std::{net::SocketAddr, path::Path, process::ExitCode, sync::Arc};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    ebpf::reflector::{RateLimits, Reflector},
+    ebpf::reflector::Reflector,
     export::metrics::{Access, Metrics, MetricsServer},
     probe::{
-        reflect::{self, Core, Counters, Policy, ServeReport},
+        reflect::{self, Core, Counters, Peers, Policy, Prefix, RateLimits, ServeReport},
         socket::ProbeSocket,
     },
     signals::with_signals,
     spec::remote::{
-        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS, ProtocolArg, ReflectArgs, read_key,
+        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_PEERS_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS,
+        ProtocolArg, ReflectArgs, read_key,
     },
     stats::XdpCounters,
 };
@@ -24,29 +25,59 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
     let protocol = args.protocol.unwrap_or_default();
     check_args(args, protocol)?;
     let key = args.auth_key.as_deref().map(read_key).transpose()?;
-    let (listen, socks) = if args.listen.is_empty() {
-        reflect::bind_both_families(protocol.default_port())?
+    let peers = known_peers(args, protocol, key.is_some())?;
+    let bound = if args.listen.is_empty() {
+        reflect::bind_both_families(protocol.default_port(), &peers)?
     } else {
-        (args.listen.clone(), reflect::bind(&args.listen)?)
+        reflect::bind_steered(&args.listen, &peers)?
     };
+    if !args.quiet && !bound.peers_not_steered.is_empty() {
+        eprintln!(
+            "rtprobe reflect: {} known peers are too many to give them a socket of their own on {}: \
+             they keep their budgets but share the socket's queue with everyone (give wider prefixes)",
+            peers.len(),
+            bound
+                .peers_not_steered
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let steered = !bound.peers_steered.is_empty();
+    let reflect::Bound { socks, listen, .. } = bound;
+    let limits = limits(args);
+    // Asked for, the in-kernel reflector runs or the command stops: a
+    // user-space reflector answering alone would measure something else.
     let kernel = if args.kernel {
-        attach_kernel(args, &listen, protocol, key.is_some())
+        let r = reflect::attach_kernel(
+            crate::sys::linux(),
+            &listen,
+            protocol,
+            key.is_some(),
+            limits,
+            &peers,
+            args.quiet,
+        )
+        .context("--kernel: the in-kernel reflector was not attached")?;
+        Some(r)
     } else {
         None
     };
     let policy = Policy {
         protocol,
         key,
-        rate_limit_pps: args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS),
+        limits,
+        peers,
         stateful: !args.stateless,
     };
     let names: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
-    announce(&policy, &names, kernel.is_some());
+    let ready = announce(&policy, &names, kernel.is_some(), steered);
     let metrics = match args.metrics_listen {
         Some(addr) => Some(Publisher::start(addr, args.metrics_token_file.as_deref())?),
         None => None,
     };
-    let (mut report, kernel) = serve(socks, policy, args, metrics, kernel)?;
+    let (mut report, kernel) = serve(socks, policy, args, metrics, kernel, ready)?;
     report.listen = names;
     let kcounters = match &kernel {
         Some(r) => Some(
@@ -115,36 +146,61 @@ fn check_json_path(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `--kernel`: the in-kernel reflector with the rate limits asked for, or
-/// (said on stderr) the user-space reflector alone.
-fn attach_kernel(
-    args: &ReflectArgs,
-    listen: &[SocketAddr],
-    protocol: ProtocolArg,
-    key: bool,
-) -> Option<Reflector> {
-    let limits = RateLimits {
+/// The limits both reflectors enforce, from the flags or their defaults.
+fn limits(args: &ReflectArgs) -> RateLimits {
+    RateLimits {
         per_source_pps: Some(args.rate_limit.unwrap_or(DEFAULT_RATE_LIMIT_PPS)),
         global_pps: Some(
             args.global_rate_limit
                 .unwrap_or(DEFAULT_GLOBAL_RATE_LIMIT_PPS),
         ),
-    };
-    match reflect::attach_kernel(crate::sys::linux(), listen, protocol, key, limits) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            eprintln!(
-                "rtprobe reflect: --kernel: not attached ({e:#}); the user-space reflector answers alone"
-            );
-            None
-        }
+        peers_pps: Some(
+            args.peers_rate_limit
+                .unwrap_or(DEFAULT_PEERS_RATE_LIMIT_PPS),
+        ),
     }
 }
 
-/// The line that says what is answered where.
-fn announce(policy: &Policy, names: &[String], kernel: bool) {
-    eprintln!(
-        "rtprobe reflect: answering {} on {}{}{}, at most {}/s per IPv4 address or IPv6 /64; Ctrl-C to stop",
+/// `--peer` and the addresses of `--peers FILE` (read by the prober's own
+/// targets-file reader, with this reflector's protocol as the default).
+fn known_peers(args: &ReflectArgs, protocol: ProtocolArg, auth: bool) -> Result<Peers> {
+    let mut prefixes: Vec<Prefix> = args.peer.clone();
+    if let Some(file) = &args.peers {
+        let base = crate::spec::targets::Base {
+            protocol,
+            port: protocol.default_port(),
+            tos: 0,
+            // The shortest probe of the protocol: only the addresses count.
+            size: match (protocol, auth) {
+                (ProtocolArg::Rtprobe, _) => crate::probe::packet::HEADER_LEN.max(64),
+                (ProtocolArg::Stamp, false) => crate::probe::stamp::UNAUTH_LEN_BYTES,
+                (ProtocolArg::Stamp, true) => crate::probe::stamp::AUTH_LEN_BYTES,
+            },
+            interval: std::time::Duration::from_secs(1),
+            auth,
+        };
+        let targets = crate::spec::targets::read_file(file, &base)
+            .with_context(|| format!("--peers {}", file.display()))?;
+        prefixes.extend(targets.iter().map(|t| Prefix::host(t.addr.ip())));
+    }
+    Peers::new(prefixes).map_err(|e| anyhow::anyhow!("--peer/--peers: {e}"))
+}
+
+/// The line that says what is answered where (said when serving starts:
+/// `--duration` counts from there).
+fn announce(policy: &Policy, names: &[String], kernel: bool, steered: bool) -> String {
+    let own = if steered {
+        " with a socket of their own"
+    } else {
+        ""
+    };
+    let peers = match policy.peers.len() {
+        0 => String::new(),
+        1 => format!(", 1 known peer ({}){own}", policy.peers.prefixes()[0]),
+        n => format!(", {n} known peers{own}"),
+    };
+    format!(
+        "rtprobe reflect: answering {} on {}{}{}{peers}, {}; Ctrl-C to stop",
         policy.protocol.name(),
         names.join(", "),
         if policy.key.is_some() {
@@ -157,8 +213,8 @@ fn announce(policy: &Policy, names: &[String], kernel: bool) {
         } else {
             ""
         },
-        policy.rate_limit_pps,
-    );
+        policy.limits.describe(!policy.peers.is_empty()),
+    )
 }
 
 /// Serves until a signal or `--duration`. The in-kernel reflector goes
@@ -170,10 +226,13 @@ fn serve(
     args: &ReflectArgs,
     mut metrics: Option<Publisher>,
     kernel: Option<Reflector>,
+    ready: String,
 ) -> Result<(ServeReport, Option<Reflector>)> {
     let (quiet, duration) = (args.quiet, args.duration);
     with_signals(true, move |stop| {
+        let signals = StopOnSignal::register(&stop)?;
         let mut core = Core::new(policy);
+        eprintln!("{ready}");
         let report = reflect::serve(
             &socks,
             &mut core,
@@ -190,9 +249,72 @@ fn serve(
                 }
             },
         );
+        let stopped_ms = signals.since_signal_ms();
         drop(metrics);
-        report.map(|r| (r, kernel))
+        report.map(|mut r| {
+            r.stopped_after_signal_ms = stopped_ms;
+            (r, kernel)
+        })
     })
+}
+
+/// Sets the stop flag from the signal handler itself. `with_signals` sets
+/// it from its runtime's thread, which the handler wakes: under a flood
+/// that keeps both CPUs busy that thread waited tens of ms for one (35 ms
+/// in one trace), on top of the handler's own wait. Any signal stops the
+/// reflector, so the first is as good as the second here. The handler
+/// also notes when the first signal came (CLOCK_MONOTONIC), so that the
+/// report can say how soon the reflector stopped after it.
+struct StopOnSignal {
+    ids: Vec<signal_hook_registry::SigId>,
+    at_ns: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl StopOnSignal {
+    fn register(stop: &Arc<std::sync::atomic::AtomicU8>) -> Result<Self> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let at_ns = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let mut ids = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            let (stop, at) = (Arc::clone(stop), Arc::clone(&at_ns));
+            // SAFETY: the action is clock_gettime (async-signal-safe, POSIX)
+            // and atomic stores: async-signal-safe.
+            let id = unsafe {
+                signal_hook_registry::register(sig, move || {
+                    let _ = at.compare_exchange(0, monotonic_ns(), SeqCst, SeqCst);
+                    stop.store(1, SeqCst);
+                })
+            }
+            .context("install a signal handler")?;
+            ids.push(id);
+        }
+        Ok(StopOnSignal { ids, at_ns })
+    }
+
+    /// How long ago the first signal came, ms; None if none did.
+    fn since_signal_ms(&self) -> Option<f64> {
+        let at = self.at_ns.load(std::sync::atomic::Ordering::SeqCst);
+        (at != 0).then(|| (monotonic_ns() - at) as f64 / 1e6)
+    }
+}
+
+impl Drop for StopOnSignal {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook_registry::unregister(id);
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in ns (async-signal-safe: no allocation, no lock).
+fn monotonic_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// `--metrics-listen`: the server and what it last published.
@@ -244,7 +366,7 @@ impl Publisher {
 fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
     let c = &report.counters;
     println!(
-        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  auth-failed {}  send errors {}",
+        "rtprobe reflect: {} datagrams in {:.1} s: sessions {}  reflected {}  not-for-us {}  bad-source {}  malformed {}  rate-limited {}  global-limited {}  auth-failed {}  send errors {}",
         c.datagrams,
         report.duration_s,
         c.sessions,
@@ -253,13 +375,26 @@ fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
         c.bad_source,
         c.malformed,
         c.rate_limited,
+        c.global_limited,
         c.auth_failed,
         c.send_errors
     );
+    if !report.peers.is_empty() {
+        println!(
+            "  known peers ({} prefixes): reflected {}  rate-limited {}  over the peers' cap {}",
+            report.peers.len(),
+            c.peer_reflected,
+            c.peer_rate_limited,
+            c.peer_global_limited
+        );
+    }
     if c.recv_errors > 0 {
         println!("  receive errors: {} (logged, survived)", c.recv_errors);
     }
     println!("  clock: {}", report.clock_line());
+    if let Some(ms) = report.stopped_after_signal_ms {
+        println!("  stopped serving {ms:.1} ms after the signal");
+    }
     if let (Some(p50), Some(p99)) = (report.turnaround_ns.p50, report.turnaround_ns.p99) {
         println!(
             "  turnaround (kernel RX stamp -> echo's kernel TX stamp): p50 {:.1} µs  p99 {:.1} µs over {} of {} replies stamped (at most {}/s)",
@@ -277,6 +412,16 @@ fn print_report(report: &ServeReport, kcounters: Option<&XdpCounters>) {
             "  in-kernel reflector: {}",
             serde_json::to_string(k).unwrap_or_default()
         );
+        if !report.peers.is_empty() {
+            let n = |o: &str| k.get(o).map_or(0, |c| c.packets);
+            println!(
+                "  in-kernel, known peers: reflected {}  rate-limited {}  over the peers' cap {}; others: global-limited {}",
+                n("peer_reflected"),
+                n("peer_rate_limited"),
+                n("peer_global_limited"),
+                n("global_limited")
+            );
+        }
     }
 }
 

@@ -12,8 +12,12 @@
 //! within about a second (until then a new address is not answered and a
 //! removed one still is); a MAC change likewise.
 //!
+//! The known peers (`--peer`, `--peers`) go into the program's LPM trie
+//! once, before it is attached; their budgets are the same load-time
+//! limits ([`RateLimits`], shared with the user-space reflector).
+//!
 //! Kernel interfaces: bpf(2) (BPF_PROG_LOAD, per-CPU and plain arrays,
-//! HASH and LRU_HASH maps, global data set at load time, BPF_LINK_CREATE
+//! HASH, LRU_HASH and LPM_TRIE maps (Linux 4.11), global data set at load time, BPF_LINK_CREATE
 //! for XDP), the program's `bpf_ktime_get_tai_ns` (Linux >= 6.1) and
 //! BPF_CMPXCHG (5.12), `adjtimex(2)` (read only) for the kernel's TAI
 //! offset, rtnetlink IFLA_XDP to read back the mode and RTM_GETADDR for
@@ -33,13 +37,14 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData},
+    maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key},
     programs::Xdp,
 };
 use xdp_common::{
     AddrKey, AddrKind, GLOBAL_INTERVAL_GLOBAL, GLOBAL_TOLERANCE_GLOBAL, Gcra, LOG_RARE_GLOBAL,
-    REFLECT_PORT_GLOBAL, REFLECTOR_ADDRS_MAP, REFLECTOR_ADDRS_MAX, REFLECTOR_CLOCK_MAP,
-    REFLECTOR_COUNTERS_MAP, REFLECTOR_IFACE_MAP, REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL,
+    PEER_GLOBAL_INTERVAL_GLOBAL, PEER_GLOBAL_TOLERANCE_GLOBAL, REFLECT_PORT_GLOBAL,
+    REFLECTOR_ADDRS_MAP, REFLECTOR_ADDRS_MAX, REFLECTOR_CLOCK_MAP, REFLECTOR_COUNTERS_MAP,
+    REFLECTOR_IFACE_MAP, REFLECTOR_PEERS_MAP, REFLECTOR_PROGRAM_NAME, REPLY_IFINDEX_GLOBAL,
     ReflectorClock, ReflectorIface, ReflectorOutcome, SOURCE_INTERVAL_GLOBAL,
     SOURCE_TOLERANCE_GLOBAL, STAMP_PORT_GLOBAL, addr_key_v4,
 };
@@ -48,10 +53,13 @@ use super::{
     AttachedMode, attach_error, attach_flags, detach_checked, explain_load_error,
     explain_program_error, raise_memlock_limit, read_back, read_counters, router_object,
 };
+pub use crate::probe::reflect::RateLimits;
 use crate::{
     ebpf::XdpMode,
-    error::Error,
-    probe::stamp::{ClockSync, ErrorEstimate},
+    probe::{
+        reflect::Peers,
+        stamp::{ClockSync, ErrorEstimate},
+    },
     stats::XdpCounters,
     sys::{BpfObject, Ns, Sys, SysRef, XdpLink, XdpProg},
 };
@@ -60,33 +68,11 @@ use crate::{
 /// interface's MAC and addresses are read again.
 const CLOCK_REFRESH: Duration = Duration::from_secs(1);
 
-/// The reflector's rate limits in replies per second; None: no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RateLimits {
-    /// Per source address (an LRU map of token buckets).
-    pub per_source_pps: Option<u32>,
-    /// Over all sources together.
-    pub global_pps: Option<u32>,
-}
-
-impl RateLimits {
-    /// No limit at all: rtprobe's own testbed, whose reflector answers only
-    /// the testbed's sender inside its namespaces, at whatever rate the run
-    /// asks for.
-    pub const NONE: RateLimits = RateLimits {
-        per_source_pps: None,
-        global_pps: None,
-    };
-
-    /// The bucket depth for `rate_pps`: a tenth of a second's worth, at
-    /// least 16 (as the user-space reflector's).
-    pub fn burst(rate_pps: u32) -> u32 {
-        (rate_pps / 10).max(16)
-    }
-
-    fn gcra(rate_pps: Option<u32>) -> Gcra {
-        rate_pps.map_or(Gcra::default(), |r| Gcra::per_second(r, Self::burst(r)))
-    }
+/// A limit as the program's GCRA globals hold it (interval 0: none).
+fn gcra(rate_pps: Option<u32>) -> Gcra {
+    rate_pps.map_or(Gcra::default(), |r| {
+        Gcra::per_second(r, RateLimits::burst(r))
+    })
 }
 
 /// What the reflector answers for: one interface's MAC and addresses.
@@ -284,8 +270,9 @@ pub struct Reflector {
 
 impl Reflector {
     /// Loads the reflector answering rtprobe probes to UDP `probe_port`
-    /// and STAMP to `stamp_port` (0: none), with the clock offset written
-    /// and a thread that keeps it current. Replies leave by XDP_TX, or with
+    /// and STAMP to `stamp_port` (0: none), within `limits`, with `peers`
+    /// as the known peers, the clock offset written and a thread that
+    /// keeps it current. Replies leave by XDP_TX, or with
     /// `reply_ifindex` non-zero by a redirect to that interface (the one it
     /// is attached to: what a veth needs, see [`super::XdpSetup`]). It
     /// answers nothing until [`Self::attach`] tells it its interface.
@@ -295,6 +282,7 @@ impl Reflector {
         stamp_port: u16,
         reply_ifindex: u32,
         limits: RateLimits,
+        peers: &Peers,
     ) -> Result<Self> {
         let object = router_object();
         if object.is_empty() {
@@ -303,19 +291,20 @@ impl Reflector {
                  rebuild it without AYA_BUILD_SKIP (cargo build)"
             );
         }
-        if !nix::unistd::geteuid().is_root() {
-            return Err(Error::NotRoot.into());
-        }
+        require_caps()?;
         raise_memlock_limit();
-        let (source, global) = (
-            RateLimits::gcra(limits.per_source_pps),
-            RateLimits::gcra(limits.global_pps),
+        let (source, global, peer_cap) = (
+            gcra(limits.per_source_pps),
+            gcra(limits.global_pps),
+            gcra(limits.peers_pps),
         );
         let mut ebpf = EbpfLoader::new()
             .override_global(SOURCE_INTERVAL_GLOBAL, &source.interval_ns, true)
             .override_global(SOURCE_TOLERANCE_GLOBAL, &source.tolerance_ns, true)
             .override_global(GLOBAL_INTERVAL_GLOBAL, &global.interval_ns, true)
             .override_global(GLOBAL_TOLERANCE_GLOBAL, &global.tolerance_ns, true)
+            .override_global(PEER_GLOBAL_INTERVAL_GLOBAL, &peer_cap.interval_ns, true)
+            .override_global(PEER_GLOBAL_TOLERANCE_GLOBAL, &peer_cap.tolerance_ns, true)
             .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
             .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
             .override_global(REPLY_IFINDEX_GLOBAL, &reply_ifindex, true)
@@ -344,6 +333,7 @@ impl Reflector {
             ebpf.take_map(name)
                 .with_context(|| format!("the object has no {name} map"))
         };
+        write_peers(take(&mut ebpf, REFLECTOR_PEERS_MAP)?, peers)?;
         let maps = IdentityMaps {
             iface: Array::try_from(take(&mut ebpf, REFLECTOR_IFACE_MAP)?)
                 .context("the reflector's interface map has an unexpected type")?,
@@ -535,6 +525,42 @@ impl Drop for Reflector {
     }
 }
 
+/// What loading and attaching the reflector takes, found by trying on
+/// Linux 6.18 as uid 65534 (docs/DEPLOY.md): CAP_BPF for the maps,
+/// CAP_NET_ADMIN for the object's device map (the router's, in the same
+/// object), the XDP program type and the attach, CAP_PERFMON for the
+/// verifier to take the program (without it the load fails with EACCES).
+/// CAP_SYS_ADMIN alone passes all three checks. Checked first, so that
+/// the error names the one that is missing.
+fn require_caps() -> Result<()> {
+    use crate::sys::caps::{self, CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON, CAP_SYS_ADMIN};
+    let eff = caps::effective()?;
+    let missing = caps::missing(eff, &[CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN]);
+    if missing.is_empty() || caps::missing(eff, &[CAP_SYS_ADMIN]).is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = missing.iter().map(|c| c.name).collect();
+    bail!(
+        "the in-kernel reflector needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, and this process \
+         lacks {}: run it as root, or grant them (systemd: AmbientCapabilities=; setpriv \
+         --ambient-caps)",
+        names.join(" and ")
+    )
+}
+
+/// Fills the program's LPM trie with the known peers' prefixes, each
+/// with its family (which the program checks against the source's).
+fn write_peers(map: aya::maps::Map, peers: &Peers) -> Result<()> {
+    let mut trie: LpmTrie<MapData, AddrKey, u8> =
+        LpmTrie::try_from(map).context("the reflector's peers map has an unexpected type")?;
+    for p in peers.prefixes() {
+        let family = if p.addr.is_ipv4() { 4u8 } else { 6 };
+        trie.insert(&Key::new(u32::from(p.key_len()), p.key()), family, 0)
+            .with_context(|| format!("writing the known peer {p} into the reflector's map"))?;
+    }
+    Ok(())
+}
+
 fn program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
     ebpf.program_mut(REFLECTOR_PROGRAM_NAME)
         .with_context(|| format!("the XDP object has no program {REFLECTOR_PROGRAM_NAME}"))?
@@ -609,8 +635,8 @@ mod identity_tests {
     fn limits_follow_the_user_space_burst() {
         assert_eq!(RateLimits::burst(10_000), 1000);
         assert_eq!(RateLimits::burst(50), 16);
-        let g = RateLimits::gcra(Some(10_000));
+        let g = gcra(Some(10_000));
         assert_eq!((g.interval_ns, g.tolerance_ns), (100_000, 999 * 100_000));
-        assert_eq!(RateLimits::gcra(None), Gcra::default());
+        assert_eq!(gcra(None), Gcra::default());
     }
 }

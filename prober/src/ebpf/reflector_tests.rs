@@ -14,6 +14,7 @@ use super::{
 use crate::{
     probe::{
         packet::Probe,
+        reflect::{Peers, Prefix},
         stamp::{ErrorEstimate, Mode, ReflectorPacket, SenderPacket, Timestamp},
     },
     sys::Addr,
@@ -303,12 +304,18 @@ fn identity_b() -> Identity {
 
 /// A reflector answering for B, with `limits`.
 fn load_b(reply_ifindex: u32, limits: RateLimits) -> Reflector {
+    load_b_with_peers(reply_ifindex, limits, &Peers::default())
+}
+
+/// [`load_b`] with `peers` as the known peers.
+fn load_b_with_peers(reply_ifindex: u32, limits: RateLimits, peers: &Peers) -> Reflector {
     let r = Reflector::load(
         crate::sys::linux(),
         PROBE_PORT,
         STAMP_PORT,
         reply_ifindex,
         limits,
+        peers,
     )
     .expect("load the reflector");
     r.set_identity(&identity_b()).expect("identity");
@@ -589,6 +596,7 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
         STAMP_PORT,
         0,
         RateLimits::NONE,
+        &Peers::default(),
     )
     .unwrap();
     let (action, _) = run(&blank, &good().bytes());
@@ -780,6 +788,7 @@ fn reflector_limits_each_source() {
         RateLimits {
             per_source_pps: Some(rate),
             global_pps: None,
+            ..RateLimits::NONE
         },
     );
     let (tx, dropped, secs) = burst_from(&r, IP_A, 100);
@@ -810,6 +819,7 @@ fn reflector_caps_all_sources_together() {
         RateLimits {
             per_source_pps: Some(10_000),
             global_pps: Some(global),
+            ..RateLimits::NONE
         },
     );
     let t0 = std::time::Instant::now();
@@ -844,6 +854,7 @@ fn reflector_limits_each_ipv6_64() {
         RateLimits {
             per_source_pps: Some(rate),
             global_pps: None,
+            ..RateLimits::NONE
         },
     );
     // fd71:9::2 and fd71:9::5eed:1:2:3, both in fd71:9::/64 (B's too).
@@ -869,4 +880,85 @@ fn reflector_limits_each_ipv6_64() {
     eprintln!("another /64: {tx3} answered");
     assert!(tx3 >= burst, "another /64 has its own bucket: {tx3}");
     assert_eq!(counter(&r, ReflectorOutcome::GlobalLimited), 0);
+}
+
+/// Known peers draw from budgets of their own: with the strangers' global
+/// cap spent by 100 sources, a peer (IPv4 by address, IPv6 by a prefix)
+/// still gets its burst, counted as `peer_reflected`; past its own bucket
+/// it is `peer_rate_limited`, past the peers' cap `peer_global_limited`.
+/// An IPv6 prefix (::/0) does not make IPv4 sources peers.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn reflector_keeps_a_budget_for_known_peers() {
+    require_root();
+    // Peers' cap: bursts of 40, so two peers' bursts of 16 fit in it.
+    let (per_source, global, peers_cap) = (10u32, 20u32, 400u32);
+    let burst = |r| u64::from(RateLimits::burst(r));
+    let prefix = |s: &str| s.parse::<Prefix>().unwrap();
+    let peers = Peers::new([prefix("10.9.0.2"), prefix("::/0")]).unwrap();
+    let r = load_b_with_peers(
+        0,
+        RateLimits {
+            per_source_pps: Some(per_source),
+            global_pps: Some(global),
+            peers_pps: Some(peers_cap),
+        },
+        &peers,
+    );
+    let t0 = std::time::Instant::now();
+    let mut strangers = 0;
+    for i in 0..100u8 {
+        strangers += burst_from(&r, [10, 9, 1, i], 1).0;
+    }
+    let global_limited = counter(&r, ReflectorOutcome::GlobalLimited);
+    // The peer IP_A (10.9.0.2) after the flood: its own bucket.
+    let (peer, peer_dropped, _) = burst_from(&r, IP_A, 100);
+    // An IPv6 peer (::/0 holds every IPv6 source) from another /64.
+    let mut other = IP6_A;
+    other[7] = 7;
+    let (peer6, _, _) = burst_from6(&r, other, 100);
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "strangers {strangers} answered, {global_limited} global-limited; peer {peer} answered, \
+         {peer_dropped} dropped; IPv6 peer {peer6} answered in {secs:.3} s"
+    );
+    let most = |rate, b| b + (secs * f64::from(rate)).ceil() as u64;
+    assert!(strangers <= most(global, burst(global)), "{strangers}");
+    assert!(global_limited >= 100 - most(global, burst(global)));
+    // Each peer gets its own burst although the strangers' cap is spent.
+    assert!(peer >= burst(per_source) && peer <= most(per_source, burst(per_source)));
+    assert!(peer6 >= burst(per_source) && peer6 <= most(per_source, burst(per_source)));
+    assert_eq!(counter(&r, ReflectorOutcome::PeerReflected), peer + peer6);
+    assert_eq!(
+        counter(&r, ReflectorOutcome::PeerRateLimited),
+        200 - peer - peer6,
+        "both peers over their own buckets, within the peers' cap"
+    );
+    assert_eq!(counter(&r, ReflectorOutcome::PeerGlobalLimited), 0);
+    assert_eq!(
+        counter(&r, ReflectorOutcome::ReflectedRtprobe),
+        strangers + peer + peer6
+    );
+    // Eight more IPv6 peers, each with a fresh bucket: the peers' cap
+    // (bursts of 40) is what stops them now.
+    for n in 8u8..16 {
+        let mut a = IP6_A;
+        a[7] = n;
+        burst_from6(&r, a, 16);
+    }
+    assert!(
+        counter(&r, ReflectorOutcome::PeerGlobalLimited) > 0,
+        "the peers' own cap holds too"
+    );
+    assert!(
+        counter(&r, ReflectorOutcome::PeerReflected) <= most(peers_cap, burst(peers_cap)),
+        "never more than the peers' cap"
+    );
+    // IPv4 from outside the list is a stranger still: the global cap.
+    let before = counter(&r, ReflectorOutcome::GlobalLimited);
+    burst_from(&r, [10, 9, 2, 1], 5);
+    assert!(
+        counter(&r, ReflectorOutcome::GlobalLimited) > before,
+        "::/0 is not IPv4"
+    );
 }

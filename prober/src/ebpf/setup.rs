@@ -80,7 +80,8 @@ impl Loader for KernelLoader {
     ) -> Result<Reflector> {
         // No rate limit: the testbed's reflector answers only the testbed's
         // own sender, inside its namespaces, at the rate the run asks for
-        // (benches probe far above any per-source default).
+        // (benches probe far above any per-source default); no known peers
+        // either, as nothing is limited.
         let limits = super::reflector::RateLimits::NONE;
         Reflector::load(
             self.0.clone(),
@@ -88,6 +89,7 @@ impl Loader for KernelLoader {
             stamp_port,
             reply_ifindex,
             limits,
+            &crate::probe::reflect::Peers::default(),
         )
     }
 }

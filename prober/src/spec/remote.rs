@@ -213,7 +213,8 @@ pub(crate) fn parse_rate(s: &str) -> Result<u32, String> {
     rtprobe reflect --listen 0.0.0.0:5061\n  \
     rtprobe reflect --protocol stamp --listen 192.0.2.7:862 --json reflector.json\n  \
     rtprobe reflect --protocol stamp --auth-key stamp.key --rate-limit 2000/s\n  \
-    rtprobe reflect --protocol stamp --listen [::]:862 --listen 0.0.0.0:862\n\n\
+    rtprobe reflect --protocol stamp --listen [::]:862 --listen 0.0.0.0:862\n  \
+    rtprobe reflect --peers /etc/rtprobe/targets.toml --peer 10.1.0.0/16\n\n\
     Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]\n\
     or over IPv6: rtprobe --target [2001:db8::7]:862 --protocol stamp"
 )]
@@ -245,15 +246,35 @@ pub struct ReflectArgs {
 
     /// Most datagrams per second answered from one source, e.g. 10000/s: one IPv4 address, or
     /// one IPv6 /64 (one host's addresses: rotating them buys nothing; hosts sharing a /64
-    /// share this limit); the rest are counted as rate-limited [default: 10000/s].
+    /// share this limit); a known peer has its own bucket at the same rate; the rest are
+    /// counted as rate-limited [default: 10000/s].
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
     pub rate_limit: Option<u32>,
 
-    /// With --kernel: most replies per second the in-kernel reflector sends over all sources
-    /// together (it drops the rest, counted as global_limited); bounds what a flood from many
-    /// forged sources gets [default: 100000/s].
-    #[arg(long, value_name = "N/s", value_parser = parse_rate, requires = "kernel")]
+    /// Most replies per second over every source that is not a known peer, together (the rest
+    /// are dropped, counted as global-limited): bounds what a flood from many forged sources
+    /// gets, in both reflectors [default: 100000/s].
+    #[arg(long, value_name = "N/s", value_parser = parse_rate)]
     pub global_rate_limit: Option<u32>,
+
+    /// A known peer: probes from this address or prefix (e.g. 192.0.2.7, 10.1.0.0/16,
+    /// 2001:db8::/48; repeatable) draw from budgets of their own, which no flood from other
+    /// sources can spend: a bucket per peer at --rate-limit and --peers-rate-limit over all
+    /// peers, in both reflectors. Peers are told by source address, which can be forged: a
+    /// flood forging a peer's address costs that peer, not the others.
+    #[arg(long, value_name = "PREFIX")]
+    #[serde(default)]
+    pub peer: Vec<crate::probe::reflect::Prefix>,
+
+    /// Known peers from a targets file, as `rtprobe --targets FILE` reads it (a fleet's own
+    /// peers file): every target's address is a known peer (see --peer). Read at start.
+    #[arg(long, value_name = "FILE")]
+    pub peers: Option<PathBuf>,
+
+    /// Most replies per second to all known peers together (--peer, --peers): the peers' own
+    /// budget, apart from --global-rate-limit's [default: 100000/s].
+    #[arg(long, value_name = "N/s", value_parser = parse_rate)]
+    pub peers_rate_limit: Option<u32>,
 
     /// STAMP: answer statelessly (the reply's sequence number is the sender's) instead of
     /// counting per session (RFC 8762 §4.3; stateful lets the sender split loss by direction).
@@ -262,23 +283,25 @@ pub struct ReflectArgs {
     pub stateless: bool,
 
     /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single, IPv4 or
-    /// IPv6) --listen address, so the kernel answers before any socket (needs root; says why
-    /// not). It answers only unicast probes to that interface's MAC and addresses from unicast
-    /// sources, at most --rate-limit per source and --global-rate-limit in total.
+    /// IPv6) --listen address, so the kernel answers before any socket (needs CAP_BPF,
+    /// CAP_NET_ADMIN and CAP_PERFMON, or root; without them, or if the attach fails, it stops
+    /// with the reason). It answers only unicast probes to that interface's MAC and addresses
+    /// from unicast sources, within the same limits as the user-space reflector.
     #[arg(long)]
     #[serde(default)]
     pub kernel: bool,
 
-    /// No line per new session.
+    /// No line per new session and no advice (e.g. on a veth's peer): only the lines saying what
+    /// runs, warnings and errors.
     #[arg(short, long)]
     #[serde(default)]
     pub quiet: bool,
 
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while reflecting:
     /// datagrams by outcome (reflected, not-for-us, bad-source, malformed, rate-limited,
-    /// auth-failed) and sessions; with --kernel also the in-kernel reflector's frames by
-    /// outcome. Port 0 picks a free one (printed). Anyone who reaches ADDR may scrape: bind a
-    /// management address, or add --metrics-token-file.
+    /// global-limited, auth-failed; known peers' apart) and sessions; with --kernel also the
+    /// in-kernel reflector's frames by outcome. Port 0 picks a free one (printed). Anyone who
+    /// reaches ADDR may scrape: bind a management address, or add --metrics-token-file.
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -292,10 +315,13 @@ pub struct ReflectArgs {
 
 /// Default rate limit per source.
 pub(crate) const DEFAULT_RATE_LIMIT_PPS: u32 = 10_000;
-/// Default cap on the in-kernel reflector's replies over all sources: ten
-/// sources at the full per-source rate (about 1.2 Gbit/s of 1500-byte
-/// replies), far below what XDP could send.
+/// Default cap on either reflector's replies over all sources but the
+/// known peers: ten sources at the full per-source rate (about 1.2 Gbit/s
+/// of 1500-byte replies), far below what XDP could send.
 pub(crate) const DEFAULT_GLOBAL_RATE_LIMIT_PPS: u32 = 100_000;
+/// Default cap on the replies to all known peers together: as much again,
+/// reserved for them (a 100-host fleet probing every 1 ms is 100 000/s).
+pub(crate) const DEFAULT_PEERS_RATE_LIMIT_PPS: u32 = 100_000;
 
 #[cfg(test)]
 mod tests {

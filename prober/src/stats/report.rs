@@ -367,16 +367,30 @@ pub enum ReflectorCounts {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReflectorCounters {
     /// Datagrams received (= reflected + not_for_us + bad_source +
-    /// malformed + rate_limited + auth_failed).
+    /// malformed + rate_limited + global_limited + peer_rate_limited +
+    /// peer_global_limited + auth_failed).
     pub datagrams: u64,
     pub sessions: u64,
     pub reflected: u64,
+    /// Of `reflected`: replies to known peers (`--peer`, `--peers`).
+    #[serde(default)]
+    pub peer_reflected: u64,
     /// Sent to a broadcast or multicast destination.
     pub not_for_us: u64,
     /// From a source no single host can have (or loopback from outside).
     pub bad_source: u64,
     pub malformed: u64,
+    /// Over their source's `--rate-limit`.
     pub rate_limited: u64,
+    /// Over `--global-rate-limit` (every source but the known peers).
+    #[serde(default)]
+    pub global_limited: u64,
+    /// A known peer's, over its own `--rate-limit`.
+    #[serde(default)]
+    pub peer_rate_limited: u64,
+    /// A known peer's, over `--peers-rate-limit` (all known peers together).
+    #[serde(default)]
+    pub peer_global_limited: u64,
     pub auth_failed: u64,
     /// Sessions forgotten to make room in a full table.
     pub sessions_evicted: u64,

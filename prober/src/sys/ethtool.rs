@@ -1,5 +1,6 @@
 //! Interface offloads and ring sizes through the kernel's ethtool ioctl
-//! (SIOCETHTOOL): GRO (ETHTOOL_GGRO/SGRO), TX checksumming
+//! (SIOCETHTOOL): GRO (ETHTOOL_GGRO/SGRO; whether it was asked for,
+//! ETHTOOL_GFEATURES with the names of ETHTOOL_GSTRINGS), TX checksumming
 //! (ETHTOOL_GTXCSUM/STXCSUM) and ring sizes (ETHTOOL_GRINGPARAM/
 //! SRINGPARAM). Linux >= 2.6.39 for all of them.
 //!
@@ -33,6 +34,11 @@ const ETHTOOL_SGSO: u32 = 0x24;
 const ETHTOOL_STXCSUM: u32 = 0x17;
 const ETHTOOL_GGRO: u32 = 0x2b;
 const ETHTOOL_SGRO: u32 = 0x2c;
+const ETHTOOL_GSTRINGS: u32 = 0x1b;
+const ETHTOOL_GSSET_INFO: u32 = 0x37;
+const ETHTOOL_GFEATURES: u32 = 0x3a;
+const ETH_SS_FEATURES: u32 = 4;
+const ETH_GSTRING_LEN: usize = 32;
 
 /// The driver does not implement an ethtool operation on this interface.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +105,51 @@ pub fn set_gro(ifname: &str, on: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Was GRO asked for (`ethtool -K DEV gro on`), not merely on by default?
+/// The feature's "requested" bit (the kernel's `wanted_features`): a veth
+/// starts the NAPI that takes XDP frames from its peer only then.
+pub fn gro_requested(ifname: &str) -> Result<bool> {
+    let index = feature_names(ifname)?
+        .iter()
+        .position(|n| n == "rx-gro")
+        .with_context(|| format!("{ifname} lists no rx-gro feature"))?;
+    let blocks = index / 32 + 1;
+    // struct ethtool_gfeatures: cmd, size, then blocks of {available,
+    // requested, active, never_changed}.
+    let mut buf = vec![0u32; 2 + 4 * blocks];
+    buf[0] = ETHTOOL_GFEATURES;
+    buf[1] = blocks as u32;
+    ioctl_raw(ifname, buf.as_mut_ptr().cast(), "feature flags")?;
+    let requested = buf[2 + 4 * (index / 32) + 1];
+    Ok(requested & (1 << (index % 32)) != 0)
+}
+
+/// The names of the interface's feature bits, by bit (ETH_SS_FEATURES).
+fn feature_names(ifname: &str) -> Result<Vec<String>> {
+    // struct ethtool_sset_info: cmd, reserved, u64 sset_mask, data[1].
+    let mut info = [0u32; 5];
+    info[0] = ETHTOOL_GSSET_INFO;
+    let mask = (1u64 << ETH_SS_FEATURES).to_ne_bytes();
+    info[2] = u32::from_ne_bytes([mask[0], mask[1], mask[2], mask[3]]);
+    info[3] = u32::from_ne_bytes([mask[4], mask[5], mask[6], mask[7]]);
+    ioctl_raw(ifname, info.as_mut_ptr().cast(), "feature names")?;
+    let count = info[4] as usize;
+    // struct ethtool_gstrings: cmd, string_set, len, then the strings.
+    let mut buf = vec![0u32; 3 + count * ETH_GSTRING_LEN / 4];
+    buf[0] = ETHTOOL_GSTRINGS;
+    buf[1] = ETH_SS_FEATURES;
+    buf[2] = count as u32;
+    ioctl_raw(ifname, buf.as_mut_ptr().cast(), "feature names")?;
+    let bytes: Vec<u8> = buf[3..].iter().flat_map(|w| w.to_ne_bytes()).collect();
+    Ok(bytes
+        .chunks(ETH_GSTRING_LEN)
+        .map(|c| {
+            let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect())
 }
 
 /// Is TX checksum offload on (any of the NETIF_F_CSUM_MASK features)?
@@ -320,13 +371,19 @@ pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
 
 /// SIOCETHTOOL with `arg` (an ethtool command struct starting with `cmd`).
 pub(crate) fn ioctl<T>(ifname: &str, arg: &mut T, what: &'static str) -> Result<()> {
+    ioctl_raw(ifname, (arg as *mut T).cast(), what)
+}
+
+/// [`ioctl`] with a command struct of variable length at `arg` (a buffer
+/// as long as its `cmd` and sizes say, alive through the call).
+fn ioctl_raw(ifname: &str, arg: *mut libc::c_void, what: &'static str) -> Result<()> {
     let name = ifname.as_bytes();
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
         bail!("invalid interface name {ifname:?}");
     }
     let mut ifr = IfreqData {
         name: [0; libc::IFNAMSIZ],
-        data: (arg as *mut T).cast(),
+        data: arg,
         _pad: [0; 24 - std::mem::size_of::<*mut libc::c_void>()],
     };
     ifr.name[..name.len()].copy_from_slice(name);
@@ -381,9 +438,12 @@ mod tests {
             for on in [true, false, true] {
                 set_gro("veth-a", on)?;
                 assert_eq!(gro("veth-a")?, on);
+                // Asked for, so the feature's requested bit follows.
+                assert_eq!(gro_requested("veth-a")?, on);
             }
             // The peer is untouched.
             assert!(!gro("veth-b")?, "veth starts with GRO off");
+            assert!(!gro_requested("veth-b")?, "and not asked for");
             for on in [false, true] {
                 set_tx_csum("veth-a", on)?;
                 assert_eq!(tx_csum("veth-a")?, on);

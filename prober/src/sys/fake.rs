@@ -469,6 +469,11 @@ impl Sys for FakeSys {
         })
     }
 
+    /// Asked for: switched on through [`Sys::set_offload`].
+    fn gro_requested(&self, ns: Ns, dev: &str) -> Result<bool> {
+        self.with_link_mut(ns, dev, |l| l.offloads.get(&Offload::Gro) == Some(&true))
+    }
+
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring> {
         self.record(Call::Ring(key(ns), dev.into()))?;
         Err(super::ethtool::Unsupported {

@@ -40,6 +40,7 @@
 //! Kernel versions: see the module of each mechanism; all of it works on
 //! Linux >= 4.19.
 
+pub(crate) mod caps;
 pub(crate) mod ethtool;
 #[cfg(test)]
 pub(crate) mod fake;
@@ -389,6 +390,9 @@ pub(crate) trait Sys: Send + Sync {
     fn offload(&self, ns: Ns, dev: &str, what: Offload) -> Result<bool>;
     /// Switches an offload and checks the kernel applied it.
     fn set_offload(&self, ns: Ns, dev: &str, what: Offload, on: bool) -> Result<()>;
+    /// Was GRO asked for (not merely on)? A veth takes XDP frames from
+    /// its peer only then (or with an XDP program of its own).
+    fn gro_requested(&self, ns: Ns, dev: &str) -> Result<bool>;
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring>;
     fn set_tx_ring(&self, ns: Ns, dev: &str, descriptors: u32) -> Result<()>;
     fn driver(&self, ns: Ns, dev: &str) -> Result<String>;

@@ -2,7 +2,12 @@
 //! it enters the namespace once (setns(2)), leaves the shared mount table
 //! (unshare(CLONE_NEWNS), every mount made private so nothing propagates
 //! back) and mounts a fresh sysfs on /sys, because /sys/class/net lists the
-//! devices of the namespace that *mounted* sysfs, not of the reader. It
+//! devices of the namespace that *mounted* sysfs, not of the reader. All
+//! three need CAP_SYS_ADMIN (setns even into the namespace the thread is
+//! already in), so a worker whose thread already is in its namespace, with
+//! that namespace's sysfs on /sys (the usual case for the process's own
+//! namespace), does none of them: `rtprobe reflect --kernel` then needs no
+//! CAP_SYS_ADMIN. It
 //! then opens one NETLINK_ROUTE socket and runs the calls sent to it, so a
 //! namespace costs one thread and one socket for the whole run. /proc/sys/net
 //! already follows the reading thread's network namespace.
@@ -128,6 +133,14 @@ impl LinuxSys {
             .name(format!("sys-{label}"))
             .spawn(move || {
                 let setup = (|| -> Result<NsCtx> {
+                    if already_in(&file) {
+                        drop(file);
+                        let mut nl = NlSocket::new()?;
+                        if !sysfs_is_this_namespaces(&mut nl) {
+                            private_sysfs()?;
+                        }
+                        return Ok(NsCtx { nl });
+                    }
                     setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
                         .with_context(|| format!("cannot enter network namespace {label}"))?;
                     drop(file);
@@ -193,6 +206,41 @@ impl LinuxSys {
             .remove(name);
         drop(w);
     }
+}
+
+/// Whether the calling thread is in the network namespace of `file`
+/// already (same inode on the same nsfs).
+fn already_in(file: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        file.metadata(),
+        std::fs::metadata("/proc/thread-self/ns/net"),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Whether /sys/class/net lists this thread's namespace's interfaces:
+/// every device there is a link netlink knows by that name and index.
+/// Then the sysfs on /sys already is this namespace's (the process's own,
+/// or `ip netns exec`'s) and no private one is needed.
+fn sysfs_is_this_namespaces(nl: &mut NlSocket) -> bool {
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return false;
+    };
+    let mut any = false;
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let index = std::fs::read_to_string(e.path().join("ifindex"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok());
+        match (index, nl.link(&name)) {
+            (Some(i), Ok(Some(l))) if l.index == i => any = true,
+            _ => return false,
+        }
+    }
+    any
 }
 
 /// Gives the calling thread its own mount table with the sysfs of its
@@ -379,6 +427,11 @@ impl Sys for LinuxSys {
     fn set_offload(&self, ns: Ns, dev: &str, what: Offload, on: bool) -> Result<()> {
         let dev = dev.to_string();
         self.on(ns, move |_| ethtool::set_offload(&dev, what, on))
+    }
+
+    fn gro_requested(&self, ns: Ns, dev: &str) -> Result<bool> {
+        let dev = dev.to_string();
+        self.on(ns, move |_| ethtool::gro_requested(&dev))
     }
 
     fn ring(&self, ns: Ns, dev: &str) -> Result<Ring> {

@@ -19,6 +19,11 @@
 //!   section, `/metrics` render time for 1000 targets per series budget.
 //! - The send error p99 of a 1 ms run under 2000 concurrent `/metrics`
 //!   scrapers against the same run quiet (scrapers.rs).
+//! - Both reflectors under a flood from 1000 forged sources: a known
+//!   peer's loss (target ≤ 1 % at 500 k/s) against the same client's
+//!   without `--peer`, the IPv6 client of a dual-stack reflector flooded
+//!   on IPv4, and SIGINT to exit under the flood (≤ 100 ms), each with the
+//!   flood rate the machine's senders reached.
 //! - Forwarded packets per second by XDP mode vs kernel forwarding
 //!   (`rtprobe bench-forward`), and vs xdp-tools' `xdp-forward` where
 //!   installed.
@@ -39,6 +44,7 @@
 //! was doing, table.rs prints the rows.
 
 mod fleet;
+mod flood;
 mod forward;
 mod host;
 mod memory;
@@ -109,6 +115,9 @@ pub enum Section {
     Study,
     /// A 1 ms run's send error under 2000 concurrent /metrics scrapers, against the same run quiet.
     Scrapers,
+    /// Both reflectors under a flood from 1000 forged sources: known peers, the other family,
+    /// SIGINT.
+    Flood,
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -151,7 +160,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     eprintln!("{header}");
     let mut rows = Vec::new();
     type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 10] = [
+    let sections: [(Section, &str, Rows); 11] = [
         (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
         (Section::Pacing, "pacing", pacing::pacing_rows),
         (Section::Rate, "max probe rate", rate::rate_rows),
@@ -173,6 +182,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             Section::Scrapers,
             "2000 concurrent /metrics scrapers",
             scrapers::scrapers_rows,
+        ),
+        (
+            Section::Flood,
+            "reflectors under a flood",
+            flood::flood_section,
         ),
     ];
     for (_, name, f) in sections

@@ -14,6 +14,19 @@ impl Metrics {
             ("bad_source", last.bad_source, now.bad_source),
             ("malformed", last.malformed, now.malformed),
             ("rate_limited", last.rate_limited, now.rate_limited),
+            ("global_limited", last.global_limited, now.global_limited),
+            (
+                "peer_rate_limited",
+                last.peer_rate_limited,
+                now.peer_rate_limited,
+            ),
+            (
+                "peer_global_limited",
+                last.peer_global_limited,
+                now.peer_global_limited,
+            ),
+            // A part of "reflected", as the in-kernel reflector counts it.
+            ("peer_reflected", last.peer_reflected, now.peer_reflected),
             ("auth_failed", last.auth_failed, now.auth_failed),
             ("send_error", last.send_errors, now.send_errors),
         ];
@@ -60,6 +73,8 @@ mod tests {
             bad_source: 5,
             malformed: 7,
             rate_limited: 1,
+            global_limited: 9,
+            peer_reflected: 20,
             auth_failed: 3,
             send_errors: 0,
             ..Default::default()
@@ -81,6 +96,9 @@ mod tests {
             "rtprobe_reflector_datagrams_total{outcome=\"not_for_us\"} 4",
             "rtprobe_reflector_datagrams_total{outcome=\"bad_source\"} 5",
             "rtprobe_reflector_datagrams_total{outcome=\"auth_failed\"} 3",
+            "rtprobe_reflector_datagrams_total{outcome=\"global_limited\"} 9",
+            "rtprobe_reflector_datagrams_total{outcome=\"peer_reflected\"} 20",
+            "rtprobe_reflector_datagrams_total{outcome=\"peer_rate_limited\"} 0",
             "rtprobe_reflector_datagrams_total{outcome=\"send_error\"} 0",
             "rtprobe_reflector_sessions_total 2",
         ] {

@@ -220,7 +220,9 @@ impl Metrics {
         registry.register(
             "reflector_datagrams",
             "rtprobe reflect: datagrams received, by outcome (reflected, not_for_us, bad_source, \
-             malformed, rate_limited, auth_failed; send_error: a reply the kernel refused)",
+             malformed, rate_limited, global_limited, peer_rate_limited, peer_global_limited, \
+             auth_failed; peer_reflected: the part of reflected sent to known peers; send_error: \
+             a reply the kernel refused)",
             m.reflector_datagrams.clone(),
         );
         registry.register(
@@ -232,7 +234,8 @@ impl Metrics {
             "kernel_reflector_frames",
             "rtprobe reflect --kernel: frames the in-kernel (XDP) reflector saw, by outcome \
              (reflected_rtprobe, reflected_stamp, not_for_us, bad_source, rate_limited, \
-             global_limited, malformed, ...; the rest pass to the kernel)",
+             global_limited, peer_reflected, peer_rate_limited, peer_global_limited, malformed, \
+             ...; the rest pass to the kernel)",
             m.kernel_reflector_frames.clone(),
         );
     }

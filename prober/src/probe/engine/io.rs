@@ -443,12 +443,9 @@ impl ReflectBufs {
             ids: Vec::with_capacity(64),
             arrivals: Vec::with_capacity(64),
             // No rate limit: the testbed's own probes may come at any rate.
-            core: reflect::Core::new(reflect::Policy {
-                protocol: crate::spec::remote::ProtocolArg::Rtprobe,
-                key: None,
-                rate_limit_pps: 0,
-                stateful: true,
-            }),
+            core: reflect::Core::new(reflect::Policy::unlimited(
+                crate::spec::remote::ProtocolArg::Rtprobe,
+            )),
         }
     }
 }

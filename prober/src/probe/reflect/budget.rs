@@ -1,5 +1,8 @@
-//! How much the serve loop may do a second, whatever arrives: log lines
-//! ([`LineLimit`]) and TX stamps ([`StampBudget`]).
+//! How much a reflector may do a second, whatever arrives: the replies
+//! themselves ([`RateLimits`], the one set of limits both reflectors
+//! enforce: per source, over strangers, over known peers), and in the
+//! user-space serve loop log lines ([`LineLimit`]) and TX stamps
+//! ([`StampBudget`]).
 //!
 //! The turnaround (probe RX stamp to reply TX stamp) is sampled: at most
 //! [`TX_STAMPS_PER_S`] replies a second are TX-stamped ([`StampBudget`]).
@@ -8,6 +11,72 @@
 //! with stamps (measured: a CPU-starved reflector received 387-447 k of
 //! 570 k datagrams and a legitimate client lost 25-100 %; 572 k and 0 %
 //! without stamps).
+
+/// Replies a reflector sends a second, in three budgets; None: no limit.
+/// Both reflectors take the same limits with the same meaning (the
+/// user-space one in `tables.rs`, the in-kernel one as GCRA words in its
+/// maps).
+///
+/// A source in the known-peers allowlist ([`super::Peers`]) draws from
+/// budgets no other source can touch: its own bucket in a table of peers
+/// only, then `peers_pps`. Every other source draws from its bucket, then
+/// `global_pps`. So a flood from any number of strangers, forged or not,
+/// spends the strangers' budget and nothing of the peers'; the peers'
+/// total is capped too, so a wide allowlisted prefix cannot cost more than
+/// `peers_pps` either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RateLimits {
+    /// Per source: an IPv4 address or an IPv6 /64 (`xdp_common::rate_key`),
+    /// a known peer's as any other's.
+    pub per_source_pps: Option<u32>,
+    /// Over every source that is not a known peer.
+    pub global_pps: Option<u32>,
+    /// Over every known peer together.
+    pub peers_pps: Option<u32>,
+}
+
+impl RateLimits {
+    /// No limit at all: rtprobe's own testbed, whose reflector answers only
+    /// the testbed's sender inside its namespaces, at whatever rate the run
+    /// asks for.
+    pub const NONE: RateLimits = RateLimits {
+        per_source_pps: None,
+        global_pps: None,
+        peers_pps: None,
+    };
+
+    /// The bucket depth for `rate_pps`: a tenth of a second's worth, at
+    /// least 16 (every bucket of both reflectors).
+    pub fn burst(rate_pps: u32) -> u32 {
+        (rate_pps / 10).max(16)
+    }
+
+    /// "at most 10000/s per IPv4 address or IPv6 /64 (bursts of 1000), ..."
+    /// for the banners of both reflectors; the peers' cap only if there
+    /// are `peers`.
+    pub fn describe(&self, peers: bool) -> String {
+        let one = |what: &str, pps: Option<u32>| match pps {
+            Some(r) => format!("at most {r}/s {what} (bursts of {})", Self::burst(r)),
+            None => format!("no limit {what}"),
+        };
+        let mut s = format!(
+            "{}, {}",
+            one("per IPv4 address or IPv6 /64", self.per_source_pps),
+            one(
+                if peers {
+                    "over all sources but the known peers"
+                } else {
+                    "over all sources"
+                },
+                self.global_pps
+            ),
+        );
+        if peers {
+            s += &format!(", {}", one("over the known peers", self.peers_pps));
+        }
+        s
+    }
+}
 
 /// Replies TX-stamped a second at most (for the turnaround): a client at
 /// 1 kHz keeps every stamp; a flood adds at most this many error-queue

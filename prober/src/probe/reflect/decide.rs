@@ -6,9 +6,9 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{
-    Counters,
+    Counters, Peers, RateLimits,
     echo::{FLAG_REFLECTOR_STATE, FLAG_WARMUP, write_rtprobe_echo},
-    tables::{Buckets, MAX_SESSIONS, MAX_SOURCES, Session, Sessions},
+    tables::{Limiter, MAX_SESSIONS, MAX_SOURCES, Session, Sessions},
 };
 use crate::{
     probe::{
@@ -30,10 +30,28 @@ pub struct Policy {
     pub protocol: ProtocolArg,
     /// STAMP authenticated mode.
     pub key: Option<HmacKey>,
-    /// Answers per second per source (IPv4 address, IPv6 /64); 0: no limit.
-    pub rate_limit_pps: u32,
+    /// Answers per second: per source (IPv4 address, IPv6 /64), over
+    /// strangers, over known peers.
+    pub limits: RateLimits,
+    /// The known peers, whose budgets strangers cannot spend.
+    pub peers: Peers,
     /// STAMP: per-session sequence numbers (RFC 8762 §4.3 stateful).
     pub stateful: bool,
+}
+
+impl Policy {
+    /// rtprobe's own protocol with no limit and no key: the testbed's
+    /// reflector, which answers only the testbed's sender at whatever
+    /// rate the run asks for.
+    pub fn unlimited(protocol: ProtocolArg) -> Self {
+        Policy {
+            protocol,
+            key: None,
+            limits: RateLimits::NONE,
+            peers: Peers::default(),
+            stateful: true,
+        }
+    }
 }
 
 /// Why a datagram was not answered.
@@ -42,7 +60,14 @@ pub enum Drop {
     NotForUs,
     BadSource,
     Malformed,
+    /// Over its source's limit.
     RateLimited,
+    /// Over the cap of every source but the known peers.
+    GlobalLimited,
+    /// A known peer over its own limit.
+    PeerRateLimited,
+    /// A known peer over the cap of all known peers.
+    PeerGlobalLimited,
     AuthFailed,
 }
 
@@ -50,9 +75,11 @@ pub enum Drop {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// The buffer now holds the reply (same length as the request).
-    /// `new_session` is set on the first probe of a session.
+    /// `new_session` is set on the first probe of a session; `peer`: the
+    /// source is a known peer.
     Reply {
         new_session: Option<u64>,
+        peer: bool,
     },
     Drop(Drop),
 }
@@ -71,7 +98,7 @@ pub struct Addressing {
 pub struct Core {
     policy: Policy,
     sessions: Sessions,
-    buckets: Buckets,
+    limiter: Limiter,
     /// This host's subnet broadcasts and loopback interfaces (empty until
     /// [`Core::set_local_nets`]: only the fixed rules apply).
     nets: LocalNets,
@@ -92,9 +119,9 @@ impl Core {
     /// Smaller tables (tests of what a full table does).
     pub fn with_capacity(policy: Policy, sessions: usize, sources: usize) -> Self {
         Self {
+            limiter: Limiter::new(policy.limits, policy.peers.clone(), sources),
             policy,
             sessions: Sessions::new(sessions),
-            buckets: Buckets::new(sources),
             nets: LocalNets::default(),
             counters: Counters::default(),
             clock: None,
@@ -177,19 +204,22 @@ impl Core {
         } else {
             self.decide(buf, at.src, rx_ns.unwrap_or(now_ns), ttl, now_ns)
         };
+        let k = &mut self.counters;
         match v {
-            Verdict::Reply { new_session } => {
-                self.counters.reflected += 1;
-                self.counters.bytes_out += buf.len() as u64;
-                if new_session.is_some() {
-                    self.counters.sessions += 1;
-                }
+            Verdict::Reply { new_session, peer } => {
+                k.reflected += 1;
+                k.bytes_out += buf.len() as u64;
+                k.sessions += u64::from(new_session.is_some());
+                k.peer_reflected += u64::from(peer);
             }
-            Verdict::Drop(Drop::NotForUs) => self.counters.not_for_us += 1,
-            Verdict::Drop(Drop::BadSource) => self.counters.bad_source += 1,
-            Verdict::Drop(Drop::Malformed) => self.counters.malformed += 1,
-            Verdict::Drop(Drop::RateLimited) => self.counters.rate_limited += 1,
-            Verdict::Drop(Drop::AuthFailed) => self.counters.auth_failed += 1,
+            Verdict::Drop(Drop::NotForUs) => k.not_for_us += 1,
+            Verdict::Drop(Drop::BadSource) => k.bad_source += 1,
+            Verdict::Drop(Drop::Malformed) => k.malformed += 1,
+            Verdict::Drop(Drop::RateLimited) => k.rate_limited += 1,
+            Verdict::Drop(Drop::GlobalLimited) => k.global_limited += 1,
+            Verdict::Drop(Drop::PeerRateLimited) => k.peer_rate_limited += 1,
+            Verdict::Drop(Drop::PeerGlobalLimited) => k.peer_global_limited += 1,
+            Verdict::Drop(Drop::AuthFailed) => k.auth_failed += 1,
         }
         v
     }
@@ -220,9 +250,10 @@ impl Core {
         if buf[5] & (FLAG_ECHO | FLAG_KERNEL_TIMES | FLAG_REFLECTOR_STATE) != 0 {
             return Verdict::Drop(Drop::Malformed);
         }
-        if !self.admit(src.ip(), now_ns) {
-            return Verdict::Drop(Drop::RateLimited);
-        }
+        let peer = match self.limiter.admit(src.ip(), now_ns) {
+            Ok(peer) => peer,
+            Err(d) => return Verdict::Drop(d),
+        };
         let id = u64::from_be_bytes(buf[8..16].try_into().expect("8 bytes"));
         let warmup = buf[5] & FLAG_WARMUP != 0;
         let (s, new) = self.session(src, id);
@@ -234,6 +265,7 @@ impl Core {
         write_rtprobe_echo(buf, rx_ns, clock::realtime_ns(), received, ee);
         Verdict::Reply {
             new_session: new.then_some(id),
+            peer,
         }
     }
 
@@ -253,9 +285,10 @@ impl Core {
         if buf.len() < mode.base_len_bytes() {
             return Verdict::Drop(Drop::Malformed);
         }
-        if !self.admit(src.ip(), now_ns) {
-            return Verdict::Drop(Drop::RateLimited);
-        }
+        let peer = match self.limiter.admit(src.ip(), now_ns) {
+            Ok(peer) => peer,
+            Err(d) => return Verdict::Drop(d),
+        };
         let params = ReflectParams {
             rx_realtime_ns: rx_ns,
             tx_realtime_ns: clock::realtime_ns(),
@@ -292,16 +325,12 @@ impl Core {
                 buf.copy_from_slice(&reply[..buf.len()]);
                 Verdict::Reply {
                     new_session: new.then_some(ssid as u64),
+                    peer,
                 }
             }
         };
         self.scratch = reply;
         verdict
-    }
-
-    /// A token from the bucket of `ip`'s source (see [`Buckets::admit`]).
-    fn admit(&mut self, ip: IpAddr, now_ns: i64) -> bool {
-        self.buckets.admit(ip, self.policy.rate_limit_pps, now_ns)
     }
 
     /// The session `id` from `src`, and whether it is new (a full table
@@ -319,7 +348,7 @@ impl Core {
     }
 
     pub fn sources_held(&self) -> usize {
-        self.buckets.len()
+        self.limiter.len()
     }
 }
 
@@ -351,7 +380,8 @@ mod tests {
             assert_eq!(
                 v,
                 Verdict::Reply {
-                    new_session: (seq == 0).then_some(7)
+                    new_session: (seq == 0).then_some(7),
+                    peer: false,
                 }
             );
             assert_eq!(b.len(), 64);
@@ -479,6 +509,7 @@ mod tests {
         let mut go = |a: Addressing| c.handle_addressed(&mut probe(1, 0, 64), a, None, None, NOW);
         let reply = Verdict::Reply {
             new_session: Some(1),
+            peer: false,
         };
         for dst in ["255.255.255.255", "10.77.0.255", "224.0.0.1"] {
             assert_eq!(

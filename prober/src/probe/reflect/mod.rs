@@ -19,6 +19,13 @@
 //!   addresses) and could otherwise rotate through it for fresh buckets
 //!   (`xdp_common::rate_key`, the in-kernel reflector's rule too);
 //!   sessions stay per full source address;
+//! - a global cap bounds the answers to all sources together but the
+//!   known peers ([`RateLimits`], the same in both reflectors); known
+//!   peers ([`Peers`]) draw from a bucket table and a cap of their own,
+//!   and get a socket of their own (`steer.rs`), so no flood from
+//!   elsewhere spends their budget or fills their queue;
+//! - the serve loop takes one batch per socket in turn and sees a stop or
+//!   its deadline between batches, whatever arrives;
 //! - the session and source tables are bounded ([`MAX_SESSIONS`],
 //!   [`MAX_SOURCES`]) LRU maps: constant work per datagram at any number
 //!   of sources. A full session table forgets its least recently seen
@@ -29,18 +36,23 @@
 //!   [`LOG_LINES_PER_S`] a second, with a count of those held back.
 //!
 //! Every datagram is counted exactly once: reflected, not_for_us,
-//! bad_source, malformed, rate_limited or auth_failed.
+//! bad_source, malformed, rate_limited, global_limited, peer_rate_limited,
+//! peer_global_limited or auth_failed (and a reply to a known peer also as
+//! peer_reflected).
 //!
 //! The parts:
 //! - `decide.rs`: [`Core`], the decision on one datagram and the reply
 //!   rewritten in place (pure);
 //! - `tables.rs`: its bounded per-source state, the session table and the
-//!   rate-limit buckets;
+//!   rate-limit buckets, and the limiter that picks a datagram's budgets;
+//! - `peers.rs`: the known-peers allowlist (`--peer`, `--peers FILE`);
 //! - `echo.rs`: what an rtprobe echo carries beyond the probe (the
 //!   reflector's times and state);
-//! - `bind.rs`: the sockets and their options;
+//! - `bind.rs`: the sockets and their options; `steer.rs`: the known
+//!   peers' own socket (SO_REUSEPORT and a classic BPF program);
 //! - `serve.rs`: [`serve`], the socket loop, with `budget.rs` (how many
-//!   log lines and TX stamps a second) and `report.rs` ([`ServeReport`],
+//!   log lines and TX stamps a second, and the reply limits) and
+//!   `report.rs` ([`ServeReport`],
 //!   what a run reports);
 //! - `kernel.rs`: `--kernel`, the in-kernel reflector set up on the
 //!   interface of the `--listen` address.
@@ -50,20 +62,27 @@ mod budget;
 mod decide;
 mod echo;
 mod kernel;
+mod peers;
 mod report;
 mod serve;
+mod steer;
 mod tables;
 #[cfg(test)]
 mod testutil;
 
 pub use self::{
     bind::bind,
+    budget::RateLimits,
     decide::{Addressing, Core, Drop, Policy, Verdict},
     echo::{FLAG_REFLECTOR_STATE, FLAG_WARMUP, STATE_MIN_LEN, STATE_OFFSET, read_rtprobe_state},
+    peers::{MAX_PEERS, Peers, Prefix},
     serve::LOG_LINES_PER_S,
-    tables::{MAX_SESSIONS, MAX_SOURCES},
+    tables::{MAX_PEER_SOURCES, MAX_SESSIONS, MAX_SOURCES},
 };
 pub(crate) use self::{
-    bind::bind_both_families, kernel::attach_kernel, report::ServeReport, serve::serve,
+    bind::{Bound, bind_both_families, bind_steered},
+    kernel::attach_kernel,
+    report::ServeReport,
+    serve::serve,
 };
 pub use crate::stats::report::ReflectorCounters as Counters;

@@ -22,7 +22,14 @@ pub(crate) struct ServeReport {
     pub listen: Vec<String>,
     pub authenticated: bool,
     pub stateful: bool,
+    /// Per source (IPv4 address, IPv6 /64); 0: no limit.
     pub rate_limit_pps: u32,
+    /// Over every source but the known peers; null: no limit.
+    pub global_rate_limit_pps: Option<u32>,
+    /// Over all known peers together; null: no limit.
+    pub peers_rate_limit_pps: Option<u32>,
+    /// The known peers' prefixes (`--peer`, `--peers`).
+    pub peers: Vec<String>,
     pub duration_s: f64,
     pub counters: Counters,
     /// From the probe's kernel RX stamp to the echo's kernel TX stamp,
@@ -39,6 +46,9 @@ pub(crate) struct ServeReport {
     /// failed) is unsynchronised with `clock_max_error_ns` null, never 0.
     pub clock_synchronized: bool,
     pub clock_max_error_ns: Option<u64>,
+    /// From the first SIGINT, SIGTERM or SIGHUP (as its handler ran) to
+    /// the end of serving, ms; null when it ended otherwise (`--duration`).
+    pub stopped_after_signal_ms: Option<f64>,
 }
 
 impl ServeReport {

@@ -2,6 +2,9 @@
 //! source address and session id or SSID) and the rate-limit buckets (per
 //! IPv4 address or IPv6 /64, [`rate_key`]). Both are LRU maps of a fixed
 //! size, so each datagram costs constant work at any number of sources.
+//! [`Limiter`] puts the buckets together as [`RateLimits`] says: known
+//! peers in a table and a cap of their own, every other source in the
+//! other table and the global cap.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -11,6 +14,8 @@ use std::{
 use lru::LruCache;
 use xdp_common::{AddrKey, addr_key, rate_key};
 
+use super::{Drop, Peers, RateLimits};
+
 /// Sessions (source + session id or SSID) remembered at once. About 130
 /// bytes each (see `table_memory_per_entry`): 8.5 MiB when full.
 pub const MAX_SESSIONS: usize = 65_536;
@@ -18,6 +23,9 @@ pub const MAX_SESSIONS: usize = 65_536;
 /// for this many sources seen within a bucket's refill time. About 100
 /// bytes each (see `table_memory_per_entry`): 13 MiB when full.
 pub const MAX_SOURCES: usize = 131_072;
+/// Known peers with a bucket at once (as the in-kernel reflector's
+/// `REFLECTOR_PEER_SOURCES_MAX`): only allowlisted sources take a place.
+pub const MAX_PEER_SOURCES: usize = xdp_common::REFLECTOR_PEER_SOURCES_MAX as usize;
 
 /// One session's state. Recency lives in the LRU order, not here.
 #[derive(Debug, Clone, Copy)]
@@ -28,10 +36,58 @@ pub(super) struct Session {
     pub(super) next_seq: u32,
 }
 
+/// A token bucket: `tokens` as of `last_ns`. Time going back refills
+/// nothing (and counts on from there); a jump forward refills at most the
+/// burst.
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     tokens: f64,
     last_ns: i64,
+}
+
+impl Bucket {
+    fn full(rate_pps: u32, now_ns: i64) -> Self {
+        Bucket {
+            tokens: burst_of(rate_pps),
+            last_ns: now_ns,
+        }
+    }
+
+    /// The tokens it holds at `now_ns`.
+    fn refilled(&self, rate_pps: u32, now_ns: i64) -> f64 {
+        let dt_s = (now_ns - self.last_ns).max(0) as f64 / 1e9;
+        (self.tokens + dt_s * f64::from(rate_pps)).min(burst_of(rate_pps))
+    }
+
+    /// Takes a token at `now_ns` if there is one.
+    fn take(&mut self, rate_pps: u32, now_ns: i64) -> bool {
+        self.tokens = self.refilled(rate_pps, now_ns);
+        self.last_ns = now_ns;
+        let ok = self.tokens >= 1.0;
+        if ok {
+            self.tokens -= 1.0;
+        }
+        ok
+    }
+}
+
+fn burst_of(rate_pps: u32) -> f64 {
+    f64::from(RateLimits::burst(rate_pps))
+}
+
+/// One bucket many sources share (a cap); None: no limit.
+#[derive(Debug, Default)]
+pub(super) struct Cap(Option<Bucket>);
+
+impl Cap {
+    pub(super) fn take(&mut self, rate_pps: Option<u32>, now_ns: i64) -> bool {
+        let Some(rate) = rate_pps else {
+            return true;
+        };
+        self.0
+            .get_or_insert_with(|| Bucket::full(rate, now_ns))
+            .take(rate, now_ns)
+    }
 }
 
 fn capacity(n: usize) -> NonZeroUsize {
@@ -78,53 +134,91 @@ impl Buckets {
     }
 
     /// Takes a token from the bucket of `ip`'s [`rate_key`] (IPv6: its
-    /// /64; burst: a tenth of a second's worth, at least 16; `rate_pps` 0:
-    /// no limit). A new source takes the least recently seen source's
-    /// place in a full table only if that bucket has refilled: forgetting
-    /// it then changes nothing, while forgetting a half-empty bucket would
-    /// hand its source a fresh burst. Otherwise the new source is refused
-    /// until one has.
-    pub(super) fn admit(&mut self, ip: IpAddr, rate_pps: u32, now_ns: i64) -> bool {
-        if rate_pps == 0 {
+    /// /64; burst: [`RateLimits::burst`]; `rate_pps` None: no limit). A
+    /// new source takes the least recently seen source's place in a full
+    /// table only if that bucket has refilled: forgetting it then changes
+    /// nothing, while forgetting a half-empty bucket would hand its
+    /// source a fresh burst. Otherwise the new source is refused until one
+    /// has.
+    pub(super) fn admit(&mut self, ip: IpAddr, rate_pps: Option<u32>, now_ns: i64) -> bool {
+        let Some(rate) = rate_pps else {
             return true;
-        }
-        let rate = rate_pps as f64;
-        let burst = (rate / 10.0).max(16.0);
-        let refill = |b: &Bucket| {
-            let dt_s = (now_ns - b.last_ns).max(0) as f64 / 1e9;
-            (b.tokens + dt_s * rate).min(burst)
-        };
-        let take = |b: &mut Bucket| {
-            b.tokens = refill(b);
-            b.last_ns = now_ns;
-            let ok = b.tokens >= 1.0;
-            if ok {
-                b.tokens -= 1.0;
-            }
-            ok
         };
         let key = rate_key(&addr_key(ip));
         if let Some(b) = self.0.get_mut(&key) {
-            return take(b);
+            return b.take(rate, now_ns);
         }
         if self.0.len() >= self.0.cap().get() {
-            let refilled = self.0.peek_lru().is_some_and(|(_, b)| refill(b) >= burst);
+            let refilled = self
+                .0
+                .peek_lru()
+                .is_some_and(|(_, b)| b.refilled(rate, now_ns) >= burst_of(rate));
             if !refilled {
                 return false;
             }
             self.0.pop_lru();
         }
-        let mut b = Bucket {
-            tokens: burst,
-            last_ns: now_ns,
-        };
-        let ok = take(&mut b);
+        let mut b = Bucket::full(rate, now_ns);
+        let ok = b.take(rate, now_ns);
         self.0.push(key, b);
         ok
     }
 
     pub(super) fn len(&self) -> usize {
         self.0.len()
+    }
+}
+
+/// Every budget a datagram may draw from, and which it does: a known
+/// peer's own bucket and the peers' cap, or another source's bucket and
+/// the global cap. The source's bucket first, so that a source over its
+/// own limit spends nothing of what it shares with others.
+pub(super) struct Limiter {
+    limits: RateLimits,
+    peers: Peers,
+    sources: Buckets,
+    global: Cap,
+    peer_sources: Buckets,
+    peer_cap: Cap,
+}
+
+impl Limiter {
+    pub(super) fn new(limits: RateLimits, peers: Peers, sources: usize) -> Self {
+        Limiter {
+            limits,
+            peers,
+            sources: Buckets::new(sources),
+            global: Cap::default(),
+            peer_sources: Buckets::new(MAX_PEER_SOURCES),
+            peer_cap: Cap::default(),
+        }
+    }
+
+    /// Whether a datagram from `ip` at `now_ns` may be answered (`true`:
+    /// from a known peer), or the limit it is over.
+    pub(super) fn admit(&mut self, ip: IpAddr, now_ns: i64) -> Result<bool, Drop> {
+        let l = self.limits;
+        if self.peers.contains(ip) {
+            if !self.peer_sources.admit(ip, l.per_source_pps, now_ns) {
+                return Err(Drop::PeerRateLimited);
+            }
+            if !self.peer_cap.take(l.peers_pps, now_ns) {
+                return Err(Drop::PeerGlobalLimited);
+            }
+            return Ok(true);
+        }
+        if !self.sources.admit(ip, l.per_source_pps, now_ns) {
+            return Err(Drop::RateLimited);
+        }
+        if !self.global.take(l.global_pps, now_ns) {
+            return Err(Drop::GlobalLimited);
+        }
+        Ok(false)
+    }
+
+    /// Sources (of both tables) with a bucket.
+    pub(super) fn len(&self) -> usize {
+        self.sources.len() + self.peer_sources.len()
     }
 }
 
@@ -323,6 +417,64 @@ mod tests {
             assert_eq!(answered, count, "20 each in 2 s: within each burst");
             assert_eq!(c.sources_held(), 1000, "mapped: {mapped}");
         }
+    }
+
+    /// The global cap holds over any number of sources, each within its
+    /// own limit; a known peer draws from its own bucket and the peers'
+    /// cap, so the strangers spending theirs costs it nothing; the peers'
+    /// cap holds over many peers; everything refused is counted by limit.
+    #[test]
+    fn strangers_share_the_global_cap_and_peers_keep_their_own_budget() {
+        let prefix = |s: &str| s.parse::<crate::probe::reflect::Prefix>().unwrap();
+        let policy = crate::probe::reflect::Policy {
+            limits: RateLimits {
+                per_source_pps: Some(100),
+                global_pps: Some(1000),
+                peers_pps: Some(500),
+            },
+            peers: Peers::new([prefix("192.0.2.1"), prefix("10.9.0.0/16")]).unwrap(),
+            ..core(ProtocolArg::Rtprobe, None, 0, false).policy().clone()
+        };
+        let mut c = Core::new(policy);
+        let at = |a: [u8; 4]| SocketAddr::from((a, 9));
+        let answered = |c: &mut Core, a: [u8; 4], n: u64, now: i64| {
+            (0..n)
+                .filter(|&i| {
+                    let mut b = probe(1, i, 64);
+                    matches!(
+                        c.handle(&mut b, at(a), None, None, now),
+                        Verdict::Reply { .. }
+                    )
+                })
+                .count() as u64
+        };
+        // 1000 strangers, 16 each at one instant: the cap's burst (100).
+        let strangers: u64 = (0..1000u32)
+            .map(|i| answered(&mut c, [10, 1, (i >> 8) as u8, i as u8], 16, NOW))
+            .sum();
+        assert_eq!(strangers, 100);
+        assert_eq!(c.counters.global_limited, 16_000 - 100);
+        // The peer 192.0.2.1 (src()) at the same instant: its burst of 16.
+        assert_eq!(answered(&mut c, [192, 0, 2, 1], 20, NOW), 16);
+        assert_eq!(c.counters.peer_rate_limited, 4);
+        assert_eq!(c.counters.peer_reflected, 16);
+        // Peers of 10.9/16: their own buckets, until the peers' cap (burst 50).
+        let peers: u64 = (0..10u8)
+            .map(|i| answered(&mut c, [10, 9, 0, i], 16, NOW))
+            .sum();
+        assert_eq!(peers, 50 - 16);
+        assert_eq!(c.counters.peer_global_limited, 160 - 34);
+        // A second later every cap has refilled a second's worth (burst-capped).
+        assert_eq!(answered(&mut c, [10, 1, 9, 9], 16, NOW + 1_000_000_000), 16);
+        let k = &c.counters;
+        assert_eq!(
+            k.datagrams,
+            k.reflected
+                + k.rate_limited
+                + k.global_limited
+                + k.peer_rate_limited
+                + k.peer_global_limited
+        );
     }
 
     /// A full source table takes a new source only in place of one whose

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Core, Policy};
+use super::{Core, Peers, Policy, RateLimits};
 use crate::{
     probe::{
         packet::Probe,
@@ -18,7 +18,11 @@ pub(super) fn core(protocol: ProtocolArg, key: Option<HmacKey>, rate: u32, state
     let mut c = Core::new(Policy {
         protocol,
         key,
-        rate_limit_pps: rate,
+        limits: RateLimits {
+            per_source_pps: (rate > 0).then_some(rate),
+            ..RateLimits::NONE
+        },
+        peers: Peers::default(),
         stateful,
     });
     c.set_clock(

@@ -506,10 +506,8 @@ mod tests {
                 tai_offset_s: 0,
             };
             let mut core = Core::new(Policy {
-                protocol: ProtocolArg::Stamp,
                 key: k,
-                rate_limit_pps: 0,
-                stateful: true,
+                ..Policy::unlimited(ProtocolArg::Stamp)
             });
             let mut buf = vec![0u8; 120];
             let mut scratch = Vec::new();

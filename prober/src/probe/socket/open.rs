@@ -130,7 +130,7 @@ impl ProbeSocket {
     /// `tos` is its traffic class. The port must be free: no SO_REUSEADDR,
     /// which for UDP would let two sockets share it and split the datagrams.
     pub fn bind(addr: SocketAddr, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
-        Self::bind_flags(addr, tos, ts.bits(), ts.tx, false, rcvbuf_bytes)
+        Self::bind_flags(addr, tos, ts.bits(), (ts.tx, false), rcvbuf_bytes, false)
     }
 
     /// Like [`Self::bind`], but no send is TX-timestamped unless it asks:
@@ -150,19 +150,40 @@ impl ProbeSocket {
             addr,
             tos,
             TsFlags::on_request_bits(rx),
-            true,
-            true,
+            (true, true),
             rcvbuf_bytes,
+            false,
         )
     }
 
+    /// [`Self::bind_tx_on_request`] with SO_REUSEPORT set before the bind:
+    /// one of a group of sockets on the same address and port, which a
+    /// program attached to the group chooses between (the reflector's
+    /// known peers get a socket of their own).
+    pub fn bind_tx_on_request_shared(
+        addr: SocketAddr,
+        rx: bool,
+        rcvbuf_bytes: i32,
+    ) -> Result<Self> {
+        Self::bind_flags(
+            addr,
+            0,
+            TsFlags::on_request_bits(rx),
+            (true, true),
+            rcvbuf_bytes,
+            true,
+        )
+    }
+
+    /// `(opt_id, tx_on_request)`: see [`Self::bind_tx_on_request`];
+    /// `reuseport`: SO_REUSEPORT before the bind.
     fn bind_flags(
         addr: SocketAddr,
         tos: u8,
         flags: u32,
-        opt_id: bool,
-        tx_on_request: bool,
+        (opt_id, tx_on_request): (bool, bool),
         rcvbuf_bytes: i32,
+        reuseport: bool,
     ) -> Result<Self> {
         let (family, family_name) = match addr {
             SocketAddr::V4(_) => (libc::AF_INET, "AF_INET"),
@@ -193,6 +214,10 @@ impl ProbeSocket {
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &(8 << 20i32));
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &flags)
             .context("setsockopt(SO_TIMESTAMPING): this kernel lacks socket timestamping")?;
+        if reuseport {
+            setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1i32)
+                .context("setsockopt(SO_REUSEPORT)")?;
+        }
         let sa = sockaddr(addr);
         // SAFETY: sa holds a valid sockaddr of sa.len bytes.
         cvt(unsafe { libc::bind(raw, sa.ptr(), sa.len) }).map_err(|e| {
