@@ -313,6 +313,46 @@ pub(crate) struct Until<'a> {
 /// Writes probe `seq` of leg `leg`, sent at `send_ns`, into the buffer.
 pub(crate) type Encode<'a> = dyn FnMut(usize, u64, i64, &mut [u8]) + 'a;
 
+/// Where the sender's events go, and what it does between its sends.
+/// Every event pushed into [`Handover::batch`] is handed to the collector
+/// by a later [`Handover::hand_over`].
+pub(crate) trait Handover {
+    /// The batch the sender's events join, aged on CLOCK_MONOTONIC.
+    fn batch(&mut self) -> &mut EventBatch;
+    /// Right after a tick's sends (and at every slice of a long wait):
+    /// whatever the session's sockets hold, read without blocking, so
+    /// that nobody has to sleep on them while probes go out.
+    fn between_sends(&mut self);
+    /// Hands the batch over. False once the collector is gone.
+    fn hand_over(&mut self) -> bool;
+}
+
+/// A sender that reads nothing: it hands over its own events only (the
+/// in-process reflector's I/O thread reads the sockets).
+pub(crate) struct SendOnly<'a> {
+    pending: EventBatch,
+    ev: &'a mpsc::Sender<Vec<events::Tagged>>,
+}
+
+impl<'a> SendOnly<'a> {
+    pub(crate) fn new(ev: &'a mpsc::Sender<Vec<events::Tagged>>) -> Self {
+        Self {
+            pending: EventBatch::new(),
+            ev,
+        }
+    }
+}
+
+impl Handover for SendOnly<'_> {
+    fn batch(&mut self) -> &mut EventBatch {
+        &mut self.pending
+    }
+    fn between_sends(&mut self) {}
+    fn hand_over(&mut self) -> bool {
+        self.pending.flush(self.ev)
+    }
+}
+
 /// One target's stream as the sender sees it.
 pub(crate) struct PaceLeg<'a> {
     pub sock: &'a ProbeSocket,
@@ -335,12 +375,15 @@ pub(crate) struct PaceLeg<'a> {
 /// to send produces exactly one `Sent` or `SendFailed` event and one count
 /// in its leg's `attempts` (for the unaccounted-probe check), counted just
 /// before its send: seqs are 0, 1, 2..., so `attempts` is also the first
-/// seq not yet sent. Returns how the pacing went.
+/// seq not yet sent. Its events go into `out`'s batch, handed over at
+/// most every [`events::MAX_AGE_NS`]; `out` reads the session's sockets
+/// right after each tick's sends ([`Handover::between_sends`]). Returns
+/// how the pacing went.
 pub(crate) fn pace_with(
     legs: &[PaceLeg<'_>],
     cfg: &ProbeConfig,
     until: &Until<'_>,
-    ev: &mpsc::Sender<Vec<events::Tagged>>,
+    out: &mut dyn Handover,
     encode: &mut Encode<'_>,
 ) -> Result<Pacing> {
     tight_timer_slack();
@@ -388,13 +431,18 @@ pub(crate) fn pace_with(
         .context("internal: a session without a target")?;
     let mut batch = SendBatch::new(MAX_BATCH, first.size, first.dst);
     let mut batch_leg = 0;
-    // Aged on CLOCK_MONOTONIC: only this thread reads it.
-    let mut pending = EventBatch::new();
     let mut tried = 0u64;
     while !stopped() {
         let tick = match ticker.wait_next() {
             Next::Finished => break,
-            Next::Slice => continue,
+            Next::Slice => {
+                // A long wait: what came meanwhile is read slice by slice.
+                out.between_sends();
+                if !out.hand_over() {
+                    break;
+                }
+                continue;
+            }
             Next::Due(t) => t,
         };
         // A stop that came during the wait sends nothing more. The first
@@ -409,17 +457,20 @@ pub(crate) fn pace_with(
             batch.retarget(leg.dst, leg.size);
             batch_leg = tick.stream;
         }
-        tried += send_tick(leg, &tick, &mut batch, &ticker, &mut pending, encode);
+        tried += send_tick(leg, &tick, &mut batch, &ticker, out.batch(), encode);
+        // On veth the probe's stamps and its echo are queued by now: read
+        // before anything else can run on this CPU.
+        out.between_sends();
         ticker.sent_until(tick.end);
         // Hand over when due, or now if the sender is about to sleep past it.
         let now = c.monotonic_ns();
-        if (pending.due(now) || ticker.next_in(now) >= events::MAX_AGE_NS || ticker.finished())
-            && !pending.flush(ev)
+        if (out.batch().due(now) || ticker.next_in(now) >= events::MAX_AGE_NS || ticker.finished())
+            && !out.hand_over()
         {
             break;
         }
     }
-    pending.flush(ev);
+    out.hand_over();
     let elapsed_ns = c.monotonic_ns() - loop_start_ns;
     let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
     let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
