@@ -778,4 +778,110 @@ mod tests {
             "{sleeps} sleeps for 200 probes"
         );
     }
+
+    /// A reader that flushes at every read, so each read's view of the
+    /// batch can be looked at, and counts the hand-overs.
+    struct Recorder {
+        batch: EventBatch,
+        tx: mpsc::Sender<Vec<events::Tagged>>,
+        rx: mpsc::Receiver<Vec<events::Tagged>>,
+        /// What the batch held at each read.
+        reads: Vec<Vec<events::Tagged>>,
+        hand_overs: usize,
+    }
+
+    impl Handover for Recorder {
+        fn batch(&mut self) -> &mut EventBatch {
+            &mut self.batch
+        }
+        fn between_sends(&mut self) {
+            self.batch.flush(&self.tx);
+            self.reads.push(self.rx.try_recv().unwrap_or_default());
+        }
+        fn hand_over(&mut self) -> bool {
+            self.hand_overs += 1;
+            true
+        }
+    }
+
+    /// Paces `count` probes every `interval` to a loopback peer through a
+    /// [`Recorder`].
+    fn paced(count: u64, interval: std::time::Duration) -> Recorder {
+        let no_stamps = crate::probe::socket::TsFlags {
+            tx: false,
+            rx: false,
+            hardware: false,
+        };
+        let sock = ProbeSocket::bind("127.0.0.1:0".parse().unwrap(), 0, no_stamps, 0).unwrap();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let attempts = AtomicU64::new(0);
+        let legs = [PaceLeg {
+            sock: &sock,
+            dst: peer.local_addr().unwrap(),
+            size: 64,
+            interval_ns: interval.as_nanos() as i64,
+            anchor_ns: None,
+            attempts: &attempts,
+        }];
+        let cfg = ProbeConfig {
+            size: 64,
+            interval,
+            count: Some(count),
+            duration: None,
+            tos: 0,
+            port: 9,
+            timestamps: crate::probe::TimestampSource::Software,
+            timeout: std::time::Duration::from_secs(1),
+            flow: 0,
+            spin: Some(std::time::Duration::from_micros(20)),
+            busy_poll: false,
+            rt: Default::default(),
+            kernel_reflector: false,
+        };
+        let stop = AtomicU8::new(0);
+        let until = Until {
+            end_ns: None,
+            stop: &stop,
+            pause: &|| false,
+        };
+        let (tx, rx) = mpsc::channel();
+        let mut r = Recorder {
+            batch: EventBatch::new(),
+            tx,
+            rx,
+            reads: Vec::new(),
+            hand_overs: 0,
+        };
+        pace_with(&legs, &cfg, &until, &mut r, &mut |_, _, _, buf| buf.fill(0)).unwrap();
+        assert_eq!(attempts.load(Ordering::SeqCst), count);
+        r
+    }
+
+    #[test]
+    fn every_tick_is_read_right_after_its_sends() {
+        let r = paced(10, std::time::Duration::from_millis(1));
+        // One read per tick, and it comes after the tick's Sent events.
+        let sent: Vec<u64> = r
+            .reads
+            .iter()
+            .flatten()
+            .map(|(_, e)| match e {
+                Event::Sent { seq, .. } => *seq,
+                other => panic!("only Sent events here: {other:?}"),
+            })
+            .collect();
+        assert_eq!(sent, (0..10).collect::<Vec<_>>());
+        assert!(r.reads.len() <= 10, "{} reads", r.reads.len());
+        assert!(r.reads.iter().all(|evs| !evs.is_empty()), "a read per tick");
+        assert!(r.hand_overs >= 1, "the last events are handed over");
+    }
+
+    #[test]
+    fn a_long_wait_is_read_slice_by_slice() {
+        // 250 ms between the two probes: slept in 100 ms slices, each read.
+        let r = paced(2, std::time::Duration::from_millis(250));
+        let empty = r.reads.iter().filter(|evs| evs.is_empty()).count();
+        assert!(empty >= 1, "no read during the wait: {:?}", r.reads);
+        assert!(r.hand_overs >= 1 + empty, "each slice hands over");
+    }
 }

@@ -768,4 +768,118 @@ mod tests {
         m.end();
         assert_eq!(m.until_ns(), i64::MAX);
     }
+
+    fn plain_socket() -> ProbeSocket {
+        let no_stamps = TsFlags {
+            tx: false,
+            rx: false,
+            hardware: false,
+        };
+        ProbeSocket::bind("127.0.0.1:0".parse().unwrap(), 0, no_stamps, 0).unwrap()
+    }
+
+    /// A sender's socket connected to a peer on loopback, and the peer
+    /// (which knows the sender's address once it has its first datagram).
+    fn connected_pair() -> (ProbeSocket, std::net::UdpSocket, std::net::SocketAddr) {
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer_addr = peer.local_addr().unwrap();
+        let sock = plain_socket();
+        sock.connect(peer_addr).unwrap();
+        sock.send_to(&[0u8; 64], peer_addr, 0).unwrap();
+        let mut buf = [0u8; 64];
+        let (_, sender_addr) = peer.recv_from(&mut buf).unwrap();
+        (sock, peer, sender_addr)
+    }
+
+    fn remote_leg<'a>(sock: &'a ProbeSocket, dst: std::net::SocketAddr, wire: &'a Wire) -> Leg<'a> {
+        Leg {
+            s: Session {
+                sock,
+                dst,
+                wire,
+                reflector: Reflector::Remote,
+                on_echoes: None,
+                foreign_before: 0,
+            },
+            cfg: cfg(Duration::from_millis(50)),
+            attempts: AtomicU64::new(1),
+            anchor_ns: None,
+        }
+    }
+
+    #[test]
+    fn between_sends_reads_the_echo_and_the_mark_moves_once_it_is_handed_over() {
+        let (sock, peer, sender_addr) = connected_pair();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        // The echo of probe 0, from the address probed.
+        let (mut echo, mut scratch) = (vec![0u8; 64], Vec::new());
+        wire.encode(0, clock::realtime_ns(), false, &mut echo, &mut scratch);
+        echo[5] |= crate::probe::packet::FLAG_ECHO;
+        peer.send_to(&echo, sender_addr).unwrap();
+        let legs = [remote_leg(&sock, peer.local_addr().unwrap(), &wire)];
+        let (tx, rx) = mpsc::channel();
+        let mark = ReadMark::new();
+        let mut io = Io::new(&legs, tx, &mark, ReadBy::Sender);
+        // Loopback delivers within the send; give a loaded machine time.
+        let before_ns = clock::realtime_ns();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while io.batch().len() == 0 && std::time::Instant::now() < deadline {
+            io.between_sends();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(io.batch().len(), 1, "the echo read without a wait");
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing handed over before hand_over"
+        );
+        assert_eq!(mark.until_ns(), i64::MIN, "the mark waits for the events");
+        assert!(io.hand_over());
+        let got = rx.try_recv().unwrap();
+        assert!(
+            matches!(got[..], [(0, Event::Echoed { seq: 0, .. })]),
+            "{got:?}"
+        );
+        assert!(mark.until_ns() >= before_ns, "the mark covers the read");
+        drop(io);
+        assert_eq!(
+            mark.until_ns(),
+            i64::MAX,
+            "a reader that ends ends the mark"
+        );
+    }
+
+    #[test]
+    fn only_the_in_process_reflectors_thread_waits_and_never_on_the_sender() {
+        let (tx_sock, rx_sock) = (plain_socket(), plain_socket());
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        let dst = "127.0.0.1:9".parse().unwrap();
+        let fds = |legs: &[Leg<'_>], by| {
+            let (ev, _) = mpsc::channel();
+            let mark = ReadMark::new();
+            let io = Io::new(legs, ev, &mark, by);
+            io.polled.iter().map(|s| s.fd()).collect::<Vec<_>>()
+        };
+        let mut leg = remote_leg(&tx_sock, dst, &wire);
+        leg.s.reflector = Reflector::InProcess {
+            sock: &rx_sock,
+            session: 7,
+        };
+        // The reflector's thread waits for probes, on the receiver's socket only.
+        assert_eq!(fds(&[leg], ReadBy::IoThread), [rx_sock.fd()]);
+        // Where the sender reads, its loop waits on both once it has sent all.
+        let mut leg = remote_leg(&tx_sock, dst, &wire);
+        leg.s.reflector = Reflector::Kernel {
+            sock: &rx_sock,
+            session: 7,
+        };
+        assert_eq!(fds(&[leg], ReadBy::Sender), [rx_sock.fd(), tx_sock.fd()]);
+        let leg = remote_leg(&tx_sock, dst, &wire);
+        assert_eq!(fds(&[leg], ReadBy::Sender), [tx_sock.fd()]);
+    }
 }
