@@ -882,6 +882,6 @@ mod tests {
         let r = paced(2, std::time::Duration::from_millis(250));
         let empty = r.reads.iter().filter(|evs| evs.is_empty()).count();
         assert!(empty >= 1, "no read during the wait: {:?}", r.reads);
-        assert!(r.hand_overs >= 1 + empty, "each slice hands over");
+        assert!(r.hand_overs > empty, "each slice hands over");
     }
 }
