@@ -34,7 +34,7 @@ use super::{
     cpu_wait,
     events::{self, EventBatch},
     matcher::Event,
-    socket::{ProbeSocket, SendBatch},
+    socket::{ProbeSocket, SendBatch, Warmer},
     wake::{Waiter, WakeMargin, WakeMode},
 };
 
@@ -202,8 +202,10 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
         self.streams[i].seq
     }
 
-    /// Waits for the next probe (or a slice of a long wait).
-    pub fn wait_next(&mut self) -> Next {
+    /// Waits for the next probe (or a slice of a long wait); `on_wake`
+    /// runs when a sleep before a send ends ahead of it (see
+    /// [`Waiter::wait`]).
+    pub fn wait_next(&mut self, on_wake: &mut dyn FnMut()) -> Next {
         let Some(&std::cmp::Reverse((due_ns, i))) = self.heap.peek() else {
             return Next::Finished;
         };
@@ -222,7 +224,7 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
             self.clock.sleep_until_monotonic(now + STOP_CHECK_NS);
             return Next::Slice;
         }
-        let mono_ns = self.waiter.wait(self.clock, wake_ns);
+        let mono_ns = self.waiter.wait(self.clock, wake_ns, on_wake);
         if wake_ns > now {
             self.next_wake_ns = mono_ns.saturating_add(self.wake_gap_ns);
         }
@@ -397,6 +399,11 @@ pub(crate) fn pace_with(
                 .context("real-time settings for the sender")?,
         )
     };
+    let first = legs
+        .first()
+        .context("internal: a session without a target")?;
+    let (mode, wake_gap_ns) = shared_wait(cfg, legs);
+    let mut warm = warmer(&mode, first, cfg.tos);
     let c = SystemClock;
     let loop_start_ns = c.monotonic_ns();
     let cpu_start_ns = clock::thread_cpu_ns();
@@ -422,18 +429,23 @@ pub(crate) fn pace_with(
             (sched, first)
         })
         .collect();
-    let (mode, wake_gap_ns) = shared_wait(cfg, legs);
+    let warming = warm.is_some();
+    let mut warm_ns = 0i64;
+    let mut on_wake = || {
+        if let Some(w) = warm.as_mut() {
+            let t = c.monotonic_ns();
+            w.run();
+            warm_ns += c.monotonic_ns() - t;
+        }
+    };
     let mut ticker = Ticker::many(&c, streams, mode, OFFSET_REFRESH_NS).with_wake_gap(wake_gap_ns);
     let stop = until.stop;
     let stopped = || stop.load(Ordering::Relaxed) != 0 || (until.pause)();
-    let first = legs
-        .first()
-        .context("internal: a session without a target")?;
     let mut batch = SendBatch::new(MAX_BATCH, first.size, first.dst);
     let mut batch_leg = 0;
     let mut tried = 0u64;
     while !stopped() {
-        let tick = match ticker.wait_next() {
+        let tick = match ticker.wait_next(&mut on_wake) {
             Next::Finished => break,
             Next::Slice => {
                 // A long wait: what came meanwhile is read slice by slice.
@@ -476,7 +488,20 @@ pub(crate) fn pace_with(
     let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
     report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
     report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
+    report.warm_up_ns_per_probe = warming.then(|| warm_ns as f64 / tried.max(1) as f64);
     Ok(report)
+}
+
+/// The loopback warm-up of a sender that wakes ahead of its sends (and
+/// so has time for it): not with `--busy-poll` (it never sleeps) nor
+/// where a sleep ends at the send time (several targets without
+/// `--spin`, or `--spin 0`).
+fn warmer(mode: &WakeMode, first: &PaceLeg<'_>, tos: u8) -> Option<Warmer> {
+    match mode {
+        WakeMode::Adaptive(_) => Warmer::new(first.size, tos, first.dst.is_ipv6()),
+        WakeMode::Fixed(ns) if *ns > 0 => Warmer::new(first.size, tos, first.dst.is_ipv6()),
+        WakeMode::Fixed(_) | WakeMode::BusyPoll => None,
+    }
 }
 
 /// How the sender of `legs` waits, and its wake gap (see
@@ -625,7 +650,7 @@ mod tests {
         let mut out = Vec::new();
         loop {
             at(t.next_seq());
-            match t.wait_next() {
+            match t.wait_next(&mut || {}) {
                 Next::Finished => break,
                 Next::Slice => continue,
                 Next::Due(tick) => {
@@ -682,7 +707,7 @@ mod tests {
             end_ns: None,
         };
         let mut t = Ticker::new(&c, sched, WakeMode::Fixed(10_000), 1_500_000);
-        while let Next::Due(tick) = t.wait_next() {
+        while let Next::Due(tick) = t.wait_next(&mut || {}) {
             if tick.first == 4 {
                 c.step_realtime(-10_000_000_000);
             }
@@ -712,7 +737,7 @@ mod tests {
             1_000_000,
         );
         let mut ticks = Vec::new();
-        while let Next::Due(tick) = t.wait_next() {
+        while let Next::Due(tick) = t.wait_next(&mut || {}) {
             ticks.push((tick.stream, tick.first, tick.mono_ns));
             t.sent_until(tick.end);
         }
@@ -757,7 +782,7 @@ mod tests {
             .collect();
         let mut t = Ticker::many(&c, scheds, WakeMode::Fixed(0), 1_000_000).with_wake_gap(500_000);
         let mut sent = 0;
-        while let Next::Due(tick) = t.wait_next() {
+        while let Next::Due(tick) = t.wait_next(&mut || {}) {
             let due = 10_000_000 + tick.stream as i64 * 100_000 + tick.first as i64 * 1_000_000;
             assert!(
                 (due..=due + 500_000 + 1_000).contains(&tick.mono_ns),

@@ -156,7 +156,9 @@ impl Waiter {
 
     /// Waits until the monotonic time `due_ns` and returns the monotonic
     /// time it got there (later than `due_ns` if the sleep overslept).
-    pub fn wait(&mut self, c: &impl PaceClock, due_ns: i64) -> i64 {
+    /// `on_wake` runs after a sleep that ended before the deadline, before
+    /// the spin: the margin learned covers it as it covers the wake-up.
+    pub fn wait(&mut self, c: &impl PaceClock, due_ns: i64, on_wake: &mut dyn FnMut()) -> i64 {
         let margin = self.margin_ns();
         if margin != i64::MAX {
             self.margin_max_ns = self.margin_max_ns.max(margin);
@@ -171,9 +173,12 @@ impl Waiter {
             let _ = self.late.record(late_ns.max(1) as u64);
             if now > due_ns {
                 self.overslept += 1;
+            } else {
+                on_wake();
+                now = c.monotonic_ns();
             }
             if let WakeMode::Adaptive(m) = &mut self.mode {
-                m.observe(late_ns);
+                m.observe(now - target);
             }
         }
         let spin_from = now;
@@ -224,6 +229,7 @@ impl Waiter {
             clock_steps,
             waits: None,
             cpu_dma_latency_us: None,
+            warm_up_ns_per_probe: None,
             reader: None,
         }
     }
@@ -309,7 +315,7 @@ mod tests {
         let c = FakeClock::new(0, 0, 100);
         c.wake_late_ns.set(30_000);
         let mut w = Waiter::new(WakeMode::Fixed(50_000));
-        let got = w.wait(&c, 1_000_000);
+        let got = w.wait(&c, 1_000_000, &mut || {});
         assert!((1_000_000..1_000_200).contains(&got), "sent at {got}");
         assert_eq!(c.sleeps.get(), 1);
         // Slept until 950 µs, woke at 980 µs, spun 20 µs.
@@ -323,12 +329,12 @@ mod tests {
         assert!((29_900..=30_400).contains(&r.wake_late_ns.p50.unwrap()));
         // A wake-up later than the margin oversleeps the deadline.
         c.wake_late_ns.set(80_000);
-        let got = w.wait(&c, 2_000_000);
+        let got = w.wait(&c, 2_000_000, &mut || {});
         assert!(got > 2_000_000);
         assert_eq!(w.report(2_000_000, 2, None, 0).overslept, 1);
         // Already past the deadline: no sleep, no spin.
         let sleeps = c.sleeps.get();
-        w.wait(&c, 0);
+        w.wait(&c, 0, &mut || {});
         assert_eq!(c.sleeps.get(), sleeps);
     }
 
@@ -340,7 +346,7 @@ mod tests {
         let mut late = 0;
         for n in 1..=100 {
             let due = n * 1_000_000;
-            let got = w.wait(&c, due);
+            let got = w.wait(&c, due, &mut || {});
             if got > due + 1_000 {
                 late += 1;
             }
@@ -355,5 +361,37 @@ mod tests {
         assert!(r.spin_ns_per_probe < 1_000.0, "{}", r.spin_ns_per_probe);
         let busy = Waiter::new(WakeMode::BusyPoll);
         assert_eq!(busy.report(1, 0, None, 0).margin_ns, None);
+    }
+
+    #[test]
+    fn the_margin_covers_the_work_done_on_waking_and_an_oversleep_skips_it() {
+        // Wake-ups 30 µs late; the work after each costs 5 µs (50 reads).
+        let c = FakeClock::new(0, 0, 100);
+        c.wake_late_ns.set(30_000);
+        let mut w = Waiter::new(WakeMode::Adaptive(Box::new(WakeMargin::new(1_000_000))));
+        let mut woken = 0;
+        let mut late = 0;
+        for n in 1..=200 {
+            let due = n * 1_000_000;
+            let got = w.wait(&c, due, &mut || {
+                woken += 1;
+                for _ in 0..50 {
+                    c.monotonic_ns();
+                }
+            });
+            late += i64::from(got > due + 1_000);
+        }
+        assert_eq!(woken, 200, "once per sleep that ended in time");
+        assert_eq!(late, 0, "the spin absorbed the work");
+        let m = w.margin_ns();
+        assert!((35_000..=36_000).contains(&m), "margin {m}");
+        // The report's wake-up lateness is the timer's alone.
+        let r = w.report(200_000_000, 200, None, 0);
+        assert!((29_900..=30_400).contains(&r.wake_late_ns.p50.unwrap()));
+        // A sleep that ends past the deadline sends at once: no work first.
+        c.wake_late_ns.set(80_000);
+        let mut ran = false;
+        w.wait(&c, 201_000_000, &mut || ran = true);
+        assert!(!ran);
     }
 }

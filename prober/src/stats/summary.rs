@@ -286,6 +286,12 @@ pub struct Pacing {
     /// The CPU idle-latency limit (PM QoS, µs) held while sending; None
     /// when none was.
     pub cpu_dma_latency_us: Option<u32>,
+    /// Time the sender spent, per probe, rehearsing its send path on
+    /// loopback right after each wake-up, before its spin (None: it did
+    /// not: `--busy-poll`, several targets without `--spin`, or no usable
+    /// loopback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_up_ns_per_probe: Option<f64>,
     /// The I/O thread that reads the echoes and TX stamps (None: not measured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reader: Option<ReaderTiming>,
