@@ -496,8 +496,8 @@ fn eight_hosts_scraped_by_prometheus_show_a_downed_port_as_loss_on_its_14_pairs(
     }
 }
 
-/// Takes host `down`'s bridge port down (and h1's I/O thread off a CPU
-/// for two probe timeouts) and waits for loss on exactly its 14 pairs in
+/// Takes host `down`'s bridge port down (and h1's reader, its sender
+/// thread, off a CPU for two probe timeouts) and waits for loss on exactly its 14 pairs in
 /// Prometheus, never on another. Returns when the port went down.
 fn cut_and_see_loss(f: &mut Fleet, down: usize) -> i64 {
     let cut_ns = realtime_ns();
@@ -508,11 +508,11 @@ fn cut_and_see_loss(f: &mut Fleet, down: usize) -> i64 {
     ));
     // The run lost probes of h1 to its live peers when h1's I/O
     // thread waited 764 ms for a CPU: the same stall, made certain here
-    // (h1's I/O thread stopped alone for two probe timeouts), must cost
-    // no probe of a live pair.
+    // (h1's reader, now its sender thread, stopped alone for two probe
+    // timeouts), must cost no probe of a live pair.
     let h1 = f.pid_of("probe-h1");
     stop_thread_for(
-        thread_named(h1, "rtprobe-io"),
+        thread_named(h1, "rtprobe-sender"),
         Duration::from_millis(2 * PROBE_TIMEOUT_MS),
     );
     let expected = all_pairs(Some(down));
@@ -556,7 +556,7 @@ const CUT_MARGIN_NS: i64 = 50_000_000;
 /// The mechanism, probe by probe, from host `i`'s CSV and JSON: a pair
 /// without the downed host lost no probe and refused no echo as late; a
 /// pair with it lost every probe sent after the cut and none before.
-/// Prints how long host `i`'s echoes waited for its I/O thread.
+/// Prints how long host `i`'s echoes waited to be read.
 fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: i64) {
     let me = host_name(i);
     let json_path = f.path(&format!("{me}.json"));
@@ -571,7 +571,7 @@ fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: i64) {
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     let reader = &j["pacing"]["reader"];
     eprintln!(
-        "{me}: echoes read up to {} µs after the kernel had them (p99 {} µs); the I/O thread waited {} ms for a CPU",
+        "{me}: echoes read up to {} µs after the kernel had them (p99 {} µs); the reader waited {} ms for a CPU",
         reader["read_delay_ns"]["max"].as_u64().unwrap_or(0) / 1000,
         reader["read_delay_ns"]["p99"].as_u64().unwrap_or(0) / 1000,
         reader["waits"]["runq_wait_ns"].as_u64().unwrap_or(0) / 1_000_000

@@ -372,7 +372,8 @@ fn pacing_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     }
 }
 
-/// How long the echoes waited for the I/O thread, and it for a CPU.
+/// How long the echoes waited to be read, and the reading thread (the
+/// sender, or the in-process reflector's I/O thread) for a CPU.
 fn reader_line(o: &mut String, r: &crate::stats::ReaderTiming) {
     let d = &r.read_delay_ns;
     if d.count == 0 {
@@ -386,7 +387,7 @@ fn reader_line(o: &mut String, r: &crate::stats::ReaderTiming) {
         .unwrap_or_default();
     let _ = writeln!(
         o,
-        "  echoes read after the kernel had them: p50 {} / p99 {} / max {} (the I/O thread's delay; no probe is lost to it){waits}",
+        "  echoes read after the kernel had them: p50 {} / p99 {} / max {} (the reader's delay; no probe is lost to it){waits}",
         words(d.p50),
         words(d.p99),
         words(d.max),

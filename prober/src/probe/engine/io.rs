@@ -199,12 +199,13 @@ impl<'l, 'a> Io<'l, 'a> {
     }
 
     /// Reads what is ready until nothing is left (the pass is complete:
-    /// true) or the batch is full. Returns how many messages it took.
-    fn read_ready(&mut self, finishing: bool) -> (usize, bool) {
+    /// true), the batch is full, or each socket has had `rounds` reads.
+    /// Returns how many messages it took.
+    fn read_ready(&mut self, finishing: bool, rounds: usize) -> (usize, bool) {
         let first = &self.legs[0];
         let mut reflector_left = self.reflect.is_some();
         let mut got = 0;
-        loop {
+        for _ in 0..rounds {
             let mut n = 0;
             if reflector_left
                 && let (Some((sock, session)), Some(b)) =
@@ -230,6 +231,7 @@ impl<'l, 'a> Io<'l, 'a> {
                 return (got, false);
             }
         }
+        (got, false)
     }
 
     /// One pass: waits up to `timeout_ms`, then reads everything that was
@@ -239,7 +241,7 @@ impl<'l, 'a> Io<'l, 'a> {
         let began_ns = self.wait(timeout_ms, finishing)?;
         let mut got = 0;
         loop {
-            let (n, complete) = self.read_ready(finishing);
+            let (n, complete) = self.read_ready(finishing, usize::MAX);
             got += n;
             if complete {
                 self.read_to = Some(began_ns);
@@ -249,6 +251,19 @@ impl<'l, 'a> Io<'l, 'a> {
                 return Ok(got);
             }
         }
+    }
+
+    /// The sender's pass between two sends: one read of each queue of
+    /// each socket, so that a flood at a probe socket costs the sender a
+    /// bounded time per tick and never its schedule; the rest is read at
+    /// the next ticks (the mark moves once a pass has read everything).
+    fn pass_between_sends(&mut self) -> std::io::Result<usize> {
+        let began_ns = self.wait(0, false)?;
+        let (n, complete) = self.read_ready(false, 1);
+        if complete {
+            self.read_to = Some(began_ns);
+        }
+        Ok(n)
     }
 
     /// Waits and reads until `done`, in short waits once `pause` says the
@@ -296,7 +311,7 @@ impl pacer::Handover for Io<'_, '_> {
     }
 
     fn between_sends(&mut self) {
-        if let Err(e) = self.pass(0, false) {
+        if let Err(e) = self.pass_between_sends() {
             log::debug!("probe sockets: {e}");
         }
     }
@@ -775,7 +790,8 @@ mod tests {
             rx: false,
             hardware: false,
         };
-        ProbeSocket::bind("127.0.0.1:0".parse().unwrap(), 0, no_stamps, 0).unwrap()
+        // Room for a few hundred small datagrams.
+        ProbeSocket::bind("127.0.0.1:0".parse().unwrap(), 0, no_stamps, 1 << 20).unwrap()
     }
 
     /// A sender's socket connected to a peer on loopback, and the peer
@@ -849,6 +865,37 @@ mod tests {
             i64::MAX,
             "a reader that ends ends the mark"
         );
+    }
+
+    #[test]
+    fn a_flood_is_read_a_batch_per_send_and_the_mark_waits_for_the_rest() {
+        let (sock, peer, sender_addr) = connected_pair();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        // 150 datagrams from the target: more than one read takes (64).
+        for i in 0..150u8 {
+            peer.send_to(&[i; 40], sender_addr).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let legs = [remote_leg(&sock, peer.local_addr().unwrap(), &wire)];
+        let (tx, rx) = mpsc::channel();
+        let mark = ReadMark::new();
+        let mut io = Io::new(&legs, tx, &mark, ReadBy::Sender);
+        let mut reads = Vec::new();
+        while mark.until_ns() == i64::MIN && reads.len() < 10 {
+            io.between_sends();
+            // Foreign datagrams: one event each.
+            reads.push(io.batch().len());
+            io.hand_over();
+        }
+        assert_eq!(
+            reads,
+            [64, 64, 22],
+            "a batch per send; the mark moved at the last"
+        );
+        assert_eq!(rx.try_iter().map(|b| b.len()).sum::<usize>(), 150);
     }
 
     #[test]
