@@ -203,9 +203,9 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
     }
 
     /// Waits for the next probe (or a slice of a long wait); `on_wake`
-    /// runs when a sleep before a send ends ahead of it (see
-    /// [`Waiter::wait`]).
-    pub fn wait_next(&mut self, on_wake: &mut dyn FnMut()) -> Next {
+    /// runs when a sleep before a send ends ahead of it, with the time
+    /// left (see [`Waiter::wait`]).
+    pub fn wait_next(&mut self, on_wake: &mut dyn FnMut(i64)) -> Next {
         let Some(&std::cmp::Reverse((due_ns, i))) = self.heap.peek() else {
             return Next::Finished;
         };
@@ -430,12 +430,19 @@ pub(crate) fn pace_with(
         })
         .collect();
     let warming = warm.is_some();
-    let mut warm_ns = 0i64;
-    let mut on_wake = || {
-        if let Some(w) = warm.as_mut() {
+    let (mut warm_ns, mut warm_cost_ns) = (0i64, WARM_UP_FIRST_GUESS_NS);
+    // In place of the spin's first part, when it fits twice over: never a
+    // late send for it.
+    let mut on_wake = |left_ns: i64| {
+        if let Some(w) = warm.as_mut()
+            && left_ns >= 2 * warm_cost_ns
+        {
             let t = c.monotonic_ns();
             w.run();
-            warm_ns += c.monotonic_ns() - t;
+            let took = c.monotonic_ns() - t;
+            warm_ns += took;
+            // The recent cost: a moving average over about 8 rehearsals.
+            warm_cost_ns += (took - warm_cost_ns) / 8;
         }
     };
     let mut ticker = Ticker::many(&c, streams, mode, OFFSET_REFRESH_NS).with_wake_gap(wake_gap_ns);
@@ -491,6 +498,9 @@ pub(crate) fn pace_with(
     report.warm_up_ns_per_probe = warming.then(|| warm_ns as f64 / tried.max(1) as f64);
     Ok(report)
 }
+
+/// What a loopback warm-up is taken to cost before one has run.
+const WARM_UP_FIRST_GUESS_NS: i64 = 10_000;
 
 /// The loopback warm-up of a sender that wakes ahead of its sends (and
 /// so has time for it): not with `--busy-poll` (it never sleeps) nor
@@ -650,7 +660,7 @@ mod tests {
         let mut out = Vec::new();
         loop {
             at(t.next_seq());
-            match t.wait_next(&mut || {}) {
+            match t.wait_next(&mut |_| {}) {
                 Next::Finished => break,
                 Next::Slice => continue,
                 Next::Due(tick) => {
@@ -707,7 +717,7 @@ mod tests {
             end_ns: None,
         };
         let mut t = Ticker::new(&c, sched, WakeMode::Fixed(10_000), 1_500_000);
-        while let Next::Due(tick) = t.wait_next(&mut || {}) {
+        while let Next::Due(tick) = t.wait_next(&mut |_| {}) {
             if tick.first == 4 {
                 c.step_realtime(-10_000_000_000);
             }
@@ -737,7 +747,7 @@ mod tests {
             1_000_000,
         );
         let mut ticks = Vec::new();
-        while let Next::Due(tick) = t.wait_next(&mut || {}) {
+        while let Next::Due(tick) = t.wait_next(&mut |_| {}) {
             ticks.push((tick.stream, tick.first, tick.mono_ns));
             t.sent_until(tick.end);
         }
@@ -782,7 +792,7 @@ mod tests {
             .collect();
         let mut t = Ticker::many(&c, scheds, WakeMode::Fixed(0), 1_000_000).with_wake_gap(500_000);
         let mut sent = 0;
-        while let Next::Due(tick) = t.wait_next(&mut || {}) {
+        while let Next::Due(tick) = t.wait_next(&mut |_| {}) {
             let due = 10_000_000 + tick.stream as i64 * 100_000 + tick.first as i64 * 1_000_000;
             assert!(
                 (due..=due + 500_000 + 1_000).contains(&tick.mono_ns),
