@@ -6,6 +6,10 @@
 //! and batched sends: when the sender wakes up late, every probe already due
 //! goes out in one sendmmsg(2), each still with its own scheduled time and
 //! OPT_ID, instead of the sender falling further behind one syscall at a time.
+//! Right after waking, in place of the spin's first part, a sender that
+//! wakes ahead of its send rehearses the send path on loopback
+//! ([`super::socket::Warmer`]), and right after each tick's sends it reads
+//! what the session's sockets hold ([`Handover`]): nobody sleeps on them.
 //! The scheduled and send times it records are on CLOCK_REALTIME, like the
 //! kernel's stamps, through an offset re-measured every
 //! [`OFFSET_REFRESH_NS`]: a step of the wall clock moves the stamps, never
