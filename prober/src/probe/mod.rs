@@ -1,6 +1,6 @@
 //! Probing: sockets and their stamps, the pacer, the matcher, the
 //! reflectors and the wire formats (rtprobe, STAMP). Every session runs
-//! through one engine ([`engine`]): its warm-up, its I/O loop and its
+//! through one engine ([`engine`]): its warm-up, its reads and its
 //! threads. This file holds the testbed's and NIC pair's side of it
 //! (hardware timestamping, the two sockets in their namespaces) and the
 //! collector that turns the engine's events into records.
