@@ -629,10 +629,10 @@ fn one_page_for_the_dead_host(f: &mut Fleet, down: usize, expected: &BTreeSet<(S
     }
 }
 
-/// Takes host `down`'s bridge port down (and h1's I/O thread off a CPU
-/// for two probe timeouts) and waits for loss on exactly its 14 pairs in
-/// Prometheus, never on another. Returns between which two times (ns) the
-/// port went down.
+/// Takes host `down`'s bridge port down (and h1's reader, its sender
+/// thread, off a CPU for two probe timeouts) and waits for loss on
+/// exactly its 14 pairs in Prometheus, never on another. Returns between
+/// which two times (ns) the port went down.
 fn cut_and_see_loss(f: &mut Fleet, down: usize) -> (i64, i64) {
     // The port goes down somewhere between the two times: a busy machine
     // takes tens of ms to start `ip`.
@@ -645,11 +645,11 @@ fn cut_and_see_loss(f: &mut Fleet, down: usize) -> (i64, i64) {
     let cut_ns = (cut_from_ns, realtime_ns());
     // The run lost probes of h1 to its live peers when h1's I/O
     // thread waited 764 ms for a CPU: the same stall, made certain here
-    // (h1's I/O thread stopped alone for two probe timeouts), must cost
-    // no probe of a live pair.
+    // (h1's reader, now its sender thread, stopped alone for two probe
+    // timeouts), must cost no probe of a live pair.
     let h1 = f.pid_of("probe-h1");
     stop_thread_for(
-        thread_named(h1, "rtprobe-io"),
+        thread_named(h1, "rtprobe-sender"),
         Duration::from_millis(2 * PROBE_TIMEOUT_MS),
     );
     let expected = all_pairs(Some(down));
@@ -693,7 +693,7 @@ const CUT_MARGIN_NS: i64 = 50_000_000;
 /// The mechanism, probe by probe, from host `i`'s CSV and JSON: a pair
 /// without the downed host lost no probe and refused no echo as late; a
 /// pair with it lost every probe sent after the cut and none before.
-/// Prints how long host `i`'s echoes waited for its I/O thread.
+/// Prints how long host `i`'s echoes waited to be read.
 fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: (i64, i64)) {
     let me = host_name(i);
     let json_path = f.path(&format!("{me}.json"));
@@ -708,7 +708,7 @@ fn assert_pairs_of(f: &Fleet, i: usize, down: usize, cut_ns: (i64, i64)) {
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     let reader = &j["pacing"]["reader"];
     eprintln!(
-        "{me}: echoes read up to {} µs after the kernel had them (p99 {} µs); the I/O thread waited {} ms for a CPU",
+        "{me}: echoes read up to {} µs after the kernel had them (p99 {} µs); the reader waited {} ms for a CPU",
         reader["read_delay_ns"]["max"].as_u64().unwrap_or(0) / 1000,
         reader["read_delay_ns"]["p99"].as_u64().unwrap_or(0) / 1000,
         reader["waits"]["runq_wait_ns"].as_u64().unwrap_or(0) / 1_000_000

@@ -326,8 +326,9 @@ fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
             payload: forged_stamp_reply(i as u16 + 1),
         });
         // The target's own address and port, forged: past the kernel.
-        // Slower: a flood at the sender's socket costs its I/O thread CPU
-        // (a debug build here), which is not what this test measures.
+        // Slower: a flood at the sender's socket costs its reader (the
+        // sender thread) CPU (a debug build here), which is not what this
+        // test measures.
         let spoofed = send_forged(&p.b, to, 32_767, 10_000, 4.0, |i| Forged {
             src: SocketAddrV4::new(B_IP.parse().unwrap(), 862),
             payload: forged_stamp_reply(i as u16 + 1),

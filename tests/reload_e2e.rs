@@ -3,7 +3,7 @@
 //! and schedule; a storm of SIGHUPs reloads at most once a second and
 //! costs no probe), targets that cannot be opened (reported, tried again,
 //! the others lose nothing), a FIFO as the targets file, the open-file
-//! limit, and an I/O thread kept from running past the probes' timeout.
+//! limit, and a reader kept from running past the probes' timeout.
 //! Reflectors in namespace B, the prober in A; every wait has a deadline.
 //! Root tests are run by `cargo xtask test` with `--ignored --test-threads=1`.
 
@@ -416,10 +416,11 @@ fn a_fifo_as_the_targets_file_is_refused_at_start_and_ignored_on_reload() {
     assert_every_slot_sent(&t, "a", 10_000_000);
 }
 
-/// The I/O thread kept from running for five probe timeouts (ptrace
-/// stops it alone, as a starved CPU would): the echoes wait in their
-/// sockets, stamped by the kernel in time, and no probe is counted lost
-/// or its echo late; the run says how long the echoes waited.
+/// The thread that reads the sockets (the sender, which reads between
+/// its sends) kept from running for five probe timeouts (ptrace stops it
+/// alone, as a starved CPU would): the echoes wait in their sockets,
+/// stamped by the kernel in time, and no probe is counted lost or its
+/// echo late; the run says how long the echoes waited.
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn an_io_thread_kept_from_running_past_the_timeout_loses_no_probe() {
@@ -439,7 +440,7 @@ fn an_io_thread_kept_from_running_past_the_timeout_loses_no_probe() {
     let mut run = Prober::start(&p, dir.path(), &args);
     run.wait_rows("b", WITHIN);
     let pid = run.child.as_ref().unwrap().id();
-    stop_thread_for(thread_named(pid, "rtprobe-io"), Duration::from_secs(1));
+    stop_thread_for(thread_named(pid, "rtprobe-sender"), Duration::from_secs(1));
     let rows_then = std::fs::read_to_string(dir.path().join("out.csv"))
         .unwrap()
         .lines()
@@ -468,7 +469,7 @@ fn an_io_thread_kept_from_running_past_the_timeout_loses_no_probe() {
         .as_u64()
         .unwrap();
     eprintln!(
-        "echoes waited up to {} ms for the stopped I/O thread",
+        "echoes waited up to {} ms for the stopped reader",
         waited / 1_000_000
     );
     assert!(

@@ -5,6 +5,7 @@
 
 pub mod pair;
 pub mod targets;
+pub mod waits;
 
 use std::{path::PathBuf, process::Command};
 

@@ -65,8 +65,11 @@ fn pacing_words(p: &Pacing) -> String {
     match p.mode.as_str() {
         "busy-poll" => format!(" (busy-poll: {cost})"),
         mode => format!(
-            " (timer + {mode} spin: margin {}, {cost})",
-            words(p.margin_ns)
+            " (timer + {mode} spin: margin {}, {}{cost})",
+            words(p.margin_ns),
+            p.warm_up_ns_per_probe
+                .map(|ns| format!("warm-up on loopback {}/probe, ", format_duration_ns(ns)))
+                .unwrap_or_default()
         ),
     }
 }
@@ -381,7 +384,8 @@ fn pacing_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     }
 }
 
-/// How long the echoes waited for the I/O thread, and it for a CPU.
+/// How long the echoes waited to be read, and the reading thread (the
+/// sender, or the in-process reflector's I/O thread) for a CPU.
 fn reader_line(o: &mut String, r: &crate::stats::ReaderTiming) {
     let d = &r.read_delay_ns;
     if d.count == 0 {
@@ -395,7 +399,7 @@ fn reader_line(o: &mut String, r: &crate::stats::ReaderTiming) {
         .unwrap_or_default();
     let _ = writeln!(
         o,
-        "  echoes read after the kernel had them: p50 {} / p99 {} / max {} (the I/O thread's delay; no probe is lost to it){waits}",
+        "  echoes read after the kernel had them: p50 {} / p99 {} / max {} (the reader's delay; no probe is lost to it){waits}",
         words(d.p50),
         words(d.p99),
         words(d.max),
@@ -820,6 +824,7 @@ mod tests {
                 cpus: vec![0, 1],
             }),
             cpu_dma_latency_us: None,
+            warm_up_ns_per_probe: Some(4_200.0),
             reader: None,
         });
         s.report.host = Some(crate::model::host::HostFacts {
@@ -852,7 +857,7 @@ mod tests {
             "  rtt                  8 µs       9 µs      10 µs > 1.074 s  > 1.074 s        3 s ",
             "hardware clock, sender NIC: PHC /dev/ptp2 on the system clock by 50 samples; offset uncertainty (read window) median 310 ns, max 900 ns; drift 12346 ppb",
             "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
-            "pacing (timer + adaptive spin: margin 142 µs, spin 13.9 µs/probe = 1.39 % of a CPU)",
+            "pacing (timer + adaptive spin: margin 142 µs, warm-up on loopback 4.2 µs/probe, spin 13.9 µs/probe = 1.39 % of a CPU)",
             "sender wake-ups: late p50 34 µs / p99 139 µs / max 2.6 ms (10 sleeps, 1 overslept the send); sender thread 3.2 % of a CPU",
             "  sender not running: waited for a CPU 1.25 ms (0.06 % of the sending); the hypervisor stole 40 ms from CPUs 0-1 (1.00 %)",
             "sent 10",

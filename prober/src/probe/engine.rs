@@ -31,6 +31,7 @@ use anyhow::{Context, Result, bail};
 
 mod io;
 
+use self::io::ReadBy;
 pub(crate) use self::io::ReadMark;
 use super::{
     HwSetup, ProbeConfig, RecordSink, STOP_SENDING, SessionObserver, clock, collect_and_join,
@@ -56,6 +57,23 @@ pub(crate) enum Reflector<'a> {
     Kernel { sock: &'a ProbeSocket, session: u64 },
     /// Another process or host: only the sender's socket sees anything.
     Remote,
+}
+
+impl<'a> Reflector<'a> {
+    /// The receiver's socket where the reflector is ours, and its session.
+    pub(crate) fn receiver_session(&self) -> Option<(&'a ProbeSocket, u64)> {
+        match *self {
+            Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session } => {
+                Some((sock, session))
+            }
+            Reflector::Remote => None,
+        }
+    }
+
+    /// The receiver's socket where the reflector is ours.
+    pub(crate) fn receiver(&self) -> Option<&'a ProbeSocket> {
+        self.receiver_session().map(|(sock, _)| sock)
+    }
 }
 
 /// Notes what a batch of accepted echoes said (the remote run's ledger).
@@ -154,10 +172,12 @@ impl Driven {
     }
 }
 
-/// Runs the session's threads: the I/O thread, the paced sender (one for
-/// every leg) and the calling thread collecting records until every probe
-/// is accounted for, `stop` says so, or the round pauses. The first leg's
-/// options give what the legs share (count, real-time settings).
+/// Runs the session's threads: the paced sender (one for every leg),
+/// which also reads the sockets (see [`io`]), an I/O thread only where the
+/// reflector is ours in this process, and the calling thread collecting
+/// records until every probe is accounted for, `stop` says so, or the
+/// round pauses. The first leg's options give what the legs share (count,
+/// real-time settings).
 pub(crate) fn drive(
     legs: &[Leg<'_>],
     hw: HwSetup,
@@ -169,7 +189,11 @@ pub(crate) fn drive(
         .first()
         .context("internal: a session without a target")?
         .cfg;
-    let done = AtomicBool::new(false);
+    let read_by = match legs[0].s.reflector {
+        Reflector::InProcess { .. } => ReadBy::IoThread,
+        Reflector::Kernel { .. } | Reflector::Remote => ReadBy::Sender,
+    };
+    let (done, sent) = (AtomicBool::new(false), AtomicBool::new(false));
     let mark = ReadMark::new();
     let (ev_tx, ev_rx) = mpsc::channel::<Vec<events::Tagged>>();
     for (i, l) in legs.iter().enumerate() {
@@ -180,17 +204,23 @@ pub(crate) fn drive(
             ]);
         }
     }
-    let (done_ref, mark_ref, pause) = (&done, &mark, round.pause);
+    let (done, sent, mark, pause) = (&done, &sent, &mark, round.pause);
     let end_ns = round.end_mono_ns;
     std::thread::scope(|sc| {
-        let ev = ev_tx.clone();
-        let io = std::thread::Builder::new()
-            .name("rtprobe-io".into())
-            .spawn_scoped(sc, move || {
-                pacer::share_fifo_priority(&cfg.rt);
-                io::io_loop(legs, (done_ref, pause), &ev, mark_ref)
+        let io = (read_by == ReadBy::IoThread)
+            .then(|| {
+                let ev = ev_tx.clone();
+                std::thread::Builder::new()
+                    .name("rtprobe-io".into())
+                    .spawn_scoped(sc, move || {
+                        pacer::share_fifo_priority(&cfg.rt);
+                        let mut io = io::Io::new(legs, ev, mark, ReadBy::IoThread);
+                        io.run(done, pause);
+                        io.timing()
+                    })
+                    .context("spawn the probe I/O thread")
             })
-            .context("spawn the probe I/O thread")?;
+            .transpose()?;
         let run = (|| {
             let ev = ev_tx.clone();
             let sender = std::thread::Builder::new()
@@ -201,44 +231,79 @@ pub(crate) fn drive(
                         stop,
                         pause,
                     };
-                    send_all(legs, cfg, &until, &ev)
+                    sender_thread(legs, cfg, &until, ev, (read_by, mark), (sent, done))
                 })
                 .context("spawn sender thread")?;
             let c = Collecting {
                 legs,
                 carried: round.carried,
                 pause,
-                read: mark_ref,
+                read: mark,
             };
-            collect_and_join(&ev_rx, c, hw, outs, stop, sender)
+            collect_and_join(&ev_rx, c, hw, outs, stop, (sender, sent, done))
         })();
-        done_ref.store(true, Ordering::SeqCst);
-        let reader = io.join().ok();
+        done.store(true, Ordering::SeqCst);
+        let io_reader = io.and_then(|h| h.join().ok());
         let mut run = run;
         match &mut run {
             // A paused round's last echoes and stamps go to the collectors kept.
-            Ok(Driven::Paused(cs)) => {
+            Ok((Driven::Paused(cs), _)) => {
                 while let Ok(evs) = ev_rx.try_recv() {
                     super::route(cs, evs);
                 }
             }
-            Ok(Driven::Finished(v)) => {
+            Ok((Driven::Finished(v), sender_reader)) => {
+                let reader = io_reader.or(sender_reader.take());
                 for (stats, _, _) in v.iter_mut() {
                     stats.set_reader(reader.clone());
                 }
             }
             Err(_) => {}
         }
-        run
+        run.map(|(d, _)| d)
     })
 }
 
-/// The sender thread: every leg's probes, paced from one schedule.
+/// What the sender thread returns: its pacing, and its timing as the
+/// reader where it read the sockets.
+pub(crate) type SenderDone = (
+    Result<crate::stats::Pacing>,
+    Option<crate::stats::ReaderTiming>,
+);
+
+/// The sender thread: sends every leg's probes and, with [`ReadBy::Sender`],
+/// reads the sockets between its sends and, once `sent` says the last
+/// probe is out, in a loop until `done`.
+fn sender_thread(
+    legs: &[Leg<'_>],
+    cfg: &ProbeConfig,
+    until: &pacer::Until<'_>,
+    ev: mpsc::Sender<Vec<events::Tagged>>,
+    (read_by, mark): (ReadBy, &ReadMark),
+    (sent, done): (&AtomicBool, &AtomicBool),
+) -> SenderDone {
+    if read_by == ReadBy::IoThread {
+        let pacing = send_all(legs, cfg, until, &mut pacer::SendOnly::new(&ev));
+        sent.store(true, Ordering::SeqCst);
+        return (pacing, None);
+    }
+    let mut io = io::Io::new(legs, ev, mark, ReadBy::Sender);
+    let pacing = send_all(legs, cfg, until, &mut io);
+    // Every Sent event is handed over by now.
+    sent.store(true, Ordering::SeqCst);
+    // The pacer put the thread's scheduling back; the reads that follow
+    // keep the sender's real-time priority, as an I/O thread had it.
+    pacer::share_fifo_priority(&cfg.rt);
+    io.run(done, until.pause);
+    (pacing, Some(io.timing()))
+}
+
+/// The sender: every leg's probes, paced from one schedule.
 fn send_all(
     legs: &[Leg<'_>],
     cfg: &ProbeConfig,
     until: &pacer::Until<'_>,
-    ev: &mpsc::Sender<Vec<events::Tagged>>,
+    out: &mut dyn pacer::Handover,
 ) -> Result<crate::stats::Pacing> {
     let pace: Vec<pacer::PaceLeg<'_>> = legs
         .iter()
@@ -252,7 +317,7 @@ fn send_all(
         })
         .collect();
     let mut scratch = Vec::with_capacity(cfg.size);
-    pacer::pace_with(&pace, cfg, until, ev, &mut |leg, seq, send_ns, buf| {
+    pacer::pace_with(&pace, cfg, until, out, &mut |leg, seq, send_ns, buf| {
         legs[leg]
             .s
             .wire
@@ -318,16 +383,6 @@ pub(crate) fn warm_up(s: &Session<'_>, size: usize, stop: &AtomicU8) -> Result<W
     }
 }
 
-/// The receiver's socket where the reflector is ours, and its session.
-fn testbed_receiver<'a>(s: &Session<'a>) -> Option<(&'a ProbeSocket, u64)> {
-    match s.reflector {
-        Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session } => {
-            Some((sock, session))
-        }
-        Reflector::Remote => None,
-    }
-}
-
 /// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
 /// returns the first answer to it. Where the reflector is ours it echoes
 /// warm-ups itself (the I/O thread is not running yet); with the in-kernel
@@ -344,7 +399,7 @@ pub(crate) fn exchange(
     give_up_at: u8,
     tries: u32,
 ) -> Result<WarmedUp> {
-    let receiver = testbed_receiver(s);
+    let receiver = s.reflector.receiver_session();
     let strict = receiver.is_some();
     let mut buf = vec![0u8; size];
     let mut scratch = Vec::with_capacity(size);
@@ -449,7 +504,7 @@ fn settle(s: &Session<'_>) -> Result<u64> {
     std::thread::sleep(Duration::from_millis(20));
     let mut batch = RecvBatch::new(16, WARM_UP_BUF_BYTES);
     let mut foreign = 0;
-    if let Some((rx, session)) = testbed_receiver(s) {
+    if let Some((rx, session)) = s.reflector.receiver_session() {
         loop {
             let n = rx.recv_batch(&mut batch, false)?;
             if n == 0 {

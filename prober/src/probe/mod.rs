@@ -1,6 +1,6 @@
 //! Probing: sockets and their stamps, the pacer, the matcher, the
 //! reflectors and the wire formats (rtprobe, STAMP). Every session runs
-//! through one engine ([`engine`]): its warm-up, its I/O loop and its
+//! through one engine ([`engine`]): its warm-up, its reads and its
 //! threads. This file holds the testbed's and NIC pair's side of it
 //! (hardware timestamping, the two sockets in their namespaces) and the
 //! collector that turns the engine's events into records.
@@ -31,7 +31,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU8, Ordering},
+        atomic::{AtomicBool, AtomicU8, Ordering},
         mpsc,
     },
     time::Duration,
@@ -693,26 +693,36 @@ impl Collector {
     }
 }
 
-/// Collects until the sender has finished (stopping it if collecting
-/// fails), joins it and puts its pacing figures into every leg's
-/// statistics: per leg, its statistics, late arrivals and the output that
-/// failed; or, when the round paused, the collectors as they are.
-fn collect_and_join(
+/// Collects until the sender has sent its last probe (stopping it if
+/// collecting fails), ends the reading (`done`), joins the sender and puts
+/// its pacing figures into every leg's statistics: per leg, its
+/// statistics, late arrivals and the output that failed; or, when the
+/// round paused, the collectors as they are. Also the sender's timing as
+/// the reader, where it read the sockets.
+fn collect_and_join<'s>(
     ev_rx: &mpsc::Receiver<Vec<events::Tagged>>,
     c: engine::Collecting<'_, '_>,
     hw: HwSetup,
     outs: &mut [engine::LegOut<'_>],
     stop: &AtomicU8,
-    sender: std::thread::ScopedJoinHandle<'_, Result<crate::stats::Pacing>>,
-) -> Result<engine::Driven> {
-    let out = collect(ev_rx, c, hw, outs, stop, &|| sender.is_finished());
+    (sender, sent, done): (
+        std::thread::ScopedJoinHandle<'s, engine::SenderDone>,
+        &AtomicBool,
+        &AtomicBool,
+    ),
+) -> Result<(engine::Driven, Option<crate::stats::ReaderTiming>)> {
+    // A sender thread that ended early (an error, a panic) has sent all it will.
+    let sent_all = || sent.load(Ordering::SeqCst) || sender.is_finished();
+    let out = collect(ev_rx, c, hw, outs, stop, &sent_all);
     if out.is_err() {
         stop.fetch_max(STOP_NOW, Ordering::SeqCst);
     }
-    let pacing = sender
+    done.store(true, Ordering::SeqCst);
+    let (pacing, reader) = sender
         .join()
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("the sender thread panicked")))?;
-    out.map(|d| match d {
+        .unwrap_or_else(|_| (Err(anyhow::anyhow!("the sender thread panicked")), None));
+    let pacing = pacing?;
+    let driven = out.map(|d| match d {
         engine::Driven::Finished(v) => engine::Driven::Finished(
             v.into_iter()
                 .map(|(mut stats, late, failed)| {
@@ -722,7 +732,8 @@ fn collect_and_join(
                 .collect(),
         ),
         paused => paused,
-    })
+    })?;
+    Ok((driven, reader))
 }
 
 /// Hands each event to its leg's collector.

@@ -6,6 +6,10 @@
 //! and batched sends: when the sender wakes up late, every probe already due
 //! goes out in one sendmmsg(2), each still with its own scheduled time and
 //! OPT_ID, instead of the sender falling further behind one syscall at a time.
+//! Right after waking, in place of the spin's first part, a sender that
+//! wakes ahead of its send rehearses the send path on loopback
+//! ([`super::socket::Warmer`]), and right after each tick's sends it reads
+//! what the session's sockets hold ([`Handover`]): nobody sleeps on them.
 //! The scheduled and send times it records are on CLOCK_REALTIME, like the
 //! kernel's stamps, through an offset re-measured every
 //! [`OFFSET_REFRESH_NS`]: a step of the wall clock moves the stamps, never
@@ -34,7 +38,7 @@ use super::{
     cpu_wait,
     events::{self, EventBatch},
     matcher::Event,
-    socket::{ProbeSocket, SendBatch},
+    socket::{ProbeSocket, SendBatch, Warmer},
     wake::{Waiter, WakeMargin, WakeMode},
 };
 
@@ -202,8 +206,10 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
         self.streams[i].seq
     }
 
-    /// Waits for the next probe (or a slice of a long wait).
-    pub fn wait_next(&mut self) -> Next {
+    /// Waits for the next probe (or a slice of a long wait); `on_wake`
+    /// runs when a sleep before a send ends ahead of it, with the time
+    /// left (see [`Waiter::wait`]).
+    pub fn wait_next(&mut self, on_wake: &mut dyn FnMut(i64)) -> Next {
         let Some(&std::cmp::Reverse((due_ns, i))) = self.heap.peek() else {
             return Next::Finished;
         };
@@ -222,7 +228,7 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
             self.clock.sleep_until_monotonic(now + STOP_CHECK_NS);
             return Next::Slice;
         }
-        let mono_ns = self.waiter.wait(self.clock, wake_ns);
+        let mono_ns = self.waiter.wait(self.clock, wake_ns, on_wake);
         if wake_ns > now {
             self.next_wake_ns = mono_ns.saturating_add(self.wake_gap_ns);
         }
@@ -313,6 +319,46 @@ pub(crate) struct Until<'a> {
 /// Writes probe `seq` of leg `leg`, sent at `send_ns`, into the buffer.
 pub(crate) type Encode<'a> = dyn FnMut(usize, u64, i64, &mut [u8]) + 'a;
 
+/// Where the sender's events go, and what it does between its sends.
+/// Every event pushed into [`Handover::batch`] is handed to the collector
+/// by a later [`Handover::hand_over`].
+pub(crate) trait Handover {
+    /// The batch the sender's events join, aged on CLOCK_MONOTONIC.
+    fn batch(&mut self) -> &mut EventBatch;
+    /// Right after a tick's sends (and at every slice of a long wait):
+    /// whatever the session's sockets hold, read without blocking, so
+    /// that nobody has to sleep on them while probes go out.
+    fn between_sends(&mut self);
+    /// Hands the batch over. False once the collector is gone.
+    fn hand_over(&mut self) -> bool;
+}
+
+/// A sender that reads nothing: it hands over its own events only (the
+/// in-process reflector's I/O thread reads the sockets).
+pub(crate) struct SendOnly<'a> {
+    pending: EventBatch,
+    ev: &'a mpsc::Sender<Vec<events::Tagged>>,
+}
+
+impl<'a> SendOnly<'a> {
+    pub(crate) fn new(ev: &'a mpsc::Sender<Vec<events::Tagged>>) -> Self {
+        Self {
+            pending: EventBatch::new(),
+            ev,
+        }
+    }
+}
+
+impl Handover for SendOnly<'_> {
+    fn batch(&mut self) -> &mut EventBatch {
+        &mut self.pending
+    }
+    fn between_sends(&mut self) {}
+    fn hand_over(&mut self) -> bool {
+        self.pending.flush(self.ev)
+    }
+}
+
 /// One target's stream as the sender sees it.
 pub(crate) struct PaceLeg<'a> {
     pub sock: &'a ProbeSocket,
@@ -335,12 +381,15 @@ pub(crate) struct PaceLeg<'a> {
 /// to send produces exactly one `Sent` or `SendFailed` event and one count
 /// in its leg's `attempts` (for the unaccounted-probe check), counted just
 /// before its send: seqs are 0, 1, 2..., so `attempts` is also the first
-/// seq not yet sent. Returns how the pacing went.
+/// seq not yet sent. Its events go into `out`'s batch, handed over at
+/// most every [`events::MAX_AGE_NS`]; `out` reads the session's sockets
+/// right after each tick's sends ([`Handover::between_sends`]). Returns
+/// how the pacing went.
 pub(crate) fn pace_with(
     legs: &[PaceLeg<'_>],
     cfg: &ProbeConfig,
     until: &Until<'_>,
-    ev: &mpsc::Sender<Vec<events::Tagged>>,
+    out: &mut dyn Handover,
     encode: &mut Encode<'_>,
 ) -> Result<Pacing> {
     tight_timer_slack();
@@ -354,6 +403,11 @@ pub(crate) fn pace_with(
                 .context("real-time settings for the sender")?,
         )
     };
+    let first = legs
+        .first()
+        .context("internal: a session without a target")?;
+    let (mode, wake_gap_ns) = shared_wait(cfg, legs);
+    let mut warm = warmer(&mode, first, cfg.tos);
     let c = SystemClock;
     let loop_start_ns = c.monotonic_ns();
     let cpu_start_ns = clock::thread_cpu_ns();
@@ -379,22 +433,39 @@ pub(crate) fn pace_with(
             (sched, first)
         })
         .collect();
-    let (mode, wake_gap_ns) = shared_wait(cfg, legs);
+    let warming = warm.is_some();
+    let (mut warm_ns, mut warm_cost_ns) = (0i64, WARM_UP_FIRST_GUESS_NS);
+    // In place of the spin's first part, when it fits twice over: never a
+    // late send for it.
+    let mut on_wake = |left_ns: i64| {
+        if let Some(w) = warm.as_mut()
+            && left_ns >= 2 * warm_cost_ns
+        {
+            let t = c.monotonic_ns();
+            w.run();
+            let took = c.monotonic_ns() - t;
+            warm_ns += took;
+            // The recent cost: a moving average over about 8 rehearsals.
+            warm_cost_ns += (took - warm_cost_ns) / 8;
+        }
+    };
     let mut ticker = Ticker::many(&c, streams, mode, OFFSET_REFRESH_NS).with_wake_gap(wake_gap_ns);
     let stop = until.stop;
     let stopped = || stop.load(Ordering::Relaxed) != 0 || (until.pause)();
-    let first = legs
-        .first()
-        .context("internal: a session without a target")?;
     let mut batch = SendBatch::new(MAX_BATCH, first.size, first.dst);
     let mut batch_leg = 0;
-    // Aged on CLOCK_MONOTONIC: only this thread reads it.
-    let mut pending = EventBatch::new();
     let mut tried = 0u64;
     while !stopped() {
-        let tick = match ticker.wait_next() {
+        let tick = match ticker.wait_next(&mut on_wake) {
             Next::Finished => break,
-            Next::Slice => continue,
+            Next::Slice => {
+                // A long wait: what came meanwhile is read slice by slice.
+                out.between_sends();
+                if !out.hand_over() {
+                    break;
+                }
+                continue;
+            }
             Next::Due(t) => t,
         };
         // A stop that came during the wait sends nothing more. The first
@@ -409,23 +480,42 @@ pub(crate) fn pace_with(
             batch.retarget(leg.dst, leg.size);
             batch_leg = tick.stream;
         }
-        tried += send_tick(leg, &tick, &mut batch, &ticker, &mut pending, encode);
+        tried += send_tick(leg, &tick, &mut batch, &ticker, out.batch(), encode);
+        // On veth the probe's stamps and its echo are queued by now: read
+        // before anything else can run on this CPU.
+        out.between_sends();
         ticker.sent_until(tick.end);
         // Hand over when due, or now if the sender is about to sleep past it.
         let now = c.monotonic_ns();
-        if (pending.due(now) || ticker.next_in(now) >= events::MAX_AGE_NS || ticker.finished())
-            && !pending.flush(ev)
+        if (out.batch().due(now) || ticker.next_in(now) >= events::MAX_AGE_NS || ticker.finished())
+            && !out.hand_over()
         {
             break;
         }
     }
-    pending.flush(ev);
+    out.hand_over();
     let elapsed_ns = c.monotonic_ns() - loop_start_ns;
     let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
     let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
     report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
     report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
+    report.warm_up_ns_per_probe = warming.then(|| warm_ns as f64 / tried.max(1) as f64);
     Ok(report)
+}
+
+/// What a loopback warm-up is taken to cost before one has run.
+const WARM_UP_FIRST_GUESS_NS: i64 = 10_000;
+
+/// The loopback warm-up of a sender that wakes ahead of its sends (and
+/// so has time for it): not with `--busy-poll` (it never sleeps) nor
+/// where a sleep ends at the send time (several targets without
+/// `--spin`, or `--spin 0`).
+fn warmer(mode: &WakeMode, first: &PaceLeg<'_>, tos: u8) -> Option<Warmer> {
+    match mode {
+        WakeMode::Adaptive(_) => Warmer::new(first.size, tos, first.dst.is_ipv6()),
+        WakeMode::Fixed(ns) if *ns > 0 => Warmer::new(first.size, tos, first.dst.is_ipv6()),
+        WakeMode::Fixed(_) | WakeMode::BusyPoll => None,
+    }
 }
 
 /// How the sender of `legs` waits, and its wake gap (see
@@ -574,7 +664,7 @@ mod tests {
         let mut out = Vec::new();
         loop {
             at(t.next_seq());
-            match t.wait_next() {
+            match t.wait_next(&mut |_| {}) {
                 Next::Finished => break,
                 Next::Slice => continue,
                 Next::Due(tick) => {
@@ -631,7 +721,7 @@ mod tests {
             end_ns: None,
         };
         let mut t = Ticker::new(&c, sched, WakeMode::Fixed(10_000), 1_500_000);
-        while let Next::Due(tick) = t.wait_next() {
+        while let Next::Due(tick) = t.wait_next(&mut |_| {}) {
             if tick.first == 4 {
                 c.step_realtime(-10_000_000_000);
             }
@@ -661,7 +751,7 @@ mod tests {
             1_000_000,
         );
         let mut ticks = Vec::new();
-        while let Next::Due(tick) = t.wait_next() {
+        while let Next::Due(tick) = t.wait_next(&mut |_| {}) {
             ticks.push((tick.stream, tick.first, tick.mono_ns));
             t.sent_until(tick.end);
         }
@@ -706,7 +796,7 @@ mod tests {
             .collect();
         let mut t = Ticker::many(&c, scheds, WakeMode::Fixed(0), 1_000_000).with_wake_gap(500_000);
         let mut sent = 0;
-        while let Next::Due(tick) = t.wait_next() {
+        while let Next::Due(tick) = t.wait_next(&mut |_| {}) {
             let due = 10_000_000 + tick.stream as i64 * 100_000 + tick.first as i64 * 1_000_000;
             assert!(
                 (due..=due + 500_000 + 1_000).contains(&tick.mono_ns),
@@ -726,5 +816,111 @@ mod tests {
             (38..=42).contains(&sleeps),
             "{sleeps} sleeps for 200 probes"
         );
+    }
+
+    /// A reader that flushes at every read, so each read's view of the
+    /// batch can be looked at, and counts the hand-overs.
+    struct Recorder {
+        batch: EventBatch,
+        tx: mpsc::Sender<Vec<events::Tagged>>,
+        rx: mpsc::Receiver<Vec<events::Tagged>>,
+        /// What the batch held at each read.
+        reads: Vec<Vec<events::Tagged>>,
+        hand_overs: usize,
+    }
+
+    impl Handover for Recorder {
+        fn batch(&mut self) -> &mut EventBatch {
+            &mut self.batch
+        }
+        fn between_sends(&mut self) {
+            self.batch.flush(&self.tx);
+            self.reads.push(self.rx.try_recv().unwrap_or_default());
+        }
+        fn hand_over(&mut self) -> bool {
+            self.hand_overs += 1;
+            true
+        }
+    }
+
+    /// Paces `count` probes every `interval` to a loopback peer through a
+    /// [`Recorder`].
+    fn paced(count: u64, interval: std::time::Duration) -> Recorder {
+        let no_stamps = crate::probe::socket::TsFlags {
+            tx: false,
+            rx: false,
+            hardware: false,
+        };
+        let sock = ProbeSocket::bind("127.0.0.1:0".parse().unwrap(), 0, no_stamps, 0).unwrap();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let attempts = AtomicU64::new(0);
+        let legs = [PaceLeg {
+            sock: &sock,
+            dst: peer.local_addr().unwrap(),
+            size: 64,
+            interval_ns: interval.as_nanos() as i64,
+            anchor_ns: None,
+            attempts: &attempts,
+        }];
+        let cfg = ProbeConfig {
+            size: 64,
+            interval,
+            count: Some(count),
+            duration: None,
+            tos: 0,
+            port: 9,
+            timestamps: crate::probe::TimestampSource::Software,
+            timeout: std::time::Duration::from_secs(1),
+            flow: 0,
+            spin: Some(std::time::Duration::from_micros(20)),
+            busy_poll: false,
+            rt: Default::default(),
+            kernel_reflector: false,
+        };
+        let stop = AtomicU8::new(0);
+        let until = Until {
+            end_ns: None,
+            stop: &stop,
+            pause: &|| false,
+        };
+        let (tx, rx) = mpsc::channel();
+        let mut r = Recorder {
+            batch: EventBatch::new(),
+            tx,
+            rx,
+            reads: Vec::new(),
+            hand_overs: 0,
+        };
+        pace_with(&legs, &cfg, &until, &mut r, &mut |_, _, _, buf| buf.fill(0)).unwrap();
+        assert_eq!(attempts.load(Ordering::SeqCst), count);
+        r
+    }
+
+    #[test]
+    fn every_tick_is_read_right_after_its_sends() {
+        let r = paced(10, std::time::Duration::from_millis(1));
+        // One read per tick, and it comes after the tick's Sent events.
+        let sent: Vec<u64> = r
+            .reads
+            .iter()
+            .flatten()
+            .map(|(_, e)| match e {
+                Event::Sent { seq, .. } => *seq,
+                other => panic!("only Sent events here: {other:?}"),
+            })
+            .collect();
+        assert_eq!(sent, (0..10).collect::<Vec<_>>());
+        assert!(r.reads.len() <= 10, "{} reads", r.reads.len());
+        assert!(r.reads.iter().all(|evs| !evs.is_empty()), "a read per tick");
+        assert!(r.hand_overs >= 1, "the last events are handed over");
+    }
+
+    #[test]
+    fn a_long_wait_is_read_slice_by_slice() {
+        // 250 ms between the two probes: slept in 100 ms slices, each read.
+        let r = paced(2, std::time::Duration::from_millis(250));
+        let empty = r.reads.iter().filter(|evs| evs.is_empty()).count();
+        assert!(empty >= 1, "no read during the wait: {:?}", r.reads);
+        assert!(r.hand_overs > empty, "each slice hands over");
     }
 }

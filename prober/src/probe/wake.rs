@@ -156,7 +156,11 @@ impl Waiter {
 
     /// Waits until the monotonic time `due_ns` and returns the monotonic
     /// time it got there (later than `due_ns` if the sleep overslept).
-    pub fn wait(&mut self, c: &impl PaceClock, due_ns: i64) -> i64 {
+    /// `on_wake(left_ns)` runs after a sleep that ended `left_ns` before
+    /// the deadline, in place of as much of the spin: the margin stays
+    /// the timer's own (what it runs costs no CPU the spin would not
+    /// have), so it must fit in `left_ns` or do nothing.
+    pub fn wait(&mut self, c: &impl PaceClock, due_ns: i64, on_wake: &mut dyn FnMut(i64)) -> i64 {
         let margin = self.margin_ns();
         if margin != i64::MAX {
             self.margin_max_ns = self.margin_max_ns.max(margin);
@@ -171,6 +175,9 @@ impl Waiter {
             let _ = self.late.record(late_ns.max(1) as u64);
             if now > due_ns {
                 self.overslept += 1;
+            } else {
+                on_wake(due_ns - now);
+                now = c.monotonic_ns();
             }
             if let WakeMode::Adaptive(m) = &mut self.mode {
                 m.observe(late_ns);
@@ -224,6 +231,7 @@ impl Waiter {
             clock_steps,
             waits: None,
             cpu_dma_latency_us: None,
+            warm_up_ns_per_probe: None,
             reader: None,
         }
     }
@@ -309,7 +317,7 @@ mod tests {
         let c = FakeClock::new(0, 0, 100);
         c.wake_late_ns.set(30_000);
         let mut w = Waiter::new(WakeMode::Fixed(50_000));
-        let got = w.wait(&c, 1_000_000);
+        let got = w.wait(&c, 1_000_000, &mut |_| {});
         assert!((1_000_000..1_000_200).contains(&got), "sent at {got}");
         assert_eq!(c.sleeps.get(), 1);
         // Slept until 950 µs, woke at 980 µs, spun 20 µs.
@@ -323,12 +331,12 @@ mod tests {
         assert!((29_900..=30_400).contains(&r.wake_late_ns.p50.unwrap()));
         // A wake-up later than the margin oversleeps the deadline.
         c.wake_late_ns.set(80_000);
-        let got = w.wait(&c, 2_000_000);
+        let got = w.wait(&c, 2_000_000, &mut |_| {});
         assert!(got > 2_000_000);
         assert_eq!(w.report(2_000_000, 2, None, 0).overslept, 1);
         // Already past the deadline: no sleep, no spin.
         let sleeps = c.sleeps.get();
-        w.wait(&c, 0);
+        w.wait(&c, 0, &mut |_| {});
         assert_eq!(c.sleeps.get(), sleeps);
     }
 
@@ -340,7 +348,7 @@ mod tests {
         let mut late = 0;
         for n in 1..=100 {
             let due = n * 1_000_000;
-            let got = w.wait(&c, due);
+            let got = w.wait(&c, due, &mut |_| {});
             if got > due + 1_000 {
                 late += 1;
             }
@@ -355,5 +363,48 @@ mod tests {
         assert!(r.spin_ns_per_probe < 1_000.0, "{}", r.spin_ns_per_probe);
         let busy = Waiter::new(WakeMode::BusyPoll);
         assert_eq!(busy.report(1, 0, None, 0).margin_ns, None);
+    }
+
+    #[test]
+    fn work_on_waking_takes_the_spins_place_and_an_oversleep_skips_it() {
+        // Wake-ups 30 µs late; the work after each costs 5 µs (50 reads)
+        // and is done only with at least 10 µs left.
+        let c = FakeClock::new(0, 0, 100);
+        c.wake_late_ns.set(30_000);
+        let mut w = Waiter::new(WakeMode::Adaptive(Box::new(WakeMargin::new(1_000_000))));
+        let (mut woken, mut late, mut lefts) = (0, 0, Vec::new());
+        for n in 1..=200 {
+            let due = n * 1_000_000;
+            let got = w.wait(&c, due, &mut |left_ns| {
+                lefts.push(left_ns);
+                if left_ns >= 10_000 {
+                    woken += 1;
+                    for _ in 0..50 {
+                        c.monotonic_ns();
+                    }
+                }
+            });
+            late += i64::from(got > due + 1_000);
+        }
+        // The margin is the timer's: after the first wake-ups (50 µs
+        // margin, 20 µs to spare) only the clock reads are left to spin.
+        let m = w.margin_ns();
+        assert!((30_000..=30_500).contains(&m), "margin {m}");
+        assert!(
+            lefts.iter().all(|&l| l >= 0),
+            "called only ahead of the deadline"
+        );
+        assert!(
+            (1..200).contains(&woken),
+            "the work ran only where it fit: {woken}"
+        );
+        assert_eq!(late, 0, "the work never made a send late");
+        let r = w.report(200_000_000, 200, None, 0);
+        assert!((29_900..=30_400).contains(&r.wake_late_ns.p50.unwrap()));
+        // A sleep that ends past the deadline sends at once: no work first.
+        c.wake_late_ns.set(80_000);
+        let mut ran = false;
+        w.wait(&c, 201_000_000, &mut |_| ran = true);
+        assert!(!ran);
     }
 }

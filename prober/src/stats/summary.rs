@@ -307,22 +307,30 @@ pub struct Pacing {
     /// The CPU idle-latency limit (PM QoS, µs) held while sending; None
     /// when none was.
     pub cpu_dma_latency_us: Option<u32>,
-    /// The I/O thread that reads the echoes and TX stamps (None: not measured).
+    /// Time the sender spent, per probe, rehearsing its send path on
+    /// loopback right after each wake-up, before its spin (None: it did
+    /// not: `--busy-poll`, several targets without `--spin`, or no usable
+    /// loopback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_up_ns_per_probe: Option<f64>,
+    /// The thread that reads the echoes and TX stamps: the sender, or the
+    /// in-process reflector's I/O thread (None: not measured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reader: Option<ReaderTiming>,
 }
 
-/// The I/O thread's timing: how long the echoes waited in their socket
-/// after the kernel received them (its RX stamp) until it read them, and
-/// how long it waited for a CPU. A probe is given up as lost only once
-/// this thread has read past its timeout, so a long read delay (CPU
-/// starvation of this process) delays the records but loses no probe.
+/// The reader's timing: how long the echoes waited in their socket after
+/// the kernel received them (its RX stamp) until it read them, and how
+/// long the reading thread (the sender, or the in-process reflector's I/O
+/// thread) waited for a CPU. A probe is given up as lost only once the
+/// reader has read past its timeout, so a long read delay (CPU starvation
+/// of this process) delays the records but loses no probe.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct ReaderTiming {
     /// From each echo's kernel RX stamp to its read (2 significant digits).
     pub read_delay_ns: Latency,
-    /// Run-queue wait and hypervisor steal of the I/O thread.
+    /// Run-queue wait and hypervisor steal of the reading thread.
     pub waits: Option<CpuWaits>,
 }
 

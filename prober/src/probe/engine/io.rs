@@ -1,14 +1,22 @@
-//! The I/O thread of a session: waits on the sockets, echoes the probes
-//! where the reflector is ours, takes the TX stamps and echoes at the
-//! sender, and hands the events to the collector in batches, with how far
-//! it has read ([`ReadMark`]): the collector gives a probe up as lost only
-//! once this thread has read every socket past the probe's timeout, so a
-//! stall of this thread (waiting for a CPU) delays records but never turns
-//! an echo the kernel received in time into a loss.
+//! The session's reader: takes the TX stamps and echoes at the sender,
+//! echoes the probes where the reflector is ours in this process, and
+//! hands the events to the collector in batches, with how far it has read
+//! ([`ReadMark`]): the collector gives a probe up as lost only once the
+//! reader has read every socket past the probe's timeout, so a stall of
+//! the reader (waiting for a CPU) delays records but never turns an echo
+//! the kernel received in time into a loss.
+//!
+//! Who reads ([`ReadBy`]): the sender thread itself, right after each
+//! tick's sends and then, once the last probe is out, in a loop until the
+//! session ends; so no thread sleeps on a probe socket while probes go
+//! out, and none is woken (by a TX stamp, an echo, or a timer of its own)
+//! inside a probe's send. With the in-process reflector an I/O thread
+//! waits on the receiver's socket, as any reflector does, and reads the
+//! sender's right after each echo.
 //!
 //! Kernel interfaces: epoll(7) (Linux >= 2.6) or poll(2), recvmmsg(2) and
 //! MSG_ERRQUEUE (TX stamps), sendmmsg(2) (echoes), and
-//! `/proc/thread-self/schedstat` for the thread's run-queue wait.
+//! `/proc/thread-self/schedstat` for the reader's run-queue wait.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
@@ -17,12 +25,13 @@ use std::sync::{
 
 use hdrhistogram::Histogram;
 
-use super::{Leg, Reflector, Session};
+use super::{Leg, Session};
 use crate::{
     probe::{
         clock, cpu_wait,
         events::{self, EventBatch},
         matcher::{EchoRules, Event, Verdict},
+        pacer::{self, Handover},
         packet::Probe,
         reflect::{self, FLAG_WARMUP},
         socket::{self, ProbeSocket, RecvBatch},
@@ -31,10 +40,10 @@ use crate::{
     stats::{Latency, ReaderTiming},
 };
 
-/// How far the I/O thread has read, on CLOCK_REALTIME: every datagram and
+/// How far the reader has read, on CLOCK_REALTIME: every datagram and
 /// stamp the kernel queued on the session's sockets before this time has
 /// been read and its events handed to the collector. `i64::MAX` once the
-/// thread has ended (nothing more will come).
+/// reader has ended (nothing more will come).
 pub(crate) struct ReadMark(AtomicI64);
 
 impl ReadMark {
@@ -70,25 +79,46 @@ struct SenderBufs {
 /// Longest read delay recorded (an hour); longer ones count as this.
 const MAX_READ_DELAY_NS: u64 = 3_600_000_000_000;
 
-/// The I/O thread's state between wake-ups.
-struct Io<'l, 'a> {
+/// Who reads a session's sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadBy {
+    /// The sender thread, between its sends and after the last one.
+    Sender,
+    /// An I/O thread waiting on the in-process reflector's socket.
+    IoThread,
+}
+
+/// The reader's state between passes.
+pub(super) struct Io<'l, 'a> {
     legs: &'l [Leg<'a>],
     rules: Vec<EchoRules<'l>>,
     reflect: Option<ReflectBufs>,
     sender: SenderBufs,
+    /// What a blocking wait waits on.
     polled: Vec<&'l ProbeSocket>,
-    /// Longest single wait (the in-kernel reflector's 1 ms pickup).
-    max_wait_ms: Option<i32>,
-    cadence_ms: Option<i32>,
+    /// Remote targets: only the sockets that have something are read.
     remote: bool,
     fds: Vec<libc::pollfd>,
+    /// The legs to read in this pass.
     ready: Vec<usize>,
     many: Option<ReadySet>,
+    /// Events not handed over yet, aged on CLOCK_MONOTONIC.
     out: EventBatch,
+    ev: mpsc::Sender<Vec<events::Tagged>>,
+    mark: &'l ReadMark,
+    /// The start of the newest complete pass whose events are not handed
+    /// over yet: the mark moves there once they are.
+    read_to: Option<i64>,
+    start: cpu_wait::Snapshot,
 }
 
 impl<'l, 'a> Io<'l, 'a> {
-    fn new(legs: &'l [Leg<'a>]) -> Self {
+    pub(super) fn new(
+        legs: &'l [Leg<'a>],
+        ev: mpsc::Sender<Vec<events::Tagged>>,
+        mark: &'l ReadMark,
+        by: ReadBy,
+    ) -> Self {
         let rules = legs
             .iter()
             .map(|l| EchoRules {
@@ -98,25 +128,22 @@ impl<'l, 'a> Io<'l, 'a> {
             })
             .collect();
         let first = &legs[0];
-        // Where the reflector is ours only the receiver's socket is waited on.
-        // A thread sleeping on the sender's socket would be woken (a cross-core
-        // IPI, costly on a VM) for every TX timestamp, inside the probe's own
-        // send path, which would show in the one-way delay. With nobody waiting
-        // there, the kernel only queues; the timestamp and (on veth,
-        // synchronously during the echo's send) the echo are collected right
-        // after the echo goes out, or at the next wake-up at the latest.
-        // With the in-kernel reflector nothing arrives at the receiver's
-        // socket, and waiting on the sender's would put a wake-up into every
-        // probe's send path (above). The echoes' RX stamps are the kernel's
-        // whenever they are read, so they are collected every millisecond (the
-        // receive buffer, at least 32 MiB, holds far more).
-        let (polled, max_wait_ms): (Vec<&ProbeSocket>, _) = match first.s.reflector {
-            Reflector::InProcess { sock, .. } => (vec![sock], None),
-            Reflector::Kernel { sock, .. } => (vec![sock], Some(1)),
-            Reflector::Remote => (legs.iter().map(|l| l.s.sock).collect(), None),
+        // Nobody sleeps on a sender's socket while probes go out: a thread
+        // asleep there is woken by every TX stamp from inside the send (the
+        // sending CPU wakes it, with an IPI where it sleeps on another
+        // one), and on veth by the echo, before its RX stamp. The sender
+        // reads its socket itself between sends; only once the last probe
+        // is out does its loop wait on it. The in-process reflector's I/O
+        // thread waits on the receiver's socket, as any reflector does,
+        // and reads the sender's right after each echo (on veth the echo
+        // and the stamps are queued by then).
+        let polled: Vec<&ProbeSocket> = match (first.s.reflector.receiver(), by) {
+            (Some(rx), ReadBy::IoThread) => vec![rx],
+            (Some(rx), ReadBy::Sender) => vec![rx, first.s.sock],
+            (None, _) => legs.iter().map(|l| l.s.sock).collect(),
         };
-        let remote = matches!(first.s.reflector, Reflector::Remote);
-        let many = (polled.len() > 1)
+        let remote = first.s.reflector.receiver().is_none();
+        let many = (remote && polled.len() > 1)
             .then(|| ReadySet::new(&polled))
             .and_then(|r| {
                 r.map_err(|e| log::debug!("epoll: {e}; poll() instead"))
@@ -134,164 +161,180 @@ impl<'l, 'a> Io<'l, 'a> {
                     .expect("valid histogram bounds"),
             },
             polled,
-            max_wait_ms,
-            cadence_ms: pickup_cadence_ms(legs),
             remote,
             fds: Vec::new(),
             ready: Vec::new(),
             many,
             out: EventBatch::new(),
+            ev,
+            mark,
+            read_to: None,
+            start: cpu_wait::Snapshot::now(),
         }
     }
 
-    /// Waits until a socket has something (or the batch is due, or the
-    /// cadence's tick). Returns the time the wait began: whatever the
-    /// kernel had queued by then is reported ready by it.
-    /// `ending`: the round is about to end (a reload waits): short waits.
-    fn wait(&mut self, finishing: bool, ending: bool) -> std::io::Result<i64> {
-        let wait = match (finishing, ending) {
-            (true, _) => 0,
-            (false, true) => self.out.wait_ms(clock::realtime_ns(), 1),
-            (false, false) => self.out.wait_ms(clock::realtime_ns(), 20),
-        };
-        let wait = self.max_wait_ms.map_or(wait, |m| wait.min(m));
-        // On a cadence the thread sleeps on its own timer and then takes
-        // whatever is ready without waiting: nothing wakes it from a send.
-        let wait = match self.cadence_ms {
-            Some(c) if wait > 0 => {
-                let ms = wait.min(c);
-                std::thread::sleep(std::time::Duration::from_millis(ms as u64));
-                0
-            }
-            _ => wait,
-        };
+    /// Waits up to `timeout_ms` until a socket has something and puts the
+    /// legs to read in `ready` (0: looks without waiting; with one target
+    /// not even that: its socket is read anyway). Returns the time the
+    /// wait began: whatever the kernel had queued by then is read by the
+    /// pass that follows.
+    fn wait(&mut self, timeout_ms: i32, finishing: bool) -> std::io::Result<i64> {
         let began_ns = clock::realtime_ns();
+        let several = self.remote && self.legs.len() > 1;
         match self.many.as_mut() {
-            Some(set) => set.wait(wait, &mut self.ready),
-            None => socket::poll_ready(&self.polled, wait, &mut self.fds, &mut self.ready),
-        }?;
+            Some(set) => set.wait(timeout_ms, &mut self.ready)?,
+            None if several || timeout_ms != 0 => {
+                socket::poll_ready(&self.polled, timeout_ms, &mut self.fds, &mut self.ready)?
+            }
+            None => {}
+        }
+        // A testbed's one sender and one target are read whatever the
+        // wait said (the in-process reflector's I/O thread waits on the
+        // receiver's socket only); several targets when theirs is ready.
+        if !several || finishing {
+            self.ready.clear();
+            self.ready.extend(0..self.legs.len());
+        }
         Ok(began_ns)
     }
 
     /// Reads what is ready until nothing is left (the pass is complete:
-    /// true) or the batch is full. Returns how many messages it took.
-    fn read_ready(&mut self, finishing: bool) -> (usize, bool) {
-        // The testbed's one sender is drained on every wake-up (nobody
-        // waits on it, above); remote targets when their socket is ready.
-        if !self.remote || finishing {
-            self.ready.clear();
-            self.ready.extend(0..self.legs.len());
-        }
+    /// true), the batch is full, or each socket has had `rounds` reads.
+    /// Returns how many messages it took.
+    fn read_ready(&mut self, finishing: bool, rounds: usize) -> (usize, bool) {
         let first = &self.legs[0];
+        let mut reflector_left = self.reflect.is_some();
         let mut got = 0;
-        loop {
-            let mut n = match (&first.s.reflector, self.reflect.as_mut()) {
-                (
-                    Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session },
-                    Some(b),
-                ) => reflect_queued(sock, b, *session, &first.attempts, finishing, &mut self.out),
-                _ => 0,
-            };
+        for _ in 0..rounds {
+            let mut n = 0;
+            if reflector_left
+                && let (Some((sock, session)), Some(b)) =
+                    (first.s.reflector.receiver_session(), self.reflect.as_mut())
+            {
+                let (k, drained) =
+                    reflect_queued(sock, b, session, &first.attempts, finishing, &mut self.out);
+                n += k;
+                reflector_left = !drained;
+            }
             let (legs, rules) = (self.legs, &self.rules);
             let (sender, out) = (&mut self.sender, &mut self.out);
             self.ready.retain(|&i| {
-                let k = drain_sender(&legs[i].s, &rules[i], i as u32, sender, out);
+                let (k, drained) = drain_sender(&legs[i].s, &rules[i], i as u32, sender, out);
                 n += k;
-                k > 0
+                !drained
             });
             got += n;
-            if n == 0 {
+            if !reflector_left && self.ready.is_empty() {
                 return (got, true);
             }
             if self.out.len() >= events::MAX_LEN {
                 return (got, false);
             }
         }
+        (got, false)
     }
 
-    /// What this thread saw of its own timing, from `start` on.
-    fn timing(&self, start: &cpu_wait::Snapshot) -> ReaderTiming {
+    /// One pass: waits up to `timeout_ms`, then reads everything that was
+    /// queued when the wait began, handing full batches over on the way.
+    /// Returns how many messages it took.
+    fn pass(&mut self, timeout_ms: i32, finishing: bool) -> std::io::Result<usize> {
+        let began_ns = self.wait(timeout_ms, finishing)?;
+        let mut got = 0;
+        loop {
+            let (n, complete) = self.read_ready(finishing, usize::MAX);
+            got += n;
+            if complete {
+                self.read_to = Some(began_ns);
+                return Ok(got);
+            }
+            if !self.out.flush(&self.ev) {
+                return Ok(got);
+            }
+        }
+    }
+
+    /// The sender's pass between two sends: one read of each queue of
+    /// each socket, so that a flood at a probe socket costs the sender a
+    /// bounded time per tick and never its schedule; the rest is read at
+    /// the next ticks (the mark moves once a pass has read everything).
+    fn pass_between_sends(&mut self) -> std::io::Result<usize> {
+        let began_ns = self.wait(0, false)?;
+        let (n, complete) = self.read_ready(false, 1);
+        if complete {
+            self.read_to = Some(began_ns);
+        }
+        Ok(n)
+    }
+
+    /// Waits and reads until `done`, in short waits once `pause` says the
+    /// round ends; the last pass, once `done`, reads without waiting until
+    /// nothing is left. Then the mark ends.
+    pub(super) fn run(&mut self, done: &AtomicBool, pause: &(dyn Fn() -> bool + Sync)) {
+        loop {
+            let finishing = done.load(Ordering::Relaxed);
+            let wait_ms = match (finishing, pause()) {
+                (true, _) => 0,
+                (false, true) => self.out.wait_ms(clock::monotonic_ns(), 1),
+                (false, false) => self.out.wait_ms(clock::monotonic_ns(), 20),
+            };
+            let got = match self.pass(wait_ms, finishing) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::warn!("probe I/O poll: {e}");
+                    break;
+                }
+            };
+            let now = clock::monotonic_ns();
+            if (finishing || self.out.due(now) || self.out.len() == 0) && !self.hand_over() {
+                break;
+            }
+            if finishing && got == 0 {
+                break;
+            }
+        }
+        self.hand_over();
+        self.mark.end();
+    }
+
+    /// What this thread saw of its own timing since it began to read.
+    pub(super) fn timing(&self) -> ReaderTiming {
         ReaderTiming {
             read_delay_ns: Latency::from_hist(&self.sender.read_delay),
-            waits: Some(start.since(&cpu_wait::Snapshot::now())),
+            waits: Some(self.start.since(&cpu_wait::Snapshot::now())),
         }
     }
 }
 
-/// The I/O thread: waits for probes at an in-process reflector (or for
-/// echoes where the reflector is not ours), reflects them, drains the
-/// sender's queues (both the error queue and data on every wake-up; a TX
-/// timestamp left queued is charged to the receive buffer), and hands
-/// events over in batches, then moves `mark` to the start of the last
-/// wait whose pass read everything; until `done`, in short waits once
-/// `pause` says the round ends. With several targets it waits on all
-/// their sockets at once and drains those that have something. Returns
-/// its timing: how long echoes waited for it, and it for a CPU.
-pub(super) fn io_loop(
-    legs: &[Leg<'_>],
-    (done, pause): (&AtomicBool, &(dyn Fn() -> bool + Sync)),
-    ev: &mpsc::Sender<Vec<events::Tagged>>,
-    mark: &ReadMark,
-) -> ReaderTiming {
-    let start = cpu_wait::Snapshot::now();
-    let mut io = Io::new(legs);
-    // The start of the newest complete pass whose events are not handed over yet.
-    let mut read_to = None;
-    loop {
-        let finishing = done.load(Ordering::Relaxed);
-        let began_ns = match io.wait(finishing, pause()) {
-            Ok(t) => t,
-            Err(e) => {
-                log::warn!("probe I/O poll: {e}");
-                break;
-            }
-        };
-        let (got, complete) = io.read_ready(finishing);
-        if complete {
-            read_to = Some(began_ns);
-        }
-        let now = clock::realtime_ns();
-        if finishing || io.out.due(now) || io.out.len() == 0 {
-            if !io.out.flush(ev) {
-                break;
-            }
-            if let Some(t) = read_to.take() {
-                mark.publish(t);
-            }
-        }
-        if finishing && got == 0 {
-            break;
+impl pacer::Handover for Io<'_, '_> {
+    fn batch(&mut self) -> &mut EventBatch {
+        &mut self.out
+    }
+
+    fn between_sends(&mut self) {
+        if let Err(e) = self.pass_between_sends() {
+            log::debug!("probe sockets: {e}");
         }
     }
-    io.out.flush(ev);
-    mark.end();
-    io.timing(&start)
+
+    /// Hands the events over, then moves the mark to the newest complete
+    /// pass they cover.
+    fn hand_over(&mut self) -> bool {
+        if !self.out.flush(&self.ev) {
+            return false;
+        }
+        if let Some(t) = self.read_to.take() {
+            self.mark.publish(t);
+        }
+        true
+    }
 }
 
-/// Remote targets probed at this many probes/s in all, or more, are read
-/// on a cadence rather than when something arrives.
-const CADENCE_MIN_PPS: f64 = 1000.0;
-/// The cadence: echoes, their kernel RX stamps and the TX stamps wait in
-/// the sockets' queues at most this long (only `echo_user_ns` in the CSV
-/// shows it; the receive buffers hold far more).
-const CADENCE_MS: i32 = 1;
-
-/// Whether the I/O thread reads remote targets' sockets every
-/// [`CADENCE_MS`] instead of sleeping until one has something. A thread
-/// asleep on a socket is woken (a cross-core IPI, costly on a VM) by every
-/// TX timestamp queued there, inside the probe's own send path, where it
-/// adds to the round trip, and once per echo: at 1000 targets x 10/s that
-/// was 30 000 wake-ups/s. On a cadence nobody sleeps on the sockets.
-/// Below [`CADENCE_MIN_PPS`] the wake-ups cost less than the cadence.
-fn pickup_cadence_ms(legs: &[Leg<'_>]) -> Option<i32> {
-    let remote = legs
-        .first()
-        .is_some_and(|l| matches!(l.s.reflector, Reflector::Remote));
-    let pps: f64 = legs
-        .iter()
-        .map(|l| 1e9 / (l.cfg.interval.as_nanos().max(1) as f64))
-        .sum();
-    (remote && pps >= CADENCE_MIN_PPS).then_some(CADENCE_MS)
+/// A reader that stops reading (its thread ended, or panicked) never
+/// holds the collector's timeouts back.
+impl Drop for Io<'_, '_> {
+    fn drop(&mut self) {
+        self.mark.end();
+    }
 }
 
 /// Many sockets waited on at once through one epoll set, registered once:
@@ -357,16 +400,18 @@ impl ReadySet {
     }
 }
 
-/// Sender side of one wake-up: TX timestamps from the error queue and the
-/// echoes, each judged by `rules`. Returns how many messages it took.
+/// Sender side of one pass: TX timestamps from the error queue and the
+/// echoes, each judged by `rules`. Returns how many messages it took, and
+/// whether both queues were emptied (each gave less than a full batch:
+/// all they held when the pass began is read).
 fn drain_sender(
     s: &Session<'_>,
     rules: &EchoRules<'_>,
     tag: u32,
     bufs: &mut SenderBufs,
     out: &mut EventBatch,
-) -> usize {
-    let now = clock::realtime_ns();
+) -> (usize, bool) {
+    let now = clock::monotonic_ns();
     let n_err = s.sock.recv_batch(&mut bufs.errq, true).unwrap_or(0);
     for i in 0..n_err {
         let (_, _, c) = bufs.errq.get(i);
@@ -418,7 +463,8 @@ fn drain_sender(
     {
         f(&bufs.seen);
     }
-    n + n_err
+    let drained = n_err < bufs.errq.capacity() && n < bufs.batch.capacity();
+    (n + n_err, drained)
 }
 
 /// The in-process reflector's reusable buffers.
@@ -450,10 +496,11 @@ impl ReflectBufs {
     }
 }
 
-/// Receiver side of one wake-up: takes the probes queued at the receiver
+/// Receiver side of one pass: takes the probes queued at the receiver
 /// socket, echoes them all with one sendmmsg (each echo's TX timestamp
 /// carrying the probe's seq as OPT_ID), records their arrival, and collects
-/// echo TX timestamps. Returns how many messages it took.
+/// echo TX timestamps. Returns how many messages it took, and whether it
+/// emptied the socket's receive queue.
 fn reflect_queued(
     rx: &ProbeSocket,
     bufs: &mut ReflectBufs,
@@ -461,7 +508,7 @@ fn reflect_queued(
     issued: &AtomicU64,
     finishing: bool,
     out: &mut EventBatch,
-) -> usize {
+) -> (usize, bool) {
     let ReflectBufs {
         batch,
         errq,
@@ -474,10 +521,11 @@ fn reflect_queued(
         Ok(n) => n,
         Err(e) => {
             log::warn!("reflector receive: {e}");
-            return 0;
+            return (0, true);
         }
     };
     let now = clock::realtime_ns();
+    let age_ns = clock::monotonic_ns();
     // Read after the datagrams: every probe sent before them is below it.
     let sent_end = issued.load(Ordering::SeqCst);
     echo.clear();
@@ -498,17 +546,17 @@ fn reflect_queued(
                 } else if !warmup {
                     // Answered (its echo is refused at the sender too), but
                     // kept out of the matcher, whose window it would grow.
-                    out.push(0, Event::NeverSent, now);
+                    out.push(0, Event::NeverSent, age_ns);
                 }
             }
             (reflect::Verdict::Reply { .. }, Err(_)) => {
                 // Another run's probe: answered, as any reflector would.
                 echo.push(i);
                 ids.push(u32::MAX - 2);
-                out.push(0, Event::Foreign, now);
+                out.push(0, Event::Foreign, age_ns);
             }
             (reflect::Verdict::Drop(_), Ok(_)) => {}
-            (reflect::Verdict::Drop(_), Err(_)) => out.push(0, Event::Foreign, now),
+            (reflect::Verdict::Drop(_), Err(_)) => out.push(0, Event::Foreign, age_ns),
         }
     }
     let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
@@ -527,17 +575,17 @@ fn reflect_queued(
                 user_ns: now,
                 echo_send_ns,
             },
-            now,
+            age_ns,
         );
     }
     // On veth the echoes' TX stamps are queued by now; elsewhere they are
     // picked up after a later echo, or when the run ends.
     let n_err = if !echo.is_empty() || finishing {
-        collect_echo_stamps(rx, errq, now, out)
+        collect_echo_stamps(rx, errq, age_ns, out)
     } else {
         0
     };
-    n + n_err
+    (n + n_err, n < batch.capacity())
 }
 
 /// Takes the echoes' TX stamps queued at the receiver socket. Each echo
@@ -547,7 +595,7 @@ fn reflect_queued(
 fn collect_echo_stamps(
     rx: &ProbeSocket,
     errq: &mut RecvBatch,
-    now: i64,
+    age_ns: i64,
     out: &mut EventBatch,
 ) -> usize {
     let mut n_err = 0;
@@ -564,7 +612,7 @@ fn collect_echo_stamps(
                             kind,
                             ts_ns,
                         },
-                        now,
+                        age_ns,
                     );
                 }
             }
@@ -586,7 +634,7 @@ mod tests {
         model::{observer::NoObserver, record::ProbeRecord},
         probe::{
             HwSetup, ProbeConfig, TimestampSource, collect,
-            engine::{Collecting, LegOut},
+            engine::{Collecting, LegOut, Reflector},
             matcher::NoHwClocks,
             socket::TsFlags,
             wire::Wire,
@@ -731,5 +779,151 @@ mod tests {
         assert_eq!(m.until_ns(), 100);
         m.end();
         assert_eq!(m.until_ns(), i64::MAX);
+    }
+
+    fn plain_socket() -> ProbeSocket {
+        let no_stamps = TsFlags {
+            tx: false,
+            rx: false,
+            hardware: false,
+        };
+        // Room for a few hundred small datagrams.
+        ProbeSocket::bind("127.0.0.1:0".parse().unwrap(), 0, no_stamps, 1 << 20).unwrap()
+    }
+
+    /// A sender's socket connected to a peer on loopback, and the peer
+    /// (which knows the sender's address once it has its first datagram).
+    fn connected_pair() -> (ProbeSocket, std::net::UdpSocket, std::net::SocketAddr) {
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer_addr = peer.local_addr().unwrap();
+        let sock = plain_socket();
+        sock.connect(peer_addr).unwrap();
+        sock.send_to(&[0u8; 64], peer_addr, 0).unwrap();
+        let mut buf = [0u8; 64];
+        let (_, sender_addr) = peer.recv_from(&mut buf).unwrap();
+        (sock, peer, sender_addr)
+    }
+
+    fn remote_leg<'a>(sock: &'a ProbeSocket, dst: std::net::SocketAddr, wire: &'a Wire) -> Leg<'a> {
+        Leg {
+            s: Session {
+                sock,
+                dst,
+                wire,
+                reflector: Reflector::Remote,
+                on_echoes: None,
+                foreign_before: 0,
+            },
+            cfg: cfg(Duration::from_millis(50)),
+            attempts: AtomicU64::new(1),
+            anchor_ns: None,
+        }
+    }
+
+    #[test]
+    fn between_sends_reads_the_echo_and_the_mark_moves_once_it_is_handed_over() {
+        let (sock, peer, sender_addr) = connected_pair();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        // The echo of probe 0, from the address probed.
+        let (mut echo, mut scratch) = (vec![0u8; 64], Vec::new());
+        wire.encode(0, clock::realtime_ns(), false, &mut echo, &mut scratch);
+        echo[5] |= crate::probe::packet::FLAG_ECHO;
+        peer.send_to(&echo, sender_addr).unwrap();
+        let legs = [remote_leg(&sock, peer.local_addr().unwrap(), &wire)];
+        let (tx, rx) = mpsc::channel();
+        let mark = ReadMark::new();
+        let mut io = Io::new(&legs, tx, &mark, ReadBy::Sender);
+        // Loopback delivers within the send; give a loaded machine time.
+        let before_ns = clock::realtime_ns();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while io.batch().len() == 0 && std::time::Instant::now() < deadline {
+            io.between_sends();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(io.batch().len(), 1, "the echo read without a wait");
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing handed over before hand_over"
+        );
+        assert_eq!(mark.until_ns(), i64::MIN, "the mark waits for the events");
+        assert!(io.hand_over());
+        let got = rx.try_recv().unwrap();
+        assert!(
+            matches!(got[..], [(0, Event::Echoed { seq: 0, .. })]),
+            "{got:?}"
+        );
+        assert!(mark.until_ns() >= before_ns, "the mark covers the read");
+        drop(io);
+        assert_eq!(
+            mark.until_ns(),
+            i64::MAX,
+            "a reader that ends ends the mark"
+        );
+    }
+
+    #[test]
+    fn a_flood_is_read_a_batch_per_send_and_the_mark_waits_for_the_rest() {
+        let (sock, peer, sender_addr) = connected_pair();
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        // 150 datagrams from the target: more than one read takes (64).
+        for i in 0..150u8 {
+            peer.send_to(&[i; 40], sender_addr).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let legs = [remote_leg(&sock, peer.local_addr().unwrap(), &wire)];
+        let (tx, rx) = mpsc::channel();
+        let mark = ReadMark::new();
+        let mut io = Io::new(&legs, tx, &mark, ReadBy::Sender);
+        let mut reads = Vec::new();
+        while mark.until_ns() == i64::MIN && reads.len() < 10 {
+            io.between_sends();
+            // Foreign datagrams: one event each.
+            reads.push(io.batch().len());
+            io.hand_over();
+        }
+        assert_eq!(
+            reads,
+            [64, 64, 22],
+            "a batch per send; the mark moved at the last"
+        );
+        assert_eq!(rx.try_iter().map(|b| b.len()).sum::<usize>(), 150);
+    }
+
+    #[test]
+    fn only_the_in_process_reflectors_thread_waits_and_never_on_the_sender() {
+        let (tx_sock, rx_sock) = (plain_socket(), plain_socket());
+        let wire = Wire::Rtprobe {
+            session: 7,
+            flow: 0,
+        };
+        let dst = "127.0.0.1:9".parse().unwrap();
+        let fds = |legs: &[Leg<'_>], by| {
+            let (ev, _) = mpsc::channel();
+            let mark = ReadMark::new();
+            let io = Io::new(legs, ev, &mark, by);
+            io.polled.iter().map(|s| s.fd()).collect::<Vec<_>>()
+        };
+        let mut leg = remote_leg(&tx_sock, dst, &wire);
+        leg.s.reflector = Reflector::InProcess {
+            sock: &rx_sock,
+            session: 7,
+        };
+        // The reflector's thread waits for probes, on the receiver's socket only.
+        assert_eq!(fds(&[leg], ReadBy::IoThread), [rx_sock.fd()]);
+        // Where the sender reads, its loop waits on both once it has sent all.
+        let mut leg = remote_leg(&tx_sock, dst, &wire);
+        leg.s.reflector = Reflector::Kernel {
+            sock: &rx_sock,
+            session: 7,
+        };
+        assert_eq!(fds(&[leg], ReadBy::Sender), [rx_sock.fd(), tx_sock.fd()]);
+        let leg = remote_leg(&tx_sock, dst, &wire);
+        assert_eq!(fds(&[leg], ReadBy::Sender), [tx_sock.fd()]);
     }
 }

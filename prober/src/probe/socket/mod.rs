@@ -13,7 +13,8 @@
 //! - `echo.rs`: the reflector's replies, a received batch sent back, a
 //!   bounded sample of them TX-stamped;
 //! - `addr.rs`: socket addresses in the kernel's layout;
-//! - `hwtstamp.rs`: hardware timestamping on a NIC, put back on drop.
+//! - `hwtstamp.rs`: hardware timestamping on a NIC, put back on drop;
+//! - `warm.rs`: the send path rehearsed on loopback before a send.
 //!
 //! Each file names the kernel interfaces it uses and their minimum
 //! version. The newest, SCM_TS_OPT_ID (Linux >= 6.13), is optional: older
@@ -25,6 +26,7 @@ mod hwtstamp;
 mod open;
 mod recv;
 mod send;
+mod warm;
 
 use std::{
     io,
@@ -38,6 +40,7 @@ pub use hwtstamp::HwTimestamping;
 pub use open::{TsFlags, rcvbuf_bytes};
 pub use recv::{RecvBatch, poll_any, poll_ready};
 pub use send::SendBatch;
+pub(crate) use warm::Warmer;
 
 /// `SCM_TS_OPT_ID` from asm-generic/socket.h (Linux 6.13).
 const SCM_TS_OPT_ID: libc::c_int = 81;
@@ -60,6 +63,17 @@ pub struct ProbeSocket {
 impl ProbeSocket {
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The address the socket is bound to (getsockname(2)).
+    pub(crate) fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        // SAFETY: sockaddr_storage is plain old data, valid when zeroed.
+        let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getsockname writes at most `len` bytes into `ss`.
+        let r = unsafe { libc::getsockname(self.fd(), (&raw mut ss).cast(), &mut len) };
+        cvt(r)?;
+        Ok(addr::from_sockaddr(&ss))
     }
 }
 
