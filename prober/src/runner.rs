@@ -606,6 +606,7 @@ fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value>
                 (false, None) => "adaptive",
             },
             "busy_poll": p.busy_poll,
+            "no_warm_up": p.no_warm_up,
             "spin_ns": if p.busy_poll { None } else { p.spin.map(|s| s.as_nanos() as u64) },
         }),
     );

@@ -365,6 +365,13 @@ fn pacing_lines(o: &mut String, s: &Summary, m: &RunMeta) {
             },
         );
     }
+    if p.send_failures > 0 {
+        let _ = writeln!(
+            o,
+            "  send failed: {} probes (counted as lost; the log names the target and the error)",
+            p.send_failures
+        );
+    }
     if let Some(w) = &p.waits
         && let Some(line) = waits_words(w)
     {
@@ -825,6 +832,7 @@ mod tests {
             }),
             cpu_dma_latency_us: None,
             warm_up_ns_per_probe: Some(4_200.0),
+            send_failures: 3,
             reader: None,
         });
         s.report.host = Some(crate::model::host::HostFacts {
@@ -859,6 +867,7 @@ mod tests {
             "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
             "pacing (timer + adaptive spin: margin 142 µs, warm-up on loopback 4.2 µs/probe, spin 13.9 µs/probe = 1.39 % of a CPU)",
             "sender wake-ups: late p50 34 µs / p99 139 µs / max 2.6 ms (10 sleeps, 1 overslept the send); sender thread 3.2 % of a CPU",
+            "\n  send failed: 3 probes (counted as lost; the log names the target and the error)\n",
             "  sender not running: waited for a CPU 1.25 ms (0.06 % of the sending); the hypervisor stole 40 ms from CPUs 0-1 (1.00 %)",
             "sent 10",
             "received 9",

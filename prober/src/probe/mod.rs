@@ -84,6 +84,8 @@ pub struct ProbeConfig {
     pub spin: Option<Duration>,
     /// Spin over the whole interval instead of sleeping.
     pub busy_poll: bool,
+    /// No loopback warm-up after a wake-up (`--no-warm-up`).
+    pub no_warm_up: bool,
     /// Real-time settings the sender thread applies to itself (its
     /// SCHED_FIFO priority also goes to the probe's receive threads).
     pub rt: crate::tune::rt::RtSettings,
@@ -106,6 +108,7 @@ impl std::fmt::Debug for ProbeConfig {
             .field("flow", &self.flow)
             .field("spin", &self.spin)
             .field("busy_poll", &self.busy_poll)
+            .field("no_warm_up", &self.no_warm_up)
             .field("rt", &self.rt)
             .field("kernel_reflector", &self.kernel_reflector)
             .finish()

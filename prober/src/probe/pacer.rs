@@ -407,7 +407,7 @@ pub(crate) fn pace_with(
         .first()
         .context("internal: a session without a target")?;
     let (mode, wake_gap_ns) = shared_wait(cfg, legs);
-    let mut warm = warmer(&mode, first, cfg.tos);
+    let mut warm = warmer(cfg, &mode, first);
     let c = SystemClock;
     let loop_start_ns = c.monotonic_ns();
     let cpu_start_ns = clock::thread_cpu_ns();
@@ -455,6 +455,7 @@ pub(crate) fn pace_with(
     let mut batch = SendBatch::new(MAX_BATCH, first.size, first.dst);
     let mut batch_leg = 0;
     let mut tried = 0u64;
+    let mut send_errors = SendErrors::default();
     while !stopped() {
         let tick = match ticker.wait_next(&mut on_wake) {
             Next::Finished => break,
@@ -480,7 +481,9 @@ pub(crate) fn pace_with(
             batch.retarget(leg.dst, leg.size);
             batch_leg = tick.stream;
         }
-        tried += send_tick(leg, &tick, &mut batch, &ticker, out.batch(), encode);
+        let failed = send_tick(leg, &tick, &mut batch, &ticker, out.batch(), encode);
+        tried += tick.end - tick.first;
+        send_errors.note(leg.dst, failed, c.monotonic_ns());
         // On veth the probe's stamps and its echo are queued by now: read
         // before anything else can run on this CPU.
         out.between_sends();
@@ -500,6 +503,7 @@ pub(crate) fn pace_with(
     report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
     report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
     report.warm_up_ns_per_probe = warming.then(|| warm_ns as f64 / tried.max(1) as f64);
+    report.send_failures = send_errors.total;
     Ok(report)
 }
 
@@ -509,9 +513,11 @@ const WARM_UP_FIRST_GUESS_NS: i64 = 10_000;
 /// The loopback warm-up of a sender that wakes ahead of its sends (and
 /// so has time for it): not with `--busy-poll` (it never sleeps) nor
 /// where a sleep ends at the send time (several targets without
-/// `--spin`, or `--spin 0`).
-fn warmer(mode: &WakeMode, first: &PaceLeg<'_>, tos: u8) -> Option<Warmer> {
+/// `--spin`, or `--spin 0`), and not with `--no-warm-up`.
+fn warmer(cfg: &ProbeConfig, mode: &WakeMode, first: &PaceLeg<'_>) -> Option<Warmer> {
+    let tos = cfg.tos;
     match mode {
+        _ if cfg.no_warm_up => None,
         WakeMode::Adaptive(_) => Warmer::new(first.size, tos, first.dst.is_ipv6()),
         WakeMode::Fixed(ns) if *ns > 0 => Warmer::new(first.size, tos, first.dst.is_ipv6()),
         WakeMode::Fixed(_) | WakeMode::BusyPoll => None,
@@ -563,7 +569,7 @@ fn send_tick<C: PaceClock>(
     ticker: &Ticker<'_, C>,
     pending: &mut EventBatch,
     encode: &mut Encode<'_>,
-) -> u64 {
+) -> Option<(u64, std::io::Error)> {
     let (seq, end, send_ns, mono_ns) = (tick.first, tick.end, tick.send_ns, tick.mono_ns);
     let tag = tick.stream as u32;
     batch.clear();
@@ -573,7 +579,7 @@ fn send_tick<C: PaceClock>(
     // Counted before the send: a seq at or above `attempts` has not
     // left this host, so the receive paths refuse an echo of it as forged.
     leg.attempts.fetch_add(batch.len() as u64, Ordering::SeqCst);
-    let mut i = 0;
+    let (mut i, mut failed) = (0, None::<(u64, std::io::Error)>);
     while i < batch.len() {
         match leg.sock.send_batch(batch, i) {
             Ok(n) => {
@@ -598,11 +604,50 @@ fn send_tick<C: PaceClock>(
                     send_ns,
                 };
                 pending.push(tag, e, mono_ns);
+                failed = Some((failed.map_or(0, |(n, _)| n) + 1, err));
                 i += 1;
             }
         }
     }
-    batch.len() as u64
+    failed
+}
+
+/// A failed send is warned about at once, then at most every this long
+/// per run (with the count since the last warning).
+const SEND_ERROR_WARN_EVERY_NS: i64 = 10_000_000_000;
+
+/// The sender's failed sends: counted for the report, and warned about,
+/// rate-limited, naming the target and the error (a neighbour that does
+/// not resolve, a full socket buffer, a route that went away), so a run
+/// whose probes are lost before they leave this host says why.
+#[derive(Debug, Default)]
+struct SendErrors {
+    total: u64,
+    since_warn: u64,
+    warned_at_ns: Option<i64>,
+}
+
+impl SendErrors {
+    fn note(&mut self, dst: SocketAddr, failed: Option<(u64, std::io::Error)>, now_ns: i64) {
+        let Some((n, err)) = failed else {
+            return;
+        };
+        self.total += n;
+        self.since_warn += n;
+        if self
+            .warned_at_ns
+            .is_some_and(|t| now_ns - t < SEND_ERROR_WARN_EVERY_NS)
+        {
+            return;
+        }
+        log::warn!(
+            "{} probe send(s) to {dst} failed ({} in all so far): {err}; they count as lost",
+            self.since_warn,
+            self.total
+        );
+        self.since_warn = 0;
+        self.warned_at_ns = Some(now_ns);
+    }
 }
 
 #[cfg(test)]
@@ -846,6 +891,17 @@ mod tests {
     /// Paces `count` probes every `interval` to a loopback peer through a
     /// [`Recorder`].
     fn paced(count: u64, interval: std::time::Duration) -> Recorder {
+        paced_with_cfg(count, interval, None, |_| {}).0
+    }
+
+    /// [`paced`], to `dst` (default: a loopback peer) with `adjust`
+    /// applied to the configuration; also returns the sender's report.
+    fn paced_with_cfg(
+        count: u64,
+        interval: std::time::Duration,
+        dst: Option<SocketAddr>,
+        adjust: impl FnOnce(&mut ProbeConfig),
+    ) -> (Recorder, Pacing) {
         let no_stamps = crate::probe::socket::TsFlags {
             tx: false,
             rx: false,
@@ -856,13 +912,13 @@ mod tests {
         let attempts = AtomicU64::new(0);
         let legs = [PaceLeg {
             sock: &sock,
-            dst: peer.local_addr().unwrap(),
+            dst: dst.unwrap_or(peer.local_addr().unwrap()),
             size: 64,
             interval_ns: interval.as_nanos() as i64,
             anchor_ns: None,
             attempts: &attempts,
         }];
-        let cfg = ProbeConfig {
+        let mut cfg = ProbeConfig {
             size: 64,
             interval,
             count: Some(count),
@@ -874,9 +930,11 @@ mod tests {
             flow: 0,
             spin: Some(std::time::Duration::from_micros(20)),
             busy_poll: false,
+            no_warm_up: false,
             rt: Default::default(),
             kernel_reflector: false,
         };
+        adjust(&mut cfg);
         let stop = AtomicU8::new(0);
         let until = Until {
             end_ns: None,
@@ -891,9 +949,56 @@ mod tests {
             reads: Vec::new(),
             hand_overs: 0,
         };
-        pace_with(&legs, &cfg, &until, &mut r, &mut |_, _, _, buf| buf.fill(0)).unwrap();
+        let report =
+            pace_with(&legs, &cfg, &until, &mut r, &mut |_, _, _, buf| buf.fill(0)).unwrap();
         assert_eq!(attempts.load(Ordering::SeqCst), count);
-        r
+        (r, report)
+    }
+
+    #[test]
+    fn a_sender_that_sleeps_warms_up_unless_told_not_to() {
+        let ms = std::time::Duration::from_millis(2);
+        let (_, warm) = paced_with_cfg(5, ms, None, |c| c.spin = Some(ms / 2));
+        assert!(warm.warm_up_ns_per_probe.is_some(), "{warm:?}");
+        let (_, cold) = paced_with_cfg(5, ms, None, |c| {
+            c.spin = Some(ms / 2);
+            c.no_warm_up = true;
+        });
+        assert_eq!(cold.warm_up_ns_per_probe, None);
+    }
+
+    #[test]
+    fn failed_sends_are_counted_and_recorded_as_failed() {
+        // UDP to port 0 is refused by the kernel (EINVAL) at every send.
+        let nowhere = "127.0.0.1:0".parse().unwrap();
+        let (r, report) = paced_with_cfg(
+            4,
+            std::time::Duration::from_millis(1),
+            Some(nowhere),
+            |_| {},
+        );
+        assert_eq!(report.send_failures, 4);
+        let failed = r
+            .reads
+            .iter()
+            .flatten()
+            .filter(|(_, e)| matches!(e, Event::SendFailed { .. }))
+            .count();
+        assert_eq!(failed, 4);
+    }
+
+    #[test]
+    fn send_errors_warn_at_once_then_at_most_every_ten_seconds() {
+        let dst: SocketAddr = "192.0.2.1:5061".parse().unwrap();
+        let err = || Some((1, std::io::Error::from_raw_os_error(libc::ENETUNREACH)));
+        let mut e = SendErrors::default();
+        e.note(dst, err(), 0);
+        assert_eq!((e.total, e.since_warn, e.warned_at_ns), (1, 0, Some(0)));
+        e.note(dst, err(), 1_000_000_000);
+        e.note(dst, None, 2_000_000_000);
+        assert_eq!((e.total, e.since_warn), (2, 1), "held back");
+        e.note(dst, err(), SEND_ERROR_WARN_EVERY_NS);
+        assert_eq!((e.total, e.since_warn), (3, 0), "warned again");
     }
 
     #[test]

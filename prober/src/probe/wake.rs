@@ -232,6 +232,7 @@ impl Waiter {
             waits: None,
             cpu_dma_latency_us: None,
             warm_up_ns_per_probe: None,
+            send_failures: 0,
             reader: None,
         }
     }

@@ -27,4 +27,15 @@ pub struct PacingSpec {
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
     pub spin: Option<Duration>,
+
+    /// Do not rehearse the send path on loopback after each wake-up. By default a sender that
+    /// sleeps before a send warms the caches its sleep cooled, in the spin's place, so the probe
+    /// measures the path rather than rtprobe's own wake-up; with this flag the probe pays it.
+    #[arg(
+        long,
+        conflicts_with = "busy_poll",
+        num_args = 0,
+        default_missing_value = "true"
+    )]
+    pub no_warm_up: Option<bool>,
 }

@@ -180,6 +180,7 @@ pub fn validate(
         flow: 0,
         spin: run.pacing.spin,
         busy_poll,
+        no_warm_up: run.pacing.no_warm_up.unwrap_or(false),
         rt: k.rt(),
         kernel_reflector: false,
     };

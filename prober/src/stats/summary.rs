@@ -313,6 +313,9 @@ pub struct Pacing {
     /// loopback).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warm_up_ns_per_probe: Option<f64>,
+    /// Probes whose send(2) failed (each warned about, rate-limited, with
+    /// its target and error; counted as lost).
+    pub send_failures: u64,
     /// The thread that reads the echoes and TX stamps: the sender, or the
     /// in-process reflector's I/O thread (None: not measured).
     #[serde(skip_serializing_if = "Option::is_none")]

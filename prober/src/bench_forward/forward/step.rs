@@ -165,6 +165,7 @@ pub(super) fn run_probe(
         flow: 0,
         spin: None,
         busy_poll: false,
+        no_warm_up: false,
         rt: crate::tune::rt::RtSettings {
             fifo_priority: plan.rt_priority.map(|p| p + 1),
             ..Default::default()

@@ -669,6 +669,7 @@ mod tests {
             flow: 0,
             spin: None,
             busy_poll: false,
+            no_warm_up: false,
             rt: Default::default(),
             kernel_reflector: true,
         }
