@@ -178,6 +178,7 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
         flow: 0,
         spin: None,
         busy_poll: false,
+        no_warm_up: false,
         rt: Default::default(),
         kernel_reflector: false,
     };
