@@ -34,6 +34,8 @@ fn help_lists_the_main_flags() {
         "--json",
         "--tx-if",
         "--rx-if",
+        "--busy-poll",
+        "--no-warm-up",
         "plot",
     ] {
         assert!(out.contains(f), "--help does not mention {f}");
@@ -61,6 +63,8 @@ fn bad_flags_give_one_line_errors() {
             &["--cpu-dma-latency", "low"][..],
             "expected microseconds (0, 10us) or off",
         ),
+        // A busy-polling sender never sleeps, so it has no wake-up to warm.
+        (&["--busy-poll", "--no-warm-up"][..], "cannot be used with"),
     ] {
         let (code, _, err) = run(args);
         assert_eq!(code, 2, "{args:?}");

@@ -178,6 +178,7 @@ enum Sender {
     Ping,
     Rtprobe,
     BusyPoll,
+    NoWarmUp,
     Floor,
     FloorNoTx,
     FloorPoller,
@@ -187,10 +188,11 @@ enum Sender {
     FloorIcmpPing,
 }
 
-const SENDERS: [Sender; 10] = [
+const SENDERS: [Sender; 11] = [
     Sender::Ping,
     Sender::Rtprobe,
     Sender::BusyPoll,
+    Sender::NoWarmUp,
     Sender::Floor,
     Sender::FloorNoTx,
     Sender::FloorPoller,
@@ -220,6 +222,7 @@ impl Sender {
             Sender::Ping => "ping",
             Sender::Rtprobe => "rtprobe",
             Sender::BusyPoll => "rtprobe --busy-poll",
+            Sender::NoWarmUp => "rtprobe --no-warm-up",
             Sender::Floor => "send floor",
             Sender::FloorNoTx => "send floor --no-tx-stamps",
             Sender::FloorPoller => "send floor --poller",
@@ -280,7 +283,7 @@ impl Series {
     }
 }
 
-fn rtprobe_round(ctx: &Ctx, p: &Pair, name: &str, n: &str, busy: bool) -> Result<Round> {
+fn rtprobe_round(ctx: &Ctx, p: &Pair, name: &str, n: &str, s: Sender) -> Result<Round> {
     let (csv, json) = (
         ctx.out.join(format!("{name}.csv")),
         ctx.out.join(format!("{name}.json")),
@@ -299,11 +302,14 @@ fn rtprobe_round(ctx: &Ctx, p: &Pair, name: &str, n: &str, busy: bool) -> Result
     .arg(&csv)
     .arg("--json")
     .arg(&json);
-    if busy {
+    if s == Sender::BusyPoll {
         // Refused with --rt-priority: RT throttling would stop the spin.
         c.arg("--busy-poll");
     } else if let Some(prio) = ctx.rt_priority {
         c.args(["--rt-priority", &prio.to_string(), "--mlockall"]);
+    }
+    if s == Sender::NoWarmUp {
+        c.arg("--no-warm-up");
     }
     output_text(c, "rtprobe --target")?;
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
@@ -372,10 +378,9 @@ fn run_sender(
     let name = format!("pair-{}-{round}", s.name().replace([' ', '-'], "_"));
     match (s, s.floor_flags()) {
         (Sender::Ping, _) => Ok((ping_round(ctx, p, &name, n)?, None)),
-        (Sender::Rtprobe | Sender::BusyPoll, _) => Ok((
-            rtprobe_round(ctx, p, &name, n, s == Sender::BusyPoll)?,
-            None,
-        )),
+        (Sender::Rtprobe | Sender::BusyPoll | Sender::NoWarmUp, _) => {
+            Ok((rtprobe_round(ctx, p, &name, n, s)?, None))
+        }
         (_, Some(flags)) => {
             let exe = floor
                 .as_ref()
@@ -506,6 +511,7 @@ pub(super) fn pair_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             },
         )),
         busy_row(rtprobe, busy, ping),
+        cold_row(rtprobe, get(Sender::NoWarmUp), ping),
     ];
     rows.extend(floor_rows(&get, ping));
     Ok(rows)
@@ -552,6 +558,23 @@ fn busy_row(rtprobe: &Series, busy: &Series, ping: &Series) -> Row {
         met,
     )
     .because(why)
+}
+
+/// rtprobe --no-warm-up: the probe pays the sender's wake from idle (the
+/// caches its sleep cooled), which the default's loopback warm-up takes.
+fn cold_row(rtprobe: &Series, cold: &Series, ping: &Series) -> Row {
+    row(
+        "RTT median, user send -> echo RX, bare veth pair: rtprobe --no-warm-up",
+        figure(cold, ping),
+        format!(
+            "default / --no-warm-up {}, what the loopback warm-up after waking saves the probe; \
+             its stack p50 {}",
+            over(rtprobe, cold).unwrap_or_else(|| "-".into()),
+            stack_text(cold)
+        ),
+        "-",
+        None,
+    )
 }
 
 /// `a`'s round medians over `b`'s in words: "0.82 (rounds 0.76..0.91)".
