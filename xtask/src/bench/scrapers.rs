@@ -75,6 +75,10 @@ pub(super) fn scrapers_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         "--metrics-listen",
         &listen,
     ];
+    // The scrapes counted: those that end while the run sends (its
+    // server answers from just before its first probe); the ones still
+    // queued when rtprobe exits are reset by its exit, not by the server.
+    let sending = Duration::from_millis(count);
     let mut runs = Vec::new();
     for round in 0..rounds {
         let quiet = ctx.probe(&format!("scrapers-quiet-{round}"), &args)?;
@@ -84,7 +88,7 @@ pub(super) fn scrapers_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("scrapers".into())
-                .spawn(move || generate(addr, SCRAPERS, &stop))
+                .spawn(move || generate(addr, SCRAPERS, &stop, sending))
                 .context("start the load generator")?
         };
         let loaded = ctx.probe(&format!("scrapers-loaded-{round}"), &args);
@@ -198,8 +202,14 @@ struct Conn {
 }
 
 /// Holds `n` scrapes in flight to `addr` until `stop`, one new for each
-/// that ends; at SCHED_IDLE.
-pub(super) fn generate(addr: SocketAddrV4, n: usize, stop: &AtomicBool) -> Result<Load> {
+/// that ends; at SCHED_IDLE. Counts the scrapes that end within
+/// `counted` of the server's first answer to a connect.
+pub(super) fn generate(
+    addr: SocketAddrV4,
+    n: usize,
+    stop: &AtomicBool,
+    counted: Duration,
+) -> Result<Load> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is this thread; param is valid.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
@@ -219,7 +229,10 @@ pub(super) fn generate(addr: SocketAddrV4, n: usize, stop: &AtomicBool) -> Resul
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let counting_until = Instant::now() + counted;
     let mut load = Load::default();
+    // What ends after the counting: tallied apart, never reported.
+    let mut ignored = Load::default();
     let mut conns: HashMap<RawFd, Conn> = HashMap::with_capacity(n);
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     while !stop.load(Ordering::SeqCst) {
@@ -229,7 +242,9 @@ pub(super) fn generate(addr: SocketAddrV4, n: usize, stop: &AtomicBool) -> Resul
                     conns.insert(c.fd.as_raw_fd(), c);
                 }
                 Err(_) => {
-                    load.failed += 1;
+                    if Instant::now() < counting_until {
+                        load.failed += 1;
+                    }
                     break;
                 }
             }
@@ -247,7 +262,12 @@ pub(super) fn generate(addr: SocketAddrV4, n: usize, stop: &AtomicBool) -> Resul
             let fd = e.u64 as RawFd;
             let done = conns.get_mut(&fd).is_none_or(|c| step(c, e.events));
             if done && let Some(c) = conns.remove(&fd) {
-                finish(c, &mut load);
+                let tally = if Instant::now() < counting_until {
+                    &mut load
+                } else {
+                    &mut ignored
+                };
+                finish(c, tally);
             }
         }
         let now = Instant::now();
@@ -258,7 +278,9 @@ pub(super) fn generate(addr: SocketAddrV4, n: usize, stop: &AtomicBool) -> Resul
             .collect();
         for fd in late {
             conns.remove(&fd);
-            load.timed_out += 1;
+            if now < counting_until {
+                load.timed_out += 1;
+            }
         }
     }
     Ok(load)
@@ -427,7 +449,8 @@ mod tests {
             n
         });
         let s = stop.clone();
-        let gen_thread = std::thread::spawn(move || generate(addr, 4, &s).unwrap());
+        let gen_thread =
+            std::thread::spawn(move || generate(addr, 4, &s, Duration::from_secs(3600)).unwrap());
         let served = served.join().unwrap();
         stop.store(true, Ordering::SeqCst);
         let load = gen_thread.join().unwrap();

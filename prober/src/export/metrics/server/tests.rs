@@ -378,3 +378,54 @@ fn whole_page(answer: &str) -> bool {
         .and_then(|v| v.parse::<usize>().ok());
     head.starts_with("HTTP/1.1 200 OK") && length == Some(body.len()) && body.len() > 1_000_000
 }
+
+/// The accept pace: a burst of a tenth of a second's accepts at once,
+/// then one every 1/rate, never more over any stretch.
+#[test]
+fn the_accept_pace_lets_a_burst_through_then_spaces_accepts() {
+    let t0 = Instant::now();
+    let mut p = AcceptPace::new(100);
+    for _ in 0..10 {
+        assert_eq!(p.wait_until(t0), None, "the burst goes at once");
+        p.took(t0);
+    }
+    let next = p.wait_until(t0).expect("the 11th waits");
+    assert_eq!(next - t0, Duration::from_millis(10));
+    p.took(next);
+    assert_eq!(p.wait_until(next), Some(next + Duration::from_millis(10)));
+    // After a quiet second the whole burst is there again, no more.
+    let later = next + Duration::from_secs(1);
+    for _ in 0..10 {
+        assert_eq!(p.wait_until(later), None);
+        p.took(later);
+    }
+    assert!(p.wait_until(later).is_some());
+}
+
+/// A closed loop of scrapers is held to the accept rate: 40 scrapes at
+/// 20/s (a burst of 2) take at least 1.9 s, and each is answered.
+#[test]
+fn scrapers_are_held_to_the_accept_rate() {
+    let limits = Limits {
+        accepts_per_sec: Some(20),
+        ..Limits::DEFAULT
+    };
+    let server = start(Arc::new(Metrics::new()), Access::open(), limits);
+    let addr = server.local_addr();
+    let t0 = Instant::now();
+    let answers: Vec<String> = std::thread::scope(|s| {
+        let crowd: Vec<_> = (0..4)
+            .map(|_| s.spawn(move || (0..10).map(|_| scrape(addr)).collect::<Vec<_>>()))
+            .collect();
+        crowd.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    });
+    let took = t0.elapsed();
+    assert!(
+        answers.iter().all(|a| a.starts_with("HTTP/1.1 200 OK\r\n")),
+        "every scrape answered"
+    );
+    assert!(
+        took >= Duration::from_millis(1900),
+        "40 accepts at 20/s in {took:?}"
+    );
+}
