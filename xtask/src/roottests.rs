@@ -30,6 +30,7 @@ const ALONE: &[&str] = &[
     "hostile_ureflect_e2e",
     "multi_target_e2e",
     "dist_e2e",
+    "flood_reflect_e2e",
 ];
 
 /// One test binary of the package.
