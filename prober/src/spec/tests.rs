@@ -360,6 +360,7 @@ fn every_spec_round_trips_through_merge() {
     // --busy-poll conflicts with --spin and --count with --duration: set
     // them as a file would.
     cli.run.pacing.busy_poll = Some(false);
+    cli.run.pacing.no_warm_up = Some(true);
     cli.run.probe.count = Some(12);
     // --targets conflicts with --target.
     cli.run.remote.targets = Some("targets.toml".into());
@@ -599,7 +600,7 @@ mod never_panic {
 
         #[test]
         fn a_probe_table_of_any_value_is_an_error_or_a_plan(
-            key in "(size|interval|count|duration|tos|port|timeout|spin|busy_poll|flows|xdp_mode)",
+            key in "(size|interval|count|duration|tos|port|timeout|spin|busy_poll|no_warm_up|flows|xdp_mode)",
             value in "(-?[0-9]{1,25}(\\.[0-9]{1,5})?|\"[ -~]{0,20}\"|true|\\[\\]|\\[\"port=[0-9]{1,6}\"\\])",
         ) {
             let text = format!("[probe]\n{key} = {value}\n");
