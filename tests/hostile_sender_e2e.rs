@@ -253,13 +253,18 @@ fn udp_counter(ns: &str, name: &str) -> u64 {
     vals.split_whitespace().nth(i).unwrap().parse().unwrap()
 }
 
-/// The local port of the one UDP socket in `ns` (the sender's; any state,
-/// so that a build whose socket is not connected is measured too).
+/// The local port of the one UDP socket in `ns` off loopback (the
+/// sender's probe socket; any state, so that a build whose socket is not
+/// connected is measured too; its send-path warm-up socket is on
+/// loopback).
 fn sender_port(ns: &str) -> Option<u16> {
     for _ in 0..200 {
         let out = sh_ok(&format!("ip netns exec {ns} ss -Huan"));
         // State, Recv-Q, Send-Q, local address:port, peer.
-        let local = out.lines().find_map(|l| l.split_whitespace().nth(3));
+        let local = out
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .find(|a| !a.starts_with("127.") && !a.starts_with("[::1]"));
         if let Some(port) = local.and_then(|a| a.rsplit(':').next()) {
             return port.parse().ok();
         }
