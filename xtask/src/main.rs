@@ -1000,6 +1000,9 @@ mod tests {
                 "run",
                 "--fuzz-dir",
                 "fuzz",
+                "--sanitizer",
+                "none",
+                "--debug-assertions",
                 "scenario",
                 // New inputs go to the first (git-ignored) directory.
                 "fuzz/corpus/scenario",
