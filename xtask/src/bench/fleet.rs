@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use super::{
     host::children_cpu_s,
-    run::{Ctx, in_ns},
+    run::{Ctx, in_ns, sh},
     table::{Row, row},
 };
 
@@ -50,17 +50,6 @@ fn target_ip(i: usize) -> String {
 struct Bed {
     a: String,
     b: String,
-}
-
-fn sh(cmd: &str) -> Result<()> {
-    let o = Command::new("sh").args(["-c", cmd]).output()?;
-    if !o.status.success() {
-        bail!(
-            "`{cmd}` failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 impl Bed {

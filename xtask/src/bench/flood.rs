@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::{
-    run::{Ctx, in_ns},
+    run::{Ctx, in_ns, sh},
     table::{Row, row},
 };
 
@@ -47,17 +47,6 @@ const SIGINT_TARGET_MS: f64 = 100.0;
 struct Bed {
     a: String,
     b: String,
-}
-
-fn sh(cmd: &str) -> Result<()> {
-    let o = Command::new("sh").args(["-c", cmd]).output()?;
-    if !o.status.success() {
-        bail!(
-            "`{cmd}` failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 impl Bed {

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::{
     peers::{median, parse_ping_rtts_us},
-    run::{Ctx, have, in_ns, output_text, user_start_rtts_us},
+    run::{Ctx, have, in_ns, output_text, sh, user_start_rtts_us},
     table::{Row, row},
 };
 
@@ -51,16 +51,7 @@ impl Pair {
             b: format!("{tag}b"),
         };
         let (va, vb) = (format!("{tag}va"), format!("{tag}vb"));
-        let sh = |cmd: String| -> Result<()> {
-            let o = Command::new("sh").args(["-c", &cmd]).output()?;
-            if !o.status.success() {
-                bail!(
-                    "`{cmd}` failed: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-            }
-            Ok(())
-        };
+        let sh = |cmd: String| sh(&cmd);
         sh(format!("ip netns add {}", p.a))?;
         sh(format!("ip netns add {}", p.b))?;
         sh(format!(

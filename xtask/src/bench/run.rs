@@ -176,6 +176,18 @@ impl Drop for Server {
     }
 }
 
+/// Runs `cmd` with sh -c; fails with its stderr.
+pub(super) fn sh(cmd: &str) -> Result<()> {
+    let o = Command::new("sh").args(["-c", cmd]).output()?;
+    if !o.status.success() {
+        bail!(
+            "`{cmd}` failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 pub(super) fn in_ns(ns: &str, prog: &str) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns, prog]);
