@@ -35,7 +35,7 @@ use rtprobe::{
             SenderPacket, StampError,
         },
     },
-    spec::remote::ProtocolArg,
+    options::remote::ProtocolArg,
 };
 
 const KEY: &[u8] = b"rtprobe fuzz key, 32 bytes long.";

@@ -15,7 +15,7 @@ use criterion::{BenchmarkId, Criterion};
 use rtprobe::{
     export::metrics::{FlowLabels, Format, Metrics},
     model::record::ProbeRecord,
-    spec::continuous::{MetricsBuckets, MetricsSeries},
+    options::continuous::{MetricsBuckets, MetricsSeries},
     stats::Counts,
 };
 

@@ -1,5 +1,5 @@
 //! What the user typed: clap derive only. The probe options are the specs
-//! of [`crate::spec`], flattened; validation lives there too.
+//! of [`crate::options`], flattened; validation lives there too.
 
 use std::path::PathBuf;
 
@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::{
     ebpf::{XdpAction, XdpMode},
     export::plot::{FigureKind, ImageFormat, parse_figure_size, parse_latency},
-    spec,
+    options,
 };
 
 #[derive(Debug, Parser)]
@@ -60,7 +60,7 @@ pub enum Command {
     Run(RunArgs),
     /// Blast packets through the router hop and report forwarded packets/s, drops, CPU per
     /// core and probe latency, for kernel forwarding and each XDP mode.
-    BenchForward(spec::bench_forward::BenchForwardArgs),
+    BenchForward(options::bench_forward::BenchForwardArgs),
     /// Tell whether runs differ from a baseline: p50/p99/p99.9 changes with 95 % confidence
     /// intervals, in words.
     Compare(CompareArgs),
@@ -75,7 +75,7 @@ pub enum Command {
     Cleanup(CleanupArgs),
     /// Answer probes from other hosts (rtprobe's protocol or STAMP) in this network namespace,
     /// until Ctrl-C; `rtprobe --target` on the other host sends them.
-    Reflect(crate::spec::remote::ReflectArgs),
+    Reflect(crate::options::remote::ReflectArgs),
     /// Write each host's peers file (the --targets format) and Prometheus' file_sd list of the
     /// hosts from one fleet inventory, so that every host probes all the others under the names
     /// Prometheus gives them.
@@ -91,17 +91,17 @@ pub enum Command {
     Host(HostArgs),
 }
 
-/// The probe command's options: one spec per concept (see [`crate::spec`]).
+/// The probe command's options: one spec per concept (see [`crate::options`]).
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ProbeArgs {
     #[command(flatten)]
-    pub run: spec::RunSpec,
+    pub run: options::RunSpec,
 
     #[command(flatten)]
-    pub output: spec::OutputSpec,
+    pub output: options::OutputSpec,
 
     #[command(flatten)]
-    pub knobs: spec::KnobArgs,
+    pub knobs: options::KnobArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -381,11 +381,11 @@ pub struct RunArgs {
 
     /// Probe options over the file's `[probe]` (for every cell): e.g. --count 50.
     #[command(flatten, next_help_heading = "Over the file's [probe]")]
-    pub run: spec::RunSpec,
+    pub run: options::RunSpec,
 
     /// Knobs over the file's `[knobs]` and every `[set.NAME]` (e.g. --missing skip).
     #[command(flatten)]
-    pub knobs: spec::KnobArgs,
+    pub knobs: options::KnobArgs,
 }
 
 #[cfg(test)]

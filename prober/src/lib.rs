@@ -3,7 +3,7 @@
 //! Dependencies point down this list, never up (`cargo xtask graph`
 //! checks that no module imports one that imports it back):
 //! - `app`: one module per subcommand (what `main()` runs): it turns the
-//!   parsed `cli` (clap definitions only) into a plan through `spec`
+//!   parsed `cli` (clap definitions only) into a plan through `options`
 //!   (options and the one validator) and `scenario` (scenario files), calls
 //!   the domain once, prints, and picks the exit code; `signals` turns
 //!   Ctrl-C into the stop levels the domain watches;
@@ -29,9 +29,9 @@ pub mod export;
 pub(crate) mod heap;
 pub(crate) mod input;
 pub mod model;
+pub mod options;
 pub mod probe;
 pub mod scenario;
-pub mod spec;
 pub mod stats;
 pub mod sys;
 pub mod testbed;

@@ -11,12 +11,12 @@ use crate::{
     export::CsvWriter,
     model::observer::SessionObserver,
     model::run::{RunMeta, RunOutcome, peak_rss_kib},
-    probe::SessionOutcome,
-    probe::{self, Endpoints, ProbeConfig, SessionEnds},
-    spec::{
+    options::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
+    probe::SessionOutcome,
+    probe::{self, Endpoints, ProbeConfig, SessionEnds},
     stats::report::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
         OneClock, ReflectorCounts, ReflectorReport, RunReport,
@@ -54,10 +54,10 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 pub fn check(opts: &RunOptions) -> Result<()> {
     let remote = &opts.remote;
     if remote.is_remote() {
-        crate::spec::targets::of(remote, &opts.probe)?;
+        crate::options::targets::of(remote, &opts.probe)?;
     }
     if let Some(path) = &remote.auth_key {
-        crate::spec::remote::read_key(path)?;
+        crate::options::remote::read_key(path)?;
     }
     Ok(())
 }
@@ -201,7 +201,7 @@ fn probe_on<'tb>(
     let key = remote
         .auth_key
         .as_deref()
-        .map(crate::spec::remote::read_key)
+        .map(crate::options::remote::read_key)
         .transpose()?;
     let user_only = key.is_some().then_some(ReflectorKind::User);
     // The probes' addresses (`--ip`): the receiver's is where they go.

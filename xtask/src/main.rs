@@ -646,7 +646,7 @@ fn check_module_graph(g: &modgraph::Graph) -> Result<()> {
     if !layering.is_empty() {
         why.push(format!(
             "{} layering break(s): a domain module ({}) never imports app, cli, runner or clap \
-             (flags and their ValueEnum impls live in cli.rs and spec/), and export never \
+             (flags and their ValueEnum impls live in cli.rs and options/), and export never \
              imports probe",
             layering.len(),
             modgraph::DOMAIN.join(", ")

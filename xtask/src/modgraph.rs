@@ -1003,7 +1003,7 @@ mod tests {
 
     #[test]
     fn test_files_are_left_out() {
-        assert!(is_test_file(Path::new("spec/tests.rs")));
+        assert!(is_test_file(Path::new("options/tests.rs")));
         assert!(is_test_file(Path::new("sys/sys_tests.rs")));
         assert!(is_test_file(Path::new("testutil.rs")));
         assert!(!is_test_file(Path::new("probe/latest.rs")));

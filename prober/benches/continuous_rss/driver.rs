@@ -19,11 +19,11 @@ use anyhow::{Context, Result};
 use rtprobe::{
     export::{CsvWriter, live::Live},
     model::run::RunMeta,
+    options::continuous::{ContinuousPlan, Rotate, Rotation},
     probe::{
         Collector, ProbeConfig, TimestampSource, cmsg::TxKind, matcher::Event, matcher::Expect,
         matcher::NoHwClocks,
     },
-    spec::continuous::{ContinuousPlan, Rotate, Rotation},
     stats::Summary,
 };
 

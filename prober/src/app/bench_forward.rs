@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::{
     bench_forward::{bounce, forward},
+    options::bench_forward::BenchForwardArgs,
     signals::with_signals,
-    spec::bench_forward::BenchForwardArgs,
 };
 
 pub(super) fn command(args: &BenchForwardArgs) -> Result<ExitCode> {

@@ -17,17 +17,17 @@ use crate::{
         observer::SessionObserver,
         run::{RunMeta, RunOutcome},
     },
+    options::{
+        RunOptions, SpecError, plan,
+        remote::{ProtocolArg, read_key},
+        targets::TargetSpec,
+    },
     probe::{
         ProbeConfig, SessionEnds,
         remote::{LossSplit, OpenStep, Reloads, RemoteLeg, Target, open_files_for, summarise},
         run_session, run_targets,
     },
     signals::with_signals_reload,
-    spec::{
-        RunOptions, SpecError, plan,
-        remote::{ProtocolArg, read_key},
-        targets::TargetSpec,
-    },
 };
 
 pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
@@ -240,7 +240,7 @@ fn execute_remote(
     reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    let list = crate::spec::targets::of(remote, &opts.probe)
+    let list = crate::options::targets::of(remote, &opts.probe)
         .map_err(config_error)?
         .context("internal: execute without --target")?;
     let key = remote
@@ -254,7 +254,7 @@ fn execute_remote(
     }
     // The one target's host name is resolved now: it is the run's.
     let addr = match &list[0].host {
-        Some(host) => crate::spec::remote::resolve(host, list[0].addr.port())?,
+        Some(host) => crate::options::remote::resolve(host, list[0].addr.port())?,
         None => list[0].addr,
     };
     let port = addr.port();
@@ -329,7 +329,7 @@ fn execute_targets(
         }
     };
     let read = || -> Result<Vec<RemoteLeg>> {
-        let list = crate::spec::targets::of(&opts.remote, &opts.probe)?
+        let list = crate::options::targets::of(&opts.remote, &opts.probe)?
             .context("internal: a reload without targets")?;
         Ok(list.iter().map(|t| remote_leg(opts, t, &key)).collect())
     };

@@ -9,15 +9,15 @@ use anyhow::{Context, Result, bail};
 use crate::{
     ebpf::reflector::Reflector,
     export::metrics::{Access, Metrics, MetricsServer},
+    options::remote::{
+        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_PEERS_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS,
+        ProtocolArg, ReflectArgs, read_key,
+    },
     probe::{
         reflect::{self, Core, Counters, Peers, Policy, Prefix, RateLimits, ServeReport},
         socket::ProbeSocket,
     },
     signals::with_signals,
-    spec::remote::{
-        DEFAULT_GLOBAL_RATE_LIMIT_PPS, DEFAULT_PEERS_RATE_LIMIT_PPS, DEFAULT_RATE_LIMIT_PPS,
-        ProtocolArg, ReflectArgs, read_key,
-    },
     stats::XdpCounters,
 };
 
@@ -166,7 +166,7 @@ fn limits(args: &ReflectArgs) -> RateLimits {
 fn known_peers(args: &ReflectArgs, protocol: ProtocolArg, auth: bool) -> Result<Peers> {
     let mut prefixes: Vec<Prefix> = args.peer.clone();
     if let Some(file) = &args.peers {
-        let base = crate::spec::targets::Base {
+        let base = crate::options::targets::Base {
             protocol,
             port: protocol.default_port(),
             tos: 0,
@@ -179,7 +179,7 @@ fn known_peers(args: &ReflectArgs, protocol: ProtocolArg, auth: bool) -> Result<
             interval: std::time::Duration::from_secs(1),
             auth,
         };
-        let targets = crate::spec::targets::read_file(file, &base)
+        let targets = crate::options::targets::read_file(file, &base)
             .with_context(|| format!("--peers {}", file.display()))?;
         prefixes.extend(targets.iter().map(|t| Prefix::host(t.addr.ip())));
     }

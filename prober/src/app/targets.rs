@@ -1,5 +1,5 @@
 //! `rtprobe targets INVENTORY`: each host's peers file and Prometheus'
-//! file_sd list from one fleet inventory ([`crate::spec::inventory`]).
+//! file_sd list from one fleet inventory ([`crate::options::inventory`]).
 //! Nothing is written unless the whole inventory passes its checks; each
 //! file is written whole or not at all.
 
@@ -7,7 +7,7 @@ use std::{io::Write, path::Path, process::ExitCode};
 
 use anyhow::{Context, Result, anyhow};
 
-use crate::{cli::TargetsArgs, spec::inventory};
+use crate::{cli::TargetsArgs, options::inventory};
 
 pub(super) fn command(a: &TargetsArgs) -> Result<ExitCode> {
     let inv = inventory::read(&a.inventory)?;

@@ -41,7 +41,7 @@ use super::{
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    spec::bench_forward::Plan,
+    options::bench_forward::Plan,
     sys::{Netns, Ns, Sys, SysRef},
     testbed::NS_PREFIX,
 };

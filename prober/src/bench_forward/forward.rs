@@ -39,7 +39,7 @@ use super::{
     bounce::BounceStep,
     perf::{self, PerfFigures},
 };
-pub use crate::spec::bench_forward::Plan;
+pub use crate::options::bench_forward::Plan;
 use crate::{probe::STOP_NOW, sys::SysRef};
 use bed::{ModeBed, testbed_for};
 pub use report::{ForwardReport, Machine, StepResult};

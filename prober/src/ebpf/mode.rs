@@ -1,5 +1,5 @@
 //! How the router and the reflector are asked to run: plain domain types
-//! (no clap; the option model in [`crate::spec`] gives them their flags).
+//! (no clap; the option model in [`crate::options`] gives them their flags).
 
 use serde::{Deserialize, Serialize};
 

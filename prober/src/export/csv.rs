@@ -28,7 +28,7 @@ use crate::{
         record::{ProbeRecord, RecordSink, TsSource},
         run::RunMeta,
     },
-    spec::continuous::Rotation,
+    options::continuous::Rotation,
 };
 
 /// The first line of the CSV starts with this, followed by the [`RunMeta`] JSON.
@@ -595,7 +595,7 @@ mod tests {
 
     #[test]
     fn rotation_starts_every_file_with_meta_and_header() {
-        use crate::spec::continuous::{Rotate, Rotation};
+        use crate::options::continuous::{Rotate, Rotation};
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("out.csv");
         let meta = RunMeta {

@@ -22,7 +22,7 @@ use crate::{
         record::ProbeRecord,
         run::RunMeta,
     },
-    spec::continuous::ContinuousPlan,
+    options::continuous::ContinuousPlan,
     stats::{
         Counts, RunStats,
         interval::{Interval, IntervalStats, quantiles_words},
@@ -292,7 +292,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::spec::continuous::ContinuousPlan;
+    use crate::options::continuous::ContinuousPlan;
 
     /// The main flow of 64-byte probes, TOS 0xc0.
     fn labels() -> FlowLabels {

@@ -1132,11 +1132,11 @@ mod tests {
 
     mod echo_rules {
         use super::super::*;
+        use crate::options::remote::ProtocolArg;
         use crate::probe::{
             stamp::{ErrorEstimate, Mode, ReflectorPacket, Timestamp},
             wire::SSID_WARMUP_BIT,
         };
-        use crate::spec::remote::ProtocolArg;
         use std::sync::atomic::Ordering;
 
         fn rules_check(protocol: ProtocolArg) {

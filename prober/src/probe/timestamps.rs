@@ -1,5 +1,5 @@
 //! Which timestamps to ask the kernel for: a plain domain type (no clap;
-//! [`crate::spec`] gives it its flag).
+//! [`crate::options`] gives it its flag).
 
 use serde::{Deserialize, Serialize};
 

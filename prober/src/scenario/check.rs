@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::{Cell, Scenario};
 use crate::{
-    spec::located::{key_span, located},
+    options::located::{key_span, located},
     tune::{MissingPolicy, StressTool},
 };
 

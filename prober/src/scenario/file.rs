@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer, de};
 use crate::{
     ebpf::XdpMode,
     model::units,
-    spec::{
+    options::{
         KnobSpec, RunSpec,
         located::{line_col, located_toml_error},
     },
@@ -123,7 +123,7 @@ fn probe_key_error(file: &Path, text: &str) -> Option<anyhow::Error> {
 /// named as such.
 pub(super) fn read_file(path: &Path, text: &str) -> Result<ScenarioFile> {
     toml::from_str(text).map_err(|e| {
-        if crate::spec::bench_forward::BenchForwardArgs::parse(path, text).is_ok() {
+        if crate::options::bench_forward::BenchForwardArgs::parse(path, text).is_ok() {
             anyhow!(
                 "{} is a bench-forward sweep, not a scenario: run `sudo rtprobe \
                  bench-forward --config {}`",

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     ebpf::XdpMode,
-    spec::{
+    options::{
         self, KnobSpec, OutputSpec, RunSpec, SpecError,
         located::{key_span, located},
     },
@@ -64,12 +64,12 @@ fn axes(
     let sizes = match (p.sizes, p.run.probe.size) {
         (Some(_), Some(_)) => return Err(one_of("sizes", "size")),
         (Some(v), None) => v,
-        (None, s) => vec![s.unwrap_or(spec::plan::DEFAULT_SIZE)],
+        (None, s) => vec![s.unwrap_or(options::plan::DEFAULT_SIZE)],
     };
     let intervals = match (p.intervals, p.run.probe.interval) {
         (Some(_), Some(_)) => return Err(one_of("intervals", "interval")),
         (Some(v), None) => v.into_iter().map(|h| h.0).collect(),
-        (None, i) => vec![i.unwrap_or(spec::plan::DEFAULT_INTERVAL)],
+        (None, i) => vec![i.unwrap_or(options::plan::DEFAULT_INTERVAL)],
     };
     let xdp_modes = match (p.xdp_modes, p.run.xdp.xdp_mode) {
         (Some(_), Some(_)) => return Err(one_of("xdp_modes", "xdp_mode")),
@@ -119,7 +119,7 @@ fn merge_sets<'a>(
                 &"set names name files: use letters, digits, '-', '_' or '.'",
             ));
         }
-        let merged = spec::merge(&spec::merge(common, own)?, over)?;
+        let merged = options::merge(&options::merge(common, own)?, over)?;
         sets.push(SetSpec {
             name: name.clone(),
             own,
@@ -152,7 +152,7 @@ fn plan_cells(
                     cell.probe.size = Some(size);
                     cell.probe.interval = Some(interval);
                     cell.xdp.xdp_mode = Some(mode);
-                    let run = spec::plan::validate(&cell, &set.merged, &OutputSpec::default())
+                    let run = options::plan::validate(&cell, &set.merged, &OutputSpec::default())
                         .and_then(runs_to_an_end)
                         .map_err(|e| {
                             blame.error(e, set, &cell_id(size, interval, mode, &set.name))
@@ -182,7 +182,7 @@ fn runs_to_an_end(p: RunOptions) -> Result<RunOptions, SpecError> {
 
 impl Scenario {
     /// Parses `text`, lays the command line's `over` over it and validates
-    /// every cell with the one validator ([`spec::plan::validate`]), so a
+    /// every cell with the one validator ([`options::plan::validate`]), so a
     /// cell that cannot run is refused here, naming the key and line (or
     /// the flag) and the cell, before anything is built.
     pub fn parse_with(path: &Path, text: &str, over: &Overrides) -> Result<Self> {
@@ -190,7 +190,7 @@ impl Scenario {
         let loc = |p: &[&str], m: &dyn fmt::Display| located(path, text, p, m);
         // serde hands every key of [probe] to the catch-all; the specs' own
         // keys are not unknown.
-        let known = spec::keys_of::<RunSpec>();
+        let known = options::keys_of::<RunSpec>();
         if let Some(k) = f.probe.unknown.keys().find(|k| !known.contains(k)) {
             return Err(loc(
                 &["probe", k],
@@ -277,7 +277,7 @@ fn has_key<T: Serialize>(spec: &T, key: &str) -> bool {
 
 /// Whether `key` is a knob (`[knobs]`, `[set.NAME]`) rather than a probe option.
 fn is_knob_key(key: &str) -> bool {
-    spec::keys_of::<KnobSpec>().iter().any(|k| k == key)
+    options::keys_of::<KnobSpec>().iter().any(|k| k == key)
 }
 
 /// Where a cell's validation error points: the flag when the command

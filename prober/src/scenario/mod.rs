@@ -27,7 +27,7 @@
 //! bql_limit_max = 3000
 //! ```
 //!
-//! The tables are the option model's specs ([`crate::spec`]): `[probe]`
+//! The tables are the option model's specs ([`crate::options`]): `[probe]`
 //! takes every option of [`RunSpec`] plus the matrix keys, `[knobs]` and
 //! `[set.NAME]` a [`KnobSpec`] each, merged `[knobs]` < set < command line.
 //! Every cell goes through the command line's validator.
@@ -58,7 +58,7 @@ pub use check::{SystemCheck, plan};
 pub use run::Progress;
 pub(crate) use run::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
 
-pub use crate::spec::{
+pub use crate::options::{
     FlowSpec,
     plan::{DEFAULT_COUNT, MAX_PAYLOAD_1500, RunOptions},
 };
@@ -73,7 +73,7 @@ use anyhow::{Result, bail};
 use crate::{
     ebpf::XdpMode,
     model::units,
-    spec::{KnobSpec, RunSpec},
+    options::{KnobSpec, RunSpec},
     tune::Knobs,
 };
 

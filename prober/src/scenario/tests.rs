@@ -668,8 +668,8 @@ fn every_shipped_config_is_valid() {
             continue;
         }
         let text = std::fs::read_to_string(&p).unwrap();
-        if crate::spec::bench_forward::BenchForwardArgs::parse(&p, &text).is_ok() {
-            // A bench-forward sweep (spec::bench_forward tests it); `run` says so.
+        if crate::options::bench_forward::BenchForwardArgs::parse(&p, &text).is_ok() {
+            // A bench-forward sweep (options::bench_forward tests it); `run` says so.
             let e = Scenario::load(&p).unwrap_err().to_string();
             assert!(e.contains("bench-forward --config"), "{e}");
             continue;

@@ -1,6 +1,6 @@
 //! Kernel knobs applied for a run and restored afterwards, as the option
-//! model (`crate::spec`) asks for them: the command line's knob flags
-//! (`spec::knobs::KnobArgs`, whose help documents each knob), a scenario's
+//! model (`crate::options`) asks for them: the command line's knob flags
+//! (`options::knobs::KnobArgs`, whose help documents each knob), a scenario's
 //! `[knobs]` table and each `[set.NAME]`. A knob is one field here, named
 //! as its TOML key and (in kebab case) its flag; [`Knobs`](super::Knobs)
 //! is this spec checked, and the rest of `tune` applies it. Every field is

@@ -205,7 +205,7 @@ pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 /// `[set.NAME]`), checked by [`Knobs::validate`], plus what the runner
 /// knows about the probe flow. Its fields are the spec's (through
 /// `Deref`): a knob is declared once, in `KnobSpec` (its flag in
-/// `spec::KnobArgs`). Every field is
+/// `options::KnobArgs`). Every field is
 /// optional; the accessors give the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(from = "KnobSpec", into = "KnobSpec")]

@@ -14,7 +14,7 @@ use crate::{
         xdp::{BenchProgram, Hook},
     },
     ebpf::{XdpAction as XdpActionArg, XdpMode as XdpModeArg},
-    spec::bench_forward::{Plan, Variant},
+    options::bench_forward::{Plan, Variant},
     stats::XdpCounters,
     sys::{Offload, SysRef},
     testbed::Testbed,

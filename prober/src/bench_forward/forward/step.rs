@@ -27,8 +27,8 @@ use crate::{
         perf::{self, PerfFigures},
     },
     export::CsvWriter,
+    options::bench_forward::{Plan, Variant},
     probe::{self, Endpoints, ProbeConfig, TimestampSource as TimestampArg},
-    spec::bench_forward::{Plan, Variant},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,
 };

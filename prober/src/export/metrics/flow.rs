@@ -268,7 +268,7 @@ mod tests {
     use super::*;
     use crate::{
         model::record::ProbeRecord,
-        spec::continuous::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
+        options::continuous::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
     };
 
     fn record(one_way_us: i64) -> ProbeRecord {

@@ -11,13 +11,13 @@ use super::{
     tables::{Limiter, MAX_SESSIONS, MAX_SOURCES, Session, Sessions},
 };
 use crate::{
+    options::remote::ProtocolArg,
     probe::{
         addresses::LocalNets,
         clock,
         packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, MAGIC, VERSION},
         stamp::{self, ClockSync, ErrorEstimate, HmacKey, Mode, ReflectParams, Sequencing},
     },
-    spec::remote::ProtocolArg,
 };
 
 /// Largest datagram answered: a jumbo frame's payload. Anything longer is

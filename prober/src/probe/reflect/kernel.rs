@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use super::{Peers, RateLimits};
 use crate::{
     ebpf::reflector::Reflector,
-    spec::remote::ProtocolArg,
+    options::remote::ProtocolArg,
     sys::{Ns, Offload, Sys, netdev_attr},
 };
 

@@ -34,13 +34,13 @@ use super::{
     report::{ServeReport, SessionInfo},
 };
 use crate::{
+    options::remote::ProtocolArg,
     probe::{
         addresses::LocalNets,
         clock,
         cmsg::TxKind,
         socket::{ProbeSocket, RecvBatch},
     },
-    spec::remote::ProtocolArg,
 };
 
 /// "new session" lines (and, separately, receive errors) logged a second

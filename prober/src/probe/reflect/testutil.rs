@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 
 use super::{Core, Peers, Policy, RateLimits};
 use crate::{
+    options::remote::ProtocolArg,
     probe::{
         packet::Probe,
         stamp::{ClockSync, HmacKey},
     },
-    spec::remote::ProtocolArg,
 };
 
 pub(super) const NOW: i64 = 1_763_850_000_000_000_000;

@@ -508,8 +508,8 @@ mod tests {
 
     use super::*;
     use crate::{
+        options::remote::ProtocolArg,
         probe::{ProbeConfig, TimestampSource, remote::Target},
-        spec::remote::ProtocolArg,
     };
 
     fn leg(name: &str, addr: &str) -> RemoteLeg {

@@ -67,7 +67,7 @@ use super::{
     stamp::{ClockSync, HmacKey},
     wire::{Echo, Wire},
 };
-use crate::{model::observer::SessionObserver, spec::remote::ProtocolArg, sys::Netns};
+use crate::{model::observer::SessionObserver, options::remote::ProtocolArg, sys::Netns};
 
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]

@@ -10,12 +10,12 @@ use anyhow::Result;
 use super::{Prepared, RemoteLeg, Target};
 use crate::model::observer::LossDirections;
 use crate::{
+    options::remote::ProtocolArg,
     probe::{
         SessionOutcome, engine,
         stamp::{ClockSync, ErrorEstimate},
         wire::{Echo, Wire},
     },
-    spec::remote::ProtocolArg,
     stats::report::{ClockReport, ReflectorReport},
 };
 

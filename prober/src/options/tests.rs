@@ -722,7 +722,7 @@ fn remote_stamp_and_auth_rules_are_the_validators() {
 
 #[test]
 fn several_targets_default_to_the_fleet_series_budget() {
-    use crate::spec::continuous::MetricsSeries;
+    use crate::options::continuous::MetricsSeries;
     let series = |args: &[&str]| opts(args).unwrap().continuous.metrics_series;
     let listen = ["--metrics-listen", "127.0.0.1:0"];
     let one = [&["--target", "192.0.2.7"][..], &listen].concat();

@@ -693,7 +693,7 @@ mod tests {
         let e = toml::from_str::<ContinuousArgs>("out_rotate = \"huge\"").unwrap_err();
         assert!(e.to_string().contains("invalid rotation"), "{e}");
         // Unknown keys are refused where the group is flattened (a scenario's [probe]).
-        let keys = crate::spec::keys_of::<crate::spec::RunSpec>();
+        let keys = crate::options::keys_of::<crate::options::RunSpec>();
         for k in [
             "forever",
             "out_rotate",

@@ -15,7 +15,7 @@
 //!
 //! Adding an option group (say `metrics.rs` with `MetricsSpec`):
 //!
-//! 1. write `spec/metrics.rs`: a struct with
+//! 1. write `options/metrics.rs`: a struct with
 //!    `#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]`,
 //!    `#[serde(deny_unknown_fields)]` and `Option` fields (durations through
 //!    [`crate::model::units::parse_duration`] and
