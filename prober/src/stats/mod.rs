@@ -6,9 +6,11 @@ pub mod chain;
 pub mod hist;
 pub(crate) mod interval;
 pub mod report;
+pub mod run_stats;
 pub mod summary;
 
 pub use report::RunReport;
+pub use run_stats::{Counts, RunStats};
 pub use summary::CpuWaits;
 pub(crate) use summary::XdpCounters;
-pub use summary::{Counts, Latency, Pacing, ReaderTiming, RunStats, Stages, Summary};
+pub use summary::{Latency, Pacing, ReaderTiming, Stages, Summary};

@@ -1,4 +1,4 @@
-//! Unit tests of `summary.rs` (kept apart so that the module itself stays short).
+//! Unit tests of `run_stats.rs` (kept apart so that the module itself stays short).
 
 use super::*;
 use crate::model::record::TsSource;
