@@ -268,6 +268,95 @@ pub struct Reflector {
     _log: Option<super::klog::KernelLog>,
 }
 
+/// Loads the reflector's object with its globals set: the ports, the reply
+/// interface and the rate limits (the program itself is loaded after).
+fn load_object(
+    probe_port: u16,
+    stamp_port: u16,
+    reply_ifindex: u32,
+    limits: RateLimits,
+) -> Result<Ebpf> {
+    let object = router_object();
+    if object.is_empty() {
+        bail!(
+            "this rtprobe was built with AYA_BUILD_SKIP set and has no in-kernel reflector: \
+             rebuild it without AYA_BUILD_SKIP (cargo build)"
+        );
+    }
+    require_caps()?;
+    raise_memlock_limit();
+    let (source, global, peer_cap) = (
+        gcra(limits.per_source_pps),
+        gcra(limits.global_pps),
+        gcra(limits.peers_pps),
+    );
+    EbpfLoader::new()
+        .override_global(SOURCE_INTERVAL_GLOBAL, &source.interval_ns, true)
+        .override_global(SOURCE_TOLERANCE_GLOBAL, &source.tolerance_ns, true)
+        .override_global(GLOBAL_INTERVAL_GLOBAL, &global.interval_ns, true)
+        .override_global(GLOBAL_TOLERANCE_GLOBAL, &global.tolerance_ns, true)
+        .override_global(PEER_GLOBAL_INTERVAL_GLOBAL, &peer_cap.interval_ns, true)
+        .override_global(PEER_GLOBAL_TOLERANCE_GLOBAL, &peer_cap.tolerance_ns, true)
+        .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
+        .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
+        .override_global(REPLY_IFINDEX_GLOBAL, &reply_ifindex, true)
+        .override_global(LOG_RARE_GLOBAL, &super::klog::global(), true)
+        .load(object)
+        .map_err(explain_load_error)
+        .context("cannot load the in-kernel reflector's maps")
+}
+
+/// Takes the map `name` out of the loaded object.
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("the object has no {name} map"))
+}
+
+/// The reflector's clock map, with the current offset written.
+fn take_clock(ebpf: &mut Ebpf) -> Result<Array<MapData, ReflectorClock>> {
+    let mut clock: Array<MapData, ReflectorClock> =
+        Array::try_from(take_map(ebpf, REFLECTOR_CLOCK_MAP)?)
+            .context("the reflector clock map has an unexpected type")?;
+    clock
+        .set(0, current_clock(), 0)
+        .context("writing the reflector's clock offset")?;
+    Ok(clock)
+}
+
+/// The maps that tell the reflector its interface and addresses.
+fn take_identity_maps(ebpf: &mut Ebpf) -> Result<IdentityMaps> {
+    Ok(IdentityMaps {
+        iface: Array::try_from(take_map(ebpf, REFLECTOR_IFACE_MAP)?)
+            .context("the reflector's interface map has an unexpected type")?,
+        addrs: HashMap::try_from(take_map(ebpf, REFLECTOR_ADDRS_MAP)?)
+            .context("the reflector's address map has an unexpected type")?,
+        written: BTreeMap::new(),
+    })
+}
+
+/// The thread that keeps the reflector's clock offset and identity
+/// current until `stop`.
+fn spawn_refresher(
+    mut clock: Array<MapData, ReflectorClock>,
+    stop: Arc<AtomicBool>,
+    identity: Arc<Mutex<IdentityState>>,
+) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("kreflect-clock".into())
+        .spawn(move || {
+            let mut last = current_clock();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::park_timeout(CLOCK_REFRESH);
+                let now = current_clock();
+                if now != last && clock.set(0, now, 0).is_ok() {
+                    last = now;
+                }
+                identity.lock().unwrap_or_else(|e| e.into_inner()).refresh();
+            }
+        })
+        .context("starting the reflector's clock thread")
+}
+
 impl Reflector {
     /// Loads the reflector answering rtprobe probes to UDP `probe_port`
     /// and STAMP to `stamp_port` (0: none), within `limits`, with `peers`
@@ -284,34 +373,7 @@ impl Reflector {
         limits: RateLimits,
         peers: &Peers,
     ) -> Result<Self> {
-        let object = router_object();
-        if object.is_empty() {
-            bail!(
-                "this rtprobe was built with AYA_BUILD_SKIP set and has no in-kernel reflector: \
-                 rebuild it without AYA_BUILD_SKIP (cargo build)"
-            );
-        }
-        require_caps()?;
-        raise_memlock_limit();
-        let (source, global, peer_cap) = (
-            gcra(limits.per_source_pps),
-            gcra(limits.global_pps),
-            gcra(limits.peers_pps),
-        );
-        let mut ebpf = EbpfLoader::new()
-            .override_global(SOURCE_INTERVAL_GLOBAL, &source.interval_ns, true)
-            .override_global(SOURCE_TOLERANCE_GLOBAL, &source.tolerance_ns, true)
-            .override_global(GLOBAL_INTERVAL_GLOBAL, &global.interval_ns, true)
-            .override_global(GLOBAL_TOLERANCE_GLOBAL, &global.tolerance_ns, true)
-            .override_global(PEER_GLOBAL_INTERVAL_GLOBAL, &peer_cap.interval_ns, true)
-            .override_global(PEER_GLOBAL_TOLERANCE_GLOBAL, &peer_cap.tolerance_ns, true)
-            .override_global(REFLECT_PORT_GLOBAL, &probe_port, true)
-            .override_global(STAMP_PORT_GLOBAL, &stamp_port, true)
-            .override_global(REPLY_IFINDEX_GLOBAL, &reply_ifindex, true)
-            .override_global(LOG_RARE_GLOBAL, &super::klog::global(), true)
-            .load(object)
-            .map_err(explain_load_error)
-            .context("cannot load the in-kernel reflector's maps")?;
+        let mut ebpf = load_object(probe_port, stamp_port, reply_ifindex, limits)?;
         let log = super::klog::KernelLog::start(&mut ebpf, "in-kernel reflector")?;
         let prog = program(&mut ebpf)?;
         prog.load()
@@ -321,49 +383,14 @@ impl Reflector {
             .context("reading the loaded reflector's id")?
             .id();
 
-        let map = ebpf
-            .take_map(REFLECTOR_CLOCK_MAP)
-            .with_context(|| format!("the object has no {REFLECTOR_CLOCK_MAP} map"))?;
-        let mut clock: Array<MapData, ReflectorClock> =
-            Array::try_from(map).context("the reflector clock map has an unexpected type")?;
-        clock
-            .set(0, current_clock(), 0)
-            .context("writing the reflector's clock offset")?;
-        let take = |ebpf: &mut Ebpf, name: &str| {
-            ebpf.take_map(name)
-                .with_context(|| format!("the object has no {name} map"))
-        };
-        write_peers(take(&mut ebpf, REFLECTOR_PEERS_MAP)?, peers)?;
-        let maps = IdentityMaps {
-            iface: Array::try_from(take(&mut ebpf, REFLECTOR_IFACE_MAP)?)
-                .context("the reflector's interface map has an unexpected type")?,
-            addrs: HashMap::try_from(take(&mut ebpf, REFLECTOR_ADDRS_MAP)?)
-                .context("the reflector's address map has an unexpected type")?,
-            written: BTreeMap::new(),
-        };
+        let clock = take_clock(&mut ebpf)?;
+        write_peers(take_map(&mut ebpf, REFLECTOR_PEERS_MAP)?, peers)?;
         let identity = Arc::new(Mutex::new(IdentityState {
-            maps: Some(maps),
+            maps: Some(take_identity_maps(&mut ebpf)?),
             watch: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
-        let refresher = {
-            let stop = Arc::clone(&stop);
-            let identity = Arc::clone(&identity);
-            std::thread::Builder::new()
-                .name("kreflect-clock".into())
-                .spawn(move || {
-                    let mut last = current_clock();
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::park_timeout(CLOCK_REFRESH);
-                        let now = current_clock();
-                        if now != last && clock.set(0, now, 0).is_ok() {
-                            last = now;
-                        }
-                        identity.lock().unwrap_or_else(|e| e.into_inner()).refresh();
-                    }
-                })
-                .context("starting the reflector's clock thread")?
-        };
+        let refresher = spawn_refresher(clock, Arc::clone(&stop), Arc::clone(&identity))?;
         Ok(Reflector {
             sys,
             prog: XdpProg {

@@ -152,40 +152,13 @@ pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
     if csv.is_dir() {
         bail!("{name}: is a directory: pass the run's CSV file");
     }
-    let file = File::open(&csv).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => anyhow::anyhow!("{name}: no such file: check the path"),
-        _ => anyhow::anyhow!("{name}: cannot open: {e}"),
-    })?;
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .comment(Some(b'#'))
-        .from_reader(BufReader::with_capacity(
-            64 * 1024,
-            crate::input::LineCapped::new(file, crate::input::MAX_CSV_LINE_BYTES),
-        ));
+    let mut rdr = open_csv(&csv, &name)?;
     let header = rdr
         .byte_headers()
         .with_context(|| format!("{name}: cannot read the CSV header"))?
         .clone();
-    let find = |col: &str| header.iter().position(|h| h == col.as_bytes());
-    let Some(col) = find(s.metric.column()) else {
-        let (other, other_col) = match s.metric {
-            CompareMetric::OneWay => ("rtt", "rtt_ns"),
-            CompareMetric::Rtt => ("one-way", "one_way_ns"),
-        };
-        if find(other_col).is_some() {
-            bail!(
-                "{name}: no {} column: compare the other latency with --metric {other}",
-                s.metric.column()
-            );
-        }
-        bail!(
-            "{name}: no {} column, so not an rtprobe CSV: pass the per-probe CSV written with --out",
-            s.metric.column()
-        );
-    };
-    let flow = find("flow");
+    let col = metric_column(&header, &name, s.metric)?;
+    let flow = header.iter().position(|h| h == b"flow");
     // Each run's reservoir draws from its own stream of the seed.
     let mut res = Reservoir::new(s.sample_cap, s.seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut rec = csv::ByteRecord::new();
@@ -242,6 +215,49 @@ pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
         host: host_of(arg),
         sorted,
     })
+}
+
+/// A reader of the CSV `csv` (called `name` in errors): `#` lines skipped,
+/// rows of any length, lines capped.
+fn open_csv(
+    csv: &Path,
+    name: &str,
+) -> Result<csv::Reader<BufReader<crate::input::LineCapped<File>>>> {
+    let file = File::open(csv).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => anyhow::anyhow!("{name}: no such file: check the path"),
+        _ => anyhow::anyhow!("{name}: cannot open: {e}"),
+    })?;
+    Ok(csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .comment(Some(b'#'))
+        .from_reader(BufReader::with_capacity(
+            64 * 1024,
+            crate::input::LineCapped::new(file, crate::input::MAX_CSV_LINE_BYTES),
+        )))
+}
+
+/// The index of `metric`'s column in `header`, or an error that says
+/// which CSV to pass (or which metric the file has).
+fn metric_column(header: &csv::ByteRecord, name: &str, metric: CompareMetric) -> Result<usize> {
+    let find = |col: &str| header.iter().position(|h| h == col.as_bytes());
+    if let Some(col) = find(metric.column()) {
+        return Ok(col);
+    }
+    let (other, other_col) = match metric {
+        CompareMetric::OneWay => ("rtt", "rtt_ns"),
+        CompareMetric::Rtt => ("one-way", "one_way_ns"),
+    };
+    if find(other_col).is_some() {
+        bail!(
+            "{name}: no {} column: compare the other latency with --metric {other}",
+            metric.column()
+        );
+    }
+    bail!(
+        "{name}: no {} column, so not an rtprobe CSV: pass the per-probe CSV written with --out",
+        metric.column()
+    );
 }
 
 /// One other run against the baseline.

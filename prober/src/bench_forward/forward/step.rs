@@ -22,7 +22,7 @@ use crate::{
         cpu,
         frame::{self, FrameSpec},
         kinds::Generator,
-        links,
+        links::{self, LinkCounters},
         loadgen::{self, LiveTarget, Offered, SocketGen},
         perf::{self, PerfFigures},
     },
@@ -293,15 +293,7 @@ pub(super) fn run_step(
     full: Option<FullSpeed>,
     stop: &AtomicU8,
 ) -> Result<StepResult> {
-    let frame_bytes = frame::build(&FrameSpec {
-        dst_mac: bed.router_mac,
-        src_mac: bed.sender_mac,
-        src: bed.tb.sender_if.addr,
-        dst: bed.tb.receiver_if.addr,
-        src_port: 4000,
-        dst_port: SINK_PORT,
-        ip_size,
-    });
+    let frame_bytes = step_frame(bed, ip_size);
     let rate = match full {
         Some(f) if load_pct < 100 => Some((f.forwarded_pps * f64::from(load_pct) / 100.0, f)),
         _ => None,
@@ -334,23 +326,13 @@ pub(super) fn run_step(
     let cores = cpu::core_use(&cpu_before, &cpu_after);
     let rx = after.receiver.since(&before.receiver);
     let rin = after.router_in.since(&before.router_in);
-    // Probe datagrams (and their warm-up) cross the hop too; the load is the rest.
-    let probe_pkts = probe.sent + 8;
-    let generated = match plan.generator {
-        // Everything the XDP generator kept arrived at, or was dropped at,
-        // the router's ingress ring.
-        Generator::Xdp if load_pct > 0 => ingress_total(&rin).saturating_sub(probe_pkts),
-        _ => load.counted,
-    };
+    let generated = generated_packets(plan.generator, load_pct, &rin, &probe, &load);
     let xdp_counters = counters_delta(&before.xdp, &after.xdp);
     log::debug!(
         "{label} {ip_size} B {load_pct} %: generator counted {}, router in {rin:?}, receiver {rx:?}, xdp {xdp_counters:?}",
         load.counted
     );
-    let forwarded = rx
-        .rx_packets
-        .saturating_sub(probe.received + 8)
-        .min(generated);
+    let forwarded = forwarded_packets(&rx, &probe, generated);
     let secs = load.secs;
     Ok(StepResult {
         mode,
@@ -365,11 +347,7 @@ pub(super) fn run_step(
         secs,
         generated_pps: cpu::rate(0, generated, secs),
         forwarded_pps: cpu::rate(0, forwarded, secs),
-        drop_pct: if generated == 0 {
-            0.0
-        } else {
-            100.0 * generated.saturating_sub(forwarded) as f64 / generated as f64
-        },
+        drop_pct: drop_pct(generated, forwarded),
         generator_runs_pps: cpu::rate(0, load.counted, secs),
         generator_cpu_pct: 100.0 * load.cpu_secs / secs,
         router_cpu_pct: (!bed.napi_tids.is_empty())
@@ -381,6 +359,55 @@ pub(super) fn run_step(
         limit: classify(load_pct, generated, forwarded),
         perf,
     })
+}
+
+/// The load's frame for one IP size: sender to sink through the router.
+fn step_frame(bed: &ModeBed, ip_size: usize) -> Vec<u8> {
+    frame::build(&FrameSpec {
+        dst_mac: bed.router_mac,
+        src_mac: bed.sender_mac,
+        src: bed.tb.sender_if.addr,
+        dst: bed.tb.receiver_if.addr,
+        src_port: 4000,
+        dst_port: SINK_PORT,
+        ip_size,
+    })
+}
+
+/// The load packets the generator put on the wire during the step.
+fn generated_packets(
+    generator: Generator,
+    load_pct: u32,
+    router_in: &LinkCounters,
+    probe: &Summary,
+    load: &LoadRun,
+) -> u64 {
+    // Probe datagrams (and their warm-up) cross the hop too; the load is the rest.
+    let probe_pkts = probe.sent + 8;
+    match generator {
+        // Everything the XDP generator kept arrived at, or was dropped at,
+        // the router's ingress ring.
+        Generator::Xdp if load_pct > 0 => ingress_total(router_in).saturating_sub(probe_pkts),
+        _ => load.counted,
+    }
+}
+
+/// The load packets that reached the receiver (its count less the probe
+/// session's), at most what was generated.
+fn forwarded_packets(receiver: &LinkCounters, probe: &Summary, generated: u64) -> u64 {
+    receiver
+        .rx_packets
+        .saturating_sub(probe.received + 8)
+        .min(generated)
+}
+
+/// The share of the generated packets that did not arrive, in percent.
+fn drop_pct(generated: u64, forwarded: u64) -> f64 {
+    if generated == 0 {
+        0.0
+    } else {
+        100.0 * generated.saturating_sub(forwarded) as f64 / generated as f64
+    }
 }
 
 fn counters_delta(before: &XdpCounters, after: &XdpCounters) -> XdpCounters {

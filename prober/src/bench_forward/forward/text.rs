@@ -2,7 +2,7 @@
 //! as each step finishes, and the whole report with its ratios, legend and
 //! perf table.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::report::{ForwardReport, ROUTER_LIMIT_DROP_PCT, StepResult};
 use crate::bench_forward::{
@@ -80,8 +80,30 @@ pub fn table_header() -> String {
 
 /// The whole report as text. Pure.
 pub fn format_report(r: &ForwardReport) -> String {
-    use std::fmt::Write as _;
     let mut o = String::new();
+    write_heading(&mut o, r);
+    let _ = writeln!(o, "{}", table_header());
+    for s in &r.steps {
+        let _ = writeln!(o, "{}", format_step(s));
+    }
+    write_ratios(&mut o, &r.steps);
+    write_legend(&mut o, &r.steps);
+    write_perf_table(&mut o, &r.steps);
+    if !r.bounce.is_empty() {
+        o.push('\n');
+        o.push_str(&crate::bench_forward::bounce::format_table(
+            &r.bounce,
+            r.machine.cpus,
+        ));
+    }
+    if let Some(n) = &r.perf_note {
+        let _ = writeln!(o, "  {n}");
+    }
+    o
+}
+
+/// The machine and the settings the steps ran with.
+fn write_heading(o: &mut String, r: &ForwardReport) {
     let m = &r.machine;
     let _ = writeln!(
         o,
@@ -103,13 +125,12 @@ pub fn format_report(r: &ForwardReport) -> String {
     if let Some(h) = &m.host {
         let _ = writeln!(o, "  host: {}", h.line());
     }
-    let _ = writeln!(o, "{}", table_header());
-    for s in &r.steps {
-        let _ = writeln!(o, "{}", format_step(s));
-    }
-    // Full-speed forwarding relative to the kernel, per size.
+}
+
+/// Full-speed forwarding relative to the kernel, per size.
+fn write_ratios(o: &mut String, steps: &[StepResult]) {
     let mut best: BTreeMap<(usize, String), f64> = BTreeMap::new();
-    for s in r.steps.iter().filter(|s| s.load_pct >= 100) {
+    for s in steps.iter().filter(|s| s.load_pct >= 100) {
         best.insert((s.size, variant_label(s.mode, s.work)), s.forwarded_pps);
     }
     for ((size, label), pps) in &best {
@@ -124,6 +145,10 @@ pub fn format_report(r: &ForwardReport) -> String {
             );
         }
     }
+}
+
+/// What the table's columns mean.
+fn write_legend(o: &mut String, steps: &[StepResult]) {
     let _ = writeln!(
         o,
         "  sizes are IP packet bytes; gen% / rtr%: CPU of the generator threads / the router's NAPI thread (percent of one core);\n  \
@@ -131,45 +156,39 @@ pub fn format_report(r: &ForwardReport) -> String {
          1way: the probe's one-way delay across the hop in µs (kernel timestamps; RTTs are in the JSON);\n  \
          limit: router = the hop dropped > {ROUTER_LIMIT_DROP_PCT} % of what it was offered, generator = flat out and nothing dropped"
     );
-    if r.steps.iter().any(|s| s.work.is_some()) {
+    if steps.iter().any(|s| s.work.is_some()) {
         let _ = writeln!(
             o,
             "  +wN: the router's work variant, N memory accesses per packet before forwarding"
         );
     }
-    let perf_rows: Vec<&StepResult> = r.steps.iter().filter(|s| s.perf.is_some()).collect();
-    if !perf_rows.is_empty() {
+}
+
+/// `perf stat` of the router on the flat-out steps that counted it.
+fn write_perf_table(o: &mut String, steps: &[StepResult]) {
+    let perf_rows: Vec<&StepResult> = steps.iter().filter(|s| s.perf.is_some()).collect();
+    if perf_rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nperf stat of the router's NAPI threads, flat-out steps:\n{:<22}{:>5}{:>11}{:>9}{:>7}{:>10}{:>9}",
+        "mode", "size", "fwd/s", "cpu ms", "IPC", "br-miss%", "L1-miss%"
+    );
+    for s in perf_rows {
+        let p = s.perf.as_ref().expect("filtered");
         let _ = writeln!(
             o,
-            "\nperf stat of the router's NAPI threads, flat-out steps:\n{:<22}{:>5}{:>11}{:>9}{:>7}{:>10}{:>9}",
-            "mode", "size", "fwd/s", "cpu ms", "IPC", "br-miss%", "L1-miss%"
+            "{:<22}{:>5}{:>11.0}{:>9}{:>7}{:>10}{:>9}",
+            variant_label(s.mode, s.work),
+            s.size,
+            s.forwarded_pps,
+            opt(p.task_clock_ms, 0),
+            opt(p.ipc(), 2),
+            opt(p.branch_miss_pct(), 2),
+            opt(p.l1d_miss_pct(), 2),
         );
-        for s in perf_rows {
-            let p = s.perf.as_ref().expect("filtered");
-            let _ = writeln!(
-                o,
-                "{:<22}{:>5}{:>11.0}{:>9}{:>7}{:>10}{:>9}",
-                variant_label(s.mode, s.work),
-                s.size,
-                s.forwarded_pps,
-                opt(p.task_clock_ms, 0),
-                opt(p.ipc(), 2),
-                opt(p.branch_miss_pct(), 2),
-                opt(p.l1d_miss_pct(), 2),
-            );
-        }
     }
-    if !r.bounce.is_empty() {
-        o.push('\n');
-        o.push_str(&crate::bench_forward::bounce::format_table(
-            &r.bounce,
-            r.machine.cpus,
-        ));
-    }
-    if let Some(n) = &r.perf_note {
-        let _ = writeln!(o, "  {n}");
-    }
-    o
 }
 
 #[cfg(test)]

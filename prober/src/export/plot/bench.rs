@@ -211,106 +211,127 @@ fn mode_lines(steps: &[&Step], x: impl Fn(&Step) -> Option<f64>) -> Vec<Line> {
 
 /// The panels a report has data for, in order: sizes, work, bounce. Pure.
 pub fn panels(r: &Report) -> Vec<Panel> {
-    let mut out = Vec::new();
     let flat: Vec<&Step> = r.steps.iter().filter(|s| s.load_pct >= 100).collect();
+    [
+        size_panel(&flat),
+        work_panel(&flat),
+        bounce_panel(&r.bounce),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
 
-    // Forwarded by packet size, the router itself.
+/// Forwarded by packet size, the router itself (None: no such step).
+fn size_panel(flat: &[&Step]) -> Option<Panel> {
     let plain: Vec<&Step> = flat.iter().copied().filter(|s| s.work.is_none()).collect();
-    if !plain.is_empty() {
-        let mut sizes = distinct(plain.iter().map(|s| s.size));
-        sizes.sort_unstable();
-        let lines = mode_lines(&plain, |s| Some((s.size as f64).log2()));
-        // Log2: the thesis's sizes (64, 128 ... 1500) evenly apart.
-        let sizes: Vec<f64> = sizes.into_iter().map(|s| s as f64).collect();
-        let (lo, hi) = (sizes[0].log2(), sizes.last().expect("not empty").log2());
-        let pad = ((hi - lo) * 0.05).max(0.15);
-        out.push(Panel {
-            title: "Router hop by packet size".into(),
-            x_desc: "IP packet size (bytes, log2 scale)".into(),
-            y_desc: "Forwarded (million packets/s)".into(),
-            x_range: (lo - pad, hi + pad),
-            x_ticks: log_ticks(&sizes, 2.0),
-            y_max: y_top(&lines, lines.len()),
-            lines,
-            dashed_means: None,
-        });
+    if plain.is_empty() {
+        return None;
     }
+    let mut sizes = distinct(plain.iter().map(|s| s.size));
+    sizes.sort_unstable();
+    let lines = mode_lines(&plain, |s| Some((s.size as f64).log2()));
+    // Log2: the thesis's sizes (64, 128 ... 1500) evenly apart.
+    let sizes: Vec<f64> = sizes.into_iter().map(|s| s as f64).collect();
+    let (lo, hi) = (sizes[0].log2(), sizes.last().expect("not empty").log2());
+    let pad = ((hi - lo) * 0.05).max(0.15);
+    Some(Panel {
+        title: "Router hop by packet size".into(),
+        x_desc: "IP packet size (bytes, log2 scale)".into(),
+        y_desc: "Forwarded (million packets/s)".into(),
+        x_range: (lo - pad, hi + pad),
+        x_ticks: log_ticks(&sizes, 2.0),
+        y_max: y_top(&lines, lines.len()),
+        lines,
+        dashed_means: None,
+    })
+}
 
-    // Forwarded by per-packet work, at the smallest size with work steps.
+/// Forwarded by per-packet work, at the smallest size with work steps
+/// (None: no such step).
+fn work_panel(flat: &[&Step]) -> Option<Panel> {
     let worked: Vec<&Step> = flat.iter().copied().filter(|s| s.work.is_some()).collect();
-    if let Some(size) = worked.iter().map(|s| s.size).min() {
-        let at: Vec<&Step> = worked.iter().copied().filter(|s| s.size == size).collect();
-        let mut works: Vec<f64> = distinct(at.iter().filter_map(|s| s.work))
-            .into_iter()
-            .map(f64::from)
-            .collect();
-        works.sort_by(f64::total_cmp);
-        let lines = mode_lines(&at, |s| Some(f64::from(s.work?).log10()));
-        let (lo, hi) = (works[0].log10(), works.last().expect("not empty").log10());
-        let pad = ((hi - lo) * 0.04).max(0.1);
-        out.push(Panel {
-            title: format!("Per-packet work, {size} B packets"),
-            x_desc: "Memory accesses per packet (log scale)".into(),
-            y_desc: "Forwarded (million packets/s)".into(),
-            x_range: (lo - pad, hi + pad),
-            x_ticks: log_ticks(&works, 10.0),
-            y_max: y_top(&lines, lines.len()),
-            lines,
-            dashed_means: None,
-        });
-    }
+    let size = worked.iter().map(|s| s.size).min()?;
+    let at: Vec<&Step> = worked.iter().copied().filter(|s| s.size == size).collect();
+    let mut works: Vec<f64> = distinct(at.iter().filter_map(|s| s.work))
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    works.sort_by(f64::total_cmp);
+    let lines = mode_lines(&at, |s| Some(f64::from(s.work?).log10()));
+    let (lo, hi) = (works[0].log10(), works.last().expect("not empty").log10());
+    let pad = ((hi - lo) * 0.04).max(0.1);
+    Some(Panel {
+        title: format!("Per-packet work, {size} B packets"),
+        x_desc: "Memory accesses per packet (log scale)".into(),
+        y_desc: "Forwarded (million packets/s)".into(),
+        x_range: (lo - pad, hi + pad),
+        x_ticks: log_ticks(&works, 10.0),
+        y_max: y_top(&lines, lines.len()),
+        lines,
+        dashed_means: None,
+    })
+}
 
-    // The bounce device by queue count.
-    if !r.bounce.is_empty() {
-        let mut queues: Vec<f64> = distinct(r.bounce.iter().map(|b| b.queues))
-            .into_iter()
-            .map(f64::from)
-            .collect();
-        queues.sort_by(f64::total_cmp);
-        let mut lines = Vec::new();
-        for h in distinct(r.bounce.iter().map(|b| b.hook.as_str())) {
-            let rows: Vec<&Bounce> = r.bounce.iter().filter(|b| b.hook == h).collect();
-            let mut total: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|b| (f64::from(b.queues).log2(), b.bounced_pps / MPPS))
-                .collect();
-            total.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let mut per_core: Vec<(f64, f64)> = rows
-                .iter()
-                .filter_map(|b| Some((f64::from(b.queues).log2(), b.bounced_pps_per_core? / MPPS)))
-                .collect();
-            per_core.sort_by(|a, b| a.0.total_cmp(&b.0));
-            lines.push(Line {
-                label: hook_name(h),
-                color: color_of(h),
-                dashed: false,
-                points: total,
-            });
-            if !per_core.is_empty() {
-                lines.push(Line {
-                    label: String::new(),
-                    color: color_of(h),
-                    dashed: true,
-                    points: per_core,
-                });
-            }
-        }
-        let (lo, hi) = (queues[0].log2(), queues.last().expect("not empty").log2());
-        let pad = ((hi - lo) * 0.05).max(0.15);
-        let any_dashed = lines.iter().any(|l| l.dashed);
-        let legend = lines.iter().filter(|l| !l.dashed).count() + any_dashed as usize;
-        out.push(Panel {
-            title: format!("Bounce device, {} B, flat out", r.bounce[0].size),
-            x_desc: "RX/TX queues of the device's veth (log2 scale)".into(),
-            y_desc: "Bounced (million packets/s)".into(),
-            x_range: (lo - pad, hi + pad),
-            x_ticks: log_ticks(&queues, 2.0),
-            y_max: y_top(&lines, legend),
-            lines,
-            dashed_means: any_dashed.then(|| "dashed: per core the device used".to_string()),
+/// The bounce device by queue count (None: no bounce rows).
+fn bounce_panel(bounce: &[Bounce]) -> Option<Panel> {
+    if bounce.is_empty() {
+        return None;
+    }
+    let mut queues: Vec<f64> = distinct(bounce.iter().map(|b| b.queues))
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    queues.sort_by(f64::total_cmp);
+    let mut lines = Vec::new();
+    for h in distinct(bounce.iter().map(|b| b.hook.as_str())) {
+        let rows: Vec<&Bounce> = bounce.iter().filter(|b| b.hook == h).collect();
+        lines.extend(hook_lines(h, &rows));
+    }
+    let (lo, hi) = (queues[0].log2(), queues.last().expect("not empty").log2());
+    let pad = ((hi - lo) * 0.05).max(0.15);
+    let any_dashed = lines.iter().any(|l| l.dashed);
+    let legend = lines.iter().filter(|l| !l.dashed).count() + any_dashed as usize;
+    Some(Panel {
+        title: format!("Bounce device, {} B, flat out", bounce[0].size),
+        x_desc: "RX/TX queues of the device's veth (log2 scale)".into(),
+        y_desc: "Bounced (million packets/s)".into(),
+        x_range: (lo - pad, hi + pad),
+        x_ticks: log_ticks(&queues, 2.0),
+        y_max: y_top(&lines, legend),
+        lines,
+        dashed_means: any_dashed.then(|| "dashed: per core the device used".to_string()),
+    })
+}
+
+/// One hook's bounce lines: the total by queue count and, dashed, per
+/// core where known.
+fn hook_lines(h: &str, rows: &[&Bounce]) -> Vec<Line> {
+    let mut total: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|b| (f64::from(b.queues).log2(), b.bounced_pps / MPPS))
+        .collect();
+    total.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut per_core: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|b| Some((f64::from(b.queues).log2(), b.bounced_pps_per_core? / MPPS)))
+        .collect();
+    per_core.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut lines = vec![Line {
+        label: hook_name(h),
+        color: color_of(h),
+        dashed: false,
+        points: total,
+    }];
+    if !per_core.is_empty() {
+        lines.push(Line {
+            label: String::new(),
+            color: color_of(h),
+            dashed: true,
+            points: per_core,
         });
     }
-    out
+    lines
 }
 
 /// The figure's notes: the machine and what else ran on it.

@@ -327,6 +327,53 @@ fn legend_headroom(axis: &ValueAxis, entries: usize, height_px: u32, notes: usiz
     axis.with_headroom((entries as f64 * 20.0 + 16.0) / plot_h)
 }
 
+/// One box with its whiskers, median and outliers (one mark per pixel
+/// row); `slot_w` is a box's share of its category, `quantum` the plot
+/// units of one pixel row.
+fn draw_one_box<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<Ticked, Ticked>>,
+    b: &BoxItem,
+    slot_w: f64,
+    axis: &ValueAxis,
+    quantum: f64,
+) -> DrawResult<DB> {
+    let c = color(b.color);
+    let cx = b.category as f64 - 0.4 + slot_w * (b.slot as f64 + 0.5);
+    let half = (slot_w * 0.35).min(0.18);
+    let y = |ns: f64| axis.coord_clamped(ns);
+    let (q1, q3, med) = (y(b.q1), y(b.q3), y(b.median));
+    let (wl, wh) = (y(b.lower_whisker as f64), y(b.upper_whisker as f64));
+    chart.draw_series([
+        Rectangle::new(
+            [(cx - half, q3), (cx + half, q1)],
+            c.mix(BOX_FILL_OPACITY).filled(),
+        ),
+        Rectangle::new([(cx - half, q3), (cx + half, q1)], c.stroke_width(1)),
+    ])?;
+    let stroke = c.stroke_width(1);
+    chart.draw_series([
+        PathElement::new(vec![(cx, q3), (cx, wh)], stroke),
+        PathElement::new(vec![(cx, q1), (cx, wl)], stroke),
+        PathElement::new(vec![(cx - half / 2.0, wh), (cx + half / 2.0, wh)], stroke),
+        PathElement::new(vec![(cx - half / 2.0, wl), (cx + half / 2.0, wl)], stroke),
+        PathElement::new(vec![(cx - half, med), (cx + half, med)], c.stroke_width(3)),
+    ])?;
+    let mut last_row = i64::MIN;
+    let mut marks = Vec::new();
+    for &o in &b.outliers {
+        let Some(oc) = axis.coord(o as f64) else {
+            continue;
+        };
+        let row = ((oc - axis.lo) / quantum).floor() as i64;
+        if row != last_row {
+            last_row = row;
+            marks.push(Circle::new((cx, oc), 3, c.stroke_width(1)));
+        }
+    }
+    chart.draw_series(marks)?;
+    Ok(())
+}
+
 fn draw_box<DB: DrawingBackend>(f: &BoxFigure, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
     let (w, h) = root.dim_in_pixel();
     let n_cat = f.categories.len().max(1);
@@ -367,40 +414,7 @@ fn draw_box<DB: DrawingBackend>(f: &BoxFigure, root: &DrawingArea<DB, Shift>) ->
     let slots = f.slots.max(1) as f64;
     let slot_w = 0.8 / slots;
     for b in &f.boxes {
-        let c = color(b.color);
-        let cx = b.category as f64 - 0.4 + slot_w * (b.slot as f64 + 0.5);
-        let half = (slot_w * 0.35).min(0.18);
-        let y = |ns: f64| axis.coord_clamped(ns);
-        let (q1, q3, med) = (y(b.q1), y(b.q3), y(b.median));
-        let (wl, wh) = (y(b.lower_whisker as f64), y(b.upper_whisker as f64));
-        chart.draw_series([
-            Rectangle::new(
-                [(cx - half, q3), (cx + half, q1)],
-                c.mix(BOX_FILL_OPACITY).filled(),
-            ),
-            Rectangle::new([(cx - half, q3), (cx + half, q1)], c.stroke_width(1)),
-        ])?;
-        let stroke = c.stroke_width(1);
-        chart.draw_series([
-            PathElement::new(vec![(cx, q3), (cx, wh)], stroke),
-            PathElement::new(vec![(cx, q1), (cx, wl)], stroke),
-            PathElement::new(vec![(cx - half / 2.0, wh), (cx + half / 2.0, wh)], stroke),
-            PathElement::new(vec![(cx - half / 2.0, wl), (cx + half / 2.0, wl)], stroke),
-            PathElement::new(vec![(cx - half, med), (cx + half, med)], c.stroke_width(3)),
-        ])?;
-        let mut last_row = i64::MIN;
-        let mut marks = Vec::new();
-        for &o in &b.outliers {
-            let Some(oc) = axis.coord(o as f64) else {
-                continue;
-            };
-            let row = ((oc - axis.lo) / quantum).floor() as i64;
-            if row != last_row {
-                last_row = row;
-                marks.push(Circle::new((cx, oc), 3, c.stroke_width(1)));
-            }
-        }
-        chart.draw_series(marks)?;
+        draw_one_box(&mut chart, b, slot_w, axis, quantum)?;
     }
     for (label, ci) in &f.legend {
         let c = color(*ci);
