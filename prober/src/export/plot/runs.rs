@@ -329,42 +329,54 @@ fn assign_labels(runs: &mut [Run], opts: &PlotOptions) -> Result<()> {
         .collect();
     let lone = runs.len() == 1;
     for r in runs.iter_mut() {
-        let meta_label = r
-            .meta
-            .as_ref()
-            .and_then(|m| m.label.clone())
-            .filter(|l| !l.trim().is_empty());
-        let (mut label, user) = if let Some(l) = opts.labels.get(r.file) {
-            (l.clone(), true)
-        } else if let Some(l) = meta_label {
-            (l, false)
-        } else {
-            let parts: Vec<String> = varying
-                .iter()
-                .map(|d| {
-                    r.key(*d)
-                        .map_or_else(|| format!("{} ?", d.noun()), |k| k.text)
-                })
-                .collect();
-            let parts = if parts.is_empty() && lone {
-                r.describe()
-            } else {
-                parts
-            };
-            if parts.is_empty() {
-                (r.stem.clone(), false)
-            } else {
-                (parts.join(", "), false)
-            }
-        };
+        let (mut label, user) = label_of(r, opts, &varying, lone);
         if r.multi_flow {
             label.push_str(&format!(" flow {}", r.flow));
         }
         r.label = label;
         r.user_label = user;
     }
-    // A label must name one run per figure: per split, and per group when
-    // grouped (then equal labels across groups are the same series).
+    make_labels_unique(runs, opts)
+}
+
+/// A run's label and whether the user gave it: `--label`, else the run's
+/// own (its meta line), else derived from the `varying` properties.
+fn label_of(r: &Run, opts: &PlotOptions, varying: &[Dim], lone: bool) -> (String, bool) {
+    let meta_label = r
+        .meta
+        .as_ref()
+        .and_then(|m| m.label.clone())
+        .filter(|l| !l.trim().is_empty());
+    if let Some(l) = opts.labels.get(r.file) {
+        (l.clone(), true)
+    } else if let Some(l) = meta_label {
+        (l, false)
+    } else {
+        let parts: Vec<String> = varying
+            .iter()
+            .map(|d| {
+                r.key(*d)
+                    .map_or_else(|| format!("{} ?", d.noun()), |k| k.text)
+            })
+            .collect();
+        let parts = if parts.is_empty() && lone {
+            r.describe()
+        } else {
+            parts
+        };
+        if parts.is_empty() {
+            (r.stem.clone(), false)
+        } else {
+            (parts.join(", "), false)
+        }
+    }
+}
+
+/// A label must name one run per figure: per split, and per group when
+/// grouped (then equal labels across groups are the same series). Derived
+/// labels that clash get the file's name, then the run's position; two
+/// equal `--label`s are an error.
+fn make_labels_unique(runs: &mut [Run], opts: &PlotOptions) -> Result<()> {
     let scope = |r: &Run| {
         (
             r.split.clone(),

@@ -32,44 +32,29 @@ pub(super) struct Columns {
 
 pub(super) type FieldError = (Option<usize>, String);
 
+/// What a header lacks or has twice: the column, when one is to blame.
+type HeaderError = (Option<ColumnRef>, String);
+
+/// The columns [`Columns::from_header`] looks for besides the stages, in
+/// the order of its index array.
+const KNOWN: [&str; 9] = [
+    "seq",
+    "flow",
+    "size",
+    "sched_ns",
+    "send_ns",
+    "one_way_ns",
+    "rtt_ns",
+    "ts_source",
+    "lost",
+];
+
 impl Columns {
     pub(super) fn from_header(
         header: &csv::ByteRecord,
         opts: &ReadOptions,
-    ) -> Result<Columns, (Option<ColumnRef>, String)> {
-        const KNOWN: [&str; 9] = [
-            "seq",
-            "flow",
-            "size",
-            "sched_ns",
-            "send_ns",
-            "one_way_ns",
-            "rtt_ns",
-            "ts_source",
-            "lost",
-        ];
-        let mut idx: [Option<usize>; 9] = [None; 9];
-        let stage_names = Stage::ALL.map(stage_column);
-        let mut stages: [Option<usize>; STAGES] = [None; STAGES];
-        for (i, raw) in header.iter().enumerate() {
-            let name = trim_ascii(raw);
-            if let Some(k) = stage_names.iter().position(|n| n.as_bytes() == name) {
-                stages[k].get_or_insert(i);
-                continue;
-            }
-            if let Some(k) = KNOWN.iter().position(|n| n.as_bytes() == name) {
-                if idx[k].is_some() {
-                    return Err((
-                        Some(ColumnRef {
-                            index: i + 1,
-                            name: Some(KNOWN[k].into()),
-                        }),
-                        "the header names this column twice".into(),
-                    ));
-                }
-                idx[k] = Some(i);
-            }
-        }
+    ) -> Result<Columns, HeaderError> {
+        let (idx, stages) = locate(header)?;
         let [seq, flow, size, sched, send, one_way, rtt, ts_source, lost] = idx;
         let Some(seq) = seq else {
             let line: Vec<&[u8]> = header.iter().collect();
@@ -82,36 +67,7 @@ impl Columns {
                 ),
             ));
         };
-        if one_way.is_none() && rtt.is_none() {
-            return Err((
-                None,
-                "the header has neither one_way_ns nor rtt_ns: there is no latency to plot".into(),
-            ));
-        }
-        let pick = |want: Want, col: Option<usize>, name: &str, other: &str| match (want, col) {
-            (Want::Skip, _) => Ok(None),
-            (Want::IfPresent, c) => Ok(c),
-            (Want::Required, Some(c)) => Ok(Some(c)),
-            (Want::Required, None) => Err((
-                None,
-                format!(
-                    "this file has no {name} column: plot the other metric with --metric {other}"
-                ),
-            )),
-        };
-        let one_way = pick(opts.one_way, one_way, "one_way_ns", "rtt")?;
-        let rtt = pick(opts.rtt, rtt, "rtt_ns", "one-way")?;
-        if one_way.is_none() && rtt.is_none() {
-            let missing = if opts.one_way == Want::Skip {
-                "rtt_ns"
-            } else {
-                "one_way_ns"
-            };
-            return Err((
-                None,
-                format!("this file has no {missing} column: nothing to plot for that metric"),
-            ));
-        }
+        let (one_way, rtt) = latency_columns(opts, one_way, rtt)?;
         let (x, x_source) = match (sched, send) {
             (Some(c), _) => (Some(c), XSource::SchedNs),
             (None, Some(c)) => (Some(c), XSource::SendNs),
@@ -133,6 +89,74 @@ impl Columns {
             count: header.len(),
         })
     }
+}
+
+/// The index of each [`KNOWN`] column and each stage column in `header`
+/// (the first of a stage named twice); a known column named twice is an
+/// error.
+fn locate(
+    header: &csv::ByteRecord,
+) -> Result<([Option<usize>; 9], [Option<usize>; STAGES]), HeaderError> {
+    let mut idx: [Option<usize>; 9] = [None; 9];
+    let stage_names = Stage::ALL.map(stage_column);
+    let mut stages: [Option<usize>; STAGES] = [None; STAGES];
+    for (i, raw) in header.iter().enumerate() {
+        let name = trim_ascii(raw);
+        if let Some(k) = stage_names.iter().position(|n| n.as_bytes() == name) {
+            stages[k].get_or_insert(i);
+            continue;
+        }
+        if let Some(k) = KNOWN.iter().position(|n| n.as_bytes() == name) {
+            if idx[k].is_some() {
+                return Err((
+                    Some(ColumnRef {
+                        index: i + 1,
+                        name: Some(KNOWN[k].into()),
+                    }),
+                    "the header names this column twice".into(),
+                ));
+            }
+            idx[k] = Some(i);
+        }
+    }
+    Ok((idx, stages))
+}
+
+/// The latency columns to read, as `opts` wants them: at least one.
+fn latency_columns(
+    opts: &ReadOptions,
+    one_way: Option<usize>,
+    rtt: Option<usize>,
+) -> Result<(Option<usize>, Option<usize>), HeaderError> {
+    if one_way.is_none() && rtt.is_none() {
+        return Err((
+            None,
+            "the header has neither one_way_ns nor rtt_ns: there is no latency to plot".into(),
+        ));
+    }
+    let pick = |want: Want, col: Option<usize>, name: &str, other: &str| match (want, col) {
+        (Want::Skip, _) => Ok(None),
+        (Want::IfPresent, c) => Ok(c),
+        (Want::Required, Some(c)) => Ok(Some(c)),
+        (Want::Required, None) => Err((
+            None,
+            format!("this file has no {name} column: plot the other metric with --metric {other}"),
+        )),
+    };
+    let one_way = pick(opts.one_way, one_way, "one_way_ns", "rtt")?;
+    let rtt = pick(opts.rtt, rtt, "rtt_ns", "one-way")?;
+    if one_way.is_none() && rtt.is_none() {
+        let missing = if opts.one_way == Want::Skip {
+            "rtt_ns"
+        } else {
+            "one_way_ns"
+        };
+        return Err((
+            None,
+            format!("this file has no {missing} column: nothing to plot for that metric"),
+        ));
+    }
+    Ok((one_way, rtt))
 }
 
 /// One probe row's cells, parsed and checked.
