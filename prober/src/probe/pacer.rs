@@ -417,22 +417,7 @@ pub(crate) fn pace_with(
     let end_ns = until
         .end_ns
         .or(cfg.duration.map(|d| start_ns + d.as_nanos() as i64));
-    let streams = legs
-        .iter()
-        .map(|l| {
-            let first = l.attempts.load(Ordering::SeqCst);
-            let sched = Schedule {
-                start_ns: l
-                    .anchor_ns
-                    .unwrap_or(start_ns - first as i64 * l.interval_ns),
-                interval_ns: l.interval_ns,
-                // Neither a count nor a duration: until stopped (--forever).
-                count: cfg.count.unwrap_or(u64::MAX),
-                end_ns,
-            };
-            (sched, first)
-        })
-        .collect();
+    let streams = schedules(legs, cfg, start_ns, end_ns);
     let warming = warm.is_some();
     let (mut warm_ns, mut warm_cost_ns) = (0i64, WARM_UP_FIRST_GUESS_NS);
     // In place of the spin's first part, when it fits twice over: never a
@@ -450,6 +435,56 @@ pub(crate) fn pace_with(
         }
     };
     let mut ticker = Ticker::many(&c, streams, mode, OFFSET_REFRESH_NS).with_wake_gap(wake_gap_ns);
+    let (tried, send_errors) = send_all(legs, until, out, encode, &mut ticker, &mut on_wake);
+    out.hand_over();
+    let elapsed_ns = c.monotonic_ns() - loop_start_ns;
+    let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
+    let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
+    report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
+    report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
+    report.warm_up_ns_per_probe = warming.then(|| warm_ns as f64 / tried.max(1) as f64);
+    report.send_failures = send_errors.total;
+    Ok(report)
+}
+
+/// Each leg's schedule and its first seq not yet sent: from its anchor,
+/// else from `start_ns` less the probes it already sent.
+fn schedules(
+    legs: &[PaceLeg<'_>],
+    cfg: &ProbeConfig,
+    start_ns: i64,
+    end_ns: Option<i64>,
+) -> Vec<(Schedule, u64)> {
+    legs.iter()
+        .map(|l| {
+            let first = l.attempts.load(Ordering::SeqCst);
+            let sched = Schedule {
+                start_ns: l
+                    .anchor_ns
+                    .unwrap_or(start_ns - first as i64 * l.interval_ns),
+                interval_ns: l.interval_ns,
+                // Neither a count nor a duration: until stopped (--forever).
+                count: cfg.count.unwrap_or(u64::MAX),
+                end_ns,
+            };
+            (sched, first)
+        })
+        .collect()
+}
+
+/// The send loop of [`pace_with`]: each tick's probes as they fall due,
+/// reading and handing over between sends, until the schedules end or
+/// `until` stops it. Returns the probes it tried and their send errors.
+fn send_all(
+    legs: &[PaceLeg<'_>],
+    until: &Until<'_>,
+    out: &mut dyn Handover,
+    encode: &mut Encode<'_>,
+    ticker: &mut Ticker<'_, SystemClock>,
+    on_wake: &mut dyn FnMut(i64),
+) -> (u64, SendErrors) {
+    let c = SystemClock;
+    let first = &legs[0];
     let stop = until.stop;
     let stopped = || stop.load(Ordering::Relaxed) != 0 || (until.pause)();
     let mut batch = SendBatch::new(MAX_BATCH, first.size, first.dst);
@@ -457,7 +492,7 @@ pub(crate) fn pace_with(
     let mut tried = 0u64;
     let mut send_errors = SendErrors::default();
     while !stopped() {
-        let tick = match ticker.wait_next(&mut on_wake) {
+        let tick = match ticker.wait_next(on_wake) {
             Next::Finished => break,
             Next::Slice => {
                 // A long wait: what came meanwhile is read slice by slice.
@@ -481,7 +516,7 @@ pub(crate) fn pace_with(
             batch.retarget(leg.dst, leg.size);
             batch_leg = tick.stream;
         }
-        let failed = send_tick(leg, &tick, &mut batch, &ticker, out.batch(), encode);
+        let failed = send_tick(leg, &tick, &mut batch, ticker, out.batch(), encode);
         tried += tick.end - tick.first;
         send_errors.note(leg.dst, failed, c.monotonic_ns());
         // On veth the probe's stamps and its echo are queued by now: read
@@ -496,15 +531,7 @@ pub(crate) fn pace_with(
             break;
         }
     }
-    out.hand_over();
-    let elapsed_ns = c.monotonic_ns() - loop_start_ns;
-    let cpu_ns = clock::thread_cpu_ns() - cpu_start_ns;
-    let mut report = ticker.report(elapsed_ns, tried, Some(cpu_ns));
-    report.waits = Some(waits_start.since(&cpu_wait::Snapshot::now()));
-    report.cpu_dma_latency_us = rt.as_ref().and_then(|g| g.cpu_dma_latency_us());
-    report.warm_up_ns_per_probe = warming.then(|| warm_ns as f64 / tried.max(1) as f64);
-    report.send_failures = send_errors.total;
-    Ok(report)
+    (tried, send_errors)
 }
 
 /// What a loopback warm-up is taken to cost before one has run.
