@@ -103,25 +103,60 @@ pub fn study_section(cells: &[FetchCell]) -> Option<String> {
     if cells.is_empty() {
         return None;
     }
+    let (lines, t) = compare_with_study(cells);
+    let mut s = String::from("## Fetch times vs the study\n\n");
+    let _ = write!(s, "{}", verdict(&t));
+    if t.compared > 0 {
+        // A drop at a small tail-drop queue costs a fetch a 1 s SYN or
+        // retransmission timeout: a few such fetches move the mean, not the
+        // median.
+        let _ = write!(
+            s,
+            " Compared by median fetch time, {} of {} hold (a few fetches that \
+             lost their SYN or first flight wait a 1 s timeout: they move the mean, not the median).",
+            t.held_p50, t.compared
+        );
+    }
+    let _ = writeln!(s, "\n");
+    for l in &lines {
+        let _ = writeln!(s, "{l}");
+    }
+    write_others(&mut s, cells);
+    s.push('\n');
+    Some(s)
+}
+
+/// How many of the study's relations could be checked, held (by mean
+/// and by median), and were within the noise.
+#[derive(Default)]
+struct Tally {
+    compared: u32,
+    held: u32,
+    noisy: u32,
+    held_p50: u32,
+}
+
+/// One line per relation of the study the cells can check, and the tally.
+fn compare_with_study(cells: &[FetchCell]) -> (Vec<String>, Tally) {
     let find = |(cc, q): (&str, u32)| {
         cells
             .iter()
             .find(|c| c.cc == cc && c.queue_packets == q && c.times.mean_s.is_some())
     };
     let mut lines = Vec::new();
-    let (mut held, mut compared, mut noisy, mut held_p50) = (0, 0, 0, 0);
+    let mut t = Tally::default();
     for (fast, slow, sf, ss) in STUDY {
         let (Some(a), Some(b)) = (find(fast), find(slow)) else {
             continue;
         };
         let (ma, mb) = (a.times.mean_s.unwrap_or(0.0), b.times.mean_s.unwrap_or(0.0));
-        compared += 1;
+        t.compared += 1;
         let holds = ma < mb;
-        held += holds as u32;
+        t.held += holds as u32;
         let noise = within_noise(&a.times, &b.times);
-        noisy += noise as u32;
+        t.noisy += noise as u32;
         let p50 = |c: &FetchCell| c.times.p50_s.map_or("–".into(), |v| format!("{v:.3}"));
-        held_p50 += matches!((a.times.p50_s, b.times.p50_s), (Some(x), Some(y)) if x < y) as u32;
+        t.held_p50 += matches!((a.times.p50_s, b.times.p50_s), (Some(x), Some(y)) if x < y) as u32;
         lines.push(format!(
             "- {} q={} faster than {} q={} (study {sf:.2} vs {ss:.2} s): here {ma:.3} vs {mb:.3} s, \
              **{}**{}; medians {} vs {} s",
@@ -139,8 +174,13 @@ pub fn study_section(cells: &[FetchCell]) -> Option<String> {
             p50(b)
         ));
     }
-    let mut s = String::from("## Fetch times vs the study\n\n");
-    let verdict = match (compared, held) {
+    (lines, t)
+}
+
+/// Whether the study's ordering reappears, in one sentence.
+fn verdict(t: &Tally) -> String {
+    let noisy = t.noisy;
+    match (t.compared, t.held) {
         (0, _) => "None of the study's relations can be checked: the run lacks a reno or bbr \
                    pair at queues of 20 and 100 packets."
             .to_string(),
@@ -157,40 +197,28 @@ pub fn study_section(cells: &[FetchCell]) -> Option<String> {
         (n, h) => format!(
             "The study's ordering of fetch times reappears in part: {h} of its {n} relations hold."
         ),
-    };
-    let _ = write!(s, "{verdict}");
-    if compared > 0 {
-        // A drop at a small tail-drop queue costs a fetch a 1 s SYN or
-        // retransmission timeout: a few such fetches move the mean, not the
-        // median.
-        let _ = write!(
-            s,
-            " Compared by median fetch time, {held_p50} of {compared} hold (a few fetches that \
-             lost their SYN or first flight wait a 1 s timeout: they move the mean, not the median)."
-        );
     }
-    let _ = writeln!(s, "\n");
-    for l in &lines {
-        let _ = writeln!(s, "{l}");
-    }
+}
+
+/// The cells of congestion controls the study did not measure.
+fn write_others(s: &mut String, cells: &[FetchCell]) {
     let others: Vec<&FetchCell> = cells
         .iter()
         .filter(|c| c.cc != "reno" && c.cc != "bbr")
         .collect();
-    if !others.is_empty() {
-        let _ = writeln!(s, "\nNot in the study:");
-        for c in others {
-            let _ = writeln!(
-                s,
-                "- {} q={}: {}",
-                c.cc,
-                c.queue_packets,
-                fetch_cell(&c.times).trim_start_matches(", ")
-            );
-        }
+    if others.is_empty() {
+        return;
     }
-    s.push('\n');
-    Some(s)
+    let _ = writeln!(s, "\nNot in the study:");
+    for c in others {
+        let _ = writeln!(
+            s,
+            "- {} q={}: {}",
+            c.cc,
+            c.queue_packets,
+            fetch_cell(&c.times).trim_start_matches(", ")
+        );
+    }
 }
 
 #[cfg(test)]
