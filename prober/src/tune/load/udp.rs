@@ -17,7 +17,10 @@ use anyhow::{Context, Result};
 use super::{
     Counters, Flow, Load, LoadSpec, LoadTarget, POLL, SentWindow, acct::SeqWindow, setsockopt,
 };
-use crate::tune::{rt::RtSettings, units::Rate};
+use crate::tune::{
+    rt::{RtGuard, RtSettings},
+    units::Rate,
+};
 
 const MAGIC: u32 = 0x5254_504c; // "RTPL"
 /// UDP load header: magic (4), session (4), sequence number (8), big endian.
@@ -109,25 +112,7 @@ fn udp_cbr(
     let mut buf = vec![0u8; size as usize];
     buf[0..4].copy_from_slice(&MAGIC.to_be_bytes());
     buf[4..8].copy_from_slice(&session.to_be_bytes());
-    // A CBR source the scheduler holds back for longer than the bottleneck
-    // queue takes to drain (12 ms for 100 frames at 100 Mbit/s) leaves the
-    // link idle and then bursts into a full queue: loss above the
-    // calculation that the link did not cause. With a busy CPU that
-    // happened for tens of ms at a time. (The study ran its probe server
-    // real-time, iperf2 -z; its lab's CBR source had a machine to itself.)
-    // Without the privilege it runs as it is.
-    let mut fifo = match (RtSettings {
-        fifo_priority: Some(UDP_SENDER_FIFO_PRIORITY),
-        ..RtSettings::default()
-    })
-    .apply_to_current_thread()
-    {
-        Ok(g) => Some(g),
-        Err(e) => {
-            log::info!("the UDP load sender runs with normal scheduling: {e:#}");
-            None
-        }
-    };
+    let mut fifo = sender_fifo();
     let t0 = Instant::now();
     let mut seq: u64 = 0;
     let mut window = SentWindow::default();
@@ -162,23 +147,9 @@ fn udp_cbr(
                 window_open = true;
             }
             buf[8..UDP_HEADER_BYTES].copy_from_slice(&seq.to_be_bytes());
-            match s.send(&buf) {
-                Ok(_) => {
-                    c.tx_packets.fetch_add(1, Ordering::Relaxed);
-                }
-                // A qdisc drop may surface as ENOBUFS: the datagram was
-                // sent into the link and lost there, which is the point.
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    c.tx_packets.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e).context("UDP load send"),
-            }
+            send_counted(&s, &buf, c)?;
             if window_open {
-                let now = Instant::now();
-                window.first_at.get_or_insert(now);
-                window.last_at = Some(now);
-                let due_at = t0 + Duration::from_secs_f64(seq as f64 / pps);
-                window.max_lag = window.max_lag.max(now.saturating_duration_since(due_at));
+                note_sent(&mut window, t0 + Duration::from_secs_f64(seq as f64 / pps));
             }
             seq += 1;
             burst += 1;
@@ -204,6 +175,55 @@ fn udp_cbr(
     }
     *c.sent_window.lock().unwrap_or_else(|p| p.into_inner()) = window;
     Ok(())
+}
+
+/// The UDP load sender's SCHED_FIFO guard, None where it lacks the
+/// privilege.
+///
+/// A CBR source the scheduler holds back for longer than the bottleneck
+/// queue takes to drain (12 ms for 100 frames at 100 Mbit/s) leaves the
+/// link idle and then bursts into a full queue: loss above the
+/// calculation that the link did not cause. With a busy CPU that
+/// happened for tens of ms at a time. (The study ran its probe server
+/// real-time, iperf2 -z; its lab's CBR source had a machine to itself.)
+/// Without the privilege it runs as it is.
+fn sender_fifo() -> Option<RtGuard> {
+    match (RtSettings {
+        fifo_priority: Some(UDP_SENDER_FIFO_PRIORITY),
+        ..RtSettings::default()
+    })
+    .apply_to_current_thread()
+    {
+        Ok(g) => Some(g),
+        Err(e) => {
+            log::info!("the UDP load sender runs with normal scheduling: {e:#}");
+            None
+        }
+    }
+}
+
+/// Sends one datagram and counts it, also when the qdisc dropped it.
+fn send_counted(s: &UdpSocket, buf: &[u8], c: &Counters) -> Result<()> {
+    match s.send(buf) {
+        Ok(_) => {
+            c.tx_packets.fetch_add(1, Ordering::Relaxed);
+        }
+        // A qdisc drop may surface as ENOBUFS: the datagram was
+        // sent into the link and lost there, which is the point.
+        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+            c.tx_packets.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => return Err(e).context("UDP load send"),
+    }
+    Ok(())
+}
+
+/// Notes a datagram due at `due_at` that just went out in the window.
+fn note_sent(window: &mut SentWindow, due_at: Instant) {
+    let now = Instant::now();
+    window.first_at.get_or_insert(now);
+    window.last_at = Some(now);
+    window.max_lag = window.max_lag.max(now.saturating_duration_since(due_at));
 }
 
 fn udp_reader(s: UdpSocket, session: u32, c: &Counters, stop: &AtomicBool) -> Result<()> {
