@@ -184,6 +184,27 @@ struct Flow {
     fetch: Option<(Arc<Mutex<FetchWindow>>, u64)>,
 }
 
+/// Joins a load flow's `role` thread ("sender", "receiver"), keeping the
+/// first error.
+fn join_flow_thread(
+    h: Option<JoinHandle<Result<()>>>,
+    role: &str,
+    first_err: &mut Option<anyhow::Error>,
+) {
+    let Some(h) = h else {
+        return;
+    };
+    match h.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            first_err.get_or_insert(e);
+        }
+        Err(_) => {
+            first_err.get_or_insert(anyhow!("a load {role} thread panicked"));
+        }
+    }
+}
+
 /// Running load; stopped by `stop()` or on drop.
 pub struct Load {
     flows: Vec<Flow>,
@@ -356,21 +377,30 @@ impl Load {
         self.stop_send.store(true, Ordering::Relaxed);
         let mut first_err = None;
         for f in &mut self.flows {
-            if let Some(h) = f.sender.take() {
-                match h.join() {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        first_err.get_or_insert(e);
-                    }
-                    Err(_) => {
-                        first_err.get_or_insert(anyhow!("a load sender thread panicked"));
-                    }
-                }
-            }
+            join_flow_thread(f.sender.take(), "sender", &mut first_err);
         }
-        // Whatever is still queued at the bottleneck arrives now: wait
-        // until the receivers see nothing new for 200 ms (at most 3 s).
-        // A 100 Mbit/s link drains a 100-packet queue in 12 ms.
+        self.wait_for_drain();
+        self.stop_recv.store(true, Ordering::Relaxed);
+        for f in &mut self.flows {
+            join_flow_thread(f.receiver.take(), "receiver", &mut first_err);
+        }
+        let mut rep = LoadReport::default();
+        for (i, f) in self.flows.iter().enumerate() {
+            let fr = self.flow_report(f, window_bytes[i], window_acked[i], window);
+            rep.total_achieved_bps += fr.achieved_bps;
+            rep.flows.push(fr);
+        }
+        self.report = Some(rep.clone());
+        match first_err {
+            Some(e) => Err(e.context("the competing load failed")),
+            None => Ok(rep),
+        }
+    }
+
+    /// Whatever is still queued at the bottleneck arrives now: waits
+    /// until the receivers see nothing new for 200 ms (at most 3 s).
+    /// A 100 Mbit/s link drains a 100-packet queue in 12 ms.
+    fn wait_for_drain(&self) {
         let deadline = Instant::now() + Duration::from_secs(3);
         let mut last = self.received_bytes();
         let mut quiet_since = Instant::now();
@@ -384,56 +414,37 @@ impl Load {
                 break;
             }
         }
-        self.stop_recv.store(true, Ordering::Relaxed);
-        for f in &mut self.flows {
-            if let Some(h) = f.receiver.take() {
-                match h.join() {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        first_err.get_or_insert(e);
-                    }
-                    Err(_) => {
-                        first_err.get_or_insert(anyhow!("a load receiver thread panicked"));
-                    }
-                }
+    }
+
+    /// One flow's report over the window of `window` s in which its
+    /// receiver got `bytes` (and, TCP, its sender had `acked` acknowledged).
+    fn flow_report(&self, f: &Flow, bytes: u64, acked: Option<u64>, window: f64) -> FlowReport {
+        let mut fr = FlowReport {
+            kind: f.kind.into(),
+            spec: f.spec.clone(),
+            port: f.port,
+            cc: f.cc.clone(),
+            target_bps: f.target_bps,
+            achieved_bps: acct::rate_bps(bytes, window),
+            bytes,
+            seconds: window,
+            ..Default::default()
+        };
+        if f.kind == "tcp" {
+            fr.received_bps = Some(fr.achieved_bps);
+            if let Some(acked) = acked {
+                fr.acked_bytes = Some(acked);
+                fr.achieved_bps = acct::rate_bps(acked, window);
             }
         }
-        let mut rep = LoadReport::default();
-        for (i, f) in self.flows.iter().enumerate() {
-            let bytes = window_bytes[i];
-            let mut fr = FlowReport {
-                kind: f.kind.into(),
-                spec: f.spec.clone(),
-                port: f.port,
-                cc: f.cc.clone(),
-                target_bps: f.target_bps,
-                achieved_bps: acct::rate_bps(bytes, window),
-                bytes,
-                seconds: window,
-                ..Default::default()
-            };
-            if f.kind == "tcp" {
-                fr.received_bps = Some(fr.achieved_bps);
-                if let Some(acked) = window_acked[i] {
-                    fr.acked_bytes = Some(acked);
-                    fr.achieved_bps = acct::rate_bps(acked, window);
-                }
-            }
-            if f.kind == "udp" {
-                self.udp_report(f, &mut fr);
-            }
-            if let Some((w, size)) = &f.fetch {
-                let w = w.lock().unwrap_or_else(|e| e.into_inner());
-                fr.fetch = Some(w.stats.times(*size));
-            }
-            rep.total_achieved_bps += fr.achieved_bps;
-            rep.flows.push(fr);
+        if f.kind == "udp" {
+            self.udp_report(f, &mut fr);
         }
-        self.report = Some(rep.clone());
-        match first_err {
-            Some(e) => Err(e.context("the competing load failed")),
-            None => Ok(rep),
+        if let Some((w, size)) = &f.fetch {
+            let w = w.lock().unwrap_or_else(|e| e.into_inner());
+            fr.fetch = Some(w.stats.times(*size));
         }
+        fr
     }
 
     /// Fills a UDP flow's report from the sender's window and what the
