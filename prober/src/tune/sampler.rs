@@ -84,41 +84,7 @@ pub fn start(ns: &Netns, dev: &str, interval: Duration, path: &Path) -> Result<Q
                     return Err(anyhow!(msg));
                 }
             };
-            let mut out = BufWriter::new(file);
-            writeln!(out, "{HEADER}")?;
-            let t0 = Instant::now();
-            let mut n: u64 = 0;
-            while !st.load(Ordering::Relaxed) {
-                let t_ns = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as i64)
-                    .unwrap_or(0);
-                for q in sock.qdiscs(idx)? {
-                    writeln!(
-                        out,
-                        "{t_ns},{},{},{},{},{},{},{},{},{},{}",
-                        q.handle,
-                        q.parent,
-                        q.kind,
-                        q.qlen,
-                        q.backlog_bytes,
-                        q.drops,
-                        q.overlimits,
-                        q.requeues,
-                        q.sent_bytes,
-                        q.sent_packets
-                    )?;
-                }
-                n += 1;
-                // Absolute schedule: sample n+1 is due at t0 + (n+1) * interval.
-                let next = interval * (n as u32);
-                let now = t0.elapsed();
-                if next > now {
-                    std::thread::sleep(next - now);
-                }
-            }
-            out.flush()?;
-            Ok(n)
+            sample_loop(&mut sock, idx, file, interval, &st)
         })
         .context("spawn the queue sampler")?;
     match ready_rx.recv() {
@@ -142,6 +108,53 @@ pub fn start(ns: &Netns, dev: &str, interval: Duration, path: &Path) -> Result<Q
         thread: Some(thread),
         samples: None,
     })
+}
+
+/// Writes the CSV header, then one row per qdisc of link `idx` every
+/// `interval` (on an absolute schedule) until `stop`; returns the number
+/// of samples.
+fn sample_loop(
+    sock: &mut NlSocket,
+    idx: u32,
+    file: File,
+    interval: Duration,
+    stop: &AtomicBool,
+) -> Result<u64> {
+    let mut out = BufWriter::new(file);
+    writeln!(out, "{HEADER}")?;
+    let t0 = Instant::now();
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let t_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0);
+        for q in sock.qdiscs(idx)? {
+            writeln!(
+                out,
+                "{t_ns},{},{},{},{},{},{},{},{},{},{}",
+                q.handle,
+                q.parent,
+                q.kind,
+                q.qlen,
+                q.backlog_bytes,
+                q.drops,
+                q.overlimits,
+                q.requeues,
+                q.sent_bytes,
+                q.sent_packets
+            )?;
+        }
+        n += 1;
+        // Absolute schedule: sample n+1 is due at t0 + (n+1) * interval.
+        let next = interval * (n as u32);
+        let now = t0.elapsed();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+    }
+    out.flush()?;
+    Ok(n)
 }
 
 impl QueueSampler {
