@@ -495,8 +495,9 @@ mod echo_rules {
     };
     use std::sync::atomic::Ordering;
 
-    fn rules_check(protocol: ProtocolArg) {
-        let wire = match protocol {
+    /// The sender's wire of `protocol`.
+    fn wire_of(protocol: ProtocolArg) -> Wire {
+        match protocol {
             ProtocolArg::Rtprobe => Wire::Rtprobe {
                 session: 0x1234,
                 flow: 0,
@@ -507,50 +508,72 @@ mod echo_rules {
                 ee: ErrorEstimate::from_error_ns(false, 0, false),
                 tai_offset_s: 0,
             },
-        };
+        }
+    }
+
+    /// The echo of probe `seq` as the reflector of `w` sends it.
+    fn echo(w: &Wire, seq: u64, warmup: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; 64];
+        let mut scratch = Vec::new();
+        w.encode(
+            seq,
+            1_763_850_000_000_000_000,
+            warmup,
+            &mut buf,
+            &mut scratch,
+        );
+        match w {
+            // The reflector's answer: the echo flag (rtprobe); STAMP's
+            // reflector packet carries the sender's seq and SSID.
+            Wire::Rtprobe { .. } => buf[5] |= crate::probe::packet::FLAG_ECHO,
+            Wire::Stamp { ssid, .. } => {
+                let ssid = if warmup {
+                    ssid | SSID_WARMUP_BIT
+                } else {
+                    *ssid
+                };
+                let r = ReflectorPacket {
+                    seq: 0,
+                    timestamp: Timestamp::from_bits(0, false).unwrap(),
+                    error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                    ssid,
+                    receive_timestamp: Timestamp::from_bits(0, false).unwrap(),
+                    sender_seq: seq as u32,
+                    sender_timestamp: Timestamp::from_bits(0, false).unwrap(),
+                    sender_error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
+                    sender_ttl: 64,
+                };
+                r.encode(Mode::Unauthenticated, 64, &mut scratch).unwrap();
+                buf.copy_from_slice(&scratch);
+            }
+        }
+        buf
+    }
+
+    /// The wire of another session than `wire`'s.
+    fn other_session(wire: &Wire) -> Wire {
+        match wire {
+            Wire::Rtprobe { flow, .. } => Wire::Rtprobe {
+                session: 0x4321,
+                flow: *flow,
+            },
+            Wire::Stamp { ee, .. } => Wire::Stamp {
+                ssid: 78,
+                key: None,
+                ee: *ee,
+                tai_offset_s: 0,
+            },
+        }
+    }
+
+    fn rules_check(protocol: ProtocolArg) {
+        let wire = wire_of(protocol);
         let target: SocketAddr = "192.0.2.1:862".parse().unwrap();
         let issued = AtomicU64::new(10);
         let rules = EchoRules {
             wire: &wire,
             target,
             issued: &issued,
-        };
-        let echo = |w: &Wire, seq: u64, warmup: bool| {
-            let mut buf = vec![0u8; 64];
-            let mut scratch = Vec::new();
-            w.encode(
-                seq,
-                1_763_850_000_000_000_000,
-                warmup,
-                &mut buf,
-                &mut scratch,
-            );
-            match w {
-                // The reflector's answer: the echo flag (rtprobe); STAMP's
-                // reflector packet carries the sender's seq and SSID.
-                Wire::Rtprobe { .. } => buf[5] |= crate::probe::packet::FLAG_ECHO,
-                Wire::Stamp { ssid, .. } => {
-                    let ssid = if warmup {
-                        ssid | SSID_WARMUP_BIT
-                    } else {
-                        *ssid
-                    };
-                    let r = ReflectorPacket {
-                        seq: 0,
-                        timestamp: Timestamp::from_bits(0, false).unwrap(),
-                        error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
-                        ssid,
-                        receive_timestamp: Timestamp::from_bits(0, false).unwrap(),
-                        sender_seq: seq as u32,
-                        sender_timestamp: Timestamp::from_bits(0, false).unwrap(),
-                        sender_error_estimate: ErrorEstimate::from_error_ns(false, 0, false),
-                        sender_ttl: 64,
-                    };
-                    r.encode(Mode::Unauthenticated, 64, &mut scratch).unwrap();
-                    buf.copy_from_slice(&scratch);
-                }
-            }
-            buf
         };
         let judge = |b: &[u8], src: SocketAddr| rules.judge(b, src, issued.load(Ordering::SeqCst));
         assert!(matches!(judge(&echo(&wire, 9, false), target), Verdict::Probe(e) if e.seq == 9));
@@ -564,18 +587,7 @@ mod echo_rules {
         let other_port: SocketAddr = "192.0.2.1:863".parse().unwrap();
         assert_eq!(judge(&echo(&wire, 1, false), elsewhere), Verdict::Foreign);
         assert_eq!(judge(&echo(&wire, 1, false), other_port), Verdict::Foreign);
-        let other = match &wire {
-            Wire::Rtprobe { flow, .. } => Wire::Rtprobe {
-                session: 0x4321,
-                flow: *flow,
-            },
-            Wire::Stamp { ee, .. } => Wire::Stamp {
-                ssid: 78,
-                key: None,
-                ee: *ee,
-                tai_offset_s: 0,
-            },
-        };
+        let other = other_session(&wire);
         assert_eq!(judge(&echo(&other, 1, false), target), Verdict::Foreign);
         assert_eq!(judge(&[0u8; 7], target), Verdict::Foreign);
         // Never sent: at or past the pacer's count, or a warm-up-marked

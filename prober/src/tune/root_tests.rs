@@ -480,22 +480,8 @@ fn tcp_load_reaches_its_share_of_a_shaped_link() {
     );
 }
 
-#[test]
-#[ignore = "needs root: run by cargo xtask test"]
-fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
-    if !root_or_skip("cbr_udp_loss_at_150_percent_matches_the_calculation") {
-        return;
-    }
-    let tb = direct().unwrap();
-    // 6 s of window (~76 000 datagrams): a scheduling hiccup of the
-    // sender on a busy machine moves the loss by well under 0.1 point.
-    let r = shaped(
-        &tb,
-        "link_rate = \"100mbit\"\nqueue_limit = 100\nload = [\"udp:150%,size=1470\"]\nload_warmup = \"500ms\"",
-        Duration::from_secs(6),
-    )
-    .unwrap();
-    let f = &r.flows[0];
+/// Prints a UDP load flow's figures.
+fn print_udp_flow(what: &str, f: &crate::stats::report::FlowReport) {
     let loss = f.loss_pct.unwrap();
     let expected = f.expected_loss_pct.unwrap();
     let offered = f.offered_bps.unwrap() / 1e6;
@@ -506,7 +492,7 @@ fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
         f.lost_packets.unwrap(),
     );
     eprintln!(
-        "udp:150%: offered {offered:.2} Mbit/s, achieved {achieved:.2} Mbit/s over {:.3} s, \
+        "{what}: offered {offered:.2} Mbit/s, achieved {achieved:.2} Mbit/s over {:.3} s, \
          sent {sent} received {received} lost {lost} dup {:?} reordered {:?}, \
          socket drops {:?}, sender lag max {:?} ms, loss {loss:.2} % (calculated {expected:.2} %)",
         f.receive_seconds.unwrap(),
@@ -515,12 +501,16 @@ fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
         f.socket_drops,
         f.max_send_lag_ms,
     );
-    // Sent, received and lost are the same datagrams.
-    assert_eq!(sent, received + lost);
-    // The kernel's witness: the shaper's own drop counter over the same
-    // window. Only the load crosses it here (no probes are sent), and
-    // each window edge is off by at most the queue (100 datagrams).
-    let q = r.bottleneck.as_ref().expect("the shaper's counters");
+}
+
+/// The kernel's witness: the shaper's own drop counter over the same
+/// window. Only the load crosses it here (no probes are sent), and each
+/// window edge is off by at most the queue (100 datagrams).
+fn check_loss_is_the_shaper_s(
+    f: &crate::stats::report::FlowReport,
+    q: &crate::stats::report::QueueWindow,
+) {
+    let (loss, lost) = (f.loss_pct.unwrap(), f.lost_packets.unwrap());
     eprintln!(
         "kernel at {} ({}): {} dropped, {} sent, {:.2} % dropped, {:.2} Mbit/s of frames",
         q.dev,
@@ -541,6 +531,37 @@ fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
         "measured loss {loss:.2} % vs the shaper's {:.2} %",
         q.drop_pct
     );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn cbr_udp_loss_at_150_percent_matches_the_calculation() {
+    if !root_or_skip("cbr_udp_loss_at_150_percent_matches_the_calculation") {
+        return;
+    }
+    let tb = direct().unwrap();
+    // 6 s of window (~76 000 datagrams): a scheduling hiccup of the
+    // sender on a busy machine moves the loss by well under 0.1 point.
+    let r = shaped(
+        &tb,
+        "link_rate = \"100mbit\"\nqueue_limit = 100\nload = [\"udp:150%,size=1470\"]\nload_warmup = \"500ms\"",
+        Duration::from_secs(6),
+    )
+    .unwrap();
+    let f = &r.flows[0];
+    let loss = f.loss_pct.unwrap();
+    let expected = f.expected_loss_pct.unwrap();
+    let achieved = f.achieved_bps / 1e6;
+    let (sent, received, lost) = (
+        f.sent_packets.unwrap(),
+        f.received_packets.unwrap(),
+        f.lost_packets.unwrap(),
+    );
+    print_udp_flow("udp:150%", f);
+    // Sent, received and lost are the same datagrams.
+    assert_eq!(sent, received + lost);
+    let q = r.bottleneck.as_ref().expect("the shaper's counters");
+    check_loss_is_the_shaper_s(f, q);
     // Against the calculation: a shaper never delivers more than its rate,
     // so the loss is never below the calculated one. Above it by what the
     // shaper fell short of its rate: on a quiet machine a few tenths of a

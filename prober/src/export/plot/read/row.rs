@@ -91,12 +91,13 @@ impl Columns {
     }
 }
 
+/// Where [`locate`] found each [`KNOWN`] column and each stage column.
+type Located = ([Option<usize>; 9], [Option<usize>; STAGES]);
+
 /// The index of each [`KNOWN`] column and each stage column in `header`
 /// (the first of a stage named twice); a known column named twice is an
 /// error.
-fn locate(
-    header: &csv::ByteRecord,
-) -> Result<([Option<usize>; 9], [Option<usize>; STAGES]), HeaderError> {
+fn locate(header: &csv::ByteRecord) -> Result<Located, HeaderError> {
     let mut idx: [Option<usize>; 9] = [None; 9];
     let stage_names = Stage::ALL.map(stage_column);
     let mut stages: [Option<usize>; STAGES] = [None; STAGES];
