@@ -273,24 +273,11 @@ fn kernel_reflector_caps_replies_over_all_sources() {
     check_flood("1000 sources under --global-rate-limit 5000/s", &out, bound);
 }
 
-/// One hostile (or legitimate) probe: its name, Ethernet destination,
-/// IPv4 source and destination, and the UDP source port that tells its
-/// replies apart.
-#[test]
-#[ignore = "needs root: run by cargo xtask test"]
-fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
-    if !is_root("kernel_reflector_answers_only_probes_for_it_from_unicast_sources") {
-        return;
-    }
-    let p = Pair::new();
-    prepare_peer(&p);
-    let r = start_kernel_reflector(
-        &p,
-        &["--kernel", "--listen", &format!("{B_IP}:{PORT}"), "-q"],
-    );
-    let (mac_a, mac_b) = (mac_of(&p.a, &p.va), mac_of(&p.b, &p.vb));
-    let (a, b): (Ipv4Addr, Ipv4Addr) = (A_IP.parse().unwrap(), B_IP.parse().unwrap());
-    let cases = [
+/// The probes sent to B's kernel reflector: four it must not answer
+/// (broadcast, not its address, from a broadcast or multicast source)
+/// and one legitimate one, from A (`a`) to B (`b`, `mac_b`).
+fn frames_to_b(mac_b: [u8; 6], a: Ipv4Addr, b: Ipv4Addr) -> [Frame; 5] {
+    [
         Frame {
             name: "broadcast (ff:ff:ff:ff:ff:ff, 255.255.255.255)",
             dst_mac: [0xff; 6],
@@ -326,7 +313,27 @@ fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
             dst: b,
             sport: 41_005,
         },
-    ];
+    ]
+}
+
+/// One hostile (or legitimate) probe: its name, Ethernet destination,
+/// IPv4 source and destination, and the UDP source port that tells its
+/// replies apart.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn kernel_reflector_answers_only_probes_for_it_from_unicast_sources() {
+    if !is_root("kernel_reflector_answers_only_probes_for_it_from_unicast_sources") {
+        return;
+    }
+    let p = Pair::new();
+    prepare_peer(&p);
+    let r = start_kernel_reflector(
+        &p,
+        &["--kernel", "--listen", &format!("{B_IP}:{PORT}"), "-q"],
+    );
+    let (mac_a, mac_b) = (mac_of(&p.a, &p.va), mac_of(&p.b, &p.vb));
+    let (a, b): (Ipv4Addr, Ipv4Addr) = (A_IP.parse().unwrap(), B_IP.parse().unwrap());
+    let cases = frames_to_b(mac_b, a, b);
     const EACH: usize = 5;
     let payload = probe_payload();
     // Replies by the probe's source port (their destination port), and the

@@ -293,6 +293,51 @@ fn forged_stamp_reply(ssid: u16) -> Vec<u8> {
     out
 }
 
+/// Runs `args` against the STAMP reflector while another host sends
+/// forged STAMP replies to the sender: off-path ones, then ones spoofing
+/// the target. Returns the run and how many of each the kernel took.
+fn run_under_forged_stamp_replies(p: &Pair, args: &[&str]) -> (Run, u64, u64) {
+    std::thread::scope(|s| {
+        let run = s.spawn(|| target(p, args));
+        let port = sender_port(&p.a).expect("the sender's connected socket in A");
+        let to = SocketAddrV4::new(A_IP.parse().unwrap(), port);
+        // Off-path: one reply per 15-bit SSID from another address.
+        let off = send_forged(&p.b, to, 32_767, 40_000, 1.5, |i| Forged {
+            src: SocketAddrV4::new(OFF_PATH_IP.parse().unwrap(), 862),
+            payload: forged_stamp_reply(i as u16 + 1),
+        });
+        // The target's own address and port, forged: past the kernel.
+        // Slower: a flood at the sender's socket costs its reader (the
+        // sender thread) CPU (a debug build here), which is not what this
+        // test measures.
+        let spoofed = send_forged(&p.b, to, 32_767, 10_000, 4.0, |i| Forged {
+            src: SocketAddrV4::new(B_IP.parse().unwrap(), 862),
+            payload: forged_stamp_reply(i as u16 + 1),
+        });
+        (run.join().unwrap(), off, spoofed)
+    })
+}
+
+/// From the target's address: every other session's is foreign; the
+/// one with this run's SSID carries a seq never sent. Every spoofed
+/// reply the socket got is one of the two.
+fn check_spoofed_replies_counted(t: &Run, spoofed: u64, overflowed: u64) {
+    let (foreign, never_sent) = (n(&t.json, "foreign_packets"), n(&t.json, "never_sent"));
+    assert!(
+        foreign + never_sent <= spoofed && foreign + never_sent + overflowed >= spoofed,
+        "{foreign} foreign + {never_sent} never sent of {spoofed} spoofed; the kernel dropped \
+         {overflowed}: {}",
+        t.stdout
+    );
+    assert!(never_sent <= 1, "{}", t.stdout);
+    assert_eq!(n(&t.json, "late_echoes"), 0);
+    assert!(
+        t.stdout.contains(&format!("foreign packets {foreign}")),
+        "{}",
+        t.stdout
+    );
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
@@ -321,25 +366,7 @@ fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
     let no_ports_before = udp_counter(&p.a, "NoPorts");
     let overflow = || udp_counter(&p.a, "RcvbufErrors") + udp_counter(&p.a, "InErrors");
     let overflow_before = overflow();
-    let (t, off, spoofed) = std::thread::scope(|s| {
-        let run = s.spawn(|| target(&p, &args));
-        let port = sender_port(&p.a).expect("the sender's connected socket in A");
-        let to = SocketAddrV4::new(A_IP.parse().unwrap(), port);
-        // Off-path: one reply per 15-bit SSID from another address.
-        let off = send_forged(&p.b, to, 32_767, 40_000, 1.5, |i| Forged {
-            src: SocketAddrV4::new(OFF_PATH_IP.parse().unwrap(), 862),
-            payload: forged_stamp_reply(i as u16 + 1),
-        });
-        // The target's own address and port, forged: past the kernel.
-        // Slower: a flood at the sender's socket costs its reader (the
-        // sender thread) CPU (a debug build here), which is not what this
-        // test measures.
-        let spoofed = send_forged(&p.b, to, 32_767, 10_000, 4.0, |i| Forged {
-            src: SocketAddrV4::new(B_IP.parse().unwrap(), 862),
-            payload: forged_stamp_reply(i as u16 + 1),
-        });
-        (run.join().unwrap(), off, spoofed)
-    });
+    let (t, off, spoofed) = run_under_forged_stamp_replies(&p, &args);
     let (refl, _) = r.stop();
     assert_eq!(t.code, 0, "{}\n{}", t.stderr, t.stdout);
     let no_ports = udp_counter(&p.a, "NoPorts") - no_ports_before;
@@ -379,22 +406,6 @@ fn off_path_stamp_replies_leave_the_run_alone_and_are_counted() {
         no_ports >= off,
         "NoPorts rose by {no_ports} for {off} off-path replies"
     );
-    // From the target's address: every other session's is foreign; the
-    // one with this run's SSID carries a seq never sent. Every spoofed
-    // reply the socket got is one of the two.
-    let (foreign, never_sent) = (n(&t.json, "foreign_packets"), n(&t.json, "never_sent"));
-    assert!(
-        foreign + never_sent <= spoofed && foreign + never_sent + overflowed >= spoofed,
-        "{foreign} foreign + {never_sent} never sent of {spoofed} spoofed; the kernel dropped \
-         {overflowed}: {}",
-        t.stdout
-    );
-    assert!(never_sent <= 1, "{}", t.stdout);
-    assert_eq!(n(&t.json, "late_echoes"), 0);
-    assert!(
-        t.stdout.contains(&format!("foreign packets {foreign}")),
-        "{}",
-        t.stdout
-    );
+    check_spoofed_replies_counted(&t, spoofed, overflowed);
     assert_eq!(refl["counters"]["malformed"], 0, "{refl}");
 }

@@ -94,6 +94,63 @@ fn write_config(dir: &Path, target_port: u16) -> std::path::PathBuf {
     cfg
 }
 
+/// rtprobe on a testbed of its own for 60 s, serving its metrics on
+/// `metrics_port` and writing its CSV to `csv`.
+fn start_probe(metrics_port: u16, csv: &Path) -> Killed {
+    let probe = Command::new(bin())
+        .args([
+            "--xdp-mode",
+            "off",
+            "--duration",
+            "60s",
+            "--interval",
+            "1ms",
+            "--quiet",
+        ])
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{metrics_port}"))
+        .arg("--out")
+        .arg(csv)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rtprobe");
+    Killed(probe)
+}
+
+/// Prometheus on `prom_port`, scraping `metrics_port`, its files in `dir`.
+fn start_prometheus(dir: &Path, metrics_port: u16, prom_port: u16) -> Killed {
+    let cfg = write_config(dir, metrics_port);
+    let storage = dir.join("tsdb");
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let prom = Command::new(PROMETHEUS)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.tsdb.path={}", storage.display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+    Killed(prom)
+}
+
+/// Stops the probe with SIGINT and waits (20 s at most) for it to end.
+fn stop_with_sigint(probe: &mut Killed) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(probe.0.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let stop_by = Instant::now() + Duration::from_secs(20);
+    while probe.0.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < stop_by,
+            "rtprobe did not stop after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
@@ -113,38 +170,9 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     let metrics_port = free_port();
     let prom_port = free_port();
     let csv = dir.path().join("out.csv");
-    let probe = Command::new(bin())
-        .args([
-            "--xdp-mode",
-            "off",
-            "--duration",
-            "60s",
-            "--interval",
-            "1ms",
-            "--quiet",
-        ])
-        .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{metrics_port}"))
-        .arg("--out")
-        .arg(&csv)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rtprobe");
-    let mut probe = Killed(probe);
+    let mut probe = start_probe(metrics_port, &csv);
 
-    let cfg = write_config(dir.path(), metrics_port);
-    let storage = dir.path().join("tsdb");
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-    let prom = Command::new(PROMETHEUS)
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.tsdb.path={}", storage.display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start prometheus");
-    let _prom = Killed(prom);
+    let _prom = start_prometheus(dir.path(), metrics_port, prom_port);
 
     // Bounded: the probe runs 60 s; the answer must come well before.
     let promql = "histogram_quantile(0.99, sum by (le) (rate(rtprobe_rtt_seconds_bucket[10s])))";
@@ -178,19 +206,7 @@ fn prometheus_scrapes_a_running_probe_and_answers_histogram_quantile() {
     check_what_prometheus_scraped(prom_port);
 
     // The probe stops cleanly on SIGINT with its summary; the namespaces go.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(probe.0.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let stop_by = Instant::now() + Duration::from_secs(20);
-    while probe.0.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < stop_by,
-            "rtprobe did not stop after SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    stop_with_sigint(&mut probe);
     let (meta, _) = read_csv(&csv);
     let _sweep = NsSweep(meta.testbed_id.clone());
     assert!(namespaces_of(&meta.testbed_id).is_empty());

@@ -136,9 +136,13 @@ fn three_targets_each_with_its_own_loss_and_statistics() {
         let k = t.rows.iter().filter(|r| r[tc] == name).count() as u64;
         assert_eq!(k, N, "{name}");
     }
-    // Spread: consecutive sends (any target) about 6 ms / 3 = 2 ms apart.
-    // The schedule is exact; the sends are as punctual as the machine
-    // lets the sender be. Sent in bursts, 2 of every 3 gaps would be ~0.
+    check_sends_spread(&t);
+}
+
+/// Spread: consecutive sends (any target) about 6 ms / 3 = 2 ms apart.
+/// The schedule is exact; the sends are as punctual as the machine lets
+/// the sender be. Sent in bursts, 2 of every 3 gaps would be ~0.
+fn check_sends_spread(t: &MultiRun) {
     let gaps = |name: &str| {
         let c = col(&t.header, name);
         let mut v: Vec<i64> = t.rows.iter().map(|r| r[c].parse().unwrap()).collect();

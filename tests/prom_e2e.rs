@@ -232,23 +232,12 @@ fn wait_for_rtt_count(ns: &str, want: f64) -> String {
     }
 }
 
-/// A `--target` run's and its reflector's scrapes: the text format passes
-/// promtool with nothing to say, OpenMetrics only when asked for.
-#[test]
-#[ignore = "needs root: run by cargo xtask test"]
-fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
-    if !is_root("promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape") {
-        return;
-    }
-    promtool_present();
-    let p = Pair::new();
-    let reflector = Reflector::start(&p, &["--metrics-listen", REFLECTOR_METRICS]);
-    let prober = Prober::start(&p, &["--duration", "4s", "--interval", "5ms"]);
-    // The port is bound before the first probe: wait for answers.
+/// The port is bound before the first probe: wait for answers.
+fn wait_for_metrics_server(ns: &str) {
     let t0 = Instant::now();
     while sh(&format!(
         "ip netns exec {} curl -s -o /dev/null http://{PROBER_METRICS}/metrics",
-        p.a
+        ns
     ))
     .status
     .code()
@@ -257,28 +246,16 @@ fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
         assert!(t0.elapsed() < Duration::from_secs(10), "no metrics server");
         std::thread::sleep(Duration::from_millis(100));
     }
-    wait_for_rtt_count(&p.a, 100.0);
+}
 
-    let (ct, text, took) = scrape(&p.a, PROBER_METRICS, None);
-    eprintln!("prober scrape without Accept: {took:?}");
-    assert_clean_text("prober", &ct, &text);
-    for family in [
-        "rtprobe_rtt_seconds",
-        "rtprobe_probes_sent_total",
-        "rtprobe_probes_lost_total",
-        "rtprobe_foreign_packets_total",
-        "rtprobe_echoes_late_total",
-    ] {
-        assert!(text.contains(&format!("# HELP {family} ")), "{family}");
-        assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
-    }
-    // The same series either way: scraped in both formats until a pair
-    // agrees (a family's first series, such as a stage histogram, may
-    // appear between the two scrapes).
+/// The same series either way: scraped in both formats until a pair
+/// agrees (a family's first series, such as a stage histogram, may
+/// appear between the two scrapes).
+fn check_both_formats_agree(ns: &str) {
     let t0 = Instant::now();
     loop {
-        let (_, text, _) = scrape(&p.a, PROBER_METRICS, None);
-        let (ct, om, took) = scrape(&p.a, PROBER_METRICS, Some(ACCEPT_OPENMETRICS));
+        let (_, text, _) = scrape(ns, PROBER_METRICS, None);
+        let (ct, om, took) = scrape(ns, PROBER_METRICS, Some(ACCEPT_OPENMETRICS));
         assert_openmetrics("prober", &ct, &om);
         if series_lines(&om) == series_lines(&text) {
             eprintln!(
@@ -294,15 +271,16 @@ fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (ct, _, _) = scrape(&p.a, PROBER_METRICS, Some("text/plain;version=0.0.4"));
-    assert_eq!(ct, PROMETHEUS_TEXT);
+}
 
-    // What the reflector has answered so far depends on timing: wait
-    // (10 s at most) until it has counted the probes the prober saw come back.
+/// What the reflector has answered so far depends on timing: wait
+/// (10 s at most) until it has counted the probes the prober saw come back.
+/// Returns its text-format scrape.
+fn wait_for_reflected(ns: &str) -> String {
     let reflected = "rtprobe_reflector_datagrams_total{outcome=\"reflected\"}";
     let t0 = Instant::now();
-    let text = loop {
-        let (ct, text, _) = scrape(&p.b, REFLECTOR_METRICS, None);
+    loop {
+        let (ct, text, _) = scrape(ns, REFLECTOR_METRICS, None);
         let n = sample(&text, reflected).unwrap_or(0.0);
         if n >= 100.0 {
             assert_clean_text("reflector", &ct, &text);
@@ -317,7 +295,42 @@ fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
             "the reflector counted {n} < 100 reflected after 10 s:\n{text}"
         );
         std::thread::sleep(Duration::from_millis(200));
-    };
+    }
+}
+
+/// A `--target` run's and its reflector's scrapes: the text format passes
+/// promtool with nothing to say, OpenMetrics only when asked for.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape() {
+    if !is_root("promtool_finds_nothing_in_a_target_run_and_a_reflector_scrape") {
+        return;
+    }
+    promtool_present();
+    let p = Pair::new();
+    let reflector = Reflector::start(&p, &["--metrics-listen", REFLECTOR_METRICS]);
+    let prober = Prober::start(&p, &["--duration", "4s", "--interval", "5ms"]);
+    wait_for_metrics_server(&p.a);
+    wait_for_rtt_count(&p.a, 100.0);
+
+    let (ct, text, took) = scrape(&p.a, PROBER_METRICS, None);
+    eprintln!("prober scrape without Accept: {took:?}");
+    assert_clean_text("prober", &ct, &text);
+    for family in [
+        "rtprobe_rtt_seconds",
+        "rtprobe_probes_sent_total",
+        "rtprobe_probes_lost_total",
+        "rtprobe_foreign_packets_total",
+        "rtprobe_echoes_late_total",
+    ] {
+        assert!(text.contains(&format!("# HELP {family} ")), "{family}");
+        assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
+    }
+    check_both_formats_agree(&p.a);
+    let (ct, _, _) = scrape(&p.a, PROBER_METRICS, Some("text/plain;version=0.0.4"));
+    assert_eq!(ct, PROMETHEUS_TEXT);
+
+    let text = wait_for_reflected(&p.b);
     assert!(
         !text.contains("rtprobe_probes_"),
         "a reflector shows no probe families"
