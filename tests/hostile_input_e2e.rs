@@ -12,6 +12,7 @@ mod common;
 
 use std::{
     io::{BufRead, BufReader},
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -244,13 +245,23 @@ fn full_disk_run(previous: Option<&str>) {
     }
     assert!(std::fs::read_to_string(&csv).unwrap().ends_with('\n'));
     assert!(csv_bytes > 64 * 1024 - 4096 - 600, "{csv_bytes} B");
-    // The error line names both files and what each holds.
-    let line = r
-        .stderr
+    check_error_names_both_files(&r.stderr, &csv, &json, rows.len(), previous.is_some());
+    check_json_untouched(dir.path(), &json, previous);
+    assert!(namespaces_of(&meta.testbed_id).is_empty());
+}
+
+/// The error line names both files and what each holds.
+fn check_error_names_both_files(
+    stderr: &str,
+    csv: &Path,
+    json: &Path,
+    n: usize,
+    had_previous: bool,
+) {
+    let line = stderr
         .lines()
         .find(|l| l.starts_with("Error: "))
-        .unwrap_or_else(|| panic!("no error line: {}", r.stderr));
-    let n = rows.len();
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
     assert!(
         line.contains(&format!(
             "{}: disk full after {n} rows, the rows written are whole",
@@ -258,7 +269,7 @@ fn full_disk_run(previous: Option<&str>) {
         )),
         "{line}"
     );
-    let kept = if previous.is_some() {
+    let kept = if had_previous {
         "the earlier file there is unchanged"
     } else {
         "no file left behind"
@@ -268,10 +279,13 @@ fn full_disk_run(previous: Option<&str>) {
             && line.contains(kept),
         "{line}"
     );
-    // No torn JSON: the earlier one is there as it was (or none), and no
-    // temporary.
-    assert_eq!(std::fs::read_to_string(&json).ok().as_deref(), previous);
-    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+}
+
+/// No torn JSON: the earlier one is there as it was (or none), and no
+/// temporary.
+fn check_json_untouched(dir: &Path, json: &Path, previous: Option<&str>) {
+    assert_eq!(std::fs::read_to_string(json).ok().as_deref(), previous);
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
@@ -282,7 +296,6 @@ fn full_disk_run(previous: Option<&str>) {
         &["out.csv"]
     };
     assert_eq!(names, want);
-    assert!(namespaces_of(&meta.testbed_id).is_empty());
 }
 
 /// Starts a testbed run with `-v`, sends SIGINT once its stderr shows
@@ -304,25 +317,7 @@ fn interrupt_during_setup(
         .unwrap();
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    match after_line {
-        None => {
-            // Let the signal handlers be installed, not the testbed built.
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(want) => loop {
-            let mut l = String::new();
-            if stderr.read_line(&mut l).unwrap() == 0 {
-                break;
-            }
-            seen.push_str(&l);
-            if l.contains(want) {
-                break;
-            }
-            assert!(!l.is_empty(), "no {want:?} in: {seen}");
-            assert!(started.elapsed() < Duration::from_secs(20), "{seen}");
-        },
-    }
+    let mut seen = read_until(&mut stderr, after_line, started);
     let at = started.elapsed();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let mut rest = String::new();
@@ -330,17 +325,7 @@ fn interrupt_during_setup(
     seen.push_str(&rest);
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("rtprobe did not end after SIGINT: {seen}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_for_exit(&mut child, &seen);
     let rows = if csv.exists() {
         read_csv(&csv).1
     } else {
@@ -364,9 +349,58 @@ fn interrupt_during_setup(
         summary["sent"],
         f.elapsed
     );
-    // "testbed ID ready: namespaces rtprobe-ID-sender, ..."
-    let id = f
-        .stderr
+    let id = testbed_id_in(&f.stderr);
+    (f, id, rows, summary)
+}
+
+/// Reads the run's stderr until a line shows `after_line` (None: reads
+/// nothing, waits 20 ms); returns what it read.
+fn read_until(
+    stderr: &mut BufReader<std::process::ChildStderr>,
+    after_line: Option<&str>,
+    started: Instant,
+) -> String {
+    let mut seen = String::new();
+    match after_line {
+        None => {
+            // Let the signal handlers be installed, not the testbed built.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(want) => loop {
+            let mut l = String::new();
+            if stderr.read_line(&mut l).unwrap() == 0 {
+                break;
+            }
+            seen.push_str(&l);
+            if l.contains(want) {
+                break;
+            }
+            assert!(!l.is_empty(), "no {want:?} in: {seen}");
+            assert!(started.elapsed() < Duration::from_secs(20), "{seen}");
+        },
+    }
+    seen
+}
+
+/// Waits (20 s at most) for the interrupted run to end.
+fn wait_for_exit(child: &mut std::process::Child, seen: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rtprobe did not end after SIGINT: {seen}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The testbed ID in a `-v` run's "testbed ID ready: namespaces
+/// rtprobe-ID-sender, ..." line ("" without one).
+fn testbed_id_in(stderr: &str) -> String {
+    stderr
         .lines()
         .find_map(|l| {
             l.split(" ready: namespaces ")
@@ -375,8 +409,7 @@ fn interrupt_during_setup(
         })
         .and_then(|head| head.rsplit(' ').next())
         .unwrap_or("")
-        .to_string();
-    (f, id, rows, summary)
+        .to_string()
 }
 
 #[test]

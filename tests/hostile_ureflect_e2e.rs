@@ -330,23 +330,13 @@ fn per_source_limit_holds_past_the_old_table_size() {
     assert!(n(c, "rate_limited") >= n(c, "datagrams") - allowed, "{c}");
 }
 
-/// One probe sent as a raw Ethernet frame from A: its name, Ethernet
-/// destination, IPv4 source and destination, and the UDP source port that
-/// tells its replies apart.
-#[test]
-#[ignore = "needs root: run by cargo xtask test"]
-fn user_reflector_answers_only_unicast_probes_from_good_sources() {
-    if !is_root("user_reflector_answers_only_unicast_probes_from_good_sources") {
-        return;
-    }
-    let p = Pair::new();
-    // The wildcard address: the socket the kernel hands broadcasts to.
-    let r = Reflector::start(&p, &["--listen", &format!("0.0.0.0:{PORT}"), "-q"]);
-    let mac_b = mac_of(&p.b, &p.vb);
-    let (a, b): (Ipv4Addr, Ipv4Addr) = (A_IP.parse().unwrap(), B_IP.parse().unwrap());
+/// The frames sent to B's user-space reflector: five it must not answer
+/// (to a broadcast or multicast address, from a broadcast or multicast
+/// source) and one legitimate one, from A (`a`) to B (`b`, `mac_b`).
+fn frames_to_b(mac_b: [u8; 6], a: Ipv4Addr, b: Ipv4Addr) -> [Frame; 6] {
     let bcast: Ipv4Addr = "10.77.0.255".parse().unwrap();
     let all_hosts: Ipv4Addr = "224.0.0.1".parse().unwrap();
-    let frames = [
+    [
         Frame {
             name: "to 255.255.255.255 (ff:ff:ff:ff:ff:ff)",
             dst_mac: [0xff; 6],
@@ -389,7 +379,24 @@ fn user_reflector_answers_only_unicast_probes_from_good_sources() {
             dst: b,
             sport: 41_006,
         },
-    ];
+    ]
+}
+
+/// One probe sent as a raw Ethernet frame from A: its name, Ethernet
+/// destination, IPv4 source and destination, and the UDP source port that
+/// tells its replies apart.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn user_reflector_answers_only_unicast_probes_from_good_sources() {
+    if !is_root("user_reflector_answers_only_unicast_probes_from_good_sources") {
+        return;
+    }
+    let p = Pair::new();
+    // The wildcard address: the socket the kernel hands broadcasts to.
+    let r = Reflector::start(&p, &["--listen", &format!("0.0.0.0:{PORT}"), "-q"]);
+    let mac_b = mac_of(&p.b, &p.vb);
+    let (a, b): (Ipv4Addr, Ipv4Addr) = (A_IP.parse().unwrap(), B_IP.parse().unwrap());
+    let frames = frames_to_b(mac_b, a, b);
     const EACH: usize = 5;
     let replies = send_frames_and_catch_replies(&p, PORT, &frames, &probe(0x5eed, 1), EACH);
     // 127.0.0.1 to 127.0.0.1 inside B: loopback on loopback is answered.
