@@ -33,6 +33,49 @@ fn assert_counters_add_up(c: &serde_json::Value) {
     assert!(n("bytes_out") <= n("bytes_in"), "{c}");
 }
 
+/// RTT is always there; one-way only with both clocks synchronised.
+fn check_rtt_and_one_way(t: &Run) {
+    assert_eq!(t.json["rtt_ns"]["count"], N);
+    let clock = &t.json["extra"]["clock"];
+    if clock["one_way_shown"] == false {
+        assert!(
+            t.stdout
+                .contains("clocks not synchronised: one-way not shown"),
+            "{}",
+            t.stdout
+        );
+        assert!(t.json["one_way_ns"]["p50"].is_null());
+        // Nor in the CSV (column 8, one_way_ns); the raw stamps stay.
+        assert!(t.rows.iter().all(|r| r[8].is_empty()), "one-way in the CSV");
+        assert!(t.rows.iter().all(|r| !r[6].is_empty()), "rx_ns kept");
+    } else {
+        assert!(clock["bound_ns"].as_u64().is_some(), "{clock}");
+    }
+}
+
+/// A 1 kHz client is inside the stamp budget: every reply stamped, and
+/// every stamp came back as a turnaround.
+fn check_every_reply_stamped(refl: &serde_json::Value, log: &str) {
+    let c = &refl["counters"];
+    let sampled = refl["turnaround_sampled"].as_u64().unwrap();
+    eprintln!(
+        "reflector turnaround: {} of {sampled} stamped replies (budget {}/s), p50 {} ns p99 {} ns",
+        refl["turnaround_ns"]["count"],
+        refl["turnaround_stamps_per_s"],
+        refl["turnaround_ns"]["p50"],
+        refl["turnaround_ns"]["p99"]
+    );
+    assert_eq!(sampled, c["reflected"].as_u64().unwrap(), "{refl}");
+    assert_eq!(refl["turnaround_ns"]["count"], sampled, "{refl}");
+    assert!(refl["turnaround_ns"]["p50"].as_u64().unwrap() > 0, "{refl}");
+    assert!(
+        log.contains(&format!(
+            "over {sampled} of {sampled} replies stamped (at most 2000/s)"
+        )),
+        "the summary names the sample: {log}"
+    );
+}
+
 /// 500 probes at 1 ms through `rtprobe reflect`: none lost, split 0/0, the
 /// reflector saw one session and answered every probe. Over IPv6 the
 /// reflector listens on `[::]:PORT` and the target is `[fd77::2]:PORT`.
@@ -81,23 +124,7 @@ fn clean_run(protocol: &str, port: &str, ipv6: bool) {
         "{split}"
     );
     assert_eq!(t.json["extra"]["reflector"]["protocol"], protocol);
-    // RTT is always there; one-way only with both clocks synchronised.
-    assert_eq!(t.json["rtt_ns"]["count"], N);
-    let clock = &t.json["extra"]["clock"];
-    if clock["one_way_shown"] == false {
-        assert!(
-            t.stdout
-                .contains("clocks not synchronised: one-way not shown"),
-            "{}",
-            t.stdout
-        );
-        assert!(t.json["one_way_ns"]["p50"].is_null());
-        // Nor in the CSV (column 8, one_way_ns); the raw stamps stay.
-        assert!(t.rows.iter().all(|r| r[8].is_empty()), "one-way in the CSV");
-        assert!(t.rows.iter().all(|r| !r[6].is_empty()), "rx_ns kept");
-    } else {
-        assert!(clock["bound_ns"].as_u64().is_some(), "{clock}");
-    }
+    check_rtt_and_one_way(&t);
     assert!(t.json["extra"]["reflector"]["echoes"].as_u64() == Some(N));
     let c = &refl["counters"];
     assert_counters_add_up(c);
@@ -106,25 +133,7 @@ fn clean_run(protocol: &str, port: &str, ipv6: bool) {
         "probes + warm-up + status: {c}"
     );
     assert_eq!(c["malformed"], 0, "{c}");
-    // A 1 kHz client is inside the stamp budget: every reply stamped, and
-    // every stamp came back as a turnaround.
-    let sampled = refl["turnaround_sampled"].as_u64().unwrap();
-    eprintln!(
-        "reflector turnaround: {} of {sampled} stamped replies (budget {}/s), p50 {} ns p99 {} ns",
-        refl["turnaround_ns"]["count"],
-        refl["turnaround_stamps_per_s"],
-        refl["turnaround_ns"]["p50"],
-        refl["turnaround_ns"]["p99"]
-    );
-    assert_eq!(sampled, c["reflected"].as_u64().unwrap(), "{refl}");
-    assert_eq!(refl["turnaround_ns"]["count"], sampled, "{refl}");
-    assert!(refl["turnaround_ns"]["p50"].as_u64().unwrap() > 0, "{refl}");
-    assert!(
-        log.contains(&format!(
-            "over {sampled} of {sampled} replies stamped (at most 2000/s)"
-        )),
-        "the summary names the sample: {log}"
-    );
+    check_every_reply_stamped(&refl, &log);
     assert!(log.contains("new session"), "{log}");
     if ipv6 {
         // The session line names the IPv6 source.
@@ -449,11 +458,16 @@ fn wait_for_line(
 fn scapy_both_roles(ipv6: bool) {
     let p = Pair::new();
     let b_ip = if ipv6 { B_IP6 } else { B_IP };
-    // scapy's session-sender -> rtprobe reflect --protocol stamp.
+    scapy_sender_to_reflect(&p, b_ip, ipv6);
+    target_to_scapy_reflector(&p, b_ip, ipv6);
+}
+
+/// scapy's session-sender -> rtprobe reflect --protocol stamp.
+fn scapy_sender_to_reflect(p: &Pair, b_ip: &str, ipv6: bool) {
     let r = if ipv6 {
-        Reflector::start(&p, &["--protocol", "stamp", "--listen", "[::]:862"])
+        Reflector::start(p, &["--protocol", "stamp", "--listen", "[::]:862"])
     } else {
-        Reflector::start(&p, &["--protocol", "stamp"])
+        Reflector::start(p, &["--protocol", "stamp"])
     };
     let o = sh_ok(&format!(
         "ip netns exec {} python3 {} send {b_ip} 862 20",
@@ -485,8 +499,10 @@ fn scapy_both_roles(ipv6: bool) {
         assert_eq!(r["ee"]["Z"], 0, "NTP timestamps");
     }
     assert_counters_add_up(&refl["counters"]);
+}
 
-    // rtprobe --target --protocol stamp -> scapy's session-reflector.
+/// rtprobe --target --protocol stamp -> scapy's session-reflector.
+fn target_to_scapy_reflector(p: &Pair, b_ip: &str, ipv6: bool) {
     let n = 200;
     let mut scapy = Command::new("ip")
         .args(["netns", "exec", &p.b, "python3"])
@@ -498,7 +514,7 @@ fn scapy_both_roles(ipv6: bool) {
         .unwrap();
     let scapy_stderr = wait_for_line(scapy.stderr.take().unwrap(), "ready");
     let t = target(
-        &p,
+        p,
         &[
             "--target",
             &if ipv6 {
@@ -684,6 +700,37 @@ fn reflect_kernel_run(addr: &str) {
     assert_eq!(refl["counters"]["reflected"], 0, "{refl}");
 }
 
+/// `promtool check metrics` of `scrape`: its exit and what it said.
+fn promtool_check(scrape: &str) -> (std::process::Output, String) {
+    let lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(scrape.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("run promtool");
+    let lint_out =
+        String::from_utf8_lossy(&lint.stdout).into_owned() + &String::from_utf8_lossy(&lint.stderr);
+    (lint, lint_out)
+}
+
+/// The kernel reflector's frames of `outcome` in `scrape`.
+fn kernel_frames(scrape: &str, outcome: &str) -> u64 {
+    let want = format!("rtprobe_kernel_reflector_frames_total{{outcome=\"{outcome}\"}} ");
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .unwrap_or_else(|| panic!("no {want} in:\n{scrape}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// `rtprobe reflect --kernel --metrics-listen`: a scrape after a run has
 /// the XDP reflector's frames by outcome next to the user-space
 /// reflector's datagrams, and `promtool check metrics` takes it.
@@ -729,31 +776,9 @@ fn reflect_kernel_metrics_count_frames_by_outcome() {
         "ip netns exec {} curl -sf --max-time 5 http://127.0.0.1:9464/metrics",
         p.b
     ));
-    let lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(scrape.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("run promtool");
+    let (lint, lint_out) = promtool_check(&scrape);
     let (refl, _) = r.stop();
-    let lint_out =
-        String::from_utf8_lossy(&lint.stdout).into_owned() + &String::from_utf8_lossy(&lint.stderr);
-    let frames = |outcome: &str| -> u64 {
-        let want = format!("rtprobe_kernel_reflector_frames_total{{outcome=\"{outcome}\"}} ");
-        scrape
-            .lines()
-            .find_map(|l| l.strip_prefix(&want))
-            .unwrap_or_else(|| panic!("no {want} in:\n{scrape}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let frames = |outcome: &str| kernel_frames(&scrape, outcome);
     let json_reflected = refl["kernel_counters"]["reflected_rtprobe"]["packets"]
         .as_u64()
         .unwrap();
