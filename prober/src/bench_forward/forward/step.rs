@@ -22,7 +22,7 @@ use crate::{
         cpu,
         frame::{self, FrameSpec},
         kinds::Generator,
-        links::{self, LinkCounters},
+        links,
         loadgen::{self, LiveTarget, Offered, SocketGen},
         perf::{self, PerfFigures},
     },
@@ -378,7 +378,7 @@ fn step_frame(bed: &ModeBed, ip_size: usize) -> Vec<u8> {
 fn generated_packets(
     generator: Generator,
     load_pct: u32,
-    router_in: &LinkCounters,
+    router_in: &links::LinkCounters,
     probe: &Summary,
     load: &LoadRun,
 ) -> u64 {
@@ -394,7 +394,7 @@ fn generated_packets(
 
 /// The load packets that reached the receiver (its count less the probe
 /// session's), at most what was generated.
-fn forwarded_packets(receiver: &LinkCounters, probe: &Summary, generated: u64) -> u64 {
+fn forwarded_packets(receiver: &links::LinkCounters, probe: &Summary, generated: u64) -> u64 {
     receiver
         .rx_packets
         .saturating_sub(probe.received + 8)

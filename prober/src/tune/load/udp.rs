@@ -17,10 +17,7 @@ use anyhow::{Context, Result};
 use super::{
     Counters, Flow, Load, LoadSpec, LoadTarget, POLL, SentWindow, acct::SeqWindow, setsockopt,
 };
-use crate::tune::{
-    rt::{RtGuard, RtSettings},
-    units::Rate,
-};
+use crate::tune::{rt::RtSettings, units::Rate};
 
 const MAGIC: u32 = 0x5254_504c; // "RTPL"
 /// UDP load header: magic (4), session (4), sequence number (8), big endian.
@@ -187,7 +184,7 @@ fn udp_cbr(
 /// happened for tens of ms at a time. (The study ran its probe server
 /// real-time, iperf2 -z; its lab's CBR source had a machine to itself.)
 /// Without the privilege it runs as it is.
-fn sender_fifo() -> Option<RtGuard> {
+fn sender_fifo() -> Option<impl Drop> {
     match (RtSettings {
         fifo_priority: Some(UDP_SENDER_FIFO_PRIORITY),
         ..RtSettings::default()
