@@ -14,7 +14,8 @@ use anyhow::{Context, Result};
 use super::{testutil::*, *};
 use crate::{
     error::Error,
-    sys::{Netns, Sys as _},
+    sys::{Netns, Ns, Sys as _},
+    testbed::Testbed,
 };
 
 /// A namespace of a root test, through the real kernel.
