@@ -309,4 +309,6 @@ impl Scenario {
 }
 
 #[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod tests;
