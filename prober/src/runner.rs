@@ -10,7 +10,7 @@ use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::CsvWriter,
     model::observer::SessionObserver,
-    model::run::{RunMeta, RunOutcome, peak_rss_kib},
+    model::run::{RunMeta, RunOutcome},
     options::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
@@ -21,7 +21,7 @@ use crate::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
         OneClock, ReflectorCounts, ReflectorReport, RunReport,
     },
-    sys::SysRef,
+    sys::{SysRef, host::peak_rss_kib},
     testbed::{Kind, Testbed},
     tune,
 };

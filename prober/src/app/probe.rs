@@ -450,7 +450,7 @@ fn total_summary(
     }
     s.report.loss_split = Some(split);
     s.report.late_arrivals = Some(outcomes.iter().map(|(_, o)| o.late_arrivals).sum());
-    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.peak_rss_kib = Some(crate::sys::host::peak_rss_kib());
     s.report.interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
     s.report.targets = targets;
     s.report.host = Some(crate::sys::host::host_facts());

@@ -48,16 +48,3 @@ pub(crate) struct RunOutcome {
     /// An output failed and stopped the run (the rest is complete).
     pub output_error: Option<String>,
 }
-
-/// The process's peak resident memory so far (VmHWM), in KiB; None
-/// (null in JSON, "-" in text) if unknown.
-pub fn peak_rss_kib() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-}

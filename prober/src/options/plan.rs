@@ -585,12 +585,10 @@ pub fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
     path.with_file_name(format!("{stem}-{suffix}"))
 }
 
-/// Whether the kernel caps real-time tasks' CPU share
-/// (/proc/sys/kernel/sched_rt_runtime_us is not -1; Linux >= 2.6.25).
+/// Whether the kernel caps real-time tasks' CPU share (read by
+/// [`crate::sys::host::rt_throttling_on`]).
 pub fn rt_throttling_on() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
-        .map(|s| s.trim() != "-1")
-        .unwrap_or(true)
+    crate::sys::host::rt_throttling_on()
 }
 
 /// The command line's output files: not a directory, in a directory that

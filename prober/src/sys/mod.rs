@@ -33,6 +33,9 @@
 //! source), which follow no namespace and need no root, are plain reads of
 //! /proc and /sys in [`host`].
 //!
+//! Child processes (`perf`, `stress-ng`; `tc` in [`tc`]) are started and
+//! stopped in [`process`].
+//!
 //! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
 //! setns) are made in [`netns`], which [`LinuxSys`] uses for
 //! [`Sys::create_netns`] and whose [`Netns`] handles let a thread enter one.
@@ -47,6 +50,7 @@ pub(crate) mod fake;
 pub(crate) mod host;
 pub(crate) mod netlink;
 pub mod netns;
+pub(crate) mod process;
 mod real;
 pub(crate) mod tc;
 

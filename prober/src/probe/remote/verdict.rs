@@ -447,7 +447,7 @@ pub fn summarise(o: &SessionOutcome, facts: &RemoteFacts, kind: &str) -> crate::
     });
     s.report.loss_split = Some(facts.loss.clone());
     s.report.late_arrivals = Some(o.late_arrivals);
-    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.peak_rss_kib = Some(crate::sys::host::peak_rss_kib());
     s.report.interrupted = o.interrupted;
     s
 }
