@@ -671,3 +671,5 @@ impl StampReflector {
 
 #[cfg(test)]
 mod orchestrate_tests;
+#[cfg(test)]
+mod undo_tests;
