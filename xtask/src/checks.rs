@@ -14,7 +14,7 @@ pub(crate) fn test(fuzz_seconds: u64, root_jobs: usize, args: &[String]) -> Resu
     setup()?;
     let root = workspace_root();
     // Seconds, before the minutes of builds and tests below.
-    check_module_graph(&modgraph::load(&root.join("prober/src"))?)?;
+    check_module_graph(&root, &modgraph::load(&root.join("prober/src"))?)?;
     check_prometheus_deploy(&root)?;
     for mut fmt in fmt_check_commands(&root) {
         run(&mut fmt).context(
