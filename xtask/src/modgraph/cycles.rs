@@ -1,14 +1,70 @@
 //! The import cycles of the file-level graph (Tarjan's strongly connected
 //! components), each printed as the elementary loops that cover its edges.
+//!
+//! Two kinds of loop count: one between unrelated modules only (siblings,
+//! cousins: `a::x -> a::y -> a::x`), and one that leaves its top-level
+//! module, whatever its edges, nesting included (`probe -> export::m ->
+//! options::c -> options -> options::plan -> probe`). A loop inside one
+//! top-level module that needs a parent's re-export or a child's `super::`
+//! is how Rust nests modules, and is not reported.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::{Graph, related};
+use super::{Graph, related, top};
+
+/// Which edges seed a loop, and which the loop may go back through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Seeds and way back: edges between unrelated modules only.
+    Unrelated,
+    /// Seeds: edges between two top-level modules; way back: any edge.
+    AcrossTops,
+}
+
+impl Kind {
+    fn seeds(self, u: &str, v: &str) -> bool {
+        match self {
+            Kind::Unrelated => !related(u, v),
+            Kind::AcrossTops => top(u) != top(v),
+        }
+    }
+
+    fn walks(self, u: &str, v: &str) -> bool {
+        self == Kind::AcrossTops || !related(u, v)
+    }
+}
+
+/// The graph with only the edges a loop of `kind` may use.
+fn restricted(g: &Graph, kind: Kind) -> Graph {
+    let mut r = g.clone();
+    for (u, tos) in &mut r.edges {
+        tos.retain(|v| kind.walks(u, v));
+    }
+    r
+}
 
 /// The strongly connected components of more than one module (Tarjan)
-/// that hold an edge between two unrelated modules (not only nesting),
-/// each sorted, in the order of their smallest module.
+/// that hold a loop of either kind (see the module docs), each sorted, in
+/// the order of their smallest module. (The tests' view of the loops.)
+#[cfg(test)]
 pub fn cycles(g: &Graph) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = [Kind::Unrelated, Kind::AcrossTops]
+        .into_iter()
+        .flat_map(|kind| {
+            let r = restricted(g, kind);
+            components(&r)
+                .into_iter()
+                .filter(|c| has_seed(&r, c, kind))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The strongly connected components of more than one module.
+fn components(g: &Graph) -> Vec<Vec<String>> {
     struct Tarjan<'a> {
         g: &'a Graph,
         index: BTreeMap<&'a str, usize>,
@@ -72,27 +128,27 @@ pub fn cycles(g: &Graph) -> Vec<Vec<String>> {
             t.visit(v);
         }
     }
-    t.found.retain(|c| has_crossing_edge(g, c));
     t.found.sort();
     t.found
 }
 
-/// Whether an edge inside `component` joins two unrelated modules.
-fn has_crossing_edge(g: &Graph, component: &[String]) -> bool {
+/// Whether an edge inside `component` seeds a loop of `kind`.
+#[cfg(test)]
+fn has_seed(g: &Graph, component: &[String], kind: Kind) -> bool {
     component.iter().any(|u| {
         g.edges
             .get(u)
             .into_iter()
             .flatten()
-            .any(|v| component.contains(v) && !related(u, v))
+            .any(|v| component.contains(v) && kind.seeds(u, v))
     })
 }
 
-/// Elementary cycles of one component that together use every edge inside
-/// it between unrelated modules: for each such edge not yet on a cycle,
-/// the edge and the shortest way back (nesting edges included). Each
+/// Elementary cycles of one component of `g` (restricted to `kind`) that
+/// together use every edge inside it that seeds a loop of `kind`: for each
+/// such edge not yet on a cycle, the edge and the shortest way back. Each
 /// starts at its smallest module.
-pub fn covering_cycles(g: &Graph, component: &[String]) -> Vec<Vec<String>> {
+fn covering_cycles(g: &Graph, component: &[String], kind: Kind) -> Vec<Vec<String>> {
     let inside: BTreeSet<&str> = component.iter().map(String::as_str).collect();
     let next = |v: &str| -> Vec<&str> {
         g.edges
@@ -107,7 +163,7 @@ pub fn covering_cycles(g: &Graph, component: &[String]) -> Vec<Vec<String>> {
     let mut out: Vec<Vec<String>> = Vec::new();
     for &u in &inside {
         for v in next(u) {
-            if related(u, v) || covered.contains(&(u.to_string(), v.to_string())) {
+            if !kind.seeds(u, v) || covered.contains(&(u.to_string(), v.to_string())) {
                 continue;
             }
             let Some(back) = shortest_path(v, u, &next) else {
@@ -164,21 +220,25 @@ fn shortest_path<'a>(
     None
 }
 
-/// Every cycle of the graph as `a -> b -> c -> a` lines ("" for the crate root).
+/// Every loop of the graph (both kinds) as `a -> b -> c -> a` lines.
 pub fn cycle_lines(g: &Graph) -> Vec<String> {
-    let name = |m: &str| {
-        if m.is_empty() {
-            "crate".to_string()
-        } else {
-            m.to_string()
+    let mut loops: Vec<Vec<String>> = Vec::new();
+    for kind in [Kind::Unrelated, Kind::AcrossTops] {
+        let r = restricted(g, kind);
+        for c in components(&r) {
+            for cycle in covering_cycles(&r, &c, kind) {
+                if !loops.contains(&cycle) {
+                    loops.push(cycle);
+                }
+            }
         }
-    };
-    cycles(g)
+    }
+    loops.sort();
+    loops
         .iter()
-        .flat_map(|c| covering_cycles(g, c))
         .map(|cycle| {
-            let mut parts: Vec<String> = cycle.iter().map(|m| name(m)).collect();
-            parts.push(name(&cycle[0]));
+            let mut parts = cycle.clone();
+            parts.push(cycle[0].clone());
             parts.join(" -> ")
         })
         .collect()

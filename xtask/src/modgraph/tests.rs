@@ -210,6 +210,20 @@ fn a_cycle_through_an_ancestor_is_found_but_nesting_alone_is_none() {
     assert_eq!(nesting.edges["options::plan"], set(&["options"]));
     assert!(cycles(&nesting).is_empty());
     assert!(cycle_lines(&nesting).is_empty());
+    // Inside one top-level module a loop needs two unrelated steps: a
+    // parent's re-export and a child's `super::` do not close one, a
+    // sibling loop does.
+    let inside = graph(&[
+        ("sys", "pub use self::real::Real; pub trait Sys {}"),
+        ("sys::real", "use super::tc::Qdisc;"),
+        ("sys::tc", "use super::Sys; use super::netns::enter;"),
+        ("sys::netns", "use super::tc::Qdisc;"),
+    ]);
+    assert_eq!(
+        cycle_lines(&inside),
+        vec!["sys::netns -> sys::tc -> sys::netns"]
+    );
+    assert_eq!(cycles(&inside), vec![s(&["sys::netns", "sys::tc"])]);
 }
 
 #[test]
