@@ -9,7 +9,7 @@
 //! - `demo`: the main job on a fresh veth testbed, see [`demo`].
 //! - `man`: writes the man pages (rtprobe.1, rtprobe-SUBCOMMAND.1) and
 //!   prints their paths.
-//! - `test`: setup, the module graph's cycle check, promtool over
+//! - `test`: setup, the module graph's checks, promtool over
 //!   deploy/prometheus/ (config, rules, rule tests), `cargo fmt --check`,
 //!   clippy (the workspace and the eBPF crate), the unit tests, every fuzz
 //!   target for a bounded time, then the root/netns tests when root (with
@@ -85,7 +85,8 @@ enum Task {
     Dist,
     /// Benchmarks on the veth testbed, side by side with ping/irtt/sockperf and with the targets.
     Bench(bench::BenchArgs),
-    /// Print the import cycles between prober's modules (files), one per line as
+    /// Check prober's imports against the layer table of docs/ARCHITECTURE.md (each break as
+    /// `file:line: from -> to`) and print the import cycles between its modules (files) as
     /// `a -> b -> c -> a`; fails when there is one. `cargo xtask test` runs the same check.
     Graph {
         /// Also print every dependency between modules, `a -> b`, one per line.
@@ -96,7 +97,7 @@ enum Task {
     /// every PromQL query of the dashboard and the docs with promtool and amtool, in seconds.
     /// `cargo xtask test` runs the same checks.
     Monitoring,
-    /// Setup, the module graph's cycle check, the monitoring checks, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
+    /// Setup, the module graph's checks, the monitoring checks, fmt and clippy checks, `cargo test`, each fuzz target for a bounded time, then,
     /// when run as root, `dist` (the .deb the package test installs) and the root/netns tests (`--ignored`).
     Test {
         /// Seconds each fuzz target runs; 0 skips fuzzing (said in the output).
