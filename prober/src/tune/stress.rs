@@ -22,9 +22,9 @@ use nix::{
     unistd::Pid,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::KnobGuard;
+use crate::model::knobs::{APPLIED, AppliedKnobs, StressApplied};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -168,13 +168,13 @@ impl KnobGuard for Stress {
         "stress"
     }
 
-    fn metadata(&self) -> Value {
-        json!({
-            "status": "applied",
-            "workers": self.workers,
-            "tool": self.tool.as_str(),
-            "method": "sqrt",
-        })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.stress = Some(StressApplied {
+            method: "sqrt".into(),
+            status: APPLIED.into(),
+            tool: self.tool.as_str().into(),
+            workers: self.workers,
+        });
     }
 
     fn restore(&mut self) -> Result<()> {
