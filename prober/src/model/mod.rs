@@ -6,6 +6,7 @@
 //! statistics, the outcome carries the summary).
 
 pub mod host;
+pub mod knobs;
 pub(crate) mod observer;
 pub mod record;
 pub mod run;

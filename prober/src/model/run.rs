@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::knobs::AppliedKnobs;
 use crate::stats::Summary;
 
 /// Run metadata stored as the CSV's first line, so plots can be titled
@@ -36,7 +37,8 @@ pub struct RunMeta {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub extra_flows: Vec<serde_json::Value>,
     /// Knobs applied for this run (qdisc, BQL, load...), by name.
-    pub knobs: serde_json::Map<String, serde_json::Value>,
+    #[serde(deserialize_with = "super::knobs::lenient")]
+    pub knobs: AppliedKnobs,
 }
 
 /// The result of a run.

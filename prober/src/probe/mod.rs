@@ -471,13 +471,13 @@ fn testbed_session(
         session,
         flow: cfg.flow,
     };
-    let reflector = if cfg.kernel_reflector {
-        engine::Reflector::Kernel {
+    let echo_side = if cfg.kernel_reflector {
+        engine::EchoSide::Kernel {
             sock: &rx_sock,
             session,
         }
     } else {
-        engine::Reflector::InProcess {
+        engine::EchoSide::InProcess {
             sock: &rx_sock,
             session,
         }
@@ -486,7 +486,7 @@ fn testbed_session(
         sock: &tx_sock,
         dst,
         wire: &wire,
-        reflector,
+        echo_side,
         on_echoes: None,
         foreign_before: 0,
     };

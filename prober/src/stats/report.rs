@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
 use super::{Summary, XdpCounters};
-use crate::model::host::HostFacts;
+use crate::model::{host::HostFacts, knobs::AppliedKnobs};
 
 /// Everything a run says besides the statistics: `extra` in the JSON.
 /// Fields are in the JSON's (alphabetical) order; absent ones are left out.
@@ -51,9 +51,9 @@ pub struct RunReport {
     #[schemars(with = "Option<KernelDrops>")]
     pub kernel_drops: Option<Option<KernelDrops>>,
     /// What each knob applied, by knob name (the same as the run
-    /// metadata's `knobs`): its fields are the knob's own.
+    /// metadata's `knobs`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub knobs: Option<serde_json::Map<String, serde_json::Value>>,
+    pub knobs: Option<AppliedKnobs>,
     /// Echoes that came after their probe was given up as lost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub late_arrivals: Option<u64>,
@@ -640,11 +640,13 @@ mod tests {
             negative_one_way: Some(2),
             ..Default::default()
         };
-        let mut knobs = serde_json::Map::new();
-        knobs.insert(
-            "qdisc_tree".into(),
-            serde_json::json!({"status": "applied"}),
-        );
+        let knobs = crate::model::knobs::AppliedKnobs {
+            qdisc_tree: Some(crate::model::knobs::QdiscTreeApplied {
+                status: "applied".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let report = RunReport {
             clock: Some(ClockReport::OneClock(OneClock {
                 note: "one clock".into(),

@@ -61,13 +61,13 @@ mod sys_tests;
 pub(crate) mod testutil;
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
 
 pub use self::{
     at::At,
@@ -81,16 +81,17 @@ pub use self::{
 };
 use crate::{
     error::Error,
+    model::knobs::{APPLIED, AppliedKnobs, BottleneckAt, LoadStarted, QdiscTreeApplied},
     sys::{Netns, Ns, QdiscInfo},
     testbed::Testbed,
 };
 
 /// A knob that is in effect and can be undone.
 pub trait KnobGuard: Send {
-    /// Key in the run metadata.
+    /// Key in the run metadata, and the knob's name in messages.
     fn name(&self) -> &'static str;
-    /// What was applied, for RunMeta.knobs.
-    fn metadata(&self) -> Value;
+    /// Puts what was applied into its field of RunMeta.knobs.
+    fn record(&self, into: &mut AppliedKnobs);
     /// Puts the previous state back. Idempotent.
     fn restore(&mut self) -> Result<()>;
 }
@@ -110,6 +111,16 @@ pub enum Bottleneck {
     Sender,
     /// The router's interface toward the receiver (veth testbed only).
     Router,
+}
+
+impl Bottleneck {
+    /// Its serde word, for the run metadata.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bottleneck::Sender => "sender",
+            Bottleneck::Router => "router",
+        }
+    }
 }
 
 /// What to do when the kernel lacks a requested qdisc.
@@ -496,13 +507,13 @@ impl Knobs {
         let mut k = self.clone();
         k.probe = ProbeContext::default();
         match serde_json::to_value(&k) {
-            Ok(Value::Object(m)) => {
+            Ok(serde_json::Value::Object(m)) => {
                 let parts: Vec<String> = m
                     .iter()
                     .filter(|(_, v)| !v.is_null())
                     .map(|(k, v)| match v {
-                        Value::String(s) => format!("{k}={s}"),
-                        Value::Array(a) => format!(
+                        serde_json::Value::String(s) => format!("{k}={s}"),
+                        serde_json::Value::Array(a) => format!(
                             "{k}=[{}]",
                             a.iter()
                                 .map(|x| x.as_str().map(str::to_string).unwrap_or(x.to_string()))
@@ -530,9 +541,10 @@ pub struct Applied<'tb> {
     guards: Vec<Box<dyn KnobGuard + 'tb>>,
     load: Option<load::Load>,
     sampler: Option<sampler::QueueSampler>,
-    notes: Map<String, Value>,
+    /// `bottleneck` and `load`: what `apply` noted besides the guards.
+    notes: AppliedKnobs,
     skipped: Vec<String>,
-    unsupported: Map<String, Value>,
+    unsupported: BTreeMap<String, String>,
     rt: RtSettings,
     queue_sample: Option<Duration>,
     bottleneck_ns: &'tb Netns,
@@ -547,26 +559,17 @@ impl<'tb> Applied<'tb> {
     /// What was applied, for RunMeta.knobs: one entry per knob, plus
     /// `bottleneck`, `skipped` (requested but not run: the run is not what
     /// was asked) and `unsupported` (device cannot, reported).
-    pub fn metadata(&self) -> Map<String, Value> {
+    pub fn metadata(&self) -> AppliedKnobs {
         let mut m = self.notes.clone();
         for g in &self.guards {
-            m.insert(g.name().into(), g.metadata());
+            g.record(&mut m);
         }
         if !self.rt.is_empty() {
-            m.insert("rt".into(), self.rt.metadata());
+            m.rt = Some(self.rt.metadata());
         }
-        if let Some(s) = &self.sampler {
-            m.insert("queue_sampler".into(), s.metadata());
-        }
-        if !self.skipped.is_empty() {
-            m.insert("skipped".into(), json!(self.skipped));
-        }
-        if !self.unsupported.is_empty() {
-            m.insert(
-                "unsupported".into(),
-                Value::Object(self.unsupported.clone()),
-            );
-        }
+        m.queue_sampler = self.sampler.as_ref().map(sampler::QueueSampler::metadata);
+        m.skipped = self.skipped.clone();
+        m.unsupported = self.unsupported.clone();
         m
     }
 
@@ -687,7 +690,7 @@ impl Drop for Applied<'_> {
 
 struct TreeKnob<'a> {
     tree: qdisc::QdiscTree<'a>,
-    meta: Value,
+    meta: QdiscTreeApplied,
 }
 
 impl KnobGuard for TreeKnob<'_> {
@@ -695,8 +698,8 @@ impl KnobGuard for TreeKnob<'_> {
         "qdisc_tree"
     }
 
-    fn metadata(&self) -> Value {
-        self.meta.clone()
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.qdisc_tree = Some(self.meta.clone());
     }
 
     fn restore(&mut self) -> Result<()> {
@@ -773,9 +776,9 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         guards: Vec::new(),
         load: None,
         sampler: None,
-        notes: Map::new(),
+        notes: AppliedKnobs::default(),
         skipped: Vec::new(),
-        unsupported: Map::new(),
+        unsupported: BTreeMap::new(),
         rt: knobs.rt(),
         queue_sample: knobs.queue_sample,
         bottleneck_ns: ns,
@@ -784,10 +787,11 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         queue_at_mark: None,
         restored: false,
     };
-    a.notes.insert(
-        "bottleneck".into(),
-        json!({ "side": knobs.bottleneck(), "netns": ns.name(), "dev": dev }),
-    );
+    a.notes.bottleneck = Some(BottleneckAt {
+        dev: dev.clone(),
+        netns: ns.name().into(),
+        side: knobs.bottleneck().as_str().into(),
+    });
 
     // Decide about the qdisc before touching anything.
     let (qdisc, skipped) = decide_qdisc(tb.sys(), knobs)?;
@@ -847,11 +851,9 @@ fn install_tree<'a>(
     };
     let (cmds, mut meta) = qdisc::render_tree(dev, shaping, qdisc, &ctx);
     let tree = qdisc::QdiscTree::install(at, dev, &cmds)?;
-    if let Value::Object(m) = &mut meta {
-        m.insert("status".into(), json!("applied"));
-        m.insert("netns".into(), json!(at.name()));
-        m.insert("dev".into(), json!(dev));
-    }
+    meta.status = APPLIED.into();
+    meta.netns = at.name();
+    meta.dev = dev.into();
     Ok(TreeKnob { tree, meta })
 }
 
@@ -895,7 +897,7 @@ impl<'tb> Applied<'tb> {
         match knobs.device_unsupported() {
             DevicePolicy::Report => {
                 log::info!("{why}");
-                self.unsupported.insert(key.into(), Value::String(why));
+                self.unsupported.insert(key.into(), why);
                 Ok(())
             }
             DevicePolicy::Fail => bail!("{why} (device_unsupported = fail)"),
@@ -942,17 +944,14 @@ impl<'tb> Applied<'tb> {
         l.mark();
         self.queue_at_mark = self.root_qdisc().map(|q| (Instant::now(), q));
         let measured_from_ns = crate::probe::clock::realtime_ns();
-        self.notes.insert(
-            "load".into(),
-            json!({
-                "specs": knobs.loads().iter().map(|l| l.to_string()).collect::<Vec<_>>(),
-                "warmup": crate::model::units::fmt_duration(warmup),
-                "link_rate": link_rate.map(|r| r.to_string()),
-                "receiver": tb.receiver_if.addr.to_string(),
-                "started_ns": started_ns,
-                "measured_from_ns": measured_from_ns,
-            }),
-        );
+        self.notes.load = Some(LoadStarted {
+            link_rate: link_rate.map(|r| r.to_string()),
+            measured_from_ns,
+            receiver: tb.receiver_if.addr.to_string(),
+            specs: knobs.loads().iter().map(|l| l.to_string()).collect(),
+            started_ns,
+            warmup: crate::model::units::fmt_duration(warmup),
+        });
         self.load = Some(l);
         Ok(())
     }

@@ -18,9 +18,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::KnobGuard;
+use crate::model::knobs::{APPLIED, AppliedKnobs, StressApplied};
 use crate::sys::process::Background;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,13 +151,13 @@ impl KnobGuard for Stress {
         "stress"
     }
 
-    fn metadata(&self) -> Value {
-        json!({
-            "status": "applied",
-            "workers": self.workers,
-            "tool": self.tool.as_str(),
-            "method": "sqrt",
-        })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.stress = Some(StressApplied {
+            method: "sqrt".into(),
+            status: APPLIED.into(),
+            tool: self.tool.as_str().into(),
+            workers: self.workers,
+        });
     }
 
     fn restore(&mut self) -> Result<()> {

@@ -137,12 +137,12 @@ impl<'l, 'a> Io<'l, 'a> {
         // thread waits on the receiver's socket, as any reflector does,
         // and reads the sender's right after each echo (on veth the echo
         // and the stamps are queued by then).
-        let polled: Vec<&ProbeSocket> = match (first.s.reflector.receiver(), by) {
+        let polled: Vec<&ProbeSocket> = match (first.s.echo_side.receiver(), by) {
             (Some(rx), ReadBy::IoThread) => vec![rx],
             (Some(rx), ReadBy::Sender) => vec![rx, first.s.sock],
             (None, _) => legs.iter().map(|l| l.s.sock).collect(),
         };
-        let remote = first.s.reflector.receiver().is_none();
+        let remote = first.s.echo_side.receiver().is_none();
         let many = (remote && polled.len() > 1)
             .then(|| ReadySet::new(&polled))
             .and_then(|r| {
@@ -209,7 +209,7 @@ impl<'l, 'a> Io<'l, 'a> {
             let mut n = 0;
             if reflector_left
                 && let (Some((sock, session)), Some(b)) =
-                    (first.s.reflector.receiver_session(), self.reflect.as_mut())
+                    (first.s.echo_side.receiver_session(), self.reflect.as_mut())
             {
                 let (k, drained) =
                     reflect_queued(sock, b, session, &first.attempts, finishing, &mut self.out);
@@ -634,7 +634,7 @@ mod tests {
         model::{observer::NoObserver, record::ProbeRecord},
         probe::{
             HwSetup, ProbeConfig, TimestampSource, collect,
-            engine::{Collecting, LegOut, Reflector},
+            engine::{Collecting, EchoSide, LegOut},
             matcher::NoHwClocks,
             socket::TsFlags,
             wire::Wire,
@@ -700,7 +700,7 @@ mod tests {
                 sock: &sock,
                 dst: "127.0.0.1:9".parse().unwrap(),
                 wire: &wire,
-                reflector: Reflector::Remote,
+                echo_side: EchoSide::Remote,
                 on_echoes: None,
                 foreign_before: 0,
             },
@@ -811,7 +811,7 @@ mod tests {
                 sock,
                 dst,
                 wire,
-                reflector: Reflector::Remote,
+                echo_side: EchoSide::Remote,
                 on_echoes: None,
                 foreign_before: 0,
             },
@@ -911,7 +911,7 @@ mod tests {
             io.polled.iter().map(|s| s.fd()).collect::<Vec<_>>()
         };
         let mut leg = remote_leg(&tx_sock, dst, &wire);
-        leg.s.reflector = Reflector::InProcess {
+        leg.s.echo_side = EchoSide::InProcess {
             sock: &rx_sock,
             session: 7,
         };
@@ -919,7 +919,7 @@ mod tests {
         assert_eq!(fds(&[leg], ReadBy::IoThread), [rx_sock.fd()]);
         // Where the sender reads, its loop waits on both once it has sent all.
         let mut leg = remote_leg(&tx_sock, dst, &wire);
-        leg.s.reflector = Reflector::Kernel {
+        leg.s.echo_side = EchoSide::Kernel {
             sock: &rx_sock,
             session: 7,
         };

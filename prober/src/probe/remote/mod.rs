@@ -472,7 +472,7 @@ fn engine_leg<'a>(
             sock: &p.sock,
             dst: p.addr,
             wire: &p.wire,
-            reflector: engine::Reflector::Remote,
+            echo_side: engine::EchoSide::Remote,
             on_echoes: Some(note),
             foreign_before: 0,
         },

@@ -350,7 +350,7 @@ fn towards<'a>(sock: &'a ProbeSocket, dst: SocketAddr, wire: &'a Wire) -> engine
         sock,
         dst,
         wire,
-        reflector: engine::Reflector::Remote,
+        echo_side: engine::EchoSide::Remote,
         on_echoes: None,
         foreign_before: 0,
     }
