@@ -10,3 +10,4 @@ pub(crate) mod observer;
 pub mod record;
 pub mod run;
 pub(crate) mod units;
+pub(crate) mod words;
