@@ -17,15 +17,12 @@ use crate::{
         hdrlog::{HdrLog, TAG_ONE_WAY, TAG_RTT},
         metrics::{Access, FlowLabels, FlowMetrics, Metrics, MetricsServer},
     },
-    model::{
-        observer::{NoObserver, SessionObserver},
-        record::ProbeRecord,
-        run::RunMeta,
-    },
+    model::{record::ProbeRecord, run::RunMeta},
     options::continuous::ContinuousPlan,
     stats::{
         Counts, RunStats,
         interval::{Interval, IntervalStats, quantiles_words},
+        observer::{NoObserver, SessionObserver},
     },
 };
 
@@ -244,7 +241,7 @@ impl SessionObserver for MainObserver<'_> {
         }
     }
 
-    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+    fn on_loss_directions(&mut self, d: &crate::stats::observer::LossDirections) {
         if let Some(m) = &mut self.metrics {
             m.on_loss_directions(d);
         }

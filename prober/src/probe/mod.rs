@@ -40,9 +40,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    model::{observer::SessionObserver, record::RecordSink},
+    model::record::RecordSink,
     stats::{
         RunStats,
+        observer::SessionObserver,
         report::{HardwareClock, HardwareClocks, KernelDrops, SampledClock},
     },
     sys::Netns,
@@ -387,7 +388,7 @@ pub(crate) fn run_session(
             let mut observer_for = |_: &remote::RemoteLeg| -> Box<dyn SessionObserver + '_> {
                 match once.take() {
                     Some(o) => Box::new(Borrowed(o)),
-                    None => Box::new(crate::model::observer::NoObserver),
+                    None => Box::new(crate::stats::observer::NoObserver),
                 }
             };
             let mut got = remote::targets_session(
@@ -416,7 +417,7 @@ impl SessionObserver for Borrowed<'_> {
     fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
         self.0.on_tick(stats, last)
     }
-    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+    fn on_loss_directions(&mut self, d: &crate::stats::observer::LossDirections) {
         self.0.on_loss_directions(d)
     }
 }

@@ -198,7 +198,7 @@ pub(super) fn run_probe(
         &cfg,
         &mut csv,
         stop,
-        &mut crate::model::observer::NoObserver,
+        &mut crate::stats::observer::NoObserver,
     )?;
     let mut s = o.stats.summary();
     s.report.kernel_drops = Some(o.kernel_drops);

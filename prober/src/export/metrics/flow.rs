@@ -10,11 +10,12 @@ use super::{
     registry::Metrics,
 };
 use crate::{
-    model::{
+    model::record::ProbeRecord,
+    stats::{
+        Counts, RunStats,
+        chain::Stage,
         observer::{LossDirections, SessionObserver},
-        record::ProbeRecord,
     },
-    stats::{Counts, RunStats, chain::Stage},
 };
 
 impl Metrics {

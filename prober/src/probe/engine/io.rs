@@ -631,7 +631,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::{observer::NoObserver, record::ProbeRecord},
+        model::record::ProbeRecord,
         probe::{
             HwSetup, ProbeConfig, TimestampSource, collect,
             engine::{Collecting, LegOut, Reflector},
@@ -640,6 +640,7 @@ mod tests {
             wire::Wire,
         },
         stats::RunStats,
+        stats::observer::NoObserver,
     };
 
     /// The records a session wrote.

@@ -67,7 +67,7 @@ use super::{
     stamp::{ClockSync, HmacKey},
     wire::{Echo, Wire},
 };
-use crate::{model::observer::SessionObserver, options::remote::ProtocolArg, sys::Netns};
+use crate::{options::remote::ProtocolArg, stats::observer::SessionObserver, sys::Netns};
 
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]

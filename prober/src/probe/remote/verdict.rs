@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use anyhow::Result;
 
 use super::{Prepared, RemoteLeg, Target};
-use crate::model::observer::LossDirections;
+use crate::stats::observer::LossDirections;
 use crate::{
     options::remote::ProtocolArg,
     probe::{
