@@ -89,7 +89,7 @@ pub struct ProbeConfig {
     pub no_warm_up: bool,
     /// Real-time settings the sender thread applies to itself (its
     /// SCHED_FIFO priority also goes to the probe's receive threads).
-    pub rt: crate::tune::rt::RtSettings,
+    pub rt: crate::sys::rt::RtSettings,
     /// rtprobe's in-kernel reflector (XDP) answers this flow's probes at
     /// the receiver: arrivals come from the echoes' payloads.
     pub kernel_reflector: bool,

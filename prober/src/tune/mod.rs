@@ -42,7 +42,6 @@ mod knob_spec;
 pub mod load;
 pub mod qdisc;
 pub mod ring;
-pub mod rt;
 pub mod sampler;
 pub mod shaping;
 pub mod stress;
@@ -74,14 +73,13 @@ pub use self::{
     knob_spec::KnobSpec,
     load::{FetchTimes, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
-    rt::RtSettings,
     shaping::{ShaperKind, Shaping},
     stress::StressTool,
     units::{Bytes, CpuDmaLatency, QueueLimit, Rate},
 };
 use crate::{
     error::Error,
-    sys::{Netns, Ns, QdiscInfo},
+    sys::{Netns, Ns, QdiscInfo, rt::RtSettings},
     testbed::Testbed,
 };
 

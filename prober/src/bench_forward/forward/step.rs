@@ -166,7 +166,7 @@ pub(super) fn run_probe(
         spin: None,
         busy_poll: false,
         no_warm_up: false,
-        rt: crate::tune::rt::RtSettings {
+        rt: crate::sys::rt::RtSettings {
             fifo_priority: plan.rt_priority.map(|p| p + 1),
             ..Default::default()
         },
