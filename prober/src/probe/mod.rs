@@ -26,6 +26,7 @@ pub(crate) mod wake;
 pub(crate) mod wire;
 
 pub use timestamps::TimestampSource;
+pub use wire::ProtocolArg;
 
 use std::{
     net::SocketAddr,

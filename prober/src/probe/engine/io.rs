@@ -490,7 +490,7 @@ impl ReflectBufs {
             arrivals: Vec::with_capacity(64),
             // No rate limit: the testbed's own probes may come at any rate.
             core: reflect::Core::new(reflect::Policy::unlimited(
-                crate::options::remote::ProtocolArg::Rtprobe,
+                crate::probe::wire::ProtocolArg::Rtprobe,
             )),
         }
     }

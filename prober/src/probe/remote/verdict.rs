@@ -10,7 +10,7 @@ use anyhow::Result;
 use super::{Prepared, RemoteLeg, Target};
 use crate::stats::observer::LossDirections;
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         SessionOutcome, engine,
         stamp::{ClockSync, ErrorEstimate},
