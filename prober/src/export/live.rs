@@ -16,9 +16,9 @@ use crate::{
     export::{
         hdrlog::{HdrLog, TAG_ONE_WAY, TAG_RTT},
         metrics::{Access, FlowLabels, FlowMetrics, Metrics, MetricsServer},
+        plan::ContinuousPlan,
     },
     model::{record::ProbeRecord, run::RunMeta},
-    options::continuous::ContinuousPlan,
     stats::{
         Counts, RunStats,
         interval::{Interval, IntervalStats, quantiles_words},
@@ -289,7 +289,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::options::continuous::ContinuousPlan;
+    use crate::export::plan::ContinuousPlan;
 
     /// The main flow of 64-byte probes, TOS 0xc0.
     fn labels() -> FlowLabels {

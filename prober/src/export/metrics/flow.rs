@@ -268,8 +268,8 @@ impl SessionObserver for FlowMetrics {
 mod tests {
     use super::*;
     use crate::{
+        export::plan::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
         model::record::ProbeRecord,
-        options::continuous::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
     };
 
     fn record(one_way_us: i64) -> ProbeRecord {
