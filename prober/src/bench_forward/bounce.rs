@@ -38,10 +38,10 @@ use super::{
     links,
     loadgen::next_repeat,
     perf::{self, PerfFigures, opt},
+    plan::Plan,
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    options::bench_forward::Plan,
     sys::{Netns, Ns, Sys, SysRef},
     testbed::NS_PREFIX,
 };
