@@ -1,6 +1,7 @@
-//! Units the knobs are written in: rates (`100mbit`), byte sizes (`64KiB`),
-//! queue limits (`100p` or `64kb`) and shares of the link (`50%`);
-//! durations are [`crate::model::units`]. Each parses from the CLI and from TOML (string or
+//! Units the knobs are written in: rates (`100mbit`), byte sizes (`64KiB`;
+//! [`Bytes`] lives in [`crate::model::units`], which the other layers
+//! share), queue limits (`100p` or `64kb`) and shares of the link (`50%`);
+//! durations are [`crate::model::units`] too. Each parses from the CLI and from TOML (string or
 //! integer) with an error that says which form is expected, and renders in
 //! the syntax `tc` takes. Pure: no kernel access.
 
