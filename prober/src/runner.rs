@@ -10,14 +10,15 @@ use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::CsvWriter,
     model::knobs::PacingKnobs,
-    model::observer::SessionObserver,
-    model::run::{RunMeta, RunOutcome},
+    model::run::RunMeta,
     options::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
     probe::SessionOutcome,
     probe::{self, Endpoints, ProbeConfig, SessionEnds},
+    stats::observer::SessionObserver,
+    stats::outcome::RunOutcome,
     stats::report::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
         OneClock, ReflectorCounts, ReflectorReport, RunReport,

@@ -13,10 +13,7 @@ use anyhow::{Context, Result};
 use crate::{
     cli::ProbeArgs,
     export::{CsvWriter, live::Live},
-    model::{
-        observer::SessionObserver,
-        run::{RunMeta, RunOutcome},
-    },
+    model::run::RunMeta,
     options::{
         RunOptions, SpecError, plan,
         remote::{ProtocolArg, read_key},
@@ -28,6 +25,7 @@ use crate::{
         run_session, run_targets,
     },
     signals::with_signals_reload,
+    stats::{observer::SessionObserver, outcome::RunOutcome},
 };
 
 pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {

@@ -530,7 +530,7 @@ impl Forwarders {
                             .with_context(|| format!("open {}", path.display()))?;
                         crate::sys::netns::enter(f.as_fd())
                             .context("enter the DUT's network namespace")?;
-                        crate::tune::rt::pin_to_cpu(queue as usize % cpus)
+                        crate::sys::rt::pin_to_cpu(queue as usize % cpus)
                             .context("pin an AF_XDP thread")?;
                         if let Some(p) = rt_priority {
                             super::links::set_fifo(0, p)?;

@@ -630,7 +630,7 @@ pub fn fetch_line(t: &FetchTimes) -> String {
     format!(
         "{} fetches of {}: {} ± {} s, p50 {}, p90 {}, p99 {}, max {} s, {} failed",
         t.count,
-        crate::tune::units::Bytes(t.size_bytes),
+        crate::model::units::Bytes(t.size_bytes),
         s3(t.mean_s),
         s3(t.sd_s),
         s3(t.p50_s),

@@ -1,10 +1,10 @@
 //! A run as a whole: what was asked and set up ([`RunMeta`], the CSV's
-//! first line) and what came out ([`RunOutcome`]).
+//! first line). What came out of it, with its statistics, is
+//! `stats::outcome`.
 
 use serde::{Deserialize, Serialize};
 
 use super::knobs::AppliedKnobs;
-use crate::stats::Summary;
 
 /// Run metadata stored as the CSV's first line, so plots can be titled
 /// without flags. Every field is optional on read (older or foreign CSVs).
@@ -39,14 +39,4 @@ pub struct RunMeta {
     /// Knobs applied for this run (qdisc, BQL, load...), by name.
     #[serde(deserialize_with = "super::knobs::lenient")]
     pub knobs: AppliedKnobs,
-}
-
-/// The result of a run.
-pub(crate) struct RunOutcome {
-    pub summary: Summary,
-    pub meta: RunMeta,
-    pub rows: u64,
-    pub interrupted: bool,
-    /// An output failed and stopped the run (the rest is complete).
-    pub output_error: Option<String>,
 }

@@ -17,10 +17,7 @@ use super::{
     remote::ProtocolArg,
 };
 
-/// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
-pub const MAX_PAYLOAD_1500: usize = 1472;
-/// The same over IPv6 (1500 - 40 IPv6 - 8 UDP).
-pub const MAX_PAYLOAD_1500_IPV6: usize = 1452;
+pub use crate::probe::wire::{MAX_PAYLOAD_1500, MAX_PAYLOAD_1500_IPV6};
 /// Default probe count when neither count nor duration is given.
 pub const DEFAULT_COUNT: u64 = 1000;
 /// Most extra flows next to the main one.

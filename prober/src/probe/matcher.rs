@@ -1132,7 +1132,7 @@ mod tests {
 
     mod echo_rules {
         use super::super::*;
-        use crate::options::remote::ProtocolArg;
+        use crate::probe::wire::ProtocolArg;
         use crate::probe::{
             stamp::{ErrorEstimate, Mode, ReflectorPacket, Timestamp},
             wire::SSID_WARMUP_BIT,

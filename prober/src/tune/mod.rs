@@ -42,7 +42,6 @@ mod knob_spec;
 pub mod load;
 pub mod qdisc;
 pub mod ring;
-pub mod rt;
 pub mod sampler;
 pub mod shaping;
 pub mod stress;
@@ -74,7 +73,6 @@ pub use self::{
     knob_spec::KnobSpec,
     load::{FetchTimes, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
-    rt::RtSettings,
     shaping::{ShaperKind, Shaping},
     stress::StressTool,
     units::{Bytes, CpuDmaLatency, QueueLimit, Rate},
@@ -82,7 +80,7 @@ pub use self::{
 use crate::{
     error::Error,
     model::knobs::{APPLIED, AppliedKnobs, BottleneckAt, LoadStarted, QdiscTreeApplied},
-    sys::{Netns, Ns, QdiscInfo},
+    sys::{Netns, Ns, QdiscInfo, rt::RtSettings},
     testbed::Testbed,
 };
 

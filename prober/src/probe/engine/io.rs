@@ -490,7 +490,7 @@ impl ReflectBufs {
             arrivals: Vec::with_capacity(64),
             // No rate limit: the testbed's own probes may come at any rate.
             core: reflect::Core::new(reflect::Policy::unlimited(
-                crate::options::remote::ProtocolArg::Rtprobe,
+                crate::probe::wire::ProtocolArg::Rtprobe,
             )),
         }
     }
@@ -631,7 +631,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::{observer::NoObserver, record::ProbeRecord},
+        model::record::ProbeRecord,
         probe::{
             HwSetup, ProbeConfig, TimestampSource, collect,
             engine::{Collecting, EchoSide, LegOut},
@@ -640,6 +640,7 @@ mod tests {
             wire::Wire,
         },
         stats::RunStats,
+        stats::observer::NoObserver,
     };
 
     /// The records a session wrote.

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use anyhow::Result;
 
 use super::{Prepared, RemoteLeg, Target};
-use crate::model::observer::LossDirections;
+use crate::stats::observer::LossDirections;
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         SessionOutcome, engine,
         stamp::{ClockSync, ErrorEstimate},
