@@ -24,6 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use libfuzzer_sys::fuzz_target;
 use rtprobe::{
     probe::{
+        ProtocolArg,
         packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, KTIMES_MIN_LEN, Probe},
         reflect::{
             Core, Counters, Drop, FLAG_REFLECTOR_STATE, MAX_PEER_SOURCES, MAX_SESSIONS,
@@ -35,7 +36,6 @@ use rtprobe::{
             SenderPacket, StampError,
         },
     },
-    options::remote::ProtocolArg,
 };
 
 const KEY: &[u8] = b"rtprobe fuzz key, 32 bytes long.";

@@ -13,9 +13,11 @@ use std::{
 
 use criterion::{BenchmarkId, Criterion};
 use rtprobe::{
-    export::metrics::{FlowLabels, Format, Metrics},
+    export::{
+        metrics::{FlowLabels, Format, Metrics},
+        plan::{MetricsBuckets, MetricsSeries},
+    },
     model::record::ProbeRecord,
-    options::continuous::{MetricsBuckets, MetricsSeries},
     stats::Counts,
 };
 

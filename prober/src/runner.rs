@@ -9,19 +9,21 @@ use anyhow::{Context, Result, bail};
 use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::CsvWriter,
-    model::observer::SessionObserver,
-    model::run::{RunMeta, RunOutcome, peak_rss_kib},
+    model::knobs::PacingKnobs,
+    model::run::RunMeta,
     options::{
         RunOptions,
         remote::{ProtocolArg, RemoteOptions},
     },
     probe::SessionOutcome,
     probe::{self, Endpoints, ProbeConfig, SessionEnds},
+    stats::observer::SessionObserver,
+    stats::outcome::RunOutcome,
     stats::report::{
         ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
         OneClock, ReflectorCounts, ReflectorReport, RunReport,
     },
-    sys::SysRef,
+    sys::{SysRef, host::peak_rss_kib},
     testbed::{Kind, Testbed},
     tune,
 };
@@ -510,7 +512,7 @@ fn testbed_meta(
     RunMeta {
         knobs: {
             let mut k = applied.map(|a| a.metadata()).unwrap_or_default();
-            k.extend(pacing_knobs(opts));
+            k.pacing = Some(pacing_knobs(opts));
             k
         },
         extra_flows: opts
@@ -594,23 +596,23 @@ fn choose_reflector(
 }
 
 /// How the sender paced, stored with the run.
-fn pacing_knobs(opts: &RunOptions) -> serde_json::Map<String, serde_json::Value> {
+fn pacing_knobs(opts: &RunOptions) -> PacingKnobs {
     let p = &opts.probe;
-    let mut m = serde_json::Map::new();
-    m.insert(
-        "pacing".into(),
-        serde_json::json!({
-            "mode": match (p.busy_poll, p.spin) {
-                (true, _) => "busy-poll",
-                (false, Some(_)) => "fixed",
-                (false, None) => "adaptive",
-            },
-            "busy_poll": p.busy_poll,
-            "no_warm_up": p.no_warm_up,
-            "spin_ns": if p.busy_poll { None } else { p.spin.map(|s| s.as_nanos() as u64) },
-        }),
-    );
-    m
+    PacingKnobs {
+        busy_poll: p.busy_poll,
+        mode: match (p.busy_poll, p.spin) {
+            (true, _) => "busy-poll",
+            (false, Some(_)) => "fixed",
+            (false, None) => "adaptive",
+        }
+        .into(),
+        no_warm_up: p.no_warm_up,
+        spin_ns: if p.busy_poll {
+            None
+        } else {
+            p.spin.map(|s| s.as_nanos() as u64)
+        },
+    }
 }
 
 pub fn mode_name(m: XdpMode) -> &'static str {
@@ -671,3 +673,5 @@ impl StampReflector {
 
 #[cfg(test)]
 mod orchestrate_tests;
+#[cfg(test)]
+mod undo_tests;

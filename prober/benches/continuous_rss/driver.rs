@@ -17,9 +17,12 @@ use std::{
 
 use anyhow::{Context, Result};
 use rtprobe::{
-    export::{CsvWriter, live::Live},
+    export::{
+        CsvWriter,
+        live::Live,
+        plan::{ContinuousPlan, Rotate, Rotation},
+    },
     model::run::RunMeta,
-    options::continuous::{ContinuousPlan, Rotate, Rotation},
     probe::{
         Collector, ProbeConfig, TimestampSource, cmsg::TxKind, matcher::Event, matcher::Expect,
         matcher::NoHwClocks,

@@ -13,10 +13,7 @@ use anyhow::{Context, Result};
 use crate::{
     cli::ProbeArgs,
     export::{CsvWriter, live::Live},
-    model::{
-        observer::SessionObserver,
-        run::{RunMeta, RunOutcome},
-    },
+    model::run::RunMeta,
     options::{
         RunOptions, SpecError, plan,
         remote::{ProtocolArg, read_key},
@@ -28,6 +25,7 @@ use crate::{
         run_session, run_targets,
     },
     signals::with_signals_reload,
+    stats::{observer::SessionObserver, outcome::RunOutcome},
 };
 
 pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
@@ -450,7 +448,7 @@ fn total_summary(
     }
     s.report.loss_split = Some(split);
     s.report.late_arrivals = Some(outcomes.iter().map(|(_, o)| o.late_arrivals).sum());
-    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.peak_rss_kib = Some(crate::sys::host::peak_rss_kib());
     s.report.interrupted = outcomes.iter().any(|(_, o)| o.interrupted);
     s.report.targets = targets;
     s.report.host = Some(crate::sys::host::host_facts());

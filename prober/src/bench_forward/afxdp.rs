@@ -528,9 +528,9 @@ impl Forwarders {
                     let setup = (|| -> Result<Xsk> {
                         let f = std::fs::File::open(&path)
                             .with_context(|| format!("open {}", path.display()))?;
-                        nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                        crate::sys::netns::enter(f.as_fd())
                             .context("enter the DUT's network namespace")?;
-                        crate::tune::rt::pin_to_cpu(queue as usize % cpus)
+                        crate::sys::rt::pin_to_cpu(queue as usize % cpus)
                             .context("pin an AF_XDP thread")?;
                         if let Some(p) = rt_priority {
                             super::links::set_fifo(0, p)?;

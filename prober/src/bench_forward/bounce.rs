@@ -18,7 +18,7 @@
 //! Kernel interfaces, through [`crate::sys`]: a veth pair with queue
 //! counts (RTM_NEWLINK with IFLA_NUM_TX_QUEUES/IFLA_NUM_RX_QUEUES), threaded
 //! NAPI (/sys/class/net/DEV/threaded, 5.12), SIOCETHTOOL (GRO), those of
-//! [`super::xdp`] and `sched_setaffinity(2)` (through [`crate::tune::rt`]).
+//! [`super::xdp`] and `sched_setaffinity(2)` (through [`crate::sys::rt`]).
 //! Minimum kernel: 5.18.
 
 use std::{
@@ -38,10 +38,10 @@ use super::{
     links,
     loadgen::next_repeat,
     perf::{self, PerfFigures, opt},
+    plan::Plan,
     xdp::{BenchProgram, Hook},
 };
 use crate::{
-    options::bench_forward::Plan,
     sys::{Netns, Ns, Sys, SysRef},
     testbed::NS_PREFIX,
 };
@@ -282,7 +282,7 @@ fn generate_on(
     started: Instant,
 ) -> Result<()> {
     gen_ns.enter_current_thread()?;
-    crate::tune::rt::pin_to_cpu(cpu)
+    crate::sys::rt::pin_to_cpu(cpu)
         .with_context(|| format!("pin a generator thread to CPU {cpu}"))?;
     if let Some(p) = plan.rt_priority {
         links::set_fifo(0, p)?;

@@ -35,11 +35,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+pub use super::plan::Plan;
 use super::{
     bounce::BounceStep,
     perf::{self, PerfFigures},
 };
-pub use crate::options::bench_forward::Plan;
 use crate::{probe::STOP_NOW, sys::SysRef};
 use bed::{ModeBed, testbed_for};
 pub use report::{ForwardReport, Machine, StepResult};

@@ -85,7 +85,7 @@ pub fn napi_threads(ifname: &str) -> Vec<i32> {
 
 /// Makes thread `tid` (0 = the caller) SCHED_FIFO at `prio`.
 pub fn set_fifo(tid: i32, prio: u8) -> Result<()> {
-    crate::tune::rt::set_fifo(tid, prio)
+    crate::sys::rt::set_fifo(tid, prio)
         .with_context(|| format!("SCHED_FIFO {prio} for thread {tid}"))
 }
 

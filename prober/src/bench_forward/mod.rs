@@ -13,5 +13,6 @@ pub mod kinds;
 pub mod links;
 pub mod loadgen;
 pub mod perf;
+pub mod plan;
 pub mod sink;
 pub mod xdp;

@@ -7,10 +7,12 @@
 //! tool the thesis used, and the kernel's perf_event_open(2) needs the same
 //! event set-up perf already does.
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+
+use crate::sys::process;
 
 /// Where perf is looked for.
 pub const PERF: &str = "perf";
@@ -112,7 +114,7 @@ pub fn args(tids: &[i32], duration: Duration) -> Vec<String> {
 
 /// Whether perf can run at all here; the reason when not.
 pub fn available() -> Result<(), String> {
-    match Command::new(PERF).arg("--version").output() {
+    match process::output(PERF, &["--version"]) {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(format!(
             "`{PERF} --version` failed: {}",
@@ -127,10 +129,7 @@ pub fn available() -> Result<(), String> {
 /// Counts `tids` (all CPUs if empty) for `duration`; blocks that long.
 pub fn stat(tids: &[i32], duration: Duration) -> Result<PerfFigures> {
     let a = args(tids, duration);
-    let o = Command::new(PERF)
-        .args(&a)
-        .output()
-        .with_context(|| format!("running {PERF} {}", a.join(" ")))?;
+    let o = process::output(PERF, &a).with_context(|| format!("running {PERF} {}", a.join(" ")))?;
     if !o.status.success() {
         bail!(
             "{PERF} {} failed: {}",

@@ -1,7 +1,9 @@
 //! How the router and the reflector are asked to run: plain domain types
-//! (no clap; the option model in [`crate::options`] gives them their flags).
+//! (no clap; the option model gives them their flags).
 
 use serde::{Deserialize, Serialize};
+
+use crate::model::words::words;
 
 /// How the XDP router is attached on the router's interfaces.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -73,33 +75,6 @@ impl ReflectorKind {
         }
     }
 }
-
-/// `Display` and `FromStr` from `ALL` and `as_str`, so the words are
-/// written once.
-macro_rules! words {
-    ($t:ty, $what:literal) => {
-        impl std::fmt::Display for $t {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl std::str::FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                let t = s.trim().to_ascii_lowercase();
-                <$t>::ALL
-                    .into_iter()
-                    .find(|v| v.as_str() == t)
-                    .ok_or_else(|| {
-                        let all: Vec<&str> = <$t>::ALL.iter().map(|v| v.as_str()).collect();
-                        format!("invalid {} {s:?}: use one of {}", $what, all.join(", "))
-                    })
-            }
-        }
-    };
-}
-pub(crate) use words;
 
 words!(XdpMode, "XDP mode");
 words!(XdpAction, "XDP action");

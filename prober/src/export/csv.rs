@@ -22,13 +22,10 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::rotate::Rotated;
-use crate::{
-    model::{
-        record::{ProbeRecord, RecordSink, TsSource},
-        run::RunMeta,
-    },
-    options::continuous::Rotation,
+use super::{plan::Rotation, rotate::Rotated};
+use crate::model::{
+    record::{ProbeRecord, RecordSink, TsSource},
+    run::RunMeta,
 };
 
 /// The first line of the CSV starts with this, followed by the [`RunMeta`] JSON.
@@ -595,7 +592,7 @@ mod tests {
 
     #[test]
     fn rotation_starts_every_file_with_meta_and_header() {
-        use crate::options::continuous::{Rotate, Rotation};
+        use crate::export::plan::{Rotate, Rotation};
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("out.csv");
         let meta = RunMeta {

@@ -16,16 +16,13 @@ use crate::{
     export::{
         hdrlog::{HdrLog, TAG_ONE_WAY, TAG_RTT},
         metrics::{Access, FlowLabels, FlowMetrics, Metrics, MetricsServer},
+        plan::ContinuousPlan,
     },
-    model::{
-        observer::{NoObserver, SessionObserver},
-        record::ProbeRecord,
-        run::RunMeta,
-    },
-    options::continuous::ContinuousPlan,
+    model::{record::ProbeRecord, run::RunMeta},
     stats::{
         Counts, RunStats,
         interval::{Interval, IntervalStats, quantiles_words},
+        observer::{NoObserver, SessionObserver},
     },
 };
 
@@ -244,7 +241,7 @@ impl SessionObserver for MainObserver<'_> {
         }
     }
 
-    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+    fn on_loss_directions(&mut self, d: &crate::stats::observer::LossDirections) {
         if let Some(m) = &mut self.metrics {
             m.on_loss_directions(d);
         }
@@ -292,7 +289,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::options::continuous::ContinuousPlan;
+    use crate::export::plan::ContinuousPlan;
 
     /// The main flow of 64-byte probes, TOS 0xc0.
     fn labels() -> FlowLabels {

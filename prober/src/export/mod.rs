@@ -1,5 +1,6 @@
 //! Everything rtprobe writes: the per-probe CSV (streamed), the JSON summary
-//! and the plots. Pure: no kernel access.
+//! and the plots, and what the live outputs are asked to do ([`plan`]).
+//! Pure: no kernel access.
 
 pub(crate) mod atomic;
 pub(crate) mod compare;
@@ -8,6 +9,7 @@ pub(crate) mod hdrlog;
 pub(crate) mod json;
 pub mod live;
 pub mod metrics;
+pub mod plan;
 pub mod plot;
 pub(crate) mod rotate;
 pub(crate) mod text;

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use crate::options::continuous::{Rotate, Rotation};
+use crate::export::plan::{Rotate, Rotation};
 
 /// The rotated family of one output path.
 #[derive(Debug, Clone)]

@@ -320,11 +320,11 @@ fn pacing_lines(o: &mut String, s: &Summary, m: &RunMeta) {
     let _ = writeln!(
         o,
         "  pacing{}: {:.0} probes/s sent; missed ticks {} ({:.2} %, sent > 1 interval late); unaccounted probes {}{}",
-        match (&s.pacing, m.knobs.get("pacing")) {
+        match (&s.pacing, &m.knobs.pacing) {
             (Some(p), _) => pacing_words(p),
-            (None, Some(p)) if p["busy_poll"] == true => " (busy-poll)".to_string(),
-            (None, Some(p)) => p["spin_ns"]
-                .as_u64()
+            (None, Some(p)) if p.busy_poll => " (busy-poll)".to_string(),
+            (None, Some(p)) => p
+                .spin_ns
                 .map(|n| format!(" (timer + {:.0} µs spin)", n as f64 / 1000.0))
                 .unwrap_or_default(),
             (None, None) => String::new(),
@@ -433,15 +433,12 @@ fn setup_lines(o: &mut String, s: &Summary, m: &RunMeta) {
         );
     }
     // How the sender paced is stored with the knobs but is not one.
-    let names: Vec<&str> = m
-        .knobs
-        .keys()
-        .map(String::as_str)
+    let names: Vec<&str> = (m.knobs.names().into_iter())
         .filter(|k| *k != "bottleneck" && *k != "pacing")
         .collect();
     if !names.is_empty() {
-        let at = match m.knobs.get("bottleneck").and_then(|b| b["dev"].as_str()) {
-            Some(dev) => format!("bottleneck {dev}; "),
+        let at = match &m.knobs.bottleneck {
+            Some(b) => format!("bottleneck {}; ", b.dev),
             None => String::new(),
         };
         let _ = writeln!(
@@ -633,7 +630,7 @@ pub fn fetch_line(t: &FetchTimes) -> String {
     format!(
         "{} fetches of {}: {} ± {} s, p50 {}, p90 {}, p99 {}, max {} s, {} failed",
         t.count,
-        crate::tune::units::Bytes(t.size_bytes),
+        crate::model::units::Bytes(t.size_bytes),
         s3(t.mean_s),
         s3(t.sd_s),
         s3(t.p50_s),

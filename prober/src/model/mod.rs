@@ -1,12 +1,12 @@
 //! What every layer shares, and depends on nothing above it: the probe
-//! record and where records go, the observer of a running session, the
-//! run's metadata and outcome, the host it ran on, and the units options
-//! are written in.
-//! Imports nothing from the crate but `stats` (the observer sees running
-//! statistics, the outcome carries the summary).
+//! record and where records go, the run's metadata, the host it ran on,
+//! the units options are written in and the words of the domain enums.
+//! Imports nothing from the crate (the observer of a running session and
+//! the run's outcome need statistics: they live in `stats`).
 
 pub mod host;
-pub(crate) mod observer;
+pub mod knobs;
 pub mod record;
 pub mod run;
 pub(crate) mod units;
+pub(crate) mod words;

@@ -56,7 +56,7 @@ impl TsSource {
 
 /// One probe, as written to the CSV. Every `*_ns` stamp is CLOCK_REALTIME
 /// (hardware stamps converted from the NIC's PHC); `None` is "not
-/// available". [`crate::stats::chain::derive`] fills the headline figures
+/// available". The statistics' `chain::derive` fills the headline figures
 /// and the stages from the stamps.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -1,9 +1,10 @@
 //! A run as a whole: what was asked and set up ([`RunMeta`], the CSV's
-//! first line) and what came out ([`RunOutcome`]).
+//! first line). What came out of it, with its statistics, is
+//! `stats::outcome`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::Summary;
+use super::knobs::AppliedKnobs;
 
 /// Run metadata stored as the CSV's first line, so plots can be titled
 /// without flags. Every field is optional on read (older or foreign CSVs).
@@ -36,28 +37,6 @@ pub struct RunMeta {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub extra_flows: Vec<serde_json::Value>,
     /// Knobs applied for this run (qdisc, BQL, load...), by name.
-    pub knobs: serde_json::Map<String, serde_json::Value>,
-}
-
-/// The result of a run.
-pub(crate) struct RunOutcome {
-    pub summary: Summary,
-    pub meta: RunMeta,
-    pub rows: u64,
-    pub interrupted: bool,
-    /// An output failed and stopped the run (the rest is complete).
-    pub output_error: Option<String>,
-}
-
-/// The process's peak resident memory so far (VmHWM), in KiB; None
-/// (null in JSON, "-" in text) if unknown.
-pub fn peak_rss_kib() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
+    #[serde(deserialize_with = "super::knobs::lenient")]
+    pub knobs: AppliedKnobs,
 }

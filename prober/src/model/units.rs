@@ -1,11 +1,13 @@
 //! Durations and the TOS byte as every layer writes them: the command
 //! line, scenario files, the knobs and the figures' axes parse with the
 //! same functions and render with the same short forms (`1.5ms`, `100us`).
-//! Pure: no kernel access.
+//! Also the latency a person reads (`5.743 µs`, in the unit that suits it),
+//! and byte sizes (`64KiB`) with the serde that units share. Pure: no
+//! kernel access.
 
-use std::time::Duration;
+use std::{fmt, str::FromStr, time::Duration};
 
-use serde::{Deserialize, Deserializer, Serializer, de};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
 /// The longest duration rtprobe takes. Stamps are i64 nanoseconds since
 /// 1970, which end in 2262, so "now + duration" must stay below that; a
@@ -107,6 +109,220 @@ pub mod humane_duration {
         }
     }
 }
+
+/// The unit latencies are shown in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Ns,
+    Us,
+    Ms,
+    S,
+}
+
+impl Unit {
+    /// The largest unit in which the axis end still reads as a whole
+    /// number below 10000: ns below 10 µs, µs below 10 ms, ms below 10 s,
+    /// then s. Latency bodies of tens of µs with a tail of a few ms thus
+    /// stay in µs (50 .. 2000 µs) rather than turning into 0.05 ms.
+    pub fn for_max(max_abs_ns: f64) -> Unit {
+        let m = max_abs_ns.abs();
+        if m < 1e4 {
+            Unit::Ns
+        } else if m < 1e7 {
+            Unit::Us
+        } else if m < 1e10 {
+            Unit::Ms
+        } else {
+            Unit::S
+        }
+    }
+
+    pub fn ns_per_unit(self) -> f64 {
+        match self {
+            Unit::Ns => 1.0,
+            Unit::Us => 1e3,
+            Unit::Ms => 1e6,
+            Unit::S => 1e9,
+        }
+    }
+
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Unit::Ns => "ns",
+            Unit::Us => "µs",
+            Unit::Ms => "ms",
+            Unit::S => "s",
+        }
+    }
+}
+
+/// Compact number: up to three decimals, trailing zeros dropped, and no
+/// decimals at all from 100 up (latency labels, not accounting).
+pub fn format_number(v: f64) -> String {
+    if !v.is_finite() {
+        return v.to_string();
+    }
+    let s = if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    };
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    if s == "-0" { "0".to_string() } else { s }
+}
+
+/// A duration in the unit that suits it, with 3-4 significant digits:
+/// "812 ns", "5.743 µs", "64 µs", "1.5 ms", "109 ms", "10 s". Titles,
+/// legends and every latency a person reads (the run summary, report.md)
+/// use it; files for programs keep nanoseconds.
+pub fn format_duration_ns(ns: f64) -> String {
+    let (number, unit) = split_duration_ns(ns);
+    format!("{number} {}", unit.symbol())
+}
+
+/// [`format_duration_ns`] as number and unit, for tables that align the
+/// unit in a column of its own.
+pub fn split_duration_ns(ns: f64) -> (String, Unit) {
+    let mut unit = if ns.abs() < 1e3 {
+        Unit::Ns
+    } else if ns.abs() < 1e6 {
+        Unit::Us
+    } else if ns.abs() < 1e9 {
+        Unit::Ms
+    } else {
+        Unit::S
+    };
+    // 999.7 µs rounds to "1000": say 1 ms instead.
+    if unit != Unit::S && (ns / unit.ns_per_unit()).abs() >= 999.5 {
+        unit = match unit {
+            Unit::Ns => Unit::Us,
+            Unit::Us => Unit::Ms,
+            _ => Unit::S,
+        };
+    }
+    (format_number(ns / unit.ns_per_unit()), unit)
+}
+
+/// A size in bytes. Plain integers are bytes; `b`, `k`/`kb`/`kib`,
+/// `m`/`mb`/`mib` are powers of 1024 as in tc (`limit 16kb` = 16384).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bytes(pub u64);
+
+impl Bytes {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+            write!(f, "{}MiB", b >> 20)
+        } else if b >= 1024 && b.is_multiple_of(1024) {
+            write!(f, "{}KiB", b >> 10)
+        } else {
+            write!(f, "{b}")
+        }
+    }
+}
+
+impl FromStr for Bytes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        let (num, unit) = split_number(&t);
+        let v: f64 = num.parse().map_err(|_| {
+            format!("invalid size {s:?}: expected bytes, e.g. 3000, 1514b, 64KiB, 1MiB")
+        })?;
+        let scale = match unit {
+            "" | "b" => 1.0,
+            "k" | "kb" | "kib" => 1024.0,
+            "m" | "mb" | "mib" => 1024.0 * 1024.0,
+            "kbit" | "mbit" | "bit" => {
+                return Err(format!(
+                    "invalid size {s:?}: {unit:?} is a rate unit; a size is bytes (3000, 64KiB, 1MiB)"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "invalid size {s:?}: unknown unit {unit:?} (use b, KiB, MiB; kb = KiB as in tc)"
+                ));
+            }
+        };
+        let b = v * scale;
+        if !(b.is_finite() && b >= 0.0 && b <= (1u64 << 40) as f64) || b.fract() != 0.0 {
+            return Err(format!(
+                "invalid size {s:?}: must be a whole number of bytes up to 1TiB"
+            ));
+        }
+        Ok(Self(b as u64))
+    }
+}
+
+/// Splits "100mbit" into ("100", "mbit").
+pub(crate) fn split_number(t: &str) -> (&str, &str) {
+    let i = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (n, u) = t.split_at(i);
+    (n, u.trim())
+}
+
+/// serde for the unit types (here and in `tune`): TOML strings or integers in, strings out, so
+/// a bad value fails with the same message on the CLI and in a config file
+/// (toml adds the key and the line).
+macro_rules! serde_via_str {
+    ($t:ty, $what:expr, $int:expr) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl de::Visitor<'_> for V {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$t, E> {
+                        v.parse().map_err(E::custom)
+                    }
+                    fn visit_i64<E: de::Error>(self, v: i64) -> Result<$t, E> {
+                        let f: fn(i64) -> Result<$t, String> = $int;
+                        f(v).map_err(E::custom)
+                    }
+                    fn visit_u64<E: de::Error>(self, v: u64) -> Result<$t, E> {
+                        self.visit_i64(i64::try_from(v).map_err(E::custom)?)
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+pub(crate) use serde_via_str;
+
+serde_via_str!(
+    Bytes,
+    "a size in bytes (3000) or a string such as \"64KiB\"",
+    |v| {
+        u64::try_from(v)
+            .map(Bytes)
+            .map_err(|_| "a size cannot be negative".to_string())
+    }
+);
 
 #[cfg(test)]
 mod tests {

@@ -13,6 +13,7 @@ use std::{path::Path, path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
+pub use crate::bench_forward::plan::{Plan, Variant};
 use crate::{
     bench_forward::{
         frame::MAX_IP_SIZE,
@@ -167,38 +168,6 @@ impl BenchForwardArgs {
             }
         })
     }
-}
-
-/// One run of the router hop: a mode, and for the router's work variant
-/// the memory accesses per packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variant {
-    pub mode: ForwardMode,
-    pub work: Option<u32>,
-}
-
-/// What `bench-forward` runs: its options with every default `--help`
-/// states filled in, validated.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    /// The modes, then each skb/native mode once per `--work` value.
-    pub variants: Vec<Variant>,
-    pub bounce: Vec<BounceHook>,
-    pub queues: Vec<u32>,
-    pub perf_stat: bool,
-    pub sizes: Vec<usize>,
-    /// Percent of full speed, ascending, without duplicates.
-    pub loads: Vec<u32>,
-    pub step: Duration,
-    pub generator: Generator,
-    pub threads: usize,
-    pub sink: Sink,
-    pub probe_interval: Duration,
-    pub threaded_napi: bool,
-    pub rt_priority: Option<u8>,
-    pub json: Option<PathBuf>,
-    pub csv_dir: Option<PathBuf>,
-    pub quiet: bool,
 }
 
 impl Plan {

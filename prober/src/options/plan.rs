@@ -17,10 +17,7 @@ use super::{
     remote::ProtocolArg,
 };
 
-/// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
-pub const MAX_PAYLOAD_1500: usize = 1472;
-/// The same over IPv6 (1500 - 40 IPv6 - 8 UDP).
-pub const MAX_PAYLOAD_1500_IPV6: usize = 1452;
+pub use crate::probe::wire::{MAX_PAYLOAD_1500, MAX_PAYLOAD_1500_IPV6};
 /// Default probe count when neither count nor duration is given.
 pub const DEFAULT_COUNT: u64 = 1000;
 /// Most extra flows next to the main one.
@@ -585,12 +582,10 @@ pub fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
     path.with_file_name(format!("{stem}-{suffix}"))
 }
 
-/// Whether the kernel caps real-time tasks' CPU share
-/// (/proc/sys/kernel/sched_rt_runtime_us is not -1; Linux >= 2.6.25).
+/// Whether the kernel caps real-time tasks' CPU share (read by
+/// [`crate::sys::host::rt_throttling_on`]).
 pub fn rt_throttling_on() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
-        .map(|s| s.trim() != "-1")
-        .unwrap_or(true)
+    crate::sys::host::rt_throttling_on()
 }
 
 /// The command line's output files: not a directory, in a directory that

@@ -3,47 +3,21 @@
 //! `rtprobe reflect` command's options. Pure: no sockets.
 
 use std::{
-    net::{IpAddr, SocketAddr, ToSocketAddrs},
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
-/// STAMP's well-known port (RFC 8762 §4.1, IANA "stamp").
-pub(crate) const STAMP_PORT: u16 = 862;
-/// rtprobe's own protocol's default port.
-pub(crate) const RTPROBE_PORT: u16 = 5061;
+pub use crate::probe::wire::ProtocolArg;
+pub(crate) use crate::probe::{
+    remote::resolve,
+    wire::{RTPROBE_PORT, STAMP_PORT},
+};
+
 /// Shortest key accepted from a key file: RFC 4868 §2.1.1 wants the
 /// HMAC-SHA-256 key as long as its output.
 pub(crate) const MIN_KEY_BYTES: usize = 32;
-
-/// Which probes go on the wire.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProtocolArg {
-    /// rtprobe's own probes (magic RTPB, 64-bit session id and sequence).
-    #[default]
-    Rtprobe,
-    /// STAMP (RFC 8762) session-sender packets, SSID (RFC 8972) + sequence number.
-    Stamp,
-}
-
-impl ProtocolArg {
-    pub fn default_port(self) -> u16 {
-        match self {
-            ProtocolArg::Rtprobe => RTPROBE_PORT,
-            ProtocolArg::Stamp => STAMP_PORT,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ProtocolArg::Rtprobe => "rtprobe",
-            ProtocolArg::Stamp => "stamp",
-        }
-    }
-}
 
 /// Remote target and protocol options of a probe run.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
@@ -127,53 +101,6 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
         OneOrMany::One(s) => vec![s],
         OneOrMany::Many(v) => v,
     })
-}
-
-/// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one
-/// in brackets with a port (`[2001:db8::2]:862`). A name gives its first
-/// IPv4 address, else its first IPv6 one.
-pub fn resolve(target: &str, default_port: u16) -> Result<SocketAddr> {
-    let t = target.trim();
-    if t.is_empty() {
-        bail!("--target is empty: give HOST or HOST:PORT, e.g. 192.0.2.7:862 or [2001:db8::2]:862");
-    }
-    let a = if let Ok(ip) = t.parse::<IpAddr>() {
-        SocketAddr::new(ip, default_port)
-    } else if let Ok(a) = t.parse::<SocketAddr>() {
-        a
-    } else if let Some(ip) = t
-        .strip_prefix('[')
-        .and_then(|r| r.strip_suffix(']'))
-        .and_then(|r| r.parse::<std::net::Ipv6Addr>().ok())
-    {
-        SocketAddr::new(IpAddr::V6(ip), default_port)
-    } else if t.starts_with('[') || t.matches(':').count() > 1 {
-        bail!(
-            "--target {t}: not an IPv6 address with a port; write it as [2001:db8::2]:862 (or without the port)"
-        );
-    } else {
-        let with_port = if t.contains(':') {
-            t.to_string()
-        } else {
-            format!("{t}:{default_port}")
-        };
-        let addrs: Vec<SocketAddr> = with_port
-            .to_socket_addrs()
-            .with_context(|| {
-                format!("--target {t}: cannot resolve it (give HOST[:PORT], e.g. 192.0.2.7:862)")
-            })?
-            .collect();
-        addrs
-            .iter()
-            .find(|a| a.is_ipv4())
-            .or_else(|| addrs.first())
-            .copied()
-            .with_context(|| format!("--target {t} resolves to no address"))?
-    };
-    if a.port() == 0 {
-        bail!("--target {t}: port 0 is not a usable UDP port");
-    }
-    Ok(a)
 }
 
 /// Reads an HMAC key file: every byte of it is the key (a trailing newline
@@ -336,41 +263,6 @@ mod tests {
         assert_eq!(o.port(RTPROBE_PORT), 862);
         assert_eq!(o.port(4000), 4000);
         assert_eq!(RemoteOptions::default().port(RTPROBE_PORT), 5061);
-    }
-
-    #[test]
-    fn targets_resolve_with_and_without_port() {
-        assert_eq!(
-            resolve("192.0.2.7", 862).unwrap(),
-            "192.0.2.7:862".parse().unwrap()
-        );
-        assert_eq!(
-            resolve("192.0.2.7:9000", 862).unwrap(),
-            "192.0.2.7:9000".parse().unwrap()
-        );
-        assert!(resolve("", 1).is_err());
-        assert!(resolve("192.0.2.7:0", 1).is_err());
-        assert!(resolve("[2001:db8::1]:0", 1).is_err());
-        assert_eq!(
-            resolve("[2001:db8::1]:9000", 1).unwrap(),
-            "[2001:db8::1]:9000".parse().unwrap()
-        );
-        assert_eq!(
-            resolve("[2001:db8::1]", 862).unwrap(),
-            "[2001:db8::1]:862".parse().unwrap()
-        );
-        assert_eq!(
-            resolve("2001:db8::1", 862).unwrap(),
-            "[2001:db8::1]:862".parse().unwrap()
-        );
-        assert_eq!(resolve("::1", 5061).unwrap(), "[::1]:5061".parse().unwrap());
-        assert!(
-            resolve("[2001:db8::1:862", 1)
-                .unwrap_err()
-                .to_string()
-                .contains("[2001:db8::2]:862")
-        );
-        assert!(resolve("localhost", 5061).unwrap().ip().is_loopback());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `clap::ValueEnum` for the domain enums the specs (and the plot and
-//! compare flags of `crate::cli`) take, so the types themselves (in ebpf/,
+//! compare flags of the command line) take, so the types themselves (in ebpf/,
 //! probe/, tune/, export/) stay free of clap. Each line is the word on the
 //! command line (the same as in TOML) and its help.
 

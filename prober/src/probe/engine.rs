@@ -2,7 +2,7 @@
 //! testbed and the NIC pair (sender and receiver in their namespaces) as
 //! well as a reflector that is not ours to drive (`--target`, or STAMP
 //! through the testbed). What varies is at its edges: the sender's socket
-//! and the wire format (rtprobe or STAMP), and who answers ([`Reflector`]).
+//! and the wire format (rtprobe or STAMP), and who answers ([`EchoSide`]).
 //!
 //! ```text
 //!  [pacer] --probe--> (path) --> reflector: in-process | kernel | remote
@@ -45,28 +45,29 @@ use super::{
 };
 use crate::stats::RunStats;
 
-/// Who answers the probes.
-pub(crate) enum Reflector<'a> {
+/// A session's echo side: which reflector answers the probes and, where
+/// it is ours, the receiver's socket and session it reads.
+pub(crate) enum EchoSide<'a> {
     /// rtprobe's reflector in this process, at the receiver's socket
     /// (its namespace), for the probes of `session`.
     InProcess { sock: &'a ProbeSocket, session: u64 },
     /// rtprobe's in-kernel reflector (XDP) at the receiver. Its probes
     /// never reach `sock` (the receiver's); what it passes up (another
     /// run's datagrams) does, and is read and counted there as
-    /// [`Reflector::InProcess`] would.
+    /// [`EchoSide::InProcess`] would.
     Kernel { sock: &'a ProbeSocket, session: u64 },
     /// Another process or host: only the sender's socket sees anything.
     Remote,
 }
 
-impl<'a> Reflector<'a> {
+impl<'a> EchoSide<'a> {
     /// The receiver's socket where the reflector is ours, and its session.
     pub(crate) fn receiver_session(&self) -> Option<(&'a ProbeSocket, u64)> {
         match *self {
-            Reflector::InProcess { sock, session } | Reflector::Kernel { sock, session } => {
+            EchoSide::InProcess { sock, session } | EchoSide::Kernel { sock, session } => {
                 Some((sock, session))
             }
-            Reflector::Remote => None,
+            EchoSide::Remote => None,
         }
     }
 
@@ -86,7 +87,7 @@ pub(crate) struct Session<'a> {
     /// Where the probes go, and the only source echoes are taken from.
     pub dst: SocketAddr,
     pub wire: &'a Wire,
-    pub reflector: Reflector<'a>,
+    pub echo_side: EchoSide<'a>,
     /// Sees what the accepted echoes (the warm-up's late ones too) said.
     pub on_echoes: Option<&'a EchoNote<'a>>,
     /// Datagrams on the probe port during the warm-up, counted as foreign.
@@ -189,9 +190,9 @@ pub(crate) fn drive(
         .first()
         .context("internal: a session without a target")?
         .cfg;
-    let read_by = match legs[0].s.reflector {
-        Reflector::InProcess { .. } => ReadBy::IoThread,
-        Reflector::Kernel { .. } | Reflector::Remote => ReadBy::Sender,
+    let read_by = match legs[0].s.echo_side {
+        EchoSide::InProcess { .. } => ReadBy::IoThread,
+        EchoSide::Kernel { .. } | EchoSide::Remote => ReadBy::Sender,
     };
     let (done, sent) = (AtomicBool::new(false), AtomicBool::new(false));
     let mark = ReadMark::new();
@@ -363,8 +364,8 @@ pub(crate) fn warm_up(s: &Session<'_>, size: usize, stop: &AtomicU8) -> Result<W
         return Ok(w);
     }
     let dst = s.dst;
-    match (&s.reflector, s.wire) {
-        (Reflector::Remote, wire) => {
+    match (&s.echo_side, s.wire) {
+        (EchoSide::Remote, wire) => {
             let auth = match wire {
                 Wire::Stamp { key: Some(_), .. } => " and holds the same --auth-key",
                 _ => "",
@@ -399,7 +400,7 @@ pub(crate) fn exchange(
     give_up_at: u8,
     tries: u32,
 ) -> Result<WarmedUp> {
-    let receiver = s.reflector.receiver_session();
+    let receiver = s.echo_side.receiver_session();
     let strict = receiver.is_some();
     let mut buf = vec![0u8; size];
     let mut scratch = Vec::with_capacity(size);
@@ -504,7 +505,7 @@ fn settle(s: &Session<'_>) -> Result<u64> {
     std::thread::sleep(Duration::from_millis(20));
     let mut batch = RecvBatch::new(16, WARM_UP_BUF_BYTES);
     let mut foreign = 0;
-    if let Some((rx, session)) = s.reflector.receiver_session() {
+    if let Some((rx, session)) = s.echo_side.receiver_session() {
         loop {
             let n = rx.recv_batch(&mut batch, false)?;
             if n == 0 {

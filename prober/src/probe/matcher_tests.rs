@@ -488,7 +488,7 @@ fn the_window_gives_memory_back_after_a_stall() {
 
 mod echo_rules {
     use super::super::*;
-    use crate::options::remote::ProtocolArg;
+    use crate::probe::wire::ProtocolArg;
     use crate::probe::{
         stamp::{ErrorEstimate, Mode, ReflectorPacket, Timestamp},
         wire::SSID_WARMUP_BIT,

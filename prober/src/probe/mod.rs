@@ -26,6 +26,7 @@ pub(crate) mod wake;
 pub(crate) mod wire;
 
 pub use timestamps::TimestampSource;
+pub use wire::ProtocolArg;
 
 use std::{
     net::SocketAddr,
@@ -40,9 +41,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    model::{observer::SessionObserver, record::RecordSink},
+    model::record::RecordSink,
     stats::{
         RunStats,
+        observer::SessionObserver,
         report::{HardwareClock, HardwareClocks, KernelDrops, SampledClock},
     },
     sys::Netns,
@@ -88,7 +90,7 @@ pub struct ProbeConfig {
     pub no_warm_up: bool,
     /// Real-time settings the sender thread applies to itself (its
     /// SCHED_FIFO priority also goes to the probe's receive threads).
-    pub rt: crate::tune::rt::RtSettings,
+    pub rt: crate::sys::rt::RtSettings,
     /// rtprobe's in-kernel reflector (XDP) answers this flow's probes at
     /// the receiver: arrivals come from the echoes' payloads.
     pub kernel_reflector: bool,
@@ -387,7 +389,7 @@ pub(crate) fn run_session(
             let mut observer_for = |_: &remote::RemoteLeg| -> Box<dyn SessionObserver + '_> {
                 match once.take() {
                     Some(o) => Box::new(Borrowed(o)),
-                    None => Box::new(crate::model::observer::NoObserver),
+                    None => Box::new(crate::stats::observer::NoObserver),
                 }
             };
             let mut got = remote::targets_session(
@@ -416,7 +418,7 @@ impl SessionObserver for Borrowed<'_> {
     fn on_tick(&mut self, stats: &RunStats, last: bool) -> Result<(), String> {
         self.0.on_tick(stats, last)
     }
-    fn on_loss_directions(&mut self, d: &crate::model::observer::LossDirections) {
+    fn on_loss_directions(&mut self, d: &crate::stats::observer::LossDirections) {
         self.0.on_loss_directions(d)
     }
 }
@@ -471,13 +473,13 @@ fn testbed_session(
         session,
         flow: cfg.flow,
     };
-    let reflector = if cfg.kernel_reflector {
-        engine::Reflector::Kernel {
+    let echo_side = if cfg.kernel_reflector {
+        engine::EchoSide::Kernel {
             sock: &rx_sock,
             session,
         }
     } else {
-        engine::Reflector::InProcess {
+        engine::EchoSide::InProcess {
             sock: &rx_sock,
             session,
         }
@@ -486,7 +488,7 @@ fn testbed_session(
         sock: &tx_sock,
         dst,
         wire: &wire,
-        reflector,
+        echo_side,
         on_echoes: None,
         foreign_before: 0,
     };

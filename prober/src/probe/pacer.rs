@@ -18,7 +18,7 @@
 //! Kernel interfaces: clock_nanosleep(2) TIMER_ABSTIME on CLOCK_MONOTONIC,
 //! clock_gettime(2) (CLOCK_THREAD_CPUTIME_ID for the sender's CPU), prctl(2)
 //! PR_SET_TIMERSLACK (Linux >= 2.6.28), sched_setscheduler(2) (any Linux;
-//! the rest of the real-time settings are `tune::rt`'s), sendmmsg(2) (>= 3.0).
+//! the rest of the real-time settings are `sys::rt`'s), sendmmsg(2) (>= 3.0).
 
 use std::{
     net::SocketAddr,
@@ -30,7 +30,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{stats::Pacing, tune::rt::RtSettings};
+use crate::{stats::Pacing, sys::rt::RtSettings};
 
 use super::{
     ProbeConfig,
@@ -89,7 +89,7 @@ impl Schedule {
 /// sender's own settings already failed loudly if they could not be had.
 pub fn share_fifo_priority(rt: &RtSettings) {
     if let Some(prio) = rt.fifo_priority
-        && let Err(e) = crate::tune::rt::set_fifo(0, prio)
+        && let Err(e) = crate::sys::rt::set_fifo(0, prio)
     {
         log::warn!("SCHED_FIFO {prio} for a probe receive thread: {e}");
     }

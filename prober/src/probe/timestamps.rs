@@ -1,5 +1,5 @@
 //! Which timestamps to ask the kernel for: a plain domain type (no clap;
-//! [`crate::options`] gives it its flag).
+//! the option model gives it its flag).
 
 use serde::{Deserialize, Serialize};
 
@@ -31,4 +31,4 @@ impl TimestampSource {
     }
 }
 
-crate::ebpf::mode::words!(TimestampSource, "timestamp source");
+crate::model::words::words!(TimestampSource, "timestamp source");

@@ -1,12 +1,52 @@
 //! How one session's probes and their echoes look on the wire: rtprobe's
 //! own format or STAMP (RFC 8762), written by the pacer and the warm-up,
-//! read back by the echo rules ([`super::matcher::EchoRules`]).
+//! read back by the echo rules ([`super::matcher::EchoRules`]); which
+//! protocol a session speaks ([`ProtocolArg`]; the option model gives it
+//! its flag), its default ports and the largest payload a 1500-byte path
+//! carries.
 
 use super::{
     packet::{HEADER_LEN, KernelTimes, Probe},
     reflect::{FLAG_WARMUP, read_rtprobe_state},
     stamp::{ErrorEstimate, HmacKey, Mode, ReflectorPacket, SenderPacket, Timestamp},
 };
+
+/// Which probes go on the wire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProtocolArg {
+    /// rtprobe's own probes (magic RTPB, 64-bit session id and sequence).
+    #[default]
+    Rtprobe,
+    /// STAMP (RFC 8762) session-sender packets, SSID (RFC 8972) + sequence number.
+    Stamp,
+}
+
+impl ProtocolArg {
+    pub fn default_port(self) -> u16 {
+        match self {
+            ProtocolArg::Rtprobe => RTPROBE_PORT,
+            ProtocolArg::Stamp => STAMP_PORT,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ProtocolArg::Rtprobe => "rtprobe",
+            ProtocolArg::Stamp => "stamp",
+        }
+    }
+}
+
+/// STAMP's well-known port (RFC 8762 §4.1, IANA "stamp").
+pub const STAMP_PORT: u16 = 862;
+/// rtprobe's own protocol's default port.
+pub const RTPROBE_PORT: u16 = 5061;
+
+/// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
+pub const MAX_PAYLOAD_1500: usize = 1472;
+/// The same over IPv6 (1500 - 40 IPv6 - 8 UDP).
+pub const MAX_PAYLOAD_1500_IPV6: usize = 1452;
 
 /// How the probes of one session look on the wire.
 #[derive(Debug, Clone)]

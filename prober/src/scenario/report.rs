@@ -89,8 +89,8 @@ pub fn load_cell(s: &Summary) -> String {
 fn notes(r: &CellResult) -> String {
     let mut n = Vec::new();
     // The knobs' metadata says what they skipped; the summary what the load did.
-    let skipped: Vec<&str> = match r.knobs.get("skipped") {
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|s| s.as_str()).collect(),
+    let skipped: Vec<&str> = match &r.knobs.skipped {
+        a if !a.is_empty() => a.iter().map(String::as_str).collect(),
         _ => r
             .summary
             .report
@@ -102,10 +102,8 @@ fn notes(r: &CellResult) -> String {
     for s in skipped {
         n.push(format!("**SKIPPED** {s}"));
     }
-    if let Some(serde_json::Value::Object(u)) = r.knobs.get("unsupported") {
-        for (k, v) in u {
-            n.push(format!("{k} unsupported: {}", v.as_str().unwrap_or("")));
-        }
+    for (k, v) in &r.knobs.unsupported {
+        n.push(format!("{k} unsupported: {v}"));
     }
     n.join("<br>")
 }

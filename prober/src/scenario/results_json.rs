@@ -33,7 +33,10 @@ pub(super) fn write_results_json(
                         "summary".into(),
                         serde_json::to_value(&res.summary).unwrap_or(Value::Null),
                     );
-                    m.insert("knobs".into(), Value::Object(res.knobs.clone()));
+                    m.insert(
+                        "knobs".into(),
+                        serde_json::to_value(&res.knobs).unwrap_or(Value::Null),
+                    );
                 }
                 Err(e) => {
                     m.insert("error".into(), Value::String(e.clone()));

@@ -9,10 +9,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 use super::{Cell, Scenario, report, results_json::write_results_json};
-use crate::stats::Summary;
+use crate::{model::knobs::AppliedKnobs, stats::Summary};
 
 /// What the real runner hands back for a cell.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -21,7 +20,7 @@ pub(crate) struct CellResult {
     /// `Applied::stop_load()` returned them.
     pub summary: Summary,
     /// `Applied::metadata()`: what the knobs applied.
-    pub knobs: Map<String, Value>,
+    pub knobs: AppliedKnobs,
 }
 
 /// One cell as the report sees it.

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use serde_json::json;
 
 use super::{
     tests::{FULL, err, parse},
@@ -66,18 +65,14 @@ impl CellRunner for FakeRunner {
             };
             report.load = Some(rep);
         }
-        let mut knobs = serde_json::Map::new();
+        let mut knobs = crate::model::knobs::AppliedKnobs::default();
         if cell.set == "bql-3000" {
-            knobs.insert(
-                "unsupported".into(),
-                json!({"bql": "no BQL on this device (veth)"}),
-            );
+            knobs
+                .unsupported
+                .insert("bql".into(), "no BQL on this device (veth)".into());
         }
         if cell.set == "small-queue" {
-            knobs.insert(
-                "skipped".into(),
-                json!(["qdisc fq_codel skipped: the kernel lacks fq_codel"]),
-            );
+            knobs.skipped = vec!["qdisc fq_codel skipped: the kernel lacks fq_codel".into()];
         }
         report.host = Some(crate::model::host::HostFacts {
             cores: Some(2),

@@ -114,7 +114,7 @@ impl Interval {
 
 /// "p50 45.2 µs  p99 80.1 µs  max 120 µs", or "-" for an empty histogram.
 pub fn quantiles_words(h: &Histogram<u64>) -> String {
-    use crate::export::plot::axis::format_duration_ns;
+    use crate::model::units::format_duration_ns;
     if h.is_empty() {
         return "-".into();
     }

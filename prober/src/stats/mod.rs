@@ -5,6 +5,8 @@ pub(crate) mod bootstrap;
 pub mod chain;
 pub mod hist;
 pub(crate) mod interval;
+pub(crate) mod observer;
+pub(crate) mod outcome;
 pub mod report;
 pub mod run_stats;
 pub mod summary;

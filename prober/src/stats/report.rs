@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
 use super::{Summary, XdpCounters};
-use crate::model::host::HostFacts;
+use crate::model::{host::HostFacts, knobs::AppliedKnobs};
 
 /// Everything a run says besides the statistics: `extra` in the JSON.
 /// Fields are in the JSON's (alphabetical) order; absent ones are left out.
@@ -51,9 +51,9 @@ pub struct RunReport {
     #[schemars(with = "Option<KernelDrops>")]
     pub kernel_drops: Option<Option<KernelDrops>>,
     /// What each knob applied, by knob name (the same as the run
-    /// metadata's `knobs`): its fields are the knob's own.
+    /// metadata's `knobs`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub knobs: Option<serde_json::Map<String, serde_json::Value>>,
+    pub knobs: Option<AppliedKnobs>,
     /// Echoes that came after their probe was given up as lost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub late_arrivals: Option<u64>,

@@ -80,11 +80,13 @@ fn full_summary() -> Summary {
         negative_one_way: Some(2),
         ..Default::default()
     };
-    let mut knobs = serde_json::Map::new();
-    knobs.insert(
-        "qdisc_tree".into(),
-        serde_json::json!({"status": "applied"}),
-    );
+    let knobs = crate::model::knobs::AppliedKnobs {
+        qdisc_tree: Some(crate::model::knobs::QdiscTreeApplied {
+            status: "applied".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     let report = RunReport {
         clock: Some(ClockReport::OneClock(OneClock {
             note: "one clock".into(),

@@ -1,7 +1,8 @@
 //! A recording fake of [`Sys`] for tests without root: a small model of
 //! namespaces, links (state, MTU, addresses, offloads), routes, sysctls
 //! and sysfs files. Every call is recorded in order; [`FakeSys::fail_when`]
-//! makes chosen calls fail (still recorded), to test the undo paths.
+//! makes chosen calls fail (still recorded), [`FakeSys::fail_nth_when`] and
+//! [`FakeSys::fail_nth_change`] one chosen step, to test the undo paths.
 //! Moving a link drops its addresses and routes, as the kernel does.
 //! XDP: attaching sets the link's program id in the mode the kernel would
 //! choose (native unless the link is told to refuse it), one program per
@@ -9,7 +10,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use anyhow::{Result, anyhow, bail};
@@ -136,6 +140,20 @@ impl FakeSys {
         self.fail.lock().unwrap().push(Box::new(pred));
     }
 
+    /// Only the `n`-th call (1-based) from now on that matches `pred`
+    /// fails: one step of a sequence whose calls look alike (the second
+    /// attach, a restore that writes what an apply wrote).
+    pub fn fail_nth_when(&self, n: usize, pred: impl Fn(&Call) -> bool + Send + 'static) {
+        let seen = AtomicUsize::new(0);
+        self.fail_when(move |c| pred(c) && seen.fetch_add(1, Ordering::SeqCst) + 1 == n);
+    }
+
+    /// Only the `n`-th state-changing call (1-based) from now on fails:
+    /// a failure injected at step `n` of a set-up.
+    pub fn fail_nth_change(&self, n: usize) {
+        self.fail_nth_when(n, Call::is_change);
+    }
+
     /// All calls so far, in order.
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
@@ -238,7 +256,14 @@ impl FakeSys {
     }
 
     fn record(&self, c: Call) -> Result<()> {
-        let fails = self.fail.lock().unwrap().iter().any(|p| p(&c));
+        // Every predicate sees every call (no short cut): those that count
+        // calls count them all.
+        let fails = self
+            .fail
+            .lock()
+            .unwrap()
+            .iter()
+            .fold(false, |any, p| p(&c) | any);
         let text = format!("{c:?}");
         self.calls.lock().unwrap().push(c);
         if fails {

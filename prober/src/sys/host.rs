@@ -17,6 +17,12 @@
 //! - /sys/devices/system/clocksource/clocksource0/current_clocksource;
 //! - /proc/cpuinfo's model name; /proc/sys/kernel/osrelease (`uname -r`).
 //!
+//! Two more facts that the run's report and its validation ask for, read
+//! here so that the layers above stay pure: this process's peak resident
+//! memory (VmHWM of /proc/self/status, [`peak_rss_kib`]) and whether the
+//! kernel throttles real-time tasks (/proc/sys/kernel/sched_rt_runtime_us,
+//! [`rt_throttling_on`]).
+//!
 //! None of these follows a network namespace and none needs root, so they
 //! are read with plain file reads here rather than through a namespace's
 //! worker of [`super::Sys`] (which enters the namespace and mounts its
@@ -74,6 +80,30 @@ impl HostFiles for Kernel {
 /// This host's facts.
 pub fn host_facts() -> HostFacts {
     read_facts(&Kernel)
+}
+
+/// The process's peak resident memory so far (VmHWM of
+/// /proc/self/status), in KiB; None (null in JSON, "-" in text) if unknown.
+pub fn peak_rss_kib() -> Option<u64> {
+    vm_hwm_kib(&std::fs::read_to_string("/proc/self/status").ok()?)
+}
+
+/// The VmHWM line of a /proc/PID/status, in KiB. Pure.
+fn vm_hwm_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Whether the kernel caps real-time tasks' CPU share
+/// (/proc/sys/kernel/sched_rt_runtime_us is not -1; Linux >= 2.6.25);
+/// true when unknown.
+pub fn rt_throttling_on() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
+        .map(|s| s.trim() != "-1")
+        .unwrap_or(true)
 }
 
 /// The facts as `files` tell them.
@@ -308,6 +338,14 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn peak_rss_is_the_vm_hwm_line() {
+        let status = "Name:\trtprobe\nVmPeak:\t  9000 kB\nVmHWM:\t    2048 kB\nVmRSS:\t1 kB\n";
+        assert_eq!(vm_hwm_kib(status), Some(2048));
+        assert_eq!(vm_hwm_kib("Name:\tkthreadd\n"), None);
+        assert!(peak_rss_kib().is_some_and(|k| k > 0));
+    }
 
     /// Files from a map; the CPUID signature given.
     struct Fake(BTreeMap<&'static str, &'static str>, Option<&'static str>);

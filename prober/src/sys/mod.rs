@@ -27,11 +27,16 @@
 //! netlink socket on its thread (`tune::sampler`, code in [`netlink`]: a
 //! sample through the worker costs ten times as much); `bench_forward`'s AF_XDP
 //! sockets, its load generator's BPF_PROG_TEST_RUN and the scheduling of
-//! its threads (affinity, SCHED_FIFO), which act on the calling thread.
+//! its threads (affinity, SCHED_FIFO), which act on the calling thread;
+//! the same for the probe's sender thread, whose real-time settings
+//! (SCHED_FIFO, mlockall, pinning, the CPU idle-latency limit) are [`rt`].
 //!
 //! The host's own facts (cores, cpuidle, preemption, hypervisor, clock
 //! source), which follow no namespace and need no root, are plain reads of
 //! /proc and /sys in [`host`].
+//!
+//! Child processes (`perf`, `stress-ng`; `tc` in [`tc`]) are started and
+//! stopped in [`process`].
 //!
 //! Named namespaces themselves (/run/netns/NAME: unshare, bind mount,
 //! setns) are made in [`netns`], which [`LinuxSys`] uses for
@@ -47,7 +52,9 @@ pub(crate) mod fake;
 pub(crate) mod host;
 pub(crate) mod netlink;
 pub mod netns;
+pub(crate) mod process;
 mod real;
+pub mod rt;
 pub(crate) mod tc;
 
 use std::{

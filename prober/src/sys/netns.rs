@@ -6,7 +6,7 @@
 
 use std::{
     fs::File,
-    os::fd::AsFd,
+    os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
 };
 
@@ -118,7 +118,7 @@ impl Netns {
     {
         std::thread::scope(|s| {
             s.spawn(|| {
-                setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+                enter(self.file.as_fd())
                     .with_context(|| format!("cannot enter network namespace {}", self.name))?;
                 f()
             })
@@ -130,8 +130,36 @@ impl Netns {
     /// Enters this namespace on the calling thread. For threads that live
     /// in one namespace for good (sender, reflector).
     pub fn enter_current_thread(&self) -> Result<()> {
-        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+        enter(self.file.as_fd())
             .with_context(|| format!("cannot enter network namespace {}", self.name))
+    }
+
+    /// Runs `f` on a thread inside this namespace with a sysfs of the
+    /// namespace on /sys, for code that walks sysfs freely (single
+    /// attributes go through [`super::Sys::sysfs_read`]/`sysfs_write`).
+    ///
+    /// `/sys/class/net` lists the devices of the namespace that *mounted*
+    /// sysfs, not of the thread that reads it: a thread that `setns()`ed
+    /// into the sender namespace still sees the host's devices through the
+    /// host's /sys mount. So, as `ip netns exec` does, the thread first
+    /// leaves the shared mount table (`unshare(CLONE_NEWNS)`, allowed per
+    /// thread because it only unshares the thread's fs context), makes
+    /// every mount private so nothing propagates back to the host, and
+    /// mounts a fresh sysfs on /sys, which now belongs to the namespace
+    /// ([`super::private_sysfs`], the kernel layer's workers' own). The
+    /// thread's private mount table dies with the thread ([`Netns::run`]
+    /// joins it), leaving nothing behind. Kernel interface: unshare(2)
+    /// CLONE_NEWNS, mount(2) of sysfs; Linux >= 3.8.
+    #[cfg(test)]
+    pub fn run_with_sysfs<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Path) -> Result<T> + Send,
+        T: Send,
+    {
+        self.run(|| {
+            super::private_sysfs()?;
+            f(Path::new("/sys"))
+        })
     }
 
     /// Leaves the namespace in place when this handle drops (its deletion
@@ -147,6 +175,14 @@ impl Netns {
         self.owned = false;
         remove(&self.name)
     }
+}
+
+/// Enters the network namespace open at `ns` (/run/netns/NAME,
+/// /proc/PID/ns/net) on the calling thread, for good: for threads that
+/// live in one namespace and hold no [`Netns`] (a duplicated handle, a
+/// path of another process's namespace). setns(2) CLONE_NEWNET.
+pub(crate) fn enter(ns: BorrowedFd<'_>) -> nix::Result<()> {
+    setns(ns, CloneFlags::CLONE_NEWNET)
 }
 
 /// The kernel layer's name of a named namespace (not of `Netns::current`).

@@ -4,21 +4,22 @@
 //! restore everything (in reverse) on `restore()` or drop.
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, anyhow, bail};
-use serde_json::{Map, Value, json};
 
 use super::{
     At, Bottleneck, DEFAULT_LOAD_WARMUP, DevicePolicy, KnobGuard, Knobs, LoadReport, LoadSpec,
-    MissingPolicy, Outcome, QdiscSpec, QueueLimit, Rate, RtSettings, Shaping, bql, gso, load,
-    qdisc, ring, sampler, stress, tsq, txqueuelen,
+    MissingPolicy, Outcome, QdiscSpec, QueueLimit, Rate, Shaping, bql, gso, load, qdisc, ring,
+    sampler, stress, tsq, txqueuelen,
 };
 use crate::{
     error::Error,
-    sys::{Netns, Ns, QdiscInfo},
+    model::knobs::{APPLIED, AppliedKnobs, BottleneckAt, LoadStarted, QdiscTreeApplied},
+    sys::{Netns, Ns, QdiscInfo, rt::RtSettings},
     testbed::Testbed,
 };
 
@@ -29,9 +30,10 @@ pub struct Applied<'tb> {
     guards: Vec<Box<dyn KnobGuard + 'tb>>,
     load: Option<load::Load>,
     sampler: Option<sampler::QueueSampler>,
-    notes: Map<String, Value>,
+    /// `bottleneck` and `load`: what `apply` noted besides the guards.
+    notes: AppliedKnobs,
     skipped: Vec<String>,
-    unsupported: Map<String, Value>,
+    unsupported: BTreeMap<String, String>,
     rt: RtSettings,
     queue_sample: Option<Duration>,
     bottleneck_ns: &'tb Netns,
@@ -46,26 +48,17 @@ impl<'tb> Applied<'tb> {
     /// What was applied, for RunMeta.knobs: one entry per knob, plus
     /// `bottleneck`, `skipped` (requested but not run: the run is not what
     /// was asked) and `unsupported` (device cannot, reported).
-    pub fn metadata(&self) -> Map<String, Value> {
+    pub fn metadata(&self) -> AppliedKnobs {
         let mut m = self.notes.clone();
         for g in &self.guards {
-            m.insert(g.name().into(), g.metadata());
+            g.record(&mut m);
         }
         if !self.rt.is_empty() {
-            m.insert("rt".into(), self.rt.metadata());
+            m.rt = Some(self.rt.metadata());
         }
-        if let Some(s) = &self.sampler {
-            m.insert("queue_sampler".into(), s.metadata());
-        }
-        if !self.skipped.is_empty() {
-            m.insert("skipped".into(), json!(self.skipped));
-        }
-        if !self.unsupported.is_empty() {
-            m.insert(
-                "unsupported".into(),
-                Value::Object(self.unsupported.clone()),
-            );
-        }
+        m.queue_sampler = self.sampler.as_ref().map(sampler::QueueSampler::metadata);
+        m.skipped = self.skipped.clone();
+        m.unsupported = self.unsupported.clone();
         m
     }
 
@@ -186,7 +179,7 @@ impl Drop for Applied<'_> {
 
 struct TreeKnob<'a> {
     tree: qdisc::QdiscTree<'a>,
-    meta: Value,
+    meta: QdiscTreeApplied,
 }
 
 impl KnobGuard for TreeKnob<'_> {
@@ -194,8 +187,8 @@ impl KnobGuard for TreeKnob<'_> {
         "qdisc_tree"
     }
 
-    fn metadata(&self) -> Value {
-        self.meta.clone()
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.qdisc_tree = Some(self.meta.clone());
     }
 
     fn restore(&mut self) -> Result<()> {
@@ -263,9 +256,9 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         guards: Vec::new(),
         load: None,
         sampler: None,
-        notes: Map::new(),
+        notes: AppliedKnobs::default(),
         skipped: Vec::new(),
-        unsupported: Map::new(),
+        unsupported: BTreeMap::new(),
         rt: knobs.rt(),
         queue_sample: knobs.queue_sample,
         bottleneck_ns: ns,
@@ -274,10 +267,11 @@ pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
         queue_at_mark: None,
         restored: false,
     };
-    a.notes.insert(
-        "bottleneck".into(),
-        json!({ "side": knobs.bottleneck(), "netns": ns.name(), "dev": dev }),
-    );
+    a.notes.bottleneck = Some(BottleneckAt {
+        dev: dev.clone(),
+        netns: ns.name().into(),
+        side: knobs.bottleneck().as_str().into(),
+    });
 
     // Decide about the qdisc before touching anything.
     let (qdisc, skipped) = decide_qdisc(tb.sys(), knobs)?;
@@ -337,11 +331,9 @@ fn install_tree<'a>(
     };
     let (cmds, mut meta) = qdisc::render_tree(dev, shaping, qdisc, &ctx);
     let tree = qdisc::QdiscTree::install(at, dev, &cmds)?;
-    if let Value::Object(m) = &mut meta {
-        m.insert("status".into(), json!("applied"));
-        m.insert("netns".into(), json!(at.name()));
-        m.insert("dev".into(), json!(dev));
-    }
+    meta.status = APPLIED.into();
+    meta.netns = at.name();
+    meta.dev = dev.into();
     Ok(TreeKnob { tree, meta })
 }
 
@@ -385,7 +377,7 @@ impl<'tb> Applied<'tb> {
         match knobs.device_unsupported() {
             DevicePolicy::Report => {
                 log::info!("{why}");
-                self.unsupported.insert(key.into(), Value::String(why));
+                self.unsupported.insert(key.into(), why);
                 Ok(())
             }
             DevicePolicy::Fail => bail!("{why} (device_unsupported = fail)"),
@@ -432,17 +424,14 @@ impl<'tb> Applied<'tb> {
         l.mark();
         self.queue_at_mark = self.root_qdisc().map(|q| (Instant::now(), q));
         let measured_from_ns = crate::probe::clock::realtime_ns();
-        self.notes.insert(
-            "load".into(),
-            json!({
-                "specs": knobs.loads().iter().map(|l| l.to_string()).collect::<Vec<_>>(),
-                "warmup": crate::model::units::fmt_duration(warmup),
-                "link_rate": link_rate.map(|r| r.to_string()),
-                "receiver": tb.receiver_if.addr.to_string(),
-                "started_ns": started_ns,
-                "measured_from_ns": measured_from_ns,
-            }),
-        );
+        self.notes.load = Some(LoadStarted {
+            link_rate: link_rate.map(|r| r.to_string()),
+            measured_from_ns,
+            receiver: tb.receiver_if.addr.to_string(),
+            specs: knobs.loads().iter().map(|l| l.to_string()).collect(),
+            started_ns,
+            warmup: crate::model::units::fmt_duration(warmup),
+        });
         self.load = Some(l);
         Ok(())
     }

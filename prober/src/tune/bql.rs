@@ -13,9 +13,9 @@
 //! Kernel interface: sysfs byte_queue_limits (CONFIG_BQL, Linux >= 3.3).
 
 use anyhow::{Context, Result};
-use serde_json::{Value, json};
 
 use super::{KnobGuard, Outcome, at::At};
+use crate::model::knobs::{APPLIED, AppliedKnobs, BqlApplied, BqlQueue};
 use crate::sys::netdev_attr;
 
 pub struct BqlGuard<'a> {
@@ -111,19 +111,31 @@ pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Vec<(String, u64)>> 
     Ok(out)
 }
 
+impl BqlGuard<'_> {
+    /// What was applied, for the run metadata's `bql`.
+    pub fn metadata(&self) -> BqlApplied {
+        BqlApplied {
+            dev: self.dev.clone(),
+            limit_max_bytes: self.limit_max,
+            netns: self.at.name(),
+            queues: (self.prev.iter())
+                .map(|(q, old)| BqlQueue {
+                    previous: *old,
+                    queue: q.clone(),
+                })
+                .collect(),
+            status: APPLIED.into(),
+        }
+    }
+}
+
 impl KnobGuard for BqlGuard<'_> {
     fn name(&self) -> &'static str {
         "bql"
     }
 
-    fn metadata(&self) -> Value {
-        json!({
-            "status": "applied",
-            "netns": self.at.name(),
-            "dev": self.dev,
-            "limit_max_bytes": self.limit_max,
-            "queues": self.prev.iter().map(|(q, old)| json!({"queue": q, "previous": old})).collect::<Vec<_>>(),
-        })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.bql = Some(self.metadata());
     }
 
     fn restore(&mut self) -> Result<()> {

@@ -19,9 +19,9 @@
 //! the interface's namespace; Linux >= 2.6.18.
 
 use anyhow::{Context, Result};
-use serde_json::{Value, json};
 
 use super::{KnobGuard, at::At};
+use crate::model::knobs::{APPLIED, AppliedKnobs, GsoApplied, TsoGso};
 use crate::sys::Offload;
 pub use crate::sys::ethtool::Segmentation;
 
@@ -73,15 +73,29 @@ pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, on: bool) -> Result<GsoGuard<
     })
 }
 
+impl GsoGuard<'_> {
+    /// What was applied, for the run metadata's `gso`.
+    pub fn metadata(&self) -> GsoApplied {
+        GsoApplied {
+            dev: self.dev.clone(),
+            netns: self.at.name(),
+            previous: TsoGso {
+                gso: self.previous.gso,
+                tso: self.previous.tso,
+            },
+            status: APPLIED.into(),
+            tso_gso: self.on,
+        }
+    }
+}
+
 impl KnobGuard for GsoGuard<'_> {
     fn name(&self) -> &'static str {
         "gso"
     }
 
-    fn metadata(&self) -> Value {
-        json!({ "status": "applied", "netns": self.at.name(), "dev": self.dev,
-                "tso_gso": self.on,
-                "previous": { "tso": self.previous.tso, "gso": self.previous.gso } })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.gso = Some(self.metadata());
     }
 
     fn restore(&mut self) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Kernel knobs applied for a run and restored afterwards, as the option
-//! model (`crate::options`) asks for them: the command line's knob flags
-//! (`options::knobs::KnobArgs`, whose help documents each knob), a scenario's
+//! model asks for them: the command line's knob flags (the option model's
+//! `KnobArgs`, whose help documents each knob), a scenario's
 //! `[knobs]` table and each `[set.NAME]`. A knob is one field here, named
 //! as its TOML key and (in kebab case) its flag; [`Knobs`](super::Knobs)
 //! is this spec checked, and the rest of `tune` applies it. Every field is

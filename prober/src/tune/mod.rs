@@ -43,7 +43,6 @@ mod knob_spec;
 pub mod load;
 pub mod qdisc;
 pub mod ring;
-pub mod rt;
 pub mod sampler;
 pub mod shaping;
 pub mod stress;
@@ -65,28 +64,27 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 pub use self::{
     at::At,
     knob_spec::KnobSpec,
     load::{FetchTimes, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
-    rt::RtSettings,
     shaping::{ShaperKind, Shaping},
     stress::StressTool,
     units::{Bytes, CpuDmaLatency, QueueLimit, Rate},
 };
+use crate::{model::knobs::AppliedKnobs, sys::rt::RtSettings};
 #[cfg(test)]
 use apply::decide_qdisc;
 pub use apply::{Applied, apply};
 
 /// A knob that is in effect and can be undone.
 pub trait KnobGuard: Send {
-    /// Key in the run metadata.
+    /// Key in the run metadata, and the knob's name in messages.
     fn name(&self) -> &'static str;
-    /// What was applied, for RunMeta.knobs.
-    fn metadata(&self) -> Value;
+    /// Puts what was applied into its field of RunMeta.knobs.
+    fn record(&self, into: &mut AppliedKnobs);
     /// Puts the previous state back. Idempotent.
     fn restore(&mut self) -> Result<()>;
 }
@@ -106,6 +104,16 @@ pub enum Bottleneck {
     Sender,
     /// The router's interface toward the receiver (veth testbed only).
     Router,
+}
+
+impl Bottleneck {
+    /// Its serde word, for the run metadata.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bottleneck::Sender => "sender",
+            Bottleneck::Router => "router",
+        }
+    }
 }
 
 /// What to do when the kernel lacks a requested qdisc.
@@ -492,13 +500,13 @@ impl Knobs {
         let mut k = self.clone();
         k.probe = ProbeContext::default();
         match serde_json::to_value(&k) {
-            Ok(Value::Object(m)) => {
+            Ok(serde_json::Value::Object(m)) => {
                 let parts: Vec<String> = m
                     .iter()
                     .filter(|(_, v)| !v.is_null())
                     .map(|(k, v)| match v {
-                        Value::String(s) => format!("{k}={s}"),
-                        Value::Array(a) => format!(
+                        serde_json::Value::String(s) => format!("{k}={s}"),
+                        serde_json::Value::Array(a) => format!(
                             "{k}=[{}]",
                             a.iter()
                                 .map(|x| x.as_str().map(str::to_string).unwrap_or(x.to_string()))

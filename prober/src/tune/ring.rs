@@ -9,9 +9,9 @@
 //! inside the interface's namespace; Linux >= 2.6.
 
 use anyhow::{Context, Result};
-use serde_json::{Value, json};
 
 use super::{KnobGuard, Outcome, at::At};
+use crate::model::knobs::{APPLIED, AppliedKnobs, TxRingApplied};
 use crate::sys::ethtool::Unsupported;
 
 pub struct TxRingGuard<'a> {
@@ -47,14 +47,26 @@ pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, tx: u32) -> Result<Outcome<Tx
     }))
 }
 
+impl TxRingGuard<'_> {
+    /// What was applied, for the run metadata's `tx_ring`.
+    pub fn metadata(&self) -> TxRingApplied {
+        TxRingApplied {
+            dev: self.dev.clone(),
+            netns: self.at.name(),
+            previous: self.previous,
+            status: APPLIED.into(),
+            tx: self.tx,
+        }
+    }
+}
+
 impl KnobGuard for TxRingGuard<'_> {
     fn name(&self) -> &'static str {
         "tx_ring"
     }
 
-    fn metadata(&self) -> Value {
-        json!({ "status": "applied", "netns": self.at.name(), "dev": self.dev,
-                "tx": self.tx, "previous": self.previous })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.tx_ring = Some(self.metadata());
     }
 
     fn restore(&mut self) -> Result<()> {

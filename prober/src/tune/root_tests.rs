@@ -72,7 +72,7 @@ fn tsq_is_set_in_the_sender_namespace_only() {
         assert_eq!(tsq::read(at(&tb.sender)).unwrap(), 65536);
         assert_eq!(tsq::read(at(&tb.receiver)).unwrap(), orig);
         assert_eq!(std::fs::read_to_string(tsq::SYSCTL).unwrap(), host);
-        assert_eq!(g.metadata()["previous"], orig);
+        assert_eq!(g.metadata().previous, orig);
     }
     assert_eq!(tsq::read(at(&tb.sender)).unwrap(), orig);
     assert_eq!(snapshot(&tb.sender, "rtp-s").unwrap(), before);
@@ -125,7 +125,7 @@ fn bql_unsupported_on_veth_applied_on_ifb() {
         Outcome::Applied(mut g) => {
             let now = bql::read(at(&tb.sender), "rtp-ifb").unwrap();
             assert!(now.iter().all(|(_, v)| *v == 3000), "{now:?}");
-            assert_eq!(g.metadata()["limit_max_bytes"], 3000);
+            assert_eq!(g.metadata().limit_max_bytes, 3000);
             g.restore().unwrap();
         }
         Outcome::Unsupported(w) => panic!("{w}"),
@@ -134,12 +134,7 @@ fn bql_unsupported_on_veth_applied_on_ifb() {
     // Through apply(): veth reports, `device_unsupported = fail` fails.
     let k = knobs("bql_limit_max = 3000");
     let a = apply(&tb, &k).unwrap();
-    assert!(
-        a.metadata()["unsupported"]["bql"]
-            .as_str()
-            .unwrap()
-            .contains("no BQL")
-    );
+    assert!(a.metadata().unsupported["bql"].contains("no BQL"));
     drop(a);
     let k = knobs("bql_limit_max = 3000\ndevice_unsupported = \"fail\"");
     let e = apply(&tb, &k).err().unwrap();
@@ -214,7 +209,7 @@ fn available_qdiscs_apply_and_restore() {
         let k = knobs(text);
         let a = apply(&tb, &k).unwrap_or_else(|e| panic!("{text}: {e:#}"));
         assert_eq!(qdisc_kinds(&tb.sender, "rtp-s"), expect, "{text}");
-        let m = a.metadata();
+        let m = serde_json::to_value(a.metadata()).unwrap();
         assert_eq!(m["qdisc_tree"]["status"], "applied", "{text}");
         assert!(m.get("skipped").is_none());
         if text.contains("htb,leaf") {
@@ -269,7 +264,7 @@ fn missing_qdisc_fails_or_skips_visibly() {
         "link_rate = \"100mbit\"\nqdisc = \"{kind}\"\nmissing = \"skip\"\nqueue_sample = \"10ms\""
     ));
     let mut a = apply(&tb, &k).unwrap();
-    let m = a.metadata();
+    let m = serde_json::to_value(a.metadata()).unwrap();
     let skipped = m["skipped"][0].as_str().unwrap();
     assert!(
         skipped.contains(kind) && skipped.contains("skipped"),
@@ -360,7 +355,7 @@ fn everything_at_once_on_the_router_restores_every_namespace() {
         ["htb 1: root", "pfifo 10: 1:1"]
     );
     std::thread::sleep(Duration::from_millis(700));
-    let m = a.metadata();
+    let m = serde_json::to_value(a.metadata()).unwrap();
     for key in [
         "bottleneck",
         "txqueuelen",
@@ -373,7 +368,7 @@ fn everything_at_once_on_the_router_restores_every_namespace() {
         "queue_sampler",
         "unsupported",
     ] {
-        assert!(m.contains_key(key), "metadata lacks {key}: {m:?}");
+        assert!(m.get(key).is_some(), "metadata lacks {key}: {m:?}");
     }
     assert!(m["unsupported"]["tx_ring"].is_string());
     assert!(m["unsupported"]["bql"].is_string());

@@ -32,8 +32,8 @@ use std::{
 };
 
 use anyhow::{Context, Result, anyhow};
-use serde_json::{Value, json};
 
+use crate::model::knobs::QueueSamplerApplied;
 use crate::sys::{Netns, netlink::NlSocket};
 
 pub const HEADER: &str = "t_ns,handle,parent,kind,qlen_pkts,backlog_bytes,drops,overlimits,requeues,sent_bytes,sent_pkts";
@@ -174,12 +174,12 @@ impl QueueSampler {
         Ok(n)
     }
 
-    pub fn metadata(&self) -> Value {
-        json!({
-            "csv": self.path.display().to_string(),
-            "interval": crate::model::units::fmt_duration(self.interval),
-            "samples": self.samples,
-        })
+    pub fn metadata(&self) -> QueueSamplerApplied {
+        QueueSamplerApplied {
+            csv: self.path.display().to_string(),
+            interval: crate::model::units::fmt_duration(self.interval),
+            samples: self.samples,
+        }
     }
 }
 

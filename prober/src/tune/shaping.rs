@@ -37,8 +37,8 @@
 //! Linux >= 3.x; `overhead` in tc_ratespec since 3.8. Pure rendering here;
 //! installing and restoring the tree is `qdisc::QdiscTree`.
 
+use crate::model::knobs::ShapingApplied;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::{
     tc::TcCmd,
@@ -228,22 +228,23 @@ impl Shaping {
         }
     }
 
-    pub fn metadata(&self) -> Value {
+    /// The shaper as installed, for the run metadata.
+    pub fn metadata(&self) -> ShapingApplied {
         let leaf_limit = match self.queue_limit {
-            Some(q) => json!(q.to_string()),
+            Some(q) => q.to_string(),
             None => match self.shaper {
-                ShaperKind::Htb => json!("kernel default (pfifo, limit = txqueuelen)"),
-                ShaperKind::Tbf => json!(Bytes(self.tbf_limit_bytes()).to_string()),
+                ShaperKind::Htb => "kernel default (pfifo, limit = txqueuelen)".into(),
+                ShaperKind::Tbf => Bytes(self.tbf_limit_bytes()).to_string(),
             },
         };
-        json!({
-            "shaper": self.shaper.as_str(),
-            "rate": self.rate.to_string(),
-            "rate_bps": self.rate.bps,
-            "burst_bytes": self.burst_bytes(),
-            "overhead_bytes": self.overhead_bytes,
-            "queue_limit": leaf_limit,
-        })
+        ShapingApplied {
+            burst_bytes: self.burst_bytes(),
+            overhead_bytes: self.overhead_bytes,
+            queue_limit: leaf_limit,
+            rate: self.rate.to_string(),
+            rate_bps: self.rate.bps,
+            shaper: self.shaper.as_str().into(),
+        }
     }
 }
 

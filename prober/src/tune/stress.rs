@@ -4,10 +4,10 @@
 //! PATH) it runs `stress-ng --cpu N --cpu-method sqrt` instead and stops it
 //! with SIGTERM (stress-ng then stops its own workers).
 //!
-//! Kernel interface: none beyond threads and processes; any Linux.
+//! Kernel interface: none beyond threads and processes (the child process
+//! through `sys::process`); any Linux.
 
 use std::{
-    process::{Child, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -17,14 +17,11 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use nix::{
-    sys::signal::{Signal, kill},
-    unistd::Pid,
-};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::KnobGuard;
+use crate::model::knobs::{APPLIED, AppliedKnobs, StressApplied};
+use crate::sys::process::Background;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -55,7 +52,7 @@ pub struct Stress {
     tool: StressTool,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<u64>>,
-    child: Option<Child>,
+    child: Option<Background>,
     started: Instant,
     /// sqrt iterations done by the builtin workers (filled on stop).
     iterations: u64,
@@ -94,8 +91,9 @@ pub fn start(workers: u32, tool: StressTool) -> Result<Stress> {
                     "stress-ng is not installed: install it (apt-get install stress-ng) or use the built-in stress"
                 )
             })?;
-            let child = Command::new(path)
-                .args([
+            let child = Background::spawn(
+                path,
+                &[
                     "--cpu",
                     &workers.to_string(),
                     "--cpu-method",
@@ -103,12 +101,9 @@ pub fn start(workers: u32, tool: StressTool) -> Result<Stress> {
                     "--timeout",
                     "0",
                     "--quiet",
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("start stress-ng")?;
+                ],
+            )
+            .context("start stress-ng")?;
             s.child = Some(child);
         }
     }
@@ -139,20 +134,8 @@ impl Stress {
             self.iterations += h.join().unwrap_or(0);
         }
         if let Some(mut c) = self.child.take() {
-            let pid = Pid::from_raw(c.id() as i32);
-            let _ = kill(pid, Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                if c.try_wait()?.is_some() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            // stress-ng stops its own workers on SIGTERM.
+            c.stop(Duration::from_secs(5))?;
         }
         Ok(())
     }
@@ -168,13 +151,13 @@ impl KnobGuard for Stress {
         "stress"
     }
 
-    fn metadata(&self) -> Value {
-        json!({
-            "status": "applied",
-            "workers": self.workers,
-            "tool": self.tool.as_str(),
-            "method": "sqrt",
-        })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.stress = Some(StressApplied {
+            method: "sqrt".into(),
+            status: APPLIED.into(),
+            tool: self.tool.as_str().into(),
+            workers: self.workers,
+        });
     }
 
     fn restore(&mut self) -> Result<()> {
@@ -207,12 +190,14 @@ mod tests {
 
     #[test]
     fn stress_ng_runs_and_stops_when_present() {
+        use nix::{sys::signal::kill, unistd::Pid};
+
         if stress_ng_path().is_none() {
             eprintln!("SKIPPED: stress-ng not installed");
             return;
         }
         let mut s = start(1, StressTool::StressNg).unwrap();
-        let pid = s.child.as_ref().unwrap().id() as i32;
+        let pid = s.child.as_ref().unwrap().id().unwrap() as i32;
         std::thread::sleep(Duration::from_millis(200));
         s.stop().unwrap();
         // Our child is gone (reaped): signal 0 fails.

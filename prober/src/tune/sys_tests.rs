@@ -31,7 +31,7 @@ fn txqueuelen_apply_then_drop_restores_the_previous_value() {
             f.file(NS, "sysfs:class/net/eth0/tx_queue_len").unwrap(),
             "20"
         );
-        assert_eq!(g.metadata()["previous"], 1000);
+        assert_eq!(g.metadata().previous, 1000);
     }
     assert_eq!(
         f.file(NS, "sysfs:class/net/eth0/tx_queue_len").unwrap(),
@@ -237,4 +237,45 @@ fn a_missing_qdisc_fails_before_anything_is_touched_or_is_skipped_when_asked() {
     let why = skipped.unwrap();
     assert!(why.contains("the kernel lacks u32"), "{why}");
     assert!(f.changes().is_empty());
+}
+
+/// Each guard's metadata, typed now, writes the JSON the `json!` builders
+/// wrote before it was typed: the same keys, values and order.
+#[test]
+fn guard_metadata_keeps_the_json_it_had_as_a_map() {
+    let f = fake();
+    f.with_file(NS, "sysfs:class/net/eth0/tx_queue_len", "1000");
+    f.with_file(NS, "sysctl:net.ipv4.tcp_limit_output_bytes", "4194304");
+    f.with_file(
+        NS,
+        "sysfs:class/net/eth0/queues/tx-0/byte_queue_limits/limit_max",
+        "1879048192",
+    );
+    f.set_offload(NS, "eth0", Offload::Gso, false).unwrap();
+    let at = At::new(&f, NS);
+    let mut k = crate::model::knobs::AppliedKnobs::default();
+    txqueuelen::apply(at, "eth0", 20).unwrap().record(&mut k);
+    tsq::apply(at, 65536).unwrap().record(&mut k);
+    gso::apply(at, "eth0", false).unwrap().record(&mut k);
+    match bql::apply(at, "eth0", 3000).unwrap() {
+        Outcome::Applied(g) => g.record(&mut k),
+        Outcome::Unsupported(w) => panic!("{w}"),
+    }
+    // The builders' `json!` as they were, field for field.
+    let old = serde_json::json!({
+        "bql": { "status": "applied", "netns": "tb-sender", "dev": "eth0",
+                 "limit_max_bytes": 3000,
+                 "queues": [{"queue": "tx-0", "previous": 1879048192u64}] },
+        "gso": { "status": "applied", "netns": "tb-sender", "dev": "eth0",
+                 "tso_gso": false, "previous": { "tso": true, "gso": false } },
+        "tsq": { "status": "applied", "netns": "tb-sender",
+                 "sysctl": "net.ipv4.tcp_limit_output_bytes",
+                 "bytes": 65536, "previous": 4194304 },
+        "txqueuelen": { "status": "applied", "netns": "tb-sender", "dev": "eth0",
+                        "packets": 20, "previous": 1000 },
+    });
+    let new = serde_json::to_value(&k).unwrap();
+    assert_eq!(new, old);
+    // Fields in the map's (alphabetical) order, so the text is the same too.
+    assert_eq!(serde_json::to_string(&k).unwrap(), old.to_string());
 }

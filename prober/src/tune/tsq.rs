@@ -12,9 +12,9 @@
 //! Kernel interface: /proc/sys/net/ipv4/tcp_limit_output_bytes; Linux >= 4.15.
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
 
 use super::{KnobGuard, at::At};
+use crate::model::knobs::{APPLIED, AppliedKnobs, TsqApplied};
 use crate::sys::Ns;
 
 #[cfg(test)]
@@ -67,19 +67,26 @@ pub fn apply<'a>(at: impl Into<At<'a>>, bytes: u64) -> Result<TsqGuard<'a>> {
     Ok(guard)
 }
 
+impl TsqGuard<'_> {
+    /// What was applied, for the run metadata's `tsq`.
+    pub fn metadata(&self) -> TsqApplied {
+        TsqApplied {
+            bytes: self.bytes,
+            netns: self.at.name(),
+            previous: self.previous,
+            status: APPLIED.into(),
+            sysctl: KEY.into(),
+        }
+    }
+}
+
 impl KnobGuard for TsqGuard<'_> {
     fn name(&self) -> &'static str {
         "tsq"
     }
 
-    fn metadata(&self) -> Value {
-        json!({
-            "status": "applied",
-            "netns": self.at.name(),
-            "sysctl": KEY,
-            "bytes": self.bytes,
-            "previous": self.previous,
-        })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.tsq = Some(self.metadata());
     }
 
     fn restore(&mut self) -> Result<()> {

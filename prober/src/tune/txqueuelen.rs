@@ -9,9 +9,9 @@
 //! namespace's own sysfs ([`crate::sys::Sys::sysfs_write`]); Linux >= 2.6.
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
 
 use super::{KnobGuard, at::At};
+use crate::model::knobs::{APPLIED, AppliedKnobs, TxQueueLenApplied};
 use crate::sys::netdev_attr;
 
 pub struct TxQueueLenGuard<'a> {
@@ -58,14 +58,26 @@ pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, len: u32) -> Result<TxQueueLe
     })
 }
 
+impl TxQueueLenGuard<'_> {
+    /// What was applied, for the run metadata's `txqueuelen`.
+    pub fn metadata(&self) -> TxQueueLenApplied {
+        TxQueueLenApplied {
+            dev: self.dev.clone(),
+            netns: self.at.name(),
+            packets: self.len,
+            previous: self.previous,
+            status: APPLIED.into(),
+        }
+    }
+}
+
 impl KnobGuard for TxQueueLenGuard<'_> {
     fn name(&self) -> &'static str {
         "txqueuelen"
     }
 
-    fn metadata(&self) -> Value {
-        json!({ "status": "applied", "netns": self.at.name(), "dev": self.dev,
-                "packets": self.len, "previous": self.previous })
+    fn record(&self, into: &mut AppliedKnobs) {
+        into.txqueuelen = Some(self.metadata());
     }
 
     fn restore(&mut self) -> Result<()> {

@@ -1,6 +1,7 @@
-//! Units the knobs are written in: rates (`100mbit`), byte sizes (`64KiB`),
-//! queue limits (`100p` or `64kb`) and shares of the link (`50%`);
-//! durations are [`crate::model::units`]. Each parses from the CLI and from TOML (string or
+//! Units the knobs are written in: rates (`100mbit`), byte sizes (`64KiB`;
+//! [`Bytes`] lives in [`crate::model::units`], which the other layers
+//! share), queue limits (`100p` or `64kb`) and shares of the link (`50%`);
+//! durations are [`crate::model::units`] too. Each parses from the CLI and from TOML (string or
 //! integer) with an error that says which form is expected, and renders in
 //! the syntax `tc` takes. Pure: no kernel access.
 
@@ -8,7 +9,8 @@ use std::{fmt, str::FromStr, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
-use crate::model::units::fmt_num;
+pub use crate::model::units::Bytes;
+use crate::model::units::{fmt_num, serde_via_str, split_number};
 
 /// A rate in bits per second. Units as in tc: `bit`, `kbit`, `mbit`,
 /// `gbit` (powers of 1000). tc's `bps`/`kbps`/`mbps` mean *bytes* per
@@ -102,64 +104,6 @@ impl FromStr for Rate {
         Ok(Self {
             bps: bps.round() as u64,
         })
-    }
-}
-
-/// A size in bytes. Plain integers are bytes; `b`, `k`/`kb`/`kib`,
-/// `m`/`mb`/`mib` are powers of 1024 as in tc (`limit 16kb` = 16384).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Bytes(pub u64);
-
-impl Bytes {
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
-            write!(f, "{}MiB", b >> 20)
-        } else if b >= 1024 && b.is_multiple_of(1024) {
-            write!(f, "{}KiB", b >> 10)
-        } else {
-            write!(f, "{b}")
-        }
-    }
-}
-
-impl FromStr for Bytes {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim().to_ascii_lowercase();
-        let (num, unit) = split_number(&t);
-        let v: f64 = num.parse().map_err(|_| {
-            format!("invalid size {s:?}: expected bytes, e.g. 3000, 1514b, 64KiB, 1MiB")
-        })?;
-        let scale = match unit {
-            "" | "b" => 1.0,
-            "k" | "kb" | "kib" => 1024.0,
-            "m" | "mb" | "mib" => 1024.0 * 1024.0,
-            "kbit" | "mbit" | "bit" => {
-                return Err(format!(
-                    "invalid size {s:?}: {unit:?} is a rate unit; a size is bytes (3000, 64KiB, 1MiB)"
-                ));
-            }
-            _ => {
-                return Err(format!(
-                    "invalid size {s:?}: unknown unit {unit:?} (use b, KiB, MiB; kb = KiB as in tc)"
-                ));
-            }
-        };
-        let b = v * scale;
-        if !(b.is_finite() && b >= 0.0 && b <= (1u64 << 40) as f64) || b.fract() != 0.0 {
-            return Err(format!(
-                "invalid size {s:?}: must be a whole number of bytes up to 1TiB"
-            ));
-        }
-        Ok(Self(b as u64))
     }
 }
 
@@ -297,63 +241,9 @@ pub fn tc_time(d: Duration) -> String {
     format!("{}us", d.as_micros())
 }
 
-/// Splits "100mbit" into ("100", "mbit").
-fn split_number(t: &str) -> (&str, &str) {
-    let i = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (n, u) = t.split_at(i);
-    (n, u.trim())
-}
-
-/// serde for the unit types: TOML strings or integers in, strings out, so
-/// a bad value fails with the same message on the CLI and in a config file
-/// (toml adds the key and the line).
-macro_rules! serde_via_str {
-    ($t:ty, $what:expr, $int:expr) => {
-        impl Serialize for $t {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_str(self)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $t {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V;
-                impl de::Visitor<'_> for V {
-                    type Value = $t;
-                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                        f.write_str($what)
-                    }
-                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$t, E> {
-                        v.parse().map_err(E::custom)
-                    }
-                    fn visit_i64<E: de::Error>(self, v: i64) -> Result<$t, E> {
-                        let f: fn(i64) -> Result<$t, String> = $int;
-                        f(v).map_err(E::custom)
-                    }
-                    fn visit_u64<E: de::Error>(self, v: u64) -> Result<$t, E> {
-                        self.visit_i64(i64::try_from(v).map_err(E::custom)?)
-                    }
-                }
-                d.deserialize_any(V)
-            }
-        }
-    };
-}
-
 serde_via_str!(Rate, "a rate such as \"100mbit\"", |_| Err(
     "a rate needs a unit: write it as a string such as \"100mbit\"".to_string()
 ));
-serde_via_str!(
-    Bytes,
-    "a size in bytes (3000) or a string such as \"64KiB\"",
-    |v| {
-        u64::try_from(v)
-            .map(Bytes)
-            .map_err(|_| "a size cannot be negative".to_string())
-    }
-);
 serde_via_str!(
     QueueLimit,
     "packets (100) or a string such as \"100p\" or \"64KiB\"",

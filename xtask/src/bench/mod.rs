@@ -120,6 +120,40 @@ pub enum Section {
     Flood,
 }
 
+/// One section's rows.
+type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
+
+/// Every section in the order it runs, with its name and its rows.
+const SECTIONS: [(Section, &str, Rows); 11] = [
+    (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
+    (Section::Pacing, "pacing", pacing::pacing_rows),
+    (Section::Rate, "max probe rate", rate::rate_rows),
+    (Section::Memory, "memory", memory::memory_rows),
+    (Section::Forward, "XDP forwarding", forward::forward_rows),
+    (
+        Section::Continuous,
+        "continuous probing",
+        memory::continuous_rows,
+    ),
+    (Section::Thesis, "XDP thesis axes", forward::thesis_rows),
+    (
+        Section::Fleet,
+        "1000 targets, reflector capacity",
+        fleet::fleet_section,
+    ),
+    (Section::Study, "the study's relations", study::study_rows),
+    (
+        Section::Scrapers,
+        "2000 concurrent /metrics scrapers",
+        scrapers::scrapers_rows,
+    ),
+    (
+        Section::Flood,
+        "reflectors under a flood",
+        flood::flood_section,
+    ),
+];
+
 pub fn bench(args: &BenchArgs) -> Result<()> {
     if !crate::is_root() {
         bail!(
@@ -146,68 +180,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         best_interval_us: std::cell::Cell::new(None),
     };
     let started = Instant::now();
-    let header = format!(
-        "rtprobe bench{}{}, {} at the start\n{}",
-        if args.quick { " --quick" } else { "" },
-        if args.only.is_empty() {
-            String::new()
-        } else {
-            format!(" --only {:?}", args.only).to_lowercase()
-        },
-        host::load_average(),
-        host::host_line(&ctx.bin)
-    );
+    let header = header(args, &ctx);
     eprintln!("{header}");
-    let mut rows = Vec::new();
-    type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
-    let sections: [(Section, &str, Rows); 11] = [
-        (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
-        (Section::Pacing, "pacing", pacing::pacing_rows),
-        (Section::Rate, "max probe rate", rate::rate_rows),
-        (Section::Memory, "memory", memory::memory_rows),
-        (Section::Forward, "XDP forwarding", forward::forward_rows),
-        (
-            Section::Continuous,
-            "continuous probing",
-            memory::continuous_rows,
-        ),
-        (Section::Thesis, "XDP thesis axes", forward::thesis_rows),
-        (
-            Section::Fleet,
-            "1000 targets, reflector capacity",
-            fleet::fleet_section,
-        ),
-        (Section::Study, "the study's relations", study::study_rows),
-        (
-            Section::Scrapers,
-            "2000 concurrent /metrics scrapers",
-            scrapers::scrapers_rows,
-        ),
-        (
-            Section::Flood,
-            "reflectors under a flood",
-            flood::flood_section,
-        ),
-    ];
-    for (_, name, f) in sections
-        .into_iter()
-        .filter(|(s, _, _)| args.only.is_empty() || args.only.contains(s))
-    {
-        eprintln!(
-            "bench: {name} ... ({:.0} s so far)",
-            started.elapsed().as_secs_f64()
-        );
-        match f(&ctx, args.quick) {
-            Ok(r) => rows.extend(r),
-            Err(e) => rows.push(row(
-                name,
-                format!("failed: {e:#}"),
-                "-".into(),
-                "-",
-                Some(false),
-            )),
-        }
-    }
+    let rows = run_sections(args, &ctx, started);
     let table = format_table(&rows);
     let text = format!(
         "{header}\n{table}(raw outputs in {}; {:.0} s)\n",
@@ -218,4 +193,45 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let mut f = std::fs::File::create(out.join("bench.txt"))?;
     f.write_all(text.as_bytes())?;
     Ok(())
+}
+
+/// The run's first lines: its flags, the load at the start, the host.
+fn header(args: &BenchArgs, ctx: &Ctx) -> String {
+    format!(
+        "rtprobe bench{}{}, {} at the start\n{}",
+        if args.quick { " --quick" } else { "" },
+        if args.only.is_empty() {
+            String::new()
+        } else {
+            format!(" --only {:?}", args.only).to_lowercase()
+        },
+        host::load_average(),
+        host::host_line(&ctx.bin)
+    )
+}
+
+/// The rows of the chosen sections; a section that fails is one row
+/// saying why.
+fn run_sections(args: &BenchArgs, ctx: &Ctx, started: Instant) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (_, name, f) in SECTIONS
+        .into_iter()
+        .filter(|(s, _, _)| args.only.is_empty() || args.only.contains(s))
+    {
+        eprintln!(
+            "bench: {name} ... ({:.0} s so far)",
+            started.elapsed().as_secs_f64()
+        );
+        match f(ctx, args.quick) {
+            Ok(r) => rows.extend(r),
+            Err(e) => rows.push(row(
+                name,
+                format!("failed: {e:#}"),
+                "-".into(),
+                "-",
+                Some(false),
+            )),
+        }
+    }
+    rows
 }

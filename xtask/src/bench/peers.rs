@@ -119,88 +119,107 @@ pub(super) fn peer_rtts(
         ping_median(ctx, &snd, &addr6, count, true)
     };
     out.push(("ping -6".to_string(), ping6));
-
-    // irtt: user-space client and server with the server's processing time
-    // taken out of the RTT (dual server timestamps), as rtprobe's `rtt net`.
+    let ends = Ends {
+        snd: &snd,
+        rcv: &rcv,
+        addr: &addr,
+        secs,
+    };
     let irtt = if have("irtt") {
-        (|| {
-            let _server = Server(
-                in_ns(&rcv, "irtt")
-                    .args([
-                        "server",
-                        "-b",
-                        &format!("{addr}:2112"),
-                        "-i",
-                        "0",
-                        "-d",
-                        "0",
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .context("start irtt server")?,
-            );
-            std::thread::sleep(Duration::from_millis(500));
-            let json = ctx.out.join("irtt.json");
-            let mut c = in_ns(&snd, "irtt");
-            c.args([
-                "client",
-                "-i",
-                "1ms",
-                "-d",
-                &format!("{secs}s"),
-                "-l",
-                "64",
-                "-Q",
-                "-o",
-            ])
-            .arg(&json)
-            .arg(format!("{addr}:2112"));
-            output_text(c, "irtt client")?;
-            let j: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
-            irtt_median_us(&j).context("no RTTs in irtt's output")
-        })()
+        irtt_median(ctx, &ends)
     } else {
         Err(anyhow::anyhow!("not installed"))
     };
     out.push(("irtt".to_string(), irtt));
-
-    // sockperf ping-pong: user space to user space on both ends, full RTT.
     let sockperf = if have("sockperf") {
-        (|| {
-            let _server = Server(
-                in_ns(&rcv, "sockperf")
-                    .args(["server", "-i", &addr, "-p", "11111"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .context("start sockperf server")?,
-            );
-            std::thread::sleep(Duration::from_millis(500));
-            let mut c = in_ns(&snd, "sockperf");
-            c.args([
-                "ping-pong",
-                "-i",
-                &addr,
-                "-p",
-                "11111",
-                "-t",
-                &secs.to_string(),
-                "--mps",
-                "1000",
-                "-m",
-                "64",
-                "--full-rtt",
-            ]);
-            let t = output_text(c, "sockperf ping-pong")?;
-            std::fs::write(ctx.out.join("sockperf.txt"), &t)?;
-            parse_sockperf_percentile_us(&t, "50.000").context("no median in sockperf's output")
-        })()
+        sockperf_median(ctx, &ends)
     } else {
         Err(anyhow::anyhow!("not installed"))
     };
     out.push(("sockperf".to_string(), sockperf));
     Ok(out)
+}
+
+/// Where a peer tool runs: the sender's and receiver's namespaces, the
+/// receiver's address, and for how many seconds.
+struct Ends<'a> {
+    snd: &'a str,
+    rcv: &'a str,
+    addr: &'a str,
+    secs: u64,
+}
+
+/// irtt: user-space client and server with the server's processing time
+/// taken out of the RTT (dual server timestamps), as rtprobe's `rtt net`.
+fn irtt_median(ctx: &Ctx, e: &Ends) -> Result<f64> {
+    let (addr, secs) = (e.addr, e.secs);
+    let _server = Server(
+        in_ns(e.rcv, "irtt")
+            .args([
+                "server",
+                "-b",
+                &format!("{addr}:2112"),
+                "-i",
+                "0",
+                "-d",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start irtt server")?,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let json = ctx.out.join("irtt.json");
+    let mut c = in_ns(e.snd, "irtt");
+    c.args([
+        "client",
+        "-i",
+        "1ms",
+        "-d",
+        &format!("{secs}s"),
+        "-l",
+        "64",
+        "-Q",
+        "-o",
+    ])
+    .arg(&json)
+    .arg(format!("{addr}:2112"));
+    output_text(c, "irtt client")?;
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    irtt_median_us(&j).context("no RTTs in irtt's output")
+}
+
+/// sockperf ping-pong: user space to user space on both ends, full RTT.
+fn sockperf_median(ctx: &Ctx, e: &Ends) -> Result<f64> {
+    let addr = e.addr;
+    let _server = Server(
+        in_ns(e.rcv, "sockperf")
+            .args(["server", "-i", addr, "-p", "11111"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start sockperf server")?,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c = in_ns(e.snd, "sockperf");
+    c.args([
+        "ping-pong",
+        "-i",
+        addr,
+        "-p",
+        "11111",
+        "-t",
+        &e.secs.to_string(),
+        "--mps",
+        "1000",
+        "-m",
+        "64",
+        "--full-rtt",
+    ]);
+    let t = output_text(c, "sockperf ping-pong")?;
+    std::fs::write(ctx.out.join("sockperf.txt"), &t)?;
+    parse_sockperf_percentile_us(&t, "50.000").context("no median in sockperf's output")
 }
 
 pub(super) fn fmt_peer(r: &Result<f64>) -> String {

@@ -25,9 +25,9 @@ use crate::{
         links,
         loadgen::{self, LiveTarget, Offered, SocketGen},
         perf::{self, PerfFigures},
+        plan::{Plan, Variant},
     },
     export::CsvWriter,
-    options::bench_forward::{Plan, Variant},
     probe::{self, Endpoints, ProbeConfig, TimestampSource as TimestampArg},
     stats::{Summary, XdpCounters, summary::PacketsBytes},
     testbed::Testbed,
@@ -166,7 +166,7 @@ pub(super) fn run_probe(
         spin: None,
         busy_poll: false,
         no_warm_up: false,
-        rt: crate::tune::rt::RtSettings {
+        rt: crate::sys::rt::RtSettings {
             fifo_priority: plan.rt_priority.map(|p| p + 1),
             ..Default::default()
         },
@@ -198,7 +198,7 @@ pub(super) fn run_probe(
         &cfg,
         &mut csv,
         stop,
-        &mut crate::model::observer::NoObserver,
+        &mut crate::stats::observer::NoObserver,
     )?;
     let mut s = o.stats.summary();
     s.report.kernel_drops = Some(o.kernel_drops);

@@ -10,11 +10,12 @@ use super::{
     registry::Metrics,
 };
 use crate::{
-    model::{
+    model::record::ProbeRecord,
+    stats::{
+        Counts, RunStats,
+        chain::Stage,
         observer::{LossDirections, SessionObserver},
-        record::ProbeRecord,
     },
-    stats::{Counts, RunStats, chain::Stage},
 };
 
 impl Metrics {
@@ -267,8 +268,8 @@ impl SessionObserver for FlowMetrics {
 mod tests {
     use super::*;
     use crate::{
+        export::plan::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
         model::record::ProbeRecord,
-        options::continuous::{DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries},
     };
 
     fn record(one_way_us: i64) -> ProbeRecord {

@@ -26,7 +26,7 @@ use super::{
     },
     process::ProcessCollector,
 };
-use crate::options::continuous::{MetricsBuckets, MetricsSeries};
+use crate::export::plan::{MetricsBuckets, MetricsSeries};
 
 /// The smallest bucket bound, in seconds (1 µs).
 const BUCKET_START_S: f64 = 1e-6;
@@ -384,7 +384,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    use crate::options::continuous::DEFAULT_METRICS_BUCKETS;
+    use crate::export::plan::DEFAULT_METRICS_BUCKETS;
 
     #[test]
     fn buckets_span_a_microsecond_to_seconds() {

@@ -6,51 +6,7 @@
 
 use anyhow::{Result, bail};
 
-/// The unit latencies are shown in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    Ns,
-    Us,
-    Ms,
-    S,
-}
-
-impl Unit {
-    /// The largest unit in which the axis end still reads as a whole
-    /// number below 10000: ns below 10 µs, µs below 10 ms, ms below 10 s,
-    /// then s. Latency bodies of tens of µs with a tail of a few ms thus
-    /// stay in µs (50 .. 2000 µs) rather than turning into 0.05 ms.
-    pub fn for_max(max_abs_ns: f64) -> Unit {
-        let m = max_abs_ns.abs();
-        if m < 1e4 {
-            Unit::Ns
-        } else if m < 1e7 {
-            Unit::Us
-        } else if m < 1e10 {
-            Unit::Ms
-        } else {
-            Unit::S
-        }
-    }
-
-    pub fn ns_per_unit(self) -> f64 {
-        match self {
-            Unit::Ns => 1.0,
-            Unit::Us => 1e3,
-            Unit::Ms => 1e6,
-            Unit::S => 1e9,
-        }
-    }
-
-    pub fn symbol(self) -> &'static str {
-        match self {
-            Unit::Ns => "ns",
-            Unit::Us => "µs",
-            Unit::Ms => "ms",
-            Unit::S => "s",
-        }
-    }
-}
+pub use crate::model::units::{Unit, format_duration_ns, format_number, split_duration_ns};
 
 /// A latency axis: data range, unit, scale.
 #[derive(Debug, Clone, PartialEq)]
@@ -247,27 +203,6 @@ pub fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
         .collect()
 }
 
-/// Compact number: up to three decimals, trailing zeros dropped, and no
-/// decimals at all from 100 up (latency labels, not accounting).
-pub fn format_number(v: f64) -> String {
-    if !v.is_finite() {
-        return v.to_string();
-    }
-    let s = if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
-    };
-    let s = if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    };
-    if s == "-0" { "0".to_string() } else { s }
-}
-
 /// A count with thousands separators: 1000000 -> "1,000,000".
 pub fn format_count(n: u64) -> String {
     let digits = n.to_string();
@@ -279,38 +214,6 @@ pub fn format_count(n: u64) -> String {
         out.push(c);
     }
     out
-}
-
-/// A duration in the unit that suits it, with 3-4 significant digits:
-/// "812 ns", "5.743 µs", "64 µs", "1.5 ms", "109 ms", "10 s". Titles,
-/// legends and every latency a person reads (the run summary, report.md)
-/// use it; files for programs keep nanoseconds.
-pub fn format_duration_ns(ns: f64) -> String {
-    let (number, unit) = split_duration_ns(ns);
-    format!("{number} {}", unit.symbol())
-}
-
-/// [`format_duration_ns`] as number and unit, for tables that align the
-/// unit in a column of its own.
-pub fn split_duration_ns(ns: f64) -> (String, Unit) {
-    let mut unit = if ns.abs() < 1e3 {
-        Unit::Ns
-    } else if ns.abs() < 1e6 {
-        Unit::Us
-    } else if ns.abs() < 1e9 {
-        Unit::Ms
-    } else {
-        Unit::S
-    };
-    // 999.7 µs rounds to "1000": say 1 ms instead.
-    if unit != Unit::S && (ns / unit.ns_per_unit()).abs() >= 999.5 {
-        unit = match unit {
-            Unit::Ns => Unit::Us,
-            Unit::Us => Unit::Ms,
-            _ => Unit::S,
-        };
-    }
-    (format_number(ns / unit.ns_per_unit()), unit)
 }
 
 #[cfg(test)]

@@ -69,17 +69,11 @@ impl Run {
     /// Changes during the run the metadata records, as (x, what): the
     /// competing load coming on (it runs until after the last probe).
     pub(super) fn phases(&self) -> Vec<(i64, String)> {
-        let Some(load) = self.meta.as_ref().and_then(|m| m.knobs.get("load")) else {
+        let Some(load) = self.meta.as_ref().and_then(|m| m.knobs.load.as_ref()) else {
             return Vec::new();
         };
-        let Some(started) = load.get("started_ns").and_then(|v| v.as_i64()) else {
-            return Vec::new();
-        };
-        let specs: Vec<&str> = load
-            .get("specs")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
-            .unwrap_or_default();
+        let started = load.started_ns;
+        let specs = &load.specs;
         let what = if specs.is_empty() {
             "load on".to_string()
         } else {

@@ -137,12 +137,12 @@ impl<'l, 'a> Io<'l, 'a> {
         // thread waits on the receiver's socket, as any reflector does,
         // and reads the sender's right after each echo (on veth the echo
         // and the stamps are queued by then).
-        let polled: Vec<&ProbeSocket> = match (first.s.reflector.receiver(), by) {
+        let polled: Vec<&ProbeSocket> = match (first.s.echo_side.receiver(), by) {
             (Some(rx), ReadBy::IoThread) => vec![rx],
             (Some(rx), ReadBy::Sender) => vec![rx, first.s.sock],
             (None, _) => legs.iter().map(|l| l.s.sock).collect(),
         };
-        let remote = first.s.reflector.receiver().is_none();
+        let remote = first.s.echo_side.receiver().is_none();
         let many = (remote && polled.len() > 1)
             .then(|| ReadySet::new(&polled))
             .and_then(|r| {
@@ -209,7 +209,7 @@ impl<'l, 'a> Io<'l, 'a> {
             let mut n = 0;
             if reflector_left
                 && let (Some((sock, session)), Some(b)) =
-                    (first.s.reflector.receiver_session(), self.reflect.as_mut())
+                    (first.s.echo_side.receiver_session(), self.reflect.as_mut())
             {
                 let (k, drained) =
                     reflect_queued(sock, b, session, &first.attempts, finishing, &mut self.out);
@@ -490,7 +490,7 @@ impl ReflectBufs {
             arrivals: Vec::with_capacity(64),
             // No rate limit: the testbed's own probes may come at any rate.
             core: reflect::Core::new(reflect::Policy::unlimited(
-                crate::options::remote::ProtocolArg::Rtprobe,
+                crate::probe::wire::ProtocolArg::Rtprobe,
             )),
         }
     }

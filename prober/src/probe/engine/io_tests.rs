@@ -4,15 +4,16 @@ use std::{sync::atomic::AtomicU8, time::Duration};
 
 use super::*;
 use crate::{
-    model::{observer::NoObserver, record::ProbeRecord},
+    model::record::ProbeRecord,
     probe::{
         HwSetup, ProbeConfig, TimestampSource, collect,
-        engine::{Collecting, LegOut, Reflector},
+        engine::{Collecting, EchoSide, LegOut},
         matcher::NoHwClocks,
         socket::TsFlags,
         wire::Wire,
     },
     stats::RunStats,
+    stats::observer::NoObserver,
 };
 
 /// The records a session wrote.
@@ -73,7 +74,7 @@ fn collect_with_a_stalled_reader(stall: Duration, echo: bool) -> RunStats {
             sock: &sock,
             dst: "127.0.0.1:9".parse().unwrap(),
             wire: &wire,
-            reflector: Reflector::Remote,
+            echo_side: EchoSide::Remote,
             on_echoes: None,
             foreign_before: 0,
         },
@@ -184,7 +185,7 @@ fn remote_leg<'a>(sock: &'a ProbeSocket, dst: std::net::SocketAddr, wire: &'a Wi
             sock,
             dst,
             wire,
-            reflector: Reflector::Remote,
+            echo_side: EchoSide::Remote,
             on_echoes: None,
             foreign_before: 0,
         },
@@ -284,7 +285,7 @@ fn only_the_in_process_reflectors_thread_waits_and_never_on_the_sender() {
         io.polled.iter().map(|s| s.fd()).collect::<Vec<_>>()
     };
     let mut leg = remote_leg(&tx_sock, dst, &wire);
-    leg.s.reflector = Reflector::InProcess {
+    leg.s.echo_side = EchoSide::InProcess {
         sock: &rx_sock,
         session: 7,
     };
@@ -292,7 +293,7 @@ fn only_the_in_process_reflectors_thread_waits_and_never_on_the_sender() {
     assert_eq!(fds(&[leg], ReadBy::IoThread), [rx_sock.fd()]);
     // Where the sender reads, its loop waits on both once it has sent all.
     let mut leg = remote_leg(&tx_sock, dst, &wire);
-    leg.s.reflector = Reflector::Kernel {
+    leg.s.echo_side = EchoSide::Kernel {
         sock: &rx_sock,
         session: 7,
     };

@@ -11,7 +11,7 @@ use super::{
     tables::{Limiter, MAX_SESSIONS, MAX_SOURCES, Session, Sessions},
 };
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         addresses::LocalNets,
         clock,

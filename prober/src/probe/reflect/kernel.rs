@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use super::{Peers, RateLimits};
 use crate::{
     ebpf::reflector::Reflector,
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     sys::{Ns, Offload, Sys, netdev_attr},
 };
 

@@ -34,7 +34,7 @@ use super::{
     report::{ServeReport, SessionInfo},
 };
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         addresses::LocalNets,
         clock,

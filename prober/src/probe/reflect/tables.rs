@@ -226,8 +226,8 @@ impl Limiter {
 mod tests {
     use super::{super::testutil::*, *};
     use crate::{
-        options::remote::ProtocolArg,
         probe::reflect::{Core, Drop, Verdict},
+        probe::wire::ProtocolArg,
     };
 
     #[test]

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use super::{Core, Peers, Policy, RateLimits};
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         packet::Probe,
         stamp::{ClockSync, HmacKey},

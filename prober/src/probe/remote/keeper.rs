@@ -508,7 +508,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        options::remote::ProtocolArg,
+        probe::wire::ProtocolArg,
         probe::{ProbeConfig, TimestampSource, remote::Target},
     };
 

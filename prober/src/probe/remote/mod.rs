@@ -38,6 +38,7 @@
 
 mod keeper;
 mod outputs;
+mod resolve;
 mod setup;
 mod verdict;
 
@@ -51,6 +52,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+pub(crate) use self::resolve::resolve;
 pub(crate) use self::setup::{OpenStep, open_files_for};
 pub use self::verdict::{ClockVerdict, LossSplit, RemoteFacts, apply_clock_rule, summarise};
 use self::{
@@ -65,9 +67,9 @@ use super::{
     pacer,
     socket::ProbeSocket,
     stamp::{ClockSync, HmacKey},
-    wire::{Echo, Wire},
+    wire::{Echo, ProtocolArg, Wire},
 };
-use crate::{model::observer::SessionObserver, options::remote::ProtocolArg, sys::Netns};
+use crate::{stats::observer::SessionObserver, sys::Netns};
 
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]
@@ -472,7 +474,7 @@ fn engine_leg<'a>(
             sock: &p.sock,
             dst: p.addr,
             wire: &p.wire,
-            reflector: engine::Reflector::Remote,
+            echo_side: engine::EchoSide::Remote,
             on_echoes: Some(note),
             foreign_before: 0,
         },

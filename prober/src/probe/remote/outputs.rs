@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use anyhow::Result;
 
 use super::{super::RecordSink, verdict::Ledger};
-use crate::model::{observer::SessionObserver, record::ProbeRecord};
+use crate::{model::record::ProbeRecord, stats::observer::SessionObserver};
 
 /// One target's writer into the session's one CSV: the one-way column
 /// and the two stages that cross hosts (path: sender TX -> reflector RX;

@@ -22,7 +22,7 @@ use super::{
     verdict::{Ledger, STAMP_STATUS_SEQ, clock_verdict},
 };
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         ProbeConfig, STOP_NOW, clock, engine,
         socket::{self, ProbeSocket, RecvBatch, TsFlags},
@@ -62,11 +62,11 @@ fn bind_towards(
         step: OpenStep::Socket,
         error,
     };
-    if dst.is_ipv6() && cfg.size > crate::options::plan::MAX_PAYLOAD_1500_IPV6 {
+    if dst.is_ipv6() && cfg.size > crate::probe::wire::MAX_PAYLOAD_1500_IPV6 {
         return Err(socket_step(anyhow::anyhow!(
             "--size {} does not fit a 1500-byte MTU over IPv6 (40-byte header) to {dst}: use at most {} bytes",
             cfg.size,
-            crate::options::plan::MAX_PAYLOAD_1500_IPV6
+            crate::probe::wire::MAX_PAYLOAD_1500_IPV6
         )));
     }
     if cfg.size < wire.min_len() {
@@ -164,7 +164,7 @@ fn address_of(l: &RemoteLeg, stop: &AtomicU8) -> Result<SocketAddr, OpenFailure>
     std::thread::Builder::new()
         .name("rtprobe-resolve".into())
         .spawn(move || {
-            let _ = tx.send(crate::options::remote::resolve(&name, port));
+            let _ = tx.send(super::resolve(&name, port));
         })
         .map_err(|e| failed(anyhow::anyhow!("start a thread to resolve {host}: {e}")))?;
     let until = std::time::Instant::now() + RESOLVE_TIMEOUT;
@@ -350,7 +350,7 @@ fn towards<'a>(sock: &'a ProbeSocket, dst: SocketAddr, wire: &'a Wire) -> engine
         sock,
         dst,
         wire,
-        reflector: engine::Reflector::Remote,
+        echo_side: engine::EchoSide::Remote,
         on_echoes: None,
         foreign_before: 0,
     }

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use anyhow::Result;
 
 use super::{Prepared, RemoteLeg, Target};
-use crate::model::observer::LossDirections;
+use crate::stats::observer::LossDirections;
 use crate::{
-    options::remote::ProtocolArg,
+    probe::wire::ProtocolArg,
     probe::{
         SessionOutcome, engine,
         stamp::{ClockSync, ErrorEstimate},
@@ -447,7 +447,7 @@ pub fn summarise(o: &SessionOutcome, facts: &RemoteFacts, kind: &str) -> crate::
     });
     s.report.loss_split = Some(facts.loss.clone());
     s.report.late_arrivals = Some(o.late_arrivals);
-    s.report.peak_rss_kib = Some(crate::model::run::peak_rss_kib());
+    s.report.peak_rss_kib = Some(crate::sys::host::peak_rss_kib());
     s.report.interrupted = o.interrupted;
     s
 }

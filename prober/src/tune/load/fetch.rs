@@ -82,7 +82,7 @@ pub(super) fn start_fetch(
     let client = std::thread::Builder::new()
         .name(format!("fetch-cli-{port}"))
         .spawn(move || -> Result<()> {
-            nix::sched::setns(receiver_ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            crate::sys::netns::enter(receiver_ns.as_fd())
                 .context("enter the receiver namespace for the fetch client")?;
             fetch_loop(addr, &p, cc_client.as_deref(), &w, &cc2, &stop)
         })?;

@@ -679,8 +679,8 @@ mod tests {
                 .line()
                 .starts_with("tc qdisc add dev veth0 parent 1:1 handle 10: fq_codel")
         );
-        assert_eq!(meta["tc"].as_array().unwrap().len(), 3);
-        assert!(meta["qdisc"]["position"].as_str().unwrap().contains("leaf"));
+        assert_eq!(meta.tc.len(), 3);
+        assert!(meta.qdisc.unwrap().position.contains("leaf"));
         // No qdisc: the FIFO with the queue limit is the leaf.
         let (cmds, _) = render_tree("veth0", Some(&s), None, &c);
         assert_eq!(
@@ -690,6 +690,51 @@ mod tests {
         // No shaping: the qdisc is the root.
         let (cmds, meta) = render_tree("veth0", None, Some(&q), &ctx());
         assert!(cmds[0].line().contains(" root handle 10: fq_codel"));
-        assert!(meta.get("shaping").is_none());
+        assert!(meta.shaping.is_none());
+    }
+}
+
+/// The typed tree writes the JSON the map it replaced wrote, captured
+/// from the map builder before it was typed.
+#[cfg(test)]
+mod typed_meta_tests {
+    use super::*;
+    use crate::tune::{ProbeContext, Shaping, units::QueueLimit};
+
+    const SHAPED_HTB_PRIO: &str = r#"{"qdisc":{"effective":{"bulk_class":"10:20","bulk_prio":1,"bulk_rate":"95mbit","ceil":"100mbit","hp_class":"10:10","hp_port":5061,"hp_prio":0,"hp_rate":"5mbit","hp_rate_reason":"auto: the preset's minimum","hp_tos":null,"leaf":"pfifo","leaf_limit_packets":100,"link_rate":"100mbit","overhead_bytes":24,"quantum_bytes":1514},"kind":"htb-prio","position":"leaf under the shaper (parent 1:1)","spec":"htb-prio,hp_rate=auto,link=auto,hp_port=auto,hp_tos=none,bulk_prio=1,quantum=1514,limit=100"},"shaping":{"burst_bytes":12500,"overhead_bytes":24,"queue_limit":"20p","rate":"100mbit","rate_bps":100000000,"shaper":"htb"},"tc":["tc qdisc add dev veth0 root handle 1: htb default 1","tc class add dev veth0 parent 1: classid 1:1 htb rate 100000000bit ceil 100000000bit burst 12500 cburst 12500 overhead 24","tc qdisc add dev veth0 parent 1:1 handle 10: htb default 20","tc class add dev veth0 parent 10: classid 10:1 htb rate 100000000bit ceil 100000000bit overhead 24","tc class add dev veth0 parent 10:1 classid 10:10 htb rate 5000000bit ceil 100000000bit prio 0 quantum 1514 overhead 24","tc class add dev veth0 parent 10:1 classid 10:20 htb rate 95000000bit ceil 100000000bit prio 1 quantum 1514 overhead 24","tc qdisc add dev veth0 parent 10:10 handle 11: pfifo limit 100","tc qdisc add dev veth0 parent 10:20 handle 12: pfifo limit 100","tc filter add dev veth0 parent 10: protocol ip prio 1 u32 match ip dport 5061 0xffff flowid 10:10"]}"#;
+    const ROOT_FQ_CODEL: &str = r#"{"qdisc":{"effective":{"ecn":false,"flows":1024,"interval":"40ms","limit":1000,"quantum":1514,"target":"1.5ms"},"kind":"fq_codel","position":"root","spec":"fq_codel,limit=1000,target=1.5ms,interval=40ms,quantum=1514,flows=1024,noecn"},"tc":["tc qdisc add dev veth0 root handle 10: fq_codel limit 1000 target 1500us interval 40000us quantum 1514 flows 1024 noecn"]}"#;
+    const SHAPER_ONLY: &str = r#"{"shaping":{"burst_bytes":12500,"overhead_bytes":24,"queue_limit":"20p","rate":"100mbit","rate_bps":100000000,"shaper":"htb"},"tc":["tc qdisc add dev veth0 root handle 1: htb default 1","tc class add dev veth0 parent 1: classid 1:1 htb rate 100000000bit ceil 100000000bit burst 12500 cburst 12500 overhead 24","tc qdisc add dev veth0 parent 1:1 handle 10: pfifo limit 20"]}"#;
+
+    #[test]
+    fn the_tree_writes_the_json_the_map_wrote() {
+        let mut s = Shaping::new(Rate::mbit(100));
+        s.queue_limit = Some(QueueLimit::Packets(20));
+        let c = RenderCtx {
+            link_rate: Some(Rate::mbit(100)),
+            overhead_bytes: 24,
+            probe: ProbeContext {
+                port: 5061,
+                size: 200,
+                interval: Duration::from_millis(10),
+                ipv6: false,
+            },
+        };
+        let htb_prio: QdiscSpec = "htb-prio".parse().unwrap();
+        let fq_codel: QdiscSpec = "fq_codel".parse().unwrap();
+        for (shaping, qdisc, old) in [
+            (Some(&s), Some(&htb_prio), SHAPED_HTB_PRIO),
+            (None, Some(&fq_codel), ROOT_FQ_CODEL),
+            (Some(&s), None, SHAPER_ONLY),
+        ] {
+            let (_, mut meta) = render_tree("veth0", shaping, qdisc, &c);
+            // What install_tree adds once the tree is in.
+            (meta.dev, meta.netns, meta.status) = ("veth0".into(), "ns".into(), "applied".into());
+            let mut old: serde_json::Value = serde_json::from_str(old).unwrap();
+            old["dev"] = "veth0".into();
+            old["netns"] = "ns".into();
+            old["status"] = "applied".into();
+            assert_eq!(serde_json::to_value(&meta).unwrap(), old);
+            assert_eq!(serde_json::to_string(&meta).unwrap(), old.to_string());
+        }
     }
 }

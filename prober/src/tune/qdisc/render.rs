@@ -9,7 +9,10 @@ use super::{
     AutoRate, FqCodel, HfscParams, HtbParams, HtbPrioParams, Leaf, QDISC_HANDLE, QdiscSpec,
 };
 use crate::{
-    model::units::fmt_duration,
+    model::{
+        knobs::{QdiscApplied, QdiscTreeApplied},
+        units::fmt_duration,
+    },
     tune::{
         ProbeContext,
         shaping::{SHAPER_CLASS, Shaping},
@@ -437,13 +440,13 @@ pub fn render_tree(
     shaping: Option<&Shaping>,
     qdisc: Option<&QdiscSpec>,
     ctx: &RenderCtx,
-) -> (Vec<TcCmd>, Value) {
+) -> (Vec<TcCmd>, QdiscTreeApplied) {
     let mut cmds = Vec::new();
-    let mut meta = serde_json::Map::new();
+    let mut meta = QdiscTreeApplied::default();
     let parent = match shaping {
         Some(s) => {
             cmds.extend(s.commands(dev));
-            meta.insert("shaping".into(), s.metadata());
+            meta.shaping = Some(s.metadata());
             Parent::ShaperClass
         }
         None => Parent::Root,
@@ -452,15 +455,16 @@ pub fn render_tree(
         Some(q) => {
             let (c, eff) = q.render(dev, parent, ctx);
             cmds.extend(c);
-            meta.insert(
-                "qdisc".into(),
-                json!({
-                    "spec": q.to_string(),
-                    "kind": q.kind(),
-                    "position": match parent { Parent::Root => "root", Parent::ShaperClass => "leaf under the shaper (parent 1:1)" },
-                    "effective": eff,
-                }),
-            );
+            meta.qdisc = Some(QdiscApplied {
+                effective: eff,
+                kind: q.kind().into(),
+                position: match parent {
+                    Parent::Root => "root",
+                    Parent::ShaperClass => "leaf under the shaper (parent 1:1)",
+                }
+                .into(),
+                spec: q.to_string(),
+            });
         }
         None => {
             if let Some(leaf) = shaping.and_then(|s| s.default_leaf(dev, QDISC_HANDLE)) {
@@ -468,9 +472,6 @@ pub fn render_tree(
             }
         }
     }
-    meta.insert(
-        "tc".into(),
-        Value::Array(cmds.iter().map(|c| Value::String(c.line())).collect()),
-    );
-    (cmds, Value::Object(meta))
+    meta.tc = cmds.iter().map(TcCmd::line).collect();
+    (cmds, meta)
 }

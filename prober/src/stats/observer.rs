@@ -4,8 +4,7 @@
 
 use anyhow::Result;
 
-use super::record::ProbeRecord;
-use crate::stats::RunStats;
+use crate::{model::record::ProbeRecord, stats::RunStats};
 
 /// Watches a session while it runs: every finalized record (seq order)
 /// and a tick a few times a second.

@@ -18,6 +18,7 @@
 
 use std::marker::PhantomData;
 
+use crate::model::knobs::RtApplied;
 use anyhow::{Result, bail};
 use nix::{
     errno::Errno,
@@ -25,7 +26,6 @@ use nix::{
     unistd::Pid,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 /// What the sender thread asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,13 +71,13 @@ impl RtSettings {
         Ok(())
     }
 
-    pub fn metadata(&self) -> Value {
-        json!({
-            "sched_fifo_priority": self.fifo_priority,
-            "mlockall": self.mlockall,
-            "cpu": self.cpu,
-            "cpu_dma_latency_us": self.cpu_dma_latency_us,
-        })
+    pub fn metadata(&self) -> RtApplied {
+        RtApplied {
+            cpu: self.cpu,
+            cpu_dma_latency_us: self.cpu_dma_latency_us,
+            mlockall: self.mlockall,
+            sched_fifo_priority: self.fifo_priority,
+        }
     }
 
     /// Applies the settings to the calling thread.
@@ -284,8 +284,8 @@ mod tests {
             cpu_dma_latency_explicit: true,
         };
         assert!(s.validate().is_ok());
-        assert_eq!(s.metadata()["sched_fifo_priority"], 80);
-        assert_eq!(s.metadata()["cpu_dma_latency_us"], 0);
+        assert_eq!(s.metadata().sched_fifo_priority, Some(80));
+        assert_eq!(s.metadata().cpu_dma_latency_us, Some(0));
     }
 
     #[test]
