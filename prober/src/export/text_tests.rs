@@ -79,8 +79,124 @@ fn unknown_drop_counters_and_memory_show_as_a_dash() {
     assert!(text.contains(&l), "{text}");
 }
 
+/// A sender whose PHC was sampled and a receiver without one.
+fn phc_sender_no_phc_receiver() -> crate::stats::report::HardwareClocks {
+    crate::stats::report::HardwareClocks {
+        sender: Some(HardwareClock::Sampled(crate::stats::report::SampledClock {
+            phc: crate::stats::report::PhcReport {
+                phc_index: Some(2),
+                samples: 50,
+                rejected_batches: 0,
+                read_window_median_ns: Some(310),
+                read_window_max_ns: Some(900),
+                drift_ppb: Some(12345.6),
+                steps: 0,
+            },
+            read_errors: None,
+            last_read_error: None,
+        })),
+        receiver: Some(HardwareClock::Failed {
+            error: "veth-rcv has no PTP hardware clock".into(),
+        }),
+    }
+}
+
+/// Adaptive pacing with every figure the text shows.
+fn adaptive_pacing() -> Pacing {
+    Pacing {
+        mode: "adaptive".into(),
+        margin_ns: Some(142_000),
+        margin_max_ns: Some(150_000),
+        wake_late_ns: Latency {
+            count: 10,
+            p50: Some(34_000),
+            p99: Some(139_000),
+            max: Some(2_600_000),
+            ..Default::default()
+        },
+        overslept: 1,
+        spin_ns_per_probe: 13_900.0,
+        spin_cpu_pct: 1.39,
+        sender_cpu_pct: Some(3.25),
+        clock_steps: 0,
+        waits: Some(crate::stats::CpuWaits {
+            over_ns: 2_000_000_000,
+            runq_wait_ns: Some(1_250_000),
+            steal_ns: Some(40_000_000),
+            cpus: vec![0, 1],
+        }),
+        cpu_dma_latency_us: None,
+        warm_up_ns_per_probe: Some(4_200.0),
+        send_failures: 3,
+        reader: None,
+    }
+}
+
+/// A target among several bins up to 1.07 s: one RTT of 3 s above it.
+fn capped_rtt() -> Latency {
+    Latency {
+        count: 9,
+        min: Some(8_000),
+        p50: Some(9_000),
+        p90: Some(10_000),
+        p99: None,
+        p999: None,
+        max: Some(3_000_000_000),
+        mean: Some(333_341_000.0),
+        unbinned: Some(crate::stats::hist::Unbinned {
+            cap_ns: 1_073_741_823,
+            above_cap: 1,
+            bucket_full: 0,
+        }),
+    }
+}
+
+/// What [`summary_mentions_everything_asked`]'s summary must say.
+const EVERYTHING_ASKED: &[&str] = &[
+    "\n  host: 2 cores (AMD EPYC), kernel 6.18.44, preemption unknown",
+    "  rtt                  8 µs       9 µs      10 µs > 1.074 s  > 1.074 s        3 s ",
+    "hardware clock, sender NIC: PHC /dev/ptp2 on the system clock by 50 samples; offset uncertainty (read window) median 310 ns, max 900 ns; drift 12346 ppb",
+    "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
+    "pacing (timer + adaptive spin: margin 142 µs, warm-up on loopback 4.2 µs/probe, spin 13.9 µs/probe = 1.39 % of a CPU)",
+    "sender wake-ups: late p50 34 µs / p99 139 µs / max 2.6 ms (10 sleeps, 1 overslept the send); sender thread 3.2 % of a CPU",
+    "\n  send failed: 3 probes (counted as lost; the log names the target and the error)\n",
+    "  sender not running: waited for a CPU 1.25 ms (0.06 % of the sending); the hypervisor stole 40 ms from CPUs 0-1 (1.00 %)",
+    "sent 10",
+    "received 9",
+    "lost 1 (10.00 %)",
+    "requested auto, attached native",
+    "software",
+    "redirected 18 pkt",
+    // Units follow the value; numbers and units are aligned.
+    "  one-way              5 µs       6 µs       -          -          -         20 ms",
+    "   sender queue        -        5.5 µs",
+    "p99.9",
+    "0xc0",
+    "missed ticks 0 (0.00 %",
+    "unaccounted probes 0",
+    "send->tx",
+    "rtt net",
+    "enters the sender's qdisc (kernel SCHED stamp)",
+    " sender queue",
+    "where the time went: 92 % of the one-way p50 is the sender's queue",
+    "late 0",
+];
+
+/// Every row of the latency table is as wide as its header.
+fn assert_table_aligned(t: &str) {
+    let widths: Vec<usize> = t
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("min "))
+        .take_while(|l| !l.contains("where the time went"))
+        .map(|l| l.chars().count())
+        .collect();
+    assert!(
+        widths.len() > 3 && widths.iter().all(|&w| w == widths[0]),
+        "{widths:?}\n{t}"
+    );
+}
+
 #[test]
-#[allow(clippy::too_many_lines)]
 fn summary_mentions_everything_asked() {
     let mut s = Summary {
         sent: 10,
@@ -122,51 +238,8 @@ fn summary_mentions_everything_asked() {
         xdp_action: "redirect".into(),
         ..Default::default()
     };
-    s.report.hardware_clocks = Some(crate::stats::report::HardwareClocks {
-        sender: Some(HardwareClock::Sampled(crate::stats::report::SampledClock {
-            phc: crate::stats::report::PhcReport {
-                phc_index: Some(2),
-                samples: 50,
-                rejected_batches: 0,
-                read_window_median_ns: Some(310),
-                read_window_max_ns: Some(900),
-                drift_ppb: Some(12345.6),
-                steps: 0,
-            },
-            read_errors: None,
-            last_read_error: None,
-        })),
-        receiver: Some(HardwareClock::Failed {
-            error: "veth-rcv has no PTP hardware clock".into(),
-        }),
-    });
-    s.pacing = Some(Pacing {
-        mode: "adaptive".into(),
-        margin_ns: Some(142_000),
-        margin_max_ns: Some(150_000),
-        wake_late_ns: Latency {
-            count: 10,
-            p50: Some(34_000),
-            p99: Some(139_000),
-            max: Some(2_600_000),
-            ..Default::default()
-        },
-        overslept: 1,
-        spin_ns_per_probe: 13_900.0,
-        spin_cpu_pct: 1.39,
-        sender_cpu_pct: Some(3.25),
-        clock_steps: 0,
-        waits: Some(crate::stats::CpuWaits {
-            over_ns: 2_000_000_000,
-            runq_wait_ns: Some(1_250_000),
-            steal_ns: Some(40_000_000),
-            cpus: vec![0, 1],
-        }),
-        cpu_dma_latency_us: None,
-        warm_up_ns_per_probe: Some(4_200.0),
-        send_failures: 3,
-        reader: None,
-    });
+    s.report.hardware_clocks = Some(phc_sender_no_phc_receiver());
+    s.pacing = Some(adaptive_pacing());
     s.report.host = Some(crate::model::host::HostFacts {
         cores: Some(2),
         cpu_model: Some("AMD EPYC".into()),
@@ -175,65 +248,12 @@ fn summary_mentions_everything_asked() {
         cpuidle_governor: "haltpoll".into(),
         ..Default::default()
     });
-    // A target among several bins up to 1.07 s: one RTT of 3 s above it.
-    s.rtt_ns = Latency {
-        count: 9,
-        min: Some(8_000),
-        p50: Some(9_000),
-        p90: Some(10_000),
-        p99: None,
-        p999: None,
-        max: Some(3_000_000_000),
-        mean: Some(333_341_000.0),
-        unbinned: Some(crate::stats::hist::Unbinned {
-            cap_ns: 1_073_741_823,
-            above_cap: 1,
-            bucket_full: 0,
-        }),
-    };
+    s.rtt_ns = capped_rtt();
     let t = format_summary(&s, &m);
-    for needle in [
-        "\n  host: 2 cores (AMD EPYC), kernel 6.18.44, preemption unknown",
-        "  rtt                  8 µs       9 µs      10 µs > 1.074 s  > 1.074 s        3 s ",
-        "hardware clock, sender NIC: PHC /dev/ptp2 on the system clock by 50 samples; offset uncertainty (read window) median 310 ns, max 900 ns; drift 12346 ppb",
-        "hardware clock, receiver NIC: veth-rcv has no PTP hardware clock",
-        "pacing (timer + adaptive spin: margin 142 µs, warm-up on loopback 4.2 µs/probe, spin 13.9 µs/probe = 1.39 % of a CPU)",
-        "sender wake-ups: late p50 34 µs / p99 139 µs / max 2.6 ms (10 sleeps, 1 overslept the send); sender thread 3.2 % of a CPU",
-        "\n  send failed: 3 probes (counted as lost; the log names the target and the error)\n",
-        "  sender not running: waited for a CPU 1.25 ms (0.06 % of the sending); the hypervisor stole 40 ms from CPUs 0-1 (1.00 %)",
-        "sent 10",
-        "received 9",
-        "lost 1 (10.00 %)",
-        "requested auto, attached native",
-        "software",
-        "redirected 18 pkt",
-        // Units follow the value; numbers and units are aligned.
-        "  one-way              5 µs       6 µs       -          -          -         20 ms",
-        "   sender queue        -        5.5 µs",
-        "p99.9",
-        "0xc0",
-        "missed ticks 0 (0.00 %",
-        "unaccounted probes 0",
-        "send->tx",
-        "rtt net",
-        "enters the sender's qdisc (kernel SCHED stamp)",
-        " sender queue",
-        "where the time went: 92 % of the one-way p50 is the sender's queue",
-        "late 0",
-    ] {
+    for needle in EVERYTHING_ASKED {
         assert!(t.contains(needle), "missing {needle:?} in\n{t}");
     }
-    // Every row of the latency table is as wide as its header.
-    let widths: Vec<usize> = t
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("min "))
-        .take_while(|l| !l.contains("where the time went"))
-        .map(|l| l.chars().count())
-        .collect();
-    assert!(
-        widths.len() > 3 && widths.iter().all(|&w| w == widths[0]),
-        "{widths:?}\n{t}"
-    );
+    assert_table_aligned(&t);
     assert!(
         !t.contains("driver/ring"),
         "a stage without data is left out"

@@ -34,17 +34,7 @@ fn checked_in_schema_matches_the_types() {
 
 /// A summary with every part of the report filled in, both kinds of
 /// each untagged part among the flows.
-#[allow(clippy::too_many_lines)]
 fn full_summary() -> Summary {
-    let phc = PhcReport {
-        phc_index: Some(0),
-        samples: 10,
-        rejected_batches: 0,
-        read_window_max_ns: Some(900),
-        read_window_median_ns: None,
-        drift_ppb: Some(-3.5),
-        steps: 0,
-    };
     let flow = |flow: u8, report: RunReport| FlowSummary {
         flow,
         interval_ns: 1_000_000,
@@ -56,7 +46,99 @@ fn full_summary() -> Summary {
         },
         tos: 0,
     };
-    let remote = RunReport {
+    let remote = remote_report();
+    let knobs = crate::model::knobs::AppliedKnobs {
+        qdisc_tree: Some(crate::model::knobs::QdiscTreeApplied {
+            status: "applied".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let report = RunReport {
+        clock: Some(ClockReport::OneClock(OneClock {
+            note: "one clock".into(),
+            one_way_shown: true,
+        })),
+        csv_rotation: Some(CsvRotation {
+            keep: 3,
+            when: "1h".into(),
+        }),
+        flows: vec![flow(0, RunReport::default()), flow(1, remote)],
+        hardware_clocks: Some(hardware_clocks()),
+        hardware_timestamping: Some(HardwareTimestamping::default()),
+        host: Some(HostFacts {
+            cores: Some(2),
+            cpuidle_driver: "haltpoll".into(),
+            vm: Some(true),
+            ..Default::default()
+        }),
+        interrupted: true,
+        ip: Some(IpReport {
+            receiver: "10.77.0.2".into(),
+            sender: "10.77.0.1".into(),
+            version: 4,
+        }),
+        kernel_drops: Some(Some(KernelDrops {
+            host_backlog_drops: Some(1),
+            ..Default::default()
+        })),
+        knobs: Some(knobs),
+        late_arrivals: Some(0),
+        load: Some(tcp_load()),
+        loss_split: Some(LossSplit {
+            forward: Some(1),
+            r#return: None,
+            unknown: 0,
+            basis: "counted".into(),
+        }),
+        negative_one_way: None,
+        output_error: Some("disk full".into()),
+        peak_rss_kib: Some(Some(2048)),
+        reflector: Some(kernel_reflector()),
+        skipped: vec!["qdisc fq_codel".into()],
+        stats_bytes_per_target: Some(89_600),
+        targets: vec![one_target()],
+    };
+    Summary {
+        report,
+        rtt_ns: capped_rtt(),
+        ..Default::default()
+    }
+}
+
+/// One TCP load flow with its fetch times, and the bottleneck's window.
+fn tcp_load() -> LoadReport {
+    LoadReport {
+        flows: vec![FlowReport {
+            kind: "tcp".into(),
+            fetch: Some(FetchTimes::default()),
+            ..Default::default()
+        }],
+        total_achieved_bps: 1e6,
+        bottleneck: Some(QueueWindow::default()),
+    }
+}
+
+/// RTTs with one value above the histogram's cap.
+fn capped_rtt() -> crate::stats::Latency {
+    crate::stats::Latency {
+        count: 3,
+        p50: Some(900),
+        p99: None,
+        max: Some(2_000_000_000),
+        unbinned: Some(crate::stats::hist::Unbinned {
+            cap_ns: 1_073_741_823,
+            above_cap: 1,
+            bucket_full: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+/// A remote flow's report: a clock verdict and an authenticated STAMP
+/// reflector.
+fn remote_report() -> RunReport {
+    RunReport {
         clock: Some(ClockReport::Verdict(ClockVerdict {
             one_way_shown: false,
             bound_ns: None,
@@ -79,116 +161,64 @@ fn full_summary() -> Summary {
         }),
         negative_one_way: Some(2),
         ..Default::default()
+    }
+}
+
+/// A receiver whose clock failed and a sender whose PHC was sampled.
+fn hardware_clocks() -> HardwareClocks {
+    let phc = PhcReport {
+        phc_index: Some(0),
+        samples: 10,
+        rejected_batches: 0,
+        read_window_max_ns: Some(900),
+        read_window_median_ns: None,
+        drift_ppb: Some(-3.5),
+        steps: 0,
     };
-    let knobs = crate::model::knobs::AppliedKnobs {
-        qdisc_tree: Some(crate::model::knobs::QdiscTreeApplied {
-            status: "applied".into(),
-            ..Default::default()
+    HardwareClocks {
+        receiver: Some(HardwareClock::Failed {
+            error: "no PHC".into(),
         }),
-        ..Default::default()
-    };
-    let report = RunReport {
-        clock: Some(ClockReport::OneClock(OneClock {
-            note: "one clock".into(),
-            one_way_shown: true,
+        sender: Some(HardwareClock::Sampled(SampledClock {
+            phc,
+            read_errors: Some(0),
+            last_read_error: Some("EIO".into()),
         })),
-        csv_rotation: Some(CsvRotation {
-            keep: 3,
-            when: "1h".into(),
-        }),
-        flows: vec![flow(0, RunReport::default()), flow(1, remote)],
-        hardware_clocks: Some(HardwareClocks {
-            receiver: Some(HardwareClock::Failed {
-                error: "no PHC".into(),
-            }),
-            sender: Some(HardwareClock::Sampled(SampledClock {
-                phc,
-                read_errors: Some(0),
-                last_read_error: Some("EIO".into()),
-            })),
-        }),
-        hardware_timestamping: Some(HardwareTimestamping::default()),
-        host: Some(HostFacts {
-            cores: Some(2),
-            cpuidle_driver: "haltpoll".into(),
-            vm: Some(true),
-            ..Default::default()
-        }),
-        interrupted: true,
-        ip: Some(IpReport {
-            receiver: "10.77.0.2".into(),
-            sender: "10.77.0.1".into(),
-            version: 4,
-        }),
-        kernel_drops: Some(Some(KernelDrops {
-            host_backlog_drops: Some(1),
-            ..Default::default()
-        })),
-        knobs: Some(knobs),
-        late_arrivals: Some(0),
-        load: Some(LoadReport {
-            flows: vec![FlowReport {
-                kind: "tcp".into(),
-                fetch: Some(FetchTimes::default()),
-                ..Default::default()
-            }],
-            total_achieved_bps: 1e6,
-            bottleneck: Some(QueueWindow::default()),
-        }),
-        loss_split: Some(LossSplit {
-            forward: Some(1),
-            r#return: None,
-            unknown: 0,
-            basis: "counted".into(),
-        }),
-        negative_one_way: None,
-        output_error: Some("disk full".into()),
-        peak_rss_kib: Some(Some(2048)),
-        reflector: Some(ReflectorReport {
-            counters: Some(ReflectorCounts::Kernel(XdpCounters::from([(
-                "reflected".into(),
-                super::super::summary::PacketsBytes {
-                    packets: 1,
-                    bytes: 64,
-                },
-            )]))),
-            xdp_mode: Some("native".into()),
-            note: Some("kernel".into()),
-            rate_limit: Some("none".into()),
-            ..ReflectorReport::of_kind("kernel")
-        }),
-        skipped: vec!["qdisc fq_codel".into()],
-        stats_bytes_per_target: Some(89_600),
-        targets: vec![TargetSummary {
-            name: "db-1".into(),
-            address: "192.0.2.7:5061".into(),
-            protocol: "rtprobe".into(),
-            interval_ns: 1_000_000,
-            size: 64,
-            tos: 0,
-            labels: BTreeMap::from([("site".into(), "fra1".into())]),
-            errors: 2,
-            last_error: Some(
-                "connect the probe socket to 192.0.2.7:5061: Network is unreachable".into(),
-            ),
-            summary: Summary::default(),
-        }],
-    };
-    Summary {
-        report,
-        rtt_ns: crate::stats::Latency {
-            count: 3,
-            p50: Some(900),
-            p99: None,
-            max: Some(2_000_000_000),
-            unbinned: Some(crate::stats::hist::Unbinned {
-                cap_ns: 1_073_741_823,
-                above_cap: 1,
-                bucket_full: 0,
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
+    }
+}
+
+/// The in-kernel reflector, with its counters.
+fn kernel_reflector() -> ReflectorReport {
+    ReflectorReport {
+        counters: Some(ReflectorCounts::Kernel(XdpCounters::from([(
+            "reflected".into(),
+            super::super::summary::PacketsBytes {
+                packets: 1,
+                bytes: 64,
+            },
+        )]))),
+        xdp_mode: Some("native".into()),
+        note: Some("kernel".into()),
+        rate_limit: Some("none".into()),
+        ..ReflectorReport::of_kind("kernel")
+    }
+}
+
+/// One target of several, with an error.
+fn one_target() -> TargetSummary {
+    TargetSummary {
+        name: "db-1".into(),
+        address: "192.0.2.7:5061".into(),
+        protocol: "rtprobe".into(),
+        interval_ns: 1_000_000,
+        size: 64,
+        tos: 0,
+        labels: BTreeMap::from([("site".into(), "fra1".into())]),
+        errors: 2,
+        last_error: Some(
+            "connect the probe socket to 192.0.2.7:5061: Network is unreachable".into(),
+        ),
+        summary: Summary::default(),
     }
 }
 
