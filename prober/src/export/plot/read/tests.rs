@@ -227,26 +227,10 @@ fn skip_and_required_metrics() {
     );
 }
 
-/// Each malformed case and the exact one-line message it gives.
-#[test]
-#[allow(clippy::too_many_lines)]
-fn malformed_inputs_name_file_line_and_column() {
-    let good = csv_text(true, &[row(0, Some(50_000), Some(90_000))]);
-    let header_line = HEADER.join(",");
-    let n = HEADER.len();
-    // The empty cells after `lost` in a full row.
-    let tail = ",".repeat(n - 15);
-    let ends_early =
-        format!("t.csv: line 4, column 4 (sched_ns): the row ends early: 3 of {n} columns");
-    let too_long = format!(
-        "t.csv: line 4, column {}: the row has {} columns but the header has {n}",
-        n + 1,
-        n + 1
-    );
-    let cut_short = format!(
-        "t.csv: line 4, column 6 (tx_ns): the last line is cut short (the row ends early: 5 of {n} columns); the run was probably stopped while writing: pass --ignore-truncated to skip that line"
-    );
-    let cases: Vec<(Vec<u8>, &str)> = vec![
+/// Malformed files and the message of each: empty, not a CSV, no
+/// header or rows, bad run metadata.
+fn file_cases(header_line: &str) -> Vec<(Vec<u8>, &'static str)> {
+    vec![
         (
             b"".to_vec(),
             "t.csv: line 1: the file is empty: expected a CSV written by rtprobe (header seq,...,one_way_ns,rtt_ns,...)",
@@ -272,10 +256,6 @@ fn malformed_inputs_name_file_line_and_column() {
             "t.csv: line 1: gzip-compressed: decompress it first (gunzip -k FILE) and plot the .csv",
         ),
         (
-            b"seq,one_way_ns\n\xff\xfe,\x00\n".to_vec(),
-            "t.csv: line 2, column 1 (seq): expected a sequence number (integer >= 0), found \"\u{fffd}\u{fffd}\"",
-        ),
-        (
             format!("{META_PREFIX}{{\"size\": 64,\n{header_line}\n0,0,64\n").into_bytes(),
             "t.csv: line 1: the run metadata (# rtprobe-meta:) is not valid JSON at character 28: EOF while parsing a value",
         ),
@@ -292,6 +272,21 @@ fn malformed_inputs_name_file_line_and_column() {
             "t.csv: line 3: no probe rows after the header: nothing to plot (did the run send any probe?)",
         ),
         (
+            b"{\"sent\": 10}\n".to_vec(),
+            "t.csv: line 1: this is JSON (the --json summary?), not an rtprobe CSV: pass the per-probe CSV written with --out",
+        ),
+    ]
+}
+
+/// Malformed cells and rows (`good` is a valid file, `tail` the empty
+/// cells after `lost`) and the message of each.
+fn cell_cases(good: &str, tail: &str) -> Vec<(Vec<u8>, &'static str)> {
+    vec![
+        (
+            b"seq,one_way_ns\n\xff\xfe,\x00\n".to_vec(),
+            "t.csv: line 2, column 1 (seq): expected a sequence number (integer >= 0), found \"\u{fffd}\u{fffd}\"",
+        ),
+        (
             good.replace(",50000,", ",5e4,").into_bytes(),
             "t.csv: line 3, column 9 (one_way_ns): expected a latency in nanoseconds, found \"5e4\"",
         ),
@@ -303,15 +298,6 @@ fn malformed_inputs_name_file_line_and_column() {
             good.replacen(",sw,0,", ",sw,maybe,", 1).into_bytes(),
             "t.csv: line 3, column 15 (lost): expected 0 or 1 (lost), found \"maybe\"",
         ),
-        (
-            format!("{good}1,0,64\n2,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0{tail}\n").into_bytes(),
-            &ends_early,
-        ),
-        (
-            format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0{tail},extra\n").into_bytes(),
-            &too_long,
-        ),
-        (format!("{good}1,0,64,1000,10").into_bytes(), &cut_short),
         (
             format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,{tail}").into_bytes(),
             "t.csv: line 4, column 15 (lost): the last line is cut short (expected 0 or 1 (lost), found an empty cell); the run was probably stopped while writing: pass --ignore-truncated to skip that line",
@@ -336,11 +322,41 @@ fn malformed_inputs_name_file_line_and_column() {
             b"seq,one_way_ns\n-1,1\n1,2\n".to_vec(),
             "t.csv: line 2, column 1 (seq): expected a sequence number (integer >= 0), found \"-1\"",
         ),
+    ]
+}
+
+/// Each malformed case and the exact one-line message it gives.
+#[test]
+fn malformed_inputs_name_file_line_and_column() {
+    let good = csv_text(true, &[row(0, Some(50_000), Some(90_000))]);
+    let header_line = HEADER.join(",");
+    let n = HEADER.len();
+    // The empty cells after `lost` in a full row.
+    let tail = ",".repeat(n - 15);
+    let ends_early =
+        format!("t.csv: line 4, column 4 (sched_ns): the row ends early: 3 of {n} columns");
+    let too_long = format!(
+        "t.csv: line 4, column {}: the row has {} columns but the header has {n}",
+        n + 1,
+        n + 1
+    );
+    let cut_short = format!(
+        "t.csv: line 4, column 6 (tx_ns): the last line is cut short (the row ends early: 5 of {n} columns); the run was probably stopped while writing: pass --ignore-truncated to skip that line"
+    );
+    let mut cases = file_cases(&header_line);
+    cases.extend(cell_cases(&good, &tail));
+    let computed: [(Vec<u8>, &str); 3] = [
         (
-            b"{\"sent\": 10}\n".to_vec(),
-            "t.csv: line 1: this is JSON (the --json summary?), not an rtprobe CSV: pass the per-probe CSV written with --out",
+            format!("{good}1,0,64\n2,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0{tail}\n").into_bytes(),
+            &ends_early,
         ),
+        (
+            format!("{good}1,0,64,1,1,1,1,1,1,1,sw,sw,sw,sw,0{tail},extra\n").into_bytes(),
+            &too_long,
+        ),
+        (format!("{good}1,0,64,1000,10").into_bytes(), &cut_short),
     ];
+    cases.extend(computed);
     for (input, want) in cases {
         let got = read_err(&input);
         assert_eq!(got, want, "input {:?}", String::from_utf8_lossy(&input));
