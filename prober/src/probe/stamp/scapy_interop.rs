@@ -157,13 +157,27 @@ fn scapy_sender_packets_decode_and_reflect() {
 /// (b) rtprobe encodes session-sender packets and reflector replies;
 /// scapy decodes them field by field.
 #[test]
-#[allow(clippy::too_many_lines)]
 fn rtprobe_packets_decode_in_scapy() {
     let Some(script) = scapy("rtprobe_packets_decode_in_scapy") else {
         return;
     };
-    let ntp = |ns| Timestamp::from_realtime_ns(ns, false, 0).unwrap();
-    let ptp = |ns| Timestamp::from_realtime_ns(ns, true, 37).unwrap();
+    sender_packets_decode_in_scapy(&script);
+    reflector_packets_decode_in_scapy(&script);
+}
+
+/// An NTP-format timestamp of `ns` since the Unix epoch.
+fn ntp(ns: i64) -> Timestamp {
+    Timestamp::from_realtime_ns(ns, false, 0).unwrap()
+}
+
+/// A PTP-format timestamp of `ns` since the Unix epoch (TAI offset 37 s).
+fn ptp(ns: i64) -> Timestamp {
+    Timestamp::from_realtime_ns(ns, true, 37).unwrap()
+}
+
+/// Session-sender packets of several lengths, seqs, stamps and error
+/// estimates, as scapy decodes them.
+fn sender_packets_decode_in_scapy(script: &PathBuf) {
     let senders = [
         (
             SenderPacket {
@@ -209,7 +223,7 @@ fn rtprobe_packets_decode_in_scapy() {
         p.encode(Mode::Unauthenticated, *len, &mut v).unwrap();
         args.push(hex(&v));
     }
-    let decoded = run(&script, &args);
+    let decoded = run(script, &args);
     assert_eq!(decoded.len(), senders.len());
     for (i, (d, (p, _))) in decoded.iter().zip(&senders).enumerate() {
         assert_eq!(u64_of(&d["seq"]), p.seq as u64, "sender {i}: seq");
@@ -219,7 +233,10 @@ fn rtprobe_packets_decode_in_scapy() {
         assert_eq!(u64_of(&d["mbz"]), 0, "sender {i}: mbz");
         assert_eq!(d["tlvs"], Value::Array(vec![]), "sender {i}: padding");
     }
+}
 
+/// Reflector packets, both timestamp formats, as scapy decodes them.
+fn reflector_packets_decode_in_scapy(script: &PathBuf) {
     let reflectors = [
         ReflectorPacket {
             seq: 1,
@@ -251,7 +268,7 @@ fn rtprobe_packets_decode_in_scapy() {
             .unwrap();
         args.push(hex(&v));
     }
-    let decoded = run(&script, &args);
+    let decoded = run(script, &args);
     assert_eq!(decoded.len(), reflectors.len());
     for (i, (d, r)) in decoded.iter().zip(&reflectors).enumerate() {
         assert_eq!(u64_of(&d["seq"]), r.seq as u64, "reflector {i}: seq");
