@@ -9,6 +9,7 @@
 mod common;
 
 use std::{
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -36,17 +37,9 @@ impl Drop for ChildGuard {
     }
 }
 
-#[test]
-#[ignore = "needs root: run by cargo xtask test"]
-#[allow(clippy::too_many_lines)]
-fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
-    if !is_root("forever_at_1ms_keeps_rss_flat_and_rotates_the_csv") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("out.csv");
-    let hlog = dir.path().join("run.hlog");
-    let json = dir.path().join("out.json");
+/// rtprobe `--forever` at 1 ms on its own testbed, rotating its CSV
+/// every 256 KiB (3 kept), with an HDR log and a JSON summary.
+fn start_forever(csv: &Path, hlog: &Path, json: &Path) -> ChildGuard {
     let child = Command::new(bin())
         .args([
             "--xdp-mode",
@@ -65,30 +58,23 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
             "1s",
         ])
         .arg("--out")
-        .arg(&csv)
+        .arg(csv)
         .arg("--hdr-log")
-        .arg(&hlog)
+        .arg(hlog)
         .arg("--json")
-        .arg(&json)
+        .arg(json)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start rtprobe");
-    let mut child = ChildGuard(child);
-    let pid = child.0.id();
-    // Past the testbed set-up and the first rotations (a deadline: the
-    // set-up takes seconds on a busy machine).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.path().join("out.csv.3").exists() {
-        assert!(Instant::now() < deadline, "no third rotation within 60 s");
-        assert!(child.0.try_wait().unwrap().is_none(), "rtprobe ended");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let rss_start = vm_rss_kib(pid);
-    std::thread::sleep(Duration::from_secs(24));
-    let rss_end = vm_rss_kib(pid);
+    ChildGuard(child)
+}
+
+/// Stops the run with SIGINT and waits (20 s at most) for it to end;
+/// returns its exit status and what it printed.
+fn interrupt(child: &mut ChildGuard) -> (std::process::ExitStatus, String, String) {
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
+        nix::unistd::Pid::from_raw(child.0.id() as i32),
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
@@ -120,34 +106,21 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         .unwrap()
         .read_to_string(&mut stderr)
         .unwrap();
-    assert_eq!(status.code(), Some(130), "interrupted: {stderr}\n{stdout}");
-    eprintln!("VmRSS {rss_start} KiB at the third rotation, {rss_end} KiB 24 s later");
-    // ~24 000 probes in between: a record kept per probe (~300 bytes) would
-    // add ~7 MiB.
-    assert!(
-        rss_end <= rss_start + 3 * 1024,
-        "RSS grew from {rss_start} to {rss_end} KiB over 24 s of probing"
-    );
+    (status, stdout, stderr)
+}
 
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let sent = summary["sent"].as_u64().unwrap();
-    // 24 s of 1 ms ticks at least, each sent however late.
-    assert!(sent >= 24_000, "{summary}");
-    assert_eq!(summary["unaccounted"], 0);
-
-    // out.csv and three rotated files, each a readable CSV of its own,
-    // seqs continuing from the older file into the newer one.
-    let siblings: Vec<_> = (1..=3)
-        .map(|n| dir.path().join(format!("out.csv.{n}")))
-        .collect();
-    assert!(
-        !dir.path().join("out.csv.4").exists(),
-        "only 3 rotated files kept"
-    );
+/// out.csv and three rotated files, each a readable CSV of its own,
+/// seqs continuing from the older file into the newer one.
+fn check_rotated_files(dir: &Path, csv: &Path, sent: u64) {
+    let siblings: Vec<_> = (1..=3).map(|n| dir.join(format!("out.csv.{n}"))).collect();
+    assert!(!dir.join("out.csv.4").exists(), "only 3 rotated files kept");
     let mut rows_kept = 0;
     let mut next_seq: Option<u64> = None;
-    for f in siblings.iter().rev().chain(std::iter::once(&csv)) {
+    for f in siblings
+        .iter()
+        .rev()
+        .chain(std::iter::once(&csv.to_path_buf()))
+    {
         let size = std::fs::metadata(f)
             .unwrap_or_else(|_| panic!("{} missing", f.display()))
             .len();
@@ -168,6 +141,64 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
         Some(sent),
         "the newest file ends with the last probe"
     );
+}
+
+/// The HDR log: a one-way and an RTT histogram per interval.
+fn check_hdr_log(hlog: &Path) {
+    let bytes = std::fs::read(hlog).unwrap();
+    let mut tags = std::collections::BTreeMap::<String, usize>::new();
+    for e in hdrhistogram::serialization::interval_log::IntervalLogIterator::new(&bytes) {
+        if let hdrhistogram::serialization::interval_log::LogEntry::Interval(h) = e.unwrap() {
+            *tags
+                .entry(h.tag().unwrap().as_str().to_string())
+                .or_default() += 1;
+        }
+    }
+    assert!(tags.get("one-way").is_some_and(|&n| n >= 24), "{tags:?}");
+    assert_eq!(tags.get("one-way"), tags.get("rtt"));
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
+    if !is_root("forever_at_1ms_keeps_rss_flat_and_rotates_the_csv") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("out.csv");
+    let hlog = dir.path().join("run.hlog");
+    let json = dir.path().join("out.json");
+    let mut child = start_forever(&csv, &hlog, &json);
+    let pid = child.0.id();
+    // Past the testbed set-up and the first rotations (a deadline: the
+    // set-up takes seconds on a busy machine).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("out.csv.3").exists() {
+        assert!(Instant::now() < deadline, "no third rotation within 60 s");
+        assert!(child.0.try_wait().unwrap().is_none(), "rtprobe ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rss_start = vm_rss_kib(pid);
+    std::thread::sleep(Duration::from_secs(24));
+    let rss_end = vm_rss_kib(pid);
+    let (status, stdout, stderr) = interrupt(&mut child);
+    assert_eq!(status.code(), Some(130), "interrupted: {stderr}\n{stdout}");
+    eprintln!("VmRSS {rss_start} KiB at the third rotation, {rss_end} KiB 24 s later");
+    // ~24 000 probes in between: a record kept per probe (~300 bytes) would
+    // add ~7 MiB.
+    assert!(
+        rss_end <= rss_start + 3 * 1024,
+        "RSS grew from {rss_start} to {rss_end} KiB over 24 s of probing"
+    );
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sent = summary["sent"].as_u64().unwrap();
+    // 24 s of 1 ms ticks at least, each sent however late.
+    assert!(sent >= 24_000, "{summary}");
+    assert_eq!(summary["unaccounted"], 0);
+
+    check_rotated_files(dir.path(), &csv, sent);
 
     // Interval lines, about one a second, each with its own counts.
     let lines: Vec<_> = stdout
@@ -200,18 +231,7 @@ fn forever_at_1ms_keeps_rss_flat_and_rotates_the_csv() {
     );
     assert!(lines[3].contains("one-way p50"), "{}", lines[3]);
 
-    // The HDR log: a one-way and an RTT histogram per interval.
-    let bytes = std::fs::read(&hlog).unwrap();
-    let mut tags = std::collections::BTreeMap::<String, usize>::new();
-    for e in hdrhistogram::serialization::interval_log::IntervalLogIterator::new(&bytes) {
-        if let hdrhistogram::serialization::interval_log::LogEntry::Interval(h) = e.unwrap() {
-            *tags
-                .entry(h.tag().unwrap().as_str().to_string())
-                .or_default() += 1;
-        }
-    }
-    assert!(tags.get("one-way").is_some_and(|&n| n >= 24), "{tags:?}");
-    assert_eq!(tags.get("one-way"), tags.get("rtt"));
+    check_hdr_log(&hlog);
 }
 
 /// Unmounts on drop (a failing test must not leave the mount behind).
