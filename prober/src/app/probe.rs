@@ -43,7 +43,7 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
     }
     // Every option is checked before --metrics-listen binds its port; a
     // bad targets or key file is a configuration error (status 78).
-    if let Err(e) = crate::runner::check(&opts) {
+    if let Err(e) = crate::run::check(&opts) {
         eprintln!("Error: {e:#}");
         return Ok(ExitCode::from(EX_CONFIG));
     }
@@ -157,7 +157,7 @@ fn report(o: &RunOutcome, opts: &RunOptions) -> Result<ExitCode> {
                 Err(e) => Some(e),
             },
         );
-    if let Some(failed) = crate::runner::failed_outputs(o.output_error.as_deref(), json.as_ref()) {
+    if let Some(failed) = crate::run::failed_outputs(o.output_error.as_deref(), json.as_ref()) {
         let how = if o.output_error.is_some() {
             "the run stopped at the first failure; "
         } else {
@@ -222,9 +222,9 @@ pub(super) fn execute(
     live: &mut Live,
 ) -> Result<RunOutcome> {
     if !opts.remote.is_remote() {
-        return crate::runner::execute(opts, sys, stop, live);
+        return crate::run::execute(opts, sys, stop, live);
     }
-    crate::runner::check(opts)?;
+    crate::run::check(opts)?;
     execute_remote(opts, stop, live, None)
 }
 
