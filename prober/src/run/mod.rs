@@ -2,6 +2,8 @@
 //! teardown. Teardown happens through guards, so it also runs on errors and
 //! after Ctrl-C.
 
+mod endpoints;
+
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{Context, Result, bail};
@@ -241,7 +243,7 @@ fn probe_on<'tb>(
     )?);
     live.set_run(&meta);
     let (mut main_observer, mut flow_observers) = observers(live, opts, &main_cfg, dst_ip, &meta)?;
-    let ep = endpoints(testbed, ip);
+    let ep = endpoints::of(testbed, ip)?;
     let stamp_target = stamp.then(|| crate::probe::remote::Target {
         addr: std::net::SocketAddr::new(dst_ip, stamp_port),
         protocol: ProtocolArg::Stamp,
@@ -323,18 +325,6 @@ fn observers<'l>(
         meta,
     )?;
     Ok((main_observer, flow_observers))
-}
-
-/// The testbed's two sides, where the probes go from and to in `ip`.
-fn endpoints(testbed: &Testbed, ip: crate::testbed::IpVersion) -> Endpoints<'_> {
-    Endpoints {
-        sys: testbed.sys(),
-        sender_ns: &testbed.sender,
-        receiver_ns: &testbed.receiver,
-        sender_if: &testbed.sender_if,
-        receiver_if: &testbed.receiver_if,
-        ip,
-    }
 }
 
 /// The sessions of a testbed run: the main flow (rtprobe or STAMP) and
