@@ -226,7 +226,7 @@ fn bind_sides(
     Ok((tx_sock, rx_sock, dst))
 }
 
-/// The testbed's (or NIC pair's) side of [`run_session`]: both
+/// The testbed's (or NIC pair's) side of [`super::run_session`]: both
 /// sockets in their namespaces, hardware timestamping where asked, the
 /// reflector ours (in this process, or in the kernel with
 /// `kernel_reflector`), and the namespaces' drop counters around it.
