@@ -3,8 +3,9 @@
 //! after Ctrl-C.
 
 mod endpoints;
+mod remote;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 
@@ -66,18 +67,59 @@ pub fn check(opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
+/// Runs one probe run as `opts` says, its outcome for the caller to
+/// print: against the remote reflectors of `--target` (or `--targets
+/// FILE`, read again at each `reload` request), else on a testbed this
+/// host builds, every kernel change through `sys`; `live` shows and
+/// serves it while it runs.
+pub fn execute(
+    opts: &RunOptions,
+    sys: SysRef,
+    stop: &AtomicU8,
+    live: &mut crate::export::live::Live,
+    reload: Option<&AtomicU64>,
+) -> Result<RunOutcome> {
+    if let Some(generation) = reload {
+        return remote::execute(opts, stop, live, Some(generation));
+    }
+    if !opts.remote.is_remote() {
+        return execute_testbed(opts, sys, stop, live);
+    }
+    check(opts)?;
+    remote::execute(opts, stop, live, None)
+}
+
+/// An error of the configuration, not of the run: a targets or key file
+/// that fails its checks, or more targets than the open-file limit allows.
+/// The command exits with status 78 (EX_CONFIG) on it: restarting cannot
+/// fix the file.
+#[derive(Debug)]
+pub(crate) struct ConfigError(anyhow::Error);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub(super) fn config_error(e: anyhow::Error) -> anyhow::Error {
+    anyhow::Error::new(ConfigError(e))
+}
+
 /// Runs one probe session on a testbed as `opts` says, every kernel
 /// change through `sys` (the real kernel from the command; the recording
 /// fake in tests of [`orchestrate`]); `live` shows and serves it while it
 /// runs.
-pub fn execute(
+fn execute_testbed(
     opts: &RunOptions,
     sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
     check(opts)?;
-    // `--target` runs go to `app::probe`; `--protocol stamp` sends STAMP
+    // `--target` runs go to [`remote`]; `--protocol stamp` sends STAMP
     // through the testbed.
     let remote = &opts.remote;
     if remote.is_remote() {
