@@ -30,10 +30,13 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
     }
     // Every option is checked before --metrics-listen binds its port; a
     // bad targets or key file is a configuration error (status 78).
-    if let Err(e) = crate::run::check(&opts) {
-        eprintln!("Error: {e:#}");
-        return Ok(ExitCode::from(EX_CONFIG));
-    }
+    let checked = match crate::run::check(&opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            return Ok(ExitCode::from(EX_CONFIG));
+        }
+    };
     let quiet = opts.quiet;
     // With a targets file SIGHUP reads it again instead of stopping.
     let reload = opts
@@ -59,7 +62,14 @@ pub(super) fn command(args: &ProbeArgs) -> Result<ExitCode> {
             eprintln!("rtprobe: serving metrics at {url}");
         }
         let reload = reloads.as_deref();
-        let r = crate::run::execute(&opts, crate::sys::linux(), &stop, &mut live, reload);
+        let r = crate::run::execute(
+            &opts,
+            checked,
+            crate::sys::linux(),
+            &stop,
+            &mut live,
+            reload,
+        );
         bar.finish_and_clear();
         r.map(|o| (o, opts))
     });

@@ -94,9 +94,9 @@ impl CellRunner for ProbeCellRunner<'_> {
         // The cell's live outputs: metrics (served while it runs), HDR log
         // and CSV rotation as the scenario asks; no lines, no bar of its own.
         // Before the metrics server binds: a rejected cell leaves no port.
-        crate::run::check(opts)?;
+        let checked = crate::run::check(opts)?;
         let mut live = Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
-        let out = crate::run::execute(opts, self.sys.clone(), self.stop, &mut live, None)?;
+        let out = crate::run::execute(opts, checked, self.sys.clone(), self.stop, &mut live, None)?;
         let json = crate::export::json::write_summary(&cell.json(), &out.summary).err();
         if let Some(e) = crate::run::failed_outputs(out.output_error.as_deref(), json.as_ref()) {
             bail!("{e} (the summary covers every probe sent)");

@@ -14,11 +14,9 @@ use crate::{
     export::CsvWriter,
     model::knobs::PacingKnobs,
     model::run::RunMeta,
-    options::{
-        RunOptions,
-        remote::{ProtocolArg, RemoteOptions},
-    },
+    options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::SessionOutcome,
+    probe::stamp::HmacKey,
     probe::{self, Endpoints, ProbeConfig, SessionEnds},
     stats::observer::SessionObserver,
     stats::outcome::RunOutcome,
@@ -50,43 +48,52 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
     Ok(())
 }
 
-/// The checks of a run's options that need the system, which the spec's
-/// validator leaves to the run: the key file is read, the target
-/// resolved. Callers run it before they start anything that outlives a
-/// rejection, the `--metrics-listen` server first: a bad option must never
-/// leave a port listening. [`execute`] runs it again, so a caller that
-/// forgets still gets the error, only later.
-pub fn check(opts: &RunOptions) -> Result<()> {
-    let remote = &opts.remote;
-    if remote.is_remote() {
-        crate::options::targets::of(remote, &opts.probe)?;
-    }
-    if let Some(path) = &remote.auth_key {
-        crate::options::remote::read_key(path)?;
-    }
-    Ok(())
+/// What a run's options name in files, read once by [`check`] for
+/// [`execute`]: the targets (`--target`, `--targets FILE`; None on a
+/// testbed) and the STAMP key (`--auth-key`).
+pub struct Checked {
+    targets: Option<Vec<TargetSpec>>,
+    key: Option<HmacKey>,
 }
 
-/// Runs one probe run as `opts` says, its outcome for the caller to
-/// print: against the remote reflectors of `--target` (or `--targets
-/// FILE`, read again at each `reload` request), else on a testbed this
-/// host builds, every kernel change through `sys`; `live` shows and
-/// serves it while it runs.
+/// The checks of a run's options that need the system, which the spec's
+/// validator leaves to the run: the targets and the key file are read.
+/// Callers run it before they start anything that outlives a rejection,
+/// the `--metrics-listen` server first: a bad option must never leave a
+/// port listening. [`execute`] takes what it read, so no run starts
+/// unchecked and neither file is read twice.
+pub fn check(opts: &RunOptions) -> Result<Checked> {
+    let remote = &opts.remote;
+    let targets = if remote.is_remote() {
+        crate::options::targets::of(remote, &opts.probe)?
+    } else {
+        None
+    };
+    let key = remote
+        .auth_key
+        .as_deref()
+        .map(crate::options::remote::read_key)
+        .transpose()?;
+    Ok(Checked { targets, key })
+}
+
+/// Runs one probe run as `opts` says (with the files [`check`] read),
+/// its outcome for the caller to print: against the remote reflectors of
+/// `--target` (or `--targets FILE`, read again at each `reload`
+/// request), else on a testbed this host builds, every kernel change
+/// through `sys`; `live` shows and serves it while it runs.
 pub fn execute(
     opts: &RunOptions,
+    checked: Checked,
     sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
     reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
-    if let Some(generation) = reload {
-        return remote::execute(opts, stop, live, Some(generation));
+    if reload.is_none() && !opts.remote.is_remote() {
+        return execute_testbed(opts, checked.key, sys, stop, live);
     }
-    if !opts.remote.is_remote() {
-        return execute_testbed(opts, sys, stop, live);
-    }
-    check(opts)?;
-    remote::execute(opts, stop, live, None)
+    remote::execute(opts, checked, stop, live, reload)
 }
 
 /// An error of the configuration, not of the run: a targets or key file
@@ -111,14 +118,14 @@ pub(super) fn config_error(e: anyhow::Error) -> anyhow::Error {
 /// Runs one probe session on a testbed as `opts` says, every kernel
 /// change through `sys` (the real kernel from the command; the recording
 /// fake in tests of [`orchestrate`]); `live` shows and serves it while it
-/// runs.
+/// runs; `key`: the STAMP key [`check`] read.
 fn execute_testbed(
     opts: &RunOptions,
+    key: Option<HmacKey>,
     sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
-    check(opts)?;
     // `--target` runs go to [`remote`]; `--protocol stamp` sends STAMP
     // through the testbed.
     let remote = &opts.remote;
@@ -138,7 +145,7 @@ fn execute_testbed(
         stop,
         build,
         &mut loader,
-        |testbed, prepared| probe_on(testbed, prepared, opts, remote, stop, live),
+        |testbed, prepared| probe_on(testbed, prepared, opts, key, stop, live),
     )
 }
 
@@ -237,18 +244,14 @@ fn probe_on<'tb>(
     testbed: &'tb Testbed,
     prepared: &mut Prepared<'tb>,
     opts: &RunOptions,
-    remote: &RemoteOptions,
+    key: Option<HmacKey>,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
     let Prepared { xdp, applied } = prepared;
+    let remote = &opts.remote;
     let stamp = remote.protocol() == ProtocolArg::Stamp;
     let stamp_port = remote.port(opts.probe.port);
-    let key = remote
-        .auth_key
-        .as_deref()
-        .map(crate::options::remote::read_key)
-        .transpose()?;
     let user_only = key.is_some().then_some(ReflectorKind::User);
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;

@@ -11,15 +11,11 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::config_error;
+use super::{Checked, config_error};
 use crate::{
     export::{CsvWriter, live::Live},
     model::run::RunMeta,
-    options::{
-        RunOptions,
-        remote::{ProtocolArg, read_key},
-        targets::TargetSpec,
-    },
+    options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::{
         ProbeConfig, SessionEnds,
         remote::{LossSplit, OpenStep, Reloads, RemoteLeg, Target, open_files_for, summarise},
@@ -32,22 +28,17 @@ use crate::{
 /// written and summarised as a testbed run is. Several targets (the flag
 /// repeated, or `--targets FILE`) go to [`execute_targets`], and so does
 /// every run with `reload` (the targets file read again on request).
+/// The targets and the key are those [`super::check`] read.
 pub(super) fn execute(
     opts: &RunOptions,
+    checked: Checked,
     stop: &AtomicU8,
     live: &mut Live,
     reload: Option<&AtomicU64>,
 ) -> Result<RunOutcome> {
     let remote = &opts.remote;
-    let list = crate::options::targets::of(remote, &opts.probe)
-        .map_err(config_error)?
-        .context("internal: execute without --target")?;
-    let key = remote
-        .auth_key
-        .as_deref()
-        .map(read_key)
-        .transpose()
-        .map_err(config_error)?;
+    let Checked { targets, key } = checked;
+    let list = targets.context("internal: execute without --target")?;
     if list.len() > 1 || remote.targets.is_some() {
         return execute_targets(opts, &list, key, stop, live, reload);
     }
