@@ -18,6 +18,7 @@ use crate::{
     options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::{
         ProbeConfig, SessionEnds,
+        meta::Place,
         remote::{LossSplit, OpenStep, Reloads, RemoteLeg, Target, open_files_for, summarise},
         run_session, run_targets,
     },
@@ -263,40 +264,34 @@ fn remote_leg(
             stateless_reflector: false,
             shared_clock: false,
         },
-        cfg: ProbeConfig {
-            port: t.addr.port(),
-            tos: t.tos,
-            size: t.size,
-            interval: t.interval,
-            ..opts.probe.clone()
-        },
+        cfg: target_cfg(opts, t),
         name: Some(t.name.clone()),
         labels: t.labels.clone(),
         host: t.host.clone(),
     }
 }
 
-/// The CSV's first line for a run with several targets.
-fn targets_meta(opts: &RunOptions, list: &[TargetSpec]) -> RunMeta {
-    let place = crate::probe::meta::Place {
-        testbed: "remote".into(),
-        tx_if: Some("this host".into()),
-        rx_if: Some(format!("{} targets (the target column)", list.len())),
-        xdp_mode_requested: "none".into(),
-        xdp_mode_attached: "none".into(),
-        xdp_action: "none".into(),
-        reflector: "remote".into(),
-        ..Default::default()
-    };
-    // The header's size, interval and TOS are the first target's; each
-    // target's own are in the summary's `extra.targets`.
-    let first = list.first().map(|t| ProbeConfig {
+/// A target's probe options: the run's, with the target's port, TOS,
+/// size and interval.
+fn target_cfg(opts: &RunOptions, t: &TargetSpec) -> ProbeConfig {
+    ProbeConfig {
         port: t.addr.port(),
         tos: t.tos,
         size: t.size,
         interval: t.interval,
         ..opts.probe.clone()
-    });
+    }
+}
+
+/// The CSV's first line for a run with several targets.
+fn targets_meta(opts: &RunOptions, list: &[TargetSpec]) -> RunMeta {
+    let place = Place::remote(
+        format!("{} targets (the target column)", list.len()),
+        "remote".into(),
+    );
+    // The header's size, interval and TOS are the first target's; each
+    // target's own are in the summary's `extra.targets`.
+    let first = list.first().map(|t| target_cfg(opts, t));
     crate::probe::meta::run_meta(
         first.as_ref().unwrap_or(&opts.probe),
         opts.label.clone(),
@@ -306,15 +301,9 @@ fn targets_meta(opts: &RunOptions, list: &[TargetSpec]) -> RunMeta {
 
 /// The CSV's first line for a `--target` run: no testbed, no XDP.
 fn remote_meta(opts: &RunOptions, cfg: &ProbeConfig, target: &Target, addr: SocketAddr) -> RunMeta {
-    let place = crate::probe::meta::Place {
-        testbed: "remote".into(),
-        tx_if: Some("this host".into()),
-        rx_if: Some(addr.to_string()),
-        xdp_mode_requested: "none".into(),
-        xdp_mode_attached: "none".into(),
-        xdp_action: "none".into(),
-        reflector: format!("remote {}", target.protocol.name()),
-        ..Default::default()
-    };
+    let place = Place::remote(
+        addr.to_string(),
+        format!("remote {}", target.protocol.name()),
+    );
     crate::probe::meta::run_meta(cfg, opts.label.clone(), place)
 }
