@@ -302,11 +302,52 @@ fn probe_on<'tb>(
         extra: &opts.extra_flows,
         stamp_target: stamp_target.as_ref(),
     };
-    let mut outcomes = flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
+    let outcomes = flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
     let rows = csv
         .into_inner()
         .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
         .rows();
+    let ran = Ran {
+        outcomes,
+        rows,
+        meta,
+        reflector_info,
+        stamp_reflector,
+        addrs: (src_ip, dst_ip),
+    };
+    testbed_outcome(ran, xdp, applied, opts)
+}
+
+/// What a testbed run's sessions left, for its outcome.
+struct Ran {
+    /// The main flow's first, then the extra flows'.
+    outcomes: Vec<SessionOutcome>,
+    rows: u64,
+    meta: RunMeta,
+    /// The reflector chosen, before its counters.
+    reflector_info: ReflectorReport,
+    stamp_reflector: Option<StampReflector>,
+    /// The sender's and the receiver's addresses.
+    addrs: (std::net::IpAddr, std::net::IpAddr),
+}
+
+/// A testbed run's outcome: the main flow's summary with the XDP
+/// counters, the reflector, the addresses, the session's facts, the
+/// flows and the knobs.
+fn testbed_outcome(
+    ran: Ran,
+    xdp: &XdpSetup,
+    applied: &mut Option<tune::Applied<'_>>,
+    opts: &RunOptions,
+) -> Result<RunOutcome> {
+    let Ran {
+        mut outcomes,
+        rows,
+        meta,
+        reflector_info,
+        stamp_reflector,
+        addrs: (src_ip, dst_ip),
+    } = ran;
     let per_flow = flow_summaries(opts, &outcomes);
     let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
     let outcome = outcomes.swap_remove(0);
@@ -327,7 +368,7 @@ fn probe_on<'tb>(
         stamp_info,
     )?);
     r.ip = Some(IpReport {
-        version: ip.number(),
+        version: opts.ip.number(),
         sender: src_ip.to_string(),
         receiver: dst_ip.to_string(),
     });
