@@ -1,6 +1,10 @@
-//! One probe run end to end: testbed, XDP router, probe session, summary,
-//! teardown. Teardown happens through guards, so it also runs on errors and
-//! after Ctrl-C.
+//! One probe run from its validated options to its outcome: [`check`]
+//! reads the files the options name, [`execute`] runs it. On a testbed
+//! (this file): testbed, knobs, XDP router, probe sessions, summary,
+//! teardown; teardown happens through guards, so it also runs on errors
+//! and after Ctrl-C. Against reflectors not ours to drive (`--target`,
+//! `--targets FILE`): `remote.rs`. `endpoints.rs` turns a testbed into
+//! the ends a probe session takes.
 
 mod endpoints;
 mod remote;
