@@ -7,9 +7,9 @@
 //!   (options and the one validator) and `scenario` (scenario files), calls
 //!   the domain once, prints, and picks the exit code; `signals` turns
 //!   Ctrl-C into the stop levels the domain watches;
-//! - `runner` (one probe run on a testbed) and `bench_forward` (the router hop's
-//!   throughput) drive the domain: `testbed` (namespaces, veths, NIC
-//!   pairs), `tune` (knobs), `ebpf` (load and attach the router and the
+//! - `run` (one probe run from its validated options to its outcome) and
+//!   `bench_forward` (the router hop's throughput) drive the domain:
+//!   `testbed` (namespaces, veths, NIC pairs), `tune` (knobs), `ebpf` (load and attach the router and the
 //!   reflector) and `probe` (timestamped UDP probes, the reflector);
 //! - `stats` (histograms, loss, reorder, jitter) and `export` (CSV, JSON,
 //!   metrics, plots) take plain result types;
@@ -38,7 +38,7 @@ pub mod testbed;
 pub(crate) mod tune;
 
 mod app;
-pub(crate) mod runner;
+pub(crate) mod run;
 mod signals;
 
 pub use app::main_entry;

@@ -50,7 +50,7 @@ pub(super) fn command(args: &ReflectArgs) -> Result<ExitCode> {
     // Asked for, the in-kernel reflector runs or the command stops: a
     // user-space reflector answering alone would measure something else.
     let kernel = if args.kernel {
-        let r = reflect::attach_kernel(
+        let r = crate::ebpf::host::attach_kernel(
             crate::sys::linux(),
             &listen,
             protocol,

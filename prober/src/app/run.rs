@@ -78,7 +78,7 @@ fn load(args: &RunArgs) -> Result<(Scenario, Vec<Cell>, PathBuf, Vec<String>)> {
     Ok((sc, cells, out_dir, notes))
 }
 
-/// Runs scenario cells: each cell is one probe run ([`super::probe::execute`]).
+/// Runs scenario cells: each cell is one probe run ([`crate::run::execute`]).
 struct ProbeCellRunner<'a> {
     sys: crate::sys::SysRef,
     stop: &'a AtomicU8,
@@ -94,11 +94,11 @@ impl CellRunner for ProbeCellRunner<'_> {
         // The cell's live outputs: metrics (served while it runs), HDR log
         // and CSV rotation as the scenario asks; no lines, no bar of its own.
         // Before the metrics server binds: a rejected cell leaves no port.
-        crate::runner::check(opts)?;
+        let checked = crate::run::check(opts)?;
         let mut live = Live::new(&opts.continuous, Box::new(|_| {}), Box::new(|_| {}))?;
-        let out = super::probe::execute(opts, self.sys.clone(), self.stop, &mut live)?;
+        let out = crate::run::execute(opts, checked, self.sys.clone(), self.stop, &mut live, None)?;
         let json = crate::export::json::write_summary(&cell.json(), &out.summary).err();
-        if let Some(e) = crate::runner::failed_outputs(out.output_error.as_deref(), json.as_ref()) {
+        if let Some(e) = crate::run::failed_outputs(out.output_error.as_deref(), json.as_ref()) {
             bail!("{e} (the summary covers every probe sent)");
         }
         if out.interrupted {

@@ -18,9 +18,11 @@
 //! the caller's namespace) all act in the calling *thread's* namespace, and
 //! the kernel layer runs them on its worker inside the interface's
 //! namespace. So the orchestration here and in [`setup`] is tested against
-//! the recording fake without root.
+//! the recording fake without root. [`host`] puts the in-kernel reflector
+//! on a host's interface (`rtprobe reflect --kernel`).
 //! - setrlimit(RLIMIT_MEMLOCK): kernels before 5.11 charge BPF memory to it.
 
+pub(crate) mod host;
 pub mod klog;
 pub mod mode;
 pub mod reflector;

@@ -595,6 +595,21 @@ fn program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
         .with_context(|| format!("{REFLECTOR_PROGRAM_NAME} is not an XDP program"))
 }
 
+/// Puts the loaded in-kernel reflector `r` on `ifname` in `ns`, native
+/// where the driver can, else generic: `r` attached, and the mode the
+/// kernel reports. The one place the reflector is attached, for the
+/// testbed ([`super::XdpSetup::attach_reflector_ports`]) and for a host
+/// (`rtprobe reflect --kernel`, [`super::host::attach_kernel`]); on an
+/// error `r` is dropped, unloaded.
+pub(crate) fn put_on(
+    mut r: Reflector,
+    ns: Ns<'_>,
+    ifname: &str,
+) -> Result<(Reflector, AttachedMode)> {
+    let mode = r.attach(ns, ifname, XdpMode::Auto)?;
+    Ok((r, mode))
+}
+
 #[cfg(test)]
 mod identity_tests {
     use super::*;

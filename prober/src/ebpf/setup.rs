@@ -275,8 +275,8 @@ impl XdpSetup {
                 })?
                 .index;
         }
-        let mut r = loader.reflector(port, stamp_port, reply_ifindex)?;
-        let mode = r.attach(Ns::Named(rcv_ns), rcv_if, XdpMode::Auto)?;
+        let r = loader.reflector(port, stamp_port, reply_ifindex)?;
+        let (r, mode) = super::reflector::put_on(r, Ns::Named(rcv_ns), rcv_if)?;
         self.reflector = Some((r, mode));
         Ok(mode)
     }

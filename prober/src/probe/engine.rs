@@ -29,13 +29,14 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+pub(crate) mod collect;
 mod io;
 
+use self::collect::{HwSetup, collect_and_join};
 use self::io::ReadBy;
 pub(crate) use self::io::ReadMark;
 use super::{
-    HwSetup, ProbeConfig, RecordSink, STOP_SENDING, SessionObserver, clock, collect_and_join,
-    events,
+    ProbeConfig, RecordSink, STOP_SENDING, SessionObserver, clock, events,
     matcher::Event,
     pacer,
     packet::{FLAG_ECHO, Probe},
@@ -140,7 +141,7 @@ pub(crate) struct Round<'a> {
     /// The round ends, its collectors kept, once this says so.
     pub pause: &'a (dyn Fn() -> bool + Sync),
     /// Each leg's collector from the round before (None: a new leg).
-    pub carried: Vec<Option<super::Collector>>,
+    pub carried: Vec<Option<collect::Collector>>,
 }
 
 impl Round<'_> {
@@ -160,7 +161,7 @@ pub(crate) enum Driven {
     /// its statistics, late arrivals and first failed output.
     Finished(Vec<Collected>),
     /// Paused for a reload: per leg its collector, probes in flight kept.
-    Paused(Vec<super::Collector>),
+    Paused(Vec<collect::Collector>),
 }
 
 impl Driven {
@@ -250,7 +251,7 @@ pub(crate) fn drive(
             // A paused round's last echoes and stamps go to the collectors kept.
             Ok((Driven::Paused(cs), _)) => {
                 while let Ok(evs) = ev_rx.try_recv() {
-                    super::route(cs, evs);
+                    collect::route(cs, evs);
                 }
             }
             Ok((Driven::Finished(v), sender_reader)) => {
@@ -329,7 +330,7 @@ fn send_all(
 /// What the collector of a round works with.
 pub(crate) struct Collecting<'l, 'a> {
     pub legs: &'l [Leg<'a>],
-    pub carried: Vec<Option<super::Collector>>,
+    pub carried: Vec<Option<collect::Collector>>,
     pub pause: &'l (dyn Fn() -> bool + Sync),
     /// How far the I/O thread has read: no probe is given up as lost
     /// before it has read past the probe's timeout.

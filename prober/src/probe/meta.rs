@@ -20,6 +20,24 @@ pub(crate) struct Place {
     pub reflector: String,
 }
 
+impl Place {
+    /// A run from this host against reflectors not ours to drive: no
+    /// testbed, no XDP; `rx_if` says where the probes went, `reflector`
+    /// who answered ("remote", "remote stamp").
+    pub(crate) fn remote(rx_if: String, reflector: String) -> Self {
+        Place {
+            testbed: "remote".into(),
+            tx_if: Some("this host".into()),
+            rx_if: Some(rx_if),
+            xdp_mode_requested: "none".into(),
+            xdp_mode_attached: "none".into(),
+            xdp_action: "none".into(),
+            reflector,
+            ..Default::default()
+        }
+    }
+}
+
 /// The metadata of a session of `cfg` at `place`, started now. Knobs and
 /// extra flows are the caller's to add: only a testbed run has them.
 pub(crate) fn run_meta(cfg: &ProbeConfig, label: Option<String>, place: Place) -> RunMeta {

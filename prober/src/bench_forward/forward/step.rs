@@ -189,9 +189,9 @@ pub(super) fn run_probe(
         sys: tb.sys(),
         sender_ns: &tb.sender,
         receiver_ns: &tb.receiver,
-        sender_if: &tb.sender_if,
-        receiver_if: &tb.receiver_if,
-        ip: crate::testbed::IpVersion::V4,
+        sender_if: &tb.sender_if.name,
+        receiver_if: &tb.receiver_if.name,
+        dst_ip: tb.receiver_if.ip(crate::testbed::IpVersion::V4)?,
     };
     let o = probe::run_session(
         &probe::SessionEnds::Testbed(&ep),

@@ -6,8 +6,11 @@ use super::*;
 use crate::{
     model::record::ProbeRecord,
     probe::{
-        HwSetup, ProbeConfig, TimestampSource, collect,
-        engine::{Collecting, EchoSide, LegOut},
+        ProbeConfig, TimestampSource,
+        engine::{
+            Collecting, EchoSide, LegOut,
+            collect::{HwSetup, collect},
+        },
         matcher::NoHwClocks,
         socket::TsFlags,
         wire::Wire,

@@ -53,15 +53,15 @@
 //! - `serve.rs`: [`serve`], the socket loop, with `budget.rs` (how many
 //!   log lines and TX stamps a second, and the reply limits) and
 //!   `report.rs` ([`ServeReport`],
-//!   what a run reports);
-//! - `kernel.rs`: `--kernel`, the in-kernel reflector set up on the
-//!   interface of the `--listen` address.
+//!   what a run reports).
+//!
+//! `--kernel`, the in-kernel reflector set up on the interface of the
+//! `--listen` address, is `ebpf`'s (`ebpf/host.rs`).
 
 mod bind;
 mod budget;
 mod decide;
 mod echo;
-mod kernel;
 mod peers;
 mod report;
 mod serve;
@@ -81,7 +81,6 @@ pub use self::{
 };
 pub(crate) use self::{
     bind::{Bound, bind_both_families, bind_steered},
-    kernel::attach_kernel,
     report::ServeReport,
     serve::serve,
 };

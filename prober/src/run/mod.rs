@@ -1,8 +1,15 @@
-//! One probe run end to end: testbed, XDP router, probe session, summary,
-//! teardown. Teardown happens through guards, so it also runs on errors and
-//! after Ctrl-C.
+//! One probe run from its validated options to its outcome: [`check`]
+//! reads the files the options name, [`execute`] runs it. On a testbed
+//! (this file): testbed, knobs, XDP router, probe sessions, summary,
+//! teardown; teardown happens through guards, so it also runs on errors
+//! and after Ctrl-C. Against reflectors not ours to drive (`--target`,
+//! `--targets FILE`): `remote.rs`. `endpoints.rs` turns a testbed into
+//! the ends a probe session takes.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+mod endpoints;
+mod remote;
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 
@@ -11,11 +18,9 @@ use crate::{
     export::CsvWriter,
     model::knobs::PacingKnobs,
     model::run::RunMeta,
-    options::{
-        RunOptions,
-        remote::{ProtocolArg, RemoteOptions},
-    },
+    options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::SessionOutcome,
+    probe::stamp::HmacKey,
     probe::{self, Endpoints, ProbeConfig, SessionEnds},
     stats::observer::SessionObserver,
     stats::outcome::RunOutcome,
@@ -47,35 +52,85 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
     Ok(())
 }
 
+/// What a run's options name in files, read once by [`check`] for
+/// [`execute`]: the targets (`--target`, `--targets FILE`; None on a
+/// testbed) and the STAMP key (`--auth-key`).
+pub struct Checked {
+    targets: Option<Vec<TargetSpec>>,
+    key: Option<HmacKey>,
+}
+
 /// The checks of a run's options that need the system, which the spec's
-/// validator leaves to the run: the key file is read, the target
-/// resolved. Callers run it before they start anything that outlives a
-/// rejection, the `--metrics-listen` server first: a bad option must never
-/// leave a port listening. [`execute`] runs it again, so a caller that
-/// forgets still gets the error, only later.
-pub fn check(opts: &RunOptions) -> Result<()> {
+/// validator leaves to the run: the targets and the key file are read.
+/// Callers run it before they start anything that outlives a rejection,
+/// the `--metrics-listen` server first: a bad option must never leave a
+/// port listening. [`execute`] takes what it read, so no run starts
+/// unchecked and neither file is read twice.
+pub fn check(opts: &RunOptions) -> Result<Checked> {
     let remote = &opts.remote;
-    if remote.is_remote() {
-        crate::options::targets::of(remote, &opts.probe)?;
+    let targets = if remote.is_remote() {
+        crate::options::targets::of(remote, &opts.probe)?
+    } else {
+        None
+    };
+    let key = remote
+        .auth_key
+        .as_deref()
+        .map(crate::options::remote::read_key)
+        .transpose()?;
+    Ok(Checked { targets, key })
+}
+
+/// Runs one probe run as `opts` says (with the files [`check`] read),
+/// its outcome for the caller to print: against the remote reflectors of
+/// `--target` (or `--targets FILE`, read again at each `reload`
+/// request), else on a testbed this host builds, every kernel change
+/// through `sys`; `live` shows and serves it while it runs.
+pub fn execute(
+    opts: &RunOptions,
+    checked: Checked,
+    sys: SysRef,
+    stop: &AtomicU8,
+    live: &mut crate::export::live::Live,
+    reload: Option<&AtomicU64>,
+) -> Result<RunOutcome> {
+    if reload.is_none() && !opts.remote.is_remote() {
+        return execute_testbed(opts, checked.key, sys, stop, live);
     }
-    if let Some(path) = &remote.auth_key {
-        crate::options::remote::read_key(path)?;
+    remote::execute(opts, checked, stop, live, reload)
+}
+
+/// An error of the configuration, not of the run: a targets or key file
+/// that fails its checks, or more targets than the open-file limit allows.
+/// The command exits with status 78 (EX_CONFIG) on it: restarting cannot
+/// fix the file.
+#[derive(Debug)]
+pub(crate) struct ConfigError(anyhow::Error);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
     }
-    Ok(())
+}
+
+impl std::error::Error for ConfigError {}
+
+pub(super) fn config_error(e: anyhow::Error) -> anyhow::Error {
+    anyhow::Error::new(ConfigError(e))
 }
 
 /// Runs one probe session on a testbed as `opts` says, every kernel
 /// change through `sys` (the real kernel from the command; the recording
 /// fake in tests of [`orchestrate`]); `live` shows and serves it while it
-/// runs.
-pub fn execute(
+/// runs; `key`: the STAMP key [`check`] read.
+fn execute_testbed(
     opts: &RunOptions,
+    key: Option<HmacKey>,
     sys: SysRef,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
-    check(opts)?;
-    // `--target` runs go to `app::probe`; `--protocol stamp` sends STAMP
+    // `--target` runs go to [`remote`]; `--protocol stamp` sends STAMP
     // through the testbed.
     let remote = &opts.remote;
     if remote.is_remote() {
@@ -94,7 +149,7 @@ pub fn execute(
         stop,
         build,
         &mut loader,
-        |testbed, prepared| probe_on(testbed, prepared, opts, remote, stop, live),
+        |testbed, prepared| probe_on(testbed, prepared, opts, key, stop, live),
     )
 }
 
@@ -193,18 +248,14 @@ fn probe_on<'tb>(
     testbed: &'tb Testbed,
     prepared: &mut Prepared<'tb>,
     opts: &RunOptions,
-    remote: &RemoteOptions,
+    key: Option<HmacKey>,
     stop: &AtomicU8,
     live: &mut crate::export::live::Live,
 ) -> Result<RunOutcome> {
     let Prepared { xdp, applied } = prepared;
+    let remote = &opts.remote;
     let stamp = remote.protocol() == ProtocolArg::Stamp;
     let stamp_port = remote.port(opts.probe.port);
-    let key = remote
-        .auth_key
-        .as_deref()
-        .map(crate::options::remote::read_key)
-        .transpose()?;
     let user_only = key.is_some().then_some(ReflectorKind::User);
     // The probes' addresses (`--ip`): the receiver's is where they go.
     let ip = opts.ip;
@@ -241,7 +292,7 @@ fn probe_on<'tb>(
     )?);
     live.set_run(&meta);
     let (mut main_observer, mut flow_observers) = observers(live, opts, &main_cfg, dst_ip, &meta)?;
-    let ep = endpoints(testbed, ip);
+    let ep = endpoints::of(testbed, ip)?;
     let stamp_target = stamp.then(|| crate::probe::remote::Target {
         addr: std::net::SocketAddr::new(dst_ip, stamp_port),
         protocol: ProtocolArg::Stamp,
@@ -255,11 +306,52 @@ fn probe_on<'tb>(
         extra: &opts.extra_flows,
         stamp_target: stamp_target.as_ref(),
     };
-    let mut outcomes = flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
+    let outcomes = flows.run(&csv, stop, &mut main_observer, &mut flow_observers)?;
     let rows = csv
         .into_inner()
         .map_err(|_| anyhow::anyhow!("CSV writer poisoned"))?
         .rows();
+    let ran = Ran {
+        outcomes,
+        rows,
+        meta,
+        reflector_info,
+        stamp_reflector,
+        addrs: (src_ip, dst_ip),
+    };
+    testbed_outcome(ran, xdp, applied, opts)
+}
+
+/// What a testbed run's sessions left, for its outcome.
+struct Ran {
+    /// The main flow's first, then the extra flows'.
+    outcomes: Vec<SessionOutcome>,
+    rows: u64,
+    meta: RunMeta,
+    /// The reflector chosen, before its counters.
+    reflector_info: ReflectorReport,
+    stamp_reflector: Option<StampReflector>,
+    /// The sender's and the receiver's addresses.
+    addrs: (std::net::IpAddr, std::net::IpAddr),
+}
+
+/// A testbed run's outcome: the main flow's summary with the XDP
+/// counters, the reflector, the addresses, the session's facts, the
+/// flows and the knobs.
+fn testbed_outcome(
+    ran: Ran,
+    xdp: &XdpSetup,
+    applied: &mut Option<tune::Applied<'_>>,
+    opts: &RunOptions,
+) -> Result<RunOutcome> {
+    let Ran {
+        mut outcomes,
+        rows,
+        meta,
+        reflector_info,
+        stamp_reflector,
+        addrs: (src_ip, dst_ip),
+    } = ran;
     let per_flow = flow_summaries(opts, &outcomes);
     let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
     let outcome = outcomes.swap_remove(0);
@@ -280,7 +372,7 @@ fn probe_on<'tb>(
         stamp_info,
     )?);
     r.ip = Some(IpReport {
-        version: ip.number(),
+        version: opts.ip.number(),
         sender: src_ip.to_string(),
         receiver: dst_ip.to_string(),
     });
@@ -323,18 +415,6 @@ fn observers<'l>(
         meta,
     )?;
     Ok((main_observer, flow_observers))
-}
-
-/// The testbed's two sides, where the probes go from and to in `ip`.
-fn endpoints(testbed: &Testbed, ip: crate::testbed::IpVersion) -> Endpoints<'_> {
-    Endpoints {
-        sys: testbed.sys(),
-        sender_ns: &testbed.sender,
-        receiver_ns: &testbed.receiver,
-        sender_if: &testbed.sender_if,
-        receiver_if: &testbed.receiver_if,
-        ip,
-    }
 }
 
 /// The sessions of a testbed run: the main flow (rtprobe or STAMP) and

@@ -1,5 +1,5 @@
 //! `rtprobe reflect --kernel`: the in-kernel (XDP) reflector of
-//! `ebpf::reflector` loaded and attached to the interface of the one
+//! [`super::reflector`] loaded and attached to the interface of the one
 //! `--listen` address, or why not.
 //!
 //! On a veth it also looks at the peer, when the peer is in this
@@ -11,15 +11,15 @@
 //! Kernel interfaces: getifaddrs (the interface of the address), sysfs
 //! (its driver, `ifindex` and `iflink`: a veth's peer), SIOCETHTOOL
 //! (ETHTOOL_GFEATURES: GRO requested, ETHTOOL_GTXCSUM), rtnetlink (an XDP
-//! program on the peer) and the XDP attach of `ebpf/`.
+//! program on the peer) and the XDP attach of [`super::reflector::put_on`].
 
 use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{Context, Result};
 
-use super::{Peers, RateLimits};
+use super::reflector::{self, Reflector};
 use crate::{
-    ebpf::reflector::Reflector,
+    probe::reflect::{Peers, RateLimits},
     probe::wire::ProtocolArg,
     sys::{Ns, Offload, Sys, netdev_attr},
 };
@@ -84,7 +84,7 @@ pub(crate) fn attach_kernel(
         .with_context(|| format!("{ifname} is gone"))?
         .index;
     let reply_ifindex = if veth { index } else { 0 };
-    let mut r = Reflector::load(
+    let r = Reflector::load(
         sys.clone(),
         probe_port,
         stamp_port,
@@ -92,9 +92,8 @@ pub(crate) fn attach_kernel(
         limits,
         peers,
     )?;
-    let mode = r
-        .attach(Ns::Host, &ifname, crate::ebpf::XdpMode::Auto)
-        .with_context(|| format!("attach to {ifname}"))?;
+    let (r, mode) =
+        reflector::put_on(r, Ns::Host, &ifname).with_context(|| format!("attach to {ifname}"))?;
     // Said under -q too, as the "answering" line: what runs, not advice.
     eprintln!(
         "rtprobe reflect: in-kernel reflector on {ifname} ({mode} mode): answers only unicast \
