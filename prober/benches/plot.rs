@@ -33,8 +33,8 @@ use rtprobe::{
         plot::{self, FigureKind, PlotOptions},
     },
     model::{
+        meta::RunMeta,
         record::{ProbeRecord, TsSource},
-        run::RunMeta,
     },
 };
 

@@ -10,8 +10,8 @@ use std::{
 use rtprobe::{
     export::csv::CsvWriter,
     model::{
+        meta::RunMeta,
         record::{ProbeRecord, TsSource},
-        run::RunMeta,
     },
 };
 

@@ -12,8 +12,8 @@ use rtprobe::{
         plot::{self, FigureKind, ImageFormat, draw},
     },
     model::{
+        meta::RunMeta,
         record::{ProbeRecord, TsSource},
-        run::RunMeta,
     },
 };
 

@@ -104,7 +104,7 @@ impl Drop for NsSweep {
 }
 
 /// The run metadata (first CSV line) and data rows of an rtprobe CSV.
-pub fn read_csv(path: &std::path::Path) -> (rtprobe::model::run::RunMeta, Vec<Vec<String>>) {
+pub fn read_csv(path: &std::path::Path) -> (rtprobe::model::meta::RunMeta, Vec<Vec<String>>) {
     let text = std::fs::read_to_string(path).expect("read csv");
     let mut lines = text.lines();
     let meta = lines
@@ -157,7 +157,7 @@ pub struct Run {
     pub stdout: String,
     pub stderr: String,
     pub json: serde_json::Value,
-    pub meta: rtprobe::model::run::RunMeta,
+    pub meta: rtprobe::model::meta::RunMeta,
     pub rows: Vec<Vec<String>>,
     /// UDP datagrams the kernel dropped at a full socket buffer in the
     /// run's namespaces while it ran (RcvbufErrors + InErrors; 0 where not

@@ -22,7 +22,7 @@ use rtprobe::{
         live::Live,
         plan::{ContinuousPlan, Rotate, Rotation},
     },
-    model::run::RunMeta,
+    model::meta::RunMeta,
     probe::{
         Collector, ProbeConfig, TimestampSource, cmsg::TxKind, matcher::Event, matcher::Expect,
         matcher::NoHwClocks,

@@ -24,8 +24,8 @@ use anyhow::{Context, Result};
 
 use super::{plan::Rotation, rotate::Rotated};
 use crate::model::{
+    meta::RunMeta,
     record::{ProbeRecord, RecordSink, TsSource},
-    run::RunMeta,
 };
 
 /// The first line of the CSV starts with this, followed by the [`RunMeta`] JSON.

@@ -18,7 +18,7 @@ use crate::{
         metrics::{Access, FlowLabels, FlowMetrics, Metrics, MetricsServer},
         plan::ContinuousPlan,
     },
-    model::{record::ProbeRecord, run::RunMeta},
+    model::{meta::RunMeta, record::ProbeRecord},
     stats::{
         Counts, RunStats,
         interval::{Interval, IntervalStats, quantiles_words},

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::{
     export::plot::axis::{format_duration_ns, split_duration_ns},
-    model::run::RunMeta,
+    model::meta::RunMeta,
     stats::{
         Latency, Pacing, RunReport, Summary,
         chain::Stage,

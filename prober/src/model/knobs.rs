@@ -404,7 +404,7 @@ mod tests {
     #[test]
     fn knobs_of_another_shape_read_as_none_in_run_metadata() {
         let line = r#"{"version":"0.1.0","knobs":{"rt":"fifo"},"size":64}"#;
-        let m: crate::model::run::RunMeta = serde_json::from_str(line).unwrap();
+        let m: crate::model::meta::RunMeta = serde_json::from_str(line).unwrap();
         assert!(m.knobs.is_empty());
         assert_eq!(m.size, 64);
     }

@@ -6,7 +6,7 @@
 
 pub mod host;
 pub mod knobs;
+pub mod meta;
 pub mod record;
-pub mod run;
 pub(crate) mod units;
 pub(crate) mod words;

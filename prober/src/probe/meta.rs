@@ -3,7 +3,7 @@
 //! options, and where they went, from its endpoints.
 
 use super::ProbeConfig;
-use crate::model::run::RunMeta;
+use crate::model::meta::RunMeta;
 
 /// Where a session's probes went and who answered, as the metadata names it.
 #[derive(Debug, Clone, Default)]

@@ -17,7 +17,7 @@ use crate::{
     ebpf::{ReflectorKind, XdpMode, XdpSetup},
     export::CsvWriter,
     model::knobs::PacingKnobs,
-    model::run::RunMeta,
+    model::meta::RunMeta,
     options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::SessionOutcome,
     probe::stamp::HmacKey,

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use super::{Checked, config_error};
 use crate::{
     export::{CsvWriter, live::Live},
-    model::run::RunMeta,
+    model::meta::RunMeta,
     options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::{
         ProbeConfig, SessionEnds,

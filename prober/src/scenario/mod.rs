@@ -46,17 +46,17 @@
 //! what they found (`fetch_study` is the fetch-load section of the report).
 
 mod check;
+mod execute;
 pub(crate) mod fetch_study;
 mod file;
+pub(crate) mod markdown;
 mod matrix;
-pub(crate) mod report;
 mod results_json;
-mod run;
 
 pub(crate) use check::KernelCheck;
 pub use check::{SystemCheck, plan};
-pub use run::Progress;
-pub(crate) use run::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
+pub use execute::Progress;
+pub(crate) use execute::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
 
 pub use crate::options::{
     FlowSpec,
@@ -309,6 +309,6 @@ impl Scenario {
 }
 
 #[cfg(test)]
-mod run_tests;
+mod execute_tests;
 #[cfg(test)]
 mod tests;

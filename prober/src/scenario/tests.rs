@@ -1,5 +1,5 @@
 //! Scenario parsing, validation and matrix expansion, with a fake kernel
-//! (running the cells and the report: `run_tests.rs`).
+//! (running the cells and the report: `execute_tests.rs`).
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! What came out of one run: its summary, its metadata, how many rows were
 //! written and whether it ended early.
 
-use crate::{model::run::RunMeta, stats::Summary};
+use crate::{model::meta::RunMeta, stats::Summary};
 
 /// The result of a run.
 pub(crate) struct RunOutcome {

@@ -35,6 +35,7 @@
 //! /proc/sys, SIOCETHTOOL, sockets, sched_*), each of which names its own
 //! interface and minimum version; together Linux >= 4.15.
 
+pub mod amounts;
 mod apply;
 mod at;
 pub mod bql;
@@ -51,7 +52,6 @@ mod sysfs;
 pub mod tc;
 pub mod tsq;
 pub mod txqueuelen;
-pub mod units;
 
 #[cfg(test)]
 mod root_tests;
@@ -66,13 +66,13 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use self::{
+    amounts::{Bytes, CpuDmaLatency, QueueLimit, Rate},
     at::At,
     knob_spec::KnobSpec,
     load::{FetchTimes, LoadReport, LoadSpec},
     qdisc::QdiscSpec,
     shaping::{ShaperKind, Shaping},
     stress::StressTool,
-    units::{Bytes, CpuDmaLatency, QueueLimit, Rate},
 };
 use crate::{model::knobs::AppliedKnobs, sys::rt::RtSettings};
 #[cfg(test)]

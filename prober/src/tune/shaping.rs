@@ -41,8 +41,8 @@ use crate::model::knobs::ShapingApplied;
 use serde::{Deserialize, Serialize};
 
 use super::{
+    amounts::{Bytes, QueueLimit, Rate},
     tc::TcCmd,
-    units::{Bytes, QueueLimit, Rate},
 };
 
 /// Ethernet framing a veth does not carry but a cable does: FCS 4,

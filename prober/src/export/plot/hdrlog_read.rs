@@ -34,7 +34,7 @@ use super::{
     dist::{Dist, TimeGrid},
     run_data::{CsvRun, FlowData, ReadError, ReadOptions, Series, TsCounts, Want, XSource},
 };
-use crate::{export::csv::META_PREFIX, model::run::RunMeta, stats::chain::Stage};
+use crate::{export::csv::META_PREFIX, model::meta::RunMeta, stats::chain::Stage};
 
 /// Whether the first bytes of a file are an HdrHistogram interval log
 /// rather than a CSV: its `#[...]` header lines, its column legend, or a

@@ -14,17 +14,17 @@
 //! summaries are laid out into figures with axes ([`axis`]: log by default
 //! where a tail dwarfs the body) and titles (`figures`, and `stages` for
 //! the per-stage boxes) -> [`draw`] renders them with plotters. A
-//! bench-forward JSON report goes to [`bench`] instead.
+//! bench-forward JSON report goes to [`forward`] instead.
 //!
 //! Figures are regenerated from saved CSVs with the binary alone, e.g.
 //! `rtprobe plot xdp-off.csv xdp-native.csv --out-dir docs/figures --prefix example`;
 //! `docs/figures/regenerate.sh` reruns the probe first (the README examples).
 
 pub(crate) mod axis;
-pub(crate) mod bench;
 pub mod dist;
 pub mod draw;
 mod figures;
+pub(crate) mod forward;
 pub(crate) mod hdrlog_read;
 pub mod read;
 pub mod run_data;
@@ -321,7 +321,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
     }
     let reports = opts.inputs.iter().filter(|p| is_bench_report(p)).count();
     if reports == opts.inputs.len() {
-        return bench::plot(opts);
+        return forward::plot(opts);
     }
     if reports > 0 {
         bail!(
@@ -544,7 +544,7 @@ fn is_bench_report(path: &Path) -> bool {
         "bench-forward JSON report",
         crate::input::MAX_REPORT_BYTES,
     )
-    .is_ok_and(|text| bench::sniff(&text))
+    .is_ok_and(|text| forward::sniff(&text))
 }
 
 /// Creates the output directory and proves it writable before any work.

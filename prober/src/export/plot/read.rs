@@ -30,7 +30,7 @@ use super::{
     hdrlog_read,
     run_data::{ColumnRef, CsvRun, ReadError, ReadOptions},
 };
-use crate::{export::csv::META_PREFIX, input::LineCapped, model::run::RunMeta};
+use crate::{export::csv::META_PREFIX, input::LineCapped, model::meta::RunMeta};
 
 /// Checks that `path` is a readable file before any reading starts, so a
 /// typo in the last of several paths fails at once.

@@ -9,7 +9,7 @@
 use std::fmt;
 
 use super::dist::{self, Dist, TimeGrid};
-use crate::{model::run::RunMeta, stats::chain::Stage};
+use crate::{model::meta::RunMeta, stats::chain::Stage};
 
 /// How many stages the chain splits into.
 pub(crate) const STAGES: usize = Stage::ALL.len();

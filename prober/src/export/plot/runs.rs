@@ -13,7 +13,7 @@ use super::{
     run_data::{self, CsvRun, Series, XSource},
     stem,
 };
-use crate::model::run::RunMeta;
+use crate::model::meta::RunMeta;
 
 /// What the time series' x axis shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

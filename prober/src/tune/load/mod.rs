@@ -72,7 +72,7 @@
 
 mod acct;
 mod fetch;
-mod report;
+mod outcome;
 mod spec;
 mod tcp;
 mod udp;
@@ -92,7 +92,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 pub use self::{
     acct::FetchTimes,
-    report::{FlowReport, LoadReport, QueueWindow},
+    outcome::{FlowReport, LoadReport, QueueWindow},
     spec::{LoadSpec, MAX_FETCH_SIZE, available_cc, check_cc},
 };
 use self::{
@@ -102,8 +102,8 @@ use self::{
     udp::start_udp,
 };
 use super::{
+    amounts::{LoadRate, Rate},
     shaping::Shaping,
-    units::{LoadRate, Rate},
 };
 use crate::sys::Netns;
 

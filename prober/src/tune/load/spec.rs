@@ -12,7 +12,7 @@ use super::MAX_FLOWS;
 use crate::{
     model::units,
     sys::Sys,
-    tune::units::{Bytes, LoadRate},
+    tune::amounts::{Bytes, LoadRate},
 };
 
 /// One `--load` entry.
@@ -326,7 +326,7 @@ pub fn check_cc(cc: &str, available: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tune::units::Rate;
+    use crate::tune::amounts::Rate;
 
     #[test]
     fn parses_load_specs() {

@@ -19,7 +19,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use super::{Counters, Flow, Load, LoadSpec, LoadTarget, POLL, available_cc, check_cc, setsockopt};
 use crate::{
     sys::{Netns, Sys},
-    tune::units::Rate,
+    tune::amounts::Rate,
 };
 
 /// A TCP socket with congestion control and pacing set, connected to dst;

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use super::{
     Counters, Flow, Load, LoadSpec, LoadTarget, POLL, SentWindow, acct::SeqWindow, setsockopt,
 };
-use crate::{sys::rt::RtSettings, tune::units::Rate};
+use crate::{sys::rt::RtSettings, tune::amounts::Rate};
 
 const MAGIC: u32 = 0x5254_504c; // "RTPL"
 /// UDP load header: magic (4), session (4), sequence number (8), big endian.

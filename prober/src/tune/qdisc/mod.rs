@@ -96,9 +96,9 @@ use anyhow::{Context, Result, bail};
 
 pub use self::render::{RenderCtx, render_tree};
 use super::{
+    amounts::{Bytes, Rate},
     at::At,
     tc::{self, TcCmd},
-    units::{Bytes, Rate},
 };
 
 /// Handle of the chosen qdisc, at the root or under the shaper.
@@ -668,7 +668,7 @@ mod tests {
     #[test]
     fn tree_puts_the_qdisc_under_the_shaper() {
         let mut s = Shaping::new(Rate::mbit(100));
-        s.queue_limit = Some(crate::tune::units::QueueLimit::Packets(20));
+        s.queue_limit = Some(crate::tune::amounts::QueueLimit::Packets(20));
         let q: QdiscSpec = "fq_codel".parse().unwrap();
         let mut c = ctx();
         c.link_rate = Some(s.rate);
@@ -699,7 +699,7 @@ mod tests {
 #[cfg(test)]
 mod typed_meta_tests {
     use super::*;
-    use crate::tune::{ProbeContext, Shaping, units::QueueLimit};
+    use crate::tune::{ProbeContext, Shaping, amounts::QueueLimit};
 
     const SHAPED_HTB_PRIO: &str = r#"{"qdisc":{"effective":{"bulk_class":"10:20","bulk_prio":1,"bulk_rate":"95mbit","ceil":"100mbit","hp_class":"10:10","hp_port":5061,"hp_prio":0,"hp_rate":"5mbit","hp_rate_reason":"auto: the preset's minimum","hp_tos":null,"leaf":"pfifo","leaf_limit_packets":100,"link_rate":"100mbit","overhead_bytes":24,"quantum_bytes":1514},"kind":"htb-prio","position":"leaf under the shaper (parent 1:1)","spec":"htb-prio,hp_rate=auto,link=auto,hp_port=auto,hp_tos=none,bulk_prio=1,quantum=1514,limit=100"},"shaping":{"burst_bytes":12500,"overhead_bytes":24,"queue_limit":"20p","rate":"100mbit","rate_bps":100000000,"shaper":"htb"},"tc":["tc qdisc add dev veth0 root handle 1: htb default 1","tc class add dev veth0 parent 1: classid 1:1 htb rate 100000000bit ceil 100000000bit burst 12500 cburst 12500 overhead 24","tc qdisc add dev veth0 parent 1:1 handle 10: htb default 20","tc class add dev veth0 parent 10: classid 10:1 htb rate 100000000bit ceil 100000000bit overhead 24","tc class add dev veth0 parent 10:1 classid 10:10 htb rate 5000000bit ceil 100000000bit prio 0 quantum 1514 overhead 24","tc class add dev veth0 parent 10:1 classid 10:20 htb rate 95000000bit ceil 100000000bit prio 1 quantum 1514 overhead 24","tc qdisc add dev veth0 parent 10:10 handle 11: pfifo limit 100","tc qdisc add dev veth0 parent 10:20 handle 12: pfifo limit 100","tc filter add dev veth0 parent 10: protocol ip prio 1 u32 match ip dport 5061 0xffff flowid 10:10"]}"#;
     const ROOT_FQ_CODEL: &str = r#"{"qdisc":{"effective":{"ecn":false,"flows":1024,"interval":"40ms","limit":1000,"quantum":1514,"target":"1.5ms"},"kind":"fq_codel","position":"root","spec":"fq_codel,limit=1000,target=1.5ms,interval=40ms,quantum=1514,flows=1024,noecn"},"tc":["tc qdisc add dev veth0 root handle 10: fq_codel limit 1000 target 1500us interval 40000us quantum 1514 flows 1024 noecn"]}"#;

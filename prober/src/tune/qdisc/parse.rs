@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::{AutoRate, FqCodel, HfscParams, HtbParams, HtbPrioParams, Leaf, QdiscSpec};
 use crate::{
     model::units::{fmt_duration, parse_duration},
-    tune::units::Bytes,
+    tune::amounts::Bytes,
 };
 
 impl fmt::Display for QdiscSpec {

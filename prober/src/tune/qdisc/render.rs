@@ -15,9 +15,9 @@ use crate::{
     },
     tune::{
         ProbeContext,
+        amounts::{Bytes, Rate, tc_time},
         shaping::{SHAPER_CLASS, Shaping},
         tc::TcCmd,
-        units::{Bytes, Rate, tc_time},
     },
 };
 

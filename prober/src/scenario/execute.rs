@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{Cell, Scenario, report, results_json::write_results_json};
+use super::{Cell, Scenario, markdown, results_json::write_results_json};
 use crate::{model::knobs::AppliedKnobs, stats::Summary};
 
 /// What the real runner hands back for a cell.
@@ -173,7 +173,7 @@ pub(crate) fn run_scenario(
             vs_baseline,
         })
         .collect();
-    let text = report::render(&report::ReportInput {
+    let text = markdown::render(&markdown::ReportInput {
         scenario: sc,
         out_dir,
         rows: &rows,

@@ -279,7 +279,7 @@ impl CellRunner for FlowRunner {
             .loads()
             .iter()
             .map(|l| match l.rate().unwrap() {
-                crate::tune::units::LoadRate::Share(s) => s,
+                crate::tune::amounts::LoadRate::Share(s) => s,
                 _ => 0.0,
             })
             .sum();
