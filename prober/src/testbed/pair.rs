@@ -7,11 +7,11 @@
 //!
 //! Kernel interfaces: those of [`super`] (namespaces, netlink links and
 //! addresses, /proc/sys/net, ethtool features, all through
-//! [`crate::sys::Sys`]); the readiness check sends UDP datagrams between
-//! the namespaces through sockets made inside each.
+//! [`crate::sys::Sys`]); the readiness check pings across the veth
+//! through a raw ICMP socket made inside A.
 
 use std::{
-    net::{IpAddr, SocketAddr, UdpSocket},
+    net::IpAddr,
     path::Path,
     time::{Duration, Instant},
 };
@@ -187,8 +187,8 @@ pub(crate) fn build_pair(
 #[derive(Debug)]
 pub(crate) struct VethPair {
     pub id: String,
+    /// A's namespace, held open (the readiness check pings from it).
     pub a: Netns,
-    pub b: Netns,
     pub layout: PairLayout,
     pub spec: PairSpec,
     undo: Undo,
@@ -215,7 +215,6 @@ impl VethPair {
         let layout = build_pair(sys.as_ref(), &id, &spec, &mut undo)?;
         Ok(Self {
             a: sys.open_netns(&layout.a)?,
-            b: sys.open_netns(&layout.b)?,
             id,
             layout,
             spec,
@@ -223,11 +222,11 @@ impl VethPair {
         })
     }
 
-    /// Returns once, for each family both sides have, a datagram from A's
-    /// first address of it reaches B's and one from B reaches A: the
-    /// carrier is up on both ends (until the kernel's link watcher sees
-    /// it, up to 1 s after "up", a veth drops what it is given) and the
-    /// neighbours answer. Fails after `within`.
+    /// Returns once, for each family both sides have, B's first address
+    /// of it answers an ICMP echo from A's: the carrier is up on both ends
+    /// (until the kernel's link watcher sees it, up to 1 s after "up", a
+    /// veth drops what it is given) and the neighbours answer. Fails after
+    /// `within`.
     pub fn wait_answering(&self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         for v6 in [false, true] {
@@ -235,8 +234,7 @@ impl VethPair {
             let (Some(a), Some(b)) = (first(&self.spec.a_addrs), first(&self.spec.b_addrs)) else {
                 continue;
             };
-            datagram_arrives(&self.a, a, &self.b, b, deadline)?;
-            datagram_arrives(&self.b, b, &self.a, a, deadline)?;
+            echo_answered(&self.a, a, b, deadline)?;
         }
         Ok(())
     }
@@ -247,39 +245,184 @@ impl VethPair {
     }
 }
 
-/// Sends a datagram from `src` in `from` to `dst` in `to` every 100 ms
-/// until one arrives, or fails at `deadline`.
-fn datagram_arrives(
-    from: &Netns,
-    src: IpAddr,
-    to: &Netns,
-    dst: IpAddr,
-    deadline: Instant,
-) -> Result<()> {
-    // Sockets stay in the namespace they were made in.
-    let rx =
-        to.run(|| UdpSocket::bind(SocketAddr::new(dst, 0)).with_context(|| format!("bind {dst}")))?;
-    rx.set_read_timeout(Some(Duration::from_millis(100)))?;
-    let port = rx.local_addr()?.port();
-    let tx = from
-        .run(|| UdpSocket::bind(SocketAddr::new(src, 0)).with_context(|| format!("bind {src}")))?;
-    let mut buf = [0u8; 64];
-    loop {
+/// Sends an ICMP echo request from `src` in `from` to `dst` every 100 ms
+/// until its reply comes back (what ping shows: both ends' carriers up,
+/// both neighbours resolved), or fails at `deadline`. ICMP rather than
+/// UDP: root tests count the UDP datagrams their namespaces send.
+fn echo_answered(from: &Netns, src: IpAddr, dst: IpAddr, deadline: Instant) -> Result<()> {
+    // A socket stays in the namespace it was made in.
+    let fd = from.run(|| icmp::socket(src))?;
+    // The namespace is new: no other pinger's replies to tell apart.
+    let id = (std::process::id() & 0xffff) as u16;
+    for seq in 1u16.. {
         // A send may fail while the neighbour is unresolved: try again.
-        let _ = tx.send_to(b"rtprobe testbed", SocketAddr::new(dst, port));
-        if let Ok((_, peer)) = rx.recv_from(&mut buf)
-            && peer.ip() == src
-        {
-            return Ok(());
+        let _ = icmp::send_echo(&fd, dst, id, seq);
+        let until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < until {
+            if icmp::recv_reply(&fd, dst, id) {
+                return Ok(());
+            }
         }
         if Instant::now() >= deadline {
-            bail!(
-                "no datagram from {src} in {} reached {dst} in {} within the deadline: \
-                 the veth's carrier did not come up, or a route or firewall there drops it",
-                from.name(),
-                to.name()
-            );
+            break;
         }
+    }
+    bail!(
+        "{dst} did not answer ICMP echo from {src} in {} within the deadline: \
+         the veth's carrier did not come up, or a route or firewall drops it",
+        from.name()
+    )
+}
+
+/// Raw ICMP and ICMPv6 echo through libc (root: raw sockets).
+mod icmp {
+    use std::{
+        net::{IpAddr, SocketAddr},
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    };
+
+    use anyhow::{Context, Result};
+
+    /// A raw ICMP(v6) socket bound to `src`, reads timing out after 20 ms.
+    pub(super) fn socket(src: IpAddr) -> Result<OwnedFd> {
+        let (domain, proto) = match src {
+            IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_ICMP),
+            IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_ICMPV6),
+        };
+        // SAFETY: plain socket(2); the fd goes into an OwnedFd at once.
+        let fd = unsafe { libc::socket(domain, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("open a raw ICMP socket");
+        }
+        // SAFETY: fd is ours and open.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (sa, len) = sockaddr(SocketAddr::new(src, 0));
+        // SAFETY: sa lives through the call; len is its size.
+        if unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        } != 0
+        {
+            return Err(std::io::Error::last_os_error()).with_context(|| format!("bind {src}"));
+        }
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 20_000,
+        };
+        // SAFETY: tv lives through the call; its size is passed.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        Ok(fd)
+    }
+
+    fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: all-zero is a valid sockaddr_storage.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match a {
+            SocketAddr::V4(a) => {
+                // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+                let sin = unsafe {
+                    &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+                };
+                sin.sin_family = libc::AF_INET as u16;
+                sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
+                let sin6 = unsafe {
+                    &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+                };
+                sin6.sin6_family = libc::AF_INET6 as u16;
+                sin6.sin6_addr.s6_addr = a.ip().octets();
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        (ss, len as libc::socklen_t)
+    }
+
+    /// The echo request (type 8, or 128 for ICMPv6 whose checksum the
+    /// kernel fills in).
+    pub(super) fn echo_request(v6: bool, id: u16, seq: u16) -> Vec<u8> {
+        let mut m = vec![if v6 { 128 } else { 8 }, 0, 0, 0];
+        m.extend_from_slice(&id.to_be_bytes());
+        m.extend_from_slice(&seq.to_be_bytes());
+        m.extend_from_slice(b"rtprobe testbed");
+        if !v6 {
+            let sum = checksum(&m);
+            m[2..4].copy_from_slice(&sum.to_be_bytes());
+        }
+        m
+    }
+
+    fn checksum(b: &[u8]) -> u16 {
+        let mut s: u32 = b
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+            .sum();
+        while s >> 16 != 0 {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        !(s as u16)
+    }
+
+    pub(super) fn send_echo(fd: &OwnedFd, dst: IpAddr, id: u16, seq: u16) -> std::io::Result<()> {
+        let m = echo_request(dst.is_ipv6(), id, seq);
+        let (sa, len) = sockaddr(SocketAddr::new(dst, 0));
+        // SAFETY: m and sa live through the call; lengths are theirs.
+        let n = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                m.as_ptr().cast(),
+                m.len(),
+                0,
+                (&sa as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reads one message (or times out): is it `dst`'s echo reply to `id`?
+    pub(super) fn recv_reply(fd: &OwnedFd, dst: IpAddr, id: u16) -> bool {
+        let mut buf = [0u8; 256];
+        // SAFETY: buf outlives the call; its length is passed.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n <= 0 {
+            return false;
+        }
+        is_reply(&buf[..n as usize], dst, id)
+    }
+
+    /// An ICMPv4 raw socket reads the IP header too; an ICMPv6 one reads
+    /// the message only (its source then is the socket's peer: checked
+    /// through the reply's id alone, the namespace being ours).
+    pub(super) fn is_reply(b: &[u8], dst: IpAddr, id: u16) -> bool {
+        let msg = match dst {
+            IpAddr::V4(d) => {
+                let ihl = usize::from(b.first().map_or(0, |v| v & 0x0f)) * 4;
+                if b.len() < ihl + 8 || ihl < 20 || b[12..16] != d.octets() {
+                    return false;
+                }
+                &b[ihl..]
+            }
+            IpAddr::V6(_) => b,
+        };
+        let reply_type = if dst.is_ipv6() { 129 } else { 0 };
+        msg.len() >= 8 && msg[0] == reply_type && msg[4..6] == id.to_be_bytes()
     }
 }
 
@@ -407,6 +550,39 @@ mod tests {
         s.tag = Some(h("a b"));
         assert!(build_pair(sys.as_ref(), "x", &s, &mut undo).is_err());
         assert!(sys.changes().is_empty());
+    }
+
+    #[test]
+    fn echo_requests_carry_their_id_and_only_the_peers_reply_counts() {
+        let v4 = icmp::echo_request(false, 0x1234, 7);
+        assert_eq!(&v4[..1], &[8]);
+        assert_eq!(&v4[4..8], &[0x12, 0x34, 0, 7]);
+        // A correct ICMPv4 checksum sums (with itself) to 0xffff.
+        let sum: u32 = v4
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+            .sum();
+        assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff);
+        assert_eq!(icmp::echo_request(true, 1, 1)[0], 128);
+        let dst: IpAddr = "10.77.0.2".parse().unwrap();
+        let mut reply = vec![0x45u8; 20];
+        reply[12..16].copy_from_slice(&[10, 77, 0, 2]);
+        reply.extend_from_slice(&[0, 0, 0, 0, 0x12, 0x34, 0, 7]);
+        assert!(icmp::is_reply(&reply, dst, 0x1234));
+        assert!(!icmp::is_reply(&reply, dst, 0x1235), "another id");
+        assert!(!icmp::is_reply(
+            &reply,
+            "10.77.0.3".parse().unwrap(),
+            0x1234
+        ));
+        reply[20] = 8;
+        assert!(
+            !icmp::is_reply(&reply, dst, 0x1234),
+            "a request, not a reply"
+        );
+        let v6: IpAddr = "fd77::2".parse().unwrap();
+        assert!(icmp::is_reply(&[129, 0, 0, 0, 0, 1, 0, 1], v6, 1));
+        assert!(!icmp::is_reply(&[128, 0, 0, 0, 0, 1, 0, 1], v6, 1));
     }
 
     #[test]
