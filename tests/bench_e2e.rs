@@ -181,6 +181,82 @@ fn held_testbed_lives_until_stdin_closes() {
     assert!(namespaces_of(&id).is_empty(), "torn down when stdin closed");
 }
 
+/// `rtprobe testbed --pair` as the fleet bench asks for it: B's addresses
+/// from a file, A's veth ready for native XDP; it answers at once, a
+/// SIGTERM removes it, and after a SIGKILL `rtprobe cleanup` does.
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn held_pair_answers_at_once_and_goes_on_sigterm_or_with_cleanup() {
+    if !is_root("held_pair_answers_at_once_and_goes_on_sigterm_or_with_cleanup") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("addrs");
+    let addrs: String = (1..=300)
+        .map(|i| format!("10.93.{}.{}/16\n", i / 250, i % 250 + 1))
+        .collect();
+    std::fs::write(&file, format!("# targets\n{addrs}")).unwrap();
+    let hold = || {
+        let mut child = Command::new(bin())
+            .args(["testbed", "--pair", "--name", "held-pair", "--xdp-peer"])
+            .args(["--a-addr", "10.93.250.1/16", "--a-addr", "fd93::1/64"])
+            .args(["--b-addr", "fd93::2/64", "--b-addrs-file"])
+            .arg(&file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+        let id = info["id"].as_str().unwrap().to_string();
+        (child, info, id)
+    };
+    let (child, info, id) = hold();
+    let _sweep = NsSweep(id.clone());
+    assert_eq!(info["b_file_addrs"], 300, "{info}");
+    assert_eq!(info["b_addrs"], serde_json::json!(["fd93::2/64"]), "{info}");
+    let (a, b) = (
+        info["a_ns"].as_str().unwrap(),
+        info["b_ns"].as_str().unwrap(),
+    );
+    assert_eq!(namespaces_of(&id), vec![a.to_string(), b.to_string()]);
+    assert!(a.ends_with("-held-pair-a"), "{a}");
+    // It printed its line once both families answered: one try each now.
+    for dst in ["10.93.1.51", "fd93::2"] {
+        let ping = sh(&format!("ip netns exec {a} ping -n -c 1 -W 1 {dst}"));
+        assert!(ping.status.success(), "{dst} from {a}: {ping:?}");
+    }
+    let k = sh_ok(&format!("ip netns exec {a} ethtool -k veth-a"));
+    assert!(k.contains("tx-checksumming: off"), "{k}");
+    assert!(k.contains("generic-receive-offload: on"), "{k}");
+    let on_b = sh_ok(&format!("ip -n {b} -4 addr show dev veth-b"));
+    assert_eq!(on_b.matches("inet ").count(), 300, "{on_b}");
+    // SIGTERM: torn down, record removed.
+    sh_ok(&format!("kill -TERM {}", child.id()));
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(namespaces_of(&id).is_empty(), "torn down on SIGTERM");
+    assert!(!std::path::Path::new(&format!("/run/rtprobe/{id}.json")).exists());
+    // SIGKILL: the record names the pair's namespaces for `rtprobe cleanup`.
+    let (mut child, _, id) = hold();
+    let _sweep = NsSweep(id.clone());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(namespaces_of(&id).len(), 2, "a SIGKILL undoes nothing");
+    let o = Command::new(bin()).arg("cleanup").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains(&format!("testbed {id} (pair")), "{text}");
+    assert!(namespaces_of(&id).is_empty(), "{text}");
+}
+
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
 fn high_rate_probes_are_all_accounted_for() {

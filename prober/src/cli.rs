@@ -66,8 +66,9 @@ pub enum Command {
     Compare(CompareArgs),
     /// Print a shell completion script for bash, zsh or fish.
     Completions(CompletionsArgs),
-    /// Build the veth testbed (with the XDP router as asked), print it as one JSON line and
-    /// keep it until stdin closes or a signal comes (for running other tools on the same path).
+    /// Build the veth testbed (with the XDP router as asked), or with --pair two namespaces
+    /// joined by one veth, print it as one JSON line and keep it until stdin closes or a signal
+    /// comes (for running other tools on the same path).
     #[command(hide = true)]
     Testbed(TestbedArgs),
     /// Remove the testbeds of runs that died (SIGKILL, crash): their namespaces, and give
@@ -113,6 +114,37 @@ pub struct TestbedArgs {
     /// XDP router behaviour.
     #[arg(long, value_enum, default_value_t = XdpAction::Redirect)]
     pub xdp_action: XdpAction,
+
+    /// Build two namespaces A and B joined by one veth pair (no router, no XDP) with the
+    /// addresses given, wait until both families answer across it, and print it as one JSON
+    /// line (namespaces, interfaces, addresses).
+    #[arg(long, conflicts_with_all = ["xdp_mode", "xdp_action"])]
+    pub pair: bool,
+
+    /// With --pair: part of both namespace names (rtprobe-ID-NAME-a, -b), to tell whose a
+    /// leftover is.
+    #[arg(long, requires = "pair", value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// With --pair: an address of A's veth, ADDR/LEN (repeat for more: IPv4 and IPv6).
+    #[arg(long = "a-addr", requires = "pair", value_name = "ADDR/LEN",
+          value_parser = crate::testbed::pair::parse_addr)]
+    pub(crate) a_addrs: Vec<crate::sys::Addr>,
+
+    /// With --pair: an address of B's veth, ADDR/LEN (repeat for more).
+    #[arg(long = "b-addr", requires = "pair", value_name = "ADDR/LEN",
+          value_parser = crate::testbed::pair::parse_addr)]
+    pub(crate) b_addrs: Vec<crate::sys::Addr>,
+
+    /// With --pair: more addresses of B's veth, one ADDR/LEN a line (# comments), after the
+    /// --b-addr ones (a fleet of targets).
+    #[arg(long, requires = "pair", value_name = "FILE")]
+    pub b_addrs_file: Option<PathBuf>,
+
+    /// With --pair: prepare A's veth as the peer of a native XDP program on B (GRO requested,
+    /// TX checksumming off).
+    #[arg(long, requires = "pair")]
+    pub xdp_peer: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -25,53 +25,89 @@ pub fn fixture(name: &str) -> PathBuf {
 }
 
 /// Two namespaces joined by a veth pair: A (sender) 10.77.0.1 and
-/// fd77::1, B (reflector) 10.77.0.2 and fd77::2. Deleted on drop (the veth
-/// goes with them).
+/// fd77::1, B (reflector) 10.77.0.2 and fd77::2, as `rtprobe testbed
+/// --pair` builds and holds them (the product's own testbed code, through
+/// netlink). Removed on drop: the holder's stdin closes and it tears the
+/// pair down; if the test process dies, the closed pipe does the same.
 pub struct Pair {
     pub a: String,
     pub b: String,
     pub va: String,
     pub vb: String,
+    holder: Child,
+}
+
+/// The test's name (libtest names each test's thread after it) as a tag
+/// for the namespace names: whose a leftover is.
+fn test_tag() -> String {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("test")
+        .rsplit("::")
+        .next()
+        .unwrap_or("test")
+        .to_string();
+    let tag: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let start = tag.len().saturating_sub(32);
+    tag[start..].to_string()
 }
 
 impl Pair {
     pub fn new() -> Pair {
-        let p = Pair {
-            a: unique("rmA"),
-            b: unique("rmB"),
-            va: unique("rva"),
-            vb: unique("rvb"),
-        };
-        sh_ok(&format!("ip netns add {}", p.a));
-        sh_ok(&format!("ip netns add {}", p.b));
-        sh_ok(&format!(
-            "ip link add {} netns {} type veth peer name {} netns {}",
-            p.va, p.a, p.vb, p.b
-        ));
-        sh_ok(&format!(
-            "ip -n {a} addr add {A_IP}/24 dev {va} && ip -n {a} addr add {A_IP6}/64 dev {va} nodad \
-             && ip -n {a} link set {va} up && ip -n {a} link set lo up",
-            a = p.a,
-            va = p.va
-        ));
-        sh_ok(&format!(
-            "ip -n {b} addr add {B_IP}/24 dev {vb} && ip -n {b} addr add {B_IP6}/64 dev {vb} nodad \
-             && ip -n {b} link set {vb} up && ip -n {b} link set lo up",
-            b = p.b,
-            vb = p.vb
-        ));
-        // Until the kernel's link watcher has seen the carrier (up to 1 s
-        // after "up"), the veth's qdisc is noop and drops what is sent,
-        // neighbour solicitations included: a test's first datagram then
-        // arrives a second late. Wait for both families to answer.
-        for dst in [B_IP, B_IP6] {
-            sh_ok(&format!(
-                "for i in $(seq 50); do ip netns exec {a} ping -c1 -W1 {dst} >/dev/null 2>&1 && exit 0; \
-                 sleep 0.1; done; echo '{dst} unreachable from {a}' >&2; exit 1",
-                a = p.a
-            ));
+        use std::io::BufRead;
+        let mut holder = Command::new(bin())
+            .args(["testbed", "--pair", "--name", &test_tag()])
+            .args([
+                "--a-addr",
+                &format!("{A_IP}/24"),
+                "--a-addr",
+                &format!("{A_IP6}/64"),
+            ])
+            .args([
+                "--b-addr",
+                &format!("{B_IP}/24"),
+                "--b-addr",
+                &format!("{B_IP6}/64"),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rtprobe testbed --pair");
+        // It prints its line once both families answer across the veth
+        // (the carrier is up: until then a veth drops what it is given).
+        let mut line = String::new();
+        let read = std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line);
+        if !matches!(read, Ok(n) if n > 0) {
+            let out = holder.wait_with_output().expect("wait for rtprobe testbed");
+            panic!(
+                "rtprobe testbed --pair failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
-        p
+        let j: serde_json::Value = serde_json::from_str(&line).expect("the testbed's JSON line");
+        let field = |k: &str| {
+            j[k].as_str()
+                .unwrap_or_else(|| panic!("{k} in {line}"))
+                .to_string()
+        };
+        Pair {
+            a: field("a_ns"),
+            b: field("b_ns"),
+            va: field("a_if"),
+            vb: field("b_if"),
+            holder,
+        }
     }
 
     /// Drops the UDP datagrams leaving `dev` (in `ns`) whose byte at
@@ -100,8 +136,17 @@ impl Pair {
 
 impl Drop for Pair {
     fn drop(&mut self) {
-        let _ = sh(&format!("ip netns del {}", self.a));
-        let _ = sh(&format!("ip netns del {}", self.b));
+        // Closing its stdin tells the holder to tear the pair down.
+        drop(self.holder.stdin.take());
+        if let Ok(status) = self.holder.wait()
+            && !status.success()
+        {
+            let mut err = String::new();
+            if let Some(mut e) = self.holder.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            eprintln!("rtprobe testbed --pair ended with {status}: {err}");
+        }
     }
 }
 

@@ -2,8 +2,10 @@
 //! router as asked, prints the testbed as one JSON line and keeps it until
 //! stdin closes or a signal comes, so that other tools (ping, irtt,
 //! sockperf) can be measured on exactly the path rtprobe measures.
-//! `cargo xtask bench` uses it. Kernel interfaces: those of `testbed` and
-//! `ebpf`.
+//! `cargo xtask bench` uses it. With `--pair` it builds two namespaces
+//! joined by one veth instead (`testbed::pair`): the bed of the root tests
+//! and of the bench's pair, flood and fleet sections. Kernel interfaces:
+//! those of `testbed` and `ebpf`.
 
 use std::{
     io::{Read, Write},
@@ -21,13 +23,105 @@ use serde::Serialize;
 use crate::{
     cli::TestbedArgs,
     signals::with_signals,
-    testbed::{Iface, Testbed},
+    sys::Addr,
+    testbed::{
+        Iface, Testbed,
+        pair::{A_VETH, B_VETH, PairSpec, VethPair, read_addrs_file},
+    },
 };
+
+/// How long a pair may take to answer across its veth: a deadline, not a
+/// speed (the link watcher takes up to 1 s; a busy machine more).
+const PAIR_ANSWERS_WITHIN: Duration = Duration::from_secs(20);
 
 pub(super) fn command(args: TestbedArgs) -> Result<ExitCode> {
     crate::testbed::require_root()?;
-    with_signals(true, move |stop| hold(&args, crate::sys::linux(), &stop))?;
+    if args.pair {
+        let spec = pair_spec(&args)?;
+        let listed_b = args.b_addrs.len();
+        with_signals(true, move |stop| {
+            hold_pair(spec, listed_b, crate::sys::linux(), &stop)
+        })?;
+    } else {
+        with_signals(true, move |stop| hold(&args, crate::sys::linux(), &stop))?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn pair_spec(args: &TestbedArgs) -> Result<PairSpec> {
+    let mut b_addrs = args.b_addrs.clone();
+    if let Some(f) = &args.b_addrs_file {
+        b_addrs.extend(read_addrs_file(f)?);
+    }
+    Ok(PairSpec {
+        tag: args.name.clone(),
+        a_addrs: args.a_addrs.clone(),
+        b_addrs,
+        xdp_peer: args.xdp_peer,
+    })
+}
+
+/// What the JSON line of `--pair` says. B's addresses from a file are
+/// counted, not listed (a fleet's line would be 20 kB).
+#[derive(Debug, Serialize)]
+struct HeldPair {
+    pub id: String,
+    pub a_ns: String,
+    pub b_ns: String,
+    pub a_if: String,
+    pub b_if: String,
+    pub a_addrs: Vec<String>,
+    pub b_addrs: Vec<String>,
+    pub b_file_addrs: usize,
+}
+
+/// Builds the pair, waits until it answers, announces, holds, tears down.
+/// The first `listed_b` of B's addresses were given one by one.
+fn hold_pair(
+    spec: PairSpec,
+    listed_b: usize,
+    sys: crate::sys::SysRef,
+    stop: &AtomicU8,
+) -> Result<()> {
+    let listed = |v: &[Addr]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let p = VethPair::new(sys, spec)?;
+    p.wait_answering(PAIR_ANSWERS_WITHIN)?;
+    let info = HeldPair {
+        id: p.id.clone(),
+        a_ns: p.layout.a.clone(),
+        b_ns: p.layout.b.clone(),
+        a_if: A_VETH.into(),
+        b_if: B_VETH.into(),
+        a_addrs: listed(&p.spec.a_addrs),
+        b_addrs: listed(&p.spec.b_addrs[..listed_b]),
+        b_file_addrs: p.spec.b_addrs.len() - listed_b,
+    };
+    announce(&info)?;
+    wait_for_end(stop);
+    p.teardown()
+}
+
+/// Prints `info` as one JSON line on stdout.
+fn announce(info: &impl Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(info)?)?;
+    out.flush().context("write the testbed line")
+}
+
+/// Returns when stdin closes or a signal comes.
+fn wait_for_end(stop: &AtomicU8) {
+    let closed = Arc::new(AtomicBool::new(false));
+    let c = closed.clone();
+    // Detached: it ends with the process if stdin never closes.
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 256];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        c.store(true, Ordering::SeqCst);
+    });
+    while !closed.load(Ordering::SeqCst) && stop.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// What the JSON line says.
@@ -82,23 +176,8 @@ fn hold(args: &TestbedArgs, sys: crate::sys::SysRef, stop: &AtomicU8) -> Result<
         xdp_mode_requested: args.xdp_mode.as_str().to_string(),
         xdp_mode_attached: xdp.attached_mode_name(),
     };
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", serde_json::to_string(&info)?)?;
-        out.flush().context("write the testbed line")?;
-    }
-    let closed = Arc::new(AtomicBool::new(false));
-    let c = closed.clone();
-    // Detached: it ends with the process if stdin never closes.
-    std::thread::spawn(move || {
-        let mut sink = [0u8; 256];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        c.store(true, Ordering::SeqCst);
-    });
-    while !closed.load(Ordering::SeqCst) && stop.load(Ordering::SeqCst) == 0 {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    announce(&info)?;
+    wait_for_end(stop);
     xdp.detach().context("detach the XDP router")?;
     tb.teardown()
 }

@@ -1,6 +1,7 @@
 //! The path under test: three namespaces (sender -> router -> receiver)
 //! joined by two veth pairs, or two existing interfaces (NIC pair) moved
-//! into sender/receiver namespaces. Everything is undone on drop.
+//! into sender/receiver namespaces; and the two-namespace veth pair of
+//! `rtprobe testbed --pair` ([`pair`]). Everything is undone on drop.
 //!
 //! Every kernel change goes through [`crate::sys::Sys`] and is pushed on an
 //! undo list ([`Undo`]) as it is made, so a build that fails at step k
@@ -14,6 +15,7 @@
 //! (Linux >= 2.6.24).
 
 pub(crate) mod nicpair;
+pub(crate) mod pair;
 pub(crate) mod record;
 #[cfg(test)]
 mod tests;

@@ -60,15 +60,22 @@ impl Record {
     }
 
     pub fn new_in(dir: &Path, id: &str, kind: Kind) -> Result<Self> {
+        let kind = match kind {
+            Kind::Veth => "veth",
+            Kind::NicPair => "nic-pair",
+        };
+        Self::new_kind(dir, id, kind)
+    }
+
+    /// A record in `dir` of a testbed of shape `kind` ("veth", "nic-pair",
+    /// "pair": the two-namespace pair of `rtprobe testbed --pair`).
+    pub fn new_kind(dir: &Path, id: &str, kind: &str) -> Result<Self> {
         let pid = std::process::id();
         let r = Self {
             id: id.to_string(),
             pid,
             start_time: start_time(pid).context("read this process's start time")?,
-            kind: match kind {
-                Kind::Veth => "veth".into(),
-                Kind::NicPair => "nic-pair".into(),
-            },
+            kind: kind.to_string(),
             host_netns: netns_inode("/proc/self/ns/net")?,
             steps: Vec::new(),
             dir: dir.to_path_buf(),

@@ -16,8 +16,7 @@
 
 use std::{
     fmt::Write as _,
-    path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
@@ -25,6 +24,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::{
+    bed::Bed,
     host::children_cpu_s,
     run::{Ctx, in_ns, sh},
     table::{Row, row},
@@ -46,51 +46,25 @@ fn target_ip(i: usize) -> String {
 }
 
 /// Namespaces A (the prober) and B (1000 addresses and the reflectors),
-/// joined by a veth; deleted when dropped.
-struct Bed {
-    a: String,
-    b: String,
-}
-
-impl Bed {
-    fn new(out: &Path) -> Result<Bed> {
-        let tag = format!("xbf{}", std::process::id());
-        let bed = Bed {
-            a: format!("{tag}a"),
-            b: format!("{tag}b"),
-        };
-        let (a, b) = (&bed.a, &bed.b);
-        sh(&format!(
-            "ip netns add {a} && ip netns add {b} \
-             && ip link add va netns {a} type veth peer name vb netns {b} \
-             && ip -n {a} addr add {A_IP}/16 dev va && ip -n {a} link set va up && ip -n {a} link set lo up \
-             && ip -n {b} link set vb up && ip -n {b} link set lo up \
-             && ip netns exec {a} ethtool -K va gro off && ip netns exec {a} ethtool -K va gro on \
-             && ip netns exec {a} ethtool -K va tx off >/dev/null"
-        ))?;
-        // One `ip -batch` for the 1000 addresses (a process each takes 10 s).
-        let batch = out.join("fleet-addrs.batch");
-        let mut cmds = String::new();
-        for i in 0..TARGETS {
-            let _ = writeln!(cmds, "addr add {}/16 dev vb", target_ip(i));
-        }
-        std::fs::write(&batch, cmds)?;
-        sh(&format!("ip -n {b} -batch {}", batch.display()))?;
-        sh(&format!(
-            "for i in $(seq 50); do ip netns exec {a} ping -c1 -W1 {} >/dev/null 2>&1 && exit 0; \
-             sleep 0.1; done; echo 'B unreachable' >&2; exit 1",
-            target_ip(TARGETS - 1)
-        ))?;
-        Ok(bed)
+/// joined by a veth with A's side prepared for B's in-kernel reflector.
+fn fleet_bed(ctx: &Ctx) -> Result<Bed> {
+    let file = ctx.out.join("fleet-addrs.txt");
+    let mut addrs = String::new();
+    for i in 0..TARGETS {
+        let _ = writeln!(addrs, "{}/16", target_ip(i));
     }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
+    std::fs::write(&file, addrs).with_context(|| format!("write {}", file.display()))?;
+    Bed::new(
+        ctx,
+        "bench-fleet",
+        &[
+            "--a-addr",
+            &format!("{A_IP}/16"),
+            "--b-addrs-file",
+            &file.to_string_lossy(),
+            "--xdp-peer",
+        ],
+    )
 }
 
 /// A process started in a namespace, SIGTERMed (then killed) on drop.
@@ -552,7 +526,7 @@ fn capacity(ctx: &Ctx, bed: &Bed, kernel: bool, count: u64) -> Result<(f64, f64)
 
 /// The section: 1000 targets, then the two reflectors' capacity.
 pub(super) fn fleet_section(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
-    let bed = Bed::new(&ctx.out)?;
+    let bed = fleet_bed(ctx)?;
     let secs = if quick { 60 } else { 600 };
     let mut rows = {
         let _r = reflector(ctx, &bed, &format!("0.0.0.0:{PORT}"), false)?;
@@ -562,9 +536,10 @@ pub(super) fn fleet_section(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     // The in-kernel reflector holds at most 256 addresses of its
     // interface: B keeps one for the capacity runs.
     sh(&format!(
-        "ip -n {b} addr flush dev vb && ip -n {b} addr add {}/16 dev vb",
+        "ip -n {b} addr flush dev {vb} && ip -n {b} addr add {}/16 dev {vb}",
         target_ip(0),
-        b = bed.b
+        b = bed.b,
+        vb = bed.vb
     ))?;
     let count = if quick { 200_000 } else { 1_000_000 };
     let user = capacity(ctx, &bed, false, count);

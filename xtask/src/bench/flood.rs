@@ -17,7 +17,7 @@ use std::{
     net::Ipv4Addr,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::{
+    bed::Bed,
     run::{Ctx, in_ns, sh},
     table::{Row, row},
 };
@@ -43,46 +44,31 @@ const LOSS_TARGET_PCT: f64 = 1.0;
 const SIGINT_TARGET_MS: f64 = 100.0;
 
 /// Namespaces A (client and flood) and B (the reflector), joined by a
-/// veth; deleted when dropped.
-struct Bed {
-    a: String,
-    b: String,
-}
-
-impl Bed {
-    fn new() -> Result<Bed> {
-        let tag = format!("xfl{}", std::process::id());
-        let bed = Bed {
-            a: format!("{tag}a"),
-            b: format!("{tag}b"),
-        };
-        let (a, b) = (&bed.a, &bed.b);
-        sh(&format!(
-            "ip netns add {a} && ip netns add {b} \
-             && ip link add va netns {a} type veth peer name vb netns {b} \
-             && ip -n {a} addr add {A_IP}/24 dev va && ip -n {a} addr add fd92::1/64 dev va nodad \
-             && ip -n {a} link set va up && ip -n {a} link set lo up \
-             && ip -n {b} addr add {B_IP}/24 dev vb && ip -n {b} addr add {B_IP6}/64 dev vb nodad \
-             && ip -n {b} link set vb up && ip -n {b} link set lo up \
-             && ip -n {a} route add local {FORGED_RANGE} dev lo \
-             && ip -n {b} route add {FORGED_RANGE} via {A_IP} \
-             && ip netns exec {a} ethtool -K va gro on tx off >/dev/null"
-        ))?;
-        sh(&format!(
-            "for i in $(seq 50); do ip netns exec {a} ping -c1 -W1 {B_IP} >/dev/null 2>&1 \
-             && ip netns exec {a} ping -c1 -W1 {B_IP6} >/dev/null 2>&1 && exit 0; sleep 0.1; \
-             done; exit 1"
-        ))?;
-        Ok(bed)
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
+/// veth with A's side prepared for B's in-kernel reflector; the forged
+/// range is A's own (a `local` route there) and B routes it back to A.
+fn flood_bed(ctx: &Ctx) -> Result<Bed> {
+    let bed = Bed::new(
+        ctx,
+        "bench-flood",
+        &[
+            "--a-addr",
+            &format!("{A_IP}/24"),
+            "--a-addr",
+            "fd92::1/64",
+            "--b-addr",
+            &format!("{B_IP}/24"),
+            "--b-addr",
+            &format!("{B_IP6}/64"),
+            "--xdp-peer",
+        ],
+    )?;
+    sh(&format!(
+        "ip -n {a} route add local {FORGED_RANGE} dev lo \
+         && ip -n {b} route add {FORGED_RANGE} via {A_IP}",
+        a = bed.a,
+        b = bed.b
+    ))?;
+    Ok(bed)
 }
 
 /// An IPv4/UDP frame from `src:40000` to B with a 64-byte rtprobe probe
@@ -403,7 +389,7 @@ fn peer_row(ctx: &Ctx, bed: &Bed, kernel: bool) -> Result<Row> {
 /// The section: the known peer with each reflector, then the dual-stack
 /// user-space reflector flooded on IPv4 (its IPv6 client, and SIGINT).
 pub(super) fn flood_section(ctx: &Ctx, _quick: bool) -> Result<Vec<Row>> {
-    let bed = Bed::new()?;
+    let bed = flood_bed(ctx)?;
     let mut rows = vec![peer_row(ctx, &bed, false)?, peer_row(ctx, &bed, true)?];
     // Every flood probe read and answered: the IPv4 socket as busy as the
     // flood makes it.

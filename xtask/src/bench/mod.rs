@@ -43,6 +43,7 @@
 //! host.rs names the host (through `rtprobe host`) and reads what else it
 //! was doing, table.rs prints the rows.
 
+mod bed;
 mod fleet;
 mod flood;
 mod forward;

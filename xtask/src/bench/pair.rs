@@ -22,8 +22,9 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::{
+    bed::Bed,
     peers::{median, parse_ping_rtts_us},
-    run::{Ctx, have, in_ns, output_text, sh, user_start_rtts_us},
+    run::{Ctx, have, in_ns, output_text, user_start_rtts_us},
     table::{Row, row},
 };
 
@@ -36,63 +37,27 @@ const PORT: &str = "5061";
 /// What `rtprobe reflect` prints once it answers.
 const READY_LINE: &str = "rtprobe reflect: answering ";
 
-/// Two namespaces joined by a veth pair, named after this process;
-/// deleted (the veth with them) when dropped.
-struct Pair {
-    a: String,
-    b: String,
-}
-
-impl Pair {
-    fn new() -> Result<Pair> {
-        let tag = format!("xbp{}", std::process::id());
-        let p = Pair {
-            a: format!("{tag}a"),
-            b: format!("{tag}b"),
-        };
-        let (va, vb) = (format!("{tag}va"), format!("{tag}vb"));
-        let sh = |cmd: String| sh(&cmd);
-        sh(format!("ip netns add {}", p.a))?;
-        sh(format!("ip netns add {}", p.b))?;
-        sh(format!(
-            "ip link add {va} netns {} type veth peer name {vb} netns {}",
-            p.a, p.b
-        ))?;
-        for (ns, dev, ip) in [(&p.a, &va, A_IP), (&p.b, &vb, B_IP)] {
-            sh(format!(
-                "ip -n {ns} addr add {ip}/24 dev {dev} && ip -n {ns} link set {dev} up \
-                 && ip -n {ns} link set lo up"
-            ))?;
-        }
-        // What `rtprobe reflect --kernel` asks of a veth's peer.
-        sh(format!(
-            "ip netns exec {a} ethtool -K {va} gro off && ip netns exec {a} ethtool -K {va} gro on \
-             && ip netns exec {a} ethtool -K {va} tx off >/dev/null",
-            a = p.a
-        ))?;
-        // The veth drops what is sent until its carrier is seen (up to 1 s).
-        sh(format!(
-            "for i in $(seq 50); do ip netns exec {} ping -c1 -W1 {B_IP} >/dev/null 2>&1 && exit 0; \
-             sleep 0.1; done; echo '{B_IP} unreachable' >&2; exit 1",
-            p.a
-        ))?;
-        Ok(p)
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
+/// The pair section's bed: A and B over IPv4, A's veth prepared as
+/// `rtprobe reflect --kernel` asks of a veth's peer.
+fn pair_bed(ctx: &Ctx) -> Result<Bed> {
+    Bed::new(
+        ctx,
+        "bench-pair",
+        &[
+            "--a-addr",
+            &format!("{A_IP}/24"),
+            "--b-addr",
+            &format!("{B_IP}/24"),
+            "--xdp-peer",
+        ],
+    )
 }
 
 /// `rtprobe reflect --kernel` in namespace B; SIGTERM when dropped.
 struct KernelReflector(Child);
 
 impl KernelReflector {
-    fn start(ctx: &Ctx, p: &Pair) -> Result<Self> {
+    fn start(ctx: &Ctx, p: &Bed) -> Result<Self> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &p.b])
             .arg(&ctx.bin)
@@ -274,7 +239,7 @@ impl Series {
     }
 }
 
-fn rtprobe_round(ctx: &Ctx, p: &Pair, name: &str, n: &str, s: Sender) -> Result<Round> {
+fn rtprobe_round(ctx: &Ctx, p: &Bed, name: &str, n: &str, s: Sender) -> Result<Round> {
     let (csv, json) = (
         ctx.out.join(format!("{name}.csv")),
         ctx.out.join(format!("{name}.json")),
@@ -313,7 +278,7 @@ fn rtprobe_round(ctx: &Ctx, p: &Pair, name: &str, n: &str, s: Sender) -> Result<
     })
 }
 
-fn ping_round(ctx: &Ctx, p: &Pair, name: &str, n: &str) -> Result<Round> {
+fn ping_round(ctx: &Ctx, p: &Bed, name: &str, n: &str) -> Result<Round> {
     let mut c = chrt(ctx, &p.a, "ping");
     c.args(["-n", "-i", "0.001", "-s", "64", "-W", "1", "-c", n, B_IP]);
     let t = output_text(c, "ping")?;
@@ -326,7 +291,7 @@ fn ping_round(ctx: &Ctx, p: &Pair, name: &str, n: &str) -> Result<Round> {
 }
 
 /// The floor with `flags`; also what it sent by.
-fn floor_round(ctx: &Ctx, p: &Pair, exe: &str, n: &str, flags: &[&str]) -> Result<(Round, String)> {
+fn floor_round(ctx: &Ctx, p: &Bed, exe: &str, n: &str, flags: &[&str]) -> Result<(Round, String)> {
     let mut c = chrt(ctx, &p.a, exe);
     c.args(["--target", &format!("{B_IP}:{PORT}"), "--count", n])
         .args(flags);
@@ -360,7 +325,7 @@ fn chrt(ctx: &Ctx, ns: &str, prog: &str) -> Command {
 /// One sender's run in round `round`.
 fn run_sender(
     ctx: &Ctx,
-    p: &Pair,
+    p: &Bed,
     s: Sender,
     round: usize,
     n: &str,
@@ -388,7 +353,7 @@ fn measure(ctx: &Ctx, quick: bool) -> Result<Vec<Series>> {
         bail!("ping is not installed (apt-get install iputils-ping)");
     }
     let floor = build_floor().map_err(|e| format!("{e:#}"));
-    let pair = Pair::new()?;
+    let pair = pair_bed(ctx)?;
     let _reflector = KernelReflector::start(ctx, &pair)?;
     let (rounds, n) = if quick { (3, "1000") } else { (5, "2000") };
     let mut series = vec![Series::default(); SENDERS.len()];
