@@ -3,7 +3,7 @@
 use thiserror::Error;
 
 #[derive(Debug, Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error(
         "rtprobe needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF) to build its testbed: run it with sudo"
     )]

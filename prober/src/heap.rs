@@ -12,7 +12,7 @@
 const ARENAS: i32 = 2;
 
 /// Caps the number of arenas. Call before any thread starts.
-pub fn limit_arenas() {
+pub(crate) fn limit_arenas() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets a glibc tunable; M_ARENA_MAX takes any
     // positive count. It is called before other threads exist.
@@ -22,7 +22,7 @@ pub fn limit_arenas() {
 }
 
 /// Returns the heap's free pages to the kernel.
-pub fn trim() {
+pub(crate) fn trim() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim takes no pointers and only madvises free chunks
     // inside glibc's own arenas; it is safe to call from any thread.

@@ -15,17 +15,17 @@ use std::{
 
 /// Largest scenario or bench-forward sweep file read: the shipped ones are
 /// a few KB, and the parser's memory grows with the text.
-pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// Largest STAMP key file read (HMAC-SHA-256 keys are 16..64 bytes).
-pub const MAX_KEY_BYTES: u64 = 4096;
+pub(crate) const MAX_KEY_BYTES: u64 = 4096;
 /// Largest testbed record read back by `rtprobe cleanup` (they are ~1 KB).
-pub const MAX_RECORD_BYTES: u64 = 256 * 1024;
+pub(crate) const MAX_RECORD_BYTES: u64 = 256 * 1024;
 /// Largest JSON report read whole (bench-forward reports are tens of KB).
-pub const MAX_REPORT_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_REPORT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why a file was not read.
 #[derive(Debug)]
-pub enum InputError {
+pub(crate) enum InputError {
     /// Opening or reading failed.
     Io {
         path: PathBuf,
@@ -102,7 +102,11 @@ impl std::error::Error for InputError {}
 /// Reads all of `path`, refusing more than `cap_bytes`. `what` names the
 /// kind of file in errors ("scenario file"). Memory used is at most the
 /// cap plus one byte, whatever the file is (a FIFO, /dev/zero).
-pub fn read_capped(path: &Path, what: &'static str, cap_bytes: u64) -> Result<Vec<u8>, InputError> {
+pub(crate) fn read_capped(
+    path: &Path,
+    what: &'static str,
+    cap_bytes: u64,
+) -> Result<Vec<u8>, InputError> {
     let io = |source| InputError::Io {
         path: path.to_path_buf(),
         what,
@@ -140,7 +144,11 @@ pub fn read_capped(path: &Path, what: &'static str, cap_bytes: u64) -> Result<Ve
 
 /// [`read_capped`], then the bytes as UTF-8 text; the error names the
 /// first byte that is not (offset and line).
-pub fn read_text(path: &Path, what: &'static str, cap_bytes: u64) -> Result<String, InputError> {
+pub(crate) fn read_text(
+    path: &Path,
+    what: &'static str,
+    cap_bytes: u64,
+) -> Result<String, InputError> {
     let bytes = read_capped(path, what, cap_bytes)?;
     String::from_utf8(bytes).map_err(|e| {
         let offset = e.utf8_error().valid_up_to();
@@ -157,12 +165,12 @@ pub fn read_text(path: &Path, what: &'static str, cap_bytes: u64) -> Result<Stri
 
 /// Longest line of a probe CSV read (rows are a few hundred bytes; the
 /// metadata line is capped at the same 64 KiB).
-pub const MAX_CSV_LINE_BYTES: u64 = 64 * 1024;
+pub(crate) const MAX_CSV_LINE_BYTES: u64 = 64 * 1024;
 
 /// A reader that fails (InvalidData) once a line runs longer than
 /// `max_line_bytes`, so a parser that buffers a line (the csv crate's
 /// record) stays bounded on a file with no newlines.
-pub struct LineCapped<R> {
+pub(crate) struct LineCapped<R> {
     inner: R,
     max_line_bytes: u64,
     line_bytes: u64,
@@ -170,7 +178,7 @@ pub struct LineCapped<R> {
 }
 
 impl<R> LineCapped<R> {
-    pub fn new(inner: R, max_line_bytes: u64) -> Self {
+    pub(crate) fn new(inner: R, max_line_bytes: u64) -> Self {
         Self {
             inner,
             max_line_bytes,

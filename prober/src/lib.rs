@@ -21,6 +21,8 @@
 //! unit-tested without root); `probe` talks to its own sockets and `app`
 //! to the terminal; everything else is pure.
 
+#![warn(unreachable_pub)]
+
 pub(crate) mod bench_forward;
 pub mod cli;
 pub(crate) mod ebpf;
@@ -29,7 +31,7 @@ pub mod export;
 pub(crate) mod heap;
 pub(crate) mod input;
 pub mod model;
-pub mod options;
+pub(crate) mod options;
 pub mod probe;
 pub mod scenario;
 pub mod stats;

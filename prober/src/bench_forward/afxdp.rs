@@ -36,8 +36,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 /// UMEM frames per socket and their size.
-pub const FRAMES: u32 = 4096;
-pub const FRAME_SIZE: u32 = 2048;
+pub(crate) const FRAMES: u32 = 4096;
+pub(crate) const FRAME_SIZE: u32 = 2048;
 /// Fill and completion rings hold every frame; RX and TX half of them.
 const FILL_SIZE: u32 = FRAMES;
 const COMP_SIZE: u32 = FRAMES;
@@ -47,17 +47,17 @@ const TX_SIZE: u32 = FRAMES / 2;
 const BATCH: u32 = 64;
 
 /// Entries the producer may still write. Indexes are free-running u32. Pure.
-pub fn free_entries(size: u32, producer: u32, consumer: u32) -> u32 {
+pub(crate) fn free_entries(size: u32, producer: u32, consumer: u32) -> u32 {
     size - producer.wrapping_sub(consumer)
 }
 
 /// Entries the consumer may read. Pure.
-pub fn ready_entries(producer: u32, consumer: u32) -> u32 {
+pub(crate) fn ready_entries(producer: u32, consumer: u32) -> u32 {
     producer.wrapping_sub(consumer)
 }
 
 /// The slot of an index in a ring of `size` (a power of two). Pure.
-pub fn slot(index: u32, size: u32) -> usize {
+pub(crate) fn slot(index: u32, size: u32) -> usize {
     (index & (size - 1)) as usize
 }
 
@@ -168,7 +168,7 @@ impl<T> Drop for Ring<T> {
 }
 
 /// One AF_XDP socket bound to one queue, with its UMEM and rings.
-pub struct Xsk {
+pub(crate) struct Xsk {
     fill: Ring<u64>,
     comp: Ring<u64>,
     rx: Ring<libc::xdp_desc>,
@@ -323,7 +323,7 @@ fn bind_queue(fd: BorrowedFd<'_>, ifindex: u32, queue: u32) -> Result<()> {
 impl Xsk {
     /// Creates a socket bound to queue `queue` of `ifindex` (in the calling
     /// thread's network namespace), in copy mode, its fill ring full.
-    pub fn bind(ifindex: u32, queue: u32) -> Result<Self> {
+    pub(crate) fn bind(ifindex: u32, queue: u32) -> Result<Self> {
         let fd = open_xdp_socket()?;
         let umem_len = (FRAMES * FRAME_SIZE) as usize;
         let umem = map_umem(umem_len)?;
@@ -362,7 +362,7 @@ impl Xsk {
         self.fill.submit(prod, n);
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
@@ -445,7 +445,7 @@ impl Xsk {
     }
 
     /// Bounces frames until `halt`, adding what it sent back to `forwarded`.
-    pub fn run(&self, halt: &AtomicBool, forwarded: &AtomicU64) -> Result<()> {
+    pub(crate) fn run(&self, halt: &AtomicBool, forwarded: &AtomicU64) -> Result<()> {
         while !halt.load(Ordering::Relaxed) {
             self.recycle();
             let n = self.bounce();
@@ -487,7 +487,7 @@ impl Drop for Xsk {
 /// One forwarding thread per queue, each with its socket; stopped and
 /// joined on drop (their sockets close with them, which also takes them
 /// out of the XSKMAP).
-pub struct Forwarders {
+pub(crate) struct Forwarders {
     halt: Arc<AtomicBool>,
     forwarded: Arc<AtomicU64>,
     threads: Vec<std::thread::JoinHandle<Result<()>>>,
@@ -504,7 +504,7 @@ impl Forwarders {
     /// SCHED_FIFO `rt_priority` if given, binds a socket to its queue of
     /// `ifindex` and forwards. `register` gets each (queue, socket) to put in
     /// the XSKMAP while the threads run.
-    pub fn start(
+    pub(crate) fn start(
         netns_path: &Path,
         ifindex: u32,
         queues: u32,
@@ -568,12 +568,12 @@ impl Forwarders {
     }
 
     /// Frames sent back so far.
-    pub fn forwarded(&self) -> u64 {
+    pub(crate) fn forwarded(&self) -> u64 {
         self.forwarded.load(Ordering::Relaxed)
     }
 
     /// Stops and joins the threads; the first error of one of them.
-    pub fn stop(mut self) -> Result<u64> {
+    pub(crate) fn stop(mut self) -> Result<u64> {
         self.halt.store(true, Ordering::Relaxed);
         let mut first = Ok(());
         for t in self.threads.drain(..) {

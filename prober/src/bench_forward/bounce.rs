@@ -49,11 +49,11 @@ use crate::{
 const LOAD_PORT: u16 = 9;
 /// Packet size of the bounce steps (the thesis's smallest, where the
 /// per-packet cost shows most).
-pub const BOUNCE_IP_SIZE: usize = 64;
+pub(crate) const BOUNCE_IP_SIZE: usize = 64;
 
 /// One flat-out step of the bounce device.
 #[derive(Debug, Clone, Serialize)]
-pub struct BounceStep {
+pub(crate) struct BounceStep {
     pub hook: BounceHook,
     /// RX/TX queues of the DUT's veth.
     pub queues: u32,
@@ -423,7 +423,7 @@ fn step(
 }
 
 /// Every hook at every queue count.
-pub fn run(
+pub(crate) fn run(
     plan: &Plan,
     sys: &SysRef,
     stop: &AtomicU8,
@@ -446,7 +446,7 @@ pub fn run(
     Ok(out)
 }
 
-pub fn table_header() -> String {
+pub(crate) fn table_header() -> String {
     format!(
         "{:<14}{:>7}{:>6}{:>11}{:>11}{:>11}{:>8}  {:<24}{:>12}  {}",
         "bounce hook",
@@ -463,7 +463,7 @@ pub fn table_header() -> String {
 }
 
 /// The name of a bounce hook in the table. Pure.
-pub fn hook_label(h: BounceHook) -> &'static str {
+pub(crate) fn hook_label(h: BounceHook) -> &'static str {
     match h {
         BounceHook::Skb => "xdp-skb",
         BounceHook::Native => "xdp-native",
@@ -472,7 +472,7 @@ pub fn hook_label(h: BounceHook) -> &'static str {
 }
 
 /// One table row. Pure.
-pub fn format_step(b: &BounceStep) -> String {
+pub(crate) fn format_step(b: &BounceStep) -> String {
     let per_q: Vec<String> = b
         .dut_cpu_pct_per_queue
         .iter()
@@ -499,7 +499,7 @@ pub fn format_step(b: &BounceStep) -> String {
 }
 
 /// The table with what it says about queue scaling. Pure.
-pub fn format_table(steps: &[BounceStep], cpus: usize) -> String {
+pub(crate) fn format_table(steps: &[BounceStep], cpus: usize) -> String {
     use std::fmt::Write as _;
     let mut o = format!(
         "bounce (MACs swapped; XDP_TX, or AF_XDP sockets in user space), {} B, generator on every CPU:\n{}\n",
@@ -556,7 +556,7 @@ pub fn format_table(steps: &[BounceStep], cpus: usize) -> String {
 
 /// The smallest queue count within 5 % of the best bounced rate: where
 /// adding queues stops helping. Pure.
-pub fn best_queue_count(rows: &[&BounceStep]) -> Option<u32> {
+pub(crate) fn best_queue_count(rows: &[&BounceStep]) -> Option<u32> {
     let top = rows.iter().map(|b| b.bounced_pps).fold(0.0, f64::max);
     if top <= 0.0 {
         return None;

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 /// One `cpuN` line of /proc/stat, in USER_HZ ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuTimes {
+pub(crate) struct CpuTimes {
     pub cpu: usize,
     pub user: u64,
     pub nice: u64,
@@ -33,7 +33,7 @@ impl CpuTimes {
 
 /// Per-core use between two samples, in percent of that core's time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct CoreUse {
+pub(crate) struct CoreUse {
     pub cpu: usize,
     /// Everything but idle and iowait.
     pub busy_pct: f64,
@@ -47,7 +47,7 @@ pub struct CoreUse {
 
 /// Parses the per-core lines (`cpu0`, `cpu1`, ...) of /proc/stat; the
 /// aggregate `cpu` line is skipped.
-pub fn parse_proc_stat(text: &str) -> Vec<CpuTimes> {
+pub(crate) fn parse_proc_stat(text: &str) -> Vec<CpuTimes> {
     text.lines()
         .filter_map(|l| {
             let mut it = l.split_whitespace();
@@ -72,7 +72,7 @@ pub fn parse_proc_stat(text: &str) -> Vec<CpuTimes> {
 
 /// Use per core between `before` and `after` (cores matched by number; a
 /// core missing from either sample is left out).
-pub fn core_use(before: &[CpuTimes], after: &[CpuTimes]) -> Vec<CoreUse> {
+pub(crate) fn core_use(before: &[CpuTimes], after: &[CpuTimes]) -> Vec<CoreUse> {
     after
         .iter()
         .filter_map(|a| {
@@ -101,7 +101,7 @@ pub fn core_use(before: &[CpuTimes], after: &[CpuTimes]) -> Vec<CoreUse> {
 /// utime + stime (clock ticks) from the text of /proc/PID/stat. The
 /// command name may hold spaces and parentheses, so fields are counted
 /// after its last ')'.
-pub fn parse_task_ticks(stat: &str) -> Option<u64> {
+pub(crate) fn parse_task_ticks(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state is field 3 of the full line, utime 14, stime 15.
@@ -113,13 +113,13 @@ pub fn parse_task_ticks(stat: &str) -> Option<u64> {
 /// CPU time a task (process or kernel thread) has used so far, in seconds.
 /// For a thread of this process this is the whole process's: use
 /// [`own_thread_cpu_secs`].
-pub fn task_cpu_secs(pid: i32) -> Option<f64> {
+pub(crate) fn task_cpu_secs(pid: i32) -> Option<f64> {
     stat_cpu_secs(&format!("/proc/{pid}/stat"))
 }
 
 /// CPU time one thread of this process has used so far, in seconds
 /// (/proc/self/task/TID/stat: /proc/TID/stat sums the whole thread group).
-pub fn own_thread_cpu_secs(tid: i32) -> Option<f64> {
+pub(crate) fn own_thread_cpu_secs(tid: i32) -> Option<f64> {
     stat_cpu_secs(&format!("/proc/self/task/{tid}/stat"))
 }
 
@@ -131,7 +131,7 @@ fn stat_cpu_secs(path: &str) -> Option<f64> {
 }
 
 /// CPU time of the calling thread so far, in seconds.
-pub fn thread_cpu_secs() -> f64 {
+pub(crate) fn thread_cpu_secs() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -141,13 +141,13 @@ pub fn thread_cpu_secs() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-pub fn sample() -> Result<Vec<CpuTimes>> {
+pub(crate) fn sample() -> Result<Vec<CpuTimes>> {
     let t = std::fs::read_to_string("/proc/stat").context("read /proc/stat")?;
     Ok(parse_proc_stat(&t))
 }
 
 /// Packets per second from a counter difference over `secs`.
-pub fn rate(before: u64, after: u64, secs: f64) -> f64 {
+pub(crate) fn rate(before: u64, after: u64, secs: f64) -> f64 {
     if secs <= 0.0 {
         return 0.0;
     }

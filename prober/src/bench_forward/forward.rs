@@ -35,16 +35,16 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use super::plan::Plan;
+pub(crate) use super::plan::Plan;
 use super::{
     bounce::BounceStep,
     perf::{self, PerfFigures},
 };
 use crate::{probe::STOP_NOW, sys::SysRef};
 use bed::{ModeBed, testbed_for};
-pub use report::{ForwardReport, Machine, StepResult};
+pub(crate) use report::{ForwardReport, Machine, StepResult};
 use step::{FullSpeed, run_probe, run_step};
-pub use text::{format_report, format_step, table_header, variant_label};
+pub(crate) use text::{format_report, format_step, table_header, variant_label};
 
 /// Port the load is sent to (discard): no socket listens there, so the
 /// receiver drops it right after the UDP lookup.
@@ -59,7 +59,7 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 }
 
 /// Runs the whole plan. `progress` gets each step as it finishes.
-pub fn run(
+pub(crate) fn run(
     plan: &Plan,
     sys: SysRef,
     stop: &AtomicU8,

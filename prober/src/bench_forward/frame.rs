@@ -3,16 +3,16 @@
 use std::net::Ipv4Addr;
 
 /// Ethernet + IPv4 + UDP header bytes.
-pub const ETH_LEN: usize = 14;
-pub const IP_LEN: usize = 20;
-pub const UDP_LEN: usize = 8;
+pub(crate) const ETH_LEN: usize = 14;
+pub(crate) const IP_LEN: usize = 20;
+pub(crate) const UDP_LEN: usize = 8;
 /// Smallest and largest IP packet the bench sends (1500 fills the MTU).
-pub const MIN_IP_SIZE: usize = IP_LEN + UDP_LEN + 18;
-pub const MAX_IP_SIZE: usize = 1500;
+pub(crate) const MIN_IP_SIZE: usize = IP_LEN + UDP_LEN + 18;
+pub(crate) const MAX_IP_SIZE: usize = 1500;
 
 /// Addresses of one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameSpec {
+pub(crate) struct FrameSpec {
     pub dst_mac: [u8; 6],
     pub src_mac: [u8; 6],
     pub src: Ipv4Addr,
@@ -24,7 +24,7 @@ pub struct FrameSpec {
 }
 
 /// The RFC 1071 ones' complement sum, folded and inverted.
-pub fn inet_checksum(data: &[u8]) -> u16 {
+pub(crate) fn inet_checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     for c in data.chunks(2) {
         let w = if c.len() == 2 {
@@ -42,7 +42,7 @@ pub fn inet_checksum(data: &[u8]) -> u16 {
 
 /// Builds the frame (without FCS). The UDP checksum is left 0 (allowed
 /// for IPv4), so only the IP header checksum has to be right.
-pub fn build(spec: &FrameSpec) -> Vec<u8> {
+pub(crate) fn build(spec: &FrameSpec) -> Vec<u8> {
     let ip_size = spec.ip_size.clamp(MIN_IP_SIZE, MAX_IP_SIZE);
     let mut f = vec![0u8; ETH_LEN + ip_size];
     f[0..6].copy_from_slice(&spec.dst_mac);

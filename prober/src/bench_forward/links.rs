@@ -13,7 +13,7 @@ use crate::sys::{self, Netns, Ns, Offload, Sys};
 
 /// Counters of one interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LinkCounters {
+pub(crate) struct LinkCounters {
     pub rx_packets: u64,
     pub tx_packets: u64,
     pub rx_dropped: u64,
@@ -21,7 +21,7 @@ pub struct LinkCounters {
 }
 
 impl LinkCounters {
-    pub fn since(&self, b: &LinkCounters) -> LinkCounters {
+    pub(crate) fn since(&self, b: &LinkCounters) -> LinkCounters {
         LinkCounters {
             rx_packets: self.rx_packets.saturating_sub(b.rx_packets),
             tx_packets: self.tx_packets.saturating_sub(b.tx_packets),
@@ -42,7 +42,11 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
 }
 
 /// Counters and MAC address of `ifname` in `ns`.
-pub fn link_state(sys: &dyn Sys, ns: &Netns, ifname: &str) -> Result<(LinkCounters, [u8; 6])> {
+pub(crate) fn link_state(
+    sys: &dyn Sys,
+    ns: &Netns,
+    ifname: &str,
+) -> Result<(LinkCounters, [u8; 6])> {
     let ns = Ns::Named(ns.name());
     let stat = |name: &str| -> Result<u64> {
         let v = sys.sysfs_read(ns, &sys::netdev_attr(ifname, &format!("statistics/{name}")))?;
@@ -61,7 +65,7 @@ pub fn link_state(sys: &dyn Sys, ns: &Netns, ifname: &str) -> Result<(LinkCounte
 }
 
 /// Switches GRO on or off on `ifname` in `ns`.
-pub fn set_gro(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> {
+pub(crate) fn set_gro(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> {
     sys.set_offload(Ns::Named(ns.name()), ifname, Offload::Gro, on)
         .with_context(|| format!("GRO {} on {ifname}", if on { "on" } else { "off" }))
 }
@@ -69,7 +73,7 @@ pub fn set_gro(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> 
 /// Pids of the kernel threads polling `ifname` (threaded NAPI names them
 /// `napi/IFNAME-ID`). Interface names repeat across namespaces, so callers
 /// compare the list before and after switching threaded NAPI on.
-pub fn napi_threads(ifname: &str) -> Vec<i32> {
+pub(crate) fn napi_threads(ifname: &str) -> Vec<i32> {
     let prefix = format!("napi/{ifname}-");
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -84,14 +88,14 @@ pub fn napi_threads(ifname: &str) -> Vec<i32> {
 }
 
 /// Makes thread `tid` (0 = the caller) SCHED_FIFO at `prio`.
-pub fn set_fifo(tid: i32, prio: u8) -> Result<()> {
+pub(crate) fn set_fifo(tid: i32, prio: u8) -> Result<()> {
     crate::sys::rt::set_fifo(tid, prio)
         .with_context(|| format!("SCHED_FIFO {prio} for thread {tid}"))
 }
 
 /// Turns threaded NAPI on or off for `ifname` in `ns` (written in the
 /// namespace's own sysfs view, which lists its devices).
-pub fn set_threaded_napi(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> {
+pub(crate) fn set_threaded_napi(sys: &dyn Sys, ns: &Netns, ifname: &str, on: bool) -> Result<()> {
     if ifname.contains('/') {
         bail!("bad interface name {ifname}");
     }

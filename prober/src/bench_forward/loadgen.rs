@@ -34,7 +34,7 @@ use super::xdp::BenchProgram;
 
 /// A loaded live-frame generator for one egress interface. Create it and
 /// run it on a thread inside the egress interface's namespace.
-pub struct XdpLiveGen {
+pub(crate) struct XdpLiveGen {
     prog: BenchProgram,
     frame: Vec<u8>,
 }
@@ -42,7 +42,7 @@ pub struct XdpLiveGen {
 impl XdpLiveGen {
     /// Loads the program that redirects to `ifindex` (in the calling
     /// thread's namespace) a random `keep` share (0..=1) of the frames.
-    pub fn load(ifindex: u32, frame: Vec<u8>, keep: f64) -> Result<Self> {
+    pub(crate) fn load(ifindex: u32, frame: Vec<u8>, keep: f64) -> Result<Self> {
         let prog = BenchProgram::loadgen(ifindex, &frame, keep)
             .context("loading the XDP load-generator program")?;
         Ok(Self { prog, frame })
@@ -51,7 +51,7 @@ impl XdpLiveGen {
     /// Runs the program on `n` copies of the frame (what is kept is
     /// redirected to the egress veth). Returns `n`, or 0 if a signal
     /// interrupted the call.
-    pub fn inject(&self, n: u32) -> Result<u32> {
+    pub(crate) fn inject(&self, n: u32) -> Result<u32> {
         // Live mode reports no return value; whether the frames went out
         // shows in the interface counters.
         Ok(if self.prog.run_live(&self.frame, n)? {
@@ -64,7 +64,7 @@ impl XdpLiveGen {
 
 /// How fast a generator offers load.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Offered {
+pub(crate) enum Offered {
     /// As fast as it can.
     Max,
     /// About this many packets per second.
@@ -74,7 +74,7 @@ pub enum Offered {
 /// A paced XDP load: the rate to keep and the first guess of the share
 /// of program runs that achieves it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LiveTarget {
+pub(crate) struct LiveTarget {
     pub pps: f64,
     pub keep: f64,
 }
@@ -87,7 +87,7 @@ pub struct LiveTarget {
 /// counter) and corrects the kept share, reloading the program: dropping
 /// a frame is cheaper than sending it, so runs per second depend on the
 /// share. Returns how many frames the program ran on.
-pub fn run_live(
+pub(crate) fn run_live(
     ifindex: u32,
     frame: &[u8],
     target: Option<LiveTarget>,
@@ -129,7 +129,7 @@ pub fn run_live(
 
 /// The kept share for the next call: scaled by how far the last call was
 /// from the target rate. Pure.
-pub fn corrected_keep(keep: f64, target_pps: f64, achieved_pps: f64) -> f64 {
+pub(crate) fn corrected_keep(keep: f64, target_pps: f64, achieved_pps: f64) -> f64 {
     if achieved_pps <= 0.0 {
         return (keep * 2.0).min(1.0);
     }
@@ -138,13 +138,13 @@ pub fn corrected_keep(keep: f64, target_pps: f64, achieved_pps: f64) -> f64 {
 
 /// The repeat count of the next live-frame call at `per_sec` runs per
 /// second with `left_secs` of the step left. Pure.
-pub fn next_repeat(per_sec: f64, left_secs: f64, call_secs: f64) -> u32 {
+pub(crate) fn next_repeat(per_sec: f64, left_secs: f64, call_secs: f64) -> u32 {
     (per_sec * left_secs.min(call_secs).max(0.0)).clamp(1024.0, f64::from(1u32 << 26)) as u32
 }
 
 /// How many packets to send now, `sent` packets and `elapsed` into a run at
 /// `rate`: None when ahead of the schedule. At most `chunk`.
-pub fn due_now(rate: Offered, elapsed: Duration, sent: u64, chunk: u32) -> Option<u32> {
+pub(crate) fn due_now(rate: Offered, elapsed: Duration, sent: u64, chunk: u32) -> Option<u32> {
     match rate {
         Offered::Max => Some(chunk),
         Offered::Pps(pps) => {
@@ -157,7 +157,7 @@ pub fn due_now(rate: Offered, elapsed: Duration, sent: u64, chunk: u32) -> Optio
 
 /// Runs `send(n) -> sent` until `stop` or `duration`, keeping to `rate`.
 /// `chunk` is the most packets per call. Adds what was sent to `count`.
-pub fn pace_load(
+pub(crate) fn pace_load(
     rate: Offered,
     duration: Duration,
     chunk: u32,
@@ -187,7 +187,7 @@ pub fn pace_load(
 
 /// A UDP socket generator: `sendmmsg` of `batch` datagrams with `payload`
 /// bytes each to `dst`. Create it inside the sender namespace.
-pub struct SocketGen {
+pub(crate) struct SocketGen {
     fd: OwnedFd,
     bufs: Vec<Vec<u8>>,
     iovs: Vec<libc::iovec>,
@@ -201,7 +201,7 @@ pub struct SocketGen {
 unsafe impl Send for SocketGen {}
 
 impl SocketGen {
-    pub fn new(dst: SocketAddrV4, payload: usize, batch: usize) -> Result<Self> {
+    pub(crate) fn new(dst: SocketAddrV4, payload: usize, batch: usize) -> Result<Self> {
         let s = std::net::UdpSocket::bind("0.0.0.0:0").context("bind the load socket")?;
         s.connect(dst)
             .with_context(|| format!("connect the load socket to {dst}"))?;
@@ -228,7 +228,7 @@ impl SocketGen {
     }
 
     /// Sends up to `n` datagrams (at most the batch) in one sendmmsg.
-    pub fn send(&mut self, n: u32) -> Result<u32> {
+    pub(crate) fn send(&mut self, n: u32) -> Result<u32> {
         let n = (n as usize).min(self.hdrs.len());
         // SAFETY: the headers point into our own buffers.
         let r = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, 0) };

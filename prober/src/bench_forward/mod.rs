@@ -4,15 +4,15 @@
 //! `rtprobe testbed` that keeps a testbed up for other tools is
 //! `app::testbed`.
 
-pub mod afxdp;
-pub mod bounce;
-pub mod cpu;
-pub mod forward;
-pub mod frame;
-pub mod kinds;
-pub mod links;
-pub mod loadgen;
-pub mod perf;
-pub mod plan;
-pub mod sink;
-pub mod xdp;
+pub(crate) mod afxdp;
+pub(crate) mod bounce;
+pub(crate) mod cpu;
+pub(crate) mod forward;
+pub(crate) mod frame;
+pub(crate) mod kinds;
+pub(crate) mod links;
+pub(crate) mod loadgen;
+pub(crate) mod perf;
+pub(crate) mod plan;
+pub(crate) mod sink;
+pub(crate) mod xdp;

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::sys::process;
 
 /// Where perf is looked for.
-pub const PERF: &str = "perf";
+pub(crate) const PERF: &str = "perf";
 
 const EVENTS: [&str; 7] = [
     "task-clock",
@@ -29,7 +29,7 @@ const EVENTS: [&str; 7] = [
 
 /// What one `perf stat` counted; None: not countable on this machine.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct PerfFigures {
+pub(crate) struct PerfFigures {
     /// CPU time of the counted threads, in ms.
     pub task_clock_ms: Option<f64>,
     pub cycles: Option<u64>,
@@ -42,19 +42,19 @@ pub struct PerfFigures {
 
 impl PerfFigures {
     /// Instructions per cycle.
-    pub fn ipc(&self) -> Option<f64> {
+    pub(crate) fn ipc(&self) -> Option<f64> {
         ratio(self.instructions?, self.cycles?)
     }
     /// Branch misses in percent of branches.
-    pub fn branch_miss_pct(&self) -> Option<f64> {
+    pub(crate) fn branch_miss_pct(&self) -> Option<f64> {
         Some(100.0 * ratio(self.branch_misses?, self.branches?)?)
     }
     /// L1 data-cache load misses in percent of loads.
-    pub fn l1d_miss_pct(&self) -> Option<f64> {
+    pub(crate) fn l1d_miss_pct(&self) -> Option<f64> {
         Some(100.0 * ratio(self.l1d_load_misses?, self.l1d_loads?)?)
     }
     /// Whether any hardware counter was counted.
-    pub fn has_hardware_counters(&self) -> bool {
+    pub(crate) fn has_hardware_counters(&self) -> bool {
         self.cycles.is_some() || self.instructions.is_some()
     }
 }
@@ -65,7 +65,7 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
 
 /// Parses `perf stat -x,` output (stderr): `value,unit,event,...` per line.
 /// Pure.
-pub fn parse(text: &str) -> PerfFigures {
+pub(crate) fn parse(text: &str) -> PerfFigures {
     let mut f = PerfFigures::default();
     for line in text.lines() {
         let cols: Vec<&str> = line.split(',').collect();
@@ -91,7 +91,7 @@ pub fn parse(text: &str) -> PerfFigures {
 }
 
 /// The arguments of one `perf stat` run. Pure.
-pub fn args(tids: &[i32], duration: Duration) -> Vec<String> {
+pub(crate) fn args(tids: &[i32], duration: Duration) -> Vec<String> {
     let mut a: Vec<String> = vec!["stat".into(), "-x,".into(), "-e".into(), EVENTS.join(",")];
     if tids.is_empty() {
         a.push("-a".into());
@@ -113,7 +113,7 @@ pub fn args(tids: &[i32], duration: Duration) -> Vec<String> {
 }
 
 /// Whether perf can run at all here; the reason when not.
-pub fn available() -> Result<(), String> {
+pub(crate) fn available() -> Result<(), String> {
     match process::output(PERF, &["--version"]) {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(format!(
@@ -127,7 +127,7 @@ pub fn available() -> Result<(), String> {
 }
 
 /// Counts `tids` (all CPUs if empty) for `duration`; blocks that long.
-pub fn stat(tids: &[i32], duration: Duration) -> Result<PerfFigures> {
+pub(crate) fn stat(tids: &[i32], duration: Duration) -> Result<PerfFigures> {
     let a = args(tids, duration);
     let o = process::output(PERF, &a).with_context(|| format!("running {PERF} {}", a.join(" ")))?;
     if !o.status.success() {
@@ -142,7 +142,7 @@ pub fn stat(tids: &[i32], duration: Duration) -> Result<PerfFigures> {
 
 /// A figure with `digits` decimals, or "-" when unknown (a counter the
 /// machine cannot count, a rate with no time to divide by).
-pub fn opt(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 

@@ -10,7 +10,7 @@ use super::kinds::{BounceHook, ForwardMode, Generator, Sink};
 /// One run of the router hop: a mode, and for the router's work variant
 /// the memory accesses per packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variant {
+pub(crate) struct Variant {
     pub mode: ForwardMode,
     pub work: Option<u32>,
 }
@@ -18,7 +18,7 @@ pub struct Variant {
 /// What `bench-forward` runs: its options with every default `--help`
 /// states filled in, validated.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The modes, then each skb/native mode once per `--work` value.
     pub variants: Vec<Variant>,
     pub bounce: Vec<BounceHook>,

@@ -18,13 +18,13 @@ use crate::sys::{Netns, SysRef};
 /// The sink attached to one interface; dropping it detaches it (the BPF
 /// link goes with the program).
 #[derive(Debug)]
-pub struct Sink {
+pub(crate) struct Sink {
     _prog: BenchProgram,
 }
 
 impl Sink {
     /// Attaches the sink for UDP `port` to `ifname` in `ns`, in native mode.
-    pub fn attach(sys: SysRef, ns: &Netns, ifname: &str, port: u16) -> Result<Self> {
+    pub(crate) fn attach(sys: SysRef, ns: &Netns, ifname: &str, port: u16) -> Result<Self> {
         let mut prog = BenchProgram::sink(port)?;
         prog.attach(sys, ns, ifname, Hook::Native)
             .with_context(|| format!("attach the load sink to {ifname} (native XDP)"))?;

@@ -41,7 +41,7 @@ const LIVE_BATCH: u32 = 64;
 
 /// How a program is attached (the bench's own modes; `auto` is not used).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hook {
+pub(crate) enum Hook {
     /// Generic XDP, after the kernel built an skb.
     Skb,
     /// Driver XDP.
@@ -58,7 +58,7 @@ impl Hook {
 }
 
 /// One loaded program of a bench object (with the object's maps).
-pub struct BenchProgram {
+pub(crate) struct BenchProgram {
     prog: XdpProg,
     /// Where it is attached, and the kernel layer that detaches it.
     links: Vec<(SysRef, XdpLink)>,
@@ -150,7 +150,7 @@ impl BenchProgram {
     /// The load generator: redirects to `ifindex` (in the namespace of the
     /// thread that runs it) a `keep` share (0..=1) of the runs, restoring
     /// the first [`BENCH_HEADER_LEN`] bytes of `frame` each time.
-    pub fn loadgen(ifindex: u32, frame: &[u8], keep: f64) -> Result<Self> {
+    pub(crate) fn loadgen(ifindex: u32, frame: &[u8], keep: f64) -> Result<Self> {
         let header: &[u8; BENCH_HEADER_LEN] = frame
             .get(..BENCH_HEADER_LEN)
             .and_then(|h| h.try_into().ok())
@@ -167,7 +167,7 @@ impl BenchProgram {
     }
 
     /// The receiver's sink: drops IPv4 UDP to `port`, passes the rest.
-    pub fn sink(port: u16) -> Result<Self> {
+    pub(crate) fn sink(port: u16) -> Result<Self> {
         load(
             bench_object(),
             names::SINK_PROGRAM,
@@ -177,7 +177,7 @@ impl BenchProgram {
 
     /// The XDP thesis's baseline: swap MACs, XDP_TX, after `work` memory
     /// accesses per frame.
-    pub fn bounce(work: u32) -> Result<Self> {
+    pub(crate) fn bounce(work: u32) -> Result<Self> {
         check_work(work)?;
         load(
             bench_object(),
@@ -187,13 +187,13 @@ impl BenchProgram {
     }
 
     /// Redirects every frame to the AF_XDP socket of its receive queue.
-    pub fn xsk() -> Result<Self> {
+    pub(crate) fn xsk() -> Result<Self> {
         load(bench_object(), names::XSK_PROGRAM, &[])
     }
 
     /// The router with `work` memory accesses per frame before its usual
     /// work (`xdp_router_work`, in the router's object).
-    pub fn router_work(work: u32) -> Result<Self> {
+    pub(crate) fn router_work(work: u32) -> Result<Self> {
         check_work(work)?;
         load(
             crate::ebpf::router_object(),
@@ -204,7 +204,13 @@ impl BenchProgram {
 
     /// Attaches the program to `ifname` in `ns` through `sys`, which
     /// detaches it when the program drops.
-    pub fn attach(&mut self, sys: SysRef, ns: &Netns, ifname: &str, hook: Hook) -> Result<()> {
+    pub(crate) fn attach(
+        &mut self,
+        sys: SysRef,
+        ns: &Netns,
+        ifname: &str,
+        hook: Hook,
+    ) -> Result<()> {
         let name = self.prog.name;
         let link = sys
             .xdp_attach(ns.into(), ifname, &self.prog, hook.flags())
@@ -215,7 +221,7 @@ impl BenchProgram {
 
     /// Lets the router's work variant redirect out of `ifname` (in `ns`,
     /// where the kernel resolves the ifindex of a DEVMAP entry).
-    pub fn add_egress(&mut self, sys: &dyn Sys, ns: &Netns, ifname: &str) -> Result<()> {
+    pub(crate) fn add_egress(&mut self, sys: &dyn Sys, ns: &Netns, ifname: &str) -> Result<()> {
         sys.devmap_insert(ns.into(), &self.prog.obj, EGRESS_MAP, ifname)
             .map(drop)
             .context("updating the egress map")
@@ -223,7 +229,7 @@ impl BenchProgram {
 
     /// Runs the program on `repeat` live copies of `frame`: what it
     /// redirects is transmitted. Returns false if a signal interrupted it.
-    pub fn run_live(&self, frame: &[u8], repeat: u32) -> Result<bool> {
+    pub(crate) fn run_live(&self, frame: &[u8], repeat: u32) -> Result<bool> {
         let name = self.prog.name;
         let r = self.prog.obj.with_shared(|ebpf| {
             let prog: &Xdp = ebpf
@@ -254,7 +260,7 @@ impl BenchProgram {
 
     /// Frames the program handled (summed over CPUs): sent by the
     /// generator, dropped by the sink, bounced, handed to a socket.
-    pub fn handled(&self) -> Result<u64> {
+    pub(crate) fn handled(&self) -> Result<u64> {
         let c = self.prog.obj.with_shared(|ebpf| {
             crate::ebpf::read_counters(ebpf, names::COUNTERS_MAP, [(0, "handled")])
         })?;
@@ -262,7 +268,7 @@ impl BenchProgram {
     }
 
     /// The router's per-outcome counters (work variant only).
-    pub fn router_counters(&self) -> Result<XdpCounters> {
+    pub(crate) fn router_counters(&self) -> Result<XdpCounters> {
         self.prog.obj.with_shared(|ebpf| {
             crate::ebpf::read_counters(
                 ebpf,
@@ -274,7 +280,7 @@ impl BenchProgram {
 
     /// Puts the AF_XDP socket `fd` (bound to receive queue `queue`) in
     /// `bench_xsk`'s XSKMAP, so that queue's frames go to it.
-    pub fn set_xsk(&mut self, queue: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
+    pub(crate) fn set_xsk(&mut self, queue: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
         if queue >= names::XSKS_MAX_ENTRIES {
             bail!(
                 "queue {queue} is above the XSKMAP's {} entries",
@@ -299,7 +305,7 @@ fn check_work(work: u32) -> Result<()> {
 }
 
 /// The share of runs the generator keeps, in 1/2^32 (u32::MAX: all). Pure.
-pub fn keep_share(keep: f64) -> u32 {
+pub(crate) fn keep_share(keep: f64) -> u32 {
     if keep >= 1.0 {
         u32::MAX
     } else {

@@ -21,7 +21,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Turns the programs' rare-path log on for programs loaded from now on.
-pub fn enable(on: bool) {
+pub(crate) fn enable(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 

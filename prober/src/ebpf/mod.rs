@@ -23,9 +23,9 @@
 //! - setrlimit(RLIMIT_MEMLOCK): kernels before 5.11 charge BPF memory to it.
 
 pub(crate) mod host;
-pub mod klog;
-pub mod mode;
-pub mod reflector;
+pub(crate) mod klog;
+pub(crate) mod mode;
+pub(crate) mod reflector;
 mod setup;
 
 #[cfg(test)]
@@ -53,10 +53,10 @@ use crate::{
     sys::{BpfObject, Ns, Sys, SysRef, XdpAttachError, XdpFlags, XdpLink, XdpProg},
 };
 
-pub use mode::{ReflectorKind, XdpAction, XdpMode};
-pub use reflector::Reflector;
+pub(crate) use mode::{ReflectorKind, XdpAction, XdpMode};
+pub(crate) use reflector::Reflector;
 pub(crate) use setup::{KernelLoader, Loader, attach_for_testbed_with};
-pub use setup::{XdpSetup, attach_for_testbed};
+pub(crate) use setup::{XdpSetup, attach_for_testbed};
 
 /// The XDP router object, built by `build.rs` (aya-build) for
 /// bpfel-unknown-none and embedded so that rtprobe is a single binary.
@@ -67,7 +67,7 @@ pub(crate) fn router_object() -> &'static [u8] {
 /// The mode the kernel attached an XDP program in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum AttachedMode {
+pub(crate) enum AttachedMode {
     /// Generic XDP (XDP_FLAGS_SKB_MODE), after the kernel built an skb.
     Skb,
     /// Driver XDP (XDP_FLAGS_DRV_MODE), in the driver's receive path.
@@ -75,7 +75,7 @@ pub enum AttachedMode {
 }
 
 impl AttachedMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             AttachedMode::Skb => "skb",
             AttachedMode::Native => "native",
@@ -100,7 +100,7 @@ impl fmt::Display for AttachedMode {
 /// redirect into a veth needs GRO (or an XDP program) on that veth's peer,
 /// and UDP from local sockets needs TX checksum offload off on the sending
 /// veth: see [`XdpSetup`].
-pub struct Router {
+pub(crate) struct Router {
     sys: SysRef,
     prog: XdpProg,
     pass_only: bool,
@@ -126,7 +126,7 @@ impl Router {
     /// Loads the router into the kernel (not attached anywhere yet), to
     /// be attached through `sys`. `pass_only` makes it a pure XDP_PASS
     /// program that still counts.
-    pub fn load(sys: SysRef, pass_only: bool) -> Result<Self> {
+    pub(crate) fn load(sys: SysRef, pass_only: bool) -> Result<Self> {
         let on = klog::global() != 0;
         let sink: Option<Box<dyn log::Log>> = on.then(|| Box::new(log::logger()) as _);
         Self::load_logging_to(sys, pass_only, on, sink)
@@ -202,7 +202,7 @@ impl Router {
     }
 
     #[cfg(test)]
-    pub fn pass_only(&self) -> bool {
+    pub(crate) fn pass_only(&self) -> bool {
         self.pass_only
     }
 
@@ -211,7 +211,7 @@ impl Router {
     /// reports. `auto` passes no mode flag (native where the driver can,
     /// else generic); if the driver refuses native, it falls back to skb
     /// and says so in the log. `off` is the caller's business.
-    pub fn attach<'a>(
+    pub(crate) fn attach<'a>(
         &mut self,
         ns: impl Into<Ns<'a>>,
         ifname: &str,
@@ -280,7 +280,7 @@ impl Router {
     /// attaching to it. `attach` does this for the interfaces it attaches
     /// to. Returns the interface's ifindex.
     #[cfg(test)]
-    pub fn add_egress<'a>(&mut self, ns: impl Into<Ns<'a>>, ifname: &str) -> Result<u32> {
+    pub(crate) fn add_egress<'a>(&mut self, ns: impl Into<Ns<'a>>, ifname: &str) -> Result<u32> {
         let ns = ns.into();
         let ns_key = ns.label();
         self.check_one_namespace(&ns_key)?;
@@ -307,7 +307,7 @@ impl Router {
 
     /// Names of the interfaces the router is attached to, with their namespace.
     #[cfg(test)]
-    pub fn attached_to(&self) -> Vec<(String, String)> {
+    pub(crate) fn attached_to(&self) -> Vec<(String, String)> {
         self.attachments
             .iter()
             .map(|a| (a.ns().label(), a.dev.clone()))
@@ -317,7 +317,7 @@ impl Router {
     /// Packets and bytes per outcome, summed over CPUs: IPv4 (and not-IP)
     /// outcomes under their names, IPv6 ones prefixed `ipv6_`. Every
     /// outcome is present, zero or not.
-    pub fn counters(&self) -> Result<XdpCounters> {
+    pub(crate) fn counters(&self) -> Result<XdpCounters> {
         self.prog.obj.with(|ebpf| {
             let mut all = read_counters(
                 ebpf,
@@ -336,7 +336,7 @@ impl Router {
     /// Detaches the router from every interface, each inside its own
     /// namespace, and empties the egress map. Tries them all and reports
     /// the first failure.
-    pub fn detach_all(&mut self) -> Result<()> {
+    pub(crate) fn detach_all(&mut self) -> Result<()> {
         let sys = self.sys.clone();
         let mut first_err = None;
         for a in self.attachments.drain(..) {
@@ -377,7 +377,7 @@ impl Drop for Router {
 /// only rtprobe's), or None if no XDP program is attached. If programs are
 /// attached in both modes, native is reported.
 #[cfg(test)]
-pub fn attached_mode<'a>(
+pub(crate) fn attached_mode<'a>(
     sys: &dyn Sys,
     ns: impl Into<Ns<'a>>,
     ifname: &str,

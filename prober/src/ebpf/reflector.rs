@@ -53,7 +53,7 @@ use super::{
     AttachedMode, attach_error, attach_flags, detach_checked, explain_load_error,
     explain_program_error, raise_memlock_limit, read_back, read_counters, router_object,
 };
-pub use crate::probe::reflect::RateLimits;
+pub(crate) use crate::probe::reflect::RateLimits;
 use crate::{
     ebpf::XdpMode,
     probe::{
@@ -77,14 +77,14 @@ fn gcra(rate_pps: Option<u32>) -> Gcra {
 
 /// What the reflector answers for: one interface's MAC and addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub mac: [u8; 6],
     pub addrs: Vec<crate::sys::Addr>,
 }
 
 impl Identity {
     /// `ifname`'s MAC (sysfs) and addresses (rtnetlink) in `ns`.
-    pub fn read(sys: &dyn Sys, ns: Ns, ifname: &str) -> Result<Self> {
+    pub(crate) fn read(sys: &dyn Sys, ns: Ns, ifname: &str) -> Result<Self> {
         let text = sys
             .sysfs_read(ns, &crate::sys::netdev_attr(ifname, "address"))
             .with_context(|| format!("reading the MAC of {ifname}"))?;
@@ -100,7 +100,7 @@ impl Identity {
     /// own, and for IPv4 subnets wider than /31 the broadcast and network
     /// address (both broadcasts to hosts of old) as never a source. An own
     /// address wins over a broadcast that happens to equal it.
-    pub fn entries(&self) -> BTreeMap<AddrKey, AddrKind> {
+    pub(crate) fn entries(&self) -> BTreeMap<AddrKey, AddrKind> {
         let mut out = BTreeMap::new();
         for a in &self.addrs {
             if let IpAddr::V4(v4) = a.addr
@@ -241,7 +241,7 @@ fn describe(id: &Identity) -> String {
 /// The reflector's clock parameters as the kernel states them now: the
 /// TAI offset from `adjtimex(2)` (CLOCK_TAI = CLOCK_REALTIME + tai, whole
 /// seconds, exact) and the STAMP error estimate of this clock.
-pub fn current_clock() -> ReflectorClock {
+pub(crate) fn current_clock() -> ReflectorClock {
     let sync = ClockSync::read_kernel().ok();
     let tai_s = sync.as_ref().map_or(0, |s| s.tai_offset_s);
     let ee = sync
@@ -257,7 +257,7 @@ pub fn current_clock() -> ReflectorClock {
 }
 
 /// The loaded in-kernel reflector.
-pub struct Reflector {
+pub(crate) struct Reflector {
     sys: SysRef,
     prog: XdpProg,
     attached: Option<XdpLink>,
@@ -365,7 +365,7 @@ impl Reflector {
     /// `reply_ifindex` non-zero by a redirect to that interface (the one it
     /// is attached to: what a veth needs, see [`super::XdpSetup`]). It
     /// answers nothing until [`Self::attach`] tells it its interface.
-    pub fn load(
+    pub(crate) fn load(
         sys: SysRef,
         probe_port: u16,
         stamp_port: u16,
@@ -437,7 +437,7 @@ impl Reflector {
 
     /// Attaches to `ifname` in `ns` in `mode` (native, skb or auto) and
     /// returns the mode the kernel reports.
-    pub fn attach<'a>(
+    pub(crate) fn attach<'a>(
         &mut self,
         ns: impl Into<Ns<'a>>,
         ifname: &str,
@@ -500,7 +500,7 @@ impl Reflector {
     }
 
     /// Packets and bytes per outcome, summed over CPUs, every outcome present.
-    pub fn counters(&self) -> Result<XdpCounters> {
+    pub(crate) fn counters(&self) -> Result<XdpCounters> {
         self.prog.obj.with(|ebpf| {
             read_counters(
                 ebpf,
@@ -511,7 +511,7 @@ impl Reflector {
     }
 
     /// Detaches from the interface (inside its namespace), if attached.
-    pub fn detach(&mut self) -> Result<()> {
+    pub(crate) fn detach(&mut self) -> Result<()> {
         let Some(a) = self.attached.take() else {
             return Ok(());
         };

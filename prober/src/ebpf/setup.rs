@@ -195,7 +195,7 @@ impl Offloads {
 }
 
 /// The router as attached to one testbed.
-pub struct XdpSetup {
+pub(crate) struct XdpSetup {
     /// One router per namespace it is attached in (ifindexes are per namespace).
     routers: Vec<Router>,
     /// Mode per attached interface, in attach order.
@@ -238,7 +238,7 @@ impl XdpSetup {
     /// without a rate limit: only the testbed's own sender reaches it, at
     /// whatever rate the run (a bench) asks for. Fails when another XDP
     /// program holds the interface (the router in NIC-pair mode).
-    pub fn attach_reflector_ports(
+    pub(crate) fn attach_reflector_ports(
         &mut self,
         tb: &Testbed,
         port: u16,
@@ -295,7 +295,7 @@ impl XdpSetup {
     /// with the router native, generic or off. The peer is the testbed's
     /// router; a veth without one (a NIC pair made of a veth pair) is not
     /// prepared, so it is not trusted.
-    pub fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
+    pub(crate) fn reflector_replies_get_through(&self, tb: &Testbed) -> bool {
         Layout::of(tb).is_ok_and(|l| self.replies_get_through(&l))
     }
 
@@ -304,12 +304,12 @@ impl XdpSetup {
     }
 
     /// The in-kernel reflector's counters, if it is attached.
-    pub fn reflector_counters(&self) -> Option<Result<XdpCounters>> {
+    pub(crate) fn reflector_counters(&self) -> Option<Result<XdpCounters>> {
         self.reflector.as_ref().map(|(r, _)| r.counters())
     }
 
     /// "none", "skb", "native", or "mixed (if1 native, if2 skb)".
-    pub fn attached_mode_name(&self) -> String {
+    pub(crate) fn attached_mode_name(&self) -> String {
         let Some((_, first)) = self.modes.first() else {
             return "none".into();
         };
@@ -321,7 +321,7 @@ impl XdpSetup {
     }
 
     /// Counters summed over every router of the testbed.
-    pub fn counters(&self) -> Result<XdpCounters> {
+    pub(crate) fn counters(&self) -> Result<XdpCounters> {
         let mut total = XdpCounters::new();
         for r in &self.routers {
             for (k, v) in r.counters()? {
@@ -334,7 +334,7 @@ impl XdpSetup {
     }
 
     /// Detaches every router and restores every offload changed, reporting the first failure.
-    pub fn detach(mut self) -> Result<()> {
+    pub(crate) fn detach(mut self) -> Result<()> {
         self.undo()
     }
 
@@ -368,7 +368,11 @@ impl Drop for XdpSetup {
 /// Loads and attaches the router for `tb`: on the router's two interfaces
 /// in the veth testbed, on both NICs in NIC-pair mode (where the kernel
 /// delivers locally and the router passes).
-pub fn attach_for_testbed(tb: &Testbed, mode: XdpMode, action: XdpAction) -> Result<XdpSetup> {
+pub(crate) fn attach_for_testbed(
+    tb: &Testbed,
+    mode: XdpMode,
+    action: XdpAction,
+) -> Result<XdpSetup> {
     let mut loader = KernelLoader(tb.sys_ref());
     attach_for_testbed_with(tb, mode, action, &mut loader)
 }

@@ -13,7 +13,7 @@ use std::{
 /// A file that was not replaced: what went wrong, and that the target
 /// was left as it was.
 #[derive(Debug)]
-pub struct NotWritten {
+pub(crate) struct NotWritten {
     pub path: PathBuf,
     pub source: std::io::Error,
     /// Whether a file was at `path` before (it still is, unchanged).
@@ -21,13 +21,13 @@ pub struct NotWritten {
 }
 
 impl NotWritten {
-    pub fn disk_full(&self) -> bool {
+    pub(crate) fn disk_full(&self) -> bool {
         is_disk_full(&self.source)
     }
 }
 
 /// ENOSPC and EDQUOT: nothing more fits, whatever the file.
-pub fn is_disk_full(e: &std::io::Error) -> bool {
+pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
@@ -51,7 +51,7 @@ impl std::error::Error for NotWritten {}
 
 /// Replaces `path` with `bytes`, or leaves it untouched and removes the
 /// temporary file.
-pub fn write(path: &Path, bytes: &[u8]) -> Result<(), NotWritten> {
+pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), NotWritten> {
     let kept_previous = path.exists();
     let fail = |source| NotWritten {
         path: path.to_path_buf(),

@@ -35,7 +35,7 @@ use crate::{
 const MAX_SUMMARY_BYTES: u64 = 256 << 20;
 
 /// The percentiles compared.
-pub const PERCENTILES: [f64; 3] = [0.5, 0.99, 0.999];
+pub(crate) const PERCENTILES: [f64; 3] = [0.5, 0.99, 0.999];
 
 /// Which latency column is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -65,7 +65,7 @@ impl CompareMetric {
 
 /// How a comparison is made.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub metric: CompareMetric,
     pub resamples: usize,
     /// Most values kept per run.
@@ -88,7 +88,7 @@ impl Default for Settings {
 
 /// One run's sample.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunSample {
+pub(crate) struct RunSample {
     /// The CSV read.
     pub csv: PathBuf,
     /// Rows of the main flow with a value in the metric's column.
@@ -110,7 +110,7 @@ fn is_json(arg: &Path) -> bool {
 /// The host a run's JSON summary names (`extra.host`): the argument
 /// itself, or the `.json` of the same stem next to a CSV. None when there
 /// is no such summary or it names no host (written before rtprobe did).
-pub fn host_of(arg: &Path) -> Option<HostFacts> {
+pub(crate) fn host_of(arg: &Path) -> Option<HostFacts> {
     let json = if is_json(arg) {
         arg.to_path_buf()
     } else {
@@ -123,7 +123,7 @@ pub fn host_of(arg: &Path) -> Option<HostFacts> {
 
 /// The CSV an argument stands for: itself, or for a `.json` summary the
 /// `.csv` of the same stem next to it.
-pub fn csv_for(arg: &Path) -> Result<PathBuf> {
+pub(crate) fn csv_for(arg: &Path) -> Result<PathBuf> {
     if !is_json(arg) {
         return Ok(arg.to_path_buf());
     }
@@ -146,7 +146,7 @@ pub fn csv_for(arg: &Path) -> Result<PathBuf> {
 /// Streams one rtprobe CSV into a reservoir sample of the metric's column,
 /// main flow (0) only. The `# rtprobe-meta` line and other `#` lines are
 /// skipped; a cut-short last line (a killed run) is left out.
-pub fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
+pub(crate) fn read_sample(arg: &Path, s: &Settings) -> Result<RunSample> {
     let csv = csv_for(arg)?;
     let name = csv.display().to_string();
     if csv.is_dir() {
@@ -262,7 +262,7 @@ fn metric_column(header: &csv::ByteRecord, name: &str, metric: CompareMetric) ->
 
 /// One other run against the baseline.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunComparison {
+pub(crate) struct RunComparison {
     #[serde(flatten)]
     pub run: RunSample,
     /// The host facts in which this run's host differs from the
@@ -273,7 +273,7 @@ pub struct RunComparison {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct PercentileChange {
+pub(crate) struct PercentileChange {
     /// "p50", "p99", "p99.9".
     pub name: String,
     #[serde(flatten)]
@@ -284,7 +284,7 @@ pub struct PercentileChange {
 
 /// Everything `compare` found, as written by `--json`.
 #[derive(Debug, Clone, Serialize)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     pub metric: CompareMetric,
     pub confidence: f64,
     pub resamples: usize,
@@ -294,13 +294,13 @@ pub struct Comparison {
     pub runs: Vec<RunComparison>,
 }
 
-pub fn percentile_name(p: f64) -> String {
+pub(crate) fn percentile_name(p: f64) -> String {
     format!("p{}", format_number(p * 100.0))
 }
 
 /// "p99 lower by 41 µs, 95 % CI 35-47 µs", or "p50: no significant change
 /// (+0.3 µs, 95 % CI -1.2 to 1.8 µs)".
-pub fn verdict(name: &str, d: &QuantileDiff, confidence: f64) -> String {
+pub(crate) fn verdict(name: &str, d: &QuantileDiff, confidence: f64) -> String {
     let conf = format_number(confidence * 100.0);
     let (lo, hi) = (d.ci_low_ns, d.ci_high_ns);
     if !d.significant() {
@@ -348,7 +348,7 @@ fn signed(ns: f64) -> String {
 }
 
 /// Compares each of `others` with `base`.
-pub fn compare(base: &Path, others: &[PathBuf], s: &Settings) -> Result<Comparison> {
+pub(crate) fn compare(base: &Path, others: &[PathBuf], s: &Settings) -> Result<Comparison> {
     // Open every file before the slow part, so a typo fails at once.
     for p in std::iter::once(base).chain(others.iter().map(PathBuf::as_path)) {
         let csv = csv_for(p)?;
@@ -438,7 +438,7 @@ fn host_line(baseline: &RunSample, r: &RunComparison) -> Option<String> {
 }
 
 /// The text `compare` prints: per other run a table and the verdicts.
-pub fn render(c: &Comparison) -> String {
+pub(crate) fn render(c: &Comparison) -> String {
     let mut o = String::new();
     let conf = format_number(c.confidence * 100.0);
     let _ = writeln!(

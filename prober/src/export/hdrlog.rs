@@ -33,8 +33,8 @@ use hdrhistogram::{
 };
 
 /// The tags rtprobe writes.
-pub const TAG_ONE_WAY: &str = "one-way";
-pub const TAG_RTT: &str = "rtt";
+pub(crate) const TAG_ONE_WAY: &str = "one-way";
+pub(crate) const TAG_RTT: &str = "rtt";
 
 struct Entry {
     tag: &'static str,
@@ -45,7 +45,7 @@ struct Entry {
 }
 
 /// An interval log being written.
-pub struct HdrLog {
+pub(crate) struct HdrLog {
     path: PathBuf,
     tx: Option<mpsc::SyncSender<Entry>>,
     thread: Option<JoinHandle<()>>,
@@ -59,7 +59,7 @@ const QUEUE: usize = 64;
 
 impl HdrLog {
     /// Creates the log at `path`, its StartTime and BaseTime `start`.
-    pub fn create(path: &Path, start: SystemTime, comment: &str) -> Result<Self> {
+    pub(crate) fn create(path: &Path, start: SystemTime, comment: &str) -> Result<Self> {
         let file = File::create(path).with_context(|| {
             format!(
                 "--hdr-log: cannot create {}: check the directory exists and is writable",
@@ -100,7 +100,7 @@ impl HdrLog {
     }
 
     /// Queues one interval's histogram. Errors once the writer failed.
-    pub fn write(
+    pub(crate) fn write(
         &mut self,
         tag: &'static str,
         start: Duration,
@@ -142,7 +142,7 @@ impl HdrLog {
     }
 
     /// Writes what is queued and closes the file.
-    pub fn finish(mut self) -> Result<()> {
+    pub(crate) fn finish(mut self) -> Result<()> {
         self.close();
         match self.failure() {
             Some(e) => Err(anyhow!(e)),

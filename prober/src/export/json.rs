@@ -5,12 +5,15 @@ use std::path::Path;
 
 use crate::stats::Summary;
 
-pub fn write_summary(path: &Path, summary: &Summary) -> Result<(), super::atomic::NotWritten> {
+pub(crate) fn write_summary(
+    path: &Path,
+    summary: &Summary,
+) -> Result<(), super::atomic::NotWritten> {
     write_value(path, summary)
 }
 
 /// Any serializable report, pretty-printed with a final newline.
-pub fn write_value<T: serde::Serialize + ?Sized>(
+pub(crate) fn write_value<T: serde::Serialize + ?Sized>(
     path: &Path,
     value: &T,
 ) -> Result<(), super::atomic::NotWritten> {

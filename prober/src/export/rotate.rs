@@ -12,13 +12,13 @@ use crate::export::plan::{Rotate, Rotation};
 
 /// The rotated family of one output path.
 #[derive(Debug, Clone)]
-pub struct Rotated {
+pub(crate) struct Rotated {
     path: PathBuf,
     rotation: Rotation,
 }
 
 impl Rotated {
-    pub fn new(path: &Path, rotation: Rotation) -> Self {
+    pub(crate) fn new(path: &Path, rotation: Rotation) -> Self {
         Self {
             path: path.to_path_buf(),
             rotation,
@@ -26,7 +26,7 @@ impl Rotated {
     }
 
     /// `out.csv.N`.
-    pub fn sibling(&self, n: u32) -> PathBuf {
+    pub(crate) fn sibling(&self, n: u32) -> PathBuf {
         let mut s = self.path.clone().into_os_string();
         s.push(format!(".{n}"));
         PathBuf::from(s)
@@ -35,7 +35,7 @@ impl Rotated {
     /// Whether a file that has `bytes` (and would grow by `next` bytes) and
     /// is `age` old must be rotated before the next write. A file always
     /// holds at least one row, so a huge row cannot rotate forever.
-    pub fn due(&self, bytes: u64, next: u64, rows: u64, age: Duration) -> bool {
+    pub(crate) fn due(&self, bytes: u64, next: u64, rows: u64, age: Duration) -> bool {
         rows > 0
             && match self.rotation.when {
                 Rotate::Bytes(max) => bytes + next > max,
@@ -46,7 +46,7 @@ impl Rotated {
     /// Removes `out.csv.1`, `out.csv.2`... left by an earlier run, which a
     /// new run would otherwise mix with its own (the earlier `out.csv` is
     /// truncated by the new run all the same).
-    pub fn clear_earlier_run(&self) -> io::Result<()> {
+    pub(crate) fn clear_earlier_run(&self) -> io::Result<()> {
         for n in 1.. {
             match std::fs::remove_file(self.sibling(n)) {
                 Ok(()) => {}
@@ -60,7 +60,7 @@ impl Rotated {
     /// Shifts the family by one: `out.csv.(N-1)` replaces `out.csv.N` (the
     /// oldest goes), ..., `out.csv` becomes `out.csv.1`. The caller then
     /// creates a new `out.csv`.
-    pub fn shift(&self) -> io::Result<()> {
+    pub(crate) fn shift(&self) -> io::Result<()> {
         for n in (1..self.rotation.keep).rev() {
             match std::fs::rename(self.sibling(n), self.sibling(n + 1)) {
                 Ok(()) => {}

@@ -148,7 +148,7 @@ fn protocol_words(r: &ReflectorReport, ipv6: bool) -> String {
     w
 }
 
-pub fn format_summary(s: &Summary, m: &RunMeta) -> String {
+pub(crate) fn format_summary(s: &Summary, m: &RunMeta) -> String {
     let mut o = String::new();
     run_lines(&mut o, s, m);
     count_lines(&mut o, s, m);
@@ -625,7 +625,7 @@ fn start_words(start: &str) -> &'static str {
 
 /// A fetch load's times in one line: "12 fetches of 100KiB: 0.512 ± 0.101 s,
 /// p50 0.490, p90 0.700, p99 0.800, max 0.810 s, 0 failed".
-pub fn fetch_line(t: &FetchTimes) -> String {
+pub(crate) fn fetch_line(t: &FetchTimes) -> String {
     let s3 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.3}"));
     format!(
         "{} fetches of {}: {} ± {} s, p50 {}, p90 {}, p99 {}, max {} s, {} failed",

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// What a cpuidle driver or governor is called when the kernel has none
 /// (no /sys/devices/system/cpu/cpuidle: idle CPUs halt, or a VM's idle
 /// vCPUs exit to the hypervisor, with no polling state first).
-pub const NO_CPUIDLE: &str = "none";
+pub(crate) const NO_CPUIDLE: &str = "none";
 
 /// The host's facts, the JSON's `extra.host`. Unknown is null, never a
 /// guess.

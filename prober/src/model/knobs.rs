@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// `status` of a knob that is in effect.
-pub const APPLIED: &str = "applied";
+pub(crate) const APPLIED: &str = "applied";
 
 /// One entry per knob applied, plus where the bottleneck is, how the sender
 /// paced, and what was asked for but skipped or unsupported.
@@ -96,7 +96,7 @@ impl AppliedKnobs {
 /// Reads the knobs of a CSV's metadata line leniently: knobs written in
 /// another shape (an older or foreign file) read as none rather than
 /// losing the whole line.
-pub fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<AppliedKnobs, D::Error> {
+pub(crate) fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<AppliedKnobs, D::Error> {
     let v = serde_json::Value::deserialize(d)?;
     Ok(serde_json::from_value(v).unwrap_or_default())
 }

@@ -4,8 +4,8 @@
 //! Imports nothing from the crate (the observer of a running session and
 //! the run's outcome need statistics: they live in `stats`).
 
-pub mod host;
-pub mod knobs;
+pub(crate) mod host;
+pub(crate) mod knobs;
 pub mod meta;
 pub mod record;
 pub(crate) mod units;

@@ -13,13 +13,13 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 /// 1970, which end in 2262, so "now + duration" must stay below that; a
 /// century is beyond any run and any interval. (humantime's year is 365.25
 /// days, so "100years" is exactly this.)
-pub const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
 
 /// The one duration parser of every option, on the command line and in
 /// scenario files: "100us", "1.5ms", "10s", "2h 30min" (humantime's units).
 /// Negative, malformed and over-[`MAX_DURATION`] values are one-line
 /// errors; zero is the caller's to refuse where it makes no sense.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s.trim()).map_err(|e| match e {
         humantime::DurationError::NumberOverflow => {
             format!("duration {s:?} is too large: at most 100 years")
@@ -33,7 +33,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A byte written 192, 0xC0 or 0b11000000 (the TOS of probes and filters).
-pub fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
     let t = s.trim();
     let r = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         u8::from_str_radix(h, 16)
@@ -47,7 +47,7 @@ pub fn parse_u8_maybe_hex(s: &str) -> Result<u8, String> {
 
 /// `fmt_duration`, or humantime's exact form where that would round, so
 /// what is written reads back as the same duration.
-pub fn fmt_duration_exact(d: Duration) -> String {
+pub(crate) fn fmt_duration_exact(d: Duration) -> String {
     let s = fmt_duration(d);
     if parse_duration(&s) == Ok(d) {
         s
@@ -57,7 +57,7 @@ pub fn fmt_duration_exact(d: Duration) -> String {
 }
 
 /// Shortest humane form of a duration (`1ms`, `1.5ms`, `100us`, `2s`).
-pub fn fmt_duration(d: Duration) -> String {
+pub(crate) fn fmt_duration(d: Duration) -> String {
     let ns = d.as_nanos();
     if ns == 0 {
         return "0s".into();
@@ -77,33 +77,38 @@ pub fn fmt_duration(d: Duration) -> String {
 }
 
 /// A number without trailing zeros: 1.5, 100, 0.25.
-pub fn fmt_num(v: f64) -> String {
+pub(crate) fn fmt_num(v: f64) -> String {
     let s = format!("{v:.6}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     s.to_string()
 }
 
 /// serde for `Duration` fields written as humane strings.
-pub mod humane_duration {
+pub(crate) mod humane_duration {
     use super::*;
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         parse_duration(&s).map_err(de::Error::custom)
     }
 
     /// The same for `Option<Duration>`.
-    pub mod option {
+    pub(crate) mod option {
         use super::*;
 
-        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        pub(crate) fn serialize<S: Serializer>(
+            d: &Option<Duration>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
             match d {
                 Some(d) => s.serialize_str(&fmt_duration_exact(*d)),
                 None => s.serialize_none(),
             }
         }
 
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
             let s = String::deserialize(d)?;
             parse_duration(&s).map(Some).map_err(de::Error::custom)
         }
@@ -112,7 +117,7 @@ pub mod humane_duration {
 
 /// The unit latencies are shown in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
+pub(crate) enum Unit {
     Ns,
     Us,
     Ms,
@@ -124,7 +129,7 @@ impl Unit {
     /// number below 10000: ns below 10 µs, µs below 10 ms, ms below 10 s,
     /// then s. Latency bodies of tens of µs with a tail of a few ms thus
     /// stay in µs (50 .. 2000 µs) rather than turning into 0.05 ms.
-    pub fn for_max(max_abs_ns: f64) -> Unit {
+    pub(crate) fn for_max(max_abs_ns: f64) -> Unit {
         let m = max_abs_ns.abs();
         if m < 1e4 {
             Unit::Ns
@@ -137,7 +142,7 @@ impl Unit {
         }
     }
 
-    pub fn ns_per_unit(self) -> f64 {
+    pub(crate) fn ns_per_unit(self) -> f64 {
         match self {
             Unit::Ns => 1.0,
             Unit::Us => 1e3,
@@ -146,7 +151,7 @@ impl Unit {
         }
     }
 
-    pub fn symbol(self) -> &'static str {
+    pub(crate) fn symbol(self) -> &'static str {
         match self {
             Unit::Ns => "ns",
             Unit::Us => "µs",
@@ -158,7 +163,7 @@ impl Unit {
 
 /// Compact number: up to three decimals, trailing zeros dropped, and no
 /// decimals at all from 100 up (latency labels, not accounting).
-pub fn format_number(v: f64) -> String {
+pub(crate) fn format_number(v: f64) -> String {
     if !v.is_finite() {
         return v.to_string();
     }
@@ -181,14 +186,14 @@ pub fn format_number(v: f64) -> String {
 /// "812 ns", "5.743 µs", "64 µs", "1.5 ms", "109 ms", "10 s". Titles,
 /// legends and every latency a person reads (the run summary, report.md)
 /// use it; files for programs keep nanoseconds.
-pub fn format_duration_ns(ns: f64) -> String {
+pub(crate) fn format_duration_ns(ns: f64) -> String {
     let (number, unit) = split_duration_ns(ns);
     format!("{number} {}", unit.symbol())
 }
 
 /// [`format_duration_ns`] as number and unit, for tables that align the
 /// unit in a column of its own.
-pub fn split_duration_ns(ns: f64) -> (String, Unit) {
+pub(crate) fn split_duration_ns(ns: f64) -> (String, Unit) {
     let mut unit = if ns.abs() < 1e3 {
         Unit::Ns
     } else if ns.abs() < 1e6 {

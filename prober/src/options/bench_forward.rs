@@ -13,7 +13,7 @@ use std::{path::Path, path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-pub use crate::bench_forward::plan::{Plan, Variant};
+pub(crate) use crate::bench_forward::plan::{Plan, Variant};
 use crate::{
     bench_forward::{
         frame::MAX_IP_SIZE,
@@ -174,7 +174,7 @@ impl Plan {
     /// Fills in the defaults of what `a` leaves unset and validates. `a`
     /// is the command line with its `--config` file already under it
     /// ([`BenchForwardArgs::with_config_file`]).
-    pub fn from_args(a: &BenchForwardArgs) -> Result<Self> {
+    pub(crate) fn from_args(a: &BenchForwardArgs) -> Result<Self> {
         use ForwardMode::{Native, NativePass, Off, Skb};
         let modes = a
             .modes

@@ -11,7 +11,7 @@ use std::{fmt, net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::SpecError;
-pub use crate::export::plan::{
+pub(crate) use crate::export::plan::{
     ContinuousPlan, DEFAULT_METRICS_BUCKETS, MetricsBuckets, MetricsSeries, Rotate, Rotation,
 };
 

@@ -31,7 +31,7 @@
 //! is read).
 
 pub(crate) mod bench_forward;
-pub mod continuous;
+pub(crate) mod continuous;
 pub(crate) mod flows;
 pub(crate) mod inventory;
 pub(crate) mod knobs;
@@ -40,16 +40,16 @@ pub(crate) mod output;
 pub(crate) mod pacing;
 pub(crate) mod plan;
 pub(crate) mod probe;
-pub mod remote;
+pub(crate) mod remote;
 pub(crate) mod targets;
 pub(crate) mod values;
 pub(crate) mod xdp;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-pub use crate::tune::KnobSpec;
+pub(crate) use crate::tune::KnobSpec;
 
-pub use self::{
+pub(crate) use self::{
     flows::{FlowSpec, FlowsSpec},
     knobs::KnobArgs,
     output::OutputSpec,

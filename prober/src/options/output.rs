@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[command(next_help_heading = "Output")]
 #[serde(deny_unknown_fields)]
-pub struct OutputSpec {
+pub(crate) struct OutputSpec {
     /// Per-probe CSV, streamed as the run goes [default: out.csv].
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -17,17 +17,17 @@ use super::{
     remote::ProtocolArg,
 };
 
-pub use crate::probe::wire::{MAX_PAYLOAD_1500, MAX_PAYLOAD_1500_IPV6};
+pub(crate) use crate::probe::wire::{MAX_PAYLOAD_1500, MAX_PAYLOAD_1500_IPV6};
 /// Default probe count when neither count nor duration is given.
 pub const DEFAULT_COUNT: u64 = 1000;
 /// Most extra flows next to the main one.
-pub const MAX_EXTRA_FLOWS: usize = 8;
-pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
-pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
-pub const DEFAULT_SIZE: usize = 64;
-pub const DEFAULT_PORT: u16 = 5061;
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1);
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const MAX_EXTRA_FLOWS: usize = 8;
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_micros(1);
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_SIZE: usize = 64;
+pub(crate) const DEFAULT_PORT: u16 = 5061;
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(1);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Everything one probe run needs.
 #[derive(Debug, Clone)]
@@ -92,11 +92,11 @@ impl fmt::Display for SpecError {
 impl std::error::Error for SpecError {}
 
 /// Longest interface name Linux takes: IFNAMSIZ (16) less the NUL.
-pub const MAX_IFNAME_BYTES: usize = 15;
+pub(crate) const MAX_IFNAME_BYTES: usize = 15;
 
 /// Why the kernel would refuse `name` as an interface name (its
 /// `dev_valid_name`), said before anything is built; None if it is valid.
-pub fn bad_interface_name(name: &str) -> Option<String> {
+pub(crate) fn bad_interface_name(name: &str) -> Option<String> {
     let shown = name.escape_debug();
     if name.is_empty() {
         return Some("is empty: name an existing interface (see `ip link`)".into());
@@ -124,7 +124,7 @@ pub fn bad_interface_name(name: &str) -> Option<String> {
 /// The merged specs of one run -> its plan. No system access except
 /// reading whether real-time throttling is on (busy-poll with
 /// rt-priority); output paths are checked by [`check_output_paths`].
-pub fn validate(
+pub(crate) fn validate(
     run: &RunSpec,
     knobs: &KnobSpec,
     out: &OutputSpec,
@@ -574,7 +574,7 @@ fn flow_config(f: &FlowSpec, main: &ProbeConfig, flow: u8) -> Result<ProbeConfig
 }
 
 /// `dir/out.csv` + "queue.csv" -> `dir/out-queue.csv`.
-pub fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
+pub(crate) fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -584,13 +584,13 @@ pub fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
 
 /// Whether the kernel caps real-time tasks' CPU share (read by
 /// [`crate::sys::host::rt_throttling_on`]).
-pub fn rt_throttling_on() -> bool {
+pub(crate) fn rt_throttling_on() -> bool {
     crate::sys::host::rt_throttling_on()
 }
 
 /// The command line's output files: not a directory, in a directory that
 /// exists. (A scenario makes its output folder itself.)
-pub fn check_output_paths(o: &RunOptions) -> Result<(), SpecError> {
+pub(crate) fn check_output_paths(o: &RunOptions) -> Result<(), SpecError> {
     check_out_path(&o.out, "out")?;
     if let Some(j) = &o.json {
         check_out_path(j, "json")?;

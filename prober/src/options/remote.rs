@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Result, bail};
 
-pub use crate::probe::wire::ProtocolArg;
+pub(crate) use crate::probe::wire::ProtocolArg;
 pub(crate) use crate::probe::{
     remote::resolve,
     wire::{RTPROBE_PORT, STAMP_PORT},

@@ -47,7 +47,7 @@ const MAX_LABEL_VALUE_BYTES: usize = 256;
 
 /// One target, every field decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TargetSpec {
+pub(crate) struct TargetSpec {
     /// Unique within the run: the CSV's `target` cell, the metrics' `target` label.
     pub name: String,
     /// Its address; for a host name the unspecified address with the port

@@ -18,18 +18,18 @@ fn now_ns(clock: libc::clockid_t) -> i64 {
 
 /// Now on CLOCK_REALTIME, in ns.
 #[inline]
-pub fn realtime_ns() -> i64 {
+pub(crate) fn realtime_ns() -> i64 {
     now_ns(libc::CLOCK_REALTIME)
 }
 
 /// Now on CLOCK_MONOTONIC, in ns.
 #[inline]
-pub fn monotonic_ns() -> i64 {
+pub(crate) fn monotonic_ns() -> i64 {
     now_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// CPU time the calling thread has used, in ns.
-pub fn thread_cpu_ns() -> i64 {
+pub(crate) fn thread_cpu_ns() -> i64 {
     now_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
@@ -50,12 +50,12 @@ fn sleep_until_on(clock: libc::clockid_t, t_ns: i64) {
 
 /// Sleeps until the absolute CLOCK_MONOTONIC time `t_ns` (no drift: the
 /// schedule is absolute, not a chain of relative sleeps).
-pub fn sleep_until_monotonic(t_ns: i64) {
+pub(crate) fn sleep_until_monotonic(t_ns: i64) {
     sleep_until_on(libc::CLOCK_MONOTONIC, t_ns)
 }
 
 /// The clocks the pacer reads and sleeps on; a fake in tests.
-pub trait PaceClock {
+pub(crate) trait PaceClock {
     fn monotonic_ns(&self) -> i64;
     fn realtime_ns(&self) -> i64;
     /// Sleeps until the absolute CLOCK_MONOTONIC time `t_ns`.
@@ -64,7 +64,7 @@ pub trait PaceClock {
 
 /// The system's clocks.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl PaceClock for SystemClock {
     #[inline]
@@ -83,14 +83,14 @@ impl PaceClock for SystemClock {
 /// An offset change larger than this between two measurements is counted
 /// as a step of the wall clock; anything smaller is NTP slewing (at most
 /// 500 ppm, 50 µs per 100 ms) or the measurement's own noise.
-pub const STEP_NS: i64 = 1_000_000;
+pub(crate) const STEP_NS: i64 = 1_000_000;
 
 /// Puts CLOCK_MONOTONIC times on CLOCK_REALTIME: realtime = monotonic +
 /// offset, the offset measured at the start and again every `every_ns` of
 /// monotonic time, so a step of the wall clock shows in the stamps within
 /// that period while the schedule itself never sees it.
 #[derive(Debug, Clone)]
-pub struct RealtimeMap {
+pub(crate) struct RealtimeMap {
     offset_ns: i64,
     measured_at_ns: i64,
     every_ns: i64,
@@ -98,7 +98,7 @@ pub struct RealtimeMap {
 }
 
 impl RealtimeMap {
-    pub fn new(c: &impl PaceClock, every_ns: i64) -> Self {
+    pub(crate) fn new(c: &impl PaceClock, every_ns: i64) -> Self {
         let (offset_ns, measured_at_ns) = Self::measure(c);
         Self {
             offset_ns,
@@ -128,13 +128,13 @@ impl RealtimeMap {
 
     /// The CLOCK_REALTIME time of the CLOCK_MONOTONIC time `mono_ns`.
     #[inline]
-    pub fn to_realtime(&self, mono_ns: i64) -> i64 {
+    pub(crate) fn to_realtime(&self, mono_ns: i64) -> i64 {
         mono_ns + self.offset_ns
     }
 
     /// Re-measures the offset if `every_ns` has passed since the last
     /// measurement (`now_ns` is monotonic). Returns whether it was due.
-    pub fn refresh(&mut self, c: &impl PaceClock, now_ns: i64) -> bool {
+    pub(crate) fn refresh(&mut self, c: &impl PaceClock, now_ns: i64) -> bool {
         if now_ns - self.measured_at_ns < self.every_ns {
             return false;
         }
@@ -148,18 +148,18 @@ impl RealtimeMap {
     }
 
     #[cfg(test)]
-    pub fn offset_ns(&self) -> i64 {
+    pub(crate) fn offset_ns(&self) -> i64 {
         self.offset_ns
     }
 
     /// Steps of the wall clock seen so far (offset changes over [`STEP_NS`]).
-    pub fn steps(&self) -> u64 {
+    pub(crate) fn steps(&self) -> u64 {
         self.steps
     }
 }
 
 #[cfg(test)]
-pub mod fake {
+pub(crate) mod fake {
     use std::cell::Cell;
 
     use super::PaceClock;
@@ -168,7 +168,7 @@ pub mod fake {
     /// spin ends), sleeps return `wake_late_ns` after their target, and the
     /// wall clock is monotonic + `offset_ns`, which a test may step.
     #[derive(Debug)]
-    pub struct FakeClock {
+    pub(crate) struct FakeClock {
         pub mono: Cell<i64>,
         pub offset_ns: Cell<i64>,
         pub tick_ns: i64,
@@ -177,7 +177,7 @@ pub mod fake {
     }
 
     impl FakeClock {
-        pub fn new(start_ns: i64, offset_ns: i64, tick_ns: i64) -> Self {
+        pub(crate) fn new(start_ns: i64, offset_ns: i64, tick_ns: i64) -> Self {
             Self {
                 mono: Cell::new(start_ns),
                 offset_ns: Cell::new(offset_ns),
@@ -188,7 +188,7 @@ pub mod fake {
         }
 
         /// Steps the wall clock (monotonic time goes on as before).
-        pub fn step_realtime(&self, by_ns: i64) {
+        pub(crate) fn step_realtime(&self, by_ns: i64) {
             self.offset_ns.set(self.offset_ns.get() + by_ns);
         }
     }

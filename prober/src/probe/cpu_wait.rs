@@ -9,11 +9,11 @@
 
 use nix::{sched::sched_getaffinity, unistd::Pid};
 
-pub use crate::stats::CpuWaits;
+pub(crate) use crate::stats::CpuWaits;
 
 /// The counters at one moment, read on the thread they describe.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     at_ns: i64,
     run_delay_ns: Option<u64>,
     /// CPUs the thread may run on, and their steal ticks.
@@ -23,7 +23,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads the calling thread's counters.
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let cpus = allowed_cpus();
         let run_delay_ns = std::fs::read_to_string("/proc/thread-self/schedstat")
             .ok()
@@ -40,7 +40,7 @@ impl Snapshot {
     }
 
     /// The waits from `self` (earlier) to `later`.
-    pub fn since(&self, later: &Snapshot) -> CpuWaits {
+    pub(crate) fn since(&self, later: &Snapshot) -> CpuWaits {
         let tick_ns = 1_000_000_000 / clock_ticks_per_s();
         CpuWaits {
             over_ns: later.at_ns.saturating_sub(self.at_ns).max(0) as u64,
@@ -61,7 +61,7 @@ impl Snapshot {
 
 /// `run_delay` (ns), the second field of `/proc/<pid>/schedstat`:
 /// "on-CPU time, run-queue wait time, timeslices".
-pub fn parse_run_delay(text: &str) -> Option<u64> {
+pub(crate) fn parse_run_delay(text: &str) -> Option<u64> {
     let mut f = text.split_whitespace();
     f.next()?.parse::<u64>().ok()?;
     f.next()?.parse().ok()
@@ -69,7 +69,7 @@ pub fn parse_run_delay(text: &str) -> Option<u64> {
 
 /// The steal ticks of `cpus` summed, from `/proc/stat` (the eighth value
 /// of each `cpuN` line). None if a CPU's line or its steal column is missing.
-pub fn steal_ticks(proc_stat: &str, cpus: &[usize]) -> Option<u64> {
+pub(crate) fn steal_ticks(proc_stat: &str, cpus: &[usize]) -> Option<u64> {
     if cpus.is_empty() {
         return None;
     }

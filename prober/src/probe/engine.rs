@@ -115,7 +115,7 @@ pub(crate) struct Leg<'a> {
 
 impl<'a> Leg<'a> {
     /// The one leg of a session with one target.
-    pub fn one(s: Session<'a>, cfg: &ProbeConfig) -> Self {
+    pub(crate) fn one(s: Session<'a>, cfg: &ProbeConfig) -> Self {
         Self {
             s,
             cfg: cfg.clone(),
@@ -146,7 +146,7 @@ pub(crate) struct Round<'a> {
 
 impl Round<'_> {
     /// A whole session: it ends by the first leg's count or duration.
-    pub fn whole() -> Round<'static> {
+    pub(crate) fn whole() -> Round<'static> {
         Round {
             end_mono_ns: None,
             pause: &|| false,
@@ -166,7 +166,7 @@ pub(crate) enum Driven {
 
 impl Driven {
     /// The statistics of a round that cannot pause.
-    pub fn finished(self) -> Result<Vec<Collected>> {
+    pub(crate) fn finished(self) -> Result<Vec<Collected>> {
         match self {
             Driven::Finished(c) => Ok(c),
             Driven::Paused(_) => bail!("internal: a session paused without a reload"),

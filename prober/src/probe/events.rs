@@ -11,46 +11,46 @@ use std::sync::mpsc;
 use super::matcher::Event;
 
 /// Longest an event waits before it is handed over.
-pub const MAX_AGE_NS: i64 = 2_000_000;
+pub(crate) const MAX_AGE_NS: i64 = 2_000_000;
 /// Most events handed over at once.
-pub const MAX_LEN: usize = 512;
+pub(crate) const MAX_LEN: usize = 512;
 
 /// An event and the index of the target (the session's leg) it is of.
-pub type Tagged = (u32, Event);
+pub(crate) type Tagged = (u32, Event);
 
 /// Events waiting to be handed to the collector.
 #[derive(Debug, Default)]
-pub struct EventBatch {
+pub(crate) struct EventBatch {
     events: Vec<Tagged>,
     /// When the oldest waiting event was added.
     oldest_ns: Option<i64>,
 }
 
 impl EventBatch {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Adds an event of leg `leg`.
-    pub fn push(&mut self, leg: u32, e: Event, now_ns: i64) {
+    pub(crate) fn push(&mut self, leg: u32, e: Event, now_ns: i64) {
         if self.events.is_empty() {
             self.oldest_ns = Some(now_ns);
         }
         self.events.push((leg, e));
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.events.len()
     }
 
     /// Whether the batch should go now.
-    pub fn due(&self, now_ns: i64) -> bool {
+    pub(crate) fn due(&self, now_ns: i64) -> bool {
         self.events.len() >= MAX_LEN || self.oldest_ns.is_some_and(|t| now_ns - t >= MAX_AGE_NS)
     }
 
     /// How long a thread may block before the batch is due: `idle_ms`
     /// when empty, else the time left (at least 0).
-    pub fn wait_ms(&self, now_ns: i64, idle_ms: i32) -> i32 {
+    pub(crate) fn wait_ms(&self, now_ns: i64, idle_ms: i32) -> i32 {
         match self.oldest_ns {
             None => idle_ms,
             Some(t) => {
@@ -61,7 +61,7 @@ impl EventBatch {
     }
 
     /// Hands the events over. False once the collector is gone.
-    pub fn flush(&mut self, tx: &mpsc::Sender<Vec<Tagged>>) -> bool {
+    pub(crate) fn flush(&mut self, tx: &mpsc::Sender<Vec<Tagged>>) -> bool {
         self.oldest_ns = None;
         if self.events.is_empty() {
             return true;

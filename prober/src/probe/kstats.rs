@@ -15,7 +15,7 @@ use crate::{
 
 /// The `Udp:` line of /proc/net/snmp (the fields rtprobe reports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct UdpCounters {
+pub(crate) struct UdpCounters {
     pub in_datagrams: u64,
     pub no_ports: u64,
     pub in_errors: u64,
@@ -25,7 +25,7 @@ pub struct UdpCounters {
 
 impl UdpCounters {
     /// Counter increase from `before` to `self`.
-    pub fn since(&self, before: &UdpCounters) -> UdpCounters {
+    pub(crate) fn since(&self, before: &UdpCounters) -> UdpCounters {
         UdpCounters {
             in_datagrams: self.in_datagrams.saturating_sub(before.in_datagrams),
             no_ports: self.no_ports.saturating_sub(before.no_ports),
@@ -37,7 +37,7 @@ impl UdpCounters {
 }
 
 /// Parses the `Udp:` header/value line pair of /proc/net/snmp.
-pub fn parse_snmp_udp(text: &str) -> Option<UdpCounters> {
+pub(crate) fn parse_snmp_udp(text: &str) -> Option<UdpCounters> {
     let mut lines = text.lines().filter(|l| l.starts_with("Udp: "));
     let names: Vec<&str> = lines.next()?.split_whitespace().skip(1).collect();
     let values: Vec<u64> = lines
@@ -64,7 +64,7 @@ pub fn parse_snmp_udp(text: &str) -> Option<UdpCounters> {
 
 /// Sum over CPUs of the second column of /proc/net/softnet_stat (packets
 /// dropped because a CPU's input backlog was over netdev_max_backlog).
-pub fn parse_softnet_dropped(text: &str) -> u64 {
+pub(crate) fn parse_softnet_dropped(text: &str) -> u64 {
     text.lines()
         .filter_map(|l| l.split_whitespace().nth(1))
         .filter_map(|v| u64::from_str_radix(v, 16).ok())
@@ -72,13 +72,13 @@ pub fn parse_softnet_dropped(text: &str) -> u64 {
 }
 
 /// UDP counters of the namespace `ns`, through `sys`.
-pub fn read_udp_in(sys: &dyn Sys, ns: Ns) -> Result<UdpCounters> {
+pub(crate) fn read_udp_in(sys: &dyn Sys, ns: Ns) -> Result<UdpCounters> {
     let t = sys.proc_net(ns, "snmp")?;
     parse_snmp_udp(&t).context("no Udp: line in /proc/net/snmp")
 }
 
 /// Host-wide backlog drops so far, through `sys`.
-pub fn read_softnet_dropped_in(sys: &dyn Sys) -> Result<u64> {
+pub(crate) fn read_softnet_dropped_in(sys: &dyn Sys) -> Result<u64> {
     Ok(parse_softnet_dropped(
         &sys.proc_net(Ns::Host, "softnet_stat")?,
     ))
@@ -87,7 +87,7 @@ pub fn read_softnet_dropped_in(sys: &dyn Sys) -> Result<u64> {
 /// The counters of both ends, sampled before and after a run. A counter
 /// that cannot be read is `None`, reported as null (unknown), never as 0.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DropSnapshot {
+pub(crate) struct DropSnapshot {
     pub sender: Option<UdpCounters>,
     pub receiver: Option<UdpCounters>,
     pub backlog_drops: Option<u64>,
@@ -97,7 +97,7 @@ impl DropSnapshot {
     /// Samples both namespaces through `sys`; what cannot be read is
     /// logged and left unknown (it only explains losses, it does not make
     /// them).
-    pub fn take(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
+    pub(crate) fn take(sys: &dyn Sys, sender: Ns, receiver: Ns) -> Self {
         fn known<T>(what: &str, r: Result<T>) -> Option<T> {
             r.map_err(|e| log::info!("kernel drop counters of the {what}: {e:#}"))
                 .ok()
@@ -111,7 +111,7 @@ impl DropSnapshot {
 
     /// What happened between `before` and `self`, as reported in the
     /// summary: null where either sample is unknown.
-    pub fn report_since(&self, before: &DropSnapshot) -> KernelDrops {
+    pub(crate) fn report_since(&self, before: &DropSnapshot) -> KernelDrops {
         let s = self.sender.zip(before.sender).map(|(a, b)| a.since(&b));
         let r = self.receiver.zip(before.receiver).map(|(a, b)| a.since(&b));
         KernelDrops {

@@ -43,15 +43,15 @@ use super::{
 };
 
 /// Most probes one sendmmsg() carries when the sender is behind.
-pub const MAX_BATCH: usize = 64;
+pub(crate) const MAX_BATCH: usize = 64;
 /// The sender looks at the stop flag at least this often.
 const STOP_CHECK_NS: i64 = 100_000_000;
 /// The monotonic-to-realtime offset is measured again this often.
-pub const OFFSET_REFRESH_NS: i64 = 100_000_000;
+pub(crate) const OFFSET_REFRESH_NS: i64 = 100_000_000;
 
 /// When each probe is due. Pure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     pub start_ns: i64,
     pub interval_ns: i64,
     /// Probes to send (u64::MAX with only an end time).
@@ -62,19 +62,19 @@ pub struct Schedule {
 
 impl Schedule {
     /// Scheduled send time of probe `seq`.
-    pub fn at(&self, seq: u64) -> i64 {
+    pub(crate) fn at(&self, seq: u64) -> i64 {
         self.start_ns + seq as i64 * self.interval_ns
     }
 
     /// Whether probe `seq` is past the end of the run.
-    pub fn finished(&self, seq: u64) -> bool {
+    pub(crate) fn finished(&self, seq: u64) -> bool {
         seq >= self.count || self.end_ns.is_some_and(|e| self.at(seq) >= e)
     }
 
     /// The probes due at `now_ns` starting from `next`: returns the end
     /// (exclusive) of the run of probes whose time has come, at least
     /// `next + 1` (the caller waited for `next`), at most `next + max`.
-    pub fn due(&self, next: u64, now_ns: i64, max: usize) -> u64 {
+    pub(crate) fn due(&self, next: u64, now_ns: i64, max: usize) -> u64 {
         let mut end = next + 1;
         while end < next + max as u64 && !self.finished(end) && self.at(end) <= now_ns {
             end += 1;
@@ -87,7 +87,7 @@ impl Schedule {
 /// sender's SCHED_FIFO priority, so echoes and TX timestamps are picked up
 /// as promptly as probes are sent. A failure is logged, not fatal: the
 /// sender's own settings already failed loudly if they could not be had.
-pub fn share_fifo_priority(rt: &RtSettings) {
+pub(crate) fn share_fifo_priority(rt: &RtSettings) {
     if let Some(prio) = rt.fifo_priority
         && let Err(e) = crate::sys::rt::set_fifo(0, prio)
     {
@@ -105,7 +105,7 @@ fn tight_timer_slack() {
 
 /// What the sender does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Every probe is sent.
     Finished,
     /// Slept a slice of a long wait (time to look at the stop flag).
@@ -115,7 +115,7 @@ pub enum Next {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tick {
+pub(crate) struct Tick {
     /// The stream (target) whose probes are due.
     pub stream: usize,
     pub first: u64,
@@ -139,7 +139,7 @@ struct Stream {
 /// thread sends them all, the waiter, and the map that puts its times on
 /// CLOCK_REALTIME for the records. With one stream it is the plain
 /// absolute schedule.
-pub struct Ticker<'c, C: PaceClock> {
+pub(crate) struct Ticker<'c, C: PaceClock> {
     clock: &'c C,
     streams: Vec<Stream>,
     /// (next deadline, stream) of every stream not finished.
@@ -159,12 +159,12 @@ pub struct Ticker<'c, C: PaceClock> {
 impl<'c, C: PaceClock> Ticker<'c, C> {
     /// `sched` is on CLOCK_MONOTONIC.
     #[cfg(test)]
-    pub fn new(clock: &'c C, sched: Schedule, mode: WakeMode, refresh_ns: i64) -> Self {
+    pub(crate) fn new(clock: &'c C, sched: Schedule, mode: WakeMode, refresh_ns: i64) -> Self {
         Self::many(clock, vec![(sched, 0)], mode, refresh_ns)
     }
 
     /// One ticker over several schedules, each with the first seq it sends.
-    pub fn many(
+    pub(crate) fn many(
         clock: &'c C,
         scheds: Vec<(Schedule, u64)>,
         mode: WakeMode,
@@ -194,14 +194,14 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
 
     /// Sleeps at most once every `gap_ns`: what falls due in between goes
     /// at the next wake-up, late by up to `gap_ns`, never early.
-    pub fn with_wake_gap(mut self, gap_ns: i64) -> Self {
+    pub(crate) fn with_wake_gap(mut self, gap_ns: i64) -> Self {
         self.wake_gap_ns = gap_ns.max(0);
         self
     }
 
     /// The next seq of the stream due first (of stream 0 once all are done).
     #[cfg(test)]
-    pub fn next_seq(&self) -> u64 {
+    pub(crate) fn next_seq(&self) -> u64 {
         let i = self.heap.peek().map_or(0, |r| r.0.1);
         self.streams[i].seq
     }
@@ -209,7 +209,7 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
     /// Waits for the next probe (or a slice of a long wait); `on_wake`
     /// runs when a sleep before a send ends ahead of it, with the time
     /// left (see [`Waiter::wait`]).
-    pub fn wait_next(&mut self, on_wake: &mut dyn FnMut(i64)) -> Next {
+    pub(crate) fn wait_next(&mut self, on_wake: &mut dyn FnMut(i64)) -> Next {
         let Some(&std::cmp::Reverse((due_ns, i))) = self.heap.peek() else {
             return Next::Finished;
         };
@@ -244,14 +244,14 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
     /// Scheduled time of probe `seq` of the current tick's stream on
     /// CLOCK_REALTIME (with the offset of the current tick's send time, so
     /// their difference is monotonic time).
-    pub fn sched_ns(&self, seq: u64) -> i64 {
+    pub(crate) fn sched_ns(&self, seq: u64) -> i64 {
         self.map
             .to_realtime(self.streams[self.current].sched.at(seq))
     }
 
     /// The probes of the current tick's stream before `end` are sent.
     /// Re-measures the clock offset when it is due, between sends.
-    pub fn sent_until(&mut self, end: u64) {
+    pub(crate) fn sent_until(&mut self, end: u64) {
         let i = self.current;
         if let Some(pos) = self.heap.peek().map(|r| r.0.1)
             && pos == i
@@ -269,24 +269,29 @@ impl<'c, C: PaceClock> Ticker<'c, C> {
         self.map.refresh(self.clock, now);
     }
 
-    pub fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         self.heap.is_empty()
     }
 
     /// Monotonic time until the next probe is due.
-    pub fn next_in(&self, now_mono_ns: i64) -> i64 {
+    pub(crate) fn next_in(&self, now_mono_ns: i64) -> i64 {
         self.heap.peek().map_or(i64::MAX, |r| r.0.0 - now_mono_ns)
     }
 
     /// What pacing cost over `elapsed_ns` with `probes` sent.
-    pub fn report(&self, elapsed_ns: i64, probes: u64, thread_cpu_ns: Option<i64>) -> Pacing {
+    pub(crate) fn report(
+        &self,
+        elapsed_ns: i64,
+        probes: u64,
+        thread_cpu_ns: Option<i64>,
+    ) -> Pacing {
         self.waiter
             .report(elapsed_ns, probes, thread_cpu_ns, self.map.steps())
     }
 }
 
 /// How the sender waits, from its options.
-pub fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
+pub(crate) fn wake_mode(cfg: &ProbeConfig) -> WakeMode {
     let interval_ns = cfg.interval.as_nanos() as i64;
     match (cfg.busy_poll, cfg.spin) {
         (true, _) => WakeMode::BusyPoll,

@@ -38,7 +38,7 @@ use crate::sys::ethtool;
 /// none (veth, loopback, NICs without hardware timestamping), in the
 /// calling thread's network namespace (the caller enters it with
 /// `Netns::run`).
-pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
+pub(crate) fn phc_index(ifname: &str) -> Result<Option<u32>> {
     ethtool::phc_index(ifname)
 }
 
@@ -105,7 +105,7 @@ const PTP_SYS_OFFSET_EXTENDED: nix::sys::ioctl::ioctl_num_type = nix::request_co
 
 /// One PHC read bracketed by two CLOCK_REALTIME reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffsetSample {
+pub(crate) struct OffsetSample {
     pub sys_before_ns: i64,
     pub phc_ns: i64,
     pub sys_after_ns: i64,
@@ -115,7 +115,7 @@ impl OffsetSample {
     /// How long the read took: the PHC was read somewhere inside this
     /// window, so the offset is known to ± half of it. None for a sample
     /// whose clocks went backwards.
-    pub fn window_ns(&self) -> Option<i64> {
+    pub(crate) fn window_ns(&self) -> Option<i64> {
         self.sys_after_ns
             .checked_sub(self.sys_before_ns)
             .filter(|w| *w >= 0)
@@ -123,7 +123,7 @@ impl OffsetSample {
 
     /// CLOCK_REALTIME minus PHC, taking the PHC read as the middle of the
     /// window.
-    pub fn offset_ns(&self) -> Option<i64> {
+    pub(crate) fn offset_ns(&self) -> Option<i64> {
         let mid = self.sys_before_ns.checked_add(self.window_ns()? / 2)?;
         mid.checked_sub(self.phc_ns)
     }
@@ -158,13 +158,13 @@ fn samples_from_basic(req: &PtpSysOffset) -> Vec<OffsetSample> {
 
 /// Something that reads the PHC against CLOCK_REALTIME: [`PtpClock`], or a
 /// fake in tests.
-pub trait PhcSource {
+pub(crate) trait PhcSource {
     /// One batch of samples taken back to back.
     fn read(&mut self) -> io::Result<Vec<OffsetSample>>;
 }
 
 /// An open `/dev/ptpN`.
-pub struct PtpClock {
+pub(crate) struct PtpClock {
     file: File,
     index: u32,
     samples_per_read: u32,
@@ -174,7 +174,7 @@ pub struct PtpClock {
 
 impl PtpClock {
     /// Opens `/dev/ptp{index}` read-only (the offset ioctls change nothing).
-    pub fn open(index: u32) -> Result<Self> {
+    pub(crate) fn open(index: u32) -> Result<Self> {
         let path = format!("/dev/ptp{index}");
         let file = match File::open(&path) {
             Ok(f) => f,
@@ -197,7 +197,7 @@ impl PtpClock {
     }
 
     /// One batch of offset samples.
-    pub fn read_offsets(&mut self) -> io::Result<Vec<OffsetSample>> {
+    pub(crate) fn read_offsets(&mut self) -> io::Result<Vec<OffsetSample>> {
         let mut extended = self.extended;
         let r = read_falling_back(
             &mut extended,
@@ -289,11 +289,11 @@ impl PhcSource for PtpClock {
 }
 
 /// Samples kept by default: at one batch per 100 ms, the last ~7 minutes.
-pub const DEFAULT_RING_SAMPLES: usize = 4096;
+pub(crate) const DEFAULT_RING_SAMPLES: usize = 4096;
 /// An offset this far from the current segment's prediction is a step of
 /// one clock (a PTP servo or an admin setting the time), not drift: at
 /// 100 ms sampling, 1 ms is 10 000 ppm, far beyond any oscillator.
-pub const DEFAULT_STEP_THRESHOLD_NS: i64 = 1_000_000;
+pub(crate) const DEFAULT_STEP_THRESHOLD_NS: i64 = 1_000_000;
 
 /// One kept sample: the offset (CLOCK_REALTIME - PHC) at a PHC time.
 #[derive(Debug, Clone, Copy)]
@@ -340,7 +340,7 @@ impl Fit {
     }
 }
 
-pub use crate::stats::report::PhcReport;
+pub(crate) use crate::stats::report::PhcReport;
 
 /// Converts PHC timestamps to CLOCK_REALTIME from offset samples taken over
 /// the run.
@@ -361,7 +361,7 @@ pub use crate::stats::report::PhcReport;
 /// oldest two, which is as good as the clocks' drift was stable; convert
 /// stamps as they arrive, not at the end of a long run.
 #[derive(Debug)]
-pub struct PhcConverter {
+pub(crate) struct PhcConverter {
     ring: VecDeque<Point>,
     ring_samples: usize,
     /// Absolute index of `ring[0]` among all points ever kept.
@@ -389,13 +389,13 @@ impl Default for PhcConverter {
 }
 
 impl PhcConverter {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_limits(DEFAULT_RING_SAMPLES, DEFAULT_STEP_THRESHOLD_NS)
     }
 
     /// `ring_samples` (at least 2) samples kept; `step_threshold_ns` is the
     /// prediction error that counts as a step.
-    pub fn with_limits(ring_samples: usize, step_threshold_ns: i64) -> Self {
+    pub(crate) fn with_limits(ring_samples: usize, step_threshold_ns: i64) -> Self {
         let ring_samples = ring_samples.max(2);
         Self {
             ring: VecDeque::with_capacity(ring_samples),
@@ -417,14 +417,14 @@ impl PhcConverter {
     }
 
     /// Which /dev/ptpN the samples come from, for the report.
-    pub fn set_phc_index(&mut self, index: u32) {
+    pub(crate) fn set_phc_index(&mut self, index: u32) {
         self.phc_index = Some(index);
     }
 
     /// Takes one batch of samples, keeping the one with the narrowest read
     /// window (the least uncertain offset). A batch whose narrowest window
     /// is wider than the step threshold is rejected.
-    pub fn add(&mut self, batch: &[OffsetSample]) {
+    pub(crate) fn add(&mut self, batch: &[OffsetSample]) {
         let best = batch
             .iter()
             .filter_map(|s| Some((s.window_ns()?, s.phc_ns, s.offset_ns()?)))
@@ -493,7 +493,7 @@ impl PhcConverter {
 
     /// A PHC time as CLOCK_REALTIME ns; None before any sample, or when the
     /// result does not fit in i64.
-    pub fn to_realtime(&self, phc_ns: i64) -> Option<i64> {
+    pub(crate) fn to_realtime(&self, phc_ns: i64) -> Option<i64> {
         if self.ring.is_empty() {
             return None;
         }
@@ -549,7 +549,7 @@ impl PhcConverter {
     }
 
     /// What the run's samples said about the PHC.
-    pub fn report(&self) -> PhcReport {
+    pub(crate) fn report(&self) -> PhcReport {
         let sxx = self.closed_sxx + self.fit.sxx;
         let sxy = self.closed_sxy + self.fit.sxy;
         PhcReport {
@@ -579,7 +579,7 @@ fn div_round(num: i128, den: i128) -> i128 {
 
 /// What a sampler did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SamplerStats {
+pub(crate) struct SamplerStats {
     pub reads: u64,
     pub errors: u64,
     pub last_error: Option<String>,
@@ -588,7 +588,7 @@ pub struct SamplerStats {
 /// Reads `source` every `period` into `conv` until `stop` is set (checked
 /// at least once a period; `Thread::unpark` wakes it at once). The first
 /// read is immediate so stamps convert early in the run.
-pub fn sample_until(
+pub(crate) fn sample_until(
     source: &mut dyn PhcSource,
     period: Duration,
     conv: &Mutex<PhcConverter>,
@@ -631,13 +631,13 @@ pub fn sample_until(
 }
 
 /// [`sample_until`] on its own thread.
-pub struct PhcSampler {
+pub(crate) struct PhcSampler {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<SamplerStats>>,
 }
 
 impl PhcSampler {
-    pub fn spawn(
+    pub(crate) fn spawn(
         mut source: impl PhcSource + Send + 'static,
         period: Duration,
         conv: Arc<Mutex<PhcConverter>>,
@@ -655,7 +655,7 @@ impl PhcSampler {
     }
 
     /// Stops sampling and waits for the thread.
-    pub fn stop(mut self) -> Result<SamplerStats> {
+    pub(crate) fn stop(mut self) -> Result<SamplerStats> {
         self.signal();
         match self.handle.take() {
             Some(h) => h

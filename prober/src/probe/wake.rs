@@ -16,29 +16,29 @@ use crate::stats::{Latency, Pacing};
 /// puts the send error's own p99 at the edge of the wake-up tail (measured:
 /// p99 send error 216 µs with a learned p99 margin, 8.8 µs with a margin
 /// above the wake-up p99, at 1 ms with SCHED_FIFO on a loaded 2-vCPU VM).
-pub const QUANTILE: f64 = 0.995;
+pub(crate) const QUANTILE: f64 = 0.995;
 /// The margin before anything is learned: the fixed spin rtprobe used
 /// before, a typical VM wake-up latency.
-pub const INITIAL_MARGIN_NS: i64 = 50_000;
+pub(crate) const INITIAL_MARGIN_NS: i64 = 50_000;
 /// Never less: a spin this short costs nothing and covers the clock reads
 /// between waking up and sending.
-pub const MIN_MARGIN_NS: i64 = 5_000;
+pub(crate) const MIN_MARGIN_NS: i64 = 5_000;
 /// Largest margin for a sender without real-time priority. There a late
 /// wake-up is the scheduler running someone else, and a longer spin only
 /// makes the thread look CPU-bound so it is scheduled later still: on this
 /// project's 2-vCPU VM under load the margin climbed to half the interval
 /// and cost 30 % of a CPU for a p99 send error of 6.9 ms, against 6.5 ms
 /// and 0.5 % with a 50 µs spin.
-pub const NON_RT_MAX_MARGIN_NS: i64 = 100_000;
+pub(crate) const NON_RT_MAX_MARGIN_NS: i64 = 100_000;
 /// Wake-ups per learning window. The margin is the quantile over the last
 /// one or two windows (2-4 s at 1 ms), so it follows the machine's load
 /// both ways instead of keeping the worst it ever saw.
-pub const WINDOW: u64 = 2000;
+pub(crate) const WINDOW: u64 = 2000;
 /// Below this many wake-ups the quantile means nothing: the margin is the
 /// larger of the initial value and the latest wake-up seen.
-pub const MIN_SAMPLES: u64 = 32;
+pub(crate) const MIN_SAMPLES: u64 = 32;
 /// The quantile is recomputed every this many wake-ups (a few µs each).
-pub const UPDATE_EVERY: u64 = 16;
+pub(crate) const UPDATE_EVERY: u64 = 16;
 
 fn new_hist() -> Histogram<u64> {
     // 1 ns .. 10 s at 2 significant digits (1 %): a few KiB.
@@ -48,7 +48,7 @@ fn new_hist() -> Histogram<u64> {
 /// The early-wake margin, learned from the observed lateness of
 /// TIMER_ABSTIME wake-ups. Pure.
 #[derive(Debug, Clone)]
-pub struct WakeMargin {
+pub(crate) struct WakeMargin {
     cur: Histogram<u64>,
     prev: Histogram<u64>,
     scratch: Histogram<u64>,
@@ -63,12 +63,12 @@ impl WakeMargin {
     /// [`MIN_MARGIN_NS`], at most half the interval (a longer spin is
     /// `--busy-poll`, which starves the receive side on a small machine and
     /// runs into the kernel's RT throttling under SCHED_FIFO).
-    pub fn new(interval_ns: i64) -> Self {
+    pub(crate) fn new(interval_ns: i64) -> Self {
         Self::with_cap(interval_ns, i64::MAX)
     }
 
     /// As [`WakeMargin::new`], never above `cap_ns` either.
-    pub fn with_cap(interval_ns: i64, cap_ns: i64) -> Self {
+    pub(crate) fn with_cap(interval_ns: i64, cap_ns: i64) -> Self {
         let max_ns = (interval_ns / 2).min(cap_ns).max(MIN_MARGIN_NS);
         Self {
             cur: new_hist(),
@@ -82,12 +82,12 @@ impl WakeMargin {
     }
 
     /// How long before a deadline to stop sleeping.
-    pub fn margin_ns(&self) -> i64 {
+    pub(crate) fn margin_ns(&self) -> i64 {
         self.margin_ns
     }
 
     /// One wake-up that came `late_ns` after the time it was asked for.
-    pub fn observe(&mut self, late_ns: i64) {
+    pub(crate) fn observe(&mut self, late_ns: i64) {
         let _ = self.cur.record(late_ns.max(1) as u64);
         let seen = self.cur.len() + self.prev.len();
         if seen < MIN_SAMPLES {
@@ -112,7 +112,7 @@ impl WakeMargin {
 
 /// How the sender waits for a deadline.
 #[derive(Debug, Clone)]
-pub enum WakeMode {
+pub(crate) enum WakeMode {
     /// Sleep until a learned margin before the deadline, then spin.
     Adaptive(Box<WakeMargin>),
     /// Sleep until a fixed time before the deadline (`--spin`), then spin.
@@ -123,7 +123,7 @@ pub enum WakeMode {
 
 /// Waits for deadlines and keeps the account of what that cost.
 #[derive(Debug)]
-pub struct Waiter {
+pub(crate) struct Waiter {
     mode: WakeMode,
     /// Every wake-up's lateness, for the report.
     late: Histogram<u64>,
@@ -134,7 +134,7 @@ pub struct Waiter {
 }
 
 impl Waiter {
-    pub fn new(mode: WakeMode) -> Self {
+    pub(crate) fn new(mode: WakeMode) -> Self {
         Self {
             mode,
             late: new_hist(),
@@ -146,7 +146,7 @@ impl Waiter {
     }
 
     /// The sleep ends this long before a deadline (i64::MAX: never sleeps).
-    pub fn margin_ns(&self) -> i64 {
+    pub(crate) fn margin_ns(&self) -> i64 {
         match &self.mode {
             WakeMode::Adaptive(m) => m.margin_ns(),
             WakeMode::Fixed(ns) => *ns,
@@ -160,7 +160,12 @@ impl Waiter {
     /// the deadline, in place of as much of the spin: the margin stays
     /// the timer's own (what it runs costs no CPU the spin would not
     /// have), so it must fit in `left_ns` or do nothing.
-    pub fn wait(&mut self, c: &impl PaceClock, due_ns: i64, on_wake: &mut dyn FnMut(i64)) -> i64 {
+    pub(crate) fn wait(
+        &mut self,
+        c: &impl PaceClock,
+        due_ns: i64,
+        on_wake: &mut dyn FnMut(i64),
+    ) -> i64 {
         let margin = self.margin_ns();
         if margin != i64::MAX {
             self.margin_max_ns = self.margin_max_ns.max(margin);
@@ -195,7 +200,7 @@ impl Waiter {
     /// The report: `elapsed_ns` of sending, `probes` sent in it,
     /// `thread_cpu_ns` the sender thread used, `clock_steps` of the wall
     /// clock seen.
-    pub fn report(
+    pub(crate) fn report(
         &self,
         elapsed_ns: i64,
         probes: u64,

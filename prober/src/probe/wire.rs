@@ -39,14 +39,14 @@ impl ProtocolArg {
 }
 
 /// STAMP's well-known port (RFC 8762 §4.1, IANA "stamp").
-pub const STAMP_PORT: u16 = 862;
+pub(crate) const STAMP_PORT: u16 = 862;
 /// rtprobe's own protocol's default port.
-pub const RTPROBE_PORT: u16 = 5061;
+pub(crate) const RTPROBE_PORT: u16 = 5061;
 
 /// Largest UDP payload on a 1500-byte MTU path (1500 - 20 IPv4 - 8 UDP).
-pub const MAX_PAYLOAD_1500: usize = 1472;
+pub(crate) const MAX_PAYLOAD_1500: usize = 1472;
 /// The same over IPv6 (1500 - 40 IPv6 - 8 UDP).
-pub const MAX_PAYLOAD_1500_IPV6: usize = 1452;
+pub(crate) const MAX_PAYLOAD_1500_IPV6: usize = 1452;
 
 /// How the probes of one session look on the wire.
 #[derive(Debug, Clone)]

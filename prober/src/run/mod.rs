@@ -36,7 +36,7 @@ use crate::{
 /// One line naming every output that failed and what each holds: the one
 /// that stopped the run (CSV, HDR log: its message says where it ends) and
 /// the JSON summary written after it. None when all were written.
-pub fn failed_outputs(
+pub(crate) fn failed_outputs(
     output_error: Option<&str>,
     json: Option<&crate::export::atomic::NotWritten>,
 ) -> Option<String> {
@@ -55,7 +55,7 @@ fn check_stop(stop: &AtomicU8) -> Result<()> {
 /// What a run's options name in files, read once by [`check`] for
 /// [`execute`]: the targets (`--target`, `--targets FILE`; None on a
 /// testbed) and the STAMP key (`--auth-key`).
-pub struct Checked {
+pub(crate) struct Checked {
     targets: Option<Vec<TargetSpec>>,
     key: Option<HmacKey>,
 }
@@ -66,7 +66,7 @@ pub struct Checked {
 /// the `--metrics-listen` server first: a bad option must never leave a
 /// port listening. [`execute`] takes what it read, so no run starts
 /// unchecked and neither file is read twice.
-pub fn check(opts: &RunOptions) -> Result<Checked> {
+pub(crate) fn check(opts: &RunOptions) -> Result<Checked> {
     let remote = &opts.remote;
     let targets = if remote.is_remote() {
         crate::options::targets::of(remote, &opts.probe)?
@@ -86,7 +86,7 @@ pub fn check(opts: &RunOptions) -> Result<Checked> {
 /// `--target` (or `--targets FILE`, read again at each `reload`
 /// request), else on a testbed this host builds, every kernel change
 /// through `sys`; `live` shows and serves it while it runs.
-pub fn execute(
+pub(crate) fn execute(
     opts: &RunOptions,
     checked: Checked,
     sys: SysRef,
@@ -695,7 +695,7 @@ fn pacing_knobs(opts: &RunOptions) -> PacingKnobs {
     }
 }
 
-pub fn mode_name(m: XdpMode) -> &'static str {
+pub(crate) fn mode_name(m: XdpMode) -> &'static str {
     m.as_str()
 }
 

@@ -61,7 +61,7 @@ pub(crate) struct Bar {
 }
 
 impl Bar {
-    pub fn new(cells: &[Cell], quiet: bool) -> Self {
+    pub(crate) fn new(cells: &[Cell], quiet: bool) -> Self {
         let total_ms: u64 = cells.iter().map(|c| c.estimate().as_millis() as u64).sum();
         let bar = if quiet {
             indicatif::ProgressBar::hidden()

@@ -18,7 +18,7 @@ use super::ReportRow;
 use crate::tune::{FetchTimes, QueueLimit};
 
 /// ", fetch 0.512 ± 0.101 s (p50 0.490, p99 0.800, n 12, 0 failed)".
-pub fn fetch_cell(t: &FetchTimes) -> String {
+pub(crate) fn fetch_cell(t: &FetchTimes) -> String {
     let s3 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.3}"));
     format!(
         ", fetch {} ± {} s (p50 {}, p99 {}, n {}, {} failed)",
@@ -34,7 +34,7 @@ pub fn fetch_cell(t: &FetchTimes) -> String {
 /// One cell as the study sees it: the congestion control of its bulk flow
 /// (of the fetches if there is none), its queue in packets, its fetch times.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FetchCell {
+pub(crate) struct FetchCell {
     pub cc: String,
     pub queue_packets: u32,
     pub times: FetchTimes,
@@ -53,7 +53,7 @@ const STUDY: [(StudyCell, StudyCell, f64, f64); 4] = [
 ];
 
 /// The cells of a run that have a fetch load and a queue in packets.
-pub fn fetch_cells(rows: &[ReportRow<'_>]) -> Vec<FetchCell> {
+pub(crate) fn fetch_cells(rows: &[ReportRow<'_>]) -> Vec<FetchCell> {
     let mut out = Vec::new();
     for r in rows {
         let (Ok(res), Some(QueueLimit::Packets(q))) = (r.result, r.cell.run.knobs.queue_limit)
@@ -99,7 +99,7 @@ fn within_noise(a: &FetchTimes, b: &FetchTimes) -> bool {
 }
 
 /// A "## Fetch times vs the study" section, or None without fetch cells.
-pub fn study_section(cells: &[FetchCell]) -> Option<String> {
+pub(crate) fn study_section(cells: &[FetchCell]) -> Option<String> {
     if cells.is_empty() {
         return None;
     }

@@ -17,7 +17,7 @@ use crate::{
 
 pub(crate) use super::ReportRow;
 
-pub struct ReportInput<'a> {
+pub(crate) struct ReportInput<'a> {
     pub scenario: &'a Scenario,
     pub out_dir: &'a Path,
     pub rows: &'a [ReportRow<'a>],
@@ -27,7 +27,7 @@ pub struct ReportInput<'a> {
 
 /// A latency in the unit that suits it ("5.743 µs", "109 ms"), or "–"
 /// when there is no figure.
-pub fn lat(ns: Option<u64>) -> String {
+pub(crate) fn lat(ns: Option<u64>) -> String {
     match ns {
         Some(v) => format_duration_ns(v as f64),
         None => "–".into(),
@@ -35,7 +35,7 @@ pub fn lat(ns: Option<u64>) -> String {
 }
 
 /// A signed difference: "+10 µs", "-1.2 ms", "0 ns".
-pub fn lat_delta(ns: f64) -> String {
+pub(crate) fn lat_delta(ns: f64) -> String {
     let t = format_duration_ns(ns);
     if ns > 0.0 && !t.starts_with('0') {
         format!("+{t}")
@@ -49,7 +49,7 @@ fn mbit(bps: f64) -> String {
 }
 
 /// The load column: per flow, achieved throughput (and UDP loss).
-pub fn load_cell(s: &Summary) -> String {
+pub(crate) fn load_cell(s: &Summary) -> String {
     let Some(rep) = &s.report.load else {
         return "–".into();
     };
@@ -126,7 +126,7 @@ fn rel(out_dir: &Path, p: &Path) -> String {
         .replace(' ', "%20")
 }
 
-pub fn render(input: &ReportInput<'_>) -> String {
+pub(crate) fn render(input: &ReportInput<'_>) -> String {
     let mut s = String::new();
     header(&mut s, input);
     let _ = writeln!(s, "## Knob sets\n\n| set | knobs |\n|---|---|");
@@ -430,7 +430,7 @@ fn stage_table(s: &mut String, group: &[&ReportRow<'_>]) {
 /// multiplies the idle p99 while the bound still holds. A lost bound grows
 /// with the bulk queue (100 frames are 12 ms at 100 Mbit/s), far beyond
 /// this.
-pub const BOUND_TOLERANCE_US: f64 = 500.0;
+pub(crate) const BOUND_TOLERANCE_US: f64 = 500.0;
 
 /// One flow of a cell, as the run report's `flows` has it.
 struct FlowFigures {

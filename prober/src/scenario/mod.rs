@@ -58,10 +58,7 @@ pub use check::{SystemCheck, plan};
 pub use execute::Progress;
 pub(crate) use execute::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
 
-pub use crate::options::{
-    FlowSpec,
-    plan::{DEFAULT_COUNT, MAX_PAYLOAD_1500, RunOptions},
-};
+pub use crate::options::plan::{DEFAULT_COUNT, RunOptions};
 
 use std::{
     path::{Path, PathBuf},

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 /// A uniform random sample of at most `cap` values from a stream of
 /// unknown length (Vitter's algorithm R), reproducible from its seed.
-pub struct Reservoir {
+pub(crate) struct Reservoir {
     cap: usize,
     seen: u64,
     values: Vec<i64>,
@@ -24,7 +24,7 @@ pub struct Reservoir {
 }
 
 impl Reservoir {
-    pub fn new(cap: usize, seed: u64) -> Self {
+    pub(crate) fn new(cap: usize, seed: u64) -> Self {
         Self {
             cap: cap.max(1),
             seen: 0,
@@ -33,7 +33,7 @@ impl Reservoir {
         }
     }
 
-    pub fn push(&mut self, v: i64) {
+    pub(crate) fn push(&mut self, v: i64) {
         self.seen += 1;
         if self.values.len() < self.cap {
             self.values.push(v);
@@ -46,12 +46,12 @@ impl Reservoir {
     }
 
     /// Values offered so far.
-    pub fn seen(&self) -> u64 {
+    pub(crate) fn seen(&self) -> u64 {
         self.seen
     }
 
     /// The sample, sorted.
-    pub fn into_sorted(self) -> Vec<i64> {
+    pub(crate) fn into_sorted(self) -> Vec<i64> {
         let mut v = self.values;
         v.sort_unstable();
         v
@@ -60,7 +60,7 @@ impl Reservoir {
 
 /// One percentile of two runs and their difference (other - base), in ns.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QuantileDiff {
+pub(crate) struct QuantileDiff {
     /// As a fraction: 0.5, 0.99, 0.999.
     pub p: f64,
     pub base_ns: f64,
@@ -73,7 +73,7 @@ pub struct QuantileDiff {
 
 impl QuantileDiff {
     /// The interval excludes 0.
-    pub fn significant(&self) -> bool {
+    pub(crate) fn significant(&self) -> bool {
         self.ci_low_ns > 0.0 || self.ci_high_ns < 0.0
     }
 }
@@ -139,7 +139,7 @@ fn resample(
 /// Differences of the percentiles `ps` (ascending fractions) between two
 /// sorted samples, each with a `confidence` (e.g. 0.95) bootstrap interval
 /// from `resamples` resamples. `None` when a sample is empty.
-pub fn quantile_diffs(
+pub(crate) fn quantile_diffs(
     base_sorted: &[i64],
     other_sorted: &[i64],
     ps: &[f64],

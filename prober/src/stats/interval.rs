@@ -113,7 +113,7 @@ impl Interval {
 }
 
 /// "p50 45.2 µs  p99 80.1 µs  max 120 µs", or "-" for an empty histogram.
-pub fn quantiles_words(h: &Histogram<u64>) -> String {
+pub(crate) fn quantiles_words(h: &Histogram<u64>) -> String {
     use crate::model::units::format_duration_ns;
     if h.is_empty() {
         return "-".into();
@@ -127,7 +127,7 @@ pub fn quantiles_words(h: &Histogram<u64>) -> String {
 }
 
 /// Splits a run's records into fixed intervals of send time.
-pub struct IntervalStats {
+pub(crate) struct IntervalStats {
     len_ns: i64,
     /// The first record's scheduled send time: interval 0 starts there.
     run_start_ns: Option<i64>,
@@ -137,7 +137,7 @@ pub struct IntervalStats {
 }
 
 impl IntervalStats {
-    pub fn new(len: Duration) -> Self {
+    pub(crate) fn new(len: Duration) -> Self {
         let len_ns = (len.as_nanos() as i64).max(1);
         Self {
             len_ns,
@@ -149,7 +149,7 @@ impl IntervalStats {
 
     /// Adds a finalized record (seq order); `done` gets every interval the
     /// record shows complete, in order.
-    pub fn on_record(&mut self, r: &ProbeRecord, mut done: impl FnMut(&Interval)) {
+    pub(crate) fn on_record(&mut self, r: &ProbeRecord, mut done: impl FnMut(&Interval)) {
         let start = *self.run_start_ns.get_or_insert_with(|| {
             self.cur.reset(0, r.sched_ns);
             r.sched_ns
@@ -173,7 +173,7 @@ impl IntervalStats {
     }
 
     /// Ends the run: the current interval, if it has probes, is complete.
-    pub fn finish(&mut self, mut done: impl FnMut(&Interval)) {
+    pub(crate) fn finish(&mut self, mut done: impl FnMut(&Interval)) {
         if self.run_start_ns.is_some() && self.cur.sent > 0 {
             self.complete(&mut done);
             self.cur.sent = 0;
@@ -190,14 +190,14 @@ impl IntervalStats {
 
     /// The interval being filled.
     #[cfg(test)]
-    pub fn current(&self) -> &Interval {
+    pub(crate) fn current(&self) -> &Interval {
         &self.cur
     }
 
     /// What a live display should show: the interval being filled once it
     /// holds at least half as many probes as the last complete one (so the
     /// figures do not jump at each interval's start), else the last one.
-    pub fn display(&self) -> &Interval {
+    pub(crate) fn display(&self) -> &Interval {
         match &self.last {
             Some(l) if self.cur.sent * 2 < l.sent => l,
             _ => &self.cur,

@@ -3,13 +3,13 @@
 
 pub(crate) mod bootstrap;
 pub mod chain;
-pub mod hist;
+pub(crate) mod hist;
 pub(crate) mod interval;
 pub(crate) mod observer;
 pub(crate) mod outcome;
-pub mod report;
-pub mod run_stats;
-pub mod summary;
+pub(crate) mod report;
+pub(crate) mod run_stats;
+pub(crate) mod summary;
 
 pub use report::RunReport;
 pub use run_stats::{Counts, RunStats};

@@ -35,6 +35,6 @@ pub struct LossDirections {
 }
 
 /// Watches nothing.
-pub struct NoObserver;
+pub(crate) struct NoObserver;
 
 impl SessionObserver for NoObserver {}

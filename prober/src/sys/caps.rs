@@ -10,30 +10,30 @@ use anyhow::{Context, Result};
 
 /// A capability by its number (linux/capability.h) and its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cap {
+pub(crate) struct Cap {
     pub bit: u32,
     pub name: &'static str,
 }
 
-pub const CAP_NET_ADMIN: Cap = Cap {
+pub(crate) const CAP_NET_ADMIN: Cap = Cap {
     bit: 12,
     name: "CAP_NET_ADMIN",
 };
-pub const CAP_SYS_ADMIN: Cap = Cap {
+pub(crate) const CAP_SYS_ADMIN: Cap = Cap {
     bit: 21,
     name: "CAP_SYS_ADMIN",
 };
-pub const CAP_PERFMON: Cap = Cap {
+pub(crate) const CAP_PERFMON: Cap = Cap {
     bit: 38,
     name: "CAP_PERFMON",
 };
-pub const CAP_BPF: Cap = Cap {
+pub(crate) const CAP_BPF: Cap = Cap {
     bit: 39,
     name: "CAP_BPF",
 };
 
 /// The effective set of the calling thread, as a bit mask.
-pub fn effective() -> Result<u64> {
+pub(crate) fn effective() -> Result<u64> {
     let status = std::fs::read_to_string("/proc/thread-self/status")
         .context("read /proc/thread-self/status")?;
     parse_cap_eff(&status).context("no CapEff line in /proc/thread-self/status")
@@ -47,7 +47,7 @@ fn parse_cap_eff(status: &str) -> Option<u64> {
 /// Which of `needed` the effective set `eff` lacks. CAP_SYS_ADMIN stands
 /// in for CAP_BPF and CAP_PERFMON (the kernel accepts it for both, and
 /// kernels before 5.8 know only it).
-pub fn missing(eff: u64, needed: &[Cap]) -> Vec<Cap> {
+pub(crate) fn missing(eff: u64, needed: &[Cap]) -> Vec<Cap> {
     let has = |c: Cap| eff & (1u64 << c.bit) != 0;
     needed
         .iter()

@@ -43,14 +43,14 @@ const ETH_GSTRING_LEN: usize = 32;
 /// The driver does not implement an ethtool operation on this interface.
 #[derive(Debug, thiserror::Error)]
 #[error("{ifname} does not support {what} (the driver has no such ethtool operation)")]
-pub struct Unsupported {
+pub(crate) struct Unsupported {
     pub ifname: String,
     pub what: &'static str,
 }
 
 /// RX/TX ring sizes (descriptors) and their driver maxima.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Ring {
+pub(crate) struct Ring {
     pub rx: u32,
     pub rx_max: u32,
     pub tx: u32,
@@ -90,12 +90,12 @@ struct IfreqData {
 }
 
 /// Is GRO (generic receive offload) on?
-pub fn gro(ifname: &str) -> Result<bool> {
+pub(crate) fn gro(ifname: &str) -> Result<bool> {
     get_value(ifname, ETHTOOL_GGRO, "GRO").map(|v| v != 0)
 }
 
 /// Turns GRO on or off and checks that the kernel applied it.
-pub fn set_gro(ifname: &str, on: bool) -> Result<()> {
+pub(crate) fn set_gro(ifname: &str, on: bool) -> Result<()> {
     set_value(ifname, ETHTOOL_SGRO, on.into(), "changing GRO")?;
     let now = gro(ifname)?;
     if now != on {
@@ -110,7 +110,7 @@ pub fn set_gro(ifname: &str, on: bool) -> Result<()> {
 /// Was GRO asked for (`ethtool -K DEV gro on`), not merely on by default?
 /// The feature's "requested" bit (the kernel's `wanted_features`): a veth
 /// starts the NAPI that takes XDP frames from its peer only then.
-pub fn gro_requested(ifname: &str) -> Result<bool> {
+pub(crate) fn gro_requested(ifname: &str) -> Result<bool> {
     let index = feature_names(ifname)?
         .iter()
         .position(|n| n == "rx-gro")
@@ -153,13 +153,13 @@ fn feature_names(ifname: &str) -> Result<Vec<String>> {
 }
 
 /// Is TX checksum offload on (any of the NETIF_F_CSUM_MASK features)?
-pub fn tx_csum(ifname: &str) -> Result<bool> {
+pub(crate) fn tx_csum(ifname: &str) -> Result<bool> {
     get_value(ifname, ETHTOOL_GTXCSUM, "TX checksumming").map(|v| v != 0)
 }
 
 /// Turns TX checksum offload on or off (the kernel also drops features
 /// that need it, such as TSO) and checks that it was applied.
-pub fn set_tx_csum(ifname: &str, on: bool) -> Result<()> {
+pub(crate) fn set_tx_csum(ifname: &str, on: bool) -> Result<()> {
     set_value(
         ifname,
         ETHTOOL_STXCSUM,
@@ -178,13 +178,13 @@ pub fn set_tx_csum(ifname: &str, on: bool) -> Result<()> {
 
 /// TCP segmentation offload and generic segmentation offload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Segmentation {
+pub(crate) struct Segmentation {
     pub tso: bool,
     pub gso: bool,
 }
 
 /// TSO/GSO state (ETHTOOL_GTSO/GGSO).
-pub fn segmentation(ifname: &str) -> Result<Segmentation> {
+pub(crate) fn segmentation(ifname: &str) -> Result<Segmentation> {
     Ok(Segmentation {
         tso: get_value(ifname, ETHTOOL_GTSO, "TSO")? != 0,
         gso: get_value(ifname, ETHTOOL_GGSO, "GSO")? != 0,
@@ -194,7 +194,7 @@ pub fn segmentation(ifname: &str) -> Result<Segmentation> {
 /// Sets TSO and GSO, touching only what differs: a feature the kernel
 /// holds fixed (veth with a native XDP program forces GSO off) is fine as
 /// long as it is already as asked.
-pub fn set_segmentation(ifname: &str, want: Segmentation) -> Result<()> {
+pub(crate) fn set_segmentation(ifname: &str, want: Segmentation) -> Result<()> {
     let now = segmentation(ifname)?;
     if now.tso != want.tso {
         set_value(ifname, ETHTOOL_STSO, want.tso.into(), "switching TSO")?;
@@ -229,7 +229,7 @@ struct EthtoolDrvinfo {
 }
 
 /// The driver's name ("veth", "ixgbe", ...), ETHTOOL_GDRVINFO.
-pub fn driver(ifname: &str) -> Result<String> {
+pub(crate) fn driver(ifname: &str) -> Result<String> {
     let mut d = EthtoolDrvinfo {
         cmd: ETHTOOL_GDRVINFO,
         driver: [0; 32],
@@ -254,7 +254,7 @@ pub fn driver(ifname: &str) -> Result<String> {
 }
 
 /// Current and maximum RX/TX ring sizes.
-pub fn ring(ifname: &str) -> Result<Ring> {
+pub(crate) fn ring(ifname: &str) -> Result<Ring> {
     let rp = get_ringparam(ifname)?;
     Ok(Ring {
         rx: rp.rx_pending,
@@ -265,7 +265,7 @@ pub fn ring(ifname: &str) -> Result<Ring> {
 }
 
 /// Sets the TX ring size to `descriptors` (1..=tx_max), leaving RX alone.
-pub fn set_tx_ring(ifname: &str, descriptors: u32) -> Result<()> {
+pub(crate) fn set_tx_ring(ifname: &str, descriptors: u32) -> Result<()> {
     let mut rp = get_ringparam(ifname)?;
     if descriptors == 0 || descriptors > rp.tx_max_pending {
         bail!(
@@ -284,7 +284,7 @@ pub fn set_tx_ring(ifname: &str, descriptors: u32) -> Result<()> {
 }
 
 /// Is `what` on?
-pub fn offload(ifname: &str, what: super::Offload) -> Result<bool> {
+pub(crate) fn offload(ifname: &str, what: super::Offload) -> Result<bool> {
     use super::Offload::*;
     let cmd = match what {
         Gro => ETHTOOL_GGRO,
@@ -296,7 +296,7 @@ pub fn offload(ifname: &str, what: super::Offload) -> Result<bool> {
 }
 
 /// Switches `what` and checks that the kernel applied it.
-pub fn set_offload(ifname: &str, what: super::Offload, on: bool) -> Result<()> {
+pub(crate) fn set_offload(ifname: &str, what: super::Offload, on: bool) -> Result<()> {
     use super::Offload::*;
     match what {
         Gro => set_gro(ifname, on),
@@ -355,7 +355,7 @@ struct EthtoolTsInfo {
 
 /// The index N of the interface's PHC (`/dev/ptpN`), or None when it has
 /// none (veth, loopback, NICs without hardware timestamping).
-pub fn phc_index(ifname: &str) -> Result<Option<u32>> {
+pub(crate) fn phc_index(ifname: &str) -> Result<Option<u32>> {
     let mut info = EthtoolTsInfo {
         cmd: ETHTOOL_GET_TS_INFO,
         ..Default::default()

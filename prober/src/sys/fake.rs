@@ -25,7 +25,7 @@ use super::{
 
 /// One recorded call; the namespace is "host" or its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
+pub(crate) enum Call {
     CreateNetns(String),
     DeleteNetns(String),
     OpenNetns(String),
@@ -67,7 +67,7 @@ pub enum Call {
 
 impl Call {
     /// Does this call change kernel state (as opposed to reading it)?
-    pub fn is_change(&self) -> bool {
+    pub(crate) fn is_change(&self) -> bool {
         !matches!(
             self,
             Call::Link(..)
@@ -89,7 +89,7 @@ impl Call {
 }
 
 #[derive(Debug, Clone)]
-pub struct FakeLink {
+pub(crate) struct FakeLink {
     pub index: u32,
     pub up: bool,
     pub mtu: u32,
@@ -103,7 +103,7 @@ pub struct FakeLink {
 }
 
 #[derive(Default)]
-pub struct Model {
+pub(crate) struct Model {
     pub namespaces: BTreeSet<String>,
     /// (namespace, link name) -> link.
     pub links: BTreeMap<(String, String), FakeLink>,
@@ -120,7 +120,7 @@ pub struct Model {
 type Pred = Box<dyn Fn(&Call) -> bool + Send>;
 
 #[derive(Default)]
-pub struct FakeSys {
+pub(crate) struct FakeSys {
     calls: Mutex<Vec<Call>>,
     fail: Mutex<Vec<Pred>>,
     pub model: Mutex<Model>,
@@ -131,46 +131,46 @@ fn key(ns: Ns) -> String {
 }
 
 impl FakeSys {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Every call matching `pred` fails from now on.
-    pub fn fail_when(&self, pred: impl Fn(&Call) -> bool + Send + 'static) {
+    pub(crate) fn fail_when(&self, pred: impl Fn(&Call) -> bool + Send + 'static) {
         self.fail.lock().unwrap().push(Box::new(pred));
     }
 
     /// Only the `n`-th call (1-based) from now on that matches `pred`
     /// fails: one step of a sequence whose calls look alike (the second
     /// attach, a restore that writes what an apply wrote).
-    pub fn fail_nth_when(&self, n: usize, pred: impl Fn(&Call) -> bool + Send + 'static) {
+    pub(crate) fn fail_nth_when(&self, n: usize, pred: impl Fn(&Call) -> bool + Send + 'static) {
         let seen = AtomicUsize::new(0);
         self.fail_when(move |c| pred(c) && seen.fetch_add(1, Ordering::SeqCst) + 1 == n);
     }
 
     /// Only the `n`-th state-changing call (1-based) from now on fails:
     /// a failure injected at step `n` of a set-up.
-    pub fn fail_nth_change(&self, n: usize) {
+    pub(crate) fn fail_nth_change(&self, n: usize) {
         self.fail_nth_when(n, Call::is_change);
     }
 
     /// All calls so far, in order.
-    pub fn calls(&self) -> Vec<Call> {
+    pub(crate) fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
 
     /// Forgets the calls so far (those that built a test's starting state).
-    pub fn clear_calls(&self) {
+    pub(crate) fn clear_calls(&self) {
         self.calls.lock().unwrap().clear();
     }
 
     /// The calls that change state, in order.
-    pub fn changes(&self) -> Vec<Call> {
+    pub(crate) fn changes(&self) -> Vec<Call> {
         self.calls().into_iter().filter(Call::is_change).collect()
     }
 
     /// Adds a link to the model (a NIC the user owns, say).
-    pub fn with_link(&self, ns: Ns, name: &str, up: bool, mtu: u32) -> &Self {
+    pub(crate) fn with_link(&self, ns: Ns, name: &str, up: bool, mtu: u32) -> &Self {
         let mut m = self.model.lock().unwrap();
         m.next_index += 1;
         let index = m.next_index;
@@ -192,12 +192,12 @@ impl FakeSys {
     }
 
     /// Changes a link of the model (driver, native XDP refusal, ...).
-    pub fn edit_link(&self, ns: Ns, name: &str, f: impl FnOnce(&mut FakeLink)) -> &Self {
+    pub(crate) fn edit_link(&self, ns: Ns, name: &str, f: impl FnOnce(&mut FakeLink)) -> &Self {
         self.with_link_mut(ns, name, f).expect("with_link first");
         self
     }
 
-    pub fn with_addr(&self, ns: Ns, name: &str, a: Addr) -> &Self {
+    pub(crate) fn with_addr(&self, ns: Ns, name: &str, a: Addr) -> &Self {
         let mut m = self.model.lock().unwrap();
         m.links
             .get_mut(&(key(ns), name.to_string()))
@@ -207,7 +207,7 @@ impl FakeSys {
         self
     }
 
-    pub fn with_route(&self, ns: Ns, r: Route) -> &Self {
+    pub(crate) fn with_route(&self, ns: Ns, r: Route) -> &Self {
         self.model
             .lock()
             .unwrap()
@@ -218,7 +218,7 @@ impl FakeSys {
         self
     }
 
-    pub fn with_file(&self, ns: Ns, path: &str, value: &str) -> &Self {
+    pub(crate) fn with_file(&self, ns: Ns, path: &str, value: &str) -> &Self {
         self.model
             .lock()
             .unwrap()
@@ -227,7 +227,7 @@ impl FakeSys {
         self
     }
 
-    pub fn file(&self, ns: Ns, path: &str) -> Option<String> {
+    pub(crate) fn file(&self, ns: Ns, path: &str) -> Option<String> {
         self.model
             .lock()
             .unwrap()
@@ -236,7 +236,7 @@ impl FakeSys {
             .cloned()
     }
 
-    pub fn link_state(&self, ns: Ns, name: &str) -> Option<FakeLink> {
+    pub(crate) fn link_state(&self, ns: Ns, name: &str) -> Option<FakeLink> {
         self.model
             .lock()
             .unwrap()
@@ -245,7 +245,7 @@ impl FakeSys {
             .cloned()
     }
 
-    pub fn routes_of(&self, ns: Ns) -> Vec<Route> {
+    pub(crate) fn routes_of(&self, ns: Ns) -> Vec<Route> {
         self.model
             .lock()
             .unwrap()

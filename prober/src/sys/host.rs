@@ -78,13 +78,13 @@ impl HostFiles for Kernel {
 }
 
 /// This host's facts.
-pub fn host_facts() -> HostFacts {
+pub(crate) fn host_facts() -> HostFacts {
     read_facts(&Kernel)
 }
 
 /// The process's peak resident memory so far (VmHWM of
 /// /proc/self/status), in KiB; None (null in JSON, "-" in text) if unknown.
-pub fn peak_rss_kib() -> Option<u64> {
+pub(crate) fn peak_rss_kib() -> Option<u64> {
     vm_hwm_kib(&std::fs::read_to_string("/proc/self/status").ok()?)
 }
 
@@ -100,7 +100,7 @@ fn vm_hwm_kib(status: &str) -> Option<u64> {
 /// Whether the kernel caps real-time tasks' CPU share
 /// (/proc/sys/kernel/sched_rt_runtime_us is not -1; Linux >= 2.6.25);
 /// true when unknown.
-pub fn rt_throttling_on() -> bool {
+pub(crate) fn rt_throttling_on() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
         .map(|s| s.trim() != "-1")
         .unwrap_or(true)

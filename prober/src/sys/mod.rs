@@ -54,7 +54,7 @@ pub(crate) mod netlink;
 pub mod netns;
 pub(crate) mod process;
 mod real;
-pub mod rt;
+pub(crate) mod rt;
 pub(crate) mod tc;
 
 use std::{
@@ -86,7 +86,7 @@ pub(crate) enum Ns<'a> {
 }
 
 impl Ns<'_> {
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             Ns::Host => "host".into(),
             Ns::Named(n) => (*n).to_string(),
@@ -139,12 +139,12 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         self.prefix_len == 0
     }
 
     /// A default route via `gw` (the testbed's sender and receiver).
-    pub fn default_via(gw: IpAddr) -> Self {
+    pub(crate) fn default_via(gw: IpAddr) -> Self {
         let dst = match gw {
             IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
@@ -201,13 +201,13 @@ pub(crate) struct QdiscInfo {
 }
 
 impl QdiscInfo {
-    pub fn is_root(&self) -> bool {
+    pub(crate) fn is_root(&self) -> bool {
         self.parent == "root"
     }
 
     /// Default qdiscs the kernel attaches by itself have handle 0:
     /// (noqueue, pfifo_fast, mq and its children, fq_codel as default_qdisc).
-    pub fn is_kernel_default(&self) -> bool {
+    pub(crate) fn is_kernel_default(&self) -> bool {
         self.handle == "0:"
     }
 }
@@ -221,7 +221,7 @@ pub(crate) struct XdpState {
 }
 
 impl XdpState {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.skb_prog_id.is_none() && self.drv_prog_id.is_none() && self.hw_prog_id.is_none()
     }
 }
@@ -244,19 +244,19 @@ pub(crate) enum XdpFlags {
 pub(crate) struct BpfObject(Arc<RwLock<Option<aya::Ebpf>>>);
 
 impl BpfObject {
-    pub fn new(ebpf: aya::Ebpf) -> Self {
+    pub(crate) fn new(ebpf: aya::Ebpf) -> Self {
         Self(Arc::new(RwLock::new(Some(ebpf))))
     }
 
     /// An object that was never loaded, for orchestration tests against
     /// the fake (which never looks inside).
     #[cfg(test)]
-    pub fn stand_in() -> Self {
+    pub(crate) fn stand_in() -> Self {
         Self(Arc::new(RwLock::new(None)))
     }
 
     /// Runs `f` on the loaded object (attach, map updates: one at a time).
-    pub fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut aya::Ebpf) -> Result<T>) -> Result<T> {
         let mut g = self.0.write().unwrap_or_else(|p| p.into_inner());
         match g.as_mut() {
             Some(e) => f(e),
@@ -266,7 +266,7 @@ impl BpfObject {
 
     /// Runs `f` on the loaded object without excluding other readers: the
     /// bench's generator threads run one program side by side.
-    pub fn with_shared<T>(&self, f: impl FnOnce(&aya::Ebpf) -> Result<T>) -> Result<T> {
+    pub(crate) fn with_shared<T>(&self, f: impl FnOnce(&aya::Ebpf) -> Result<T>) -> Result<T> {
         let g = self.0.read().unwrap_or_else(|p| p.into_inner());
         match g.as_ref() {
             Some(e) => f(e),
@@ -306,7 +306,7 @@ pub(crate) struct XdpLink {
 }
 
 impl XdpLink {
-    pub fn ns(&self) -> Ns<'_> {
+    pub(crate) fn ns(&self) -> Ns<'_> {
         self.netns.as_deref().map_or(Ns::Host, Ns::Named)
     }
 }
@@ -335,9 +335,10 @@ pub(crate) enum Offload {
 }
 
 impl Offload {
-    pub const ALL: [Offload; 4] = [Offload::Gro, Offload::TxCsum, Offload::Tso, Offload::Gso];
+    pub(crate) const ALL: [Offload; 4] =
+        [Offload::Gro, Offload::TxCsum, Offload::Tso, Offload::Gso];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Offload::Gro => "GRO",
             Offload::TxCsum => "TX checksumming",

@@ -37,32 +37,32 @@ use super::{Addr, Link, QdiscInfo, Route, XdpState};
 /// A netlink error answer, with the errno the kernel gave.
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {source}")]
-pub struct NlError {
+pub(crate) struct NlError {
     pub what: String,
     pub source: std::io::Error,
 }
 
 impl NlError {
-    pub fn errno(&self) -> Option<i32> {
+    pub(crate) fn errno(&self) -> Option<i32> {
         self.source.raw_os_error()
     }
 }
 
 /// Is `e` a netlink error with this errno?
-pub fn is_errno(e: &anyhow::Error, errno: i32) -> bool {
+pub(crate) fn is_errno(e: &anyhow::Error, errno: i32) -> bool {
     e.chain()
         .any(|c| c.downcast_ref::<NlError>().and_then(NlError::errno) == Some(errno))
 }
 
 /// A NETLINK_ROUTE socket bound in the namespace it was created in.
-pub struct NlSocket {
+pub(crate) struct NlSocket {
     sock: Socket,
     seq: u32,
     buf: Vec<u8>,
 }
 
 impl NlSocket {
-    pub fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let mut sock = Socket::new(NETLINK_ROUTE).context("open a NETLINK_ROUTE socket")?;
         sock.bind_auto().context("bind the netlink socket")?;
         sock.connect(&SocketAddr::new(0, 0))
@@ -137,7 +137,7 @@ impl NlSocket {
     }
 
     /// The link called `name`, None when there is none.
-    pub fn link(&mut self, name: &str) -> Result<Option<Link>> {
+    pub(crate) fn link(&mut self, name: &str) -> Result<Option<Link>> {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
         match self.request(RouteNetlinkMessage::GetLink(msg), 0, &|| {
@@ -153,7 +153,7 @@ impl NlSocket {
     }
 
     /// The link with this index, None when there is none.
-    pub fn link_by_index(&mut self, index: u32) -> Result<Option<(Link, XdpState)>> {
+    pub(crate) fn link_by_index(&mut self, index: u32) -> Result<Option<(Link, XdpState)>> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         match self.request(RouteNetlinkMessage::GetLink(msg), 0, &|| {
@@ -168,12 +168,12 @@ impl NlSocket {
         }
     }
 
-    pub fn require_link(&mut self, name: &str) -> Result<Link> {
+    pub(crate) fn require_link(&mut self, name: &str) -> Result<Link> {
         self.link(name)?
             .ok_or_else(|| crate::error::Error::InterfaceNotFound(name.to_string()).into())
     }
 
-    pub fn add_veth(&mut self, name: &str, peer: &str) -> Result<()> {
+    pub(crate) fn add_veth(&mut self, name: &str, peer: &str) -> Result<()> {
         self.change(
             RouteNetlinkMessage::NewLink(LinkVeth::new(name, peer).build()),
             NLM_F_CREATE | NLM_F_EXCL,
@@ -184,7 +184,7 @@ impl NlSocket {
     /// A veth pair whose ends have `queues` TX and RX queues each (what
     /// `ip link add NAME numtxqueues Q numrxqueues Q type veth peer name
     /// PEER numtxqueues Q numrxqueues Q` asks for).
-    pub fn add_veth_queues(&mut self, name: &str, peer: &str, queues: u32) -> Result<()> {
+    pub(crate) fn add_veth_queues(&mut self, name: &str, peer: &str, queues: u32) -> Result<()> {
         let mut m = LinkVeth::new(name, peer).build();
         let q = [
             LinkAttribute::NumTxQueues(queues),
@@ -215,7 +215,7 @@ impl NlSocket {
     }
 
     #[cfg(test)]
-    pub fn delete_link(&mut self, name: &str) -> Result<()> {
+    pub(crate) fn delete_link(&mut self, name: &str) -> Result<()> {
         let index = self.require_link(name)?.index;
         self.change(
             RouteNetlinkMessage::DelLink(LinkUnspec::new_with_index(index).build()),
@@ -224,7 +224,7 @@ impl NlSocket {
         )
     }
 
-    pub fn set_up(&mut self, name: &str, up: bool) -> Result<()> {
+    pub(crate) fn set_up(&mut self, name: &str, up: bool) -> Result<()> {
         let index = self.require_link(name)?.index;
         let b = LinkUnspec::new_with_index(index);
         let b = if up { b.up() } else { b.down() };
@@ -235,7 +235,7 @@ impl NlSocket {
         )
     }
 
-    pub fn set_mtu(&mut self, name: &str, mtu: u32) -> Result<()> {
+    pub(crate) fn set_mtu(&mut self, name: &str, mtu: u32) -> Result<()> {
         let index = self.require_link(name)?.index;
         self.change(
             RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).mtu(mtu).build()),
@@ -245,7 +245,7 @@ impl NlSocket {
     }
 
     /// Moves a link into the namespace behind `ns_fd`.
-    pub fn move_link(&mut self, name: &str, ns_fd: RawFd) -> Result<()> {
+    pub(crate) fn move_link(&mut self, name: &str, ns_fd: RawFd) -> Result<()> {
         let index = self.require_link(name)?.index;
         self.change(
             RouteNetlinkMessage::SetLink(
@@ -257,7 +257,7 @@ impl NlSocket {
     }
 
     /// IPv4 and IPv6 addresses of `name`.
-    pub fn addrs(&mut self, name: &str) -> Result<Vec<Addr>> {
+    pub(crate) fn addrs(&mut self, name: &str) -> Result<Vec<Addr>> {
         let index = self.require_link(name)?.index;
         let msgs = self.request(
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
@@ -300,7 +300,7 @@ impl NlSocket {
     /// Adds an address; one that is already there is fine. IPv6 addresses
     /// skip duplicate address detection (they are being given back, or
     /// are private to a namespace), so routes through them work at once.
-    pub fn add_addr(&mut self, name: &str, a: Addr) -> Result<()> {
+    pub(crate) fn add_addr(&mut self, name: &str, a: Addr) -> Result<()> {
         let index = self.require_link(name)?.index;
         let mut msg = AddressMessage::default();
         msg.header.index = index;
@@ -333,7 +333,7 @@ impl NlSocket {
     }
 
     /// Unicast routes of the main table (IPv4 and IPv6).
-    pub fn routes(&mut self) -> Result<Vec<Route>> {
+    pub(crate) fn routes(&mut self) -> Result<Vec<Route>> {
         let mut out = Vec::new();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
             let mut msg = RouteMessage::default();
@@ -402,7 +402,7 @@ impl NlSocket {
     }
 
     /// Adds a route to the main table; one that is already there is fine.
-    pub fn add_route(&mut self, route: &Route) -> Result<()> {
+    pub(crate) fn add_route(&mut self, route: &Route) -> Result<()> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = if route.dst.is_ipv6() {
             AddressFamily::Inet6
@@ -442,7 +442,7 @@ impl NlSocket {
     }
 
     /// All qdiscs of interface `ifindex`.
-    pub fn qdiscs(&mut self, ifindex: u32) -> Result<Vec<QdiscInfo>> {
+    pub(crate) fn qdiscs(&mut self, ifindex: u32) -> Result<Vec<QdiscInfo>> {
         let mut msg = TcMessage::default();
         msg.header.index = ifindex as i32;
         let msgs = self.request(
@@ -462,7 +462,7 @@ impl NlSocket {
     }
 
     /// Which XDP programs are attached to `ifindex`.
-    pub fn xdp_state(&mut self, ifindex: u32) -> Result<XdpState> {
+    pub(crate) fn xdp_state(&mut self, ifindex: u32) -> Result<XdpState> {
         self.link_by_index(ifindex)?
             .map(|(_, x)| x)
             .ok_or_else(|| anyhow!("RTM_GETLINK for ifindex {ifindex}: no such device"))

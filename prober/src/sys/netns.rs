@@ -29,7 +29,7 @@ pub(crate) struct Netns {
 
 impl Netns {
     /// Creates `/run/netns/NAME` holding a fresh network namespace.
-    pub fn create(name: &str) -> Result<Self> {
+    pub(crate) fn create(name: &str) -> Result<Self> {
         if name.is_empty() || name.contains('/') || name.len() > 200 {
             bail!("invalid namespace name {name:?}");
         }
@@ -69,7 +69,7 @@ impl Netns {
     }
 
     /// Opens an existing named namespace without taking ownership.
-    pub fn open(name: &str) -> Result<Self> {
+    pub(crate) fn open(name: &str) -> Result<Self> {
         let path = Path::new(NETNS_RUN_DIR).join(name);
         let file =
             File::open(&path).with_context(|| format!("network namespace {name} not found"))?;
@@ -95,23 +95,23 @@ impl Netns {
         })
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// /run/netns/NAME.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
-    pub fn file(&self) -> &File {
+    pub(crate) fn file(&self) -> &File {
         &self.file
     }
 
     /// Runs `f` on a new thread that has entered this namespace and returns
     /// its result. Sockets and netlink connections made inside stay in the
     /// namespace after the thread ends.
-    pub fn run<T, F>(&self, f: F) -> Result<T>
+    pub(crate) fn run<T, F>(&self, f: F) -> Result<T>
     where
         F: FnOnce() -> Result<T> + Send,
         T: Send,
@@ -129,7 +129,7 @@ impl Netns {
 
     /// Enters this namespace on the calling thread. For threads that live
     /// in one namespace for good (sender, reflector).
-    pub fn enter_current_thread(&self) -> Result<()> {
+    pub(crate) fn enter_current_thread(&self) -> Result<()> {
         enter(self.file.as_fd())
             .with_context(|| format!("cannot enter network namespace {}", self.name))
     }
@@ -151,7 +151,7 @@ impl Netns {
     /// joins it), leaving nothing behind. Kernel interface: unshare(2)
     /// CLONE_NEWNS, mount(2) of sysfs; Linux >= 3.8.
     #[cfg(test)]
-    pub fn run_with_sysfs<T, F>(&self, f: F) -> Result<T>
+    pub(crate) fn run_with_sysfs<T, F>(&self, f: F) -> Result<T>
     where
         F: FnOnce(&Path) -> Result<T> + Send,
         T: Send,
@@ -164,7 +164,7 @@ impl Netns {
 
     /// Leaves the namespace in place when this handle drops (its deletion
     /// is someone else's job: the testbed's undo list, `rtprobe cleanup`).
-    pub fn disown(mut self) {
+    pub(crate) fn disown(mut self) {
         self.owned = false;
     }
 

@@ -36,7 +36,10 @@ pub(crate) struct Background {
 
 impl Background {
     /// Starts `program` with `args`; the error is the one of starting it.
-    pub fn spawn<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> std::io::Result<Self> {
+    pub(crate) fn spawn<S: AsRef<OsStr>>(
+        program: impl AsRef<OsStr>,
+        args: &[S],
+    ) -> std::io::Result<Self> {
         let child = Command::new(program)
             .args(args)
             .stdin(Stdio::null())
@@ -48,14 +51,14 @@ impl Background {
 
     /// Its process id; None once stopped.
     #[cfg(test)]
-    pub fn id(&self) -> Option<u32> {
+    pub(crate) fn id(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
     /// Asks the program to stop (SIGTERM), waits up to `grace` for it,
     /// then kills it (SIGKILL) and reaps it. A second call does nothing.
     /// The error is one of waiting for it.
-    pub fn stop(&mut self, grace: Duration) -> std::io::Result<()> {
+    pub(crate) fn stop(&mut self, grace: Duration) -> std::io::Result<()> {
         let Some(mut c) = self.child.take() else {
             return Ok(());
         };

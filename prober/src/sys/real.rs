@@ -45,7 +45,7 @@ use super::{
 };
 
 /// What a worker holds while it runs a call.
-pub struct NsCtx {
+pub(crate) struct NsCtx {
     pub nl: NlSocket,
 }
 
@@ -70,27 +70,27 @@ impl Drop for Worker {
 
 /// The kernel, one worker per namespace.
 #[derive(Default)]
-pub struct LinuxSys {
+pub(crate) struct LinuxSys {
     workers: Mutex<HashMap<String, Arc<Worker>>>,
     /// Qdisc kind -> does the kernel have it (probing takes a namespace).
     qdisc_kinds: Mutex<HashMap<String, bool>>,
 }
 
 /// The process-wide [`LinuxSys`].
-pub fn linux() -> Arc<LinuxSys> {
+pub(crate) fn linux() -> Arc<LinuxSys> {
     SYS.get_or_init(|| Arc::new(LinuxSys::new())).clone()
 }
 
 /// The same, borrowed for the life of the process.
 #[cfg(test)]
-pub fn linux_static() -> &'static LinuxSys {
+pub(crate) fn linux_static() -> &'static LinuxSys {
     SYS.get_or_init(|| Arc::new(LinuxSys::new()))
 }
 
 static SYS: OnceLock<Arc<LinuxSys>> = OnceLock::new();
 
 /// Stops the worker of `name` if the process-wide [`LinuxSys`] has one.
-pub fn release_worker(name: &str) {
+pub(crate) fn release_worker(name: &str) {
     if let Some(s) = SYS.get() {
         s.release(name);
     }
@@ -101,7 +101,7 @@ const HOST_KEY: &str = "";
 impl LinuxSys {
     /// The host namespace is the one of the process's main thread
     /// (/proc/self/ns/net), opened when first needed.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -179,7 +179,7 @@ impl LinuxSys {
     /// on /sys and its netlink socket) and returns its result. Also the way
     /// for code with needs the trait does not cover (bench's link
     /// counters) to reach the same view.
-    pub fn on<T, F>(&self, ns: Ns, f: F) -> Result<T>
+    pub(crate) fn on<T, F>(&self, ns: Ns, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut NsCtx) -> Result<T> + Send + 'static,
@@ -198,7 +198,7 @@ impl LinuxSys {
 
     /// Stops the worker of a named namespace (before it is deleted, or when
     /// a namespace made elsewhere goes away) so it does not keep it alive.
-    pub fn release(&self, name: &str) {
+    pub(crate) fn release(&self, name: &str) {
         let w = self
             .workers
             .lock()
@@ -245,7 +245,7 @@ fn sysfs_is_this_namespaces(nl: &mut NlSocket) -> bool {
 
 /// Gives the calling thread its own mount table with the sysfs of its
 /// network namespace on /sys. The thread's mount table dies with it.
-pub fn private_sysfs() -> Result<()> {
+pub(crate) fn private_sysfs() -> Result<()> {
     unshare(CloneFlags::CLONE_NEWNS)
         .context("unshare(CLONE_NEWNS) to mount the namespace's sysfs")?;
     mount(
@@ -588,7 +588,7 @@ fn devmap<'a>(ebpf: &'a mut aya::Ebpf, map: &str) -> Result<DevMapHash<&'a mut M
 }
 
 /// The errno at the bottom of an aya program error, if any.
-pub fn bpf_errno(e: &ProgramError) -> Option<i32> {
+pub(crate) fn bpf_errno(e: &ProgramError) -> Option<i32> {
     match e {
         ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
         ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),

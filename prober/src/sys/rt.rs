@@ -161,7 +161,7 @@ impl RtSettings {
 /// Puts thread `tid` (0: the calling one) under SCHED_FIFO at `prio`: the
 /// one place rtprobe asks for a real-time policy (the sender, the probe's
 /// receive threads, the bench's generators and NAPI threads).
-pub fn set_fifo(tid: i32, prio: u8) -> std::io::Result<()> {
+pub(crate) fn set_fifo(tid: i32, prio: u8) -> std::io::Result<()> {
     let param = libc::sched_param {
         sched_priority: prio.into(),
     };
@@ -174,7 +174,7 @@ pub fn set_fifo(tid: i32, prio: u8) -> std::io::Result<()> {
 
 /// Pins the calling thread to `cpu`: the one place rtprobe sets an
 /// affinity (the sender, the bench's generators and AF_XDP threads).
-pub fn pin_to_cpu(cpu: usize) -> nix::Result<()> {
+pub(crate) fn pin_to_cpu(cpu: usize) -> nix::Result<()> {
     let mut set = CpuSet::new();
     set.set(cpu)?;
     sched_setaffinity(Pid::from_raw(0), &set)
@@ -184,7 +184,7 @@ pub fn pin_to_cpu(cpu: usize) -> nix::Result<()> {
 /// then skips idle states whose exit latency is longer (Linux >= 2.6.19;
 /// Documentation/power/pm_qos_interface.rst). The request lasts while the
 /// returned file is open.
-pub fn hold_cpu_dma_latency(us: u32) -> Result<std::fs::File> {
+pub(crate) fn hold_cpu_dma_latency(us: u32) -> Result<std::fs::File> {
     use std::io::Write;
     let path = "/dev/cpu_dma_latency";
     let mut f = std::fs::OpenOptions::new()

@@ -45,7 +45,7 @@ impl std::fmt::Display for TcCmd {
 
 /// How a failed tc call failed.
 #[derive(Debug)]
-pub struct TcError {
+pub(crate) struct TcError {
     pub cmd: String,
     pub status: Option<i32>,
     pub stderr: String,
@@ -53,7 +53,7 @@ pub struct TcError {
 
 impl TcError {
     /// The kernel does not know this qdisc kind (module missing).
-    pub fn is_unknown_kind(&self) -> bool {
+    pub(crate) fn is_unknown_kind(&self) -> bool {
         let s = self.stderr.to_ascii_lowercase();
         s.contains("specified qdisc kind is unknown")
             || s.contains("specified qdisc not found")
@@ -76,7 +76,7 @@ impl std::fmt::Display for TcError {
 impl std::error::Error for TcError {}
 
 /// Runs one tc command in the calling thread's network namespace.
-pub fn run(cmd: &TcCmd) -> std::result::Result<String, TcError> {
+pub(crate) fn run(cmd: &TcCmd) -> std::result::Result<String, TcError> {
     let out = Command::new("tc")
         .args(&cmd.0)
         .stdin(Stdio::null())

@@ -41,7 +41,7 @@ pub(crate) struct Iface {
 
 impl Iface {
     /// Its address of family `ip`, or why it has none.
-    pub fn ip(&self, ip: IpVersion) -> Result<IpAddr> {
+    pub(crate) fn ip(&self, ip: IpVersion) -> Result<IpAddr> {
         match ip {
             IpVersion::V4 => Ok(IpAddr::V4(self.addr)),
             IpVersion::V6 => match self.addr6 {
@@ -227,7 +227,7 @@ impl std::fmt::Debug for Undo {
 }
 
 impl Undo {
-    pub fn new(sys: SysRef, record: Option<record::Record>) -> Self {
+    pub(crate) fn new(sys: SysRef, record: Option<record::Record>) -> Self {
         Self {
             sys,
             steps: Vec::new(),
@@ -267,7 +267,7 @@ impl Undo {
 
     /// Undoes every step, newest first; keeps going after an error and
     /// returns the first. The record goes only when everything was undone.
-    pub fn run(&mut self) -> Result<()> {
+    pub(crate) fn run(&mut self) -> Result<()> {
         let mut first_err = None;
         while let Some(step) = self.steps.pop() {
             if let Err(e) = undo_step(self.sys.as_ref(), Ns::Host, &step, false) {
@@ -513,7 +513,7 @@ pub(crate) fn build_nic_pair(
 impl Testbed {
     /// Builds sender -> router -> receiver with two veth pairs through
     /// `sys`, recorded in /run/rtprobe for `rtprobe cleanup`.
-    pub fn veth(sys: SysRef) -> Result<Self> {
+    pub(crate) fn veth(sys: SysRef) -> Result<Self> {
         require_root()?;
         record::mention_stale();
         let id = new_id();
@@ -566,7 +566,7 @@ impl Testbed {
     /// with their addresses (IPv4 and IPv6), routes, MTU, up/down state and
     /// offloads, when the testbed is dropped. An interface that carries a
     /// default route or the current SSH session is refused unless `force`.
-    pub fn nic_pair(sys: SysRef, tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
+    pub(crate) fn nic_pair(sys: SysRef, tx_if: &str, rx_if: &str, force: bool) -> Result<Self> {
         require_root()?;
         record::mention_stale();
         let id = new_id();
@@ -633,17 +633,17 @@ impl Testbed {
     }
 
     /// The kernel layer this testbed was built with.
-    pub fn sys(&self) -> &dyn Sys {
+    pub(crate) fn sys(&self) -> &dyn Sys {
         self.sys.as_ref()
     }
 
     /// The same, shared (for what outlives a borrow of the testbed).
-    pub fn sys_ref(&self) -> SysRef {
+    pub(crate) fn sys_ref(&self) -> SysRef {
         self.sys.clone()
     }
 
     /// Namespace names, for messages.
-    pub fn namespaces(&self) -> Vec<&str> {
+    pub(crate) fn namespaces(&self) -> Vec<&str> {
         let mut v = vec![self.sender.name()];
         if let Some(r) = &self.router {
             v.push(r.name());
@@ -653,7 +653,7 @@ impl Testbed {
     }
 
     /// Tears everything down now, reporting the first error (drop does the same silently).
-    pub fn teardown(mut self) -> Result<()> {
+    pub(crate) fn teardown(mut self) -> Result<()> {
         self.undo.run()
     }
 }

@@ -18,7 +18,7 @@ use crate::sys::{Addr, Ns, Offload, Route, Sys, TcCmd, root_qdisc};
 
 /// A NIC-pair interface as it was before the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Borrowed {
+pub(crate) struct Borrowed {
     pub name: String,
     /// The testbed namespace it was moved into.
     pub netns: String,
@@ -35,7 +35,7 @@ pub struct Borrowed {
 }
 
 /// Reads everything the give-back restores.
-pub fn snapshot(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Borrowed> {
+pub(crate) fn snapshot(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Borrowed> {
     let link = sys
         .link(ns, dev)?
         .ok_or_else(|| crate::error::Error::InterfaceNotFound(dev.to_string()))?;
@@ -71,14 +71,14 @@ pub fn snapshot(sys: &dyn Sys, ns: Ns, dev: &str) -> Result<Borrowed> {
 
 /// The local address of the SSH session in `SSH_CONNECTION`
 /// ("client_ip client_port server_ip server_port").
-pub fn ssh_local_addr(ssh_connection: &str) -> Option<IpAddr> {
+pub(crate) fn ssh_local_addr(ssh_connection: &str) -> Option<IpAddr> {
     let server = ssh_connection.split_whitespace().nth(2)?;
     // A scoped IPv6 address ("fe80::1%eth0").
     server.split('%').next()?.parse().ok()
 }
 
 /// Refuses an interface this machine depends on.
-pub fn check_safe(b: &Borrowed, ssh_connection: Option<&str>) -> Result<()> {
+pub(crate) fn check_safe(b: &Borrowed, ssh_connection: Option<&str>) -> Result<()> {
     if let Some(r) = b.routes.iter().find(|r| r.is_default()) {
         bail!(
             "refusing to move {} into a test namespace: it carries this machine's default route ({r}); \
@@ -101,7 +101,7 @@ pub fn check_safe(b: &Borrowed, ssh_connection: Option<&str>) -> Result<()> {
 /// Is `b` still in its testbed namespace? (False when that namespace is
 /// gone or cannot be entered: its mount died with a run's private mount
 /// namespace.)
-pub fn still_borrowed(sys: &dyn Sys, b: &Borrowed) -> bool {
+pub(crate) fn still_borrowed(sys: &dyn Sys, b: &Borrowed) -> bool {
     !b.netns.is_empty()
         && sys.netns_list().contains(&b.netns)
         && matches!(sys.link(Ns::Named(&b.netns), &b.name), Ok(Some(_)))
@@ -111,7 +111,7 @@ pub fn still_borrowed(sys: &dyn Sys, b: &Borrowed) -> bool {
 /// going after an error and returns the first. `lenient`: an interface
 /// that is gone (its namespace deleted with a virtual device in it) is
 /// not an error.
-pub fn give_back(sys: &dyn Sys, host: Ns, b: &Borrowed, lenient: bool) -> Result<()> {
+pub(crate) fn give_back(sys: &dyn Sys, host: Ns, b: &Borrowed, lenient: bool) -> Result<()> {
     let dev = b.name.as_str();
     if still_borrowed(sys, b) {
         let ns = Ns::Named(&b.netns);

@@ -196,7 +196,7 @@ pub(crate) struct VethPair {
 
 impl VethPair {
     /// Builds the pair, recorded in /run/rtprobe for `rtprobe cleanup`.
-    pub fn new(sys: SysRef, spec: PairSpec) -> Result<Self> {
+    pub(crate) fn new(sys: SysRef, spec: PairSpec) -> Result<Self> {
         super::require_root()?;
         record::mention_stale();
         let id = super::new_id();
@@ -227,7 +227,7 @@ impl VethPair {
     /// (until the kernel's link watcher sees it, up to 1 s after "up", a
     /// veth drops what it is given) and the neighbours answer. Fails after
     /// `within`.
-    pub fn wait_answering(&self, within: Duration) -> Result<()> {
+    pub(crate) fn wait_answering(&self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         for v6 in [false, true] {
             let first = |v: &[Addr]| v.iter().map(|x| x.addr).find(|ip| ip.is_ipv6() == v6);
@@ -240,7 +240,7 @@ impl VethPair {
     }
 
     /// Removes both namespaces now, reporting the first error.
-    pub fn teardown(mut self) -> Result<()> {
+    pub(crate) fn teardown(mut self) -> Result<()> {
         self.undo.run()
     }
 }

@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 use super::{Kind, Step, nicpair, undo_step};
 use crate::sys::{Ns, Sys};
 
-pub const RUN_DIR: &str = "/run/rtprobe";
+pub(crate) const RUN_DIR: &str = "/run/rtprobe";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Record {
+pub(crate) struct Record {
     pub id: String,
     pub pid: u32,
     /// /proc/PID/stat field 22 (clock ticks after boot).
@@ -40,7 +40,7 @@ pub struct Record {
 
 /// Start time of process `pid` (field 22 of /proc/PID/stat), None if there
 /// is no such process.
-pub fn start_time(pid: u32) -> Option<u64> {
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // comm (field 2) may hold spaces and parentheses: count after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -55,11 +55,11 @@ fn netns_inode(path: &str) -> Result<u64> {
 
 impl Record {
     /// A record owned by this process, in /run/rtprobe.
-    pub fn new(id: &str, kind: Kind) -> Result<Self> {
+    pub(crate) fn new(id: &str, kind: Kind) -> Result<Self> {
         Self::new_in(Path::new(RUN_DIR), id, kind)
     }
 
-    pub fn new_in(dir: &Path, id: &str, kind: Kind) -> Result<Self> {
+    pub(crate) fn new_in(dir: &Path, id: &str, kind: Kind) -> Result<Self> {
         let kind = match kind {
             Kind::Veth => "veth",
             Kind::NicPair => "nic-pair",
@@ -69,7 +69,7 @@ impl Record {
 
     /// A record in `dir` of a testbed of shape `kind` ("veth", "nic-pair",
     /// "pair": the two-namespace pair of `rtprobe testbed --pair`).
-    pub fn new_kind(dir: &Path, id: &str, kind: &str) -> Result<Self> {
+    pub(crate) fn new_kind(dir: &Path, id: &str, kind: &str) -> Result<Self> {
         let pid = std::process::id();
         let r = Self {
             id: id.to_string(),
@@ -84,13 +84,13 @@ impl Record {
         Ok(r)
     }
 
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.join(format!("{}.json", self.id))
     }
 
     /// Writes the record (whole, through a rename, so a crash leaves the
     /// old or the new one).
-    pub fn save(&self) -> Result<()> {
+    pub(crate) fn save(&self) -> Result<()> {
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("create {}", self.dir.display()))?;
         let tmp = self.dir.join(format!(".{}.json.tmp", self.id));
@@ -100,19 +100,19 @@ impl Record {
             .with_context(|| format!("write {}", self.path().display()))
     }
 
-    pub fn remove(self) {
+    pub(crate) fn remove(self) {
         if let Err(e) = std::fs::remove_file(self.path()) {
             log::warn!("could not remove {}: {e}", self.path().display());
         }
     }
 
     /// Is the process that made this testbed still running?
-    pub fn owner_alive(&self) -> bool {
+    pub(crate) fn owner_alive(&self) -> bool {
         start_time(self.pid) == Some(self.start_time)
     }
 
     /// One line for listings.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut ns = Vec::new();
         let mut ifs = Vec::new();
         for s in &self.steps {
@@ -140,7 +140,7 @@ impl Record {
 }
 
 /// All records in `dir`; unreadable ones are reported and skipped.
-pub fn load_all(dir: &Path) -> Vec<Record> {
+pub(crate) fn load_all(dir: &Path) -> Vec<Record> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -168,7 +168,7 @@ pub fn load_all(dir: &Path) -> Vec<Record> {
 }
 
 /// Records in `dir` whose owner is gone.
-pub fn stale(dir: &Path) -> Vec<Record> {
+pub(crate) fn stale(dir: &Path) -> Vec<Record> {
     load_all(dir)
         .into_iter()
         .filter(|r| !r.owner_alive())
@@ -177,7 +177,7 @@ pub fn stale(dir: &Path) -> Vec<Record> {
 
 /// One line on stderr when testbeds of dead runs are left (once per
 /// process: a scenario builds a testbed per cell).
-pub fn mention_stale() {
+pub(crate) fn mention_stale() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(mention_stale_now);
 }
@@ -211,7 +211,12 @@ fn host_of(sys: &dyn Sys, r: &Record) -> Result<Option<String>> {
 /// Lists (and unless `dry_run`, removes) the testbeds in `dir` whose owner
 /// is gone. Returns how many it found; the first failure is the error,
 /// after every testbed was tried.
-pub fn cleanup(sys: &dyn Sys, dir: &Path, dry_run: bool, out: &mut dyn Write) -> Result<usize> {
+pub(crate) fn cleanup(
+    sys: &dyn Sys,
+    dir: &Path,
+    dry_run: bool,
+    out: &mut dyn Write,
+) -> Result<usize> {
     let found = stale(dir);
     let mut first_err = None;
     for r in &found {

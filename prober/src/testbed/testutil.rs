@@ -9,7 +9,7 @@ use crate::sys::Netns;
 /// Panics with a clear message unless running as root: a root test that
 /// cannot run fails, it never passes. Root tests are `#[ignore]`d (so plain
 /// `cargo test` does not run them) and call this first.
-pub fn require_root() {
+pub(crate) fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "needs root: run by `cargo xtask test` as root"
@@ -19,7 +19,7 @@ pub fn require_root() {
 /// For root tests that are not `#[ignore]`d: true as root; under CI
 /// (`CI=true`) a missing root is a failure (panic); elsewhere a visible
 /// `SKIPPED (not root): TEST` line on stderr and false. Never a silent pass.
-pub fn root_or_skip(test: &str) -> bool {
+pub(crate) fn root_or_skip(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
@@ -36,7 +36,7 @@ pub fn root_or_skip(test: &str) -> bool {
 }
 
 /// A name unique to this process and call: "rtpt-<pid>-<random>".
-pub fn unique_name(tag: &str) -> String {
+pub(crate) fn unique_name(tag: &str) -> String {
     format!(
         "rtpt-{}-{tag}-{:08x}",
         std::process::id(),
@@ -45,21 +45,21 @@ pub fn unique_name(tag: &str) -> String {
 }
 
 /// A fresh namespace with loopback up, deleted on drop.
-pub fn netns(tag: &str) -> Netns {
+pub(crate) fn netns(tag: &str) -> Netns {
     let ns = Netns::create(&unique_name(tag)).expect("create a test namespace");
     ip(&ns, "link set lo up");
     ns
 }
 
 /// Runs `ip -n NS ARGS...` and panics with the command and its stderr on failure.
-pub fn ip(ns: &Netns, args: &str) {
+pub(crate) fn ip(ns: &Netns, args: &str) {
     run(Command::new("ip")
         .args(["-n", ns.name()])
         .args(args.split_whitespace()));
 }
 
 /// Runs `ip netns exec NS CMD...` (e.g. sysctl inside the namespace).
-pub fn exec(ns: &Netns, cmd: &str) -> String {
+pub(crate) fn exec(ns: &Netns, cmd: &str) -> String {
     run(Command::new("ip")
         .args(["netns", "exec", ns.name()])
         .args(cmd.split_whitespace()))
@@ -78,7 +78,7 @@ fn run(cmd: &mut Command) -> String {
 
 /// The MAC address of `ifname` in `ns` (from `ip -j`: sysfs shows the
 /// namespace it was mounted in, not the caller's).
-pub fn mac(ns: &Netns, ifname: &str) -> [u8; 6] {
+pub(crate) fn mac(ns: &Netns, ifname: &str) -> [u8; 6] {
     let out = run(Command::new("ip").args(["-n", ns.name(), "-j", "link", "show", "dev", ifname]));
     let v: serde_json::Value = serde_json::from_str(&out).expect("ip -j output");
     let s = v[0]["address"].as_str().expect("an address field");
@@ -90,7 +90,7 @@ pub fn mac(ns: &Netns, ifname: &str) -> [u8; 6] {
 }
 
 /// The ifindex of `ifname` in `ns`.
-pub fn ifindex(ns: &Netns, ifname: &str) -> u32 {
+pub(crate) fn ifindex(ns: &Netns, ifname: &str) -> u32 {
     ns.run(|| Ok(nix::net::if_::if_nametoindex(ifname)?))
         .expect("ifindex of a test interface")
 }

@@ -9,7 +9,7 @@ use std::{fmt, str::FromStr, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
-pub use crate::model::units::Bytes;
+pub(crate) use crate::model::units::Bytes;
 use crate::model::units::{fmt_num, serde_via_str, split_number};
 
 /// A rate in bits per second. Units as in tc: `bit`, `kbit`, `mbit`,
@@ -237,7 +237,7 @@ impl FromStr for CpuDmaLatency {
 }
 
 /// A duration in tc's syntax, exact to the microsecond.
-pub fn tc_time(d: Duration) -> String {
+pub(crate) fn tc_time(d: Duration) -> String {
     format!("{}us", d.as_micros())
 }
 

@@ -26,7 +26,7 @@ use crate::{
 /// Everything `apply` changed; restores it all (in reverse) on drop or
 /// `restore()`. Borrows the testbed so it cannot outlive it: knobs must be
 /// undone while the interfaces are still where they were put.
-pub struct Applied<'tb> {
+pub(crate) struct Applied<'tb> {
     guards: Vec<Box<dyn KnobGuard + 'tb>>,
     load: Option<load::Load>,
     sampler: Option<sampler::QueueSampler>,
@@ -48,7 +48,7 @@ impl<'tb> Applied<'tb> {
     /// What was applied, for RunMeta.knobs: one entry per knob, plus
     /// `bottleneck`, `skipped` (requested but not run: the run is not what
     /// was asked) and `unsupported` (device cannot, reported).
-    pub fn metadata(&self) -> AppliedKnobs {
+    pub(crate) fn metadata(&self) -> AppliedKnobs {
         let mut m = self.notes.clone();
         for g in &self.guards {
             g.record(&mut m);
@@ -64,19 +64,19 @@ impl<'tb> Applied<'tb> {
 
     /// Real-time settings for the probe sender thread to apply to itself.
     #[cfg(test)]
-    pub fn rt(&self) -> &RtSettings {
+    pub(crate) fn rt(&self) -> &RtSettings {
         &self.rt
     }
 
     /// The bottleneck interface and its namespace.
     #[cfg(test)]
-    pub fn bottleneck(&self) -> (&'tb Netns, &str) {
+    pub(crate) fn bottleneck(&self) -> (&'tb Netns, &str) {
         (self.bottleneck_ns, &self.bottleneck_dev)
     }
 
     /// Starts the queue sampler into `csv` if the knobs ask for one
     /// (`queue_sample`); returns whether it started.
-    pub fn start_queue_sampler(&mut self, csv: &Path) -> Result<bool> {
+    pub(crate) fn start_queue_sampler(&mut self, csv: &Path) -> Result<bool> {
         let Some(iv) = self.queue_sample else {
             return Ok(false);
         };
@@ -95,7 +95,7 @@ impl<'tb> Applied<'tb> {
     /// Stops the competing load (and the queue sampler) and returns what
     /// the load achieved (None without load) and what was asked for but
     /// did not run, for the run report.
-    pub fn stop_load(&mut self) -> Result<(Option<LoadReport>, Vec<String>)> {
+    pub(crate) fn stop_load(&mut self) -> Result<(Option<LoadReport>, Vec<String>)> {
         if let Some(s) = &mut self.sampler {
             s.stop()?;
         }
@@ -133,7 +133,7 @@ impl<'tb> Applied<'tb> {
 
     /// Undoes everything now; the first error is returned, the rest logged,
     /// and every knob is attempted.
-    pub fn restore(mut self) -> Result<()> {
+    pub(crate) fn restore(mut self) -> Result<()> {
         self.restore_all()
     }
 
@@ -245,7 +245,7 @@ pub(super) fn decide_qdisc(
 
 /// Applies `knobs` to the testbed. On error everything applied so far is
 /// restored before returning.
-pub fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
+pub(crate) fn apply<'tb>(tb: &'tb Testbed, knobs: &Knobs) -> Result<Applied<'tb>> {
     knobs.validate_with_probe().map_err(|e| anyhow!(e))?;
     let (ns, iface) = bottleneck_of(tb, knobs)?;
     let dev = iface.name.clone();

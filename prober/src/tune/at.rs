@@ -4,18 +4,18 @@ use crate::sys::{Ns, Sys};
 
 /// A namespace and the [`Sys`] that reaches it.
 #[derive(Clone, Copy)]
-pub struct At<'a> {
+pub(crate) struct At<'a> {
     pub sys: &'a dyn Sys,
     pub ns: Ns<'a>,
 }
 
 impl<'a> At<'a> {
-    pub fn new(sys: &'a dyn Sys, ns: Ns<'a>) -> Self {
+    pub(crate) fn new(sys: &'a dyn Sys, ns: Ns<'a>) -> Self {
         Self { sys, ns }
     }
 
     /// The namespace's name, for metadata and messages.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.ns.label()
     }
 }

@@ -18,7 +18,7 @@ use super::{KnobGuard, Outcome, at::At};
 use crate::model::knobs::{APPLIED, AppliedKnobs, BqlApplied, BqlQueue};
 use crate::sys::netdev_attr;
 
-pub struct BqlGuard<'a> {
+pub(crate) struct BqlGuard<'a> {
     at: At<'a>,
     dev: String,
     limit_max: u64,
@@ -62,7 +62,7 @@ fn read_limit(at: At<'_>, dev: &str, q: &str) -> Result<u64> {
 }
 
 /// Sets limit_max on every TX queue of `dev`.
-pub fn apply<'a>(
+pub(crate) fn apply<'a>(
     at: impl Into<At<'a>>,
     dev: &str,
     limit_max: u64,
@@ -100,7 +100,7 @@ pub fn apply<'a>(
 
 /// limit_max of every TX queue of `dev` (for tests and reports).
 #[cfg(test)]
-pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Vec<(String, u64)>> {
+pub(crate) fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Vec<(String, u64)>> {
     let at = at.into();
     let mut out = Vec::new();
     for q in bql_queues(at, dev)? {
@@ -113,7 +113,7 @@ pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Vec<(String, u64)>> 
 
 impl BqlGuard<'_> {
     /// What was applied, for the run metadata's `bql`.
-    pub fn metadata(&self) -> BqlApplied {
+    pub(crate) fn metadata(&self) -> BqlApplied {
         BqlApplied {
             dev: self.dev.clone(),
             limit_max_bytes: self.limit_max,

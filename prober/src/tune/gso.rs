@@ -23,9 +23,9 @@ use anyhow::{Context, Result};
 use super::{KnobGuard, at::At};
 use crate::model::knobs::{APPLIED, AppliedKnobs, GsoApplied, TsoGso};
 use crate::sys::Offload;
-pub use crate::sys::ethtool::Segmentation;
+pub(crate) use crate::sys::ethtool::Segmentation;
 
-pub struct GsoGuard<'a> {
+pub(crate) struct GsoGuard<'a> {
     at: At<'a>,
     dev: String,
     on: bool,
@@ -33,7 +33,7 @@ pub struct GsoGuard<'a> {
     restored: bool,
 }
 
-pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Segmentation> {
+pub(crate) fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<Segmentation> {
     let at = at.into();
     Ok(Segmentation {
         tso: at.sys.offload(at.ns, dev, Offload::Tso)?,
@@ -56,7 +56,7 @@ fn set(at: At<'_>, dev: &str, want: Segmentation) -> Result<()> {
 }
 
 /// Turns TSO and GSO on or off on `dev`.
-pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, on: bool) -> Result<GsoGuard<'a>> {
+pub(crate) fn apply<'a>(at: impl Into<At<'a>>, dev: &str, on: bool) -> Result<GsoGuard<'a>> {
     let at = at.into();
     let previous = (|| {
         let prev = read(at, dev)?;
@@ -75,7 +75,7 @@ pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, on: bool) -> Result<GsoGuard<
 
 impl GsoGuard<'_> {
     /// What was applied, for the run metadata's `gso`.
-    pub fn metadata(&self) -> GsoApplied {
+    pub(crate) fn metadata(&self) -> GsoApplied {
         GsoApplied {
             dev: self.dev.clone(),
             netns: self.at.name(),

@@ -35,23 +35,23 @@
 //! /proc/sys, SIOCETHTOOL, sockets, sched_*), each of which names its own
 //! interface and minimum version; together Linux >= 4.15.
 
-pub mod amounts;
+pub(crate) mod amounts;
 mod apply;
 mod at;
-pub mod bql;
-pub mod gso;
+pub(crate) mod bql;
+pub(crate) mod gso;
 mod knob_spec;
-pub mod load;
-pub mod qdisc;
-pub mod ring;
-pub mod sampler;
-pub mod shaping;
-pub mod stress;
+pub(crate) mod load;
+pub(crate) mod qdisc;
+pub(crate) mod ring;
+pub(crate) mod sampler;
+pub(crate) mod shaping;
+pub(crate) mod stress;
 #[cfg(test)]
 mod sysfs;
-pub mod tc;
-pub mod tsq;
-pub mod txqueuelen;
+pub(crate) mod tc;
+pub(crate) mod tsq;
+pub(crate) mod txqueuelen;
 
 #[cfg(test)]
 mod root_tests;
@@ -65,7 +65,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-pub use self::{
+pub(crate) use self::{
     amounts::{Bytes, CpuDmaLatency, QueueLimit, Rate},
     at::At,
     knob_spec::KnobSpec,
@@ -77,10 +77,10 @@ pub use self::{
 use crate::{model::knobs::AppliedKnobs, sys::rt::RtSettings};
 #[cfg(test)]
 use apply::decide_qdisc;
-pub use apply::{Applied, apply};
+pub(crate) use apply::{Applied, apply};
 
 /// A knob that is in effect and can be undone.
-pub trait KnobGuard: Send {
+pub(crate) trait KnobGuard: Send {
     /// Key in the run metadata, and the knob's name in messages.
     fn name(&self) -> &'static str;
     /// Puts what was applied into its field of RunMeta.knobs.
@@ -90,7 +90,7 @@ pub trait KnobGuard: Send {
 }
 
 /// A device knob either applies or the device cannot do it.
-pub enum Outcome<G> {
+pub(crate) enum Outcome<G> {
     Applied(G),
     Unsupported(String),
 }
@@ -202,7 +202,7 @@ impl ProbeContext {
 }
 
 /// Default warm-up between starting the load and starting the probes.
-pub const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 
 /// The knobs of one run: the option model's [`KnobSpec`] as asked for
 /// (the command line's flags or a scenario's merged `[knobs]` and
@@ -528,7 +528,7 @@ impl Knobs {
 }
 
 /// `on`/`off` (and true/false, 1/0) for switch flags.
-pub fn parse_on_off(s: &str) -> Result<bool, String> {
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "on" | "true" | "1" | "yes" => Ok(true),
         "off" | "false" | "0" | "no" => Ok(false),

@@ -14,7 +14,7 @@ use super::{KnobGuard, Outcome, at::At};
 use crate::model::knobs::{APPLIED, AppliedKnobs, TxRingApplied};
 use crate::sys::ethtool::Unsupported;
 
-pub struct TxRingGuard<'a> {
+pub(crate) struct TxRingGuard<'a> {
     at: At<'a>,
     dev: String,
     tx: u32,
@@ -22,7 +22,11 @@ pub struct TxRingGuard<'a> {
     restored: bool,
 }
 
-pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, tx: u32) -> Result<Outcome<TxRingGuard<'a>>> {
+pub(crate) fn apply<'a>(
+    at: impl Into<At<'a>>,
+    dev: &str,
+    tx: u32,
+) -> Result<Outcome<TxRingGuard<'a>>> {
     let at = at.into();
     let r = match at.sys.ring(at.ns, dev) {
         Ok(r) => r,
@@ -49,7 +53,7 @@ pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, tx: u32) -> Result<Outcome<Tx
 
 impl TxRingGuard<'_> {
     /// What was applied, for the run metadata's `tx_ring`.
-    pub fn metadata(&self) -> TxRingApplied {
+    pub(crate) fn metadata(&self) -> TxRingApplied {
         TxRingApplied {
             dev: self.dev.clone(),
             netns: self.at.name(),

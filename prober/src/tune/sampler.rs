@@ -36,9 +36,9 @@ use anyhow::{Context, Result, anyhow};
 use crate::model::knobs::QueueSamplerApplied;
 use crate::sys::{Netns, netlink::NlSocket};
 
-pub const HEADER: &str = "t_ns,handle,parent,kind,qlen_pkts,backlog_bytes,drops,overlimits,requeues,sent_bytes,sent_pkts";
+pub(crate) const HEADER: &str = "t_ns,handle,parent,kind,qlen_pkts,backlog_bytes,drops,overlimits,requeues,sent_bytes,sent_pkts";
 
-pub struct QueueSampler {
+pub(crate) struct QueueSampler {
     path: PathBuf,
     interval: Duration,
     stop: Arc<AtomicBool>,
@@ -47,7 +47,12 @@ pub struct QueueSampler {
 }
 
 /// Starts sampling `dev` in `ns` every `interval` into `path`.
-pub fn start(ns: &Netns, dev: &str, interval: Duration, path: &Path) -> Result<QueueSampler> {
+pub(crate) fn start(
+    ns: &Netns,
+    dev: &str,
+    interval: Duration,
+    path: &Path,
+) -> Result<QueueSampler> {
     if interval < Duration::from_millis(1) {
         anyhow::bail!("queue sample interval must be at least 1ms");
     }
@@ -159,7 +164,7 @@ fn sample_loop(
 
 impl QueueSampler {
     /// Stops sampling and flushes the CSV; returns the number of samples.
-    pub fn stop(&mut self) -> Result<u64> {
+    pub(crate) fn stop(&mut self) -> Result<u64> {
         if let Some(n) = self.samples {
             return Ok(n);
         }
@@ -174,7 +179,7 @@ impl QueueSampler {
         Ok(n)
     }
 
-    pub fn metadata(&self) -> QueueSamplerApplied {
+    pub(crate) fn metadata(&self) -> QueueSamplerApplied {
         QueueSamplerApplied {
             csv: self.path.display().to_string(),
             interval: crate::model::units::fmt_duration(self.interval),

@@ -47,16 +47,16 @@ use super::{
 
 /// Ethernet framing a veth does not carry but a cable does: FCS 4,
 /// preamble + SFD 8, inter-frame gap 12.
-pub const DEFAULT_WIRE_OVERHEAD: u32 = 24;
+pub(crate) const DEFAULT_WIRE_OVERHEAD: u32 = 24;
 
 /// L2 header (14) + IPv4 (20) + UDP (8): what a UDP payload costs on top
 /// in the frame the shaper sees.
-pub const UDP_IPV4_ETH_HEADERS: u32 = 14 + 20 + 8;
+pub(crate) const UDP_IPV4_ETH_HEADERS: u32 = 14 + 20 + 8;
 /// What an IPv6 header (40) adds over IPv4's (20).
-pub const IPV6_EXTRA_HEADER_BYTES: u32 = 20;
+pub(crate) const IPV6_EXTRA_HEADER_BYTES: u32 = 20;
 
 /// A full-size Ethernet frame without FCS, as the qdisc sees it.
-pub const MTU_FRAME: u64 = 1514;
+pub(crate) const MTU_FRAME: u64 = 1514;
 
 /// Which qdisc shapes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,8 +90,8 @@ pub struct Shaping {
 }
 
 /// Handle of the shaper's root and of its class the leaf hangs from.
-pub const SHAPER_ROOT: &str = "1:";
-pub const SHAPER_CLASS: &str = "1:1";
+pub(crate) const SHAPER_ROOT: &str = "1:";
+pub(crate) const SHAPER_CLASS: &str = "1:1";
 
 impl Shaping {
     pub fn new(rate: Rate) -> Self {

@@ -43,11 +43,11 @@ impl StressTool {
 }
 
 /// Whether stress-ng can be run.
-pub fn stress_ng_path() -> Option<std::path::PathBuf> {
+pub(crate) fn stress_ng_path() -> Option<std::path::PathBuf> {
     which::which("stress-ng").ok()
 }
 
-pub struct Stress {
+pub(crate) struct Stress {
     workers: u32,
     tool: StressTool,
     stop: Arc<AtomicBool>,
@@ -59,7 +59,7 @@ pub struct Stress {
     stopped_after: Option<Duration>,
 }
 
-pub fn start(workers: u32, tool: StressTool) -> Result<Stress> {
+pub(crate) fn start(workers: u32, tool: StressTool) -> Result<Stress> {
     if workers == 0 || workers > 1024 {
         bail!("stress workers {workers} out of range: use 1 to 1024");
     }
@@ -124,7 +124,7 @@ fn sqrt_worker(stop: &AtomicBool) -> u64 {
 }
 
 impl Stress {
-    pub fn stop(&mut self) -> Result<()> {
+    pub(crate) fn stop(&mut self) -> Result<()> {
         if self.stopped_after.is_some() {
             return Ok(());
         }
@@ -141,7 +141,7 @@ impl Stress {
     }
 
     #[cfg(test)]
-    pub fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         self.stopped_after.is_none()
     }
 }

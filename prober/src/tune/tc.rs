@@ -1,4 +1,4 @@
 //! `tc` is wrapped once, in [`crate::sys::tc`]; tune builds its command
 //! lines and runs them through [`crate::sys::Sys::tc`].
 
-pub use crate::sys::tc::*;
+pub(crate) use crate::sys::tc::*;

@@ -14,11 +14,11 @@ use crate::{
 
 /// True as root; under CI a failure, elsewhere a visible SKIPPED line (see
 /// [`crate::testbed::testutil::root_or_skip`]).
-pub fn root_or_skip(test: &str) -> bool {
+pub(crate) fn root_or_skip(test: &str) -> bool {
     crate::testbed::testutil::root_or_skip(test)
 }
 
-pub fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     format!(
         "rtpt-{}-{:04x}-{tag}",
         std::process::id(),
@@ -26,7 +26,7 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
-pub fn ip(args: &[&str]) -> Result<String> {
+pub(crate) fn ip(args: &[&str]) -> Result<String> {
     let out = Command::new("ip").args(args).output().context("run ip")?;
     if !out.status.success() {
         bail!(
@@ -39,7 +39,7 @@ pub fn ip(args: &[&str]) -> Result<String> {
 }
 
 /// Runs a command inside `ns` (`ip netns exec`), returns stdout.
-pub fn exec(ns: &Netns, args: &[&str]) -> Result<String> {
+pub(crate) fn exec(ns: &Netns, args: &[&str]) -> Result<String> {
     let mut a = vec!["netns", "exec", ns.name()];
     a.extend_from_slice(args);
     let out = Command::new("ip")
@@ -82,7 +82,7 @@ fn addr(ns: &Netns, dev: &str, cidr: &str) -> Result<()> {
 }
 
 /// sender --veth-- receiver (like NIC-pair mode: no router).
-pub fn direct() -> Result<Testbed> {
+pub(crate) fn direct() -> Result<Testbed> {
     let id = unique("d");
     let sender = Netns::create(&format!("{id}-s"))?;
     let receiver = Netns::create(&format!("{id}-r"))?;
@@ -127,7 +127,7 @@ pub fn direct() -> Result<Testbed> {
 }
 
 /// sender --veth-- router --veth-- receiver, kernel forwarding.
-pub fn routed() -> Result<Testbed> {
+pub(crate) fn routed() -> Result<Testbed> {
     let id = unique("r");
     let sender = Netns::create(&format!("{id}-s"))?;
     let router = Netns::create(&format!("{id}-m"))?;
@@ -208,7 +208,7 @@ pub fn routed() -> Result<Testbed> {
 /// Everything about a namespace the knobs could change, to compare
 /// before/after: qdiscs (`tc qdisc show`), sysctls, offloads, txqueuelen,
 /// the interfaces present.
-pub fn snapshot(ns: &Netns, dev: &str) -> Result<String> {
+pub(crate) fn snapshot(ns: &Netns, dev: &str) -> Result<String> {
     let mut s = String::new();
     s += &exec(ns, &["tc", "qdisc", "show"])?;
     s += &exec(ns, &["tc", "class", "show", "dev", dev])?;

@@ -18,10 +18,10 @@ use crate::model::knobs::{APPLIED, AppliedKnobs, TsqApplied};
 use crate::sys::Ns;
 
 #[cfg(test)]
-pub const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_limit_output_bytes";
+pub(crate) const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_limit_output_bytes";
 const KEY: &str = "net.ipv4.tcp_limit_output_bytes";
 
-pub struct TsqGuard<'a> {
+pub(crate) struct TsqGuard<'a> {
     at: At<'a>,
     bytes: u64,
     previous: u64,
@@ -34,12 +34,12 @@ fn read_in(at: At<'_>, ns: Ns<'_>) -> Result<u64> {
 }
 
 #[cfg(test)]
-pub fn read<'a>(at: impl Into<At<'a>>) -> Result<u64> {
+pub(crate) fn read<'a>(at: impl Into<At<'a>>) -> Result<u64> {
     let at = at.into();
     read_in(at, at.ns)
 }
 
-pub fn apply<'a>(at: impl Into<At<'a>>, bytes: u64) -> Result<TsqGuard<'a>> {
+pub(crate) fn apply<'a>(at: impl Into<At<'a>>, bytes: u64) -> Result<TsqGuard<'a>> {
     let at = at.into();
     if bytes == 0 || bytes > i32::MAX as u64 {
         bail!("tcp_limit_output_bytes {bytes} is out of range (1..2147483647)");
@@ -69,7 +69,7 @@ pub fn apply<'a>(at: impl Into<At<'a>>, bytes: u64) -> Result<TsqGuard<'a>> {
 
 impl TsqGuard<'_> {
     /// What was applied, for the run metadata's `tsq`.
-    pub fn metadata(&self) -> TsqApplied {
+    pub(crate) fn metadata(&self) -> TsqApplied {
         TsqApplied {
             bytes: self.bytes,
             netns: self.at.name(),

@@ -14,7 +14,7 @@ use super::{KnobGuard, at::At};
 use crate::model::knobs::{APPLIED, AppliedKnobs, TxQueueLenApplied};
 use crate::sys::netdev_attr;
 
-pub struct TxQueueLenGuard<'a> {
+pub(crate) struct TxQueueLenGuard<'a> {
     at: At<'a>,
     dev: String,
     len: u32,
@@ -28,7 +28,7 @@ fn parse(dev: &str, s: &str) -> Result<u64> {
 }
 
 #[cfg(test)]
-pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<u64> {
+pub(crate) fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<u64> {
     let at = at.into();
     parse(
         dev,
@@ -37,7 +37,7 @@ pub fn read<'a>(at: impl Into<At<'a>>, dev: &str) -> Result<u64> {
     )
 }
 
-pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, len: u32) -> Result<TxQueueLenGuard<'a>> {
+pub(crate) fn apply<'a>(at: impl Into<At<'a>>, dev: &str, len: u32) -> Result<TxQueueLenGuard<'a>> {
     let at = at.into();
     if len == 0 {
         bail!("txqueuelen 0 would leave pfifo_fast without a queue: give at least 1");
@@ -60,7 +60,7 @@ pub fn apply<'a>(at: impl Into<At<'a>>, dev: &str, len: u32) -> Result<TxQueueLe
 
 impl TxQueueLenGuard<'_> {
     /// What was applied, for the run metadata's `txqueuelen`.
-    pub fn metadata(&self) -> TxQueueLenApplied {
+    pub(crate) fn metadata(&self) -> TxQueueLenApplied {
         TxQueueLenApplied {
             dev: self.dev.clone(),
             netns: self.at.name(),

@@ -17,7 +17,7 @@ use crate::{
 /// What stopped the forwarded rate from going higher in a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Limit {
+pub(crate) enum Limit {
     /// The hop dropped part of what it was offered: it was the bottleneck.
     Router,
     /// Flat out and nothing dropped: the generator could not offer more.
@@ -27,7 +27,7 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Limit::Router => "router",
             Limit::Generator => "generator",
@@ -39,10 +39,10 @@ impl Limit {
 /// Drops above this share of what was generated mean the hop is the limit
 /// (below it: packets still in flight when the counters were read, and
 /// the odd neighbour-resolution drop).
-pub const ROUTER_LIMIT_DROP_PCT: f64 = 1.0;
+pub(super) const ROUTER_LIMIT_DROP_PCT: f64 = 1.0;
 
 /// Names the limit of a step from what was generated and forwarded. Pure.
-pub fn classify(load_pct: u32, generated: u64, forwarded: u64) -> Limit {
+pub(super) fn classify(load_pct: u32, generated: u64, forwarded: u64) -> Limit {
     if generated == 0 {
         return Limit::None;
     }
@@ -58,7 +58,7 @@ pub fn classify(load_pct: u32, generated: u64, forwarded: u64) -> Limit {
 
 /// Probe figures of one step.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ProbeFigures {
+pub(crate) struct ProbeFigures {
     pub sent: u64,
     pub lost: u64,
     pub rtt_p50_ns: Option<u64>,
@@ -87,7 +87,7 @@ impl ProbeFigures {
 
 /// One measured step.
 #[derive(Debug, Clone, Serialize)]
-pub struct StepResult {
+pub(crate) struct StepResult {
     pub mode: ForwardMode,
     /// Memory accesses per packet of the router's work variant (None: the router itself).
     pub work: Option<u32>,
@@ -122,7 +122,7 @@ pub struct StepResult {
 
 /// Everything `bench-forward` measured, with the machine it ran on.
 #[derive(Debug, Clone, Serialize)]
-pub struct ForwardReport {
+pub(crate) struct ForwardReport {
     pub machine: Machine,
     /// Ids of the testbeds built (one per mode); all removed at the end.
     pub testbed_ids: Vec<String>,
@@ -137,7 +137,7 @@ pub struct ForwardReport {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpus: usize,
     pub cpu_model: String,
     pub kernel: String,
@@ -151,7 +151,7 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn describe() -> Self {
+    pub(crate) fn describe() -> Self {
         let host = crate::sys::host::host_facts();
         let loadavg_at_start = std::fs::read_to_string("/proc/loadavg")
             .ok()

@@ -11,14 +11,14 @@ use crate::bench_forward::{
 };
 
 /// The label of a variant: the mode's, with `+wN` for the work variant.
-pub fn variant_label(mode: ForwardMode, work: Option<u32>) -> String {
+pub(crate) fn variant_label(mode: ForwardMode, work: Option<u32>) -> String {
     match work {
         Some(w) => format!("{}+w{w}", mode_label(mode)),
         None => mode_label(mode).to_string(),
     }
 }
 
-pub fn mode_label(m: ForwardMode) -> &'static str {
+pub(super) fn mode_label(m: ForwardMode) -> &'static str {
     match m {
         ForwardMode::Off => "kernel",
         ForwardMode::Skb => "xdp-skb",
@@ -33,7 +33,7 @@ fn us(ns: Option<u64>) -> String {
 }
 
 /// One table row per step. Pure.
-pub fn format_step(r: &StepResult) -> String {
+pub(crate) fn format_step(r: &StepResult) -> String {
     let cores: Vec<String> = r
         .cores
         .iter()
@@ -58,7 +58,7 @@ pub fn format_step(r: &StepResult) -> String {
     )
 }
 
-pub fn table_header() -> String {
+pub(crate) fn table_header() -> String {
     format!(
         "{:<16}{:>5}{:>6}{:>11}{:>11}{:>11}{:>7}{:>6}{:>6}  {:<16}{:>9}{:>9}{:>10}  {}",
         "mode",
@@ -79,7 +79,7 @@ pub fn table_header() -> String {
 }
 
 /// The whole report as text. Pure.
-pub fn format_report(r: &ForwardReport) -> String {
+pub(crate) fn format_report(r: &ForwardReport) -> String {
     let mut o = String::new();
     write_heading(&mut o, r);
     let _ = writeln!(o, "{}", table_header());

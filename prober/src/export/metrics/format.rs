@@ -58,7 +58,7 @@ impl Format {
 /// prometheus-client writes it: every family's `# HELP` just before its
 /// `# TYPE`. Counters are described under `name_total`, `# UNIT` and
 /// `# EOF` go; every sample line is copied unchanged.
-pub fn prometheus_text(openmetrics: &str) -> String {
+pub(super) fn prometheus_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     let mut help: Option<(&str, &str)> = None;
     for line in openmetrics.split_inclusive('\n') {

@@ -6,11 +6,11 @@
 
 use anyhow::{Result, bail};
 
-pub use crate::model::units::{Unit, format_duration_ns, format_number, split_duration_ns};
+pub(crate) use crate::model::units::{Unit, format_duration_ns, format_number, split_duration_ns};
 
 /// A latency axis: data range, unit, scale.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ValueAxis {
+pub(crate) struct ValueAxis {
     pub unit: Unit,
     pub log: bool,
     /// Ends of the axis in plot coordinates (see module docs).
@@ -24,7 +24,7 @@ impl ValueAxis {
     /// An axis covering `[min_ns, max_ns]` with a little room at both ends,
     /// unless the user fixed an end (`fixed_min_ns` / `fixed_max_ns`). On a
     /// log axis `min_ns` must be the smallest *positive* sample.
-    pub fn fit(
+    pub(crate) fn fit(
         min_ns: f64,
         max_ns: f64,
         log: bool,
@@ -91,7 +91,7 @@ impl ValueAxis {
 
     /// The same axis with `fraction` of its height added on top (room for a
     /// legend above the data), unless the user fixed the upper end.
-    pub fn with_headroom(&self, fraction: f64) -> ValueAxis {
+    pub(crate) fn with_headroom(&self, fraction: f64) -> ValueAxis {
         let mut a = self.clone();
         if !a.fixed_hi && fraction > 0.0 && fraction < 0.8 {
             a.hi += (a.hi - a.lo) * fraction / (1.0 - fraction);
@@ -101,7 +101,7 @@ impl ValueAxis {
 
     /// Plot coordinate of a latency, or `None` if it is off the axis (or
     /// not representable: <= 0 on a log axis).
-    pub fn coord(&self, ns: f64) -> Option<f64> {
+    pub(crate) fn coord(&self, ns: f64) -> Option<f64> {
         let c = self.coord_unclamped(ns)?;
         let eps = (self.hi - self.lo) * 1e-9;
         (c >= self.lo - eps && c <= self.hi + eps).then_some(c)
@@ -110,7 +110,7 @@ impl ValueAxis {
     /// Plot coordinate of a latency, clamped to the axis ends (for boxes and
     /// whiskers cut by a user-fixed range). `None` only for <= 0 on a log
     /// axis, which is drawn at the bottom edge.
-    pub fn coord_clamped(&self, ns: f64) -> f64 {
+    pub(crate) fn coord_clamped(&self, ns: f64) -> f64 {
         match self.coord_unclamped(ns) {
             Some(c) => c.clamp(self.lo, self.hi),
             None => self.lo,
@@ -127,7 +127,7 @@ impl ValueAxis {
     }
 
     /// Tick positions in plot coordinates.
-    pub fn ticks(&self) -> Vec<f64> {
+    pub(crate) fn ticks(&self) -> Vec<f64> {
         if !self.log {
             return nice_ticks(self.lo, self.hi, 10);
         }
@@ -168,20 +168,20 @@ impl ValueAxis {
     }
 
     /// Label of a tick (plot coordinate) as a number in `self.unit`.
-    pub fn format_tick(&self, c: f64) -> String {
+    pub(crate) fn format_tick(&self, c: f64) -> String {
         let v = if self.log { 10f64.powf(c) } else { c };
         format_number(v)
     }
 
     /// "One-way latency (µs)".
-    pub fn describe(&self, what: &str) -> String {
+    pub(crate) fn describe(&self, what: &str) -> String {
         format!("{what} ({})", self.unit.symbol())
     }
 }
 
 /// Evenly spaced ticks at 1, 2 or 5 times a power of ten, about `target`
 /// of them, covering `[lo, hi]`.
-pub fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
+pub(crate) fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
     if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
         return vec![lo];
     }
@@ -204,7 +204,7 @@ pub fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
 }
 
 /// A count with thousands separators: 1000000 -> "1,000,000".
-pub fn format_count(n: u64) -> String {
+pub(crate) fn format_count(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

@@ -28,7 +28,7 @@ use super::{
 
 /// Whether a file's text is a bench-forward JSON report: a JSON object
 /// with its `machine`, `testbed_ids` and `steps` (in any order).
-pub fn sniff(text: &[u8]) -> bool {
+pub(crate) fn sniff(text: &[u8]) -> bool {
     let starts_as_object = text
         .iter()
         .find(|b| !b.is_ascii_whitespace())
@@ -44,7 +44,7 @@ pub fn sniff(text: &[u8]) -> bool {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub machine: Machine,
     pub steps: Vec<Step>,
     #[serde(default)]
@@ -56,7 +56,7 @@ pub struct Report {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpus: usize,
     pub cpu_model: String,
     pub kernel: String,
@@ -64,7 +64,7 @@ pub struct Machine {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Step {
+pub(crate) struct Step {
     pub mode: String,
     pub work: Option<u32>,
     pub size: usize,
@@ -73,7 +73,7 @@ pub struct Step {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Bounce {
+pub(crate) struct Bounce {
     pub hook: String,
     pub queues: u32,
     pub bounced_pps: f64,
@@ -83,7 +83,7 @@ pub struct Bounce {
 }
 
 /// Reads a bench-forward JSON report.
-pub fn read(path: &Path) -> Result<Report> {
+pub(crate) fn read(path: &Path) -> Result<Report> {
     let text = crate::input::read_text(
         path,
         "bench-forward JSON report",
@@ -102,7 +102,7 @@ pub fn read(path: &Path) -> Result<Report> {
 
 /// One line of a panel: points in axis coordinates.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Line {
+pub(crate) struct Line {
     pub label: String,
     pub color: usize,
     pub dashed: bool,
@@ -111,7 +111,7 @@ pub struct Line {
 
 /// One panel, laid out: axis ranges, ticks with their labels, lines.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Panel {
+pub(crate) struct Panel {
     pub title: String,
     pub x_desc: String,
     pub y_desc: String,
@@ -210,7 +210,7 @@ fn mode_lines(steps: &[&Step], x: impl Fn(&Step) -> Option<f64>) -> Vec<Line> {
 }
 
 /// The panels a report has data for, in order: sizes, work, bounce. Pure.
-pub fn panels(r: &Report) -> Vec<Panel> {
+pub(crate) fn panels(r: &Report) -> Vec<Panel> {
     let flat: Vec<&Step> = r.steps.iter().filter(|s| s.load_pct >= 100).collect();
     [
         size_panel(&flat),
@@ -335,7 +335,7 @@ fn hook_lines(h: &str, rows: &[&Bounce]) -> Vec<Line> {
 }
 
 /// The figure's notes: the machine and what else ran on it.
-pub fn notes(r: &Report) -> Vec<String> {
+pub(crate) fn notes(r: &Report) -> Vec<String> {
     let m = &r.machine;
     let mut n = vec![format!(
         "{} CPU(s), {}, kernel {}; load average {:.2} when the run started (other work shares these cores); {}",
@@ -362,7 +362,7 @@ pub fn notes(r: &Report) -> Vec<String> {
 
 /// Draws `bench-forward --json` reports given to `rtprobe plot`: one
 /// figure per report, `PREFIX-forwarding.{svg,png}`.
-pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
+pub(crate) fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
     if opts.inputs.len() != 1 {
         bail!(
             "give one bench-forward JSON report at a time ({} given): it is drawn as one figure",
@@ -405,7 +405,7 @@ pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
 }
 
 /// Narrowest panel: a wider --figure-size is kept, a narrower one widened.
-pub const PANEL_MIN_PX: u32 = 480;
+pub(crate) const PANEL_MIN_PX: u32 = 480;
 
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
@@ -435,7 +435,7 @@ fn save(
 
 /// The figure as an SVG document in memory (for tests).
 #[cfg(test)]
-pub fn to_svg_string(
+pub(crate) fn to_svg_string(
     panels: &[Panel],
     title: &str,
     notes: &[String],

@@ -39,7 +39,7 @@ use crate::{export::csv::META_PREFIX, model::meta::RunMeta, stats::chain::Stage}
 /// Whether the first bytes of a file are an HdrHistogram interval log
 /// rather than a CSV: its `#[...]` header lines, its column legend, or a
 /// `Tag=` / timestamped histogram line, among the first lines.
-pub fn sniff(head: &[u8]) -> bool {
+pub(crate) fn sniff(head: &[u8]) -> bool {
     head.split(|&b| b == b'\n').take(32).any(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         line.starts_with(b"#[StartTime: ")
@@ -99,7 +99,7 @@ fn target(tag: Option<&str>, opts: &ReadOptions) -> Option<Target> {
 const MAX_LINE: u64 = 16 * 1024 * 1024;
 
 /// Reads an interval log from any byte source. `name` is used in errors.
-pub fn read_hdr_log<R: Read>(
+pub(crate) fn read_hdr_log<R: Read>(
     name: &str,
     input: R,
     opts: &ReadOptions,

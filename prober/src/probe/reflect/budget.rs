@@ -97,7 +97,7 @@ pub(crate) struct LineLimit {
 }
 
 impl LineLimit {
-    pub fn new(per_s: u32) -> Self {
+    pub(super) fn new(per_s: u32) -> Self {
         Self {
             per_s,
             window_start_ns: i64::MIN,
@@ -108,7 +108,7 @@ impl LineLimit {
 
     /// Starts a new window once a second has passed: returns how many
     /// lines the window that ended held back, if any (to be said first).
-    pub fn roll(&mut self, now_ns: i64) -> Option<u64> {
+    pub(super) fn roll(&mut self, now_ns: i64) -> Option<u64> {
         if now_ns.saturating_sub(self.window_start_ns) < 1_000_000_000 {
             return None;
         }
@@ -119,7 +119,7 @@ impl LineLimit {
 
     /// Whether one more line may be shown in this window (call
     /// [`Self::roll`] first); a refused line is counted as held back.
-    pub fn admit(&mut self) -> bool {
+    pub(super) fn admit(&mut self) -> bool {
         if self.shown < self.per_s {
             self.shown += 1;
             true
@@ -130,7 +130,7 @@ impl LineLimit {
     }
 
     /// Lines held back and not yet reported (at exit).
-    pub fn take_held_back(&mut self) -> Option<u64> {
+    pub(super) fn take_held_back(&mut self) -> Option<u64> {
         Some(std::mem::take(&mut self.held_back)).filter(|&k| k > 0)
     }
 }
@@ -150,7 +150,7 @@ pub(crate) struct StampBudget {
 
 impl StampBudget {
     /// `per_s` stamps a second after a first `burst`; `per_s` 0: none.
-    pub fn new(per_s: u32, burst: u32) -> Self {
+    pub(super) fn new(per_s: u32, burst: u32) -> Self {
         let cost_ns = if per_s == 0 {
             i64::MAX
         } else {
@@ -166,7 +166,7 @@ impl StampBudget {
     }
 
     /// Whether a reply sent at `now_ns` may be stamped (and takes the stamp).
-    pub fn take(&mut self, now_ns: i64) -> bool {
+    pub(super) fn take(&mut self, now_ns: i64) -> bool {
         if let Some(last) = self.last_ns {
             // A clock stepped back refills nothing.
             let refill = now_ns.saturating_sub(last).max(0);

@@ -53,7 +53,7 @@ pub(crate) struct ServeReport {
 
 impl ServeReport {
     /// One line on the clock, for the exit summary.
-    pub fn clock_line(&self) -> String {
+    pub(crate) fn clock_line(&self) -> String {
         let state = if self.clock_synchronized {
             "synchronised"
         } else {

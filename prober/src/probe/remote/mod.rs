@@ -54,7 +54,7 @@ use anyhow::{Context, Result, bail};
 
 pub(crate) use self::resolve::resolve;
 pub(crate) use self::setup::{OpenStep, open_files_for};
-pub use self::verdict::{ClockVerdict, LossSplit, RemoteFacts, apply_clock_rule, summarise};
+pub(crate) use self::verdict::{ClockVerdict, LossSplit, RemoteFacts, apply_clock_rule, summarise};
 use self::{
     keeper::{Attempt, Change, Keeper, Link, Opener, Removal, Retiring},
     outputs::{OneWayObserver, OneWaySink},
@@ -73,7 +73,7 @@ use crate::{stats::observer::SessionObserver, sys::Netns};
 
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub addr: SocketAddr,
     pub protocol: ProtocolArg,
     pub key: Option<HmacKey>,

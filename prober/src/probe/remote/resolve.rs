@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 /// HOST, HOST:PORT, an IPv4 literal, an IPv6 literal (`2001:db8::2`) or one
 /// in brackets with a port (`[2001:db8::2]:862`). A name gives its first
 /// IPv4 address, else its first IPv6 one.
-pub fn resolve(target: &str, default_port: u16) -> Result<SocketAddr> {
+pub(crate) fn resolve(target: &str, default_port: u16) -> Result<SocketAddr> {
     let t = target.trim();
     if t.is_empty() {
         bail!("--target is empty: give HOST or HOST:PORT, e.g. 192.0.2.7:862 or [2001:db8::2]:862");

@@ -146,7 +146,7 @@ impl Ledger {
     }
 }
 
-pub use crate::stats::report::LossSplit;
+pub(crate) use crate::stats::report::LossSplit;
 
 /// Splits `lost` of `sent` probes (seqs 0..sent) by what the reflector
 /// said. The probes that came back are the records' count, `sent - lost`:
@@ -212,11 +212,11 @@ fn split_loss(
     }
 }
 
-pub use crate::stats::report::ClockVerdict;
+pub(crate) use crate::stats::report::ClockVerdict;
 
-pub const NOT_SYNCED_NOTE: &str = "clocks not synchronised: one-way not shown";
+pub(super) const NOT_SYNCED_NOTE: &str = "clocks not synchronised: one-way not shown";
 
-pub fn clock_verdict(local: &ClockSync, remote: Option<ErrorEstimate>) -> ClockVerdict {
+pub(super) fn clock_verdict(local: &ClockSync, remote: Option<ErrorEstimate>) -> ClockVerdict {
     let r_sync = remote.map(|e| e.synchronized());
     let r_err = remote.and_then(|e| e.to_error_ns());
     let shown = local.synchronized && r_sync == Some(true) && r_err.is_some();
@@ -263,7 +263,7 @@ fn fmt_ns(ns: u64) -> String {
 /// What a session against a reflector not ours learned besides the
 /// records ([`SessionOutcome::remote`]).
 #[derive(Debug, Clone)]
-pub struct RemoteFacts {
+pub(crate) struct RemoteFacts {
     pub loss: LossSplit,
     pub clock: ClockVerdict,
     /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
@@ -423,7 +423,7 @@ fn protocol_info(target: &Target, wire: &Wire, ledger: &Ledger, echoes: u64) -> 
 /// (path, return path) are cleared, and what was said about them. RTT,
 /// the stages on one host, and IPDV (a difference of one-way delays, in
 /// which a constant offset cancels) are kept.
-pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
+pub(crate) fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
     if !v.one_way_shown {
         s.one_way_ns = Default::default();
         s.stages_ns.path = Default::default();
@@ -436,7 +436,11 @@ pub fn apply_clock_rule(s: &mut crate::stats::Summary, v: &ClockVerdict) {
 
 /// The summary of a session against a reflector, with what the reflector
 /// told (`facts`: its clock rule, loss split and protocol facts).
-pub fn summarise(o: &SessionOutcome, facts: &RemoteFacts, kind: &str) -> crate::stats::Summary {
+pub(crate) fn summarise(
+    o: &SessionOutcome,
+    facts: &RemoteFacts,
+    kind: &str,
+) -> crate::stats::Summary {
     let mut s = o.stats.summary();
     s.xdp_mode_requested = "none".into();
     s.xdp_mode_attached = "none".into();

@@ -56,7 +56,7 @@ pub(super) fn sockaddr(a: SocketAddr) -> RawAddr {
 
 /// Whether a datagram from `src` comes from `peer`: same address and
 /// port (an IPv6 flow label or scope id the kernel adds does not matter).
-pub fn same_endpoint(src: SocketAddr, peer: SocketAddr) -> bool {
+pub(crate) fn same_endpoint(src: SocketAddr, peer: SocketAddr) -> bool {
     src.ip() == peer.ip() && src.port() == peer.port()
 }
 

@@ -50,7 +50,7 @@ fn hwtstamp_ioctl(
 /// Hardware timestamping switched on for one interface; the previous
 /// configuration is put back on drop. The ioctl socket belongs to the
 /// namespace it was made in, so restoring works from any thread.
-pub struct HwTimestamping {
+pub(crate) struct HwTimestamping {
     sock: OwnedFd,
     ifname: String,
     previous: HwtstampConfig,
@@ -59,7 +59,7 @@ pub struct HwTimestamping {
 impl HwTimestamping {
     /// Asks the NIC for TX and all-RX hardware timestamps. Call inside the
     /// interface's namespace. Err means the NIC/driver cannot (veth: EOPNOTSUPP).
-    pub fn enable(ifname: &str) -> io::Result<Self> {
+    pub(crate) fn enable(ifname: &str) -> io::Result<Self> {
         // SAFETY: plain socket(2) call.
         let s =
             cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;

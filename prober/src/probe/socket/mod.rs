@@ -35,11 +35,11 @@ use std::{
     sync::atomic::{AtomicBool, AtomicU32},
 };
 
-pub use addr::same_endpoint;
-pub use hwtstamp::HwTimestamping;
-pub use open::{TsFlags, rcvbuf_bytes};
-pub use recv::{RecvBatch, poll_any, poll_ready};
-pub use send::SendBatch;
+pub(crate) use addr::same_endpoint;
+pub(crate) use hwtstamp::HwTimestamping;
+pub(crate) use open::{TsFlags, rcvbuf_bytes};
+pub(crate) use recv::{RecvBatch, poll_any, poll_ready};
+pub(crate) use send::SendBatch;
 pub(crate) use warm::Warmer;
 
 /// `SCM_TS_OPT_ID` from asm-generic/socket.h (Linux 6.13).

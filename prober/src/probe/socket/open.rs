@@ -85,7 +85,7 @@ const RCVBUF_MAX_BYTES: u64 = 512 << 20;
 /// one `timeout` at one per `interval` (what can still count as arrived),
 /// so that a receive thread stalled for up to a timeout loses nothing to a
 /// full buffer. At 100 k probes/s and 1 s: 400 MiB; at 1 ms: the minimum.
-pub fn rcvbuf_bytes(interval: std::time::Duration, timeout: std::time::Duration) -> i32 {
+pub(crate) fn rcvbuf_bytes(interval: std::time::Duration, timeout: std::time::Duration) -> i32 {
     let interval_ns = interval.as_nanos().max(1);
     let in_flight = (timeout.as_nanos() / interval_ns).min(u64::MAX as u128) as u64;
     let bytes = in_flight

@@ -150,7 +150,7 @@ impl ProbeSocket {
 
 /// Waits up to `timeout_ms` until any of `socks` has data or error-queue
 /// messages (sockets of different namespaces can share one poll).
-pub fn poll_any(socks: &[&ProbeSocket], timeout_ms: i32) -> io::Result<()> {
+pub(crate) fn poll_any(socks: &[&ProbeSocket], timeout_ms: i32) -> io::Result<()> {
     let mut fds: Vec<libc::pollfd> = socks
         .iter()
         .map(|s| libc::pollfd {
@@ -173,7 +173,7 @@ pub fn poll_any(socks: &[&ProbeSocket], timeout_ms: i32) -> io::Result<()> {
 /// Waits up to `timeout_ms` for any of `socks` to have data or queued
 /// timestamps, and puts the indexes of those that do in `ready`. `fds` is
 /// the caller's buffer, reused from call to call.
-pub fn poll_ready(
+pub(crate) fn poll_ready(
     socks: &[&ProbeSocket],
     timeout_ms: i32,
     fds: &mut Vec<libc::pollfd>,

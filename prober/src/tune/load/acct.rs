@@ -17,12 +17,12 @@ use std::time::Duration;
 /// still be checked for being a duplicate: 65536 datagrams (8 KiB of bits),
 /// ~0.8 s at 1 Gbit/s of 1470-byte datagrams, far beyond any reordering a
 /// shaped testbed path can cause.
-pub const REORDER_HORIZON: u64 = 1 << 16;
+pub(super) const REORDER_HORIZON: u64 = 1 << 16;
 
 /// Payload bits per second of `count` equal datagrams (or byte chunks) of
 /// `bytes_each` whose first and last were seen `span` apart: `count - 1`
 /// gaps fit in the span, so that is what is divided. None below two.
-pub fn span_rate_bps(count: u64, bytes_each: u64, span: Duration) -> Option<f64> {
+pub(super) fn span_rate_bps(count: u64, bytes_each: u64, span: Duration) -> Option<f64> {
     if count < 2 || span.is_zero() {
         return None;
     }
@@ -30,7 +30,7 @@ pub fn span_rate_bps(count: u64, bytes_each: u64, span: Duration) -> Option<f64>
 }
 
 /// Bits per second of `bytes` over `seconds` (a byte stream, e.g. TCP).
-pub fn rate_bps(bytes: u64, seconds: f64) -> f64 {
+pub(super) fn rate_bps(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
         bytes as f64 * 8.0 / seconds
     } else {
@@ -43,7 +43,7 @@ pub fn rate_bps(bytes: u64, seconds: f64) -> f64 {
 /// and Welford's running mean and variance, so memory stays bounded
 /// however many fetches a run makes.
 #[derive(Debug, Clone)]
-pub struct FetchStats {
+pub(super) struct FetchStats {
     hist: hdrhistogram::Histogram<u64>,
     count: u64,
     mean_s: f64,
@@ -52,7 +52,7 @@ pub struct FetchStats {
     failures: u64,
 }
 
-pub use crate::stats::report::FetchTimes;
+pub(crate) use crate::stats::report::FetchTimes;
 
 impl Default for FetchStats {
     fn default() -> Self {
@@ -61,7 +61,7 @@ impl Default for FetchStats {
 }
 
 impl FetchStats {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
                 .expect("valid histogram bounds"),
@@ -72,7 +72,7 @@ impl FetchStats {
         }
     }
 
-    pub fn record(&mut self, d: Duration) {
+    pub(super) fn record(&mut self, d: Duration) {
         let us = (d.as_micros() as u64).clamp(1, self.hist.high());
         self.hist.saturating_record(us);
         let x = d.as_secs_f64();
@@ -82,11 +82,11 @@ impl FetchStats {
         self.m2_s2 += delta * (x - self.mean_s);
     }
 
-    pub fn fail(&mut self) {
+    pub(super) fn fail(&mut self) {
         self.failures += 1;
     }
 
-    pub fn times(&self, size_bytes: u64) -> FetchTimes {
+    pub(super) fn times(&self, size_bytes: u64) -> FetchTimes {
         let n = self.count;
         let q = |p: f64| (n > 0).then(|| self.hist.value_at_quantile(p) as f64 / 1e6);
         FetchTimes {
@@ -106,7 +106,7 @@ impl FetchStats {
 
 /// The receiver's view of one window of one UDP flow.
 #[derive(Debug, Clone)]
-pub struct SeqWindow {
+pub(super) struct SeqWindow {
     lo: Option<u64>,
     received: u64,
     bytes: u64,
@@ -123,7 +123,7 @@ pub struct SeqWindow {
 
 /// What a window amounted to, once the sender's range is known.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WindowCounts {
+pub(super) struct WindowCounts {
     /// Datagrams the sender sent in the window (hi - lo).
     pub sent: u64,
     /// Distinct datagrams of the window that arrived.
@@ -139,12 +139,12 @@ pub struct WindowCounts {
 }
 
 impl WindowCounts {
-    pub fn loss_pct(&self) -> Option<f64> {
+    pub(super) fn loss_pct(&self) -> Option<f64> {
         (self.sent > 0).then(|| 100.0 * self.lost as f64 / self.sent as f64)
     }
 
     /// Payload rate at the receiver over its own span of the window.
-    pub fn achieved_bps(&self, size: u32) -> Option<f64> {
+    pub(super) fn achieved_bps(&self, size: u32) -> Option<f64> {
         span_rate_bps(self.received, size as u64, self.receive_span)
     }
 }
@@ -157,7 +157,7 @@ impl Default for SeqWindow {
 
 impl SeqWindow {
     /// A tracker with no window open yet: nothing counts until `restart`.
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             lo: None,
             received: 0,
@@ -172,14 +172,14 @@ impl SeqWindow {
     }
 
     /// The window's first sequence number, if one is open.
-    pub fn lo(&self) -> Option<u64> {
+    pub(super) fn lo(&self) -> Option<u64> {
         self.lo
     }
 
     /// Opens a new window at `lo`, forgetting everything counted so far
     /// (a later mark moves the window; datagrams below `lo` are the
     /// warm-up's).
-    pub fn restart(&mut self, lo: u64) {
+    pub(super) fn restart(&mut self, lo: u64) {
         *self = Self {
             seen: std::mem::take(&mut self.seen),
             ..Self::new()
@@ -192,7 +192,7 @@ impl SeqWindow {
     /// arrived at `at` (on one clock for the whole window; the kernel's
     /// receive stamp, so that a receiver thread that reads late does not
     /// stretch the window).
-    pub fn on_datagram(&mut self, seq: u64, bytes: u64, at: Duration) {
+    pub(super) fn on_datagram(&mut self, seq: u64, bytes: u64, at: Duration) {
         let Some(lo) = self.lo else { return };
         if seq < lo {
             return;
@@ -240,7 +240,7 @@ impl SeqWindow {
 
     /// The window `[lo, hi)` as the sender closed it. Call after the
     /// queue drained: a datagram still in flight counts as lost.
-    pub fn counts(&self, hi: u64) -> WindowCounts {
+    pub(super) fn counts(&self, hi: u64) -> WindowCounts {
         let sent = self.lo.map_or(0, |lo| hi.saturating_sub(lo));
         // received <= sent unless the sender's hi is wrong; never report
         // a negative loss.

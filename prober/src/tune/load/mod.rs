@@ -90,7 +90,7 @@ use std::{
 
 use anyhow::{Context, Result, anyhow, bail};
 
-pub use self::{
+pub(crate) use self::{
     acct::FetchTimes,
     outcome::{FlowReport, LoadReport, QueueWindow},
     spec::{LoadSpec, MAX_FETCH_SIZE, available_cc, check_cc},
@@ -108,9 +108,9 @@ use super::{
 use crate::sys::Netns;
 
 /// First port of the load flows (iperf's).
-pub const DEFAULT_LOAD_PORT: u16 = 5201;
+pub(crate) const DEFAULT_LOAD_PORT: u16 = 5201;
 /// Upper bound of TCP connections + UDP flows in one run.
-pub const MAX_FLOWS: u32 = 32;
+pub(crate) const MAX_FLOWS: u32 = 32;
 /// How often every load thread looks at its stop flag.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -206,7 +206,7 @@ fn join_flow_thread(
 }
 
 /// Running load; stopped by `stop()` or on drop.
-pub struct Load {
+pub(crate) struct Load {
     flows: Vec<Flow>,
     stop_send: Arc<AtomicBool>,
     stop_recv: Arc<AtomicBool>,
@@ -216,7 +216,7 @@ pub struct Load {
 }
 
 /// Where the load goes and what "100 %" is.
-pub struct LoadTarget<'a> {
+pub(crate) struct LoadTarget<'a> {
     /// The kernel layer, for the namespaces' congestion control settings.
     pub sys: &'a dyn crate::sys::Sys,
     pub sender: &'a Netns,
@@ -233,7 +233,7 @@ pub struct LoadTarget<'a> {
 }
 
 /// Starts every flow; returns once all TCP connections are up.
-pub fn start(target: &LoadTarget<'_>, specs: &[LoadSpec]) -> Result<Load> {
+pub(crate) fn start(target: &LoadTarget<'_>, specs: &[LoadSpec]) -> Result<Load> {
     let total: u32 = specs.iter().map(LoadSpec::flows).sum();
     if total > MAX_FLOWS {
         bail!("{total} load flows requested; at most {MAX_FLOWS}");
@@ -328,7 +328,7 @@ fn setsockopt<T>(fd: &impl AsRawFd, level: i32, name: i32, val: &T, what: &str) 
 impl Load {
     /// Starts the measurement window (after the warm-up). UDP senders
     /// open theirs at their next datagram; a later mark moves it.
-    pub fn mark(&mut self) {
+    pub(crate) fn mark(&mut self) {
         self.mark_at = Instant::now();
         for f in &mut self.flows {
             f.mark_bytes = f.counters.rx_bytes.load(Ordering::Relaxed);
@@ -345,7 +345,7 @@ impl Load {
     }
 
     /// Bytes received so far by all flows (for warm-up checks and tests).
-    pub fn received_bytes(&self) -> u64 {
+    pub(crate) fn received_bytes(&self) -> u64 {
         self.flows
             .iter()
             .map(|f| f.counters.rx_bytes.load(Ordering::Relaxed))
@@ -354,7 +354,7 @@ impl Load {
 
     /// Stops the senders, lets the queue drain into the receivers, stops
     /// them, and reports. Idempotent: a second call returns the same report.
-    pub fn stop(&mut self) -> Result<LoadReport> {
+    pub(crate) fn stop(&mut self) -> Result<LoadReport> {
         if let Some(r) = &self.report {
             return Ok(r.clone());
         }

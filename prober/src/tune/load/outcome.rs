@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub use crate::stats::report::{FlowReport, LoadReport, QueueWindow};
+pub(crate) use crate::stats::report::{FlowReport, LoadReport, QueueWindow};
 
 impl QueueWindow {
     /// The difference of two readings of the same qdisc `elapsed` apart.

@@ -41,14 +41,14 @@ pub enum LoadSpec {
 /// Page size of the fetch load when none is given. The study does not
 /// state its page's size; 100 KiB takes several round trips in slow start,
 /// so the queue's delay shows in the fetch time as it did there.
-pub const DEFAULT_FETCH_SIZE: u64 = 100 * 1024;
+pub(super) const DEFAULT_FETCH_SIZE: u64 = 100 * 1024;
 /// Pause between one fetch's end and the next one's start.
-pub const DEFAULT_FETCH_EVERY: Duration = Duration::from_secs(1);
+pub(super) const DEFAULT_FETCH_EVERY: Duration = Duration::from_secs(1);
 /// A fetch not done by then is a failure (the study's slowest cell took
 /// 10 s on average).
-pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest page, so that one fetch cannot outlast any sensible run.
-pub const MAX_FETCH_SIZE: u64 = 1 << 30;
+pub(crate) const MAX_FETCH_SIZE: u64 = 1 << 30;
 
 impl LoadSpec {
     pub fn flows(&self) -> u32 {
@@ -302,7 +302,7 @@ impl<'de> Deserialize<'de> for LoadSpec {
 
 /// Congestion controls the kernel has (the list is the same in every
 /// namespace: it names the registered modules).
-pub fn available_cc(sys: &dyn Sys) -> Result<Vec<String>> {
+pub(crate) fn available_cc(sys: &dyn Sys) -> Result<Vec<String>> {
     let s = sys.sysctl(
         crate::sys::Ns::Host,
         "net.ipv4.tcp_available_congestion_control",
@@ -311,7 +311,7 @@ pub fn available_cc(sys: &dyn Sys) -> Result<Vec<String>> {
 }
 
 /// An error naming the congestion controls the kernel has, if `cc` is not one.
-pub fn check_cc(cc: &str, available: &[String]) -> Result<(), String> {
+pub(crate) fn check_cc(cc: &str, available: &[String]) -> Result<(), String> {
     if available.iter().any(|a| a == cc) {
         Ok(())
     } else {

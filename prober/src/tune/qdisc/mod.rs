@@ -94,7 +94,7 @@ use std::{fmt, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-pub use self::render::{RenderCtx, render_tree};
+pub(crate) use self::render::{RenderCtx, render_tree};
 use super::{
     amounts::{Bytes, Rate},
     at::At,
@@ -102,7 +102,7 @@ use super::{
 };
 
 /// Handle of the chosen qdisc, at the root or under the shaper.
-pub const QDISC_HANDLE: &str = "10:";
+pub(crate) const QDISC_HANDLE: &str = "10:";
 
 /// What a classful qdisc puts under its classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +242,7 @@ pub enum QdiscSpec {
 }
 
 /// Names accepted as the kind, in the order the help lists them.
-pub const KINDS: [&str; 9] = [
+pub(crate) const KINDS: [&str; 9] = [
     "pfifo_fast",
     "pfifo",
     "bfifo",
@@ -358,7 +358,7 @@ impl QdiscSpec {
 
 /// Installs a tree on `dev` inside `ns`; restores the kernel's default
 /// qdisc on `restore()` or drop.
-pub struct QdiscTree<'a> {
+pub(crate) struct QdiscTree<'a> {
     at: At<'a>,
     dev: String,
     /// Kind of the default root qdisc before (noqueue on veth, mq or
@@ -370,7 +370,7 @@ pub struct QdiscTree<'a> {
 impl<'a> QdiscTree<'a> {
     /// Refuses an interface that already has a configured (non-default)
     /// root qdisc: rtprobe could not put it back as it was.
-    pub fn install(at: impl Into<At<'a>>, dev: &str, cmds: &[TcCmd]) -> Result<Self> {
+    pub(crate) fn install(at: impl Into<At<'a>>, dev: &str, cmds: &[TcCmd]) -> Result<Self> {
         let at = at.into();
         let root = crate::sys::root_qdisc(at.sys, at.ns, dev)?;
         if let Some(r) = &root
@@ -402,7 +402,7 @@ impl<'a> QdiscTree<'a> {
         Ok(tree)
     }
 
-    pub fn restore(&mut self) -> Result<()> {
+    pub(crate) fn restore(&mut self) -> Result<()> {
         if !self.installed {
             return Ok(());
         }

@@ -435,7 +435,7 @@ fn resolve_probe_rate(r: AutoRate, study: Rate, ctx: &RenderCtx) -> (Rate, Strin
 
 /// The whole tc tree for the bottleneck: shaper (if any) and qdisc (if
 /// any), plus what it means, for the run metadata.
-pub fn render_tree(
+pub(crate) fn render_tree(
     dev: &str,
     shaping: Option<&Shaping>,
     qdisc: Option<&QdiscSpec>,
