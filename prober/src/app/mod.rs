@@ -1,5 +1,5 @@
 //! The commands: one module per subcommand, each turning its parsed
-//! arguments into a plan (the spec's validator) and calling the domain
+//! arguments into a plan (the options' validator) and calling the domain
 //! once; what it prints and the exit code are decided here. The only
 //! place that knows clap's parse result, signals and exit codes.
 //!

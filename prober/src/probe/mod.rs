@@ -1,10 +1,11 @@
 //! Probing: sockets and their stamps, the pacer, the matcher, the
-//! reflectors and the wire formats (rtprobe, STAMP). Every session runs
-//! through one engine ([`engine`]): its warm-up, its reads and its
-//! threads; [`pair`] holds the testbed's and NIC pair's side of it
-//! (hardware timestamping, the two sockets in their namespaces). This
-//! file holds the session's plain types, the entry points of a session
-//! and the collector that turns the engine's events into records.
+//! user-space reflector and the wire formats (rtprobe, STAMP). Every
+//! session runs through one engine ([`engine`]): its warm-up, its reads,
+//! its threads and the collector that turns its events into records
+//! (`engine/collect.rs`); [`pair`] holds the testbed's and NIC pair's side
+//! of it (hardware timestamping, the two sockets in their namespaces).
+//! This file holds the session's plain types and the entry points of a
+//! session.
 
 pub(crate) mod addresses;
 pub(crate) mod clock;

@@ -42,8 +42,9 @@
 //!
 //! Where the steps live: `file` reads the TOML, `matrix` turns it into
 //! validated cells, `check` asks the kernel what the sets need and prints
-//! the plan, `run` executes the cells, `results_json` and `report` write
-//! what they found (`fetch_study` is the fetch-load section of the report).
+//! the plan, `execute` runs the cells, `results_json` and `markdown`
+//! (`report.md`) write what they found (`fetch_study` is the fetch-load
+//! section of the report).
 
 mod check;
 mod execute;

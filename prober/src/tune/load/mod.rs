@@ -67,7 +67,7 @@
 //! /proc/sys/net/ipv4/tcp_available_congestion_control.
 //!
 //! Layout: `spec` parses the `--load` entries; `tcp`, `udp` and `fetch`
-//! start each kind's threads; `acct` counts the measuring window; `report`
+//! start each kind's threads; `acct` counts the measuring window; `outcome`
 //! holds what `stop()` returns. This file starts and stops the whole load.
 
 mod acct;
