@@ -1,25 +1,27 @@
 //! rtprobe: per-packet latency prober with its own XDP router.
 //!
-//! Dependencies point down this list, never up (`cargo xtask graph`
-//! checks that no module imports one that imports it back):
-//! - `app`: one module per subcommand (what `main()` runs): it turns the
-//!   parsed `cli` (clap definitions only) into a plan through `options`
-//!   (options and the one validator) and `scenario` (scenario files), calls
-//!   the domain once, prints, and picks the exit code; `signals` turns
-//!   Ctrl-C into the stop levels the domain watches;
-//! - `run` (one probe run from its validated options to its outcome) and
-//!   `bench_forward` (the router hop's throughput) drive the domain:
-//!   `testbed` (namespaces, veths, NIC pairs), `tune` (knobs), `ebpf` (load and attach the router and the
-//!   reflector) and `probe` (timestamped UDP probes, the reflector);
-//! - `stats` (histograms, loss, reorder, jitter) and `export` (CSV, JSON,
-//!   metrics, plots) take plain result types;
-//! - `model` is the leaf every layer shares: the probe record, the session
-//!   observer, the run's metadata and outcome, durations.
+//! The modules form the layers of docs/ARCHITECTURE.md ("The layers"), top
+//! to bottom; an import points only to a lower row, and `cargo xtask graph`
+//! checks that table and that no files import each other in a loop:
+//! - `app` (one module per subcommand: parse, call once, print, exit code),
+//!   `signals` (Ctrl-C and SIGTERM -> the stop levels), `cli` (clap
+//!   definitions only), `scenario` (scenario files);
+//! - `run`: one probe run from its validated options to its outcome
+//!   (testbed, NIC pair, remote targets, knobs, XDP, the session, undo);
+//! - `options`: the option model (CLI + TOML) and the one validator;
+//! - `bench_forward` (the router hop's throughput), `tune` (knobs) and
+//!   `ebpf` (the XDP router and reflector), `testbed` (namespaces, veths,
+//!   NIC pairs, `--pair` beds), `probe` (sockets, stamps, pacer, matcher,
+//!   the engine, reflectors, STAMP);
+//! - `export` (CSV, JSON, metrics, plots) and `stats` (histograms, loss,
+//!   reorder, jitter, the typed report) take plain result types;
+//! - `sys` (every kernel state change: netlink, sysfs/procfs, tc, ethtool,
+//!   namespaces, child processes, real-time settings; a recording fake),
+//!   `model` (the probe record, the run's metadata, units, typed knobs),
+//!   and the leaf utilities `error`, `heap`, `input`.
 //!
-//! The network set-up of `testbed`, `tune` and `ebpf` reaches the kernel
-//! through `sys` (a trait with a recording fake, so its orchestration is
-//! unit-tested without root); `probe` talks to its own sockets and `app`
-//! to the terminal; everything else is pure.
+//! Items are `pub(crate)` unless a crate outside (tests, benches, fuzz)
+//! uses them; `unreachable_pub` keeps it so.
 
 #![warn(unreachable_pub)]
 

@@ -1,6 +1,7 @@
 //! Everything rtprobe writes: the per-probe CSV (streamed), the JSON summary
 //! and the plots, and what the live outputs are asked to do ([`plan`]).
-//! Pure: no kernel access.
+//! No kernel state changes: export writes files (through `atomic`), serves
+//! the metrics socket and reads its own process's /proc entries.
 
 pub(crate) mod atomic;
 pub(crate) mod compare;

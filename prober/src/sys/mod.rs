@@ -1,12 +1,14 @@
 //! The kernel, behind one trait.
 //!
-//! Everything testbed, tune and ebpf change in the kernel goes through
+//! Every kernel state change of testbed, tune, run and bench_forward goes through
 //! [`Sys`]: links, addresses and routes (netlink), qdiscs (netlink to read,
 //! the `tc` command to build trees and to find the kinds the kernel lacks,
 //! see [`tc`]), offloads, rings and the PHC index (ethtool ioctl,
 //! [`ethtool`]), sysctls (/proc/sys), /proc/net counters and sysfs
 //! attributes, and XDP: attach, detach, the attached state and the device
-//! maps the kernel resolves in the caller's namespace. Two implementations:
+//! maps the kernel resolves in the caller's namespace (aya loads the
+//! programs and fills their own maps in `ebpf`; the probe and the
+//! reflectors use their own sockets). Two implementations:
 //!
 //! - [`LinuxSys`] (`real.rs`): one worker thread per network namespace
 //!   that entered it once, owns one NETLINK_ROUTE socket and a private

@@ -69,7 +69,7 @@ fn is_module_name(s: &str) -> bool {
 
 /// Every break of the layers, one line each, in file order:
 /// `prober/src/export/text.rs:12: export -> tune (up the table)`,
-/// `... (same row)`, `prober/src/runner.rs: runner is not in the layer
+/// `... (same row)`, `prober/src/engine.rs: engine is not in the layer
 /// table`, `prober/src/tune/knob_spec.rs:3: tune names clap`.
 pub fn violations(g: &Graph, layers: &Layers) -> Vec<String> {
     let mut out = unknown_modules(g, layers);
