@@ -22,19 +22,16 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use libfuzzer_sys::fuzz_target;
-use rtprobe::{
-    probe::{
-        ProtocolArg,
-        packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, KTIMES_MIN_LEN, Probe},
-        reflect::{
-            Core, Counters, Drop, FLAG_REFLECTOR_STATE, MAX_PEER_SOURCES, MAX_SESSIONS,
-            MAX_SOURCES, Peers, Policy, Prefix, RateLimits, STATE_MIN_LEN, Verdict,
-            read_rtprobe_state,
-        },
-        stamp::{
-            AUTH_LEN_BYTES, ClockSync, HMAC_COVERED_BYTES, HmacKey, Mode, ReflectorPacket,
-            SenderPacket, StampError,
-        },
+use rtprobe::probe::{
+    ProtocolArg,
+    packet::{FLAG_ECHO, FLAG_KERNEL_TIMES, HEADER_LEN, KTIMES_MIN_LEN, Probe},
+    reflect::{
+        Core, Counters, Drop, FLAG_REFLECTOR_STATE, MAX_PEER_SOURCES, MAX_SESSIONS, MAX_SOURCES,
+        Peers, Policy, Prefix, RateLimits, STATE_MIN_LEN, Verdict, read_rtprobe_state,
+    },
+    stamp::{
+        AUTH_LEN_BYTES, ClockSync, HMAC_COVERED_BYTES, HmacKey, Mode, ReflectorPacket,
+        SenderPacket, StampError,
     },
 };
 
