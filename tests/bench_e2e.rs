@@ -222,7 +222,9 @@ fn held_pair_answers_at_once_and_goes_on_sigterm_or_with_cleanup() {
         info["a_ns"].as_str().unwrap(),
         info["b_ns"].as_str().unwrap(),
     );
-    assert_eq!(namespaces_of(&id), vec![a.to_string(), b.to_string()]);
+    let mut held = namespaces_of(&id);
+    held.sort();
+    assert_eq!(held, vec![a.to_string(), b.to_string()]);
     assert!(a.ends_with("-held-pair-a"), "{a}");
     // It printed its line once both families answered: one try each now.
     for dst in ["10.93.1.51", "fd93::2"] {

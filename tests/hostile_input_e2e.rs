@@ -317,7 +317,7 @@ fn interrupt_during_setup(
         .unwrap();
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = read_until(&mut stderr, after_line, started);
+    let mut seen = read_until(&mut stderr, after_line, child.id(), started);
     let at = started.elapsed();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let mut rest = String::new();
@@ -358,14 +358,13 @@ fn interrupt_during_setup(
 fn read_until(
     stderr: &mut BufReader<std::process::ChildStderr>,
     after_line: Option<&str>,
+    pid: u32,
     started: Instant,
 ) -> String {
     let mut seen = String::new();
     match after_line {
-        None => {
-            // Let the signal handlers be installed, not the testbed built.
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Once the signal handlers are installed, not the testbed built.
+        None => wait_for_sigint_handler(pid, started),
         Some(want) => loop {
             let mut l = String::new();
             if stderr.read_line(&mut l).unwrap() == 0 {
@@ -394,6 +393,28 @@ fn wait_for_exit(child: &mut std::process::Child, seen: &str) -> std::process::E
             panic!("rtprobe did not end after SIGINT: {seen}");
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until process `pid` catches SIGINT (bit 2 of SigCgt in
+/// /proc/PID/status): a handler installed, whatever the machine's load.
+fn wait_for_sigint_handler(pid: u32, started: Instant) {
+    const SIGINT_BIT: u64 = 1 << (libc::SIGINT - 1);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .unwrap_or(0);
+        if caught & SIGINT_BIT != 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "pid {pid} installed no SIGINT handler in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
