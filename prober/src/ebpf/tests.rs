@@ -286,7 +286,6 @@ impl Ip6 {
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
-#[allow(clippy::too_many_lines)]
 fn test_run_table_of_ipv6_frames() {
     require_root();
     let net = fib_net();
@@ -295,20 +294,42 @@ fn test_run_table_of_ipv6_frames() {
     let to_us = net.in_mac;
 
     let good = ip6("fd00:2::2", 64);
+    let table = [
+        ipv6_cases_forwarded_or_with_options(&good, to_us),
+        ipv6_cases_malformed(&good, to_us),
+        ipv6_cases_not_forwarded(&good, to_us),
+    ]
+    .concat();
+
+    let mut expected = zero_counters();
+    for case in &table {
+        check_ipv6_case(&router, &net, &mut expected, case);
+    }
+    assert_eq!(router.counters().unwrap(), expected);
+    assert_eq!(expected[Outcome::Redirected.name6()].packets, 5);
+    assert_eq!(
+        expected[Outcome::Redirected.name()].packets,
+        0,
+        "IPv4 counters untouched"
+    );
+}
+
+/// A frame of the IPv6 table: its name, the frame, the action and the
+/// outcome it must get.
+type FrameCase = (&'static str, Vec<u8>, u32, Outcome);
+
+/// IPv6 frames the router forwards, or passes for their extension headers.
+fn ipv6_cases_forwarded_or_with_options(good: &Ip6, to_us: [u8; 6]) -> Vec<FrameCase> {
     let with = |f: &dyn Fn(&mut Ip6)| {
         let mut p = good.clone();
         f(&mut p);
         p.frame(to_us)
     };
-    let mut long_payload_len = good.frame(to_us);
-    long_payload_len[14 + 4..14 + 6].copy_from_slice(&2000u16.to_be_bytes());
-    let mut version4 = good.frame(to_us);
-    version4[14] = 0x40;
     let mut padded = with(&|p| p.payload = 8);
     padded.resize(100, 0);
 
     use Outcome::*;
-    let table: Vec<(&str, Vec<u8>, u32, Outcome)> = vec![
+    vec![
         ("good IPv6/UDP", good.frame(to_us), XDP_REDIRECT, Redirected),
         (
             "hop limit 2",
@@ -365,6 +386,18 @@ fn test_run_table_of_ipv6_frames() {
             XDP_PASS,
             PassIpOptions,
         ),
+    ]
+}
+
+/// Malformed IPv6 frames.
+fn ipv6_cases_malformed(good: &Ip6, to_us: [u8; 6]) -> Vec<FrameCase> {
+    let mut long_payload_len = good.frame(to_us);
+    long_payload_len[14 + 4..14 + 6].copy_from_slice(&2000u16.to_be_bytes());
+    let mut version4 = good.frame(to_us);
+    version4[14] = 0x40;
+
+    use Outcome::*;
+    vec![
         (
             "truncated header",
             eth(to_us, 0x86dd, &good.packet()[..30]),
@@ -384,6 +417,19 @@ fn test_run_table_of_ipv6_frames() {
             Malformed,
         ),
         ("version 4 in 0x86dd", version4, XDP_PASS, Malformed),
+    ]
+}
+
+/// IPv6 frames the router passes to the stack or drops by route.
+fn ipv6_cases_not_forwarded(good: &Ip6, to_us: [u8; 6]) -> Vec<FrameCase> {
+    let with = |f: &dyn Fn(&mut Ip6)| {
+        let mut p = good.clone();
+        f(&mut p);
+        p.frame(to_us)
+    };
+
+    use Outcome::*;
+    vec![
         (
             "link-local destination",
             ip6("fe80::2", 64).frame(to_us),
@@ -444,39 +490,38 @@ fn test_run_table_of_ipv6_frames() {
             XDP_DROP,
             DroppedUnreachable,
         ),
-    ];
+    ]
+}
 
-    let mut expected = zero_counters();
-    for (name, frame, want_action, want_outcome) in &table {
-        let (action, out) = test_run(&router, &net.ns, net.in_ifindex, frame)
-            .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
-        assert_eq!(action, *want_action, "{name}: action");
-        let e = expected.get_mut(want_outcome.name6()).unwrap();
-        e.packets += 1;
-        e.bytes += frame.len() as u64;
-        assert_eq!(out.len(), frame.len(), "{name}: length");
-        if action != XDP_REDIRECT {
-            assert_eq!(
-                &out, frame,
-                "{name}: a frame not forwarded must be untouched"
-            );
-            continue;
-        }
-        assert_eq!(out[0..6], NEIGH_MAC, "{name}: destination MAC");
-        assert_eq!(out[6..12], net.out_mac, "{name}: source MAC");
-        assert_eq!(out[14 + 7], frame[14 + 7] - 1, "{name}: hop limit");
-        let (mut rest_in, mut rest_out) = (frame[14..].to_vec(), out[14..].to_vec());
-        rest_in[7] = 0;
-        rest_out[7] = 0;
-        assert_eq!(rest_in, rest_out, "{name}: only the hop limit changes");
+/// One IPv6 case through BPF_PROG_TEST_RUN: its action, its counter (added
+/// to `expected`), and a forwarded frame's MACs and hop limit.
+fn check_ipv6_case(
+    router: &Router,
+    net: &FibNet,
+    expected: &mut XdpCounters,
+    (name, frame, want_action, want_outcome): &FrameCase,
+) {
+    let (action, out) = test_run(router, &net.ns, net.in_ifindex, frame)
+        .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
+    assert_eq!(action, *want_action, "{name}: action");
+    let e = expected.get_mut(want_outcome.name6()).unwrap();
+    e.packets += 1;
+    e.bytes += frame.len() as u64;
+    assert_eq!(out.len(), frame.len(), "{name}: length");
+    if action != XDP_REDIRECT {
+        assert_eq!(
+            &out, frame,
+            "{name}: a frame not forwarded must be untouched"
+        );
+        return;
     }
-    assert_eq!(router.counters().unwrap(), expected);
-    assert_eq!(expected[Redirected.name6()].packets, 5);
-    assert_eq!(
-        expected[Redirected.name()].packets,
-        0,
-        "IPv4 counters untouched"
-    );
+    assert_eq!(out[0..6], NEIGH_MAC, "{name}: destination MAC");
+    assert_eq!(out[6..12], net.out_mac, "{name}: source MAC");
+    assert_eq!(out[14 + 7], frame[14 + 7] - 1, "{name}: hop limit");
+    let (mut rest_in, mut rest_out) = (frame[14..].to_vec(), out[14..].to_vec());
+    rest_in[7] = 0;
+    rest_out[7] = 0;
+    assert_eq!(rest_in, rest_out, "{name}: only the hop limit changes");
 }
 
 #[test]
