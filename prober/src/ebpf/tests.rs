@@ -314,7 +314,7 @@ fn test_run_table_of_ipv6_frames() {
     );
 }
 
-/// A frame of the IPv6 table: its name, the frame, the action and the
+/// A frame of a test_run table: its name, the frame, the action and the
 /// outcome it must get.
 type FrameCase = (&'static str, Vec<u8>, u32, Outcome);
 
@@ -526,7 +526,6 @@ fn check_ipv6_case(
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
-#[allow(clippy::too_many_lines)]
 fn test_run_table_of_frames() {
     require_root();
     let net = fib_net();
@@ -535,45 +534,41 @@ fn test_run_table_of_frames() {
     let to_us = net.in_mac;
 
     let good = ip4("10.2.0.2", 64);
+    let table = [
+        ipv4_cases_forwarded_or_with_options(&good, to_us),
+        ipv4_cases_malformed_or_not_ip(&good, to_us),
+        ipv4_cases_routed_elsewhere(&good, to_us),
+    ]
+    .concat();
+
+    let mut expected = zero_counters();
+    for case in &table {
+        check_ipv4_case(&router, &net, &mut expected, case);
+    }
+    // Shorter than an Ethernet header: the kernel refuses to run the
+    // program at all (drivers drop runts before XDP), so it is not counted.
+    let runt = test_run(&router, &net.ns, net.in_ifindex, &[0u8; 10]);
+    assert!(runt.is_err(), "the kernel runs XDP on a 10-byte frame?");
+
+    assert_eq!(router.counters().unwrap(), expected);
+    assert_eq!(outcome_total(&expected, Outcome::Redirected).packets, 6);
+}
+
+/// IPv4 frames the router forwards, or passes for their IP options.
+fn ipv4_cases_forwarded_or_with_options(good: &Ip4, to_us: [u8; 6]) -> Vec<FrameCase> {
     let mut options = good.clone();
     options.options = vec![1, 1, 1, 0]; // NOP NOP NOP EOL: IHL 6
     let mut first_frag = good.clone();
     first_frag.frag = 0x2000; // MF, offset 0
     let mut later_frag = good.clone();
     later_frag.frag = 185; // offset 1480 bytes, last fragment
-    let mut too_big = good.clone();
-    too_big.udp_payload = 1600; // > the egress MTU of 1500
     let mut small = good.clone();
     small.udp_payload = 4;
     let mut padded = small.frame(to_us);
     padded.resize(60, 0); // Ethernet minimum frame: padding after the datagram
 
-    let mut bad_csum = good.frame(to_us);
-    bad_csum[14 + 10] ^= 0xff;
-    // Each with a valid checksum, so that only the field under test is wrong.
-    let mut long_tot_len = good.frame(to_us);
-    long_tot_len[14 + 2..14 + 4].copy_from_slice(&2000u16.to_be_bytes());
-    refresh_checksum(&mut long_tot_len);
-    let mut version6 = good.frame(to_us);
-    version6[14] = 0x65;
-    refresh_checksum(&mut version6);
-    let mut ihl4 = good.frame(to_us);
-    ihl4[14] = 0x44;
-    refresh_checksum(&mut ihl4);
-
-    let mut vlan_payload = vec![0x00, 0x64, 0x08, 0x00]; // VID 100, then IPv4
-    vlan_payload.extend_from_slice(&good.packet());
-    let arp = {
-        let mut a = vec![0, 1, 8, 0, 6, 4, 0, 1];
-        a.extend_from_slice(&SRC_MAC);
-        a.extend_from_slice(&[10, 1, 0, 2]);
-        a.extend_from_slice(&[0; 6]);
-        a.extend_from_slice(&[10, 1, 0, 1]);
-        a
-    };
-
     use Outcome::*;
-    let table: Vec<(&str, Vec<u8>, u32, Outcome)> = vec![
+    vec![
         ("good IPv4/UDP", good.frame(to_us), XDP_REDIRECT, Redirected),
         (
             "TTL 2",
@@ -612,6 +607,37 @@ fn test_run_table_of_frames() {
             XDP_PASS,
             PassIpOptions,
         ),
+    ]
+}
+
+/// Malformed IPv4 frames, and frames that are not IPv4.
+fn ipv4_cases_malformed_or_not_ip(good: &Ip4, to_us: [u8; 6]) -> Vec<FrameCase> {
+    let mut bad_csum = good.frame(to_us);
+    bad_csum[14 + 10] ^= 0xff;
+    // Each with a valid checksum, so that only the field under test is wrong.
+    let mut long_tot_len = good.frame(to_us);
+    long_tot_len[14 + 2..14 + 4].copy_from_slice(&2000u16.to_be_bytes());
+    refresh_checksum(&mut long_tot_len);
+    let mut version6 = good.frame(to_us);
+    version6[14] = 0x65;
+    refresh_checksum(&mut version6);
+    let mut ihl4 = good.frame(to_us);
+    ihl4[14] = 0x44;
+    refresh_checksum(&mut ihl4);
+
+    let mut vlan_payload = vec![0x00, 0x64, 0x08, 0x00]; // VID 100, then IPv4
+    vlan_payload.extend_from_slice(&good.packet());
+    let arp = {
+        let mut a = vec![0, 1, 8, 0, 6, 4, 0, 1];
+        a.extend_from_slice(&SRC_MAC);
+        a.extend_from_slice(&[10, 1, 0, 2]);
+        a.extend_from_slice(&[0; 6]);
+        a.extend_from_slice(&[10, 1, 0, 1]);
+        a
+    };
+
+    use Outcome::*;
+    vec![
         (
             "truncated IP",
             eth(to_us, 0x0800, &good.packet()[..10]),
@@ -635,6 +661,16 @@ fn test_run_table_of_frames() {
             NotIp,
         ),
         ("ARP", eth([0xff; 6], 0x0806, &arp), XDP_PASS, NotIp),
+    ]
+}
+
+/// IPv4 frames the router drops by route or passes to the stack.
+fn ipv4_cases_routed_elsewhere(good: &Ip4, to_us: [u8; 6]) -> Vec<FrameCase> {
+    let mut too_big = good.clone();
+    too_big.udp_payload = 1600; // > the egress MTU of 1500
+
+    use Outcome::*;
+    vec![
         (
             "blackhole route",
             ip4("10.9.0.1", 64).frame(to_us),
@@ -672,59 +708,58 @@ fn test_run_table_of_frames() {
             XDP_PASS,
             PassNotInMap,
         ),
-    ];
+    ]
+}
 
-    let mut expected = zero_counters();
-    for (name, frame, want_action, want_outcome) in &table {
-        let (action, out) = test_run(&router, &net.ns, net.in_ifindex, frame)
-            .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
-        assert_eq!(action, *want_action, "{name}: action");
-        let e = expected.get_mut(want_outcome.name()).unwrap();
-        e.packets += 1;
-        e.bytes += frame.len() as u64;
-        assert_eq!(out.len(), frame.len(), "{name}: length");
-        if action != XDP_REDIRECT {
-            assert_eq!(
-                &out, frame,
-                "{name}: a frame not forwarded must be untouched"
-            );
-            continue;
-        }
-        // Forwarded: MACs of the next hop, TTL one less, checksum valid.
-        assert_eq!(out[0..6], NEIGH_MAC, "{name}: destination MAC");
-        assert_eq!(out[6..12], net.out_mac, "{name}: source MAC");
-        assert_eq!(out[14 + 8], frame[14 + 8] - 1, "{name}: TTL");
-        let hdr: &[u8; 20] = out[14..34].try_into().unwrap();
-        assert!(
-            xdp_common::ipv4_checksum_ok(hdr),
-            "{name}: checksum must verify"
-        );
+/// One IPv4 case through BPF_PROG_TEST_RUN: its action, its counter (added
+/// to `expected`), and a forwarded frame's MACs, TTL and checksum.
+fn check_ipv4_case(
+    router: &Router,
+    net: &FibNet,
+    expected: &mut XdpCounters,
+    (name, frame, want_action, want_outcome): &FrameCase,
+) {
+    let (action, out) = test_run(router, &net.ns, net.in_ifindex, frame)
+        .unwrap_or_else(|e| panic!("{name}: test_run failed: {e:#}"));
+    assert_eq!(action, *want_action, "{name}: action");
+    let e = expected.get_mut(want_outcome.name()).unwrap();
+    e.packets += 1;
+    e.bytes += frame.len() as u64;
+    assert_eq!(out.len(), frame.len(), "{name}: length");
+    if action != XDP_REDIRECT {
         assert_eq!(
-            header_checksum(&{
-                let mut h = *hdr;
-                h[10] = 0;
-                h[11] = 0;
-                h
-            }),
-            u16::from_be_bytes([hdr[10], hdr[11]]),
-            "{name}: checksum equals a full recomputation"
+            &out, frame,
+            "{name}: a frame not forwarded must be untouched"
         );
-        let mut rest_in = frame[14..].to_vec();
-        let mut rest_out = out[14..].to_vec();
-        for r in [&mut rest_in, &mut rest_out] {
-            r[8] = 0;
-            r[10] = 0;
-            r[11] = 0;
-        }
-        assert_eq!(rest_in, rest_out, "{name}: only TTL and checksum change");
+        return;
     }
-    // Shorter than an Ethernet header: the kernel refuses to run the
-    // program at all (drivers drop runts before XDP), so it is not counted.
-    let runt = test_run(&router, &net.ns, net.in_ifindex, &[0u8; 10]);
-    assert!(runt.is_err(), "the kernel runs XDP on a 10-byte frame?");
-
-    assert_eq!(router.counters().unwrap(), expected);
-    assert_eq!(outcome_total(&expected, Redirected).packets, 6);
+    // Forwarded: MACs of the next hop, TTL one less, checksum valid.
+    assert_eq!(out[0..6], NEIGH_MAC, "{name}: destination MAC");
+    assert_eq!(out[6..12], net.out_mac, "{name}: source MAC");
+    assert_eq!(out[14 + 8], frame[14 + 8] - 1, "{name}: TTL");
+    let hdr: &[u8; 20] = out[14..34].try_into().unwrap();
+    assert!(
+        xdp_common::ipv4_checksum_ok(hdr),
+        "{name}: checksum must verify"
+    );
+    assert_eq!(
+        header_checksum(&{
+            let mut h = *hdr;
+            h[10] = 0;
+            h[11] = 0;
+            h
+        }),
+        u16::from_be_bytes([hdr[10], hdr[11]]),
+        "{name}: checksum equals a full recomputation"
+    );
+    let mut rest_in = frame[14..].to_vec();
+    let mut rest_out = out[14..].to_vec();
+    for r in [&mut rest_in, &mut rest_out] {
+        r[8] = 0;
+        r[10] = 0;
+        r[11] = 0;
+    }
+    assert_eq!(rest_in, rest_out, "{name}: only TTL and checksum change");
 }
 
 /// Keeps the records aya-log hands over.
