@@ -1006,9 +1006,73 @@ fn one_router_one_namespace() {
 /// sender (10.11.0.2) -- r0 [router ns] r1 -- receiver (10.12.0.2), with
 /// the XDP router on r0 and r1. UDP datagrams go out and are echoed back;
 /// every one of them must be redirected by XDP in both directions.
-#[allow(clippy::too_many_lines)]
 fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
     require_root();
+    let (snd, rtr, rcv) = forward_testbed(want);
+
+    let tx = snd.run(|| Ok(UdpSocket::bind("10.11.0.2:0")?)).unwrap();
+    let echo = rcv.run(|| Ok(UdpSocket::bind("10.12.0.2:5061")?)).unwrap();
+    for s in [&tx, &echo] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let round_trip = |i: u32| {
+        tx.send_to(&i.to_be_bytes(), "10.12.0.2:5061").unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = echo
+            .recv_from(&mut buf)
+            .expect("probe reaches the receiver");
+        echo.send_to(&buf[..n], from).unwrap();
+        let n = tx.recv(&mut buf).expect("echo comes back");
+        assert_eq!(&buf[..n], &i.to_be_bytes());
+    };
+    let tx6 = snd.run(|| Ok(UdpSocket::bind("[fd00:11::2]:0")?)).unwrap();
+    let echo6 = rcv
+        .run(|| Ok(UdpSocket::bind("[fd00:12::2]:5061")?))
+        .unwrap();
+    for s in [&tx6, &echo6] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let round_trip6 = |i: u32| {
+        tx6.send_to(&i.to_be_bytes(), "[fd00:12::2]:5061").unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = echo6
+            .recv_from(&mut buf)
+            .expect("IPv6 probe reaches the receiver");
+        echo6.send_to(&buf[..n], from).unwrap();
+        let n = tx6.recv(&mut buf).expect("IPv6 echo comes back");
+        assert_eq!(&buf[..n], &i.to_be_bytes());
+    };
+    // Resolve the neighbours (ARP, neighbour discovery) through the kernel
+    // first, so that every datagram after that can be redirected.
+    round_trip(0);
+    warm_up_ipv6(&tx6, &echo6);
+
+    let mut router = Router::load(crate::sys::linux(), false).unwrap();
+    assert_eq!(router.attach(&rtr, "r0", mode).unwrap(), want);
+    assert_eq!(router.attach(&rtr, "r1", mode).unwrap(), want);
+    const N: u32 = 50;
+    for i in 1..=N {
+        round_trip(i);
+        round_trip6(i);
+    }
+    let c = router.counters().unwrap();
+    assert_forwarded_by_xdp(&c, N);
+    router.detach_all().unwrap();
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &rtr, "r0").unwrap(),
+        None
+    );
+    assert_eq!(
+        attached_mode(crate::sys::linux_static(), &rtr, "r1").unwrap(),
+        None
+    );
+    // The kernel forwards again without the router.
+    round_trip(N + 1);
+}
+
+/// The three namespaces of [`forward_real_traffic`], dual stack, routed
+/// through `rtr`; GRO on and TX checksumming off at the ends for native.
+fn forward_testbed(want: AttachedMode) -> (Netns, Netns, Netns) {
     let snd = netns("snd");
     let rtr = netns("rtr");
     let rcv = netns("rcv");
@@ -1059,42 +1123,11 @@ fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
         })
         .unwrap();
     }
+    (snd, rtr, rcv)
+}
 
-    let tx = snd.run(|| Ok(UdpSocket::bind("10.11.0.2:0")?)).unwrap();
-    let echo = rcv.run(|| Ok(UdpSocket::bind("10.12.0.2:5061")?)).unwrap();
-    for s in [&tx, &echo] {
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    }
-    let round_trip = |i: u32| {
-        tx.send_to(&i.to_be_bytes(), "10.12.0.2:5061").unwrap();
-        let mut buf = [0u8; 64];
-        let (n, from) = echo
-            .recv_from(&mut buf)
-            .expect("probe reaches the receiver");
-        echo.send_to(&buf[..n], from).unwrap();
-        let n = tx.recv(&mut buf).expect("echo comes back");
-        assert_eq!(&buf[..n], &i.to_be_bytes());
-    };
-    let tx6 = snd.run(|| Ok(UdpSocket::bind("[fd00:11::2]:0")?)).unwrap();
-    let echo6 = rcv
-        .run(|| Ok(UdpSocket::bind("[fd00:12::2]:5061")?))
-        .unwrap();
-    for s in [&tx6, &echo6] {
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    }
-    let round_trip6 = |i: u32| {
-        tx6.send_to(&i.to_be_bytes(), "[fd00:12::2]:5061").unwrap();
-        let mut buf = [0u8; 64];
-        let (n, from) = echo6
-            .recv_from(&mut buf)
-            .expect("IPv6 probe reaches the receiver");
-        echo6.send_to(&buf[..n], from).unwrap();
-        let n = tx6.recv(&mut buf).expect("IPv6 echo comes back");
-        assert_eq!(&buf[..n], &i.to_be_bytes());
-    };
-    // Resolve the neighbours (ARP, neighbour discovery) through the kernel
-    // first, so that every datagram after that can be redirected.
-    round_trip(0);
+/// Waits for the IPv6 path to come up, then drains what reached `echo6`.
+fn warm_up_ipv6(tx6: &UdpSocket, echo6: &UdpSocket) {
     // The veths' link-local addresses finish duplicate address detection
     // about a second after the links come up; neighbour discovery waits
     // for them, so the first IPv6 datagrams may be lost.
@@ -1111,24 +1144,19 @@ fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
     assert!(warm, "IPv6 path never came up");
     while echo6.set_nonblocking(true).is_ok() && echo6.recv_from(&mut [0u8; 64]).is_ok() {}
     echo6.set_nonblocking(false).unwrap();
+}
 
-    let mut router = Router::load(crate::sys::linux(), false).unwrap();
-    assert_eq!(router.attach(&rtr, "r0", mode).unwrap(), want);
-    assert_eq!(router.attach(&rtr, "r1", mode).unwrap(), want);
-    const N: u32 = 50;
-    for i in 1..=N {
-        round_trip(i);
-        round_trip6(i);
-    }
-    let c = router.counters().unwrap();
+/// Every datagram and echo of the `n` round trips in each family was
+/// redirected by XDP, and none passed.
+fn assert_forwarded_by_xdp(c: &XdpCounters, n: u32) {
     assert_eq!(
         c[Outcome::Redirected.name6()].packets,
-        2 * N as u64,
+        2 * u64::from(n),
         "every IPv6 datagram and echo forwarded by XDP: {c:?}"
     );
     assert_eq!(
         c[Outcome::Redirected.name()].packets,
-        2 * N as u64,
+        2 * u64::from(n),
         "every datagram and echo forwarded by XDP: {c:?}"
     );
     let pass_ipv4: u64 = [Outcome::Passed, Outcome::PassNotInMap, Outcome::PassTtl]
@@ -1136,17 +1164,6 @@ fn forward_real_traffic(mode: XdpMode, want: AttachedMode) {
         .map(|o| c[o.name()].packets)
         .sum();
     assert_eq!(pass_ipv4, 0, "{c:?}");
-    router.detach_all().unwrap();
-    assert_eq!(
-        attached_mode(crate::sys::linux_static(), &rtr, "r0").unwrap(),
-        None
-    );
-    assert_eq!(
-        attached_mode(crate::sys::linux_static(), &rtr, "r1").unwrap(),
-        None
-    );
-    // The kernel forwards again without the router.
-    round_trip(N + 1);
 }
 
 #[test]
