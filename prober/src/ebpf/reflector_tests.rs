@@ -324,12 +324,27 @@ fn load_b_with_peers(reply_ifindex: u32, limits: RateLimits, peers: &Peers) -> R
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
-#[allow(clippy::too_many_lines)]
 fn reflector_test_run_table() {
     require_root();
     let r = load_b(0, RateLimits::NONE);
     let t0 = now_ns();
 
+    answers_probes_with_room_for_times(&r, t0);
+    answers_probes_too_short_for_times(&r);
+    answers_stamp(&r);
+
+    // Frames the reflector must pass unchanged.
+    let table = [
+        passed_ipv4_cases(),
+        passed_ipv6_cases(),
+        passed_malformed_ipv4_cases(),
+    ]
+    .concat();
+    check_passed_unchanged(&r, &table);
+}
+
+/// A good probe with room for the times is answered with them.
+fn answers_probes_with_room_for_times(r: &Reflector, t0: i64) {
     // A good probe with room for the times: IPv4 with and without a UDP
     // checksum, IPv6 (where it is mandatory).
     for (v6, with_csum) in [(false, true), (false, false), (true, true)] {
@@ -337,7 +352,7 @@ fn reflector_test_run_table() {
         f.v6 = v6;
         f.with_udp_csum = with_csum;
         let input = f.bytes();
-        let (action, out) = run(&r, &input);
+        let (action, out) = run(r, &input);
         assert_eq!(action, XDP_TX, "good probe is answered (IPv6: {v6})");
         check_reply_headers(&input, &out, with_csum);
         let p = &out[f.payload_off()..];
@@ -362,14 +377,16 @@ fn reflector_test_run_table() {
         assert!(tx - rx < 1_000_000, "turnaround {} ns", tx - rx);
         assert_eq!(&p[48..], &[0u8; 16], "padding after the times untouched");
     }
-    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 3);
+    assert_eq!(counter(r, ReflectorOutcome::ReflectedRtprobe), 3);
+}
 
+fn answers_probes_too_short_for_times(r: &Reflector) {
     // A probe too short for the times: answered, marked, counted.
     for v6 in [false, true] {
         let mut f = Frame::new(PROBE_PORT, probe_payload(40, false));
         f.v6 = v6;
         let input = f.bytes();
-        let (action, out) = run(&r, &input);
+        let (action, out) = run(r, &input);
         assert_eq!(action, XDP_TX);
         check_reply_headers(&input, &out, true);
         let off = f.payload_off();
@@ -380,9 +397,11 @@ fn reflector_test_run_table() {
             "rest of the payload unchanged"
         );
     }
-    assert_eq!(counter(&r, ReflectorOutcome::NoRoomForTimes), 2);
-    assert_eq!(counter(&r, ReflectorOutcome::ReflectedRtprobe), 5);
+    assert_eq!(counter(r, ReflectorOutcome::NoRoomForTimes), 2);
+    assert_eq!(counter(r, ReflectorOutcome::ReflectedRtprobe), 5);
+}
 
+fn answers_stamp(r: &Reflector) {
     // STAMP, 44 bytes and padded to 60, over both families.
     for (v6, len) in [(false, 44), (false, 60), (true, 44), (true, 60)] {
         let mut f = Frame::new(STAMP_PORT, stamp_payload(len));
@@ -390,7 +409,7 @@ fn reflector_test_run_table() {
         f.ttl = 61;
         let input = f.bytes();
         let t_before = now_ns();
-        let (action, out) = run(&r, &input);
+        let (action, out) = run(r, &input);
         let t_after = now_ns();
         assert_eq!(action, XDP_TX, "STAMP {len}");
         check_reply_headers(&input, &out, true);
@@ -411,9 +430,15 @@ fn reflector_test_run_table() {
         assert!(t2 >= t_before - 1_000_001 && t3 <= t_after + 1_000_001);
         assert_eq!(&out[off + 44..], &input[off + 44..], "padding copied");
     }
-    assert_eq!(counter(&r, ReflectorOutcome::ReflectedStamp), 4);
+    assert_eq!(counter(r, ReflectorOutcome::ReflectedStamp), 4);
+}
 
-    // Frames the reflector must pass unchanged.
+/// A frame the reflector must pass unchanged: its name, the frame and the
+/// counter it goes under.
+type PassCase = (&'static str, Vec<u8>, ReflectorOutcome);
+
+/// IPv4 frames that are no probe, or no IP.
+fn passed_ipv4_cases() -> Vec<PassCase> {
     let mut bad_magic = probe_payload(64, false);
     bad_magic[0] = b'X';
     let mut bad_version = probe_payload(64, false);
@@ -426,33 +451,9 @@ fn reflector_test_run_table() {
     let mut later_frag = good.clone();
     later_frag.frag = 185;
     let full = good.bytes();
-    let mut udp_len_too_long = full.clone();
-    udp_len_too_long[38..40].copy_from_slice(&200u16.to_be_bytes());
-    let mut ip_only_udp = full[..34 + 4].to_vec();
-    ip_only_udp[16..18].copy_from_slice(&24u16.to_be_bytes());
-    ip_only_udp[24] = 0;
-    ip_only_udp[25] = 0;
-    let c = !fold(sum16(&ip_only_udp[14..34]));
-    ip_only_udp[24..26].copy_from_slice(&c.to_be_bytes());
-    let mut bad_ip_csum = full.clone();
-    bad_ip_csum[24] ^= 0xff;
     let mut arp = full[..12].to_vec();
     arp.extend_from_slice(&0x0806u16.to_be_bytes());
     arp.extend_from_slice(&[0u8; 28]);
-    let good6 = Frame::v6(PROBE_PORT, probe_payload(64, false)).bytes();
-    // A hop-by-hop options header before UDP: the kernel's.
-    let mut ext6 = good6[..54].to_vec();
-    ext6[20] = 0;
-    ext6.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
-    ext6.extend_from_slice(&good6[54..]);
-    let len6 = (good6.len() - 54 + 8) as u16;
-    ext6[18..20].copy_from_slice(&len6.to_be_bytes());
-    let mut not_v6 = good6.clone();
-    not_v6[14] = 0x40;
-    let mut udp_len_past_v6 = good6.clone();
-    udp_len_past_v6[58..60].copy_from_slice(&200u16.to_be_bytes());
-    let mut no_csum_v6 = Frame::v6(PROBE_PORT, probe_payload(64, false));
-    no_csum_v6.with_udp_csum = false;
     let mut tcp = full.clone();
     tcp[23] = 6;
     tcp[24] = 0;
@@ -461,7 +462,7 @@ fn reflector_test_run_table() {
     tcp[24..26].copy_from_slice(&c.to_be_bytes());
 
     use ReflectorOutcome::*;
-    let table: Vec<(&str, Vec<u8>, ReflectorOutcome)> = vec![
+    vec![
         (
             "echo",
             Frame::new(PROBE_PORT, probe_payload(64, true)).bytes(),
@@ -497,6 +498,28 @@ fn reflector_test_run_table() {
         ("first fragment", first_frag.bytes(), NotProbe),
         ("later fragment", later_frag.bytes(), NotProbe),
         ("ARP", arp, NotIp),
+    ]
+}
+
+/// IPv6 frames that are no probe, or malformed.
+fn passed_ipv6_cases() -> Vec<PassCase> {
+    let good6 = Frame::v6(PROBE_PORT, probe_payload(64, false)).bytes();
+    // A hop-by-hop options header before UDP: the kernel's.
+    let mut ext6 = good6[..54].to_vec();
+    ext6[20] = 0;
+    ext6.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
+    ext6.extend_from_slice(&good6[54..]);
+    let len6 = (good6.len() - 54 + 8) as u16;
+    ext6[18..20].copy_from_slice(&len6.to_be_bytes());
+    let mut not_v6 = good6.clone();
+    not_v6[14] = 0x40;
+    let mut udp_len_past_v6 = good6.clone();
+    udp_len_past_v6[58..60].copy_from_slice(&200u16.to_be_bytes());
+    let mut no_csum_v6 = Frame::v6(PROBE_PORT, probe_payload(64, false));
+    no_csum_v6.with_udp_csum = false;
+
+    use ReflectorOutcome::*;
+    vec![
         (
             "IPv6 echo",
             Frame::v6(PROBE_PORT, probe_payload(64, true)).bytes(),
@@ -525,6 +548,26 @@ fn reflector_test_run_table() {
             Malformed,
         ),
         ("IPv6 UDP without a checksum", no_csum_v6.bytes(), Malformed),
+    ]
+}
+
+/// Malformed IPv4 frames.
+fn passed_malformed_ipv4_cases() -> Vec<PassCase> {
+    let good = Frame::new(PROBE_PORT, probe_payload(64, false));
+    let full = good.bytes();
+    let mut udp_len_too_long = full.clone();
+    udp_len_too_long[38..40].copy_from_slice(&200u16.to_be_bytes());
+    let mut ip_only_udp = full[..34 + 4].to_vec();
+    ip_only_udp[16..18].copy_from_slice(&24u16.to_be_bytes());
+    ip_only_udp[24] = 0;
+    ip_only_udp[25] = 0;
+    let c = !fold(sum16(&ip_only_udp[14..34]));
+    ip_only_udp[24..26].copy_from_slice(&c.to_be_bytes());
+    let mut bad_ip_csum = full.clone();
+    bad_ip_csum[24] ^= 0xff;
+
+    use ReflectorOutcome::*;
+    vec![
         // BPF_PROG_TEST_RUN (like a driver) refuses frames shorter than an
         // Ethernet header, so the shortest frame is a bare header.
         ("Ethernet header only", full[..14].to_vec(), Malformed),
@@ -542,10 +585,14 @@ fn reflector_test_run_table() {
             Frame::new(STAMP_PORT, vec![0u8; 30]).bytes(),
             Malformed,
         ),
-    ];
+    ]
+}
+
+/// Each frame of `table` passed unchanged, and counted under its outcome.
+fn check_passed_unchanged(r: &Reflector, table: &[PassCase]) {
     let before = r.counters().unwrap();
-    for (name, frame, _) in &table {
-        let (action, out) = run(&r, frame);
+    for (name, frame, _) in table {
+        let (action, out) = run(r, frame);
         assert_eq!(action, XDP_PASS, "{name}: passed");
         assert_eq!(&out, frame, "{name}: unchanged");
     }
