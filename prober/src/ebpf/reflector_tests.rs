@@ -630,13 +630,27 @@ fn reflector_redirects_replies_when_given_an_ifindex() {
 /// after them is still answered.
 #[test]
 #[ignore = "needs root: run by cargo xtask test"]
-#[allow(clippy::too_many_lines)]
 fn reflector_refuses_probes_not_for_it_and_bad_sources() {
     require_root();
     let good = || Frame::new(PROBE_PORT, probe_payload(64, false));
     let good6 = || Frame::v6(PROBE_PORT, probe_payload(64, false));
 
-    // Loaded but never told its interface: answers nothing.
+    blank_reflector_answers_nothing();
+
+    let r = load_b(0, RateLimits::NONE);
+    let table = [not_for_us_cases(), bad_source_cases()].concat();
+    check_refused_unchanged(&r, &table);
+    for f in [good(), good6()] {
+        let input = f.bytes();
+        let (action, out) = run(&r, &input);
+        assert_eq!(action, XDP_TX, "a good probe is still answered");
+        check_reply_headers(&input, &out, true);
+    }
+}
+
+/// Loaded but never told its interface: answers nothing.
+fn blank_reflector_answers_nothing() {
+    let good = || Frame::new(PROBE_PORT, probe_payload(64, false));
     let blank = Reflector::load(
         crate::sys::linux(),
         PROBE_PORT,
@@ -649,8 +663,12 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
     let (action, _) = run(&blank, &good().bytes());
     assert_eq!(action, XDP_PASS, "no identity, no answer");
     assert_eq!(counter(&blank, ReflectorOutcome::NotForUs), 1);
+}
 
-    let r = load_b(0, RateLimits::NONE);
+/// Probes for another host or address, which B must leave to the kernel.
+fn not_for_us_cases() -> Vec<PassCase> {
+    let good = || Frame::new(PROBE_PORT, probe_payload(64, false));
+    let good6 = || Frame::v6(PROBE_PORT, probe_payload(64, false));
     let with = |f: &dyn Fn(&mut Frame)| {
         let mut fr = good();
         f(&mut fr);
@@ -663,7 +681,7 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
     };
     let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
     use ReflectorOutcome::*;
-    let table: Vec<(&str, Vec<u8>, ReflectorOutcome)> = vec![
+    vec![
         (
             "broadcast MAC and 255.255.255.255",
             with(&|f| {
@@ -710,6 +728,26 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
             }),
             NotForUs,
         ),
+    ]
+}
+
+/// Probes from sources no reply may go to, which B must drop.
+fn bad_source_cases() -> Vec<PassCase> {
+    let good = || Frame::new(PROBE_PORT, probe_payload(64, false));
+    let good6 = || Frame::v6(PROBE_PORT, probe_payload(64, false));
+    let with = |f: &dyn Fn(&mut Frame)| {
+        let mut fr = good();
+        f(&mut fr);
+        fr.bytes()
+    };
+    let with6 = |f: &dyn Fn(&mut Frame)| {
+        let mut fr = good6();
+        f(&mut fr);
+        fr.bytes()
+    };
+    let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    use ReflectorOutcome::*;
+    vec![
         (
             "from the subnet broadcast",
             with(&|f| f.src = [10, 9, 0, 255]),
@@ -759,10 +797,16 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
             },
             BadSource,
         ),
-    ];
+    ]
+}
+
+/// Each frame of `table` passed (not for us) or dropped (bad source)
+/// unchanged, and counted under its reason.
+fn check_refused_unchanged(r: &Reflector, table: &[PassCase]) {
+    use ReflectorOutcome::*;
     let before = r.counters().unwrap();
-    for (name, frame, why) in &table {
-        let (action, out) = run(&r, frame);
+    for (name, frame, why) in table {
+        let (action, out) = run(r, frame);
         // For another host or address: the kernel's, as without us. From a
         // bad source: dropped, so no socket on the port answers it either.
         let want = if *why == BadSource {
@@ -782,12 +826,6 @@ fn reflector_refuses_probes_not_for_it_and_bad_sources() {
             "counter {}",
             o.name()
         );
-    }
-    for f in [good(), good6()] {
-        let input = f.bytes();
-        let (action, out) = run(&r, &input);
-        assert_eq!(action, XDP_TX, "a good probe is still answered");
-        check_reply_headers(&input, &out, true);
     }
 }
 
