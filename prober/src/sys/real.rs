@@ -610,7 +610,6 @@ mod tests {
     /// Every typed call on the real kernel, in two namespaces of our own.
     #[test]
     #[ignore = "needs root: run by cargo xtask test"]
-    #[allow(clippy::too_many_lines)]
     fn typed_calls_on_the_real_kernel() {
         require_root();
         let sys = LinuxSys::new();
@@ -619,100 +618,10 @@ mod tests {
         sys.create_netns(&b).unwrap();
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let (na, nb) = (Ns::Named(&a), Ns::Named(&b));
-            assert!(sys.netns_list().contains(&a));
-            sys.add_veth(na, "sx0", "sx1").unwrap();
-            assert!(sys.add_veth(na, "sx0", "sx2").is_err(), "sx0 exists");
-            sys.move_link(na, "sx1", nb).unwrap();
-            assert!(sys.link(na, "sx1").unwrap().is_none());
-            let l = sys.link(nb, "sx1").unwrap().unwrap();
-            assert!(!l.up);
-            sys.set_mtu(na, "sx0", 1400).unwrap();
-            sys.set_up(na, "sx0", true).unwrap();
-            sys.set_up(nb, "sx1", true).unwrap();
-            let l = sys.link(na, "sx0").unwrap().unwrap();
-            assert_eq!((l.up, l.mtu), (true, Some(1400)));
-            let v4 = Addr {
-                addr: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
-                prefix_len: 24,
-            };
-            let v6 = Addr {
-                addr: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1)),
-                prefix_len: 64,
-            };
-            sys.add_addr(na, "sx0", v4).unwrap();
-            sys.add_addr(na, "sx0", v4).unwrap();
-            sys.add_addr(na, "sx0", v6).unwrap();
-            let addrs = sys.addrs(na, "sx0").unwrap();
-            assert!(addrs.contains(&v4) && addrs.contains(&v6), "{addrs:?}");
-            for gw in [
-                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 254)),
-                IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 0xfe)),
-            ] {
-                let mut r = Route::default_via(gw);
-                r.dev = Some("sx0".into());
-                sys.add_route(na, &r).unwrap();
-                sys.add_route(na, &r).unwrap();
-                let routes = sys.routes(na).unwrap();
-                assert!(
-                    routes.iter().any(|x| x.is_default()
-                        && x.gateway == Some(gw)
-                        && x.dev.as_deref() == Some("sx0")),
-                    "{routes:?}"
-                );
-            }
-            // sysfs and sysctl are the namespace's own.
-            sys.sysfs_write(na, &netdev_attr("sx0", "tx_queue_len"), "77")
-                .unwrap();
-            assert_eq!(
-                sys.sysfs_read(na, &netdev_attr("sx0", "tx_queue_len"))
-                    .unwrap(),
-                "77"
-            );
-            assert!(
-                sys.sysfs_list(na, "class/net")
-                    .unwrap()
-                    .contains(&"sx0".to_string())
-            );
-            assert!(
-                !sys.sysfs_list(nb, "class/net")
-                    .unwrap()
-                    .contains(&"sx0".to_string())
-            );
-            let e = sys.sysfs_read(nb, &netdev_attr("sx0", "mtu")).unwrap_err();
-            assert!(
-                matches!(e.downcast_ref::<crate::error::Error>(), Some(crate::error::Error::InterfaceNotFound(n)) if n == "sx0"),
-                "{e:#}"
-            );
-            sys.set_sysctl(na, "net.ipv4.ip_forward", "1").unwrap();
-            assert_eq!(sys.sysctl(na, "net.ipv4.ip_forward").unwrap(), "1");
-            assert_eq!(sys.sysctl(nb, "net.ipv4.ip_forward").unwrap(), "0");
-            // ethtool and tc.
-            assert_eq!(sys.driver(na, "sx0").unwrap(), "veth");
-            for on in [true, false] {
-                sys.set_offload(na, "sx0", Offload::Gro, on).unwrap();
-                assert_eq!(sys.offload(na, "sx0", Offload::Gro).unwrap(), on);
-            }
-            sys.tc(
-                na,
-                &TcCmd::parse("qdisc add dev sx0 root handle 1: pfifo limit 10"),
-            )
-            .unwrap();
-            let q = crate::sys::root_qdisc(&sys, na, "sx0").unwrap().unwrap();
-            assert_eq!((q.kind.as_str(), q.handle.as_str()), ("pfifo", "1:"));
-            let e = sys
-                .tc(
-                    na,
-                    &TcCmd::parse("qdisc add dev sx0 root handle 1: nosuchqdisc"),
-                )
-                .unwrap_err();
-            let t = e
-                .downcast_ref::<crate::sys::tc::TcError>()
-                .expect("a TcError");
-            assert!(
-                t.to_string()
-                    .contains("tc qdisc add dev sx0 root handle 1: nosuchqdisc"),
-                "{t}"
-            );
+            let l = links_and_addrs(&sys, &a, na, nb);
+            default_routes(&sys, na);
+            sysfs_and_sysctl(&sys, na, nb);
+            ethtool_and_tc(&sys, na);
             assert!(sys.xdp_state(na, l.index).unwrap().is_empty());
             // One worker per namespace, however many calls.
             assert_eq!(sys.workers.lock().unwrap().len(), 2);
@@ -726,5 +635,115 @@ mod tests {
         if let Err(p) = res {
             std::panic::resume_unwind(p);
         }
+    }
+
+    /// A veth pair across the two namespaces, its MTU, state and addresses;
+    /// the link `sx0` as it ends up.
+    fn links_and_addrs(sys: &LinuxSys, a: &str, na: Ns, nb: Ns) -> Link {
+        assert!(sys.netns_list().contains(&a.to_string()));
+        sys.add_veth(na, "sx0", "sx1").unwrap();
+        assert!(sys.add_veth(na, "sx0", "sx2").is_err(), "sx0 exists");
+        sys.move_link(na, "sx1", nb).unwrap();
+        assert!(sys.link(na, "sx1").unwrap().is_none());
+        let l = sys.link(nb, "sx1").unwrap().unwrap();
+        assert!(!l.up);
+        sys.set_mtu(na, "sx0", 1400).unwrap();
+        sys.set_up(na, "sx0", true).unwrap();
+        sys.set_up(nb, "sx1", true).unwrap();
+        let l = sys.link(na, "sx0").unwrap().unwrap();
+        assert_eq!((l.up, l.mtu), (true, Some(1400)));
+        let v4 = Addr {
+            addr: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+            prefix_len: 24,
+        };
+        let v6 = Addr {
+            addr: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1)),
+            prefix_len: 64,
+        };
+        sys.add_addr(na, "sx0", v4).unwrap();
+        sys.add_addr(na, "sx0", v4).unwrap();
+        sys.add_addr(na, "sx0", v6).unwrap();
+        let addrs = sys.addrs(na, "sx0").unwrap();
+        assert!(addrs.contains(&v4) && addrs.contains(&v6), "{addrs:?}");
+        l
+    }
+
+    /// A default route via each family's gateway, added twice.
+    fn default_routes(sys: &LinuxSys, na: Ns) {
+        for gw in [
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 254)),
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 0xfe)),
+        ] {
+            let mut r = Route::default_via(gw);
+            r.dev = Some("sx0".into());
+            sys.add_route(na, &r).unwrap();
+            sys.add_route(na, &r).unwrap();
+            let routes = sys.routes(na).unwrap();
+            assert!(
+                routes.iter().any(|x| x.is_default()
+                    && x.gateway == Some(gw)
+                    && x.dev.as_deref() == Some("sx0")),
+                "{routes:?}"
+            );
+        }
+    }
+
+    fn sysfs_and_sysctl(sys: &LinuxSys, na: Ns, nb: Ns) {
+        // sysfs and sysctl are the namespace's own.
+        sys.sysfs_write(na, &netdev_attr("sx0", "tx_queue_len"), "77")
+            .unwrap();
+        assert_eq!(
+            sys.sysfs_read(na, &netdev_attr("sx0", "tx_queue_len"))
+                .unwrap(),
+            "77"
+        );
+        assert!(
+            sys.sysfs_list(na, "class/net")
+                .unwrap()
+                .contains(&"sx0".to_string())
+        );
+        assert!(
+            !sys.sysfs_list(nb, "class/net")
+                .unwrap()
+                .contains(&"sx0".to_string())
+        );
+        let e = sys.sysfs_read(nb, &netdev_attr("sx0", "mtu")).unwrap_err();
+        assert!(
+            matches!(e.downcast_ref::<crate::error::Error>(), Some(crate::error::Error::InterfaceNotFound(n)) if n == "sx0"),
+            "{e:#}"
+        );
+        sys.set_sysctl(na, "net.ipv4.ip_forward", "1").unwrap();
+        assert_eq!(sys.sysctl(na, "net.ipv4.ip_forward").unwrap(), "1");
+        assert_eq!(sys.sysctl(nb, "net.ipv4.ip_forward").unwrap(), "0");
+    }
+
+    fn ethtool_and_tc(sys: &LinuxSys, na: Ns) {
+        // ethtool and tc.
+        assert_eq!(sys.driver(na, "sx0").unwrap(), "veth");
+        for on in [true, false] {
+            sys.set_offload(na, "sx0", Offload::Gro, on).unwrap();
+            assert_eq!(sys.offload(na, "sx0", Offload::Gro).unwrap(), on);
+        }
+        sys.tc(
+            na,
+            &TcCmd::parse("qdisc add dev sx0 root handle 1: pfifo limit 10"),
+        )
+        .unwrap();
+        let q = crate::sys::root_qdisc(sys, na, "sx0").unwrap().unwrap();
+        assert_eq!((q.kind.as_str(), q.handle.as_str()), ("pfifo", "1:"));
+        let e = sys
+            .tc(
+                na,
+                &TcCmd::parse("qdisc add dev sx0 root handle 1: nosuchqdisc"),
+            )
+            .unwrap_err();
+        let t = e
+            .downcast_ref::<crate::sys::tc::TcError>()
+            .expect("a TcError");
+        assert!(
+            t.to_string()
+                .contains("tc qdisc add dev sx0 root handle 1: nosuchqdisc"),
+            "{t}"
+        );
     }
 }

@@ -94,17 +94,26 @@ pub(super) fn forward_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
 /// bounce device (XDP_TX in generic and native XDP, AF_XDP) at 1..8 queues, with
 /// `perf stat` where the machine counts. Rows state relations measured
 /// side by side, not absolute targets.
-#[allow(
-    clippy::too_many_lines,
-    reason = "one bench section: its runs and the rows it reports read top to bottom"
-)]
 pub(super) fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
-    let json = ctx.out.join("thesis.json");
     let (work, queues, step) = if quick {
         ("1,12800", "1,2", "2s")
     } else {
         ("1,10,100,1000,12800", "1,2,4,8", "3s")
     };
+    let j = thesis_run(ctx, work, queues, step)?;
+    let steps = j["steps"].as_array().cloned().unwrap_or_default();
+    let mut rows = work_rows(&steps, work);
+    let bounce = j["bounce"].as_array().cloned().unwrap_or_default();
+    rows.extend(bounce_rows(&bounce));
+    rows.extend(bounce_per_core_row(&bounce));
+    rows.push(perf_stat_row(&j));
+    Ok(rows)
+}
+
+/// The thesis's bench-forward run; its text goes to thesis.txt, its JSON
+/// (returned) to thesis.json.
+fn thesis_run(ctx: &Ctx, work: &str, queues: &str, step: &str) -> Result<Value> {
+    let json = ctx.out.join("thesis.json");
     let mut c = Command::new(&ctx.bin);
     c.args([
         "bench-forward",
@@ -132,8 +141,12 @@ pub(super) fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     }
     let text = output_text(c, "rtprobe bench-forward (thesis axes)")?;
     std::fs::write(ctx.out.join("thesis.txt"), &text)?;
-    let j: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
-    let steps = j["steps"].as_array().cloned().unwrap_or_default();
+    Ok(serde_json::from_str(&std::fs::read_to_string(&json)?)?)
+}
+
+/// The router's work variant at each of `work`'s memory accesses per
+/// packet, against the router without it, per XDP mode.
+fn work_rows(steps: &[Value], work: &str) -> Vec<Row> {
     let pps = |mode: &str, work: Option<u64>| {
         steps
             .iter()
@@ -160,7 +173,12 @@ pub(super) fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             }
         }
     }
-    let bounce = j["bounce"].as_array().cloned().unwrap_or_default();
+    rows
+}
+
+/// One row per bounce hook: its rate at each queue count.
+fn bounce_rows(bounce: &[Value]) -> Vec<Row> {
+    let mut rows = Vec::new();
     for hook in ["skb", "native", "afxdp"] {
         let per_q: Vec<String> = bounce
             .iter()
@@ -187,8 +205,11 @@ pub(super) fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             ));
         }
     }
-    rows.extend(bounce_per_core_row(&bounce));
-    rows.push(row(
+    rows
+}
+
+fn perf_stat_row(j: &Value) -> Row {
+    row(
         "perf stat (IPC, branch, L1 misses)",
         match j["perf_note"].as_str() {
             None => "counted: see thesis.txt".into(),
@@ -200,8 +221,7 @@ pub(super) fn thesis_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         "-".into(),
         "-",
         None,
-    ));
-    Ok(rows)
+    )
 }
 
 /// Native XDP_TX against generic per core (the thesis compares hooks per

@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use serde_json::Value;
 
 use super::{
     host::{StealMeter, waits_text},
@@ -170,10 +171,128 @@ pub(super) fn fmt_cyclic(c: &Result<Cyclic>) -> String {
     }
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one bench section: its runs and the rows it reports read top to bottom"
-)]
+/// One pacing run: a probe at `interval`, holding /dev/cpu_dma_latency
+/// at 0 as cyclictest does in both of its runs (the RT one by default).
+fn pacing_run(ctx: &Ctx, rt: Option<u8>, interval: &str, count: u64) -> Result<Value> {
+    ctx.probe_rt(
+        &format!("pacing-{interval}{}", if rt.is_some() { "-rt" } else { "" }),
+        &[
+            "--count",
+            &count.to_string(),
+            "--interval",
+            interval,
+            "--cpu-dma-latency",
+            "0",
+        ],
+        rt,
+    )
+}
+
+/// The send error row, with its targets where the interval has them.
+fn send_error_row(
+    interval: &str,
+    s: &Value,
+    count: u64,
+    targeted: bool,
+    rt: Option<u8>,
+    cyc_rt: &Result<Cyclic>,
+) -> Row {
+    let e = &s["send_error_ns"];
+    let (p50, p99) = (e["p50"].as_u64(), e["p99"].as_u64());
+    let targets = match (targeted, p50, p99, cyc_rt) {
+        (true, Some(p50), Some(p99), Ok(c)) => pacing_targets(rt.is_some(), p50, p99, c),
+        _ => Vec::new(),
+    };
+    row(
+        &format!("send error p50/p99/max, {interval}"),
+        format!("{} / {} / {}", us(p50), us(p99), us(e["max"].as_u64())),
+        format!("{count} probes; cpu_dma_latency 0 held, as cyclictest does"),
+        &if targets.is_empty() {
+            "-".to_string()
+        } else {
+            targets
+                .iter()
+                .map(|(t, _)| t.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        },
+        (!targets.is_empty()).then(|| targets.iter().all(|(_, met)| *met)),
+    )
+}
+
+fn missed_ticks_row(interval: &str, s: &Value, targeted: bool) -> Row {
+    let missed = s["missed_ticks"].as_u64().unwrap_or(u64::MAX);
+    let sent = s["sent"].as_u64().unwrap_or(0).max(1);
+    row(
+        &format!("missed ticks, {interval}"),
+        format!("{missed} ({:.3} %)", 100.0 * missed as f64 / sent as f64),
+        format!("unaccounted {}", s["unaccounted"]),
+        if targeted { "0 %" } else { "-" },
+        targeted.then_some(missed == TARGET_MISSED_TICKS_1MS),
+    )
+}
+
+/// What the spinning cost, from the summary's "pacing" object `p`.
+fn spin_cost_row(interval: &str, p: &Value) -> Row {
+    let w = &p["wake_late_ns"];
+    row(
+        &format!("spin cost, {interval}"),
+        format!(
+            "{:.1} µs/probe = {:.2} % of a CPU",
+            p["spin_ns_per_probe"].as_f64().unwrap_or(f64::NAN) / 1000.0,
+            p["spin_cpu_pct"].as_f64().unwrap_or(f64::NAN)
+        ),
+        format!(
+            "{} margin {}; sender thread {:.1} % CPU; its wake-ups late p50/p99 {} / {}, {} overslept",
+            p["mode"].as_str().unwrap_or("?"),
+            us(p["margin_ns"].as_u64()),
+            p["sender_cpu_pct"].as_f64().unwrap_or(f64::NAN),
+            us(w["p50"].as_u64()),
+            us(w["p99"].as_u64()),
+            p["overslept"]
+        ),
+        "-",
+        None,
+    )
+}
+
+fn not_running_row(interval: &str, p: &Value, cyc_rt: &Result<Cyclic>) -> Row {
+    row(
+        &format!("sender not running, {interval}"),
+        waits_text(&p["waits"]),
+        format!(
+            "cyclictest SCHED_FIFO {RT_PRIORITY}'s run: host steal {}",
+            cyc_rt
+                .as_ref()
+                .ok()
+                .and_then(|c| c.steal_pct)
+                .map_or("-".into(), |p| format!("{p:.1} %"))
+        ),
+        "-",
+        None,
+    )
+}
+
+/// The four rows of one interval, as a plain run gets it or real-time
+/// (`rt`, labelled `tag`).
+fn interval_rows(
+    ctx: &Ctx,
+    (rt, tag): (Option<u8>, &str),
+    (interval, count, targeted): (&str, u64, bool),
+    cyc_rt: &Result<Cyclic>,
+) -> Result<Vec<Row>> {
+    let s = pacing_run(ctx, rt, interval, count)?;
+    let interval = format!("{interval}{tag}");
+    let interval = interval.as_str();
+    let p = &s["pacing"];
+    Ok(vec![
+        send_error_row(interval, &s, count, targeted, rt, cyc_rt),
+        missed_ticks_row(interval, &s, targeted),
+        spin_cost_row(interval, p),
+        not_running_row(interval, p, cyc_rt),
+    ])
+}
+
 pub(super) fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     // As a plain run gets it, and with the sender real-time (as the study
@@ -197,91 +316,11 @@ pub(super) fn pacing_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
         None,
     ));
     for (rt, tag) in &variants {
-        for (interval, count, targeted) in [
+        for run in [
             ("1ms", if quick { 2000 } else { 5000 }, true),
             ("100us", if quick { 10_000 } else { 30_000 }, false),
         ] {
-            let interval_label = format!("{interval}{tag}");
-            let s = ctx.probe_rt(
-                &format!("pacing-{interval}{}", if rt.is_some() { "-rt" } else { "" }),
-                // cyclictest holds /dev/cpu_dma_latency at 0 in both of its
-                // runs; so does each of these (the RT one by default).
-                &[
-                    "--count",
-                    &count.to_string(),
-                    "--interval",
-                    interval,
-                    "--cpu-dma-latency",
-                    "0",
-                ],
-                *rt,
-            )?;
-            let interval = interval_label.as_str();
-            let e = &s["send_error_ns"];
-            let missed = s["missed_ticks"].as_u64().unwrap_or(u64::MAX);
-            let sent = s["sent"].as_u64().unwrap_or(0).max(1);
-            let (p50, p99) = (e["p50"].as_u64(), e["p99"].as_u64());
-            let targets = match (targeted, p50, p99, &cyc_rt) {
-                (true, Some(p50), Some(p99), Ok(c)) => pacing_targets(rt.is_some(), p50, p99, c),
-                _ => Vec::new(),
-            };
-            rows.push(row(
-                &format!("send error p50/p99/max, {interval}"),
-                format!("{} / {} / {}", us(p50), us(p99), us(e["max"].as_u64())),
-                format!("{count} probes; cpu_dma_latency 0 held, as cyclictest does"),
-                &if targets.is_empty() {
-                    "-".to_string()
-                } else {
-                    targets
-                        .iter()
-                        .map(|(t, _)| t.as_str())
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                },
-                (!targets.is_empty()).then(|| targets.iter().all(|(_, met)| *met)),
-            ));
-            rows.push(row(
-                &format!("missed ticks, {interval}"),
-                format!("{missed} ({:.3} %)", 100.0 * missed as f64 / sent as f64),
-                format!("unaccounted {}", s["unaccounted"]),
-                if targeted { "0 %" } else { "-" },
-                targeted.then_some(missed == TARGET_MISSED_TICKS_1MS),
-            ));
-            let p = &s["pacing"];
-            let w = &p["wake_late_ns"];
-            rows.push(row(
-                &format!("spin cost, {interval}"),
-                format!(
-                    "{:.1} µs/probe = {:.2} % of a CPU",
-                    p["spin_ns_per_probe"].as_f64().unwrap_or(f64::NAN) / 1000.0,
-                    p["spin_cpu_pct"].as_f64().unwrap_or(f64::NAN)
-                ),
-                format!(
-                    "{} margin {}; sender thread {:.1} % CPU; its wake-ups late p50/p99 {} / {}, {} overslept",
-                    p["mode"].as_str().unwrap_or("?"),
-                    us(p["margin_ns"].as_u64()),
-                    p["sender_cpu_pct"].as_f64().unwrap_or(f64::NAN),
-                    us(w["p50"].as_u64()),
-                    us(w["p99"].as_u64()),
-                    p["overslept"]
-                ),
-                "-",
-                None,
-            ));
-            rows.push(row(
-                &format!("sender not running, {interval}"),
-                waits_text(&p["waits"]),
-                format!(
-                    "cyclictest SCHED_FIFO {RT_PRIORITY}'s run: host steal {}",
-                    cyc_rt
-                        .as_ref()
-                        .ok()
-                        .and_then(|c| c.steal_pct)
-                        .map_or("-".into(), |p| format!("{p:.1} %"))
-                ),
-                "-",
-                None,
-            ));
+            rows.extend(interval_rows(ctx, (*rt, tag), run, &cyc_rt)?);
         }
     }
     let cyc = cyclictest(ctx, "cyclictest-plain", loops, None);

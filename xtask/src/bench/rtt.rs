@@ -71,54 +71,63 @@ fn run(ctx: &Ctx, name: &str, args: &[&str]) -> Result<Run> {
     })
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one bench section: its runs and the rows it reports read top to bottom"
-)]
-pub(super) fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
-    let count: u64 = if quick { 1000 } else { 2000 };
-    let n = count.to_string();
-    // One path for all: the XDP router native, which the in-kernel
-    // reflector's replies need on the veth testbed. Kernel reflector,
-    // user-space reflector and the peers run back to back.
-    let probe = ["--count", &n, "--interval", "1ms", "--reflector"];
-    let k = run(ctx, "rtt-kernel", &[&probe[..], &["kernel"]].concat())?;
-    let s = run(ctx, "rtt", &[&probe[..], &["user"]].concat())?;
-    // The same over IPv6: the in-kernel reflector answers there too.
-    let k6 = run(
-        ctx,
-        "rtt-kernel-ipv6",
-        &[&probe[..], &["kernel", "--ip", "6"]].concat(),
-    )?;
-    let peers = peer_rtts(ctx, count, "native")?;
-    let peer = |name: &str| {
-        peers
+/// The peers' RTTs on the section's path: ping's and ping -6's medians
+/// and the line naming every peer but ping -6.
+struct PeerRtts {
+    ping: Option<f64>,
+    ping6: Option<f64>,
+    text: String,
+}
+
+impl PeerRtts {
+    fn measure(ctx: &Ctx, count: u64) -> Result<Self> {
+        let peers = peer_rtts(ctx, count, "native")?;
+        let peer = |name: &str| {
+            peers
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, r)| r.as_ref().ok().copied())
+        };
+        let (ping, ping6) = (peer("ping"), peer("ping -6"));
+        let text: Vec<String> = peers
             .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, r)| r.as_ref().ok().copied())
-    };
-    let (ping, ping6) = (peer("ping"), peer("ping -6"));
-    let peer_text: Vec<String> = peers
-        .iter()
-        .filter(|(n, _)| n != "ping -6")
-        .map(|(n, r)| format!("{n} {}", fmt_peer(r)))
-        .collect();
-    let le = |v: Option<f64>, peer: Option<f64>| match (v, peer) {
+            .filter(|(n, _)| n != "ping -6")
+            .map(|(n, r)| format!("{n} {}", fmt_peer(r)))
+            .collect();
+        Ok(Self {
+            ping,
+            ping6,
+            text: text.join("; "),
+        })
+    }
+}
+
+/// `Some(v <= peer)` where both are known.
+fn le(v: Option<f64>, peer: Option<f64>) -> Option<bool> {
+    match (v, peer) {
         (Some(v), Some(p)) => Some(v <= p),
         _ => None,
-    };
-    let from_qdisc = |r: &Run, key: &str| format!("from the qdisc entry {}", us(r.p50(key)));
-    let mut rows = vec![
+    }
+}
+
+/// "from the qdisc entry 3 µs": rtprobe's own headline figure.
+fn from_qdisc(r: &Run, key: &str) -> String {
+    format!("from the qdisc entry {}", us(r.p50(key)))
+}
+
+/// The in-kernel reflector's rows: RTT, sender CPU, turnaround, IPv6.
+fn kernel_rows(k: &Run, k6: &Run, peers: &PeerRtts) -> Vec<Row> {
+    vec![
         row(
             "RTT median, user send -> echo RX, in-kernel reflector (XDP), 1 ms, 64 B",
             us_f(k.user_us),
             format!(
                 "ping {} (user send -> reply RX); rtprobe {}",
-                us_f(ping),
-                from_qdisc(&k, "rtt_ns")
+                us_f(peers.ping),
+                from_qdisc(k, "rtt_ns")
             ),
             "<= ping",
-            le(k.user_us, ping),
+            le(k.user_us, peers.ping),
         ),
         k.sender_cpu_row(),
         row(
@@ -134,36 +143,58 @@ pub(super) fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
             us_f(k6.user_us),
             format!(
                 "ping -6 {}; rtprobe {}; turnaround p50 {}",
-                us_f(ping6),
-                from_qdisc(&k6, "rtt_ns"),
+                us_f(peers.ping6),
+                from_qdisc(k6, "rtt_ns"),
                 us(k6.p50("reflector_turnaround_ns"))
             ),
             "<= ping -6",
-            le(k6.user_us, ping6),
+            le(k6.user_us, peers.ping6),
         ),
+    ]
+}
+
+/// The user-space reflector's rows: with its turnaround taken out, and in.
+fn user_rows(s: &Run, peers: &PeerRtts) -> Vec<Row> {
+    vec![
         row(
             "RTT median, user send -> echo RX, user-space reflector, turnaround taken out",
             us_f(s.user_net_us),
-            format!(
-                "{}; rtprobe {}",
-                peer_text.join("; "),
-                from_qdisc(&s, "rtt_net_ns")
-            ),
+            format!("{}; rtprobe {}", peers.text, from_qdisc(s, "rtt_net_ns")),
             "<= ping",
-            le(s.user_net_us, ping),
+            le(s.user_net_us, peers.ping),
         ),
         row(
             "RTT median, user send -> echo RX, user-space reflector in it",
             us_f(s.user_us),
             format!(
                 "rtprobe {}; reflector turnaround p50 {}",
-                from_qdisc(&s, "rtt_ns"),
+                from_qdisc(s, "rtt_ns"),
                 us(s.p50("reflector_turnaround_ns"))
             ),
             "-",
             None,
         ),
-    ];
+    ]
+}
+
+pub(super) fn rtt_rows(ctx: &Ctx, quick: bool) -> Result<Vec<Row>> {
+    let count: u64 = if quick { 1000 } else { 2000 };
+    let n = count.to_string();
+    // One path for all: the XDP router native, which the in-kernel
+    // reflector's replies need on the veth testbed. Kernel reflector,
+    // user-space reflector and the peers run back to back.
+    let probe = ["--count", &n, "--interval", "1ms", "--reflector"];
+    let k = run(ctx, "rtt-kernel", &[&probe[..], &["kernel"]].concat())?;
+    let s = run(ctx, "rtt", &[&probe[..], &["user"]].concat())?;
+    // The same over IPv6: the in-kernel reflector answers there too.
+    let k6 = run(
+        ctx,
+        "rtt-kernel-ipv6",
+        &[&probe[..], &["kernel", "--ip", "6"]].concat(),
+    )?;
+    let peers = PeerRtts::measure(ctx, count)?;
+    let mut rows = kernel_rows(&k, &k6, &peers);
+    rows.extend(user_rows(&s, &peers));
     rows.extend(pair_rows(ctx, quick)?);
     Ok(rows)
 }
