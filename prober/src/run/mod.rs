@@ -272,7 +272,7 @@ fn probe_on<'tb>(
     // user-space reflector `rtprobe reflect` runs.
     let stamp_reflector = if stamp && !kernel_reflector {
         let addr = std::net::SocketAddr::new(crate::testbed::unspecified(dst_ip), stamp_port);
-        Some(StampReflector::on_receiver(testbed, addr, key.clone())?)
+        Some(stamp_reflector_on_receiver(testbed, addr, key.clone())?)
     } else {
         None
     };
@@ -330,7 +330,7 @@ struct Ran {
     meta: RunMeta,
     /// The reflector chosen, before its counters.
     reflector_info: ReflectorReport,
-    stamp_reflector: Option<StampReflector>,
+    stamp_reflector: Option<crate::probe::reflect::Host>,
     /// The sender's and the receiver's addresses.
     addrs: (std::net::IpAddr, std::net::IpAddr),
 }
@@ -503,7 +503,7 @@ fn flow_summaries(opts: &RunOptions, outcomes: &[SessionOutcome]) -> Vec<FlowSum
 fn reflector_report(
     xdp: &XdpSetup,
     chosen: ReflectorReport,
-    stamp_reflector: Option<StampReflector>,
+    stamp_reflector: Option<crate::probe::reflect::Host>,
     stamp_info: Option<ReflectorReport>,
 ) -> Result<ReflectorReport> {
     let mut report = chosen;
@@ -512,7 +512,7 @@ fn reflector_report(
         report.counters = Some(ReflectorCounts::Kernel(c));
     }
     if let Some(r) = stamp_reflector {
-        report.counters = Some(ReflectorCounts::User(r.stop()?.counters));
+        report.counters = Some(ReflectorCounts::User(r.stop()?.0.counters));
     }
     Ok(match stamp_info {
         Some(info) => ReflectorReport {
@@ -703,52 +703,22 @@ pub(crate) fn mode_name(m: XdpMode) -> &'static str {
 const ONE_CLOCK_NOTE: &str = "sender and receiver share this host's clock (namespaces): \
     one-way needs no synchronisation";
 
-/// The user-space STAMP reflector of a testbed run, in its own thread.
-struct StampReflector {
-    stop: std::sync::Arc<AtomicU8>,
-    thread: std::thread::JoinHandle<Result<crate::probe::reflect::ServeReport>>,
-}
-
-impl StampReflector {
-    /// Binds `addr` in the testbed's receiver namespace and answers STAMP
-    /// there, statefully, with `key` if the run has one.
-    fn on_receiver(
-        testbed: &Testbed,
-        addr: std::net::SocketAddr,
-        key: Option<crate::probe::stamp::HmacKey>,
-    ) -> Result<Self> {
-        let socks = testbed
-            .receiver
-            .run(|| crate::probe::reflect::bind(&[addr]))?;
-        let policy = crate::probe::reflect::Policy {
-            key,
-            ..crate::probe::reflect::Policy::unlimited(ProtocolArg::Stamp)
-        };
-        Self::spawn(socks, policy)
-    }
-
-    fn spawn(
-        socks: Vec<crate::probe::socket::ProbeSocket>,
-        policy: crate::probe::reflect::Policy,
-    ) -> Result<Self> {
-        let stop = std::sync::Arc::new(AtomicU8::new(0));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("rtprobe-reflect".into())
-            .spawn(move || {
-                let mut core = crate::probe::reflect::Core::new(policy);
-                crate::probe::reflect::serve(&socks, &mut core, &s, None, |_| {}, |_| {})
-            })
-            .context("spawn the STAMP reflector thread")?;
-        Ok(Self { stop, thread })
-    }
-
-    fn stop(self) -> Result<crate::probe::reflect::ServeReport> {
-        self.stop.store(1, Ordering::SeqCst);
-        self.thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the STAMP reflector thread panicked"))?
-    }
+/// The user-space STAMP reflector of a testbed run, in its own thread:
+/// binds `addr` in the testbed's receiver namespace and answers STAMP
+/// there, statefully, with `key` if the run has one.
+fn stamp_reflector_on_receiver(
+    testbed: &Testbed,
+    addr: std::net::SocketAddr,
+    key: Option<crate::probe::stamp::HmacKey>,
+) -> Result<crate::probe::reflect::Host> {
+    let socks = testbed
+        .receiver
+        .run(|| crate::probe::reflect::bind(&[addr]))?;
+    let policy = crate::probe::reflect::Policy {
+        key,
+        ..crate::probe::reflect::Policy::unlimited(ProtocolArg::Stamp)
+    };
+    crate::probe::reflect::Host::start(socks, policy)
 }
 
 #[cfg(test)]
