@@ -572,23 +572,19 @@ fn testbed_meta(
     main_cfg: &ProbeConfig,
     applied: Option<&tune::Applied<'_>>,
 ) -> RunMeta {
-    let place = probe::meta::Place {
-        testbed: match testbed.kind {
-            Kind::Veth => "veth".into(),
-            Kind::NicPair => "nic-pair".into(),
-        },
-        testbed_id: testbed.id.clone(),
-        tx_if: Some(testbed.sender_if.name.clone()),
-        rx_if: Some(testbed.receiver_if.name.clone()),
-        xdp_mode_requested: mode_name(opts.xdp_mode).into(),
-        xdp_mode_attached: xdp.attached_mode_name(),
-        xdp_action: if opts.xdp_mode == XdpMode::Off {
-            "none".into()
-        } else {
-            opts.xdp_action.as_str().into()
-        },
-        reflector: if kernel_reflector { "kernel" } else { "user" }.into(),
+    let kind = match testbed.kind {
+        Kind::Veth => "veth",
+        Kind::NicPair => "nic-pair",
     };
+    let action = if opts.xdp_mode == XdpMode::Off {
+        "none"
+    } else {
+        opts.xdp_action.as_str()
+    };
+    let reflector = if kernel_reflector { "kernel" } else { "user" };
+    let place = probe::meta::Place::testbed(kind, &testbed.id, reflector)
+        .interfaces(&testbed.sender_if.name, &testbed.receiver_if.name)
+        .xdp(mode_name(opts.xdp_mode), xdp.attached_mode_name(), action);
     RunMeta {
         knobs: {
             let mut k = applied.map(|a| a.metadata()).unwrap_or_default();
