@@ -14,7 +14,7 @@ use crate::{
         ProtocolArg, ReflectArgs, read_key,
     },
     probe::{
-        reflect::{self, Core, Counters, Peers, Policy, Prefix, RateLimits, ServeReport},
+        reflect::{self, Counters, Host, Peers, Policy, Prefix, RateLimits, ServeReport, Watch},
         socket::ProbeSocket,
     },
     signals::with_signals,
@@ -224,38 +224,53 @@ fn serve(
     socks: Vec<ProbeSocket>,
     policy: Policy,
     args: &ReflectArgs,
-    mut metrics: Option<Publisher>,
+    metrics: Option<Publisher>,
     kernel: Option<Reflector>,
     ready: String,
 ) -> Result<(ServeReport, Option<Reflector>)> {
     let (quiet, duration) = (args.quiet, args.duration);
     with_signals(true, move |stop| {
         let signals = StopOnSignal::register(&stop)?;
-        let mut core = Core::new(policy);
         eprintln!("{ready}");
-        let report = reflect::serve(
-            &socks,
-            &mut core,
-            &stop,
-            duration,
-            |line| {
-                if !quiet {
-                    eprintln!("rtprobe reflect: {line}");
-                }
-            },
-            |c| {
-                if let Some(m) = metrics.as_mut() {
-                    m.tick(c, kernel.as_ref());
-                }
-            },
-        );
+        let watch = Serving {
+            quiet,
+            metrics,
+            kernel,
+        };
+        let report = Host::start_with(socks, policy, stop, duration, watch)?.join();
         let stopped_ms = signals.since_signal_ms();
-        drop(metrics);
-        report.map(|mut r| {
+        report.map(|(mut r, watch)| {
+            let Serving {
+                metrics, kernel, ..
+            } = watch;
+            drop(metrics);
             r.stopped_after_signal_ms = stopped_ms;
             (r, kernel)
         })
     })
+}
+
+/// What the command hears while the reflector serves: the session lines
+/// (unless `--quiet`), and the counters for `--metrics-listen`, the
+/// in-kernel reflector's too.
+struct Serving {
+    quiet: bool,
+    metrics: Option<Publisher>,
+    kernel: Option<Reflector>,
+}
+
+impl Watch for Serving {
+    fn session_line(&mut self, line: &str) {
+        if !self.quiet {
+            eprintln!("rtprobe reflect: {line}");
+        }
+    }
+
+    fn tick(&mut self, c: &Counters) {
+        if let Some(m) = self.metrics.as_mut() {
+            m.tick(c, self.kernel.as_ref());
+        }
+    }
 }
 
 /// Sets the stop flag from the signal handler itself. `with_signals` sets

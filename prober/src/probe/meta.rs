@@ -38,6 +38,41 @@ impl Place {
     }
 }
 
+impl Place {
+    /// A run on a testbed this host built: `testbed` its kind ("veth",
+    /// "nic-pair"), `testbed_id` its id, `reflector` who answered
+    /// ("kernel", "user"). The interfaces and the XDP router are left
+    /// out (None, empty) unless [`Place::interfaces`] and [`Place::xdp`]
+    /// add them.
+    pub(crate) fn testbed(testbed: &str, testbed_id: &str, reflector: &str) -> Self {
+        Place {
+            testbed: testbed.into(),
+            testbed_id: testbed_id.into(),
+            reflector: reflector.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The sender's and the receiver's interfaces.
+    pub(crate) fn interfaces(self, tx_if: &str, rx_if: &str) -> Self {
+        Place {
+            tx_if: Some(tx_if.into()),
+            rx_if: Some(rx_if.into()),
+            ..self
+        }
+    }
+
+    /// The XDP router: the mode asked for, the mode attached, its action.
+    pub(crate) fn xdp(self, requested: &str, attached: String, action: &str) -> Self {
+        Place {
+            xdp_mode_requested: requested.into(),
+            xdp_mode_attached: attached,
+            xdp_action: action.into(),
+            ..self
+        }
+    }
+}
+
 /// The metadata of a session of `cfg` at `place`, started now. Knobs and
 /// extra flows are the caller's to add: only a testbed run has them.
 pub(crate) fn run_meta(cfg: &ProbeConfig, label: Option<String>, place: Place) -> RunMeta {
@@ -110,5 +145,30 @@ mod tests {
         );
         assert_eq!(m.rx_if.as_deref(), Some("192.0.2.7:9000"));
         assert!(m.knobs.is_empty() && m.extra_flows.is_empty());
+    }
+
+    #[test]
+    fn a_testbed_place_names_what_it_is_given_and_leaves_the_rest_empty() {
+        let p = Place::testbed("veth", "tb1", "user");
+        assert_eq!((p.testbed.as_str(), p.testbed_id.as_str()), ("veth", "tb1"));
+        assert_eq!(p.reflector, "user");
+        assert_eq!((p.tx_if, p.rx_if), (None, None));
+        assert!(p.xdp_mode_requested.is_empty() && p.xdp_action.is_empty());
+        let p = Place::testbed("nic-pair", "tb2", "kernel")
+            .interfaces("a0", "b0")
+            .xdp("native", "native".into(), "redirect");
+        assert_eq!(
+            (p.tx_if.as_deref(), p.rx_if.as_deref()),
+            (Some("a0"), Some("b0"))
+        );
+        assert_eq!(
+            (
+                p.xdp_mode_requested.as_str(),
+                p.xdp_mode_attached.as_str(),
+                p.xdp_action.as_str()
+            ),
+            ("native", "native", "redirect")
+        );
+        assert_eq!(p.reflector, "kernel");
     }
 }

@@ -4,9 +4,14 @@
 //! teardown; teardown happens through guards, so it also runs on errors
 //! and after Ctrl-C. Against reflectors not ours to drive (`--target`,
 //! `--targets FILE`): `remote.rs`. `endpoints.rs` turns a testbed into
-//! the ends a probe session takes.
+//! the ends a probe session takes; `flows.rs` runs a testbed run's
+//! sessions, one per flow; `reflector.rs` picks the testbed's reflector
+//! (in the kernel, or user space: for STAMP a `probe::reflect::Host` in
+//! the receiver's namespace) and reports on it.
 
 mod endpoints;
+mod flows;
+mod reflector;
 mod remote;
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -21,12 +26,11 @@ use crate::{
     options::{RunOptions, remote::ProtocolArg, targets::TargetSpec},
     probe::SessionOutcome,
     probe::stamp::HmacKey,
-    probe::{self, Endpoints, ProbeConfig, SessionEnds},
-    stats::observer::SessionObserver,
+    probe::{self, ProbeConfig},
     stats::outcome::RunOutcome,
     stats::report::{
-        ClockReport, CsvRotation, FlowSummary, HardwareClocks, HardwareTimestamping, IpReport,
-        OneClock, ReflectorCounts, ReflectorReport, RunReport,
+        ClockReport, CsvRotation, HardwareClocks, HardwareTimestamping, IpReport, OneClock,
+        ReflectorReport, RunReport,
     },
     sys::{SysRef, host::peak_rss_kib},
     testbed::{Kind, Testbed},
@@ -261,7 +265,7 @@ fn probe_on<'tb>(
     let ip = opts.ip;
     let (src_ip, dst_ip) = (testbed.sender_if.ip(ip)?, testbed.receiver_if.ip(ip)?);
     let (kernel_reflector, reflector_info) =
-        choose_reflector(xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
+        reflector::choose_reflector(xdp, testbed, opts, user_only, stamp.then_some(stamp_port))?;
     let main_cfg = ProbeConfig {
         kernel_reflector,
         port: if stamp { stamp_port } else { opts.probe.port },
@@ -272,7 +276,11 @@ fn probe_on<'tb>(
     // user-space reflector `rtprobe reflect` runs.
     let stamp_reflector = if stamp && !kernel_reflector {
         let addr = std::net::SocketAddr::new(crate::testbed::unspecified(dst_ip), stamp_port);
-        Some(StampReflector::on_receiver(testbed, addr, key.clone())?)
+        Some(reflector::stamp_reflector_on_receiver(
+            testbed,
+            addr,
+            key.clone(),
+        )?)
     } else {
         None
     };
@@ -291,7 +299,8 @@ fn probe_on<'tb>(
         opts.continuous.rotation,
     )?);
     live.set_run(&meta);
-    let (mut main_observer, mut flow_observers) = observers(live, opts, &main_cfg, dst_ip, &meta)?;
+    let (mut main_observer, mut flow_observers) =
+        flows::observers(live, opts, &main_cfg, dst_ip, &meta)?;
     let ep = endpoints::of(testbed, ip)?;
     let stamp_target = stamp.then(|| crate::probe::remote::Target {
         addr: std::net::SocketAddr::new(dst_ip, stamp_port),
@@ -300,7 +309,7 @@ fn probe_on<'tb>(
         stateless_reflector: kernel_reflector,
         shared_clock: true,
     });
-    let flows = Flows {
+    let flows = flows::Flows {
         ep: &ep,
         main_cfg: &main_cfg,
         extra: &opts.extra_flows,
@@ -330,7 +339,7 @@ struct Ran {
     meta: RunMeta,
     /// The reflector chosen, before its counters.
     reflector_info: ReflectorReport,
-    stamp_reflector: Option<StampReflector>,
+    stamp_reflector: Option<crate::probe::reflect::Host>,
     /// The sender's and the receiver's addresses.
     addrs: (std::net::IpAddr, std::net::IpAddr),
 }
@@ -352,7 +361,7 @@ fn testbed_outcome(
         stamp_reflector,
         addrs: (src_ip, dst_ip),
     } = ran;
-    let per_flow = flow_summaries(opts, &outcomes);
+    let per_flow = flows::flow_summaries(opts, &outcomes);
     let output_error = outcomes.iter().find_map(|o| o.output_error.clone());
     let outcome = outcomes.swap_remove(0);
     let mut summary = outcome.stats.summary();
@@ -365,7 +374,7 @@ fn testbed_outcome(
     if loss_split.is_some() {
         r.loss_split = loss_split;
     }
-    r.reflector = Some(reflector_report(
+    r.reflector = Some(reflector::reflector_report(
         xdp,
         reflector_info,
         stamp_reflector,
@@ -388,142 +397,6 @@ fn testbed_outcome(
         rows,
         interrupted: outcome.interrupted,
         output_error,
-    })
-}
-
-/// The live outputs of each flow towards `dst_ip`: the main flow's
-/// (metrics, interval lines, progress, HDR log) and the extra flows'.
-fn observers<'l>(
-    live: &'l mut crate::export::live::Live,
-    opts: &RunOptions,
-    main_cfg: &ProbeConfig,
-    dst_ip: std::net::IpAddr,
-    meta: &RunMeta,
-) -> Result<(
-    crate::export::live::MainObserver<'l>,
-    Vec<Box<dyn SessionObserver + Send>>,
-)> {
-    let target = |cfg: &ProbeConfig| std::net::SocketAddr::new(dst_ip, cfg.port).to_string();
-    let flow_observers: Vec<_> = opts
-        .extra_flows
-        .iter()
-        .map(|cfg| live.flow_observer(cfg.flow_labels(&target(cfg)), cfg.kernel_reflector))
-        .collect();
-    let main_observer = live.main_observer(
-        main_cfg.flow_labels(&target(main_cfg)),
-        main_cfg.kernel_reflector,
-        meta,
-    )?;
-    Ok((main_observer, flow_observers))
-}
-
-/// The sessions of a testbed run: the main flow (rtprobe or STAMP) and
-/// the extra flows (`--flow`), each its own session (sockets, reflector,
-/// matcher) on its own port, all writing rows into one CSV.
-struct Flows<'a> {
-    ep: &'a Endpoints<'a>,
-    main_cfg: &'a ProbeConfig,
-    extra: &'a [ProbeConfig],
-    /// The main flow is a STAMP session towards the receiver.
-    stamp_target: Option<&'a crate::probe::remote::Target>,
-}
-
-impl Flows<'_> {
-    /// Runs every flow at once, each in its own thread but the main one;
-    /// a flow that fails stops the others. The main flow's outcome first.
-    fn run(
-        &self,
-        csv: &std::sync::Mutex<CsvWriter>,
-        stop: &AtomicU8,
-        main_observer: &mut dyn SessionObserver,
-        flow_observers: &mut [Box<dyn SessionObserver + Send>],
-    ) -> Result<Vec<SessionOutcome>> {
-        let session = |ends: &SessionEnds<'_>, cfg, observer: &mut dyn SessionObserver| {
-            let mut sink = csv;
-            let r = probe::run_session(ends, cfg, &mut sink, stop, observer);
-            if r.is_err() {
-                stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
-            }
-            r
-        };
-        let testbed = SessionEnds::Testbed(self.ep);
-        let main_ends = match self.stamp_target {
-            Some(target) => SessionEnds::Remote {
-                target,
-                from: Some(self.ep.sender_ns),
-            },
-            None => SessionEnds::Testbed(self.ep),
-        };
-        std::thread::scope(|s| {
-            let others: Vec<_> = self
-                .extra
-                .iter()
-                .zip(flow_observers.iter_mut())
-                .map(|(cfg, observer)| {
-                    let (session, testbed) = (&session, &testbed);
-                    s.spawn(move || session(testbed, cfg, &mut **observer))
-                })
-                .collect();
-            let main = session(&main_ends, self.main_cfg, main_observer);
-            // Every thread joined before the first error is returned: a
-            // flow that panicked is then an error, not the scope's panic.
-            let all: Vec<_> = std::iter::once(main)
-                .chain(others.into_iter().map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
-                }))
-                .collect();
-            all.into_iter().collect()
-        })
-    }
-}
-
-/// Per flow, its settings and summary; none for a single-flow run.
-fn flow_summaries(opts: &RunOptions, outcomes: &[SessionOutcome]) -> Vec<FlowSummary> {
-    if opts.extra_flows.is_empty() {
-        return Vec::new();
-    }
-    std::iter::once(&opts.probe)
-        .chain(&opts.extra_flows)
-        .zip(outcomes)
-        .map(|(cfg, o)| FlowSummary {
-            flow: cfg.flow,
-            interval_ns: cfg.interval.as_nanos() as u64,
-            port: cfg.port,
-            size: cfg.size,
-            summary: o.stats.summary(),
-            tos: cfg.tos,
-        })
-        .collect()
-}
-
-/// The reflector's report: what [`choose_reflector`] said, with the
-/// counters of the reflector that answered and, for STAMP, the protocol
-/// facts the session-sender learned.
-fn reflector_report(
-    xdp: &XdpSetup,
-    chosen: ReflectorReport,
-    stamp_reflector: Option<StampReflector>,
-    stamp_info: Option<ReflectorReport>,
-) -> Result<ReflectorReport> {
-    let mut report = chosen;
-    if let Some(c) = xdp.reflector_counters() {
-        let c = c.context("read the in-kernel reflector's counters")?;
-        report.counters = Some(ReflectorCounts::Kernel(c));
-    }
-    if let Some(r) = stamp_reflector {
-        report.counters = Some(ReflectorCounts::User(r.stop()?.counters));
-    }
-    Ok(match stamp_info {
-        Some(info) => ReflectorReport {
-            kind: report.kind,
-            note: report.note,
-            rate_limit: report.rate_limit,
-            xdp_mode: report.xdp_mode,
-            counters: report.counters,
-            ..info
-        },
-        None => report,
     })
 }
 
@@ -572,23 +445,19 @@ fn testbed_meta(
     main_cfg: &ProbeConfig,
     applied: Option<&tune::Applied<'_>>,
 ) -> RunMeta {
-    let place = probe::meta::Place {
-        testbed: match testbed.kind {
-            Kind::Veth => "veth".into(),
-            Kind::NicPair => "nic-pair".into(),
-        },
-        testbed_id: testbed.id.clone(),
-        tx_if: Some(testbed.sender_if.name.clone()),
-        rx_if: Some(testbed.receiver_if.name.clone()),
-        xdp_mode_requested: mode_name(opts.xdp_mode).into(),
-        xdp_mode_attached: xdp.attached_mode_name(),
-        xdp_action: if opts.xdp_mode == XdpMode::Off {
-            "none".into()
-        } else {
-            opts.xdp_action.as_str().into()
-        },
-        reflector: if kernel_reflector { "kernel" } else { "user" }.into(),
+    let kind = match testbed.kind {
+        Kind::Veth => "veth",
+        Kind::NicPair => "nic-pair",
     };
+    let action = if opts.xdp_mode == XdpMode::Off {
+        "none"
+    } else {
+        opts.xdp_action.as_str()
+    };
+    let reflector = if kernel_reflector { "kernel" } else { "user" };
+    let place = probe::meta::Place::testbed(kind, &testbed.id, reflector)
+        .interfaces(&testbed.sender_if.name, &testbed.receiver_if.name)
+        .xdp(mode_name(opts.xdp_mode), xdp.attached_mode_name(), action);
     RunMeta {
         knobs: {
             let mut k = applied.map(|a| a.metadata()).unwrap_or_default();
@@ -604,74 +473,6 @@ fn testbed_meta(
             })
             .collect(),
         ..probe::meta::run_meta(main_cfg, opts.label.clone(), place)
-    }
-}
-
-/// Attaches the in-kernel reflector unless `--reflector user`: asked for
-/// explicitly, failing to attach is an error; by default the user-space
-/// reflector takes over with a note. Returns whether the kernel answers and
-/// what the summary says about it.
-fn choose_reflector(
-    xdp: &mut XdpSetup,
-    testbed: &Testbed,
-    opts: &RunOptions,
-    forced: Option<ReflectorKind>,
-    stamp_port: Option<u16>,
-) -> Result<(bool, ReflectorReport)> {
-    // STAMP only: the kernel answers STAMP on its port and no rtprobe probes.
-    let (probe_port, stamp_port) = match stamp_port {
-        Some(p) => (0, p),
-        None => (opts.probe.port, 0),
-    };
-    const KERNEL_LOSS_NOTE: &str = "the in-kernel reflector answers without a socket: a probe \
-        counts as arrived when its echo comes back, so loss on the way out and on the way back \
-        cannot be told apart (echoes lost is always 0)";
-    // No rate limit (see `XdpSetup::attach_reflector_ports`): said in the summary.
-    const KERNEL_LIMIT_NOTE: &str = "none: the testbed's reflector answers only the testbed's \
-        own sender, at the run's rate";
-    let kernel = |mode: crate::ebpf::AttachedMode| ReflectorReport {
-        xdp_mode: Some(mode.as_str().into()),
-        note: Some(KERNEL_LOSS_NOTE.into()),
-        rate_limit: Some(KERNEL_LIMIT_NOTE.into()),
-        ..ReflectorReport::of_kind("kernel")
-    };
-    let user = |note: Option<String>| ReflectorReport {
-        note,
-        ..ReflectorReport::of_kind("user")
-    };
-    let path_ok = xdp.reflector_replies_get_through(testbed);
-    const VETH_NEEDS_ROUTER: &str = "the receiver's interface is a veth whose peer is not \
-        the veth testbed's router, where rtprobe does not prepare the peer to take the \
-        in-kernel reflector's replies (use the veth testbed)";
-    match forced.or(opts.reflector) {
-        Some(ReflectorKind::User) => Ok((false, user(None))),
-        Some(ReflectorKind::Kernel) => {
-            if !path_ok {
-                bail!("--reflector kernel: {VETH_NEEDS_ROUTER}; or use --reflector user");
-            }
-            let mode = xdp
-                .attach_reflector_ports(testbed, probe_port, stamp_port)
-                .context(
-                    "--reflector kernel: cannot attach rtprobe's XDP reflector to the receiver's \
-                 interface (use --reflector user, or --xdp-mode off in NIC-pair mode)",
-                )?;
-            Ok((true, kernel(mode)))
-        }
-        None if !path_ok => {
-            let note = format!("the in-kernel one is not used here: {VETH_NEEDS_ROUTER}");
-            log::info!("{note}");
-            Ok((false, user(Some(note))))
-        }
-        None => match xdp.attach_reflector_ports(testbed, probe_port, stamp_port) {
-            Ok(mode) => Ok((true, kernel(mode))),
-            Err(e) => {
-                let note = format!(
-                    "in-kernel reflector not attached ({e:#}): the user-space reflector answers"
-                );
-                log::info!("{note}");
-                Ok((false, user(Some(note))))
-            }
-        },
     }
 }
 
@@ -702,54 +503,6 @@ pub(crate) fn mode_name(m: XdpMode) -> &'static str {
 /// The testbed's sender and receiver read the same kernel clock.
 const ONE_CLOCK_NOTE: &str = "sender and receiver share this host's clock (namespaces): \
     one-way needs no synchronisation";
-
-/// The user-space STAMP reflector of a testbed run, in its own thread.
-struct StampReflector {
-    stop: std::sync::Arc<AtomicU8>,
-    thread: std::thread::JoinHandle<Result<crate::probe::reflect::ServeReport>>,
-}
-
-impl StampReflector {
-    /// Binds `addr` in the testbed's receiver namespace and answers STAMP
-    /// there, statefully, with `key` if the run has one.
-    fn on_receiver(
-        testbed: &Testbed,
-        addr: std::net::SocketAddr,
-        key: Option<crate::probe::stamp::HmacKey>,
-    ) -> Result<Self> {
-        let socks = testbed
-            .receiver
-            .run(|| crate::probe::reflect::bind(&[addr]))?;
-        let policy = crate::probe::reflect::Policy {
-            key,
-            ..crate::probe::reflect::Policy::unlimited(ProtocolArg::Stamp)
-        };
-        Self::spawn(socks, policy)
-    }
-
-    fn spawn(
-        socks: Vec<crate::probe::socket::ProbeSocket>,
-        policy: crate::probe::reflect::Policy,
-    ) -> Result<Self> {
-        let stop = std::sync::Arc::new(AtomicU8::new(0));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("rtprobe-reflect".into())
-            .spawn(move || {
-                let mut core = crate::probe::reflect::Core::new(policy);
-                crate::probe::reflect::serve(&socks, &mut core, &s, None, |_| {}, |_| {})
-            })
-            .context("spawn the STAMP reflector thread")?;
-        Ok(Self { stop, thread })
-    }
-
-    fn stop(self) -> Result<crate::probe::reflect::ServeReport> {
-        self.stop.store(1, Ordering::SeqCst);
-        self.thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the STAMP reflector thread panicked"))?
-    }
-}
 
 #[cfg(test)]
 mod orchestrate_tests;

@@ -176,12 +176,7 @@ pub(super) fn run_probe(
         Some(d) => d.join(csv_name),
         None => PathBuf::from("/dev/null"),
     };
-    let place = probe::meta::Place {
-        testbed: "veth".into(),
-        testbed_id: tb.id.clone(),
-        reflector: "user".into(),
-        ..Default::default()
-    };
+    let place = probe::meta::Place::testbed("veth", &tb.id, "user");
     let label = csv_name.trim_end_matches(".csv").to_string();
     let meta = probe::meta::run_meta(&cfg, Some(label), place);
     let mut csv = CsvWriter::create(&path, &meta)?;

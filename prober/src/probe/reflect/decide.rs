@@ -366,7 +366,7 @@ mod tests {
     use super::{super::testutil::*, *};
     use crate::probe::{
         packet::Probe,
-        reflect::{read_rtprobe_state, serve},
+        reflect::{read_rtprobe_state, serve::serve},
         stamp::{ReflectorPacket, SenderPacket, Timestamp},
     };
     use std::sync::atomic::AtomicU8;

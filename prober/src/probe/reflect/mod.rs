@@ -1,9 +1,10 @@
 //! The user-space reflector: answers rtprobe probes or STAMP session-sender
 //! packets (RFC 8762 §4.3, stateless or stateful, unauthenticated or
 //! authenticated). [`Core`] decides per datagram and rewrites the reply in
-//! place (pure, unit-tested); [`serve`] is the socket loop that `rtprobe
-//! reflect` (`app::reflect`) and testbed runs with `--protocol stamp` both
-//! run.
+//! place (pure, unit-tested); [`serve`] is the socket loop, and [`Host`]
+//! the one home of a serving reflector (sockets, core, thread, stop flag)
+//! that `rtprobe reflect` (`app::reflect`) and testbed runs with
+//! `--protocol stamp` both use.
 //!
 //! Safe to leave running on a network:
 //! - only datagrams addressed to one of this host's unicast addresses
@@ -53,7 +54,9 @@
 //! - `serve.rs`: [`serve`], the socket loop, with `budget.rs` (how many
 //!   log lines and TX stamps a second, and the reply limits) and
 //!   `report.rs` ([`ServeReport`],
-//!   what a run reports).
+//!   what a run reports);
+//! - `host.rs`: [`Host`], the loop in a thread of its own with its stop
+//!   flag, and [`Watch`], what its owner hears while it runs.
 //!
 //! `--kernel`, the in-kernel reflector set up on the interface of the
 //! `--listen` address, is `ebpf`'s (`ebpf/host.rs`).
@@ -62,6 +65,7 @@ mod bind;
 mod budget;
 mod decide;
 mod echo;
+mod host;
 mod peers;
 mod report;
 mod serve;
@@ -81,7 +85,7 @@ pub use self::{
 };
 pub(crate) use self::{
     bind::{Bound, bind_both_families, bind_steered},
+    host::{Host, Watch},
     report::ServeReport,
-    serve::serve,
 };
 pub use crate::stats::report::ReflectorCounters as Counters;
