@@ -66,17 +66,6 @@ pub struct Live {
 }
 
 impl Live {
-    /// No lines, no progress, no metrics (scenario cells, benches).
-    pub(crate) fn quiet() -> Self {
-        Self {
-            plan: ContinuousPlan::default(),
-            metrics: None,
-            server: None,
-            print: Box::new(|_| {}),
-            progress: Box::new(|_| {}),
-        }
-    }
-
     /// Starts the metrics server if the plan asks for one. `print` takes
     /// the interval lines, `progress` the progress bar's figures (~4x/s).
     pub fn new(plan: &ContinuousPlan, print: Print, progress: ShowProgress) -> Result<Self> {

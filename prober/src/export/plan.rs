@@ -24,6 +24,7 @@ pub enum MetricsBuckets {
 
 impl MetricsBuckets {
     /// How many bounds (series per histogram, less +Inf, sum and count).
+    #[cfg(test)]
     pub(crate) fn count(&self) -> usize {
         match self {
             MetricsBuckets::Count(n) => usize::from(*n),

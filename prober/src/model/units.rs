@@ -219,11 +219,7 @@ pub(crate) fn split_duration_ns(ns: f64) -> (String, Unit) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Bytes(pub(crate) u64);
 
-impl Bytes {
-    pub(crate) fn get(self) -> u64 {
-        self.0
-    }
-}
+impl Bytes {}
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

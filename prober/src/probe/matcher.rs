@@ -288,6 +288,7 @@ impl Matcher {
     }
 
     /// TX stamps that came after their probe's record was written.
+    #[cfg(test)]
     pub(crate) fn late_tx(&self) -> u64 {
         self.late_tx
     }

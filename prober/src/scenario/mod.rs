@@ -200,6 +200,7 @@ fn cell_id(size: usize, interval: Duration, mode: XdpMode, set: &str) -> String 
 
 impl Scenario {
     /// Reads and validates a scenario file (no system access).
+    #[cfg(test)]
     pub(crate) fn load(path: &Path) -> Result<Self> {
         Self::load_with(path, &Overrides::default())
     }
@@ -220,17 +221,6 @@ impl Scenario {
     pub(crate) fn common(&self) -> &RunOptions {
         // parse_with refuses an empty matrix, and retain_sets keeps the plans.
         &self.plans[0].run
-    }
-
-    /// (xdp mode, set) pairs in run order; the first is the baseline.
-    pub(crate) fn variants(&self) -> Vec<(XdpMode, &KnobSet)> {
-        let mut v = Vec::new();
-        for m in &self.axes.xdp_modes {
-            for s in &self.sets {
-                v.push((*m, s));
-            }
-        }
-        v
     }
 
     /// Every cell, in run order: size, then interval, then variant, so a

@@ -29,6 +29,7 @@
 //! bounds and middles, quantiles at the upper bound of the bucket that
 //! holds them, in one pass over the buckets held.
 
+#[cfg(test)]
 use hdrhistogram::Histogram;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -132,6 +133,7 @@ impl Hist {
     pub(crate) const FIXED_BUCKETS: usize = 1600;
 
     /// Heap bytes of a fixed histogram.
+    #[cfg(test)]
     pub(crate) const FIXED_BYTES: usize = Self::FIXED_BUCKETS * std::mem::size_of::<u32>();
 
     /// Sparse, 3 significant digits (0.1 % resolution), as a single target's.
@@ -185,6 +187,7 @@ impl Hist {
 
     /// Significant digits kept, as `hdrhistogram` counts them (a fixed
     /// histogram's 64 buckets per doubling lie between 1 and 2).
+    #[cfg(test)]
     pub(crate) fn digits(&self) -> u8 {
         match self.half_magnitude {
             10 => 3,
@@ -272,6 +275,7 @@ impl Hist {
     }
 
     /// Buckets that hold a count.
+    #[cfg(test)]
     pub(crate) fn buckets(&self) -> usize {
         self.buckets_iter().count()
     }
@@ -285,6 +289,7 @@ impl Hist {
     }
 
     /// The highest value binned.
+    #[cfg(test)]
     pub(crate) fn cap_ns(&self) -> u64 {
         self.cap_ns
     }
@@ -404,6 +409,7 @@ impl Hist {
     /// A dense `hdrhistogram` copy (1 ns unit, [`Self::digits`] significant
     /// digits, sized to the largest value binned) with the same counts;
     /// the values not binned are left out.
+    #[cfg(test)]
     pub(crate) fn to_hdr(&self) -> Histogram<u64> {
         let highest = self
             .buckets_iter()

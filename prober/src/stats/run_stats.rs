@@ -2,6 +2,7 @@
 //! record at a time, they keep the histograms and counters that
 //! [`RunStats::summary`] turns into a [`Summary`].
 
+#[cfg(test)]
 use hdrhistogram::Histogram;
 
 use super::{
@@ -170,6 +171,7 @@ impl RunStats {
     }
 
     /// Heap bytes of a target among several: its 14 fixed histograms.
+    #[cfg(test)]
     pub(crate) const FIXED_HEAP_BYTES: usize = 14 * Hist::FIXED_BYTES;
 
     /// The interval a send is late after (0: not counted).
@@ -420,20 +422,9 @@ impl RunStats {
     }
 
     /// A stage's histogram, e.g. for per-interval reporting.
+    #[cfg(test)]
     pub(crate) fn stage_hist(&self, stage: Stage) -> Histogram<u64> {
         self.stages[stage as usize].to_hdr()
-    }
-
-    pub(crate) fn one_way_hist(&self) -> Histogram<u64> {
-        self.one_way.to_hdr()
-    }
-
-    pub(crate) fn rtt_hist(&self) -> Histogram<u64> {
-        self.rtt.to_hdr()
-    }
-
-    pub(crate) fn sent(&self) -> u64 {
-        self.sent
     }
 
     pub(crate) fn lost(&self) -> u64 {

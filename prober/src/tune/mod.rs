@@ -329,14 +329,6 @@ impl Knobs {
         self.spec == KnobSpec::default()
     }
 
-    /// Kernel features the qdisc needs (kinds and "u32").
-    pub(crate) fn qdisc_requirements(&self) -> Vec<&'static str> {
-        self.qdisc
-            .as_ref()
-            .map(QdiscSpec::requirements)
-            .unwrap_or_default()
-    }
-
     /// Cross-field checks that need no system access.
     pub(crate) fn validate(&self) -> Result<(), KnobError> {
         self.validate_shaping()?;

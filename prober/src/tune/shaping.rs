@@ -94,6 +94,7 @@ pub(crate) const SHAPER_ROOT: &str = "1:";
 pub(crate) const SHAPER_CLASS: &str = "1:1";
 
 impl Shaping {
+    #[cfg(test)]
     pub(crate) fn new(rate: Rate) -> Self {
         Self {
             rate,

@@ -82,11 +82,13 @@ impl Sorted {
         self.ends.last().copied().unwrap_or(0)
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.values.is_empty()
     }
 
     /// Number of distinct values (what the figures' size depends on).
+    #[cfg(test)]
     pub(crate) fn distinct(&self) -> usize {
         self.values.len()
     }
@@ -176,19 +178,23 @@ pub struct BoxStats {
 }
 
 impl BoxStats {
+    #[cfg(test)]
     pub(crate) fn iqr(&self) -> f64 {
         self.q3 - self.q1
     }
 
+    #[cfg(test)]
     pub(crate) fn lower_fence(&self) -> f64 {
         self.q1 - 1.5 * self.iqr()
     }
 
+    #[cfg(test)]
     pub(crate) fn upper_fence(&self) -> f64 {
         self.q3 + 1.5 * self.iqr()
     }
 
     /// Samples beyond the fences.
+    #[cfg(test)]
     pub(crate) fn outlier_count(&self) -> u64 {
         self.outlier_samples
     }

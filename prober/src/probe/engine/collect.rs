@@ -90,21 +90,6 @@ impl Collector {
         self.m.in_flight()
     }
 
-    /// The run's statistics so far.
-    pub(crate) fn stats(&self) -> &RunStats {
-        &self.stats
-    }
-
-    /// Probes that arrived after they had been given up as lost.
-    pub(crate) fn late_arrivals(&self) -> u64 {
-        self.m.late_arrivals()
-    }
-
-    /// The first output that failed, if one did.
-    pub(crate) fn output_error(&self) -> Option<&str> {
-        self.output_error.as_deref()
-    }
-
     fn fail(&mut self, why: String, stop: &AtomicU8) {
         log::warn!("{why}: stopping the run");
         self.output_error.get_or_insert(why);

@@ -193,6 +193,7 @@ impl Peers {
 
     /// (prefix length over the 128-bit key, key) for the in-kernel
     /// reflector's LPM trie.
+    #[cfg(test)]
     pub(crate) fn lpm_entries(&self) -> impl Iterator<Item = (u32, AddrKey)> + '_ {
         self.prefixes
             .iter()

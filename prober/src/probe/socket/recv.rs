@@ -66,17 +66,9 @@ impl RecvBatch {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.filled
-    }
-
     /// How many messages one receive can take.
     pub(crate) fn capacity(&self) -> usize {
         self.hdrs.len()
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.filled == 0
     }
 
     /// Payload, source address and parsed control messages of message `i`.
@@ -94,29 +86,6 @@ impl RecvBatch {
 }
 
 impl ProbeSocket {
-    /// Waits up to `timeout_ms` for data (POLLIN) or error-queue messages
-    /// (POLLERR). Returns (readable, errqueue).
-    pub(crate) fn wait(&self, timeout_ms: i32) -> io::Result<(bool, bool)> {
-        let mut p = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok((false, false));
-            }
-            return Err(e);
-        }
-        Ok((
-            p.revents & libc::POLLIN != 0,
-            p.revents & libc::POLLERR != 0,
-        ))
-    }
-
     /// Receives up to a batch of datagrams without blocking (recvmmsg with
     /// MSG_DONTWAIT), from the error queue when `errqueue`. Returns how many.
     pub(crate) fn recv_batch(&self, batch: &mut RecvBatch, errqueue: bool) -> io::Result<usize> {

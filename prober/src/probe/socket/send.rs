@@ -151,16 +151,8 @@ impl SendBatch {
         }
     }
 
-    pub(crate) fn capacity(&self) -> usize {
-        self.bufs.len()
-    }
-
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     pub(crate) fn clear(&mut self) {

@@ -24,6 +24,7 @@ pub struct ErrorEstimate {
 impl ErrorEstimate {
     /// Checked constructor: `scale` has 6 bits, and RFC 4656 §4.1.2 forbids
     /// a zero multiplier.
+    #[cfg(test)]
     pub(crate) fn new(
         synchronized: bool,
         ptp: bool,
@@ -74,6 +75,7 @@ impl ErrorEstimate {
     }
 
     /// Reads the kernel's clock state (`adjtimex(2)`, read only) and maps it.
+    #[cfg(test)]
     pub(crate) fn from_adjtimex(ptp: bool) -> Result<Self, StampError> {
         Ok(Self::from_clock_sync(&ClockSync::read_kernel()?, ptp))
     }
@@ -101,10 +103,12 @@ impl ErrorEstimate {
         self.ptp
     }
 
+    #[cfg(test)]
     pub(crate) fn scale(self) -> u8 {
         self.scale
     }
 
+    #[cfg(test)]
     pub(crate) fn multiplier(self) -> u8 {
         self.multiplier
     }

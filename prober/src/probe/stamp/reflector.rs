@@ -26,11 +26,13 @@ pub struct ReflectorState {
 }
 
 impl ReflectorState {
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The sequence number the next reply of session `ssid` will carry.
+    #[cfg(test)]
     pub(crate) fn peek(&self, ssid: u16) -> u32 {
         self.next_seq.get(&ssid).copied().unwrap_or(0)
     }
