@@ -35,16 +35,16 @@ use crate::{
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 
     #[command(flatten)]
-    pub probe: ProbeArgs,
+    pub(crate) probe: ProbeArgs,
 
     /// More log output (-v info, -vv debug and the eBPF programs' log of
     /// their rare paths: malformed frames, TTL expiry...). RUST_LOG overrides
     /// the level.
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Global options")]
-    pub verbose: u8,
+    pub(crate) verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,7 +52,7 @@ pub(crate) struct Cli {
     clippy::large_enum_variant,
     reason = "parsed once per process; boxing buys nothing"
 )]
-pub enum Command {
+pub(crate) enum Command {
     /// Draw SVG/PNG boxplots, CDFs, time series, percentile distributions and stage breakdowns
     /// from rtprobe CSV files or HdrHistogram interval logs.
     Plot(PlotArgs),
@@ -96,35 +96,35 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ProbeArgs {
     #[command(flatten)]
-    pub run: options::RunSpec,
+    pub(crate) run: options::RunSpec,
 
     #[command(flatten)]
-    pub output: options::OutputSpec,
+    pub(crate) output: options::OutputSpec,
 
     #[command(flatten)]
-    pub knobs: options::KnobArgs,
+    pub(crate) knobs: options::KnobArgs,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct TestbedArgs {
+pub(crate) struct TestbedArgs {
     /// XDP router attach mode on the router's interfaces.
     #[arg(long, value_enum, default_value_t = XdpMode::Off)]
-    pub xdp_mode: XdpMode,
+    pub(crate) xdp_mode: XdpMode,
 
     /// XDP router behaviour.
     #[arg(long, value_enum, default_value_t = XdpAction::Redirect)]
-    pub xdp_action: XdpAction,
+    pub(crate) xdp_action: XdpAction,
 
     /// Build two namespaces A and B joined by one veth pair (no router, no XDP) with the
     /// addresses given, wait until both families answer across it, and print it as one JSON
     /// line (namespaces, interfaces, addresses).
     #[arg(long, conflicts_with_all = ["xdp_mode", "xdp_action"])]
-    pub pair: bool,
+    pub(crate) pair: bool,
 
     /// With --pair: part of both namespace names (rtprobe-ID-NAME-a, -b), to tell whose a
     /// leftover is.
     #[arg(long, requires = "pair", value_name = "NAME")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 
     /// With --pair: an address of A's veth, ADDR/LEN (repeat for more: IPv4 and IPv6).
     #[arg(long = "a-addr", requires = "pair", value_name = "ADDR/LEN",
@@ -139,12 +139,12 @@ pub struct TestbedArgs {
     /// With --pair: more addresses of B's veth, one ADDR/LEN a line (# comments), after the
     /// --b-addr ones (a fleet of targets).
     #[arg(long, requires = "pair", value_name = "FILE")]
-    pub b_addrs_file: Option<PathBuf>,
+    pub(crate) b_addrs_file: Option<PathBuf>,
 
     /// With --pair: prepare A's veth as the peer of a native XDP program on B (GRO requested,
     /// TX checksumming off).
     #[arg(long, requires = "pair")]
-    pub xdp_peer: bool,
+    pub(crate) xdp_peer: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -161,37 +161,37 @@ pub struct TestbedArgs {
     rtprobe compare /tmp/bql/s64-i1ms-off-baseline.json /tmp/bql/s64-i1ms-off-bql-3000.json\n  \
     rtprobe compare off.csv native.csv --metric rtt --json verdict.json"
 )]
-pub struct CompareArgs {
+pub(crate) struct CompareArgs {
     /// The baseline run: its per-probe CSV (--out), or its JSON summary with that CSV beside it.
     #[arg(value_name = "BASE")]
-    pub base: PathBuf,
+    pub(crate) base: PathBuf,
 
     /// The runs to compare with the baseline, each a CSV or a JSON summary as BASE.
     #[arg(required = true, value_name = "OTHER")]
-    pub others: Vec<PathBuf>,
+    pub(crate) others: Vec<PathBuf>,
 
     /// Latency to compare.
     #[arg(long, value_enum, default_value_t = crate::export::compare::CompareMetric::OneWay)]
-    pub metric: crate::export::compare::CompareMetric,
+    pub(crate) metric: crate::export::compare::CompareMetric,
 
     /// Also write the comparison as JSON to this path.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 
     /// Bootstrap resamples (100..100000).
     #[arg(long, value_name = "N", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(100..=100_000))]
-    pub resamples: u32,
+    pub(crate) resamples: u32,
 
     /// Most values per run the bootstrap uses (1000..10000000); a longer run is reduced to a
     /// uniform random sample of this many (reservoir sampling), which bounds memory and time.
     #[arg(long, value_name = "N", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1000..=10_000_000))]
-    pub sample: u32,
+    pub(crate) sample: u32,
 
     /// Seed of the random sampling: the same files and seed give the same intervals.
     #[arg(long, value_name = "N", default_value_t = 1)]
-    pub seed: u64,
+    pub(crate) seed: u64,
 }
 
 /// Which latency `rtprobe plot` draws (`--metric`): one, or a figure set
@@ -209,7 +209,7 @@ pub enum MetricChoice {
 
 /// A shell `rtprobe completions` writes a script for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ShellArg {
+pub(crate) enum ShellArg {
     Bash,
     Zsh,
     Fish,
@@ -220,18 +220,18 @@ pub enum ShellArg {
     rtprobe completions bash | sudo tee /etc/bash_completion.d/rtprobe >/dev/null\n  \
     rtprobe completions zsh > ~/.zfunc/_rtprobe    # with fpath+=~/.zfunc before compinit\n  \
     rtprobe completions fish > ~/.config/fish/completions/rtprobe.fish")]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell to complete in.
     #[arg(value_enum)]
-    pub shell: ShellArg,
+    pub(crate) shell: ShellArg,
 }
 
 /// `rtprobe cleanup`.
 #[derive(Debug, Args)]
-pub struct CleanupArgs {
+pub(crate) struct CleanupArgs {
     /// Only list the testbeds of dead runs, change nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 }
 
 /// `rtprobe targets INVENTORY`.
@@ -253,39 +253,39 @@ pub struct CleanupArgs {
     rtprobe targets fleet.toml --host h1 > /etc/rtprobe/targets.toml\n  \
     rtprobe targets fleet.toml --out-dir peers/ --prometheus-sd /etc/prometheus/targets/rtprobe.yml"
 )]
-pub struct TargetsArgs {
+pub(crate) struct TargetsArgs {
     /// The fleet's inventory: [defaults] and one [[host]] per host (at most 1 MiB).
     #[arg(value_name = "INVENTORY")]
-    pub inventory: PathBuf,
+    pub(crate) inventory: PathBuf,
 
     /// Print this host's peers file (every other host of the inventory) on stdout.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["out_dir", "prometheus_sd"])]
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
 
     /// Write every host's peers file as DIR/NAME.toml (DIR created if missing) and print the
     /// paths.
     #[arg(long, value_name = "DIR")]
-    pub out_dir: Option<PathBuf>,
+    pub(crate) out_dir: Option<PathBuf>,
 
     /// Write Prometheus' file_sd list of the hosts (JSON, which YAML reads too: name it .yml or
     /// .json): each host's metrics address, with its labels and `host` = its name, which
     /// deploy/prometheus/prometheus.yml turns into `instance`.
     #[arg(long, value_name = "FILE")]
-    pub prometheus_sd: Option<PathBuf>,
+    pub(crate) prometheus_sd: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct HostArgs {
+pub(crate) struct HostArgs {
     /// Print the facts as the JSON object a run's summary holds in `extra.host`.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ManArgs {
+pub(crate) struct ManArgs {
     /// Directory for the pages, created if missing.
     #[arg(long, value_name = "DIR", default_value = "target/man")]
-    pub out_dir: PathBuf,
+    pub(crate) out_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -390,34 +390,34 @@ pub struct PlotArgs {
     sudo rtprobe run configs/system-tests.toml --count 50 --missing skip\n\n\
     Every option of the probe command can be given in the file ([probe], [knobs], [set.NAME]) \
     and on this command line, which overrides the file for every cell.")]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Scenario file (see configs/): UTF-8, at most 1 MiB, a matrix of at most 10000 cells
     /// (sizes x intervals x XDP modes x sets).
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
 
     /// Output folder [default: the file's `output`, else results/NAME].
     #[arg(long)]
-    pub out_dir: Option<PathBuf>,
+    pub(crate) out_dir: Option<PathBuf>,
 
     /// Validate the file (and, as root, the kernel's support), print the matrix, run nothing.
     #[arg(long)]
-    pub check: bool,
+    pub(crate) check: bool,
 
     /// Run only this knob set (repeatable); the baseline is the first of them in file order.
     #[arg(long = "set", value_name = "NAME")]
-    pub sets: Vec<String>,
+    pub(crate) sets: Vec<String>,
 
     /// No progress bar.
     #[arg(short, long)]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
 
     /// Probe options over the file's `[probe]` (for every cell): e.g. --count 50.
     #[command(flatten, next_help_heading = "Over the file's [probe]")]
-    pub run: options::RunSpec,
+    pub(crate) run: options::RunSpec,
 
     /// Knobs over the file's `[knobs]` and every `[set.NAME]` (e.g. --missing skip).
     #[command(flatten)]
-    pub knobs: options::KnobArgs,
+    pub(crate) knobs: options::KnobArgs,
 }
 
 #[cfg(test)]

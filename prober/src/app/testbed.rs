@@ -65,14 +65,14 @@ fn pair_spec(args: &TestbedArgs) -> Result<PairSpec> {
 /// counted, not listed (a fleet's line would be 20 kB).
 #[derive(Debug, Serialize)]
 struct HeldPair {
-    pub id: String,
-    pub a_ns: String,
-    pub b_ns: String,
-    pub a_if: String,
-    pub b_if: String,
-    pub a_addrs: Vec<String>,
-    pub b_addrs: Vec<String>,
-    pub b_file_addrs: usize,
+    pub(crate) id: String,
+    pub(crate) a_ns: String,
+    pub(crate) b_ns: String,
+    pub(crate) a_if: String,
+    pub(crate) b_if: String,
+    pub(crate) a_addrs: Vec<String>,
+    pub(crate) b_addrs: Vec<String>,
+    pub(crate) b_file_addrs: usize,
 }
 
 /// Builds the pair, waits until it answers, announces, holds, tears down.
@@ -127,21 +127,21 @@ fn wait_for_end(stop: &AtomicU8) {
 /// What the JSON line says.
 #[derive(Debug, Serialize)]
 struct HeldTestbed {
-    pub id: String,
-    pub sender_ns: String,
-    pub router_ns: String,
-    pub receiver_ns: String,
-    pub sender_if: String,
-    pub receiver_if: String,
-    pub router_in: String,
-    pub router_out: String,
-    pub sender_addr: String,
-    pub receiver_addr: String,
+    pub(crate) id: String,
+    pub(crate) sender_ns: String,
+    pub(crate) router_ns: String,
+    pub(crate) receiver_ns: String,
+    pub(crate) sender_if: String,
+    pub(crate) receiver_if: String,
+    pub(crate) router_in: String,
+    pub(crate) router_out: String,
+    pub(crate) sender_addr: String,
+    pub(crate) receiver_addr: String,
     /// The same interfaces' IPv6 addresses ("" on a testbed without IPv6).
-    pub sender_addr6: String,
-    pub receiver_addr6: String,
-    pub xdp_mode_requested: String,
-    pub xdp_mode_attached: String,
+    pub(crate) sender_addr6: String,
+    pub(crate) receiver_addr6: String,
+    pub(crate) xdp_mode_requested: String,
+    pub(crate) xdp_mode_attached: String,
 }
 
 fn addr6(i: &Iface) -> String {

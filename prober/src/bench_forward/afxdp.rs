@@ -492,7 +492,7 @@ pub(crate) struct Forwarders {
     forwarded: Arc<AtomicU64>,
     threads: Vec<std::thread::JoinHandle<Result<()>>>,
     /// Kernel thread ids, in queue order (for their CPU time).
-    pub tids: Vec<i32>,
+    pub(crate) tids: Vec<i32>,
 }
 
 /// What a started thread reports: its queue, thread id and socket.

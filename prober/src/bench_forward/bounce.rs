@@ -54,33 +54,33 @@ pub(crate) const BOUNCE_IP_SIZE: usize = 64;
 /// One flat-out step of the bounce device.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct BounceStep {
-    pub hook: BounceHook,
+    pub(crate) hook: BounceHook,
     /// RX/TX queues of the DUT's veth.
-    pub queues: u32,
+    pub(crate) queues: u32,
     /// Queues whose NAPI thread used more than 5 % of a core.
-    pub queues_busy: u32,
-    pub size: usize,
-    pub secs: f64,
+    pub(crate) queues_busy: u32,
+    pub(crate) size: usize,
+    pub(crate) secs: f64,
     /// Frames the generator sent, the DUT bounced, and came back.
-    pub generated: u64,
-    pub bounced: u64,
-    pub returned: u64,
+    pub(crate) generated: u64,
+    pub(crate) bounced: u64,
+    pub(crate) returned: u64,
     /// afxdp only: frames `bench_xsk` redirected to the sockets (those a
     /// full socket RX ring could not take were dropped and are counted
     /// here too); `bounced` is what user space sent back of them.
-    pub to_sockets: Option<u64>,
-    pub generated_pps: f64,
-    pub bounced_pps: f64,
+    pub(crate) to_sockets: Option<u64>,
+    pub(crate) generated_pps: f64,
+    pub(crate) bounced_pps: f64,
     /// CPU of the DUT's NAPI threads (and, for afxdp, its forwarding
     /// threads) together, in percent of one core.
-    pub dut_cpu_pct: f64,
+    pub(crate) dut_cpu_pct: f64,
     /// The same per queue, in queue order.
-    pub dut_cpu_pct_per_queue: Vec<f64>,
+    pub(crate) dut_cpu_pct_per_queue: Vec<f64>,
     /// Bounced packets per second per core the DUT used (bounced_pps /
     /// (dut_cpu_pct / 100)).
-    pub bounced_pps_per_core: Option<f64>,
-    pub cores: Vec<CoreUse>,
-    pub perf: Option<PerfFigures>,
+    pub(crate) bounced_pps_per_core: Option<f64>,
+    pub(crate) cores: Vec<CoreUse>,
+    pub(crate) perf: Option<PerfFigures>,
 }
 
 /// A namespace the bench made through the kernel layer; deleted on drop.

@@ -7,15 +7,15 @@ use serde::Serialize;
 /// One `cpuN` line of /proc/stat, in USER_HZ ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct CpuTimes {
-    pub cpu: usize,
-    pub user: u64,
-    pub nice: u64,
-    pub system: u64,
-    pub idle: u64,
-    pub iowait: u64,
-    pub irq: u64,
-    pub softirq: u64,
-    pub steal: u64,
+    pub(crate) cpu: usize,
+    pub(crate) user: u64,
+    pub(crate) nice: u64,
+    pub(crate) system: u64,
+    pub(crate) idle: u64,
+    pub(crate) iowait: u64,
+    pub(crate) irq: u64,
+    pub(crate) softirq: u64,
+    pub(crate) steal: u64,
 }
 
 impl CpuTimes {
@@ -34,15 +34,15 @@ impl CpuTimes {
 /// Per-core use between two samples, in percent of that core's time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub(crate) struct CoreUse {
-    pub cpu: usize,
+    pub(crate) cpu: usize,
     /// Everything but idle and iowait.
-    pub busy_pct: f64,
-    pub user_pct: f64,
-    pub system_pct: f64,
+    pub(crate) busy_pct: f64,
+    pub(crate) user_pct: f64,
+    pub(crate) system_pct: f64,
     /// Packet processing in softirq context (NAPI, forwarding, XDP) shows up here.
-    pub softirq_pct: f64,
+    pub(crate) softirq_pct: f64,
     /// Time the hypervisor gave to someone else.
-    pub steal_pct: f64,
+    pub(crate) steal_pct: f64,
 }
 
 /// Parses the per-core lines (`cpu0`, `cpu1`, ...) of /proc/stat; the

@@ -13,14 +13,14 @@ pub(crate) const MAX_IP_SIZE: usize = 1500;
 /// Addresses of one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FrameSpec {
-    pub dst_mac: [u8; 6],
-    pub src_mac: [u8; 6],
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
-    pub src_port: u16,
-    pub dst_port: u16,
+    pub(crate) dst_mac: [u8; 6],
+    pub(crate) src_mac: [u8; 6],
+    pub(crate) src: Ipv4Addr,
+    pub(crate) dst: Ipv4Addr,
+    pub(crate) src_port: u16,
+    pub(crate) dst_port: u16,
     /// Total IP packet length (what `--sizes` means).
-    pub ip_size: usize,
+    pub(crate) ip_size: usize,
 }
 
 /// The RFC 1071 ones' complement sum, folded and inverted.

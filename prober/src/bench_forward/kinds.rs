@@ -11,9 +11,9 @@ macro_rules! named_enum {
     ($ty:ident, $what:literal, [$(($v:ident, $n:literal)),+ $(,)?]) => {
         impl $ty {
             /// Every name, in declaration order (for help texts).
-            pub const NAMES: &'static [&'static str] = &[$($n),+];
+            pub(crate) const NAMES: &'static [&'static str] = &[$($n),+];
 
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $($ty::$v => $n),+
                 }
@@ -53,7 +53,7 @@ macro_rules! named_enum {
 /// One forwarding variant of the router hop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ForwardMode {
+pub(crate) enum ForwardMode {
     /// Kernel IP forwarding, no XDP program.
     Off,
     /// rtprobe's router in generic (skb) XDP, redirecting.
@@ -80,7 +80,7 @@ named_enum!(
 
 impl ForwardMode {
     /// Whether the router redirects in XDP (the modes `--work` applies to).
-    pub fn redirects_in_xdp(self) -> bool {
+    pub(crate) fn redirects_in_xdp(self) -> bool {
         matches!(self, ForwardMode::Skb | ForwardMode::Native)
     }
 }
@@ -88,7 +88,7 @@ impl ForwardMode {
 /// How the load is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Generator {
+pub(crate) enum Generator {
     /// Frames built in the kernel and redirected into the sender's veth
     /// (BPF_PROG_TEST_RUN live frames): no socket or skb cost.
     Xdp,
@@ -101,7 +101,7 @@ named_enum!(Generator, "generator", [(Xdp, "xdp"), (Socket, "socket")]);
 /// What takes the load at the receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Sink {
+pub(crate) enum Sink {
     /// A native XDP program on the receiver's veth drops the load.
     Xdp,
     /// The receiver's stack (no socket: UDP drops it after the lookup).
@@ -113,7 +113,7 @@ named_enum!(Sink, "sink", [(Xdp, "xdp"), (Stack, "stack")]);
 /// Where the bounce section's device under test handles the frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum BounceHook {
+pub(crate) enum BounceHook {
     /// `bench_bounce` (XDP_TX) in generic XDP.
     Skb,
     /// `bench_bounce` (XDP_TX) in native XDP.

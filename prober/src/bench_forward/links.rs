@@ -14,10 +14,10 @@ use crate::sys::{self, Netns, Ns, Offload, Sys};
 /// Counters of one interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LinkCounters {
-    pub rx_packets: u64,
-    pub tx_packets: u64,
-    pub rx_dropped: u64,
-    pub tx_dropped: u64,
+    pub(crate) rx_packets: u64,
+    pub(crate) tx_packets: u64,
+    pub(crate) rx_dropped: u64,
+    pub(crate) tx_dropped: u64,
 }
 
 impl LinkCounters {

@@ -75,8 +75,8 @@ pub(crate) enum Offered {
 /// of program runs that achieves it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LiveTarget {
-    pub pps: f64,
-    pub keep: f64,
+    pub(crate) pps: f64,
+    pub(crate) keep: f64,
 }
 
 /// Runs the live-frame generator for `duration` in long calls (the

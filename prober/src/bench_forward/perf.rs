@@ -31,13 +31,13 @@ const EVENTS: [&str; 7] = [
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub(crate) struct PerfFigures {
     /// CPU time of the counted threads, in ms.
-    pub task_clock_ms: Option<f64>,
-    pub cycles: Option<u64>,
-    pub instructions: Option<u64>,
-    pub branches: Option<u64>,
-    pub branch_misses: Option<u64>,
-    pub l1d_loads: Option<u64>,
-    pub l1d_load_misses: Option<u64>,
+    pub(crate) task_clock_ms: Option<f64>,
+    pub(crate) cycles: Option<u64>,
+    pub(crate) instructions: Option<u64>,
+    pub(crate) branches: Option<u64>,
+    pub(crate) branch_misses: Option<u64>,
+    pub(crate) l1d_loads: Option<u64>,
+    pub(crate) l1d_load_misses: Option<u64>,
 }
 
 impl PerfFigures {

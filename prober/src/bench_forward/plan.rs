@@ -11,8 +11,8 @@ use super::kinds::{BounceHook, ForwardMode, Generator, Sink};
 /// the memory accesses per packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Variant {
-    pub mode: ForwardMode,
-    pub work: Option<u32>,
+    pub(crate) mode: ForwardMode,
+    pub(crate) work: Option<u32>,
 }
 
 /// What `bench-forward` runs: its options with every default `--help`
@@ -20,21 +20,21 @@ pub(crate) struct Variant {
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     /// The modes, then each skb/native mode once per `--work` value.
-    pub variants: Vec<Variant>,
-    pub bounce: Vec<BounceHook>,
-    pub queues: Vec<u32>,
-    pub perf_stat: bool,
-    pub sizes: Vec<usize>,
+    pub(crate) variants: Vec<Variant>,
+    pub(crate) bounce: Vec<BounceHook>,
+    pub(crate) queues: Vec<u32>,
+    pub(crate) perf_stat: bool,
+    pub(crate) sizes: Vec<usize>,
     /// Percent of full speed, ascending, without duplicates.
-    pub loads: Vec<u32>,
-    pub step: Duration,
-    pub generator: Generator,
-    pub threads: usize,
-    pub sink: Sink,
-    pub probe_interval: Duration,
-    pub threaded_napi: bool,
-    pub rt_priority: Option<u8>,
-    pub json: Option<PathBuf>,
-    pub csv_dir: Option<PathBuf>,
-    pub quiet: bool,
+    pub(crate) loads: Vec<u32>,
+    pub(crate) step: Duration,
+    pub(crate) generator: Generator,
+    pub(crate) threads: usize,
+    pub(crate) sink: Sink,
+    pub(crate) probe_interval: Duration,
+    pub(crate) threaded_napi: bool,
+    pub(crate) rt_priority: Option<u8>,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) csv_dir: Option<PathBuf>,
+    pub(crate) quiet: bool,
 }

@@ -23,7 +23,7 @@ pub enum XdpMode {
 /// What the XDP router does with IPv4 it could forward.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum XdpAction {
+pub(crate) enum XdpAction {
     /// bpf_fib_lookup + MAC rewrite + XDP_REDIRECT (the router).
     #[default]
     Redirect,
@@ -34,7 +34,7 @@ pub enum XdpAction {
 /// Who answers the probes at the receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ReflectorKind {
+pub(crate) enum ReflectorKind {
     /// rtprobe's XDP program on the receiver's interface (XDP_TX).
     Kernel,
     /// A user-space thread reads each probe and sends the echo.
@@ -42,9 +42,10 @@ pub enum ReflectorKind {
 }
 
 impl XdpMode {
-    pub const ALL: [XdpMode; 4] = [XdpMode::Off, XdpMode::Skb, XdpMode::Native, XdpMode::Auto];
+    pub(crate) const ALL: [XdpMode; 4] =
+        [XdpMode::Off, XdpMode::Skb, XdpMode::Native, XdpMode::Auto];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             XdpMode::Off => "off",
             XdpMode::Skb => "skb",
@@ -55,9 +56,9 @@ impl XdpMode {
 }
 
 impl XdpAction {
-    pub const ALL: [XdpAction; 2] = [XdpAction::Redirect, XdpAction::Pass];
+    pub(crate) const ALL: [XdpAction; 2] = [XdpAction::Redirect, XdpAction::Pass];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             XdpAction::Redirect => "redirect",
             XdpAction::Pass => "pass",
@@ -66,9 +67,9 @@ impl XdpAction {
 }
 
 impl ReflectorKind {
-    pub const ALL: [ReflectorKind; 2] = [ReflectorKind::Kernel, ReflectorKind::User];
+    pub(crate) const ALL: [ReflectorKind; 2] = [ReflectorKind::Kernel, ReflectorKind::User];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReflectorKind::Kernel => "kernel",
             ReflectorKind::User => "user",

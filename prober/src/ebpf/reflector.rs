@@ -78,8 +78,8 @@ fn gcra(rate_pps: Option<u32>) -> Gcra {
 /// What the reflector answers for: one interface's MAC and addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Identity {
-    pub mac: [u8; 6],
-    pub addrs: Vec<crate::sys::Addr>,
+    pub(crate) mac: [u8; 6],
+    pub(crate) addrs: Vec<crate::sys::Addr>,
 }
 
 impl Identity {

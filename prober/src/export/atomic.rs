@@ -14,10 +14,10 @@ use std::{
 /// was left as it was.
 #[derive(Debug)]
 pub(crate) struct NotWritten {
-    pub path: PathBuf,
-    pub source: std::io::Error,
+    pub(crate) path: PathBuf,
+    pub(crate) source: std::io::Error,
     /// Whether a file was at `path` before (it still is, unchanged).
-    pub kept_previous: bool,
+    pub(crate) kept_previous: bool,
 }
 
 impl NotWritten {

@@ -40,7 +40,7 @@ pub(crate) const PERCENTILES: [f64; 3] = [0.5, 0.99, 0.999];
 /// Which latency column is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum CompareMetric {
+pub(crate) enum CompareMetric {
     /// The packet's one-way latency (CSV column one_way_ns).
     OneWay,
     /// The round trip (CSV column rtt_ns).
@@ -48,7 +48,7 @@ pub enum CompareMetric {
 }
 
 impl CompareMetric {
-    pub fn column(self) -> &'static str {
+    pub(crate) fn column(self) -> &'static str {
         match self {
             CompareMetric::OneWay => "one_way_ns",
             CompareMetric::Rtt => "rtt_ns",
@@ -66,12 +66,12 @@ impl CompareMetric {
 /// How a comparison is made.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Settings {
-    pub metric: CompareMetric,
-    pub resamples: usize,
+    pub(crate) metric: CompareMetric,
+    pub(crate) resamples: usize,
     /// Most values kept per run.
-    pub sample_cap: usize,
-    pub seed: u64,
-    pub confidence: f64,
+    pub(crate) sample_cap: usize,
+    pub(crate) seed: u64,
+    pub(crate) confidence: f64,
 }
 
 impl Default for Settings {
@@ -90,16 +90,16 @@ impl Default for Settings {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RunSample {
     /// The CSV read.
-    pub csv: PathBuf,
+    pub(crate) csv: PathBuf,
     /// Rows of the main flow with a value in the metric's column.
-    pub values_seen: u64,
+    pub(crate) values_seen: u64,
     /// Values kept for the bootstrap (at most the sample cap).
-    pub values_used: usize,
+    pub(crate) values_used: usize,
     /// The host its JSON summary names; absent when none does.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<HostFacts>,
+    pub(crate) host: Option<HostFacts>,
     #[serde(skip)]
-    pub sorted: Vec<i64>,
+    pub(crate) sorted: Vec<i64>,
 }
 
 fn is_json(arg: &Path) -> bool {
@@ -264,34 +264,34 @@ fn metric_column(header: &csv::ByteRecord, name: &str, metric: CompareMetric) ->
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RunComparison {
     #[serde(flatten)]
-    pub run: RunSample,
+    pub(crate) run: RunSample,
     /// The host facts in which this run's host differs from the
     /// baseline's ("cores 2 vs 16"); empty: the same host; null: one of
     /// the two names no host.
-    pub host_differences: Option<Vec<String>>,
-    pub percentiles: Vec<PercentileChange>,
+    pub(crate) host_differences: Option<Vec<String>>,
+    pub(crate) percentiles: Vec<PercentileChange>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct PercentileChange {
     /// "p50", "p99", "p99.9".
-    pub name: String,
+    pub(crate) name: String,
     #[serde(flatten)]
-    pub diff: QuantileDiff,
-    pub significant: bool,
-    pub verdict: String,
+    pub(crate) diff: QuantileDiff,
+    pub(crate) significant: bool,
+    pub(crate) verdict: String,
 }
 
 /// Everything `compare` found, as written by `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Comparison {
-    pub metric: CompareMetric,
-    pub confidence: f64,
-    pub resamples: usize,
-    pub sample_cap: usize,
-    pub seed: u64,
-    pub baseline: RunSample,
-    pub runs: Vec<RunComparison>,
+    pub(crate) metric: CompareMetric,
+    pub(crate) confidence: f64,
+    pub(crate) resamples: usize,
+    pub(crate) sample_cap: usize,
+    pub(crate) seed: u64,
+    pub(crate) baseline: RunSample,
+    pub(crate) runs: Vec<RunComparison>,
 }
 
 pub(crate) fn percentile_name(p: f64) -> String {

@@ -128,7 +128,7 @@ impl CsvWriter {
 
     /// The CSV of a run with several targets: [`HEADER`] and a last
     /// column, `target`, the name of the target each row is of.
-    pub fn create_for_targets(
+    pub(crate) fn create_for_targets(
         path: &Path,
         meta: &RunMeta,
         rotation: Option<Rotation>,
@@ -295,7 +295,7 @@ impl CsvWriter {
 
     /// Appends one row of target `target` (its `target` cell; empty
     /// without one). A CSV without the column ignores the name.
-    pub fn write_for(&mut self, target: &str, r: &ProbeRecord) -> Result<()> {
+    pub(crate) fn write_for(&mut self, target: &str, r: &ProbeRecord) -> Result<()> {
         self.write_row(Some(target), r)
     }
 

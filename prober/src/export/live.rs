@@ -28,10 +28,10 @@ use crate::{
 
 /// What the progress bar shows: the run's counts and the latest interval.
 pub struct Progress<'a> {
-    pub counts: Counts,
+    pub(crate) counts: Counts,
     /// The interval being filled, or the last complete one while the new
     /// one holds few probes.
-    pub interval: &'a Interval,
+    pub(crate) interval: &'a Interval,
 }
 
 impl Progress<'_> {
@@ -66,17 +66,6 @@ pub struct Live {
 }
 
 impl Live {
-    /// No lines, no progress, no metrics (scenario cells, benches).
-    pub fn quiet() -> Self {
-        Self {
-            plan: ContinuousPlan::default(),
-            metrics: None,
-            server: None,
-            print: Box::new(|_| {}),
-            progress: Box::new(|_| {}),
-        }
-    }
-
     /// Starts the metrics server if the plan asks for one. `print` takes
     /// the interval lines, `progress` the progress bar's figures (~4x/s).
     pub fn new(plan: &ContinuousPlan, print: Print, progress: ShowProgress) -> Result<Self> {
@@ -99,26 +88,26 @@ impl Live {
     }
 
     /// Where the metrics are served, if they are.
-    pub fn metrics_url(&self) -> Option<String> {
+    pub(crate) fn metrics_url(&self) -> Option<String> {
         self.server
             .as_ref()
             .map(|s| format!("http://{}/metrics", s.local_addr()))
     }
 
     /// The registry, for commands that add metrics of their own.
-    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+    pub(crate) fn metrics(&self) -> Option<&Arc<Metrics>> {
         self.metrics.as_ref()
     }
 
     /// What the run attached (the XDP mode), once it is known.
-    pub fn set_run(&mut self, meta: &RunMeta) {
+    pub(crate) fn set_run(&mut self, meta: &RunMeta) {
         if let Some(m) = &self.metrics {
             m.set_xdp_mode(&meta.xdp_mode_requested, &meta.xdp_mode_attached);
         }
     }
 
     /// The observer of a flow besides the main one: its metrics.
-    pub fn flow_observer(
+    pub(crate) fn flow_observer(
         &self,
         labels: FlowLabels,
         kernel_reflector: bool,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// given (the progress bar, the HDR log and nothing else use it).
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// Bucket bounds per histogram when `--metrics-buckets` is not given.
-pub const DEFAULT_METRICS_BUCKETS: u16 = 48;
+pub(crate) const DEFAULT_METRICS_BUCKETS: u16 = 48;
 
 /// The latency histograms' bucket bounds, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +24,8 @@ pub enum MetricsBuckets {
 
 impl MetricsBuckets {
     /// How many bounds (series per histogram, less +Inf, sum and count).
-    pub fn count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> usize {
         match self {
             MetricsBuckets::Count(n) => usize::from(*n),
             MetricsBuckets::Bounds(b) => b.len(),
@@ -158,7 +159,7 @@ pub struct ContinuousPlan {
 
 impl ContinuousPlan {
     /// The span of one interval histogram.
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         self.report_every.unwrap_or(DEFAULT_INTERVAL)
     }
 }

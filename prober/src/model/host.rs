@@ -16,45 +16,45 @@ pub(crate) const NO_CPUIDLE: &str = "none";
 /// guess.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct HostFacts {
+pub(crate) struct HostFacts {
     /// The kernel's clock source (tsc, kvm-clock, hpet, arch_sys_counter...).
-    pub clocksource: Option<String>,
+    pub(crate) clocksource: Option<String>,
     /// Online CPUs.
-    pub cores: Option<u32>,
+    pub(crate) cores: Option<u32>,
     /// The CPU's model name.
-    pub cpu_model: Option<String>,
+    pub(crate) cpu_model: Option<String>,
     /// The cpuidle driver (haltpoll, intel_idle, acpi_idle...), "none"
     /// when the kernel has none.
-    pub cpuidle_driver: String,
+    pub(crate) cpuidle_driver: String,
     /// The cpuidle governor (menu, teo, haltpoll, ladder), "none" when
     /// the kernel has no cpuidle.
-    pub cpuidle_governor: String,
+    pub(crate) cpuidle_governor: String,
     /// The hypervisor's name (KVM, Xen, Microsoft Hyper-V, VMware...);
     /// null on bare metal or when nothing names it.
-    pub hypervisor: Option<String>,
+    pub(crate) hypervisor: Option<String>,
     /// The kernel release (`uname -r`).
-    pub kernel: String,
+    pub(crate) kernel: String,
     /// The firmware's vendor and product (DMI), e.g. "QEMU Standard PC
     /// (Q35 + ICH9, 2009)", "Dell Inc. PowerEdge R650"; null without DMI.
-    pub machine: Option<String>,
+    pub(crate) machine: Option<String>,
     /// The preemption model: none, voluntary, full, lazy or rt; "dynamic"
     /// when only known to be chosen at boot, "none or voluntary" when the
     /// kernel says no more; null when nothing said.
-    pub preemption: Option<String>,
+    pub(crate) preemption: Option<String>,
     /// Where `preemption` came from, in words.
-    pub preemption_source: String,
+    pub(crate) preemption_source: String,
     /// Whether this kernel runs in a virtual machine; null when nothing
     /// could tell (no CPU flags, no DMI, no /sys/hypervisor).
-    pub vm: Option<bool>,
+    pub(crate) vm: Option<bool>,
     /// What told `vm` and `hypervisor`, in words.
-    pub vm_source: String,
+    pub(crate) vm_source: String,
 }
 
 impl HostFacts {
     /// One line: "2 cores (AMD EPYC), kernel 6.18.44, preemption none
     /// (kernel config), cpuidle haltpoll/haltpoll, clocksource tsc, VM
     /// (KVM)".
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
         let cores = self.cores.map_or("? cores".into(), |c| {
             format!("{c} core{}", if c == 1 { "" } else { "s" })
@@ -101,7 +101,7 @@ impl HostFacts {
     /// vs 16"), compared where both know them: `rtprobe compare`'s
     /// different-host warning. Where a fact came from (the preemption's
     /// source) is not compared: the same host says more to root.
-    pub fn differences(&self, other: &HostFacts) -> Vec<String> {
+    pub(crate) fn differences(&self, other: &HostFacts) -> Vec<String> {
         let mut out = Vec::new();
         let mut cmp = |name: &str, a: Option<String>, b: Option<String>| {
             if let (Some(a), Some(b)) = (a, b)

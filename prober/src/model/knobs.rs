@@ -20,56 +20,56 @@ pub(crate) const APPLIED: &str = "applied";
 pub struct AppliedKnobs {
     /// Where the bottleneck knobs act (every run with knobs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub bottleneck: Option<BottleneckAt>,
+    pub(crate) bottleneck: Option<BottleneckAt>,
     /// `--bql-limit-max`: the BQL limit of each TX queue.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub bql: Option<BqlApplied>,
+    pub(crate) bql: Option<BqlApplied>,
     /// `--gso`: segmentation offload on the sender's interface.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub gso: Option<GsoApplied>,
+    pub(crate) gso: Option<GsoApplied>,
     /// `--load`: the competing load as started.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub load: Option<LoadStarted>,
+    pub(crate) load: Option<LoadStarted>,
     /// How the sender paced its probes (testbed runs); not a knob.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pacing: Option<PacingKnobs>,
     /// The shaper and qdisc installed at the bottleneck.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub qdisc_tree: Option<QdiscTreeApplied>,
+    pub(crate) qdisc_tree: Option<QdiscTreeApplied>,
     /// `--queue-sample`: where the bottleneck's queue was sampled to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue_sampler: Option<QueueSamplerApplied>,
+    pub(crate) queue_sampler: Option<QueueSamplerApplied>,
     /// The sender thread's real-time settings.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rt: Option<RtApplied>,
+    pub(crate) rt: Option<RtApplied>,
     /// Requested but not run, in words: the run is not what was asked.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
+    pub(crate) skipped: Vec<String>,
     /// `--stress`: the CPU stress workers.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stress: Option<StressApplied>,
+    pub(crate) stress: Option<StressApplied>,
     /// `--tsq`: the TCP small queues limit in the sender namespace.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tsq: Option<TsqApplied>,
+    pub(crate) tsq: Option<TsqApplied>,
     /// `--tx-ring`: the TX ring size.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tx_ring: Option<TxRingApplied>,
+    pub(crate) tx_ring: Option<TxRingApplied>,
     /// `--txqueuelen`: the interface's queue length.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub txqueuelen: Option<TxQueueLenApplied>,
+    pub(crate) txqueuelen: Option<TxQueueLenApplied>,
     /// Device knobs the driver cannot do (`bql`, `tx_ring`): why, by knob.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub unsupported: BTreeMap<String, String>,
+    pub(crate) unsupported: BTreeMap<String, String>,
 }
 
 impl AppliedKnobs {
     /// Nothing recorded.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Self::default()
     }
 
     /// The keys present in the JSON, in its order.
-    pub fn names(&self) -> Vec<&'static str> {
+    pub(crate) fn names(&self) -> Vec<&'static str> {
         let present = [
             ("bottleneck", self.bottleneck.is_some()),
             ("bql", self.bql.is_some()),
@@ -104,70 +104,70 @@ pub(crate) fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<AppliedKnobs, D
 /// Where the bottleneck knobs act.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct BottleneckAt {
-    pub dev: String,
-    pub netns: String,
+pub(crate) struct BottleneckAt {
+    pub(crate) dev: String,
+    pub(crate) netns: String,
     /// "sender" or "router".
-    pub side: String,
+    pub(crate) side: String,
 }
 
 /// The BQL limit written to every TX queue.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct BqlApplied {
-    pub dev: String,
-    pub limit_max_bytes: u64,
-    pub netns: String,
+pub(crate) struct BqlApplied {
+    pub(crate) dev: String,
+    pub(crate) limit_max_bytes: u64,
+    pub(crate) netns: String,
     /// Each queue's limit before, to restore.
-    pub queues: Vec<BqlQueue>,
-    pub status: String,
+    pub(crate) queues: Vec<BqlQueue>,
+    pub(crate) status: String,
 }
 
 /// One TX queue's BQL limit before the run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct BqlQueue {
-    pub previous: u64,
+pub(crate) struct BqlQueue {
+    pub(crate) previous: u64,
     /// `tx-N`.
-    pub queue: String,
+    pub(crate) queue: String,
 }
 
 /// TSO and GSO switched together.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct GsoApplied {
-    pub dev: String,
-    pub netns: String,
-    pub previous: TsoGso,
-    pub status: String,
+pub(crate) struct GsoApplied {
+    pub(crate) dev: String,
+    pub(crate) netns: String,
+    pub(crate) previous: TsoGso,
+    pub(crate) status: String,
     /// The state set for both.
-    pub tso_gso: bool,
+    pub(crate) tso_gso: bool,
 }
 
 /// TSO and GSO, each on or off.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct TsoGso {
-    pub gso: bool,
-    pub tso: bool,
+pub(crate) struct TsoGso {
+    pub(crate) gso: bool,
+    pub(crate) tso: bool,
 }
 
 /// The competing load as started.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct LoadStarted {
+pub(crate) struct LoadStarted {
     /// The link rate the load's specs were relative to, if any.
-    pub link_rate: Option<String>,
+    pub(crate) link_rate: Option<String>,
     /// CLOCK_REALTIME when the measured part began (after the warm-up).
-    pub measured_from_ns: i64,
+    pub(crate) measured_from_ns: i64,
     /// The receiver's address the load was sent to.
-    pub receiver: String,
+    pub(crate) receiver: String,
     /// Each `--load` as written.
-    pub specs: Vec<String>,
+    pub(crate) specs: Vec<String>,
     /// CLOCK_REALTIME when the load came on.
-    pub started_ns: i64,
+    pub(crate) started_ns: i64,
     /// The load's warm-up, e.g. `2s`.
-    pub warmup: String,
+    pub(crate) warmup: String,
 }
 
 /// How the sender paced its probes.
@@ -176,120 +176,120 @@ pub struct LoadStarted {
 pub struct PacingKnobs {
     pub busy_poll: bool,
     /// "busy-poll", "fixed" (a given spin) or "adaptive".
-    pub mode: String,
-    pub no_warm_up: bool,
+    pub(crate) mode: String,
+    pub(crate) no_warm_up: bool,
     /// The spin before each send (not with busy-poll).
-    pub spin_ns: Option<u64>,
+    pub(crate) spin_ns: Option<u64>,
 }
 
 /// The tc tree installed at the bottleneck: shaper and/or qdisc.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct QdiscTreeApplied {
-    pub dev: String,
-    pub netns: String,
+pub(crate) struct QdiscTreeApplied {
+    pub(crate) dev: String,
+    pub(crate) netns: String,
     /// The qdisc, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub qdisc: Option<QdiscApplied>,
+    pub(crate) qdisc: Option<QdiscApplied>,
     /// The shaper, when a rate was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub shaping: Option<ShapingApplied>,
-    pub status: String,
+    pub(crate) shaping: Option<ShapingApplied>,
+    pub(crate) status: String,
     /// The tc commands, as run.
-    pub tc: Vec<String>,
+    pub(crate) tc: Vec<String>,
 }
 
 /// A qdisc as installed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct QdiscApplied {
+pub(crate) struct QdiscApplied {
     /// Its parameters with the autos resolved; the fields are the kind's
     /// own (`limit_packets` for pfifo, `hp_rate` for htb-prio...).
-    pub effective: serde_json::Value,
-    pub kind: String,
+    pub(crate) effective: serde_json::Value,
+    pub(crate) kind: String,
     /// "root", or a leaf under the shaper.
-    pub position: String,
+    pub(crate) position: String,
     /// The qdisc as asked for, every parameter written out.
-    pub spec: String,
+    pub(crate) spec: String,
 }
 
 /// The shaper as installed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct ShapingApplied {
-    pub burst_bytes: u64,
-    pub overhead_bytes: u32,
+pub(crate) struct ShapingApplied {
+    pub(crate) burst_bytes: u64,
+    pub(crate) overhead_bytes: u32,
     /// The FIFO leaf's limit, in words (`20p`, `64KiB`, the kernel default).
-    pub queue_limit: String,
-    pub rate: String,
-    pub rate_bps: u64,
+    pub(crate) queue_limit: String,
+    pub(crate) rate: String,
+    pub(crate) rate_bps: u64,
     /// "htb" or "tbf".
-    pub shaper: String,
+    pub(crate) shaper: String,
 }
 
 /// The queue sampler's output.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct QueueSamplerApplied {
-    pub csv: String,
-    pub interval: String,
+pub(crate) struct QueueSamplerApplied {
+    pub(crate) csv: String,
+    pub(crate) interval: String,
     /// Samples written; null while it runs.
-    pub samples: Option<u64>,
+    pub(crate) samples: Option<u64>,
 }
 
 /// The sender thread's real-time settings, as asked for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct RtApplied {
-    pub cpu: Option<usize>,
-    pub cpu_dma_latency_us: Option<u32>,
-    pub mlockall: bool,
-    pub sched_fifo_priority: Option<u8>,
+pub(crate) struct RtApplied {
+    pub(crate) cpu: Option<usize>,
+    pub(crate) cpu_dma_latency_us: Option<u32>,
+    pub(crate) mlockall: bool,
+    pub(crate) sched_fifo_priority: Option<u8>,
 }
 
 /// CPU stress workers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct StressApplied {
+pub(crate) struct StressApplied {
     /// What each worker computes ("sqrt").
-    pub method: String,
-    pub status: String,
+    pub(crate) method: String,
+    pub(crate) status: String,
     /// "builtin" or "stress-ng".
-    pub tool: String,
-    pub workers: u32,
+    pub(crate) tool: String,
+    pub(crate) workers: u32,
 }
 
 /// The TCP small queues limit.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct TsqApplied {
-    pub bytes: u64,
-    pub netns: String,
-    pub previous: u64,
-    pub status: String,
-    pub sysctl: String,
+pub(crate) struct TsqApplied {
+    pub(crate) bytes: u64,
+    pub(crate) netns: String,
+    pub(crate) previous: u64,
+    pub(crate) status: String,
+    pub(crate) sysctl: String,
 }
 
 /// The TX ring size.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct TxRingApplied {
-    pub dev: String,
-    pub netns: String,
-    pub previous: u32,
-    pub status: String,
-    pub tx: u32,
+pub(crate) struct TxRingApplied {
+    pub(crate) dev: String,
+    pub(crate) netns: String,
+    pub(crate) previous: u32,
+    pub(crate) status: String,
+    pub(crate) tx: u32,
 }
 
 /// The interface's queue length.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct TxQueueLenApplied {
-    pub dev: String,
-    pub netns: String,
-    pub packets: u32,
-    pub previous: u64,
-    pub status: String,
+pub(crate) struct TxQueueLenApplied {
+    pub(crate) dev: String,
+    pub(crate) netns: String,
+    pub(crate) packets: u32,
+    pub(crate) previous: u64,
+    pub(crate) status: String,
 }
 
 #[cfg(test)]

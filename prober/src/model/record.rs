@@ -17,7 +17,7 @@ pub enum StartSrc {
 }
 
 impl StartSrc {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StartSrc::Sched => "sched",
             StartSrc::User => "user",
@@ -40,7 +40,7 @@ pub enum TsSource {
 }
 
 impl TsSource {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TsSource::Hardware => "hw",
             TsSource::Software => "sw",
@@ -49,7 +49,7 @@ impl TsSource {
     }
 
     /// The source of a difference between two timestamps.
-    pub fn combine(a: TsSource, b: TsSource) -> TsSource {
+    pub(crate) fn combine(a: TsSource, b: TsSource) -> TsSource {
         if a == b { a } else { TsSource::Mixed }
     }
 }

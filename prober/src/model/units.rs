@@ -217,13 +217,9 @@ pub(crate) fn split_duration_ns(ns: f64) -> (String, Unit) {
 /// A size in bytes. Plain integers are bytes; `b`, `k`/`kb`/`kib`,
 /// `m`/`mb`/`mib` are powers of 1024 as in tc (`limit 16kb` = 16384).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Bytes(pub u64);
+pub(crate) struct Bytes(pub(crate) u64);
 
-impl Bytes {
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
+impl Bytes {}
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -41,98 +41,98 @@ macro_rules! bench_choice {
     rtprobe plot thesis.json --format svg,png\n\n\
     A --config file takes every option below as a TOML key, the long flag in snake case \
     (perf_stat = true, work = [1, 100], step = \"2s\"); flags on the command line override it.")]
-pub struct BenchForwardArgs {
+pub(crate) struct BenchForwardArgs {
     /// Sweep file: the options below as TOML keys (e.g. configs/xdp-thesis.toml); flags given
     /// here override it.
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// Forwarding variants to measure, in this order [default: off,skb,native,native-pass].
     #[arg(long, value_parser = bench_choice!(ForwardMode), value_delimiter = ',')]
-    pub modes: Option<Vec<ForwardMode>>,
+    pub(crate) modes: Option<Vec<ForwardMode>>,
 
     /// IP packet sizes in bytes (64..1500; 1500 fills the MTU) [default: 64,512,1500].
     #[arg(long, value_delimiter = ',')]
-    pub sizes: Option<Vec<usize>>,
+    pub(crate) sizes: Option<Vec<usize>>,
 
     /// Load steps: 100 = the generator flat out; below that, percent of what the hop forwarded
     /// flat out in that mode and size; 0 = probes only [default: 0,25,50,100].
     #[arg(long, value_delimiter = ',')]
-    pub load: Option<Vec<u32>>,
+    pub(crate) load: Option<Vec<u32>>,
 
     /// How long each step lasts [default: 2s].
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
-    pub step: Option<Duration>,
+    pub(crate) step: Option<Duration>,
 
     /// Load generator: xdp = frames built in the kernel (BPF_PROG_TEST_RUN live frames, as
     /// xdp-trafficgen does), socket = UDP sendmmsg [default: xdp].
     #[arg(long, value_parser = bench_choice!(Generator))]
-    pub generator: Option<Generator>,
+    pub(crate) generator: Option<Generator>,
 
     /// Generator threads [default: 1].
     #[arg(long)]
-    pub threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
 
     /// What takes the load at the receiver: xdp = a native XDP program drops it (only the
     /// router's cost is measured), stack = the receiver's stack [default: xdp].
     #[arg(long, value_parser = bench_choice!(Sink))]
-    pub sink: Option<Sink>,
+    pub(crate) sink: Option<Sink>,
 
     /// Per-packet work: memory accesses per packet (1..12800) for a variant of the router that
     /// does them before forwarding; each value adds a run of every skb/native mode with it.
     #[arg(long, value_delimiter = ',')]
-    pub work: Option<Vec<u32>>,
+    pub(crate) work: Option<Vec<u32>>,
 
     /// Also measure the XDP thesis's baseline, a device that bounces every frame back (MACs
     /// swapped), with these hooks (skb, native: XDP_TX; afxdp: an AF_XDP socket and thread per
     /// queue in user space), flat out, per queue count.
     #[arg(long, value_parser = bench_choice!(BounceHook), value_delimiter = ',')]
-    pub bounce: Option<Vec<BounceHook>>,
+    pub(crate) bounce: Option<Vec<BounceHook>>,
 
     /// RX/TX queue counts of the bounce device's veth (1..64), each with threaded NAPI
     /// [default: 1].
     #[arg(long, value_delimiter = ',')]
-    pub queues: Option<Vec<u32>>,
+    pub(crate) queues: Option<Vec<u32>>,
 
     /// Count IPC, branch misses and L1 data-cache misses of the router's (or bounce
     /// device's) threads with `perf stat` during every flat-out step (skipped with a note
     /// where perf or the hardware counters are missing).
     #[arg(long, num_args = 0, default_missing_value = "true")]
-    pub perf_stat: Option<bool>,
+    pub(crate) perf_stat: Option<bool>,
 
     /// Interval of the latency probe that runs during every step [default: 1ms].
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
-    pub probe_interval: Option<Duration>,
+    pub(crate) probe_interval: Option<Duration>,
 
     /// Keep the router's NAPI polling in softirq on the generator's core instead of a kernel
     /// thread of its own (the default lets the scheduler put the router on another core).
     #[arg(long, num_args = 0, default_missing_value = "true")]
-    pub no_threaded_napi: Option<bool>,
+    pub(crate) no_threaded_napi: Option<bool>,
 
     /// Run the generator threads and the router's NAPI thread SCHED_FIFO at this priority (the
     /// probe's threads one above), so other work on the machine does not take the cores.
     #[arg(long)]
-    pub rt_priority: Option<u8>,
+    pub(crate) rt_priority: Option<u8>,
 
     /// Write every step's figures as JSON to this path (`rtprobe plot FILE.json` draws them).
     #[arg(long)]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 
     /// Keep each step's probe CSV in this directory.
     #[arg(long)]
-    pub csv_dir: Option<PathBuf>,
+    pub(crate) csv_dir: Option<PathBuf>,
 
     /// Print only the final table.
     #[arg(short, long, num_args = 0, default_missing_value = "true")]
-    pub quiet: Option<bool>,
+    pub(crate) quiet: Option<bool>,
 }
 
 impl BenchForwardArgs {
     /// The command line's options over its `--config` file's (if any).
-    pub fn with_config_file(&self) -> Result<Self> {
+    pub(crate) fn with_config_file(&self) -> Result<Self> {
         let Some(path) = &self.config else {
             return Ok(self.clone());
         };
@@ -143,7 +143,7 @@ impl BenchForwardArgs {
     }
 
     /// Reads a sweep file; errors name the file, line, column and key.
-    pub fn load(path: &Path) -> Result<Self> {
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         let text = crate::input::read_text(
             path,
             "bench-forward sweep file",
@@ -153,7 +153,7 @@ impl BenchForwardArgs {
     }
 
     /// Parses a sweep file's text (no system access).
-    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<Self> {
         toml::from_str::<Self>(text).map_err(|e| {
             let scenario = toml::from_str::<toml::Table>(text)
                 .is_ok_and(|t| ["probe", "knobs", "set"].iter().any(|k| t.contains_key(*k)));

@@ -24,7 +24,7 @@ pub(crate) const MIN_ROTATE_PERIOD: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[command(next_help_heading = "Continuous probing and live outputs")]
-pub struct ContinuousArgs {
+pub(crate) struct ContinuousArgs {
     /// Probe until Ctrl-C or SIGTERM (the same as --duration 0). Memory stays flat; bound the
     /// disk with --out-rotate.
     #[arg(
@@ -33,24 +33,24 @@ pub struct ContinuousArgs {
         default_missing_value = "true",
         conflicts_with = "count"
     )]
-    pub forever: Option<bool>,
+    pub(crate) forever: Option<bool>,
 
     /// Start a new CSV when the current one reaches this size (e.g. 100MiB, 500MB) or age (e.g.
     /// 1h, 10min): out.csv is the newest, out.csv.1 the one before, and so on. Every file starts
     /// with the metadata and header, so `rtprobe plot` reads any of them.
     #[arg(long, value_name = "SIZE|TIME")]
-    pub out_rotate: Option<Rotate>,
+    pub(crate) out_rotate: Option<Rotate>,
 
     /// Rotated CSVs kept besides the current one; older ones are deleted [default: 5].
     #[arg(long, value_name = "N", requires = "out_rotate")]
-    pub out_keep: Option<u32>,
+    pub(crate) out_keep: Option<u32>,
 
     /// Print an interval line every D (like iperf): probes sent and lost, one-way and RTT p50,
     /// p99 and max of the probes sent in that interval. Also the period of the HDR log's
     /// histograms [default: no lines; histograms per 1s].
     #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration)]
     #[serde(default, with = "crate::model::units::humane_duration::option")]
-    pub report_every: Option<Duration>,
+    pub(crate) report_every: Option<Duration>,
 
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics while probing (histograms of one-way,
     /// RTT and each stage; probe counters; XDP mode and timestamp source; build and process
@@ -60,14 +60,14 @@ pub struct ContinuousArgs {
     /// request per connection, at most 256 open at once; a client that does not read its answer
     /// for 5 s is closed.
     #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics_listen: Option<SocketAddr>,
+    pub(crate) metrics_listen: Option<SocketAddr>,
 
     /// Answer /metrics only to requests with the header `Authorization: Bearer TOKEN`, TOKEN
     /// being this file's content (at least 16 visible ASCII characters, e.g. from `openssl rand
     /// -hex 32`; a final newline is ignored); others get 401. Prometheus sends it with
     /// `authorization: {credentials_file: FILE}`. The file must not be readable by every user.
     #[arg(long, value_name = "FILE")]
-    pub metrics_token_file: Option<PathBuf>,
+    pub(crate) metrics_token_file: Option<PathBuf>,
 
     /// The latency histograms /metrics carries per flow: any of rtt, one-way (only where the
     /// run shows one-way delay: testbed runs, and --target runs whose two clocks are
@@ -75,7 +75,7 @@ pub struct ContinuousArgs {
     /// docs/CONTINUOUS.md for the budget [default: rtt,one-way,stages; with several targets
     /// rtt,one-way].
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
-    pub metrics_histograms: Option<Vec<MetricsHistogram>>,
+    pub(crate) metrics_histograms: Option<Vec<MetricsHistogram>>,
 
     /// The latency histograms' bucket bounds: N (2..96) spaced evenly on a log scale from 1 µs
     /// to 11.9 s (48 is a factor of √2: histogram_quantile within about ±20 %; 24 a factor of
@@ -83,19 +83,19 @@ pub struct ContinuousArgs {
     /// 250us,500us,1ms,2ms,5ms,10ms,50ms,100ms,1s). Each histogram costs as many series as
     /// bounds, plus 3 [default: 48].
     #[arg(long, value_name = "N|LIST")]
-    pub metrics_buckets: Option<BucketsArg>,
+    pub(crate) metrics_buckets: Option<BucketsArg>,
 
     /// Write an HdrHistogram interval log (V2, deflate) here: one one-way and one RTT histogram
     /// (tags one-way, rtt; values in ns) per report interval, readable by HdrHistogram's tools
     /// and `rtprobe plot`.
     #[arg(long, value_name = "FILE")]
-    pub hdr_log: Option<PathBuf>,
+    pub(crate) hdr_log: Option<PathBuf>,
 }
 
 /// A latency histogram of `/metrics` (`--metrics-histograms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum MetricsHistogram {
+pub(crate) enum MetricsHistogram {
     Rtt,
     OneWay,
     Stages,
@@ -111,7 +111,7 @@ const METRICS_BOUND: std::ops::RangeInclusive<Duration> =
 
 /// `--metrics-buckets` as given: a count, or the bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BucketsArg {
+pub(crate) enum BucketsArg {
     Count(u16),
     Bounds(Vec<Duration>),
 }
@@ -200,7 +200,7 @@ impl MetricsSeries {
 impl ContinuousArgs {
     /// Checks the options against the probe's `--duration` (0 means forever)
     /// and turns them into a plan. Errors name the flag and what to do.
-    pub fn plan(&self, duration: Option<Duration>) -> Result<ContinuousPlan, SpecError> {
+    pub(crate) fn plan(&self, duration: Option<Duration>) -> Result<ContinuousPlan, SpecError> {
         macro_rules! bail {
             ($key:literal, $($m:tt)*) => {
                 return Err(SpecError::new($key, format!($($m)*)))

@@ -8,26 +8,26 @@ use crate::model::units;
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FlowsSpec {
+pub(crate) struct FlowsSpec {
     /// Another probe flow at the same time (repeatable, at most 8), e.g. a low-priority flow:
     /// port=5062[,tos=0x00][,size=1472][,interval=100us]. Unset fields follow the main flow;
     /// rows carry the flow id (main = 0) and the summary has per-flow statistics.
     /// In scenario files: flows = ["port=5062,tos=0"].
     #[arg(long = "flow", value_name = "SPEC", value_parser = FlowSpec::parse)]
-    pub flows: Option<Vec<FlowSpec>>,
+    pub(crate) flows: Option<Vec<FlowSpec>>,
 }
 
 /// An extra probe flow: `port=5062,tos=0x00,size=1472,interval=100us`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlowSpec {
-    pub port: u16,
-    pub tos: Option<u8>,
-    pub size: Option<usize>,
-    pub interval: Option<Duration>,
+pub(crate) struct FlowSpec {
+    pub(crate) port: u16,
+    pub(crate) tos: Option<u8>,
+    pub(crate) size: Option<usize>,
+    pub(crate) interval: Option<Duration>,
 }
 
 impl FlowSpec {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         let mut port = None;
         let (mut tos, mut size, mut interval) = (None, None, None);
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {

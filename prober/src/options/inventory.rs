@@ -67,12 +67,12 @@ struct HostEntry {
 /// One host of the fleet, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Host {
-    pub name: String,
+    pub(crate) name: String,
     /// Where its reflector answers (HOST[:PORT]), as its peers probe it.
-    pub address: String,
+    pub(crate) address: String,
     /// Where Prometheus scrapes its prober (HOST[:PORT]).
-    pub metrics: String,
-    pub labels: BTreeMap<String, String>,
+    pub(crate) metrics: String,
+    pub(crate) labels: BTreeMap<String, String>,
 }
 
 /// A checked inventory.
@@ -80,7 +80,7 @@ pub(crate) struct Host {
 pub(crate) struct Inventory {
     path: PathBuf,
     defaults: toml::Table,
-    pub hosts: Vec<Host>,
+    pub(crate) hosts: Vec<Host>,
 }
 
 /// Reads and checks an inventory file.

@@ -63,32 +63,32 @@ pub(crate) use self::{
 /// `[probe]` table give it (the knobs are [`KnobSpec`], the outputs
 /// [`OutputSpec`]). Groups are flattened: one line per group.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
-pub struct RunSpec {
+pub(crate) struct RunSpec {
     #[command(flatten)]
     #[serde(flatten)]
-    pub probe: ProbeSpec,
+    pub(crate) probe: ProbeSpec,
     #[command(flatten)]
     #[serde(flatten)]
-    pub xdp: XdpSpec,
+    pub(crate) xdp: XdpSpec,
     #[command(flatten)]
     #[serde(flatten)]
-    pub flows: FlowsSpec,
+    pub(crate) flows: FlowsSpec,
     #[command(flatten)]
     #[serde(flatten)]
-    pub pacing: PacingSpec,
+    pub(crate) pacing: PacingSpec,
     #[command(flatten)]
     #[serde(flatten)]
-    pub continuous: continuous::ContinuousArgs,
+    pub(crate) continuous: continuous::ContinuousArgs,
     #[command(flatten)]
     #[serde(flatten)]
-    pub remote: remote::RemoteOptions,
+    pub(crate) remote: remote::RemoteOptions,
 }
 
 impl RunSpec {
     /// `top` over `self`, with count and duration as one choice: a
     /// command line `--count` replaces a file's `duration` and the other
     /// way round.
-    pub fn overridden_by(&self, top: &RunSpec) -> anyhow::Result<RunSpec> {
+    pub(crate) fn overridden_by(&self, top: &RunSpec) -> anyhow::Result<RunSpec> {
         let mut base = self.clone();
         if top.probe.count.is_some() || top.probe.duration.is_some() {
             base.probe.count = None;

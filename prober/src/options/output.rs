@@ -11,18 +11,18 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct OutputSpec {
     /// Per-probe CSV, streamed as the run goes [default: out.csv].
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 
     /// Also write the summary as JSON to this path (whole or not at all: a temporary file renamed
     /// into place).
     #[arg(long)]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 
     /// Label stored in the CSV metadata and used as the legend by `rtprobe plot`.
     #[arg(long)]
-    pub label: Option<String>,
+    pub(crate) label: Option<String>,
 
     /// Print no progress, only the summary.
     #[arg(short, long, num_args = 0, default_missing_value = "true")]
-    pub quiet: Option<bool>,
+    pub(crate) quiet: Option<bool>,
 }

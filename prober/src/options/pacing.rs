@@ -10,7 +10,7 @@ use crate::model::units::{self, humane_duration};
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[command(next_help_heading = "Pacing")]
 #[serde(deny_unknown_fields)]
-pub struct PacingSpec {
+pub(crate) struct PacingSpec {
     /// Spin on the clock for the whole interval instead of sleeping: the lowest send error,
     /// at the price of one busy core (on a 2-core machine that slows the receive side).
     #[arg(
@@ -19,14 +19,14 @@ pub struct PacingSpec {
         num_args = 0,
         default_missing_value = "true"
     )]
-    pub busy_poll: Option<bool>,
+    pub(crate) busy_poll: Option<bool>,
 
     /// Sleep until this long before each send, then spin on the clock [default: adaptive: the
     /// p99.5 of this machine's timer wake-up latency, learned while sending, at most half the
     /// interval; with several targets 0: no spin].
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
-    pub spin: Option<Duration>,
+    pub(crate) spin: Option<Duration>,
 
     /// Do not rehearse the send path on loopback after each wake-up. By default a sender that
     /// sleeps before a send warms the caches its sleep cooled, in the spin's place, so the probe
@@ -37,5 +37,5 @@ pub struct PacingSpec {
         num_args = 0,
         default_missing_value = "true"
     )]
-    pub no_warm_up: Option<bool>,
+    pub(crate) no_warm_up: Option<bool>,
 }

@@ -19,7 +19,7 @@ use super::{
 
 pub(crate) use crate::probe::wire::{MAX_PAYLOAD_1500, MAX_PAYLOAD_1500_IPV6};
 /// Default probe count when neither count nor duration is given.
-pub const DEFAULT_COUNT: u64 = 1000;
+pub(crate) const DEFAULT_COUNT: u64 = 1000;
 /// Most extra flows next to the main one.
 pub(crate) const MAX_EXTRA_FLOWS: usize = 8;
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_micros(1);
@@ -31,42 +31,42 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Everything one probe run needs.
 #[derive(Debug, Clone)]
-pub struct RunOptions {
-    pub probe: ProbeConfig,
-    pub xdp_mode: XdpMode,
-    pub xdp_action: XdpAction,
+pub(crate) struct RunOptions {
+    pub(crate) probe: ProbeConfig,
+    pub(crate) xdp_mode: XdpMode,
+    pub(crate) xdp_action: XdpAction,
     /// Who echoes the main flow's probes; None: the kernel where it attaches.
-    pub reflector: Option<ReflectorKind>,
+    pub(crate) reflector: Option<ReflectorKind>,
     /// NIC-pair mode when both are set.
-    pub tx_if: Option<String>,
-    pub rx_if: Option<String>,
+    pub(crate) tx_if: Option<String>,
+    pub(crate) rx_if: Option<String>,
     /// NIC-pair mode may take an interface with a default route or the SSH session's address.
-    pub force: bool,
-    pub out: PathBuf,
-    pub json: Option<PathBuf>,
-    pub label: Option<String>,
-    pub quiet: bool,
+    pub(crate) force: bool,
+    pub(crate) out: PathBuf,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) label: Option<String>,
+    pub(crate) quiet: bool,
     /// Kernel knobs applied for the run (probe context already set).
-    pub knobs: Knobs,
+    pub(crate) knobs: Knobs,
     /// Where the queue sampler writes, when the knobs ask for one.
-    pub queue_csv: Option<PathBuf>,
+    pub(crate) queue_csv: Option<PathBuf>,
     /// Flows probed at the same time as the main one (flow ids 1..).
-    pub extra_flows: Vec<ProbeConfig>,
+    pub(crate) extra_flows: Vec<ProbeConfig>,
     /// Forever, CSV rotation, interval reports, metrics, HDR log.
-    pub continuous: super::continuous::ContinuousPlan,
+    pub(crate) continuous: super::continuous::ContinuousPlan,
     /// Probe protocol, remote target (no testbed), STAMP key.
-    pub remote: super::remote::RemoteOptions,
+    pub(crate) remote: super::remote::RemoteOptions,
     /// The probes' address family on a testbed run (`--ip`).
-    pub ip: crate::testbed::IpVersion,
+    pub(crate) ip: crate::testbed::IpVersion,
 }
 
 /// An option that cannot work: its spec key (`size`, `link_rate`) and why.
 /// The message reads after the flag or key: "--size 8 is out of range ...",
 /// "probe.sizes: 8 is out of range ...".
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecError {
-    pub key: &'static str,
-    pub message: String,
+pub(crate) struct SpecError {
+    pub(crate) key: &'static str,
+    pub(crate) message: String,
 }
 
 impl SpecError {
@@ -78,7 +78,7 @@ impl SpecError {
     }
 
     /// One line naming the flag: "--size 8 is out of range: ...".
-    pub fn for_cli(&self) -> String {
+    pub(crate) fn for_cli(&self) -> String {
         format!("{} {}", flag_of(self.key), self.message)
     }
 }

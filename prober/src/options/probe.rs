@@ -11,62 +11,62 @@ use crate::{
 
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProbeSpec {
+pub(crate) struct ProbeSpec {
     /// UDP payload bytes per probe, 32..1472 (the study used 64, 200 and 1472) [default: 64].
     #[arg(long)]
-    pub size: Option<usize>,
+    pub(crate) size: Option<usize>,
 
     /// Time between probes, e.g. 100us, 1ms, 10ms (1us..1h) [default: 1ms].
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
-    pub interval: Option<Duration>,
+    pub(crate) interval: Option<Duration>,
 
     /// Number of probes to send [default: 1000 unless --duration is given].
     #[arg(long, conflicts_with = "duration")]
-    pub count: Option<u64>,
+    pub(crate) count: Option<u64>,
 
     /// Send probes for this long instead of a fixed count, e.g. 30s, 5min; 0 probes until stopped
     /// (--forever).
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
 
     /// IP TOS byte of the probes (0xC0 = the study's DSCP CS6) [default: 0].
     #[arg(long, value_parser = units::parse_u8_maybe_hex)]
     #[serde(default, deserialize_with = "de_tos")]
-    pub tos: Option<u8>,
+    pub(crate) tos: Option<u8>,
 
     /// UDP port of the probe flow [default: 5061].
     #[arg(long)]
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
 
     /// Address family of the probes on a testbed run, 4 or 6: the testbed carries both (IPv4
     /// and unique-local IPv6 on every link) [default: 4]. With --target its address decides.
     #[arg(long, value_enum)]
-    pub ip: Option<crate::testbed::IpVersion>,
+    pub(crate) ip: Option<crate::testbed::IpVersion>,
 
     /// Timestamp source to ask for [default: auto].
     #[arg(long, value_enum)]
-    pub timestamps: Option<TimestampSource>,
+    pub(crate) timestamps: Option<TimestampSource>,
 
     /// A probe not echoed back this long after it was sent counts as lost [default: 1s].
     #[arg(long, value_parser = units::parse_duration)]
     #[serde(default, with = "humane_duration::option")]
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 
     /// Existing interface to send from (NIC-pair mode; needs --rx-if; at most 15 bytes). It is
     /// moved into the sender namespace for the run and given back afterwards.
     #[arg(long, requires = "rx_if")]
-    pub tx_if: Option<String>,
+    pub(crate) tx_if: Option<String>,
 
     /// Existing interface to receive on (NIC-pair mode; needs --tx-if).
     #[arg(long, requires = "tx_if")]
-    pub rx_if: Option<String>,
+    pub(crate) rx_if: Option<String>,
 
     /// NIC-pair mode: move the interfaces even if one carries this machine's default route
     /// or the address of the current SSH session (refused without it).
     #[arg(long, requires = "tx_if", num_args = 0, default_missing_value = "true")]
-    pub force: Option<bool>,
+    pub(crate) force: Option<bool>,
 }
 
 /// TOS as 192 or "0xC0", with the command line's parser and words.

@@ -22,7 +22,7 @@ pub(crate) const MIN_KEY_BYTES: usize = 32;
 /// Remote target and protocol options of a probe run.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Remote target and protocol")]
-pub struct RemoteOptions {
+pub(crate) struct RemoteOptions {
     /// Probe a reflector on another host instead of building a testbed: `rtprobe reflect` there,
     /// or any STAMP reflector with --protocol stamp. HOST[:PORT], IPv4 or IPv6
     /// ([2001:db8::2]:862); the port defaults to --port (862 with --protocol stamp). Needs no
@@ -35,7 +35,7 @@ pub struct RemoteOptions {
         serialize_with = "none_if_empty",
         deserialize_with = "one_or_many"
     )]
-    pub target: Vec<String>,
+    pub(crate) target: Vec<String>,
 
     /// Probe every reflector listed in this TOML file: each [[target]] has a name, address and
     /// optionally labels, protocol, port, tos, size and interval ([defaults] for all). SIGHUP
@@ -44,27 +44,27 @@ pub struct RemoteOptions {
     /// checks exits with status 78 at the start and changes nothing on a reload. See
     /// docs/REMOTE.md.
     #[arg(long, value_name = "FILE", conflicts_with = "target")]
-    pub targets: Option<PathBuf>,
+    pub(crate) targets: Option<PathBuf>,
 
     /// Probe protocol, on testbed runs and with --target [default: rtprobe]. With stamp the
     /// default port is 862.
     #[arg(long, value_enum)]
-    pub protocol: Option<ProtocolArg>,
+    pub(crate) protocol: Option<ProtocolArg>,
 
     /// STAMP authenticated mode (RFC 8762 §4.2.2, 112-byte packets, HMAC-SHA-256): the key is
     /// this file's bytes (at least 32). The reflector needs the same key.
     #[arg(long, value_name = "FILE")]
-    pub auth_key: Option<PathBuf>,
+    pub(crate) auth_key: Option<PathBuf>,
 }
 
 impl RemoteOptions {
-    pub fn protocol(&self) -> ProtocolArg {
+    pub(crate) fn protocol(&self) -> ProtocolArg {
         self.protocol.unwrap_or_default()
     }
 
     /// The UDP port probes go to: the target's own, else `--port` unless
     /// left at rtprobe's default with STAMP, which then uses 862.
-    pub fn port(&self, port_arg: u16) -> u16 {
+    pub(crate) fn port(&self, port_arg: u16) -> u16 {
         if self.protocol() == ProtocolArg::Stamp && port_arg == RTPROBE_PORT {
             STAMP_PORT
         } else {
@@ -74,7 +74,7 @@ impl RemoteOptions {
 
     /// Whether the run probes remote reflectors (`--target` or `--targets`)
     /// instead of building a testbed.
-    pub fn is_remote(&self) -> bool {
+    pub(crate) fn is_remote(&self) -> bool {
         !self.target.is_empty() || self.targets.is_some()
     }
 }
@@ -145,44 +145,44 @@ pub(crate) fn parse_rate(s: &str) -> Result<u32, String> {
     Then on the other host: rtprobe --target 192.0.2.7 [--protocol stamp]\n\
     or over IPv6: rtprobe --target [2001:db8::7]:862 --protocol stamp"
 )]
-pub struct ReflectArgs {
+pub(crate) struct ReflectArgs {
     /// Address and port to answer on (repeatable; IPv6 as [::]:862) [default: 0.0.0.0 and [::]
     /// on the protocol's port, 5061 for rtprobe, 862 for stamp; IPv4 alone on a host without
     /// IPv6]. The port must be free. Ports below 1024 need root or CAP_NET_BIND_SERVICE.
     #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: Vec<std::net::SocketAddr>,
+    pub(crate) listen: Vec<std::net::SocketAddr>,
 
     /// Protocol to answer [default: rtprobe].
     #[arg(long, value_enum)]
-    pub protocol: Option<ProtocolArg>,
+    pub(crate) protocol: Option<ProtocolArg>,
 
     /// Stop after this long, e.g. 10min [default: until Ctrl-C or SIGTERM].
     #[arg(long, value_parser = crate::model::units::parse_duration)]
     #[serde(default, with = "crate::model::units::humane_duration::option")]
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
 
     /// Write the counters (and the session list) as JSON to this file on exit (checked
     /// writable at start).
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 
     /// STAMP authenticated mode: answer only 112-byte packets whose HMAC-SHA-256 matches this
     /// key file (at least 32 bytes).
     #[arg(long, value_name = "FILE")]
-    pub auth_key: Option<PathBuf>,
+    pub(crate) auth_key: Option<PathBuf>,
 
     /// Most datagrams per second answered from one source, e.g. 10000/s: one IPv4 address, or
     /// one IPv6 /64 (one host's addresses: rotating them buys nothing; hosts sharing a /64
     /// share this limit); a known peer has its own bucket at the same rate; the rest are
     /// counted as rate-limited [default: 10000/s].
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
-    pub rate_limit: Option<u32>,
+    pub(crate) rate_limit: Option<u32>,
 
     /// Most replies per second over every source that is not a known peer, together (the rest
     /// are dropped, counted as global-limited): bounds what a flood from many forged sources
     /// gets, in both reflectors [default: 100000/s].
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
-    pub global_rate_limit: Option<u32>,
+    pub(crate) global_rate_limit: Option<u32>,
 
     /// A known peer: probes from this address or prefix (e.g. 192.0.2.7, 10.1.0.0/16,
     /// 2001:db8::/48; repeatable) draw from budgets of their own, which no flood from other
@@ -191,23 +191,23 @@ pub struct ReflectArgs {
     /// flood forging a peer's address costs that peer, not the others.
     #[arg(long, value_name = "PREFIX")]
     #[serde(default)]
-    pub peer: Vec<crate::probe::reflect::Prefix>,
+    pub(crate) peer: Vec<crate::probe::reflect::Prefix>,
 
     /// Known peers from a targets file, as `rtprobe --targets FILE` reads it (a fleet's own
     /// peers file): every target's address is a known peer (see --peer). Read at start.
     #[arg(long, value_name = "FILE")]
-    pub peers: Option<PathBuf>,
+    pub(crate) peers: Option<PathBuf>,
 
     /// Most replies per second to all known peers together (--peer, --peers): the peers' own
     /// budget, apart from --global-rate-limit's [default: 100000/s].
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
-    pub peers_rate_limit: Option<u32>,
+    pub(crate) peers_rate_limit: Option<u32>,
 
     /// STAMP: answer statelessly (the reply's sequence number is the sender's) instead of
     /// counting per session (RFC 8762 §4.3; stateful lets the sender split loss by direction).
     #[arg(long)]
     #[serde(default)]
-    pub stateless: bool,
+    pub(crate) stateless: bool,
 
     /// Also attach rtprobe's in-kernel XDP reflector to the interface of the (single, IPv4 or
     /// IPv6) --listen address, so the kernel answers before any socket (needs CAP_BPF,
@@ -216,13 +216,13 @@ pub struct ReflectArgs {
     /// from unicast sources, within the same limits as the user-space reflector.
     #[arg(long)]
     #[serde(default)]
-    pub kernel: bool,
+    pub(crate) kernel: bool,
 
     /// No line per new session and no advice (e.g. on a veth's peer): only the lines saying what
     /// runs, warnings and errors.
     #[arg(short, long)]
     #[serde(default)]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
 
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while reflecting:
     /// datagrams by outcome (reflected, not-for-us, bad-source, malformed, rate-limited,
@@ -231,13 +231,13 @@ pub struct ReflectArgs {
     /// reaches ADDR may scrape: bind a management address, or add --metrics-token-file.
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
 
     /// Answer /metrics only to requests with `Authorization: Bearer TOKEN`, TOKEN being this
     /// file's content (as `rtprobe --metrics-token-file`); others get 401.
     #[arg(long, value_name = "FILE", requires = "metrics_listen")]
     #[serde(default)]
-    pub metrics_token_file: Option<std::path::PathBuf>,
+    pub(crate) metrics_token_file: Option<std::path::PathBuf>,
 }
 
 /// Default rate limit per source.

@@ -49,32 +49,32 @@ const MAX_LABEL_VALUE_BYTES: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TargetSpec {
     /// Unique within the run: the CSV's `target` cell, the metrics' `target` label.
-    pub name: String,
+    pub(crate) name: String,
     /// Its address; for a host name the unspecified address with the port
     /// (the name is resolved when the target is opened: see `host`).
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// HOST:PORT as written when the address is a host name.
-    pub host: Option<String>,
-    pub protocol: ProtocolArg,
-    pub tos: u8,
-    pub size: usize,
-    pub interval: Duration,
+    pub(crate) host: Option<String>,
+    pub(crate) protocol: ProtocolArg,
+    pub(crate) tos: u8,
+    pub(crate) size: usize,
+    pub(crate) interval: Duration,
     /// Extra metrics labels (valid Prometheus names, none reserved).
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
 }
 
 /// What a target takes when neither its entry nor the file's `[defaults]`
 /// says: the command line's options.
 #[derive(Debug, Clone)]
 pub(crate) struct Base {
-    pub protocol: ProtocolArg,
+    pub(crate) protocol: ProtocolArg,
     /// `--port` as given (STAMP's 862 replaces rtprobe's default port).
-    pub port: u16,
-    pub tos: u8,
-    pub size: usize,
-    pub interval: Duration,
+    pub(crate) port: u16,
+    pub(crate) tos: u8,
+    pub(crate) size: usize,
+    pub(crate) interval: Duration,
     /// STAMP's authenticated mode is on (`--auth-key`): longer packets.
-    pub auth: bool,
+    pub(crate) auth: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 /// What this host's interfaces say about addresses: the IPv4 subnet
 /// broadcasts of its addresses and which interfaces are loopback.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LocalNets {
+pub(crate) struct LocalNets {
     broadcasts: Vec<Ipv4Addr>,
     loopback_ifindex: Vec<u32>,
 }
@@ -26,7 +26,7 @@ pub struct LocalNets {
 impl LocalNets {
     /// From this host's IPv4 addresses with their prefix lengths (and any
     /// broadcast address set explicitly) and its loopback interfaces.
-    pub fn new(
+    pub(crate) fn new(
         v4: impl IntoIterator<Item = (Ipv4Addr, u8, Option<Ipv4Addr>)>,
         loopback_ifindex: Vec<u32>,
     ) -> Self {
@@ -53,7 +53,7 @@ impl LocalNets {
     }
 
     /// This namespace's, from getifaddrs.
-    pub fn read() -> Result<Self> {
+    pub(crate) fn read() -> Result<Self> {
         use nix::net::if_::{InterfaceFlags, if_nametoindex};
         let mut v4 = Vec::new();
         let mut loopback = Vec::new();
@@ -84,7 +84,7 @@ impl LocalNets {
 
     /// A source no probe can honestly come from, or a loopback source
     /// that arrived on another interface (`ifindex` None: not known).
-    pub fn is_bad_source(&self, src: IpAddr, ifindex: Option<u32>) -> bool {
+    pub(crate) fn is_bad_source(&self, src: IpAddr, ifindex: Option<u32>) -> bool {
         let on_loopback = ifindex.is_none_or(|i| self.loopback_ifindex.contains(&i));
         match src.to_canonical() {
             IpAddr::V4(a) => {
@@ -105,7 +105,7 @@ impl LocalNets {
     /// A destination that is not one host's unicast address: broadcast
     /// (limited or a local subnet's), multicast, or no address at all
     /// (`None`: not known, taken as unicast).
-    pub fn is_not_for_us(&self, dst: Option<IpAddr>) -> bool {
+    pub(crate) fn is_not_for_us(&self, dst: Option<IpAddr>) -> bool {
         match dst.map(|d| d.to_canonical()) {
             None => false,
             Some(IpAddr::V4(a)) => {

@@ -169,11 +169,11 @@ pub(crate) mod fake {
     /// wall clock is monotonic + `offset_ns`, which a test may step.
     #[derive(Debug)]
     pub(crate) struct FakeClock {
-        pub mono: Cell<i64>,
-        pub offset_ns: Cell<i64>,
-        pub tick_ns: i64,
-        pub wake_late_ns: Cell<i64>,
-        pub sleeps: Cell<u64>,
+        pub(crate) mono: Cell<i64>,
+        pub(crate) offset_ns: Cell<i64>,
+        pub(crate) tick_ns: i64,
+        pub(crate) wake_late_ns: Cell<i64>,
+        pub(crate) sleeps: Cell<u64>,
     }
 
     impl FakeClock {

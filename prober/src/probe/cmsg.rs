@@ -46,18 +46,18 @@ pub struct Cmsgs {
     /// ts[0] of scm_timestamping: software timestamp, CLOCK_REALTIME ns.
     pub sw_ns: Option<i64>,
     /// ts[2]: raw hardware timestamp (NIC clock) ns.
-    pub hw_ns: Option<i64>,
-    pub ext_err: Option<ExtErr>,
+    pub(crate) hw_ns: Option<i64>,
+    pub(crate) ext_err: Option<ExtErr>,
     /// IP_TTL (with IP_RECVTTL on) or IPV6_HOPLIMIT (with IPV6_RECVHOPLIMIT):
     /// the TTL or hop limit the datagram arrived with.
-    pub ttl: Option<u8>,
+    pub(crate) ttl: Option<u8>,
     /// IP_PKTINFO's `ipi_addr` or IPV6_PKTINFO's `ipi6_addr` (with
     /// IP_PKTINFO or IPV6_RECVPKTINFO on): the destination in the
     /// datagram's IP header, which tells a broadcast or multicast
     /// datagram from one sent to this host's own address.
-    pub dst: Option<std::net::IpAddr>,
+    pub(crate) dst: Option<std::net::IpAddr>,
     /// The interface it arrived on (the same control message).
-    pub ifindex: Option<u32>,
+    pub(crate) ifindex: Option<u32>,
 }
 
 impl Cmsgs {

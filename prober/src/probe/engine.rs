@@ -84,15 +84,15 @@ pub(crate) type EchoNote<'a> = dyn Fn(&[Echo]) + Sync + 'a;
 /// One session as the engine runs it.
 pub(crate) struct Session<'a> {
     /// The sender's socket: probes out, TX stamps and echoes in.
-    pub sock: &'a ProbeSocket,
+    pub(crate) sock: &'a ProbeSocket,
     /// Where the probes go, and the only source echoes are taken from.
-    pub dst: SocketAddr,
-    pub wire: &'a Wire,
-    pub echo_side: EchoSide<'a>,
+    pub(crate) dst: SocketAddr,
+    pub(crate) wire: &'a Wire,
+    pub(crate) echo_side: EchoSide<'a>,
     /// Sees what the accepted echoes (the warm-up's late ones too) said.
-    pub on_echoes: Option<&'a EchoNote<'a>>,
+    pub(crate) on_echoes: Option<&'a EchoNote<'a>>,
     /// Datagrams on the probe port during the warm-up, counted as foreign.
-    pub foreign_before: u64,
+    pub(crate) foreign_before: u64,
 }
 
 /// The statistics, late arrivals and first failed output of a session.
@@ -102,15 +102,15 @@ pub(crate) type Collected = (RunStats, u64, Option<String>);
 /// `--target`/`--targets`. Each has its own socket (connected: the kernel
 /// drops datagrams of other sources), sequence space and probe options.
 pub(crate) struct Leg<'a> {
-    pub s: Session<'a>,
-    pub cfg: ProbeConfig,
+    pub(crate) s: Session<'a>,
+    pub(crate) cfg: ProbeConfig,
     /// Probes tried so far (the first seq not yet sent): the pacer counts
     /// them, the echo rules refuse echoes at or above it.
-    pub attempts: AtomicU64,
+    pub(crate) attempts: AtomicU64,
     /// CLOCK_MONOTONIC time its seq 0 is due: a target carried over a
     /// reload keeps its schedule. None: its next probe is due at the
     /// round's start.
-    pub anchor_ns: Option<i64>,
+    pub(crate) anchor_ns: Option<i64>,
 }
 
 impl<'a> Leg<'a> {
@@ -127,8 +127,8 @@ impl<'a> Leg<'a> {
 
 /// Where one leg's records go.
 pub(crate) struct LegOut<'a> {
-    pub csv: &'a mut dyn RecordSink,
-    pub observer: &'a mut dyn SessionObserver,
+    pub(crate) csv: &'a mut dyn RecordSink,
+    pub(crate) observer: &'a mut dyn SessionObserver,
 }
 
 /// One round of a session: all of it, or the part between two reloads of
@@ -137,11 +137,11 @@ pub(crate) struct LegOut<'a> {
 pub(crate) struct Round<'a> {
     /// No probe is scheduled at or after this CLOCK_MONOTONIC time (the
     /// run's end over reloads; None: `--duration` from the round's start).
-    pub end_mono_ns: Option<i64>,
+    pub(crate) end_mono_ns: Option<i64>,
     /// The round ends, its collectors kept, once this says so.
-    pub pause: &'a (dyn Fn() -> bool + Sync),
+    pub(crate) pause: &'a (dyn Fn() -> bool + Sync),
     /// Each leg's collector from the round before (None: a new leg).
-    pub carried: Vec<Option<collect::Collector>>,
+    pub(crate) carried: Vec<Option<collect::Collector>>,
 }
 
 impl Round<'_> {
@@ -329,12 +329,12 @@ fn send_all(
 
 /// What the collector of a round works with.
 pub(crate) struct Collecting<'l, 'a> {
-    pub legs: &'l [Leg<'a>],
-    pub carried: Vec<Option<collect::Collector>>,
-    pub pause: &'l (dyn Fn() -> bool + Sync),
+    pub(crate) legs: &'l [Leg<'a>],
+    pub(crate) carried: Vec<Option<collect::Collector>>,
+    pub(crate) pause: &'l (dyn Fn() -> bool + Sync),
     /// How far the I/O thread has read: no probe is given up as lost
     /// before it has read past the probe's timeout.
-    pub read: &'l ReadMark,
+    pub(crate) read: &'l ReadMark,
 }
 
 /// Receive buffer of one datagram during a warm-up or status probe.
@@ -343,9 +343,9 @@ pub(crate) const WARM_UP_BUF_BYTES: usize = 2048;
 /// What a warm-up found.
 pub(crate) struct WarmedUp {
     /// The answer (None: stopped before one came).
-    pub echo: Option<Echo>,
+    pub(crate) echo: Option<Echo>,
     /// Datagrams of other sessions at a testbed's receiver meanwhile.
-    pub foreign: u64,
+    pub(crate) foreign: u64,
 }
 
 /// Sends warm-up probes every 100 ms until one is answered (3 s at most):

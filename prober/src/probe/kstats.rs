@@ -16,11 +16,11 @@ use crate::{
 /// The `Udp:` line of /proc/net/snmp (the fields rtprobe reports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct UdpCounters {
-    pub in_datagrams: u64,
-    pub no_ports: u64,
-    pub in_errors: u64,
-    pub rcvbuf_errors: u64,
-    pub sndbuf_errors: u64,
+    pub(crate) in_datagrams: u64,
+    pub(crate) no_ports: u64,
+    pub(crate) in_errors: u64,
+    pub(crate) rcvbuf_errors: u64,
+    pub(crate) sndbuf_errors: u64,
 }
 
 impl UdpCounters {
@@ -88,9 +88,9 @@ pub(crate) fn read_softnet_dropped_in(sys: &dyn Sys) -> Result<u64> {
 /// that cannot be read is `None`, reported as null (unknown), never as 0.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct DropSnapshot {
-    pub sender: Option<UdpCounters>,
-    pub receiver: Option<UdpCounters>,
-    pub backlog_drops: Option<u64>,
+    pub(crate) sender: Option<UdpCounters>,
+    pub(crate) receiver: Option<UdpCounters>,
+    pub(crate) backlog_drops: Option<u64>,
 }
 
 impl DropSnapshot {

@@ -265,13 +265,13 @@ impl Matcher {
     /// the probe's arrival with the reflector's times from the payload
     /// (receive -> `rx_ns`, transmit -> `echo_tx_ns`). A probe whose echo
     /// never came is lost, whichever way it was lost.
-    pub fn with_kernel_reflector(mut self, on: bool) -> Self {
+    pub(crate) fn with_kernel_reflector(mut self, on: bool) -> Self {
         self.kernel_reflector = on;
         self
     }
 
     /// Converts hardware stamps with `hw` (default: none are converted).
-    pub fn with_hw_clocks(mut self, hw: Box<dyn HwClocks>) -> Self {
+    pub(crate) fn with_hw_clocks(mut self, hw: Box<dyn HwClocks>) -> Self {
         self.hw = hw;
         self
     }
@@ -283,27 +283,28 @@ impl Matcher {
     }
 
     /// Probes that arrived after they had been given up as lost.
-    pub fn late_arrivals(&self) -> u64 {
+    pub(crate) fn late_arrivals(&self) -> u64 {
         self.late_arrivals
     }
 
     /// TX stamps that came after their probe's record was written.
-    pub fn late_tx(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn late_tx(&self) -> u64 {
         self.late_tx
     }
 
     /// Matcher slots dropped without a record (arrived, never sent).
-    pub fn unmatched(&self) -> u64 {
+    pub(crate) fn unmatched(&self) -> u64 {
         self.unmatched
     }
 
     /// Hardware stamps left out because no PHC conversion was possible.
-    pub fn hw_unconverted(&self) -> u64 {
+    pub(crate) fn hw_unconverted(&self) -> u64 {
         self.hw_unconverted
     }
 
     /// Probes in flight (not yet finalized).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.window.len()
     }
 

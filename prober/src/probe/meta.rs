@@ -9,15 +9,15 @@ use crate::model::meta::RunMeta;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Place {
     /// "veth", "nic-pair" or "remote".
-    pub testbed: String,
-    pub testbed_id: String,
-    pub tx_if: Option<String>,
-    pub rx_if: Option<String>,
-    pub xdp_mode_requested: String,
-    pub xdp_mode_attached: String,
-    pub xdp_action: String,
+    pub(crate) testbed: String,
+    pub(crate) testbed_id: String,
+    pub(crate) tx_if: Option<String>,
+    pub(crate) rx_if: Option<String>,
+    pub(crate) xdp_mode_requested: String,
+    pub(crate) xdp_mode_attached: String,
+    pub(crate) xdp_action: String,
     /// "kernel", "user" or "remote <protocol>".
-    pub reflector: String,
+    pub(crate) reflector: String,
 }
 
 impl Place {

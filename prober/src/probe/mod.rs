@@ -110,38 +110,38 @@ impl std::fmt::Debug for ProbeConfig {
 /// Where probes go from and to.
 pub(crate) struct Endpoints<'a> {
     /// The kernel layer that reads the namespaces' drop counters.
-    pub sys: &'a dyn crate::sys::Sys,
-    pub sender_ns: &'a Netns,
-    pub receiver_ns: &'a Netns,
+    pub(crate) sys: &'a dyn crate::sys::Sys,
+    pub(crate) sender_ns: &'a Netns,
+    pub(crate) receiver_ns: &'a Netns,
     /// The interfaces the probes leave from and arrive on (hardware
     /// timestamping, their PTP clocks).
-    pub sender_if: &'a str,
-    pub receiver_if: &'a str,
+    pub(crate) sender_if: &'a str,
+    pub(crate) receiver_if: &'a str,
     /// Where the probes go: the receiver's address in the run's family
     /// (`--ip`).
-    pub dst_ip: std::net::IpAddr,
+    pub(crate) dst_ip: std::net::IpAddr,
 }
 
 /// What the session learned besides the records.
 pub(crate) struct SessionOutcome {
-    pub stats: RunStats,
-    pub hardware_tx: bool,
-    pub hardware_rx: bool,
-    pub late_arrivals: u64,
-    pub interrupted: bool,
+    pub(crate) stats: RunStats,
+    pub(crate) hardware_tx: bool,
+    pub(crate) hardware_rx: bool,
+    pub(crate) late_arrivals: u64,
+    pub(crate) interrupted: bool,
     /// Kernel counters that explain losses (receive-buffer and backlog drops).
     /// None where no testbed's counters were sampled (a remote target).
-    pub kernel_drops: Option<KernelDrops>,
+    pub(crate) kernel_drops: Option<KernelDrops>,
     /// Per NIC with hardware stamps: its PHC, the offset's uncertainty and
     /// drift against the system clock, or why its stamps were left out.
-    pub hw_clocks: HardwareClocks,
+    pub(crate) hw_clocks: HardwareClocks,
     /// An output (CSV, HDR log...) failed during the run and stopped it,
     /// in words: "CSV ends at probe 41999: No space left on device".
-    pub output_error: Option<String>,
+    pub(crate) output_error: Option<String>,
     /// What a reflector not ours to drive told besides the records (loss
     /// by direction, clocks, protocol facts). None on the testbed's own
     /// rtprobe sessions.
-    pub remote: Option<remote::RemoteFacts>,
+    pub(crate) remote: Option<remote::RemoteFacts>,
 }
 
 fn new_session_id() -> u64 {

@@ -52,12 +52,12 @@ pub(crate) const OFFSET_REFRESH_NS: i64 = 100_000_000;
 /// When each probe is due. Pure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Schedule {
-    pub start_ns: i64,
-    pub interval_ns: i64,
+    pub(crate) start_ns: i64,
+    pub(crate) interval_ns: i64,
     /// Probes to send (u64::MAX with only an end time).
-    pub count: u64,
+    pub(crate) count: u64,
     /// No probe is scheduled at or after this time.
-    pub end_ns: Option<i64>,
+    pub(crate) end_ns: Option<i64>,
 }
 
 impl Schedule {
@@ -117,13 +117,13 @@ pub(crate) enum Next {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tick {
     /// The stream (target) whose probes are due.
-    pub stream: usize,
-    pub first: u64,
-    pub end: u64,
+    pub(crate) stream: usize,
+    pub(crate) first: u64,
+    pub(crate) end: u64,
     /// When the wait ended, on CLOCK_MONOTONIC.
-    pub mono_ns: i64,
+    pub(crate) mono_ns: i64,
     /// The same time on CLOCK_REALTIME: the send time recorded.
-    pub send_ns: i64,
+    pub(crate) send_ns: i64,
 }
 
 /// One stream of probes in the sender's schedule (one target).
@@ -314,11 +314,11 @@ pub(crate) const START_AHEAD_NS: i64 = 10_000_000;
 pub(crate) struct Until<'a> {
     /// No probe is scheduled at or after this CLOCK_MONOTONIC time (None:
     /// `--duration` after the sender's start, if given).
-    pub end_ns: Option<i64>,
+    pub(crate) end_ns: Option<i64>,
     /// Any stop level ends the sending.
-    pub stop: &'a AtomicU8,
+    pub(crate) stop: &'a AtomicU8,
     /// The round pauses (a reload of the targets): sending ends too.
-    pub pause: &'a (dyn Fn() -> bool + Sync),
+    pub(crate) pause: &'a (dyn Fn() -> bool + Sync),
 }
 
 /// Writes probe `seq` of leg `leg`, sent at `send_ns`, into the buffer.
@@ -366,17 +366,17 @@ impl Handover for SendOnly<'_> {
 
 /// One target's stream as the sender sees it.
 pub(crate) struct PaceLeg<'a> {
-    pub sock: &'a ProbeSocket,
-    pub dst: SocketAddr,
-    pub size: usize,
-    pub interval_ns: i64,
+    pub(crate) sock: &'a ProbeSocket,
+    pub(crate) dst: SocketAddr,
+    pub(crate) size: usize,
+    pub(crate) interval_ns: i64,
     /// CLOCK_MONOTONIC time its seq 0 is due (its schedule; a target
     /// carried over a reload keeps it, so probes due meanwhile go late,
     /// none is skipped). None: its next probe is due at the sender's start.
-    pub anchor_ns: Option<i64>,
+    pub(crate) anchor_ns: Option<i64>,
     /// Its probes tried so far (also its first seq not yet sent): a leg
     /// carried over a reload goes on from there.
-    pub attempts: &'a AtomicU64,
+    pub(crate) attempts: &'a AtomicU64,
 }
 
 /// Sends the probe streams of `legs` from this one thread, each probe's

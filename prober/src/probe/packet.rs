@@ -37,8 +37,8 @@ pub const KTIMES_MIN_LEN: usize = xdp_common::RTPB_KTIMES_MIN_LEN;
 /// (CLOCK_REALTIME ns on the reflector's host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelTimes {
-    pub rx_ns: i64,
-    pub tx_ns: i64,
+    pub(crate) rx_ns: i64,
+    pub(crate) tx_ns: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -106,9 +106,9 @@ const PTP_SYS_OFFSET_EXTENDED: nix::sys::ioctl::ioctl_num_type = nix::request_co
 /// One PHC read bracketed by two CLOCK_REALTIME reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OffsetSample {
-    pub sys_before_ns: i64,
-    pub phc_ns: i64,
-    pub sys_after_ns: i64,
+    pub(crate) sys_before_ns: i64,
+    pub(crate) phc_ns: i64,
+    pub(crate) sys_after_ns: i64,
 }
 
 impl OffsetSample {
@@ -580,9 +580,9 @@ fn div_round(num: i128, den: i128) -> i128 {
 /// What a sampler did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SamplerStats {
-    pub reads: u64,
-    pub errors: u64,
-    pub last_error: Option<String>,
+    pub(crate) reads: u64,
+    pub(crate) errors: u64,
+    pub(crate) last_error: Option<String>,
 }
 
 /// Reads `source` every `period` into `conv` until `stop` is set (checked

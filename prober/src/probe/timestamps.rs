@@ -16,13 +16,13 @@ pub enum TimestampSource {
 }
 
 impl TimestampSource {
-    pub const ALL: [TimestampSource; 3] = [
+    pub(crate) const ALL: [TimestampSource; 3] = [
         TimestampSource::Auto,
         TimestampSource::Hardware,
         TimestampSource::Software,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TimestampSource::Auto => "auto",
             TimestampSource::Hardware => "hardware",

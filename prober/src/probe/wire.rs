@@ -23,14 +23,14 @@ pub enum ProtocolArg {
 }
 
 impl ProtocolArg {
-    pub fn default_port(self) -> u16 {
+    pub(crate) fn default_port(self) -> u16 {
         match self {
             ProtocolArg::Rtprobe => RTPROBE_PORT,
             ProtocolArg::Stamp => STAMP_PORT,
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ProtocolArg::Rtprobe => "rtprobe",
             ProtocolArg::Stamp => "stamp",

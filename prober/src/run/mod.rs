@@ -159,11 +159,11 @@ fn execute_testbed(
 
 /// What the frame around a run's probe step takes from its options.
 pub(crate) struct Frame<'a> {
-    pub knobs: &'a tune::Knobs,
+    pub(crate) knobs: &'a tune::Knobs,
     /// Where the queue sampler writes, if the knobs ask for one.
-    pub queue_csv: Option<&'a std::path::Path>,
-    pub xdp_mode: XdpMode,
-    pub xdp_action: crate::ebpf::XdpAction,
+    pub(crate) queue_csv: Option<&'a std::path::Path>,
+    pub(crate) xdp_mode: XdpMode,
+    pub(crate) xdp_action: crate::ebpf::XdpAction,
 }
 
 impl<'a> Frame<'a> {
@@ -181,8 +181,8 @@ impl<'a> Frame<'a> {
 /// Fields drop in declaration order: on an error the XDP programs go
 /// first, then the knobs are put back (see [`on_testbed`]).
 pub(crate) struct Prepared<'tb> {
-    pub xdp: XdpSetup,
-    pub applied: Option<tune::Applied<'tb>>,
+    pub(crate) xdp: XdpSetup,
+    pub(crate) applied: Option<tune::Applied<'tb>>,
 }
 
 /// A testbed run end to end around its probe step: build the testbed

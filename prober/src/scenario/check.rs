@@ -22,7 +22,7 @@ pub trait SystemCheck {
 
 /// The real checks, through the kernel layer: qdiscs in a scratch
 /// namespace, /proc for congestion controls; PATH for stress-ng.
-pub(crate) struct KernelCheck(pub crate::sys::SysRef);
+pub(crate) struct KernelCheck(pub(crate) crate::sys::SysRef);
 
 impl SystemCheck for KernelCheck {
     fn missing_qdiscs(&mut self, kinds: &[&'static str]) -> Result<Vec<String>> {
@@ -42,7 +42,7 @@ impl Scenario {
     /// What the kernel must have, checked before anything is touched:
     /// qdiscs (unless the set skips missing ones), congestion controls,
     /// stress-ng. Errors name the file, line and key.
-    pub fn check_system(&self, sys: &mut dyn SystemCheck) -> Result<Vec<String>> {
+    pub(crate) fn check_system(&self, sys: &mut dyn SystemCheck) -> Result<Vec<String>> {
         let mut notes = Vec::new();
         let mut cc: Option<Vec<String>> = None;
         for s in &self.sets {

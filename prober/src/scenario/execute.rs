@@ -18,21 +18,21 @@ use crate::{model::knobs::AppliedKnobs, stats::Summary};
 pub(crate) struct CellResult {
     /// The run's summary; its report holds `load` and `skipped` as
     /// `Applied::stop_load()` returned them.
-    pub summary: Summary,
+    pub(crate) summary: Summary,
     /// `Applied::metadata()`: what the knobs applied.
-    pub knobs: AppliedKnobs,
+    pub(crate) knobs: AppliedKnobs,
 }
 
 /// One cell as the report sees it.
 pub(crate) struct ReportRow<'a> {
-    pub cell: &'a Cell,
+    pub(crate) cell: &'a Cell,
     /// The cell's result, or why it failed.
-    pub result: Result<&'a CellResult, &'a str>,
+    pub(crate) result: Result<&'a CellResult, &'a str>,
     /// Comparison figures against the baseline (paths under the output dir).
-    pub figures: Vec<std::path::PathBuf>,
+    pub(crate) figures: Vec<std::path::PathBuf>,
     /// p50/p99 against the baseline with confidence intervals, in words
     /// (`export::compare`), for variants whose CSVs could be compared.
-    pub vs_baseline: Option<String>,
+    pub(crate) vs_baseline: Option<String>,
 }
 
 /// Executes one cell: build the testbed, attach XDP, apply the knobs, probe,
@@ -49,7 +49,7 @@ pub(crate) trait FigureMaker {
 
 /// Progress: cell i/n, elapsed, remaining (from the cells' estimates,
 /// corrected by how long the finished cells really took).
-pub trait Progress {
+pub(crate) trait Progress {
     fn start_cell(&mut self, cell: &Cell);
     fn end_cell(&mut self, cell: &Cell, ok: bool);
     fn finish(&mut self);
@@ -106,9 +106,9 @@ impl Progress for Bar {
 /// Outcome of a whole scenario run.
 #[derive(Debug)]
 pub(crate) struct ScenarioOutcome {
-    pub report: PathBuf,
-    pub cells: usize,
-    pub failed: usize,
+    pub(crate) report: PathBuf,
+    pub(crate) cells: usize,
+    pub(crate) failed: usize,
 }
 
 /// Runs every cell through `runner`, writes `results.json` after each cell

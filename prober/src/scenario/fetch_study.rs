@@ -35,9 +35,9 @@ pub(crate) fn fetch_cell(t: &FetchTimes) -> String {
 /// (of the fetches if there is none), its queue in packets, its fetch times.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct FetchCell {
-    pub cc: String,
-    pub queue_packets: u32,
-    pub times: FetchTimes,
+    pub(crate) cc: String,
+    pub(crate) queue_packets: u32,
+    pub(crate) times: FetchTimes,
 }
 
 /// The study's relations: (cc, queue) of the faster cell, of the slower

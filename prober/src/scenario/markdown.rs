@@ -18,11 +18,11 @@ use crate::{
 pub(crate) use super::ReportRow;
 
 pub(crate) struct ReportInput<'a> {
-    pub scenario: &'a Scenario,
-    pub out_dir: &'a Path,
-    pub rows: &'a [ReportRow<'a>],
-    pub elapsed: Duration,
-    pub figure_errors: &'a [String],
+    pub(crate) scenario: &'a Scenario,
+    pub(crate) out_dir: &'a Path,
+    pub(crate) rows: &'a [ReportRow<'a>],
+    pub(crate) elapsed: Duration,
+    pub(crate) figure_errors: &'a [String],
 }
 
 /// A latency in the unit that suits it ("5.743 µs", "109 ms"), or "–"

@@ -185,7 +185,7 @@ impl Scenario {
     /// every cell with the one validator ([`options::plan::validate`]), so a
     /// cell that cannot run is refused here, naming the key and line (or
     /// the flag) and the cell, before anything is built.
-    pub fn parse_with(path: &Path, text: &str, over: &Overrides) -> Result<Self> {
+    pub(crate) fn parse_with(path: &Path, text: &str, over: &Overrides) -> Result<Self> {
         let f = read_file(path, text)?;
         let loc = |p: &[&str], m: &dyn fmt::Display| located(path, text, p, m);
         // serde hands every key of [probe] to the catch-all; the specs' own

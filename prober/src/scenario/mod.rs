@@ -56,10 +56,11 @@ mod results_json;
 
 pub(crate) use check::KernelCheck;
 pub use check::{SystemCheck, plan};
-pub use execute::Progress;
+#[cfg(test)]
+pub(crate) use execute::Progress;
 pub(crate) use execute::{Bar, CellResult, CellRunner, FigureMaker, ReportRow, run_scenario};
 
-pub use crate::options::plan::{DEFAULT_COUNT, RunOptions};
+pub(crate) use crate::options::plan::RunOptions;
 
 use std::{
     path::{Path, PathBuf},
@@ -83,9 +84,9 @@ pub(crate) const MAX_CELLS: u64 = 10_000;
 
 /// Options given on the command line of `rtprobe run`, over the file's.
 #[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    pub run: RunSpec,
-    pub knobs: KnobSpec,
+pub(crate) struct Overrides {
+    pub(crate) run: RunSpec,
+    pub(crate) knobs: KnobSpec,
 }
 
 /// The matrix's axes: one cell per size x interval x XDP mode x knob set.
@@ -99,26 +100,26 @@ pub struct Axes {
 /// A named knob set, merged over the file's `[knobs]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KnobSet {
-    pub name: String,
-    pub knobs: Knobs,
+    pub(crate) name: String,
+    pub(crate) knobs: Knobs,
 }
 
 /// A validated scenario.
 #[derive(Debug, Clone)]
 pub struct Scenario {
-    pub name: String,
-    pub description: Option<String>,
+    pub(crate) name: String,
+    pub(crate) description: Option<String>,
     /// Where results go unless --out-dir says otherwise.
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     pub axes: Axes,
     /// The file's `[probe]` options under the command line's, as every
     /// cell starts from them (the axes then set size, interval and mode).
-    pub spec: RunSpec,
+    pub(crate) spec: RunSpec,
     /// In file order; the first is the baseline.
     pub sets: Vec<KnobSet>,
     /// The file's text and name, for error locations and the output copy.
-    pub source: String,
-    pub path: PathBuf,
+    pub(crate) source: String,
+    pub(crate) path: PathBuf,
     /// Every cell's validated plan, in run order (see [`Scenario::cells`]).
     plans: Vec<CellPlan>,
 }
@@ -134,34 +135,34 @@ struct CellPlan {
 #[derive(Debug, Clone)]
 pub struct Cell {
     /// 0-based position in the run order.
-    pub index: usize,
-    pub total: usize,
+    pub(crate) index: usize,
+    pub(crate) total: usize,
     /// File stem of this cell's outputs, e.g. `s64-i1ms-off-bql-3000`.
-    pub id: String,
+    pub(crate) id: String,
     /// Knob set name.
-    pub set: String,
+    pub(crate) set: String,
     /// Index of (xdp mode, set) among the variants; 0 is the baseline.
-    pub variant: usize,
+    pub(crate) variant: usize,
     /// What the cell runs: the plan the one validator made from the file's
     /// specs (and the command line's), with this cell's output files
     /// (`out`, `json`, `queue_csv`, `label`) and its knobs with the probe
     /// context set (`Knobs::set_probe`).
-    pub run: RunOptions,
+    pub(crate) run: RunOptions,
 }
 
 impl Cell {
     /// Legend / RunMeta label: "bql-3000" or "bql-3000 (xdp skb)".
-    pub fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         self.run.label.as_deref().unwrap_or(&self.set)
     }
 
     /// The cell's probe CSV.
-    pub fn csv(&self) -> &Path {
+    pub(crate) fn csv(&self) -> &Path {
         &self.run.out
     }
 
     /// The cell's JSON summary, next to its CSV.
-    pub fn json(&self) -> PathBuf {
+    pub(crate) fn json(&self) -> PathBuf {
         self.run
             .json
             .clone()
@@ -169,7 +170,7 @@ impl Cell {
     }
 
     /// Rough wall time of the cell, for the progress bar's ETA.
-    pub fn estimate(&self) -> Duration {
+    pub(crate) fn estimate(&self) -> Duration {
         let p = &self.run.probe;
         let probing = match (p.count, p.duration) {
             (_, Some(d)) => d,
@@ -199,12 +200,13 @@ fn cell_id(size: usize, interval: Duration, mode: XdpMode, set: &str) -> String 
 
 impl Scenario {
     /// Reads and validates a scenario file (no system access).
-    pub fn load(path: &Path) -> Result<Self> {
+    #[cfg(test)]
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         Self::load_with(path, &Overrides::default())
     }
 
     /// Reads a scenario file with the command line's options over it.
-    pub fn load_with(path: &Path, over: &Overrides) -> Result<Self> {
+    pub(crate) fn load_with(path: &Path, over: &Overrides) -> Result<Self> {
         let text = crate::input::read_text(path, "scenario file", crate::input::MAX_CONFIG_BYTES)?;
         Self::parse_with(path, &text, over)
     }
@@ -216,20 +218,9 @@ impl Scenario {
 
     /// What every cell shares but its size, interval, XDP mode and knobs:
     /// the first cell's plan.
-    pub fn common(&self) -> &RunOptions {
+    pub(crate) fn common(&self) -> &RunOptions {
         // parse_with refuses an empty matrix, and retain_sets keeps the plans.
         &self.plans[0].run
-    }
-
-    /// (xdp mode, set) pairs in run order; the first is the baseline.
-    pub fn variants(&self) -> Vec<(XdpMode, &KnobSet)> {
-        let mut v = Vec::new();
-        for m in &self.axes.xdp_modes {
-            for s in &self.sets {
-                v.push((*m, s));
-            }
-        }
-        v
     }
 
     /// Every cell, in run order: size, then interval, then variant, so a
@@ -284,7 +275,7 @@ impl Scenario {
     }
 
     /// Keeps only the named sets (CLI --set); unknown names are an error.
-    pub fn retain_sets(&mut self, names: &[String]) -> Result<()> {
+    pub(crate) fn retain_sets(&mut self, names: &[String]) -> Result<()> {
         if names.is_empty() {
             return Ok(());
         }

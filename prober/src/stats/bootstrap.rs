@@ -62,13 +62,13 @@ impl Reservoir {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct QuantileDiff {
     /// As a fraction: 0.5, 0.99, 0.999.
-    pub p: f64,
-    pub base_ns: f64,
-    pub other_ns: f64,
-    pub diff_ns: f64,
+    pub(crate) p: f64,
+    pub(crate) base_ns: f64,
+    pub(crate) other_ns: f64,
+    pub(crate) diff_ns: f64,
     /// Ends of the confidence interval of `diff_ns`.
-    pub ci_low_ns: f64,
-    pub ci_high_ns: f64,
+    pub(crate) ci_low_ns: f64,
+    pub(crate) ci_high_ns: f64,
 }
 
 impl QuantileDiff {

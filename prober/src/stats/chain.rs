@@ -25,7 +25,7 @@ use crate::model::record::{ProbeRecord, StartSrc, TsSource};
 
 /// Where a probe's time goes, in chain order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// User-space send -> SCHED stamp: the syscall, UDP/IP, routing.
     Stack,
     /// SCHED -> software TX stamp: the qdisc (shaping, queue) and the driver's xmit.
@@ -43,7 +43,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 7] = [
+    pub(crate) const ALL: [Stage; 7] = [
         Stage::Stack,
         Stage::SenderQueue,
         Stage::Driver,
@@ -54,7 +54,7 @@ impl Stage {
     ];
 
     /// The `--json` key and the CSV column stem.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Stage::Stack => "stack",
             Stage::SenderQueue => "sender_queue",
@@ -67,7 +67,7 @@ impl Stage {
     }
 
     /// Words for a sentence: "96 % of the one-way p50 is {words}".
-    pub fn words(self) -> &'static str {
+    pub(crate) fn words(self) -> &'static str {
         match self {
             Stage::Stack => "the sender's stack (syscall to qdisc entry)",
             Stage::SenderQueue => "the sender's queue (qdisc and driver xmit)",
@@ -80,7 +80,7 @@ impl Stage {
     }
 
     /// Short row label for tables and figures.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Stage::Stack => "stack",
             Stage::SenderQueue => "sender queue",
@@ -93,7 +93,7 @@ impl Stage {
     }
 
     /// The stage's value in a record.
-    pub fn of(self, r: &ProbeRecord) -> Option<i64> {
+    pub(crate) fn of(self, r: &ProbeRecord) -> Option<i64> {
         match self {
             Stage::Stack => r.stack_ns,
             Stage::SenderQueue => r.sender_queue_ns,
@@ -107,7 +107,7 @@ impl Stage {
 
     /// Whether the stage lies inside the headline one-way delay that starts
     /// at `start`.
-    pub fn in_one_way(self, start: StartSrc) -> bool {
+    pub(crate) fn in_one_way(self, start: StartSrc) -> bool {
         match self {
             Stage::Stack => start == StartSrc::User,
             Stage::SenderQueue | Stage::Driver | Stage::Path => true,

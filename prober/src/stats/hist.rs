@@ -29,6 +29,7 @@
 //! bounds and middles, quantiles at the upper bound of the bucket that
 //! holds them, in one pass over the buckets held.
 
+#[cfg(test)]
 use hdrhistogram::Histogram;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -88,22 +89,22 @@ impl Outside {
 /// What a histogram did not bin, as the summary says it (the JSON's
 /// `unbinned` of a latency; absent when every value was binned).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Unbinned {
+pub(crate) struct Unbinned {
     /// The highest value the histogram bins, ns.
-    pub cap_ns: u64,
+    pub(crate) cap_ns: u64,
     /// Values above `cap_ns`. They are in `count`, `mean` and `max`; a
     /// percentile that falls among them is null (above the cap, the text
     /// shows "> cap").
-    pub above_cap: u64,
+    pub(crate) above_cap: u64,
     /// Values that fell into a bucket already holding 2^32 − 1 values:
     /// in `count`, not in the percentiles.
-    pub bucket_full: u64,
+    pub(crate) bucket_full: u64,
 }
 
 /// Counts per bucket; values above the cap counted beside them. The
 /// buckets are `hdrhistogram`'s with a 1 ns unit.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Hist {
+pub(crate) struct Hist {
     store: Store,
     /// log2 of half the sub-buckets: 10 for 3 significant digits
     /// (0.1 %), 7 for 2 (1 %), 6 for a fixed histogram (1.6 %).
@@ -122,25 +123,26 @@ impl Default for Hist {
 impl Hist {
     /// The highest value a sparse histogram bins: what a dense one bounded
     /// at 100 s would hold.
-    pub const MAX_NS: u64 = 100_000_000_000;
+    pub(crate) const MAX_NS: u64 = 100_000_000_000;
 
     /// The highest value a fixed histogram bins: 2^30 − 1 ns (1.07 s),
     /// above the default probe timeout of 1 s.
-    pub const FIXED_CAP_NS: u64 = (1 << 30) - 1;
+    pub(crate) const FIXED_CAP_NS: u64 = (1 << 30) - 1;
 
     /// Buckets of a fixed histogram (1 ns .. 1.07 s at 64 per doubling).
-    pub const FIXED_BUCKETS: usize = 1600;
+    pub(crate) const FIXED_BUCKETS: usize = 1600;
 
     /// Heap bytes of a fixed histogram.
-    pub const FIXED_BYTES: usize = Self::FIXED_BUCKETS * std::mem::size_of::<u32>();
+    #[cfg(test)]
+    pub(crate) const FIXED_BYTES: usize = Self::FIXED_BUCKETS * std::mem::size_of::<u32>();
 
     /// Sparse, 3 significant digits (0.1 % resolution), as a single target's.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_digits(3)
     }
 
     /// Sparse, `digits` significant digits: 2 or 3.
-    pub fn with_digits(digits: u8) -> Self {
+    pub(crate) fn with_digits(digits: u8) -> Self {
         Self::sparse(if digits <= 2 { 7 } else { 10 }, Self::MAX_NS)
     }
 
@@ -156,7 +158,7 @@ impl Hist {
     /// A fixed histogram: every bucket of 1 ns .. [`Self::FIXED_CAP_NS`],
     /// allocated and its pages touched now, so that recording never
     /// allocates and the process's memory is what it will stay.
-    pub fn fixed() -> Self {
+    pub(crate) fn fixed() -> Self {
         let mut counts = vec![0u32; Self::FIXED_BUCKETS].into_boxed_slice();
         // Zeroed memory fresh from the kernel is not resident until it is
         // written; write one count per page so it is now, not when the
@@ -185,7 +187,8 @@ impl Hist {
 
     /// Significant digits kept, as `hdrhistogram` counts them (a fixed
     /// histogram's 64 buckets per doubling lie between 1 and 2).
-    pub fn digits(&self) -> u8 {
+    #[cfg(test)]
+    pub(crate) fn digits(&self) -> u8 {
         match self.half_magnitude {
             10 => 3,
             _ => 2,
@@ -213,7 +216,7 @@ impl Hist {
         }
     }
 
-    pub fn record(&mut self, v: u64) {
+    pub(crate) fn record(&mut self, v: u64) {
         if v > self.cap_ns {
             self.outside.add_above(1, v as f64, v, v);
         } else {
@@ -263,21 +266,22 @@ impl Hist {
     }
 
     /// Values recorded, binned or not.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.binned() + self.outside.above + self.outside.bucket_full
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Buckets that hold a count.
-    pub fn buckets(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn buckets(&self) -> usize {
         self.buckets_iter().count()
     }
 
     /// Bytes held on the heap.
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         match &self.store {
             Store::Sparse(entries) => entries.capacity() * std::mem::size_of::<u64>(),
             Store::Fixed(counts) => std::mem::size_of_val(&**counts),
@@ -285,12 +289,13 @@ impl Hist {
     }
 
     /// The highest value binned.
-    pub fn cap_ns(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn cap_ns(&self) -> u64 {
         self.cap_ns
     }
 
     /// What was not binned; None when every value was.
-    pub fn unbinned(&self) -> Option<Unbinned> {
+    pub(crate) fn unbinned(&self) -> Option<Unbinned> {
         let o = &self.outside;
         (o.above + o.bucket_full > 0).then_some(Unbinned {
             cap_ns: self.cap_ns,
@@ -301,7 +306,7 @@ impl Hist {
 
     /// The lowest value recorded, as `hdrhistogram::Histogram::min` says
     /// it (exact when only values above the cap were recorded).
-    pub fn min(&self) -> u64 {
+    pub(crate) fn min(&self) -> u64 {
         match self.buckets_iter().next() {
             Some((low, _, _)) => low,
             None => self.outside.above_min_ns,
@@ -310,7 +315,7 @@ impl Hist {
 
     /// The highest, as `hdrhistogram::Histogram::max` says it (exact when
     /// a value above the cap was recorded).
-    pub fn max(&self) -> u64 {
+    pub(crate) fn max(&self) -> u64 {
         if self.outside.above > 0 {
             return self.outside.above_max_ns;
         }
@@ -322,7 +327,7 @@ impl Hist {
     /// The mean, as `hdrhistogram::Histogram::mean` computes it (each
     /// bucket at its middle, summed in the same order), with the values
     /// above the cap at their exact sum.
-    pub fn mean(&self) -> f64 {
+    pub(crate) fn mean(&self) -> f64 {
         let total = self.binned() + self.outside.above;
         if total == 0 {
             return 0.0;
@@ -337,7 +342,7 @@ impl Hist {
     /// `hdrhistogram::Histogram::value_at_quantile` gives them, in one
     /// pass; None for one that falls above the cap (and for all of them
     /// when nothing was recorded).
-    pub fn quantiles<const N: usize>(&self, quantiles: [f64; N]) -> [Option<u64>; N] {
+    pub(crate) fn quantiles<const N: usize>(&self, quantiles: [f64; N]) -> [Option<u64>; N] {
         let total = self.binned() + self.outside.above;
         let mut out = [None; N];
         if total == 0 {
@@ -365,7 +370,7 @@ impl Hist {
     /// layout, so that is exact); buckets above the new cap move to the
     /// values not binned at their middles. A fixed histogram of the same
     /// layout adds in place; anything else gives a sparse sum.
-    pub fn add(&mut self, o: &Hist) {
+    pub(crate) fn add(&mut self, o: &Hist) {
         let half_magnitude = self.half_magnitude.min(o.half_magnitude);
         let cap_ns = self.cap_ns.min(o.cap_ns);
         let in_place = matches!(self.store, Store::Fixed(_))
@@ -404,7 +409,8 @@ impl Hist {
     /// A dense `hdrhistogram` copy (1 ns unit, [`Self::digits`] significant
     /// digits, sized to the largest value binned) with the same counts;
     /// the values not binned are left out.
-    pub fn to_hdr(&self) -> Histogram<u64> {
+    #[cfg(test)]
+    pub(crate) fn to_hdr(&self) -> Histogram<u64> {
         let highest = self
             .buckets_iter()
             .last()

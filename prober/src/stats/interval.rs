@@ -24,18 +24,18 @@ const MAX_EMPTY_RUN: u64 = 3;
 
 /// One interval's figures.
 #[derive(Debug, Clone)]
-pub struct Interval {
+pub(crate) struct Interval {
     /// 0 for the first interval of the run.
-    pub index: u64,
+    pub(crate) index: u64,
     /// Start of the interval, CLOCK_REALTIME ns (sched time of the probes).
-    pub start_ns: i64,
-    pub len_ns: i64,
+    pub(crate) start_ns: i64,
+    pub(crate) len_ns: i64,
     /// Offset of the interval's start from the run's start.
-    pub offset_ns: i64,
-    pub sent: u64,
-    pub lost: u64,
-    pub one_way: Histogram<u64>,
-    pub rtt: Histogram<u64>,
+    pub(crate) offset_ns: i64,
+    pub(crate) sent: u64,
+    pub(crate) lost: u64,
+    pub(crate) one_way: Histogram<u64>,
+    pub(crate) rtt: Histogram<u64>,
 }
 
 impl Interval {
@@ -75,7 +75,7 @@ impl Interval {
         }
     }
 
-    pub fn loss_pct(&self) -> f64 {
+    pub(crate) fn loss_pct(&self) -> f64 {
         if self.sent == 0 {
             0.0
         } else {
@@ -85,7 +85,7 @@ impl Interval {
 
     /// The headline histogram for one-line displays: one-way where there
     /// is one, else RTT.
-    pub fn headline(&self) -> (&'static str, &Histogram<u64>) {
+    pub(crate) fn headline(&self) -> (&'static str, &Histogram<u64>) {
         if self.one_way.is_empty() && !self.rtt.is_empty() {
             ("rtt", &self.rtt)
         } else {
@@ -95,7 +95,7 @@ impl Interval {
 
     /// The iperf-style line: `[  10.0-  11.0 s]  sent 1000  lost 0 (0.00 %)
     /// one-way p50 45.2 µs p99 80.1 µs max 120 µs  rtt p50 ...`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let secs = |ns: i64| ns as f64 / 1e9;
         let mut s = format!(
             "[{:>7.1}-{:>7.1} s]  sent {:>7}  lost {:>5} ({:>5.2} %)",

@@ -11,8 +11,9 @@ pub(crate) mod report;
 pub(crate) mod run_stats;
 pub(crate) mod summary;
 
-pub use report::RunReport;
+pub(crate) use report::RunReport;
 pub use run_stats::{Counts, RunStats};
-pub use summary::CpuWaits;
+pub(crate) use summary::CpuWaits;
+pub use summary::Summary;
 pub(crate) use summary::XdpCounters;
-pub use summary::{Latency, Pacing, ReaderTiming, Stages, Summary};
+pub(crate) use summary::{Latency, Pacing, ReaderTiming};

@@ -27,11 +27,11 @@ pub trait SessionObserver {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LossDirections {
     /// It never reached the reflector.
-    pub forward: u64,
+    pub(crate) forward: u64,
     /// The reflector got it; its echo did not come back.
-    pub r#return: u64,
+    pub(crate) r#return: u64,
     /// Nothing told which, when it was given up.
-    pub unknown: u64,
+    pub(crate) unknown: u64,
 }
 
 /// Watches nothing.

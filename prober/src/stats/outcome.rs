@@ -5,10 +5,10 @@ use crate::{model::meta::RunMeta, stats::Summary};
 
 /// The result of a run.
 pub(crate) struct RunOutcome {
-    pub summary: Summary,
-    pub meta: RunMeta,
-    pub rows: u64,
-    pub interrupted: bool,
+    pub(crate) summary: Summary,
+    pub(crate) meta: RunMeta,
+    pub(crate) rows: u64,
+    pub(crate) interrupted: bool,
     /// An output failed and stopped the run (the rest is complete).
-    pub output_error: Option<String>,
+    pub(crate) output_error: Option<String>,
 }

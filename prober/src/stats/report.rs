@@ -18,83 +18,83 @@ use crate::model::{host::HostFacts, knobs::AppliedKnobs};
 /// Fields are in the JSON's (alphabetical) order; absent ones are left out.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     /// Whether one-way figures are shown, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub clock: Option<ClockReport>,
+    pub(crate) clock: Option<ClockReport>,
     /// `--out-rotate`: how the CSV was rotated.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub csv_rotation: Option<CsvRotation>,
+    pub(crate) csv_rotation: Option<CsvRotation>,
     /// Per probe flow, main flow first, with `--flow` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub flows: Vec<FlowSummary>,
+    pub(crate) flows: Vec<FlowSummary>,
     /// Per NIC with hardware stamps: its PHC against the system clock.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hardware_clocks: Option<HardwareClocks>,
+    pub(crate) hardware_clocks: Option<HardwareClocks>,
     /// Whether each side got hardware stamps (testbed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hardware_timestamping: Option<HardwareTimestamping>,
+    pub(crate) hardware_timestamping: Option<HardwareTimestamping>,
     /// The host the run measured on: cores, cpuidle, preemption, VM,
     /// clock source, CPU, kernel (every probe run; absent in reports
     /// written before rtprobe said).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<HostFacts>,
+    pub(crate) host: Option<HostFacts>,
     /// The run was stopped early (SIGINT/SIGTERM); absent otherwise.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub interrupted: bool,
+    pub(crate) interrupted: bool,
     /// The probes' addresses (testbed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ip: Option<IpReport>,
+    pub(crate) ip: Option<IpReport>,
     /// Kernel counters that explain losses, over the run (testbed runs);
     /// null where the session sampled none (STAMP through the testbed).
     #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     #[schemars(with = "Option<KernelDrops>")]
-    pub kernel_drops: Option<Option<KernelDrops>>,
+    pub(crate) kernel_drops: Option<Option<KernelDrops>>,
     /// What each knob applied, by knob name (the same as the run
     /// metadata's `knobs`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub knobs: Option<AppliedKnobs>,
+    pub(crate) knobs: Option<AppliedKnobs>,
     /// Echoes that came after their probe was given up as lost.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub late_arrivals: Option<u64>,
+    pub(crate) late_arrivals: Option<u64>,
     /// What the competing load (`--load`) achieved.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub load: Option<LoadReport>,
+    pub(crate) load: Option<LoadReport>,
     /// Loss split by direction (sessions with a reflector that counts).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub loss_split: Option<LossSplit>,
+    pub(crate) loss_split: Option<LossSplit>,
     /// Probes whose one-way delay came out negative (clocks apart);
     /// absent when none did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub negative_one_way: Option<u64>,
+    pub(crate) negative_one_way: Option<u64>,
     /// The output (CSV, HDR log...) that failed and stopped the run, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub output_error: Option<String>,
+    pub(crate) output_error: Option<String>,
     /// The process's peak resident memory (VmHWM), KiB; null when
     /// /proc did not say.
     #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     #[schemars(with = "Option<u64>")]
-    pub peak_rss_kib: Option<Option<u64>>,
+    pub(crate) peak_rss_kib: Option<Option<u64>>,
     /// Which reflector answered, and what it counted.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reflector: Option<ReflectorReport>,
+    pub(crate) reflector: Option<ReflectorReport>,
     /// Knobs or loads asked for that did not run, in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
+    pub(crate) skipped: Vec<String>,
     /// Heap bytes of one target's statistics in a run with several: its
     /// fixed histograms, allocated when the target starts and never more
     /// (the most any target held).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stats_bytes_per_target: Option<u64>,
+    pub(crate) stats_bytes_per_target: Option<u64>,
     /// Per target, with several (`--target` repeated, `--targets FILE`);
     /// the top-level figures are then their total.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub targets: Vec<TargetSummary>,
+    pub(crate) targets: Vec<TargetSummary>,
 }
 
 impl RunReport {
     /// Nothing to say: `extra` is left out of the JSON.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Self::default()
     }
 }
@@ -110,14 +110,14 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 /// verdict (a session against a reflector on another host).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
-pub enum ClockReport {
+pub(crate) enum ClockReport {
     Verdict(ClockVerdict),
     OneClock(OneClock),
 }
 
 impl ClockReport {
     /// What the summary says about the clocks, in words.
-    pub fn note(&self) -> &str {
+    pub(crate) fn note(&self) -> &str {
         match self {
             ClockReport::Verdict(v) => &v.note,
             ClockReport::OneClock(c) => &c.note,
@@ -127,57 +127,57 @@ impl ClockReport {
 
 /// Sender and receiver read the same clock: one-way is always shown.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct OneClock {
-    pub note: String,
-    pub one_way_shown: bool,
+pub(crate) struct OneClock {
+    pub(crate) note: String,
+    pub(crate) one_way_shown: bool,
 }
 
 /// The one-way verdict from both clocks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct ClockVerdict {
-    pub one_way_shown: bool,
+pub(crate) struct ClockVerdict {
+    pub(crate) one_way_shown: bool,
     /// Sum of both maximum errors, when shown.
-    pub bound_ns: Option<u64>,
-    pub sender_synchronized: bool,
-    pub sender_max_error_ns: u64,
-    pub reflector_synchronized: Option<bool>,
-    pub reflector_error_ns: Option<u64>,
-    pub note: String,
+    pub(crate) bound_ns: Option<u64>,
+    pub(crate) sender_synchronized: bool,
+    pub(crate) sender_max_error_ns: u64,
+    pub(crate) reflector_synchronized: Option<bool>,
+    pub(crate) reflector_error_ns: Option<u64>,
+    pub(crate) note: String,
 }
 
 /// How `--out-rotate` rotated the CSV.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct CsvRotation {
+pub(crate) struct CsvRotation {
     /// Rotated files kept (`--out-keep`).
-    pub keep: u32,
+    pub(crate) keep: u32,
     /// When a new file was started, as given.
-    pub when: String,
+    pub(crate) when: String,
 }
 
 /// One target of a run with several (`--target` repeated, `--targets
 /// FILE`), and its own summary (loss split, reflector, clock verdict in
 /// its `extra`). The run's top-level figures are the total over them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct TargetSummary {
+pub(crate) struct TargetSummary {
     /// Its name: the CSV's `target` cell and the metrics' `target` label.
-    pub name: String,
+    pub(crate) name: String,
     /// HOST:PORT probed.
-    pub address: String,
-    pub protocol: String,
-    pub interval_ns: u64,
-    pub size: usize,
-    pub tos: u8,
+    pub(crate) address: String,
+    pub(crate) protocol: String,
+    pub(crate) interval_ns: u64,
+    pub(crate) size: usize,
+    pub(crate) tos: u8,
     /// The labels the targets file gave it (its metrics carry them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Times it failed to open (its name did not resolve, socket or
     /// connect failed); it was tried again each time. 0: it never failed.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// The last failure's cause; absent when it never failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    pub summary: Summary,
+    pub(crate) last_error: Option<String>,
+    pub(crate) summary: Summary,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -186,134 +186,134 @@ fn is_zero(n: &u64) -> bool {
 
 /// One probe flow of a run with `--flow`, and its own summary.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FlowSummary {
-    pub flow: u8,
-    pub interval_ns: u64,
-    pub port: u16,
-    pub size: usize,
-    pub summary: Summary,
-    pub tos: u8,
+pub(crate) struct FlowSummary {
+    pub(crate) flow: u8,
+    pub(crate) interval_ns: u64,
+    pub(crate) port: u16,
+    pub(crate) size: usize,
+    pub(crate) summary: Summary,
+    pub(crate) tos: u8,
 }
 
 /// The PHC of each side's NIC, where the side had hardware stamps.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct HardwareClocks {
+pub(crate) struct HardwareClocks {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub receiver: Option<HardwareClock>,
+    pub(crate) receiver: Option<HardwareClock>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sender: Option<HardwareClock>,
+    pub(crate) sender: Option<HardwareClock>,
 }
 
 /// A NIC's PHC sampled against the system clock, or why its hardware
 /// stamps were left out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
-pub enum HardwareClock {
+pub(crate) enum HardwareClock {
     Failed { error: String },
     Sampled(SampledClock),
 }
 
 /// A PHC that was sampled over the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct SampledClock {
+pub(crate) struct SampledClock {
     #[serde(flatten)]
-    pub phc: PhcReport,
+    pub(crate) phc: PhcReport,
     /// Reads of the PHC that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_errors: Option<u64>,
+    pub(crate) read_errors: Option<u64>,
     /// The last of them, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_read_error: Option<String>,
+    pub(crate) last_read_error: Option<String>,
 }
 
 /// How the PHC related to CLOCK_REALTIME over a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct PhcReport {
+pub(crate) struct PhcReport {
     /// N of /dev/ptpN, as set by the caller.
-    pub phc_index: Option<u32>,
+    pub(crate) phc_index: Option<u32>,
     /// Batches that gave an offset (one kept per batch).
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Batches with no usable sample: clocks going backwards in a read, or
     /// every read window wider than the step threshold (a preempted read).
-    pub rejected_batches: u64,
+    pub(crate) rejected_batches: u64,
     /// Read windows of the kept samples: the offset, hence every converted
     /// stamp, is known to ± half of this.
-    pub read_window_max_ns: Option<u64>,
+    pub(crate) read_window_max_ns: Option<u64>,
     /// Median of the same, to the histogram's 3 significant digits.
-    pub read_window_median_ns: Option<u64>,
+    pub(crate) read_window_median_ns: Option<u64>,
     /// Slope of the offset against PHC time, fitted within segments so
     /// steps do not count: positive when the PHC runs slow relative to
     /// CLOCK_REALTIME. None with fewer than two samples in any segment.
-    pub drift_ppb: Option<f64>,
+    pub(crate) drift_ppb: Option<f64>,
     /// Steps of one clock against the other.
-    pub steps: u64,
+    pub(crate) steps: u64,
 }
 
 /// Whether each side's stamps came from its NIC.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct HardwareTimestamping {
-    pub receiver: bool,
-    pub sender: bool,
+pub(crate) struct HardwareTimestamping {
+    pub(crate) receiver: bool,
+    pub(crate) sender: bool,
 }
 
 /// The probes' address family and addresses.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct IpReport {
-    pub receiver: String,
-    pub sender: String,
+pub(crate) struct IpReport {
+    pub(crate) receiver: String,
+    pub(crate) sender: String,
     /// 4 or 6.
-    pub version: u8,
+    pub(crate) version: u8,
 }
 
 /// Kernel drop counters over the run; null where a counter could not be
 /// read (unknown is never 0).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct KernelDrops {
+pub(crate) struct KernelDrops {
     /// Packets the host's backlog (softnet) dropped; host-wide.
-    pub host_backlog_drops: Option<u64>,
-    pub receiver_in_errors: Option<u64>,
-    pub receiver_rcvbuf_errors: Option<u64>,
-    pub sender_in_errors: Option<u64>,
-    pub sender_rcvbuf_errors: Option<u64>,
-    pub sender_sndbuf_errors: Option<u64>,
+    pub(crate) host_backlog_drops: Option<u64>,
+    pub(crate) receiver_in_errors: Option<u64>,
+    pub(crate) receiver_rcvbuf_errors: Option<u64>,
+    pub(crate) sender_in_errors: Option<u64>,
+    pub(crate) sender_rcvbuf_errors: Option<u64>,
+    pub(crate) sender_sndbuf_errors: Option<u64>,
 }
 
 /// Loss split by direction, as far as the reflector told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct LossSplit {
+pub(crate) struct LossSplit {
     /// Probes that never reached the reflector.
-    pub forward: Option<u64>,
+    pub(crate) forward: Option<u64>,
     /// Probes the reflector received whose echo did not come back.
-    pub r#return: Option<u64>,
+    pub(crate) r#return: Option<u64>,
     /// Lost probes of which the direction is not known.
-    pub unknown: u64,
+    pub(crate) unknown: u64,
     /// How the split was made, in words.
-    pub basis: String,
+    pub(crate) basis: String,
 }
 
 /// Which reflector answered the probes and what it said.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct ReflectorReport {
+pub(crate) struct ReflectorReport {
     /// STAMP: whether the session was authenticated (HMAC-SHA-256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub authenticated: Option<bool>,
+    pub(crate) authenticated: Option<bool>,
     /// What the testbed's reflector counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub counters: Option<ReflectorCounts>,
+    pub(crate) counters: Option<ReflectorCounts>,
     /// Echoes received (sessions against a reflector).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub echoes: Option<u64>,
+    pub(crate) echoes: Option<u64>,
     /// "kernel" (XDP), "user" or "remote".
-    pub kind: String,
+    pub(crate) kind: String,
     /// Why this reflector and not the other, or what it cannot tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
     /// "rtprobe" or "stamp" (sessions against a reflector).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<String>,
+    pub(crate) protocol: Option<String>,
     /// The in-kernel reflector's rate limit, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit: Option<String>,
+    pub(crate) rate_limit: Option<String>,
     /// STAMP: the TTL (hop limit) the probes arrived with, null when no
     /// echo said.
     #[serde(
@@ -322,31 +322,31 @@ pub struct ReflectorReport {
         deserialize_with = "present"
     )]
     #[schemars(with = "Option<u8>")]
-    pub sender_ttl_max: Option<Option<u8>>,
+    pub(crate) sender_ttl_max: Option<Option<u8>>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
     #[schemars(with = "Option<u8>")]
-    pub sender_ttl_min: Option<Option<u8>>,
+    pub(crate) sender_ttl_min: Option<Option<u8>>,
     /// rtprobe protocol: the session id, hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
+    pub(crate) session: Option<String>,
     /// STAMP: the session sender identifier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ssid: Option<u16>,
+    pub(crate) ssid: Option<u16>,
     /// The reflector's address (sessions against a reflector).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
+    pub(crate) target: Option<String>,
     /// The in-kernel reflector's XDP mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub xdp_mode: Option<String>,
+    pub(crate) xdp_mode: Option<String>,
 }
 
 impl ReflectorReport {
     /// A reflector of `kind` with nothing more said.
-    pub fn of_kind(kind: &str) -> Self {
+    pub(crate) fn of_kind(kind: &str) -> Self {
         Self {
             kind: kind.into(),
             ..Default::default()
@@ -358,7 +358,7 @@ impl ReflectorReport {
 /// outcome, or the user-space one's by datagram.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
-pub enum ReflectorCounts {
+pub(crate) enum ReflectorCounts {
     User(ReflectorCounters),
     Kernel(XdpCounters),
 }
@@ -370,15 +370,15 @@ pub struct ReflectorCounters {
     /// malformed + rate_limited + global_limited + peer_rate_limited +
     /// peer_global_limited + auth_failed).
     pub datagrams: u64,
-    pub sessions: u64,
+    pub(crate) sessions: u64,
     pub reflected: u64,
     /// Of `reflected`: replies to known peers (`--peer`, `--peers`).
     #[serde(default)]
     pub peer_reflected: u64,
     /// Sent to a broadcast or multicast destination.
-    pub not_for_us: u64,
+    pub(crate) not_for_us: u64,
     /// From a source no single host can have (or loopback from outside).
-    pub bad_source: u64,
+    pub(crate) bad_source: u64,
     pub malformed: u64,
     /// Over their source's `--rate-limit`.
     pub rate_limited: u64,
@@ -393,95 +393,95 @@ pub struct ReflectorCounters {
     pub peer_global_limited: u64,
     pub auth_failed: u64,
     /// Sessions forgotten to make room in a full table.
-    pub sessions_evicted: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
+    pub(crate) sessions_evicted: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
     /// Replies the kernel refused to send.
-    pub send_errors: u64,
+    pub(crate) send_errors: u64,
     /// Receive calls that failed (other than "nothing to read"); the
     /// reflector logs them and goes on.
-    pub recv_errors: u64,
+    pub(crate) recv_errors: u64,
 }
 
 /// What one flow did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FlowReport {
+pub(crate) struct FlowReport {
     /// "tcp" or "udp".
-    pub kind: String,
+    pub(crate) kind: String,
     /// The `--load` entry it came from.
-    pub spec: String,
-    pub port: u16,
-    pub cc: Option<String>,
+    pub(crate) spec: String,
+    pub(crate) port: u16,
+    pub(crate) cc: Option<String>,
     /// Pacing rate (TCP) or offered payload rate (UDP); None = unpaced.
-    pub target_bps: Option<u64>,
+    pub(crate) target_bps: Option<u64>,
     /// Payload bits per second that got through in the measuring window
     /// (after the warm-up). UDP: the window's datagrams received, over
     /// their first to last arrival. TCP: bytes acknowledged to the sender
     /// over the window (bytes read by the receiver if TCP_INFO lacks them).
-    pub achieved_bps: f64,
+    pub(crate) achieved_bps: f64,
     /// Payload bytes received in the window (UDP: of the window's
     /// datagrams, duplicates once; TCP: read by the receiver).
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The window's length: mark to stop (UDP: first to last send of the
     /// window's datagrams).
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// UDP: datagrams sent in the window, those of them received (each
     /// once, also if they arrived after the sender stopped), loss %.
-    pub sent_packets: Option<u64>,
-    pub received_packets: Option<u64>,
-    pub loss_pct: Option<f64>,
+    pub(crate) sent_packets: Option<u64>,
+    pub(crate) received_packets: Option<u64>,
+    pub(crate) loss_pct: Option<f64>,
     /// UDP: the loss the shaped link must cause (66 B overhead per datagram).
-    pub expected_loss_pct: Option<f64>,
+    pub(crate) expected_loss_pct: Option<f64>,
     /// UDP: payload rate offered over the sender's window.
-    pub offered_bps: Option<f64>,
+    pub(crate) offered_bps: Option<f64>,
     /// UDP: sent_packets - received_packets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost_packets: Option<u64>,
+    pub(crate) lost_packets: Option<u64>,
     /// UDP: copies of a datagram already received.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub duplicate_packets: Option<u64>,
+    pub(crate) duplicate_packets: Option<u64>,
     /// UDP: datagrams that arrived after one with a higher sequence number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reordered_packets: Option<u64>,
+    pub(crate) reordered_packets: Option<u64>,
     /// UDP: first to last arrival of the window's datagrams, the span
     /// achieved_bps is measured over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receive_seconds: Option<f64>,
+    pub(crate) receive_seconds: Option<f64>,
     /// UDP: of lost_packets, those the receiver's own socket dropped
     /// (receive buffer full, SO_RXQ_OVFL): not the link's doing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket_drops: Option<u64>,
+    pub(crate) socket_drops: Option<u64>,
     /// UDP: furthest behind its schedule the sender sent a datagram of the
     /// window, ms. Above the queue's drain time (12 ms for 100 full frames
     /// at 100 Mbit/s) the link idled and the loss exceeds the calculation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_send_lag_ms: Option<f64>,
+    pub(crate) max_send_lag_ms: Option<f64>,
     /// UDP: the sender ran SCHED_FIFO for the whole window (false: it was
     /// not allowed to, or fell too far behind; see max_send_lag_ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sender_sched_fifo: Option<bool>,
+    pub(crate) sender_sched_fifo: Option<bool>,
     /// TCP: bytes acknowledged to the sender in the window (tcpi_bytes_acked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub acked_bytes: Option<u64>,
+    pub(crate) acked_bytes: Option<u64>,
     /// TCP: the receiver's rate, bytes / seconds (achieved_bps is the
     /// acknowledged rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub received_bps: Option<f64>,
+    pub(crate) received_bps: Option<f64>,
     /// Fetch: completion times of the window's fetches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fetch: Option<FetchTimes>,
+    pub(crate) fetch: Option<FetchTimes>,
 }
 
 /// The competing load of one run (`--load`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct LoadReport {
-    pub flows: Vec<FlowReport>,
+pub(crate) struct LoadReport {
+    pub(crate) flows: Vec<FlowReport>,
     /// Sum of achieved_bps over all flows.
-    pub total_achieved_bps: f64,
+    pub(crate) total_achieved_bps: f64,
     /// The kernel's count of the same window at the bottleneck's root
     /// qdisc (None: no qdisc there to ask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bottleneck: Option<QueueWindow>,
+    pub(crate) bottleneck: Option<QueueWindow>,
 }
 
 /// What the bottleneck's root qdisc counted from the load's mark to the
@@ -489,40 +489,40 @@ pub struct LoadReport {
 /// shaper delivered. It counts every packet through the qdisc, the
 /// probes' among them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct QueueWindow {
-    pub dev: String,
+pub(crate) struct QueueWindow {
+    pub(crate) dev: String,
     /// The root qdisc's kind and handle, e.g. "htb 1:".
-    pub qdisc: String,
-    pub seconds: f64,
+    pub(crate) qdisc: String,
+    pub(crate) seconds: f64,
     /// Packets and bytes the qdisc handed to the device (frames from the
     /// Ethernet header on, as the kernel counts them).
-    pub sent_packets: u64,
-    pub sent_bytes: u64,
+    pub(crate) sent_packets: u64,
+    pub(crate) sent_bytes: u64,
     /// Packets the qdisc (or a qdisc below it) dropped.
-    pub dropped_packets: u64,
+    pub(crate) dropped_packets: u64,
     /// sent_bytes over the window, bits per second.
-    pub delivered_bps: f64,
+    pub(crate) delivered_bps: f64,
     /// dropped / (dropped + sent), %.
-    pub drop_pct: f64,
+    pub(crate) drop_pct: f64,
 }
 
 /// What `FetchStats` reports, seconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FetchTimes {
+pub(crate) struct FetchTimes {
     /// Bytes per fetch.
-    pub size_bytes: u64,
+    pub(crate) size_bytes: u64,
     /// Fetches completed in the window.
-    pub count: u64,
+    pub(crate) count: u64,
     /// Fetches that timed out or failed (refused, reset).
-    pub failures: u64,
-    pub mean_s: Option<f64>,
+    pub(crate) failures: u64,
+    pub(crate) mean_s: Option<f64>,
     /// Sample standard deviation (n - 1); None below two fetches.
-    pub sd_s: Option<f64>,
-    pub min_s: Option<f64>,
-    pub p50_s: Option<f64>,
-    pub p90_s: Option<f64>,
-    pub p99_s: Option<f64>,
-    pub max_s: Option<f64>,
+    pub(crate) sd_s: Option<f64>,
+    pub(crate) min_s: Option<f64>,
+    pub(crate) p50_s: Option<f64>,
+    pub(crate) p90_s: Option<f64>,
+    pub(crate) p99_s: Option<f64>,
+    pub(crate) max_s: Option<f64>,
 }
 
 /// The JSON Schema of the run summary (`--json`), as checked in at

@@ -2,6 +2,7 @@
 //! record at a time, they keep the histograms and counters that
 //! [`RunStats::summary`] turns into a [`Summary`].
 
+#[cfg(test)]
 use hdrhistogram::Histogram;
 
 use super::{
@@ -142,7 +143,7 @@ impl RunStats {
 
     /// Statistics for a probe stream with this interval: sends later than
     /// one interval after their schedule count as missed ticks.
-    pub fn with_interval(interval_ns: i64) -> Self {
+    pub(crate) fn with_interval(interval_ns: i64) -> Self {
         Self {
             interval_ns,
             ..Self::new()
@@ -155,7 +156,7 @@ impl RunStats {
     /// probe to its last and 1000 targets never grow. Sparse histograms
     /// gain a bucket for each new value: 1000 targets' tails kept adding
     /// memory for the whole of a 10-minute run.
-    pub fn one_of_many(interval_ns: i64) -> Self {
+    pub(crate) fn one_of_many(interval_ns: i64) -> Self {
         Self {
             rtt: Hist::fixed(),
             one_way: Hist::fixed(),
@@ -170,10 +171,11 @@ impl RunStats {
     }
 
     /// Heap bytes of a target among several: its 14 fixed histograms.
-    pub const FIXED_HEAP_BYTES: usize = 14 * Hist::FIXED_BYTES;
+    #[cfg(test)]
+    pub(crate) const FIXED_HEAP_BYTES: usize = 14 * Hist::FIXED_BYTES;
 
     /// The interval a send is late after (0: not counted).
-    pub fn interval_ns(&self) -> i64 {
+    pub(crate) fn interval_ns(&self) -> i64 {
         self.interval_ns
     }
 
@@ -181,7 +183,7 @@ impl RunStats {
     /// several targets): histograms and counters add up, the first and
     /// last sends span both; the per-stream state (IPDV's previous delay,
     /// reordering's highest seq) stays this one's.
-    pub fn merge(&mut self, o: &RunStats) {
+    pub(crate) fn merge(&mut self, o: &RunStats) {
         self.part_heap_bytes = self.part_heap_bytes.max(Some(o.heap_bytes()));
         let hists = [
             (&mut self.one_way, &o.one_way),
@@ -240,7 +242,7 @@ impl RunStats {
 
     /// A probe arrived at the receiver (arrival order). `first` is false for
     /// a second copy of a seq already seen.
-    pub fn on_arrival(&mut self, seq: u64, first: bool) {
+    pub(crate) fn on_arrival(&mut self, seq: u64, first: bool) {
         if !first {
             self.duplicates += 1;
             return;
@@ -253,55 +255,55 @@ impl RunStats {
 
     /// How many probes the sender tried to send; every one of them must
     /// end up as a record (received or lost), else it is unaccounted.
-    pub fn set_attempts(&mut self, attempts: u64) {
+    pub(crate) fn set_attempts(&mut self, attempts: u64) {
         self.attempts = Some(attempts);
     }
 
     /// How the sender paced (reported by the sender when it is done).
-    pub fn set_pacing(&mut self, p: Pacing) {
+    pub(crate) fn set_pacing(&mut self, p: Pacing) {
         self.pacing = Some(p);
     }
 
     /// The I/O thread's timing, beside the sender's.
-    pub fn set_reader(&mut self, r: Option<ReaderTiming>) {
+    pub(crate) fn set_reader(&mut self, r: Option<ReaderTiming>) {
         self.pacing.get_or_insert_with(Pacing::default).reader = r;
     }
 
     /// Probes seen at the receiver whose send was never recorded (the
     /// matcher had to drop them without a record).
-    pub fn set_unmatched(&mut self, n: u64) {
+    pub(crate) fn set_unmatched(&mut self, n: u64) {
         self.unmatched = n;
     }
 
     /// Probes in no count: attempted but never written as a record (every
     /// record is either received or lost), or dropped by the matcher.
-    pub fn unaccounted(&self) -> u64 {
+    pub(crate) fn unaccounted(&self) -> u64 {
         self.attempts.map_or(0, |a| a.abs_diff(self.sent)) + self.unmatched
     }
 
-    pub fn on_tx_timestamp_duplicate(&mut self) {
+    pub(crate) fn on_tx_timestamp_duplicate(&mut self) {
         self.tx_ts_duplicates += 1;
     }
 
-    pub fn on_tx_timestamp_late(&mut self) {
+    pub(crate) fn on_tx_timestamp_late(&mut self) {
         self.tx_ts_late += 1;
     }
 
-    pub fn on_echo_tx_duplicate(&mut self) {
+    pub(crate) fn on_echo_tx_duplicate(&mut self) {
         self.echo_tx_duplicates += 1;
     }
 
-    pub fn on_foreign_packet(&mut self) {
+    pub(crate) fn on_foreign_packet(&mut self) {
         self.foreign += 1;
     }
 
     /// A datagram of this session whose seq was never sent.
-    pub fn on_never_sent(&mut self) {
+    pub(crate) fn on_never_sent(&mut self) {
         self.never_sent += 1;
     }
 
     /// An echo that came after its probe's record was written.
-    pub fn on_late_echo(&mut self) {
+    pub(crate) fn on_late_echo(&mut self) {
         self.late_echoes += 1;
     }
 
@@ -374,7 +376,7 @@ impl RunStats {
     }
 
     /// The running counts, cheap enough to read several times a second.
-    pub fn counts(&self) -> Counts {
+    pub(crate) fn counts(&self) -> Counts {
         Counts {
             sent: self.sent,
             received: self.received,
@@ -390,7 +392,7 @@ impl RunStats {
     }
 
     /// Where the headline figures started, over the received probes.
-    pub fn one_way_start(&self) -> &'static str {
+    pub(crate) fn one_way_start(&self) -> &'static str {
         match self.starts {
             [0, 0] => "none",
             [_, 0] => "sched",
@@ -401,7 +403,7 @@ impl RunStats {
 
     /// Bytes its histograms hold on the heap (the rest of it is a few
     /// hundred bytes inline).
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         self.hists().map(Hist::heap_bytes).sum()
     }
 
@@ -420,28 +422,17 @@ impl RunStats {
     }
 
     /// A stage's histogram, e.g. for per-interval reporting.
-    pub fn stage_hist(&self, stage: Stage) -> Histogram<u64> {
+    #[cfg(test)]
+    pub(crate) fn stage_hist(&self, stage: Stage) -> Histogram<u64> {
         self.stages[stage as usize].to_hdr()
     }
 
-    pub fn one_way_hist(&self) -> Histogram<u64> {
-        self.one_way.to_hdr()
-    }
-
-    pub fn rtt_hist(&self) -> Histogram<u64> {
-        self.rtt.to_hdr()
-    }
-
-    pub fn sent(&self) -> u64 {
-        self.sent
-    }
-
-    pub fn lost(&self) -> u64 {
+    pub(crate) fn lost(&self) -> u64 {
         self.lost
     }
 
     /// The overall timestamp source: one word if every probe agrees.
-    pub fn timestamp_source(&self) -> &'static str {
+    pub(crate) fn timestamp_source(&self) -> &'static str {
         let [hw, sw, mixed] = self.sources;
         match (hw > 0, sw > 0, mixed > 0) {
             (false, false, false) => "none",

@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 /// A capability by its number (linux/capability.h) and its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cap {
-    pub bit: u32,
-    pub name: &'static str,
+    pub(crate) bit: u32,
+    pub(crate) name: &'static str,
 }
 
 pub(crate) const CAP_NET_ADMIN: Cap = Cap {

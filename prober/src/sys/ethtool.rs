@@ -44,17 +44,17 @@ const ETH_GSTRING_LEN: usize = 32;
 #[derive(Debug, thiserror::Error)]
 #[error("{ifname} does not support {what} (the driver has no such ethtool operation)")]
 pub(crate) struct Unsupported {
-    pub ifname: String,
-    pub what: &'static str,
+    pub(crate) ifname: String,
+    pub(crate) what: &'static str,
 }
 
 /// RX/TX ring sizes (descriptors) and their driver maxima.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(crate) struct Ring {
-    pub rx: u32,
-    pub rx_max: u32,
-    pub tx: u32,
-    pub tx_max: u32,
+    pub(crate) rx: u32,
+    pub(crate) rx_max: u32,
+    pub(crate) tx: u32,
+    pub(crate) tx_max: u32,
 }
 
 /// `struct ethtool_value`.
@@ -179,8 +179,8 @@ pub(crate) fn set_tx_csum(ifname: &str, on: bool) -> Result<()> {
 /// TCP segmentation offload and generic segmentation offload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(crate) struct Segmentation {
-    pub tso: bool,
-    pub gso: bool,
+    pub(crate) tso: bool,
+    pub(crate) gso: bool,
 }
 
 /// TSO/GSO state (ETHTOOL_GTSO/GGSO).

@@ -90,30 +90,30 @@ impl Call {
 
 #[derive(Debug, Clone)]
 pub(crate) struct FakeLink {
-    pub index: u32,
-    pub up: bool,
-    pub mtu: u32,
-    pub addrs: Vec<Addr>,
-    pub offloads: BTreeMap<Offload, bool>,
-    pub driver: String,
-    pub xdp: XdpState,
+    pub(crate) index: u32,
+    pub(crate) up: bool,
+    pub(crate) mtu: u32,
+    pub(crate) addrs: Vec<Addr>,
+    pub(crate) offloads: BTreeMap<Offload, bool>,
+    pub(crate) driver: String,
+    pub(crate) xdp: XdpState,
     /// The errno a native (or unflagged) XDP attach gets; None: the driver
     /// has native XDP. EOPNOTSUPP makes an unflagged attach generic.
-    pub refuse_native: Option<i32>,
+    pub(crate) refuse_native: Option<i32>,
 }
 
 #[derive(Default)]
 pub(crate) struct Model {
-    pub namespaces: BTreeSet<String>,
+    pub(crate) namespaces: BTreeSet<String>,
     /// (namespace, link name) -> link.
-    pub links: BTreeMap<(String, String), FakeLink>,
-    pub routes: BTreeMap<String, Vec<Route>>,
+    pub(crate) links: BTreeMap<(String, String), FakeLink>,
+    pub(crate) routes: BTreeMap<String, Vec<Route>>,
     /// (namespace, "sysctl:KEY", "sysfs:PATH" or "procnet:FILE") -> value.
-    pub files: BTreeMap<(String, String), String>,
+    pub(crate) files: BTreeMap<(String, String), String>,
     /// Qdisc kinds (and "u32") the fake kernel lacks.
-    pub missing_qdisc_kinds: BTreeSet<String>,
+    pub(crate) missing_qdisc_kinds: BTreeSet<String>,
     /// Device map name -> ifindexes in it.
-    pub devmaps: BTreeMap<String, BTreeSet<u32>>,
+    pub(crate) devmaps: BTreeMap<String, BTreeSet<u32>>,
     next_index: u32,
 }
 
@@ -123,7 +123,7 @@ type Pred = Box<dyn Fn(&Call) -> bool + Send>;
 pub(crate) struct FakeSys {
     calls: Mutex<Vec<Call>>,
     fail: Mutex<Vec<Pred>>,
-    pub model: Mutex<Model>,
+    pub(crate) model: Mutex<Model>,
 }
 
 fn key(ns: Ns) -> String {

@@ -105,17 +105,17 @@ impl fmt::Display for Ns<'_> {
 /// A link as netlink reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Link {
-    pub index: u32,
-    pub name: String,
-    pub up: bool,
-    pub mtu: Option<u32>,
+    pub(crate) index: u32,
+    pub(crate) name: String,
+    pub(crate) up: bool,
+    pub(crate) mtu: Option<u32>,
 }
 
 /// An interface address (IPv4 or IPv6) with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct Addr {
-    pub addr: IpAddr,
-    pub prefix_len: u8,
+    pub(crate) addr: IpAddr,
+    pub(crate) prefix_len: u8,
 }
 
 impl fmt::Display for Addr {
@@ -127,17 +127,17 @@ impl fmt::Display for Addr {
 /// A unicast route of the main table.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct Route {
-    pub dst: IpAddr,
-    pub prefix_len: u8,
-    pub gateway: Option<IpAddr>,
+    pub(crate) dst: IpAddr,
+    pub(crate) prefix_len: u8,
+    pub(crate) gateway: Option<IpAddr>,
     /// Output interface.
-    pub dev: Option<String>,
-    pub metric: Option<u32>,
+    pub(crate) dev: Option<String>,
+    pub(crate) metric: Option<u32>,
     /// RTPROT_* (2 = kernel, 3 = boot, 4 = static, 16 = dhcp, ...).
-    pub protocol: u8,
+    pub(crate) protocol: u8,
     /// RT_SCOPE_* (0 = universe, 253 = link).
-    pub scope: u8,
-    pub pref_src: Option<IpAddr>,
+    pub(crate) scope: u8,
+    pub(crate) pref_src: Option<IpAddr>,
 }
 
 impl Route {
@@ -187,19 +187,19 @@ impl fmt::Display for Route {
 /// One qdisc as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct QdiscInfo {
-    pub ifindex: u32,
-    pub kind: String,
+    pub(crate) ifindex: u32,
+    pub(crate) kind: String,
     /// "1:" style, "0:" for the kernel's default qdiscs.
-    pub handle: String,
+    pub(crate) handle: String,
     /// "root" or "1:1" style.
-    pub parent: String,
-    pub qlen: u32,
-    pub backlog_bytes: u32,
-    pub drops: u32,
-    pub overlimits: u32,
-    pub requeues: u32,
-    pub sent_bytes: u64,
-    pub sent_packets: u64,
+    pub(crate) parent: String,
+    pub(crate) qlen: u32,
+    pub(crate) backlog_bytes: u32,
+    pub(crate) drops: u32,
+    pub(crate) overlimits: u32,
+    pub(crate) requeues: u32,
+    pub(crate) sent_bytes: u64,
+    pub(crate) sent_packets: u64,
 }
 
 impl QdiscInfo {
@@ -217,9 +217,9 @@ impl QdiscInfo {
 /// XDP programs attached to one interface, by mode (kernel program ids).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct XdpState {
-    pub skb_prog_id: Option<u32>,
-    pub drv_prog_id: Option<u32>,
-    pub hw_prog_id: Option<u32>,
+    pub(crate) skb_prog_id: Option<u32>,
+    pub(crate) drv_prog_id: Option<u32>,
+    pub(crate) hw_prog_id: Option<u32>,
 }
 
 impl XdpState {
@@ -286,11 +286,11 @@ impl fmt::Debug for BpfObject {
 /// One XDP program of a loaded object.
 #[derive(Debug, Clone)]
 pub(crate) struct XdpProg {
-    pub obj: BpfObject,
+    pub(crate) obj: BpfObject,
     /// Its name in the object.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The kernel's program id (what IFLA_XDP reports once attached).
-    pub id: u32,
+    pub(crate) id: u32,
 }
 
 /// An XDP attachment made by [`Sys::xdp_attach`]; [`Sys::xdp_detach`]
@@ -299,10 +299,10 @@ pub(crate) struct XdpProg {
 #[derive(Debug)]
 pub(crate) struct XdpLink {
     /// The namespace's name, None for the host.
-    pub netns: Option<String>,
-    pub dev: String,
-    pub ifindex: u32,
-    pub prog_id: u32,
+    pub(crate) netns: Option<String>,
+    pub(crate) dev: String,
+    pub(crate) ifindex: u32,
+    pub(crate) prog_id: u32,
     /// aya's link (None from the fake).
     pub(crate) link: Option<aya::programs::xdp::XdpLink>,
 }
@@ -318,9 +318,9 @@ impl XdpLink {
 #[derive(Debug, thiserror::Error)]
 #[error("attaching XDP to {dev}: {message}")]
 pub(crate) struct XdpAttachError {
-    pub dev: String,
-    pub errno: Option<i32>,
-    pub message: String,
+    pub(crate) dev: String,
+    pub(crate) errno: Option<i32>,
+    pub(crate) message: String,
 }
 
 /// An offload feature switched through ethtool.

@@ -38,8 +38,8 @@ use super::{Addr, Link, QdiscInfo, Route, XdpState};
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {source}")]
 pub(crate) struct NlError {
-    pub what: String,
-    pub source: std::io::Error,
+    pub(crate) what: String,
+    pub(crate) source: std::io::Error,
 }
 
 impl NlError {

@@ -193,7 +193,7 @@ impl<'a> From<&'a Netns> for super::Ns<'a> {
 }
 
 /// Deletes the named namespace `name` (what `ip netns del` does).
-pub fn remove(name: &str) -> Result<()> {
+pub(crate) fn remove(name: &str) -> Result<()> {
     // A namespace worker of the kernel layer would keep it alive.
     super::release_worker(name);
     let path = Path::new(NETNS_RUN_DIR).join(name);

@@ -46,7 +46,7 @@ use super::{
 
 /// What a worker holds while it runs a call.
 pub(crate) struct NsCtx {
-    pub nl: NlSocket,
+    pub(crate) nl: NlSocket,
 }
 
 type Job = Box<dyn FnOnce(&mut NsCtx) + Send>;

@@ -31,23 +31,23 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RtSettings {
     /// SCHED_FIFO priority 1..=99.
-    pub fifo_priority: Option<u8>,
+    pub(crate) fifo_priority: Option<u8>,
     /// Lock all current and future memory (no page faults while sending).
-    pub mlockall: bool,
+    pub(crate) mlockall: bool,
     /// Pin the thread to this CPU.
-    pub cpu: Option<usize>,
+    pub(crate) cpu: Option<usize>,
     /// Hold this CPU idle-latency limit (PM QoS, µs) while the guard lives.
     #[serde(default)]
-    pub cpu_dma_latency_us: Option<u32>,
+    pub(crate) cpu_dma_latency_us: Option<u32>,
     /// The limit was asked for (`--cpu-dma-latency`): failing to hold it is
     /// an error. Otherwise it is the real-time default, and a process that
     /// may not open /dev/cpu_dma_latency (it is root's) runs without it.
     #[serde(default)]
-    pub cpu_dma_latency_explicit: bool,
+    pub(crate) cpu_dma_latency_explicit: bool,
 }
 
 impl RtSettings {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.fifo_priority.is_none()
             && !self.mlockall
             && self.cpu.is_none()
@@ -55,7 +55,7 @@ impl RtSettings {
     }
 
     /// Checks ranges without touching the system.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if let Some(p) = self.fifo_priority
             && !(1..=99).contains(&p)
         {
@@ -71,7 +71,7 @@ impl RtSettings {
         Ok(())
     }
 
-    pub fn metadata(&self) -> RtApplied {
+    pub(crate) fn metadata(&self) -> RtApplied {
         RtApplied {
             cpu: self.cpu,
             cpu_dma_latency_us: self.cpu_dma_latency_us,
@@ -81,7 +81,7 @@ impl RtSettings {
     }
 
     /// Applies the settings to the calling thread.
-    pub fn apply_to_current_thread(&self) -> Result<RtGuard> {
+    pub(crate) fn apply_to_current_thread(&self) -> Result<RtGuard> {
         self.validate().map_err(anyhow::Error::msg)?;
         let mut guard = RtGuard {
             prev_sched: None,
@@ -208,7 +208,7 @@ pub(crate) fn hold_cpu_dma_latency(us: u32) -> Result<std::fs::File> {
 
 /// Puts the thread back as it was. Not Send: it must drop on the thread
 /// it was made on, because policy and affinity are per thread.
-pub struct RtGuard {
+pub(crate) struct RtGuard {
     prev_sched: Option<(i32, libc::sched_param)>,
     prev_affinity: Option<CpuSet>,
     locked: bool,
@@ -220,7 +220,7 @@ pub struct RtGuard {
 
 impl RtGuard {
     /// The CPU latency limit this guard holds, in µs.
-    pub fn cpu_dma_latency_us(&self) -> Option<u32> {
+    pub(crate) fn cpu_dma_latency_us(&self) -> Option<u32> {
         self.pm_qos.as_ref().map(|(_, us)| *us)
     }
 }

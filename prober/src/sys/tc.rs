@@ -16,10 +16,10 @@ use super::{Ns, Sys};
 
 /// One tc invocation, as the words after `tc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TcCmd(pub Vec<String>);
+pub(crate) struct TcCmd(pub(crate) Vec<String>);
 
 impl TcCmd {
-    pub fn new<I, S>(args: I) -> Self
+    pub(crate) fn new<I, S>(args: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -28,11 +28,11 @@ impl TcCmd {
     }
 
     /// Parses "qdisc add dev X root ..." (tests and presets read better so).
-    pub fn parse(line: &str) -> Self {
+    pub(crate) fn parse(line: &str) -> Self {
         Self(line.split_whitespace().map(str::to_string).collect())
     }
 
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!("tc {}", self.0.join(" "))
     }
 }
@@ -46,9 +46,9 @@ impl std::fmt::Display for TcCmd {
 /// How a failed tc call failed.
 #[derive(Debug)]
 pub(crate) struct TcError {
-    pub cmd: String,
-    pub status: Option<i32>,
-    pub stderr: String,
+    pub(crate) cmd: String,
+    pub(crate) status: Option<i32>,
+    pub(crate) stderr: String,
 }
 
 impl TcError {

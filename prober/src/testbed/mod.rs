@@ -32,11 +32,11 @@ pub(crate) use nicpair::Borrowed;
 /// One interface of the testbed, in the namespace that holds it.
 #[derive(Debug, Clone)]
 pub(crate) struct Iface {
-    pub name: String,
-    pub ifindex: u32,
-    pub addr: Ipv4Addr,
+    pub(crate) name: String,
+    pub(crate) ifindex: u32,
+    pub(crate) addr: Ipv4Addr,
     /// Its unique-local IPv6 address (/64) on a dual-stack testbed.
-    pub addr6: Option<Ipv6Addr>,
+    pub(crate) addr6: Option<Ipv6Addr>,
 }
 
 impl Iface {
@@ -59,21 +59,21 @@ impl Iface {
 /// The address family probes use on a testbed (`--ip 4|6`). The testbed
 /// carries both; the choice is the probes'.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum IpVersion {
+pub(crate) enum IpVersion {
     #[default]
     V4,
     V6,
 }
 
 impl IpVersion {
-    pub fn number(self) -> u8 {
+    pub(crate) fn number(self) -> u8 {
         match self {
             IpVersion::V4 => 4,
             IpVersion::V6 => 6,
         }
     }
 
-    pub fn from_number(n: i64) -> Option<Self> {
+    pub(crate) fn from_number(n: i64) -> Option<Self> {
         match n {
             4 => Some(IpVersion::V4),
             6 => Some(IpVersion::V6),
@@ -144,19 +144,19 @@ pub(crate) enum Kind {
 #[derive(Debug)]
 pub(crate) struct Testbed {
     /// Short unique id of this run, part of every name it created.
-    pub id: String,
-    pub kind: Kind,
-    pub sender: Netns,
-    pub receiver: Netns,
+    pub(crate) id: String,
+    pub(crate) kind: Kind,
+    pub(crate) sender: Netns,
+    pub(crate) receiver: Netns,
     /// None in NIC-pair mode (the cable is the path).
-    pub router: Option<Netns>,
+    pub(crate) router: Option<Netns>,
     /// Sender's interface (probes and the TCP load leave here).
-    pub sender_if: Iface,
-    pub receiver_if: Iface,
+    pub(crate) sender_if: Iface,
+    pub(crate) receiver_if: Iface,
     /// Router side facing the sender (ingress of probes).
-    pub router_in: Option<Iface>,
+    pub(crate) router_in: Option<Iface>,
     /// Router side facing the receiver (egress of probes: the bottleneck hop).
-    pub router_out: Option<Iface>,
+    pub(crate) router_out: Option<Iface>,
     /// What to undo, newest last; run on teardown or drop.
     undo: Undo,
     sys: SysRef,
@@ -354,15 +354,15 @@ fn v6(a: Ipv6Addr) -> Addr {
 /// The interfaces of a veth testbed once built (ifindexes included).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct VethLayout {
-    pub sender: String,
-    pub router: String,
-    pub receiver: String,
-    pub sender_if: u32,
-    pub router_in: u32,
-    pub router_out: u32,
-    pub receiver_if: u32,
+    pub(crate) sender: String,
+    pub(crate) router: String,
+    pub(crate) receiver: String,
+    pub(crate) sender_if: u32,
+    pub(crate) router_in: u32,
+    pub(crate) router_out: u32,
+    pub(crate) receiver_if: u32,
     /// The IPv6 addresses are on too (the kernel has IPv6).
-    pub ipv6: bool,
+    pub(crate) ipv6: bool,
 }
 
 fn ifindex_of(sys: &dyn Sys, ns: Ns, name: &str) -> Result<u32> {
@@ -442,12 +442,12 @@ pub(crate) fn build_veth(sys: &dyn Sys, id: &str, undo: &mut Undo) -> Result<Vet
 /// The NIC-pair layout once built.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PairLayout {
-    pub sender: String,
-    pub receiver: String,
-    pub sender_if: u32,
-    pub receiver_if: u32,
+    pub(crate) sender: String,
+    pub(crate) receiver: String,
+    pub(crate) sender_if: u32,
+    pub(crate) receiver_if: u32,
     /// The IPv6 addresses are on too (the kernel has IPv6).
-    pub ipv6: bool,
+    pub(crate) ipv6: bool,
 }
 
 /// Moves `tx_if`/`rx_if` into fresh sender/receiver namespaces through

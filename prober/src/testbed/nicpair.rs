@@ -19,19 +19,19 @@ use crate::sys::{Addr, Ns, Offload, Route, Sys, TcCmd, root_qdisc};
 /// A NIC-pair interface as it was before the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Borrowed {
-    pub name: String,
+    pub(crate) name: String,
     /// The testbed namespace it was moved into.
-    pub netns: String,
-    pub up: bool,
-    pub mtu: Option<u32>,
-    pub addrs: Vec<Addr>,
+    pub(crate) netns: String,
+    pub(crate) up: bool,
+    pub(crate) mtu: Option<u32>,
+    pub(crate) addrs: Vec<Addr>,
     /// Main-table routes through it, the default route included.
-    pub routes: Vec<Route>,
+    pub(crate) routes: Vec<Route>,
     /// The offloads the driver reports, and their state.
-    pub offloads: Vec<(Offload, bool)>,
+    pub(crate) offloads: Vec<(Offload, bool)>,
     /// The root qdisc was the kernel's own (a knob's qdisc left behind by
     /// a killed run is removed on give-back).
-    pub default_root_qdisc: bool,
+    pub(crate) default_root_qdisc: bool,
 }
 
 /// Reads everything the give-back restores.

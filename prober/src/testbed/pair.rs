@@ -35,23 +35,23 @@ pub(crate) const MAX_FILE_ADDRS: usize = 65_536;
 pub(crate) struct PairSpec {
     /// Part of both namespace names (`rtprobe-ID-TAG-a`): which test or
     /// bench section a leftover belongs to.
-    pub tag: Option<String>,
-    pub a_addrs: Vec<Addr>,
-    pub b_addrs: Vec<Addr>,
+    pub(crate) tag: Option<String>,
+    pub(crate) a_addrs: Vec<Addr>,
+    pub(crate) b_addrs: Vec<Addr>,
     /// A's veth as the peer of a native XDP program on B asks: GRO
     /// requested (XDP_TX/REDIRECT into a veth needs it on the receiving
     /// end) and TX checksumming off (locally sent UDP otherwise leaves
     /// with a partial checksum that native XDP does not fill in).
-    pub xdp_peer: bool,
+    pub(crate) xdp_peer: bool,
 }
 
 /// The pair once built.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PairLayout {
-    pub a: String,
-    pub b: String,
-    pub a_ifindex: u32,
-    pub b_ifindex: u32,
+    pub(crate) a: String,
+    pub(crate) b: String,
+    pub(crate) a_ifindex: u32,
+    pub(crate) b_ifindex: u32,
 }
 
 /// Parses `ADDR/LEN` (`10.77.0.1/24`, `fd77::1/64`).
@@ -186,11 +186,11 @@ pub(crate) fn build_pair(
 /// A built pair. Dropping it removes both namespaces.
 #[derive(Debug)]
 pub(crate) struct VethPair {
-    pub id: String,
+    pub(crate) id: String,
     /// A's namespace, held open (the readiness check pings from it).
-    pub a: Netns,
-    pub layout: PairLayout,
-    pub spec: PairSpec,
+    pub(crate) a: Netns,
+    pub(crate) layout: PairLayout,
+    pub(crate) spec: PairSpec,
     undo: Undo,
 }
 

@@ -25,17 +25,17 @@ pub(crate) const RUN_DIR: &str = "/run/rtprobe";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Record {
-    pub id: String,
-    pub pid: u32,
+    pub(crate) id: String,
+    pub(crate) pid: u32,
     /// /proc/PID/stat field 22 (clock ticks after boot).
-    pub start_time: u64,
-    pub kind: String,
+    pub(crate) start_time: u64,
+    pub(crate) kind: String,
     /// Inode of the network namespace the run started in (where NIC-pair
     /// interfaces go back to).
-    pub host_netns: u64,
-    pub steps: Vec<Step>,
+    pub(crate) host_netns: u64,
+    pub(crate) steps: Vec<Step>,
     #[serde(skip)]
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 /// Start time of process `pid` (field 22 of /proc/PID/stat), None if there

@@ -16,31 +16,31 @@ use crate::model::units::{fmt_num, serde_via_str, split_number};
 /// `gbit` (powers of 1000). tc's `bps`/`kbps`/`mbps` mean *bytes* per
 /// second; they are refused because they are easy to misread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Rate {
-    pub bps: u64,
+pub(crate) struct Rate {
+    pub(crate) bps: u64,
 }
 
 impl Rate {
-    pub const fn from_bps(bps: u64) -> Self {
+    pub(crate) const fn from_bps(bps: u64) -> Self {
         Self { bps }
     }
 
-    pub fn mbit(m: u64) -> Self {
+    pub(crate) fn mbit(m: u64) -> Self {
         Self { bps: m * 1_000_000 }
     }
 
     /// Bytes per second (what SO_MAX_PACING_RATE takes).
-    pub fn bytes_per_sec(self) -> u64 {
+    pub(crate) fn bytes_per_sec(self) -> u64 {
         self.bps / 8
     }
 
     /// How tc wants it: exact bits per second.
-    pub fn tc(self) -> String {
+    pub(crate) fn tc(self) -> String {
         format!("{}bit", self.bps)
     }
 
     /// The same rate scaled by `f` (shares of a link).
-    pub fn scaled(self, f: f64) -> Self {
+    pub(crate) fn scaled(self, f: f64) -> Self {
         Self {
             bps: (self.bps as f64 * f).round() as u64,
         }
@@ -109,7 +109,7 @@ impl FromStr for Rate {
 
 /// A queue limit: packets (`100`, `100p`, `100pkt`) or bytes (`64kb`, `3000b`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QueueLimit {
+pub(crate) enum QueueLimit {
     Packets(u32),
     Bytes(u64),
 }
@@ -160,7 +160,7 @@ impl FromStr for QueueLimit {
 
 /// How much load: a share of the link (`50%`) or an absolute rate (`50mbit`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum LoadRate {
+pub(crate) enum LoadRate {
     /// Fraction of the link rate: 0.5 for `50%`.
     Share(f64),
     Rate(Rate),
@@ -201,7 +201,7 @@ impl FromStr for LoadRate {
 /// while probing: `off`, or the most wake-up latency in µs the CPUs' idle
 /// states may add (`0`: never enter a state that halts, as cyclictest does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CpuDmaLatency {
+pub(crate) enum CpuDmaLatency {
     Off,
     Us(u32),
 }

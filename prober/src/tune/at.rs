@@ -5,8 +5,8 @@ use crate::sys::{Ns, Sys};
 /// A namespace and the [`Sys`] that reaches it.
 #[derive(Clone, Copy)]
 pub(crate) struct At<'a> {
-    pub sys: &'a dyn Sys,
-    pub ns: Ns<'a>,
+    pub(crate) sys: &'a dyn Sys,
+    pub(crate) ns: Ns<'a>,
 }
 
 impl<'a> At<'a> {

@@ -18,49 +18,49 @@ use crate::model::units::humane_duration;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KnobSpec {
+pub(crate) struct KnobSpec {
     /// Where shaping, qdisc, BQL, txqueuelen and TX ring act.
-    pub bottleneck: Option<Bottleneck>,
+    pub(crate) bottleneck: Option<Bottleneck>,
     /// Shaper rate at the bottleneck.
-    pub link_rate: Option<Rate>,
+    pub(crate) link_rate: Option<Rate>,
     /// Shaper qdisc for `link_rate`.
-    pub shaper: Option<ShaperKind>,
+    pub(crate) shaper: Option<ShaperKind>,
     /// Queue behind the shaper, in packets or bytes.
-    pub queue_limit: Option<QueueLimit>,
+    pub(crate) queue_limit: Option<QueueLimit>,
     /// Shaper bucket.
-    pub burst: Option<Bytes>,
+    pub(crate) burst: Option<Bytes>,
     /// Bytes the shaper adds per frame for what a wire carries.
-    pub wire_overhead: Option<u32>,
+    pub(crate) wire_overhead: Option<u32>,
     /// qdisc on the bottleneck (under the shaper if shaped).
-    pub qdisc: Option<QdiscSpec>,
+    pub(crate) qdisc: Option<QdiscSpec>,
     /// What to do if the kernel lacks the qdisc.
-    pub missing: Option<MissingPolicy>,
+    pub(crate) missing: Option<MissingPolicy>,
     /// BQL limit_max of every TX queue of the bottleneck.
-    pub bql_limit_max: Option<Bytes>,
+    pub(crate) bql_limit_max: Option<Bytes>,
     /// net.ipv4.tcp_limit_output_bytes in the sender namespace.
-    pub tsq: Option<Bytes>,
-    pub txqueuelen: Option<u32>,
+    pub(crate) tsq: Option<Bytes>,
+    pub(crate) txqueuelen: Option<u32>,
     /// TX ring size of the bottleneck NIC, in descriptors.
-    pub tx_ring: Option<u32>,
+    pub(crate) tx_ring: Option<u32>,
     /// TSO+GSO on the sender's interface.
-    pub gso: Option<bool>,
+    pub(crate) gso: Option<bool>,
     /// What to do if the device cannot do a knob.
-    pub device_unsupported: Option<DevicePolicy>,
+    pub(crate) device_unsupported: Option<DevicePolicy>,
     /// Competing load flows.
-    pub load: Option<Vec<LoadSpec>>,
+    pub(crate) load: Option<Vec<LoadSpec>>,
     /// Time the load runs before the probes start.
     #[serde(default, with = "humane_duration::option")]
-    pub load_warmup: Option<Duration>,
+    pub(crate) load_warmup: Option<Duration>,
     /// CPU stress workers.
-    pub stress: Option<u32>,
-    pub stress_tool: Option<StressTool>,
+    pub(crate) stress: Option<u32>,
+    pub(crate) stress_tool: Option<StressTool>,
     /// SCHED_FIFO priority of the probe sender (1-99).
-    pub rt_priority: Option<u8>,
-    pub mlockall: Option<bool>,
-    pub pin_cpu: Option<usize>,
+    pub(crate) rt_priority: Option<u8>,
+    pub(crate) mlockall: Option<bool>,
+    pub(crate) pin_cpu: Option<usize>,
     /// The /dev/cpu_dma_latency limit held while probing.
-    pub cpu_dma_latency: Option<CpuDmaLatency>,
+    pub(crate) cpu_dma_latency: Option<CpuDmaLatency>,
     /// Period of the bottleneck's qdisc backlog samples.
     #[serde(default, with = "humane_duration::option")]
-    pub queue_sample: Option<Duration>,
+    pub(crate) queue_sample: Option<Duration>,
 }

@@ -98,7 +98,7 @@ pub(crate) enum Outcome<G> {
 /// Where shaping, qdisc, BQL, txqueuelen and TX ring act.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Bottleneck {
+pub(crate) enum Bottleneck {
     /// The sender's interface, in the sender namespace (the study's choice).
     #[default]
     Sender,
@@ -108,7 +108,7 @@ pub enum Bottleneck {
 
 impl Bottleneck {
     /// Its serde word, for the run metadata.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Bottleneck::Sender => "sender",
             Bottleneck::Router => "router",
@@ -119,7 +119,7 @@ impl Bottleneck {
 /// What to do when the kernel lacks a requested qdisc.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum MissingPolicy {
+pub(crate) enum MissingPolicy {
     /// Stop with an error before anything is changed.
     #[default]
     Fail,
@@ -130,7 +130,7 @@ pub enum MissingPolicy {
 /// What to do when the device cannot do a knob (BQL, TX ring on veth).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum DevicePolicy {
+pub(crate) enum DevicePolicy {
     /// Record "unsupported" with the reason and go on.
     #[default]
     Report,
@@ -164,13 +164,13 @@ from_str_via_serde!(
 /// What the knobs need to know about the probe flow: the port for the
 /// priority filters, size and interval for the probe class rate.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProbeContext {
-    pub port: u16,
+pub(crate) struct ProbeContext {
+    pub(crate) port: u16,
     /// UDP payload bytes.
-    pub size: usize,
-    pub interval: Duration,
+    pub(crate) size: usize,
+    pub(crate) interval: Duration,
     /// The probes go over IPv6 (`--ip 6`): a 40-byte IP header, not 20.
-    pub ipv6: bool,
+    pub(crate) ipv6: bool,
 }
 
 impl Default for ProbeContext {
@@ -187,7 +187,7 @@ impl Default for ProbeContext {
 
 impl ProbeContext {
     /// Bits per second the probe flow puts on an Ethernet wire.
-    pub fn wire_rate(&self, overhead_bytes: u32) -> Rate {
+    pub(crate) fn wire_rate(&self, overhead_bytes: u32) -> Rate {
         let ip_extra = if self.ipv6 {
             shaping::IPV6_EXTRA_HEADER_BYTES
         } else {
@@ -213,10 +213,10 @@ pub(crate) const DEFAULT_LOAD_WARMUP: Duration = Duration::from_secs(1);
 /// optional; the accessors give the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(from = "KnobSpec", into = "KnobSpec")]
-pub struct Knobs {
+pub(crate) struct Knobs {
     spec: KnobSpec,
     /// Not from the user: set by the runner from the probe options.
-    pub probe: ProbeContext,
+    pub(crate) probe: ProbeContext,
 }
 
 impl From<KnobSpec> for Knobs {
@@ -249,9 +249,9 @@ impl std::ops::DerefMut for Knobs {
 
 /// A knob setting that cannot work, with the key to blame.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KnobError {
-    pub key: &'static str,
-    pub message: String,
+pub(crate) struct KnobError {
+    pub(crate) key: &'static str,
+    pub(crate) message: String,
 }
 
 impl std::fmt::Display for KnobError {
@@ -269,7 +269,7 @@ fn knob_err(key: &'static str, message: String) -> Result<(), KnobError> {
 impl Knobs {
     /// Tells the knobs about the probe flow (port for filters, rate for
     /// the probe class). The runner calls this before `apply`.
-    pub fn set_probe(&mut self, port: u16, size: usize, interval: Duration) {
+    pub(crate) fn set_probe(&mut self, port: u16, size: usize, interval: Duration) {
         self.probe = ProbeContext {
             port,
             size,
@@ -278,27 +278,27 @@ impl Knobs {
         };
     }
 
-    pub fn bottleneck(&self) -> Bottleneck {
+    pub(crate) fn bottleneck(&self) -> Bottleneck {
         self.bottleneck.unwrap_or_default()
     }
 
-    pub fn missing(&self) -> MissingPolicy {
+    pub(crate) fn missing(&self) -> MissingPolicy {
         self.missing.unwrap_or_default()
     }
 
-    pub fn device_unsupported(&self) -> DevicePolicy {
+    pub(crate) fn device_unsupported(&self) -> DevicePolicy {
         self.device_unsupported.unwrap_or_default()
     }
 
-    pub fn loads(&self) -> &[LoadSpec] {
+    pub(crate) fn loads(&self) -> &[LoadSpec] {
         self.load.as_deref().unwrap_or(&[])
     }
 
-    pub fn overhead_bytes(&self) -> u32 {
+    pub(crate) fn overhead_bytes(&self) -> u32 {
         self.wire_overhead.unwrap_or(shaping::DEFAULT_WIRE_OVERHEAD)
     }
 
-    pub fn shaping(&self) -> Option<Shaping> {
+    pub(crate) fn shaping(&self) -> Option<Shaping> {
         self.link_rate.map(|rate| Shaping {
             rate,
             shaper: self.shaper.unwrap_or_default(),
@@ -308,7 +308,7 @@ impl Knobs {
         })
     }
 
-    pub fn rt(&self) -> RtSettings {
+    pub(crate) fn rt(&self) -> RtSettings {
         RtSettings {
             fifo_priority: self.rt_priority,
             mlockall: self.mlockall.unwrap_or(false),
@@ -325,20 +325,12 @@ impl Knobs {
     }
 
     /// Does this set change anything at all?
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.spec == KnobSpec::default()
     }
 
-    /// Kernel features the qdisc needs (kinds and "u32").
-    pub fn qdisc_requirements(&self) -> Vec<&'static str> {
-        self.qdisc
-            .as_ref()
-            .map(QdiscSpec::requirements)
-            .unwrap_or_default()
-    }
-
     /// Cross-field checks that need no system access.
-    pub fn validate(&self) -> Result<(), KnobError> {
+    pub(crate) fn validate(&self) -> Result<(), KnobError> {
         self.validate_shaping()?;
         self.validate_device_limits()?;
         self.validate_stress()?;
@@ -475,7 +467,7 @@ impl Knobs {
     }
 
     /// Checks against the probe flow (set by `set_probe`).
-    pub fn validate_with_probe(&self) -> Result<(), KnobError> {
+    pub(crate) fn validate_with_probe(&self) -> Result<(), KnobError> {
         self.validate()?;
         let mut next = load::DEFAULT_LOAD_PORT;
         for l in self.loads() {
@@ -496,7 +488,7 @@ impl Knobs {
     }
 
     /// One line for reports: the knobs that are set, in TOML-ish words.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut k = self.clone();
         k.probe = ProbeContext::default();
         match serde_json::to_value(&k) {

@@ -61,7 +61,7 @@ pub(crate) const MTU_FRAME: u64 = 1514;
 /// Which qdisc shapes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ShaperKind {
+pub(crate) enum ShaperKind {
     /// Hierarchical token bucket: one class at the link rate.
     #[default]
     Htb,
@@ -70,7 +70,7 @@ pub enum ShaperKind {
 }
 
 impl ShaperKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ShaperKind::Htb => "htb",
             ShaperKind::Tbf => "tbf",
@@ -80,13 +80,13 @@ impl ShaperKind {
 
 /// A shaped link: rate, queue and framing overhead.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Shaping {
-    pub rate: Rate,
-    pub shaper: ShaperKind,
+pub(crate) struct Shaping {
+    pub(crate) rate: Rate,
+    pub(crate) shaper: ShaperKind,
     /// The FIFO leaf's limit (ignored when a qdisc is chosen: it has its own).
-    pub queue_limit: Option<QueueLimit>,
-    pub burst: Option<Bytes>,
-    pub overhead_bytes: u32,
+    pub(crate) queue_limit: Option<QueueLimit>,
+    pub(crate) burst: Option<Bytes>,
+    pub(crate) overhead_bytes: u32,
 }
 
 /// Handle of the shaper's root and of its class the leaf hangs from.
@@ -94,7 +94,8 @@ pub(crate) const SHAPER_ROOT: &str = "1:";
 pub(crate) const SHAPER_CLASS: &str = "1:1";
 
 impl Shaping {
-    pub fn new(rate: Rate) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(rate: Rate) -> Self {
         Self {
             rate,
             shaper: ShaperKind::Htb,
@@ -106,7 +107,7 @@ impl Shaping {
 
     /// Bucket size: what the user gave, or 1 ms at the link rate but at
     /// least two full frames (less makes the shaper stall on timer slack).
-    pub fn burst_bytes(&self) -> u64 {
+    pub(crate) fn burst_bytes(&self) -> u64 {
         match self.burst {
             Some(b) => b.0,
             None => (self.rate.bytes_per_sec() / 1000).max(2 * MTU_FRAME),
@@ -123,7 +124,7 @@ impl Shaping {
     }
 
     /// tc commands for the shaper itself, on `dev`.
-    pub fn commands(&self, dev: &str) -> Vec<TcCmd> {
+    pub(crate) fn commands(&self, dev: &str) -> Vec<TcCmd> {
         let rate = self.rate.tc();
         let burst = self.burst_bytes().to_string();
         let overhead = self.overhead_bytes.to_string();
@@ -186,7 +187,7 @@ impl Shaping {
 
     /// The FIFO leaf under the shaper when no qdisc was chosen, if the
     /// shaper's own default is not what the queue limit asks for.
-    pub fn default_leaf(&self, dev: &str, handle: &str) -> Option<TcCmd> {
+    pub(crate) fn default_leaf(&self, dev: &str, handle: &str) -> Option<TcCmd> {
         let leaf = |kind: &str, limit: String| {
             TcCmd::new([
                 "qdisc",
@@ -212,14 +213,14 @@ impl Shaping {
     }
 
     /// Payload bits per second a UDP flow of `payload` bytes can carry.
-    pub fn udp_payload_capacity_bps(&self, payload: u32) -> f64 {
+    pub(crate) fn udp_payload_capacity_bps(&self, payload: u32) -> f64 {
         let per_pkt = (payload + UDP_IPV4_ETH_HEADERS + self.overhead_bytes) as f64;
         self.rate.bps as f64 * payload as f64 / per_pkt
     }
 
     /// Loss a CBR UDP flow must see when it sends `sent_payload_bps` of
     /// `payload`-byte datagrams into this link: 1 - capacity / offered.
-    pub fn expected_udp_loss_pct(&self, payload: u32, sent_payload_bps: f64) -> f64 {
+    pub(crate) fn expected_udp_loss_pct(&self, payload: u32, sent_payload_bps: f64) -> f64 {
         let cap = self.udp_payload_capacity_bps(payload);
         if sent_payload_bps <= cap {
             0.0
@@ -229,7 +230,7 @@ impl Shaping {
     }
 
     /// The shaper as installed, for the run metadata.
-    pub fn metadata(&self) -> ShapingApplied {
+    pub(crate) fn metadata(&self) -> ShapingApplied {
         let leaf_limit = match self.queue_limit {
             Some(q) => q.to_string(),
             None => match self.shaper {

@@ -25,7 +25,7 @@ use crate::sys::process::Background;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum StressTool {
+pub(crate) enum StressTool {
     /// sqrt loops on threads inside rtprobe.
     #[default]
     Builtin,
@@ -34,7 +34,7 @@ pub enum StressTool {
 }
 
 impl StressTool {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StressTool::Builtin => "builtin",
             StressTool::StressNg => "stress-ng",

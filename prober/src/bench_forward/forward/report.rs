@@ -59,15 +59,15 @@ pub(super) fn classify(load_pct: u32, generated: u64, forwarded: u64) -> Limit {
 /// Probe figures of one step.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct ProbeFigures {
-    pub sent: u64,
-    pub lost: u64,
-    pub rtt_p50_ns: Option<u64>,
-    pub rtt_p99_ns: Option<u64>,
+    pub(crate) sent: u64,
+    pub(crate) lost: u64,
+    pub(crate) rtt_p50_ns: Option<u64>,
+    pub(crate) rtt_p99_ns: Option<u64>,
     /// RTT of the path without the reflector's user-space turnaround.
-    pub rtt_net_p50_ns: Option<u64>,
-    pub rtt_net_p99_ns: Option<u64>,
-    pub one_way_p50_ns: Option<u64>,
-    pub one_way_p99_ns: Option<u64>,
+    pub(crate) rtt_net_p50_ns: Option<u64>,
+    pub(crate) rtt_net_p99_ns: Option<u64>,
+    pub(crate) one_way_p50_ns: Option<u64>,
+    pub(crate) one_way_p99_ns: Option<u64>,
 }
 
 impl ProbeFigures {
@@ -88,66 +88,66 @@ impl ProbeFigures {
 /// One measured step.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct StepResult {
-    pub mode: ForwardMode,
+    pub(crate) mode: ForwardMode,
     /// Memory accesses per packet of the router's work variant (None: the router itself).
-    pub work: Option<u32>,
-    pub xdp_mode_attached: String,
-    pub generator: Generator,
-    pub size: usize,
-    pub load_pct: u32,
-    pub offered_pps: Option<f64>,
-    pub generated: u64,
-    pub forwarded: u64,
-    pub secs: f64,
-    pub generated_pps: f64,
-    pub forwarded_pps: f64,
-    pub drop_pct: f64,
+    pub(crate) work: Option<u32>,
+    pub(crate) xdp_mode_attached: String,
+    pub(crate) generator: Generator,
+    pub(crate) size: usize,
+    pub(crate) load_pct: u32,
+    pub(crate) offered_pps: Option<f64>,
+    pub(crate) generated: u64,
+    pub(crate) forwarded: u64,
+    pub(crate) secs: f64,
+    pub(crate) generated_pps: f64,
+    pub(crate) forwarded_pps: f64,
+    pub(crate) drop_pct: f64,
     /// XDP generator: program runs per second (it keeps a share); socket: datagrams sent.
-    pub generator_runs_pps: f64,
+    pub(crate) generator_runs_pps: f64,
     /// CPU the generator threads used, in percent of one core.
-    pub generator_cpu_pct: f64,
+    pub(crate) generator_cpu_pct: f64,
     /// CPU the router's NAPI thread used, in percent of one core (threaded NAPI only;
     /// the receiver's softirq work is not in it).
-    pub router_cpu_pct: Option<f64>,
-    pub cores: Vec<CoreUse>,
-    pub probe: ProbeFigures,
+    pub(crate) router_cpu_pct: Option<f64>,
+    pub(crate) cores: Vec<CoreUse>,
+    pub(crate) probe: ProbeFigures,
     /// Router XDP counters during the step (empty without XDP).
-    pub xdp_counters: XdpCounters,
+    pub(crate) xdp_counters: XdpCounters,
     /// Interface counters during the step, for finding where drops happened.
-    pub router_in_rx_dropped: u64,
-    pub limit: Limit,
+    pub(crate) router_in_rx_dropped: u64,
+    pub(crate) limit: Limit,
     /// `perf stat` of the router's threads (flat-out steps with --perf-stat).
-    pub perf: Option<PerfFigures>,
+    pub(crate) perf: Option<PerfFigures>,
 }
 
 /// Everything `bench-forward` measured, with the machine it ran on.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ForwardReport {
-    pub machine: Machine,
+    pub(crate) machine: Machine,
     /// Ids of the testbeds built (one per mode); all removed at the end.
-    pub testbed_ids: Vec<String>,
-    pub sink: Sink,
-    pub threaded_napi: bool,
-    pub rt_priority: Option<u8>,
-    pub steps: Vec<StepResult>,
+    pub(crate) testbed_ids: Vec<String>,
+    pub(crate) sink: Sink,
+    pub(crate) threaded_napi: bool,
+    pub(crate) rt_priority: Option<u8>,
+    pub(crate) steps: Vec<StepResult>,
     /// The bounce device's steps (--bounce), per hook and queue count.
-    pub bounce: Vec<BounceStep>,
+    pub(crate) bounce: Vec<BounceStep>,
     /// Why the perf figures are missing, when they are.
-    pub perf_note: Option<String>,
+    pub(crate) perf_note: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Machine {
-    pub cpus: usize,
-    pub cpu_model: String,
-    pub kernel: String,
+    pub(crate) cpus: usize,
+    pub(crate) cpu_model: String,
+    pub(crate) kernel: String,
     /// 1-minute load average when the bench started: other work on the
     /// machine shares the cores with the router under test.
-    pub loadavg_at_start: f64,
+    pub(crate) loadavg_at_start: f64,
     /// Everything a probe run's summary says of its host (the three
     /// fields above come from it).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<HostFacts>,
+    pub(crate) host: Option<HostFacts>,
 }
 
 impl Machine {

@@ -16,7 +16,7 @@ const MAX_TOKEN_BYTES: usize = 4096;
 
 /// The access rule of a metrics server.
 #[derive(Clone, Default)]
-pub struct Access {
+pub(crate) struct Access {
     token: Option<Vec<u8>>,
 }
 
@@ -36,20 +36,20 @@ const FLAG: &str = "--metrics-token-file";
 
 impl Access {
     /// Anyone who reaches the address.
-    pub fn open() -> Self {
+    pub(crate) fn open() -> Self {
         Self::default()
     }
 
     /// `--metrics-token-file`'s rule: open without a file, the file's
     /// token otherwise.
-    pub fn from_token_file(file: Option<&Path>) -> Result<Self> {
+    pub(crate) fn from_token_file(file: Option<&Path>) -> Result<Self> {
         file.map_or_else(|| Ok(Self::open()), Self::token_file)
     }
 
     /// Only requests with the token in `file`: at least 16 visible ASCII
     /// characters, one line (a final newline is not part of it), in a
     /// file not every user can read.
-    pub fn token_file(file: &Path) -> Result<Self> {
+    pub(crate) fn token_file(file: &Path) -> Result<Self> {
         let flag = FLAG;
         let meta = std::fs::metadata(file)
             .with_context(|| format!("{flag} {}: cannot read it", file.display()))?;

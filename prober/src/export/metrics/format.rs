@@ -19,7 +19,7 @@ pub enum Format {
 
 impl Format {
     /// The `Content-Type` the body is served under.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -31,7 +31,7 @@ impl Format {
     /// of any text type it also accepts, the Prometheus text format
     /// otherwise (no header, `*/*`, `text/plain`, or OpenMetrics refused
     /// with q=0).
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub(crate) fn negotiate(accept: Option<&str>) -> Format {
         let (mut openmetrics_q, mut text_q) = (0.0f32, 0.0f32);
         for range in accept.unwrap_or("").split(',') {
             let mut params = range.split(';').map(str::trim);

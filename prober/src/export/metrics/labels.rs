@@ -58,16 +58,16 @@ pub(crate) fn check_user_label(name: &str) -> Result<(), String> {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FlowLabels {
     /// Where the probes go, e.g. "10.99.2.2:5061".
-    pub target: String,
+    pub(crate) target: String,
     /// Flow id (0 = the main flow).
-    pub flow: String,
+    pub(crate) flow: String,
     /// IP TOS byte, e.g. "0xc0".
-    pub tos: String,
+    pub(crate) tos: String,
     /// UDP payload bytes.
-    pub size: String,
+    pub(crate) size: String,
     /// A targets file's labels of this target (`site="fra1"`...).
     #[prometheus(flatten)]
-    pub extra: Vec<(String, String)>,
+    pub(crate) extra: Vec<(String, String)>,
 }
 
 impl FlowLabels {
@@ -82,7 +82,10 @@ impl FlowLabels {
     }
 
     /// With the target's own labels (names checked by the targets file).
-    pub fn with_extra(mut self, labels: &std::collections::BTreeMap<String, String>) -> Self {
+    pub(crate) fn with_extra(
+        mut self,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
         self.extra = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         self
     }

@@ -39,7 +39,5 @@ mod server;
 mod slots;
 mod watch;
 
-pub use self::{
-    access::Access, flow::FlowMetrics, format::Format, labels::FlowLabels, registry::Metrics,
-    server::MetricsServer,
-};
+pub(crate) use self::{access::Access, flow::FlowMetrics, server::MetricsServer};
+pub use self::{format::Format, labels::FlowLabels, registry::Metrics};

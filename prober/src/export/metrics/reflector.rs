@@ -45,7 +45,7 @@ impl Metrics {
     /// (cumulative, by outcome; `last` is what was published before,
     /// updated in place). Every outcome is published, zero or not, so a
     /// scrape shows which exist.
-    pub fn kernel_reflector_update(&self, last: &mut XdpCounters, now: &XdpCounters) {
+    pub(crate) fn kernel_reflector_update(&self, last: &mut XdpCounters, now: &XdpCounters) {
         for (outcome, c) in now {
             let before = last.get(outcome).map_or(0, |b| b.packets);
             self.kernel_reflector_frames

@@ -335,7 +335,7 @@ impl Metrics {
     }
 
     /// Counts a failure to open the target of `flow` at `step`.
-    pub fn target_error(&self, flow: &FlowLabels, step: &str) {
+    pub(crate) fn target_error(&self, flow: &FlowLabels, step: &str) {
         let labels = StepLabels {
             flow: flow.clone(),
             step: step.into(),

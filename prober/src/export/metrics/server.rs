@@ -58,7 +58,7 @@ use super::{
 /// single-threaded tokio runtime that lives on that thread, so the probe's
 /// own threads never run any of it. The module docs state what a client
 /// can cost it.
-pub struct MetricsServer {
+pub(crate) struct MetricsServer {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -121,7 +121,7 @@ const TEXT: &str = "text/plain; charset=utf-8";
 impl MetricsServer {
     /// Binds `addr` (port 0: a free port) and serves `metrics` to whom
     /// `access` allows.
-    pub fn start(addr: SocketAddr, metrics: Arc<Metrics>, access: Access) -> Result<Self> {
+    pub(crate) fn start(addr: SocketAddr, metrics: Arc<Metrics>, access: Access) -> Result<Self> {
         Self::start_with(addr, metrics, access, Limits::DEFAULT)
     }
 
@@ -173,7 +173,7 @@ impl MetricsServer {
     }
 
     /// The address it listens on (with the port picked for port 0).
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 }

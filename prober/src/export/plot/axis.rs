@@ -11,13 +11,13 @@ pub(crate) use crate::model::units::{Unit, format_duration_ns, format_number, sp
 /// A latency axis: data range, unit, scale.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ValueAxis {
-    pub unit: Unit,
-    pub log: bool,
+    pub(crate) unit: Unit,
+    pub(crate) log: bool,
     /// Ends of the axis in plot coordinates (see module docs).
-    pub lo: f64,
-    pub hi: f64,
+    pub(crate) lo: f64,
+    pub(crate) hi: f64,
     /// The user fixed the upper end (`--y-max`): drawing must not move it.
-    pub fixed_hi: bool,
+    pub(crate) fixed_hi: bool,
 }
 
 impl ValueAxis {

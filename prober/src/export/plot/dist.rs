@@ -86,7 +86,7 @@ impl Dist {
         }
     }
 
-    pub fn record(&mut self, v: i64) {
+    pub(crate) fn record(&mut self, v: i64) {
         self.n += 1;
         self.min = self.min.min(v);
         self.max = self.max.max(v);
@@ -137,7 +137,7 @@ impl Dist {
     }
 
     /// Whether every sample is still known exactly.
-    pub fn is_exact(&self) -> bool {
+    pub(crate) fn is_exact(&self) -> bool {
         self.hist.is_none()
     }
 
@@ -329,15 +329,15 @@ fn add_to_sketch(sketch: &mut Vec<Bucket>, b: Bucket) {
 pub struct ColumnSummary {
     /// Mean x of the column's samples (raw x: ns or sequence number); for
     /// a column with only lost probes, the first lost one's.
-    pub x: i64,
+    pub(crate) x: i64,
     pub n: u64,
-    pub min: i64,
-    pub p50: i64,
-    pub p99: i64,
-    pub max: i64,
-    pub lost: u64,
+    pub(crate) min: i64,
+    pub(crate) p50: i64,
+    pub(crate) p99: i64,
+    pub(crate) max: i64,
+    pub(crate) lost: u64,
     /// x of the first lost probe in the column (if any).
-    pub lost_x: i64,
+    pub(crate) lost_x: i64,
 }
 
 /// A time series decimated while it streams in: the x range is cut into at
@@ -358,7 +358,7 @@ pub struct TimeGrid {
 }
 
 impl TimeGrid {
-    pub fn new(columns: usize) -> TimeGrid {
+    pub(crate) fn new(columns: usize) -> TimeGrid {
         TimeGrid {
             columns: columns.max(2),
             base: 0,
@@ -419,12 +419,12 @@ impl TimeGrid {
     }
 
     /// One latency sample at `x`.
-    pub fn record(&mut self, x: i64, v: i64) {
+    pub(crate) fn record(&mut self, x: i64, v: i64) {
         self.record_n(x, v, 1);
     }
 
     /// `count` samples at `v` and `x` (an HDR log interval's bucket).
-    pub fn record_n(&mut self, x: i64, v: i64, count: u64) {
+    pub(crate) fn record_n(&mut self, x: i64, v: i64, count: u64) {
         if count == 0 {
             return;
         }
@@ -450,7 +450,7 @@ impl TimeGrid {
     }
 
     /// A lost probe at `x`.
-    pub fn record_lost(&mut self, x: i64) {
+    pub(crate) fn record_lost(&mut self, x: i64) {
         let c = self.slot(x);
         if c.lost == 0 {
             c.lost_x = x;

@@ -60,7 +60,7 @@ const PALETTE: [RGBColor; 10] = [
 ];
 
 /// Colour of the run with colour index `i` (cycles after ten runs).
-pub fn color(i: usize) -> RGBColor {
+pub(crate) fn color(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
@@ -77,48 +77,48 @@ pub const BOX_FILL_OPACITY: f64 = 0.25;
 /// One box of a boxplot, in nanoseconds.
 #[derive(Debug, Clone)]
 pub(crate) struct BoxItem {
-    pub category: usize,
-    pub slot: usize,
-    pub color: usize,
-    pub q1: f64,
-    pub median: f64,
-    pub q3: f64,
-    pub lower_whisker: i64,
-    pub upper_whisker: i64,
+    pub(crate) category: usize,
+    pub(crate) slot: usize,
+    pub(crate) color: usize,
+    pub(crate) q1: f64,
+    pub(crate) median: f64,
+    pub(crate) q3: f64,
+    pub(crate) lower_whisker: i64,
+    pub(crate) upper_whisker: i64,
     /// Every outlier, sorted.
-    pub outliers: Vec<i64>,
+    pub(crate) outliers: Vec<i64>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct BoxFigure {
-    pub title: String,
-    pub x_desc: String,
-    pub y_desc: String,
-    pub axis: ValueAxis,
+    pub(crate) title: String,
+    pub(crate) x_desc: String,
+    pub(crate) y_desc: String,
+    pub(crate) axis: ValueAxis,
     /// Names along the x axis (groups, or runs when not grouped).
-    pub categories: Vec<String>,
+    pub(crate) categories: Vec<String>,
     /// Boxes side by side per category.
-    pub slots: usize,
-    pub boxes: Vec<BoxItem>,
+    pub(crate) slots: usize,
+    pub(crate) boxes: Vec<BoxItem>,
     /// (label, colour index); empty: no legend.
-    pub legend: Vec<(String, usize)>,
-    pub notes: Vec<String>,
+    pub(crate) legend: Vec<(String, usize)>,
+    pub(crate) notes: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct CdfCurve {
-    pub label: String,
-    pub color: usize,
-    pub points: Vec<CdfPoint>,
+    pub(crate) label: String,
+    pub(crate) color: usize,
+    pub(crate) points: Vec<CdfPoint>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct CdfFigure {
-    pub title: String,
-    pub x_desc: String,
-    pub axis: ValueAxis,
-    pub curves: Vec<CdfCurve>,
-    pub notes: Vec<String>,
+    pub(crate) title: String,
+    pub(crate) x_desc: String,
+    pub(crate) axis: ValueAxis,
+    pub(crate) curves: Vec<CdfCurve>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// One pixel column of a time series (or one probe, where the run is
@@ -126,22 +126,22 @@ pub(crate) struct CdfFigure {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct TimeColumn {
     /// On the time axis.
-    pub x: f64,
-    pub n: u64,
-    pub min: i64,
-    pub p50: i64,
-    pub p99: i64,
-    pub max: i64,
+    pub(crate) x: f64,
+    pub(crate) n: u64,
+    pub(crate) min: i64,
+    pub(crate) p50: i64,
+    pub(crate) p99: i64,
+    pub(crate) max: i64,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct TimeLine {
-    pub label: String,
-    pub color: usize,
+    pub(crate) label: String,
+    pub(crate) color: usize,
     /// In x order.
-    pub columns: Vec<TimeColumn>,
+    pub(crate) columns: Vec<TimeColumn>,
     /// x of lost probes (one per column that lost any).
-    pub lost: Vec<f64>,
+    pub(crate) lost: Vec<f64>,
 }
 
 /// Columns holding this many samples (median over the line) get a p99
@@ -153,35 +153,35 @@ pub(crate) const BAND_OPACITY: f64 = 0.2;
 
 #[derive(Debug, Clone)]
 pub(crate) struct TimeFigure {
-    pub title: String,
-    pub x_desc: String,
-    pub y_desc: String,
-    pub x_range: (f64, f64),
-    pub axis: ValueAxis,
-    pub lines: Vec<TimeLine>,
+    pub(crate) title: String,
+    pub(crate) x_desc: String,
+    pub(crate) y_desc: String,
+    pub(crate) x_range: (f64, f64),
+    pub(crate) axis: ValueAxis,
+    pub(crate) lines: Vec<TimeLine>,
     /// (x, what): a change during the run (the load coming on), drawn as
     /// a dashed line with its name, shaded from there on.
-    pub phases: Vec<(f64, String)>,
-    pub notes: Vec<String>,
+    pub(crate) phases: Vec<(f64, String)>,
+    pub(crate) notes: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct PercentileCurve {
-    pub label: String,
-    pub color: usize,
+    pub(crate) label: String,
+    pub(crate) color: usize,
     /// (log10(1 / (1 - p)), latency ns), in x order.
-    pub points: Vec<(f64, f64)>,
+    pub(crate) points: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct PercentileFigure {
-    pub title: String,
-    pub y_desc: String,
-    pub axis: ValueAxis,
+    pub(crate) title: String,
+    pub(crate) y_desc: String,
+    pub(crate) axis: ValueAxis,
     /// Right end of the percentile axis, as log10(1 / (1 - p)).
-    pub x_max: f64,
-    pub curves: Vec<PercentileCurve>,
-    pub notes: Vec<String>,
+    pub(crate) x_max: f64,
+    pub(crate) curves: Vec<PercentileCurve>,
+    pub(crate) notes: Vec<String>,
 }
 
 #[derive(Debug, Clone)]

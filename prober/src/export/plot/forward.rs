@@ -45,41 +45,41 @@ pub(crate) fn sniff(text: &[u8]) -> bool {
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Report {
-    pub machine: Machine,
-    pub steps: Vec<Step>,
+    pub(crate) machine: Machine,
+    pub(crate) steps: Vec<Step>,
     #[serde(default)]
-    pub bounce: Vec<Bounce>,
+    pub(crate) bounce: Vec<Bounce>,
     #[serde(default)]
-    pub rt_priority: Option<u8>,
+    pub(crate) rt_priority: Option<u8>,
     #[serde(default)]
-    pub perf_note: Option<String>,
+    pub(crate) perf_note: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Machine {
-    pub cpus: usize,
-    pub cpu_model: String,
-    pub kernel: String,
-    pub loadavg_at_start: f64,
+    pub(crate) cpus: usize,
+    pub(crate) cpu_model: String,
+    pub(crate) kernel: String,
+    pub(crate) loadavg_at_start: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Step {
-    pub mode: String,
-    pub work: Option<u32>,
-    pub size: usize,
-    pub load_pct: u32,
-    pub forwarded_pps: f64,
+    pub(crate) mode: String,
+    pub(crate) work: Option<u32>,
+    pub(crate) size: usize,
+    pub(crate) load_pct: u32,
+    pub(crate) forwarded_pps: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Bounce {
-    pub hook: String,
-    pub queues: u32,
-    pub bounced_pps: f64,
-    pub bounced_pps_per_core: Option<f64>,
+    pub(crate) hook: String,
+    pub(crate) queues: u32,
+    pub(crate) bounced_pps: f64,
+    pub(crate) bounced_pps_per_core: Option<f64>,
     /// IP packet bytes.
-    pub size: usize,
+    pub(crate) size: usize,
 }
 
 /// Reads a bench-forward JSON report.
@@ -103,24 +103,24 @@ pub(crate) fn read(path: &Path) -> Result<Report> {
 /// One line of a panel: points in axis coordinates.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Line {
-    pub label: String,
-    pub color: usize,
-    pub dashed: bool,
-    pub points: Vec<(f64, f64)>,
+    pub(crate) label: String,
+    pub(crate) color: usize,
+    pub(crate) dashed: bool,
+    pub(crate) points: Vec<(f64, f64)>,
 }
 
 /// One panel, laid out: axis ranges, ticks with their labels, lines.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Panel {
-    pub title: String,
-    pub x_desc: String,
-    pub y_desc: String,
-    pub x_range: (f64, f64),
-    pub x_ticks: Vec<(f64, String)>,
-    pub y_max: f64,
-    pub lines: Vec<Line>,
+    pub(crate) title: String,
+    pub(crate) x_desc: String,
+    pub(crate) y_desc: String,
+    pub(crate) x_range: (f64, f64),
+    pub(crate) x_ticks: Vec<(f64, String)>,
+    pub(crate) y_max: f64,
+    pub(crate) lines: Vec<Line>,
     /// A legend line for the dashed style, when there is one.
-    pub dashed_means: Option<String>,
+    pub(crate) dashed_means: Option<String>,
 }
 
 /// The colour of a mode or hook: the same in every panel.

@@ -62,7 +62,7 @@ impl Metric {
     }
 
     /// File name part.
-    pub fn slug(self) -> &'static str {
+    pub(crate) fn slug(self) -> &'static str {
         match self {
             Metric::OneWay => "one-way",
             Metric::Rtt => "rtt",
@@ -70,14 +70,14 @@ impl Metric {
     }
 
     /// Title and axis name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Metric::OneWay => "One-way latency",
             Metric::Rtt => "Round-trip time",
         }
     }
 
-    pub fn column(self) -> &'static str {
+    pub(crate) fn column(self) -> &'static str {
         match self {
             Metric::OneWay => "one_way_ns",
             Metric::Rtt => "rtt_ns",
@@ -116,7 +116,7 @@ impl FigureKind {
 
     /// What `--kind` draws when not given; stages only for CSVs that have
     /// the stage columns.
-    pub const DEFAULT: [FigureKind; 5] = [
+    pub(crate) const DEFAULT: [FigureKind; 5] = [
         FigureKind::Box,
         FigureKind::Cdf,
         FigureKind::Time,
@@ -184,7 +184,7 @@ pub enum Dim {
 
 impl Dim {
     /// Parses `--group-by` / `--split-by` values; one-line error naming the flag.
-    pub fn parse(flag: &str, s: &str) -> Result<Dim> {
+    pub(crate) fn parse(flag: &str, s: &str) -> Result<Dim> {
         match s.trim().to_ascii_lowercase().as_str() {
             "size" | "packet-size" => Ok(Dim::Size),
             "interval" => Ok(Dim::Interval),

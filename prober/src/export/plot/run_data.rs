@@ -64,7 +64,7 @@ impl Default for ReadOptions {
 /// Where the x position of each probe (for time series and lost marks)
 /// comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum XSource {
+pub(crate) enum XSource {
     /// `sched_ns`: when the pacer meant to send it (CLOCK_REALTIME ns).
     SchedNs,
     /// `send_ns`: user-space clock just before sendmsg (older files).
@@ -80,21 +80,21 @@ pub struct Series {
     pub time: TimeGrid,
     /// Rows with an empty cell that were not lost (e.g. a timestamp the
     /// kernel never delivered, or an echo that did not come back).
-    pub missing: u64,
+    pub(crate) missing: u64,
 }
 
 /// How many rows named each timestamp source (`ts_source` column).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TsCounts {
-    pub hw: u64,
-    pub sw: u64,
-    pub mixed: u64,
-    pub other: u64,
+pub(crate) struct TsCounts {
+    pub(crate) hw: u64,
+    pub(crate) sw: u64,
+    pub(crate) mixed: u64,
+    pub(crate) other: u64,
 }
 
 impl TsCounts {
     /// "sw", "hw", "hw+sw" (several sources in one run) or `None`.
-    pub fn describe(&self) -> Option<&'static str> {
+    pub(crate) fn describe(&self) -> Option<&'static str> {
         match (self.hw > 0, self.sw > 0, self.mixed > 0) {
             (false, false, false) => None,
             (true, false, false) => Some("hw"),
@@ -106,7 +106,7 @@ impl TsCounts {
 }
 
 impl Series {
-    pub fn new(opts: &ReadOptions) -> Series {
+    pub(crate) fn new(opts: &ReadOptions) -> Series {
         Series {
             dist: Dist::new(opts.exact_limit),
             time: TimeGrid::new(opts.columns),
@@ -118,28 +118,28 @@ impl Series {
 /// The probes of one flow (a CSV usually holds one flow, id 0).
 #[derive(Debug, Clone)]
 pub struct FlowData {
-    pub flow: u8,
+    pub(crate) flow: u8,
     pub rows: u64,
-    pub lost: u64,
+    pub(crate) lost: u64,
     /// Where the lost probes were (counted per column).
-    pub lost_x: TimeGrid,
+    pub(crate) lost_x: TimeGrid,
     pub one_way: Option<Series>,
     pub rtt: Option<Series>,
     /// Probe size if every row with a `size` cell agrees.
-    pub size: Option<u32>,
-    pub sizes_vary: bool,
+    pub(crate) size: Option<u32>,
+    pub(crate) sizes_vary: bool,
     /// x of the first two rows: their difference is the probe interval
     /// when x is a time (files without metadata).
-    pub first_x: [Option<i64>; 2],
-    pub ts: TsCounts,
+    pub(crate) first_x: [Option<i64>; 2],
+    pub(crate) ts: TsCounts,
     /// Per stage in [`Stage::ALL`] order, every value present (read only
     /// with [`ReadOptions::stages`] and a header that has the columns).
-    pub stages: Option<Box<[Dist; STAGES]>>,
+    pub(crate) stages: Option<Box<[Dist; STAGES]>>,
 }
 
 impl FlowData {
     /// Interval between the first two probes, if x is a time.
-    pub fn inferred_interval_ns(&self, src: XSource) -> Option<u64> {
+    pub(crate) fn inferred_interval_ns(&self, src: XSource) -> Option<u64> {
         match (src, self.first_x) {
             (XSource::Seq, _) => None,
             (_, [Some(a), Some(b)]) => u64::try_from(b.checked_sub(a)?).ok().filter(|d| *d > 0),
@@ -152,39 +152,39 @@ impl FlowData {
 #[derive(Debug, Clone)]
 pub struct CsvRun {
     /// The name errors and labels use (the path as given).
-    pub name: String,
-    pub meta: Option<RunMeta>,
-    pub x_source: XSource,
+    pub(crate) name: String,
+    pub(crate) meta: Option<RunMeta>,
+    pub(crate) x_source: XSource,
     /// One entry per flow id seen, in increasing flow id.
     pub flows: Vec<FlowData>,
     pub rows: u64,
     /// Line number of a cut-short last line that was skipped.
-    pub skipped_truncated_line: Option<u64>,
+    pub(crate) skipped_truncated_line: Option<u64>,
     /// The header has the stage columns (written since rtprobe records the
     /// timestamp chain), whether or not they were read.
-    pub has_stage_columns: bool,
+    pub(crate) has_stage_columns: bool,
     /// Read from an HdrHistogram interval log: latencies only, no probe
     /// rows, so nothing is known about losses.
-    pub from_hdr_log: bool,
+    pub(crate) from_hdr_log: bool,
 }
 
 /// A CSV column an error points at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ColumnRef {
+pub(crate) struct ColumnRef {
     /// 1-based field number in the row.
-    pub index: usize,
+    pub(crate) index: usize,
     /// Header name, if the header has that many columns.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 /// Malformed or unreadable input, with the place to look.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadError {
-    pub file: String,
+    pub(crate) file: String,
     /// 1-based line number, `None` for errors about the file as a whole.
-    pub line: Option<u64>,
-    pub column: Option<ColumnRef>,
-    pub message: String,
+    pub(crate) line: Option<u64>,
+    pub(crate) column: Option<ColumnRef>,
+    pub(crate) message: String,
 }
 
 impl fmt::Display for ReadError {

@@ -46,14 +46,14 @@ pub struct Sorted {
 
 impl Sorted {
     /// From samples already sorted ascending.
-    pub fn from_sorted(sorted: &[i64]) -> Sorted {
+    pub(crate) fn from_sorted(sorted: &[i64]) -> Sorted {
         debug_assert!(sorted.is_sorted());
         Sorted::from_pairs(sorted.iter().map(|&v| (v, 1)))
     }
 
     /// From (value, count) pairs in ascending value order; equal values
     /// are merged and zero counts dropped.
-    pub fn from_pairs(pairs: impl IntoIterator<Item = (i64, u64)>) -> Sorted {
+    pub(crate) fn from_pairs(pairs: impl IntoIterator<Item = (i64, u64)>) -> Sorted {
         let mut s = Sorted::default();
         let mut total = 0u64;
         for (v, c) in pairs {
@@ -78,47 +78,49 @@ impl Sorted {
     }
 
     /// Number of samples.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.ends.last().copied().unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.values.is_empty()
     }
 
     /// Number of distinct values (what the figures' size depends on).
-    pub fn distinct(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn distinct(&self) -> usize {
         self.values.len()
     }
 
-    pub fn min(&self) -> Option<i64> {
+    pub(crate) fn min(&self) -> Option<i64> {
         self.values.first().copied()
     }
 
-    pub fn max(&self) -> Option<i64> {
+    pub(crate) fn max(&self) -> Option<i64> {
         self.values.last().copied()
     }
 
     /// The sample of 0-based rank `rank` (clamped to the last one).
-    pub fn at(&self, rank: u64) -> i64 {
+    pub(crate) fn at(&self, rank: u64) -> i64 {
         let i = self.ends.partition_point(|&e| e <= rank);
         self.values[i.min(self.values.len() - 1)]
     }
 
     /// How many samples are below `x`.
-    pub fn count_below(&self, x: f64) -> u64 {
+    pub(crate) fn count_below(&self, x: f64) -> u64 {
         let i = self.values.partition_point(|&v| (v as f64) < x);
         if i == 0 { 0 } else { self.ends[i - 1] }
     }
 
     /// How many samples are at or below `x`.
-    pub fn count_at_or_below(&self, x: f64) -> u64 {
+    pub(crate) fn count_at_or_below(&self, x: f64) -> u64 {
         let i = self.values.partition_point(|&v| (v as f64) <= x);
         if i == 0 { 0 } else { self.ends[i - 1] }
     }
 
     /// The smallest value above 0.
-    pub fn min_positive(&self) -> Option<i64> {
+    pub(crate) fn min_positive(&self) -> Option<i64> {
         let i = self.values.partition_point(|&v| v <= 0);
         self.values.get(i).copied()
     }
@@ -147,7 +149,7 @@ impl Sorted {
     }
 
     /// Mean of the samples (of the bucket values, for a histogram).
-    pub fn mean(&self) -> Option<f64> {
+    pub(crate) fn mean(&self) -> Option<f64> {
         let n = self.len();
         (n > 0).then(|| self.pairs().map(|(v, c)| v as f64 * c as f64).sum::<f64>() / n as f64)
     }
@@ -156,46 +158,50 @@ impl Sorted {
 /// Everything a boxplot draws for one series, in nanoseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BoxStats {
-    pub n: u64,
-    pub min: i64,
-    pub max: i64,
-    pub q1: f64,
-    pub median: f64,
-    pub q3: f64,
-    pub mean: f64,
+    pub(crate) n: u64,
+    pub(crate) min: i64,
+    pub(crate) max: i64,
+    pub(crate) q1: f64,
+    pub(crate) median: f64,
+    pub(crate) q3: f64,
+    pub(crate) mean: f64,
     /// Smallest sample >= q1 - 1.5 IQR.
     pub lower_whisker: i64,
     /// Largest sample <= q3 + 1.5 IQR.
     pub upper_whisker: i64,
     /// Distinct values below the lower fence, ascending.
-    pub low_outliers: Vec<i64>,
+    pub(crate) low_outliers: Vec<i64>,
     /// Distinct values above the upper fence, ascending.
-    pub high_outliers: Vec<i64>,
+    pub(crate) high_outliers: Vec<i64>,
     /// Samples beyond the fences (counting repeats).
-    pub outlier_samples: u64,
+    pub(crate) outlier_samples: u64,
 }
 
 impl BoxStats {
-    pub fn iqr(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn iqr(&self) -> f64 {
         self.q3 - self.q1
     }
 
-    pub fn lower_fence(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn lower_fence(&self) -> f64 {
         self.q1 - 1.5 * self.iqr()
     }
 
-    pub fn upper_fence(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn upper_fence(&self) -> f64 {
         self.q3 + 1.5 * self.iqr()
     }
 
     /// Samples beyond the fences.
-    pub fn outlier_count(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn outlier_count(&self) -> u64 {
         self.outlier_samples
     }
 
     /// Every distinct outlier value, low ones first (a value shared by
     /// several samples is one mark on the figure).
-    pub fn outliers(&self) -> Vec<i64> {
+    pub(crate) fn outliers(&self) -> Vec<i64> {
         [&self.low_outliers[..], &self.high_outliers[..]].concat()
     }
 }
@@ -241,8 +247,8 @@ pub fn box_stats_of(s: &Sorted) -> Option<BoxStats> {
 /// One step of the empirical CDF: the fraction of samples <= `value_ns`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CdfPoint {
-    pub value_ns: i64,
-    pub fraction: f64,
+    pub(crate) value_ns: i64,
+    pub(crate) fraction: f64,
 }
 
 /// [`cdf_points_of`] over sorted samples.

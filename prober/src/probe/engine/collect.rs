@@ -86,23 +86,8 @@ impl Collector {
     }
 
     /// Probes in flight (not yet finalized).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.m.in_flight()
-    }
-
-    /// The run's statistics so far.
-    pub fn stats(&self) -> &RunStats {
-        &self.stats
-    }
-
-    /// Probes that arrived after they had been given up as lost.
-    pub fn late_arrivals(&self) -> u64 {
-        self.m.late_arrivals()
-    }
-
-    /// The first output that failed, if one did.
-    pub fn output_error(&self) -> Option<&str> {
-        self.output_error.as_deref()
     }
 
     fn fail(&mut self, why: String, stop: &AtomicU8) {
@@ -113,7 +98,7 @@ impl Collector {
 
     /// One target among several: the statistics of
     /// [`RunStats::one_of_many`] (fixed histograms: 87.5 KiB, 1.6 %).
-    pub fn one_of_many(mut self) -> Self {
+    pub(crate) fn one_of_many(mut self) -> Self {
         self.stats = RunStats::one_of_many(self.stats.interval_ns());
         self
     }

@@ -24,10 +24,10 @@ use crate::probe::socket::ProbeSocket;
 /// address's other one), and the addresses whose peers could not be given
 /// a socket of their own (too many prefixes for one program).
 pub(crate) struct Bound {
-    pub socks: Vec<ProbeSocket>,
-    pub listen: Vec<SocketAddr>,
-    pub peers_steered: Vec<SocketAddr>,
-    pub peers_not_steered: Vec<SocketAddr>,
+    pub(crate) socks: Vec<ProbeSocket>,
+    pub(crate) listen: Vec<SocketAddr>,
+    pub(crate) peers_steered: Vec<SocketAddr>,
+    pub(crate) peers_not_steered: Vec<SocketAddr>,
 }
 
 /// The errno under an error's chain, if an OS call failed.

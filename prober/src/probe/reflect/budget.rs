@@ -39,7 +39,7 @@ impl RateLimits {
     /// No limit at all: rtprobe's own testbed, whose reflector answers only
     /// the testbed's sender inside its namespaces, at whatever rate the run
     /// asks for.
-    pub const NONE: RateLimits = RateLimits {
+    pub(crate) const NONE: RateLimits = RateLimits {
         per_source_pps: None,
         global_pps: None,
         peers_pps: None,
@@ -47,14 +47,14 @@ impl RateLimits {
 
     /// The bucket depth for `rate_pps`: a tenth of a second's worth, at
     /// least 16 (every bucket of both reflectors).
-    pub fn burst(rate_pps: u32) -> u32 {
+    pub(crate) fn burst(rate_pps: u32) -> u32 {
         (rate_pps / 10).max(16)
     }
 
     /// "at most 10000/s per IPv4 address or IPv6 /64 (bursts of 1000), ..."
     /// for the banners of both reflectors; the peers' cap only if there
     /// are `peers`.
-    pub fn describe(&self, peers: bool) -> String {
+    pub(crate) fn describe(&self, peers: bool) -> String {
         let one = |what: &str, pps: Option<u32>| match pps {
             Some(r) => format!("at most {r}/s {what} (bursts of {})", Self::burst(r)),
             None => format!("no limit {what}"),

@@ -43,7 +43,7 @@ impl Policy {
     /// rtprobe's own protocol with no limit and no key: the testbed's
     /// reflector, which answers only the testbed's sender at whatever
     /// rate the run asks for.
-    pub fn unlimited(protocol: ProtocolArg) -> Self {
+    pub(crate) fn unlimited(protocol: ProtocolArg) -> Self {
         Policy {
             protocol,
             key: None,
@@ -86,12 +86,12 @@ pub enum Verdict {
 
 /// Where a datagram came from and was sent to, as its socket said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Addressing {
-    pub src: SocketAddr,
+pub(crate) struct Addressing {
+    pub(crate) src: SocketAddr,
     /// The destination in its IP header (None: the kernel did not say).
-    pub dst: Option<IpAddr>,
+    pub(crate) dst: Option<IpAddr>,
     /// The interface it arrived on (None: not known).
-    pub ifindex: Option<u32>,
+    pub(crate) ifindex: Option<u32>,
 }
 
 /// The reflector's decisions and bounded state.
@@ -117,7 +117,7 @@ impl Core {
     }
 
     /// Smaller tables (tests of what a full table does).
-    pub fn with_capacity(policy: Policy, sessions: usize, sources: usize) -> Self {
+    pub(crate) fn with_capacity(policy: Policy, sessions: usize, sources: usize) -> Self {
         Self {
             limiter: Limiter::new(policy.limits, policy.peers.clone(), sources),
             policy,
@@ -131,20 +131,20 @@ impl Core {
         }
     }
 
-    pub fn policy(&self) -> &Policy {
+    pub(crate) fn policy(&self) -> &Policy {
         &self.policy
     }
 
     /// What this host's interfaces are now ([`super::serve`] reads them at most
     /// once a second).
-    pub fn set_local_nets(&mut self, nets: LocalNets) {
+    pub(crate) fn set_local_nets(&mut self, nets: LocalNets) {
         self.nets = nets;
     }
 
     /// The clock state replies carry, read from the kernel at most once a
     /// second (a leap or a daemon's update changes it); `None` when the
     /// kernel would not say.
-    pub fn clock(&mut self, now_ns: i64) -> Option<ClockSync> {
+    pub(crate) fn clock(&mut self, now_ns: i64) -> Option<ClockSync> {
         if now_ns.saturating_sub(self.clock_read_ns) >= 1_000_000_000 {
             self.set_clock(ClockSync::read_kernel().ok(), now_ns);
         }
@@ -185,7 +185,7 @@ impl Core {
     /// Decides on one datagram of `len` bytes at the start of `buf` and,
     /// for an answer, rewrites it into the reply. `rx_ns`: its kernel RX
     /// stamp (else `now_ns`), `ttl`: the TTL it arrived with.
-    pub fn handle_addressed(
+    pub(crate) fn handle_addressed(
         &mut self,
         buf: &mut [u8],
         at: Addressing,

@@ -77,9 +77,9 @@ mod testutil;
 pub use self::{
     bind::bind,
     budget::RateLimits,
-    decide::{Addressing, Core, Drop, Policy, Verdict},
+    decide::{Core, Drop, Policy, Verdict},
     echo::{FLAG_REFLECTOR_STATE, FLAG_WARMUP, STATE_MIN_LEN, STATE_OFFSET, read_rtprobe_state},
-    peers::{MAX_PEERS, Peers, Prefix},
+    peers::{Peers, Prefix},
     serve::LOG_LINES_PER_S,
     tables::{MAX_PEER_SOURCES, MAX_SESSIONS, MAX_SOURCES},
 };

@@ -23,20 +23,20 @@ use xdp_common::{AddrKey, addr_key, addr_key_is_v4};
 /// Most prefixes in the allowlist: the in-kernel reflector's LPM trie
 /// holds this many (`xdp_common::REFLECTOR_PEERS_MAX`), and a targets file
 /// names at most 10 000 targets.
-pub const MAX_PEERS: usize = xdp_common::REFLECTOR_PEERS_MAX as usize;
+pub(crate) const MAX_PEERS: usize = xdp_common::REFLECTOR_PEERS_MAX as usize;
 
 /// An address prefix, `192.0.2.0/24` or `2001:db8::/48`; a bare address is
 /// the host alone (/32, /128). The bits past the length are zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Prefix {
-    pub addr: IpAddr,
-    pub len: u8,
+    pub(crate) addr: IpAddr,
+    pub(crate) len: u8,
 }
 
 impl Prefix {
     /// `addr/len` with the host bits cleared; None if `len` is too long
     /// for the family.
-    pub fn new(addr: IpAddr, len: u8) -> Option<Self> {
+    pub(crate) fn new(addr: IpAddr, len: u8) -> Option<Self> {
         // ::ffff:a.b.c.d/120 is an IPv4 prefix written as IPv6.
         let (addr, len) = match addr {
             IpAddr::V6(a) if len >= 96 && a.to_ipv4_mapped().is_some() => {
@@ -62,14 +62,14 @@ impl Prefix {
     }
 
     /// The host `addr` alone.
-    pub fn host(addr: IpAddr) -> Self {
+    pub(crate) fn host(addr: IpAddr) -> Self {
         let len = if addr.is_ipv4() { 32 } else { 128 };
         Prefix::new(addr, len).expect("a host's length")
     }
 
     /// The prefix over [`AddrKey`]s (IPv4 as IPv4-mapped IPv6: 96 bits
     /// more), as the LPM trie keys it.
-    pub fn key_len(&self) -> u8 {
+    pub(crate) fn key_len(&self) -> u8 {
         if self.addr.is_ipv4() {
             self.len + 96
         } else {
@@ -77,7 +77,7 @@ impl Prefix {
         }
     }
 
-    pub fn key(&self) -> AddrKey {
+    pub(crate) fn key(&self) -> AddrKey {
         addr_key(self.addr)
     }
 }
@@ -161,26 +161,26 @@ impl Peers {
         Ok(Peers { prefixes, by_len })
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.prefixes.is_empty()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.prefixes.len()
     }
 
-    pub fn prefixes(&self) -> &[Prefix] {
+    pub(crate) fn prefixes(&self) -> &[Prefix] {
         &self.prefixes
     }
 
     /// Whether `ip` is inside one of the prefixes (an IPv4-mapped IPv6
     /// address, as a dual-stack socket reports an IPv4 peer, as IPv4).
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         self.contains_key(&addr_key(ip))
     }
 
     /// [`Self::contains`] for a source as the map key both reflectors use.
-    pub fn contains_key(&self, key: &AddrKey) -> bool {
+    pub(crate) fn contains_key(&self, key: &AddrKey) -> bool {
         // An IPv4 source (keyed IPv4-mapped) only against IPv4 prefixes,
         // which are the keys of 96 bits and more: IPv6's ::/0 is not every
         // IPv4 address. Masked to 96 bits or more, an IPv6 source keeps
@@ -193,7 +193,8 @@ impl Peers {
 
     /// (prefix length over the 128-bit key, key) for the in-kernel
     /// reflector's LPM trie.
-    pub fn lpm_entries(&self) -> impl Iterator<Item = (u32, AddrKey)> + '_ {
+    #[cfg(test)]
+    pub(crate) fn lpm_entries(&self) -> impl Iterator<Item = (u32, AddrKey)> + '_ {
         self.prefixes
             .iter()
             .map(|p| (u32::from(p.key_len()), p.key()))

@@ -74,30 +74,30 @@ use crate::{stats::observer::SessionObserver, sys::Netns};
 /// Where the probes go and how they look.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
-    pub addr: SocketAddr,
-    pub protocol: ProtocolArg,
-    pub key: Option<HmacKey>,
+    pub(crate) addr: SocketAddr,
+    pub(crate) protocol: ProtocolArg,
+    pub(crate) key: Option<HmacKey>,
     /// The reflector is known to answer STAMP statelessly (rtprobe's
     /// in-kernel one): its sequence numbers tell nothing of forward loss.
-    pub stateless_reflector: bool,
+    pub(crate) stateless_reflector: bool,
     /// Sender and reflector read the same clock (the namespace testbed):
     /// one-way needs no synchronisation.
-    pub shared_clock: bool,
+    pub(crate) shared_clock: bool,
 }
 
 /// One remote target of a session: where, how, and its probe options.
 #[derive(Clone)]
 pub(crate) struct RemoteLeg {
-    pub target: Target,
-    pub cfg: ProbeConfig,
+    pub(crate) target: Target,
+    pub(crate) cfg: ProbeConfig,
     /// The CSV's `target` cell (None: a single `--target` run's CSV,
     /// which has no such column).
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Its metrics labels besides `target` (a targets file's).
-    pub labels: std::collections::BTreeMap<String, String>,
+    pub(crate) labels: std::collections::BTreeMap<String, String>,
     /// HOST:PORT as written when the target is a host name: resolved each
     /// time the target is opened (None: `target.addr` is its address).
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
 }
 
 impl RemoteLeg {
@@ -126,9 +126,9 @@ impl RemoteLeg {
 /// How a run with a targets file reloads it (SIGHUP).
 pub(crate) struct Reloads<'a> {
     /// Counts the reload requests.
-    pub generation: &'a AtomicU64,
+    pub(crate) generation: &'a AtomicU64,
     /// Reads and checks the file again.
-    pub read: &'a (dyn Fn() -> Result<Vec<RemoteLeg>> + Sync),
+    pub(crate) read: &'a (dyn Fn() -> Result<Vec<RemoteLeg>> + Sync),
 }
 
 /// Makes each target's observer (its metrics, or the progress and HDR
@@ -143,8 +143,8 @@ pub(crate) type OnOpenError<'a> = dyn Fn(&RemoteLeg, OpenStep, &str) + Sync + 'a
 /// A target's failed opens: how many, and the last one's cause.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct OpenErrors {
-    pub count: u64,
-    pub last: Option<String>,
+    pub(crate) count: u64,
+    pub(crate) last: Option<String>,
 }
 
 /// A target of the running session and what it has so far.

@@ -264,15 +264,15 @@ fn fmt_ns(ns: u64) -> String {
 /// records ([`SessionOutcome::remote`]).
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteFacts {
-    pub loss: LossSplit,
-    pub clock: ClockVerdict,
+    pub(crate) loss: LossSplit,
+    pub(crate) clock: ClockVerdict,
     /// Protocol facts for the summary (SSID, TTLs seen, echoes); `kind`
     /// is left for the caller to say.
-    pub info: ReflectorReport,
+    pub(crate) info: ReflectorReport,
     /// Times the target failed to open (resolve, socket, connect), and
     /// the last failure's cause.
-    pub open_errors: u64,
-    pub last_open_error: Option<String>,
+    pub(crate) open_errors: u64,
+    pub(crate) last_open_error: Option<String>,
 }
 
 impl RemoteFacts {

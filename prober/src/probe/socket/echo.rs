@@ -28,7 +28,7 @@ impl ProbeSocket {
     /// from, in as few sendmmsg(2) calls as the kernel allows; with TX
     /// timestamping on, echo `k` carries OPT_ID `opt_ids[k]`. Returns how
     /// many went out; the first error is returned only if none did.
-    pub fn send_back(
+    pub(crate) fn send_back(
         &self,
         batch: &mut RecvBatch,
         idx: &[usize],
@@ -47,7 +47,7 @@ impl ProbeSocket {
     /// Echo `k` leaves from address `from[k]` if that is `Some` (a socket
     /// bound to a wildcard address would otherwise answer from whichever
     /// address routing picks).
-    pub fn send_back_stamping(
+    pub(crate) fn send_back_stamping(
         &self,
         batch: &mut RecvBatch,
         idx: &[usize],

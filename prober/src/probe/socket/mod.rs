@@ -61,7 +61,7 @@ pub struct ProbeSocket {
 }
 
 impl ProbeSocket {
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 

@@ -21,10 +21,10 @@ use super::{ProbeSocket, addr::sockaddr, cvt, setsockopt};
 
 /// Which kernel timestamps a socket asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TsFlags {
-    pub tx: bool,
-    pub rx: bool,
-    pub hardware: bool,
+pub(crate) struct TsFlags {
+    pub(crate) tx: bool,
+    pub(crate) rx: bool,
+    pub(crate) hardware: bool,
 }
 
 impl TsFlags {
@@ -129,7 +129,7 @@ impl ProbeSocket {
     /// (IPV6_V6ONLY), so `[::]` and `0.0.0.0` on one port can coexist;
     /// `tos` is its traffic class. The port must be free: no SO_REUSEADDR,
     /// which for UDP would let two sockets share it and split the datagrams.
-    pub fn bind(addr: SocketAddr, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
+    pub(crate) fn bind(addr: SocketAddr, tos: u8, ts: TsFlags, rcvbuf_bytes: i32) -> Result<Self> {
         Self::bind_flags(addr, tos, ts.bits(), (ts.tx, false), rcvbuf_bytes, false)
     }
 
@@ -140,7 +140,7 @@ impl ProbeSocket {
     /// an error-queue message charged to the receive buffer the datagrams
     /// arrive in: a reflector that stamped every reply lost datagrams to
     /// its own stamps under a flood, so it stamps a bounded sample.
-    pub fn bind_tx_on_request(
+    pub(crate) fn bind_tx_on_request(
         addr: SocketAddr,
         tos: u8,
         rx: bool,
@@ -160,7 +160,7 @@ impl ProbeSocket {
     /// one of a group of sockets on the same address and port, which a
     /// program attached to the group chooses between (the reflector's
     /// known peers get a socket of their own).
-    pub fn bind_tx_on_request_shared(
+    pub(crate) fn bind_tx_on_request_shared(
         addr: SocketAddr,
         rx: bool,
         rcvbuf_bytes: i32,
@@ -245,7 +245,7 @@ impl ProbeSocket {
     /// looking one up per datagram (measured: the route lookup was about
     /// 3 % of the sender's CPU at 100 k probes/s). Datagrams from anywhere
     /// but `dst` are no longer delivered to it.
-    pub fn connect(&self, dst: SocketAddr) -> io::Result<()> {
+    pub(crate) fn connect(&self, dst: SocketAddr) -> io::Result<()> {
         let sa = sockaddr(dst);
         // SAFETY: sa holds a valid sockaddr of its family, sa.len bytes long.
         cvt(unsafe { libc::connect(self.fd(), sa.ptr(), sa.len) })?;

@@ -14,7 +14,7 @@ use crate::probe::cmsg::{self, Cmsgs};
 const CONTROL_LEN: usize = 256;
 
 /// Buffers for one recvmmsg() call (and for echoing what it received).
-pub struct RecvBatch {
+pub(crate) struct RecvBatch {
     pub(super) hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
     pub(super) bufs: Vec<Vec<u8>>,
@@ -33,7 +33,7 @@ pub struct RecvBatch {
 unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
-    pub fn new(n: usize, buf_len: usize) -> Self {
+    pub(crate) fn new(n: usize, buf_len: usize) -> Self {
         Self {
             hdrs: zeroed_vec(n),
             iovs: zeroed_vec(n),
@@ -66,21 +66,13 @@ impl RecvBatch {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.filled
-    }
-
     /// How many messages one receive can take.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.hdrs.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.filled == 0
-    }
-
     /// Payload, source address and parsed control messages of message `i`.
-    pub fn get(&mut self, i: usize) -> (&mut [u8], SocketAddr, Cmsgs) {
+    pub(crate) fn get(&mut self, i: usize) -> (&mut [u8], SocketAddr, Cmsgs) {
         let h = &self.hdrs[i];
         let len = (h.msg_len as usize).min(self.bufs[i].len());
         let clen = h.msg_hdr.msg_controllen.min(CONTROL_LEN);
@@ -94,32 +86,9 @@ impl RecvBatch {
 }
 
 impl ProbeSocket {
-    /// Waits up to `timeout_ms` for data (POLLIN) or error-queue messages
-    /// (POLLERR). Returns (readable, errqueue).
-    pub fn wait(&self, timeout_ms: i32) -> io::Result<(bool, bool)> {
-        let mut p = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok((false, false));
-            }
-            return Err(e);
-        }
-        Ok((
-            p.revents & libc::POLLIN != 0,
-            p.revents & libc::POLLERR != 0,
-        ))
-    }
-
     /// Receives up to a batch of datagrams without blocking (recvmmsg with
     /// MSG_DONTWAIT), from the error queue when `errqueue`. Returns how many.
-    pub fn recv_batch(&self, batch: &mut RecvBatch, errqueue: bool) -> io::Result<usize> {
+    pub(crate) fn recv_batch(&self, batch: &mut RecvBatch, errqueue: bool) -> io::Result<usize> {
         let flags = libc::MSG_DONTWAIT | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
         self.recvmmsg(batch, flags)
     }

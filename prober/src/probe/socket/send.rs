@@ -18,7 +18,7 @@ use super::{
 
 impl ProbeSocket {
     /// Sends one datagram and returns the OPT_ID its TX timestamp will carry.
-    pub fn send_to(&self, buf: &[u8], dst: SocketAddr, opt_id: u32) -> io::Result<u32> {
+    pub(crate) fn send_to(&self, buf: &[u8], dst: SocketAddr, opt_id: u32) -> io::Result<u32> {
         let sa = sockaddr(dst);
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut _,
@@ -68,7 +68,7 @@ impl ProbeSocket {
     /// counter, see below). Returns how many the kernel took
     /// (at least one, or the error of the first); their OPT_IDs are in
     /// `batch.opt_id(i)`.
-    pub fn send_batch(&self, batch: &mut SendBatch, from: usize) -> io::Result<usize> {
+    pub(crate) fn send_batch(&self, batch: &mut SendBatch, from: usize) -> io::Result<usize> {
         let connected = self.connected.load(Relaxed);
         // No control message on a connected socket: udp_sendmsg(2) takes
         // any non-UDP cmsg as "not connected" and looks the route up for
@@ -115,13 +115,13 @@ impl ProbeSocket {
 
     /// Whether TX timestamps carry the OPT_ID given per send (SCM_TS_OPT_ID,
     /// Linux >= 6.13) rather than the socket's own counter.
-    pub fn per_send_opt_id(&self) -> bool {
+    pub(crate) fn per_send_opt_id(&self) -> bool {
         self.per_send_opt_id.load(Relaxed)
     }
 }
 
 /// Probes for one sendmmsg() call, each with its own payload and OPT_ID.
-pub struct SendBatch {
+pub(crate) struct SendBatch {
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
     bufs: Vec<Vec<u8>>,
@@ -139,7 +139,7 @@ unsafe impl Send for SendBatch {}
 
 impl SendBatch {
     /// Room for `cap` probes of `size` bytes (zero padded) to `dst`.
-    pub fn new(cap: usize, size: usize, dst: SocketAddr) -> Self {
+    pub(crate) fn new(cap: usize, size: usize, dst: SocketAddr) -> Self {
         Self {
             hdrs: zeroed_vec(cap),
             iovs: zeroed_vec(cap),
@@ -151,25 +151,17 @@ impl SendBatch {
         }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.bufs.len()
-    }
-
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.len = 0;
     }
 
     /// Empties the batch and makes it send `size`-byte probes to `dst`:
     /// one batch serves the sender's every target, its buffers reused.
-    pub fn retarget(&mut self, dst: SocketAddr, size: usize) {
+    pub(crate) fn retarget(&mut self, dst: SocketAddr, size: usize) {
         self.dst = sockaddr(dst);
         for b in &mut self.bufs {
             b.resize(size, 0);
@@ -179,7 +171,7 @@ impl SendBatch {
 
     /// Adds a probe whose TX timestamp should carry `opt_id` and returns its
     /// payload to fill. Panics past the capacity (a caller bug).
-    pub fn push(&mut self, opt_id: u32) -> &mut [u8] {
+    pub(crate) fn push(&mut self, opt_id: u32) -> &mut [u8] {
         let i = self.len;
         self.len += 1;
         self.opt_ids[i] = opt_id;
@@ -187,7 +179,7 @@ impl SendBatch {
     }
 
     /// The OPT_ID the TX timestamp of probe `i` will carry (after sending).
-    pub fn opt_id(&self, i: usize) -> u32 {
+    pub(crate) fn opt_id(&self, i: usize) -> u32 {
         self.opt_ids[i]
     }
 

@@ -43,7 +43,7 @@ impl HmacKey {
 
     /// Constant-time check of a truncated tag (a timing difference would
     /// let an attacker guess the tag byte by byte).
-    pub fn verify(&self, data: &[u8], tag: &[u8]) -> Result<(), StampError> {
+    pub(crate) fn verify(&self, data: &[u8], tag: &[u8]) -> Result<(), StampError> {
         if tag.len() != HMAC_LEN_BYTES {
             return Err(StampError::BadHmac);
         }

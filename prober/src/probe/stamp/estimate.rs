@@ -24,7 +24,8 @@ pub struct ErrorEstimate {
 impl ErrorEstimate {
     /// Checked constructor: `scale` has 6 bits, and RFC 4656 §4.1.2 forbids
     /// a zero multiplier.
-    pub fn new(
+    #[cfg(test)]
+    pub(crate) fn new(
         synchronized: bool,
         ptp: bool,
         scale: u8,
@@ -69,12 +70,13 @@ impl ErrorEstimate {
 
     /// From the kernel's clock state; see [`ClockSync`] for which kernel
     /// numbers are used and why.
-    pub fn from_clock_sync(sync: &ClockSync, ptp: bool) -> Self {
+    pub(crate) fn from_clock_sync(sync: &ClockSync, ptp: bool) -> Self {
         Self::from_error_ns(sync.synchronized, sync.max_error_ns, ptp)
     }
 
     /// Reads the kernel's clock state (`adjtimex(2)`, read only) and maps it.
-    pub fn from_adjtimex(ptp: bool) -> Result<Self, StampError> {
+    #[cfg(test)]
+    pub(crate) fn from_adjtimex(ptp: bool) -> Result<Self, StampError> {
         Ok(Self::from_clock_sync(&ClockSync::read_kernel()?, ptp))
     }
 
@@ -92,20 +94,22 @@ impl ErrorEstimate {
         Some(u64::try_from(ns).unwrap_or(u64::MAX))
     }
 
-    pub fn synchronized(self) -> bool {
+    pub(crate) fn synchronized(self) -> bool {
         self.synchronized
     }
 
     /// The Z flag: the timestamps this estimate covers are PTP (else NTP).
-    pub fn ptp(self) -> bool {
+    pub(crate) fn ptp(self) -> bool {
         self.ptp
     }
 
-    pub fn scale(self) -> u8 {
+    #[cfg(test)]
+    pub(crate) fn scale(self) -> u8 {
         self.scale
     }
 
-    pub fn multiplier(self) -> u8 {
+    #[cfg(test)]
+    pub(crate) fn multiplier(self) -> u8 {
         self.multiplier
     }
 
@@ -151,7 +155,7 @@ impl ClockSync {
     /// Pure mapping of what `adjtimex(2)` returned: its return value
     /// (`clock_state`, TIME_OK .. TIME_ERROR), `timex.status`,
     /// `timex.maxerror` (µs) and `timex.tai`.
-    pub fn from_timex(clock_state: i32, status: i32, maxerror_us: i64, tai_s: i32) -> Self {
+    pub(crate) fn from_timex(clock_state: i32, status: i32, maxerror_us: i64, tai_s: i32) -> Self {
         Self {
             synchronized: status & libc::STA_UNSYNC == 0 && clock_state != libc::TIME_ERROR,
             // A negative maxerror is nonsense; treat it as no error known.
@@ -162,7 +166,7 @@ impl ClockSync {
 
     /// Reads the kernel's state with `adjtimex(2)`, `modes = 0`: read only,
     /// allowed without privileges.
-    pub fn read_kernel() -> Result<Self, StampError> {
+    pub(crate) fn read_kernel() -> Result<Self, StampError> {
         // SAFETY: timex is a plain C struct for which all-zero is valid, and
         // modes = 0 makes adjtimex only write into it.
         let mut tx: libc::timex = unsafe { std::mem::zeroed() };

@@ -34,12 +34,18 @@ mod time;
 
 use thiserror::Error;
 
+pub(crate) use self::reflector::{ReflectParams, Sequencing};
 pub use self::{
     auth::{HmacKey, Mode},
     estimate::{ClockSync, ErrorEstimate},
     packet::{ReflectorPacket, SenderPacket},
-    reflector::{ReflectParams, ReflectorState, Sequencing, reflect},
-    time::{NtpTimestamp, PtpTimestamp, Timestamp},
+    reflector::reflect,
+    time::Timestamp,
+};
+#[cfg(test)]
+pub(crate) use self::{
+    reflector::ReflectorState,
+    time::{NtpTimestamp, PtpTimestamp},
 };
 
 /// Base length of every unauthenticated STAMP test packet (RFC 8762 §4.2.1, §4.3.1).

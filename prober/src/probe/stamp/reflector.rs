@@ -26,12 +26,14 @@ pub struct ReflectorState {
 }
 
 impl ReflectorState {
-    pub fn new() -> Self {
+    #[cfg(test)]
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The sequence number the next reply of session `ssid` will carry.
-    pub fn peek(&self, ssid: u16) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn peek(&self, ssid: u16) -> u32 {
         self.next_seq.get(&ssid).copied().unwrap_or(0)
     }
 
@@ -69,15 +71,15 @@ pub enum Sequencing<'s> {
 pub struct ReflectParams {
     /// T2: CLOCK_REALTIME when the request arrived (ideally the kernel's RX
     /// timestamp).
-    pub rx_realtime_ns: i64,
+    pub(crate) rx_realtime_ns: i64,
     /// T3: CLOCK_REALTIME when the reply leaves.
-    pub tx_realtime_ns: i64,
+    pub(crate) tx_realtime_ns: i64,
     /// TTL or Hop Limit of the request's IP header.
-    pub ttl: u8,
+    pub(crate) ttl: u8,
     /// The reflector's own estimate; its Z flag picks the format of T2, T3.
-    pub error_estimate: ErrorEstimate,
+    pub(crate) error_estimate: ErrorEstimate,
     /// TAI - UTC, used for PTP timestamps only ([`Timestamp::from_realtime_ns`]).
-    pub tai_offset_s: i32,
+    pub(crate) tai_offset_s: i32,
 }
 
 /// Builds the reply to `request` into `reply` (replacing its contents), as a

@@ -18,8 +18,8 @@ const NTP_MAX_UNIX_S: i64 = (1 << 31) + (1 << 32) - NTP_UNIX_OFFSET_S;
 /// modulo 2^32 (the NTP era), and a fraction in units of 2^-32 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NtpTimestamp {
-    pub seconds: u32,
-    pub fraction: u32,
+    pub(crate) seconds: u32,
+    pub(crate) fraction: u32,
 }
 
 impl NtpTimestamp {
@@ -28,7 +28,7 @@ impl NtpTimestamp {
     /// than a nanosecond, so `to_unix_ns` gives back exactly `unix_ns`.
     /// The range is the one [`NtpTimestamp::to_unix_ns`] can tell apart
     /// without knowing the era: 1968-01-20 .. 2104-02-26.
-    pub fn from_unix_ns(unix_ns: i64) -> Result<Self, StampError> {
+    pub(crate) fn from_unix_ns(unix_ns: i64) -> Result<Self, StampError> {
         let secs = unix_ns.div_euclid(NS_PER_S as i64);
         if !(NTP_MIN_UNIX_S..NTP_MAX_UNIX_S).contains(&secs) {
             return Err(StampError::TimestampOutOfRange {
@@ -50,7 +50,7 @@ impl NtpTimestamp {
     /// nanosecond (so an arbitrary fraction loses up to 0.5 ns). The era is
     /// taken from the top bit as RFC 4330 §3 suggests: set = 1968..2036,
     /// clear = 2036..2104.
-    pub fn to_unix_ns(self) -> i64 {
+    pub(crate) fn to_unix_ns(self) -> i64 {
         let era_s: i64 = if self.seconds & 0x8000_0000 != 0 {
             0
         } else {
@@ -62,11 +62,11 @@ impl NtpTimestamp {
         secs * NS_PER_S as i64 + frac_ns as i64
     }
 
-    pub fn to_bits(self) -> u64 {
+    pub(crate) fn to_bits(self) -> u64 {
         (self.seconds as u64) << 32 | self.fraction as u64
     }
 
-    pub fn from_bits(bits: u64) -> Self {
+    pub(crate) fn from_bits(bits: u64) -> Self {
         Self {
             seconds: (bits >> 32) as u32,
             fraction: bits as u32,
@@ -82,15 +82,15 @@ impl NtpTimestamp {
 /// TAI-UTC offset to CLOCK_REALTIME readings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PtpTimestamp {
-    pub seconds: u32,
+    pub(crate) seconds: u32,
     /// Always below 10^9 in a value from [`PtpTimestamp::from_unix_ns`] or
     /// a decoder.
-    pub nanoseconds: u32,
+    pub(crate) nanoseconds: u32,
 }
 
 impl PtpTimestamp {
     /// Exact: both sides count nanoseconds. Range 1970 .. 2106 (32-bit seconds).
-    pub fn from_unix_ns(tai_unix_ns: i64) -> Result<Self, StampError> {
+    pub(crate) fn from_unix_ns(tai_unix_ns: i64) -> Result<Self, StampError> {
         let secs = tai_unix_ns.div_euclid(NS_PER_S as i64);
         let seconds = u32::try_from(secs).map_err(|_| StampError::TimestampOutOfRange {
             unix_ns: tai_unix_ns,
@@ -103,17 +103,17 @@ impl PtpTimestamp {
     }
 
     /// Exact inverse of [`PtpTimestamp::from_unix_ns`].
-    pub fn to_unix_ns(self) -> i64 {
+    pub(crate) fn to_unix_ns(self) -> i64 {
         self.seconds as i64 * NS_PER_S as i64 + self.nanoseconds as i64
     }
 
-    pub fn to_bits(self) -> u64 {
+    pub(crate) fn to_bits(self) -> u64 {
         (self.seconds as u64) << 32 | self.nanoseconds as u64
     }
 
     /// Rejects a nanoseconds field of 10^9 or more: no clock produces one,
     /// and accepting it would make two encodings of the same instant.
-    pub fn from_bits(bits: u64) -> Result<Self, StampError> {
+    pub(crate) fn from_bits(bits: u64) -> Result<Self, StampError> {
         let nanoseconds = bits as u32;
         if nanoseconds as i128 >= NS_PER_S {
             return Err(StampError::InvalidPtpNanoseconds { nanoseconds });
@@ -137,7 +137,7 @@ impl Timestamp {
     /// From a CLOCK_REALTIME reading (UTC). PTP timestamps are on the TAI
     /// timescale (RFC 8877 §4.3), so `tai_offset_s` (TAI - UTC, 37 s since
     /// 2017; [`super::ClockSync::tai_offset_s`]) is added for them; NTP ignores it.
-    pub fn from_realtime_ns(
+    pub(crate) fn from_realtime_ns(
         realtime_ns: i64,
         ptp: bool,
         tai_offset_s: i32,
@@ -164,11 +164,11 @@ impl Timestamp {
         }
     }
 
-    pub fn is_ptp(self) -> bool {
+    pub(crate) fn is_ptp(self) -> bool {
         matches!(self, Timestamp::Ptp(_))
     }
 
-    pub fn to_bits(self) -> u64 {
+    pub(crate) fn to_bits(self) -> u64 {
         match self {
             Timestamp::Ntp(t) => t.to_bits(),
             Timestamp::Ptp(t) => t.to_bits(),

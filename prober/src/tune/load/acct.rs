@@ -125,17 +125,17 @@ pub(super) struct SeqWindow {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct WindowCounts {
     /// Datagrams the sender sent in the window (hi - lo).
-    pub sent: u64,
+    pub(crate) sent: u64,
     /// Distinct datagrams of the window that arrived.
-    pub received: u64,
-    pub lost: u64,
-    pub duplicates: u64,
+    pub(crate) received: u64,
+    pub(crate) lost: u64,
+    pub(crate) duplicates: u64,
     /// Arrived after a datagram with a higher sequence number.
-    pub reordered: u64,
+    pub(crate) reordered: u64,
     /// Payload bytes of the distinct datagrams received.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// First to last arrival of the window's datagrams.
-    pub receive_span: Duration,
+    pub(crate) receive_span: Duration,
 }
 
 impl WindowCounts {

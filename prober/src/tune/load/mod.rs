@@ -218,18 +218,18 @@ pub(crate) struct Load {
 /// Where the load goes and what "100 %" is.
 pub(crate) struct LoadTarget<'a> {
     /// The kernel layer, for the namespaces' congestion control settings.
-    pub sys: &'a dyn crate::sys::Sys,
-    pub sender: &'a Netns,
-    pub receiver: &'a Netns,
-    pub dst: Ipv4Addr,
+    pub(crate) sys: &'a dyn crate::sys::Sys,
+    pub(crate) sender: &'a Netns,
+    pub(crate) receiver: &'a Netns,
+    pub(crate) dst: Ipv4Addr,
     /// The sender's address: the fetch load's page server listens there.
-    pub src: Ipv4Addr,
+    pub(crate) src: Ipv4Addr,
     /// Link rate for shares (shaping rate or NIC speed).
-    pub link_rate: Option<Rate>,
+    pub(crate) link_rate: Option<Rate>,
     /// The shaping, to compute the loss a CBR flow must see.
-    pub shaping: Option<Shaping>,
+    pub(crate) shaping: Option<Shaping>,
     /// Bytes the bottleneck can queue at most, to size UDP send buffers.
-    pub queue_bytes_hint: u64,
+    pub(crate) queue_bytes_hint: u64,
 }
 
 /// Starts every flow; returns once all TCP connections are up.

@@ -17,7 +17,7 @@ use crate::{
 
 /// One `--load` entry.
 #[derive(Debug, Clone, PartialEq)]
-pub enum LoadSpec {
+pub(crate) enum LoadSpec {
     Tcp {
         rate: LoadRate,
         cc: Option<String>,
@@ -51,14 +51,14 @@ pub(super) const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const MAX_FETCH_SIZE: u64 = 1 << 30;
 
 impl LoadSpec {
-    pub fn flows(&self) -> u32 {
+    pub(crate) fn flows(&self) -> u32 {
         match self {
             LoadSpec::Tcp { flows, .. } => *flows,
             LoadSpec::Udp { .. } | LoadSpec::Fetch { .. } => 1,
         }
     }
 
-    pub fn port(&self) -> Option<u16> {
+    pub(crate) fn port(&self) -> Option<u16> {
         match self {
             LoadSpec::Tcp { port, .. }
             | LoadSpec::Udp { port, .. }
@@ -68,14 +68,14 @@ impl LoadSpec {
 
     /// The rate it asks for; None for the fetch load (its rate is what
     /// its fetches get).
-    pub fn rate(&self) -> Option<LoadRate> {
+    pub(crate) fn rate(&self) -> Option<LoadRate> {
         match self {
             LoadSpec::Tcp { rate, .. } | LoadSpec::Udp { rate, .. } => Some(*rate),
             LoadSpec::Fetch { .. } => None,
         }
     }
 
-    pub fn cc(&self) -> Option<&str> {
+    pub(crate) fn cc(&self) -> Option<&str> {
         match self {
             LoadSpec::Tcp { cc, .. } | LoadSpec::Fetch { cc, .. } => cc.as_deref(),
             LoadSpec::Udp { .. } => None,
@@ -83,7 +83,7 @@ impl LoadSpec {
     }
 
     /// Needs a link rate to be resolved (a share other than TCP's 100 %).
-    pub fn needs_link_rate(&self) -> bool {
+    pub(crate) fn needs_link_rate(&self) -> bool {
         match self {
             LoadSpec::Tcp { rate, .. } => matches!(rate, LoadRate::Share(s) if *s < 1.0),
             LoadSpec::Udp { rate, .. } => matches!(rate, LoadRate::Share(_)),

@@ -106,7 +106,7 @@ pub(crate) const QDISC_HANDLE: &str = "10:";
 
 /// What a classful qdisc puts under its classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leaf {
+pub(crate) enum Leaf {
     /// Stochastic fairness queueing, as the study did.
     Sfq,
     /// A pfifo (limit = txqueuelen); available everywhere.
@@ -136,7 +136,7 @@ impl Leaf {
 
 /// A rate given explicitly or derived from the link and the probe flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AutoRate {
+pub(crate) enum AutoRate {
     Auto,
     Fixed(Rate),
 }
@@ -162,63 +162,63 @@ impl fmt::Display for AutoRate {
 
 /// fq_codel parameters; None = the kernel's default.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FqCodel {
-    pub limit: Option<u32>,
-    pub target: Option<Duration>,
-    pub interval: Option<Duration>,
-    pub quantum: Option<u32>,
-    pub flows: Option<u32>,
-    pub ecn: Option<bool>,
+pub(crate) struct FqCodel {
+    pub(crate) limit: Option<u32>,
+    pub(crate) target: Option<Duration>,
+    pub(crate) interval: Option<Duration>,
+    pub(crate) quantum: Option<u32>,
+    pub(crate) flows: Option<u32>,
+    pub(crate) ecn: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct HtbParams {
-    pub probe_rate: AutoRate,
-    pub probe_burst: Bytes,
-    pub bulk_rate: AutoRate,
-    pub bulk_ceil: AutoRate,
-    pub bulk_burst: Bytes,
+pub(crate) struct HtbParams {
+    pub(crate) probe_rate: AutoRate,
+    pub(crate) probe_burst: Bytes,
+    pub(crate) bulk_rate: AutoRate,
+    pub(crate) bulk_ceil: AutoRate,
+    pub(crate) bulk_burst: Bytes,
     /// Minor id (hex, as tc reads it) of the class for unclassified traffic.
-    pub default_class: String,
-    pub leaf: Leaf,
+    pub(crate) default_class: String,
+    pub(crate) leaf: Leaf,
 }
 
 /// Strict priority on htb: a high-priority class with a guaranteed rate
 /// and htb prio 0, a bulk class at a lower prio, both borrowing up to the
 /// link.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HtbPrioParams {
+pub(crate) struct HtbPrioParams {
     /// Guaranteed rate of the high-priority class.
-    pub hp_rate: AutoRate,
+    pub(crate) hp_rate: AutoRate,
     /// The parent class's rate and both classes' ceil.
-    pub link: AutoRate,
+    pub(crate) link: AutoRate,
     /// UDP destination port sent to the high class; None: the probe flow's.
-    pub hp_port: Option<u16>,
+    pub(crate) hp_port: Option<u16>,
     /// TOS byte (DSCP bits, mask 0xfc) also sent to the high class.
-    pub hp_tos: Option<u8>,
+    pub(crate) hp_tos: Option<u8>,
     /// htb prio of the bulk class (the high class has 0).
-    pub bulk_prio: u8,
+    pub(crate) bulk_prio: u8,
     /// DRR quantum of both classes: how much a class sends per turn.
-    pub quantum: Bytes,
+    pub(crate) quantum: Bytes,
     /// pfifo limit of each leaf, packets.
-    pub limit_pkts: u32,
+    pub(crate) limit_pkts: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct HfscParams {
-    pub link: AutoRate,
-    pub rt_rate: AutoRate,
-    pub rt_umax: Bytes,
-    pub rt_dmax: Duration,
-    pub bulk_rate: AutoRate,
-    pub bulk_umax: Bytes,
-    pub bulk_dmax: Duration,
-    pub leaf: Leaf,
+pub(crate) struct HfscParams {
+    pub(crate) link: AutoRate,
+    pub(crate) rt_rate: AutoRate,
+    pub(crate) rt_umax: Bytes,
+    pub(crate) rt_dmax: Duration,
+    pub(crate) bulk_rate: AutoRate,
+    pub(crate) bulk_umax: Bytes,
+    pub(crate) bulk_dmax: Duration,
+    pub(crate) leaf: Leaf,
 }
 
 /// The qdisc to put on the bottleneck, with its parameters.
 #[derive(Debug, Clone, PartialEq)]
-pub enum QdiscSpec {
+pub(crate) enum QdiscSpec {
     PfifoFast,
     Pfifo {
         limit_pkts: u32,
@@ -256,7 +256,7 @@ pub(crate) const KINDS: [&str; 9] = [
 
 impl QdiscSpec {
     /// The study's parameter set for `kind`.
-    pub fn preset(kind: &str) -> Result<Self, String> {
+    pub(crate) fn preset(kind: &str) -> Result<Self, String> {
         Ok(match kind {
             "pfifo_fast" => QdiscSpec::PfifoFast,
             "pfifo" => QdiscSpec::Pfifo { limit_pkts: 100 },
@@ -317,7 +317,7 @@ impl QdiscSpec {
         })
     }
 
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             QdiscSpec::PfifoFast => "pfifo_fast",
             QdiscSpec::Pfifo { .. } => "pfifo",
@@ -333,7 +333,7 @@ impl QdiscSpec {
 
     /// Everything the kernel must have for this spec: qdisc kinds and the
     /// u32 classifier (named "u32").
-    pub fn requirements(&self) -> Vec<&'static str> {
+    pub(crate) fn requirements(&self) -> Vec<&'static str> {
         if let QdiscSpec::HtbPrio(_) = self {
             return vec!["htb", "pfifo", "u32"];
         }

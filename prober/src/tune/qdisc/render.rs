@@ -23,17 +23,17 @@ use crate::{
 
 /// Where the qdisc goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Parent {
+pub(crate) enum Parent {
     Root,
     ShaperClass,
 }
 
 /// What rendering needs to know about the run.
 #[derive(Debug, Clone)]
-pub struct RenderCtx {
-    pub link_rate: Option<Rate>,
-    pub overhead_bytes: u32,
-    pub probe: ProbeContext,
+pub(crate) struct RenderCtx {
+    pub(crate) link_rate: Option<Rate>,
+    pub(crate) overhead_bytes: u32,
+    pub(crate) probe: ProbeContext,
 }
 
 /// The commands every kind shares, for one device and position.
@@ -119,7 +119,7 @@ impl QdiscCmds<'_> {
 impl QdiscSpec {
     /// tc commands installing this qdisc as `parent` (root or the shaper's
     /// class) on `dev`, and the effective parameters (autos resolved).
-    pub fn render(&self, dev: &str, parent: Parent, ctx: &RenderCtx) -> (Vec<TcCmd>, Value) {
+    pub(crate) fn render(&self, dev: &str, parent: Parent, ctx: &RenderCtx) -> (Vec<TcCmd>, Value) {
         let w = QdiscCmds { dev, parent, ctx };
         match self {
             QdiscSpec::PfifoFast => (vec![TcCmd(w.head("pfifo_fast"))], json!({})),
