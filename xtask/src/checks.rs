@@ -133,17 +133,7 @@ mod tests {
         assert_eq!(a, ["clippy", "--all-targets", "--", "-D", "warnings"]);
     }
 
-    fn args_of(c: &Command) -> Vec<String> {
-        c.get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect()
-    }
-
-    fn env_of(c: &Command, key: &str) -> Option<String> {
-        c.get_envs()
-            .find(|(k, _)| *k == key)
-            .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
-    }
+    use crate::testutil::{args_of, env_of};
 
     #[test]
     fn fmt_checks_the_whole_workspace_and_the_fuzz_crate() {

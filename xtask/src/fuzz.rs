@@ -147,17 +147,7 @@ mod tests {
     use super::*;
     use crate::workspace_root;
 
-    fn args_of(c: &Command) -> Vec<String> {
-        c.get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect()
-    }
-
-    fn env_of(c: &Command, key: &str) -> Option<String> {
-        c.get_envs()
-            .find(|(k, _)| *k == key)
-            .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
-    }
+    use crate::testutil::{args_of, env_of};
 
     #[test]
     fn fuzz_run_is_bounded_and_keeps_seeds_read_only() {

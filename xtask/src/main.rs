@@ -46,6 +46,8 @@ mod modgraph;
 mod monitoring;
 mod roottests;
 mod setup;
+#[cfg(test)]
+mod testutil;
 
 use fuzz::FUZZ_SECONDS_DEFAULT;
 

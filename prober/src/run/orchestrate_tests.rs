@@ -25,10 +25,11 @@ use crate::{
 
 const ID: &str = "orch";
 
-/// Programs never loaded, with kernel ids 201, 202, ...
-struct StandIns {
-    sys: SysRef,
-    next_id: u32,
+/// Programs never loaded, with kernel ids 201, 202, ... (undo_tests.rs
+/// loads them too).
+pub(super) struct StandIns {
+    pub(super) sys: SysRef,
+    pub(super) next_id: u32,
 }
 
 impl Loader for StandIns {

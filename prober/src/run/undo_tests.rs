@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, atomic::AtomicU8};
 
 use anyhow::Result;
 
-use super::{Frame, orchestrate};
+use super::{Frame, orchestrate, orchestrate_tests::StandIns};
 use crate::{
-    ebpf::{Loader, Reflector, Router, XdpAction, XdpMode},
+    ebpf::{XdpAction, XdpMode},
     sys::{
         Ns, Sys, SysRef,
         fake::{Call, FakeSys},
@@ -21,24 +21,6 @@ use crate::{
 };
 
 const ID: &str = "undo";
-
-/// Programs never loaded, with kernel ids 201, 202, ...
-struct StandIns {
-    sys: SysRef,
-    next_id: u32,
-}
-
-impl Loader for StandIns {
-    fn router(&mut self, pass_only: bool) -> Result<Router> {
-        self.next_id += 1;
-        Ok(Router::stand_in(self.sys.clone(), pass_only, self.next_id))
-    }
-
-    fn reflector(&mut self, _probe: u16, _stamp: u16, _reply_ifindex: u32) -> Result<Reflector> {
-        self.next_id += 1;
-        Ok(Reflector::stand_in(self.sys.clone(), self.next_id))
-    }
-}
 
 fn ns(role: &str) -> String {
     format!("rtprobe-{ID}-{role}")
