@@ -25,11 +25,10 @@ use crate::{
 
 const ID: &str = "orch";
 
-/// Programs never loaded, with kernel ids 201, 202, ... (undo_tests.rs
-/// loads them too).
-pub(super) struct StandIns {
-    pub(super) sys: SysRef,
-    pub(super) next_id: u32,
+/// Programs never loaded, with kernel ids 201, 202, ...
+struct StandIns {
+    sys: SysRef,
+    next_id: u32,
 }
 
 impl Loader for StandIns {
@@ -95,6 +94,15 @@ fn run(
     f: &Arc<FakeSys>,
     probe: impl for<'tb> FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<u32>,
 ) -> (Result<u32>, Option<usize>) {
+    run_as(f, ID, probe)
+}
+
+/// [`run`] on a testbed with this ID (undo_tests.rs runs it too).
+pub(super) fn run_as(
+    f: &Arc<FakeSys>,
+    id: &str,
+    probe: impl for<'tb> FnOnce(&'tb Testbed, &mut Prepared<'tb>) -> Result<u32>,
+) -> (Result<u32>, Option<usize>) {
     let knobs = knobs();
     let frame = Frame {
         knobs: &knobs,
@@ -113,7 +121,7 @@ fn run(
         sys,
         &frame,
         &stop,
-        |sys| Testbed::veth_recorded(sys, ID.into(), None),
+        |sys| Testbed::veth_recorded(sys, id.into(), None),
         &mut loader,
         |tb, prepared| {
             *at_probe.lock().unwrap() = Some(f.calls().len());

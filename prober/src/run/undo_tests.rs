@@ -5,19 +5,17 @@
 //! it, newest first, and nothing more; a failed restore does not stop the
 //! restores after it.
 
-use std::sync::{Arc, Mutex, atomic::AtomicU8};
+use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::{Frame, orchestrate, orchestrate_tests::StandIns};
+use super::orchestrate_tests::run_as;
 use crate::{
-    ebpf::{XdpAction, XdpMode},
     sys::{
-        Ns, Sys, SysRef,
+        Ns, Sys,
         fake::{Call, FakeSys},
     },
-    testbed::{Testbed, Undo, build_veth},
-    tune::Knobs,
+    testbed::{Undo, build_veth},
 };
 
 const ID: &str = "undo";
@@ -51,14 +49,6 @@ fn before(c: &Call) -> Option<&'static str> {
     }
 }
 
-/// Two knobs, each one change: the router's queue length, then TSQ.
-fn knobs() -> Knobs {
-    let k: Knobs =
-        toml::from_str("bottleneck = \"router\"\ntxqueuelen = 20\ntsq = 65536").expect("knobs");
-    k.validate().expect("knobs validate");
-    k
-}
-
 /// How many changes the build makes (a fresh fake, nothing failing).
 fn build_len() -> usize {
     let f = Arc::new(FakeSys::new());
@@ -72,32 +62,7 @@ fn build_len() -> usize {
 /// Runs the orchestration on `f` with a probe step that changes nothing;
 /// returns its result and how many calls had been made when the step ran.
 fn run(f: &Arc<FakeSys>) -> (Result<u32>, Option<usize>) {
-    let knobs = knobs();
-    let frame = Frame {
-        knobs: &knobs,
-        queue_csv: None,
-        xdp_mode: XdpMode::Auto,
-        xdp_action: XdpAction::Redirect,
-    };
-    let sys: SysRef = f.clone();
-    let mut loader = StandIns {
-        sys: sys.clone(),
-        next_id: 200,
-    };
-    let at_probe = Mutex::new(None);
-    let stop = AtomicU8::new(0);
-    let r = orchestrate(
-        sys,
-        &frame,
-        &stop,
-        |sys| Testbed::veth_recorded(sys, ID.into(), None),
-        &mut loader,
-        |_, _| {
-            *at_probe.lock().unwrap() = Some(f.calls().len());
-            Ok(7)
-        },
-    );
-    (r, at_probe.into_inner().unwrap())
+    run_as(f, ID, |_, _| Ok(7))
 }
 
 /// The changes of an undisturbed run: those up to its probe step (the
