@@ -234,7 +234,7 @@ pub fn drive(plan: &Plan) -> Result<Outcome> {
     let t0 = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    let mut c = Collector::new(&cfg, expect, Box::new(NoHwClocks), t0);
+    let mut c = Collector::new(&cfg, expect, std::sync::Arc::new(NoHwClocks), t0);
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut inj = Injected::default();

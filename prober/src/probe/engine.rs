@@ -191,9 +191,13 @@ pub(crate) fn drive(
         .first()
         .context("internal: a session without a target")?
         .cfg;
-    let read_by = match legs[0].s.echo_side {
-        EchoSide::InProcess { .. } => ReadBy::IoThread,
-        EchoSide::Kernel { .. } | EchoSide::Remote => ReadBy::Sender,
+    // A reflector of ours in this process (on any leg) needs a thread
+    // waiting at its socket.
+    let in_process = |l: &Leg<'_>| matches!(l.s.echo_side, EchoSide::InProcess { .. });
+    let read_by = if legs.iter().any(in_process) {
+        ReadBy::IoThread
+    } else {
+        ReadBy::Sender
     };
     let (done, sent) = (AtomicBool::new(false), AtomicBool::new(false));
     let mark = ReadMark::new();
@@ -314,6 +318,7 @@ fn send_all(
             dst: l.s.dst,
             size: l.cfg.size,
             interval_ns: l.cfg.interval.as_nanos() as i64,
+            count: l.cfg.count,
             anchor_ns: l.anchor_ns,
             attempts: &l.attempts,
         })
@@ -353,7 +358,7 @@ pub(crate) struct WarmedUp {
 /// something answers at all. Any stop request ends it: it is set-up, and a
 /// run stopped before probing sends nothing (`echo` is None then).
 pub(crate) fn warm_up(s: &Session<'_>, size: usize, stop: &AtomicU8) -> Result<WarmedUp> {
-    let w = exchange(s, size, WARMUP_SEQ, stop, STOP_SENDING, 30)?;
+    let w = exchange(s, size, Ask::warm_up(WARMUP_SEQ, 30, STOP_SENDING), stop)?;
     if w.echo.is_some() {
         let foreign = settle(s)?;
         return Ok(WarmedUp {
@@ -385,21 +390,46 @@ pub(crate) fn warm_up(s: &Session<'_>, size: usize, stop: &AtomicU8) -> Result<W
     }
 }
 
-/// Sends warm-up-marked probe `seq` up to `tries` times, 100 ms apart, and
-/// returns the first answer to it. Where the reflector is ours it echoes
-/// warm-ups itself (the I/O thread is not running yet); with the in-kernel
-/// reflector the kernel answers first and the receiver's socket sees only
-/// others' datagrams, which are counted. Gives up, sending nothing more,
-/// once the stop level reaches `give_up_at`. On a testbed a failed send or
-/// receive is an error (nothing else explains it); towards a remote
-/// reflector the next try follows.
+/// One question to the reflector, asked before or after the probing:
+/// probe `seq`, marked as a warm-up (answered, never counted) or not (a
+/// STAMP status probe, which a stateful reflector numbers).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) seq: u64,
+    pub(crate) warmup: bool,
+    /// Sends at most, each waited on `wait_ms` (a retry of a counted
+    /// probe would be counted again: one try then).
+    pub(crate) tries: u32,
+    pub(crate) wait_ms: i64,
+    /// Gives up, sending nothing more, once the stop level reaches this.
+    pub(crate) give_up_at: u8,
+}
+
+impl Ask {
+    /// A warm-up probe `tries` times, 100 ms apart.
+    pub(crate) fn warm_up(seq: u64, tries: u32, give_up_at: u8) -> Self {
+        Self {
+            seq,
+            warmup: true,
+            tries,
+            wait_ms: 100,
+            give_up_at,
+        }
+    }
+}
+
+/// Sends probe `ask.seq` up to `ask.tries` times and returns the first
+/// answer to it. Where the reflector is ours it echoes warm-ups itself
+/// (the I/O thread is not running yet); with the in-kernel reflector the
+/// kernel answers first and the receiver's socket sees only others'
+/// datagrams, which are counted. On a testbed a failed send or receive is
+/// an error (nothing else explains it); towards a remote reflector the
+/// next try follows.
 pub(crate) fn exchange(
     s: &Session<'_>,
     size: usize,
-    seq: u64,
+    ask: Ask,
     stop: &AtomicU8,
-    give_up_at: u8,
-    tries: u32,
 ) -> Result<WarmedUp> {
     let receiver = s.echo_side.receiver_session();
     let strict = receiver.is_some();
@@ -410,22 +440,27 @@ pub(crate) fn exchange(
     // target of a thousand allocates 16 x this.
     let mut batch = RecvBatch::new(16, size.max(WARM_UP_BUF_BYTES));
     let mut foreign = 0u64;
-    let given_up = || stop.load(Ordering::SeqCst) >= give_up_at;
+    let given_up = || stop.load(Ordering::SeqCst) >= ask.give_up_at;
     let mut polled = vec![s.sock];
     polled.extend(receiver.map(|(rx, _)| rx));
-    for _ in 0..tries {
+    for _ in 0..ask.tries {
         if given_up() {
             break;
         }
-        s.wire
-            .encode(seq, clock::realtime_ns(), true, &mut buf, &mut scratch);
+        s.wire.encode(
+            ask.seq,
+            clock::realtime_ns(),
+            ask.warmup,
+            &mut buf,
+            &mut scratch,
+        );
         if let Err(e) = s.sock.send_to(&buf, s.dst, u32::MAX - 1) {
             if strict {
                 return Err(e).with_context(|| format!("send warm-up probe to {}", s.dst));
             }
             log::debug!("warm-up send to {}: {e}", s.dst);
         }
-        let until = clock::realtime_ns() + 100_000_000;
+        let until = clock::realtime_ns() + ask.wait_ms * 1_000_000;
         while clock::realtime_ns() < until && !given_up() {
             let polled_ok = socket::poll_any(&polled, 10);
             if strict {
@@ -434,7 +469,7 @@ pub(crate) fn exchange(
             if let Some((rx, session)) = receiver {
                 foreign += echo_warm_ups(rx, &mut batch, session)?;
             }
-            let echo = answer_at_sender(s, &mut batch, seq, strict)?;
+            let echo = answer_at_sender(s, &mut batch, ask, strict)?;
             if echo.is_some() {
                 return Ok(WarmedUp { echo, foreign });
             }
@@ -474,11 +509,11 @@ fn echo_warm_ups(rx: &ProbeSocket, batch: &mut RecvBatch, session: u64) -> Resul
 }
 
 /// The sender's part: throws the warm-up's TX stamps away and returns the
-/// answer to probe `seq`, if it came.
+/// answer to the probe asked, if it came.
 fn answer_at_sender(
     s: &Session<'_>,
     batch: &mut RecvBatch,
-    seq: u64,
+    ask: Ask,
     strict: bool,
 ) -> Result<Option<Echo>> {
     let recv = |batch: &mut RecvBatch, errq: bool| match s.sock.recv_batch(batch, errq) {
@@ -491,8 +526,8 @@ fn answer_at_sender(
         let (payload, src, _) = batch.get(i);
         if socket::same_endpoint(src, s.dst)
             && let Some(e) = s.wire.decode(payload)
-            && e.warmup
-            && e.seq == seq
+            && e.warmup == ask.warmup
+            && e.seq == ask.seq
         {
             return Ok(Some(e));
         }

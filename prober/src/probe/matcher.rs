@@ -94,7 +94,7 @@ pub enum Event {
 /// Puts raw hardware (PHC) stamps on CLOCK_REALTIME: the sender's NIC for
 /// the probe's TX and the echo's RX, the receiver's for the others. None
 /// when it cannot (no PHC, no sample yet): the stamp is then left out.
-pub trait HwClocks: Send {
+pub trait HwClocks: Send + Sync {
     fn sender(&self, raw_ns: i64) -> Option<i64>;
     fn receiver(&self, raw_ns: i64) -> Option<i64>;
 }
@@ -204,7 +204,7 @@ pub struct Matcher {
     flow: u8,
     timeout_ns: i64,
     expect: Expect,
-    hw: Box<dyn HwClocks>,
+    hw: std::sync::Arc<dyn HwClocks>,
     base: u64,
     window: VecDeque<Slot>,
     opt_to_seq: HashMap<u32, u64>,
@@ -246,7 +246,7 @@ impl Matcher {
             flow,
             timeout_ns,
             expect,
-            hw: Box::new(NoHwClocks),
+            hw: std::sync::Arc::new(NoHwClocks),
             base: 0,
             window: VecDeque::new(),
             opt_to_seq: HashMap::new(),
@@ -271,7 +271,7 @@ impl Matcher {
     }
 
     /// Converts hardware stamps with `hw` (default: none are converted).
-    pub(crate) fn with_hw_clocks(mut self, hw: Box<dyn HwClocks>) -> Self {
+    pub(crate) fn with_hw_clocks(mut self, hw: std::sync::Arc<dyn HwClocks>) -> Self {
         self.hw = hw;
         self
     }

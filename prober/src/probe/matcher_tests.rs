@@ -192,7 +192,7 @@ impl HwClocks for Offset {
 #[test]
 fn hardware_stamps_are_kept_beside_software_ones_and_converted() {
     let expect = Expect { tx_hw: true, ..ALL };
-    let mut m = Matcher::new(64, 0, 1_000, expect).with_hw_clocks(Box::new(Offset(100)));
+    let mut m = Matcher::new(64, 0, 1_000, expect).with_hw_clocks(std::sync::Arc::new(Offset(100)));
     let evs = [
         sent(0),
         tx(0, TxKind::Software, 10),

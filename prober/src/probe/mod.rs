@@ -176,7 +176,12 @@ pub(crate) fn run_session(
     observer: &mut dyn SessionObserver,
 ) -> Result<SessionOutcome> {
     match ends {
-        SessionEnds::Testbed(ep) => pair::testbed_session(ep, cfg, csv, stop, observer),
+        SessionEnds::Testbed(ep) => {
+            let mut outs = [engine::LegOut { csv, observer }];
+            let mut got = run_testbed(ep, std::slice::from_ref(cfg), &mut outs, stop)?;
+            got.pop()
+                .context("internal: the session's flow gave no outcome")
+        }
         SessionEnds::Remote { target, from } => {
             let leg = remote::RemoteLeg {
                 target: (*target).clone(),
@@ -206,6 +211,20 @@ pub(crate) fn run_session(
                 .context("internal: the session's target gave no outcome")
         }
     }
+}
+
+/// Runs a testbed's (or NIC pair's) flows, the main one and each
+/// `--flow`, as legs of one engine session: one sender paces them all,
+/// one I/O thread echoes them at their receiver sockets and reads their
+/// echoes; each keeps its own port, sockets, sequence space and records
+/// (to its `outs`). Outcomes in the order of `cfgs`.
+pub(crate) fn run_testbed(
+    ep: &Endpoints<'_>,
+    cfgs: &[ProbeConfig],
+    outs: &mut [engine::LegOut<'_>],
+    stop: &AtomicU8,
+) -> Result<Vec<SessionOutcome>> {
+    pair::testbed_session(ep, cfgs, outs, stop)
 }
 
 /// The caller's observer, lent to a session that owns its observers.

@@ -370,6 +370,9 @@ pub(crate) struct PaceLeg<'a> {
     pub(crate) dst: SocketAddr,
     pub(crate) size: usize,
     pub(crate) interval_ns: i64,
+    /// Its probes in all (None: until the run's end time, or stopped). A
+    /// testbed's `--flow`s each send theirs over the same wall time.
+    pub(crate) count: Option<u64>,
     /// CLOCK_MONOTONIC time its seq 0 is due (its schedule; a target
     /// carried over a reload keeps it, so probes due meanwhile go late,
     /// none is skipped). None: its next probe is due at the sender's start.
@@ -381,8 +384,8 @@ pub(crate) struct PaceLeg<'a> {
 
 /// Sends the probe streams of `legs` from this one thread, each probe's
 /// bytes written by `encode(leg, seq, send_ns, buf)` (see
-/// [`super::wire::Wire`]). `cfg` gives what they share: the count or
-/// duration, the real-time settings and how to wait. Every probe it tries
+/// [`super::wire::Wire`]). `cfg` gives what they share: the duration,
+/// the real-time settings and how to wait. Every probe it tries
 /// to send produces exactly one `Sent` or `SendFailed` event and one count
 /// in its leg's `attempts` (for the unaccounted-probe check), counted just
 /// before its send: seqs are 0, 1, 2..., so `attempts` is also the first
@@ -422,7 +425,7 @@ pub(crate) fn pace_with(
     let end_ns = until
         .end_ns
         .or(cfg.duration.map(|d| start_ns + d.as_nanos() as i64));
-    let streams = schedules(legs, cfg, start_ns, end_ns);
+    let streams = schedules(legs, start_ns, end_ns);
     let warming = warm.is_some();
     let (mut warm_ns, mut warm_cost_ns) = (0i64, WARM_UP_FIRST_GUESS_NS);
     // In place of the spin's first part, when it fits twice over: never a
@@ -454,12 +457,7 @@ pub(crate) fn pace_with(
 
 /// Each leg's schedule and its first seq not yet sent: from its anchor,
 /// else from `start_ns` less the probes it already sent.
-fn schedules(
-    legs: &[PaceLeg<'_>],
-    cfg: &ProbeConfig,
-    start_ns: i64,
-    end_ns: Option<i64>,
-) -> Vec<(Schedule, u64)> {
+fn schedules(legs: &[PaceLeg<'_>], start_ns: i64, end_ns: Option<i64>) -> Vec<(Schedule, u64)> {
     legs.iter()
         .map(|l| {
             let first = l.attempts.load(Ordering::SeqCst);
@@ -469,7 +467,7 @@ fn schedules(
                     .unwrap_or(start_ns - first as i64 * l.interval_ns),
                 interval_ns: l.interval_ns,
                 // Neither a count nor a duration: until stopped (--forever).
-                count: cfg.count.unwrap_or(u64::MAX),
+                count: l.count.unwrap_or(u64::MAX),
                 end_ns,
             };
             (sched, first)

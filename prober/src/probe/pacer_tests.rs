@@ -263,6 +263,7 @@ fn paced_with_cfg(
         dst: dst.unwrap_or(peer.local_addr().unwrap()),
         size: 64,
         interval_ns: interval.as_nanos() as i64,
+        count: Some(count),
         anchor_ns: None,
         attempts: &attempts,
     }];

@@ -25,11 +25,7 @@ use super::{
     wire,
 };
 use crate::{
-    model::record::RecordSink,
-    stats::{
-        observer::SessionObserver,
-        report::{HardwareClock, HardwareClocks, SampledClock},
-    },
+    stats::report::{HardwareClock, HardwareClocks, SampledClock},
     sys::Netns,
 };
 
@@ -226,91 +222,127 @@ fn bind_sides(
     Ok((tx_sock, rx_sock, dst))
 }
 
-/// The testbed's (or NIC pair's) side of [`super::run_session`]: both
-/// sockets in their namespaces, hardware timestamping where asked, the
-/// reflector ours (in this process, or in the kernel with
-/// `kernel_reflector`), and the namespaces' drop counters around it.
+/// One flow's two sockets, its destination and its wire.
+struct FlowEnds {
+    tx: ProbeSocket,
+    rx: ProbeSocket,
+    dst: SocketAddr,
+    session: u64,
+    wire: wire::Wire,
+}
+
+impl FlowEnds {
+    fn bind(ep: &Endpoints<'_>, cfg: &ProbeConfig, st: &Stamping) -> Result<Self> {
+        if cfg.size < HEADER_LEN {
+            bail!(
+                "--size {} is too small: a probe needs at least {HEADER_LEN} bytes",
+                cfg.size
+            );
+        }
+        let (tx, rx, dst) = bind_sides(ep, cfg, st)?;
+        let session = new_session_id();
+        let wire = wire::Wire::Rtprobe {
+            session,
+            flow: cfg.flow,
+        };
+        Ok(Self {
+            tx,
+            rx,
+            dst,
+            session,
+            wire,
+        })
+    }
+
+    /// The engine's session: the reflector ours (in this process, or in
+    /// the kernel with `kernel_reflector`).
+    fn session(&self, cfg: &ProbeConfig) -> engine::Session<'_> {
+        let (sock, session) = (&self.rx, self.session);
+        let echo_side = if cfg.kernel_reflector {
+            engine::EchoSide::Kernel { sock, session }
+        } else {
+            engine::EchoSide::InProcess { sock, session }
+        };
+        engine::Session {
+            sock: &self.tx,
+            dst: self.dst,
+            wire: &self.wire,
+            echo_side,
+            on_echoes: None,
+            foreign_before: 0,
+        }
+    }
+}
+
+/// The testbed's (or NIC pair's) side of [`super::run_testbed`]: every
+/// flow a leg of one engine session, each with both sockets in their
+/// namespaces on its own port; hardware timestamping where asked, and the
+/// namespaces' drop counters around it. Outcomes in the order of `cfgs`.
 pub(super) fn testbed_session(
     ep: &Endpoints<'_>,
-    cfg: &ProbeConfig,
-    csv: &mut dyn RecordSink,
+    cfgs: &[ProbeConfig],
+    outs: &mut [engine::LegOut<'_>],
     stop: &AtomicU8,
-    observer: &mut dyn SessionObserver,
-) -> Result<SessionOutcome> {
-    if cfg.size < HEADER_LEN {
-        bail!(
-            "--size {} is too small: a probe needs at least {HEADER_LEN} bytes",
-            cfg.size
-        );
-    }
-    let session = new_session_id();
-    let stamping = Stamping::enable(ep, cfg.timestamps)?;
+) -> Result<Vec<SessionOutcome>> {
+    let first = cfgs
+        .first()
+        .context("internal: a testbed run without a flow")?;
+    let stamping = Stamping::enable(ep, first.timestamps)?;
     let (hardware_tx, hardware_rx) = (stamping.hardware_tx(), stamping.hardware_rx());
-    let (tx_sock, rx_sock, dst) = bind_sides(ep, cfg, &stamping)?;
+    let ends = cfgs
+        .iter()
+        .map(|cfg| FlowEnds::bind(ep, cfg, &stamping))
+        .collect::<Result<Vec<_>>>()?;
     let drops_before =
         kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
-    let wire = wire::Wire::Rtprobe {
-        session,
-        flow: cfg.flow,
-    };
-    let echo_side = if cfg.kernel_reflector {
-        engine::EchoSide::Kernel {
-            sock: &rx_sock,
-            session,
-        }
-    } else {
-        engine::EchoSide::InProcess {
-            sock: &rx_sock,
-            session,
-        }
-    };
-    let mut s = engine::Session {
-        sock: &tx_sock,
-        dst,
-        wire: &wire,
-        echo_side,
-        on_echoes: None,
-        foreign_before: 0,
-    };
     let result = (|| {
-        // A stop during the warm-up lets the run go on: the pacer sends
-        // nothing and the summary says it was interrupted.
-        let w = engine::warm_up(&s, cfg.size, stop)?;
-        // Datagrams on the probe port during the warm-up are counted too.
-        s.foreign_before = w.foreign;
+        let mut legs = Vec::with_capacity(cfgs.len());
+        for (e, cfg) in ends.iter().zip(cfgs) {
+            let mut s = e.session(cfg);
+            // A stop during the warm-up lets the run go on: the pacer sends
+            // nothing and the summary says it was interrupted.
+            let w = engine::warm_up(&s, cfg.size, stop)?;
+            // Datagrams on the probe port during the warm-up are counted too.
+            s.foreign_before = w.foreign;
+            legs.push(engine::Leg::one(s, cfg));
+        }
         let hw = HwSetup {
             // The warm-up's echoes told whether the kernel takes per-send OPT_IDs.
-            echo_stamps: rx_sock.per_send_opt_id(),
+            echo_stamps: ends[0].rx.per_send_opt_id(),
             sender_tx: hardware_tx,
             receiver_tx: hardware_rx,
-            clocks: Box::new(stamping.phc_clocks()),
+            clocks: Arc::new(stamping.phc_clocks()),
         };
-        let leg = [engine::Leg::one(s, cfg)];
-        let mut outs = [engine::LegOut { csv, observer }];
-        let round = engine::Round::whole();
-        let mut got = engine::drive(&leg, hw, &mut outs, stop, round)?.finished()?;
-        let attempts = leg[0].attempts.load(Ordering::SeqCst);
-        got.pop()
-            .map(|c| (c, attempts))
-            .context("internal: the session's leg gave no statistics")
+        let got = engine::drive(&legs, hw, outs, stop, engine::Round::whole())?.finished()?;
+        let attempts: Vec<u64> = legs
+            .iter()
+            .map(|l| l.attempts.load(Ordering::SeqCst))
+            .collect();
+        Ok::<_, anyhow::Error>(got.into_iter().zip(attempts))
     })();
     let hw_clocks = stamping.finish();
-    let ((mut stats, late_arrivals, output_error), attempts) = result?;
+    let got = result?;
     let drops_after =
         kstats::DropSnapshot::take(ep.sys, ep.sender_ns.into(), ep.receiver_ns.into());
-    stats.set_attempts(attempts);
-    Ok(SessionOutcome {
-        stats,
-        hardware_tx,
-        hardware_rx,
-        late_arrivals,
-        // A failed output stops the session too; that is no interruption.
-        interrupted: stop.load(Ordering::SeqCst) != 0 && output_error.is_none(),
-        kernel_drops: Some(drops_after.report_since(&drops_before)),
-        hw_clocks,
-        output_error,
-        remote: None,
-    })
+    let kernel_drops = drops_after.report_since(&drops_before);
+    let stopped = stop.load(Ordering::SeqCst) != 0;
+    Ok(got
+        .map(|((mut stats, late_arrivals, output_error), attempts)| {
+            stats.set_attempts(attempts);
+            SessionOutcome {
+                stats,
+                hardware_tx,
+                hardware_rx,
+                late_arrivals,
+                // A failed output stops the session too; that is no interruption.
+                interrupted: stopped && output_error.is_none(),
+                kernel_drops: Some(kernel_drops.clone()),
+                hw_clocks: hw_clocks.clone(),
+                output_error,
+                remote: None,
+            }
+        })
+        .collect())
 }
 
 /// The unspecified address of `a`'s family: the sockets bind to it.

@@ -1,7 +1,7 @@
-//! The sessions of a testbed run, one per flow, and what each flow
-//! observes and reports.
+//! The flows of a testbed run, legs of one engine session, and what
+//! each flow observes and reports.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::AtomicU8;
 
 use anyhow::Result;
 
@@ -9,7 +9,7 @@ use crate::{
     export::CsvWriter,
     model::meta::RunMeta,
     options::RunOptions,
-    probe::{self, Endpoints, ProbeConfig, SessionEnds, SessionOutcome},
+    probe::{self, Endpoints, ProbeConfig, SessionEnds, SessionOutcome, engine::LegOut},
     stats::{observer::SessionObserver, report::FlowSummary},
 };
 
@@ -39,20 +39,21 @@ pub(super) fn observers<'l>(
     Ok((main_observer, flow_observers))
 }
 
-/// The sessions of a testbed run: the main flow (rtprobe or STAMP) and
-/// the extra flows (`--flow`), each its own session (sockets, reflector,
-/// matcher) on its own port, all writing rows into one CSV.
+/// The flows of a testbed run: the main one (rtprobe or STAMP) and the
+/// extra ones (`--flow`), legs of one engine session, each on its own
+/// port with its own sockets and sequence space, all writing rows into
+/// one CSV.
 pub(super) struct Flows<'a> {
     pub ep: &'a Endpoints<'a>,
     pub main_cfg: &'a ProbeConfig,
     pub extra: &'a [ProbeConfig],
-    /// The main flow is a STAMP session towards the receiver.
+    /// The main flow is a STAMP session towards the receiver (no extra
+    /// flows then: the options refuse them).
     pub stamp_target: Option<&'a crate::probe::remote::Target>,
 }
 
 impl Flows<'_> {
-    /// Runs every flow at once, each in its own thread but the main one;
-    /// a flow that fails stops the others. The main flow's outcome first.
+    /// Runs every flow at once. The main flow's outcome first.
     pub(super) fn run(
         &self,
         csv: &std::sync::Mutex<CsvWriter>,
@@ -60,43 +61,31 @@ impl Flows<'_> {
         main_observer: &mut dyn SessionObserver,
         flow_observers: &mut [Box<dyn SessionObserver + Send>],
     ) -> Result<Vec<SessionOutcome>> {
-        let session = |ends: &SessionEnds<'_>, cfg, observer: &mut dyn SessionObserver| {
-            let mut sink = csv;
-            let r = probe::run_session(ends, cfg, &mut sink, stop, observer);
-            if r.is_err() {
-                stop.fetch_max(probe::STOP_NOW, Ordering::SeqCst);
-            }
-            r
-        };
-        let testbed = SessionEnds::Testbed(self.ep);
-        let main_ends = match self.stamp_target {
-            Some(target) => SessionEnds::Remote {
+        if let Some(target) = self.stamp_target {
+            let ends = SessionEnds::Remote {
                 target,
                 from: Some(self.ep.sender_ns),
-            },
-            None => SessionEnds::Testbed(self.ep),
-        };
-        std::thread::scope(|s| {
-            let others: Vec<_> = self
-                .extra
-                .iter()
-                .zip(flow_observers.iter_mut())
-                .map(|(cfg, observer)| {
-                    let (session, testbed) = (&session, &testbed);
-                    s.spawn(move || session(testbed, cfg, &mut **observer))
-                })
-                .collect();
-            let main = session(&main_ends, self.main_cfg, main_observer);
-            // Every thread joined before the first error is returned: a
-            // flow that panicked is then an error, not the scope's panic.
-            let all: Vec<_> = std::iter::once(main)
-                .chain(others.into_iter().map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe flow thread panicked")))
-                }))
-                .collect();
-            all.into_iter().collect()
-        })
+            };
+            let mut sink = csv;
+            return probe::run_session(&ends, self.main_cfg, &mut sink, stop, main_observer)
+                .map(|o| vec![o]);
+        }
+        let cfgs: Vec<ProbeConfig> = std::iter::once(self.main_cfg)
+            .chain(self.extra)
+            .cloned()
+            .collect();
+        let mut sinks = vec![csv; cfgs.len()];
+        let observers = std::iter::once(main_observer).chain(
+            flow_observers
+                .iter_mut()
+                .map(|o| &mut **o as &mut dyn SessionObserver),
+        );
+        let mut outs: Vec<LegOut<'_>> = sinks
+            .iter_mut()
+            .zip(observers)
+            .map(|(csv, observer)| LegOut { csv, observer })
+            .collect();
+        probe::run_testbed(self.ep, &cfgs, &mut outs, stop)
     }
 }
 

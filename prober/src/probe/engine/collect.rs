@@ -30,8 +30,9 @@ pub(crate) struct HwSetup {
     pub(crate) sender_tx: bool,
     /// The receiver's NIC stamps the echoes' TX in hardware.
     pub(crate) receiver_tx: bool,
-    /// Puts the NICs' PHC stamps on the system clock.
-    pub(crate) clocks: Box<dyn matcher::HwClocks>,
+    /// Puts the NICs' PHC stamps on the system clock (for every leg: a
+    /// testbed's flows share its NICs).
+    pub(crate) clocks: std::sync::Arc<dyn matcher::HwClocks>,
 }
 
 /// The per-probe state of a session between the event sources and the
@@ -57,7 +58,7 @@ impl Collector {
     pub fn new(
         cfg: &ProbeConfig,
         expect: matcher::Expect,
-        clocks: Box<dyn matcher::HwClocks>,
+        clocks: std::sync::Arc<dyn matcher::HwClocks>,
         now_ns: i64,
     ) -> Self {
         let m = Matcher::new(
@@ -270,27 +271,27 @@ impl Touched {
 
 /// Each leg's collector: the one carried from the round before, or a new one.
 fn collectors(c: engine::Collecting<'_, '_>, hw: HwSetup) -> Vec<Collector> {
-    let kernel_reflector = c.legs.first().is_some_and(|l| l.cfg.kernel_reflector);
-    let expect = matcher::Expect {
-        tx: true,
-        tx_hw: hw.sender_tx,
-        echo_tx: hw.echo_stamps && !kernel_reflector,
-        echo_tx_hw: hw.echo_stamps && hw.receiver_tx && !kernel_reflector,
+    let expect = |l: &engine::Leg<'_>| {
+        // The in-kernel reflector's echoes carry its stamps in the payload.
+        let echo_stamps = hw.echo_stamps && !l.cfg.kernel_reflector;
+        matcher::Expect {
+            tx: true,
+            tx_hw: hw.sender_tx,
+            echo_tx: echo_stamps,
+            echo_tx_hw: echo_stamps && hw.receiver_tx,
+        }
     };
-    // Hardware stamps are a testbed's, which has one leg.
-    let mut clocks = Some(hw.clocks);
     let now = clock::realtime_ns();
-    let many = c.legs.len() > 1;
+    // Many remote targets: fixed histograms each (a testbed's few flows
+    // keep the full ones).
+    let many = c.legs.len() > 1 && matches!(c.legs[0].s.echo_side, engine::EchoSide::Remote);
     let mut carried = c.carried.into_iter();
     c.legs
         .iter()
         .map(|l| match carried.next().flatten() {
             Some(kept) => kept,
             None => {
-                let hw = clocks
-                    .take()
-                    .unwrap_or_else(|| Box::new(matcher::NoHwClocks));
-                let c = Collector::new(&l.cfg, expect, hw, now);
+                let c = Collector::new(&l.cfg, expect(l), hw.clocks.clone(), now);
                 if many { c.one_of_many() } else { c }
             }
         })

@@ -93,6 +93,10 @@ pub(super) struct Io<'l, 'a> {
     legs: &'l [Leg<'a>],
     rules: Vec<EchoRules<'l>>,
     reflect: Option<ReflectBufs>,
+    /// The legs whose receiver socket is ours (a testbed's flows).
+    receivers: Vec<usize>,
+    /// Of those, the ones whose socket still has something in this pass.
+    reflecting: Vec<usize>,
     sender: SenderBufs,
     /// What a blocking wait waits on.
     polled: Vec<&'l ProbeSocket>,
@@ -127,7 +131,12 @@ impl<'l, 'a> Io<'l, 'a> {
                 issued: &l.attempts,
             })
             .collect();
-        let first = &legs[0];
+        let receivers: Vec<usize> = (0..legs.len())
+            .filter(|&i| legs[i].s.echo_side.receiver().is_some())
+            .collect();
+        let rx_socks = receivers
+            .iter()
+            .filter_map(|&i| legs[i].s.echo_side.receiver());
         // Nobody sleeps on a sender's socket while probes go out: a thread
         // asleep there is woken by every TX stamp from inside the send (the
         // sending CPU wakes it, with an IPI where it sleeps on another
@@ -137,12 +146,12 @@ impl<'l, 'a> Io<'l, 'a> {
         // thread waits on the receiver's socket, as any reflector does,
         // and reads the sender's right after each echo (on veth the echo
         // and the stamps are queued by then).
-        let polled: Vec<&ProbeSocket> = match (first.s.echo_side.receiver(), by) {
-            (Some(rx), ReadBy::IoThread) => vec![rx],
-            (Some(rx), ReadBy::Sender) => vec![rx, first.s.sock],
-            (None, _) => legs.iter().map(|l| l.s.sock).collect(),
+        let remote = receivers.is_empty();
+        let polled: Vec<&ProbeSocket> = match (remote, by) {
+            (false, ReadBy::IoThread) => rx_socks.collect(),
+            (false, ReadBy::Sender) => rx_socks.chain(legs.iter().map(|l| l.s.sock)).collect(),
+            (true, _) => legs.iter().map(|l| l.s.sock).collect(),
         };
-        let remote = first.s.echo_side.receiver().is_none();
         let many = (remote && polled.len() > 1)
             .then(|| ReadySet::new(&polled))
             .and_then(|r| {
@@ -153,6 +162,8 @@ impl<'l, 'a> Io<'l, 'a> {
             legs,
             rules,
             reflect: (!remote).then(ReflectBufs::new),
+            reflecting: Vec::with_capacity(receivers.len()),
+            receivers,
             sender: SenderBufs {
                 batch: RecvBatch::new(64, 65536),
                 errq: RecvBatch::new(64, 256),
@@ -202,19 +213,28 @@ impl<'l, 'a> Io<'l, 'a> {
     /// true), the batch is full, or each socket has had `rounds` reads.
     /// Returns how many messages it took.
     fn read_ready(&mut self, finishing: bool, rounds: usize) -> (usize, bool) {
-        let first = &self.legs[0];
-        let mut reflector_left = self.reflect.is_some();
+        self.reflecting.clear();
+        if self.reflect.is_some() {
+            self.reflecting.extend_from_slice(&self.receivers);
+        }
         let mut got = 0;
         for _ in 0..rounds {
             let mut n = 0;
-            if reflector_left
-                && let (Some((sock, session)), Some(b)) =
-                    (first.s.echo_side.receiver_session(), self.reflect.as_mut())
-            {
-                let (k, drained) =
-                    reflect_queued(sock, b, session, &first.attempts, finishing, &mut self.out);
-                n += k;
-                reflector_left = !drained;
+            let (legs, out) = (self.legs, &mut self.out);
+            if let Some(b) = self.reflect.as_mut() {
+                self.reflecting.retain(|&i| {
+                    let Some((sock, session)) = legs[i].s.echo_side.receiver_session() else {
+                        return false;
+                    };
+                    let leg = Reflected {
+                        session,
+                        issued: &legs[i].attempts,
+                        tag: i as u32,
+                    };
+                    let (k, drained) = reflect_queued(sock, b, leg, finishing, out);
+                    n += k;
+                    !drained
+                });
             }
             let (legs, rules) = (self.legs, &self.rules);
             let (sender, out) = (&mut self.sender, &mut self.out);
@@ -224,7 +244,7 @@ impl<'l, 'a> Io<'l, 'a> {
                 !drained
             });
             got += n;
-            if !reflector_left && self.ready.is_empty() {
+            if self.reflecting.is_empty() && self.ready.is_empty() {
                 return (got, true);
             }
             if self.out.len() >= events::MAX_LEN {
@@ -496,6 +516,14 @@ impl ReflectBufs {
     }
 }
 
+/// The leg a receiver socket serves: its session, its probes tried so
+/// far, and the tag of its events.
+struct Reflected<'l> {
+    session: u64,
+    issued: &'l AtomicU64,
+    tag: u32,
+}
+
 /// Receiver side of one pass: takes the probes queued at the receiver
 /// socket, echoes them all with one sendmmsg (each echo's TX timestamp
 /// carrying the probe's seq as OPT_ID), records their arrival, and collects
@@ -504,11 +532,15 @@ impl ReflectBufs {
 fn reflect_queued(
     rx: &ProbeSocket,
     bufs: &mut ReflectBufs,
-    session: u64,
-    issued: &AtomicU64,
+    leg: Reflected<'_>,
     finishing: bool,
     out: &mut EventBatch,
 ) -> (usize, bool) {
+    let Reflected {
+        session,
+        issued,
+        tag,
+    } = leg;
     let ReflectBufs {
         batch,
         errq,
@@ -546,17 +578,17 @@ fn reflect_queued(
                 } else if !warmup {
                     // Answered (its echo is refused at the sender too), but
                     // kept out of the matcher, whose window it would grow.
-                    out.push(0, Event::NeverSent, age_ns);
+                    out.push(tag, Event::NeverSent, age_ns);
                 }
             }
             (reflect::Verdict::Reply { .. }, Err(_)) => {
                 // Another run's probe: answered, as any reflector would.
                 echo.push(i);
                 ids.push(u32::MAX - 2);
-                out.push(0, Event::Foreign, age_ns);
+                out.push(tag, Event::Foreign, age_ns);
             }
             (reflect::Verdict::Drop(_), Ok(_)) => {}
-            (reflect::Verdict::Drop(_), Err(_)) => out.push(0, Event::Foreign, age_ns),
+            (reflect::Verdict::Drop(_), Err(_)) => out.push(tag, Event::Foreign, age_ns),
         }
     }
     let echo_send_ns = (!echo.is_empty()).then(clock::realtime_ns);
@@ -567,7 +599,7 @@ fn reflect_queued(
     }
     for &(seq, sw_ns, hw_ns) in arrivals.iter() {
         out.push(
-            0,
+            tag,
             Event::Arrived {
                 seq,
                 sw_ns,
@@ -581,7 +613,7 @@ fn reflect_queued(
     // On veth the echoes' TX stamps are queued by now; elsewhere they are
     // picked up after a later echo, or when the run ends.
     let n_err = if !echo.is_empty() || finishing {
-        collect_echo_stamps(rx, errq, age_ns, out)
+        collect_echo_stamps(rx, errq, (tag, age_ns), out)
     } else {
         0
     };
@@ -595,7 +627,7 @@ fn reflect_queued(
 fn collect_echo_stamps(
     rx: &ProbeSocket,
     errq: &mut RecvBatch,
-    age_ns: i64,
+    (tag, age_ns): (u32, i64),
     out: &mut EventBatch,
 ) -> usize {
     let mut n_err = 0;
@@ -606,7 +638,7 @@ fn collect_echo_stamps(
                 let (_, _, c) = errq.get(i);
                 if let Some((opt_id, kind, ts_ns)) = c.tx_stamp() {
                     out.push(
-                        0,
+                        tag,
                         Event::EchoTx {
                             opt_id,
                             kind,

@@ -124,7 +124,7 @@ fn collect_with_a_stalled_reader(stall: Duration, echo: bool) -> RunStats {
             echo_stamps: false,
             sender_tx: false,
             receiver_tx: false,
-            clocks: Box::new(NoHwClocks),
+            clocks: std::sync::Arc::new(NoHwClocks),
         };
         let mut outs = [LegOut {
             csv: &mut rows,

@@ -425,7 +425,7 @@ fn run_round(
         echo_stamps: false,
         sender_tx: false,
         receiver_tx: false,
-        clocks: Box::new(NoHwClocks),
+        clocks: std::sync::Arc::new(NoHwClocks),
     };
     let r = engine::Round {
         end_mono_ns: ctx.end_mono_ns,

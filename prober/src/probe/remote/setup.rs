@@ -24,8 +24,8 @@ use super::{
 use crate::{
     probe::wire::ProtocolArg,
     probe::{
-        ProbeConfig, STOP_NOW, clock, engine,
-        socket::{self, ProbeSocket, RecvBatch, TsFlags},
+        ProbeConfig, STOP_NOW, engine,
+        socket::{self, ProbeSocket, TsFlags},
         stamp::{ClockSync, ErrorEstimate},
         wire::{Echo, SSID_WARMUP_BIT, WARMUP_SEQ, Wire},
     },
@@ -289,10 +289,8 @@ pub(super) fn prepare(
         WarmUp::Reload => engine::exchange(
             &towards(&sock, addr, &wire),
             l.cfg.size,
-            WARMUP_SEQ,
+            engine::Ask::warm_up(WARMUP_SEQ, 5, crate::probe::STOP_SENDING),
             stop,
-            crate::probe::STOP_SENDING,
-            5,
         )
         .map(|w| {
             if w.echo.is_none() && stop.load(Ordering::SeqCst) == 0 {
@@ -369,9 +367,11 @@ fn warm_up(
 }
 
 /// Asks the reflector for its final count of the session: rtprobe sends a
-/// warm-up-marked probe of the session (answered, not counted); a stateful
-/// STAMP reflector numbers one more packet of the SSID, whose reply
-/// carries the count before it.
+/// warm-up-marked probe of the session (answered, not counted), up to 3
+/// times; a stateful STAMP reflector numbers one more packet of the SSID,
+/// whose reply carries the count before it; one try only, waited on for
+/// half a second: a retry would be counted again, and the answer to the
+/// first would then not give the count.
 fn status_probe(
     sock: &ProbeSocket,
     dst: SocketAddr,
@@ -379,45 +379,19 @@ fn status_probe(
     size: usize,
     stop: &AtomicU8,
 ) -> Option<Echo> {
-    match wire {
-        Wire::Rtprobe { .. } => engine::exchange(
-            &towards(sock, dst, wire),
-            size,
-            u64::MAX - 1,
-            stop,
-            STOP_NOW,
-            3,
-        )
+    let ask = match wire {
+        Wire::Rtprobe { .. } => engine::Ask::warm_up(u64::MAX - 1, 3, STOP_NOW),
+        Wire::Stamp { .. } => engine::Ask {
+            seq: STAMP_STATUS_SEQ as u64,
+            warmup: false,
+            tries: 1,
+            wait_ms: 500,
+            give_up_at: STOP_NOW,
+        },
+    };
+    engine::exchange(&towards(sock, dst, wire), size, ask, stop)
         .ok()
-        .and_then(|w| w.echo),
-        Wire::Stamp { .. } => {
-            // One try only: a retry would be counted again by the reflector,
-            // and the answer to the first would then not give the count.
-            let mut buf = vec![0u8; size];
-            let mut scratch = Vec::with_capacity(size);
-            let mut batch = RecvBatch::new(16, engine::WARM_UP_BUF_BYTES);
-            let seq = STAMP_STATUS_SEQ as u64;
-            wire.encode(seq, clock::realtime_ns(), false, &mut buf, &mut scratch);
-            let _ = sock.send_to(&buf, dst, u32::MAX - 1);
-            let until = clock::realtime_ns() + 500_000_000;
-            while clock::realtime_ns() < until && stop.load(Ordering::SeqCst) < STOP_NOW {
-                let _ = socket::poll_any(&[sock], 10);
-                while sock.recv_batch(&mut batch, true).unwrap_or(0) > 0 {}
-                let n = sock.recv_batch(&mut batch, false).unwrap_or(0);
-                for i in 0..n {
-                    let (payload, src, _) = batch.get(i);
-                    if socket::same_endpoint(src, dst)
-                        && let Some(e) = wire.decode(payload)
-                        && !e.warmup
-                        && e.seq == seq
-                    {
-                        return Some(e);
-                    }
-                }
-            }
-            None
-        }
-    }
+        .and_then(|w| w.echo)
 }
 
 #[cfg(test)]
