@@ -2,7 +2,8 @@
 //! pinned nightly with `-Z build-std=core`, linked by bpf-linker) through
 //! aya-build and leaves its objects in `$OUT_DIR`: `xdp-router` (the router
 //! and the reflector, embedded by `src/ebpf`) and `xdp-bench` (the bench's
-//! programs, embedded by `src/bench/xdp.rs`): a plain `cargo build` yields
+//! programs, embedded by `src/bench_forward/xdp.rs`) and `xdp-flows`
+//! (`rtprobe flows`' sock_ops program, `src/ebpf/flows.rs`): a plain `cargo build` yields
 //! a single binary.
 //! When the tools are missing it stops with a message naming
 //! `cargo xtask setup` instead of a wall of cargo output.
@@ -17,7 +18,7 @@ use xdp_common::{BPF_LINKER_VERSION, EBPF_TOOLCHAIN};
 
 const PROGRAM: &str = "xdp-router";
 /// Every binary of the crate, each one object aya-build copies to OUT_DIR.
-const OBJECTS: [&str; 2] = ["xdp-router", "xdp-bench"];
+const OBJECTS: [&str; 3] = ["xdp-router", "xdp-bench", "xdp-flows"];
 
 fn main() -> ExitCode {
     println!("cargo::rerun-if-env-changed=AYA_BUILD_SKIP");

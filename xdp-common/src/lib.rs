@@ -728,6 +728,8 @@ fn read8(b: &[u8; 16], at: usize) -> [u8; 8] {
 
 /// Names and sizes of the bench's XDP programs (the `xdp-bench` object and
 /// the router's work variant), shared with `rtprobe bench-forward`.
+pub mod flows;
+
 pub mod bench {
     /// Load generator run by BPF_PROG_TEST_RUN with live frames.
     pub const LOADGEN_PROGRAM: &str = "bench_loadgen";

@@ -22,7 +22,9 @@
 //! on a host's interface (`rtprobe reflect --kernel`).
 //! - setrlimit(RLIMIT_MEMLOCK): kernels before 5.11 charge BPF memory to it.
 
+pub(crate) mod flows;
 pub(crate) mod host;
+pub(crate) mod kfunc;
 pub(crate) mod klog;
 pub(crate) mod mode;
 pub(crate) mod reflector;

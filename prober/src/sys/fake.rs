@@ -19,8 +19,8 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 
 use super::{
-    Addr, BpfObject, Link, Netns, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
-    XdpFlags, XdpLink, XdpProg, XdpState,
+    Addr, BpfObject, CgroupLink, Link, Netns, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd,
+    XdpAttachError, XdpFlags, XdpLink, XdpProg, XdpState,
 };
 
 /// One recorded call; the namespace is "host" or its name.
@@ -62,6 +62,10 @@ pub(crate) enum Call {
     DevmapInsert(String, String, String),
     /// Map, ifindex.
     DevmapRemove(String, u32),
+    /// Cgroup directory, program.
+    SockOpsAttach(String, String),
+    /// Cgroup directory.
+    SockOpsDetach(String),
     MissingQdiscKinds(Vec<String>),
 }
 
@@ -584,6 +588,26 @@ impl Sys for FakeSys {
             prog_id: prog.id,
             link: None,
         })
+    }
+
+    fn sock_ops_attach(
+        &self,
+        cgroup: &std::path::Path,
+        _obj: &BpfObject,
+        prog: &'static str,
+    ) -> Result<CgroupLink> {
+        self.record(Call::SockOpsAttach(
+            cgroup.display().to_string(),
+            prog.into(),
+        ))?;
+        Ok(CgroupLink {
+            cgroup: cgroup.to_path_buf(),
+            link: None,
+        })
+    }
+
+    fn sock_ops_detach(&self, link: CgroupLink) -> Result<()> {
+        self.record(Call::SockOpsDetach(link.cgroup.display().to_string()))
     }
 
     fn xdp_detach(&self, link: XdpLink) -> Result<()> {

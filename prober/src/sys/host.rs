@@ -106,6 +106,24 @@ pub(crate) fn rt_throttling_on() -> bool {
         .unwrap_or(true)
 }
 
+/// Where the cgroup v2 hierarchy is mounted (/proc/self/mountinfo: the
+/// first `cgroup2` mount; /sys/fs/cgroup on a pure v2 host,
+/// /sys/fs/cgroup/unified on a hybrid one); None without one.
+pub(crate) fn cgroup2_root() -> Option<std::path::PathBuf> {
+    cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").ok()?)
+}
+
+/// The mount point of the first cgroup2 line of a mountinfo. Pure.
+fn cgroup2_mount(mountinfo: &str) -> Option<std::path::PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        // "ID PARENT MAJ:MIN ROOT POINT OPTIONS [TAGS...] - FSTYPE SOURCE ..."
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(std::path::PathBuf::from))
+            .flatten()
+    })
+}
+
 /// The facts as `files` tell them.
 pub(crate) fn read_facts(files: &dyn HostFiles) -> HostFacts {
     let text = |p: &str| {
@@ -338,6 +356,21 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn the_cgroup2_mount_is_found_on_a_hybrid_host_and_none_without() {
+        let hybrid = "30 23 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                      31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw\n\
+                      32 30 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(std::path::PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(
+            cgroup2_mount("32 30 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw\n"),
+            None
+        );
+    }
 
     #[test]
     fn peak_rss_is_the_vm_hwm_line() {

@@ -313,6 +313,16 @@ impl XdpLink {
     }
 }
 
+/// A cgroup's attachment of a sock_ops program, made by
+/// [`Sys::sock_ops_attach`]; [`Sys::sock_ops_detach`] takes it back.
+/// Dropped without that, it detaches as its link's fd closes.
+#[derive(Debug)]
+pub(crate) struct CgroupLink {
+    pub(crate) cgroup: std::path::PathBuf,
+    /// aya's link (None from the fake).
+    pub(crate) link: Option<aya::programs::sock_ops::SockOpsLink>,
+}
+
 /// Why the kernel refused an XDP attach, with its errno where there is one
 /// (callers choose a fallback or an explanation by it).
 #[derive(Debug, thiserror::Error)]
@@ -430,6 +440,17 @@ pub(crate) trait Sys: Send + Sync {
     fn devmap_insert(&self, ns: Ns, obj: &BpfObject, map: &str, dev: &str) -> Result<u32>;
     /// Removes `ifindex` from `map`; an absent key is not an error.
     fn devmap_remove(&self, obj: &BpfObject, map: &str, ifindex: u32) -> Result<()>;
+    /// Attaches the sock_ops program `prog` of `obj` to the cgroup (v2)
+    /// directory `cgroup` through a bpf_link, which runs beside any
+    /// programs already there (nothing of theirs is replaced).
+    fn sock_ops_attach(
+        &self,
+        cgroup: &std::path::Path,
+        obj: &BpfObject,
+        prog: &'static str,
+    ) -> Result<CgroupLink>;
+    /// Detaches what [`Sys::sock_ops_attach`] attached.
+    fn sock_ops_detach(&self, link: CgroupLink) -> Result<()>;
 }
 
 /// The shared handle the orchestration passes around.

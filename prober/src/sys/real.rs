@@ -36,12 +36,12 @@ use nix::{
 
 use aya::{
     maps::{DevMapHash, MapData, MapError},
-    programs::{Link as _, ProgramError, Xdp, XdpMode},
+    programs::{CgroupAttachMode, Link as _, ProgramError, SockOps, Xdp, XdpMode},
 };
 
 use super::{
-    Addr, BpfObject, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd, XdpAttachError,
-    XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, netns, tc,
+    Addr, BpfObject, CgroupLink, Link, Ns, Offload, QdiscInfo, Ring, Route, Sys, TcCmd,
+    XdpAttachError, XdpFlags, XdpLink, XdpProg, XdpState, ethtool, netlink::NlSocket, netns, tc,
 };
 
 /// What a worker holds while it runs a call.
@@ -577,6 +577,41 @@ impl Sys for LinuxSys {
             }
             Err(e) => Err(anyhow!(e).context(format!("removing {ifindex} from the XDP map {map}"))),
         })
+    }
+
+    fn sock_ops_attach(
+        &self,
+        cgroup: &std::path::Path,
+        obj: &BpfObject,
+        prog: &'static str,
+    ) -> Result<CgroupLink> {
+        let dir = std::fs::File::open(cgroup)
+            .with_context(|| format!("open the cgroup {}", cgroup.display()))?;
+        let link = obj.with(|ebpf| {
+            let p: &mut SockOps = ebpf
+                .program_mut(prog)
+                .with_context(|| format!("the eBPF object has no program {prog}"))?
+                .try_into()
+                .with_context(|| format!("{prog} is not a sock_ops program"))?;
+            // A bpf_link (Linux >= 5.7; the program needs 6.15) always
+            // runs beside the cgroup's other programs, and the kernel
+            // refuses attach flags on it: "single" is aya's no flags.
+            let id = p
+                .attach(&dir, CgroupAttachMode::Single)
+                .with_context(|| format!("attach {prog} to the cgroup {}", cgroup.display()))?;
+            p.take_link(id).context("take the sock_ops link from aya")
+        })?;
+        Ok(CgroupLink {
+            cgroup: cgroup.to_path_buf(),
+            link: Some(link),
+        })
+    }
+
+    fn sock_ops_detach(&self, link: CgroupLink) -> Result<()> {
+        match link.link.map(|l| l.detach()) {
+            None | Some(Ok(()) | Err(ProgramError::NotAttached)) => Ok(()),
+            Some(Err(e)) => Err(anyhow!(e).context("detach the sock_ops program")),
+        }
     }
 }
 
