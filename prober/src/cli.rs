@@ -74,6 +74,9 @@ pub(crate) enum Command {
     /// Remove the testbeds of runs that died (SIGKILL, crash): their namespaces, and give
     /// NIC-pair interfaces back as they were.
     Cleanup(CleanupArgs),
+    /// Watch the host's own TCP traffic, with no probe sent: per flow, process and cgroup, where
+    /// a sample of its sends spends its time (stack, sender queue, NIC, round trip to the ACK).
+    Flows(crate::options::passive::FlowsArgs),
     /// Answer probes from other hosts (rtprobe's protocol or STAMP) in this network namespace,
     /// until Ctrl-C; `rtprobe --target` on the other host sends them.
     Reflect(crate::options::remote::ReflectArgs),

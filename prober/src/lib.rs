@@ -34,6 +34,7 @@ pub(crate) mod heap;
 pub(crate) mod input;
 pub mod model;
 pub(crate) mod options;
+pub(crate) mod passive;
 pub mod probe;
 pub mod scenario;
 pub mod stats;

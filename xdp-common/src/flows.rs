@@ -11,6 +11,9 @@
 
 /// Name of the sock_ops program in the object file.
 pub const FLOWS_PROGRAM: &str = "rtprobe_flows";
+/// Name of its TCP socket iterator (`iter/tcp`), which watches the
+/// sockets already open when rtprobe starts.
+pub const EXISTING_PROGRAM: &str = "rtprobe_flows_existing";
 /// Ring buffer of [`TxSample`]s, one per sampled send once it is
 /// acknowledged (or given up).
 pub const SAMPLES_MAP: &str = "FLOW_SAMPLES";
@@ -23,6 +26,17 @@ pub const PENDING_MAP: &str = "FLOW_PENDING";
 pub const PENDING_MAX_ENTRIES: u32 = 16_384;
 /// Per-CPU array of u64, indexed by [`FlowCounter`].
 pub const FLOW_COUNTERS_MAP: &str = "FLOW_COUNTERS";
+/// LRU hash: the cookies of the sockets the program turned the callbacks
+/// on for (and no one else had), so that rtprobe turns them off again on
+/// exit, and only those.
+pub const WATCHED_MAP: &str = "FLOW_WATCHED";
+/// Its capacity: sockets beyond it keep the (then idle) flag.
+pub const WATCHED_MAX_ENTRIES: u32 = 65_536;
+/// Array of one u32: 0 while watching; 1 makes the socket iterator turn
+/// the callbacks off on the sockets in [`WATCHED_MAP`] (on exit).
+pub const MODE_MAP: &str = "FLOW_MODE";
+/// [`MODE_MAP`]'s value on exit.
+pub const MODE_UNWATCH: u32 = 1;
 /// Per-CPU array of one [`Budget`]: the global sampling cap's window.
 pub const BUDGET_MAP: &str = "FLOW_BUDGET";
 /// Load-time global (u64): the least time between two sampled sends of
@@ -80,10 +94,12 @@ pub enum FlowCounter {
     SocketsWatched = 8,
     /// Sockets it could not (`bpf_setsockopt` refused).
     WatchFailed = 9,
+    /// Sockets it turned the callbacks off for again, on exit.
+    SocketsUnwatched = 10,
 }
 
 /// Number of [`FlowCounter`]s.
-pub const FLOW_COUNTER_COUNT: u32 = 10;
+pub const FLOW_COUNTER_COUNT: u32 = 11;
 
 impl FlowCounter {
     /// Every counter, in index order.
@@ -98,6 +114,7 @@ impl FlowCounter {
         FlowCounter::GivenUp,
         FlowCounter::SocketsWatched,
         FlowCounter::WatchFailed,
+        FlowCounter::SocketsUnwatched,
     ];
 
     /// Its name in summaries.
@@ -113,6 +130,7 @@ impl FlowCounter {
             FlowCounter::GivenUp => "given_up",
             FlowCounter::SocketsWatched => "sockets_watched",
             FlowCounter::WatchFailed => "watch_failed",
+            FlowCounter::SocketsUnwatched => "sockets_unwatched",
         }
     }
 }

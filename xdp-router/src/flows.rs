@@ -30,16 +30,17 @@ use aya_ebpf::{
     bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB},
     helpers::generated::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_setsockopt,
+        bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_getsockopt, bpf_ktime_get_ns,
+        bpf_setsockopt, bpf_skc_to_tcp_sock,
     },
     macros::{map, sock_ops},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::SockOpsContext,
 };
 use xdp_common::flows::{
     Budget, FLOW_COUNTER_COUNT, FlowCounter, KFUNC_CAST_TO_KERN_CTX, KFUNC_ENABLE_TX_TSTAMP,
-    PENDING_MAX_ENTRIES, Pending, SAMPLE_GIVEN_UP, SAMPLE_RETRANSMITTED, SAMPLES_RING_BYTES,
-    TxSample, gap_passed, take_budget,
+    MODE_UNWATCH, PENDING_MAX_ENTRIES, Pending, SAMPLE_GIVEN_UP, SAMPLE_RETRANSMITTED,
+    SAMPLES_RING_BYTES, TxSample, WATCHED_MAX_ENTRIES, gap_passed, take_budget,
 };
 
 /// The least time between two sampled sends of one socket (set at load).
@@ -61,6 +62,12 @@ static FLOW_PENDING: LruHashMap<u64, Pending> =
 
 #[map(name = "FLOW_COUNTERS")]
 static FLOW_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FLOW_COUNTER_COUNT, 0);
+
+#[map(name = "FLOW_WATCHED")]
+static FLOW_WATCHED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(WATCHED_MAX_ENTRIES, 0);
+
+#[map(name = "FLOW_MODE")]
+static FLOW_MODE: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map(name = "FLOW_BUDGET")]
 static FLOW_BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(1, 0);
@@ -112,22 +119,110 @@ fn count(c: FlowCounter) {
 /// Turns the kernel's TX timestamping callbacks on for an established socket.
 #[inline(always)]
 fn watch(ctx: &SockOpsContext) {
-    let mut on: i32 = SK_BPF_CB_TX_TIMESTAMPING;
-    // SAFETY: the context and a 4-byte value on the stack.
+    // SAFETY: the program's own context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    watch_socket(ctx.as_ptr(), cookie);
+}
+
+/// The socket's SK_BPF_CB_FLAGS (0 if they cannot be read).
+#[inline(always)]
+fn cb_flags(sk: *mut c_void) -> i32 {
+    let mut flags: i32 = 0;
+    // SAFETY: `sk` is what the program was given; 4 bytes on the stack.
     let r = unsafe {
-        bpf_setsockopt(
-            ctx.as_ptr(),
+        bpf_getsockopt(
+            sk,
             SOL_SOCKET,
             SK_BPF_CB_FLAGS,
-            (&raw mut on).cast::<c_void>(),
+            (&raw mut flags).cast::<c_void>(),
             4,
         )
     };
-    count(if r == 0 {
-        FlowCounter::SocketsWatched
+    if r == 0 { flags } else { 0 }
+}
+
+/// Sets the socket's SK_BPF_CB_FLAGS; whether the kernel took them.
+#[inline(always)]
+fn set_cb_flags(sk: *mut c_void, flags: i32) -> bool {
+    let mut v = flags;
+    // SAFETY: as in `cb_flags`.
+    unsafe {
+        bpf_setsockopt(
+            sk,
+            SOL_SOCKET,
+            SK_BPF_CB_FLAGS,
+            (&raw mut v).cast::<c_void>(),
+            4,
+        ) == 0
+    }
+}
+
+/// Turns the TX timestamping callbacks on for a socket that has them off,
+/// and notes it in FLOW_WATCHED (one that has them on is someone else's
+/// or already ours: left as it is).
+#[inline(always)]
+fn watch_socket(sk: *mut c_void, cookie: u64) {
+    let flags = cb_flags(sk);
+    if flags & SK_BPF_CB_TX_TIMESTAMPING != 0 {
+        return;
+    }
+    if set_cb_flags(sk, flags | SK_BPF_CB_TX_TIMESTAMPING) {
+        let _ = FLOW_WATCHED.insert(&cookie, &1, 0);
+        count(FlowCounter::SocketsWatched);
     } else {
-        FlowCounter::WatchFailed
-    });
+        count(FlowCounter::WatchFailed);
+    }
+}
+
+/// Turns the callbacks off again on a socket in FLOW_WATCHED (on exit).
+#[inline(always)]
+fn unwatch_socket(sk: *mut c_void, cookie: u64) {
+    // SAFETY: a lookup of a plain key.
+    if unsafe { FLOW_WATCHED.get(&cookie) }.is_none() {
+        return;
+    }
+    let flags = cb_flags(sk);
+    if set_cb_flags(sk, flags & !SK_BPF_CB_TX_TIMESTAMPING) {
+        count(FlowCounter::SocketsUnwatched);
+    }
+    let _ = FLOW_WATCHED.remove(&cookie);
+}
+
+/// The context of a TCP socket iterator (`struct bpf_iter__tcp`).
+#[repr(C)]
+pub struct IterTcp {
+    meta: *mut c_void,
+    sk_common: *mut c_void,
+    uid: u32,
+}
+
+/// Watches the TCP sockets already open (in the network namespace of
+/// whoever reads the iterator): rtprobe runs it once after attaching the
+/// sock_ops program, which then only sees new sockets established. With
+/// FLOW_MODE set to unwatch (on exit) it turns the callbacks off again on
+/// the sockets it turned them on for.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/tcp")]
+pub extern "C" fn rtprobe_flows_existing(ctx: *mut IterTcp) -> i32 {
+    // SAFETY: the iterator's context; the kernel gives a socket or null.
+    let skc = unsafe { (*ctx).sk_common };
+    if skc.is_null() {
+        return 0;
+    }
+    // SAFETY: a socket from the iterator; null unless it is a full TCP one.
+    let tp = unsafe { bpf_skc_to_tcp_sock(skc) };
+    if tp.is_null() {
+        return 0;
+    }
+    let sk = tp.cast::<c_void>();
+    // SAFETY: a full TCP socket.
+    let cookie = unsafe { bpf_get_socket_cookie(sk) };
+    if FLOW_MODE.get(0).copied() == Some(MODE_UNWATCH) {
+        unwatch_socket(sk, cookie);
+    } else {
+        watch_socket(sk, cookie);
+    }
+    0
 }
 
 /// `bpf_cast_to_kern_ctx`: the placeholder rtprobe turns into the kfunc.

@@ -11,6 +11,7 @@ mod cleanup;
 mod compare;
 mod completions;
 mod docs;
+mod flows;
 mod host;
 mod man;
 mod plot;
@@ -70,6 +71,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Testbed(args)) => testbed::command(args),
         Some(Command::Run(args)) => run::command(args),
         Some(Command::Cleanup(args)) => cleanup::command(&args),
+        Some(Command::Flows(args)) => flows::command(&args),
         Some(Command::Reflect(args)) => reflect::command(&args),
         Some(Command::Compare(args)) => compare::command(&args),
         Some(Command::Completions(args)) => completions::command(&args),

@@ -17,12 +17,12 @@ use std::{os::fd::AsRawFd, path::Path, time::Duration};
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
-    programs::SockOps,
+    maps::{Array, MapData, PerCpuArray, RingBuf},
+    programs::{Iter, SockOps},
 };
 use xdp_common::flows::{
-    CAP_PER_CPU_GLOBAL, FLOW_COUNTER_COUNT, FLOW_COUNTERS_MAP, FLOWS_PROGRAM, GIVE_UP_GLOBAL,
-    KFUNCS, SAMPLE_GAP_GLOBAL, SAMPLES_MAP, TxSample,
+    CAP_PER_CPU_GLOBAL, EXISTING_PROGRAM, FLOW_COUNTER_COUNT, FLOW_COUNTERS_MAP, FLOWS_PROGRAM,
+    GIVE_UP_GLOBAL, KFUNCS, MODE_MAP, MODE_UNWATCH, SAMPLE_GAP_GLOBAL, SAMPLES_MAP, TxSample,
 };
 
 use crate::sys::{BpfObject, CgroupLink, SysRef};
@@ -55,11 +55,11 @@ impl Sampling {
     }
 }
 
-/// Whether this kernel can run the program: the ids of its kfuncs, or a
-/// refusal that names the kernel it needs.
-pub(crate) fn kfunc_ids() -> Result<Vec<(u32, u32)>> {
+/// Whether this kernel can run the program: the ids of its kfuncs in
+/// `btf`, or a refusal that names the kernel it needs.
+pub(crate) fn kfunc_ids(btf: &aya::Btf) -> Result<Vec<(u32, u32)>> {
     let names: Vec<&str> = KFUNCS.iter().map(|k| k.1).collect();
-    let ids = super::kfunc::ids_in_vmlinux(&names)?;
+    let ids = super::kfunc::ids_in(btf, &names);
     let missing: Vec<&str> = names
         .iter()
         .zip(&ids)
@@ -87,7 +87,7 @@ pub(crate) fn kfunc_ids() -> Result<Vec<(u32, u32)>> {
 /// Dropping it detaches it.
 pub(crate) struct FlowsProgram {
     sys: SysRef,
-    _obj: BpfObject,
+    obj: BpfObject,
     link: Option<CgroupLink>,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
@@ -97,7 +97,8 @@ impl FlowsProgram {
     /// Loads the program with `sampling` and attaches it to the cgroup v2
     /// directory `cgroup` (beside any programs already there).
     pub(crate) fn attach(sys: SysRef, cgroup: &Path, sampling: &Sampling) -> Result<Self> {
-        let kfuncs = kfunc_ids()?;
+        let btf = super::kfunc::vmlinux()?;
+        let kfuncs = kfunc_ids(&btf)?;
         let mut object = flows_object().to_vec();
         if object.is_empty() {
             bail!(
@@ -132,13 +133,20 @@ impl FlowsProgram {
         let counters = PerCpuArray::try_from(take(&mut ebpf, FLOW_COUNTERS_MAP)?)?;
         let obj = BpfObject::new(ebpf);
         let link = sys.sock_ops_attach(cgroup, &obj, FLOWS_PROGRAM)?;
-        Ok(Self {
+        let me = Self {
             sys,
-            _obj: obj,
+            obj,
             link: Some(link),
             ring,
             counters,
-        })
+        };
+        // The sockets open before: their established callback has passed.
+        // (On an error here, dropping `me` detaches the program again.)
+        me.obj.with(|ebpf| {
+            load_iterator(ebpf, &btf)?;
+            run_iterator(ebpf)
+        })?;
+        Ok(me)
     }
 
     /// Waits up to `timeout` for samples, then hands each one queued to
@@ -187,22 +195,72 @@ impl FlowsProgram {
             .collect()
     }
 
-    /// Detaches the program (also done on drop).
-    pub(crate) fn detach(mut self) -> Result<()> {
-        self.link
-            .take()
-            .map_or(Ok(()), |l| self.sys.sock_ops_detach(l))
+    /// Detaches the program, then turns the callbacks off again on the
+    /// sockets of this network namespace it turned them on for (also done
+    /// on drop). Returns the final counters, as [`Self::counters`].
+    pub(crate) fn detach(mut self) -> Result<Vec<u64>> {
+        self.undo()?;
+        self.counters()
+    }
+
+    fn undo(&mut self) -> Result<()> {
+        let Some(link) = self.link.take() else {
+            return Ok(());
+        };
+        self.sys.sock_ops_detach(link)?;
+        self.obj.with(|ebpf| {
+            let mut mode: Array<_, u32> = Array::try_from(
+                ebpf.map_mut(MODE_MAP)
+                    .context("the sock_ops object has no mode map")?,
+            )?;
+            mode.set(0, MODE_UNWATCH, 0)
+                .context("set the sock_ops program's mode")?;
+            run_iterator(ebpf)
+        })
     }
 }
 
 impl Drop for FlowsProgram {
     fn drop(&mut self) {
-        if let Some(l) = self.link.take()
-            && let Err(e) = self.sys.sock_ops_detach(l)
-        {
+        if let Err(e) = self.undo() {
             log::warn!("{e:#}");
         }
     }
+}
+
+/// Loads the TCP socket iterator (the sock_ops program sees only the
+/// sockets established after its attach; this one reaches those open).
+fn load_iterator(ebpf: &mut aya::Ebpf, btf: &aya::Btf) -> Result<()> {
+    let iter: &mut Iter = ebpf
+        .program_mut(EXISTING_PROGRAM)
+        .context("the sock_ops object has no socket iterator")?
+        .try_into()
+        .context("the socket iterator is no iterator program")?;
+    iter.load("tcp", btf)
+        .context("loading the TCP socket iterator (the verifier refused it)")
+}
+
+/// Runs the TCP socket iterator once over every TCP socket of this
+/// thread's network namespace: it turns the callbacks on (or, in unwatch
+/// mode, off again).
+fn run_iterator(ebpf: &mut aya::Ebpf) -> Result<()> {
+    use std::io::Read as _;
+    let iter: &mut Iter = ebpf
+        .program_mut(EXISTING_PROGRAM)
+        .context("the sock_ops object has no socket iterator")?
+        .try_into()
+        .context("the socket iterator is no iterator program")?;
+    let id = iter.attach().context("attach the TCP socket iterator")?;
+    let mut file = iter
+        .take_link(id)
+        .context("take the iterator's link")?
+        .into_file()
+        .context("open the TCP socket iterator")?;
+    // Reading runs the program over every socket; it writes nothing.
+    let mut sink = Vec::new();
+    file.read_to_end(&mut sink)
+        .context("run the TCP socket iterator")?;
+    Ok(())
 }
 
 /// Takes the map `name` out of the loaded object.
@@ -213,6 +271,8 @@ fn take(ebpf: &mut aya::Ebpf, name: &str) -> Result<aya::maps::Map> {
 
 #[cfg(test)]
 mod tests {
+    use xdp_common::flows::FlowCounter;
+
     use super::*;
 
     #[test]
@@ -231,10 +291,10 @@ mod tests {
         assert_eq!(zero.globals(1).0, 1_000_000_000, "at most one a second");
     }
 
-    /// Sends on a loopback TCP connection for `secs` while `prog` watches,
-    /// and returns what it reported of that connection.
-    fn loopback_samples(prog: &mut FlowsProgram, secs: f64) -> Vec<TxSample> {
-        use std::io::{Read, Write};
+    /// A loopback TCP connection: the sending end, the reader's thread
+    /// and the port.
+    fn loopback() -> (std::net::TcpStream, std::thread::JoinHandle<()>, u16) {
+        use std::io::Read;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let reader = std::thread::spawn(move || {
@@ -242,32 +302,45 @@ mod tests {
             let mut buf = vec![0u8; 65536];
             while c.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
         });
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        (c, reader, port)
+    }
+
+    /// Sends on both connections for `secs` while `prog` watches, and
+    /// returns what it reported of each.
+    fn samples_of(
+        prog: &mut FlowsProgram,
+        conns: &mut [(&mut std::net::TcpStream, u16); 2],
+        secs: f64,
+    ) -> [Vec<TxSample>; 2] {
+        use std::io::Write;
         let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
-        let mut got = Vec::new();
+        let mut got = [Vec::new(), Vec::new()];
+        let ports = [conns[0].1, conns[1].1];
         let mut keep = |s: &TxSample| {
-            if s.remote_port == u32::from(port) {
-                got.push(*s);
+            if let Some(i) = ports.iter().position(|&p| s.remote_port == u32::from(p)) {
+                got[i].push(*s);
             }
         };
         while std::time::Instant::now() < until {
-            c.write_all(&[7u8; 1000]).unwrap();
+            for (c, _) in conns.iter_mut() {
+                c.write_all(&[7u8; 1000]).unwrap();
+            }
             std::thread::sleep(Duration::from_millis(1));
             prog.drain(Duration::ZERO, &mut keep).unwrap();
         }
-        drop(c);
-        reader.join().unwrap();
         prog.drain(Duration::from_millis(100), &mut keep).unwrap();
         got
     }
 
     #[test]
     #[ignore = "needs root: run by cargo xtask test"]
-    fn a_loopback_flow_is_sampled_at_each_stage_in_order() {
+    fn open_and_new_flows_are_sampled_at_each_stage_and_given_back_on_exit() {
         if !nix::unistd::geteuid().is_root() {
             eprintln!("SKIPPED: needs root");
             return;
         }
+        let (mut before, r1, p1) = loopback();
         let sys: SysRef = crate::sys::linux();
         let sampling = Sampling {
             per_flow_per_sec: 50,
@@ -276,20 +349,32 @@ mod tests {
         };
         let root = crate::sys::host::cgroup2_root().expect("a cgroup v2 mount");
         let mut prog = FlowsProgram::attach(sys, &root, &sampling).unwrap();
-        let got = loopback_samples(&mut prog, 1.0);
-        let counters = prog.counters().unwrap();
-        prog.detach().unwrap();
+        let (mut after, r2, p2) = loopback();
+        let got = samples_of(&mut prog, &mut [(&mut before, p1), (&mut after, p2)], 1.0);
+        // Both connections still open: the exit gives all four ends back.
+        let counters = prog.detach().unwrap();
+        drop((before, after));
+        r1.join().unwrap();
+        r2.join().unwrap();
         eprintln!(
-            "{} samples; counters {counters:?}; first {:?}",
-            got.len(),
-            got.first()
+            "samples {} + {}; counters {counters:?}",
+            got[0].len(),
+            got[1].len()
         );
-        assert!(got.len() >= 5, "at most 50/s for 1 s: {got:?}");
-        for s in &got {
-            assert!(s.sendmsg_ns > 0 && s.sched_ns >= s.sendmsg_ns, "{s:?}");
-            assert!(s.sw_ns >= s.sched_ns && s.ack_ns >= s.sw_ns, "{s:?}");
-            assert_eq!(s.pid, std::process::id(), "{s:?}");
+        for (what, g) in ["open before", "opened after"].iter().zip(&got) {
+            // At most 50/s for 1 s, with one in flight at a time.
+            assert!((5..=60).contains(&g.len()), "{what}: {} samples", g.len());
+            for s in g {
+                assert!(s.sendmsg_ns > 0 && s.sched_ns >= s.sendmsg_ns, "{s:?}");
+                assert!(s.sw_ns >= s.sched_ns && s.ack_ns >= s.sw_ns, "{s:?}");
+                assert_eq!(s.pid, std::process::id(), "{s:?}");
+            }
         }
-        assert!(got.len() <= 60, "the per-flow rate caps it: {}", got.len());
+        let c = |k: FlowCounter| counters[k as usize];
+        assert!(c(FlowCounter::SocketsUnwatched) >= 4, "{counters:?}");
+        assert!(
+            c(FlowCounter::SocketsUnwatched) <= c(FlowCounter::SocketsWatched),
+            "{counters:?}"
+        );
     }
 }

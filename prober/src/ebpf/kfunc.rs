@@ -7,7 +7,7 @@
 //! running kernel's BTF, `off` = 0: vmlinux) before the bytes go to aya.
 //!
 //! Pure over the object's bytes (ELF64, little endian); the ids come from
-//! [`ids_in_vmlinux`], which reads `/sys/kernel/btf/vmlinux`.
+//! [`ids_in`] the kernel's BTF ([`vmlinux`]).
 
 use anyhow::{Context, Result, bail};
 
@@ -82,18 +82,22 @@ pub(crate) fn patch_calls(elf: &mut [u8], kfuncs: &[(u32, u32)]) -> Result<Vec<u
     Ok(patched)
 }
 
-/// The BTF ids of `names` among the running kernel's functions, each None
+/// The running kernel's BTF (/sys/kernel/btf/vmlinux).
+pub(crate) fn vmlinux() -> Result<aya::Btf> {
+    aya::Btf::from_sys_fs()
+        .context("read the kernel's BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF)")
+}
+
+/// The BTF ids of `names` among the kernel's functions in `btf`, each None
 /// where this kernel has no such function.
-pub(crate) fn ids_in_vmlinux(names: &[&str]) -> Result<Vec<Option<u32>>> {
-    let btf = aya::Btf::from_sys_fs()
-        .context("read the kernel's BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF)")?;
-    Ok(names
+pub(crate) fn ids_in(btf: &aya::Btf, names: &[&str]) -> Vec<Option<u32>> {
+    names
         .iter()
         .map(|n| {
             btf.id_by_type_name_kind(n, aya_obj::btf::BtfKind::Func)
                 .ok()
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -175,7 +179,7 @@ mod tests {
     #[ignore = "needs root: run by cargo xtask test"]
     fn this_kernel_names_the_tx_timestamping_kfuncs() {
         let names: Vec<&str> = xdp_common::flows::KFUNCS.iter().map(|k| k.1).collect();
-        let ids = ids_in_vmlinux(&names).unwrap();
+        let ids = ids_in(&vmlinux().unwrap(), &names);
         assert!(ids.iter().all(Option::is_some), "{names:?}: {ids:?}");
     }
 }

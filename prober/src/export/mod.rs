@@ -10,6 +10,7 @@ pub(crate) mod hdrlog;
 pub(crate) mod json;
 pub mod live;
 pub mod metrics;
+pub(crate) mod passive;
 pub mod plan;
 pub mod plot;
 pub(crate) mod rotate;

@@ -7,6 +7,7 @@
 pub(crate) mod host;
 pub(crate) mod knobs;
 pub mod meta;
+pub(crate) mod passive;
 pub mod record;
 pub(crate) mod units;
 pub(crate) mod words;

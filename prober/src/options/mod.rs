@@ -38,6 +38,7 @@ pub(crate) mod knobs;
 pub(crate) mod located;
 pub(crate) mod output;
 pub(crate) mod pacing;
+pub(crate) mod passive;
 pub(crate) mod plan;
 pub(crate) mod probe;
 pub(crate) mod remote;

@@ -598,7 +598,7 @@ pub(crate) fn check_output_paths(o: &RunOptions) -> Result<(), SpecError> {
     Ok(())
 }
 
-fn check_out_path(p: &std::path::Path, key: &'static str) -> Result<(), SpecError> {
+pub(crate) fn check_out_path(p: &std::path::Path, key: &'static str) -> Result<(), SpecError> {
     if p.is_dir() {
         return Err(SpecError::new(
             key,

@@ -7,6 +7,7 @@ pub(crate) mod hist;
 pub(crate) mod interval;
 pub(crate) mod observer;
 pub(crate) mod outcome;
+pub(crate) mod passive;
 pub(crate) mod report;
 pub(crate) mod run_stats;
 pub(crate) mod summary;

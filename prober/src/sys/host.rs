@@ -113,6 +113,41 @@ pub(crate) fn cgroup2_root() -> Option<std::path::PathBuf> {
     cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").ok()?)
 }
 
+/// The directories (relative to `root`, "/" for the root itself) of the
+/// cgroups `ids` (a cgroup v2 id is its directory's inode number). Walks
+/// at most 100 000 directories; an id not found is left out.
+pub(crate) fn cgroup_paths(
+    root: &std::path::Path,
+    ids: &[u64],
+) -> std::collections::HashMap<u64, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut found = std::collections::HashMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    let mut walked = 0;
+    while let Some(dir) = todo.pop() {
+        walked += 1;
+        if walked > 100_000 || found.len() == ids.len() {
+            break;
+        }
+        if let Ok(m) = std::fs::metadata(&dir)
+            && ids.contains(&m.ino())
+        {
+            let rel = dir.strip_prefix(root).unwrap_or(&dir).display().to_string();
+            found.insert(m.ino(), format!("/{rel}"));
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        todo.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    found
+}
+
 /// The mount point of the first cgroup2 line of a mountinfo. Pure.
 fn cgroup2_mount(mountinfo: &str) -> Option<std::path::PathBuf> {
     mountinfo.lines().find_map(|l| {

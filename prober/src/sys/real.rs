@@ -608,9 +608,13 @@ impl Sys for LinuxSys {
     }
 
     fn sock_ops_detach(&self, link: CgroupLink) -> Result<()> {
+        let cgroup = link.cgroup;
         match link.link.map(|l| l.detach()) {
             None | Some(Ok(()) | Err(ProgramError::NotAttached)) => Ok(()),
-            Some(Err(e)) => Err(anyhow!(e).context("detach the sock_ops program")),
+            Some(Err(e)) => Err(anyhow!(e).context(format!(
+                "detach the sock_ops program from the cgroup {}",
+                cgroup.display()
+            ))),
         }
     }
 }
