@@ -1,12 +1,15 @@
 //! `rtprobe flows`: watches the host's TCP sends until Ctrl-C (or
 //! `--duration`), then prints their stages per flow, process and cgroup.
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::{Result, anyhow};
 
 use crate::{
-    export::passive::{flows_table, groups_table},
+    export::{
+        metrics::{Access, Metrics, MetricsServer},
+        passive::{flows_table, groups_table},
+    },
     options::passive::FlowsArgs,
     passive::{FlowsReport, WatchObserver},
     signals::with_signals,
@@ -26,9 +29,24 @@ pub(super) fn command(args: &FlowsArgs) -> Result<ExitCode> {
             plan.sampling.global_per_sec
         );
     }
+    let metrics = args
+        .metrics_listen
+        .map(|addr| {
+            let m = Arc::new(Metrics::for_flows());
+            MetricsServer::start(addr, m.clone(), Access::open()).map(|s| (m, s))
+        })
+        .transpose()?;
+    if let Some((_, server)) = &metrics {
+        eprintln!(
+            "rtprobe flows: metrics at http://{}/metrics",
+            server.local_addr()
+        );
+    }
+    let published = metrics.as_ref().map(|(m, _)| m.clone());
     let report = with_signals(quiet, move |stop| {
         let mut live = Live { quiet, top };
-        crate::passive::watch(crate::sys::linux(), &plan, &stop, &mut live)
+        let sys = crate::sys::linux();
+        crate::passive::watch(sys, &plan, &stop, &mut live, published.as_deref())
     })?;
     print!("{}", final_text(&report, top));
     if let Some(j) = &args.json {

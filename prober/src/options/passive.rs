@@ -75,6 +75,17 @@ pub(crate) struct FlowsArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
 
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while watching: each
+    /// stage's histogram and the sampled sends by process name and cgroup, and the program's
+    /// counters. Port 0 picks a free one (printed). Anyone who reaches ADDR may scrape.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+
+    /// (process name, cgroup) groups with series of their own (4 histograms and a counter
+    /// each); later groups share one `other` group.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub(crate) metrics_groups: usize,
+
     /// Rows of the flows' table.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub(crate) top: usize,
@@ -129,6 +140,7 @@ impl FlowsArgs {
             port: self.port,
             max_groups: self.max_flows,
             csv: Some(self.out.clone()),
+            metrics_groups: self.metrics_groups,
         })
     }
 }

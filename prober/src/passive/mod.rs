@@ -7,7 +7,7 @@
 //! report ([`FlowsReport`]).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
     sync::atomic::{AtomicU8, Ordering},
     time::{Duration, Instant},
@@ -20,7 +20,10 @@ use xdp_common::flows::FlowCounter;
 
 use crate::{
     ebpf::flows::{FlowsProgram, Sampling},
-    export::passive::SendsCsv,
+    export::{
+        metrics::{GroupBudget, Metrics},
+        passive::SendsCsv,
+    },
     model::{host::HostFacts, passive::SampledSend},
     probe::clock,
     stats::passive::{FlowSummary, GroupSummary, PassiveStats, StageSummary},
@@ -43,6 +46,8 @@ pub(crate) struct WatchPlan {
     pub(crate) max_groups: usize,
     /// One CSV row per sampled send.
     pub(crate) csv: Option<PathBuf>,
+    /// (process name, cgroup) groups with metric series of their own.
+    pub(crate) metrics_groups: usize,
 }
 
 /// A cgroup's figures, with its directory where it was found.
@@ -86,20 +91,63 @@ pub(crate) trait WatchObserver {
     fn on_tick(&mut self, stats: &PassiveStats, elapsed: Duration);
 }
 
+/// The metric series of a run: the registry, the groups' budget and the
+/// cgroup directories found so far.
+struct Published<'m> {
+    metrics: &'m Metrics,
+    budget: GroupBudget,
+    cgroups: HashMap<u64, String>,
+    root: PathBuf,
+    counters: Vec<u64>,
+}
+
+impl Published<'_> {
+    fn observe(&mut self, s: &SampledSend) {
+        let cap = self.budget_cap();
+        let dir = match self.cgroups.get(&s.cgroup_id) {
+            Some(d) => d.clone(),
+            None if self.cgroups.len() < cap => {
+                let found = crate::sys::host::cgroup_paths(&self.root, &[s.cgroup_id]);
+                let d = found
+                    .get(&s.cgroup_id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("id {}", s.cgroup_id));
+                self.cgroups.insert(s.cgroup_id, d.clone());
+                d
+            }
+            None => crate::export::metrics::OTHER.to_string(),
+        };
+        self.metrics.flows_observe(&mut self.budget, &dir, s);
+    }
+
+    fn budget_cap(&self) -> usize {
+        self.budget.cap()
+    }
+}
+
 /// Attaches the program, reads its samples until `stop` or the duration,
-/// detaches it and reports.
+/// publishing them to `metrics` (when given), detaches it and reports.
 pub(crate) fn watch(
     sys: SysRef,
     plan: &WatchPlan,
     stop: &AtomicU8,
     observer: &mut dyn WatchObserver,
+    metrics: Option<&Metrics>,
 ) -> Result<FlowsReport> {
     let mut csv = plan.csv.as_deref().map(SendsCsv::create).transpose()?;
     let mut prog = FlowsProgram::attach(sys, &plan.cgroup, &plan.sampling)?;
     let offset_ns = clock::realtime_ns() - clock::monotonic_ns();
     let mut stats = PassiveStats::new(plan.max_groups);
+    let mut published = metrics.map(|metrics| Published {
+        metrics,
+        budget: GroupBudget::new(plan.metrics_groups),
+        cgroups: HashMap::new(),
+        root: plan.cgroup.clone(),
+        counters: Vec::new(),
+    });
     let start = Instant::now();
     let mut next_tick = plan.interval.map(|i| start + i);
+    let mut next_counters = start;
     let mut write_error = None;
     let interrupted = loop {
         if stop.load(Ordering::SeqCst) != 0 {
@@ -118,6 +166,9 @@ pub(crate) fn watch(
                 return;
             }
             stats.record(&s);
+            if let Some(p) = published.as_mut() {
+                p.observe(&s);
+            }
             if let Some(c) = csv.as_mut()
                 && write_error.is_none()
                 && let Err(e) = c.write(&s)
@@ -128,6 +179,12 @@ pub(crate) fn watch(
         if let Some(e) = write_error.take() {
             return Err(e);
         }
+        if let Some(p) = published.as_mut()
+            && Instant::now() >= next_counters
+        {
+            p.metrics.flows_counters(&mut p.counters, &prog.counters()?);
+            next_counters += Duration::from_secs(1);
+        }
         if let (Some(t), Some(i)) = (next_tick, plan.interval)
             && Instant::now() >= t
         {
@@ -136,6 +193,9 @@ pub(crate) fn watch(
         }
     };
     let counters = prog.detach()?;
+    if let Some(p) = published.as_mut() {
+        p.metrics.flows_counters(&mut p.counters, &counters);
+    }
     if let Some(c) = csv {
         c.finish()?;
     }

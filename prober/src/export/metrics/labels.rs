@@ -12,7 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// series of their target, so one of these there would give a series the
 /// same label twice, which Prometheus refuses (the whole scrape fails). A
 /// unit test checks that every label of a full exposition is listed here.
-pub(crate) const RESERVED: [&str; 17] = [
+pub(crate) const RESERVED: [&str; 20] = [
     // FlowLabels, on every probe series.
     "target",
     "flow",
@@ -30,6 +30,10 @@ pub(crate) const RESERVED: [&str; 17] = [
     "step",
     "version",
     "command",
+    // rtprobe flows': a process's name, a cgroup, a program counter.
+    "comm",
+    "cgroup",
+    "counter",
     // Prometheus's.
     "le",
     "quantile",
@@ -121,6 +125,27 @@ pub(super) struct SourceLabels {
     pub(super) flow: FlowLabels,
     /// "hardware", "software", "mixed" or "none" (nothing received yet).
     pub(super) source: String,
+}
+
+/// `rtprobe flows`: a group of sampled sends (a process name in a cgroup).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PassiveLabels {
+    pub(super) comm: String,
+    pub(super) cgroup: String,
+}
+
+/// `rtprobe flows`: one stage of a group's sends.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PassiveStageLabels {
+    #[prometheus(flatten)]
+    pub(super) group: PassiveLabels,
+    pub(super) stage: String,
+}
+
+/// `rtprobe flows`: one of the sock_ops program's counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CounterLabels {
+    pub(super) counter: String,
 }
 
 /// What the reflector did with a datagram.

@@ -32,6 +32,7 @@ mod flow;
 mod format;
 pub(crate) mod labels;
 mod pages;
+mod passive;
 mod process;
 mod reflector;
 mod registry;
@@ -39,5 +40,10 @@ mod server;
 mod slots;
 mod watch;
 
-pub(crate) use self::{access::Access, flow::FlowMetrics, server::MetricsServer};
+pub(crate) use self::{
+    access::Access,
+    flow::FlowMetrics,
+    passive::{GroupBudget, OTHER},
+    server::MetricsServer,
+};
 pub use self::{format::Format, labels::FlowLabels, registry::Metrics};

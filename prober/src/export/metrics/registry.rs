@@ -21,8 +21,8 @@ use prometheus_client::{
 use super::{
     format::{self, Format},
     labels::{
-        BuildLabels, FlowLabels, LostLabels, OutcomeLabels, SourceLabels, StageLabels, StepLabels,
-        XdpLabels,
+        BuildLabels, CounterLabels, FlowLabels, LostLabels, OutcomeLabels, PassiveLabels,
+        PassiveStageLabels, SourceLabels, StageLabels, StepLabels, XdpLabels,
     },
     process::ProcessCollector,
 };
@@ -91,6 +91,7 @@ type Histograms<L> = Family<L, Histogram, Buckets>;
 pub(super) enum Command {
     Probe,
     Reflect,
+    Flows,
 }
 
 impl Command {
@@ -98,6 +99,7 @@ impl Command {
         match self {
             Command::Probe => "probe",
             Command::Reflect => "reflect",
+            Command::Flows => "flows",
         }
     }
 }
@@ -131,6 +133,12 @@ pub struct Metrics {
     pub(super) reflector_sessions: Counter,
     /// `rtprobe reflect --kernel`: frames the XDP reflector saw, by outcome.
     pub(super) kernel_reflector_frames: Family<OutcomeLabels, Counter>,
+    /// `rtprobe flows`: each stage of the sampled sends, by group.
+    pub(super) passive_stage: Histograms<PassiveStageLabels>,
+    /// `rtprobe flows`: sampled sends by group.
+    pub(super) passive_samples: Family<PassiveLabels, Counter>,
+    /// `rtprobe flows`: the sock_ops program's counters.
+    pub(super) passive_program: Family<CounterLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -155,6 +163,11 @@ impl Metrics {
     /// `rtprobe reflect`'s metrics: its counters, none of a probe run's.
     pub fn for_reflector() -> Self {
         Self::build(Command::Reflect, MetricsSeries::default())
+    }
+
+    /// `rtprobe flows`' metrics: its stage histograms and counters.
+    pub(crate) fn for_flows() -> Self {
+        Self::build(Command::Flows, MetricsSeries::default())
     }
 
     fn build(command: Command, series: MetricsSeries) -> Self {
@@ -182,6 +195,9 @@ impl Metrics {
             reflector_datagrams: Family::default(),
             reflector_sessions: Counter::default(),
             kernel_reflector_frames: Family::default(),
+            passive_stage: Family::new_with_constructor(buckets.clone()),
+            passive_samples: Family::default(),
+            passive_program: Family::default(),
             registry: Registry::default(),
         };
         m.build_info
@@ -210,6 +226,7 @@ impl Metrics {
                 m.register_info(own);
             }
             Command::Reflect => m.register_reflector(own),
+            Command::Flows => m.register_passive(own),
         }
         Self { registry, ..m }
     }
@@ -237,6 +254,32 @@ impl Metrics {
              global_limited, peer_reflected, peer_rate_limited, peer_global_limited, malformed, \
              ...; the rest pass to the kernel)",
             m.kernel_reflector_frames.clone(),
+        );
+    }
+
+    /// `rtprobe flows`' families.
+    fn register_passive(&self, registry: &mut Registry) {
+        let m = self;
+        registry.register_with_unit(
+            "flows_stage",
+            "rtprobe flows: each stage of the host's sampled TCP sends (stack: sendmsg to the \
+             qdisc; sender_queue: the qdisc to the driver; nic: the driver to the NIC's stamp; \
+             round_trip: the last TX stamp to the ACK, the peer's delayed ACK included), by \
+             process name and cgroup",
+            Unit::Seconds,
+            m.passive_stage.clone(),
+        );
+        registry.register(
+            "flows_samples",
+            "rtprobe flows: sampled sends, by process name and cgroup",
+            m.passive_samples.clone(),
+        );
+        registry.register(
+            "flows_program",
+            "rtprobe flows: the sock_ops program's counters (sends, sampled, skipped_flow_rate, \
+             skipped_global_cap, skipped_in_flight, reported, ring_full, given_up, \
+             sockets_watched, watch_failed, sockets_unwatched)",
+            m.passive_program.clone(),
         );
     }
 
