@@ -51,7 +51,9 @@ fn poll_fds(pid: u32, addr: u64, n: u64) -> Option<BTreeSet<i32>> {
     let mut buf = vec![0u8; (n.min(4096) * 8) as usize];
     mem.read_exact_at(&mut buf, addr).ok()?;
     Some(
-        buf.chunks_exact(8)
+        buf.as_chunks::<8>()
+            .0
+            .iter()
             .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
             .filter(|fd| *fd >= 0)
             .collect(),

@@ -6,9 +6,11 @@
 #![no_std]
 
 /// The nightly that builds the eBPF program (`-Z build-std=core`). Its LLVM
-/// (22) must not be newer than bpf-linker's. Used by `prober/build.rs` and
+/// (22) must not be newer than bpf-linker's (built against llvm-22-dev),
+/// and its rustc not older than aya-ebpf's rust-version (1.98): a 1.98
+/// nightly, the 1.99 ones being on LLVM 23. Used by `prober/build.rs` and
 /// `cargo xtask`, so it lives here, the one crate both already depend on.
-pub const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-07-01";
 /// The bpf-linker release that links it (built against LLVM 22).
 pub const BPF_LINKER_VERSION: &str = "0.13";
 /// The target the eBPF program is built for.

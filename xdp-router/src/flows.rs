@@ -201,9 +201,13 @@ pub struct IterTcp {
 /// sock_ops program, which then only sees new sockets established. With
 /// FLOW_MODE set to unwatch (on exit) it turns the callbacks off again on
 /// the sockets it turned them on for.
+///
+/// # Safety
+///
+/// The kernel calls it with its iterator context; nothing else may.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/tcp")]
-pub extern "C" fn rtprobe_flows_existing(ctx: *mut IterTcp) -> i32 {
+pub unsafe extern "C" fn rtprobe_flows_existing(ctx: *mut IterTcp) -> i32 {
     // SAFETY: the iterator's context; the kernel gives a socket or null.
     let skc = unsafe { (*ctx).sk_common };
     if skc.is_null() {

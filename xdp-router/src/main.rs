@@ -229,13 +229,14 @@ fn try_ipv4(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
     let check = u16::from_be_bytes([hdr[10], hdr[11]]);
     let new_check = ttl_decrement_csum(check, ttl, protocol).to_be_bytes();
     // SAFETY: ip and eth point inside the frame (checked above); XDP frames
-    // are writable.
+    // are writable. The MACs are the union member bpf_fib_lookup fills on
+    // success (the other, `mark`, is only an input with BPF_FIB_LOOKUP_MARK).
     unsafe {
         (*ip)[8] = ttl - 1;
         (*ip)[10] = new_check[0];
         (*ip)[11] = new_check[1];
-        (*eth).dst = fib.dmac;
-        (*eth).src = fib.smac;
+        (*eth).dst = fib.__bindgen_anon_6.__bindgen_anon_2.dmac;
+        (*eth).src = fib.__bindgen_anon_6.__bindgen_anon_2.smac;
     }
     Ok(verdict(&COUNTERS, Outcome::Redirected, len, action))
 }
@@ -324,11 +325,12 @@ fn try_ipv6(ctx: &XdpContext, eth: *mut EthHdr, len: u64) -> Result<u32, u32> {
         Err(outcome) => return Ok(verdict(&COUNTERS6, outcome, len, fail_action(outcome))),
     };
     // SAFETY: ip and eth point inside the frame (checked above); XDP frames
-    // are writable.
+    // are writable. The MACs are the union member bpf_fib_lookup fills on
+    // success (the other, `mark`, is only an input with BPF_FIB_LOOKUP_MARK).
     unsafe {
         (*ip)[7] = hop_limit - 1;
-        (*eth).dst = fib.dmac;
-        (*eth).src = fib.smac;
+        (*eth).dst = fib.__bindgen_anon_6.__bindgen_anon_2.dmac;
+        (*eth).src = fib.__bindgen_anon_6.__bindgen_anon_2.smac;
     }
     Ok(verdict(&COUNTERS6, Outcome::Redirected, len, action))
 }

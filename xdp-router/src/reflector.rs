@@ -502,7 +502,7 @@ fn is_peer(src: &AddrKey) -> bool {
         6
     };
     REFLECTOR_PEERS
-        .get(Key::new(128, *src))
+        .get(&Key::new(128, *src))
         .is_some_and(|f| *f == family)
 }
 
@@ -524,7 +524,7 @@ fn take_source(sources: &LruHashMap<AddrKey, u64>, key: &AddrKey, now_ns: u64, g
     // A full bucket less this probe's token. NOEXIST: if another CPU
     // created it meanwhile, take from that one instead of resetting it.
     let first = now_ns + g.interval_ns;
-    if sources.insert(key, first, BPF_NOEXIST as u64).is_ok() {
+    if sources.insert(key, &first, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
     match sources.get_ptr_mut(key) {
@@ -574,10 +574,15 @@ fn take(tat: *mut u64, now_ns: u64, g: Gcra) -> bool {
 #[inline(always)]
 unsafe fn compare_and_swap(p: *mut u64, old: u64, new: u64) -> bool {
     use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+    // The swap happened iff the word held `old`: compare the value it
+    // returns rather than use its success flag, whose `bool` rustc
+    // 1.98-nightly lowers to an invalid `br i8` once inlined here (LLVM's
+    // reader, in bpf-linker, rejects the bitcode: "Invalid record").
     // SAFETY: the caller's.
-    unsafe {
-        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new).1
-    }
+    let (seen, _) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new)
+    };
+    seen == old
 }
 
 /// The host build (type-checking only) has the stable operation.

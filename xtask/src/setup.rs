@@ -1,6 +1,8 @@
 //! `cargo xtask setup`: installs, idempotently, what a fresh Debian machine
 //! lacks (apt packages, the pinned nightly with rust-src and clippy,
-//! bpf-linker, cargo-fuzz, cargo-deb, scapy).
+//! bpf-linker, cargo-fuzz, cargo-deb, scapy). The stable toolchain that
+//! runs it is rust-toolchain.toml's, which rustup installs before xtask
+//! can run (`rustup toolchain install` where RUSTUP_AUTO_INSTALL=0).
 
 use std::{
     env,

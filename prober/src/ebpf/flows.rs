@@ -114,7 +114,7 @@ impl FlowsProgram {
             return Err(crate::error::Error::NotRoot.into());
         }
         super::raise_memlock_limit();
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| anyhow!(e))? as u32;
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| anyhow!(e))?.get() as u32;
         let (gap_ns, per_cpu, give_up_ns) = sampling.globals(cpus);
         let mut ebpf = EbpfLoader::new()
             .override_global(SAMPLE_GAP_GLOBAL, &gap_ns, true)
@@ -213,7 +213,7 @@ impl FlowsProgram {
                 ebpf.map_mut(MODE_MAP)
                     .context("the sock_ops object has no mode map")?,
             )?;
-            mode.set(0, MODE_UNWATCH, 0)
+            mode.set(0, &MODE_UNWATCH, 0)
                 .context("set the sock_ops program's mode")?;
             run_iterator(ebpf)
         })

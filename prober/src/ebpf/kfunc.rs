@@ -66,7 +66,7 @@ pub(crate) fn patch_calls(elf: &mut [u8], kfuncs: &[(u32, u32)]) -> Result<Vec<u
         let code = elf
             .get_mut(s.offset..s.offset + s.size)
             .context("a code section lies outside the object")?;
-        for ins in code.chunks_exact_mut(8) {
+        for ins in code.as_chunks_mut::<8>().0 {
             if ins[0] != OP_CALL || ins[1] != 0 {
                 continue;
             }

@@ -165,14 +165,14 @@ impl IdentityMaps {
         }
         for (k, v) in &want {
             self.addrs
-                .insert(k, *v as u8, 0)
+                .insert(k, &(*v as u8), 0)
                 .context("writing an address into the reflector's map")?;
         }
         self.written = want;
         self.iface
             .set(
                 0,
-                ReflectorIface {
+                &ReflectorIface {
                     mac: id.mac,
                     _pad: [0; 2],
                 },
@@ -318,7 +318,7 @@ fn take_clock(ebpf: &mut Ebpf) -> Result<Array<MapData, ReflectorClock>> {
         Array::try_from(take_map(ebpf, REFLECTOR_CLOCK_MAP)?)
             .context("the reflector clock map has an unexpected type")?;
     clock
-        .set(0, current_clock(), 0)
+        .set(0, &current_clock(), 0)
         .context("writing the reflector's clock offset")?;
     Ok(clock)
 }
@@ -348,7 +348,7 @@ fn spawn_refresher(
             while !stop.load(Ordering::Relaxed) {
                 std::thread::park_timeout(CLOCK_REFRESH);
                 let now = current_clock();
-                if now != last && clock.set(0, now, 0).is_ok() {
+                if now != last && clock.set(0, &now, 0).is_ok() {
                     last = now;
                 }
                 identity.lock().unwrap_or_else(|e| e.into_inner()).refresh();
@@ -582,7 +582,7 @@ fn write_peers(map: aya::maps::Map, peers: &Peers) -> Result<()> {
         LpmTrie::try_from(map).context("the reflector's peers map has an unexpected type")?;
     for p in peers.prefixes() {
         let family = if p.addr.is_ipv4() { 4u8 } else { 6 };
-        trie.insert(&Key::new(u32::from(p.key_len()), p.key()), family, 0)
+        trie.insert(&Key::new(u32::from(p.key_len()), p.key()), &family, 0)
             .with_context(|| format!("writing the known peer {p} into the reflector's map"))?;
     }
     Ok(())

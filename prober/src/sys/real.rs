@@ -513,13 +513,11 @@ impl Sys for LinuxSys {
                     XdpFlags::Drv => XdpMode::Driver,
                     XdpFlags::Any => XdpMode::Default,
                 };
-                let id = xdp
-                    .attach_to_if_index(ifindex, mode)
-                    .map_err(|e| XdpAttachError {
-                        dev: d.clone(),
-                        errno: bpf_errno(&e),
-                        message: format!("{:#}", anyhow::Error::new(e)),
-                    })?;
+                let id = xdp.attach(ifindex, mode).map_err(|e| XdpAttachError {
+                    dev: d.clone(),
+                    errno: bpf_errno(&e),
+                    message: format!("{:#}", anyhow::Error::new(e)),
+                })?;
                 // Owned by the caller from here: its undo list detaches it.
                 xdp.take_link(id).context("take the XDP link from aya")
             })?;

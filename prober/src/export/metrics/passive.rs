@@ -56,12 +56,7 @@ impl GroupBudget {
 impl Metrics {
     /// One sampled send of `comm` in `cgroup` (a directory under the
     /// cgroup root).
-    pub(crate) fn flows_observe(
-        &self,
-        budget: &mut GroupBudget,
-        cgroup: &str,
-        s: &SampledSend,
-    ) {
+    pub(crate) fn flows_observe(&self, budget: &mut GroupBudget, cgroup: &str, s: &SampledSend) {
         let group = budget.labels(&s.comm, cgroup);
         self.passive_samples.get_or_create(&group).inc();
         for (stage, v) in STAGE_NAMES.iter().zip(s.stages()) {
@@ -141,9 +136,17 @@ mod tests {
         assert!(text.contains(
             r#"rtprobe_flows_stage_seconds_count{comm="iperf3",cgroup="/",stage="sender_queue"} 2"#
         ));
-        assert!(!text.contains(r#"stage="nic""#), "no NIC stamp, no NIC series");
-        assert!(text.contains(r#"rtprobe_flows_program_total{counter="sends"} 15"#), "{text}");
-        assert!(text.contains(r#"rtprobe_build_info{version="#) && text.contains(r#"command="flows""#));
+        assert!(
+            !text.contains(r#"stage="nic""#),
+            "no NIC stamp, no NIC series"
+        );
+        assert!(
+            text.contains(r#"rtprobe_flows_program_total{counter="sends"} 15"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rtprobe_build_info{version="#) && text.contains(r#"command="flows""#)
+        );
         assert!(!text.contains("rtprobe_probes_sent"), "no probe families");
     }
 }
