@@ -19,16 +19,6 @@ use crate::{
 pub(super) fn command(args: &FlowsArgs) -> Result<ExitCode> {
     let plan = args.plan().map_err(|e| anyhow!(e.for_cli()))?;
     let (quiet, top) = (args.quiet, args.top);
-    if !quiet {
-        eprintln!(
-            "rtprobe flows: watching the TCP sockets of {} (those open in this network \
-             namespace now, and any established from now on; at most {}/s per flow, {}/s in \
-             all); Ctrl-C to stop",
-            plan.cgroup.display(),
-            plan.sampling.per_flow_per_sec,
-            plan.sampling.global_per_sec
-        );
-    }
     let metrics = args
         .metrics_listen
         .map(|addr| {
@@ -67,6 +57,20 @@ struct Live {
 }
 
 impl WatchObserver for Live {
+    fn on_start(&mut self, plan: &crate::passive::WatchPlan) {
+        if self.quiet {
+            return;
+        }
+        eprintln!(
+            "rtprobe flows: watching the TCP sockets of {} (those open in this network \
+             namespace now, and any established from now on; at most {}/s per flow, {}/s in \
+             all); Ctrl-C to stop",
+            plan.cgroup.display(),
+            plan.sampling.per_flow_per_sec,
+            plan.sampling.global_per_sec
+        );
+    }
+
     fn on_tick(&mut self, stats: &PassiveStats, elapsed: Duration) {
         if self.quiet {
             return;

@@ -111,7 +111,10 @@ impl FlowsProgram {
             bail!("internal: the sock_ops object calls a kfunc through no placeholder");
         }
         if !nix::unistd::geteuid().is_root() {
-            return Err(crate::error::Error::NotRoot.into());
+            bail!(
+                "rtprobe flows needs root (CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON) to attach its \
+                 sock_ops program: run it with sudo"
+            );
         }
         super::raise_memlock_limit();
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| anyhow!(e))?.get() as u32;

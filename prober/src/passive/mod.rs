@@ -87,6 +87,8 @@ pub(crate) struct FlowsReport {
 
 /// What the caller sees while the run goes on.
 pub(crate) trait WatchObserver {
+    /// The program is attached: sends are sampled from now on.
+    fn on_start(&mut self, plan: &WatchPlan);
     /// Every `interval`: the figures so far.
     fn on_tick(&mut self, stats: &PassiveStats, elapsed: Duration);
 }
@@ -134,8 +136,9 @@ pub(crate) fn watch(
     observer: &mut dyn WatchObserver,
     metrics: Option<&Metrics>,
 ) -> Result<FlowsReport> {
-    let mut csv = plan.csv.as_deref().map(SendsCsv::create).transpose()?;
     let mut prog = FlowsProgram::attach(sys, &plan.cgroup, &plan.sampling)?;
+    let mut csv = plan.csv.as_deref().map(SendsCsv::create).transpose()?;
+    observer.on_start(plan);
     let offset_ns = clock::realtime_ns() - clock::monotonic_ns();
     let mut stats = PassiveStats::new(plan.max_groups);
     let mut published = metrics.map(|metrics| Published {

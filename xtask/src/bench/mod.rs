@@ -46,6 +46,7 @@
 mod bed;
 mod fleet;
 mod flood;
+mod flows;
 mod forward;
 mod host;
 mod memory;
@@ -119,13 +120,16 @@ pub enum Section {
     /// Both reflectors under a flood from 1000 forged sources: known peers, the other family,
     /// SIGINT.
     Flood,
+    /// `rtprobe flows` with an iperf3 flow: its sender queue against a probe's and the shaper's
+    /// counters, its round trip against ss and a capture, the idle stages, its throughput cost.
+    Flows,
 }
 
 /// One section's rows.
 type Rows = fn(&Ctx, bool) -> Result<Vec<Row>>;
 
 /// Every section in the order it runs, with its name and its rows.
-const SECTIONS: [(Section, &str, Rows); 11] = [
+const SECTIONS: [(Section, &str, Rows); 12] = [
     (Section::Rtt, "RTT vs ping/irtt/sockperf", rtt::rtt_rows),
     (Section::Pacing, "pacing", pacing::pacing_rows),
     (Section::Rate, "max probe rate", rate::rate_rows),
@@ -152,6 +156,11 @@ const SECTIONS: [(Section, &str, Rows); 11] = [
         Section::Flood,
         "reflectors under a flood",
         flood::flood_section,
+    ),
+    (
+        Section::Flows,
+        "rtprobe flows against iperf3, ss, tcpdump and the shaper",
+        flows::flows_rows,
     ),
 ];
 
