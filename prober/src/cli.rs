@@ -54,7 +54,7 @@ pub(crate) struct Cli {
 )]
 pub(crate) enum Command {
     /// Draw SVG/PNG boxplots, CDFs, time series, percentile distributions and stage breakdowns
-    /// from rtprobe CSV files or HdrHistogram interval logs.
+    /// from rtprobe CSV files or HdrHistogram interval logs (and `rtprobe flows` CSVs' stages).
     Plot(PlotArgs),
     /// Run a scenario file: sizes x intervals x knob sets, then report.md.
     Run(RunArgs),
@@ -302,13 +302,17 @@ pub(crate) struct ManArgs {
         rtprobe plot baseline.csv xdp.csv --label 'XDP off' --label 'XDP native' --log\n  \
         rtprobe plot runs/*.csv --group-by interval --split-by size --metric rtt --kind box\n  \
         rtprobe plot out.csv --format svg,png --out-dir figures --y-max 2ms\n  \
-        rtprobe plot results/xdp-thesis.json --format svg,png"
+        rtprobe plot results/xdp-thesis.json --format svg,png\n  \
+        rtprobe plot flows.csv --format png"
 )]
 pub struct PlotArgs {
     /// rtprobe CSV files, or HdrHistogram interval logs (told apart by their content); several
     /// are drawn on the same axes (first red, second blue). A `bench-forward --json` report is
     /// drawn on its own as PREFIX-forwarding: packets/s by size, by per-packet work and by
-    /// queue count (panels at least 480 px wide each).
+    /// queue count (panels at least 480 px wide each). `rtprobe flows` CSVs (one row per
+    /// sampled TCP send) are drawn together, apart from probe CSVs, as PREFIX-flows-stages (a
+    /// stacked bar per flow, the 10 most sampled: each stage's p50 in µs) and PREFIX-flows-time
+    /// (each stage over time, every send a point, log µs axis).
     #[arg(required = true, value_name = "CSV")]
     pub csv: Vec<PathBuf>,
 

@@ -14,7 +14,10 @@
 //! summaries are laid out into figures with axes ([`axis`]: log by default
 //! where a tail dwarfs the body) and titles (`figures`, and `stages` for
 //! the per-stage boxes) -> [`draw`] renders them with plotters. A
-//! bench-forward JSON report goes to [`forward`] instead.
+//! bench-forward JSON report goes to [`forward`] instead, and an
+//! `rtprobe flows` CSV (one row per sampled TCP send) to [`passive`]: its
+//! flows' p50 per stage as stacked bars (`PREFIX-flows-stages`) and each
+//! stage over time (`PREFIX-flows-time`).
 //!
 //! Figures are regenerated from saved CSVs with the binary alone, e.g.
 //! `rtprobe plot xdp-off.csv xdp-native.csv --out-dir docs/figures --prefix example`;
@@ -26,6 +29,7 @@ pub mod draw;
 mod figures;
 pub(crate) mod forward;
 pub(crate) mod hdrlog_read;
+pub(crate) mod passive;
 pub mod read;
 pub mod run_data;
 mod runs;
@@ -318,6 +322,20 @@ fn stem(p: &Path) -> String {
 pub fn plot(opts: &PlotOptions) -> Result<Vec<PathBuf>> {
     for p in &opts.inputs {
         read::check_input(p)?;
+    }
+    let flows = opts
+        .inputs
+        .iter()
+        .filter(|p| passive::is_flows_csv(p))
+        .count();
+    if flows == opts.inputs.len() {
+        return passive::plot(opts);
+    }
+    if flows > 0 {
+        bail!(
+            "an `rtprobe flows` CSV was given with other inputs (probe CSVs, logs or reports): \
+             plot them apart (rtprobe plot FLOWS.csv)"
+        );
     }
     let reports = opts.inputs.iter().filter(|p| is_bench_report(p)).count();
     if reports == opts.inputs.len() {
