@@ -24,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "xdp-tools",
     "bpftool",
     "tshark",
+    "tcpdump", // rtprobe flows' round trip against a capture (cargo xtask bench --only flows)
     "stress-ng",
     "ethtool",
     "iproute2",

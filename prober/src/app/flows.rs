@@ -27,10 +27,10 @@ pub(super) fn command(args: &FlowsArgs) -> Result<ExitCode> {
         })
         .transpose()?;
     if let Some((_, server)) = &metrics {
-        eprintln!(
+        err_line(format_args!(
             "rtprobe flows: metrics at http://{}/metrics",
             server.local_addr()
-        );
+        ));
     }
     let published = metrics.as_ref().map(|(m, _)| m.clone());
     let report = with_signals(quiet, move |stop| {
@@ -38,13 +38,13 @@ pub(super) fn command(args: &FlowsArgs) -> Result<ExitCode> {
         let sys = crate::sys::linux();
         crate::passive::watch(sys, &plan, &stop, &mut live, published.as_deref())
     })?;
-    print!("{}", final_text(&report, top));
+    out_line(format_args!("{}", final_text(&report, top).trim_end()));
     if let Some(j) = &args.json {
         crate::export::json::write_value(j, &report)?;
     }
     if !quiet {
         for n in notes(&report) {
-            eprintln!("note: {n}");
+            err_line(format_args!("note: {n}"));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -61,26 +61,26 @@ impl WatchObserver for Live {
         if self.quiet {
             return;
         }
-        eprintln!(
+        err_line(format_args!(
             "rtprobe flows: watching the TCP sockets of {} (those open in this network \
              namespace now, and any established from now on; at most {}/s per flow, {}/s in \
              all); Ctrl-C to stop",
             plan.cgroup.display(),
             plan.sampling.per_flow_per_sec,
             plan.sampling.global_per_sec
-        );
+        ));
     }
 
     fn on_tick(&mut self, stats: &PassiveStats, elapsed: Duration) {
         if self.quiet {
             return;
         }
-        println!(
+        out_line(format_args!(
             "--- {:.0} s: {} samples\n{}",
             elapsed.as_secs_f64(),
             stats.all().samples,
             flows_table(&stats.flows(), &stats.all(), self.top)
-        );
+        ));
     }
 }
 
@@ -141,4 +141,17 @@ fn notes(r: &FlowsReport) -> Vec<String> {
             .into(),
     );
     n
+}
+
+/// A line on stderr; a closed stderr (e.g. `2>&1 | head`) is not an error
+/// of the run.
+fn err_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{args}");
+}
+
+/// A line on stdout; a closed stdout is not an error of the run.
+fn out_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{args}");
 }
