@@ -138,6 +138,7 @@ fn a_shaped_iperf3_flow_spends_its_time_in_the_sender_queue() {
     assert!(out.status.success(), "rtprobe flows: {err}");
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_matches_flows_schema(&j);
     let f = iperf3_flow(&j);
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
     assert_eq!(f["comm"], "iperf3", "{f:#}");

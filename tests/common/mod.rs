@@ -135,17 +135,32 @@ pub fn read_summary(path: &std::path::Path) -> serde_json::Value {
 /// Fails with every place where `summary` breaks docs/run-report.schema.json
 /// (unknown, missing or mistyped fields: its objects are closed).
 pub fn assert_matches_schema(summary: &serde_json::Value) {
-    let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../../docs/run-report.schema.json"))
-            .expect("docs/run-report.schema.json is JSON");
+    assert_matches(
+        summary,
+        include_str!("../../docs/run-report.schema.json"),
+        "docs/run-report.schema.json",
+    );
+}
+
+/// The same for `rtprobe flows --json` and docs/flows-report.schema.json.
+pub fn assert_matches_flows_schema(report: &serde_json::Value) {
+    assert_matches(
+        report,
+        include_str!("../../docs/flows-report.schema.json"),
+        "docs/flows-report.schema.json",
+    );
+}
+
+fn assert_matches(v: &serde_json::Value, schema: &str, name: &str) {
+    let schema: serde_json::Value = serde_json::from_str(schema).expect("the schema is JSON");
     let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
     let errors: Vec<String> = validator
-        .iter_errors(summary)
+        .iter_errors(v)
         .map(|e| format!("{}: {e}", e.instance_path()))
         .collect();
     assert!(
         errors.is_empty(),
-        "the JSON summary does not match docs/run-report.schema.json:\n{}",
+        "the JSON does not match {name}:\n{}",
         errors.join("\n")
     );
 }

@@ -261,3 +261,45 @@ pub(crate) fn default_cgroup() -> Result<PathBuf> {
         "no cgroup v2 hierarchy is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup/unified) or give --cgroup",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schema file of `rtprobe flows --json`.
+    const SCHEMA_FILE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/flows-report.schema.json"
+    );
+
+    /// The checked-in schema is what the report's types say (regenerate
+    /// with RTPROBE_WRITE_SCHEMA=1, as docs/run-report.schema.json).
+    #[test]
+    fn checked_in_flows_schema_matches_the_types() {
+        let now =
+            serde_json::to_string_pretty(&crate::stats::report::closed_schema_of::<FlowsReport>())
+                .unwrap()
+                + "\n";
+        if std::env::var("RTPROBE_WRITE_SCHEMA").is_ok_and(|v| v == "1") {
+            std::fs::write(SCHEMA_FILE, &now).unwrap();
+            return;
+        }
+        let file = std::fs::read_to_string(SCHEMA_FILE).unwrap_or_default();
+        assert!(
+            file == now,
+            "{SCHEMA_FILE} differs from FlowsReport's types; if the change is meant, regenerate \
+             it with RTPROBE_WRITE_SCHEMA=1 cargo test -p rtprobe --lib \
+             checked_in_flows_schema_matches_the_types"
+        );
+    }
+
+    #[test]
+    fn a_kernel_without_the_kfuncs_is_refused_with_the_kernel_it_needs() {
+        let e = crate::ebpf::flows::kfunc_ids(&aya::Btf::new()).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("Linux 6.15 or newer") && e.contains("bpf_sock_ops_enable_tx_tstamp"),
+            "{e}"
+        );
+    }
+}

@@ -531,9 +531,16 @@ pub(crate) struct FetchTimes {
 /// without the schema fails the check.
 #[cfg(test)]
 pub(crate) fn run_report_schema() -> serde_json::Value {
+    closed_schema_of::<Summary>()
+}
+
+/// The JSON Schema of `T` (draft 2020-12), every object closed as in
+/// [`run_report_schema`].
+#[cfg(test)]
+pub(crate) fn closed_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     let mut settings = schemars::generate::SchemaSettings::draft2020_12();
     settings.meta_schema = Some("https://json-schema.org/draft/2020-12/schema".into());
-    let schema = settings.into_generator().into_root_schema_for::<Summary>();
+    let schema = settings.into_generator().into_root_schema_for::<T>();
     let mut v = schema.to_value();
     close_objects(&mut v);
     v
