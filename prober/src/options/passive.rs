@@ -20,10 +20,11 @@ pub(crate) const DEFAULT_MAX_FLOWS: usize = 1_000;
 #[command(
     after_help = "Needs root and Linux 6.15 or newer (BPF TX timestamping of TCP \
     sockets). Watches the TCP sockets of the cgroup given (default: the whole host): those \
-    open in its network namespace when it starts and any established after, in any namespace; \
+    open in rtprobe's network namespace when it starts and any established after, in any \
+    namespace; \
     on exit it turns the kernel's callbacks off again on the sockets it turned them on for. Runs until Ctrl-C or SIGTERM (or --duration), then prints the stages per \
     flow, process and cgroup as p50/p99 in µs:\n  \
-    stack         sendmsg -> the qdisc (TCP's own time: windows, pacing, segmentation)\n  \
+    stack         sendmsg -> the qdisc (TCP's own time: the send buffer, windows, pacing)\n  \
     queue         the qdisc -> the driver (the sender's queue)\n  \
     nic           the driver -> the NIC's TX stamp (only where the NIC stamps)\n  \
     round trip    the last TX stamp -> the ACK of the last byte (the path both ways and the \
