@@ -275,12 +275,13 @@ fn sender_bottleneck(ctx: &Ctx, secs: u32, no_gso: bool) -> Result<Row> {
     let client = bed.iperf3(secs + 1)?;
     std::thread::sleep(Duration::from_secs(1));
     let probe_secs = secs - 1;
-    let queue_ms = std::thread::scope(|s| {
+    let (queue_ms, udp_ms, probe) = std::thread::scope(|s| {
         let q = s.spawn(|| backlog_over_rate(&ns, &dev, probe_secs));
+        let udp = s.spawn(|| udp_stamps_ms(&bed, probe_secs));
         let probe = bed.probe(ctx, &format!("{name}-probe"), probe_secs);
-        (q.join().ok().flatten(), probe)
+        (q.join().ok().flatten(), udp.join().ok().flatten(), probe)
     });
-    let (queue_ms, probe) = (queue_ms.0, queue_ms.1?);
+    let probe = probe?;
     client.wait_with_output()?;
     let j = flows.finish()?;
     let f = data_flow(&j)?;
@@ -291,6 +292,9 @@ fn sender_bottleneck(ctx: &Ctx, secs: u32, no_gso: bool) -> Result<Row> {
         "probe",
     );
     let (tc_txt, tc_ok) = against(queue_ms, flow_ms, "backlog/rate");
+    let probe_ms = p50_ms(&probe["stages_ns"]["sender_queue"]).unwrap_or(0.0);
+    let (udp_txt, _) = against(udp_ms, probe_ms, "a UDP sender's own SO_TIMESTAMPING");
+    let udp_txt = udp_txt.replace("x)", "x the probe's)");
     Ok(row(
         &format!(
             "flows: sender queue p50, htb 100mbit + pfifo 100 at the sender{} ({} samples; stack p50 {:.1} ms)",
@@ -299,7 +303,7 @@ fn sender_bottleneck(ctx: &Ctx, secs: u32, no_gso: bool) -> Result<Row> {
             p50_ms(&f["stack"]).unwrap_or(0.0)
         ),
         format!("{flow_ms:.2} ms"),
-        format!("{probe_txt}; {tc_txt}"),
+        format!("{probe_txt}; {tc_txt}; {udp_txt}"),
         "within 15 % of both",
         Some(probe_ok && tc_ok),
     ))
@@ -368,6 +372,31 @@ fn socket_stamps(ctx: &Ctx, secs: u32) -> Result<Row> {
         "within 15 %",
         Some(ok),
     ))
+}
+
+/// The script that timestamps a UDP sender's own datagrams through the
+/// socket API.
+const UDP_STAMPS_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/udp_tx_stamps.py");
+
+/// The p50 (ms) of a UDP sender's own sender-queue times (SO_TIMESTAMPING)
+/// over `secs`, its datagrams to the reflector's port (dropped there).
+fn udp_stamps_ms(bed: &Bed, secs: u32) -> Option<f64> {
+    let o = in_ns(&bed.s("sender_ns"), "python3")
+        .args([
+            UDP_STAMPS_SCRIPT,
+            &bed.s("receiver_addr"),
+            "5061",
+            &secs.to_string(),
+        ])
+        .output()
+        .ok()?;
+    let j: Value = serde_json::from_slice(&o.stdout).ok()?;
+    let mut v: Vec<f64> = j["sender_queue_ms"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    median(&mut v)
 }
 
 /// A TCP sink on port 5202: reads and drops what one client sends.
