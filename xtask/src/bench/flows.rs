@@ -7,7 +7,7 @@
 //!   minute) and next to the queue's mean backlog over the rate its htb
 //!   class delivered (`tc -s`, sampled every 100 ms); and, through the
 //!   same queue, a bulk TCP sender that timestamps its own sends with
-//!   SO_TIMESTAMPING (`scripts/tcp_tx_stamps.py`): the same connection's
+//!   SO_TIMESTAMPING (`scripts/tx_stamps.py`): the same connection's
 //!   sender queue from the kernel's socket API;
 //! - **router bottleneck**: the same shaper on the router's egress, where
 //!   the queue is in the path: the flow's round trip p50 next to `ss
@@ -309,9 +309,9 @@ fn sender_bottleneck(ctx: &Ctx, secs: u32, no_gso: bool) -> Result<Row> {
     ))
 }
 
-/// The script that timestamps a bulk TCP sender's own sends through the
-/// socket API (SO_TIMESTAMPING).
-const STAMPS_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/tcp_tx_stamps.py");
+/// The script that timestamps a sender's own packets through the socket
+/// API (SO_TIMESTAMPING): `tx_stamps.py tcp|udp HOST PORT SECONDS`.
+const STAMPS_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/tx_stamps.py");
 
 /// The same queue, a bulk TCP sender that timestamps its own sends with
 /// SO_TIMESTAMPING (SCHED and SOFTWARE stamps by byte): the flow's sender
@@ -332,19 +332,20 @@ fn socket_stamps(ctx: &Ctx, secs: u32) -> Result<Row> {
     let o = in_ns(&ns, "python3")
         .args([
             STAMPS_SCRIPT,
+            "tcp",
             &bed.s("receiver_addr"),
             "5202",
             &secs.to_string(),
         ])
         .output()
-        .context("run tcp_tx_stamps.py")?;
+        .context("run tx_stamps.py tcp")?;
     if !o.status.success() {
         bail!(
-            "tcp_tx_stamps.py failed: {}",
+            "tx_stamps.py tcp failed: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let s: Value = serde_json::from_slice(&o.stdout).context("tcp_tx_stamps.py's JSON")?;
+    let s: Value = serde_json::from_slice(&o.stdout).context("tx_stamps.py's JSON")?;
     let mut api: Vec<f64> = s["sender_queue_ms"]
         .as_array()
         .into_iter()
@@ -374,16 +375,13 @@ fn socket_stamps(ctx: &Ctx, secs: u32) -> Result<Row> {
     ))
 }
 
-/// The script that timestamps a UDP sender's own datagrams through the
-/// socket API.
-const UDP_STAMPS_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/udp_tx_stamps.py");
-
 /// The p50 (ms) of a UDP sender's own sender-queue times (SO_TIMESTAMPING)
 /// over `secs`, its datagrams to the reflector's port (dropped there).
 fn udp_stamps_ms(bed: &Bed, secs: u32) -> Option<f64> {
     let o = in_ns(&bed.s("sender_ns"), "python3")
         .args([
-            UDP_STAMPS_SCRIPT,
+            STAMPS_SCRIPT,
+            "udp",
             &bed.s("receiver_addr"),
             "5061",
             &secs.to_string(),
