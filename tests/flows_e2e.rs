@@ -188,3 +188,31 @@ fn without_root_flows_refuses_in_one_line_and_writes_nothing() {
     assert!(last.starts_with("Error:") && last.contains("root"), "{err}");
     assert!(!csv.exists(), "nothing written before the refusal");
 }
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test"]
+fn a_second_flows_at_once_is_refused_in_one_line() {
+    if !is_root("a_second_flows_at_once_is_refused_in_one_line") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let first_csv = dir.path().join("first.csv");
+    let (first, _err) = start_flows(&["--duration", "5s", "--out", first_csv.to_str().unwrap()]);
+    let csv = dir.path().join("second.csv");
+    let out = Command::new(bin())
+        .args(["flows", "--duration", "1s", "--out", csv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("Error:") && last.contains("another rtprobe flows"),
+        "{err}"
+    );
+    assert!(!csv.exists(), "nothing written by the second");
+    assert!(
+        first.wait_with_output().unwrap().status.success(),
+        "the first ends as usual"
+    );
+}

@@ -31,6 +31,9 @@ const ALONE: &[&str] = &[
     "multi_target_e2e",
     "dist_e2e",
     "flood_reflect_e2e",
+    // Its sock_ops program is one per host (a lock), as is the library's
+    // root test of it, which runs in the parallel phase.
+    "flows_e2e",
 ];
 
 /// One test binary of the package.

@@ -87,6 +87,8 @@ pub(crate) fn kfunc_ids(btf: &aya::Btf) -> Result<Vec<(u32, u32)>> {
 /// Dropping it detaches it.
 pub(crate) struct FlowsProgram {
     sys: SysRef,
+    /// The host's lock: one at a time (released after the undo on drop).
+    _lock: std::fs::File,
     obj: BpfObject,
     link: Option<CgroupLink>,
     ring: RingBuf<MapData>,
@@ -116,6 +118,7 @@ impl FlowsProgram {
                  sock_ops program: run it with sudo"
             );
         }
+        let lock = lock()?;
         super::raise_memlock_limit();
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| anyhow!(e))?.get() as u32;
         let (gap_ns, per_cpu, give_up_ns) = sampling.globals(cpus);
@@ -138,6 +141,7 @@ impl FlowsProgram {
         let link = sys.sock_ops_attach(cgroup, &obj, FLOWS_PROGRAM)?;
         let me = Self {
             sys,
+            _lock: lock,
             obj,
             link: Some(link),
             ring,
@@ -264,6 +268,35 @@ fn run_iterator(ebpf: &mut aya::Ebpf) -> Result<()> {
     file.read_to_end(&mut sink)
         .context("run the TCP socket iterator")?;
     Ok(())
+}
+
+/// The host's `rtprobe flows` lock, held while it runs: two at once would
+/// share the sockets' callback flag, and the first to exit would turn it
+/// off under the other. Released when the process ends, however it ends.
+fn lock() -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let dir = std::path::Path::new(crate::testbed::record::RUN_DIR);
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let path = dir.join("flows.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    // SAFETY: flock on a file this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!(
+                "another rtprobe flows runs on this host ({} is locked): one at a time, stop it \
+                 first (the first to exit would turn the kernel's callbacks off under the other)",
+                path.display()
+            );
+        }
+        return Err(e).with_context(|| format!("lock {}", path.display()));
+    }
+    Ok(file)
 }
 
 /// Takes the map `name` out of the loaded object.
